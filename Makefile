@@ -1,0 +1,26 @@
+# The two commands of the README:
+#   make demo   install what is missing, build Release into build/, train the example GPT with ZeRO
+#               on 2 local processes on the shipped text
+#   make test   install what is missing, build, run every test with ctest
+BUILD   ?= build
+JOBS    ?= $(shell nproc)
+DEMO_PROCS ?= 2
+
+.PHONY: demo test build deps clean
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	OMP_NUM_THREADS=1 $(BUILD)/bin/dsrun --num_procs $(DEMO_PROCS) $(BUILD)/bin/gpt_train \
+	  --deepspeed_config examples/gpt/ds_config.json --data data/fortunes.txt --steps 200
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,214 @@
+// ds_config.json → typed structs with DeepSpeed's defaults (code defaults, not doc defaults; see
+// docs/config.md for every key and where deepspeed.cpp differs).
+//
+// Parsing rules: numbers may be written 5e8 or "5e8"; booleans true/"true"; an unknown key is a
+// warning naming its path; "auto" is an error unless initialize() can resolve it; bad values throw
+// ConfigError naming key path, value and what was expected.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+
+// "optimizer": {"type": ..., "params": {...}}. Params are kept as JSON and turned into typed
+// hyper-parameters by the optimizer factory (src/optim), which names bad keys as optimizer.params.X.
+struct OptimizerConfig {
+  std::string type;              // "Adam", "AdamW", "SGD", ... (matched case-insensitively)
+  nlohmann::json params = nlohmann::json::object();
+};
+
+// "scheduler": {"type": ..., "params": {...}}; params validated by src/optim/lr_schedules.
+struct SchedulerConfig {
+  std::string type;              // WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest
+  nlohmann::json params = nlohmann::json::object();
+};
+
+struct Fp16Config {
+  bool enabled = false;              // fp16.enabled
+  bool auto_cast = false;            // fp16.auto_cast
+  double loss_scale = 0.0;           // fp16.loss_scale: 0 = dynamic, >0 = static scale
+  int initial_scale_power = 16;      // fp16.initial_scale_power: initial scale 2^power
+  int loss_scale_window = 1000;      // fp16.loss_scale_window: clean steps before doubling
+  int hysteresis = 2;                // fp16.hysteresis: overflows tolerated before halving
+  bool consecutive_hysteresis = false;  // fp16.consecutive_hysteresis
+  double min_loss_scale = 1.0;       // fp16.min_loss_scale: floor of the scale
+  bool fp16_master_weights_and_grads = false;
+  // True when the block named any of the five dynamic-scaler keys; DeepSpeed's ZeRO scaler then
+  // uses them, otherwise its built-in defaults (2^32 initial, hysteresis 1). See docs/config.md.
+  bool dynamic_keys_given = false;
+};
+
+struct Bf16Config {
+  bool enabled = false;              // bf16.enabled (block alias "bfloat16")
+  bool immediate_grad_update = false;
+};
+
+// offload_param / offload_optimizer blocks.
+struct OffloadConfig {
+  std::string device = "none";       // "none" | "cpu" | "nvme"
+  std::string nvme_path;             // required when device == "nvme"
+  bool pin_memory = false;
+  int64_t buffer_count = 4;          // offload_param default 5, offload_optimizer default 4
+  int64_t buffer_size = 100000000;   // offload_param only: elements per swap buffer
+  int64_t max_in_cpu = 1000000000;   // offload_param only
+  bool pipeline_read = false;        // offload_optimizer only
+  bool pipeline_write = false;       // offload_optimizer only
+  bool fast_init = false;            // offload_optimizer only
+  double ratio = 1.0;                // offload_optimizer only; < 1 requires stage 3
+  bool enabled() const { return device != "none"; }
+};
+
+struct ZeroConfig {
+  int stage = 0;                                  // 0 off, 1 optimizer states, 2 +gradients, 3 +params
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;         // elements per gradient reduction bucket
+  bool use_multi_rank_bucket_allreduce = true;
+  bool allgather_partitions = true;
+  int64_t allgather_bucket_size = 500000000;      // elements per all-gather chunk
+  std::optional<bool> overlap_comm;               // unset: true for stage 3, false otherwise
+  bool load_from_fp32_weights = true;
+  bool elastic_checkpoint = false;
+  OffloadConfig offload_param;                    // stage 3 only
+  OffloadConfig offload_optimizer;
+  int64_t sub_group_size = 1000000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_model_persistence_threshold = INT64_MAX;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_max_reuse_distance = 1000000000;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+  bool ignore_unused_parameters = true;
+  bool round_robin_gradients = false;
+  bool overlap_comm_enabled() const { return overlap_comm.value_or(stage == 3); }
+};
+
+struct AioConfig {
+  int64_t block_size = 1048576;
+  int64_t queue_depth = 8;
+  int64_t intra_op_parallelism = 1;   // alias thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  std::optional<int64_t> number_checkpoints;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+};
+
+struct PipelineConfig {
+  std::string stages = "auto";
+  std::string partition = "best";
+  bool seed_layers = false;
+  int64_t activation_checkpoint_interval = 0;
+  bool pipe_partitioned = true;
+  bool grad_partitioned = true;
+};
+
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  int64_t profile_step = 1;
+  int64_t module_depth = -1;
+  int64_t top_modules = 1;
+  bool detailed = true;
+  std::string output_file;            // empty: stdout
+};
+
+// tensorboard / csv_monitor blocks.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;
+  std::string job_name = "DeepSpeedJobName";
+};
+
+struct CheckpointConfig {
+  std::string tag_validation = "Warn";   // Ignore | Warn | Fail
+  bool load_universal = false;
+  bool use_node_local_storage = false;
+};
+
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;
+  bool prof_all = true;
+  bool debug = false;
+};
+
+struct Config {
+  // Batch sizes after resolution (resolve_batch_sizes); all three > 0 and
+  // train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp_world_size.
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+
+  std::optional<OptimizerConfig> optimizer;
+  std::optional<SchedulerConfig> scheduler;
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero_optimization;
+  AioConfig aio;
+  ActivationCheckpointingConfig activation_checkpointing;
+  PipelineConfig pipeline;
+  FlopsProfilerConfig flops_profiler;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
+  CheckpointConfig checkpoint;
+  CommsLoggerConfig comms_logger;
+
+  double gradient_clipping = 0.0;          // global-norm clip; 0 disables (DeepSpeed code default)
+  bool prescale_gradients = false;         // divide by DP before the all-reduce
+  double gradient_predivide_factor = 1.0;  // post-scale mode: x1/f before, xf/DP after
+  std::string communication_data_type;     // "", "fp32", "fp16", "bf16" ("" = gradient dtype)
+  std::string grad_accum_dtype;            // data_types.grad_accum_dtype: "", fp32, fp16, bf16
+  int64_t steps_per_print = 10;            // DeepSpeed's code has None (no print); we print every 10
+  bool wall_clock_breakdown = false;
+  bool memory_breakdown = false;
+  bool dump_state = false;
+  bool dataloader_drop_last = false;
+  bool zero_allow_untested_optimizer = false;
+  bool zero_force_ds_cpu_optimizer = true;
+  uint64_t seed = 1234;                    // "seed": sampler shuffling and engine RNG
+  int64_t comm_timeout_seconds = 1800;     // "comm_timeout_seconds" (deepspeed.cpp extension)
+
+  nlohmann::json raw;                      // the document as read (after "auto" checks)
+};
+
+// Values from initialize() that may resolve "auto" keys or check against them.
+struct ConfigOverrides {
+  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> gradient_accumulation_steps;
+  std::optional<int64_t> train_batch_size;
+};
+
+// Parses a JSON document. dp_world_size resolves the batch-size triple. Throws ConfigError.
+// Warnings (unknown keys, deprecated aliases) go to `warnings` if given, else to stderr.
+Config parse_config(const nlohmann::json& doc, int dp_world_size,
+                    const ConfigOverrides& overrides = {},
+                    std::vector<std::string>* warnings = nullptr);
+
+// Reads the file (error names the path and the JSON parse position), then parse_config.
+Config load_config(const std::string& path, int dp_world_size,
+                   const ConfigOverrides& overrides = {},
+                   std::vector<std::string>* warnings = nullptr);
+
+// Batch-size resolution alone: any two of the three give the third; all three are checked.
+// Missing values are 0. Throws ConfigError printing all values and the world size.
+struct BatchSizes {
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+};
+BatchSizes resolve_batch_sizes(BatchSizes given, int dp_world_size);
+
+}  // namespace deepspeed

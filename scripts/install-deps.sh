@@ -1,0 +1,25 @@
+#!/bin/bash
+# Installs the Debian packages deepspeed.cpp builds, tests and benchmarks with; a no-op when all
+# are present. Needs root (or sudo) only when something is missing.
+set -euo pipefail
+PACKAGES=(
+  g++ cmake make python3
+  libtorch-dev          # libtorch 1.13: tensors, autograd, c10d (TCPStore, ProcessGroupGloo)
+  libgloo-dev           # ProcessGroupGloo.hpp includes Gloo's headers; libtorch-dev does not pull them
+  libopenblas0-openmp   # without it libtorch multiplies with the reference BLAS, ~15x slower
+  nlohmann-json3-dev    # ds_config.json
+  libcli11-dev          # command lines (dsrun, examples)
+  libfmt-dev            # formatting
+  libgtest-dev          # tests
+  liburing-dev          # io_uring for NVMe offload
+  python3-torch         # PyTorch DDP baseline for the benchmarks (and checkpoint interop tests)
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then exit 0; fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

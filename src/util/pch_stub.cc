@@ -1,0 +1,1 @@
+// Compiled only to produce the executables' shared precompiled header.

@@ -1,0 +1,1 @@
+// keeps ds_test_support non-empty before any helper exists

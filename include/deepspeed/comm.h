@@ -8,6 +8,14 @@
 // Every collective is COLLECTIVE: all ranks of the communicator must call it in the same order with
 // matching shapes. Each returns a Work handle; wait() rethrows a failure as CommError naming the op,
 // the element count, the rank and how long it waited. Blocking variants wait before returning.
+//
+// Thread-safety: a Communicator may be called from several threads (e.g. a communication thread
+// that reduces gradient buckets while backward runs) and stats() may be read at any time, but the
+// order in which collectives are issued must be the same on every rank.
+//
+// Zero-element collectives return at once on every rank (they carry nothing). bf16, int16 and
+// bool tensors work although Gloo lacks them: reductions run in fp32/int32/uint8, everything else
+// moves the same bits as a same-size dtype, so gathers and broadcasts are bit-exact.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -17,6 +25,7 @@
 #include <vector>
 
 #include <ATen/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include "deepspeed/errors.h"
 
@@ -29,7 +38,9 @@ namespace comm {
 
 enum class ReduceOp { Sum, Max, Min, Avg };
 
-// Bytes and calls per collective kind, counted on this rank (payload bytes this rank contributes).
+// Bytes and calls per collective kind, counted on this rank (payload bytes this rank contributes,
+// in the caller's dtype: all_reduce/broadcast/send/recv count the tensor, all_gather the input,
+// reduce_scatter the whole input; barrier counts calls only).
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;
@@ -38,6 +49,8 @@ using CommStats = std::map<std::string, OpStats>;  // "all_reduce", "all_gather"
 
 // An in-flight collective. wait() blocks until done (throws CommError on failure/timeout) and
 // finishes any post-processing (e.g. copying a converted result back into the caller's tensor).
+// REQUIRES: call wait() before reading the result; a dropped handle may leave a converted result
+// (bf16 sum, non-contiguous tensor) uncopied.
 class Work {
  public:
   virtual ~Work() = default;
@@ -61,6 +74,13 @@ class Communicator {
   // input: world_size * output.numel() elements; output = op over ranks of slice `rank` of input.
   virtual WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
                                  ReduceOp op = ReduceOp::Sum) = 0;
+  // Uneven reduce-scatter: input is cut into world_size consecutive segments of input_splits[r]
+  // elements; rank r receives op over ranks of segment r. output: input_splits[rank] elements.
+  // (ZeRO stage 2: a gradient bucket straddles partitions unevenly.) The default implementation
+  // all-reduces a copy and keeps the segment; backends may override it with an all-to-all.
+  virtual WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
+                                   const std::vector<int64_t>& input_splits,
+                                   ReduceOp op = ReduceOp::Sum);
   virtual WorkPtr send(at::Tensor& tensor, int dst, int tag = 0) = 0;
   virtual WorkPtr recv(at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual void barrier() = 0;
@@ -93,7 +113,20 @@ CommunicatorPtr init_distributed(const InitOptions& options = {});
 CommunicatorPtr world();
 bool is_initialized();
 
+// Builds the communicator for an explicit ProcessInfo (what init_distributed does after
+// detect_process_info, without touching the global): world size 1 gives the single-process
+// communicator; otherwise rank 0 hosts a c10d TCPStore at master_addr:master_port and every rank
+// joins a Gloo group over it. COLLECTIVE across the job. Throws CommError naming addr:port when the
+// port is taken or the rendezvous times out.
+CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOptions& options = {});
+
 // Builds a Gloo communicator over an existing store (tests run ranks as threads over one store).
+// The Gloo transport binds to 127.0.0.1. `timeout` bounds every collective and the rendezvous.
+// c10d stores are intrusively counted: prefer this overload (c10::make_intrusive<c10d::HashStore>()).
+CommunicatorPtr make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                       int world_size, std::chrono::milliseconds timeout,
+                                       int local_rank = 0);
+// Same, for a store owned by a std::shared_ptr (wrapped in a forwarding store).
 CommunicatorPtr make_gloo_communicator(std::shared_ptr<c10d::Store> store, int rank, int world_size,
                                        std::chrono::milliseconds timeout, int local_rank = 0);
 

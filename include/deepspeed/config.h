@@ -49,7 +49,9 @@ struct Bf16Config {
   bool immediate_grad_update = false;
 };
 
-// offload_param / offload_optimizer blocks.
+// offload_param / offload_optimizer blocks. After parsing, offload_param is enabled only at stage 3
+// and offload_optimizer only at stages 1-3 (DeepSpeed ignores them elsewhere; we warn and read
+// them back as "none"), so later code can trust enabled().
 struct OffloadConfig {
   std::string device = "none";       // "none" | "cpu" | "nvme"
   std::string nvme_path;             // required when device == "nvme"

@@ -1,0 +1,138 @@
+// Throughput of the CPU Adam kernel against libtorch's AdamW and against the memory-bandwidth
+// bound measured in the same run. An Adam step moves 28 bytes per element (reads param, grad,
+// exp_avg, exp_avg_sq: 16; writes param, exp_avg, exp_avg_sq: 12), so the most any
+// implementation can do is triad_bandwidth / 28 elements/s.
+//
+// Usage: bench_cpu_adam [log2_n=24] [reps=10]; threads: OMP_NUM_THREADS (the "all" rows).
+#include <fmt/core.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "optim/cpu_adam.h"
+
+namespace {
+
+using deepspeed::optim::AdamStepParams;
+using Clock = std::chrono::steady_clock;
+
+// Best of reps wall times of fn(), in seconds, after one untimed warm-up call.
+template <typename Fn>
+double best_seconds(int reps, Fn&& fn) {
+  fn();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+// Runs body(begin, end) over [0, n) split evenly across `threads` std::threads (the bench is
+// not built with OpenMP; the library is).
+template <typename Body>
+void split(int threads, int64_t n, Body&& body) {
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] { body(n * t / threads, n * (t + 1) / threads); });
+  }
+  for (auto& th : pool) th.join();
+}
+
+struct Bandwidth {
+  double copy_gbs, triad_gbs;
+};
+
+// STREAM-like copy (8 B/elem) and triad a = b + s*c (12 B/elem) over 3 x 256 MiB.
+Bandwidth measure_bandwidth(int threads, int reps) {
+  const int64_t n = int64_t{1} << 26;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 3.0f);
+  const double copy_s = best_seconds(reps, [&] {
+    split(threads, n, [&](int64_t lo, int64_t hi) {
+      std::memcpy(a.data() + lo, b.data() + lo, (hi - lo) * sizeof(float));
+    });
+  });
+  const double triad_s = best_seconds(reps, [&] {
+    split(threads, n, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+  });
+  return {8.0 * n / copy_s / 1e9, 12.0 * n / triad_s / 1e9};
+}
+
+struct Row {
+  std::string impl;
+  int threads;
+  double elems_per_s;
+  double bytes_per_elem;
+  double triad_gbs;
+};
+
+void print_row(const Row& r) {
+  const double gbs = r.elems_per_s * r.bytes_per_elem / 1e9;
+  const double limit = r.triad_gbs * 1e9 / r.bytes_per_elem;
+  fmt::print("| {} | {} | {:.3g} | {:.1f} | {:.0f}% |\n", r.impl, r.threads, r.elems_per_s, gbs,
+             100.0 * r.elems_per_s / limit);
+}
+
+double our_kernel(int64_t n, int threads, int reps, bool bf16_copy) {
+  std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
+  std::vector<uint16_t> p16(bf16_copy ? n : 0);
+  AdamStepParams hp;
+  hp.weight_decay = 0.01f;
+  hp.num_threads = threads;
+  int64_t step = 0;
+  const double s = best_seconds(reps, [&] {
+    hp.step = ++step;
+    deepspeed::optim::adam_step(p.data(), g.data(), m.data(), v.data(), n, hp,
+                                bf16_copy ? p16.data() : nullptr);
+  });
+  return n / s;
+}
+
+double torch_adamw(int64_t n, int threads, int reps) {
+  at::set_num_threads(threads);
+  torch::Tensor p = torch::full({n}, 0.5f).requires_grad_(true);
+  p.mutable_grad() = torch::full({n}, 0.01f);
+  torch::optim::AdamW opt({p}, torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  const double s = best_seconds(reps, [&] { opt.step(); });
+  return n / s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int log2n = argc > 1 ? std::atoi(argv[1]) : 24;
+  const int reps = argc > 2 ? std::atoi(argv[2]) : 10;
+  const int64_t n = int64_t{1} << log2n;
+  const int all = at::get_num_threads();
+  std::vector<int> counts = {1};
+  if (all > 1) counts.push_back(all);
+
+  fmt::print("n = 2^{} fp32 elements, kernel isa = {}, best of {} reps\n\n", log2n,
+             deepspeed::optim::adam_kernel_isa(), reps);
+  std::vector<Row> rows;
+  for (int t : counts) {
+    const Bandwidth bw = measure_bandwidth(t, reps);
+    fmt::print("memory bandwidth, {} thread(s): copy {:.1f} GB/s, triad {:.1f} GB/s -> limit "
+               "{:.3g} Adam elements/s\n",
+               t, bw.copy_gbs, bw.triad_gbs, bw.triad_gbs * 1e9 / 28);
+    rows.push_back({"triad (bandwidth limit / 28 B)", t, bw.triad_gbs * 1e9 / 28, 28, bw.triad_gbs});
+    rows.push_back({"deepspeed::optim::adam_step", t, our_kernel(n, t, reps, false), 28,
+                    bw.triad_gbs});
+    rows.push_back({"adam_step + fused bf16 copy", t, our_kernel(n, t, reps, true), 30,
+                    bw.triad_gbs});
+    rows.push_back({"torch::optim::AdamW", t, torch_adamw(n, t, reps), 28, bw.triad_gbs});
+  }
+  fmt::print("\n| implementation | threads | elements/s | GB/s effective | % of bandwidth limit |\n");
+  fmt::print("|---|---|---|---|---|\n");
+  for (const Row& r : rows) print_row(r);
+  return 0;
+}

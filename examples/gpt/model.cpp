@@ -1,0 +1,90 @@
+#include "gpt/model.h"
+
+#include <cmath>
+
+namespace gpt {
+namespace F = torch::nn::functional;
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
+  TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be divisible by n_head (",
+              c.n_head, ")");
+  qkv_ = register_module("qkv", torch::nn::Linear(c.n_embd, 3 * c.n_embd));
+  proj_ = register_module("proj", torch::nn::Linear(c.n_embd, c.n_embd));
+  mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}).tril());
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
+  auto qkv = qkv_->forward(x).split(C, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);          // [B, h, T, hd]
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // [B,h,T,T]
+  att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T) == 0,
+                        -std::numeric_limits<float>::infinity());
+  att = torch::softmax(att, -1);
+  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  return proj_->forward(y);
+}
+
+MLPImpl::MLPImpl(const GPTConfig& c) {
+  fc_ = register_module("fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
+  proj_ = register_module("proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return proj_->forward(torch::gelu(fc_->forward(x)));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn_ = register_module("attn", CausalSelfAttention(c));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp_ = register_module("mlp", MLP(c));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn_->forward(ln1_->forward(x));
+  return h + mlp_->forward(ln2_->forward(h));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
+  wte_ = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe_ = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    blocks_.push_back(register_module("block" + std::to_string(i), Block(c)));
+  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  // GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros).
+  torch::NoGradGuard no_grad;
+  for (auto& m : modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, 0.02);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, 0.02);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= config_.block_size, "sequence of ", T, " tokens exceeds block_size ",
+              config_.block_size);
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  auto x = wte_->forward(idx) + wpe_->forward(pos);
+  for (auto& b : blocks_) x = b->forward(x);
+  return head_->forward(ln_f_->forward(x));
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  auto lg = logits(idx);
+  return F::cross_entropy(lg.view({-1, lg.size(-1)}), targets.reshape({-1}));
+}
+
+int64_t GPTImpl::num_parameters() const {
+  int64_t n = 0;
+  for (auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace gpt

@@ -1,0 +1,69 @@
+// A small GPT in libtorch: byte-level tokens (vocabulary 256), learned positions, pre-LayerNorm
+// blocks of causal multi-head self-attention and a GELU MLP, final LayerNorm, linear head.
+// Same architecture as bench/ddp_baseline.py so DeepSpeed.cpp and PyTorch DDP train one model.
+#pragma once
+#include <torch/torch.h>
+
+namespace gpt {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;
+  int64_t block_size = 128;  // context length
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t n_embd = 256;
+};
+
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, C]
+
+ private:
+  int64_t n_head_;
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
+  torch::Tensor mask_;  // [T, T] lower-triangular, a buffer
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::Linear fc_{nullptr}, proj_{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  CausalSelfAttention attn_{nullptr};
+  MLP mlp_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& c);
+  // idx, targets: [B, T] int64 byte values. Returns the mean cross-entropy over all B*T tokens.
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor logits(const torch::Tensor& idx);  // [B, T, vocab]
+  const GPTConfig& config() const { return config_; }
+  int64_t num_parameters() const;
+
+ private:
+  GPTConfig config_;
+  torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(GPT);
+
+}  // namespace gpt

@@ -1,0 +1,165 @@
+// The training engine: what deepspeed::initialize() returns first.
+//
+// The loop is DeepSpeed's, called once per micro-batch:
+//     auto loss = engine->forward(x, y);   // runs the model's forward
+//     engine->backward(loss);              // scales by 1/gradient_accumulation_steps, reduces grads
+//     engine->step();                      // optimizer step only at accumulation boundaries
+// All three are COLLECTIVE across the data-parallel group (every rank calls them the same number of
+// times): gradients are reduced inside backward()/step(). Not thread-safe; one engine per thread.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/data.h"
+
+namespace deepspeed {
+
+class LRScheduler;
+struct EngineState;
+// Owns the engine's private state; the deleter is defined in the library, so user code never
+// needs EngineState's definition.
+struct EngineStateDeleter {
+  void operator()(EngineState* state) const;
+};
+using EngineStatePtr = std::unique_ptr<EngineState, EngineStateDeleter>;
+
+// Model-state bytes held by this rank, measured from the real tensor storages.
+struct MemoryReport {
+  int64_t parameters = 0;        // model parameters as the module holds them (+ master copies)
+  int64_t gradients = 0;         // gradient storage
+  int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
+  int64_t comm_buffers = 0;      // bucket / gather buffers
+  int64_t model_states() const { return parameters + gradients + optimizer_states; }
+  int64_t total() const { return model_states() + comm_buffers; }
+};
+
+class Engine {
+ public:
+  virtual ~Engine();
+
+  // Scales the loss by 1/gradient_accumulation_steps and runs autograd; gradient reduction of the
+  // configured ZeRO stage runs inside (overlapped with backward when overlap_comm is on).
+  // Returns the scaled loss. COLLECTIVE.
+  at::Tensor backward(const at::Tensor& loss);
+  // At an accumulation boundary: clip by global norm, optimizer step, LR scheduler step, zero grads.
+  // Between boundaries only counts the micro-step. COLLECTIVE.
+  void step();
+
+  bool is_gradient_accumulation_boundary() const;
+  int64_t train_batch_size() const;
+  int64_t train_micro_batch_size_per_gpu() const;
+  int64_t gradient_accumulation_steps() const;
+  std::vector<double> get_lr() const;
+  int64_t global_steps() const;
+  int64_t global_samples() const;
+  int64_t micro_steps() const;
+  int64_t skipped_steps() const;
+  // Global gradient norm (before clipping) of the last optimizer step; 0 before the first.
+  double get_global_grad_norm() const;
+  // Mean over the data-parallel ranks of the loss of the last optimizer step (sum of the
+  // GAS-scaled micro losses, as DeepSpeed's train_loss); NaN before the first step.
+  double last_loss() const;
+
+  torch::nn::Module& module();
+  const Config& config() const;
+  comm::CommunicatorPtr communicator() const;
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const;
+  std::shared_ptr<LRScheduler> lr_scheduler() const;
+  MemoryReport memory_report() const;
+
+  // Internal: the engine's state, owned here so the public header stays free of it.
+  EngineState& state() { return *state_; }
+
+ protected:
+  explicit Engine(EngineStatePtr state);
+  void before_forward();
+  void after_forward();
+
+ private:
+  EngineStatePtr state_;
+};
+
+// The engine typed by the user's module so forward() can call the module's own forward.
+template <class Module>
+class ModelEngine : public Engine {
+ public:
+  ModelEngine(std::shared_ptr<Module> model, EngineStatePtr state)
+      : Engine(std::move(state)), model_(std::move(model)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    before_forward();
+    auto out = model_->forward(std::forward<Args>(args)...);
+    after_forward();
+    return out;
+  }
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    return forward(std::forward<Args>(args)...);
+  }
+  std::shared_ptr<Module> model() const { return model_; }
+
+ private:
+  std::shared_ptr<Module> model_;
+};
+
+template <class Module>
+struct InitializeArgs {
+  std::shared_ptr<Module> model;  // required
+  std::string config;             // path to ds_config.json (or use config_json)
+  nlohmann::json config_json;     // used when `config` is empty
+  std::shared_ptr<Dataset> training_data;  // optional: builds the returned DataLoader
+  // Optional client optimizer; overrides the config's "optimizer" block (stage 0 only).
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // Optional client scheduler factory; overrides the config's "scheduler" block.
+  std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
+  comm::CommunicatorPtr comm;     // default: the world from init_distributed(), else single process
+  ConfigOverrides overrides;      // resolves "auto" batch keys
+};
+
+template <class Module>
+struct InitializeResult {
+  std::shared_ptr<ModelEngine<Module>> engine;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<DataLoader> training_dataloader;
+  std::shared_ptr<LRScheduler> lr_scheduler;
+};
+
+namespace detail {
+struct BuildInput {
+  std::shared_ptr<torch::nn::Module> module;
+  std::string config_path;
+  nlohmann::json config_json;
+  std::shared_ptr<Dataset> training_data;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
+  comm::CommunicatorPtr comm;
+  ConfigOverrides overrides;
+};
+// Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
+EngineStatePtr build_engine_state(BuildInput input);
+std::shared_ptr<DataLoader> engine_data_loader(EngineState& state);
+}  // namespace detail
+
+// deepspeed.initialize(): returns {engine, optimizer, training_dataloader, lr_scheduler}.
+// COLLECTIVE: every rank calls it; rank 0's initial parameters are broadcast to all.
+template <class Module>
+InitializeResult<Module> initialize(InitializeArgs<Module> args) {
+  detail::BuildInput in{args.model,       args.config,       std::move(args.config_json),
+                        args.training_data, args.optimizer,  args.lr_scheduler,
+                        args.comm,        args.overrides};
+  auto state = detail::build_engine_state(std::move(in));
+  auto engine = std::make_shared<ModelEngine<Module>>(args.model, std::move(state));
+  return {engine, engine->optimizer(), detail::engine_data_loader(engine->state()),
+          engine->lr_scheduler()};
+}
+
+}  // namespace deepspeed

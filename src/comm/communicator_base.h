@@ -1,0 +1,43 @@
+// What every Communicator implementation shares: identity, timeout, stats and argument checks.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+
+#include "comm/stats.h"
+#include "deepspeed/comm.h"
+
+namespace deepspeed {
+namespace comm {
+
+class CommunicatorBase : public Communicator {
+ public:
+  CommunicatorBase(int rank, int world_size, int local_rank, std::chrono::milliseconds timeout)
+      : rank_(rank), world_size_(world_size), local_rank_(local_rank), timeout_(timeout) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  int local_rank() const override { return local_rank_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+  CommStats stats() const override { return stats_.snapshot(); }
+  void reset_stats() override { stats_.reset(); }
+
+ protected:
+  // Counts the call; `t` is the tensor whose bytes this rank contributes.
+  void count(const char* op, const at::Tensor& t) {
+    stats_.add(op, static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()));
+  }
+  // REQUIRES of all_gather/reduce_scatter: big has world_size * small.numel() elements, same dtype.
+  void check_split(const char* op, const at::Tensor& big, const at::Tensor& small) const;
+  void check_peer(const char* op, int peer) const;
+
+  const int rank_;
+  const int world_size_;
+  const int local_rank_;
+  const std::chrono::milliseconds timeout_;
+  StatsRecorder stats_;
+};
+
+}  // namespace comm
+}  // namespace deepspeed

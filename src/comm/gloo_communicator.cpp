@@ -1,0 +1,238 @@
+// Collectives over c10d's ProcessGroupGloo, filling the gaps of its libtorch 1.13 version:
+// - bf16/int16 are rejected: reductions run in fp32/int32 on a converted copy; everything that
+//   only moves data (broadcast, all_gather, send/recv, the alltoall inside reduce_scatter) moves
+//   the bits as Half, which is exact.
+// - zero-element collectives crash Gloo (SIGFPE, measured): every rank has the same shapes, so
+//   all of them skip the call together.
+// - no reduce_scatter: built from alltoall_base, which 1.13's Gloo supports on CPU (measured):
+//   rank r receives slice r of every rank's input and sums the world_size chunks locally. Each
+//   rank sends (w-1)/w of its input once, which is what a ring reduce-scatter sends too, while
+//   all_reduce + slice would send twice that and reduce w times more elements.
+// - no _allgather_base: the vector allgather writes into views of the flat output (Gloo accepts
+//   non-owning slices, measured).
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
+#include "comm/gloo_communicator.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <vector>
+
+#include "comm/communicator_base.h"
+#include "comm/dtypes.h"
+#include "comm/work.h"
+
+namespace deepspeed {
+namespace comm {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::Min:
+      return c10d::ReduceOp::MIN;
+    default:
+      return c10d::ReduceOp::SUM;  // Avg = Sum, then divide on wait().
+  }
+}
+
+void divide_by(at::Tensor& t, int n) {
+  if (at::isFloatingType(t.scalar_type())) {
+    t.div_(n);
+  } else {
+    t.div_(n, "trunc");
+  }
+}
+
+// Reduces the [world, n] received chunks of reduce_scatter locally, 16-bit floats in fp32.
+at::Tensor reduce_chunks(const at::Tensor& chunks, ReduceOp op, int world) {
+  at::Tensor acc = chunks.to(accumulate_dtype(chunks.scalar_type()));
+  if (op == ReduceOp::Max) return std::get<0>(acc.max(0));
+  if (op == ReduceOp::Min) return std::get<0>(acc.min(0));
+  at::Tensor sum = acc.sum(0, false, acc.scalar_type());
+  if (op == ReduceOp::Avg) divide_by(sum, world);
+  return sum;
+}
+
+class GlooCommunicator : public CommunicatorBase {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int world,
+                   int local_rank, std::chrono::milliseconds timeout)
+      : CommunicatorBase(rank, world, local_rank, timeout), pg_(std::move(pg)) {}
+
+  WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    count("all_reduce", tensor);
+    if (tensor.numel() == 0) return done();
+    at::ScalarType wire = reduce_dtype(tensor.scalar_type(), "all_reduce");
+    at::Tensor staged = tensor.to(wire).contiguous();
+    std::vector<at::Tensor> bufs{staged};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    const int world = world_size_;
+    auto start = [&] { return pg_->allreduce(bufs, opts); };
+    return launch(describe("all_reduce", tensor), start, [tensor, staged, op, world]() mutable {
+      if (op == ReduceOp::Avg) divide_by(staged, world);
+      if (!staged.is_same(tensor)) tensor.copy_(staged);
+    });
+  }
+
+  WorkPtr broadcast(at::Tensor& tensor, int root) override {
+    check_peer("broadcast", root);
+    count("broadcast", tensor);
+    if (tensor.numel() == 0) return done();
+    at::Tensor staged = bits_view(tensor, bits_dtype(tensor.scalar_type(), "broadcast"));
+    std::vector<at::Tensor> bufs{staged};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    auto start = [&] { return pg_->broadcast(bufs, opts); };
+    return launch(describe("broadcast", tensor), start, copy_back(tensor, staged));
+  }
+
+  WorkPtr all_gather(at::Tensor& output, const at::Tensor& input) override {
+    check_split("all_gather", output, input);
+    count("all_gather", input);
+    if (input.numel() == 0) return done();
+    at::ScalarType wire = bits_dtype(input.scalar_type(), "all_gather");
+    std::vector<at::Tensor> in{bits_view(input, wire)};
+    at::Tensor flat = bits_view(output, wire).view({-1});
+    const int64_t n = input.numel();
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < world_size_; ++r) out[0].push_back(flat.narrow(0, r * n, n));
+    auto start = [&] { return pg_->allgather(out, in); };
+    return launch(describe("all_gather", input), start, copy_back(output, flat));
+  }
+
+  WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
+    check_split("reduce_scatter", input, output);
+    count("reduce_scatter", input);
+    if (output.numel() == 0) return done();
+    at::ScalarType type = input.scalar_type();
+    at::ScalarType wire = bits_dtype(type, "reduce_scatter");
+    at::Tensor send = bits_view(input, wire).view({-1});
+    at::Tensor recv = at::empty({input.numel()}, send.options());
+    std::vector<int64_t> equal_split;
+    auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
+    const int world = world_size_;
+    return launch(describe("reduce_scatter", input), start,
+                  [output, recv, send, type, op, world]() mutable {
+                    at::Tensor chunks = recv.view(type).view({world, -1});
+                    output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
+                  });
+  }
+
+  WorkPtr send(at::Tensor& tensor, int dst, int tag) override {
+    check_peer("send", dst);
+    count("send", tensor);
+    if (tensor.numel() == 0) return done();
+    std::vector<at::Tensor> bufs{bits_view(tensor, bits_dtype(tensor.scalar_type(), "send"))};
+    auto start = [&] { return pg_->send(bufs, dst, tag); };
+    return launch(describe("send", tensor), start, [bufs] {});  // keeps a staged copy alive
+  }
+
+  WorkPtr recv(at::Tensor& tensor, int src, int tag) override {
+    check_peer("recv", src);
+    count("recv", tensor);
+    if (tensor.numel() == 0) return done();
+    at::Tensor staged = bits_view(tensor, bits_dtype(tensor.scalar_type(), "recv"));
+    std::vector<at::Tensor> bufs{staged};
+    auto start = [&] { return pg_->recv(bufs, src, tag); };
+    return launch(describe("recv", tensor), start, copy_back(tensor, staged));
+  }
+
+  void barrier() override {
+    stats_.add("barrier", 0);
+    launch(
+        describe("barrier", at::Tensor()), [&] { return pg_->barrier(); }, nullptr)
+        ->wait();
+  }
+
+ private:
+  static WorkPtr done() { return std::make_shared<DoneWork>(); }
+
+  // On wait(): copies a staged buffer (a bits view of a non-contiguous tensor) back into `dst`.
+  static std::function<void()> copy_back(at::Tensor dst, at::Tensor staged) {
+    return [dst, staged]() mutable {
+      if (dst.is_contiguous()) return;  // staged shares dst's storage
+      dst.copy_(staged.view(dst.scalar_type()).view(dst.sizes()));
+    };
+  }
+
+  OpDesc describe(const char* op, const at::Tensor& t) const {
+    OpDesc d;
+    d.op = op;
+    d.has_tensor = t.defined();
+    d.numel = t.defined() ? t.numel() : 0;
+    d.dtype = t.defined() ? t.scalar_type() : at::kFloat;
+    d.rank = rank_;
+    d.world_size = world_size_;
+    d.timeout = timeout_;
+    return d;
+  }
+
+  // Starts a c10d collective; Gloo can fail already here (e.g. a pair closed by an earlier
+  // timeout), which must read like a failure in wait().
+  using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
+  WorkPtr launch(OpDesc d, const Start& start, std::function<void()> finish) {
+    auto t0 = std::chrono::steady_clock::now();
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start();
+    } catch (...) {
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
+      throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
+    }
+    return std::make_shared<GlooWork>(std::move(work), std::move(d), std::move(finish));
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+}  // namespace
+
+std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    if (*ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                          int world_size, int local_rank,
+                                          std::chrono::milliseconds timeout,
+                                          std::shared_ptr<::gloo::transport::Device> device) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw CommError(
+        fmt::format("Gloo group setup: rank {} is not in [0, world_size {})", rank, world_size));
+  }
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(std::move(device));
+  auto start = std::chrono::steady_clock::now();
+  try {
+    auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    return std::make_shared<GlooCommunicator>(pg, rank, world_size, local_rank, timeout);
+  } catch (...) {
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    throw CommError(fmt::format(
+        "Gloo group setup on rank {} of {} failed after {:.1f} s (timeout {:g} s): {}", rank,
+        world_size, elapsed.count(), timeout.count() / 1000.0, current_exception_message()));
+  }
+}
+
+CommunicatorPtr make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                       int world_size, std::chrono::milliseconds timeout,
+                                       int local_rank) {
+  return make_gloo_communicator_on(std::move(store), rank, world_size, local_rank, timeout,
+                                   gloo_device_for("127.0.0.1"));
+}
+
+}  // namespace comm
+}  // namespace deepspeed

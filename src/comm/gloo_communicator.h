@@ -1,0 +1,34 @@
+// The Gloo-backed Communicator (private). Public entry points are make_gloo_communicator() and
+// init_from_process_info() in deepspeed/comm.h.
+#pragma once
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "deepspeed/comm.h"
+
+namespace gloo {
+namespace transport {
+class Device;
+}
+}  // namespace gloo
+
+namespace deepspeed {
+namespace comm {
+
+// The Gloo transport device for a job whose store lives at `master_addr`: GLOO_SOCKET_IFNAME if
+// set (as torch.distributed does), the loopback device for 127.x/localhost jobs, else the device
+// for this host's name.
+std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& master_addr);
+
+// Joins a Gloo group over `store` (COLLECTIVE: all world_size ranks must call it). Throws
+// CommError naming the rank when the rendezvous fails or times out.
+CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                          int world_size, int local_rank,
+                                          std::chrono::milliseconds timeout,
+                                          std::shared_ptr<::gloo::transport::Device> device);
+
+}  // namespace comm
+}  // namespace deepspeed

@@ -1,0 +1,120 @@
+// Where this process sits in the job, read from the variables each launcher sets. Sources are
+// tried in a fixed order (dsrun/torchrun, OpenMPI, Slurm) and the first one present wins, so a
+// dsrun job started inside a Slurm allocation still uses dsrun's numbering.
+#include "comm/process_info.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace deepspeed {
+namespace comm {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+// A whole decimal number, or ConfigError naming the variable and what it held.
+long parse_int(const char* name, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < INT32_MIN ||
+      v > INT32_MAX) {
+    throw ConfigError(fmt::format("environment variable {}='{}' is not an integer", name, text));
+  }
+  return v;
+}
+
+int int_var(const char* name, int fallback) {
+  auto v = env(name);
+  return v ? static_cast<int>(parse_int(name, *v)) : fallback;
+}
+
+struct VarNames {
+  const char* source;
+  const char* rank;
+  const char* world;
+  const char* local_rank;
+};
+
+constexpr VarNames kTorchrun{"env", "RANK", "WORLD_SIZE", "LOCAL_RANK"};
+constexpr VarNames kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                            "OMPI_COMM_WORLD_LOCAL_RANK"};
+constexpr VarNames kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"};
+
+// Rank and world size come as a pair: one without the other is a broken launch, not a
+// single-process run.
+bool present(const VarNames& n) {
+  bool has_rank = env(n.rank).has_value();
+  bool has_world = env(n.world).has_value();
+  if (has_rank != has_world) {
+    throw ConfigError(fmt::format("environment variable {} is set but {} is not",
+                                  has_rank ? n.rank : n.world, has_rank ? n.world : n.rank));
+  }
+  return has_rank;
+}
+
+void validate(const ProcessInfo& p, const VarNames& n) {
+  if (p.world_size < 1) {
+    throw ConfigError(
+        fmt::format("environment variable {}={} must be at least 1", n.world, p.world_size));
+  }
+  if (p.rank < 0 || p.rank >= p.world_size) {
+    throw ConfigError(fmt::format("environment variable {}={} must be in [0, {}={})", n.rank,
+                                  p.rank, n.world, p.world_size));
+  }
+  if (p.local_rank < 0 || p.local_rank >= p.world_size) {
+    throw ConfigError(fmt::format("environment variable {}={} must be in [0, {}={})", n.local_rank,
+                                  p.local_rank, n.world, p.world_size));
+  }
+  if (p.master_port < 1 || p.master_port > 65535) {
+    throw ConfigError(
+        fmt::format("environment variable MASTER_PORT={} must be in [1, 65535]", p.master_port));
+  }
+  if (p.master_addr.empty()) throw ConfigError("environment variable MASTER_ADDR is empty");
+}
+
+ProcessInfo read(const VarNames& n, const std::string& default_addr) {
+  ProcessInfo p;
+  p.source = n.source;
+  p.rank = int_var(n.rank, 0);
+  p.world_size = int_var(n.world, 1);
+  p.local_rank = int_var(n.local_rank, 0);
+  p.master_addr = env("MASTER_ADDR").value_or(default_addr);
+  p.master_port = int_var("MASTER_PORT", 29500);
+  validate(p, n);
+  return p;
+}
+
+}  // namespace
+
+ProcessInfo detect_process_info() {
+  if (present(kTorchrun)) return read(kTorchrun, "127.0.0.1");
+  if (present(kOpenMpi)) return read(kOpenMpi, "127.0.0.1");
+  if (present(kSlurm)) {
+    return read(kSlurm, env("SLURM_LAUNCH_NODE_IPADDR").value_or("127.0.0.1"));
+  }
+  return ProcessInfo{};
+}
+
+std::chrono::milliseconds resolve_timeout(const InitOptions& options) {
+  auto minutes = env("DEEPSPEED_TIMEOUT");
+  if (!minutes || options.timeout != InitOptions{}.timeout) return options.timeout;
+  long m = parse_int("DEEPSPEED_TIMEOUT", *minutes);
+  if (m <= 0) {
+    throw ConfigError(fmt::format(
+        "environment variable DEEPSPEED_TIMEOUT='{}' must be a positive number of minutes",
+        *minutes));
+  }
+  return std::chrono::minutes(m);
+}
+
+}  // namespace comm
+}  // namespace deepspeed

@@ -1,0 +1,35 @@
+// Per-op call and byte counters, safe to update from any thread.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "deepspeed/comm.h"
+
+namespace deepspeed {
+namespace comm {
+
+class StatsRecorder {
+ public:
+  void add(const std::string& op, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    OpStats& s = stats_[op];
+    s.calls += 1;
+    s.bytes += bytes;
+  }
+  CommStats snapshot() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.clear();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  CommStats stats_;
+};
+
+}  // namespace comm
+}  // namespace deepspeed

@@ -1,0 +1,57 @@
+#include "comm/work.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <exception>
+
+#include "comm/dtypes.h"
+
+namespace deepspeed {
+namespace comm {
+
+std::string failure_message(const OpDesc& d, double elapsed_s, const std::string& cause) {
+  std::string what = d.op;
+  if (d.has_tensor) what += fmt::format(" of {} elements ({})", d.numel, dtype_name(d.dtype));
+  return fmt::format("{} on rank {} of {} failed after {:.1f} s (timeout {:g} s): {}", what, d.rank,
+                     d.world_size, elapsed_s, d.timeout.count() / 1000.0, cause);
+}
+
+std::string current_exception_message() {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, OpDesc desc, std::function<void()> finish)
+    : work_(std::move(work)),
+      desc_(std::move(desc)),
+      finish_(std::move(finish)),
+      start_(std::chrono::steady_clock::now()) {}
+
+void GlooWork::wait() {
+  if (!error_.empty()) throw CommError(error_);
+  if (done_) return;
+  try {
+    // Gloo enforces the group's timeout on every transfer, so an unbounded wait here still ends.
+    work_->wait();
+  } catch (...) {
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
+    error_ = failure_message(desc_, elapsed.count(), current_exception_message());
+    work_.reset();
+    throw CommError(error_);
+  }
+  work_.reset();
+  if (finish_) finish_();
+  finish_ = nullptr;
+  done_ = true;
+}
+
+}  // namespace comm
+}  // namespace deepspeed

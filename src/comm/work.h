@@ -1,0 +1,58 @@
+// Work handles and the description of a collective that failure messages are built from.
+#pragma once
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "deepspeed/comm.h"
+
+namespace deepspeed {
+namespace comm {
+
+// What a collective was, for error messages: "all_reduce of 1048576 elements (float) on rank 1
+// of 2".
+struct OpDesc {
+  std::string op;
+  bool has_tensor = true;  // false for barrier
+  int64_t numel = 0;
+  at::ScalarType dtype = at::kFloat;
+  int rank = 0;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{0};
+};
+
+// "<desc> failed after 2.0 s (timeout 2 s): <cause>".
+std::string failure_message(const OpDesc& desc, double elapsed_s, const std::string& cause);
+
+// The message of the exception in flight, without libtorch's C++ backtrace.
+std::string current_exception_message();
+
+// A handle for work that already finished (local collectives, zero-element ones).
+class DoneWork : public Work {
+ public:
+  void wait() override {}
+};
+
+// Wraps a c10d work: wait() turns its failure into CommError and then runs `finish` (copying a
+// converted or staged result back into the caller's tensor). wait() may be called again: it
+// returns at once, or rethrows the same failure.
+class GlooWork : public Work {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, OpDesc desc, std::function<void()> finish);
+  void wait() override;
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  OpDesc desc_;
+  std::function<void()> finish_;
+  std::chrono::steady_clock::time_point start_;
+  bool done_ = false;
+  std::string error_;
+};
+
+}  // namespace comm
+}  // namespace deepspeed

@@ -1,0 +1,50 @@
+// "auto" is a Hugging Face Trainer / Accelerate convention: that layer fills the value from its
+// own arguments before DeepSpeed sees the config. deepspeed.cpp has no such layer, so an "auto"
+// left anywhere but the batch keys (filled from initialize()) is an error listing every one.
+#include <string>
+#include <vector>
+
+#include "config/blocks.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed::config {
+namespace {
+
+bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// Keys where "auto" is an ordinary value or is handled elsewhere.
+bool auto_allowed(const std::string& path) {
+  return path == "train_batch_size" || path == "train_micro_batch_size_per_gpu" ||
+         path == "gradient_accumulation_steps" || path == "pipeline.stages";
+}
+
+void collect(const json& v, const std::string& path, std::vector<std::string>& found) {
+  if (is_auto(v) && !auto_allowed(path)) {
+    found.push_back(path);
+  } else if (v.is_object()) {
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (path.empty() && is_raw_only_block(it.key())) continue;
+      collect(it.value(), join_path(path, it.key()), found);
+    }
+  } else if (v.is_array()) {
+    for (size_t i = 0; i < v.size(); ++i)
+      collect(v[i], path + "[" + std::to_string(i) + "]", found);
+  }
+}
+
+}  // namespace
+
+void reject_unresolved_auto(const json& doc) {
+  std::vector<std::string> found;
+  collect(doc, "", found);
+  if (found.empty()) return;
+  std::string list;
+  for (const auto& p : found) list += (list.empty() ? "" : ", ") + p;
+  throw ConfigError(
+      "config keys set to \"auto\" need a value: " + list +
+      ". \"auto\" is filled in by the Hugging Face Trainer/Accelerate integration, which "
+      "deepspeed.cpp does not have; write the number or setting you want (only the three batch "
+      "keys may stay \"auto\", when initialize() is given their values)");
+}
+
+}  // namespace deepspeed::config

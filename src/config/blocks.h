@@ -1,0 +1,47 @@
+// Readers of the blocks of ds_config.json. Each reads its keys from the top-level reader into
+// Config, validates what it can check alone, and warns about unknown keys inside its block.
+// Checks that span blocks live in validate_config (parse_config.cpp).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "config/json_reader.h"
+#include "deepspeed/config.h"
+
+namespace deepspeed::config {
+
+// train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps (batch_size.cpp).
+// Also returns the keys that were "auto", so the caller can write the resolved values into raw.
+std::vector<std::string> read_batch_sizes(ObjectReader& top, int dp_world_size,
+                                          const ConfigOverrides& overrides, Config& cfg);
+
+// optimizer, scheduler (optimizer_config.cpp).
+void read_optimizer(ObjectReader& top, Config& cfg);
+void read_scheduler(ObjectReader& top, Config& cfg);
+
+// fp16, bf16 / bfloat16, data_types, communication_data_type (precision_config.cpp).
+void read_precision(ObjectReader& top, Config& cfg);
+
+// zero_optimization with offload_param / offload_optimizer (zero_config.cpp, offload_config.cpp).
+void read_zero(ObjectReader& top, Config& cfg);
+void read_offload(ObjectReader& zero, const std::string& key, bool is_param, OffloadConfig& out);
+void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& warnings);
+
+// aio, activation_checkpointing, pipeline, flops_profiler, tensorboard, csv_monitor,
+// checkpoint, comms_logger (feature_blocks.cpp).
+void read_feature_blocks(ObjectReader& top, Config& cfg);
+
+// Top-level scalars (clipping, steps_per_print, seed, ...) and the recognised blocks that are
+// kept only in raw (top_level.cpp).
+void read_top_level_scalars(ObjectReader& top, Config& cfg);
+void accept_recognised_blocks(ObjectReader& top);
+// True for top-level blocks stored only in raw, whose contents are not checked.
+bool is_raw_only_block(const std::string& key);
+
+// Throws ConfigError listing every "auto" value that cannot be resolved (auto_values.cpp).
+void reject_unresolved_auto(const json& doc);
+
+// "fp32" / "fp16" / "bf16" from the spellings DeepSpeed and PyTorch use; error names `path`.
+std::string normalise_dtype(const json& value, const std::string& path);
+
+}  // namespace deepspeed::config

@@ -1,0 +1,98 @@
+// Typed access to one JSON object of ds_config.json, with errors that name the full key path and
+// with tracking of which keys were read so that the rest can be reported as unknown.
+//
+// Value forms accepted everywhere (DeepSpeed configs are hand-written and often generated):
+//   integers: 500000000, 5e8, 5.0e8 (a double with no fraction), "5e8", "500000000";
+//   reals:    1, 1.0, 1e-3, "1e-3";
+//   booleans: true/false, "true"/"false" (any case);
+//   null:     the key keeps its default, as if it were absent.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace deepspeed::config {
+
+using json = nlohmann::json;
+
+// Where warnings go: the caller's vector if given, else stderr as "[deepspeed] warning: ...".
+class Warnings {
+ public:
+  explicit Warnings(std::vector<std::string>* sink) : sink_(sink) {}
+  void add(const std::string& message);
+
+ private:
+  std::vector<std::string>* sink_;
+};
+
+// "a.b" from prefix "a" and key "b"; just "b" at the top level.
+std::string join_path(const std::string& prefix, const std::string& key);
+
+// The value as compact JSON, cut short if long, for error messages.
+std::string describe(const json& value);
+
+// Throws ConfigError: "config key '<path>' has value <v>; expected <expected>".
+[[noreturn]] void fail(const std::string& path, const json& value, const std::string& expected);
+
+// Conversions of one value; `path` names the key in errors.
+int64_t to_int64(const json& value, const std::string& path);
+double to_double(const json& value, const std::string& path);
+bool to_bool(const json& value, const std::string& path);
+std::string to_string(const json& value, const std::string& path);
+
+// ASCII lower case, for values matched case-insensitively ("CPU", "Fail", "BFloat16").
+std::string ascii_lower(std::string s);
+
+// Range checks after reading; `path` names the key in errors.
+void require_at_least(const std::string& path, double value, double min);
+void require_in_range(const std::string& path, double value, double min, double max);
+void require_positive(const std::string& path, double value);
+
+// Reads one JSON object. Each read() leaves `out` unchanged when the key is absent or null.
+// finish() warns about every key that no read/accept/find call named.
+class ObjectReader {
+ public:
+  // REQUIRES: obj is a JSON object and outlives the reader. path "" is the document root.
+  ObjectReader(const json& obj, std::string path, Warnings& warnings);
+
+  const std::string& path() const { return path_; }
+  std::string path_of(const std::string& key) const { return join_path(path_, key); }
+  Warnings& warnings() { return warnings_; }
+
+  // True when the key is present with a non-null value. Does not mark it known.
+  bool has(const std::string& key) const;
+  // The value (nullptr when absent or null); marks the key known.
+  const json* find(const std::string& key);
+
+  void read(const std::string& key, bool& out);
+  void read(const std::string& key, int& out);
+  void read(const std::string& key, int64_t& out);
+  void read(const std::string& key, uint64_t& out);
+  void read(const std::string& key, double& out);
+  void read(const std::string& key, std::string& out);
+  void read(const std::string& key, std::optional<bool>& out);
+  void read(const std::string& key, std::optional<int64_t>& out);
+
+  // Reads a non-negative integer (sizes, counts, thresholds).
+  void read_count(const std::string& key, int64_t& out);
+
+  // Known keys whose values live only in Config::raw.
+  void accept(const std::vector<std::string>& keys);
+
+  // The object under `key` (an empty object when absent or null); error if not an object.
+  ObjectReader child(const std::string& key);
+
+  // Warns "unknown config key '<path>'" for each key not named, with a close known key if any.
+  void finish();
+
+ private:
+  const json& obj_;
+  std::string path_;
+  Warnings& warnings_;
+  std::set<std::string> known_;
+};
+
+}  // namespace deepspeed::config

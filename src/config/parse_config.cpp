@@ -1,0 +1,48 @@
+// parse_config: the document → Config, block by block, then checks that span blocks.
+#include "config/blocks.h"
+#include "deepspeed/config.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace {
+
+// DeepSpeed turns the wall-clock timers on whenever the flops profiler is on.
+void apply_implied_settings(Config& cfg) {
+  if (cfg.flops_profiler.enabled) cfg.wall_clock_breakdown = true;
+}
+
+}  // namespace
+
+Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOverrides& overrides,
+                    std::vector<std::string>* warnings) {
+  if (!doc.is_object()) {
+    throw ConfigError("the DeepSpeed config must be a JSON object {...}, got " +
+                      config::describe(doc));
+  }
+  config::reject_unresolved_auto(doc);
+  config::Warnings sink(warnings);
+  config::ObjectReader top(doc, "", sink);
+  Config cfg;
+  std::vector<std::string> auto_batch_keys =
+      config::read_batch_sizes(top, dp_world_size, overrides, cfg);
+  config::read_optimizer(top, cfg);
+  config::read_scheduler(top, cfg);
+  config::read_precision(top, cfg);
+  config::read_zero(top, cfg);
+  config::read_feature_blocks(top, cfg);
+  config::read_top_level_scalars(top, cfg);
+  config::accept_recognised_blocks(top);
+  top.finish();
+  apply_implied_settings(cfg);
+
+  cfg.raw = doc;
+  // raw records what training used: "auto" batch keys carry their resolved values.
+  for (const std::string& key : auto_batch_keys) {
+    if (key == "train_batch_size") cfg.raw[key] = cfg.train_batch_size;
+    if (key == "train_micro_batch_size_per_gpu") cfg.raw[key] = cfg.train_micro_batch_size_per_gpu;
+    if (key == "gradient_accumulation_steps") cfg.raw[key] = cfg.gradient_accumulation_steps;
+  }
+  return cfg;
+}
+
+}  // namespace deepspeed

@@ -1,0 +1,173 @@
+// zero_optimization: every key of DeepSpeed's DeepSpeedZeroConfig, its aliases and deprecated
+// spellings, and the legacy boolean form.
+#include <vector>
+
+#include "config/blocks.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed::config {
+namespace {
+
+const char* kZero = "zero_optimization";
+
+// Another name DeepSpeed accepts for a key: the stage3_ prefix is optional there, and a few old
+// spellings are deprecated.
+struct Alias {
+  const char* name;
+  bool deprecated;
+};
+
+// Reads `key` or one of its aliases; two spellings given at once are ambiguous, so an error.
+template <typename T>
+void read_aliased(ObjectReader& r, const std::string& key, std::vector<Alias> aliases, T& out) {
+  r.find(key);
+  std::string given = r.has(key) ? key : "";
+  bool deprecated = false;
+  for (const Alias& a : aliases) {
+    r.find(a.name);
+    if (!r.has(a.name)) continue;
+    if (!given.empty()) {
+      throw ConfigError("config keys '" + r.path_of(given) + "' and '" + r.path_of(a.name) +
+                        "' are the same setting; give only one");
+    }
+    given = a.name;
+    deprecated = a.deprecated;
+  }
+  if (given.empty() || given == key) {
+    r.read(key, out);
+    return;
+  }
+  r.warnings().add("config key '" + r.path_of(given) + "' is " +
+                   (deprecated ? "deprecated; use '" : "read as '") + r.path_of(key) + "'");
+  r.read(given, out);
+}
+
+void read_aliased_count(ObjectReader& r, const std::string& key, const char* alias, int64_t& out) {
+  read_aliased(r, key, {{alias, false}}, out);
+  require_at_least(r.path_of(r.has(alias) ? alias : key), static_cast<double>(out), 0);
+}
+
+// cpu_offload / cpu_offload_param: true means {"device": "cpu"} for the new block.
+void read_deprecated_offload(ObjectReader& r, const std::string& old_key,
+                             const std::string& new_key, OffloadConfig& block) {
+  if (!r.has(old_key)) {
+    r.find(old_key);
+    return;
+  }
+  bool on = false;
+  r.read(old_key, on);
+  r.warnings().add("config key '" + r.path_of(old_key) + "' is deprecated; use '" +
+                   r.path_of(new_key) + "': {\"device\": \"cpu\"}");
+  if (on && r.has(new_key)) {
+    throw ConfigError("config keys '" + r.path_of(old_key) + "' and '" + r.path_of(new_key) +
+                      "' are both given; keep only '" + r.path_of(new_key) + "'");
+  }
+  if (on) block.device = "cpu";
+}
+
+void read_buckets(ObjectReader& r, ZeroConfig& z) {
+  r.read("contiguous_gradients", z.contiguous_gradients);
+  r.read("reduce_scatter", z.reduce_scatter);
+  r.read_count("reduce_bucket_size", z.reduce_bucket_size);
+  r.read("use_multi_rank_bucket_allreduce", z.use_multi_rank_bucket_allreduce);
+  r.read("allgather_partitions", z.allgather_partitions);
+  r.read_count("allgather_bucket_size", z.allgather_bucket_size);
+  r.read("overlap_comm", z.overlap_comm);
+  r.read("load_from_fp32_weights", z.load_from_fp32_weights);
+  r.read("elastic_checkpoint", z.elastic_checkpoint);
+  r.read("ignore_unused_parameters", z.ignore_unused_parameters);
+  r.read("round_robin_gradients", z.round_robin_gradients);
+  r.read_count("sub_group_size", z.sub_group_size);
+  require_positive(r.path_of("sub_group_size"), static_cast<double>(z.sub_group_size));
+}
+
+void read_stage3(ObjectReader& r, ZeroConfig& z) {
+  read_aliased_count(r, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                     z.stage3_prefetch_bucket_size);
+  read_aliased_count(r, "stage3_param_persistence_threshold", "param_persistence_threshold",
+                     z.stage3_param_persistence_threshold);
+  read_aliased_count(r, "stage3_model_persistence_threshold", "model_persistence_threshold",
+                     z.stage3_model_persistence_threshold);
+  read_aliased_count(r, "stage3_max_live_parameters", "max_live_parameters",
+                     z.stage3_max_live_parameters);
+  read_aliased_count(r, "stage3_max_reuse_distance", "max_reuse_distance",
+                     z.stage3_max_reuse_distance);
+  // The fp16 spelling predates bf16 support; DeepSpeed remaps it with a warning.
+  read_aliased(r, "stage3_gather_16bit_weights_on_model_save",
+               {{"gather_16bit_weights_on_model_save", false},
+                {"stage3_gather_fp16_weights_on_model_save", true}},
+               z.stage3_gather_16bit_weights_on_model_save);
+  int64_t granularity = 0;
+  read_aliased_count(r, "stage3_module_granularity_threshold", "module_granularity_threshold",
+                     granularity);
+  bool all_reduce_fetch = false;
+  read_aliased(r, "stage3_use_all_reduce_for_fetch_params",
+               {{"use_all_reduce_for_fetch_params", false}}, all_reduce_fetch);
+}
+
+// Keys of ZeRO++, MiCS and DeepSpeed internals: type-checked, kept only in raw.
+void read_extensions(ObjectReader& r) {
+  bool flag = false;
+  for (const char* k :
+       {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+        "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+        "override_module_apply", "log_trace_cache_warnings"}) {
+    r.read(k, flag);
+  }
+  int64_t hpz = 1;
+  r.read_count("zero_hpz_partition_size", hpz);
+  int64_t mics = -1;
+  r.read("mics_shard_size", mics);
+  r.child("zeropp_loco_param");  // {err_beta, reset_T}: contents not checked
+  bool legacy_stage1 = false;
+  r.read("legacy_stage1", legacy_stage1);
+  if (legacy_stage1) {
+    throw ConfigError("config key '" + r.path_of("legacy_stage1") +
+                      "' is true, but the legacy stage-1 implementation was removed from "
+                      "DeepSpeed and is not provided; remove the key");
+  }
+}
+
+void read_zero_object(ObjectReader& r, ZeroConfig& z) {
+  r.read("stage", z.stage);
+  if (z.stage < 0 || z.stage > 3) fail(r.path_of("stage"), z.stage, "0, 1, 2 or 3");
+  read_buckets(r, z);
+  read_offload(r, "offload_param", /*is_param=*/true, z.offload_param);
+  read_offload(r, "offload_optimizer", /*is_param=*/false, z.offload_optimizer);
+  read_deprecated_offload(r, "cpu_offload", "offload_optimizer", z.offload_optimizer);
+  read_deprecated_offload(r, "cpu_offload_param", "offload_param", z.offload_param);
+  if (r.has("cpu_offload_use_pin_memory")) {
+    bool pin = false;
+    r.read("cpu_offload_use_pin_memory", pin);
+    r.warnings().add("config key '" + r.path_of("cpu_offload_use_pin_memory") +
+                     "' is deprecated; use 'pin_memory' inside offload_param / offload_optimizer");
+    z.offload_param.pin_memory = z.offload_param.pin_memory || pin;
+    z.offload_optimizer.pin_memory = z.offload_optimizer.pin_memory || pin;
+  }
+  r.accept({"cpu_offload_use_pin_memory"});
+  read_stage3(r, z);
+  read_extensions(r);
+  r.finish();
+}
+
+}  // namespace
+
+void read_zero(ObjectReader& top, Config& cfg) {
+  ZeroConfig& z = cfg.zero_optimization;
+  z.offload_param.buffer_count = 5;  // DeepSpeed's offload_param default; offload_optimizer: 4
+  const json* v = top.find(kZero);
+  if (v && v->is_boolean()) {
+    // Legacy form: true meant stage 1, with the bucket size from top-level "allgather_size".
+    top.warnings().add(
+        "config key 'zero_optimization' as a boolean is deprecated; use "
+        "{\"stage\": 1}");
+    z.stage = v->get<bool>() ? 1 : 0;
+    top.read_count("allgather_size", z.allgather_bucket_size);
+    return;
+  }
+  ObjectReader r = top.child(kZero);
+  read_zero_object(r, z);
+  validate_offload(kZero, z, top.warnings());
+}
+
+}  // namespace deepspeed::config

@@ -1,0 +1,195 @@
+// Adam step: constants, ISA choice, OpenMP split, and the scalar kernel (the reference the SIMD
+// kernels must equal bit for bit, and their tail).
+#include "optim/cpu_adam.h"
+
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "optim/cpu_adam_kernels.h"
+
+// Every path must round the same way: no compiler-fused multiply-adds beyond the explicit fmaf
+// calls, even when the library is built with -march=native.
+#pragma GCC optimize("fp-contract=off")
+
+namespace deepspeed::optim {
+namespace detail {
+
+void adam_kernel_scalar(float* param, const float* grad, float* m, float* v, int64_t n,
+                        const AdamConsts& c, uint16_t* param16, Half16Kind kind) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = grad[i];
+    float p = param[i];
+    if (c.scale_grad) g = g * c.grad_scale;
+    if (c.decoupled_decay) p = p * c.decay_mul;
+    if (c.l2_decay) g = std::fmaf(p, c.l2, g);
+    // libtorch: exp_avg.mul_(b1).add_(g, 1-b1) -> fma; exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2).
+    const float mi = std::fmaf(g, c.one_minus_beta1, m[i] * c.beta1);
+    const float vi = v[i] * c.beta2 + (c.one_minus_beta2 * g) * g;
+    const float denom = std::sqrt(vi) / c.sqrt_bc2 + c.eps;
+    p = p + (c.neg_step_size * mi) / denom;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p;
+    if (param16 != nullptr) {
+      param16[i] = kind == Half16Kind::BF16 ? float_to_bf16_bits(p) : c10::Half(p).x;
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::AdamConsts;
+
+// Chunk of the OpenMP split: large enough to amortise the loop overhead, a multiple of every
+// vector width, and small enough that 2 threads get balanced work from a few-MB partition.
+constexpr int64_t kChunk = int64_t{1} << 15;
+constexpr int64_t kParallelMin = 2 * kChunk;
+
+bool cpu_has(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::Scalar:
+      return true;
+    case AdamIsa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case AdamIsa::Avx512:
+      return __builtin_cpu_supports("avx512f");
+  }
+  return false;
+}
+
+const char* isa_name(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::Avx512: return "avx512";
+    case AdamIsa::Avx2: return "avx2";
+    case AdamIsa::Scalar: return "scalar";
+  }
+  return "scalar";
+}
+
+AdamIsa best_isa() {
+  if (cpu_has(AdamIsa::Avx512)) return AdamIsa::Avx512;
+  if (cpu_has(AdamIsa::Avx2)) return AdamIsa::Avx2;
+  return AdamIsa::Scalar;
+}
+
+AdamIsa parse_isa(const std::string& s) {
+  if (s == "scalar") return AdamIsa::Scalar;
+  if (s == "avx2") return AdamIsa::Avx2;
+  if (s == "avx512") return AdamIsa::Avx512;
+  throw std::invalid_argument("DS_ADAM_ISA='" + s + "': expected scalar, avx2 or avx512");
+}
+
+void require_supported(AdamIsa isa, const char* origin) {
+  if (!cpu_has(isa)) {
+    throw std::invalid_argument(std::string(origin) + ": CPU lacks the instructions for the " +
+                                isa_name(isa) + " Adam kernel");
+  }
+}
+
+AdamIsa initial_isa() {
+  const char* env = std::getenv("DS_ADAM_ISA");
+  if (env == nullptr || *env == '\0') return best_isa();
+  const AdamIsa isa = parse_isa(env);
+  require_supported(isa, "DS_ADAM_ISA");
+  return isa;
+}
+
+std::atomic<AdamIsa>& current_isa() {
+  static std::atomic<AdamIsa> isa{initial_isa()};
+  return isa;
+}
+
+detail::AdamKernel kernel_for(AdamIsa isa) {
+  switch (isa) {
+    case AdamIsa::Avx512: return detail::adam_kernel_avx512;
+    case AdamIsa::Avx2: return detail::adam_kernel_avx2;
+    case AdamIsa::Scalar: return detail::adam_kernel_scalar;
+  }
+  return detail::adam_kernel_scalar;
+}
+
+AdamConsts make_consts(const AdamStepParams& p) {
+  if (p.bias_correction && p.step < 1) {
+    throw std::invalid_argument("adam_step: step=" + std::to_string(p.step) +
+                                " but bias correction needs step >= 1");
+  }
+  const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, wd = p.weight_decay;
+  const double step = static_cast<double>(p.step);
+  const double bc1 = p.bias_correction ? 1.0 - std::pow(b1, step) : 1.0;
+  const double bc2 = p.bias_correction ? 1.0 - std::pow(b2, step) : 1.0;
+  AdamConsts c{};
+  c.grad_scale = p.grad_scale;
+  c.decay_mul = static_cast<float>(1.0 - lr * wd);
+  c.l2 = p.weight_decay;
+  c.beta1 = p.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - b1);
+  c.beta2 = p.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - b2);
+  c.sqrt_bc2 = static_cast<float>(std::sqrt(bc2));
+  c.eps = p.eps;
+  c.neg_step_size = static_cast<float>(-(lr / bc1));
+  c.scale_grad = p.grad_scale != 1.0f;
+  c.decoupled_decay = p.adamw_mode && p.weight_decay != 0.0f;
+  c.l2_decay = !p.adamw_mode && p.weight_decay != 0.0f;
+  return c;
+}
+
+int thread_count(const AdamStepParams& p) {
+#ifdef _OPENMP
+  return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+}  // namespace
+
+void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+               const AdamStepParams& p, uint16_t* param16, Half16Kind kind) {
+  if (n < 0) throw std::invalid_argument("adam_step: n=" + std::to_string(n) + " < 0");
+  const AdamConsts c = make_consts(p);
+  if (n == 0) return;
+  const detail::AdamKernel kernel = kernel_for(current_isa().load(std::memory_order_relaxed));
+  const int threads = thread_count(p);
+  if (threads <= 1 || n < kParallelMin) {
+    kernel(param, grad, exp_avg, exp_avg_sq, n, c, param16, kind);
+    return;
+  }
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  // schedule(static) hands each thread one contiguous run of chunks: the same pages every step,
+  // which keeps first-touch NUMA placement useful.
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t off = k * kChunk;
+    const int64_t len = std::min(kChunk, n - off);
+    kernel(param + off, grad + off, exp_avg + off, exp_avg_sq + off, len, c,
+           param16 != nullptr ? param16 + off : nullptr, kind);
+  }
+}
+
+const char* adam_kernel_isa() { return isa_name(current_isa().load()); }
+
+bool adam_isa_supported(AdamIsa isa) { return cpu_has(isa); }
+
+void set_adam_isa(AdamIsa isa) {
+  require_supported(isa, "set_adam_isa");
+  current_isa().store(isa);
+}
+
+void reset_adam_isa() { current_isa().store(best_isa()); }
+
+}  // namespace deepspeed::optim

@@ -1,0 +1,65 @@
+#include "optim/fused_adam.h"
+
+#include <torch/torch.h>
+
+#include "optim/cpu_adam.h"
+
+namespace deepspeed {
+namespace optim {
+namespace {
+torch::optim::AdamWOptions options_from(const AdamHyper& h) {
+  return torch::optim::AdamWOptions(h.lr)
+      .betas(std::make_tuple(h.beta1, h.beta2))
+      .eps(h.eps)
+      .weight_decay(h.weight_decay);
+}
+}  // namespace
+
+FusedAdam::FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper)
+    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::make_unique<torch::optim::AdamWOptions>(options_from(hyper))),
+      adamw_mode_(hyper.adamw_mode), bias_correction_(hyper.bias_correction) {}
+
+torch::Tensor FusedAdam::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+                      p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
+                  "FusedAdam needs contiguous fp32 parameters and gradients");
+      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto it = state().find(key);
+      if (it == state().end()) {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(0);
+        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+        it = state().emplace(key, std::move(s)).first;
+      }
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      s.step(s.step() + 1);
+      AdamStepParams hp;
+      hp.lr = static_cast<float>(o.lr());
+      hp.beta1 = static_cast<float>(std::get<0>(o.betas()));
+      hp.beta2 = static_cast<float>(std::get<1>(o.betas()));
+      hp.eps = static_cast<float>(o.eps());
+      hp.weight_decay = static_cast<float>(o.weight_decay());
+      hp.adamw_mode = adamw_mode_;
+      hp.bias_correction = bias_correction_;
+      hp.step = s.step();
+      adam_step(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
+                s.exp_avg_sq().data_ptr<float>(), p.numel(), hp);
+    }
+  }
+  return loss;
+}
+
+}  // namespace optim
+}  // namespace deepspeed

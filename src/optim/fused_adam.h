@@ -1,0 +1,32 @@
+// FusedAdam: Adam/AdamW as a torch::optim::Optimizer whose update is the vectorised one-pass kernel
+// (cpu_adam.h), the counterpart of DeepSpeed's FusedAdam / DeepSpeedCPUAdam. Every ZeRO stage uses
+// it for "Adam"/"AdamW", so stage 0 and the partitioned stages run the very same arithmetic.
+//
+// Groups carry torch::optim::AdamWOptions (lr, betas, eps, weight_decay), so LR schedulers and
+// OneCycle's beta cycling work through the usual options; per-parameter state is
+// torch::optim::AdamWParamState (step, exp_avg, exp_avg_sq).
+// REQUIRES: every parameter is a contiguous fp32 CPU tensor with a contiguous fp32 gradient.
+#pragma once
+#include <vector>
+
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+
+#include "deepspeed/optimizer.h"
+
+namespace deepspeed {
+namespace optim {
+
+class FusedAdam : public torch::optim::Optimizer {
+ public:
+  FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper);
+  torch::Tensor step(LossClosure closure = nullptr) override;
+  bool adamw_mode() const { return adamw_mode_; }
+
+ private:
+  bool adamw_mode_;
+  bool bias_correction_;
+};
+
+}  // namespace optim
+}  // namespace deepspeed

@@ -1,0 +1,122 @@
+// ScheduledLR: steps t and writes a Schedule's values into an LRTarget; the scheduler factory.
+#include "deepspeed/lr_scheduler.h"
+
+#include <algorithm>
+
+#include "deepspeed/errors.h"
+#include "optim/lr_schedules.h"
+#include "optim/param_reader.h"
+
+namespace deepspeed {
+namespace optim {
+namespace {
+
+enum class MomentumSink { None, Betas, Momentum };
+
+class ScheduledLR : public LRScheduler {
+ public:
+  ScheduledLR(std::unique_ptr<Schedule> schedule, std::shared_ptr<LRTarget> target, int64_t t,
+              std::vector<std::string>* warnings)
+      : schedule_(std::move(schedule)), target_(std::move(target)), t_(t) {
+    sink_ = choose_sink(warnings);
+    if (t_ == -1) {
+      write_lr(schedule_->initial_lr());
+      if (sink_ != MomentumSink::None) write_betas(schedule_->initial_betas());
+    }
+  }
+
+  std::string name() const override { return schedule_->name(); }
+
+  void step() override {
+    ++t_;
+    apply();
+  }
+
+  std::vector<double> get_lr() const override {
+    std::vector<double> out;
+    for (size_t g = 0; g < target_->num_groups(); ++g) out.push_back(target_->lr(g));
+    return out;
+  }
+
+  std::vector<double> get_mom() const override {
+    std::vector<double> out;
+    for (size_t g = 0; g < target_->num_groups(); ++g) {
+      if (sink_ == MomentumSink::Betas) out.push_back(target_->betas(g).first);
+      if (sink_ == MomentumSink::Momentum) out.push_back(target_->momentum(g));
+    }
+    return out;
+  }
+
+  int64_t last_batch_iteration() const override { return t_; }
+
+  nlohmann::json state_dict() const override { return {{"last_batch_iteration", t_}}; }
+
+  void load_state_dict(const nlohmann::json& state) override {
+    auto it = state.is_object() ? state.find("last_batch_iteration") : state.end();
+    if (it == state.end() || !it->is_number_integer() || it->get<int64_t>() < -1) {
+      throw CheckpointError(
+          "lr_scheduler state: expected an integer \"last_batch_iteration\" >= -1, got " +
+          state.dump());
+    }
+    t_ = it->get<int64_t>();
+    if (t_ >= 0) {
+      apply();
+    } else {
+      write_lr(schedule_->initial_lr());
+      if (sink_ != MomentumSink::None) write_betas(schedule_->initial_betas());
+    }
+  }
+
+ private:
+  MomentumSink choose_sink(std::vector<std::string>* warnings) const {
+    if (!schedule_->cycles_momentum()) return MomentumSink::None;
+    if (target_->has_betas()) return MomentumSink::Betas;
+    if (target_->has_momentum()) return MomentumSink::Momentum;
+    warn(warnings,
+         "scheduler.params.cycle_momentum: disabled because the optimizer has neither "
+         "betas nor momentum");
+    return MomentumSink::None;
+  }
+
+  void apply() {
+    write_lr(schedule_->lr_at(t_));
+    if (sink_ != MomentumSink::None) write_betas(schedule_->betas_at(t_));
+  }
+
+  // zip() semantics: a shorter list writes only the first groups.
+  void write_lr(const std::vector<double>& lrs) {
+    size_t n = std::min(lrs.size(), target_->num_groups());
+    for (size_t g = 0; g < n; ++g) target_->set_lr(g, lrs[g]);
+  }
+
+  void write_betas(const std::vector<Betas>& betas) {
+    size_t n = std::min(betas.size(), target_->num_groups());
+    for (size_t g = 0; g < n; ++g) {
+      if (sink_ == MomentumSink::Betas) target_->set_betas(g, betas[g]);
+      if (sink_ == MomentumSink::Momentum) target_->set_momentum(g, betas[g].first);
+    }
+  }
+
+  std::unique_ptr<Schedule> schedule_;
+  std::shared_ptr<LRTarget> target_;
+  int64_t t_;
+  MomentumSink sink_ = MomentumSink::None;
+};
+
+}  // namespace
+}  // namespace optim
+
+std::shared_ptr<LRScheduler> make_lr_scheduler(const SchedulerConfig& config,
+                                               std::shared_ptr<LRTarget> target,
+                                               std::vector<std::string>* warnings) {
+  if (!target) throw ConfigError("scheduler: no optimizer to schedule");
+  std::vector<double> lrs;
+  for (size_t g = 0; g < target->num_groups(); ++g) lrs.push_back(target->lr(g));
+  auto parsed = optim::parse_schedule(config, lrs, warnings);
+  return std::make_shared<optim::ScheduledLR>(std::move(parsed.schedule), std::move(target),
+                                              parsed.last_batch_iteration, warnings);
+}
+
+std::vector<std::string> supported_lr_schedulers() { return optim::schedule_names(); }
+
+}  // namespace deepspeed

@@ -1,0 +1,106 @@
+// initialize(): config → communicator → weights broadcast → optimizer → ZeRO stage → scheduler →
+// data loader. Every choice (stage, optimizer) is made here once.
+#include <torch/torch.h>
+
+#include "deepspeed/optimizer.h"
+#include "runtime/engine_state.h"
+#include "optim/fused_adam.h"
+#include "zero/data_parallel.h"
+#include "zero/partitioned_stage.h"
+
+namespace deepspeed {
+namespace detail {
+namespace {
+
+comm::CommunicatorPtr choose_communicator(comm::CommunicatorPtr given) {
+  if (given) return given;
+  if (auto w = comm::world()) return w;
+  return comm::make_single_process_communicator();
+}
+
+Config read_config(const BuildInput& in, int world_size) {
+  if (!in.config_path.empty()) return load_config(in.config_path, world_size, in.overrides);
+  if (in.config_json.is_null())
+    throw ConfigError("initialize(): no config given (set InitializeArgs.config to a ds_config.json "
+                      "path, or InitializeArgs.config_json)");
+  return parse_config(in.config_json, world_size, in.overrides);
+}
+
+// Every rank starts from rank 0's weights (and buffers), as DeepSpeed does.
+void broadcast_from_rank0(torch::nn::Module& module, comm::Communicator& comm) {
+  if (comm.world_size() == 1) return;
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) comm.broadcast(p, 0)->wait();
+  for (auto& b : module.buffers()) comm.broadcast(b, 0)->wait();
+}
+
+// Adam/AdamW run the vectorised FusedAdam on every stage (as DeepSpeed uses FusedAdam); other
+// types come from libtorch through make_optimizer.
+zero::OptimizerFactory optimizer_factory(const Config& config) {
+  return [config](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+    if (!config.optimizer)
+      throw ConfigError("initialize(): no optimizer: add an \"optimizer\" block to the config or "
+                        "pass InitializeArgs.optimizer");
+    auto type = canonical_optimizer_type(config.optimizer->type);
+    if (type == "Adam" || type == "AdamW")
+      return std::make_shared<optim::FusedAdam>(std::move(params),
+                                                parse_adam_params(*config.optimizer));
+    return make_optimizer(*config.optimizer, std::move(params));
+  };
+}
+
+// The stage is chosen once, here.
+void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer) {
+  const int stage = s.config.zero_optimization.stage;
+  if (stage == 0) {
+    s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config)(s.trainable);
+    s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, s.comm, s.config, s.optimizer);
+    return;
+  }
+  if (client_optimizer)
+    throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
+                      ": a client optimizer (InitializeArgs.optimizer) works with stage 0 only; "
+                      "give the optimizer in the config's \"optimizer\" block instead");
+  if (stage == 1 || stage == 2) {
+    s.stage = std::make_unique<zero::PartitionedStage>(stage, s.trainable, s.comm, s.config,
+                                                       optimizer_factory(s.config));
+    s.optimizer = s.stage->optimizer();
+    return;
+  }
+  throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
+                    " is not available in this build yet (supported: 0, 1, 2)");
+}
+
+}  // namespace
+
+EngineStatePtr build_engine_state(BuildInput in) {
+  if (!in.module) throw ConfigError("initialize(): InitializeArgs.model is null");
+  EngineStatePtr s(new EngineState());
+  s->comm = choose_communicator(in.comm);
+  s->config = read_config(in, s->comm->world_size());
+  s->module = in.module;
+  for (auto& p : s->module->parameters())
+    if (p.requires_grad()) s->trainable.push_back(p);
+
+  broadcast_from_rank0(*s->module, *s->comm);
+
+  build_stage(*s, in.optimizer);
+
+  if (in.lr_scheduler) {
+    s->scheduler = in.lr_scheduler(s->optimizer);
+  } else if (s->config.scheduler) {
+    s->scheduler = make_lr_scheduler(*s->config.scheduler, lr_target_for(s->optimizer));
+  }
+  s->training_data = in.training_data;
+  if (s->training_data) {
+    s->loader = std::make_shared<DataLoader>(
+        s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
+        s->comm->world_size(), s->config.seed, /*shuffle=*/true, /*drop_last=*/true);
+  }
+  return s;
+}
+
+std::shared_ptr<DataLoader> engine_data_loader(EngineState& state) { return state.loader; }
+
+}  // namespace detail
+}  // namespace deepspeed

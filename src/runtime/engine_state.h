@@ -1,0 +1,37 @@
+// Everything an Engine owns. Private: users see only include/deepspeed/engine.h.
+#pragma once
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "deepspeed/engine.h"
+#include "deepspeed/lr_scheduler.h"
+#include "runtime/throughput_log.h"
+#include "zero/stage.h"
+
+namespace deepspeed {
+
+struct EngineState {
+  Config config;
+  comm::CommunicatorPtr comm;
+  std::shared_ptr<torch::nn::Module> module;
+  std::vector<at::Tensor> trainable;  // parameters with requires_grad, in registration order
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  std::shared_ptr<LRScheduler> scheduler;
+  std::unique_ptr<zero::ZeroStage> stage;
+  std::shared_ptr<Dataset> training_data;
+  std::shared_ptr<DataLoader> loader;
+
+  int64_t global_steps = 0;
+  int64_t global_samples = 0;
+  int64_t micro_steps = 0;
+  int64_t skipped_steps = 0;
+  double last_grad_norm = 0.0;
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  at::Tensor loss_since_boundary;  // sum of the GAS-scaled micro losses since the last step
+  ThroughputLog log;
+};
+
+}  // namespace deepspeed

@@ -1,0 +1,140 @@
+#include "zero/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include "zero/gradient_scaling.h"
+#include "zero/optimizer_state_bytes.h"
+
+namespace deepspeed {
+namespace zero {
+
+DataParallelStage::DataParallelStage(std::vector<at::Tensor> params, comm::CommunicatorPtr comm,
+                                     const Config& config,
+                                     std::shared_ptr<torch::optim::Optimizer> optimizer)
+    : params_(std::move(params)), comm_(std::move(comm)), config_(config),
+      optimizer_(std::move(optimizer)) {
+  build_buckets(std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size));
+  if (config_.zero_optimization.overlap_comm_enabled() && comm_->world_size() > 1) {
+    for (size_t i = 0; i < params_.size(); ++i) hooks_.add(params_[i], [this, i] { on_grad_ready(i); });
+  }
+}
+
+DataParallelStage::~DataParallelStage() {
+  hooks_.clear();
+  for (auto& b : buckets_)
+    if (b.work) try { b.work->wait(); } catch (...) {}
+}
+
+// Buckets follow reverse registration order: autograd produces the last layers' gradients first,
+// so the first bucket fills (and can be sent) earliest.
+void DataParallelStage::build_buckets(int64_t bucket_size) {
+  bucket_of_param_.assign(params_.size(), 0);
+  for (size_t k = params_.size(); k-- > 0;) {
+    const auto& p = params_[k];
+    bool fits = !buckets_.empty() && buckets_.back().dtype == p.scalar_type() &&
+                buckets_.back().numel < bucket_size;
+    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, 0, nullptr});
+    buckets_.back().params.push_back(k);
+    buckets_.back().numel += p.numel();
+    bucket_of_param_[k] = buckets_.size() - 1;
+  }
+}
+
+void DataParallelStage::begin_backward(bool boundary) {
+  reducing_ = boundary && !hooks_.empty();
+  next_to_launch_ = 0;
+  for (auto& b : buckets_) b.ready = 0;
+}
+
+void DataParallelStage::on_grad_ready(size_t param_index) {
+  if (!reducing_) return;
+  ++buckets_[bucket_of_param_[param_index]].ready;
+  launch_ready_buckets_in_order();
+}
+
+void DataParallelStage::launch_ready_buckets_in_order() {
+  while (next_to_launch_ < buckets_.size() &&
+         buckets_[next_to_launch_].ready == buckets_[next_to_launch_].params.size()) {
+    launch(buckets_[next_to_launch_++]);
+  }
+}
+
+// Copies the bucket's gradients into its flat buffer (pre-scaled) and starts the sum.
+// A parameter that got no gradient this step contributes zeros: every rank must send the
+// same bucket layout whatever its own graph used.
+void DataParallelStage::launch(Bucket& b) {
+  if (!b.flat.defined())
+    b.flat = torch::empty({b.numel}, torch::TensorOptions().dtype(b.dtype));
+  const double before = gradient_scaling(config_, comm_->world_size()).before_reduce;
+  int64_t offset = 0;
+  for (size_t k : b.params) {
+    auto& p = params_[k];
+    auto slice = b.flat.narrow(0, offset, p.numel());
+    if (p.grad().defined())
+      slice.copy_(p.grad().reshape({-1}));
+    else
+      slice.zero_();
+    if (before != 1.0) slice.mul_(before);
+    offset += p.numel();
+  }
+  b.work = comm_->all_reduce(b.flat);
+}
+
+void DataParallelStage::finish(Bucket& b) {
+  b.work->wait();
+  b.work.reset();
+  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  if (after != 1.0) b.flat.mul_(after);
+  int64_t offset = 0;
+  for (size_t k : b.params) {
+    auto& p = params_[k];
+    auto reduced = b.flat.narrow(0, offset, p.numel()).view(p.sizes());
+    if (p.grad().defined())
+      p.mutable_grad().copy_(reduced);
+    else
+      p.mutable_grad() = reduced.clone();
+    offset += p.numel();
+  }
+}
+
+void DataParallelStage::end_backward(bool boundary) {
+  reducing_ = false;
+  if (!boundary || comm_->world_size() == 1) return;
+  // Without overlap (or for parameters whose hook never fired) the rest go out now, in order.
+  for (; next_to_launch_ < buckets_.size(); ++next_to_launch_) launch(buckets_[next_to_launch_]);
+  for (auto& b : buckets_) finish(b);
+}
+
+double DataParallelStage::global_grad_norm() {
+  // After the all-reduce every rank holds the same averaged gradients: the local norm is global.
+  double sq = 0.0;
+  for (auto& p : params_)
+    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
+
+void DataParallelStage::step(double grad_scale) {
+  if (grad_scale != 1.0)
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
+  optimizer_->step();
+  for (auto& p : params_)
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+MemoryReport DataParallelStage::memory() const {
+  MemoryReport r;
+  auto bytes = [](const at::Tensor& t) {
+    return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : int64_t{0};
+  };
+  for (auto& p : params_) {
+    r.parameters += bytes(p);
+    r.gradients += bytes(p.grad());
+  }
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  for (auto& b : buckets_) r.comm_buffers += bytes(b.flat);
+  return r;
+}
+
+}  // namespace zero
+}  // namespace deepspeed

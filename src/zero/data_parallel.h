@@ -1,0 +1,60 @@
+// ZeRO stage 0: plain data parallelism. Every rank holds full parameters, gradients and optimizer
+// states; gradients are summed over ranks in buckets of reduce_bucket_size elements.
+//
+// With overlap_comm, a gradient-ready hook on each parameter's grad accumulator marks it ready; a
+// bucket whose parameters are all ready is all-reduced asynchronously while backward continues.
+// Buckets are launched strictly in bucket order on every rank, so ranks always issue the same
+// sequence of collectives even if hooks fire in a different order.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "zero/gradient_hooks.h"
+#include "zero/stage.h"
+
+namespace deepspeed {
+namespace zero {
+
+class DataParallelStage : public ZeroStage {
+ public:
+  DataParallelStage(std::vector<at::Tensor> params, comm::CommunicatorPtr comm, const Config& config,
+                    std::shared_ptr<torch::optim::Optimizer> optimizer);
+  ~DataParallelStage() override;
+
+  void begin_backward(bool boundary) override;
+  void end_backward(bool boundary) override;
+  double global_grad_norm() override;
+  void step(double grad_scale) override;
+  MemoryReport memory() const override;
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
+
+ private:
+  struct Bucket {
+    std::vector<size_t> params;  // indices into params_
+    int64_t numel = 0;
+    at::ScalarType dtype;
+    at::Tensor flat;             // reduction buffer, allocated on first use
+    size_t ready = 0;
+    comm::WorkPtr work;
+  };
+  void build_buckets(int64_t bucket_size);
+  void on_grad_ready(size_t param_index);
+  void launch_ready_buckets_in_order();
+  void launch(Bucket& bucket);
+  void finish(Bucket& bucket);
+
+  std::vector<at::Tensor> params_;
+  comm::CommunicatorPtr comm_;
+  Config config_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_param_;
+  size_t next_to_launch_ = 0;
+  bool reducing_ = false;  // inside a boundary backward with overlap_comm
+  GradientHooks hooks_;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

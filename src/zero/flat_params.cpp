@@ -1,0 +1,42 @@
+#include "zero/flat_params.h"
+
+#include <torch/torch.h>
+
+namespace deepspeed {
+namespace zero {
+
+FlatParams::FlatParams(const std::vector<at::Tensor>& params, int world_size, int64_t alignment) {
+  int64_t total = 0;
+  for (auto& p : params) total += p.numel();
+  layout_ = make_partition_layout(total, world_size, alignment);
+  auto dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
+  buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype));
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (size_t k = params.size(); k-- > 0;) {
+    at::Tensor p = params[k];
+    TORCH_CHECK(p.scalar_type() == dtype, "FlatParams: mixed dtypes in one group");
+    auto slice = buffer_.narrow(0, offset, p.numel());
+    slice.copy_(p.detach().reshape({-1}));
+    p.set_data(slice.view(p.sizes()));
+    slots_.push_back({p, offset, p.numel()});
+    offset += p.numel();
+  }
+}
+
+std::vector<BucketRange> make_bucket_ranges(const FlatParams& flat, int64_t bucket_numel) {
+  std::vector<BucketRange> buckets;
+  const auto& slots = flat.slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (buckets.empty() || buckets.back().end - buckets.back().begin >= bucket_numel)
+      buckets.push_back({slots[i].offset, slots[i].offset, {}});
+    buckets.back().slots.push_back(i);
+    buckets.back().end = slots[i].offset + slots[i].numel;
+  }
+  if (buckets.empty()) buckets.push_back({0, 0, {}});
+  buckets.back().end = flat.layout().padded_numel;
+  return buckets;
+}
+
+}  // namespace zero
+}  // namespace deepspeed

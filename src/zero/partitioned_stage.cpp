@@ -1,0 +1,229 @@
+#include "zero/partitioned_stage.h"
+
+#include <torch/torch.h>
+
+#include "zero/gradient_scaling.h"
+#include "zero/optimizer_state_bytes.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+// Partitions are aligned to 16 elements (64 bytes): whole cache lines and AVX-512 vectors.
+constexpr int64_t kAlignment = 16;
+
+int64_t storage_bytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+}  // namespace
+
+PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
+                                   comm::CommunicatorPtr comm, const Config& config,
+                                   const OptimizerFactory& make_optimizer)
+    : stage_(stage), comm_(std::move(comm)), config_(config) {
+  for (auto& p : params)
+    if (p.scalar_type() != torch::kFloat)
+      throw ConfigError("zero_optimization.stage " + std::to_string(stage) +
+                        ": parameters must be fp32 in this build (found " +
+                        std::string(c10::toString(p.scalar_type())) + ")");
+  flat_ = std::make_unique<FlatParams>(params, comm_->world_size(), kAlignment);
+  const auto& layout = flat_->layout();
+  const int rank = comm_->rank();
+  master_ = flat_->partition(rank).detach();
+  if (stage_ == 1) {
+    flat_grad_ = torch::zeros({layout.padded_numel});
+    grad_partition_ = flat_grad_.narrow(0, layout.begin(rank), layout.partition_numel);
+    point_grads_at_flat_buffer();
+  } else {
+    grad_partition_ = torch::zeros({layout.partition_numel});
+  }
+  master_.mutable_grad() = grad_partition_;
+  optimizer_ = make_optimizer({master_});
+
+  int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
+  for (auto& range : make_bucket_ranges(*flat_, bucket)) buckets_.push_back({range});
+  bucket_of_slot_.assign(flat_->slots().size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t s : buckets_[b].range.slots) bucket_of_slot_[s] = b;
+
+  // Stage 2 must catch every gradient as it is produced (to free it); stage 1 only for overlap.
+  const bool overlap = config_.zero_optimization.overlap_comm_enabled();
+  if (stage_ == 2 || overlap) {
+    for (size_t s = 0; s < flat_->slots().size(); ++s)
+      hooks_.add(flat_->slots()[s].param, [this, s] { on_grad_ready(s); });
+  }
+}
+
+PartitionedStage::~PartitionedStage() {
+  hooks_.clear();
+  for (auto& b : buckets_)
+    if (b.work) try { b.work->wait(); } catch (...) {}
+}
+
+// Stage 1: .grad of each parameter is its slice of flat_grad_, so autograd accumulates in place.
+// Re-done before each backward in case the user reset the gradients (module.zero_grad()).
+void PartitionedStage::point_grads_at_flat_buffer() {
+  for (auto& slot : flat_->slots()) {
+    auto view = flat_grad_.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+    auto& g = slot.param.mutable_grad();
+    if (!g.defined() || g.data_ptr() != view.data_ptr()) {
+      if (g.defined()) view.copy_(g);
+      g = view;
+    }
+  }
+}
+
+void PartitionedStage::begin_backward(bool boundary) {
+  if (stage_ == 1) point_grads_at_flat_buffer();
+  // Stage 2 reduces every micro-step (the rank never holds a full gradient); stage 1 only at the
+  // boundary, after the gradients have accumulated.
+  reducing_ = stage_ == 2 || boundary;
+  next_to_launch_ = 0;
+  for (auto& b : buckets_) b.ready = 0;
+}
+
+void PartitionedStage::on_grad_ready(size_t slot) {
+  if (!reducing_) return;
+  if (stage_ == 2) stage_gradient_into_bucket(slot);
+  ++buckets_[bucket_of_slot_[slot]].ready;
+  if (config_.zero_optimization.overlap_comm_enabled()) launch_ready_in_order();
+}
+
+at::Tensor PartitionedStage::take_buffer(int64_t numel) {
+  for (size_t i = 0; i < pool_.size(); ++i) {
+    if (pool_[i].numel() >= numel) {
+      at::Tensor t = pool_[i];
+      pool_.erase(pool_.begin() + i);
+      return t.narrow(0, 0, numel);
+    }
+  }
+  pool_bytes_ += numel * 4;
+  return torch::empty({numel});
+}
+
+// Stage 2: the parameter's fresh gradient moves into its bucket and is freed at once.
+void PartitionedStage::stage_gradient_into_bucket(size_t slot_index) {
+  const auto& slot = flat_->slots()[slot_index];
+  Bucket& b = buckets_[bucket_of_slot_[slot_index]];
+  if (!b.buffer.defined()) {
+    b.buffer = take_buffer(b.range.end - b.range.begin);
+    b.buffer.zero_();
+  }
+  auto& g = slot.param.mutable_grad();
+  if (g.defined()) {
+    b.buffer.narrow(0, slot.offset - b.range.begin, slot.numel).copy_(g.reshape({-1}));
+    g = at::Tensor();
+  }
+}
+
+void PartitionedStage::launch_ready_in_order() {
+  while (next_to_launch_ < buckets_.size() &&
+         buckets_[next_to_launch_].ready == buckets_[next_to_launch_].range.slots.size())
+    launch(buckets_[next_to_launch_++]);
+}
+
+void PartitionedStage::launch(Bucket& b) {
+  const double before = gradient_scaling(config_, comm_->world_size()).before_reduce;
+  const auto& layout = flat_->layout();
+  if (stage_ == 1) {
+    auto range = flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin);
+    if (before != 1.0) range.mul_(before);
+    b.work = comm_->all_reduce(range);
+    return;
+  }
+  if (!b.buffer.defined()) {  // no parameter of this bucket got a gradient
+    b.buffer = take_buffer(b.range.end - b.range.begin);
+    b.buffer.zero_();
+  }
+  if (before != 1.0) b.buffer.mul_(before);
+  std::vector<int64_t> splits;
+  for (int r = 0; r < comm_->world_size(); ++r)
+    splits.push_back(layout.overlap(r, b.range.begin, b.range.end));
+  b.received = torch::empty({splits[comm_->rank()]});
+  b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
+}
+
+void PartitionedStage::finish(Bucket& b) {
+  b.work->wait();
+  b.work.reset();
+  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  const auto& layout = flat_->layout();
+  if (stage_ == 1) {
+    if (after != 1.0) flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin).mul_(after);
+    return;
+  }
+  const int rank = comm_->rank();
+  if (b.received.numel() > 0) {
+    int64_t first = std::max(b.range.begin, layout.begin(rank)) - layout.begin(rank);
+    auto target = grad_partition_.narrow(0, first, b.received.numel());
+    if (after != 1.0) b.received.mul_(after);
+    target.add_(b.received);
+  }
+  pool_.push_back(b.buffer);
+  b.buffer = at::Tensor();
+  b.received = at::Tensor();
+}
+
+void PartitionedStage::end_backward(bool boundary) {
+  if (!reducing_) return;
+  reducing_ = false;
+  if (stage_ == 2) {
+    // Gradients whose hook did not fire (a parameter unused by this graph) are zeros.
+    for (auto& b : buckets_)
+      b.ready = b.range.slots.size();
+  }
+  for (; next_to_launch_ < buckets_.size(); ++next_to_launch_) launch(buckets_[next_to_launch_]);
+  for (auto& b : buckets_)
+    if (b.work) finish(b);
+}
+
+double PartitionedStage::global_grad_norm() {
+  at::Tensor sq = grad_partition_.to(torch::kDouble).pow(2).sum().reshape({1});
+  comm_->all_reduce(sq)->wait();
+  return std::sqrt(sq.item<double>());
+}
+
+void PartitionedStage::step(double grad_scale) {
+  if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
+  optimizer_->step();
+  all_gather_partitions();
+  if (stage_ == 1)
+    flat_grad_.zero_();
+  else
+    grad_partition_.zero_();
+}
+
+// Every rank contributes its updated partition; chunk c of every partition travels in one
+// all_gather of at most allgather_bucket_size elements.
+void PartitionedStage::all_gather_partitions() {
+  const auto& layout = flat_->layout();
+  const int world = comm_->world_size();
+  if (world == 1) return;
+  at::Tensor& buffer = flat_->buffer();
+  const int64_t P = layout.partition_numel;
+  const int64_t chunk =
+      std::max<int64_t>(1, std::min(P, config_.zero_optimization.allgather_bucket_size / world));
+  for (int64_t c = 0; c < P; c += chunk) {
+    const int64_t n = std::min(chunk, P - c);
+    at::Tensor mine = master_.narrow(0, c, n).clone();
+    if (n == P) {
+      comm_->all_gather(buffer, mine)->wait();  // partitions are contiguous: gather in place
+      continue;
+    }
+    at::Tensor gathered = torch::empty({n * world});
+    comm_->all_gather(gathered, mine)->wait();
+    for (int r = 0; r < world; ++r)
+      buffer.narrow(0, layout.begin(r) + c, n).copy_(gathered.narrow(0, r * n, n));
+  }
+}
+
+MemoryReport PartitionedStage::memory() const {
+  MemoryReport r;
+  r.parameters = storage_bytes(flat_->buffer());
+  r.gradients = stage_ == 1 ? storage_bytes(flat_grad_) : storage_bytes(grad_partition_);
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  r.comm_buffers = pool_bytes_;
+  return r;
+}
+
+}  // namespace zero
+}  // namespace deepspeed

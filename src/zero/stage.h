@@ -1,0 +1,34 @@
+// The ZeRO stage strategy: everything that differs between stages 0-3 lives behind this interface,
+// chosen once when the engine is built, so the engine's step reads as one recipe with no
+// `if (stage == 2)` in it.
+//
+// Vocabulary (used the same way everywhere): a *bucket* is a run of gradients reduced by one
+// collective; a *partition* is the slice of a flat buffer that one rank owns.
+#pragma once
+#include <memory>
+
+#include <torch/optim/optimizer.h>
+
+#include "deepspeed/engine.h"
+
+namespace deepspeed {
+namespace zero {
+
+class ZeroStage {
+ public:
+  virtual ~ZeroStage() = default;
+  // Around loss.backward(). `boundary`: this micro-step ends a gradient accumulation, so the
+  // gradients must be reduced across ranks before step(). COLLECTIVE when boundary.
+  virtual void begin_backward(bool boundary) = 0;
+  virtual void end_backward(bool boundary) = 0;
+  // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
+  virtual double global_grad_norm() = 0;
+  // Scales gradients by grad_scale (clipping), runs the optimizer, leaves every rank with the
+  // updated parameters, and clears gradients. COLLECTIVE.
+  virtual void step(double grad_scale) = 0;
+  virtual MemoryReport memory() const = 0;
+  virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

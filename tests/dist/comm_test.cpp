@@ -1,0 +1,407 @@
+// Collectives over Gloo with ranks as threads (support/ranks.h), swept over world sizes 2-4,
+// element counts 0, 1, 7 and 1000003 (a prime: no even split anywhere), and the dtypes the
+// engine moves. Values are small integers so every dtype represents sums exactly; bit-exact
+// movement of bf16 is checked separately with random bits.
+#include "deepspeed/comm.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <future>
+#include <string>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "support/ranks.h"
+
+namespace comm = deepspeed::comm;
+using comm::CommunicatorPtr;
+using comm::ReduceOp;
+
+namespace {
+
+const std::vector<int64_t> kCounts = {0, 1, 7, 1000003};
+const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                            at::kLong};
+// At the large count only the dtypes the engine moves in bulk, to keep the suite fast.
+const std::vector<at::ScalarType> kBulkTypes = {at::kFloat, at::kBFloat16};
+
+// Rank r's data at positions [offset, offset + n): small integers in [-8, 8] that differ
+// between ranks and positions.
+at::Tensor pattern(int64_t n, int r, at::ScalarType type, int salt = 0, int64_t offset = 0) {
+  return at::arange(offset, offset + n, at::kLong)
+      .mul(7)
+      .add(r * 13 + salt * 5)
+      .remainder(17)
+      .sub(8)
+      .to(type);
+}
+
+// Reference reduction over all ranks' patterns, in double, cast to `type` at the end.
+at::Tensor expected_reduce(int64_t n, int world, at::ScalarType type, ReduceOp op,
+                           int64_t offset = 0) {
+  at::Tensor acc = pattern(n, 0, at::kDouble, 0, offset);
+  for (int r = 1; r < world; ++r) {
+    at::Tensor x = pattern(n, r, at::kDouble, 0, offset);
+    if (op == ReduceOp::Max)
+      acc = at::maximum(acc, x);
+    else if (op == ReduceOp::Min)
+      acc = at::minimum(acc, x);
+    else
+      acc = acc + x;
+  }
+  if (op == ReduceOp::Avg) acc = acc / world;
+  return acc.to(type);
+}
+
+std::string what(at::ScalarType type, int64_t n, int rank) {
+  return std::string(c10::toString(type)) + " n=" + std::to_string(n) + " rank " +
+         std::to_string(rank);
+}
+
+void check_all_reduce(comm::Communicator& c, int64_t n, at::ScalarType type) {
+  std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min};
+  if (at::isFloatingType(type)) ops.push_back(ReduceOp::Avg);
+  for (ReduceOp op : ops) {
+    at::Tensor t = pattern(n, c.rank(), type);
+    c.all_reduce(t, op)->wait();
+    EXPECT_EQ(t.scalar_type(), type);
+    EXPECT_TRUE(t.equal(expected_reduce(n, c.world_size(), type, op)))
+        << "all_reduce op " << static_cast<int>(op) << " " << what(type, n, c.rank());
+  }
+}
+
+void check_broadcast(comm::Communicator& c, int64_t n, at::ScalarType type) {
+  for (int root = 0; root < c.world_size(); ++root) {
+    at::Tensor t = pattern(n, c.rank(), type, root);
+    c.broadcast(t, root)->wait();
+    EXPECT_TRUE(t.equal(pattern(n, root, type, root)))
+        << "broadcast root " << root << " " << what(type, n, c.rank());
+  }
+}
+
+void check_all_gather(comm::Communicator& c, int64_t n, at::ScalarType type) {
+  at::Tensor in = pattern(n, c.rank(), type);
+  at::Tensor out = at::full({c.world_size() * n}, 99, at::TensorOptions().dtype(type));
+  c.all_gather(out, in)->wait();
+  for (int r = 0; r < c.world_size(); ++r) {
+    EXPECT_TRUE(out.narrow(0, r * n, n).equal(pattern(n, r, type)))
+        << "all_gather slice " << r << " " << what(type, n, c.rank());
+  }
+}
+
+void check_reduce_scatter(comm::Communicator& c, int64_t n, at::ScalarType type) {
+  const int w = c.world_size();
+  std::vector<ReduceOp> ops = {ReduceOp::Sum, ReduceOp::Max};
+  if (at::isFloatingType(type)) ops.push_back(ReduceOp::Avg);
+  for (ReduceOp op : ops) {
+    at::Tensor in = pattern(w * n, c.rank(), type);
+    at::Tensor out = at::empty({n}, in.options());
+    c.reduce_scatter(out, in, op)->wait();
+    EXPECT_TRUE(out.equal(expected_reduce(n, w, type, op, c.rank() * n)))
+        << "reduce_scatter op " << static_cast<int>(op) << " " << what(type, n, c.rank());
+  }
+}
+
+// Each rank sends to the next and receives from the previous one.
+void check_ring(comm::Communicator& c, int64_t n, at::ScalarType type) {
+  const int w = c.world_size();
+  const int next = (c.rank() + 1) % w, prev = (c.rank() + w - 1) % w;
+  at::Tensor out = pattern(n, c.rank(), type, 3);
+  at::Tensor in = at::zeros({n}, out.options());
+  auto sent = c.send(out, next, 5);
+  c.recv(in, prev, 5)->wait();
+  sent->wait();
+  EXPECT_TRUE(in.equal(pattern(n, prev, type, 3))) << "ring " << what(type, n, c.rank());
+}
+
+void sweep(int world) {
+  run_ranks(world, [](CommunicatorPtr c) {
+    for (int64_t n : kCounts) {
+      for (at::ScalarType type : n > 1000 ? kBulkTypes : kTypes) {
+        check_all_reduce(*c, n, type);
+        check_broadcast(*c, n, type);
+        check_all_gather(*c, n, type);
+        check_reduce_scatter(*c, n, type);
+        check_ring(*c, n, type);
+        c->barrier();
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST(CommSweep, WorldSize2) { sweep(2); }
+TEST(CommSweep, WorldSize3) { sweep(3); }
+TEST(CommSweep, WorldSize4) { sweep(4); }
+
+// bf16 and int16 travel as Half bits: every bit pattern must arrive unchanged, NaNs included.
+TEST(Comm, SixteenBitTypesMoveBitExact) {
+  run_ranks(3, [](CommunicatorPtr c) {
+    const int64_t n = 65536;  // every 16-bit pattern once
+    at::Tensor bits = at::arange(n, at::kInt).sub(32768).to(at::kShort);
+    for (at::ScalarType type : {at::kBFloat16, at::kShort}) {
+      at::Tensor all = type == at::kShort ? bits.clone() : bits.view(at::kBFloat16).clone();
+      at::Tensor mine = c->rank() == 1 ? all.clone() : at::zeros({n}, all.options());
+      c->broadcast(mine, 1)->wait();
+      EXPECT_TRUE(mine.view(at::kShort).equal(bits)) << c10::toString(type);
+      at::Tensor gathered = at::zeros({3 * n}, all.options());
+      c->all_gather(gathered, all)->wait();
+      EXPECT_TRUE(gathered.view(at::kShort).narrow(0, 2 * n, n).equal(bits));
+    }
+  });
+}
+
+// bf16 all_reduce sums in fp32 and rounds once. Per element one rank (a different one each
+// position) contributes 256 and the others 1: the fp32 sum 259 rounds to 260 in bf16, while any
+// bf16 running sum that adds a 1 to 256 rounds back to 256 (bf16 spacing is 2 there).
+TEST(Comm, Bf16AllReduceSumsInFp32) {
+  run_ranks(4, [](CommunicatorPtr c) {
+    at::Tensor big_here = at::arange(1000, at::kLong).remainder(4).eq(c->rank());
+    at::Tensor t =
+        at::where(big_here, at::scalar_tensor(256.0), at::scalar_tensor(1.0)).to(at::kBFloat16);
+    c->all_reduce(t)->wait();
+    EXPECT_TRUE(t.equal(at::full({1000}, 260.0, at::kBFloat16)));
+  });
+}
+
+TEST(Comm, NonContiguousTensorsAreStagedAndCopiedBack) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    at::Tensor base = pattern(12, c->rank(), at::kBFloat16).view({3, 4});
+    at::Tensor t = base.t();  // a strided view
+    ASSERT_FALSE(t.is_contiguous());
+    c->all_reduce(t)->wait();
+    EXPECT_TRUE(base.equal(expected_reduce(12, 2, at::kBFloat16, ReduceOp::Sum).view({3, 4})));
+    at::Tensor f = pattern(12, c->rank(), at::kFloat).view({3, 4}).t();
+    c->broadcast(f, 1)->wait();
+    EXPECT_TRUE(f.equal(pattern(12, 1, at::kFloat).view({3, 4}).t()));
+  });
+}
+
+TEST(Comm, StatsCountCallsAndBytes) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    c->reset_stats();
+    at::Tensor a = at::ones({1000});
+    c->all_reduce(a)->wait();
+    c->all_reduce(a)->wait();
+    at::Tensor h = at::ones({10}, at::kBFloat16), out = at::empty({20}, at::kBFloat16);
+    c->all_gather(out, h)->wait();
+    at::Tensor rs_out = at::empty({10}, at::kBFloat16);
+    c->reduce_scatter(rs_out, out)->wait();
+    c->broadcast(a, 0)->wait();
+    c->barrier();
+    comm::CommStats s = c->stats();
+    EXPECT_EQ(s["all_reduce"].calls, 2);
+    EXPECT_EQ(s["all_reduce"].bytes, 8000);
+    EXPECT_EQ(s["all_gather"].calls, 1);
+    EXPECT_EQ(s["all_gather"].bytes, 20);
+    EXPECT_EQ(s["reduce_scatter"].bytes, 40);
+    EXPECT_EQ(s["broadcast"].bytes, 4000);
+    EXPECT_EQ(s["barrier"].calls, 1);
+    c->reset_stats();
+    EXPECT_TRUE(c->stats().empty());
+  });
+}
+
+TEST(Comm, MismatchedSizesAreRejectedBeforeCommunicating) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    at::Tensor in = at::ones({5}), out = at::empty({9});
+    EXPECT_THROW(c->all_gather(out, in), deepspeed::CommError);
+    EXPECT_THROW(c->reduce_scatter(in, out), deepspeed::CommError);
+    EXPECT_THROW(c->broadcast(in, 2), deepspeed::CommError);
+    at::Tensor cplx = at::zeros({3}, at::kComplexFloat);
+    EXPECT_THROW(c->broadcast(cplx, 0), deepspeed::CommError);
+  });
+}
+
+// Runs `op` on rank 0 of a 2-rank group whose rank 1 stays connected but never joins, with a
+// 1 s timeout; returns rank 0's CommError message ("" if none).
+std::string absent_peer_error(const std::function<void(comm::Communicator&)>& op) {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string msg;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr c) {
+        if (c->rank() == 1) {
+          done.wait_for(std::chrono::seconds(60));
+          return;
+        }
+        try {
+          op(*c);
+        } catch (const deepspeed::CommError& e) {
+          msg = e.what();
+        } catch (...) {
+          rank0_done.set_value();
+          throw;
+        }
+        rank0_done.set_value();
+      },
+      std::chrono::seconds(1));
+  return msg;
+}
+
+// A peer that is alive but never joins: only the group's timeout ends the wait, and the error
+// must say which collective, its size, the rank and the timeout.
+TEST(Comm, AllReduceWithAbsentPeerTimesOut) {
+  std::string msg = absent_peer_error([](comm::Communicator& c) {
+    at::Tensor t = at::ones({1048576});
+    c.all_reduce(t)->wait();
+  });
+  EXPECT_NE(msg.find("all_reduce of 1048576 elements (float) on rank 0 of 2 failed after"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(timeout 1 s)"), std::string::npos) << msg;
+}
+
+TEST(Comm, RecvWithAbsentPeerTimesOut) {
+  std::string msg = absent_peer_error([](comm::Communicator& c) {
+    at::Tensor t = at::zeros({7}, at::kBFloat16);
+    c.recv(t, 1)->wait();
+  });
+  EXPECT_NE(msg.find("recv of 7 elements (bfloat16) on rank 0 of 2"), std::string::npos) << msg;
+}
+
+TEST(Comm, ReduceScatterWithAbsentPeerTimesOut) {
+  std::string msg = absent_peer_error([](comm::Communicator& c) {
+    at::Tensor in = at::ones({10}), out = at::empty({5});
+    c.reduce_scatter(out, in)->wait();
+  });
+  EXPECT_NE(msg.find("reduce_scatter of 10 elements (float) on rank 0 of 2"), std::string::npos)
+      << msg;
+}
+
+TEST(Comm, RunRanksRethrowsTheFailingRanksException) {
+  EXPECT_THROW(run_ranks(
+                   2,
+                   [](CommunicatorPtr c) {
+                     if (c->rank() == 1) throw std::logic_error("rank 1 failed on purpose");
+                     at::Tensor t = at::ones({4});
+                     c->all_reduce(t)->wait();  // fails: the peer is gone
+                   },
+                   std::chrono::seconds(2)),
+               std::logic_error);
+}
+
+// The std::shared_ptr<c10d::Store> overload (wrapped in a forwarding store) joins like the
+// intrusive one.
+TEST(Comm, SharedPtrStoreOverload) {
+  std::shared_ptr<c10d::Store> store = std::make_shared<c10d::HashStore>();
+  store->setTimeout(std::chrono::seconds(20));
+  run_threads(2, [&](int rank) {
+    CommunicatorPtr c = comm::make_gloo_communicator(store, rank, 2, std::chrono::seconds(20));
+    at::Tensor t = at::full({5}, rank + 1.0, at::kDouble);
+    c->all_reduce(t, ReduceOp::Avg)->wait();
+    EXPECT_TRUE(t.equal(at::full({5}, 1.5, at::kDouble)));
+  });
+}
+
+TEST(SingleProcess, CollectivesAreLocalAndCounted) {
+  CommunicatorPtr c = comm::make_single_process_communicator();
+  EXPECT_EQ(c->rank(), 0);
+  EXPECT_EQ(c->world_size(), 1);
+  at::Tensor t = pattern(7, 0, at::kBFloat16);
+  c->all_reduce(t, ReduceOp::Avg)->wait();
+  EXPECT_TRUE(t.equal(pattern(7, 0, at::kBFloat16)));
+  at::Tensor out = at::zeros({7}, at::kBFloat16);
+  c->all_gather(out, t)->wait();
+  EXPECT_TRUE(out.equal(t));
+  at::Tensor rs = at::zeros({7}, at::kBFloat16);
+  c->reduce_scatter(rs, t)->wait();
+  EXPECT_TRUE(rs.equal(t));
+  c->broadcast(t, 0)->wait();
+  c->barrier();
+  EXPECT_THROW(c->send(t, 0), deepspeed::CommError);
+  EXPECT_THROW(c->recv(t, 0), deepspeed::CommError);
+  EXPECT_THROW(c->broadcast(t, 1), deepspeed::CommError);
+  auto s = c->stats();
+  EXPECT_EQ(s["all_reduce"].calls, 1);
+  EXPECT_EQ(s["all_reduce"].bytes, 14);
+  EXPECT_EQ(s["all_gather"].calls, 1);
+  EXPECT_EQ(s["reduce_scatter"].calls, 1);
+}
+
+// The real rendezvous path: rank 0 hosts a TCPStore on a free port, both ranks join over TCP.
+TEST(Init, TcpStoreRendezvousThenAllReduce) {
+  const int port = free_tcp_port();
+  run_threads(2, [port](int rank) {
+    comm::ProcessInfo info;
+    info.rank = rank;
+    info.world_size = 2;
+    info.local_rank = rank;
+    info.master_addr = "127.0.0.1";
+    info.master_port = port;
+    info.source = "env";
+    comm::InitOptions opts;
+    opts.timeout = std::chrono::seconds(20);
+    CommunicatorPtr c = comm::init_from_process_info(info, opts);
+    EXPECT_EQ(c->rank(), rank);
+    EXPECT_EQ(c->world_size(), 2);
+    EXPECT_EQ(c->timeout(), std::chrono::milliseconds(20000));
+    at::Tensor t = at::full({1000003}, rank + 1.0, at::kBFloat16);
+    c->all_reduce(t)->wait();
+    EXPECT_TRUE(t.equal(at::full({1000003}, 3.0, at::kBFloat16)));
+    c->barrier();
+  });
+}
+
+TEST(Init, WorldSizeOneNeedsNoStore) {
+  comm::ProcessInfo info;  // world size 1, default port: nothing may be bound
+  CommunicatorPtr c = comm::init_from_process_info(info, {});
+  EXPECT_EQ(c->world_size(), 1);
+}
+
+// A port held by another process: the error names addr:port and says it is in use.
+TEST(Init, PortInUseIsReportedClearly) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  comm::ProcessInfo info;
+  info.world_size = 2;
+  info.master_port = port;
+  comm::InitOptions opts;
+  opts.timeout = std::chrono::seconds(2);
+  std::string msg;
+  try {
+    comm::init_from_process_info(info, opts);
+  } catch (const deepspeed::CommError& e) {
+    msg = e.what();
+  }
+  ::close(fd);
+  EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(port)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("already in use"), std::string::npos) << msg;
+}
+
+// A worker whose rank 0 never shows up gives up after the timeout, naming where it looked.
+TEST(Init, MissingRankZeroTimesOut) {
+  comm::ProcessInfo info;
+  info.rank = 1;
+  info.world_size = 2;
+  info.master_port = free_tcp_port();
+  comm::InitOptions opts;
+  opts.timeout = std::chrono::seconds(1);
+  try {
+    comm::init_from_process_info(info, opts);
+    FAIL() << "rendezvous without rank 0 succeeded";
+  } catch (const deepspeed::CommError& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(info.master_port)), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1 of 2"), std::string::npos) << msg;
+  }
+}

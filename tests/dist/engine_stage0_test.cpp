@@ -1,0 +1,93 @@
+// Stage 0 (data parallelism) against a single process with the same global batch.
+// Tolerance: fp32 sums in a different order (Gloo's ring vs one batch) move losses by ~1e-7
+// relative and weights by ~1e-7 after 10 Adam steps; we allow 1e-5 relative loss and 2e-5 absolute
+// weight difference — far below the per-step change of the weights (~3e-3, the learning rate).
+#include <gtest/gtest.h>
+
+#include "support/training_run.h"
+
+using dstest::base_config;
+using dstest::RunSpec;
+using dstest::train_gpt;
+
+namespace {
+constexpr double kLossTol = 1e-5;
+constexpr double kWeightTol = 2e-5;
+
+dstest::RunResult single_process(int micro, int accumulation, nlohmann::json extra = {}) {
+  RunSpec s;
+  s.world_size = 1;
+  s.config = base_config(micro, accumulation, 0);
+  if (!extra.is_null()) s.config.merge_patch(extra);
+  return train_gpt(s);
+}
+}  // namespace
+
+class Stage0Equivalence : public ::testing::TestWithParam<int> {};
+
+TEST_P(Stage0Equivalence, SameLossesAndWeightsAsOneProcess) {
+  const int world = GetParam();
+  auto reference = single_process(2 * world, 1);
+  RunSpec s;
+  s.world_size = world;
+  s.config = base_config(2, 1, 0);
+  auto dist = train_gpt(s);
+  ASSERT_EQ(dist.losses.size(), 10u);
+  EXPECT_LT(dstest::max_loss_rel_diff(dist, reference), kLossTol);
+  EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+  EXPECT_LT(dist.losses.back(), dist.losses.front());  // it trains
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, Stage0Equivalence, ::testing::Values(2, 3));
+
+TEST(Stage0, AccumulationOfFourMicroBatchesEqualsOneLargerBatch) {
+  auto big = single_process(8, 1);
+  auto accumulated = single_process(2, 4);
+  EXPECT_LT(dstest::max_loss_rel_diff(accumulated, big), kLossTol);
+  EXPECT_LT(dstest::max_weight_diff(accumulated, big), kWeightTol);
+}
+
+TEST(Stage0, AccumulationAcrossRanksEqualsOneProcess) {
+  auto reference = single_process(8, 1);
+  RunSpec s;
+  s.world_size = 2;
+  s.config = base_config(2, 2, 0);
+  auto dist = train_gpt(s);
+  EXPECT_LT(dstest::max_loss_rel_diff(dist, reference), kLossTol);
+  EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+}
+
+TEST(Stage0, ClippingUsesTheGlobalNormOfTheAveragedGradient) {
+  nlohmann::json clip = {{"gradient_clipping", 0.05}};
+  auto reference = single_process(4, 1, clip);
+  auto unclipped = single_process(4, 1);
+  RunSpec s;
+  s.world_size = 2;
+  s.config = base_config(2, 1, 0);
+  s.config.merge_patch(clip);
+  auto dist = train_gpt(s);
+  EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+  EXPECT_GT(dstest::max_weight_diff(reference, unclipped), 1e-4);  // clipping was active
+}
+
+TEST(Stage0, OverlapAndBucketSizeDoNotChangeTheResult) {
+  RunSpec s;
+  s.world_size = 2;
+  s.config = base_config(2, 1, 0);
+  auto overlapped_small_buckets = train_gpt(s);
+  s.config["zero_optimization"] = {{"stage", 0}, {"overlap_comm", false}, {"reduce_bucket_size", 5e8}};
+  auto one_bucket_at_end = train_gpt(s);
+  EXPECT_LT(dstest::max_weight_diff(overlapped_small_buckets, one_bucket_at_end), kWeightTol);
+}
+
+TEST(Stage0, PredivideAndPrescaleStillAverageOnce) {
+  auto reference = single_process(4, 1);
+  for (nlohmann::json extra : {nlohmann::json{{"prescale_gradients", true}},
+                               nlohmann::json{{"gradient_predivide_factor", 4.0}}}) {
+    RunSpec s;
+    s.world_size = 2;
+    s.config = base_config(2, 1, 0);
+    s.config.merge_patch(extra);
+    auto dist = train_gpt(s);
+    EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol) << extra.dump();
+  }
+}

@@ -1,0 +1,111 @@
+#include "support/ranks.h"
+
+#include <ATen/Parallel.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <vector>
+
+namespace dstest {
+
+namespace {
+
+// Keeps the first exception of several threads.
+class FirstError {
+ public:
+  void record(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_) first_ = e;
+  }
+  void rethrow() const {
+    if (first_) std::rethrow_exception(first_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::exception_ptr first_;
+};
+
+void join_all(std::vector<std::thread>& threads) {
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+void run_threads(int n, const std::function<void(int)>& body) {
+  FirstError error;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (...) {
+        error.record(std::current_exception());
+      }
+    });
+  }
+  join_all(threads);
+  error.rethrow();
+}
+
+void run_ranks(int world_size, const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
+               std::chrono::milliseconds timeout) {
+  namespace comm = deepspeed::comm;
+  static std::atomic<int> calls{0};
+  const std::string prefix = "run_ranks/" + std::to_string(calls++);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(timeout);  // a rank that never joins fails the setup instead of hanging it
+  FirstError error;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      at::set_num_threads(1);
+      // Outlives the catch: a failing rank records its exception before its group closes and
+      // the other ranks' (consequent) errors follow.
+      comm::CommunicatorPtr c;
+      try {
+        if (world_size == 1) {
+          c = comm::make_single_process_communicator();
+        } else {
+          c10::intrusive_ptr<c10d::Store> scoped =
+              c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+          c = comm::make_gloo_communicator(scoped, rank, world_size, timeout, rank);
+        }
+        body(c);
+      } catch (...) {
+        error.record(std::current_exception());
+      }
+    });
+  }
+  join_all(threads);
+  error.rethrow();
+}
+
+int free_tcp_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error("free_tcp_port: socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("free_tcp_port: bind/getsockname on 127.0.0.1 failed");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace dstest

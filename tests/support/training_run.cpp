@@ -1,0 +1,90 @@
+#include "support/training_run.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "deepspeed/comm.h"
+#include "gpt/text_dataset.h"
+#include "support/ranks.h"
+
+namespace dstest {
+
+nlohmann::json base_config(int micro_batch, int accumulation, int stage) {
+  return {
+      {"train_micro_batch_size_per_gpu", micro_batch},
+      {"gradient_accumulation_steps", accumulation},
+      {"steps_per_print", 0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization", {{"stage", stage}, {"reduce_bucket_size", 2000}, {"overlap_comm", true}}},
+      {"seed", 99},
+  };
+}
+
+namespace {
+std::shared_ptr<gpt::TextDataset> test_text(int64_t block) {
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  std::string path = std::string(src ? src : ".") + "/data/fortunes.txt";
+  return std::make_shared<gpt::TextDataset>(path, block, block);
+}
+}  // namespace
+
+RunResult train_gpt(const RunSpec& spec) {
+  at::set_num_threads(1);
+  // Models are built up front on this thread: the global RNG is not per-thread.
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models;
+  for (int r = 0; r < spec.world_size; ++r) {
+    torch::manual_seed(r == 0 ? spec.model_seed : spec.model_seed + 1000 + r);  // others differ: broadcast must fix them
+    models.push_back(std::make_shared<gpt::GPTImpl>(spec.model));
+    for (auto& name : spec.frozen) models.back()->named_parameters()[name].set_requires_grad(false);
+  }
+  auto data = test_text(spec.model.block_size);
+  RunResult result;
+  result.memory.resize(spec.world_size);
+  for (auto& p : models[0]->parameters()) result.initial.push_back(p.detach().clone());
+  std::mutex mu;
+  run_ranks(spec.world_size, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const int rank = comm->rank();
+    auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = models[rank], .config_json = spec.config, .training_data = data, .comm = comm});
+    std::vector<double> losses;
+    while (engine->global_steps() < spec.steps) {
+      auto batch = loader->next();
+      auto loss = engine->forward(batch.data, batch.target);
+      engine->backward(loss);
+      bool boundary = engine->is_gradient_accumulation_boundary();
+      engine->step();
+      if (boundary) losses.push_back(engine->last_loss());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    result.memory[rank] = engine->memory_report();
+    if (rank == 0) {
+      result.losses = losses;
+      for (auto& p : models[0]->parameters()) result.weights.push_back(p.detach().clone());
+    }
+  });
+  return result;
+}
+
+int64_t count_parameters(const gpt::GPTConfig& model) {
+  torch::NoGradGuard no_grad;
+  gpt::GPTImpl m(model);
+  return m.num_parameters();
+}
+
+double max_weight_diff(const RunResult& a, const RunResult& b) {
+  TORCH_CHECK(a.weights.size() == b.weights.size(), "different parameter counts");
+  double m = 0.0;
+  for (size_t i = 0; i < a.weights.size(); ++i)
+    m = std::max(m, (a.weights[i] - b.weights[i]).abs().max().item<double>());
+  return m;
+}
+
+double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
+  TORCH_CHECK(a.losses.size() == b.losses.size(), "different step counts");
+  double m = 0.0;
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    m = std::max(m, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
+  return m;
+}
+
+}  // namespace dstest

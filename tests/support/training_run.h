@@ -1,0 +1,40 @@
+// Trains the example GPT at a given world size (ranks as threads over one in-process store) and
+// returns what equivalence tests compare: per-step losses and rank 0's final weights.
+#pragma once
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "deepspeed/engine.h"
+#include "gpt/model.h"
+
+namespace dstest {
+
+struct RunResult {
+  std::vector<double> losses;            // engine.last_loss() after each optimizer step
+  std::vector<torch::Tensor> weights;    // rank 0's parameters after the last step
+  std::vector<torch::Tensor> initial;    // rank 0's parameters before training
+  std::vector<deepspeed::MemoryReport> memory;  // per rank, after the last step
+};
+
+struct RunSpec {
+  int world_size = 1;
+  nlohmann::json config;       // full ds_config (batch keys included)
+  int steps = 10;
+  gpt::GPTConfig model{256, 16, 2, 2, 32};
+  uint64_t model_seed = 7;
+  std::vector<std::string> frozen;  // parameter names to set requires_grad = false
+};
+
+int64_t count_parameters(const gpt::GPTConfig& model);
+
+// The small test model and the default config around it.
+nlohmann::json base_config(int micro_batch, int accumulation, int stage);
+RunResult train_gpt(const RunSpec& spec);
+
+// max |a - b| over all weights, and the largest relative loss difference.
+double max_weight_diff(const RunResult& a, const RunResult& b);
+double max_loss_rel_diff(const RunResult& a, const RunResult& b);
+
+}  // namespace dstest

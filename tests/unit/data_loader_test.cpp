@@ -1,0 +1,102 @@
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deepspeed/data.h"
+#include "deepspeed/errors.h"
+
+using deepspeed::DataLoader;
+using deepspeed::DistributedSampler;
+
+namespace {
+// Sample i is the scalar i, so batches show which indices were drawn.
+class Counting : public deepspeed::Dataset {
+ public:
+  explicit Counting(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  deepspeed::Sample get(int64_t i) const override {
+    return {torch::tensor({i}), torch::tensor({i})};
+  }
+ private:
+  int64_t n_;
+};
+}  // namespace
+
+TEST(DistributedSampler, RanksAreDisjointAndCoverTheEpoch) {
+  for (int world : {1, 2, 3, 4}) {
+    std::multiset<int64_t> seen;
+    for (int r = 0; r < world; ++r) {
+      DistributedSampler s(12, r, world, 5);
+      for (auto i : s.indices()) seen.insert(i);
+      EXPECT_EQ(s.num_samples(), 12 / world);
+    }
+    EXPECT_EQ(seen.size(), 12u);
+    EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), 12u) << "world " << world;
+  }
+}
+
+TEST(DistributedSampler, PadsByRepeatingWhenNotDivisible) {
+  std::vector<int64_t> all;
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(10, r, 3, 1);
+    EXPECT_EQ(s.num_samples(), 4);
+    auto idx = s.indices();
+    all.insert(all.end(), idx.begin(), idx.end());
+  }
+  EXPECT_EQ(all.size(), 12u);
+  EXPECT_EQ(std::set<int64_t>(all.begin(), all.end()).size(), 10u);
+}
+
+TEST(DistributedSampler, SeedAndEpochDetermineTheOrder) {
+  DistributedSampler a(100, 0, 2, 42), b(100, 0, 2, 42), c(100, 0, 2, 43);
+  EXPECT_EQ(a.indices(), b.indices());
+  EXPECT_NE(a.indices(), c.indices());
+  auto first = a.indices();
+  a.set_epoch(1);
+  EXPECT_NE(a.indices(), first);
+}
+
+TEST(DistributedSampler, RejectsBadRank) {
+  EXPECT_THROW(DistributedSampler(10, 2, 2, 0), deepspeed::ConfigError);
+  EXPECT_THROW(DistributedSampler(0, 0, 1, 0), deepspeed::ConfigError);
+}
+
+TEST(DataLoader, StepUnionEqualsOneProcessBatch) {
+  auto data = std::make_shared<Counting>(64);
+  DataLoader single(data, 8, 0, 1, 3);
+  DataLoader r0(data, 4, 0, 2, 3), r1(data, 4, 1, 2, 3);
+  for (int step = 0; step < 5; ++step) {
+    auto big = single.next().data.flatten();
+    auto both = torch::cat({r0.next().data.flatten(), r1.next().data.flatten()});
+    auto a = std::get<0>(big.sort()), b = std::get<0>(both.sort());
+    EXPECT_TRUE(torch::equal(a, b)) << "step " << step;
+  }
+}
+
+TEST(DataLoader, RollsOverEpochsAndResumesFromState) {
+  auto data = std::make_shared<Counting>(10);
+  DataLoader loader(data, 3, 0, 1, 0);
+  EXPECT_EQ(loader.batches_per_epoch(), 3);  // drop_last
+  for (int i = 0; i < 4; ++i) loader.next();
+  EXPECT_EQ(loader.state().epoch, 1);
+  EXPECT_EQ(loader.state().batch_in_epoch, 1);
+  auto saved = loader.state();
+  auto expected = loader.next().data;
+  DataLoader resumed(data, 3, 0, 1, 0);
+  resumed.load_state(saved);
+  EXPECT_TRUE(torch::equal(resumed.next().data, expected));
+}
+
+TEST(DataLoader, RangeForVisitsOneEpoch) {
+  auto data = std::make_shared<Counting>(10);
+  DataLoader loader(data, 2, 0, 1, 0, /*shuffle=*/false);
+  int64_t n = 0, sum = 0;
+  for (auto& batch : loader) {
+    ++n;
+    sum += batch.data.sum().item<int64_t>();
+  }
+  EXPECT_EQ(n, 5);
+  EXPECT_EQ(sum, 45);
+}

@@ -1,0 +1,383 @@
+#include "launcher.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <map>
+#include <memory>
+
+#include "output_pump.h"
+#include "spawn.h"
+
+extern char** environ;
+
+namespace deepspeed {
+namespace launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After the last rank is reaped, how long to keep reading pipes a rank's own children may still
+// hold open (on failure paths those children are killed with their group, so EOF comes at once).
+constexpr auto kDrainAfterExit = std::chrono::seconds(1);
+
+// Signal handlers only write the signal number into this pipe; the poll loop does the work.
+int g_wake_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  int saved = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!::write(g_wake_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+// Installs the handlers for the lifetime of a job and restores the previous ones after.
+class SignalScope {
+ public:
+  SignalScope() {
+    if (::pipe2(g_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw LaunchError(std::string("pipe failed: ") + ::strerror(errno));
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_NOCLDSTOP;
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &saved_[i]);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;  // a closed stdout must not kill the launcher (and orphan ranks)
+    ::sigaction(SIGPIPE, &ign, &saved_[3]);
+  }
+  ~SignalScope() {
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &saved_[i], nullptr);
+    ::sigaction(SIGPIPE, &saved_[3], nullptr);
+    ::close(g_wake_pipe[0]);
+    ::close(g_wake_pipe[1]);
+    g_wake_pipe[0] = g_wake_pipe[1] = -1;
+  }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGCHLD};
+  struct sigaction saved_[4];
+};
+constexpr int SignalScope::kSignals[3];
+
+const char* signal_name(int sig) {
+  static const std::map<int, const char*> names = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"}};
+  auto it = names.find(sig);
+  return it == names.end() ? "unknown signal" : it->second;
+}
+
+// dsrun's own messages go to stderr unprefixed, written in one call like the ranks' lines.
+void say(const std::string& msg) {
+  std::string line = "dsrun: " + msg + "\n";
+  write_all(2, line.data(), line.size());
+}
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool reaped = false;
+  int status = 0;  // waitpid status, valid once reaped
+  std::unique_ptr<LinePump> out, err;
+  int log_fd = -1;
+
+  bool failed() const { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
+  void drain() {
+    if (out) out->pump();
+    if (err) err->pump();
+  }
+};
+
+std::string timestamp() {
+  char buf[32];
+  std::time_t now = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y%m%d%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& options) : opt_(options) {}
+  int run();
+
+ private:
+  void prepare();  // checks that need no process; throws LaunchError
+  RankCommand command_for(int rank) const;
+  void start_ranks();
+  void supervise();
+  int poll_timeout_ms(Clock::time_point now) const;
+  void handle_wakeups();
+  void reap();
+  void report_failure(const Rank& r);
+  void begin_shutdown(int sig);
+  void kill_survivors(const std::string& when);
+  int alive() const;
+  bool pumps_open() const;
+
+  const LaunchOptions& opt_;
+  std::string program_path_;
+  std::vector<Rank> ranks_;
+  bool shutting_down_ = false;
+  int shutdown_signal_ = 0;  // what begin_shutdown() sent
+  bool killed_ = false;
+  Clock::time_point kill_deadline_;
+  bool draining_ = false;
+  Clock::time_point drain_deadline_;
+  int exit_status_ = 0;
+};
+
+int Supervisor::run() {
+  try {
+    prepare();
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return 2;
+  }
+  try {
+    SignalScope signals;
+    try {
+      start_ranks();
+    } catch (const LaunchError& e) {
+      say(e.what() + std::string("; stopping the ranks already started"));
+      exit_status_ = 1;
+      begin_shutdown(SIGTERM);
+    }
+    supervise();
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return 1;
+  }
+  for (auto& r : ranks_)
+    if (r.log_fd >= 0) ::close(r.log_fd);
+  return exit_status_;
+}
+
+void Supervisor::prepare() {
+  program_path_ = resolve_program(opt_.command.at(0));
+  check_port_free(opt_.master_addr, opt_.master_port);
+  ranks_.resize(opt_.num_procs);
+  for (int i = 0; i < opt_.num_procs; ++i) ranks_[i].rank = i;
+  if (opt_.log_dir.empty()) return;
+  ::mkdir(opt_.log_dir.c_str(), 0777);  // one level, like DeepSpeed's os.makedirs(exist_ok)
+  std::string stamp = timestamp();
+  for (auto& r : ranks_) {
+    std::string path = opt_.log_dir + "/" + stamp + "_rank" + std::to_string(r.rank) + ".log";
+    r.log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (r.log_fd < 0)
+      throw LaunchError("--enable_each_rank_log: cannot create " + path + ": " + ::strerror(errno));
+  }
+}
+
+RankCommand Supervisor::command_for(int rank) const {
+  const int n = opt_.num_procs;
+  // Single node: global rank == local rank, one node (CROSS_*), every rank local (LOCAL_SIZE).
+  std::map<std::string, std::string> env = {{"RANK", std::to_string(rank)},
+                                            {"LOCAL_RANK", std::to_string(rank)},
+                                            {"WORLD_SIZE", std::to_string(n)},
+                                            {"LOCAL_SIZE", std::to_string(n)},
+                                            {"CROSS_RANK", "0"},
+                                            {"CROSS_SIZE", "1"},
+                                            {"MASTER_ADDR", opt_.master_addr},
+                                            {"MASTER_PORT", std::to_string(opt_.master_port)}};
+  // N ranks each running one OpenMP thread per core would oversubscribe the machine N times.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1, available_cpus() / n));
+
+  RankCommand cmd;
+  cmd.path = program_path_;
+  cmd.argv.push_back(opt_.command[0]);
+  // DeepSpeed's launch.py puts --local_rank right after the script, before the user's arguments.
+  if (opt_.append_local_rank) cmd.argv.push_back("--local_rank=" + std::to_string(rank));
+  cmd.argv.insert(cmd.argv.end(), opt_.command.begin() + 1, opt_.command.end());
+  cmd.env = merge_environment(environ, env);
+  return cmd;
+}
+
+void Supervisor::start_ranks() {
+  for (auto& r : ranks_) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0) throw LaunchError(std::string("pipe: ") + ::strerror(errno));
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+      ::close(out[0]);
+      ::close(out[1]);
+      throw LaunchError(std::string("pipe: ") + ::strerror(errno));
+    }
+    std::string prefix = "[rank " + std::to_string(r.rank) + "] ";
+    r.out = std::make_unique<LinePump>(out[0], 1, prefix, r.log_fd);
+    r.err = std::make_unique<LinePump>(err[0], 2, prefix, r.log_fd);
+    try {
+      r.pid = spawn_rank(command_for(r.rank), out[1], err[1]);
+    } catch (const LaunchError& e) {
+      r.reaped = true;  // never started
+      ::close(out[1]);
+      ::close(err[1]);
+      throw LaunchError("cannot start rank " + std::to_string(r.rank) + ": " + e.what());
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+  }
+}
+
+int Supervisor::alive() const {
+  return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(),
+                                        [](const Rank& r) { return r.pid > 0 && !r.reaped; }));
+}
+
+bool Supervisor::pumps_open() const {
+  for (const auto& r : ranks_)
+    if ((r.out && r.out->is_open()) || (r.err && r.err->is_open())) return true;
+  return false;
+}
+
+void Supervisor::supervise() {
+  for (;;) {
+    reap();
+    Clock::time_point now = Clock::now();
+    if (shutting_down_ && !killed_ && alive() > 0 && now >= kill_deadline_) {
+      char grace[32];
+      std::snprintf(grace, sizeof grace, "%g", opt_.kill_grace_s);
+      kill_survivors(std::string(grace) + " s after " + signal_name(shutdown_signal_));
+    }
+    if (alive() == 0) {
+      if (!draining_) {
+        draining_ = true;
+        drain_deadline_ = now + kDrainAfterExit;
+        // The ranks are gone but a child of one may have ignored SIGTERM: no reason to wait.
+        if (shutting_down_ && !killed_) kill_survivors("");
+      }
+      if (!pumps_open() || now >= drain_deadline_) break;
+    }
+    std::vector<pollfd> fds = {{g_wake_pipe[0], POLLIN, 0}};
+    std::vector<LinePump*> pumps = {nullptr};
+    for (auto& r : ranks_)
+      for (LinePump* p : {r.out.get(), r.err.get()})
+        if (p && p->is_open()) {
+          fds.push_back({p->fd(), POLLIN, 0});
+          pumps.push_back(p);
+        }
+    int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
+    if (n < 0 && errno != EINTR) throw LaunchError(std::string("poll: ") + ::strerror(errno));
+    if (n <= 0) continue;
+    if (fds[0].revents) handle_wakeups();
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) pumps[i]->pump();
+  }
+  for (auto& r : ranks_) {
+    if (r.out) r.out->close_and_flush();
+    if (r.err) r.err->close_and_flush();
+  }
+}
+
+int Supervisor::poll_timeout_ms(Clock::time_point now) const {
+  Clock::time_point until;
+  if (alive() == 0)
+    until = drain_deadline_;
+  else if (shutting_down_ && !killed_)
+    until = kill_deadline_;
+  else
+    return -1;  // nothing timed is pending: sleep until a pipe or a signal wakes us
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count() + 1;
+  return static_cast<int>(std::max<long long>(0, ms));
+}
+
+void Supervisor::handle_wakeups() {
+  unsigned char buf[64];
+  ssize_t n;
+  while ((n = ::read(g_wake_pipe[0], buf, sizeof buf)) > 0) {
+    for (ssize_t i = 0; i < n; ++i) {
+      int sig = buf[i];
+      if (sig == SIGCHLD) continue;  // reap() runs on every loop iteration
+      if (!shutting_down_) {
+        say(std::string("received ") + signal_name(sig) + "; forwarding it to the " +
+            std::to_string(alive()) + " running ranks");
+        exit_status_ = 128 + sig;
+        begin_shutdown(sig);
+      } else if (!killed_ && alive() > 0) {
+        say(std::string("received ") + signal_name(sig) + " again; killing the ranks now");
+        kill_survivors("after a second signal to dsrun");
+      }
+    }
+  }
+}
+
+void Supervisor::reap() {
+  std::vector<Rank*> failed;
+  for (auto& r : ranks_) {
+    if (r.pid <= 0 || r.reaped) continue;
+    int status = 0;
+    pid_t got = ::waitpid(r.pid, &status, WNOHANG);
+    if (got == 0 || (got < 0 && errno == EINTR)) continue;
+    r.reaped = true;
+    r.status = got == r.pid ? status : 0;
+    r.drain();  // its last words come before dsrun's verdict
+    if (r.failed()) failed.push_back(&r);
+  }
+  if (shutting_down_ || failed.empty()) return;
+  // Several failures seen in one pass: a rank killed by a signal is more likely the cause than a
+  // peer that then exited with an error (its collective failed when the connection dropped).
+  auto cause = std::min_element(failed.begin(), failed.end(), [](const Rank* a, const Rank* b) {
+    bool sa = WIFSIGNALED(a->status), sb = WIFSIGNALED(b->status);
+    return sa != sb ? sa : a->rank < b->rank;
+  });
+  report_failure(**cause);
+  begin_shutdown(SIGTERM);
+}
+
+void Supervisor::report_failure(const Rank& r) {
+  std::string what = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") ";
+  if (WIFSIGNALED(r.status)) {
+    int sig = WTERMSIG(r.status);
+    what += "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
+    exit_status_ = 128 + sig;
+  } else {
+    what += "exited with status " + std::to_string(WEXITSTATUS(r.status));
+    exit_status_ = WEXITSTATUS(r.status);
+  }
+  int others = alive();
+  if (others == 1) what += "; terminating the other rank";
+  if (others > 1) what += "; terminating the other " + std::to_string(others) + " ranks";
+  say(what);
+}
+
+// Signals whole process groups, so a rank's own children (data loader workers, shells) go too.
+// Reaped ranks' groups are signalled as well: their children may have outlived them.
+void Supervisor::begin_shutdown(int sig) {
+  shutting_down_ = true;
+  shutdown_signal_ = sig;
+  kill_deadline_ =
+      Clock::now() + std::chrono::microseconds(static_cast<long long>(opt_.kill_grace_s * 1e6));
+  for (const auto& r : ranks_)
+    if (r.pid > 0) ::killpg(r.pid, sig);
+}
+
+void Supervisor::kill_survivors(const std::string& when) {
+  killed_ = true;
+  for (const auto& r : ranks_) {
+    if (r.pid <= 0) continue;
+    if (!r.reaped)
+      say("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) +
+          ") is still running " + when + "; sending SIGKILL");
+    ::killpg(r.pid, SIGKILL);
+  }
+}
+
+}  // namespace
+
+int run_job(const LaunchOptions& options) { return Supervisor(options).run(); }
+
+}  // namespace launcher
+}  // namespace deepspeed

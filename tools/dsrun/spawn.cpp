@@ -1,0 +1,184 @@
+#include "spawn.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <cstdlib>
+
+namespace deepspeed {
+namespace launcher {
+namespace {
+
+// Empty if path is a runnable file, else why not.
+std::string why_not_executable(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return ::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return "it is a directory";
+  if (::access(path.c_str(), X_OK) != 0) return "it is not executable";
+  return "";
+}
+
+std::string port_error(const std::string& addr, int port, int err) {
+  std::string where = std::to_string(port) + " on " + addr;
+  if (err == EADDRINUSE)
+    return "--master_port " + where + " is already in use (choose another with --master_port)";
+  if (err == EADDRNOTAVAIL)
+    return "--master_addr " + addr +
+           " is not an address of this machine (single-node dsrun runs rank 0 here)";
+  return "cannot bind --master_port " + where + ": " + ::strerror(err);
+}
+
+}  // namespace
+
+std::string resolve_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    std::string why = why_not_executable(program);
+    if (!why.empty()) throw LaunchError("program '" + program + "' cannot be run: " + why);
+    return program;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (why_not_executable(candidate).empty()) return candidate;
+    start = end + 1;
+  }
+  throw LaunchError("program '" + program + "' not found on PATH (give a path like ./" + program +
+                    " for a file in the current directory)");
+}
+
+namespace {
+
+// 0 if addr:port can be bound now, else the errno of the failed socket()/bind().
+int try_bind(const addrinfo& a) {
+  int fd = ::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC, a.ai_protocol);
+  if (fd < 0) return errno;
+  // Like the rendezvous store: a port in TIME_WAIT counts as free, a listening one does not.
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  int err = ::bind(fd, a.ai_addr, a.ai_addrlen) == 0 ? 0 : errno;
+  ::close(fd);
+  return err;
+}
+
+}  // namespace
+
+void check_port_free(const std::string& addr, int port) {
+  if (port < 1 || port > 65535)
+    throw LaunchError("--master_port " + std::to_string(port) + " is not a TCP port (1-65535)");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(addr.c_str(), std::to_string(port).c_str(), &hints, &found);
+  if (rc != 0)
+    throw LaunchError("--master_addr " + addr + " cannot be resolved: " + ::gai_strerror(rc));
+  // A name like "localhost" may give ::1 and 127.0.0.1; one usable address is enough, but a port
+  // in use on any of them is a clash.
+  int first_err = 0;
+  bool any_ok = false;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int err = try_bind(*a);
+    if (err == EADDRINUSE) first_err = err;
+    if (err == 0) any_ok = true;
+    if (err != 0 && first_err == 0) first_err = err;
+  }
+  ::freeaddrinfo(found);
+  if (first_err == EADDRINUSE || !any_ok) throw LaunchError(port_error(addr, port, first_err));
+}
+
+int available_cpus() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+std::vector<std::string> merge_environment(const char* const* base,
+                                           const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> env;
+  for (const char* const* e = base; e && *e; ++e) {
+    std::string entry(*e);
+    std::string key = entry.substr(0, entry.find('='));
+    if (overrides.count(key) == 0) env.push_back(std::move(entry));
+  }
+  for (const auto& kv : overrides) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+namespace {
+
+std::vector<char*> c_strings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+// Runs in the forked child: only async-signal-safe calls from here to exec.
+[[noreturn]] void exec_child(const RankCommand& cmd, char* const* argv, char* const* envp,
+                             int out_fd, int err_fd, pid_t launcher_pid) {
+  ::setpgid(0, 0);
+#ifdef __linux__
+  // If dsrun itself is SIGKILLed, its ranks must not run on as orphans.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher_pid) ::_exit(126);
+#endif
+  // dsrun blocks and ignores some signals; the program starts with the defaults.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP}) ::sigaction(sig, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, 0);
+  ::dup2(out_fd, 1);
+  ::dup2(err_fd, 2);
+  ::execve(cmd.path.c_str(), argv, envp);
+  const char* msg = "dsrun: exec failed for ";
+  (void)!::write(2, msg, ::strlen(msg));
+  (void)!::write(2, cmd.path.c_str(), cmd.path.size());
+  const char* reason = ::strerror(errno);  // not async-signal-safe in theory; fine after fork here
+  (void)!::write(2, ": ", 2);
+  (void)!::write(2, reason, ::strlen(reason));
+  (void)!::write(2, "\n", 1);
+  ::_exit(127);
+}
+
+}  // namespace
+
+pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd) {
+  std::vector<char*> argv = c_strings(cmd.argv);
+  std::vector<char*> envp = c_strings(cmd.env);
+  pid_t launcher_pid = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) throw LaunchError(std::string("fork failed: ") + ::strerror(errno));
+  if (pid == 0) exec_child(cmd, argv.data(), envp.data(), out_fd, err_fd, launcher_pid);
+  // Also set the group here: the supervisor may signal the group before the child runs setpgid.
+  ::setpgid(pid, pid);
+  return pid;
+}
+
+}  // namespace launcher
+}  // namespace deepspeed

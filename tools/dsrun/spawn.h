@@ -1,0 +1,49 @@
+// The pieces of starting a rank that do not need the supervisor: finding the program, checking the
+// rendezvous port, building a rank's environment and argv, and fork/exec.
+#pragma once
+#include <sys/types.h>
+
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace deepspeed {
+namespace launcher {
+
+// Thrown for problems found before any rank starts (dsrun then exits 2).
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The executable PROGRAM names: itself if it contains '/', else the first match on PATH.
+// Throws LaunchError naming PROGRAM if it does not exist, is a directory or is not executable.
+std::string resolve_program(const std::string& program);
+
+// Throws LaunchError if addr:port cannot be bound here (in use, or addr is not local), so a clash
+// is reported before the ranks start instead of as a rendezvous timeout inside them.
+void check_port_free(const std::string& addr, int port);
+
+// CPUs this process may run on (its affinity mask), at least 1.
+int available_cpus();
+
+// `base` (KEY=VALUE strings) with each of `overrides` replacing or adding its key.
+std::vector<std::string> merge_environment(const char* const* base,
+                                           const std::map<std::string, std::string>& overrides);
+
+// What one rank runs.
+struct RankCommand {
+  std::string path;               // resolved executable
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> env;   // KEY=VALUE
+};
+
+// fork/exec of one rank: stdout/stderr onto out_fd/err_fd, stdin from /dev/null, in a new process
+// group whose id is the returned pid, dying with dsrun (Linux parent-death signal).
+// Throws LaunchError if fork fails. An exec failure shows as exit status 127 plus a message on
+// the rank's stderr.
+pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd);
+
+}  // namespace launcher
+}  // namespace deepspeed

@@ -1,0 +1,149 @@
+// dsrun_test_worker: the program tests/launcher/*.sh start under dsrun. Behaviour by --mode:
+//   ok               print the launcher's env and this argv, a stderr line, and a final line
+//                    without '\n'; exit 0
+//   exit3            print, then rank --fail_rank exits 3; the others sleep (dsrun must stop them)
+//   hang_collective  every rank joins init_distributed() and loops all_reduce; rank --fail_rank
+//                    writes its pid to --pid_file once the loop runs (the test kill -9s it)
+//   ignore_term      ignore SIGTERM, write pid to --pid_file (if given), sleep (tests SIGKILL
+//                    escalation)
+//   sleep            sleep --seconds (default 60), writing pid to --pid_file (if given)
+// Unknown arguments (e.g. a marker the test greps for with pgrep) are ignored.
+// Built twice (tools/dsrun/CMakeLists.txt): dsrun_test_worker with DSRUN_WORKER_WITH_COMM (real
+// collectives), dsrun_test_worker_lite without libtorch, where hang_collective only sleeps.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#ifdef DSRUN_WORKER_WITH_COMM
+#include <torch/torch.h>
+
+#include "deepspeed/comm.h"
+#endif
+
+namespace {
+
+struct Args {
+  std::string mode = "ok";
+  int fail_rank = -1;
+  std::string pid_file;
+  double seconds = 60;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "--mode")
+      a.mode = argv[++i];
+    else if (k == "--fail_rank")
+      a.fail_rank = std::atoi(argv[++i]);
+    else if (k == "--pid_file")
+      a.pid_file = argv[++i];
+    else if (k == "--seconds")
+      a.seconds = std::atof(argv[++i]);
+  }
+  return a;
+}
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "<unset>";
+}
+
+int my_rank() { return std::atoi(env("RANK").c_str()); }
+
+// Written to a temporary name then renamed, so the test never reads a half-written pid.
+void write_pid(const std::string& path) {
+  if (path.empty()) return;
+  std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << ::getpid() << "\n";
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+void sleep_for(double seconds) {
+  for (double slept = 0; slept < seconds; slept += 0.1) ::usleep(100000);
+}
+
+int mode_ok(int argc, char** argv) {
+  for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE", "OMP_NUM_THREADS"})
+    std::cout << "env " << k << "=" << env(k) << "\n";
+  for (int i = 0; i < argc; ++i) std::cout << "argv[" << i << "]=" << argv[i] << "\n";
+  std::cout << std::flush;
+  std::cerr << "stderr line from rank " << env("RANK") << std::endl;
+  std::cout << "partial line without newline" << std::flush;
+  return 0;
+}
+
+int mode_exit3(const Args& a) {
+  std::cout << "rank " << my_rank() << " started" << std::endl;
+  if (my_rank() == a.fail_rank) {
+    sleep_for(0.3);  // let the peers start, so dsrun really has ranks to terminate
+    std::cerr << "rank " << my_rank() << " failing with status 3" << std::endl;
+    return 3;
+  }
+  sleep_for(a.seconds);
+  return 0;
+}
+
+int mode_ignore_term(const Args& a) {
+  ::signal(SIGTERM, SIG_IGN);
+  write_pid(a.pid_file);
+  std::cout << "rank " << my_rank() << " ignoring SIGTERM" << std::endl;
+  sleep_for(a.seconds);
+  return 0;
+}
+
+int mode_sleep(const Args& a) {
+  write_pid(a.pid_file);
+  std::cout << "rank " << my_rank() << " sleeping" << std::endl;
+  sleep_for(a.seconds);
+  return 0;
+}
+
+int mode_hang_collective(const Args& a) {
+#ifdef DSRUN_WORKER_WITH_COMM
+  try {
+    deepspeed::comm::InitOptions opts;
+    opts.timeout = std::chrono::seconds(30);
+    auto comm = deepspeed::init_distributed(opts);
+    auto t = torch::ones({1024});
+    for (long step = 0;; ++step) {
+      comm->all_reduce(t)->wait();
+      t.fill_(1);
+      if (step == 10) {
+        std::cout << "rank " << comm->rank() << " in the all_reduce loop" << std::endl;
+        if (comm->rank() == a.fail_rank) write_pid(a.pid_file);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << my_rank() << " collective failed: " << e.what() << std::endl;
+    return 1;
+  }
+#else
+  // Without the comm library: the same shape (every rank busy until killed), no collective.
+  std::cout << "rank " << my_rank() << " in the (simulated) collective loop" << std::endl;
+  if (my_rank() == a.fail_rank) write_pid(a.pid_file);
+  sleep_for(a.seconds);
+  return 0;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = parse(argc, argv);
+  if (a.mode == "ok") return mode_ok(argc, argv);
+  if (a.mode == "exit3") return mode_exit3(a);
+  if (a.mode == "ignore_term") return mode_ignore_term(a);
+  if (a.mode == "sleep") return mode_sleep(a);
+  if (a.mode == "hang_collective") return mode_hang_collective(a);
+  std::cerr << "dsrun_test_worker: unknown --mode " << a.mode << std::endl;
+  return 64;
+}

@@ -15,11 +15,14 @@
 #endif
 #include "comm/gloo_communicator.h"
 
-#include <fmt/format.h>
+#include <signal.h>
 
 #include <functional>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <mutex>
 #include <vector>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
@@ -191,6 +194,20 @@ class GlooCommunicator : public CommunicatorBase {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
 };
 
+// Gloo writes to peer sockets without MSG_NOSIGNAL: when a peer dies, the next write would kill
+// this process with SIGPIPE (seen in the tests) instead of failing the collective with EPIPE.
+// Python ignores SIGPIPE at startup, which is why torch.distributed users never see this; do the
+// same, unless the program installed its own handler.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
 }
@@ -213,6 +230,7 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
     throw CommError(
         fmt::format("Gloo group setup: rank {} is not in [0, world_size {})", rank, world_size));
   }
+  ignore_sigpipe_once();
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(std::move(device));
   auto start = std::chrono::steady_clock::now();

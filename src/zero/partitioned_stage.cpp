@@ -10,6 +10,10 @@ namespace zero {
 namespace {
 // Partitions are aligned to 16 elements (64 bytes): whole cache lines and AVX-512 vectors.
 constexpr int64_t kAlignment = 16;
+// Stage 2 with overlap_comm waits for the oldest bucket once this many are in flight, so at most
+// this many bucket buffers (+ the one filling) exist: the rank never holds more than a few
+// buckets of gradient. Without overlap each bucket is waited for as soon as it is launched.
+constexpr size_t kMaxBucketsInFlight = 2;
 
 int64_t storage_bytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
@@ -85,7 +89,9 @@ void PartitionedStage::on_grad_ready(size_t slot) {
   if (!reducing_) return;
   if (stage_ == 2) stage_gradient_into_bucket(slot);
   ++buckets_[bucket_of_slot_[slot]].ready;
-  if (config_.zero_optimization.overlap_comm_enabled()) launch_ready_in_order();
+  // Stage 2 always reduces as buckets fill (that is what bounds its memory); overlap_comm only
+  // decides whether it waits at once. Stage 1 launches here only to overlap.
+  if (stage_ == 2 || config_.zero_optimization.overlap_comm_enabled()) launch_ready_in_order();
 }
 
 at::Tensor PartitionedStage::take_buffer(int64_t numel) {
@@ -140,6 +146,13 @@ void PartitionedStage::launch(Bucket& b) {
     splits.push_back(layout.overlap(r, b.range.begin, b.range.end));
   b.received = torch::empty({splits[comm_->rank()]});
   b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
+  in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
+  const size_t max_in_flight =
+      config_.zero_optimization.overlap_comm_enabled() ? kMaxBucketsInFlight : 0;
+  while (in_flight_.size() > max_in_flight) {
+    finish(buckets_[in_flight_.front()]);
+    in_flight_.pop_front();
+  }
 }
 
 void PartitionedStage::finish(Bucket& b) {
@@ -174,6 +187,7 @@ void PartitionedStage::end_backward(bool boundary) {
   for (; next_to_launch_ < buckets_.size(); ++next_to_launch_) launch(buckets_[next_to_launch_]);
   for (auto& b : buckets_)
     if (b.work) finish(b);
+  in_flight_.clear();
 }
 
 double PartitionedStage::global_grad_norm() {

@@ -12,6 +12,7 @@
 // After the optimizer step the updated partitions are all-gathered back into the buffer, in
 // chunks of allgather_bucket_size elements.
 #pragma once
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -72,6 +73,7 @@ class PartitionedStage : public ZeroStage {
   std::vector<size_t> bucket_of_slot_;
   std::vector<at::Tensor> pool_;  // stage 2: free bucket buffers, reused across micro-steps
   int64_t pool_bytes_ = 0;
+  std::deque<size_t> in_flight_;  // launched, not yet finished, oldest first
   size_t next_to_launch_ = 0;
   bool reducing_ = false;
   GradientHooks hooks_;

@@ -185,6 +185,25 @@ TEST(Comm, NonContiguousTensorsAreStagedAndCopiedBack) {
   });
 }
 
+// ZeRO gathers a flat buffer from the partition that lives inside it, and reduce-scatters into a
+// slice of the buffer it reads: both must work when input and output alias.
+TEST(Comm, GatherAndReduceScatterInPlace) {
+  run_ranks(3, [](CommunicatorPtr c) {
+    const int64_t n = 1001;
+    at::Tensor flat = at::zeros({3 * n}, at::kBFloat16);
+    at::Tensor mine = flat.narrow(0, c->rank() * n, n);
+    mine.copy_(pattern(n, c->rank(), at::kBFloat16));
+    c->all_gather(flat, mine)->wait();
+    for (int r = 0; r < 3; ++r)
+      EXPECT_TRUE(flat.narrow(0, r * n, n).equal(pattern(n, r, at::kBFloat16)));
+
+    at::Tensor grads = pattern(3 * n, c->rank(), at::kFloat);
+    at::Tensor slice = grads.narrow(0, c->rank() * n, n);
+    c->reduce_scatter(slice, grads)->wait();
+    EXPECT_TRUE(slice.equal(expected_reduce(n, 3, at::kFloat, ReduceOp::Sum, c->rank() * n)));
+  });
+}
+
 TEST(Comm, StatsCountCallsAndBytes) {
   run_ranks(2, [](CommunicatorPtr c) {
     c->reset_stats();

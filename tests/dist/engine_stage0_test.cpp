@@ -1,7 +1,10 @@
 // Stage 0 (data parallelism) against a single process with the same global batch.
 // Tolerance: fp32 sums in a different order (Gloo's ring vs one batch) move losses by ~1e-7
-// relative and weights by ~1e-7 after 10 Adam steps; we allow 1e-5 relative loss and 2e-5 absolute
-// weight difference — far below the per-step change of the weights (~3e-3, the learning rate).
+// relative. Adam divides by sqrt(v), so for weights whose gradients are near zero a rounding
+// difference can flip the direction of a step: measured max weight differences are 2e-5..5e-5
+// after 10 steps. We allow 1e-5 relative loss and 1e-4 absolute weight difference — 3% of one
+// step's largest update (the learning rate, 3e-3), while a real bug (a missed or doubled
+// average, a lost bucket) moves weights by whole steps.
 #include <gtest/gtest.h>
 
 #include "support/training_run.h"
@@ -12,7 +15,7 @@ using dstest::train_gpt;
 
 namespace {
 constexpr double kLossTol = 1e-5;
-constexpr double kWeightTol = 2e-5;
+constexpr double kWeightTol = 1e-4;
 
 dstest::RunResult single_process(int micro, int accumulation, nlohmann::json extra = {}) {
   RunSpec s;

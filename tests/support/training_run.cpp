@@ -23,7 +23,7 @@ nlohmann::json base_config(int micro_batch, int accumulation, int stage) {
 namespace {
 std::shared_ptr<gpt::TextDataset> test_text(int64_t block) {
   const char* src = std::getenv("DS_SOURCE_DIR");
-  std::string path = std::string(src ? src : ".") + "/data/fortunes.txt";
+  std::string path = std::string(src ? src : DS_TEST_SOURCE_DIR) + "/data/fortunes.txt";
   return std::make_shared<gpt::TextDataset>(path, block, block);
 }
 }  // namespace

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -45,6 +47,21 @@ Options parse_options(const std::vector<std::string>& argv) {
   return o;
 }
 
+// Peak resident set (VmHWM) of this process in kB, from /proc; 0 where unavailable.
+long peak_rss_kb() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  long value = 0;
+  while (status >> key) {
+    if (key == "VmHWM:") {
+      status >> value;
+      return value;
+    }
+    status.ignore(1 << 12, '\n');
+  }
+  return 0;
+}
+
 int threads_from_env() {
   const char* v = std::getenv("OMP_NUM_THREADS");
   return v ? std::max(1, std::atoi(v)) : 1;
@@ -58,7 +75,9 @@ int main(int argc, char** argv) try {
   at::set_num_threads(opt.threads > 0 ? opt.threads : threads_from_env());
   if (args.config_path.empty()) throw deepspeed::ConfigError("gpt_train: --deepspeed_config FILE is required");
 
-  auto comm = deepspeed::init_distributed();
+  deepspeed::comm::InitOptions init;
+  init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
+  auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
   auto model = std::make_shared<gpt::GPTImpl>(opt.model);
   auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
@@ -93,6 +112,18 @@ int main(int argc, char** argv) try {
   double seconds = std::chrono::duration<double>(end - timed_from).count();
   int64_t timed_steps = std::max<int64_t>(1, opt.steps - 1);
   double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
+  {
+    // One machine-readable line per rank for bench/zero_memory_and_speed.py.
+    auto mem = engine->memory_report();
+    std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
+                "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
+                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld\n",
+                comm->rank(), 1e3 * seconds / timed_steps, tokens / seconds, engine->last_loss(),
+                static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
+                static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
+                static_cast<long long>(mem.model_states()), peak_rss_kb(),
+                static_cast<long long>(model->num_parameters()));
+  }
   if (rank0) {
     auto mem = engine->memory_report();
     std::printf("gpt_train: done %lld steps in %.1f s; %.1f ms/step, %.0f tokens/s (steps 2..%lld); "

@@ -105,6 +105,9 @@ ProcessInfo detect_process_info();
 
 struct InitOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // collectives and rendezvous
+  // Optional ds_config.json: its "comm_timeout_seconds" sets the timeout. Precedence: an explicit
+  // `timeout` above, then the config key, then env DEEPSPEED_TIMEOUT (minutes), then 30 minutes.
+  std::string config_path;
 };
 
 // Creates the world communicator once (later calls return it). COLLECTIVE across the job.

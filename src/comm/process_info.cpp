@@ -3,6 +3,11 @@
 // dsrun job started inside a Slurm allocation still uses dsrun's numbering.
 #include "comm/process_info.h"
 
+#include <fstream>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -104,9 +109,37 @@ ProcessInfo detect_process_info() {
   return ProcessInfo{};
 }
 
+namespace {
+// "comm_timeout_seconds" of a ds_config.json, if the key is there. Only this key is read: the
+// rest of the config is validated by initialize(), once the world size is known.
+std::optional<std::chrono::milliseconds> config_timeout(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(fmt::format("cannot read config file '{}'", path));
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false,
+                                             /*ignore_comments=*/true);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("comm_timeout_seconds"))
+    return std::nullopt;  // a syntax error is reported with position by initialize()
+  const auto& v = doc["comm_timeout_seconds"];
+  double seconds = v.is_number() ? v.get<double>() : -1;
+  if (v.is_string()) {
+    try {
+      seconds = std::stod(v.get<std::string>());
+    } catch (const std::exception&) {
+    }
+  }
+  if (!(seconds > 0))
+    throw ConfigError(fmt::format("{}: comm_timeout_seconds = {}: expected a positive number of "
+                                  "seconds", path, v.dump()));
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+}  // namespace
+
 std::chrono::milliseconds resolve_timeout(const InitOptions& options) {
+  if (options.timeout != InitOptions{}.timeout) return options.timeout;
+  if (!options.config_path.empty())
+    if (auto t = config_timeout(options.config_path)) return *t;
   auto minutes = env("DEEPSPEED_TIMEOUT");
-  if (!minutes || options.timeout != InitOptions{}.timeout) return options.timeout;
+  if (!minutes) return options.timeout;
   long m = parse_int("DEEPSPEED_TIMEOUT", *minutes);
   if (m <= 0) {
     throw ConfigError(fmt::format(

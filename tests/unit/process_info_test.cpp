@@ -1,3 +1,4 @@
+#include <fstream>
 // detect_process_info() and the DEEPSPEED_TIMEOUT rule, driven by setenv/unsetenv. Each test
 // starts from an environment without any launcher variable and restores the original after.
 #include "comm/process_info.h"
@@ -191,6 +192,30 @@ TEST_F(ProcessInfoTest, DeepSpeedTimeoutReplacesTheDefault) {
   EXPECT_THROW(comm::resolve_timeout(defaults), deepspeed::ConfigError);
   set("DEEPSPEED_TIMEOUT", "0");
   EXPECT_THROW(comm::resolve_timeout(defaults), deepspeed::ConfigError);
+}
+
+TEST_F(ProcessInfoTest, ConfigFileTimeoutBeatsTheEnvironment) {
+  std::string path = ::testing::TempDir() + "/timeout_config.json";
+  auto write = [&](const std::string& body) { std::ofstream(path) << body; };
+  comm::InitOptions from_config;
+  from_config.config_path = path;
+  write(R"({"train_batch_size": 8, "comm_timeout_seconds": 90})");
+  set("DEEPSPEED_TIMEOUT", "5");
+  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::seconds(90));
+  write(R"({"train_batch_size": 8})");  // key absent: the environment decides
+  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::minutes(5));
+  write(R"({"comm_timeout_seconds": "12.5"})");
+  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::milliseconds(12500));
+  write(R"({"comm_timeout_seconds": -3})");
+  try {
+    comm::resolve_timeout(from_config);
+    FAIL() << "negative timeout accepted";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("comm_timeout_seconds"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  from_config.config_path = path + ".missing";
+  EXPECT_THROW(comm::resolve_timeout(from_config), deepspeed::ConfigError);
 }
 
 // Without launcher variables init_distributed() is a single process and sets world() once.

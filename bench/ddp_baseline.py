@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""PyTorch DDP (Gloo, CPU) on the same GPT, data and optimizer as examples/gpt/gpt_train.
+
+Run by bench/zero_memory_and_speed.py; prints one `gpt_train_report ...` line per rank, in the same
+format as gpt_train, so both land in one table.
+
+Same model: byte-level GPT, pre-LayerNorm blocks (causal self-attention, GELU MLP), N(0, 0.02)
+init. Same data: windows of block_size bytes every block_size/2 bytes of data/fortunes.txt, in the
+order of deepspeed.cpp's DistributedSampler (mt19937_64 Fisher-Yates, seed 1234). Same optimizer:
+AdamW (betas, eps, weight decay from the ds_config), DeepSpeed's linear WarmupLR, clipping 1.0.
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, h, t):
+        super().__init__()
+        self.n_head = h
+        self.ln1 = nn.LayerNorm(c)
+        self.qkv = nn.Linear(c, 3 * c)
+        self.proj = nn.Linear(c, c)
+        self.ln2 = nn.LayerNorm(c)
+        self.fc = nn.Linear(c, 4 * c)
+        self.fc_proj = nn.Linear(4 * c, c)
+        self.register_buffer("mask", torch.ones(t, t).tril())
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = (z.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.n_head))
+        att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf")).softmax(-1)
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab=256):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, n_embd)
+        self.wpe = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, vocab, bias=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class MT64:
+    """std::mt19937_64, so the sample order equals deepspeed.cpp's DistributedSampler."""
+
+    def __init__(self, seed):
+        self.mt = [0] * 312
+        self.i = 312
+        self.mt[0] = seed & (2**64 - 1)
+        for i in range(1, 312):
+            prev = self.mt[i - 1]
+            self.mt[i] = (6364136223846793005 * (prev ^ (prev >> 62)) + i) & (2**64 - 1)
+
+    def __call__(self):
+        if self.i >= 312:
+            for i in range(312):
+                x = (self.mt[i] & 0xFFFFFFFF80000000) | (self.mt[(i + 1) % 312] & 0x7FFFFFFF)
+                xa = x >> 1
+                if x & 1:
+                    xa ^= 0xB5026F5AA96619E9
+                self.mt[i] = self.mt[(i + 156) % 312] ^ xa
+            self.i = 0
+        y = self.mt[self.i]
+        self.i += 1
+        y ^= (y >> 29) & 0x5555555555555555
+        y ^= (y << 17) & 0x71D67FFFEDA60000
+        y ^= (y << 37) & 0xFFF7EEE000000000
+        y ^= y >> 43
+        return y & (2**64 - 1)
+
+
+def rank_indices(n, rank, world, seed, epoch):
+    order = list(range(n))
+    gen = MT64(seed + epoch)
+    for i in range(n - 1, 0, -1):
+        j = gen() % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    per_rank = (n + world - 1) // world
+    order += order[: per_rank * world - n]
+    return order[rank::world]
+
+
+def batches(data, block, stride, micro, rank, world, seed):
+    n = (len(data) - block - 1) // stride + 1
+    epoch = 0
+    while True:
+        mine = rank_indices(n, rank, world, seed, epoch)
+        for b in range(len(mine) // micro):
+            idx = mine[b * micro:(b + 1) * micro]
+            w = torch.stack([torch.tensor(list(data[i * stride:i * stride + block + 1])) for i in idx])
+            yield w[:, :-1], w[:, 1:]
+        epoch += 1
+
+
+def tensor_bytes(tensors):
+    return sum(t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.storage().nbytes()
+               for t in tensors if t is not None)
+
+
+def worker(args):
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = json.load(open(args.config))
+    opt_params = cfg["optimizer"]["params"]
+    sched = cfg.get("scheduler", {}).get("params", {})
+    torch.manual_seed(args.seed)
+    model = GPT(args.n_layer, args.n_head, args.n_embd, args.block_size)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=opt_params["lr"], betas=tuple(opt_params.get("betas", (0.9, 0.999))),
+                            eps=opt_params.get("eps", 1e-8), weight_decay=opt_params.get("weight_decay", 0.0))
+    warm, lr_max, lr_min = sched.get("warmup_num_steps", 0), sched.get("warmup_max_lr", opt_params["lr"]), sched.get("warmup_min_lr", 0.0)
+
+    def lr_at(t):  # DeepSpeed WarmupLR, linear; t = last_batch_iteration
+        if warm <= 0:
+            return lr_max
+        return lr_min + (lr_max - lr_min) * min(1.0, max(t, 0) / warm)
+
+    data = open(args.data, "rb").read()
+    stream = batches(data, args.block_size, args.block_size // 2, cfg["train_micro_batch_size_per_gpu"], rank, world, 1234)
+    t = -1
+    for g in opt.param_groups:
+        g["lr"] = lr_at(t)
+    losses, timed_from = [], None
+    for step in range(1, args.steps + 1):
+        x, y = next(stream)
+        loss = ddp(x, y)
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        if cfg.get("gradient_clipping", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["gradient_clipping"])
+        opt.step()
+        t += 1
+        for g in opt.param_groups:
+            g["lr"] = lr_at(t)
+        l = loss.detach().clone()
+        dist.all_reduce(l)
+        losses.append(l.item() / world)
+        if step == 1:
+            timed_from = time.time()
+    seconds = time.time() - timed_from
+    timed = max(1, args.steps - 1)
+    tokens = timed * cfg["train_micro_batch_size_per_gpu"] * world * args.block_size
+    params = tensor_bytes(model.parameters())
+    grads = tensor_bytes(p.grad for p in model.parameters())
+    optim = tensor_bytes(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    print(f"gpt_train_report rank={rank} step_ms={1e3 * seconds / timed:.2f} tokens_per_s={tokens / seconds:.1f} "
+          f"final_loss={losses[-1]:.5f} params_bytes={params} grads_bytes={grads} optim_bytes={optim} comm_bytes=0 "
+          f"model_state_bytes={params + grads + optim} peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss} "
+          f"num_params={sum(p.numel() for p in model.parameters())}", flush=True)
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_head", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=256)
+    p.add_argument("--block_size", type=int, default=128)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--local_rank", type=int, default=0)  # appended by dsrun
+    worker(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

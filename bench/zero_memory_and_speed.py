@@ -1,0 +1,98 @@
+#!/usr/bin/python3
+"""ZeRO stages against PyTorch DDP on the same GPT, data and ranks, measured in one run.
+
+    /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
+
+For each of deepspeed.cpp stage 0, 1, 2 and PyTorch DDP (Gloo) it runs the example GPT
+(default n_layer 6, n_head 8, n_embd 512: 19.3M parameters) on --procs ranks with one thread each,
+twice: once for speed (plain malloc) and once for memory (MALLOC_MMAP_THRESHOLD_=65536, so freed
+blocks go back to the OS and VmHWM shows what was really needed). Prints a markdown table:
+step time, tokens/s, model-state bytes per rank (from the engine's memory report / the tensors'
+storages) against the ZeRO formula, and peak RSS per rank (VmHWM, max over ranks).
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(cmd, env_extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    if out.returncode != 0:
+        sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-3000:]}")
+    reports = [dict(kv.split("=") for kv in line.split("gpt_train_report ")[1].split())
+               for line in out.stdout.splitlines() if "gpt_train_report " in line]
+    if not reports:
+        sys.exit(f"no report from: {' '.join(cmd)}\n{out.stdout[-3000:]}")
+    return reports
+
+
+def formula(stage, psi, n):
+    return {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[stage]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--n_layer", type=int, default=6)
+    p.add_argument("--n_head", type=int, default=8)
+    p.add_argument("--n_embd", type=int, default=512)
+    p.add_argument("--stages", default="0,1,2")
+    a = p.parse_args()
+    model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
+    data = os.path.join(ROOT, "data", "fortunes.txt")
+    base = json.load(open(os.path.join(ROOT, "examples", "gpt", "ds_config.json")))
+    dsrun = os.path.join(a.build, "bin", "dsrun")
+    rows = []
+    port = 29700
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [(f"deepspeed.cpp ZeRO-{s}", int(s)) for s in a.stages.split(",")] + [("PyTorch DDP (Gloo)", None)]
+        for name, stage in runs:
+            cfg = json.loads(json.dumps(base))
+            cfg["zero_optimization"]["stage"] = stage if stage is not None else 0
+            cfg["steps_per_print"] = 0
+            path = os.path.join(tmp, f"cfg{stage}.json")
+            json.dump(cfg, open(path, "w"))
+            if stage is None:
+                prog = [os.path.join(ROOT, "bench", "ddp_baseline.py"), "--config", path, "--data", data]
+            else:
+                prog = [os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", path, "--data", data]
+            results = {}
+            for mode, env in (("speed", {}), ("memory", {"MALLOC_MMAP_THRESHOLD_": "65536"})):
+                port += 1
+                cmd = [dsrun, "--num_procs", str(a.procs), "--master_port", str(port)] + prog + model + ["--steps", str(a.steps)]
+                results[mode] = run(cmd, env)
+                print(f"  {name} ({mode}): done", file=sys.stderr, flush=True)
+            speed, mem = results["speed"], results["memory"]
+            psi = int(speed[0]["num_params"])
+            rows.append({
+                "name": name,
+                "stage": stage,
+                "psi": psi,
+                "step_ms": max(float(r["step_ms"]) for r in speed),
+                "tokens_per_s": min(float(r["tokens_per_s"]) for r in speed),
+                "loss": float(speed[0]["final_loss"]),
+                "model_state": max(int(r["model_state_bytes"]) for r in mem),
+                "rss_kb": max(int(r["peak_rss_kb"]) for r in mem),
+            })
+    print(f"\n{a.procs} ranks x 1 thread, GPT n_layer {a.n_layer} n_head {a.n_head} n_embd {a.n_embd} block 128, "
+          f"{rows[0]['psi'] / 1e6:.1f}M parameters, micro-batch {base['train_micro_batch_size_per_gpu']} per rank, "
+          f"AdamW fp32, {a.steps} steps (first step not timed)\n")
+    print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | ZeRO formula MB | peak RSS MB per rank |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        f = formula(r["stage"] if r["stage"] is not None else 0, r["psi"], a.procs) / 1e6
+        print(f"| {r['name']} | {r['step_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['loss']:.4f} | "
+              f"{r['model_state'] / 1e6:.1f} | {f:.1f} | {r['rss_kb'] / 1024:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

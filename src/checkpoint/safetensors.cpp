@@ -1,0 +1,237 @@
+#include "checkpoint/safetensors.h"
+
+#include <algorithm>
+#include <array>
+#include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
+
+#include "deepspeed/errors.h"
+
+// safetensors stores little-endian bytes; tensors are written and read as their raw memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assumes a little-endian host");
+
+namespace deepspeed {
+namespace checkpoint {
+namespace {
+
+struct DtypeInfo {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr std::array<DtypeInfo, 10> kDtypes = {{{at::kFloat, "F32"},
+                                                {at::kBFloat16, "BF16"},
+                                                {at::kHalf, "F16"},
+                                                {at::kDouble, "F64"},
+                                                {at::kLong, "I64"},
+                                                {at::kInt, "I32"},
+                                                {at::kShort, "I16"},
+                                                {at::kChar, "I8"},
+                                                {at::kByte, "U8"},
+                                                {at::kBool, "BOOL"}}};
+
+// The reference implementation refuses headers above 100 MB; so do we, before allocating.
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
+
+constexpr const char* kMetadataKey = "__metadata__";
+
+struct Entry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
+  throw CheckpointError("safetensors file '" + path + "': " + what);
+}
+
+uint64_t byte_size(const at::Tensor& t) { return uint64_t(t.numel()) * t.element_size(); }
+
+std::string quoted(const std::string& name) { return "tensor \"" + name + "\": "; }
+
+Entry parse_entry(const std::string& path, const std::string& name, const nlohmann::ordered_json& j) {
+  const std::string where = quoted(name);
+  if (!j.is_object()) bad_file(path, where + "header entry must be an object, got " + j.dump());
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!j.contains(key)) bad_file(path, where + "header entry lacks \"" + key + "\"");
+  }
+  Entry e;
+  e.name = name;
+  const auto& dtype = j.at("dtype");
+  const auto found = std::find_if(kDtypes.begin(), kDtypes.end(), [&](const DtypeInfo& d) {
+    return dtype.is_string() && dtype.get<std::string>() == d.name;
+  });
+  if (found == kDtypes.end()) bad_file(path, where + "unsupported dtype " + dtype.dump());
+  e.dtype = found->type;
+
+  const auto& shape = j.at("shape");
+  if (!shape.is_array()) bad_file(path, where + "\"shape\" must be an array, got " + shape.dump());
+  uint64_t bytes = c10::elementSize(e.dtype);
+  for (const auto& d : shape) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t(INT64_MAX)) {
+      bad_file(path, where + "bad dimension " + d.dump() + " in shape " + shape.dump());
+    }
+    if (__builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes)) {
+      bad_file(path, where + "shape " + shape.dump() + " is too large");
+    }
+    e.shape.push_back(d.get<int64_t>());
+  }
+
+  const auto& offsets = j.at("data_offsets");
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned() || offsets[0].get<uint64_t>() > offsets[1].get<uint64_t>()) {
+    bad_file(path, where + "\"data_offsets\" must be [begin, end] with 0 <= begin <= end, got " + offsets.dump());
+  }
+  e.begin = offsets[0].get<uint64_t>();
+  e.end = offsets[1].get<uint64_t>();
+  if (e.end - e.begin != bytes) {
+    bad_file(path, where + "data_offsets " + offsets.dump() + " span " + std::to_string(e.end - e.begin) +
+                       " bytes, but dtype " + dtype.get<std::string>() + " and shape " + shape.dump() +
+                       " need " + std::to_string(bytes));
+  }
+  return e;
+}
+
+// Offsets must tile the data buffer exactly: no gaps, no overlaps, nothing past the end.
+void check_layout(const std::string& path, std::vector<Entry>& entries, uint64_t data_bytes) {
+  std::stable_sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+  uint64_t expected = 0;
+  for (const auto& e : entries) {
+    if (e.end > data_bytes) {
+      bad_file(path, quoted(e.name) + "data_offsets [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                         "] run past the end of the data (" + std::to_string(data_bytes) +
+                         " bytes): the file is truncated");
+    }
+    if (e.begin != expected) {
+      bad_file(path, quoted(e.name) + "data starts at " + std::to_string(e.begin) + ", expected " +
+                         std::to_string(expected) + " (tensors must be stored back to back)");
+    }
+    expected = e.end;
+  }
+  if (expected != data_bytes) {
+    bad_file(path, "the data section has " + std::to_string(data_bytes) + " bytes but the tensors cover " +
+                       std::to_string(expected));
+  }
+}
+
+SafetensorsMetadata parse_metadata(const std::string& path, const nlohmann::ordered_json& j) {
+  if (!j.is_object()) bad_file(path, "\"__metadata__\" must be an object of strings, got " + j.dump());
+  SafetensorsMetadata m;
+  for (const auto& [k, v] : j.items()) {
+    if (!v.is_string()) bad_file(path, "\"__metadata__\" value of \"" + k + "\" must be a string, got " + v.dump());
+    m[k] = v.get<std::string>();
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string safetensors_dtype_name(at::ScalarType dtype) {
+  for (const auto& d : kDtypes) {
+    if (d.type == dtype) return d.name;
+  }
+  throw CheckpointError(std::string("dtype ") + c10::toString(dtype) + " cannot be stored in safetensors");
+}
+
+std::string safetensors_header(const NamedTensors& tensors, const SafetensorsMetadata& metadata) {
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  if (!metadata.empty()) h[kMetadataKey] = metadata;
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == kMetadataKey || !seen.insert(name).second) {
+      throw CheckpointError("safetensors: tensor name \"" + name + "\" is " +
+                            (name == kMetadataKey ? "reserved" : "used twice"));
+    }
+    const uint64_t bytes = byte_size(t);
+    h[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
+               {"shape", t.sizes().vec()},
+               {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string json = h.dump();
+  json.append((8 - json.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = char((uint64_t(json.size()) >> (8 * i)) & 0xFF);
+  return out + json;
+}
+
+void write_safetensors(FileSystem& fs, const std::string& path, const NamedTensors& tensors,
+                       const SafetensorsMetadata& metadata) {
+  NamedTensors cpu;
+  cpu.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) {
+    if (!t.defined()) throw CheckpointError("safetensors '" + path + "': tensor \"" + name + "\" is undefined");
+    cpu.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+  }
+  const std::string header = safetensors_header(cpu, metadata);
+  fs.write_file_atomic(path, [&](WritableFile& f) {
+    f.append(header.data(), header.size());
+    for (const auto& [name, t] : cpu) {
+      if (t.numel() > 0) f.append(t.data_ptr(), byte_size(t));
+    }
+  });
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& tensors, const SafetensorsMetadata& metadata) {
+  write_safetensors(posix_file_system(), path, tensors, metadata);
+}
+
+SafetensorsFile read_safetensors(FileSystem& fs, const std::string& path) {
+  if (!fs.exists(path)) bad_file(path, "does not exist");
+  auto file = fs.open_file(path);
+  const uint64_t size = file->size();
+  if (size < 8) bad_file(path, "has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+  unsigned char len_bytes[8];
+  file->read_at(0, len_bytes, 8);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kMaxHeaderBytes) bad_file(path, "header length " + std::to_string(n) + " exceeds the 100 MiB limit");
+  if (n > size - 8) {
+    bad_file(path, "header length " + std::to_string(n) + " runs past the end of the file (" +
+                       std::to_string(size) + " bytes): the file is truncated");
+  }
+  std::string text(n, '\0');
+  if (n > 0) file->read_at(8, &text[0], n);
+  // Parsed in file order, so tensors sharing an offset (zero-sized ones) keep their order.
+  nlohmann::ordered_json h;
+  try {
+    h = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    bad_file(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!h.is_object()) bad_file(path, "header must be a JSON object");
+
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : h.items()) {
+    if (key == kMetadataKey) {
+      out.metadata = parse_metadata(path, value);
+    } else {
+      entries.push_back(parse_entry(path, key, value));
+    }
+  }
+  const uint64_t data_start = 8 + n;
+  check_layout(path, entries, size - data_start);
+
+  for (const auto& e : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+    if (e.end > e.begin) {
+      try {
+        file->read_at(data_start + e.begin, t.data_ptr(), e.end - e.begin);
+      } catch (const IOError& err) {
+        bad_file(path, quoted(e.name) + err.what());
+      }
+    }
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) { return read_safetensors(posix_file_system(), path); }
+
+}  // namespace checkpoint
+}  // namespace deepspeed

@@ -26,6 +26,7 @@
 
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
+#include "comm/reduce_scatter_v.h"
 #include "comm/work.h"
 
 namespace deepspeed {
@@ -123,6 +124,31 @@ class GlooCommunicator : public CommunicatorBase {
     return launch(describe("reduce_scatter", input), start,
                   [output, recv, send, type, op, world]() mutable {
                     at::Tensor chunks = recv.view(type).view({world, -1});
+                    output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
+                  });
+  }
+
+  // Uneven reduce-scatter as one uneven all-to-all (Gloo's alltoallv; zero-length segments work,
+  // measured): rank r receives segment r from every rank and sums them locally, so each rank
+  // sends only what others own — half the bytes of the all-reduce fallback.
+  WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
+                           const std::vector<int64_t>& input_splits, ReduceOp op) override {
+    check_reduce_scatter_v(*this, output, input, input_splits);
+    count("reduce_scatter_v", input);
+    if (input.numel() == 0) return done();  // same splits on every rank: all skip together
+    at::ScalarType type = input.scalar_type();
+    at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
+    at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
+    const int64_t mine = input_splits[rank_];
+    at::Tensor recv = at::empty({mine * world_size_}, send.options());
+    std::vector<int64_t> in_counts = input_splits;
+    std::vector<int64_t> out_counts(world_size_, mine);
+    auto start = [&] { return pg_->alltoall_base(recv, send, out_counts, in_counts); };
+    const int world = world_size_;
+    return launch(describe("reduce_scatter_v", input), start,
+                  [output, recv, send, type, op, world, mine]() mutable {
+                    if (mine == 0) return;
+                    at::Tensor chunks = recv.view(type).view({world, mine});
                     output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
                   });
   }

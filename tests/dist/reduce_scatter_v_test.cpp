@@ -1,0 +1,62 @@
+// reduce_scatter_v: uneven segments (including empty ones, as a ZeRO-2 bucket that misses a
+// partition gives), against the sum computed locally.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deepspeed/comm.h"
+#include "support/ranks.h"
+
+using deepspeed::comm::CommunicatorPtr;
+using deepspeed::comm::ReduceOp;
+
+namespace {
+// Rank r's input: deterministic values that differ per rank.
+torch::Tensor input_of(int rank, int64_t n, torch::ScalarType dtype) {
+  return (torch::arange(n, torch::kFloat) * 0.5 + rank * 10).to(dtype);
+}
+
+void check_world(int world, const std::vector<int64_t>& splits, torch::ScalarType dtype, ReduceOp op) {
+  int64_t n = 0;
+  for (auto s : splits) n += s;
+  run_ranks(world, [&](CommunicatorPtr comm) {
+    const int rank = comm->rank();
+    auto in = input_of(rank, n, dtype);
+    auto out = torch::empty({splits[rank]}, torch::TensorOptions().dtype(dtype));
+    comm->reduce_scatter_v(out, in, splits, op)->wait();
+    auto expected = torch::zeros({n});
+    for (int r = 0; r < world; ++r) expected += input_of(r, n, torch::kFloat);
+    if (op == ReduceOp::Avg) expected /= world;
+    int64_t offset = 0;
+    for (int r = 0; r < rank; ++r) offset += splits[r];
+    auto want = expected.narrow(0, offset, splits[rank]);
+    EXPECT_TRUE(torch::allclose(out.to(torch::kFloat), want, 1e-2, 1e-2))
+        << "rank " << rank << " got " << out << " want " << want;
+  });
+}
+}  // namespace
+
+TEST(ReduceScatterV, UnevenAndEmptySegmentsAtWorldSizesTwoToFour) {
+  check_world(2, {5, 0}, torch::kFloat, ReduceOp::Sum);
+  check_world(2, {0, 7}, torch::kFloat, ReduceOp::Sum);
+  check_world(3, {3, 0, 2}, torch::kFloat, ReduceOp::Sum);
+  check_world(3, {0, 0, 6}, torch::kFloat, ReduceOp::Avg);
+  check_world(4, {1, 2, 0, 1000003}, torch::kFloat, ReduceOp::Sum);
+  check_world(4, {4, 4, 4, 4}, torch::kBFloat16, ReduceOp::Sum);
+}
+
+TEST(ReduceScatterV, SingleProcessKeepsTheWholeInput) {
+  check_world(1, {9}, torch::kFloat, ReduceOp::Sum);
+}
+
+TEST(ReduceScatterV, MismatchedSplitsAreAnErrorNamingTheSizes) {
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    auto in = torch::ones({6});
+    auto out = torch::empty({3});
+    try {
+      comm->reduce_scatter_v(out, in, {3, 2}, ReduceOp::Sum);
+      FAIL() << "accepted splits that do not sum to the input";
+    } catch (const deepspeed::CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("splits sum to 5"), std::string::npos) << e.what();
+    }
+  });
+}

@@ -44,7 +44,10 @@ PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
   optimizer_ = make_optimizer({master_});
 
   int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
-  for (auto& range : make_bucket_ranges(*flat_, bucket)) buckets_.push_back({range});
+  for (auto& range : make_bucket_ranges(*flat_, bucket)) {
+    max_bucket_numel_ = std::max(max_bucket_numel_, range.end - range.begin);
+    buckets_.push_back({range});
+  }
   bucket_of_slot_.assign(flat_->slots().size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (size_t s : buckets_[b].range.slots) bucket_of_slot_[s] = b;
@@ -94,26 +97,23 @@ void PartitionedStage::on_grad_ready(size_t slot) {
   if (stage_ == 2 || config_.zero_optimization.overlap_comm_enabled()) launch_ready_in_order();
 }
 
-at::Tensor PartitionedStage::take_buffer(int64_t numel) {
-  for (size_t i = 0; i < pool_.size(); ++i) {
-    if (pool_[i].numel() >= numel) {
-      at::Tensor t = pool_[i];
-      pool_.erase(pool_.begin() + i);
-      return t.narrow(0, 0, numel);
-    }
+// Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
+void PartitionedStage::borrow_buffer(Bucket& b) {
+  if (pool_.empty()) {
+    pool_bytes_ += max_bucket_numel_ * 4;
+    pool_.push_back(torch::empty({max_bucket_numel_}));
   }
-  pool_bytes_ += numel * 4;
-  return torch::empty({numel});
+  b.pooled = pool_.back();
+  pool_.pop_back();
+  b.buffer = b.pooled.narrow(0, 0, b.range.end - b.range.begin);
+  b.buffer.zero_();
 }
 
 // Stage 2: the parameter's fresh gradient moves into its bucket and is freed at once.
 void PartitionedStage::stage_gradient_into_bucket(size_t slot_index) {
   const auto& slot = flat_->slots()[slot_index];
   Bucket& b = buckets_[bucket_of_slot_[slot_index]];
-  if (!b.buffer.defined()) {
-    b.buffer = take_buffer(b.range.end - b.range.begin);
-    b.buffer.zero_();
-  }
+  if (!b.buffer.defined()) borrow_buffer(b);
   auto& g = slot.param.mutable_grad();
   if (g.defined()) {
     b.buffer.narrow(0, slot.offset - b.range.begin, slot.numel).copy_(g.reshape({-1}));
@@ -136,10 +136,7 @@ void PartitionedStage::launch(Bucket& b) {
     b.work = comm_->all_reduce(range);
     return;
   }
-  if (!b.buffer.defined()) {  // no parameter of this bucket got a gradient
-    b.buffer = take_buffer(b.range.end - b.range.begin);
-    b.buffer.zero_();
-  }
+  if (!b.buffer.defined()) borrow_buffer(b);  // no parameter of this bucket got a gradient
   if (before != 1.0) b.buffer.mul_(before);
   std::vector<int64_t> splits;
   for (int r = 0; r < comm_->world_size(); ++r)
@@ -171,7 +168,8 @@ void PartitionedStage::finish(Bucket& b) {
     if (after != 1.0) b.received.mul_(after);
     target.add_(b.received);
   }
-  pool_.push_back(b.buffer);
+  pool_.push_back(b.pooled);
+  b.pooled = at::Tensor();
   b.buffer = at::Tensor();
   b.received = at::Tensor();
 }

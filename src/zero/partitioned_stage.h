@@ -48,7 +48,8 @@ class PartitionedStage : public ZeroStage {
   struct Bucket {
     BucketRange range;
     size_t ready = 0;
-    at::Tensor buffer;    // stage 2: the bucket's gradients (from the pool while in flight)
+    at::Tensor pooled;    // stage 2: the full-size pool buffer lent to this bucket
+    at::Tensor buffer;    // stage 2: its first (end - begin) elements: the bucket's gradients
     at::Tensor received;  // stage 2: this rank's reduced part
     comm::WorkPtr work;
   };
@@ -59,7 +60,7 @@ class PartitionedStage : public ZeroStage {
   void stage_gradient_into_bucket(size_t slot);
   void point_grads_at_flat_buffer();
   void all_gather_partitions();
-  at::Tensor take_buffer(int64_t numel);
+  void borrow_buffer(Bucket& b);
 
   const int stage_;
   comm::CommunicatorPtr comm_;
@@ -73,6 +74,7 @@ class PartitionedStage : public ZeroStage {
   std::vector<size_t> bucket_of_slot_;
   std::vector<at::Tensor> pool_;  // stage 2: free bucket buffers, reused across micro-steps
   int64_t pool_bytes_ = 0;
+  int64_t max_bucket_numel_ = 0;  // every pool buffer has this size, so any buffer fits any bucket
   std::deque<size_t> in_flight_;  // launched, not yet finished, oldest first
   size_t next_to_launch_ = 0;
   bool reducing_ = false;

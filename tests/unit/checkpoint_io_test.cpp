@@ -151,6 +151,7 @@ struct FaultCase {
   FsOp op;
   int nth;
 };
+void PrintTo(const FaultCase& c, std::ostream* os) { *os << fs_op_name(c.op) << " #" << c.nth; }
 
 class AtomicWriteFault : public TempDir, public ::testing::WithParamInterface<FaultCase> {};
 

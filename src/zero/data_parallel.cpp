@@ -15,7 +15,10 @@ DataParallelStage::DataParallelStage(std::vector<at::Tensor> params, comm::Commu
       optimizer_(std::move(optimizer)) {
   build_buckets(std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size));
   if (config_.zero_optimization.overlap_comm_enabled() && comm_->world_size() > 1) {
-    for (size_t i = 0; i < params_.size(); ++i) hooks_.add(params_[i], [this, i] { on_grad_ready(i); });
+    for (size_t i = 0; i < params_.size(); ++i)
+      hooks_.add(params_[i], [this, i] {
+        if (reducing_) order_->mark_ready(i, [this](size_t b) { launch(buckets_[b]); });
+      });
   }
 }
 
@@ -28,35 +31,22 @@ DataParallelStage::~DataParallelStage() {
 // Buckets follow reverse registration order: autograd produces the last layers' gradients first,
 // so the first bucket fills (and can be sent) earliest.
 void DataParallelStage::build_buckets(int64_t bucket_size) {
-  bucket_of_param_.assign(params_.size(), 0);
+  std::vector<size_t> bucket_of_param(params_.size(), 0);
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
     bool fits = !buckets_.empty() && buckets_.back().dtype == p.scalar_type() &&
                 buckets_.back().numel < bucket_size;
-    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, 0, nullptr});
+    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, nullptr});
     buckets_.back().params.push_back(k);
     buckets_.back().numel += p.numel();
-    bucket_of_param_[k] = buckets_.size() - 1;
+    bucket_of_param[k] = buckets_.size() - 1;
   }
+  order_ = std::make_unique<BucketOrder>(std::move(bucket_of_param), buckets_.size());
 }
 
 void DataParallelStage::begin_backward(bool boundary) {
   reducing_ = boundary && !hooks_.empty();
-  next_to_launch_ = 0;
-  for (auto& b : buckets_) b.ready = 0;
-}
-
-void DataParallelStage::on_grad_ready(size_t param_index) {
-  if (!reducing_) return;
-  ++buckets_[bucket_of_param_[param_index]].ready;
-  launch_ready_buckets_in_order();
-}
-
-void DataParallelStage::launch_ready_buckets_in_order() {
-  while (next_to_launch_ < buckets_.size() &&
-         buckets_[next_to_launch_].ready == buckets_[next_to_launch_].params.size()) {
-    launch(buckets_[next_to_launch_++]);
-  }
+  order_->begin();
 }
 
 // Copies the bucket's gradients into its flat buffer (pre-scaled) and starts the sum.
@@ -101,16 +91,17 @@ void DataParallelStage::end_backward(bool boundary) {
   reducing_ = false;
   if (!boundary || comm_->world_size() == 1) return;
   // Without overlap (or for parameters whose hook never fired) the rest go out now, in order.
-  for (; next_to_launch_ < buckets_.size(); ++next_to_launch_) launch(buckets_[next_to_launch_]);
+  order_->launch_rest([this](size_t b) { launch(buckets_[b]); });
   for (auto& b : buckets_) finish(b);
 }
 
 double DataParallelStage::global_grad_norm() {
   // After the all-reduce every rank holds the same averaged gradients: the local norm is global.
-  double sq = 0.0;
+  // Summed as one tensor so there is a single host sync, not one per parameter.
+  at::Tensor sq = torch::zeros({}, torch::kDouble);
   for (auto& p : params_)
-    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-  return std::sqrt(sq);
+    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+  return std::sqrt(sq.item<double>());
 }
 
 void DataParallelStage::step(double grad_scale) {

@@ -11,6 +11,7 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "zero/bucket_order.h"
 #include "zero/gradient_hooks.h"
 #include "zero/stage.h"
 
@@ -36,12 +37,9 @@ class DataParallelStage : public ZeroStage {
     int64_t numel = 0;
     at::ScalarType dtype;
     at::Tensor flat;             // reduction buffer, allocated on first use
-    size_t ready = 0;
     comm::WorkPtr work;
   };
   void build_buckets(int64_t bucket_size);
-  void on_grad_ready(size_t param_index);
-  void launch_ready_buckets_in_order();
   void launch(Bucket& bucket);
   void finish(Bucket& bucket);
 
@@ -50,8 +48,7 @@ class DataParallelStage : public ZeroStage {
   Config config_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_param_;
-  size_t next_to_launch_ = 0;
+  std::unique_ptr<BucketOrder> order_;
   bool reducing_ = false;  // inside a boundary backward with overlap_comm
   GradientHooks hooks_;
 };

@@ -48,9 +48,10 @@ PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
     max_bucket_numel_ = std::max(max_bucket_numel_, range.end - range.begin);
     buckets_.push_back({range});
   }
-  bucket_of_slot_.assign(flat_->slots().size(), 0);
+  std::vector<size_t> bucket_of_slot(flat_->slots().size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b)
-    for (size_t s : buckets_[b].range.slots) bucket_of_slot_[s] = b;
+    for (size_t s : buckets_[b].range.slots) bucket_of_slot[s] = b;
+  order_ = std::make_unique<BucketOrder>(std::move(bucket_of_slot), buckets_.size());
 
   // Stage 2 must catch every gradient as it is produced (to free it); stage 1 only for overlap.
   const bool overlap = config_.zero_optimization.overlap_comm_enabled();
@@ -84,17 +85,15 @@ void PartitionedStage::begin_backward(bool boundary) {
   // Stage 2 reduces every micro-step (the rank never holds a full gradient); stage 1 only at the
   // boundary, after the gradients have accumulated.
   reducing_ = stage_ == 2 || boundary;
-  next_to_launch_ = 0;
-  for (auto& b : buckets_) b.ready = 0;
+  order_->begin();
 }
 
 void PartitionedStage::on_grad_ready(size_t slot) {
   if (!reducing_) return;
   if (stage_ == 2) stage_gradient_into_bucket(slot);
-  ++buckets_[bucket_of_slot_[slot]].ready;
-  // Stage 2 always reduces as buckets fill (that is what bounds its memory); overlap_comm only
-  // decides whether it waits at once. Stage 1 launches here only to overlap.
-  if (stage_ == 2 || config_.zero_optimization.overlap_comm_enabled()) launch_ready_in_order();
+  // Hooks exist for stage 2 (which always reduces as buckets fill: that bounds its memory;
+  // overlap_comm only decides whether it waits at once) and for stage 1 with overlap_comm.
+  order_->mark_ready(slot, [this](size_t b) { launch(buckets_[b]); });
 }
 
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
@@ -112,19 +111,13 @@ void PartitionedStage::borrow_buffer(Bucket& b) {
 // Stage 2: the parameter's fresh gradient moves into its bucket and is freed at once.
 void PartitionedStage::stage_gradient_into_bucket(size_t slot_index) {
   const auto& slot = flat_->slots()[slot_index];
-  Bucket& b = buckets_[bucket_of_slot_[slot_index]];
+  Bucket& b = buckets_[order_->bucket_of(slot_index)];
   if (!b.buffer.defined()) borrow_buffer(b);
   auto& g = slot.param.mutable_grad();
   if (g.defined()) {
     b.buffer.narrow(0, slot.offset - b.range.begin, slot.numel).copy_(g.reshape({-1}));
     g = at::Tensor();
   }
-}
-
-void PartitionedStage::launch_ready_in_order() {
-  while (next_to_launch_ < buckets_.size() &&
-         buckets_[next_to_launch_].ready == buckets_[next_to_launch_].range.slots.size())
-    launch(buckets_[next_to_launch_++]);
 }
 
 void PartitionedStage::launch(Bucket& b) {
@@ -177,12 +170,9 @@ void PartitionedStage::finish(Bucket& b) {
 void PartitionedStage::end_backward(bool boundary) {
   if (!reducing_) return;
   reducing_ = false;
-  if (stage_ == 2) {
-    // Gradients whose hook did not fire (a parameter unused by this graph) are zeros.
-    for (auto& b : buckets_)
-      b.ready = b.range.slots.size();
-  }
-  for (; next_to_launch_ < buckets_.size(); ++next_to_launch_) launch(buckets_[next_to_launch_]);
+  // Buckets not launched yet: no overlap (stage 1), or a parameter unused by this graph whose
+  // hook never fired (its gradient is zeros).
+  order_->launch_rest([this](size_t b) { launch(buckets_[b]); });
   for (auto& b : buckets_)
     if (b.work) finish(b);
   in_flight_.clear();

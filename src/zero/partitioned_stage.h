@@ -18,6 +18,7 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "zero/bucket_order.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_hooks.h"
 #include "zero/stage.h"
@@ -47,14 +48,12 @@ class PartitionedStage : public ZeroStage {
  private:
   struct Bucket {
     BucketRange range;
-    size_t ready = 0;
     at::Tensor pooled;    // stage 2: the full-size pool buffer lent to this bucket
     at::Tensor buffer;    // stage 2: its first (end - begin) elements: the bucket's gradients
     at::Tensor received;  // stage 2: this rank's reduced part
     comm::WorkPtr work;
   };
   void on_grad_ready(size_t slot);
-  void launch_ready_in_order();
   void launch(Bucket& b);
   void finish(Bucket& b);
   void stage_gradient_into_bucket(size_t slot);
@@ -71,12 +70,11 @@ class PartitionedStage : public ZeroStage {
   at::Tensor grad_partition_;  // this rank's averaged gradient (stage 1: a view of flat_grad_)
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_slot_;
+  std::unique_ptr<BucketOrder> order_;
   std::vector<at::Tensor> pool_;  // stage 2: free bucket buffers, reused across micro-steps
   int64_t pool_bytes_ = 0;
   int64_t max_bucket_numel_ = 0;  // every pool buffer has this size, so any buffer fits any bucket
   std::deque<size_t> in_flight_;  // launched, not yet finished, oldest first
-  size_t next_to_launch_ = 0;
   bool reducing_ = false;
   GradientHooks hooks_;
 };

@@ -85,6 +85,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   broadcast_from_rank0(*s->module, *s->comm);
 
   build_stage(*s, in.optimizer);
+  s->loss_scaler =
+      precision::make_loss_scaler(s->config.fp16, s->config.zero_optimization.stage >= 1);
 
   if (in.lr_scheduler) {
     s->scheduler = in.lr_scheduler(s->optimizer);

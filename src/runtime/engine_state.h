@@ -8,6 +8,7 @@
 
 #include "deepspeed/engine.h"
 #include "deepspeed/lr_scheduler.h"
+#include "precision/loss_scaler.h"
 #include "runtime/throughput_log.h"
 #include "zero/stage.h"
 
@@ -21,6 +22,8 @@ struct EngineState {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::shared_ptr<LRScheduler> scheduler;
   std::unique_ptr<zero::ZeroStage> stage;
+  // Never null: dynamic or static for fp16, a static scale of 1 otherwise.
+  std::unique_ptr<precision::LossScaler> loss_scaler;
   std::shared_ptr<Dataset> training_data;
   std::shared_ptr<DataLoader> loader;
 

@@ -113,6 +113,11 @@ void DataParallelStage::step(double grad_scale) {
     if (p.grad().defined()) p.mutable_grad().zero_();
 }
 
+void DataParallelStage::discard_gradients() {
+  for (auto& p : params_)
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
 MemoryReport DataParallelStage::memory() const {
   MemoryReport r;
   auto bytes = [](const at::Tensor& t) {

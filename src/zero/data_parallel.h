@@ -28,6 +28,7 @@ class DataParallelStage : public ZeroStage {
   void end_backward(bool boundary) override;
   double global_grad_norm() override;
   void step(double grad_scale) override;
+  void discard_gradients() override;
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
 

@@ -188,6 +188,10 @@ void PartitionedStage::step(double grad_scale) {
   if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
   optimizer_->step();
   all_gather_partitions();
+  discard_gradients();
+}
+
+void PartitionedStage::discard_gradients() {
   if (stage_ == 1)
     flat_grad_.zero_();
   else

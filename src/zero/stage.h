@@ -26,6 +26,8 @@ class ZeroStage {
   // Scales gradients by grad_scale (clipping), runs the optimizer, leaves every rank with the
   // updated parameters, and clears gradients. COLLECTIVE.
   virtual void step(double grad_scale) = 0;
+  // Drops the gradients of this step without updating (an fp16 overflow). Local.
+  virtual void discard_gradients() = 0;
   virtual MemoryReport memory() const = 0;
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
 };

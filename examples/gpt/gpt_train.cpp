@@ -1,6 +1,8 @@
 // Trains the example GPT with deepspeed.cpp:
 //   dsrun --num_procs 2 build/bin/gpt_train --deepspeed_config examples/gpt/ds_config.json
 // Rank 0 prints "step <n> loss <x>" after each optimizer step, and a summary at the end.
+// Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
+// --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -22,6 +24,9 @@ struct Options {
   int64_t stride = 0;  // 0: block_size / 2
   uint64_t seed = 1234;
   int threads = 0;     // 0: OMP_NUM_THREADS, else 1
+  std::string save_dir;
+  int64_t save_interval = 0;  // 0: no periodic saves
+  std::string load_dir;
 };
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -36,6 +41,9 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads, "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
+  app.add_option("--save_dir", o.save_dir, "checkpoint folder (saves every --save_interval steps)");
+  app.add_option("--save_interval", o.save_interval, "optimizer steps between checkpoints");
+  app.add_option("--load_dir", o.load_dir, "resume from the checkpoint named by DIR/latest");
   std::vector<const char*> args;
   for (auto& a : argv) args.push_back(a.c_str());
   try {
@@ -44,6 +52,8 @@ Options parse_options(const std::vector<std::string>& argv) {
     std::exit(app.exit(e));
   }
   if (o.stride <= 0) o.stride = std::max<int64_t>(1, o.model.block_size / 2);
+  if (o.save_interval > 0 && o.save_dir.empty())
+    throw deepspeed::ConfigError("gpt_train: --save_interval needs --save_dir");
   return o;
 }
 
@@ -95,6 +105,14 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(data->size()), static_cast<long long>(opt.model.block_size),
                 opt.data.c_str());
 
+  if (!opt.load_dir.empty()) {
+    auto loaded = engine->load_checkpoint(opt.load_dir);
+    if (rank0 && !loaded.load_path.empty())
+      std::printf("gpt_train: resumed from %s at step %lld\n", loaded.load_path.c_str(),
+                  static_cast<long long>(engine->global_steps()));
+  }
+
+  const int64_t first_step = engine->global_steps();
   auto start = std::chrono::steady_clock::now();
   auto timed_from = start;  // the first step (allocation, warm-up) is left out of the averages
   while (engine->global_steps() < opt.steps) {
@@ -105,12 +123,17 @@ int main(int argc, char** argv) try {
     if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
       if (rank0) std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
                              engine->last_loss());
-      if (engine->global_steps() == 1) timed_from = std::chrono::steady_clock::now();
+      if (engine->global_steps() == first_step + 1) timed_from = std::chrono::steady_clock::now();
+      if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
+        engine->save_checkpoint(opt.save_dir);
+        if (rank0) std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
+                               static_cast<long long>(engine->global_steps()));
+      }
     }
   }
   auto end = std::chrono::steady_clock::now();
   double seconds = std::chrono::duration<double>(end - timed_from).count();
-  int64_t timed_steps = std::max<int64_t>(1, opt.steps - 1);
+  int64_t timed_steps = std::max<int64_t>(1, opt.steps - first_step - 1);
   double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
   {
     // One machine-readable line per rank for bench/zero_memory_and_speed.py.

@@ -41,6 +41,12 @@ struct MemoryReport {
   int64_t total() const { return model_states() + comm_buffers; }
 };
 
+// What Engine::load_checkpoint returns (DeepSpeed's (load_path, client_state) tuple).
+struct LoadedCheckpoint {
+  std::string load_path;       // the model-states file loaded; empty when there was nothing to load
+  nlohmann::json client_state;  // the client_state given to save_checkpoint; null when nothing loaded
+};
+
 class Engine {
  public:
   virtual ~Engine();
@@ -74,6 +80,24 @@ class Engine {
   std::shared_ptr<torch::optim::Optimizer> optimizer() const;
   std::shared_ptr<LRScheduler> lr_scheduler() const;
   MemoryReport memory_report() const;
+
+  // ---- checkpoints (docs/checkpoints.md) ----
+  // Writes <save_dir>/<tag>/ (tag default "global_step<N>"): rank 0 the module and engine state,
+  // every rank its share of the fp32 masters and optimizer moments, then rank 0 the manifest and,
+  // with save_latest, <save_dir>/latest. Crash-safe: a save that fails or is killed leaves the
+  // previous checkpoint and `latest` as they were. Throws CheckpointError (on every rank) when a
+  // rank could not write. Returns true. COLLECTIVE.
+  bool save_checkpoint(const std::string& save_dir, const std::string& tag = "",
+                       const nlohmann::json& client_state = nlohmann::json::object(),
+                       bool save_latest = true);
+  // Loads <load_dir>/<tag> (tag default: the content of <load_dir>/latest; none there: returns an
+  // empty result and warns, as DeepSpeed does). The checkpoint may come from another world size
+  // or ZeRO stage (Adam moments are resharded). Verifies sizes and checksums first and throws
+  // CheckpointError naming the file at fault, before anything is changed. COLLECTIVE.
+  LoadedCheckpoint load_checkpoint(const std::string& load_dir, const std::string& tag = "",
+                                   bool load_module_strict = true, bool load_optimizer_states = true,
+                                   bool load_lr_scheduler_states = true,
+                                   bool load_module_only = false);
 
   // Internal: the engine's state, owned here so the public header stays free of it.
   EngineState& state() { return *state_; }

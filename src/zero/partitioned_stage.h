@@ -43,6 +43,12 @@ class PartitionedStage : public ZeroStage {
   void discard_gradients() override;
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
+  // Checkpoints: partitioned_stage_checkpoint.cpp.
+  std::vector<StateFragment> fragments_to_save() override;
+  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  int64_t adam_step() const override;
+  void finish_load(int64_t adam_step) override;
+  void refresh_masters_from_model() override;
 
   const FlatParams& flat() const { return *flat_; }
 

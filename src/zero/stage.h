@@ -6,6 +6,7 @@
 // collective; a *partition* is the slice of a flat buffer that one rank owns.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include <torch/optim/optimizer.h>
 
@@ -13,6 +14,17 @@
 
 namespace deepspeed {
 namespace zero {
+
+// A piece of one trainable parameter's fp32 training state held by this rank, for checkpoints
+// (checkpoint/layout.h): elements [offset, offset + numel) of the flattened parameter.
+struct StateFragment {
+  size_t param = 0;     // index into the parameters the stage was built with
+  int64_t offset = 0;
+  int64_t numel = 0;
+  at::Tensor master;    // 1-D fp32 views of numel elements into the live state: reading them saves,
+  at::Tensor exp_avg;   // writing them loads. Moments are undefined when the optimizer is not
+  at::Tensor exp_avg_sq;  // FusedAdam or has no state for the parameter yet.
+};
 
 class ZeroStage {
  public:
@@ -30,6 +42,22 @@ class ZeroStage {
   virtual void discard_gradients() = 0;
   virtual MemoryReport memory() const = 0;
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
+
+  // ---- checkpoints (zero/*_checkpoint.cpp) ----
+  // The fragments this rank writes: its ZeRO partition (stage 0: the same 1/N share of its
+  // replicated state). Fragments are in flat order, as checkpoint::partition_fragments gives them.
+  virtual std::vector<StateFragment> fragments_to_save() = 0;
+  // The fragments this rank must fill to load a checkpoint (stage 0: every parameter whole).
+  // With create_moments, FusedAdam state that does not exist yet is created (zeros) first.
+  virtual std::vector<StateFragment> fragments_to_load(bool create_moments) = 0;
+  // FusedAdam's step count (identical for every parameter), 0 before the first step; -1 when the
+  // optimizer is not FusedAdam.
+  virtual int64_t adam_step() const = 0;
+  // After fragments_to_load were written: sets the Adam step (when >= 0) and makes the model
+  // parameters equal to the masters on every rank. COLLECTIVE.
+  virtual void finish_load(int64_t adam_step) = 0;
+  // After the module's weights were overwritten (load_module_only): masters taken from them.
+  virtual void refresh_masters_from_model() = 0;
 };
 
 }  // namespace zero

@@ -1,0 +1,54 @@
+#include "checkpoint/consolidate.h"
+
+#include <torch/torch.h>
+
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/tag_reader.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace checkpoint {
+
+std::string resolve_tag_dir(FileSystem& fs, const std::string& path, const std::string& tag) {
+  if (!fs.exists(path)) throw CheckpointError("checkpoint path '" + path + "' does not exist");
+  if (tag.empty() && fs.exists(join_path(path, kManifestFileName))) return path;
+  std::string t = tag.empty() ? read_latest_tag(fs, path) : tag;
+  if (t.empty())
+    throw CheckpointError("'" + path + "' is neither a checkpoint tag folder (no " +
+                          kManifestFileName + ") nor a save folder with a '" + kLatestFileName +
+                          "' file; name the tag");
+  return join_path(path, t);
+}
+
+NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, const std::string& kind) {
+  TagReader reader(fs, tag_dir);
+  if (kind != "fp32" && reader.optimizer_format() != kAdamFragments)
+    throw CheckpointError("checkpoint '" + tag_dir + "' has no Adam moments (optimizer format \"" +
+                          reader.optimizer_format() + "\")");
+  NamedTensors out;
+  for (const auto& t : reader.trainable()) {
+    at::Tensor whole = torch::empty({t.numel});
+    reader.read_range(kind, t.name, 0, whole);
+    out.emplace_back(t.name, whole.view(t.shape));
+  }
+  return out;
+}
+
+NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
+  auto trainable = consolidate_trainable(fs, tag_dir, "fp32");
+  std::map<std::string, at::Tensor> fp32(trainable.begin(), trainable.end());
+  TagReader reader(fs, tag_dir);
+  NamedTensors out;
+  for (const auto& [name, t] : reader.file(model_states_file_name()).tensors) {
+    auto it = fp32.find(name);
+    if (it != fp32.end())
+      out.emplace_back(name, it->second);
+    else
+      out.emplace_back(name, t.is_floating_point() ? t.to(torch::kFloat) : t);
+  }
+  return out;
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

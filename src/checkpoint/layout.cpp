@@ -1,0 +1,51 @@
+#include "checkpoint/layout.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+
+#include "zero/partition.h"
+
+namespace deepspeed {
+namespace checkpoint {
+
+std::string library_version() { return "0.1.0"; }
+
+std::string model_states_file_name() { return "mp_rank_00_model_states.safetensors"; }
+
+std::string optim_states_file_name(int rank) {
+  return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.safetensors";
+}
+
+std::string fragment_tensor_name(const std::string& kind, const std::string& param) {
+  return kind + "/" + param;
+}
+
+std::vector<Fragment> partition_fragments(const std::vector<int64_t>& numels, int world_size,
+                                          int rank) {
+  int64_t total = 0;
+  for (int64_t n : numels) total += n;
+  const auto layout = zero::make_partition_layout(total, world_size, kPartitionAlignment);
+  const int64_t begin = layout.begin(rank), end = layout.end(rank);
+  std::vector<Fragment> out;
+  int64_t flat = 0;  // flat offset of parameter k; reverse registration order
+  for (size_t k = numels.size(); k-- > 0;) {
+    const int64_t lo = std::max(begin, flat), hi = std::min(end, flat + numels[k]);
+    if (hi > lo) out.push_back({k, lo - flat, hi - lo});
+    flat += numels[k];
+  }
+  return out;
+}
+
+void test_kill_point(const char* point, const std::string& tag) {
+  const char* spec = std::getenv("DS_CHECKPOINT_TEST_KILL_AT");
+  if (!spec || !*spec) return;
+  std::string s(spec);
+  const auto at = s.find('@');
+  if (s.substr(0, at) != point) return;
+  if (at != std::string::npos && s.substr(at + 1) != tag) return;
+  std::raise(SIGKILL);
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

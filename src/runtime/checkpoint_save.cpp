@@ -1,0 +1,246 @@
+// save_checkpoint: every rank writes its optim-states file, rank 0 the model-states file; after
+// every rank has published its file, rank 0 writes the manifest and then `latest`. Each file goes
+// through write_file_atomic (temp name, fsync, rename, fsync dir), so a save killed anywhere leaves
+// the previous checkpoint and `latest` untouched, and a tag without a manifest is never loaded.
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "checkpoint/checksum.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tag_reader.h"
+#include "deepspeed/errors.h"
+#include "runtime/engine_checkpoint.h"
+#include "zero/adam_state_checkpoint.h"
+
+namespace deepspeed {
+namespace checkpoint {
+namespace {
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
+      is_temp_file_name(tag) || tag == kLatestFileName)
+    throw CheckpointError("save_checkpoint: tag \"" + tag +
+                          "\" is not a valid folder name (no '/', not '.', '..' or 'latest')");
+}
+
+at::Tensor rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+at::Tensor bytes_tensor(const std::string& bytes) {
+  at::Tensor t = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+  if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+std::string optimizer_format(const EngineState& s) {
+  if (!s.optimizer) return kNoOptimizerState;
+  return s.stage->adam_step() >= 0 ? kAdamFragments : kTorchArchive;
+}
+
+std::string optimizer_archive(torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  try {
+    optimizer.save(archive);
+  } catch (const c10::Error& e) {
+    throw CheckpointError(std::string("save_checkpoint: this optimizer cannot be serialised by "
+                                      "libtorch (only FusedAdam state is saved natively): ") +
+                          e.what_without_backtrace());
+  }
+  std::string bytes;
+  archive.save_to([&bytes](const void* data, size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  return bytes;
+}
+
+nlohmann::json loader_state(const EngineState& s) {
+  if (!s.loader) return nullptr;
+  auto ls = s.loader->state();
+  return {{"epoch", ls.epoch},
+          {"batch_in_epoch", ls.batch_in_epoch},
+          {"micro_batch_size", s.config.train_micro_batch_size_per_gpu},
+          {"world_size", s.comm->world_size()}};
+}
+
+// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive.
+void write_optim_file(EngineState& s, FileSystem& fs, const std::string& dir,
+                      const std::vector<std::string>& names, const std::string& format) {
+  NamedTensors tensors;
+  nlohmann::json fragments = nlohmann::json::array();
+  const bool adam = format == kAdamFragments;
+  for (auto& f : s.stage->fragments_to_save()) {
+    const std::string& name = names.at(f.param);
+    fragments.push_back({name, f.offset, f.numel});
+    tensors.emplace_back(fragment_tensor_name("fp32", name), f.master.to(torch::kFloat).contiguous());
+    if (!adam) continue;
+    auto zeros = [&] { return torch::zeros({f.numel}); };
+    tensors.emplace_back(fragment_tensor_name("exp_avg", name),
+                         f.exp_avg.defined() ? f.exp_avg.contiguous() : zeros());
+    tensors.emplace_back(fragment_tensor_name("exp_avg_sq", name),
+                         f.exp_avg_sq.defined() ? f.exp_avg_sq.contiguous() : zeros());
+  }
+  tensors.emplace_back("rng_state", rng_state());
+  if (format == kTorchArchive) tensors.emplace_back("optimizer_archive", bytes_tensor(optimizer_archive(*s.optimizer)));
+  nlohmann::json meta = {{"rank", s.comm->rank()},
+                         {"world_size", s.comm->world_size()},
+                         {"zero_stage", s.config.zero_optimization.stage},
+                         {"adam_step", s.stage->adam_step()},
+                         {"optimizer_format", format},
+                         {"fragments", fragments}};
+  write_safetensors(fs, join_path(dir, optim_states_file_name(s.comm->rank())), tensors,
+                    {{kMetadataKey, meta.dump()}});
+}
+
+void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
+                      const nlohmann::json& client_state) {
+  NamedTensors tensors;
+  nlohmann::json buffer_names = nlohmann::json::array();
+  for (auto& item : s.module->named_parameters()) tensors.emplace_back(item.key(), item.value().detach());
+  for (auto& item : s.module->named_buffers()) {
+    tensors.emplace_back(item.key(), item.value().detach());
+    buffer_names.push_back(item.key());
+  }
+  nlohmann::json meta = {
+      {"global_steps", s.global_steps},
+      {"global_samples", s.global_samples},
+      {"micro_steps", s.micro_steps},
+      {"skipped_steps", s.skipped_steps},
+      {"lr_scheduler", s.scheduler ? s.scheduler->state_dict() : nlohmann::json(nullptr)},
+      {"loss_scaler", s.loss_scaler ? s.loss_scaler->state_dict() : nlohmann::json(nullptr)},
+      {"data_sampler", loader_state(s)},
+      {"client_state", client_state},
+      {"buffer_names", buffer_names},
+      {"dp_world_size", s.comm->world_size()},
+      {"mp_world_size", 1},
+      {"zero_stage", s.config.zero_optimization.stage},
+      {"ds_version", library_version()},
+      {"ds_config", s.config.raw},
+  };
+  write_safetensors(fs, join_path(dir, model_states_file_name()), tensors,
+                    {{kMetadataKey, meta.dump()}});
+}
+
+nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
+                                 const std::string& tag, const std::vector<std::string>& names,
+                                 const std::vector<std::string>& files, const std::string& format) {
+  const int world = s.comm->world_size();
+  nlohmann::json trainable = nlohmann::json::array();
+  std::vector<int64_t> numels;
+  for (size_t k = 0; k < s.trainable.size(); ++k) {
+    trainable.push_back({{"name", names[k]}, {"shape", s.trainable[k].sizes().vec()},
+                         {"numel", s.trainable[k].numel()}});
+    numels.push_back(s.trainable[k].numel());
+  }
+  nlohmann::json partitions = nlohmann::json::array();
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json frags = nlohmann::json::array();
+    for (auto& f : partition_fragments(numels, world, r)) frags.push_back({names[f.param], f.offset, f.numel});
+    partitions.push_back({{"rank", r}, {"file", optim_states_file_name(r)}, {"fragments", frags}});
+  }
+  nlohmann::json tensors = nlohmann::json::object();
+  for (auto& f : files) tensors[f] = safetensors_tensor_list(fs, join_path(dir, f));
+  return {{"format", kCheckpointFormat},
+          {"format_version", kCheckpointFormatVersion},
+          {"library_version", library_version()},
+          {"tag", tag},
+          {"world_size", world},
+          {"zero_stage", s.config.zero_optimization.stage},
+          {"precision", precision_name(s.config)},
+          {"optimizer", {{"format", format}, {"adam_step", s.stage->adam_step()}}},
+          {"global_steps", s.global_steps},
+          {"partition_alignment", kPartitionAlignment},
+          {"trainable", trainable},
+          {"partitions", partitions},
+          {"tensors", tensors}};
+}
+
+// checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash).
+void validate_tag(EngineState& s, const std::string& tag) {
+  const std::string& mode = s.config.checkpoint.tag_validation;
+  if (s.comm->world_size() == 1 || mode == "Ignore") return;
+  const double h = crc32c(tag.data(), tag.size());
+  at::Tensor hi = torch::full({1}, h, torch::kDouble), lo = hi.clone();
+  s.comm->all_reduce(hi, comm::ReduceOp::Max)->wait();
+  s.comm->all_reduce(lo, comm::ReduceOp::Min)->wait();
+  if (hi.item<double>() == lo.item<double>()) return;
+  const std::string msg = "save_checkpoint: the ranks were given different tags (rank " +
+                          std::to_string(s.comm->rank()) + ": \"" + tag +
+                          "\"); checkpoint.tag_validation is " + mode;
+  if (mode == "Fail") throw CheckpointError(msg);
+  if (s.comm->rank() == 0) std::fprintf(stderr, "[deepspeed] WARNING: %s\n", msg.c_str());
+}
+
+// The stage's own idea of its share must be the layout the manifest describes.
+void check_fragments_match_layout(EngineState& s) {
+  std::vector<int64_t> numels;
+  for (auto& p : s.trainable) numels.push_back(p.numel());
+  auto want = partition_fragments(numels, s.comm->world_size(), s.comm->rank());
+  auto got = s.stage->fragments_to_save();
+  bool same = want.size() == got.size();
+  for (size_t i = 0; same && i < want.size(); ++i)
+    same = want[i].param == got[i].param && want[i].offset == got[i].offset && want[i].numel == got[i].numel;
+  if (!same)
+    throw CheckpointError("save_checkpoint: the ZeRO stage's partition on rank " +
+                          std::to_string(s.comm->rank()) +
+                          " differs from the checkpoint layout (internal error)");
+}
+
+}  // namespace
+
+std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& save_dir,
+                                   const SaveOptions& o) {
+  const std::string tag = o.tag.empty() ? "global_step" + std::to_string(s.global_steps) : o.tag;
+  check_tag(tag);
+  validate_tag(s, tag);
+  const std::string dir = join_path(save_dir, tag);
+  const bool rank0 = s.comm->rank() == 0;
+  const auto names = trainable_names(*s.module);
+  const std::string format = optimizer_format(s);
+  test_kill_point("start", tag);
+
+  // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it
+  // recognisably incomplete rather than a mix of old and new files.
+  run_agreed(*s.comm, "save_checkpoint '" + dir + "': preparing the folder", [&] {
+    check_fragments_match_layout(s);
+    if (!rank0) return;
+    fs.make_dirs(dir);
+    const std::string manifest = join_path(dir, kManifestFileName);
+    if (fs.exists(manifest)) {
+      fs.remove(manifest);
+      fs.sync_dir(dir);
+    }
+    fs.remove_stale_temp_files(dir);
+  });
+  run_agreed(*s.comm, "save_checkpoint '" + dir + "': writing the rank files", [&] {
+    test_kill_point("before_optim_file", tag);
+    write_optim_file(s, fs, dir, names, format);
+    test_kill_point("after_optim_file", tag);
+    if (!rank0) return;
+    test_kill_point("before_model_file", tag);
+    write_model_file(s, fs, dir, o.client_state);
+    test_kill_point("after_model_file", tag);
+  });
+  run_agreed(*s.comm, "save_checkpoint '" + dir + "': publishing", [&] {
+    if (!rank0) return;
+    std::vector<std::string> files = {model_states_file_name()};
+    for (int r = 0; r < s.comm->world_size(); ++r) files.push_back(optim_states_file_name(r));
+    test_kill_point("before_manifest", tag);
+    write_manifest(fs, dir, make_manifest(fs, dir, files, manifest_metadata(s, fs, dir, tag, names, files, format)));
+    test_kill_point("before_latest", tag);
+    if (o.save_latest) fs.write_file_atomic(join_path(save_dir, kLatestFileName), tag);
+    test_kill_point("after_latest", tag);
+  });
+  return dir;
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

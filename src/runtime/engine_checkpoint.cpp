@@ -1,0 +1,64 @@
+#include "runtime/engine_checkpoint.h"
+
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+
+bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag,
+                             const nlohmann::json& client_state, bool save_latest) {
+  checkpoint::SaveOptions o;
+  o.tag = tag;
+  o.client_state = client_state.is_null() ? nlohmann::json::object() : client_state;
+  o.save_latest = save_latest;
+  checkpoint::save_engine_checkpoint(state(), checkpoint::posix_file_system(), save_dir, o);
+  return true;
+}
+
+LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std::string& tag,
+                                         bool load_module_strict, bool load_optimizer_states,
+                                         bool load_lr_scheduler_states, bool load_module_only) {
+  checkpoint::LoadOptions o;
+  o.tag = tag;
+  o.load_module_strict = load_module_strict;
+  o.load_optimizer_states = load_optimizer_states;
+  o.load_lr_scheduler_states = load_lr_scheduler_states;
+  o.load_module_only = load_module_only;
+  return checkpoint::load_engine_checkpoint(state(), checkpoint::posix_file_system(), load_dir, o);
+}
+
+namespace checkpoint {
+
+std::string precision_name(const Config& config) {
+  if (config.bf16.enabled) return "bf16";
+  if (config.fp16.enabled) return "fp16";
+  return "fp32";
+}
+
+std::vector<std::string> trainable_names(torch::nn::Module& module) {
+  std::vector<std::string> names;
+  for (auto& item : module.named_parameters())
+    if (item.value().requires_grad()) names.push_back(item.key());
+  return names;
+}
+
+void run_agreed(comm::Communicator& comm, const std::string& what, const std::function<void()>& body) {
+  std::string error;
+  try {
+    body();
+  } catch (const Error& e) {
+    error = e.what();
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  at::Tensor failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  if (comm.world_size() > 1) comm.all_reduce(failed, comm::ReduceOp::Max)->wait();
+  if (!error.empty()) throw CheckpointError(what + " failed on rank " + std::to_string(comm.rank()) + ": " + error);
+  if (failed.item<float>() > 0)
+    throw CheckpointError(what + " failed on another rank (see its error); rank " +
+                          std::to_string(comm.rank()) + " stops too");
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

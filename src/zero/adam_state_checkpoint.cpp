@@ -1,0 +1,38 @@
+#include "zero/adam_state_checkpoint.h"
+
+#include <torch/torch.h>
+
+#include "optim/fused_adam.h"
+
+namespace deepspeed {
+namespace zero {
+
+bool is_fused_adam(const torch::optim::Optimizer* optimizer) {
+  return dynamic_cast<const optim::FusedAdam*>(optimizer) != nullptr;
+}
+
+torch::optim::AdamWParamState* adam_state_for(torch::optim::Optimizer& optimizer,
+                                              const at::Tensor& param, bool create) {
+  if (!is_fused_adam(&optimizer)) return nullptr;
+  auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
+  auto it = optimizer.state().find(key);
+  if (it == optimizer.state().end()) {
+    if (!create) return nullptr;
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(0);
+    s->exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    s->exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+    it = optimizer.state().emplace(key, std::move(s)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+void attach_moments(torch::optim::AdamWParamState* state, int64_t begin, int64_t numel,
+                    at::Tensor& exp_avg, at::Tensor& exp_avg_sq) {
+  if (!state) return;
+  exp_avg = state->exp_avg().view({-1}).narrow(0, begin, numel);
+  exp_avg_sq = state->exp_avg_sq().view({-1}).narrow(0, begin, numel);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

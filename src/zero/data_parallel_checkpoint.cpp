@@ -1,0 +1,54 @@
+// DataParallelStage's side of checkpoints. Its state is replicated, so each rank saves only the
+// 1/N share a ZeRO partition would hold (checkpoint/layout.h) and loads every parameter whole.
+#include <torch/torch.h>
+
+#include "checkpoint/layout.h"
+#include "zero/adam_state_checkpoint.h"
+#include "zero/data_parallel.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+StateFragment fragment_of(torch::optim::Optimizer& optimizer, const at::Tensor& p, size_t index,
+                          int64_t offset, int64_t numel, bool create) {
+  StateFragment f;
+  f.param = index;
+  f.offset = offset;
+  f.numel = numel;
+  f.master = p.detach().view({-1}).narrow(0, offset, numel);
+  attach_moments(adam_state_for(optimizer, p, create), offset, numel, f.exp_avg, f.exp_avg_sq);
+  return f;
+}
+}  // namespace
+
+std::vector<StateFragment> DataParallelStage::fragments_to_save() {
+  std::vector<int64_t> numels;
+  for (auto& p : params_) numels.push_back(p.numel());
+  std::vector<StateFragment> out;
+  for (auto& r : checkpoint::partition_fragments(numels, comm_->world_size(), comm_->rank()))
+    out.push_back(fragment_of(*optimizer_, params_[r.param], r.param, r.offset, r.numel, false));
+  return out;
+}
+
+std::vector<StateFragment> DataParallelStage::fragments_to_load(bool create_moments) {
+  std::vector<StateFragment> out;
+  for (size_t k = params_.size(); k-- > 0;)
+    out.push_back(fragment_of(*optimizer_, params_[k], k, 0, params_[k].numel(), create_moments));
+  return out;
+}
+
+int64_t DataParallelStage::adam_step() const {
+  if (!is_fused_adam(optimizer_.get())) return -1;
+  for (auto& p : params_)
+    if (auto* s = adam_state_for(*optimizer_, p, false)) return s->step();
+  return 0;
+}
+
+void DataParallelStage::finish_load(int64_t adam_step) {
+  if (adam_step < 0) return;
+  for (auto& p : params_)
+    if (auto* s = adam_state_for(*optimizer_, p, false)) s->step(adam_step);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,116 @@
+#include "support/checkpoint_run.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "gpt/text_dataset.h"
+#include "support/ranks.h"
+
+namespace dstest {
+std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
+  const char* src = std::getenv("DS_SOURCE_DIR");
+  std::string path = std::string(src ? src : DS_TEST_SOURCE_DIR) + "/data/fortunes.txt";
+  return std::make_shared<gpt::TextDataset>(path, block, block);
+}
+
+SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed) {
+  at::set_num_threads(1);
+  torch::manual_seed(seed);
+  SingleEngine e;
+  e.model = std::make_shared<gpt::GPTImpl>(model);
+  auto r = deepspeed::initialize<gpt::GPTImpl>(
+      {.model = e.model, .config_json = config, .training_data = test_text_dataset(model.block_size),
+       .comm = deepspeed::comm::make_single_process_communicator()});
+  e.engine = r.engine;
+  e.loader = r.training_dataloader;
+  return e;
+}
+
+void SingleEngine::train(int steps) {
+  const int64_t until = engine->global_steps() + steps;
+  while (engine->global_steps() < until) {
+    auto batch = loader->next();
+    engine->backward(engine->forward(batch.data, batch.target));
+    engine->step();
+  }
+}
+
+std::vector<torch::Tensor> SingleEngine::weights() const {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+CheckpointJobResult run_checkpoint_job(const CheckpointJob& job) {
+  at::set_num_threads(1);
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models;
+  for (int r = 0; r < job.world_size; ++r) {
+    torch::manual_seed(job.model_seed + 1000 * r);
+    models.push_back(std::make_shared<gpt::GPTImpl>(job.model));
+  }
+  auto data = test_text_dataset(job.model.block_size);
+  CheckpointJobResult result;
+  std::mutex mu;
+  run_ranks(job.world_size, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const int rank = comm->rank();
+    auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = models[rank], .config_json = job.config, .training_data = data, .comm = comm});
+    deepspeed::LoadedCheckpoint loaded;
+    if (!job.load_dir.empty())
+      loaded = engine->load_checkpoint(job.load_dir, job.load_tag, true, job.load_optimizer_states);
+    const int64_t start = engine->global_steps();
+    std::vector<double> losses;
+    std::vector<int64_t> steps;
+    while (engine->global_steps() < job.steps) {
+      auto batch = loader->next();
+      auto loss = engine->forward(batch.data, batch.target);
+      engine->backward(loss);
+      bool boundary = engine->is_gradient_accumulation_boundary();
+      engine->step();
+      if (!boundary) continue;
+      losses.push_back(engine->last_loss());
+      steps.push_back(engine->global_steps());
+      for (int s : job.save_at)
+        if (s == engine->global_steps())
+          engine->save_checkpoint(job.save_dir, "", {{"step", s}, {"note", "client"}});
+    }
+    if (job.save_at_end) engine->save_checkpoint(job.save_dir);
+    if (rank != 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    result.losses = losses;
+    result.steps = steps;
+    result.start_step = start;
+    result.client_state = loaded.client_state;
+    result.load_path = loaded.load_path;
+    for (auto& p : models[0]->parameters()) result.weights.push_back(p.detach().clone());
+  });
+  return result;
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string pattern = std::string(base && *base ? base : "/tmp") + "/ds_ckpt_test.XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
+  path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace dstest

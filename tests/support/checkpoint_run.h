@@ -1,0 +1,70 @@
+// Training runs of the test GPT that save and load checkpoints (ranks as threads), for the
+// checkpoint tests: one call = one "job" that may resume from a checkpoint and save during it.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "deepspeed/engine.h"
+#include "gpt/model.h"
+
+namespace dstest {
+
+struct CheckpointJob {
+  int world_size = 1;
+  nlohmann::json config;           // full ds_config
+  int steps = 10;                  // train until global_steps reaches this
+  gpt::GPTConfig model{256, 16, 2, 2, 32};
+  uint64_t model_seed = 7;         // a resumed job should use another seed: loading must win
+  std::string save_dir;            // saves at the steps in save_at (and at the end if save_at_end)
+  std::vector<int> save_at;
+  bool save_at_end = false;
+  std::string load_dir;            // non-empty: load_checkpoint(load_dir, load_tag) first
+  std::string load_tag;
+  bool load_optimizer_states = true;
+};
+
+struct CheckpointJobResult {
+  std::vector<double> losses;          // last_loss() of each optimizer step this job ran
+  std::vector<int64_t> steps;          // global_steps() after each of those steps
+  std::vector<torch::Tensor> weights;  // rank 0's parameters at the end
+  int64_t start_step = 0;              // global_steps() after loading
+  nlohmann::json client_state;         // what load_checkpoint returned on rank 0
+  std::string load_path;
+};
+
+CheckpointJobResult run_checkpoint_job(const CheckpointJob& job);
+
+// One engine in this thread (world size 1) for tests that drive it step by step.
+struct SingleEngine {
+  std::shared_ptr<gpt::GPTImpl> model;
+  std::shared_ptr<deepspeed::ModelEngine<gpt::GPTImpl>> engine;
+  std::shared_ptr<deepspeed::DataLoader> loader;
+  void train(int steps);  // optimizer steps
+  std::vector<torch::Tensor> weights() const;  // clones of the parameters
+};
+SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model = {256, 16, 2, 2, 32},
+                                uint64_t seed = 7);
+// The test text (data/fortunes.txt) in windows of `block` bytes.
+std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
+
+// A fresh temporary folder under $TMPDIR (or /tmp), removed by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Bytes of a file, and overwrite helpers for corruption tests.
+std::string read_bytes(const std::string& path);
+void write_bytes(const std::string& path, const std::string& bytes);
+
+}  // namespace dstest

@@ -1,0 +1,270 @@
+// Engine checkpoints on one rank: the folder layout and manifest, refusal of damaged or mismatched
+// checkpoints (naming the file, changing nothing), a full disk, and a save "killed" at every file
+// operation (FaultInjectingFileSystem), with and without a power cut afterwards. Multi-rank
+// behaviour: tests/dist/checkpoint_*_test.cpp; real SIGKILLs: checkpoint_kill_test.cpp.
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <filesystem>
+
+#include "checkpoint/consolidate.h"
+#include "checkpoint/fault_injecting_file_system.h"
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/tag_reader.h"
+#include "deepspeed/errors.h"
+#include "runtime/engine_checkpoint.h"
+#include "support/checkpoint_run.h"
+#include "support/training_run.h"
+
+namespace ckpt = deepspeed::checkpoint;
+namespace fs = std::filesystem;
+using dstest::make_single_engine;
+using dstest::SingleEngine;
+
+namespace {
+nlohmann::json config(int stage = 1) { return dstest::base_config(2, 1, stage); }
+
+bool same_weights(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+std::string latest(const std::string& dir) { return ckpt::read_latest_tag(ckpt::posix_file_system(), dir); }
+
+// A fresh engine loads `tag` (default latest) of dir; returns its step count and weights.
+const gpt::GPTConfig kSmall{256, 8, 1, 2, 16};
+
+std::pair<int64_t, std::vector<torch::Tensor>> load_fresh(const std::string& dir, const std::string& tag = "",
+                                                          const gpt::GPTConfig& model = kSmall) {
+  auto e = make_single_engine(config(), model, 555);
+  e.engine->load_checkpoint(dir, tag);
+  return {e.engine->global_steps(), e.weights()};
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const deepspeed::CheckpointError& e) {
+    return e.what();
+  }
+  return "(no CheckpointError)";
+}
+}  // namespace
+
+TEST(CheckpointLayout, FilesManifestAndLatest) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(2));
+  e.train(2);
+  EXPECT_TRUE(e.engine->save_checkpoint(dir.path(), "", {{"epoch", 3}}));
+  EXPECT_EQ(latest(dir.path()), "global_step2");
+  std::set<std::string> names;
+  for (auto& entry : fs::directory_iterator(dir / "global_step2")) names.insert(entry.path().filename());
+  EXPECT_EQ(names, (std::set<std::string>{"manifest.json", "mp_rank_00_model_states.safetensors",
+                                          "zero_pp_rank_0_mp_rank_00_optim_states.safetensors"}));
+  auto m = ckpt::read_manifest(ckpt::posix_file_system(), dir / "global_step2");
+  EXPECT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.metadata["world_size"], 1);
+  EXPECT_EQ(m.metadata["zero_stage"], 2);
+  EXPECT_EQ(m.metadata["precision"], "fp32");
+  EXPECT_EQ(m.metadata["library_version"], ckpt::library_version());
+  EXPECT_EQ(m.metadata["optimizer"]["format"], "adam_fragments");
+  EXPECT_EQ(m.metadata["optimizer"]["adam_step"], 2);
+  const auto& model_tensors = m.metadata["tensors"]["mp_rank_00_model_states.safetensors"];
+  EXPECT_EQ(model_tensors["lm_head.weight"]["dtype"], "F32") << model_tensors.dump();
+  EXPECT_EQ(model_tensors["lm_head.weight"]["shape"], (nlohmann::json{256, 32}));
+  EXPECT_EQ(m.metadata["tensors"]["zero_pp_rank_0_mp_rank_00_optim_states.safetensors"]
+                     ["exp_avg/lm_head.weight"]["shape"], (nlohmann::json{256 * 32}));
+  // Every byte of both files is covered by the manifest's checksums.
+  EXPECT_NO_THROW(ckpt::verify_files(dir / "global_step2", m));
+
+  auto fresh = make_single_engine(config(2), {256, 16, 2, 2, 32}, 99);
+  auto loaded = fresh.engine->load_checkpoint(dir.path());
+  EXPECT_EQ(loaded.load_path, dir / "global_step2/mp_rank_00_model_states.safetensors");
+  EXPECT_EQ(loaded.client_state, (nlohmann::json{{"epoch", 3}}));
+  EXPECT_EQ(fresh.engine->global_steps(), 2);
+  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+}
+
+TEST(CheckpointLayout, NoLatestLoadsNothing) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config());
+  auto before = e.weights();
+  auto loaded = e.engine->load_checkpoint(dir.path());
+  EXPECT_TRUE(loaded.load_path.empty());
+  EXPECT_TRUE(loaded.client_state.is_null());
+  EXPECT_TRUE(same_weights(e.weights(), before));
+}
+
+TEST(CheckpointLayout, ExplicitTagWithoutLatestAndModuleOnly) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(1));
+  e.train(3);
+  e.engine->save_checkpoint(dir.path(), "mine", nlohmann::json::object(), /*save_latest=*/false);
+  EXPECT_FALSE(fs::exists(dir / "latest"));
+  auto fresh = make_single_engine(config(1), {256, 16, 2, 2, 32}, 99);
+  fresh.engine->load_checkpoint(dir.path(), "mine", true, true, true, /*load_module_only=*/true);
+  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+  EXPECT_EQ(fresh.engine->global_steps(), 0);  // module only: counters untouched
+  fresh.train(1);                              // and the masters were refreshed from the module
+  EXPECT_FALSE(same_weights(fresh.weights(), e.weights()));
+}
+
+TEST(CheckpointRefusal, CorruptedTruncatedIncompleteOrMismatched) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config());
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  const std::string tag = dir / "global_step2";
+  const std::string optim = tag + "/zero_pp_rank_0_mp_rank_00_optim_states.safetensors";
+  const std::string model = tag + "/mp_rank_00_model_states.safetensors";
+  const std::string good_optim = dstest::read_bytes(optim), good_model = dstest::read_bytes(model);
+
+  auto victim = make_single_engine(config(), {256, 16, 2, 2, 32}, 31);
+  const auto untouched = victim.weights();
+  auto try_load = [&] { return message_of([&] { victim.engine->load_checkpoint(dir.path()); }); };
+
+  std::string flipped = good_optim;
+  flipped[flipped.size() / 2] ^= 0x10;
+  dstest::write_bytes(optim, flipped);
+  auto msg = try_load();
+  EXPECT_NE(msg.find(optim), std::string::npos) << msg;
+  EXPECT_NE(msg.find("corrupted"), std::string::npos) << msg;
+  dstest::write_bytes(optim, good_optim);
+
+  dstest::write_bytes(model, good_model.substr(0, good_model.size() - 100));
+  msg = try_load();
+  EXPECT_NE(msg.find(model), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  dstest::write_bytes(model, good_model);
+
+  fs::rename(tag + "/manifest.json", tag + "/manifest.moved");
+  msg = try_load();
+  EXPECT_NE(msg.find("incomplete"), std::string::npos) << msg;
+  fs::rename(tag + "/manifest.moved", tag + "/manifest.json");
+
+  dstest::write_bytes(dir / "latest", "global_step77");
+  msg = try_load();
+  EXPECT_NE(msg.find("global_step77"), std::string::npos) << msg;
+  dstest::write_bytes(dir / "latest", "global_step2");
+
+  // A different model: the file and the tensor at fault are named.
+  auto other = make_single_engine(config(), {256, 16, 2, 2, 24}, 31);
+  msg = message_of([&] { other.engine->load_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find(model), std::string::npos) << msg;
+  EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
+
+  EXPECT_TRUE(same_weights(victim.weights(), untouched));  // nothing was changed by the refusals
+  EXPECT_NO_THROW(victim.engine->load_checkpoint(dir.path()));
+  EXPECT_TRUE(same_weights(victim.weights(), e.weights()));
+}
+
+TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
+  dstest::TempDir dir;
+  auto sgd = config(1);
+  sgd["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
+  auto e = make_single_engine(sgd);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  auto sgd2 = sgd;
+  sgd2["zero_optimization"]["stage"] = 2;
+  auto other_stage = make_single_engine(sgd2);
+  auto msg = message_of([&] { other_stage.engine->load_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find("non-Adam"), std::string::npos) << msg;
+  // Weights alone load anywhere.
+  EXPECT_NO_THROW(other_stage.engine->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
+  EXPECT_TRUE(same_weights(other_stage.weights(), e.weights()));
+  auto adam = make_single_engine(config(1));
+  msg = message_of([&] { adam.engine->load_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find("non-Adam"), std::string::npos) << msg;
+}
+
+TEST(CheckpointFaults, DiskFullFailsClearlyAndLosesNothing) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(), kSmall);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  const auto at2 = e.weights();
+  e.train(2);
+  ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
+  ckpt::save_engine_checkpoint(e.engine->state(), counter, dir / "probe", {});
+  const int writes = counter.calls(ckpt::FsOp::kWrite);
+  ASSERT_GT(writes, 3);
+  for (int nth : {1, 2, writes / 2, writes}) {
+    ckpt::FaultInjectingFileSystem full(ckpt::posix_file_system());
+    full.fail_at(ckpt::FsOp::kWrite, nth, ENOSPC);
+    auto msg = message_of([&] { ckpt::save_engine_checkpoint(e.engine->state(), full, dir.path(), {}); });
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << "write " << nth << ": " << msg;
+    EXPECT_NE(msg.find(dir / "global_step4"), std::string::npos) << msg;
+    EXPECT_EQ(latest(dir.path()), "global_step2");
+    for (auto& entry : fs::directory_iterator(dir / "global_step4"))
+      EXPECT_FALSE(ckpt::is_temp_file_name(entry.path().filename())) << entry.path();
+    auto [step, weights] = load_fresh(dir.path());
+    EXPECT_EQ(step, 2);
+    EXPECT_TRUE(same_weights(weights, at2));
+  }
+}
+
+// The save of step 4 dies at the K-th call of each file operation (optionally followed by a
+// power cut that drops unsynced data and renames). Always: `latest` names a complete checkpoint
+// and loading it gives exactly its weights; step 4 is either refused or complete.
+class CheckpointCrash : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
+  const bool power_cut = GetParam();
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(), kSmall);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  const auto at2 = e.weights();
+  e.train(2);
+  const auto at4 = e.weights();
+  ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
+  ckpt::save_engine_checkpoint(e.engine->state(), counter, dir / "probe", {});
+  int cases = 0;
+  for (auto op : {ckpt::FsOp::kMakeDirs, ckpt::FsOp::kCreate, ckpt::FsOp::kWrite, ckpt::FsOp::kSync,
+                  ckpt::FsOp::kClose, ckpt::FsOp::kRename, ckpt::FsOp::kSyncDir, ckpt::FsOp::kRemove}) {
+    const int calls = counter.calls(op);
+    for (int nth = 1; nth <= calls; nth += std::max(1, calls / 12)) {
+      const std::string where = std::string(ckpt::fs_op_name(op)) + " #" + std::to_string(nth);
+      fs::remove_all(dir / "global_step4");
+      dstest::write_bytes(dir / "latest", "global_step2");
+      ckpt::FaultInjectingFileSystem crashing(ckpt::posix_file_system());
+      crashing.crash_at(op, nth);
+      EXPECT_THROW(ckpt::save_engine_checkpoint(e.engine->state(), crashing, dir.path(), {}),
+                   ckpt::SimulatedCrash) << where;
+      if (power_cut) crashing.simulate_power_loss();
+      const std::string tag = latest(dir.path());
+      ASSERT_TRUE(tag == "global_step2" || tag == "global_step4") << where << ": latest " << tag;
+      auto [step, weights] = load_fresh(dir.path());
+      EXPECT_EQ("global_step" + std::to_string(step), tag) << where;
+      EXPECT_TRUE(same_weights(weights, tag == "global_step2" ? at2 : at4)) << where;
+      try {
+        auto [s4, w4] = load_fresh(dir.path(), "global_step4");
+        EXPECT_TRUE(same_weights(w4, at4)) << where;
+      } catch (const deepspeed::CheckpointError&) {
+        EXPECT_EQ(tag, "global_step2") << where << ": latest names a tag that does not load";
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GT(cases, 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, CheckpointCrash, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "ThenPowerCut" : "ProcessKilled"; });
+
+TEST(CheckpointLayout, PartitionFragmentsCoverEveryParameterOnce) {
+  std::vector<int64_t> numels = {7, 1, 130, 33, 0, 64};
+  for (int world = 1; world <= 5; ++world) {
+    std::vector<std::vector<int>> seen(numels.size());
+    for (size_t k = 0; k < numels.size(); ++k) seen[k].assign(numels[k], 0);
+    for (int r = 0; r < world; ++r)
+      for (auto& f : ckpt::partition_fragments(numels, world, r))
+        for (int64_t i = 0; i < f.numel; ++i) ++seen[f.param][f.offset + i];
+    for (size_t k = 0; k < numels.size(); ++k)
+      for (int c : seen[k]) EXPECT_EQ(c, 1) << "world " << world << " param " << k;
+  }
+}

@@ -80,6 +80,7 @@ int threads_from_env() {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run's log still has every finished line
   auto args = deepspeed::parse_args(argc, argv);
   auto opt = parse_options(args.rest);
   at::set_num_threads(opt.threads > 0 ? opt.threads : threads_from_env());

@@ -134,7 +134,8 @@ nlohmann::json safetensors_tensor_list(FileSystem& fs, const std::string& path) 
   if (n > 0) file->read_at(8, &text[0], n);
   nlohmann::json out = nlohmann::json::object();
   try {
-    for (const auto& [name, entry] : nlohmann::json::parse(text).items())
+    const auto header = nlohmann::json::parse(text);  // outlives the loop over its items
+    for (const auto& [name, entry] : header.items())
       if (name != "__metadata__") out[name] = {{"dtype", entry.at("dtype")}, {"shape", entry.at("shape")}};
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError("safetensors file '" + path + "': bad header: " + e.what());

@@ -30,7 +30,7 @@ TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   job.save_at_end = true;
   auto trained = dstest::run_checkpoint_job(job);
 
-  // Expected values as raw float32 files, named in registration order.
+  // Expected values as raw float32 files: parameters in registration order, then buffers.
   torch::manual_seed(0);
   gpt::GPTImpl shape_model(job.model);
   nlohmann::json expected = nlohmann::json::array();
@@ -40,6 +40,12 @@ TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
     const std::string file = "t" + std::to_string(i++) + ".bin";
     dstest::write_bytes(dir / file, std::string(static_cast<const char*>(w.data_ptr()), w.numel() * 4));
     expected.push_back({{"name", item.key()}, {"shape", w.sizes().vec()}, {"file", file}});
+  }
+  for (auto& item : shape_model.named_buffers()) {  // buffers are not trained: the fresh model's
+    auto b = item.value().to(torch::kFloat).contiguous();
+    const std::string file = "t" + std::to_string(i++) + ".bin";
+    dstest::write_bytes(dir / file, std::string(static_cast<const char*>(b.data_ptr()), b.numel() * 4));
+    expected.push_back({{"name", item.key()}, {"shape", b.sizes().vec()}, {"file", file}});
   }
   std::ofstream(dir / "expected.json") << expected.dump();
 

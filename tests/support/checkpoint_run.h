@@ -51,7 +51,7 @@ SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConf
 // The test text (data/fortunes.txt) in windows of `block` bytes.
 std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
 
-// A fresh temporary folder under $TMPDIR (or /tmp), removed by the destructor.
+// A fresh temporary folder under $TMPDIR (else /dev/shm, else /tmp), removed by the destructor.
 class TempDir {
  public:
   TempDir();

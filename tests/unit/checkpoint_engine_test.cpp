@@ -73,10 +73,10 @@ TEST(CheckpointLayout, FilesManifestAndLatest) {
   EXPECT_EQ(m.metadata["optimizer"]["format"], "adam_fragments");
   EXPECT_EQ(m.metadata["optimizer"]["adam_step"], 2);
   const auto& model_tensors = m.metadata["tensors"]["mp_rank_00_model_states.safetensors"];
-  EXPECT_EQ(model_tensors["lm_head.weight"]["dtype"], "F32") << model_tensors.dump();
-  EXPECT_EQ(model_tensors["lm_head.weight"]["shape"], (nlohmann::json{256, 32}));
+  EXPECT_EQ(model_tensors["wte.weight"]["dtype"], "F32") << model_tensors.dump();
+  EXPECT_EQ(model_tensors["wte.weight"]["shape"], (nlohmann::json{256, 32}));
   EXPECT_EQ(m.metadata["tensors"]["zero_pp_rank_0_mp_rank_00_optim_states.safetensors"]
-                     ["exp_avg/lm_head.weight"]["shape"], (nlohmann::json{256 * 32}));
+                     ["exp_avg/wte.weight"]["shape"], (nlohmann::json{256 * 32}));
   // Every byte of both files is covered by the manifest's checksums.
   EXPECT_NO_THROW(ckpt::verify_files(dir / "global_step2", m));
 

@@ -22,6 +22,9 @@ struct Case {
   int stage;
   const char* optimizer;  // "AdamW" (reshardable fragments) or "SGD" (libtorch's own archive)
 };
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "world " << c.world << ", stage " << c.stage << ", " << c.optimizer;
+}
 
 nlohmann::json config_for(const Case& c) {
   auto config = dstest::base_config(1, 2, c.stage);

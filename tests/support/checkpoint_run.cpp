@@ -17,11 +17,13 @@ std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
   return std::make_shared<gpt::TextDataset>(path, block, block);
 }
 
-SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed) {
+SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed,
+                                const std::vector<std::string>& frozen) {
   at::set_num_threads(1);
   torch::manual_seed(seed);
   SingleEngine e;
   e.model = std::make_shared<gpt::GPTImpl>(model);
+  for (auto& name : frozen) e.model->named_parameters()[name].set_requires_grad(false);
   auto r = deepspeed::initialize<gpt::GPTImpl>(
       {.model = e.model, .config_json = config, .training_data = test_text_dataset(model.block_size),
        .comm = deepspeed::comm::make_single_process_communicator()});

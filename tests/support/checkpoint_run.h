@@ -46,8 +46,9 @@ struct SingleEngine {
   void train(int steps);  // optimizer steps
   std::vector<torch::Tensor> weights() const;  // clones of the parameters
 };
+// `frozen`: parameter names set to requires_grad = false before initialize().
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model = {256, 16, 2, 2, 32},
-                                uint64_t seed = 7);
+                                uint64_t seed = 7, const std::vector<std::string>& frozen = {});
 // The test text (data/fortunes.txt) in windows of `block` bytes.
 std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
 

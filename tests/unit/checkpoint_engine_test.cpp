@@ -112,6 +112,27 @@ TEST(CheckpointLayout, ExplicitTagWithoutLatestAndModuleOnly) {
   EXPECT_FALSE(same_weights(fresh.weights(), e.weights()));
 }
 
+// Frozen parameters have no optimizer state: they travel in the model-states file only, and the
+// fragments of the trainable ones still line up (stage 2 partitions skip the frozen tensor).
+TEST(CheckpointLayout, FrozenParametersRoundTrip) {
+  dstest::TempDir dir;
+  const std::vector<std::string> frozen = {"wpe.weight"};
+  auto e = make_single_engine(config(2), kSmall, 7, frozen);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  auto m = ckpt::read_manifest(ckpt::posix_file_system(), dir / "global_step2");
+  for (auto& t : m.metadata["trainable"]) EXPECT_NE(t["name"], "wpe.weight");
+  auto fresh = make_single_engine(config(2), kSmall, 8, frozen);
+  fresh.engine->load_checkpoint(dir.path());
+  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+  // Loading into a model where it is trainable: no optimizer state for it, refused by name.
+  auto unfrozen = make_single_engine(config(2), kSmall, 8);
+  auto msg = message_of([&] { unfrozen.engine->load_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find("wpe.weight"), std::string::npos) << msg;
+  EXPECT_NO_THROW(unfrozen.engine->load_checkpoint(dir.path(), "", true, true, true, /*load_module_only=*/true));
+  EXPECT_TRUE(same_weights(unfrozen.weights(), e.weights()));
+}
+
 TEST(CheckpointRefusal, CorruptedTruncatedIncompleteOrMismatched) {
   dstest::TempDir dir;
   auto e = make_single_engine(config());

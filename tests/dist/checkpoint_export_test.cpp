@@ -54,7 +54,7 @@ TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   int status = std::system((tool + " > " + (dir / "tool.log") + " 2>&1").c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dstest::read_bytes(dir / "tool.log");
 
-  const std::string script = env_or("DS_SOURCE_DIR", ".") + "/tests/support/checkpoint_read_safetensors.py";
+  const std::string script = dstest::source_dir() + "/tests/support/checkpoint_read_safetensors.py";
   status = std::system(("/usr/bin/python3 " + script + " " + out + " " + dir.path() + " > " +
                         (dir / "py.log") + " 2>&1").c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dstest::read_bytes(dir / "py.log");

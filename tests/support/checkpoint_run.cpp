@@ -11,9 +11,13 @@
 #include "support/ranks.h"
 
 namespace dstest {
-std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
+std::string source_dir() {
   const char* src = std::getenv("DS_SOURCE_DIR");
-  std::string path = std::string(src ? src : DS_TEST_SOURCE_DIR) + "/data/fortunes.txt";
+  return src && *src ? src : DS_TEST_SOURCE_DIR;
+}
+
+std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
+  std::string path = source_dir() + "/data/fortunes.txt";
   return std::make_shared<gpt::TextDataset>(path, block, block);
 }
 

@@ -49,6 +49,8 @@ struct SingleEngine {
 // `frozen`: parameter names set to requires_grad = false before initialize().
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model = {256, 16, 2, 2, 32},
                                 uint64_t seed = 7, const std::vector<std::string>& frozen = {});
+// The source tree: $DS_SOURCE_DIR, else the one this helper was built from.
+std::string source_dir();
 // The test text (data/fortunes.txt) in windows of `block` bytes.
 std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
 

@@ -3,14 +3,21 @@
 #include <torch/torch.h>
 
 #include "checkpoint/layout.h"
+#include "deepspeed/errors.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/data_parallel.h"
 
 namespace deepspeed {
 namespace zero {
 namespace {
+// The parameters double as the fp32 masters here; a 16-bit parameter would mean masters live
+// elsewhere (mixed precision), which this file would have to be taught about: refuse loudly
+// rather than save rounded weights and miss the optimizer state keyed on the masters.
 StateFragment fragment_of(torch::optim::Optimizer& optimizer, const at::Tensor& p, size_t index,
                           int64_t offset, int64_t numel, bool create) {
+  if (p.scalar_type() != at::kFloat)
+    throw CheckpointError("checkpoint: ZeRO stage 0 with " + std::string(c10::toString(p.scalar_type())) +
+                          " parameters is not supported by data_parallel_checkpoint.cpp yet");
   StateFragment f;
   f.param = index;
   f.offset = offset;

@@ -2,6 +2,7 @@
 // as fragments of the parameters (checkpoint/layout.h).
 #include <torch/torch.h>
 
+#include "deepspeed/errors.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/partitioned_stage.h"
 
@@ -10,6 +11,9 @@ namespace zero {
 
 // Slot i of the flat buffer holds parameter (n - 1 - i): FlatParams lays them in reverse order.
 std::vector<StateFragment> PartitionedStage::fragments_to_save() {
+  if (master_.scalar_type() != at::kFloat)
+    throw CheckpointError("checkpoint: the ZeRO master partition is " +
+                          std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
   const auto& layout = flat_->layout();
   const auto& slots = flat_->slots();
   const int rank = comm_->rank();

@@ -133,6 +133,19 @@ TEST(CheckpointLayout, FrozenParametersRoundTrip) {
   EXPECT_TRUE(same_weights(unfrozen.weights(), e.weights()));
 }
 
+// The CPU generator continues from where it was at the save (dropout masks, sampling...).
+TEST(CheckpointLayout, RandomNumberGeneratorStateIsRestored) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(), kSmall);
+  e.train(1);
+  e.engine->save_checkpoint(dir.path());
+  const auto expected = torch::rand({8});
+  auto fresh = make_single_engine(config(), kSmall, 1234);
+  torch::rand({3});
+  fresh.engine->load_checkpoint(dir.path());
+  EXPECT_TRUE(torch::equal(torch::rand({8}), expected));
+}
+
 TEST(CheckpointRefusal, CorruptedTruncatedIncompleteOrMismatched) {
   dstest::TempDir dir;
   auto e = make_single_engine(config());

@@ -62,8 +62,14 @@ class Engine {
   int64_t global_samples() const;
   int64_t micro_steps() const;
   int64_t skipped_steps() const;
-  // Global gradient norm (before clipping) of the last optimizer step; 0 before the first.
+  // Global gradient norm (unscaled, before clipping) of the last applied optimizer step; 0 before
+  // the first.
   double get_global_grad_norm() const;
+  // Whether the last step() updated the weights: false between accumulation boundaries and when an
+  // fp16 overflow skipped the step.
+  bool was_step_applied() const;
+  // The current fp16 loss scale (1 for fp32 and bf16 training).
+  double loss_scale() const;
   // Mean over the data-parallel ranks of the loss of the last optimizer step (sum of the
   // GAS-scaled micro losses, as DeepSpeed's train_loss); NaN before the first step.
   double last_loss() const;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -88,9 +89,21 @@ class Engine {
   explicit Engine(EngineStatePtr state);
   void before_forward();
   void after_forward();
+  // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
+  bool auto_cast_inputs() const { return auto_cast_inputs_; }
+  template <class T>
+  decltype(auto) cast_input(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (auto_cast_inputs_ && arg.is_floating_point()) return at::Tensor(arg.to(at::kHalf));
+      return at::Tensor(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
 
  private:
   EngineStatePtr state_;
+  bool auto_cast_inputs_ = false;
 };
 
 // The engine typed by the user's module so forward() can call the module's own forward.
@@ -103,7 +116,7 @@ class ModelEngine : public Engine {
   template <class... Args>
   auto forward(Args&&... args) {
     before_forward();
-    auto out = model_->forward(std::forward<Args>(args)...);
+    auto out = model_->forward(cast_input(std::forward<Args>(args))...);
     after_forward();
     return out;
   }

@@ -10,7 +10,11 @@ namespace deepspeed {
 
 void EngineStateDeleter::operator()(EngineState* state) const { delete state; }
 
-Engine::Engine(EngineStatePtr state) : state_(std::move(state)) { state_->log.start(); }
+Engine::Engine(EngineStatePtr state)
+    : state_(std::move(state)),
+      auto_cast_inputs_(state_->config.fp16.enabled && state_->config.fp16.auto_cast) {
+  state_->log.start();
+}
 Engine::~Engine() = default;
 
 void Engine::before_forward() {}

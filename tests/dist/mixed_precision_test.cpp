@@ -294,3 +294,28 @@ TEST_P(Fp16Training, InfOnOneRankSkipsTheStepEverywhereBitIdentically) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Training, ::testing::Values(0, 1, 2));
+
+// fp16.auto_cast: floating-point inputs reach the model as fp16, integer inputs unchanged.
+namespace {
+struct DtypeProbeImpl : torch::nn::Module {
+  DtypeProbeImpl() { w = register_parameter("w", torch::ones({4})); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& ids) {
+    seen_x = x.scalar_type();
+    seen_ids = ids.scalar_type();
+    return (x.to(torch::kFloat) * w.to(torch::kFloat)).sum();
+  }
+  torch::Tensor w;
+  at::ScalarType seen_x = at::kFloat, seen_ids = at::kFloat;
+};
+}  // namespace
+
+TEST(Fp16Config, AutoCastCastsFloatingInputsOnly) {
+  for (bool auto_cast : {false, true}) {
+    auto model = std::make_shared<DtypeProbeImpl>();
+    auto config = fp16_config(0, {{"auto_cast", auto_cast}});
+    auto engine = deepspeed::initialize<DtypeProbeImpl>({.model = model, .config_json = config}).engine;
+    engine->forward(torch::ones({4}), torch::zeros({2}, torch::kLong));
+    EXPECT_EQ(model->seen_x, auto_cast ? torch::kHalf : torch::kFloat);
+    EXPECT_EQ(model->seen_ids, torch::kLong);
+  }
+}

@@ -155,7 +155,11 @@ def worker(args):
     losses, timed_from = [], None
     for step in range(1, args.steps + 1):
         x, y = next(stream)
-        loss = ddp(x, y)
+        if args.autocast_bf16:  # PyTorch's own mixed precision: fp32 weights, bf16 compute
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = ddp(x, y)
+        else:
+            loss = ddp(x, y)
         opt.zero_grad(set_to_none=False)
         loss.backward()
         if cfg.get("gradient_clipping", 0) > 0:
@@ -193,6 +197,7 @@ def main():
     p.add_argument("--block_size", type=int, default=128)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--autocast_bf16", action="store_true")
     p.add_argument("--local_rank", type=int, default=0)  # appended by dsrun
     worker(p.parse_args())
 

@@ -2,8 +2,10 @@
 """ZeRO stages against PyTorch DDP on the same GPT, data and ranks, measured in one run.
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
+                                                   [--stages 0,1,2] [--precisions fp32,bf16]
 
-For each of deepspeed.cpp stage 0, 1, 2 and PyTorch DDP (Gloo) it runs the example GPT
+For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
+torch.autocast, PyTorch's own bf16 mixed precision) it runs the example GPT
 (default n_layer 6, n_head 8, n_embd 512: 19.3M parameters) on --procs ranks with one thread each,
 twice: once for speed (plain malloc) and once for memory (MALLOC_MMAP_THRESHOLD_=65536, so freed
 blocks go back to the OS and VmHWM shows what was really needed). Prints a markdown table:
@@ -33,8 +35,10 @@ def run(cmd, env_extra):
     return reports
 
 
-def formula(stage, psi, n):
-    return {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[stage]
+def formula(stage, psi, n, precision):
+    if precision == "fp32":
+        return {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}[stage]
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[stage]
 
 
 def main():
@@ -46,6 +50,7 @@ def main():
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--n_embd", type=int, default=512)
     p.add_argument("--stages", default="0,1,2")
+    p.add_argument("--precisions", default="fp32,bf16")
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
@@ -54,15 +59,22 @@ def main():
     rows = []
     port = 29700
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(f"deepspeed.cpp ZeRO-{s}", int(s)) for s in a.stages.split(",")] + [("PyTorch DDP (Gloo)", None)]
-        for name, stage in runs:
+        runs = []
+        for prec in a.precisions.split(","):
+            runs += [(f"deepspeed.cpp ZeRO-{s} {prec}", int(s), prec) for s in a.stages.split(",")]
+            runs.append((f"PyTorch DDP (Gloo) {'fp32' if prec == 'fp32' else 'bf16 autocast'}", None, prec))
+        for name, stage, prec in runs:
             cfg = json.loads(json.dumps(base))
             cfg["zero_optimization"]["stage"] = stage if stage is not None else 0
             cfg["steps_per_print"] = 0
-            path = os.path.join(tmp, f"cfg{stage}.json")
+            if prec == "bf16":
+                cfg["bf16"] = {"enabled": True}
+            path = os.path.join(tmp, f"cfg{stage}{prec}.json")
             json.dump(cfg, open(path, "w"))
             if stage is None:
                 prog = [os.path.join(ROOT, "bench", "ddp_baseline.py"), "--config", path, "--data", data]
+                if prec == "bf16":
+                    prog.append("--autocast_bf16")
             else:
                 prog = [os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", path, "--data", data]
             results = {}
@@ -76,6 +88,7 @@ def main():
             rows.append({
                 "name": name,
                 "stage": stage,
+                "precision": prec,
                 "psi": psi,
                 "step_ms": max(float(r["step_ms"]) for r in speed),
                 "tokens_per_s": min(float(r["tokens_per_s"]) for r in speed),
@@ -85,11 +98,13 @@ def main():
             })
     print(f"\n{a.procs} ranks x 1 thread, GPT n_layer {a.n_layer} n_head {a.n_head} n_embd {a.n_embd} block 128, "
           f"{rows[0]['psi'] / 1e6:.1f}M parameters, micro-batch {base['train_micro_batch_size_per_gpu']} per rank, "
-          f"AdamW fp32, {a.steps} steps (first step not timed)\n")
+          f"AdamW, {a.steps} steps (first step not timed)\n")
     print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | ZeRO formula MB | peak RSS MB per rank |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        f = formula(r["stage"] if r["stage"] is not None else 0, r["psi"], a.procs) / 1e6
+        # DDP under autocast keeps fp32 weights, gradients and moments: the fp32 formula applies.
+        prec = r["precision"] if r["stage"] is not None else "fp32"
+        f = formula(r["stage"] if r["stage"] is not None else 0, r["psi"], a.procs, prec) / 1e6
         print(f"| {r['name']} | {r['step_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['loss']:.4f} | "
               f"{r['model_state'] / 1e6:.1f} | {f:.1f} | {r['rss_kb'] / 1024:.0f} |")
 

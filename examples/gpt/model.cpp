@@ -78,7 +78,8 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto lg = logits(idx);
-  return F::cross_entropy(lg.view({-1, lg.size(-1)}), targets.reshape({-1}));
+  // The loss in fp32 whatever the model dtype (bf16 logits lose digits in the log-sum-exp).
+  return F::cross_entropy(lg.view({-1, lg.size(-1)}).to(torch::kFloat), targets.reshape({-1}));
 }
 
 int64_t GPTImpl::num_parameters() const {

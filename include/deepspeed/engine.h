@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -68,8 +69,14 @@ class Engine {
   int64_t global_samples() const;
   int64_t micro_steps() const;
   int64_t skipped_steps() const;
-  // Global gradient norm (before clipping) of the last optimizer step; 0 before the first.
+  // Global gradient norm (unscaled, before clipping) of the last applied optimizer step; 0 before
+  // the first.
   double get_global_grad_norm() const;
+  // Whether the last step() updated the weights: false between accumulation boundaries and when an
+  // fp16 overflow skipped the step.
+  bool was_step_applied() const;
+  // The current fp16 loss scale (1 for fp32 and bf16 training).
+  double loss_scale() const;
   // Mean over the data-parallel ranks of the loss of the last optimizer step (sum of the
   // GAS-scaled micro losses, as DeepSpeed's train_loss); NaN before the first step.
   double last_loss() const;
@@ -106,9 +113,21 @@ class Engine {
   explicit Engine(EngineStatePtr state);
   void before_forward();
   void after_forward();
+  // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
+  bool auto_cast_inputs() const { return auto_cast_inputs_; }
+  template <class T>
+  decltype(auto) cast_input(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      if (auto_cast_inputs_ && arg.is_floating_point()) return at::Tensor(arg.to(at::kHalf));
+      return at::Tensor(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
 
  private:
   EngineStatePtr state_;
+  bool auto_cast_inputs_ = false;
 };
 
 // The engine typed by the user's module so forward() can call the module's own forward.
@@ -121,7 +140,7 @@ class ModelEngine : public Engine {
   template <class... Args>
   auto forward(Args&&... args) {
     before_forward();
-    auto out = model_->forward(std::forward<Args>(args)...);
+    auto out = model_->forward(cast_input(std::forward<Args>(args))...);
     after_forward();
     return out;
   }

@@ -20,6 +20,14 @@ FusedAdam::FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper)
                               std::make_unique<torch::optim::AdamWOptions>(options_from(hyper))),
       adamw_mode_(hyper.adamw_mode), bias_correction_(hyper.bias_correction) {}
 
+void FusedAdam::set_half_copy(const torch::Tensor& param, torch::Tensor target) {
+  TORCH_CHECK(target.numel() == param.numel() && target.is_contiguous() &&
+                  (target.scalar_type() == torch::kBFloat16 || target.scalar_type() == torch::kHalf),
+              "FusedAdam::set_half_copy: target must be a contiguous bf16/fp16 tensor of ",
+              param.numel(), " elements");
+  half_copies_[param.unsafeGetTensorImpl()] = std::move(target);
+}
+
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss;
@@ -54,10 +62,19 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       hp.adamw_mode = adamw_mode_;
       hp.bias_correction = bias_correction_;
       hp.step = s.step();
+      hp.grad_scale = grad_scale_;
+      uint16_t* half = nullptr;
+      Half16Kind kind = Half16Kind::BF16;
+      auto copy = half_copies_.find(p.unsafeGetTensorImpl());
+      if (copy != half_copies_.end()) {
+        half = static_cast<uint16_t*>(copy->second.data_ptr());
+        kind = copy->second.scalar_type() == torch::kHalf ? Half16Kind::FP16 : Half16Kind::BF16;
+      }
       adam_step(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-                s.exp_avg_sq().data_ptr<float>(), p.numel(), hp);
+                s.exp_avg_sq().data_ptr<float>(), p.numel(), hp, half, kind);
     }
   }
+  grad_scale_ = 1.0f;
   return loss;
 }
 

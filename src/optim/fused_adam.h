@@ -7,6 +7,7 @@
 // torch::optim::AdamWParamState (step, exp_avg, exp_avg_sq).
 // REQUIRES: every parameter is a contiguous fp32 CPU tensor with a contiguous fp32 gradient.
 #pragma once
+#include <unordered_map>
 #include <vector>
 
 #include <torch/optim/adamw.h>
@@ -23,9 +24,18 @@ class FusedAdam : public torch::optim::Optimizer {
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool adamw_mode() const { return adamw_mode_; }
 
+  // For the next step() only: gradients are multiplied by `scale` inside the kernel (1/loss_scale
+  // times the clip coefficient), which spares a separate pass over the gradients.
+  void set_grad_scale(float scale) { grad_scale_ = scale; }
+  // Mixed precision: after every update of `param` its new value is also written into `target`
+  // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
+  void set_half_copy(const torch::Tensor& param, torch::Tensor target);
+
  private:
   bool adamw_mode_;
   bool bias_correction_;
+  float grad_scale_ = 1.0f;
+  std::unordered_map<const void*, torch::Tensor> half_copies_;  // by param TensorImpl
 };
 
 }  // namespace optim

@@ -49,10 +49,33 @@ zero::OptimizerFactory optimizer_factory(const Config& config) {
   };
 }
 
+// fp16/bf16 training holds the model in 16 bits, as DeepSpeed's module.half()/bfloat16(): every
+// floating-point parameter and buffer is converted once, before the weights are broadcast.
+// Integer buffers (token ids, counters) keep their dtype.
+c10::optional<at::ScalarType> model_dtype(const Config& config) {
+  if (config.bf16.enabled) return torch::kBFloat16;
+  if (config.fp16.enabled) return torch::kHalf;
+  return c10::nullopt;
+}
+
+void cast_module(torch::nn::Module& module, at::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : module.parameters())
+    if (p.is_floating_point() && p.scalar_type() != dtype) p.set_data(p.to(dtype));
+  for (auto& b : module.buffers())
+    if (b.is_floating_point() && b.scalar_type() != dtype) b.set_data(b.to(dtype));
+}
+
 // The stage is chosen once, here.
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer) {
   const int stage = s.config.zero_optimization.stage;
-  if (stage == 0) {
+  const bool mixed = model_dtype(s.config).has_value();
+  if (mixed && client_optimizer)
+    throw ConfigError(std::string(s.config.bf16.enabled ? "bf16" : "fp16") +
+                      ".enabled: a client optimizer (InitializeArgs.optimizer) cannot be used with "
+                      "16-bit training, which keeps its own fp32 master weights; give the optimizer "
+                      "in the config's \"optimizer\" block instead");
+  if (stage == 0 && !mixed) {
     s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config)(s.trainable);
     s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, s.comm, s.config, s.optimizer);
     return;
@@ -61,7 +84,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
                       ": a client optimizer (InitializeArgs.optimizer) works with stage 0 only; "
                       "give the optimizer in the config's \"optimizer\" block instead");
-  if (stage == 1 || stage == 2) {
+  if (stage <= 2) {
     s.stage = std::make_unique<zero::PartitionedStage>(stage, s.trainable, s.comm, s.config,
                                                        optimizer_factory(s.config));
     s.optimizer = s.stage->optimizer();
@@ -79,6 +102,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->comm = choose_communicator(in.comm);
   s->config = read_config(in, s->comm->world_size());
   s->module = in.module;
+
+  if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
   for (auto& p : s->module->parameters())
     if (p.requires_grad()) s->trainable.push_back(p);
 

@@ -1,13 +1,20 @@
 // The training step as one recipe; stage-specific work is delegated to the ZeroStage.
 #include <torch/torch.h>
 
+#include <cmath>
+#include <cstdio>
+
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
 
 void EngineStateDeleter::operator()(EngineState* state) const { delete state; }
 
-Engine::Engine(EngineStatePtr state) : state_(std::move(state)) { state_->log.start(); }
+Engine::Engine(EngineStatePtr state)
+    : state_(std::move(state)),
+      auto_cast_inputs_(state_->config.fp16.enabled && state_->config.fp16.auto_cast) {
+  state_->log.start();
+}
 Engine::~Engine() = default;
 
 void Engine::before_forward() {}
@@ -26,9 +33,15 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   s.loss_since_boundary =
       s.loss_since_boundary.defined() ? s.loss_since_boundary + detached : detached;
 
+  // fp16: the loss is multiplied by the loss scale (in fp32) so small gradients survive in fp16;
+  // the step divides it out again. bf16/fp32: the scale is 1 and nothing changes.
+  at::Tensor to_differentiate = scaled;
+  const double loss_scale = s.loss_scaler->scale();
+  if (loss_scale != 1.0) to_differentiate = scaled.to(torch::kFloat) * loss_scale;
+
   const bool boundary = is_gradient_accumulation_boundary();
   s.stage->begin_backward(boundary);
-  scaled.backward();
+  to_differentiate.backward();
   s.stage->end_backward(boundary);
   return scaled;
 }
@@ -48,20 +61,39 @@ void Engine::step() {
   s.last_loss = loss.item<double>() / s.comm->world_size();
   s.loss_since_boundary = at::Tensor();
 
-  s.last_grad_norm = s.stage->global_grad_norm();
-  double scale = 1.0;
-  // DeepSpeed/PyTorch clipping: coefficient max_norm / (norm + 1e-6), applied only when < 1.
-  if (s.config.gradient_clipping > 0.0) {
-    double coef = s.config.gradient_clipping / (s.last_grad_norm + 1e-6);
-    if (coef < 1.0) scale = coef;
+  // The norm of the still-scaled gradients; non-finite on every rank if any rank overflowed.
+  const double loss_scale = s.loss_scaler->scale();
+  const double scaled_norm = s.stage->global_grad_norm();
+  const bool overflow = s.config.fp16.enabled && !std::isfinite(scaled_norm);
+  s.loss_scaler->update(overflow);  // may throw: dynamic scale already at min_loss_scale
+  s.last_step_applied = !overflow;
+  if (overflow) {
+    // DeepSpeed: the update and the LR step are skipped, the step is still counted.
+    s.stage->discard_gradients();
+    ++s.skipped_steps;
+    if (s.comm->rank() == 0 && !s.loss_scaler->last_message().empty()) {
+      std::printf("%s\n", s.loss_scaler->last_message().c_str());
+      std::fflush(stdout);
+    }
+  } else {
+    s.last_grad_norm = scaled_norm / loss_scale;
+    // DeepSpeed/PyTorch clipping: coefficient max_norm / (norm + 1e-6), applied only when < 1.
+    // Un-scaling and clipping are one multiplication inside the optimizer step.
+    double grad_scale = 1.0 / loss_scale;
+    if (s.config.gradient_clipping > 0.0) {
+      double coef = s.config.gradient_clipping / (s.last_grad_norm + 1e-6);
+      if (coef < 1.0) grad_scale *= coef;
+    }
+    s.stage->step(grad_scale);
+    if (s.scheduler) s.scheduler->step();
   }
-  s.stage->step(scale);
-  if (s.scheduler) s.scheduler->step();
   ++s.global_steps;
   s.global_samples += s.config.train_batch_size;
   ++s.micro_steps;
-  s.log.on_step(s.global_steps, s.config.steps_per_print, s.comm->rank() == 0, s.last_loss, get_lr(),
-                s.last_grad_norm, s.config.train_batch_size);
+  StepLogLine line{s.global_steps, s.last_loss, get_lr(), s.last_grad_norm,
+                   s.config.train_batch_size, s.skipped_steps,
+                   s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
+  s.log.on_step(line, s.config.steps_per_print, s.comm->rank() == 0);
 }
 
 int64_t Engine::train_batch_size() const { return state_->config.train_batch_size; }
@@ -82,6 +114,8 @@ int64_t Engine::global_samples() const { return state_->global_samples; }
 int64_t Engine::micro_steps() const { return state_->micro_steps; }
 int64_t Engine::skipped_steps() const { return state_->skipped_steps; }
 double Engine::get_global_grad_norm() const { return state_->last_grad_norm; }
+bool Engine::was_step_applied() const { return state_->last_step_applied; }
+double Engine::loss_scale() const { return state_->loss_scaler->scale(); }
 double Engine::last_loss() const { return state_->last_loss; }
 torch::nn::Module& Engine::module() { return *state_->module; }
 const Config& Engine::config() const { return state_->config; }

@@ -32,6 +32,7 @@ struct EngineState {
   int64_t micro_steps = 0;
   int64_t skipped_steps = 0;
   double last_grad_norm = 0.0;
+  bool last_step_applied = false;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   at::Tensor loss_since_boundary;  // sum of the GAS-scaled micro losses since the last step
   ThroughputLog log;

@@ -5,14 +5,14 @@
 
 namespace deepspeed {
 
-void ThroughputLog::on_step(int64_t step, int64_t every, bool print, double loss,
-                            const std::vector<double>& lr, double grad_norm,
-                            int64_t samples_per_step) {
+void ThroughputLog::on_step(const StepLogLine& line, int64_t every, bool print) {
+  const int64_t step = line.step;
+  const auto& lr = line.lr;
   ++steps_since_print_;
   if (every <= 0 || step % every != 0) return;
   auto now = std::chrono::steady_clock::now();
   double seconds = std::chrono::duration<double>(now - last_).count();
-  double rate = seconds > 0 ? steps_since_print_ * samples_per_step / seconds : 0.0;
+  double rate = seconds > 0 ? steps_since_print_ * line.samples_per_step / seconds : 0.0;
   last_ = now;
   steps_since_print_ = 0;
   if (!print) return;
@@ -22,8 +22,11 @@ void ThroughputLog::on_step(int64_t step, int64_t every, bool print, double loss
     std::snprintf(buf, sizeof buf, "%s%.4g", i ? ", " : "", lr[i]);
     lrs += buf;
   }
-  std::printf("[deepspeed] step=%lld loss=%.4f lr=[%s] grad_norm=%.4g samples/s=%.1f\n",
-              static_cast<long long>(step), loss, lrs.c_str(), grad_norm, rate);
+  char scale[48] = "";
+  if (line.loss_scale > 0) std::snprintf(scale, sizeof scale, " loss_scale=%.6g", line.loss_scale);
+  std::printf("[deepspeed] step=%lld skipped=%lld loss=%.4f lr=[%s] grad_norm=%.4g%s samples/s=%.1f\n",
+              static_cast<long long>(step), static_cast<long long>(line.skipped), line.loss,
+              lrs.c_str(), line.grad_norm, scale, rate);
   std::fflush(stdout);
 }
 

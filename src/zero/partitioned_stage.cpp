@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "optim/fused_adam.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
 
@@ -18,30 +19,61 @@ constexpr size_t kMaxBucketsInFlight = 2;
 int64_t storage_bytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
+
+at::ScalarType common_dtype(int stage, const std::vector<at::Tensor>& params) {
+  at::ScalarType dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
+  for (auto& p : params) {
+    auto t = p.scalar_type();
+    if (t != dtype || (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf))
+      throw ConfigError("zero_optimization.stage " + std::to_string(stage) +
+                        ": trainable parameters must all be fp32, or all bf16/fp16 (found " +
+                        std::string(c10::toString(dtype)) + " and " +
+                        std::string(c10::toString(t)) + ")");
+  }
+  if (stage == 0 && dtype == torch::kFloat)
+    throw ConfigError("PartitionedStage runs stage 0 for 16-bit parameters only");
+  return dtype;
+}
+
+at::ScalarType wire_dtype(const std::string& configured, at::ScalarType grad_dtype) {
+  if (configured == "fp32") return torch::kFloat;
+  if (configured == "fp16") return torch::kHalf;
+  if (configured == "bf16") return torch::kBFloat16;
+  return grad_dtype;
+}
 }  // namespace
 
 PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
                                    comm::CommunicatorPtr comm, const Config& config,
                                    const OptimizerFactory& make_optimizer)
     : stage_(stage), comm_(std::move(comm)), config_(config) {
-  for (auto& p : params)
-    if (p.scalar_type() != torch::kFloat)
-      throw ConfigError("zero_optimization.stage " + std::to_string(stage) +
-                        ": parameters must be fp32 in this build (found " +
-                        std::string(c10::toString(p.scalar_type())) + ")");
-  flat_ = std::make_unique<FlatParams>(params, comm_->world_size(), kAlignment);
+  param_dtype_ = common_dtype(stage, params);
+  // Stage 0 keeps everything on every rank: a single partition spanning the whole buffer.
+  const int parts = partitioned() ? comm_->world_size() : 1;
+  flat_ = std::make_unique<FlatParams>(params, parts, kAlignment);
   const auto& layout = flat_->layout();
-  const int rank = comm_->rank();
-  master_ = flat_->partition(rank).detach();
-  if (stage_ == 1) {
-    flat_grad_ = torch::zeros({layout.padded_numel});
+  const int rank = partitioned() ? comm_->rank() : 0;
+  at::Tensor own = flat_->partition(rank).detach();
+  master_ = mixed_precision() ? own.to(torch::kFloat) : own;
+  // Autograd accumulates gradients in the parameter dtype; stage 2's partition may be wider.
+  at::ScalarType grad_dtype = param_dtype_;
+  if (stage_ == 2 && !config_.grad_accum_dtype.empty())
+    grad_dtype = wire_dtype(config_.grad_accum_dtype, param_dtype_);
+  comm_dtype_ = wire_dtype(config_.communication_data_type, param_dtype_);
+  if (stage_ <= 1) {
+    flat_grad_ = torch::zeros({layout.padded_numel}, torch::TensorOptions().dtype(param_dtype_));
     grad_partition_ = flat_grad_.narrow(0, layout.begin(rank), layout.partition_numel);
     point_grads_at_flat_buffer();
   } else {
-    grad_partition_ = torch::zeros({layout.partition_numel});
+    grad_partition_ =
+        torch::zeros({layout.partition_numel}, torch::TensorOptions().dtype(grad_dtype));
   }
-  master_.mutable_grad() = grad_partition_;
+  if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
   optimizer_ = make_optimizer({master_});
+  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get()); fused && mixed_precision()) {
+    fused->set_half_copy(master_, own);
+    fused_half_copy_ = true;
+  }
 
   int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
   for (auto& range : make_bucket_ranges(*flat_, bucket)) {
@@ -53,7 +85,7 @@ PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
     for (size_t s : buckets_[b].range.slots) bucket_of_slot[s] = b;
   order_ = std::make_unique<BucketOrder>(std::move(bucket_of_slot), buckets_.size());
 
-  // Stage 2 must catch every gradient as it is produced (to free it); stage 1 only for overlap.
+  // Stage 2 must catch every gradient as it is produced (to free it); stages 0/1 only for overlap.
   const bool overlap = config_.zero_optimization.overlap_comm_enabled();
   if (stage_ == 2 || overlap) {
     for (size_t s = 0; s < flat_->slots().size(); ++s)
@@ -67,7 +99,7 @@ PartitionedStage::~PartitionedStage() {
     if (b.work) try { b.work->wait(); } catch (...) {}
 }
 
-// Stage 1: .grad of each parameter is its slice of flat_grad_, so autograd accumulates in place.
+// Stages 0/1: .grad of each parameter is its slice of flat_grad_, so autograd accumulates in place.
 // Re-done before each backward in case the user reset the gradients (module.zero_grad()).
 void PartitionedStage::point_grads_at_flat_buffer() {
   for (auto& slot : flat_->slots()) {
@@ -81,9 +113,9 @@ void PartitionedStage::point_grads_at_flat_buffer() {
 }
 
 void PartitionedStage::begin_backward(bool boundary) {
-  if (stage_ == 1) point_grads_at_flat_buffer();
-  // Stage 2 reduces every micro-step (the rank never holds a full gradient); stage 1 only at the
-  // boundary, after the gradients have accumulated.
+  if (stage_ <= 1) point_grads_at_flat_buffer();
+  // Stage 2 reduces every micro-step (the rank never holds a full gradient); stages 0/1 only at
+  // the boundary, after the gradients have accumulated.
   reducing_ = stage_ == 2 || boundary;
   order_->begin();
 }
@@ -99,8 +131,8 @@ void PartitionedStage::on_grad_ready(size_t slot) {
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void PartitionedStage::borrow_buffer(Bucket& b) {
   if (pool_.empty()) {
-    pool_bytes_ += max_bucket_numel_ * 4;
-    pool_.push_back(torch::empty({max_bucket_numel_}));
+    pool_.push_back(torch::empty({max_bucket_numel_}, torch::TensorOptions().dtype(comm_dtype_)));
+    pool_bytes_ += storage_bytes(pool_.back());
   }
   b.pooled = pool_.back();
   pool_.pop_back();
@@ -120,11 +152,21 @@ void PartitionedStage::stage_gradient_into_bucket(size_t slot_index) {
   }
 }
 
+// Stages 0/1 all-reduce in Gloo, which adds fp16 in fp16; the reduce-scatter adds in fp32.
+static bool sums_in_fp16(int stage, at::ScalarType wire) { return stage <= 1 && wire == at::kHalf; }
+
 void PartitionedStage::launch(Bucket& b) {
-  const double before = gradient_scaling(config_, comm_->world_size()).before_reduce;
+  const double before =
+      gradient_scaling(config_, comm_->world_size(), sums_in_fp16(stage_, comm_dtype_)).before_reduce;
   const auto& layout = flat_->layout();
-  if (stage_ == 1) {
+  if (stage_ <= 1) {
     auto range = flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin);
+    if (comm_dtype_ != range.scalar_type()) {
+      b.wire = range.to(comm_dtype_);
+      if (before != 1.0) b.wire.mul_(before);
+      b.work = comm_->all_reduce(b.wire);
+      return;
+    }
     if (before != 1.0) range.mul_(before);
     b.work = comm_->all_reduce(range);
     return;
@@ -134,7 +176,7 @@ void PartitionedStage::launch(Bucket& b) {
   std::vector<int64_t> splits;
   for (int r = 0; r < comm_->world_size(); ++r)
     splits.push_back(layout.overlap(r, b.range.begin, b.range.end));
-  b.received = torch::empty({splits[comm_->rank()]});
+  b.received = torch::empty({splits[comm_->rank()]}, torch::TensorOptions().dtype(comm_dtype_));
   b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
   in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
   const size_t max_in_flight =
@@ -148,10 +190,18 @@ void PartitionedStage::launch(Bucket& b) {
 void PartitionedStage::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  const double after =
+      gradient_scaling(config_, comm_->world_size(), sums_in_fp16(stage_, comm_dtype_)).after_reduce;
   const auto& layout = flat_->layout();
-  if (stage_ == 1) {
-    if (after != 1.0) flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin).mul_(after);
+  if (stage_ <= 1) {
+    auto range = flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin);
+    if (b.wire.defined()) {
+      if (after != 1.0) b.wire.mul_(after);
+      range.copy_(b.wire);
+      b.wire = at::Tensor();
+    } else if (after != 1.0) {
+      range.mul_(after);
+    }
     return;
   }
   const int rank = comm_->rank();
@@ -178,21 +228,44 @@ void PartitionedStage::end_backward(bool boundary) {
   in_flight_.clear();
 }
 
+// An inf or NaN in any rank's gradients makes the summed square non-finite on every rank, so this
+// one all-reduce is also the overflow vote. Stage 0: every rank already holds the whole average.
 double PartitionedStage::global_grad_norm() {
   at::Tensor sq = grad_partition_.to(torch::kDouble).pow(2).sum().reshape({1});
-  comm_->all_reduce(sq)->wait();
+  if (partitioned()) comm_->all_reduce(sq)->wait();
   return std::sqrt(sq.item<double>());
 }
 
 void PartitionedStage::step(double grad_scale) {
-  if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
+  if (!mixed_precision()) {
+    if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
+    optimizer_->step();
+    all_gather_partitions(/*copy_master=*/false);
+    discard_gradients();
+    return;
+  }
+  // The optimizer works in fp32: a transient widened copy of the gradient partition (4Ψ/N for the
+  // length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
+  at::Tensor grad32 = grad_partition_.to(torch::kFloat);
+  if (grad32.data_ptr() == grad_partition_.data_ptr()) grad32 = grad32.clone();
+  master_.mutable_grad() = grad32;
+  auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+  if (fused)
+    fused->set_grad_scale(static_cast<float>(grad_scale));
+  else if (grad_scale != 1.0)
+    grad32.mul_(grad_scale);
   optimizer_->step();
-  all_gather_partitions();
+  master_.mutable_grad() = at::Tensor();
+  all_gather_partitions(/*copy_master=*/!fused_half_copy_);
   discard_gradients();
 }
 
+at::Tensor PartitionedStage::own_partition() const {
+  return flat_->partition(partitioned() ? comm_->rank() : 0);
+}
+
 void PartitionedStage::discard_gradients() {
-  if (stage_ == 1)
+  if (stage_ <= 1)
     flat_grad_.zero_();
   else
     grad_partition_.zero_();
@@ -200,22 +273,25 @@ void PartitionedStage::discard_gradients() {
 
 // Every rank contributes its updated partition; chunk c of every partition travels in one
 // all_gather of at most allgather_bucket_size elements.
-void PartitionedStage::all_gather_partitions() {
+void PartitionedStage::all_gather_partitions(bool copy_master) {
+  torch::NoGradGuard no_grad;
+  if (copy_master && mixed_precision()) own_partition().copy_(master_);
   const auto& layout = flat_->layout();
   const int world = comm_->world_size();
-  if (world == 1) return;
+  if (world == 1 || !partitioned()) return;
+  at::Tensor own = own_partition();
   at::Tensor& buffer = flat_->buffer();
   const int64_t P = layout.partition_numel;
   const int64_t chunk =
       std::max<int64_t>(1, std::min(P, config_.zero_optimization.allgather_bucket_size / world));
   for (int64_t c = 0; c < P; c += chunk) {
     const int64_t n = std::min(chunk, P - c);
-    at::Tensor mine = master_.narrow(0, c, n).clone();
+    at::Tensor mine = own.narrow(0, c, n).clone();
     if (n == P) {
       comm_->all_gather(buffer, mine)->wait();  // partitions are contiguous: gather in place
       continue;
     }
-    at::Tensor gathered = torch::empty({n * world});
+    at::Tensor gathered = torch::empty({n * world}, buffer.options());
     comm_->all_gather(gathered, mine)->wait();
     for (int r = 0; r < world; ++r)
       buffer.narrow(0, layout.begin(r) + c, n).copy_(gathered.narrow(0, r * n, n));
@@ -225,8 +301,9 @@ void PartitionedStage::all_gather_partitions() {
 MemoryReport PartitionedStage::memory() const {
   MemoryReport r;
   r.parameters = storage_bytes(flat_->buffer());
-  r.gradients = stage_ == 1 ? storage_bytes(flat_grad_) : storage_bytes(grad_partition_);
+  r.gradients = stage_ <= 1 ? storage_bytes(flat_grad_) : storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  if (mixed_precision()) r.optimizer_states += storage_bytes(master_);
   r.comm_buffers = pool_bytes_;
   return r;
 }

@@ -1,0 +1,321 @@
+// bf16 and fp16 training at ZeRO stages 0-2 over ranks as threads:
+//  - bf16 GPT training tracks the fp32 loss curve (50 steps, 2 ranks);
+//  - model-state bytes match the ZeRO paper's mixed-precision formulas;
+//  - fp16 with dynamic loss scaling trains a model that computes in fp32 internally (libtorch 1.13
+//    has no Half matmul on CPU), skipping the overflowing first steps as DeepSpeed does;
+//  - an inf injected on one rank skips the step on every rank and leaves weights and optimizer
+//    states bit-identical.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <mutex>
+
+#include <torch/torch.h>
+
+#include "deepspeed/engine.h"
+#include "deepspeed/memory.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace {
+
+// bf16 keeps 8 significant bits, so single steps drift apart (measured up to 6.5% on one batch
+// over 50 steps of the small GPT) while the curve itself stays together: the mean loss of every
+// window of 10 steps must be within 2% of fp32's, and no single step more than 10% off.
+constexpr int kWindow = 10;
+constexpr double kBf16WindowTolerance = 0.02;
+constexpr double kBf16StepTolerance = 0.10;
+
+double worst_window_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0.0;
+  for (size_t w = 0; w + kWindow <= std::min(a.size(), b.size()); w += kWindow) {
+    double sa = 0, sb = 0;
+    for (size_t i = w; i < w + kWindow; ++i) sa += a[i], sb += b[i];
+    worst = std::max(worst, std::abs(sa - sb) / std::abs(sb));
+  }
+  return worst;
+}
+
+dstest::RunResult fp32_reference(int steps) {
+  static std::map<int, dstest::RunResult> cache;
+  auto it = cache.find(steps);
+  if (it != cache.end()) return it->second;
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = steps;
+  s.config = dstest::base_config(4, 1, 0);
+  return cache[steps] = dstest::train_gpt(s);
+}
+
+// The mixed-precision formulas (Adam, Ψ parameters, N ranks): 2Ψ 16-bit weights, 2Ψ 16-bit
+// gradients, 12Ψ fp32 master + moments, partitioned by the stage.
+double mixed_bytes(int stage, double psi, int n) {
+  switch (stage) {
+    case 0: return 16 * psi;
+    case 1: return 4 * psi + 12 * psi / n;
+    default: return 2 * psi + 14 * psi / n;
+  }
+}
+
+}  // namespace
+
+class Bf16Training : public ::testing::TestWithParam<int> {};
+
+TEST_P(Bf16Training, TracksTheFp32LossCurveAndMatchesTheMemoryFormula) {
+  const int stage = GetParam();
+  const int steps = 50;
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = steps;
+  s.config = dstest::base_config(4, 1, stage);
+  s.config["bf16"] = {{"enabled", true}};
+  auto bf16 = dstest::train_gpt(s);
+  auto fp32 = fp32_reference(steps);
+  ASSERT_EQ(bf16.losses.size(), static_cast<size_t>(steps));
+  for (auto& w : bf16.weights) ASSERT_EQ(w.scalar_type(), torch::kBFloat16);
+  double worst_step = dstest::max_loss_rel_diff(bf16, fp32);
+  double worst_window = worst_window_rel_diff(bf16.losses, fp32.losses);
+  EXPECT_LT(worst_window, kBf16WindowTolerance) << "stage " << stage;
+  EXPECT_LT(worst_step, kBf16StepTolerance) << "stage " << stage;
+  std::printf("stage %d: bf16 vs fp32 over %d steps: worst %d-step window %.4f, worst step %.4f "
+              "(first %.4f/%.4f, last %.4f/%.4f)\n",
+              stage, steps, kWindow, worst_window, worst_step, bf16.losses.front(),
+              fp32.losses.front(), bf16.losses.back(), fp32.losses.back());
+  EXPECT_LT(bf16.losses.back(), 0.8 * bf16.losses.front());
+
+  const double psi = static_cast<double>(dstest::count_parameters(s.model));
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& m = bf16.memory[rank];
+    double want = mixed_bytes(stage, psi, 2);
+    EXPECT_NEAR(m.model_states(), want, 0.05 * want)
+        << "stage " << stage << " rank " << rank << ": params " << m.parameters << " grads "
+        << m.gradients << " optimizer " << m.optimizer_states;
+    auto e = deepspeed::estimate_zero_memory(static_cast<int64_t>(psi), 2, stage, true);
+    EXPECT_NEAR(m.model_states(), e.model_states(), 0.05 * e.model_states());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Bf16Training, ::testing::Values(0, 1, 2));
+
+TEST(Bf16Memory, FourRanksMatchTheFormula) {
+  for (int stage : {1, 2}) {
+    dstest::RunSpec s;
+    s.world_size = 4;
+    s.steps = 2;
+    s.config = dstest::base_config(2, 1, stage);
+    s.config["bf16"] = {{"enabled", true}};
+    auto r = dstest::train_gpt(s);
+    const double psi = static_cast<double>(dstest::count_parameters(s.model));
+    double want = mixed_bytes(stage, psi, 4);
+    for (int rank = 0; rank < 4; ++rank)
+      EXPECT_NEAR(r.memory[rank].model_states(), want, 0.05 * want) << "stage " << stage;
+  }
+}
+
+// communication_data_type fp32 and data_types.grad_accum_dtype fp32 change only the rounding.
+TEST(Bf16Training, Fp32CommunicationAndAccumulationTrackToo) {
+  for (int stage : {1, 2}) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 20;
+    s.config = dstest::base_config(2, 2, stage);
+    s.config["bf16"] = {{"enabled", true}};
+    s.config["communication_data_type"] = "fp32";
+    s.config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    auto wide = dstest::train_gpt(s);
+    s.config = dstest::base_config(2, 2, 0);
+    auto fp32 = dstest::train_gpt(s);
+    EXPECT_LT(worst_window_rel_diff(wide.losses, fp32.losses), kBf16WindowTolerance)
+        << "stage " << stage;
+    EXPECT_LT(dstest::max_loss_rel_diff(wide, fp32), kBf16StepTolerance) << "stage " << stage;
+  }
+}
+
+TEST(MixedPrecisionConfig, ClientOptimizerIsRefusedNamingTheKey) {
+  auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto config = dstest::base_config(2, 1, 0);
+  config["bf16"] = {{"enabled", true}};
+  try {
+    deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = opt});
+    FAIL() << "expected ConfigError";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16.enabled"), std::string::npos) << e.what();
+  }
+}
+
+// ---- fp16 --------------------------------------------------------------------------------------
+
+namespace {
+
+// A two-layer regression net with fp16 parameters that computes in fp32 (the fp16 path of a CUDA
+// build without the Half kernels libtorch 1.13 lacks on CPU). Gradients reach the parameters in
+// fp16 through the casts.
+struct HalfMlpImpl : torch::nn::Module {
+  HalfMlpImpl() {
+    w1 = register_parameter("w1", torch::randn({32, 16}) * 0.3);
+    b1 = register_parameter("b1", torch::zeros({32}));
+    w2 = register_parameter("w2", torch::randn({4, 32}) * 0.3);
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = torch::tanh(x.matmul(w1.to(torch::kFloat).t()) + b1.to(torch::kFloat));
+    auto out = h.matmul(w2.to(torch::kFloat).t());
+    return (out - y).pow(2).mean();
+  }
+  torch::Tensor w1, b1, w2;
+};
+TORCH_MODULE(HalfMlp);
+
+struct Batch {
+  torch::Tensor x, y;
+};
+// Rank- and step-specific batches from a fixed teacher.
+Batch make_batch(int rank, int64_t step) {
+  torch::manual_seed(1234);
+  auto teacher = torch::randn({16, 4});
+  torch::manual_seed(10000 + 100 * step + rank);
+  auto x = torch::randn({8, 16});
+  return {x, torch::tanh(x.matmul(teacher))};
+}
+
+nlohmann::json fp16_config(int stage, nlohmann::json fp16) {
+  auto c = dstest::base_config(8, 1, stage);
+  c["optimizer"]["params"]["lr"] = 1e-2;
+  c["fp16"] = std::move(fp16);
+  c["fp16"]["enabled"] = true;
+  return c;
+}
+
+struct RankSnapshot {
+  std::vector<torch::Tensor> weights;  // the module's fp16 parameters
+  std::vector<torch::Tensor> states;   // fp32 masters and both moments of the rank's partition
+};
+RankSnapshot snapshot(deepspeed::Engine& engine) {
+  RankSnapshot s;
+  for (auto& p : engine.module().parameters()) s.weights.push_back(p.detach().clone());
+  auto& opt = *engine.optimizer();
+  for (auto& g : opt.param_groups())
+    for (auto& p : g.params()) {
+      s.states.push_back(p.detach().clone());
+      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(key));
+      s.states.push_back(st.exp_avg().clone());
+      s.states.push_back(st.exp_avg_sq().clone());
+    }
+  return s;
+}
+bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!torch::equal(a[i], b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+class Fp16Training : public ::testing::TestWithParam<int> {};
+
+// No dynamic key given: under ZeRO DeepSpeed starts at 2^32, which overflows fp16 at once; the
+// scaler halves it on each overflow until the gradients fit, then training proceeds. Stage 0
+// (FP16_Optimizer's defaults start at 2^16, which fits) is given 2^32 explicitly.
+TEST_P(Fp16Training, DynamicScalingSkipsOverflowsAndTheLossFalls) {
+  const int stage = GetParam();
+  std::mutex mu;
+  std::vector<double> losses;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(5);
+    auto model = HalfMlp();
+    auto [engine, opt, loader, sched] = deepspeed::initialize<HalfMlpImpl>(
+        {.model = model.ptr(),
+         .config_json = fp16_config(stage, stage == 0 ? nlohmann::json{{"initial_scale_power", 32}}
+                                                      : nlohmann::json::object()),
+         .comm = comm});
+    for (auto& p : model->parameters()) ASSERT_EQ(p.scalar_type(), torch::kHalf);
+    const double initial_scale = engine->loss_scale();
+    std::vector<double> mine;
+    for (int64_t step = 0; step < 80; ++step) {
+      auto b = make_batch(comm->rank(), step);
+      engine->backward(engine->forward(b.x, b.y));
+      engine->step();
+      if (engine->was_step_applied()) mine.push_back(engine->last_loss());
+    }
+    EXPECT_GT(engine->skipped_steps(), 0);
+    EXPECT_LT(engine->loss_scale(), initial_scale);
+    EXPECT_EQ(engine->global_steps(), 80);
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm->rank() == 0) losses = mine;
+  });
+  ASSERT_GT(losses.size(), 40u);
+  EXPECT_LT(losses.back(), 0.5 * losses.front())
+      << "first applied loss " << losses.front() << ", last " << losses.back();
+}
+
+// An inf in one rank's gradients: every rank skips, nothing changes, the scale halves.
+TEST_P(Fp16Training, InfOnOneRankSkipsTheStepEverywhereBitIdentically) {
+  const int stage = GetParam();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(5);
+    auto model = HalfMlp();
+    auto config = fp16_config(stage, {{"initial_scale_power", 8}, {"hysteresis", 1}});
+    config["scheduler"] = {{"type", "WarmupLR"},
+                           {"params", {{"warmup_num_steps", 10}, {"warmup_type", "linear"}}}};
+    auto [engine, opt, loader, sched] = deepspeed::initialize<HalfMlpImpl>(
+        {.model = model.ptr(), .config_json = config, .comm = comm});
+    auto train_step = [&](int64_t step, bool poison) {
+      auto b = make_batch(comm->rank(), step);
+      auto loss = engine->forward(b.x, b.y);
+      if (poison) loss = loss * std::numeric_limits<float>::infinity();
+      engine->backward(loss);
+      engine->step();
+    };
+    for (int64_t step = 0; step < 3; ++step) train_step(step, false);
+    ASSERT_TRUE(engine->was_step_applied());
+    ASSERT_EQ(engine->skipped_steps(), 0);
+    const double scale = engine->loss_scale();
+    const auto lr = engine->get_lr();
+    auto before = snapshot(*engine);
+
+    train_step(3, /*poison=*/comm->rank() == 1);
+    EXPECT_FALSE(engine->was_step_applied()) << "rank " << comm->rank();
+    EXPECT_EQ(engine->skipped_steps(), 1);
+    EXPECT_EQ(engine->global_steps(), 4);
+    EXPECT_EQ(engine->loss_scale(), scale / 2);
+    EXPECT_EQ(engine->get_lr(), lr);
+    auto after = snapshot(*engine);
+    EXPECT_TRUE(bit_identical(before.weights, after.weights)) << "rank " << comm->rank();
+    EXPECT_TRUE(bit_identical(before.states, after.states)) << "rank " << comm->rank();
+
+    train_step(4, false);  // the next clean step applies again
+    EXPECT_TRUE(engine->was_step_applied());
+    EXPECT_FALSE(bit_identical(before.weights, snapshot(*engine).weights));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Fp16Training, ::testing::Values(0, 1, 2));
+
+// fp16.auto_cast: floating-point inputs reach the model as fp16, integer inputs unchanged.
+namespace {
+struct DtypeProbeImpl : torch::nn::Module {
+  DtypeProbeImpl() { w = register_parameter("w", torch::ones({4})); }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& ids) {
+    seen_x = x.scalar_type();
+    seen_ids = ids.scalar_type();
+    return (x.to(torch::kFloat) * w.to(torch::kFloat)).sum();
+  }
+  torch::Tensor w;
+  at::ScalarType seen_x = at::kFloat, seen_ids = at::kFloat;
+};
+}  // namespace
+
+TEST(Fp16Config, AutoCastCastsFloatingInputsOnly) {
+  for (bool auto_cast : {false, true}) {
+    auto model = std::make_shared<DtypeProbeImpl>();
+    auto config = fp16_config(0, {{"auto_cast", auto_cast}});
+    auto engine = deepspeed::initialize<DtypeProbeImpl>({.model = model, .config_json = config}).engine;
+    engine->forward(torch::ones({4}), torch::zeros({2}, torch::kLong));
+    EXPECT_EQ(model->seen_x, auto_cast ? torch::kHalf : torch::kFloat);
+    EXPECT_EQ(model->seen_ids, torch::kLong);
+  }
+}

@@ -1,43 +1,70 @@
-// PartitionedStage's side of checkpoints: its partition of the fp32 masters and their Adam moments,
-// as fragments of the parameters (checkpoint/layout.h).
+// PartitionedStage's side of checkpoints: the fp32 masters and their Adam moments, as fragments
+// of the parameters (checkpoint/layout.h). Stages 1/2 save and load their own partition; stage 0
+// in 16 bits (one partition spanning the buffer, the same state on every rank) saves the 1/N share
+// a partition would hold and loads every parameter whole.
 #include <torch/torch.h>
 
+#include "checkpoint/layout.h"
 #include "deepspeed/errors.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/partitioned_stage.h"
 
 namespace deepspeed {
 namespace zero {
-
+namespace {
 // Slot i of the flat buffer holds parameter (n - 1 - i): FlatParams lays them in reverse order.
+size_t param_of_slot(size_t slot, size_t n) { return n - 1 - slot; }
+
+// Elements [offset, offset + numel) of a parameter living at flat position `at` of master
+// (master's element 0 being flat position `base`).
+StateFragment fragment(const at::Tensor& master, torch::optim::AdamWParamState* state, size_t param,
+                       int64_t offset, int64_t numel, int64_t at, int64_t base) {
+  StateFragment f;
+  f.param = param;
+  f.offset = offset;
+  f.numel = numel;
+  f.master = master.narrow(0, at - base, numel);
+  attach_moments(state, at - base, numel, f.exp_avg, f.exp_avg_sq);
+  return f;
+}
+}  // namespace
+
 std::vector<StateFragment> PartitionedStage::fragments_to_save() {
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-  const auto& layout = flat_->layout();
   const auto& slots = flat_->slots();
-  const int rank = comm_->rank();
-  const int64_t begin = layout.begin(rank), end = layout.end(rank);
+  const size_t n = slots.size();
   auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
   std::vector<StateFragment> out;
-  for (size_t i = 0; i < slots.size(); ++i) {
+  if (!partitioned()) {
+    std::vector<int64_t> numels(n);
+    for (size_t i = 0; i < n; ++i) numels[param_of_slot(i, n)] = slots[i].numel;
+    for (auto& r : checkpoint::partition_fragments(numels, comm_->world_size(), comm_->rank()))
+      out.push_back(fragment(master_, state, r.param, r.offset, r.numel,
+                             slots[param_of_slot(r.param, n)].offset + r.offset, 0));
+    return out;
+  }
+  const auto& layout = flat_->layout();
+  const int64_t begin = layout.begin(comm_->rank()), end = layout.end(comm_->rank());
+  for (size_t i = 0; i < n; ++i) {
     const int64_t lo = std::max(begin, slots[i].offset);
     const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
-    if (hi <= lo) continue;
-    StateFragment f;
-    f.param = slots.size() - 1 - i;
-    f.offset = lo - slots[i].offset;
-    f.numel = hi - lo;
-    f.master = master_.narrow(0, lo - begin, f.numel);
-    attach_moments(state, lo - begin, f.numel, f.exp_avg, f.exp_avg_sq);
-    out.push_back(std::move(f));
+    if (hi > lo)
+      out.push_back(fragment(master_, state, param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
   }
   return out;
 }
 
 std::vector<StateFragment> PartitionedStage::fragments_to_load(bool create_moments) {
-  adam_state_for(*optimizer_, master_, create_moments);
-  return fragments_to_save();
+  auto* state = adam_state_for(*optimizer_, master_, create_moments);
+  if (partitioned()) return fragments_to_save();
+  const auto& slots = flat_->slots();
+  std::vector<StateFragment> out;
+  for (size_t i = 0; i < slots.size(); ++i)
+    out.push_back(fragment(master_, state, param_of_slot(i, slots.size()), 0, slots[i].numel,
+                           slots[i].offset, 0));
+  return out;
 }
 
 int64_t PartitionedStage::adam_step() const {
@@ -49,12 +76,12 @@ int64_t PartitionedStage::adam_step() const {
 void PartitionedStage::finish_load(int64_t adam_step) {
   if (adam_step >= 0)
     if (auto* state = adam_state_for(*optimizer_, master_, /*create=*/true)) state->step(adam_step);
-  all_gather_partitions();
+  all_gather_partitions();  // masters -> this rank's (16-bit) partition -> every rank
 }
 
 void PartitionedStage::refresh_masters_from_model() {
   torch::NoGradGuard no_grad;
-  master_.copy_(flat_->partition(comm_->rank()));
+  master_.copy_(own_partition());
 }
 
 }  // namespace zero

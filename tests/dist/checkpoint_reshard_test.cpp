@@ -6,6 +6,8 @@
 // continues training after resharding and compares with the uninterrupted run.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "checkpoint/consolidate.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
@@ -89,6 +91,53 @@ TEST(CheckpointReshard, EveryWorldSizeAndStageToEveryOther) {
           expect_identical(got.exp_avg_sq, want.exp_avg_sq, label + " exp_avg_sq");
         }
       }
+    }
+  }
+}
+
+// bf16 training keeps fp32 masters: a bf16 checkpoint reshards like an fp32 one, into bf16 or
+// fp32 engines, including bf16 stage 0 (which runs as one unpartitioned PartitionedStage).
+TEST(CheckpointReshard, AcrossPrecisions) {
+  dstest::TempDir root;
+  struct Side {
+    int world, stage;
+    bool bf16;
+  };
+  auto job = [](Side side, int steps) {
+    auto j = job_at(side.world, side.stage, steps);
+    if (side.bf16) j.config["bf16"] = {{"enabled", true}};
+    return j;
+  };
+  for (Side from : {Side{2, 0, true}, Side{3, 2, true}, Side{2, 1, false}}) {
+    const std::string src = root / ("src_" + std::to_string(from.world) + std::to_string(from.stage));
+    auto save = job(from, 3);
+    save.save_dir = src;
+    save.save_at_end = true;
+    run_checkpoint_job(save);
+    const State want = consolidated(src);
+    EXPECT_EQ(want.meta["precision"], from.bf16 ? "bf16" : "fp32");
+    for (Side to : {Side{4, 1, true}, Side{1, 0, false}, Side{2, 2, false}, Side{3, 0, true}}) {
+      const std::string label = std::to_string(from.world) + "/" + std::to_string(from.stage) +
+                                (from.bf16 ? "/bf16" : "/fp32") + " -> " + std::to_string(to.world) +
+                                "/" + std::to_string(to.stage) + (to.bf16 ? "/bf16" : "/fp32");
+      const std::string dst = root / "dst";
+      auto load = job(to, 3);
+      load.model_seed = 99;
+      load.load_dir = src;
+      load.save_dir = dst;
+      load.save_at_end = true;
+      auto loaded = run_checkpoint_job(load);
+      ASSERT_EQ(loaded.weights.size(), want.fp32.size()) << label;
+      for (size_t i = 0; i < want.fp32.size(); ++i) {
+        auto expected = want.fp32[i].second.to(to.bf16 ? torch::kBFloat16 : torch::kFloat);
+        EXPECT_TRUE(torch::equal(loaded.weights[i], expected)) << label << " weight " << i;
+      }
+      const State got = consolidated(dst);
+      EXPECT_EQ(got.meta["optimizer"]["adam_step"], 3) << label;
+      expect_identical(got.fp32, want.fp32, label + " fp32");
+      expect_identical(got.exp_avg, want.exp_avg, label + " exp_avg");
+      expect_identical(got.exp_avg_sq, want.exp_avg_sq, label + " exp_avg_sq");
+      std::filesystem::remove_all(dst);
     }
   }
 }

@@ -21,9 +21,10 @@ struct Case {
   int world;
   int stage;
   const char* optimizer;  // "AdamW" (reshardable fragments) or "SGD" (libtorch's own archive)
+  bool bf16 = false;      // bf16 model with fp32 masters (stage 0 then runs PartitionedStage)
 };
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << "world " << c.world << ", stage " << c.stage << ", " << c.optimizer;
+  *os << "world " << c.world << ", stage " << c.stage << ", " << c.optimizer << (c.bf16 ? ", bf16" : "");
 }
 
 nlohmann::json config_for(const Case& c) {
@@ -31,6 +32,7 @@ nlohmann::json config_for(const Case& c) {
   config["gradient_clipping"] = 0.5;
   config["scheduler"] = {{"type", "WarmupLR"},
                          {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 3e-3}, {"warmup_num_steps", 15}}}};
+  if (c.bf16) config["bf16"] = {{"enabled", true}};
   if (std::string(c.optimizer) == "SGD")
     config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
   return config;
@@ -72,10 +74,12 @@ TEST_P(ExactResume, StepsAfterTheCheckpointAreBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(
     Checkpoint, ExactResume,
     ::testing::Values(Case{1, 0, "AdamW"}, Case{2, 0, "AdamW"}, Case{2, 1, "AdamW"},
-                      Case{3, 2, "AdamW"}, Case{2, 0, "SGD"}, Case{2, 2, "SGD"}),
+                      Case{3, 2, "AdamW"}, Case{2, 0, "SGD"}, Case{2, 2, "SGD"},
+                      Case{2, 0, "AdamW", true}, Case{2, 1, "AdamW", true}, Case{3, 2, "AdamW", true}),
     [](const auto& info) {
       return "world" + std::to_string(info.param.world) + "_stage" +
-             std::to_string(info.param.stage) + "_" + info.param.optimizer;
+             std::to_string(info.param.stage) + "_" + info.param.optimizer +
+             (info.param.bf16 ? "_bf16" : "");
     });
 
 // checkpoint.tag_validation "Fail": ranks saving under different tags all throw before writing.

@@ -1,0 +1,191 @@
+#include "offload/swapped_adam.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed::offload {
+namespace {
+
+// The three arrays of a sub-group start on 64-byte boundaries inside its buffer.
+int64_t stride_of(int64_t numel) { return round_up(numel, 16); }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string unique_file_in(const std::string& dir) {
+  struct stat st;
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IOError(fmt::format("offload_optimizer.nvme_path '{}' is not an existing directory", dir));
+  static std::atomic<int> counter{0};
+  return fmt::format("{}/optimizer_swap.{}.{}.bin", dir, ::getpid(), counter++);
+}
+
+}  // namespace
+
+SwappedAdam::SwappedAdam(const at::Tensor& initial_master, SwapOptions options)
+    : numel_(initial_master.numel()), options_(std::move(options)), queue_(options_.aio) {
+  if (options_.sub_group_size < 1)
+    throw ConfigError(fmt::format("zero_optimization.sub_group_size must be >= 1, got {}",
+                                  options_.sub_group_size));
+  if (options_.buffer_count < 1)
+    throw ConfigError(fmt::format("offload_optimizer.buffer_count must be >= 1, got {}",
+                                  options_.buffer_count));
+  path_ = unique_file_in(options_.dir);
+  file_ = DirectFile::create(path_);
+  const int64_t group = std::min<int64_t>(options_.sub_group_size, std::max<int64_t>(numel_, 1));
+  int64_t offset = 0;
+  for (int64_t begin = 0; begin < numel_; begin += group) {
+    Group g;
+    g.begin = begin;
+    g.numel = std::min(group, numel_ - begin);
+    g.offset = offset;
+    g.bytes = round_up(3 * stride_of(g.numel) * 4, kDirectIoAlignment);
+    offset += g.bytes;
+    groups_.push_back(g);
+  }
+  const int buffers = static_cast<int>(std::min<int64_t>(options_.buffer_count, groups_.size()));
+  int64_t max_bytes = 0;
+  for (auto& g : groups_) max_bytes = std::max(max_bytes, g.bytes);
+  for (int b = 0; b < buffers; ++b) ring_.emplace_back(max_bytes);
+  grad_scratch_ = AlignedBuffer(group * 4);
+  at::Tensor zeros = torch::zeros({numel_});
+  write_state(initial_master, zeros, zeros);
+}
+
+SwappedAdam::~SwappedAdam() {
+  try {
+    queue_.wait_all();
+  } catch (...) {
+  }
+  file_.reset();
+  ::unlink(path_.c_str());
+}
+
+int64_t SwappedAdam::resident_bytes() const {
+  int64_t total = grad_scratch_.bytes();
+  for (auto& b : ring_) total += b.bytes();
+  return total;
+}
+
+int64_t SwappedAdam::file_bytes() const {
+  return groups_.empty() ? 0 : groups_.back().offset + groups_.back().bytes;
+}
+
+bool SwappedAdam::direct_io() const { return file_->direct(); }
+
+void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
+                       const optim::AdamStepParams& hp) {
+  TORCH_CHECK(grad.numel() == numel_ && param_out.numel() == numel_ && param_out.is_contiguous(),
+              "SwappedAdam::step: grad and param_out must have ", numel_, " elements");
+  const int64_t G = static_cast<int64_t>(groups_.size());
+  const int B = static_cast<int>(ring_.size());
+  std::vector<AioQueue::Ticket> reading(B, -1), writing(B, -1);
+  auto wait_write = [&](int b) {
+    if (writing[b] < 0) return;
+    auto t0 = std::chrono::steady_clock::now();
+    queue_.wait(writing[b]);
+    stats_.seconds_waiting_write += seconds_since(t0);
+    writing[b] = -1;
+  };
+  int64_t next_read = 0;
+  auto issue_read = [&]() {
+    const int b = static_cast<int>(next_read % B);
+    wait_write(b);  // the buffer still holds the previous sub-group on its way out
+    const Group& g = groups_[next_read];
+    reading[b] = queue_.read(*file_, g.offset, ring_[b].data(), g.bytes);
+    ++next_read;
+  };
+  const bool fp32_out = param_out.scalar_type() == torch::kFloat;
+  const bool fp32_grad = grad.scalar_type() == torch::kFloat && grad.is_contiguous();
+  const auto kind = param_out.scalar_type() == torch::kHalf ? optim::Half16Kind::FP16
+                                                              : optim::Half16Kind::BF16;
+  try {
+    for (int64_t k = 0; k < G; ++k) {
+      while (next_read <= k) issue_read();
+      const int b = static_cast<int>(k % B);
+      auto t0 = std::chrono::steady_clock::now();
+      queue_.wait(reading[b]);
+      stats_.seconds_waiting_read += seconds_since(t0);
+
+      t0 = std::chrono::steady_clock::now();
+      const Group& g = groups_[k];
+      const int64_t stride = stride_of(g.numel);
+      float* master = ring_[b].as<float>();
+      const float* gptr;
+      if (fp32_grad) {
+        gptr = grad.data_ptr<float>() + g.begin;
+      } else {
+        at::from_blob(grad_scratch_.data(), {g.numel}, torch::kFloat)
+            .copy_(grad.narrow(0, g.begin, g.numel));
+        gptr = grad_scratch_.as<float>();
+      }
+      uint16_t* half = fp32_out ? nullptr
+                                : static_cast<uint16_t*>(param_out.data_ptr()) + g.begin;
+      optim::adam_step(master, gptr, master + stride, master + 2 * stride, g.numel, hp, half, kind);
+      if (fp32_out)
+        std::memcpy(param_out.data_ptr<float>() + g.begin, master, g.numel * sizeof(float));
+      stats_.seconds_updating += seconds_since(t0);
+
+      writing[b] = queue_.write(*file_, g.offset, ring_[b].data(), g.bytes);
+      // Keep B-1 sub-groups ahead: the read of k + B - 1 reuses the buffer of k - 1.
+      while (next_read < std::min<int64_t>(G, k + B)) issue_read();
+    }
+    for (int b = 0; b < B; ++b) wait_write(b);
+  } catch (...) {
+    try {
+      queue_.wait_all();
+    } catch (...) {
+    }
+    throw;
+  }
+  stats_.bytes_read = queue_.bytes_read();
+  stats_.bytes_written = queue_.bytes_written();
+}
+
+void SwappedAdam::fill(int64_t group, float* into, const at::Tensor* source, int which) const {
+  const Group& g = groups_[group];
+  auto dst = at::from_blob(into + which * stride_of(g.numel), {g.numel}, torch::kFloat);
+  dst.copy_(source->reshape({-1}).narrow(0, g.begin, g.numel));
+}
+
+void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_avg,
+                              const at::Tensor& exp_avg_sq) {
+  for (auto* t : {&master, &exp_avg, &exp_avg_sq})
+    TORCH_CHECK(t->numel() == numel_, "SwappedAdam::write_state: expected ", numel_,
+                " elements, got ", t->numel());
+  torch::NoGradGuard no_grad;
+  for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
+    float* buf = ring_[0].as<float>();
+    std::memset(buf, 0, groups_[k].bytes);
+    fill(k, buf, &master, 0);
+    fill(k, buf, &exp_avg, 1);
+    fill(k, buf, &exp_avg_sq, 2);
+    queue_.wait(queue_.write(*file_, groups_[k].offset, buf, groups_[k].bytes));
+  }
+}
+
+std::array<at::Tensor, 3> SwappedAdam::read_state() {
+  std::array<at::Tensor, 3> out{torch::empty({numel_}), torch::empty({numel_}),
+                                torch::empty({numel_})};
+  for (auto& g : groups_) {
+    float* buf = ring_[0].as<float>();
+    queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
+    const int64_t stride = stride_of(g.numel);
+    for (int i = 0; i < 3; ++i)
+      out[i].narrow(0, g.begin, g.numel)
+          .copy_(at::from_blob(buf + i * stride, {g.numel}, torch::kFloat));
+  }
+  return out;
+}
+
+}  // namespace deepspeed::offload

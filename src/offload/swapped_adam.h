@@ -1,0 +1,83 @@
+// Adam whose fp32 master weights and moments live in files (ZeRO-Infinity's NVMe optimizer
+// offload): only `buffer_count` sub-groups are in memory at any time.
+//
+// The rank's partition is cut into sub-groups of sub_group_size elements; sub-group k is one file
+// region holding [master | exp_avg | exp_avg_sq]. step() walks the sub-groups through a ring of
+// buffer_count buffers so that reading sub-group k+1 and writing sub-group k-1 run while k is
+// being updated (buffer_count >= 3 gives that full overlap; 2 overlaps only the read):
+//     wait read k -> update k (vectorised Adam, 16-bit copy written into the model) -> write k
+//     -> wait write of the sub-group that last used the next buffer -> read k + buffer_count - 1
+// Resident memory: buffer_count * 12 * sub_group_size bytes, whatever the partition size.
+//
+// Not thread-safe. Files are removed when the object is destroyed.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "offload/aio_queue.h"
+#include "offload/aligned_buffer.h"
+#include "optim/cpu_adam.h"
+
+namespace deepspeed::offload {
+
+struct SwapOptions {
+  std::string dir;                    // offload_optimizer.nvme_path (+ a per-rank folder)
+  int64_t sub_group_size = 1000000000;  // zero_optimization.sub_group_size (elements)
+  int buffer_count = 4;               // offload_optimizer.buffer_count
+  AioOptions aio;
+};
+
+struct SwapStats {
+  double seconds_waiting_read = 0;   // step() blocked on a read (not hidden behind compute)
+  double seconds_waiting_write = 0;
+  double seconds_updating = 0;
+  int64_t bytes_read = 0, bytes_written = 0;
+};
+
+class SwappedAdam {
+ public:
+  // Creates the swap files under options.dir (which must exist: IOError naming it otherwise) and
+  // writes `initial_master` (any float dtype, 1-D) widened to fp32, with zero moments.
+  SwappedAdam(const at::Tensor& initial_master, SwapOptions options);
+  ~SwappedAdam();
+
+  // One update of the whole partition. grad: 1-D, numel(), any float dtype (widened per
+  // sub-group). param_out: 1-D, numel(), fp32 or bf16/fp16: receives the updated master (16-bit
+  // rounding fused into the Adam pass). hp.step is the 1-based step count.
+  void step(const at::Tensor& grad, at::Tensor param_out, const optim::AdamStepParams& hp);
+
+  // The state as fp32 tensors (checkpoints, tests): master, exp_avg, exp_avg_sq.
+  std::array<at::Tensor, 3> read_state();
+  void write_state(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
+  int64_t numel() const { return numel_; }
+  int64_t resident_bytes() const;   // the ring of buffers
+  int64_t file_bytes() const;       // bytes of state on disk
+  bool direct_io() const;
+  const SwapStats& stats() const { return stats_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Group {
+    int64_t begin = 0, numel = 0;   // elements of the partition
+    int64_t offset = 0, bytes = 0;  // region in the file (aligned)
+  };
+  void fill(int64_t group, float* into, const at::Tensor* source, int which) const;
+
+  int64_t numel_;
+  SwapOptions options_;
+  std::string path_;
+  std::unique_ptr<DirectFile> file_;
+  AioQueue queue_;
+  std::vector<Group> groups_;
+  std::vector<AlignedBuffer> ring_;
+  AlignedBuffer grad_scratch_;  // one sub-group of widened gradient
+  SwapStats stats_;
+};
+
+}  // namespace deepspeed::offload

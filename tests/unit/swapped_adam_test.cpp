@@ -1,0 +1,180 @@
+// NVMe optimizer swap: Adam over sub-groups read from and written back to a file through io_uring
+// must give bit for bit what the in-memory update gives, whatever the sub-group size and buffer
+// count; I/O failures must stop with an IOError naming the file.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+#include "offload/swapped_adam.h"
+
+namespace fs = std::filesystem;
+using deepspeed::offload::SwapOptions;
+using deepspeed::offload::SwappedAdam;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    path = fs::temp_directory_path() / ("swapped_adam_test." + std::to_string(::getpid()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+deepspeed::optim::AdamStepParams hyper(int64_t step) {
+  deepspeed::optim::AdamStepParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  hp.step = step;
+  hp.grad_scale = 0.5f;
+  return hp;
+}
+
+SwapOptions options(const fs::path& dir, int64_t sub_group, int buffers) {
+  SwapOptions o;
+  o.dir = dir.string();
+  o.sub_group_size = sub_group;
+  o.buffer_count = buffers;
+  o.aio.block_size = 8192;  // several pieces per sub-group
+  o.aio.queue_depth = 4;
+  return o;
+}
+
+}  // namespace
+
+class SwappedAdamMatchesInMemory
+    : public ::testing::TestWithParam<std::tuple<int64_t, int, at::ScalarType>> {};
+
+TEST_P(SwappedAdamMatchesInMemory, BitForBitOverSeveralSteps) {
+  auto [sub_group, buffers, dtype] = GetParam();
+  TempDir dir;
+  const int64_t n = 10007;  // not a multiple of anything
+  torch::manual_seed(3);
+  at::Tensor master = torch::randn({n});
+  at::Tensor m = torch::zeros({n}), v = torch::zeros({n});
+  at::Tensor param16 = master.to(dtype);
+
+  SwappedAdam swapped(master, options(dir.path, sub_group, buffers));
+  at::Tensor swapped_param = master.to(dtype);
+  // Resident: the ring of buffers (3 fp32 arrays of one sub-group each) + one widened gradient.
+  const int64_t group = std::min(sub_group, n);
+  const int64_t group_bytes = 12 * group + 3 * 64 + 4096;
+  EXPECT_LE(swapped.resident_bytes(), std::min<int64_t>(buffers, (n + group - 1) / group) *
+                                              group_bytes + 4 * group + 4096);
+
+  for (int64_t step = 1; step <= 4; ++step) {
+    at::Tensor grad = torch::randn({n}).to(dtype);
+    at::Tensor grad32 = grad.to(torch::kFloat);
+    auto hp = hyper(step);
+    if (dtype == torch::kFloat) {
+      deepspeed::optim::adam_step(master.data_ptr<float>(), grad32.data_ptr<float>(),
+                                  m.data_ptr<float>(), v.data_ptr<float>(), n, hp);
+      param16 = master.clone();
+    } else {
+      deepspeed::optim::adam_step(master.data_ptr<float>(), grad32.data_ptr<float>(),
+                                  m.data_ptr<float>(), v.data_ptr<float>(), n, hp,
+                                  static_cast<uint16_t*>(param16.data_ptr()),
+                                  dtype == torch::kHalf ? deepspeed::optim::Half16Kind::FP16
+                                                        : deepspeed::optim::Half16Kind::BF16);
+    }
+    swapped.step(grad, swapped_param, hp);
+    ASSERT_TRUE(torch::equal(swapped_param, param16)) << "step " << step;
+  }
+  auto state = swapped.read_state();
+  EXPECT_TRUE(torch::equal(state[0], master));
+  EXPECT_TRUE(torch::equal(state[1], m));
+  EXPECT_TRUE(torch::equal(state[2], v));
+  // Every step read and wrote the whole state once (plus the initial write and read_state).
+  EXPECT_EQ(swapped.stats().bytes_read, 4 * swapped.file_bytes());
+  EXPECT_EQ(swapped.stats().bytes_written, 5 * swapped.file_bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SubGroupsAndBuffers, SwappedAdamMatchesInMemory,
+    ::testing::Values(std::make_tuple(int64_t{1000}, 1, torch::kBFloat16),
+                      std::make_tuple(int64_t{1000}, 2, torch::kBFloat16),
+                      std::make_tuple(int64_t{1000}, 3, torch::kFloat),
+                      std::make_tuple(int64_t{1000}, 4, torch::kHalf),
+                      std::make_tuple(int64_t{3000}, 4, torch::kBFloat16),
+                      std::make_tuple(int64_t{1} << 30, 4, torch::kFloat)));
+
+TEST(SwappedAdam, StateRoundTripsThroughWriteAndRead) {
+  TempDir dir;
+  at::Tensor a = torch::randn({5000}), b = torch::randn({5000}), c = torch::rand({5000});
+  SwappedAdam swapped(a, options(dir.path, 1024, 2));
+  swapped.write_state(a, b, c);
+  auto s = swapped.read_state();
+  EXPECT_TRUE(torch::equal(s[0], a) && torch::equal(s[1], b) && torch::equal(s[2], c));
+}
+
+TEST(SwappedAdam, FilesAreRemovedWithTheOptimizer) {
+  TempDir dir;
+  {
+    SwappedAdam swapped(torch::ones({100}), options(dir.path, 64, 2));
+    EXPECT_TRUE(fs::exists(swapped.path()));
+    EXPECT_GE(static_cast<int64_t>(fs::file_size(swapped.path())), swapped.file_bytes());
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST(SwappedAdamErrors, MissingNvmePathIsNamed) {
+  try {
+    SwappedAdam swapped(torch::ones({10}), options("/nonexistent/swap/dir", 64, 2));
+    FAIL() << "expected IOError";
+  } catch (const deepspeed::IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/swap/dir"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nvme_path"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SwappedAdamErrors, FileTruncatedUnderTheJobStopsTheStepNamingTheFile) {
+  TempDir dir;
+  const int64_t n = 20000;
+  SwappedAdam swapped(torch::ones({n}), options(dir.path, 4096, 3));
+  ASSERT_EQ(::truncate(swapped.path().c_str(), swapped.file_bytes() / 2), 0);
+  at::Tensor out = torch::zeros({n});
+  try {
+    swapped.step(torch::ones({n}), out, hyper(1));
+    FAIL() << "expected IOError";
+  } catch (const deepspeed::IOError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find(swapped.path()), std::string::npos) << what;
+    EXPECT_NE(what.find("short read"), std::string::npos) << what;
+  }
+}
+
+// A full disk is simulated with RLIMIT_FSIZE: the kernel fails the write past the limit (EFBIG)
+// exactly where a full device fails it with ENOSPC.
+TEST(SwappedAdamErrors, WriteFailureIsAnIOErrorNamingTheFile) {
+  TempDir dir;
+  struct rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 64 * 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::string what;
+  try {
+    SwappedAdam swapped(torch::ones({100000}), options(dir.path, 8192, 2));
+  } catch (const deepspeed::IOError& e) {
+    what = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  ASSERT_FALSE(what.empty()) << "a write past the size limit did not fail";
+  EXPECT_NE(what.find(dir.path.string()), std::string::npos) << what;
+}
+
+TEST(SwappedAdamErrors, BadSettingsNameTheKey) {
+  TempDir dir;
+  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path, 0, 2)), deepspeed::ConfigError);
+  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path, 8, 0)), deepspeed::ConfigError);
+}

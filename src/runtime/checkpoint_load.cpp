@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <optional>
 #include <set>
 
 #include "checkpoint/layout.h"
@@ -18,9 +19,19 @@ namespace deepspeed {
 namespace checkpoint {
 namespace {
 
+// The engine counters and state objects of the model-states file, parsed (and so validated) in
+// phase 1.
+struct SavedEngineState {
+  int64_t global_steps = 0, global_samples = 0, micro_steps = 0, skipped_steps = 0;
+  std::unique_ptr<precision::LossScaler> loss_scaler;  // null: none saved
+  nlohmann::json lr_scheduler;                         // null: none saved
+  std::optional<LoaderState> loader;
+};
+
 // Everything read in phase 1, applied in phase 2.
 struct Plan {
   nlohmann::json model_meta;
+  SavedEngineState engine;
   std::vector<std::pair<at::Tensor, at::Tensor>> module_copies;  // (destination, source)
   std::vector<std::pair<at::Tensor, at::Tensor>> state_copies;   // fragments: masters, moments
   int64_t adam_step = -1;  // >= 0: set the Adam step
@@ -142,19 +153,6 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   plan_torch_archive(reader, s, plan);
 }
 
-Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
-  Plan plan;
-  plan.model_meta = reader.file_metadata(model_states_file_name());
-  plan_module(reader, *s.module, o.load_module_strict, plan);
-  if (o.load_module_only) return plan;
-  const auto names = trainable_names(*s.module);
-  check_trainable(reader, s, names);
-  plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
-  if (reader.world_size() == s.comm->world_size())
-    plan.rng_state = reader.tensor(optim_states_file_name(s.comm->rank()), "rng_state");
-  return plan;
-}
-
 // Same world size and micro batch: the exact position. Otherwise the same number of samples
 // consumed in the epoch, rounded down to whole steps of the new job.
 LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState& s) {
@@ -165,24 +163,54 @@ LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState&
   return ls;
 }
 
+SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::json& m, const EngineState& s) {
+  SavedEngineState e;
+  try {
+    e.global_steps = m.at("global_steps").get<int64_t>();
+    e.global_samples = m.at("global_samples").get<int64_t>();
+    e.micro_steps = m.at("micro_steps").get<int64_t>();
+    e.skipped_steps = m.at("skipped_steps").get<int64_t>();
+    if (!m.at("loss_scaler").is_null()) e.loss_scaler = precision::loss_scaler_from_state_dict(m.at("loss_scaler"));
+    e.lr_scheduler = m.at("lr_scheduler");
+    if (s.loader && !m.at("data_sampler").is_null()) e.loader = resumed_loader_state(m.at("data_sampler"), s);
+  } catch (const nlohmann::json::exception& err) {
+    throw CheckpointError("checkpoint file '" + join_path(reader.dir(), model_states_file_name()) +
+                          "': engine state is malformed: " + err.what());
+  }
+  return e;
+}
+
+Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
+  Plan plan;
+  plan.model_meta = reader.file_metadata(model_states_file_name());
+  plan_module(reader, *s.module, o.load_module_strict, plan);
+  if (o.load_module_only) return plan;
+  plan.engine = parse_engine_state(reader, plan.model_meta, s);
+  const auto names = trainable_names(*s.module);
+  check_trainable(reader, s, names);
+  plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
+  if (reader.world_size() == s.comm->world_size())
+    plan.rng_state = reader.tensor(optim_states_file_name(s.comm->rank()), "rng_state");
+  return plan;
+}
+
 void set_rng_state(const at::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
 
-void apply_engine_state(EngineState& s, const Plan& plan, const LoadOptions& o) {
-  const auto& m = plan.model_meta;
-  s.global_steps = m.at("global_steps").get<int64_t>();
-  s.global_samples = m.at("global_samples").get<int64_t>();
-  s.micro_steps = m.at("micro_steps").get<int64_t>();
-  s.skipped_steps = m.at("skipped_steps").get<int64_t>();
+void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
+  auto& e = plan.engine;
+  s.global_steps = e.global_steps;
+  s.global_samples = e.global_samples;
+  s.micro_steps = e.micro_steps;
+  s.skipped_steps = e.skipped_steps;
   s.loss_since_boundary = at::Tensor();
-  if (!m.at("loss_scaler").is_null()) s.loss_scaler = precision::loss_scaler_from_state_dict(m.at("loss_scaler"));
-  if (o.load_lr_scheduler_states && s.scheduler && !m.at("lr_scheduler").is_null())
-    s.scheduler->load_state_dict(m.at("lr_scheduler"));
-  if (s.loader && !m.at("data_sampler").is_null())
-    s.loader->load_state(resumed_loader_state(m.at("data_sampler"), s));
+  if (e.loss_scaler) s.loss_scaler = std::move(e.loss_scaler);
+  if (o.load_lr_scheduler_states && s.scheduler && !e.lr_scheduler.is_null())
+    s.scheduler->load_state_dict(e.lr_scheduler);
+  if (e.loader) s.loader->load_state(*e.loader);
   if (plan.rng_state.defined()) set_rng_state(plan.rng_state);
 }
 

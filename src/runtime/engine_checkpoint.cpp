@@ -51,6 +51,8 @@ void run_agreed(comm::Communicator& comm, const std::string& what, const std::fu
     error = e.what();
   } catch (const c10::Error& e) {
     error = e.what_without_backtrace();
+  } catch (const nlohmann::json::exception& e) {
+    error = std::string("malformed checkpoint metadata: ") + e.what();
   }
   at::Tensor failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
   if (comm.world_size() > 1) comm.all_reduce(failed, comm::ReduceOp::Max)->wait();

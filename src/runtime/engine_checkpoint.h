@@ -39,9 +39,9 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& state, FileSystem& fs,
 std::string precision_name(const Config& config);
 // Trainable parameter names in registration order (the order of EngineState::trainable).
 std::vector<std::string> trainable_names(torch::nn::Module& module);
-// Runs `body` on every rank, then agrees: if any rank threw a deepspeed::Error or c10::Error, every
-// rank throws CheckpointError (the failing rank its own message) so no rank is left waiting in a
-// later collective. `what` names the phase. COLLECTIVE.
+// Runs `body` on every rank, then agrees: if any rank threw a deepspeed::Error, c10::Error or JSON
+// error, every rank throws CheckpointError (the failing rank its own message) so no rank is left
+// waiting in a later collective. `what` names the phase. COLLECTIVE.
 void run_agreed(comm::Communicator& comm, const std::string& what, const std::function<void()>& body);
 
 }  // namespace checkpoint

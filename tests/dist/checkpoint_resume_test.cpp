@@ -8,7 +8,10 @@
 #include <atomic>
 #include <filesystem>
 
+#include "checkpoint/fault_injecting_file_system.h"
+#include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "runtime/engine_checkpoint.h"
 #include "support/checkpoint_run.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -103,4 +106,35 @@ TEST(CheckpointTag, DifferentTagsAcrossRanksFail) {
   });
   EXPECT_EQ(threw.load(), 2);
   EXPECT_FALSE(std::filesystem::exists(dir / "ck"));
+}
+
+// A full disk on one rank only: every rank throws (no rank waits forever in a later collective),
+// the failing rank names the errno, nothing is published and `latest` keeps naming the last
+// complete checkpoint.
+TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
+  namespace ckpt = deepspeed::checkpoint;
+  dstest::TempDir dir;
+  auto data = dstest::test_text_dataset(16);
+  std::vector<std::string> errors(2);
+  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(1);
+    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+    auto r = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = model, .config_json = dstest::base_config(2, 1, 2), .training_data = data, .comm = comm});
+    r.engine->save_checkpoint(dir.path(), "good");
+    ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
+    if (comm->rank() == 1) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
+    ckpt::SaveOptions o;
+    o.tag = "bad";
+    try {
+      ckpt::save_engine_checkpoint(r.engine->state(), fs, dir.path(), o);
+    } catch (const deepspeed::CheckpointError& e) {
+      errors[comm->rank()] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("another rank"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("No space left on device"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("zero_pp_rank_1_mp_rank_00_optim_states"), std::string::npos) << errors[1];
+  EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "good");
+  EXPECT_FALSE(std::filesystem::exists(dir / "bad/manifest.json"));
 }

@@ -7,6 +7,7 @@
 #include "optim/fused_adam.h"
 #include "zero/data_parallel.h"
 #include "zero/partitioned_stage.h"
+#include "zero/stage3/stage3.h"
 
 namespace deepspeed {
 namespace detail {
@@ -90,8 +91,14 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     s.optimizer = s.stage->optimizer();
     return;
   }
+  if (stage == 3) {
+    s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, s.comm, s.config,
+                                             optimizer_factory(s.config));
+    s.optimizer = s.stage->optimizer();
+    return;
+  }
   throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
-                    " is not available in this build yet (supported: 0, 1, 2)");
+                    " is not supported (0, 1, 2 or 3)");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "deepspeed/zero_unit.h"
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
@@ -13,7 +14,7 @@ void EngineStateDeleter::operator()(EngineState* state) const { delete state; }
 Engine::Engine(EngineStatePtr state) : state_(std::move(state)) { state_->log.start(); }
 Engine::~Engine() = default;
 
-void Engine::before_forward() {}
+void Engine::before_forward() { state_->stage->before_forward(); }
 void Engine::after_forward() {}
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -119,5 +120,62 @@ comm::CommunicatorPtr Engine::communicator() const { return state_->comm; }
 std::shared_ptr<torch::optim::Optimizer> Engine::optimizer() const { return state_->optimizer; }
 std::shared_ptr<LRScheduler> Engine::lr_scheduler() const { return state_->scheduler; }
 MemoryReport Engine::memory_report() const { return state_->stage->memory(); }
+
+GatheredParameters& GatheredParameters::operator=(GatheredParameters&& o) noexcept {
+  if (this != &o) {
+    GatheredParameters old(std::move(*this));
+    release_ = std::move(o.release_);
+    o.release_ = nullptr;
+  }
+  return *this;
+}
+
+GatheredParameters::~GatheredParameters() {
+  try {
+    release();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "GatheredParameters: re-partitioning failed: %s\n", e.what());
+  }
+}
+
+void GatheredParameters::release() {
+  auto fn = std::move(release_);
+  release_ = nullptr;
+  if (fn) fn();
+}
+
+GatheredParameters Engine::gathered_parameters(std::optional<int> modifier_rank) {
+  return gathered_parameters({}, modifier_rank);
+}
+
+GatheredParameters Engine::gathered_parameters(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+    std::optional<int> modifier_rank) {
+  return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
+  auto& module = *state_->module;
+  const bool keep = state_->comm->rank() == 0;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto copy = [&](const std::string& prefix, torch::nn::Module& m, bool recurse) {
+    if (!keep) return;
+    for (auto& kv : m.named_parameters(recurse)) out.emplace_back(prefix + kv.key(), kv.value().detach().clone());
+  };
+  {
+    // The model's own parameters are in the root unit (always gathered) unless the model itself
+    // is a unit.
+    GatheredParameters whole;
+    if (dynamic_cast<ZeroUnitBase*>(&module)) whole = gathered_parameters();
+    copy("", module, /*recurse=*/false);
+  }
+  for (auto& kv : module.named_children()) {
+    auto scope = gathered_parameters({kv.value()});
+    copy(kv.key() + ".", *kv.value(), /*recurse=*/true);
+  }
+  if (keep)
+    for (auto& kv : module.named_buffers()) out.emplace_back(kv.key(), kv.value().detach().clone());
+  return out;
+}
 
 }  // namespace deepspeed

@@ -5,8 +5,12 @@
 // Vocabulary (used the same way everywhere): a *bucket* is a run of gradients reduced by one
 // collective; a *partition* is the slice of a flat buffer that one rank owns.
 #pragma once
+#include <functional>
 #include <memory>
+#include <optional>
+#include <vector>
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include "deepspeed/engine.h"
@@ -30,6 +34,16 @@ class ZeroStage {
   virtual void discard_gradients() = 0;
   virtual MemoryReport memory() const = 0;
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
+  // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
+  virtual void before_forward() {}
+  // Makes the full parameters of `modules` (all when empty) present and writable until the
+  // returned function runs; that function re-partitions them, keeping modifier_rank's values
+  // (none: edits are dropped). Both COLLECTIVE. Stages 0-2 always hold the full parameters.
+  virtual std::function<void()> gather_for_access(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& /*modules*/,
+      std::optional<int> /*modifier_rank*/) {
+    return [] {};
+  }
 };
 
 }  // namespace zero

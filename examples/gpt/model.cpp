@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "deepspeed/zero_init.h"
+
 namespace gpt {
 namespace F = torch::nn::functional;
 
@@ -10,23 +12,17 @@ torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   return deepspeed::zero::linear(x, l->weight, l->bias);
 }
 
-// GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros). Each module
-// initialises its own layers as it is built, so under deepspeed::zero::Init a block is
-// initialised before its unit partitions it.
-void gpt2_init(torch::nn::Module& module, bool recurse) {
+// GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros), drawn after
+// the whole model is built (as bench/ddp_baseline.py does, so both start from the same values).
+void gpt2_init(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
-  auto init = [](torch::nn::Module& m) {
-    if (auto* lin = m.as<torch::nn::Linear>()) {
+  for (auto& m : module.modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
       lin->weight.normal_(0.0, 0.02);
       if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m.as<torch::nn::Embedding>()) {
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
       emb->weight.normal_(0.0, 0.02);
     }
-  };
-  if (recurse) {
-    for (auto& m : module.modules(/*include_self=*/false)) init(*m);
-  } else {
-    for (auto& m : module.children()) init(*m);
   }
 }
 }  // namespace
@@ -66,7 +62,9 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
   attn_ = register_module("attn", CausalSelfAttention(c));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   mlp_ = register_module("mlp", MLP(c));
-  gpt2_init(*this, /*recurse=*/true);
+  // Under zero::Init the unit around this block partitions it as soon as it is built, before the
+  // model-wide initialisation below could reach it (it skips released, empty weights).
+  if (deepspeed::zero::Init::current()) gpt2_init(*this);
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -82,7 +80,7 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
                                       std::make_shared<deepspeed::ZeroUnit<Block>>(Block(c))));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
-  gpt2_init(*this, /*recurse=*/false);  // the blocks initialised themselves
+  gpt2_init(*this);
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {

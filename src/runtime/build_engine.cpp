@@ -2,6 +2,8 @@
 // data loader. Every choice (stage, optimizer) is made here once.
 #include <torch/torch.h>
 
+#include <unordered_set>
+
 #include "deepspeed/optimizer.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
@@ -111,8 +113,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->module = in.module;
 
   if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
+  // A tied parameter (embedding = head) appears once per name: train it once.
+  std::unordered_set<const void*> seen;
   for (auto& p : s->module->parameters())
-    if (p.requires_grad()) s->trainable.push_back(p);
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s->trainable.push_back(p);
 
   broadcast_from_rank0(*s->module, *s->comm);
 

@@ -18,7 +18,8 @@ struct ProbeImpl : torch::nn::Module {
   ProbeImpl() { fc = register_module("fc", torch::nn::Linear(dstest::kWidth, dstest::kWidth)); }
   torch::Tensor forward(const torch::Tensor& x) {
     seen_numel = fc->weight.numel();
-    seen = c10::weak_intrusive_ptr<c10::StorageImpl>(fc->weight.storage().getIntrusivePtr());
+    seen = c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(fc->weight.storage().unsafeGetStorageImpl()));
     return x + deepspeed::zero::linear(x, fc->weight, fc->bias);
   }
   torch::nn::Linear fc{nullptr};
@@ -65,7 +66,13 @@ TEST(Stage3Release, StorageIsFreedAfterForwardAndAfterBackward) {
       EXPECT_EQ(model->probe->inner()->seen_numel, dstest::kWidth * dstest::kWidth);
       EXPECT_TRUE(model->probe->inner()->seen.expired()) << "step " << step;
       EXPECT_EQ(storage_nbytes(weight), 0);
-      EXPECT_EQ(storage_nbytes(model->mlp->inner()->fc->weight), 0);
+      // The last unit's backward comes right after its forward: with stage3_max_reuse_distance 0
+      // it is kept from the second step on, once the first step's trace says so.
+      const int64_t mlp_bytes = storage_nbytes(model->mlp->inner()->fc->weight);
+      if (step == 0)
+        EXPECT_EQ(mlp_bytes, 0);
+      else
+        EXPECT_GE(mlp_bytes, 4 * dstest::kWidth * dstest::kWidth * 4);
       engine->backward(loss);
       EXPECT_EQ(storage_nbytes(weight), 0);
       EXPECT_FALSE(weight.grad().defined());  // the full gradient was freed after reduction

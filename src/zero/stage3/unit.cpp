@@ -25,29 +25,42 @@ struct PreBackwardGather : torch::autograd::Function<PreBackwardGather> {
 };
 
 // Saves the weight leaf itself: autograd restores a saved leaf by reference, so the weight's data
-// may be released after forward and gathered again before this backward runs.
+// may be released after forward and gathered again before this backward runs. (Autograd functions
+// take no undefined tensors, hence the bias-less twin.)
+variable_list linear_backward(AutogradContext* ctx, const at::Tensor& g, bool bias) {
+  auto saved = ctx->get_saved_variables();
+  const at::Tensor &x = saved[0], &w = saved[1];
+  at::Tensor g2 = g.reshape({-1, g.size(-1)});
+  variable_list grads{g.matmul(w), g2.t().mm(x.reshape({-1, x.size(-1)}))};
+  if (bias) grads.push_back(g2.sum(0));
+  return grads;
+}
+
 struct ZeroLinear : torch::autograd::Function<ZeroLinear> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
                             const at::Tensor& b) {
     ctx->save_for_backward({x, w});
-    ctx->saved_data["bias"] = b.defined();
-    return at::linear(x, w, b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
+    return at::linear(x, w, b);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &g = grads[0];
-    at::Tensor g2 = g.reshape({-1, g.size(-1)});
-    at::Tensor gx = g.matmul(w);
-    at::Tensor gw = g2.t().mm(x.reshape({-1, x.size(-1)}));
-    at::Tensor gb = ctx->saved_data["bias"].toBool() ? g2.sum(0) : at::Tensor();
-    return {gx, gw, gb};
+    return linear_backward(ctx, grads[0], /*bias=*/true);
+  }
+};
+
+struct ZeroLinearNoBias : torch::autograd::Function<ZeroLinearNoBias> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w) {
+    ctx->save_for_backward({x, w});
+    return at::linear(x, w);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return linear_backward(ctx, grads[0], /*bias=*/false);
   }
 };
 }  // namespace
 
 namespace zero {
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
-  return ZeroLinear::apply(x, weight, bias);
+  return bias.defined() ? ZeroLinear::apply(x, weight, bias) : ZeroLinearNoBias::apply(x, weight);
 }
 }  // namespace zero
 

@@ -80,6 +80,7 @@ int main(int argc, char** argv) try {
   auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
   auto model = std::make_shared<gpt::GPTImpl>(opt.model);
+  const int64_t num_params = model->num_parameters();  // ZeRO-3 leaves only partitions behind
   auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
@@ -88,7 +89,7 @@ int main(int argc, char** argv) try {
   if (rank0)
     std::printf("gpt_train: %lld parameters, %d ranks, zero stage %d, micro batch %lld, "
                 "accumulation %lld, %lld training windows of %lld bytes from %s\n",
-                static_cast<long long>(model->num_parameters()), comm->world_size(),
+                static_cast<long long>(num_params), comm->world_size(),
                 engine->config().zero_optimization.stage,
                 static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
                 static_cast<long long>(engine->gradient_accumulation_steps()),
@@ -117,12 +118,12 @@ int main(int argc, char** argv) try {
     auto mem = engine->memory_report();
     std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
                 "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
-                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld\n",
+                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld\n",
                 comm->rank(), 1e3 * seconds / timed_steps, tokens / seconds, engine->last_loss(),
                 static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
                 static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
                 static_cast<long long>(mem.model_states()), peak_rss_kb(),
-                static_cast<long long>(model->num_parameters()));
+                static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes));
   }
   if (rank0) {
     auto mem = engine->memory_report();

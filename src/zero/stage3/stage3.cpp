@@ -12,8 +12,8 @@
 namespace deepspeed {
 namespace zero {
 namespace {
-// With overlap_comm, at most this many unit reduce-scatters are in flight (each holds its unit's
-// full gradient bucket); without it each is waited for at once.
+// With overlap_comm, at most this many bucket reduce-scatters are in flight; without it each is
+// waited for at once.
 constexpr size_t kMaxBucketsInFlight = 2;
 
 int64_t storage_bytes(const at::Tensor& t) {
@@ -65,7 +65,7 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
-  buckets_.resize(layout_.units.size());
+  make_buckets();
 
   master_ = mixed_precision() ? partition_.to(torch::kFloat) : partition_;
   if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
@@ -107,42 +107,65 @@ void Stage3::partition_unit(int u) {
   }
 }
 
-void Stage3::allocate(GradBucket& b, int u) {
-  b.full = torch::zeros({layout_.units[u].layout.padded_numel},
-                        torch::TensorOptions().dtype(comm_dtype_));
-  bucket_bytes_ += storage_bytes(b.full);
+void Stage3::make_buckets() {
+  const int64_t size = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
+  bucket_of_.resize(layout_.units.size());
+  unit_arrived_.assign(layout_.units.size(), 0);
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const auto& slots = layout_.units[u];
+    for (size_t i = 0; i < slots.params.size(); ++i) {
+      const int64_t o = slots.offsets[i];
+      if (i == 0 || buckets_.back().end - buckets_.back().begin >= size)
+        buckets_.push_back({static_cast<int>(u), o, o});
+      buckets_.back().end = o + numel_of(slots.shapes[i]);
+      buckets_.back().expected++;
+      bucket_of_[u].push_back(buckets_.size() - 1);
+    }
+    if (!slots.params.empty()) buckets_.back().end = slots.layout.padded_numel;  // padding too
+  }
+}
+
+void Stage3::allocate(GradBucket& b) {
+  b.buffer = torch::zeros({b.end - b.begin}, torch::TensorOptions().dtype(comm_dtype_));
+  bucket_bytes_ += storage_bytes(b.buffer);
   peak_bucket_bytes_ = std::max(peak_bucket_bytes_, bucket_bytes_);
 }
 
 void Stage3::begin_backward(bool) {
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
+  std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
 }
 
-// The parameter's gradient moves into its unit's bucket and is freed at once.
+// The parameter's gradient moves into its bucket and is freed at once.
 void Stage3::on_grad_ready(int u, size_t i) {
   const auto& slots = layout_.units[u];
-  GradBucket& b = buckets_[u];
+  const size_t index = bucket_of_[u][i];
+  GradBucket& b = buckets_[index];
   if (b.launched) return;
-  if (!b.full.defined()) allocate(b, u);
+  if (!b.buffer.defined()) allocate(b);
   at::Tensor p = slots.params[i];
   auto& g = p.mutable_grad();
   if (g.defined()) {
-    b.full.narrow(0, slots.offsets[i], g.numel()).copy_(g.reshape({-1}));
+    b.buffer.narrow(0, slots.offsets[i] - b.begin, g.numel()).copy_(g.reshape({-1}));
     g = at::Tensor();
   }
-  if (++b.arrived == static_cast<int>(slots.params.size())) launch(u);
+  if (++b.arrived == b.expected) launch(index);
+  // Every gradient of the unit is computed: its backward is over.
+  if (++unit_arrived_[u] == static_cast<int>(slots.params.size())) gatherer_->backward_done(u);
 }
 
-void Stage3::launch(int u) {
-  GradBucket& b = buckets_[u];
+void Stage3::launch(size_t index) {
+  GradBucket& b = buckets_[index];
   b.launched = true;
-  if (!b.full.defined()) allocate(b, u);  // no parameter of this unit got a gradient
+  if (!b.buffer.defined()) allocate(b);  // no parameter of this bucket got a gradient
   const auto scaling = gradient_scaling(config_, comm_->world_size());
-  if (scaling.before_reduce != 1.0) b.full.mul_(scaling.before_reduce);
-  b.received = torch::empty({layout_.units[u].layout.partition_numel}, b.full.options());
-  b.work = comm_->reduce_scatter(b.received, b.full);
-  gatherer_->backward_done(u);
-  in_flight_.push_back(u);
+  if (scaling.before_reduce != 1.0) b.buffer.mul_(scaling.before_reduce);
+  const auto& L = layout_.units[b.unit].layout;
+  std::vector<int64_t> splits;
+  for (int r = 0; r < comm_->world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
+  b.received = torch::empty({splits[comm_->rank()]}, b.buffer.options());
+  b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
+  in_flight_.push_back(index);
   const size_t max_in_flight =
       config_.zero_optimization.overlap_comm_enabled() ? kMaxBucketsInFlight : 0;
   while (in_flight_.size() > max_in_flight) {
@@ -151,22 +174,27 @@ void Stage3::launch(int u) {
   }
 }
 
-void Stage3::finish(int u) {
-  GradBucket& b = buckets_[u];
+void Stage3::finish(size_t index) {
+  GradBucket& b = buckets_[index];
   b.work->wait();
   b.work.reset();
   const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
-  if (after != 1.0) b.received.mul_(after);
-  slice_of(grad_partition_, u).add_(b.received);
-  bucket_bytes_ -= storage_bytes(b.full);
-  b.full = at::Tensor();
+  if (b.received.numel() > 0) {
+    const auto& L = layout_.units[b.unit].layout;
+    const int rank = comm_->rank();
+    const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
+    if (after != 1.0) b.received.mul_(after);
+    slice_of(grad_partition_, b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+  }
+  bucket_bytes_ -= storage_bytes(b.buffer);
+  b.buffer = at::Tensor();
   b.received = at::Tensor();
 }
 
 void Stage3::end_backward(bool) {
-  // Units whose hooks did not all fire (a parameter unused by this graph), in unit order.
-  for (size_t u = 0; u < layout_.units.size(); ++u)
-    if (!buckets_[u].launched && !layout_.units[u].params.empty()) launch(static_cast<int>(u));
+  // Buckets whose hooks did not all fire (a parameter unused by this graph), in order.
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!buckets_[b].launched) launch(b);
   while (!in_flight_.empty()) {
     finish(in_flight_.front());
     in_flight_.pop_front();
@@ -175,8 +203,15 @@ void Stage3::end_backward(bool) {
 }
 
 // One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
+// Squares are summed in fp64 a chunk at a time: a whole-partition fp64 copy would be the largest
+// transient of the step (8 bytes per element).
 double Stage3::global_grad_norm() {
-  at::Tensor sq = grad_partition_.to(torch::kDouble).pow(2).sum().reshape({1});
+  constexpr int64_t kChunk = 1 << 18;
+  at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
+  for (int64_t c = 0; c < grad_partition_.numel(); c += kChunk) {
+    auto part = grad_partition_.narrow(0, c, std::min(kChunk, grad_partition_.numel() - c));
+    sq += part.to(torch::kDouble).pow(2).sum();
+  }
   comm_->all_reduce(sq)->wait();
   return std::sqrt(sq.item<double>());
 }

@@ -5,12 +5,13 @@
 // The model marks its units with ZeroUnit/LayerList (deepspeed/zero_unit.h); the layout
 // (unit_layout.h) assigns each trainable parameter to a unit and each rank a slice of every unit.
 // The UnitGatherer decides when a unit's parameters are gathered and released. Gradients: as
-// autograd finishes a parameter's gradient (AccumulateGrad post hook) it is copied into its unit's
-// gradient bucket (the unit's full size) and freed; when all of a unit's trainable parameters have
-// their gradient, the unit's backward is over: the bucket is reduce-scattered (each rank receives
-// its slice, added to its gradient partition) and the unit released. Units whose hooks never all
-// fired (a parameter unused by this graph) are reduced at end_backward, in unit order, so every
-// rank issues the same collectives. Every micro-step reduces (as stage 2).
+// autograd finishes a parameter's gradient (AccumulateGrad post hook) it is copied into its
+// bucket (a run of reduce_bucket_size elements of its unit) and freed; a complete bucket is
+// reduce-scattered unevenly (each rank receives the part inside its slice, added to its gradient
+// partition). When all of a unit's trainable parameters have their gradient, the unit's backward
+// is over and it is released. Buckets whose hooks never all fired (a parameter unused by this
+// graph) are reduced at end_backward, in order, so every rank issues the same collectives.
+// Every micro-step reduces (as stage 2).
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
 // 16-bit copy); only the root unit is gathered again.
 #pragma once
@@ -51,18 +52,24 @@ class Stage3 : public ZeroStage {
       std::optional<int> modifier_rank) override;
 
  private:
+  // A run of one unit's flat buffer [begin, end), cut at parameter boundaries, whose gradients
+  // are reduce-scattered together (reduce_bucket_size elements or one larger parameter).
   struct GradBucket {
-    at::Tensor full;      // the unit's gradients, its full padded size, in the wire dtype
-    at::Tensor received;  // this rank's reduced slice
-    comm::WorkPtr work;
-    int arrived = 0;      // parameters whose gradient is in `full`
+    int unit = 0;
+    int64_t begin = 0, end = 0;
+    int expected = 0;     // parameters in the bucket
+    int arrived = 0;      // parameters whose gradient is in `buffer`
     bool launched = false;
+    at::Tensor buffer;    // the bucket's gradients, in the wire dtype
+    at::Tensor received;  // this rank's part of the sum
+    comm::WorkPtr work;
   };
+  void make_buckets();
   void partition_unit(int u);
   void on_grad_ready(int u, size_t i);
-  void launch(int u);
-  void finish(int u);
-  void allocate(GradBucket& b, int u);
+  void launch(size_t b);
+  void finish(size_t b);
+  void allocate(GradBucket& b);
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
 
@@ -78,7 +85,9 @@ class Stage3 : public ZeroStage {
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<UnitGatherer> gatherer_;
   std::vector<GradBucket> buckets_;
-  std::deque<int> in_flight_;
+  std::vector<std::vector<size_t>> bucket_of_;  // [unit][parameter] -> index into buckets_
+  std::vector<int> unit_arrived_;               // per unit: parameters whose gradient arrived
+  std::deque<size_t> in_flight_;
   int64_t bucket_bytes_ = 0, peak_bucket_bytes_ = 0;
   GradientHooks hooks_;
 };

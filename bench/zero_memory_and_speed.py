@@ -3,6 +3,7 @@
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
                                                    [--stages 0,1,2,3] [--precisions fp32,bf16]
+                                                   [--micro_batch N]
 
 For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
 torch.autocast, PyTorch's own bf16 mixed precision) it runs the example GPT
@@ -51,10 +52,13 @@ def main():
     p.add_argument("--n_embd", type=int, default=512)
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--micro_batch", type=int, default=0, help="override the config's micro-batch per rank")
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
     base = json.load(open(os.path.join(ROOT, "examples", "gpt", "ds_config.json")))
+    if a.micro_batch > 0:
+        base["train_micro_batch_size_per_gpu"] = a.micro_batch
     dsrun = os.path.join(a.build, "bin", "dsrun")
     rows = []
     port = 29700

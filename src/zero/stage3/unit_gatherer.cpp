@@ -139,6 +139,7 @@ void UnitGatherer::begin_forward() {
     trace_.clear();
     recording_ = true;
   }
+  prefetch();  // the first units' gathers overlap whatever runs before them (the embeddings)
 }
 
 void UnitGatherer::pre_forward(int u) {

@@ -22,6 +22,7 @@ struct Options {
   int64_t stride = 0;  // 0: block_size / 2
   uint64_t seed = 1234;
   int threads = 0;     // 0: OMP_NUM_THREADS, else 1
+  bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
 };
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -36,6 +37,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads, "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
+  app.add_flag("--zero_init", o.zero_init,
+               "ZeRO-3: build the model already partitioned (each block is split as it is built)");
   std::vector<const char*> args;
   for (auto& a : argv) args.push_back(a.c_str());
   try {
@@ -79,8 +82,16 @@ int main(int argc, char** argv) try {
   init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
   auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
-  auto model = std::make_shared<gpt::GPTImpl>(opt.model);
-  const int64_t num_params = model->num_parameters();  // ZeRO-3 leaves only partitions behind
+  std::shared_ptr<gpt::GPTImpl> model;
+  {
+    deepspeed::zero::Init partitioned(comm, opt.zero_init);  // a no-op scope unless --zero_init
+    model = std::make_shared<gpt::GPTImpl>(opt.model);
+  }
+  int64_t num_params = 0;  // counted from shapes: under ZeRO-3 the blocks hold only partitions
+  for (auto& p : model->parameters()) num_params += p.numel();
+  for (auto& kv : model->named_modules())
+    if (auto* unit = dynamic_cast<deepspeed::ZeroUnitBase*>(kv.value().get()))
+      for (auto& shape : unit->init_shard().shapes) num_params += c10::multiply_integers(shape);
   auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(

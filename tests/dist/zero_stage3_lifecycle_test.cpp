@@ -116,6 +116,25 @@ TEST(Stage3MaxLive, PeakGatheredElementsStayUnderTheSetting) {
   EXPECT_EQ(r.memory[0].peak_gathered_numel, 4 * block);
 }
 
+// With releases as early as possible (reuse distance 0), one block is gathered at a time unless
+// the next one is prefetched while the current one runs.
+TEST(Stage3Prefetch, NextBlockIsGatheredAheadOnlyWhenTheBucketAllowsIt) {
+  const int64_t block = 12704;
+  for (int64_t prefetch : {int64_t{0}, block}) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 3;
+    s.model = gpt::GPTConfig{256, 16, 4, 2, 32};
+    s.config = dstest::base_config(2, 1, 3);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    s.config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = prefetch;
+    auto r = dstest::train_gpt(s);
+    EXPECT_EQ(r.memory[0].peak_gathered_numel, prefetch == 0 ? block : 2 * block)
+        << "prefetch " << prefetch;
+  }
+}
+
 TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(3 + comm->rank());

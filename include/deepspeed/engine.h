@@ -121,8 +121,8 @@ class Engine {
       const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
       std::optional<int> modifier_rank = std::nullopt);
   // Full parameters and buffers by name (module().named_parameters() then named_buffers()), as
-  // copies, on rank 0; empty on other ranks. Gathers one top-level child module at a time, so the
-  // peak per rank is the largest child, not the model. COLLECTIVE. (For save_16bit_model under
+  // copies, on rank 0; empty on other ranks. Gathers one unit at a time, so the peak per rank is
+  // the largest unit (plus the root unit), not the model. COLLECTIVE. (For save_16bit_model under
   // stage 3, check stage3_gather_16bit_weights_on_model_save first, as DeepSpeed does.)
   std::vector<std::pair<std::string, at::Tensor>> consolidated_state_dict();
 

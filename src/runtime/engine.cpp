@@ -154,27 +154,38 @@ GatheredParameters Engine::gathered_parameters(
   return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
 }
 
+// Walks the module tree in named_parameters() order; a unit (or a leaf module) is gathered as a
+// whole, so at most one unit's full parameters exist at a time. A module that is not a unit holds
+// only root-unit parameters itself (always gathered), so it is copied directly and its children
+// visited.
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
-  auto& module = *state_->module;
+  auto& model = *state_->module;
   const bool keep = state_->comm->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> out;
   auto copy = [&](const std::string& prefix, torch::nn::Module& m, bool recurse) {
     if (!keep) return;
-    for (auto& kv : m.named_parameters(recurse)) out.emplace_back(prefix + kv.key(), kv.value().detach().clone());
+    for (auto& kv : m.named_parameters(recurse))
+      out.emplace_back(prefix + kv.key(), kv.value().detach().clone());
   };
-  {
-    // The model's own parameters are in the root unit (always gathered) unless the model itself
-    // is a unit.
-    GatheredParameters whole;
-    if (dynamic_cast<ZeroUnitBase*>(&module)) whole = gathered_parameters();
-    copy("", module, /*recurse=*/false);
-  }
-  for (auto& kv : module.named_children()) {
-    auto scope = gathered_parameters({kv.value()});
-    copy(kv.key() + ".", *kv.value(), /*recurse=*/true);
+  std::function<void(const std::string&, const std::shared_ptr<torch::nn::Module>&)> visit =
+      [&](const std::string& prefix, const std::shared_ptr<torch::nn::Module>& m) {
+        if (dynamic_cast<ZeroUnitBase*>(m.get()) || m->children().empty()) {
+          auto scope = gathered_parameters({m});
+          copy(prefix, *m, /*recurse=*/true);
+          return;
+        }
+        copy(prefix, *m, /*recurse=*/false);
+        for (auto& kv : m->named_children()) visit(prefix + kv.key() + ".", kv.value());
+      };
+  if (dynamic_cast<ZeroUnitBase*>(&model)) {
+    auto scope = gathered_parameters();
+    copy("", model, /*recurse=*/true);
+  } else {
+    copy("", model, /*recurse=*/false);
+    for (auto& kv : model.named_children()) visit(kv.key() + ".", kv.value());
   }
   if (keep)
-    for (auto& kv : module.named_buffers()) out.emplace_back(kv.key(), kv.value().detach().clone());
+    for (auto& kv : model.named_buffers()) out.emplace_back(kv.key(), kv.value().detach().clone());
   return out;
 }
 

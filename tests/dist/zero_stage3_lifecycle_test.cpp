@@ -225,3 +225,29 @@ TEST(Stage3Memory, ModelStatesAreSixteenPsiOverN) {
     }
   }
 }
+
+// Units nested in a LayerList: the consolidated dict has every name, in named_parameters() order,
+// with the values the whole-model scope shows.
+TEST(Stage3Access, ConsolidatedStateDictWalksIntoContainers) {
+  run_ranks(3, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(9);
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    auto b = dstest::token_batch(comm->rank(), 0);
+    engine->backward(engine->forward(b.idx, b.targets));
+    engine->step();
+    auto dict = engine->consolidated_state_dict();
+    auto whole = engine->gathered_parameters();
+    if (comm->rank() != 0) return;
+    auto names = model->named_parameters();
+    ASSERT_EQ(dict.size(), names.size());
+    size_t i = 0;
+    for (auto& kv : names) {
+      EXPECT_EQ(dict[i].first, kv.key());
+      EXPECT_TRUE(torch::equal(dict[i].second, kv.value())) << kv.key();
+      ++i;
+    }
+  });
+}

@@ -2,7 +2,8 @@
 """ZeRO stages against PyTorch DDP on the same GPT, data and ranks, measured in one run.
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
-                                                   [--stages 0,1,2] [--precisions fp32,bf16]
+                                                   [--stages 0,1,2,3] [--precisions fp32,bf16]
+                                                   [--micro_batch N]
 
 For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
 torch.autocast, PyTorch's own bf16 mixed precision) it runs the example GPT
@@ -49,12 +50,15 @@ def main():
     p.add_argument("--n_layer", type=int, default=6)
     p.add_argument("--n_head", type=int, default=8)
     p.add_argument("--n_embd", type=int, default=512)
-    p.add_argument("--stages", default="0,1,2")
+    p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--micro_batch", type=int, default=0, help="override the config's micro-batch per rank")
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
     base = json.load(open(os.path.join(ROOT, "examples", "gpt", "ds_config.json")))
+    if a.micro_batch > 0:
+        base["train_micro_batch_size_per_gpu"] = a.micro_batch
     dsrun = os.path.join(a.build, "bin", "dsrun")
     rows = []
     port = 29700
@@ -69,6 +73,16 @@ def main():
             cfg["steps_per_print"] = 0
             if prec == "bf16":
                 cfg["bf16"] = {"enabled": True}
+            if stage == 3:
+                # DeepSpeed's defaults (1e9 elements) would keep every block gathered from its
+                # forward to its backward on a model this small (and so does deepspeed.cpp): bound
+                # the working set to about two blocks instead.
+                block = 12 * a.n_embd * a.n_embd + 13 * a.n_embd
+                cfg["zero_optimization"].update({
+                    "stage3_max_live_parameters": 2 * block + 1024,
+                    "stage3_prefetch_bucket_size": block + 1024,
+                    "stage3_max_reuse_distance": 0,
+                })
             path = os.path.join(tmp, f"cfg{stage}{prec}.json")
             json.dump(cfg, open(path, "w"))
             if stage is None:
@@ -95,18 +109,20 @@ def main():
                 "loss": float(speed[0]["final_loss"]),
                 "model_state": max(int(r["model_state_bytes"]) for r in mem),
                 "rss_kb": max(int(r["peak_rss_kb"]) for r in mem),
+                "gathered": max(int(r.get("gathered_peak_bytes", 0)) for r in mem),
             })
     print(f"\n{a.procs} ranks x 1 thread, GPT n_layer {a.n_layer} n_head {a.n_head} n_embd {a.n_embd} block 128, "
           f"{rows[0]['psi'] / 1e6:.1f}M parameters, micro-batch {base['train_micro_batch_size_per_gpu']} per rank, "
           f"AdamW, {a.steps} steps (first step not timed)\n")
-    print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | ZeRO formula MB | peak RSS MB per rank |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | ZeRO formula MB | ZeRO-3 gathered peak MB | peak RSS MB per rank |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         # DDP under autocast keeps fp32 weights, gradients and moments: the fp32 formula applies.
         prec = r["precision"] if r["stage"] is not None else "fp32"
         f = formula(r["stage"] if r["stage"] is not None else 0, r["psi"], a.procs, prec) / 1e6
+        gathered = f"{r['gathered'] / 1e6:.1f}" if r["stage"] == 3 else ""
         print(f"| {r['name']} | {r['step_ms']:.0f} | {r['tokens_per_s']:.0f} | {r['loss']:.4f} | "
-              f"{r['model_state'] / 1e6:.1f} | {f:.1f} | {r['rss_kb'] / 1024:.0f} |")
+              f"{r['model_state'] / 1e6:.1f} | {f:.1f} | {gathered} | {r['rss_kb'] / 1024:.0f} |")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ struct Options {
   std::string save_dir;
   int64_t save_interval = 0;  // 0: no periodic saves
   std::string load_dir;
+  bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
 };
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -44,6 +45,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--save_dir", o.save_dir, "checkpoint folder (saves every --save_interval steps)");
   app.add_option("--save_interval", o.save_interval, "optimizer steps between checkpoints");
   app.add_option("--load_dir", o.load_dir, "resume from the checkpoint named by DIR/latest");
+  app.add_flag("--zero_init", o.zero_init,
+               "ZeRO-3: build the model already partitioned (each block is split as it is built)");
   std::vector<const char*> args;
   for (auto& a : argv) args.push_back(a.c_str());
   try {
@@ -90,7 +93,16 @@ int main(int argc, char** argv) try {
   init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
   auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
-  auto model = std::make_shared<gpt::GPTImpl>(opt.model);
+  std::shared_ptr<gpt::GPTImpl> model;
+  {
+    deepspeed::zero::Init partitioned(comm, opt.zero_init);  // a no-op scope unless --zero_init
+    model = std::make_shared<gpt::GPTImpl>(opt.model);
+  }
+  int64_t num_params = 0;  // counted from shapes: under ZeRO-3 the blocks hold only partitions
+  for (auto& p : model->parameters()) num_params += p.numel();
+  for (auto& kv : model->named_modules())
+    if (auto* unit = dynamic_cast<deepspeed::ZeroUnitBase*>(kv.value().get()))
+      for (auto& shape : unit->init_shard().shapes) num_params += c10::multiply_integers(shape);
   auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
@@ -99,7 +111,7 @@ int main(int argc, char** argv) try {
   if (rank0)
     std::printf("gpt_train: %lld parameters, %d ranks, zero stage %d, micro batch %lld, "
                 "accumulation %lld, %lld training windows of %lld bytes from %s\n",
-                static_cast<long long>(model->num_parameters()), comm->world_size(),
+                static_cast<long long>(num_params), comm->world_size(),
                 engine->config().zero_optimization.stage,
                 static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
                 static_cast<long long>(engine->gradient_accumulation_steps()),
@@ -141,12 +153,12 @@ int main(int argc, char** argv) try {
     auto mem = engine->memory_report();
     std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
                 "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
-                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld\n",
+                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld\n",
                 comm->rank(), 1e3 * seconds / timed_steps, tokens / seconds, engine->last_loss(),
                 static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
                 static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
                 static_cast<long long>(mem.model_states()), peak_rss_kb(),
-                static_cast<long long>(model->num_parameters()));
+                static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes));
   }
   if (rank0) {
     auto mem = engine->memory_report();

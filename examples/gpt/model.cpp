@@ -2,8 +2,30 @@
 
 #include <cmath>
 
+#include "deepspeed/zero_init.h"
+
 namespace gpt {
 namespace F = torch::nn::functional;
+
+namespace {
+torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
+  return deepspeed::zero::linear(x, l->weight, l->bias);
+}
+
+// GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros), drawn after
+// the whole model is built (as bench/ddp_baseline.py does, so both start from the same values).
+void gpt2_init(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& m : module.modules(/*include_self=*/false)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, 0.02);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, 0.02);
+    }
+  }
+}
+}  // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
   TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be divisible by n_head (",
@@ -15,7 +37,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
-  auto qkv = qkv_->forward(x).split(C, /*dim=*/2);
+  auto qkv = linear(qkv_, x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);          // [B, h, T, hd]
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // [B,h,T,T]
@@ -23,7 +45,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
                         -std::numeric_limits<float>::infinity());
   att = torch::softmax(att, -1);
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  return proj_->forward(y);
+  return linear(proj_, y);
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c) {
@@ -32,7 +54,7 @@ MLPImpl::MLPImpl(const GPTConfig& c) {
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return proj_->forward(torch::gelu(fc_->forward(x)));
+  return linear(proj_, torch::gelu(linear(fc_, x)));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
@@ -40,6 +62,9 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
   attn_ = register_module("attn", CausalSelfAttention(c));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   mlp_ = register_module("mlp", MLP(c));
+  // Under zero::Init the unit around this block partitions it as soon as it is built, before the
+  // model-wide initialisation below could reach it (it skips released, empty weights).
+  if (deepspeed::zero::Init::current()) gpt2_init(*this);
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -51,19 +76,11 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   wte_ = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
   wpe_ = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   for (int64_t i = 0; i < c.n_layer; ++i)
-    blocks_.push_back(register_module("block" + std::to_string(i), Block(c)));
+    blocks_.push_back(register_module("block" + std::to_string(i),
+                                      std::make_shared<deepspeed::ZeroUnit<Block>>(Block(c))));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
-  // GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros).
-  torch::NoGradGuard no_grad;
-  for (auto& m : modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      lin->weight.normal_(0.0, 0.02);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      emb->weight.normal_(0.0, 0.02);
-    }
-  }
+  gpt2_init(*this);
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
@@ -73,7 +90,7 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
   auto x = wte_->forward(idx) + wpe_->forward(pos);
   for (auto& b : blocks_) x = b->forward(x);
-  return head_->forward(ln_f_->forward(x));
+  return linear(head_, ln_f_->forward(x));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

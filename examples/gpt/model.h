@@ -1,8 +1,15 @@
 // A small GPT in libtorch: byte-level tokens (vocabulary 256), learned positions, pre-LayerNorm
 // blocks of causal multi-head self-attention and a GELU MLP, final LayerNorm, linear head.
 // Same architecture as bench/ddp_baseline.py so DeepSpeed.cpp and PyTorch DDP train one model.
+//
+// ZeRO-3: each block is a deepspeed::ZeroUnit (gathered just before it runs, released after); the
+// embeddings, final LayerNorm and head are the root unit. Linear layers run through
+// deepspeed::zero::linear so a released block's weights are really freed between its forward and
+// backward. Without a stage-3 engine both are plain pass-throughs.
 #pragma once
 #include <torch/torch.h>
+
+#include "deepspeed/zero_unit.h"
 
 namespace gpt {
 
@@ -60,7 +67,7 @@ class GPTImpl : public torch::nn::Module {
  private:
   GPTConfig config_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
-  std::vector<Block> blocks_;
+  std::vector<std::shared_ptr<deepspeed::ZeroUnit<Block>>> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
   torch::nn::Linear head_{nullptr};
 };

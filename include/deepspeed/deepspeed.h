@@ -9,3 +9,5 @@
 #include "deepspeed/lr_scheduler.h"
 #include "deepspeed/memory.h"
 #include "deepspeed/optimizer.h"
+#include "deepspeed/zero_init.h"
+#include "deepspeed/zero_unit.h"

@@ -10,8 +10,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -37,9 +39,39 @@ struct MemoryReport {
   int64_t parameters = 0;        // model parameters as the module holds them (+ master copies)
   int64_t gradients = 0;         // gradient storage
   int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
-  int64_t comm_buffers = 0;      // bucket / gather buffers
+  int64_t comm_buffers = 0;      // bucket / gather buffers (stage 3: peak gradient buckets)
+  // ZeRO stage 3's gathered working set, beside model_states(): the full parameters gathered now
+  // and the high-water mark since initialize(). *_numel: units only (what
+  // stage3_max_live_parameters bounds); *_bytes: every gathered buffer, the root unit included.
+  int64_t gathered_numel = 0;
+  int64_t peak_gathered_numel = 0;
+  int64_t gathered_bytes = 0;
+  int64_t peak_gathered_bytes = 0;
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
-  int64_t total() const { return model_states() + comm_buffers; }
+  int64_t total() const { return model_states() + comm_buffers + gathered_bytes; }
+};
+
+// A scope in which ZeRO-3's partitioned parameters are whole (DeepSpeed's GatheredParameters).
+// Its end (destructor or release()) is COLLECTIVE: it re-partitions the parameters, keeping the
+// modifier rank's edits. Edit parameters in place (under torch::NoGradGuard), not with set_data.
+// Stages 0-2 hold whole parameters already: the scope does nothing there.
+class GatheredParameters {
+ public:
+  GatheredParameters() = default;
+  explicit GatheredParameters(std::function<void()> release) : release_(std::move(release)) {}
+  GatheredParameters(GatheredParameters&& o) noexcept : release_(std::move(o.release_)) {
+    o.release_ = nullptr;
+  }
+  GatheredParameters& operator=(GatheredParameters&& o) noexcept;
+  GatheredParameters(const GatheredParameters&) = delete;
+  GatheredParameters& operator=(const GatheredParameters&) = delete;
+  // A failure while re-partitioning is printed to stderr (destructors must not throw); call
+  // release() first to get it as an exception.
+  ~GatheredParameters();
+  void release();
+
+ private:
+  std::function<void()> release_;
 };
 
 // What Engine::load_checkpoint returns (DeepSpeed's (load_path, client_state) tuple).
@@ -105,6 +137,18 @@ class Engine {
                                    bool load_module_strict = true, bool load_optimizer_states = true,
                                    bool load_lr_scheduler_states = true,
                                    bool load_module_only = false);
+  // ZeRO-3 whole-model access: the full parameters of `modules` (all when empty) are gathered and
+  // writable on every rank until the scope ends; then, if modifier_rank is set, that rank's
+  // values are broadcast into every rank's partitions (otherwise edits are dropped). COLLECTIVE.
+  [[nodiscard]] GatheredParameters gathered_parameters(std::optional<int> modifier_rank = std::nullopt);
+  [[nodiscard]] GatheredParameters gathered_parameters(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+      std::optional<int> modifier_rank = std::nullopt);
+  // Full parameters and buffers by name (module().named_parameters() then named_buffers()), as
+  // copies, on rank 0; empty on other ranks. Gathers one unit at a time, so the peak per rank is
+  // the largest unit (plus the root unit), not the model. COLLECTIVE. (For save_16bit_model under
+  // stage 3, check stage3_gather_16bit_weights_on_model_save first, as DeepSpeed does.)
+  std::vector<std::pair<std::string, at::Tensor>> consolidated_state_dict();
 
   // Internal: the engine's state, owned here so the public header stays free of it.
   EngineState& state() { return *state_; }

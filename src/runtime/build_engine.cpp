@@ -2,11 +2,14 @@
 // data loader. Every choice (stage, optimizer) is made here once.
 #include <torch/torch.h>
 
+#include <unordered_set>
+
 #include "deepspeed/optimizer.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
 #include "zero/data_parallel.h"
 #include "zero/partitioned_stage.h"
+#include "zero/stage3/stage3.h"
 
 namespace deepspeed {
 namespace detail {
@@ -90,8 +93,14 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     s.optimizer = s.stage->optimizer();
     return;
   }
+  if (stage == 3) {
+    s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, s.comm, s.config,
+                                             optimizer_factory(s.config));
+    s.optimizer = s.stage->optimizer();
+    return;
+  }
   throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
-                    " is not available in this build yet (supported: 0, 1, 2)");
+                    " is not supported (0, 1, 2 or 3)");
 }
 
 }  // namespace
@@ -104,8 +113,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->module = in.module;
 
   if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
+  // A tied parameter (embedding = head) appears once per name: train it once.
+  std::unordered_set<const void*> seen;
   for (auto& p : s->module->parameters())
-    if (p.requires_grad()) s->trainable.push_back(p);
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s->trainable.push_back(p);
 
   broadcast_from_rank0(*s->module, *s->comm);
 

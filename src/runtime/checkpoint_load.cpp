@@ -214,9 +214,15 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   if (plan.rng_state.defined()) set_rng_state(plan.rng_state);
 }
 
-void apply(EngineState& s, Plan& plan, const LoadOptions& o) {
+void apply_module(Plan& plan) {
   torch::NoGradGuard no_grad;
   for (auto& [dst, src] : plan.module_copies) dst.detach().copy_(src);
+}
+
+// After apply_module (and, under stage 3, the re-partitioning of the module's weights), so the
+// fp32 masters come from the optimizer files, not from the rounded 16-bit module copy.
+void apply_rest(EngineState& s, Plan& plan, const LoadOptions& o) {
+  torch::NoGradGuard no_grad;
   for (auto& [dst, src] : plan.state_copies) dst.copy_(src.view(dst.sizes()));
   if (!plan.optimizer_archive.empty()) {
     torch::serialize::InputArchive archive;
@@ -243,11 +249,18 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   const std::string dir = join_path(load_dir, tag);
   std::unique_ptr<TagReader> reader;
   Plan plan;
-  run_agreed(*s.comm, "load_checkpoint '" + dir + "'", [&] {
-    reader = std::make_unique<TagReader>(fs, dir);
-    plan = make_plan(*reader, s, o);
-  });
-  run_agreed(*s.comm, "load_checkpoint '" + dir + "': applying", [&] { apply(s, plan, o); });
+  {
+    // Stage 3: plan and copy the module against whole tensors; every rank loads the same file, and
+    // rank 0's values are re-partitioned.
+    FullParametersScope full(s, /*modifier_rank=*/0);
+    run_agreed(*s.comm, "load_checkpoint '" + dir + "'", [&] {
+      reader = std::make_unique<TagReader>(fs, dir);
+      plan = make_plan(*reader, s, o);
+    });
+    run_agreed(*s.comm, "load_checkpoint '" + dir + "': applying", [&] { apply_module(plan); });
+    full.release();
+  }
+  run_agreed(*s.comm, "load_checkpoint '" + dir + "': applying", [&] { apply_rest(s, plan, o); });
   if (o.load_module_only)
     s.stage->refresh_masters_from_model();
   else

@@ -143,7 +143,8 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   nlohmann::json partitions = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
     nlohmann::json frags = nlohmann::json::array();
-    for (auto& f : partition_fragments(numels, world, r)) frags.push_back({names[f.param], f.offset, f.numel});
+    for (auto& f : s.stage->fragments_of_rank(r, numels, world))
+      frags.push_back({names[f.param], f.offset, f.numel});
     partitions.push_back({{"rank", r}, {"file", optim_states_file_name(r)}, {"fragments", frags}});
   }
   nlohmann::json tensors = nlohmann::json::object();
@@ -183,7 +184,7 @@ void validate_tag(EngineState& s, const std::string& tag) {
 void check_fragments_match_layout(EngineState& s) {
   std::vector<int64_t> numels;
   for (auto& p : s.trainable) numels.push_back(p.numel());
-  auto want = partition_fragments(numels, s.comm->world_size(), s.comm->rank());
+  auto want = s.stage->fragments_of_rank(s.comm->rank(), numels, s.comm->world_size());
   auto got = s.stage->fragments_to_save();
   bool same = want.size() == got.size();
   for (size_t i = 0; same && i < want.size(); ++i)
@@ -203,6 +204,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   validate_tag(s, tag);
   const std::string dir = join_path(save_dir, tag);
   const bool rank0 = s.comm->rank() == 0;
+  FullParametersScope full(s, /*modifier_rank=*/std::nullopt);  // stage 3: whole tensors to save
   const auto names = trainable_names(*s.module);
   const std::string format = optimizer_format(s);
   test_kill_point("start", tag);

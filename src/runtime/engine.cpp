@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "deepspeed/zero_unit.h"
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
@@ -17,7 +18,7 @@ Engine::Engine(EngineStatePtr state)
 }
 Engine::~Engine() = default;
 
-void Engine::before_forward() {}
+void Engine::before_forward() { state_->stage->before_forward(); }
 void Engine::after_forward() {}
 
 bool Engine::is_gradient_accumulation_boundary() const {
@@ -123,5 +124,73 @@ comm::CommunicatorPtr Engine::communicator() const { return state_->comm; }
 std::shared_ptr<torch::optim::Optimizer> Engine::optimizer() const { return state_->optimizer; }
 std::shared_ptr<LRScheduler> Engine::lr_scheduler() const { return state_->scheduler; }
 MemoryReport Engine::memory_report() const { return state_->stage->memory(); }
+
+GatheredParameters& GatheredParameters::operator=(GatheredParameters&& o) noexcept {
+  if (this != &o) {
+    GatheredParameters old(std::move(*this));
+    release_ = std::move(o.release_);
+    o.release_ = nullptr;
+  }
+  return *this;
+}
+
+GatheredParameters::~GatheredParameters() {
+  try {
+    release();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "GatheredParameters: re-partitioning failed: %s\n", e.what());
+  }
+}
+
+void GatheredParameters::release() {
+  auto fn = std::move(release_);
+  release_ = nullptr;
+  if (fn) fn();
+}
+
+GatheredParameters Engine::gathered_parameters(std::optional<int> modifier_rank) {
+  return gathered_parameters({}, modifier_rank);
+}
+
+GatheredParameters Engine::gathered_parameters(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+    std::optional<int> modifier_rank) {
+  return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
+}
+
+// Walks the module tree in named_parameters() order; a unit (or a leaf module) is gathered as a
+// whole, so at most one unit's full parameters exist at a time. A module that is not a unit holds
+// only root-unit parameters itself (always gathered), so it is copied directly and its children
+// visited.
+std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
+  auto& model = *state_->module;
+  const bool keep = state_->comm->rank() == 0;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  auto copy = [&](const std::string& prefix, torch::nn::Module& m, bool recurse) {
+    if (!keep) return;
+    for (auto& kv : m.named_parameters(recurse))
+      out.emplace_back(prefix + kv.key(), kv.value().detach().clone());
+  };
+  std::function<void(const std::string&, const std::shared_ptr<torch::nn::Module>&)> visit =
+      [&](const std::string& prefix, const std::shared_ptr<torch::nn::Module>& m) {
+        if (dynamic_cast<ZeroUnitBase*>(m.get()) || m->children().empty()) {
+          auto scope = gathered_parameters({m});
+          copy(prefix, *m, /*recurse=*/true);
+          return;
+        }
+        copy(prefix, *m, /*recurse=*/false);
+        for (auto& kv : m->named_children()) visit(prefix + kv.key() + ".", kv.value());
+      };
+  if (dynamic_cast<ZeroUnitBase*>(&model)) {
+    auto scope = gathered_parameters();
+    copy("", model, /*recurse=*/true);
+  } else {
+    copy("", model, /*recurse=*/false);
+    for (auto& kv : model.named_children()) visit(kv.key() + ".", kv.value());
+  }
+  if (keep)
+    for (auto& kv : model.named_buffers()) out.emplace_back(kv.key(), kv.value().detach().clone());
+  return out;
+}
 
 }  // namespace deepspeed

@@ -3,6 +3,7 @@
 // Layout and fragment format: checkpoint/layout.h; guarantees: docs/checkpoints.md.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,32 @@ std::string save_engine_checkpoint(EngineState& state, FileSystem& fs, const std
 // COLLECTIVE.
 LoadedCheckpoint load_engine_checkpoint(EngineState& state, FileSystem& fs,
                                         const std::string& load_dir, const LoadOptions& options);
+
+// Stage 3: the full parameters are present (gathered) on every rank while this object lives, so
+// the module file is written from and loaded into whole tensors (as DeepSpeed's
+// stage3_gather_16bit_weights_on_model_save); release() re-partitions, keeping modifier_rank's
+// values. Stages 0-2: nothing happens. Construction and release are COLLECTIVE.
+class FullParametersScope {
+ public:
+  FullParametersScope(EngineState& s, std::optional<int> modifier_rank)
+      : release_(s.stage->gather_for_access({}, modifier_rank)) {}
+  ~FullParametersScope() {
+    try {
+      release();
+    } catch (...) {  // already unwinding from an agreed error; every rank is here
+    }
+  }
+  void release() {
+    auto r = std::move(release_);
+    release_ = nullptr;
+    if (r) r();
+  }
+  FullParametersScope(const FullParametersScope&) = delete;
+  FullParametersScope& operator=(const FullParametersScope&) = delete;
+
+ private:
+  std::function<void()> release_;
+};
 
 // Shared by save and load.
 std::string precision_name(const Config& config);

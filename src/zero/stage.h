@@ -5,9 +5,12 @@
 // Vocabulary (used the same way everywhere): a *bucket* is a run of gradients reduced by one
 // collective; a *partition* is the slice of a flat buffer that one rank owns.
 #pragma once
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include "deepspeed/engine.h"
@@ -58,6 +61,21 @@ class ZeroStage {
   virtual void finish_load(int64_t adam_step) = 0;
   // After the module's weights were overwritten (load_module_only): masters taken from them.
   virtual void refresh_masters_from_model() = 0;
+  // Which fragments rank `rank` saves (param, offset, numel only), for the manifest. Default: the
+  // canonical 1/N share of the parameters in flat order (stages 0-2); stage 3 saves its per-unit
+  // slices. `numels`: the trainable parameters' element counts, in registration order.
+  virtual std::vector<StateFragment> fragments_of_rank(int rank, const std::vector<int64_t>& numels,
+                                                       int world_size) const;
+  // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
+  virtual void before_forward() {}
+  // Makes the full parameters of `modules` (all when empty) present and writable until the
+  // returned function runs; that function re-partitions them, keeping modifier_rank's values
+  // (none: edits are dropped). Both COLLECTIVE. Stages 0-2 always hold the full parameters.
+  virtual std::function<void()> gather_for_access(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& /*modules*/,
+      std::optional<int> /*modifier_rank*/) {
+    return [] {};
+  }
 };
 
 }  // namespace zero

@@ -78,7 +78,8 @@ INSTANTIATE_TEST_SUITE_P(
     Checkpoint, ExactResume,
     ::testing::Values(Case{1, 0, "AdamW"}, Case{2, 0, "AdamW"}, Case{2, 1, "AdamW"},
                       Case{3, 2, "AdamW"}, Case{2, 0, "SGD"}, Case{2, 2, "SGD"},
-                      Case{2, 0, "AdamW", true}, Case{2, 1, "AdamW", true}, Case{3, 2, "AdamW", true}),
+                      Case{2, 0, "AdamW", true}, Case{2, 1, "AdamW", true}, Case{3, 2, "AdamW", true},
+                      Case{2, 3, "AdamW"}, Case{3, 3, "AdamW", true}),
     [](const auto& info) {
       return "world" + std::to_string(info.param.world) + "_stage" +
              std::to_string(info.param.stage) + "_" + info.param.optimizer +

@@ -1,4 +1,4 @@
-// bf16 and fp16 training at ZeRO stages 0-2 over ranks as threads:
+// bf16 and fp16 training at ZeRO stages 0-3 over ranks as threads:
 //  - bf16 GPT training tracks the fp32 loss curve (50 steps, 2 ranks);
 //  - model-state bytes match the ZeRO paper's mixed-precision formulas;
 //  - fp16 with dynamic loss scaling trains a model that computes in fp32 internally (libtorch 1.13
@@ -55,7 +55,8 @@ double mixed_bytes(int stage, double psi, int n) {
   switch (stage) {
     case 0: return 16 * psi;
     case 1: return 4 * psi + 12 * psi / n;
-    default: return 2 * psi + 14 * psi / n;
+    case 2: return 2 * psi + 14 * psi / n;
+    default: return 16 * psi / n;
   }
 }
 
@@ -71,6 +72,7 @@ TEST_P(Bf16Training, TracksTheFp32LossCurveAndMatchesTheMemoryFormula) {
   s.steps = steps;
   s.config = dstest::base_config(4, 1, stage);
   s.config["bf16"] = {{"enabled", true}};
+  if (stage == 3) s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   auto bf16 = dstest::train_gpt(s);
   auto fp32 = fp32_reference(steps);
   ASSERT_EQ(bf16.losses.size(), static_cast<size_t>(steps));
@@ -97,10 +99,10 @@ TEST_P(Bf16Training, TracksTheFp32LossCurveAndMatchesTheMemoryFormula) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, Bf16Training, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Stages, Bf16Training, ::testing::Values(0, 1, 2, 3));
 
 TEST(Bf16Memory, FourRanksMatchTheFormula) {
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     dstest::RunSpec s;
     s.world_size = 4;
     s.steps = 2;
@@ -293,7 +295,7 @@ TEST_P(Fp16Training, InfOnOneRankSkipsTheStepEverywhereBitIdentically) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, Fp16Training, ::testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Stages, Fp16Training, ::testing::Values(0, 1, 2, 3));
 
 // fp16.auto_cast: floating-point inputs reach the model as fp16, integer inputs unchanged.
 namespace {

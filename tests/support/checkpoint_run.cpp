@@ -85,6 +85,7 @@ CheckpointJobResult run_checkpoint_job(const CheckpointJob& job) {
           engine->save_checkpoint(job.save_dir, "", {{"step", s}, {"note", "client"}});
     }
     if (job.save_at_end) engine->save_checkpoint(job.save_dir);
+    auto whole = engine->gathered_parameters();  // stage 3: the parameters are partitioned
     if (rank != 0) return;
     std::lock_guard<std::mutex> lock(mu);
     result.losses = losses;

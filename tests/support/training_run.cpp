@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "deepspeed/comm.h"
+#include "deepspeed/zero_init.h"
 #include "gpt/text_dataset.h"
 #include "support/ranks.h"
 
@@ -31,21 +32,42 @@ std::shared_ptr<gpt::TextDataset> test_text(int64_t block) {
 RunResult train_gpt(const RunSpec& spec) {
   at::set_num_threads(1);
   // Models are built up front on this thread: the global RNG is not per-thread.
-  std::vector<std::shared_ptr<gpt::GPTImpl>> models;
-  for (int r = 0; r < spec.world_size; ++r) {
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models(spec.world_size);
+  auto prepare = [&spec](gpt::GPTImpl& model) {
+    torch::NoGradGuard no_grad;
+    if (!spec.initial_weights.empty()) {
+      auto params = model.parameters();
+      TORCH_CHECK(params.size() == spec.initial_weights.size(), "initial_weights: wrong count");
+      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(spec.initial_weights[i]);
+    }
+    for (auto& name : spec.frozen) model.named_parameters()[name].set_requires_grad(false);
+  };
+  for (int r = 0; r < spec.world_size && !spec.zero_init; ++r) {
     torch::manual_seed(r == 0 ? spec.model_seed : spec.model_seed + 1000 + r);  // others differ: broadcast must fix them
-    models.push_back(std::make_shared<gpt::GPTImpl>(spec.model));
-    for (auto& name : spec.frozen) models.back()->named_parameters()[name].set_requires_grad(false);
+    models[r] = std::make_shared<gpt::GPTImpl>(spec.model);
+    prepare(*models[r]);
   }
   auto data = test_text(spec.model.block_size);
   RunResult result;
   result.memory.resize(spec.world_size);
-  for (auto& p : models[0]->parameters()) result.initial.push_back(p.detach().clone());
+  if (!spec.zero_init)
+    for (auto& p : models[0]->parameters()) result.initial.push_back(p.detach().clone());
   std::mutex mu;
   run_ranks(spec.world_size, [&](deepspeed::comm::CommunicatorPtr comm) {
     const int rank = comm->rank();
+    if (spec.zero_init) {
+      deepspeed::zero::Init init(comm);
+      models[rank] = std::make_shared<gpt::GPTImpl>(spec.model);
+      prepare(*models[rank]);
+    }
     auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
         {.model = models[rank], .config_json = spec.config, .training_data = data, .comm = comm});
+    if (spec.zero_init) {
+      auto whole = engine->gathered_parameters();
+      std::lock_guard<std::mutex> lock(mu);
+      if (rank == 0)
+        for (auto& p : models[0]->parameters()) result.initial.push_back(p.detach().clone());
+    }
     std::vector<double> losses;
     while (engine->global_steps() < spec.steps) {
       auto batch = loader->next();
@@ -55,8 +77,10 @@ RunResult train_gpt(const RunSpec& spec) {
       engine->step();
       if (boundary) losses.push_back(engine->last_loss());
     }
+    auto memory = engine->memory_report();
+    auto whole = engine->gathered_parameters();  // stage 3: the parameters are partitioned
     std::lock_guard<std::mutex> lock(mu);
-    result.memory[rank] = engine->memory_report();
+    result.memory[rank] = memory;
     if (rank == 0) {
       result.losses = losses;
       for (auto& p : models[0]->parameters()) result.weights.push_back(p.detach().clone());

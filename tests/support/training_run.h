@@ -25,6 +25,12 @@ struct RunSpec {
   gpt::GPTConfig model{256, 16, 2, 2, 32};
   uint64_t model_seed = 7;
   std::vector<std::string> frozen;  // parameter names to set requires_grad = false
+  // Build the models inside the ranks under deepspeed::zero::Init (stage 3). Ranks then draw
+  // their initial values from one shared RNG concurrently, so rank 0's are not reproducible:
+  // `initial` reports them (gathered after initialize()); pass them as `initial_weights` to a
+  // reference run.
+  bool zero_init = false;
+  std::vector<torch::Tensor> initial_weights;  // if set: copied into every rank's model first
 };
 
 int64_t count_parameters(const gpt::GPTConfig& model);

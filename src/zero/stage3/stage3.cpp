@@ -1,0 +1,291 @@
+#include "zero/stage3/stage3.h"
+
+#include <torch/torch.h>
+
+#include <unordered_set>
+
+#include "optim/fused_adam.h"
+#include "zero/gradient_scaling.h"
+#include "zero/optimizer_state_bytes.h"
+#include "zero/stage3/init_shard.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+// With overlap_comm, at most this many bucket reduce-scatters are in flight; without it each is
+// waited for at once.
+constexpr size_t kMaxBucketsInFlight = 2;
+
+int64_t storage_bytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+
+at::ScalarType common_dtype(const std::vector<at::Tensor>& params) {
+  at::ScalarType dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
+  for (auto& p : params) {
+    auto t = p.scalar_type();
+    if (t != dtype || (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf))
+      throw ConfigError("zero_optimization.stage 3: trainable parameters must all be fp32, or all "
+                        "bf16/fp16 (found " + std::string(c10::toString(dtype)) + " and " +
+                        std::string(c10::toString(t)) + ")");
+  }
+  return dtype;
+}
+
+at::ScalarType wire_dtype(const std::string& configured, at::ScalarType grad_dtype) {
+  if (configured == "fp32") return torch::kFloat;
+  if (configured == "fp16") return torch::kHalf;
+  if (configured == "bf16") return torch::kBFloat16;
+  return grad_dtype;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
+               comm::CommunicatorPtr comm, const Config& config,
+               const OptimizerFactory& make_optimizer)
+    : comm_(std::move(comm)), config_(config) {
+  param_dtype_ = common_dtype(trainable);
+  comm_dtype_ = wire_dtype(config_.communication_data_type, param_dtype_);
+  modules_ = find_units(model);
+  for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
+  layout_ = make_stage3_layout(modules_, trainable, comm_->world_size(), config_.zero_optimization);
+  auto options = torch::TensorOptions().dtype(param_dtype_);
+  partition_ = torch::zeros({layout_.partition_numel}, options);
+  grad_partition_ = torch::zeros({layout_.partition_numel}, options);
+  gatherer_ = std::make_unique<UnitGatherer>(layout_, partition_, comm_, config_.zero_optimization);
+  // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
+  // may hold persistent parameters of units restored just before.
+  for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
+  partition_unit(0);
+  gatherer_->regather_root();
+  for (size_t u = 1; u < layout_.units.size(); ++u)
+    layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
+  make_buckets();
+
+  master_ = mixed_precision() ? partition_.to(torch::kFloat) : partition_;
+  if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
+  optimizer_ = make_optimizer({master_});
+  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get()); fused && mixed_precision())
+    fused->set_half_copy(master_, partition_);
+}
+
+Stage3::~Stage3() {
+  hooks_.clear();
+  for (auto* m : modules_) m->attach(nullptr, -1);
+  for (auto& b : buckets_)
+    if (b.work) try { b.work->wait(); } catch (...) {}
+}
+
+at::Tensor Stage3::slice_of(const at::Tensor& buffer, int u) const {
+  const auto& slots = layout_.units[u];
+  return buffer.narrow(0, slots.partition_offset, slots.layout.partition_numel);
+}
+
+// Copies this rank's slice of unit u into the partition buffer, hooks its parameters' gradients
+// (while they still have their full shape: the gradient accumulator records it) and releases them.
+void Stage3::partition_unit(int u) {
+  const auto& slots = layout_.units[u];
+  if (slots.module) restore_init_shard(*slots.module, *comm_);
+  torch::NoGradGuard no_grad;
+  const auto& L = slots.layout;
+  const int rank = comm_->rank();
+  at::Tensor mine = slice_of(partition_, u);
+  for (size_t i = 0; i < slots.params.size(); ++i) {
+    at::Tensor p = slots.params[i];
+    TORCH_CHECK(p.numel() == numel_of(slots.shapes[i]), "stage 3: parameter of unit ", u,
+                " is not whole at initialize() (numel ", p.numel(), ")");
+    hooks_.add(p, [this, u, i] { on_grad_ready(u, i); });
+    const int64_t o = slots.offsets[i], n = p.numel();
+    const int64_t lo = std::max(o, L.begin(rank)), hi = std::min(o + n, L.end(rank));
+    if (lo < hi) mine.narrow(0, lo - L.begin(rank), hi - lo).copy_(p.reshape({-1}).narrow(0, lo - o, hi - lo));
+    if (u != 0) p.set_data(torch::empty({0}, p.options()));
+  }
+}
+
+void Stage3::make_buckets() {
+  const int64_t size = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
+  bucket_of_.resize(layout_.units.size());
+  unit_arrived_.assign(layout_.units.size(), 0);
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const auto& slots = layout_.units[u];
+    for (size_t i = 0; i < slots.params.size(); ++i) {
+      const int64_t o = slots.offsets[i];
+      if (i == 0 || buckets_.back().end - buckets_.back().begin >= size)
+        buckets_.push_back({static_cast<int>(u), o, o});
+      buckets_.back().end = o + numel_of(slots.shapes[i]);
+      buckets_.back().expected++;
+      bucket_of_[u].push_back(buckets_.size() - 1);
+    }
+    if (!slots.params.empty()) buckets_.back().end = slots.layout.padded_numel;  // padding too
+  }
+}
+
+void Stage3::allocate(GradBucket& b) {
+  b.buffer = torch::zeros({b.end - b.begin}, torch::TensorOptions().dtype(comm_dtype_));
+  bucket_bytes_ += storage_bytes(b.buffer);
+  peak_bucket_bytes_ = std::max(peak_bucket_bytes_, bucket_bytes_);
+}
+
+void Stage3::begin_backward(bool) {
+  for (auto& b : buckets_) b.arrived = 0, b.launched = false;
+  std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
+}
+
+// The parameter's gradient moves into its bucket and is freed at once.
+void Stage3::on_grad_ready(int u, size_t i) {
+  const auto& slots = layout_.units[u];
+  const size_t index = bucket_of_[u][i];
+  GradBucket& b = buckets_[index];
+  if (b.launched) return;
+  if (!b.buffer.defined()) allocate(b);
+  at::Tensor p = slots.params[i];
+  auto& g = p.mutable_grad();
+  if (g.defined()) {
+    b.buffer.narrow(0, slots.offsets[i] - b.begin, g.numel()).copy_(g.reshape({-1}));
+    g = at::Tensor();
+  }
+  if (++b.arrived == b.expected) launch(index);
+  // Every gradient of the unit is computed: its backward is over.
+  if (++unit_arrived_[u] == static_cast<int>(slots.params.size())) gatherer_->backward_done(u);
+}
+
+void Stage3::launch(size_t index) {
+  GradBucket& b = buckets_[index];
+  b.launched = true;
+  if (!b.buffer.defined()) allocate(b);  // no parameter of this bucket got a gradient
+  const auto scaling = gradient_scaling(config_, comm_->world_size());
+  if (scaling.before_reduce != 1.0) b.buffer.mul_(scaling.before_reduce);
+  const auto& L = layout_.units[b.unit].layout;
+  std::vector<int64_t> splits;
+  for (int r = 0; r < comm_->world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
+  b.received = torch::empty({splits[comm_->rank()]}, b.buffer.options());
+  b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
+  in_flight_.push_back(index);
+  const size_t max_in_flight =
+      config_.zero_optimization.overlap_comm_enabled() ? kMaxBucketsInFlight : 0;
+  while (in_flight_.size() > max_in_flight) {
+    finish(in_flight_.front());
+    in_flight_.pop_front();
+  }
+}
+
+void Stage3::finish(size_t index) {
+  GradBucket& b = buckets_[index];
+  b.work->wait();
+  b.work.reset();
+  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  if (b.received.numel() > 0) {
+    const auto& L = layout_.units[b.unit].layout;
+    const int rank = comm_->rank();
+    const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
+    if (after != 1.0) b.received.mul_(after);
+    slice_of(grad_partition_, b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+  }
+  bucket_bytes_ -= storage_bytes(b.buffer);
+  b.buffer = at::Tensor();
+  b.received = at::Tensor();
+}
+
+void Stage3::end_backward(bool) {
+  // Buckets whose hooks did not all fire (a parameter unused by this graph), in order.
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (!buckets_[b].launched) launch(b);
+  while (!in_flight_.empty()) {
+    finish(in_flight_.front());
+    in_flight_.pop_front();
+  }
+  gatherer_->end_backward();
+}
+
+// One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
+// Squares are summed in fp64 a chunk at a time: a whole-partition fp64 copy would be the largest
+// transient of the step (8 bytes per element).
+double Stage3::global_grad_norm() {
+  constexpr int64_t kChunk = 1 << 18;
+  at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
+  for (int64_t c = 0; c < grad_partition_.numel(); c += kChunk) {
+    auto part = grad_partition_.narrow(0, c, std::min(kChunk, grad_partition_.numel() - c));
+    sq += part.to(torch::kDouble).pow(2).sum();
+  }
+  comm_->all_reduce(sq)->wait();
+  return std::sqrt(sq.item<double>());
+}
+
+void Stage3::step(double grad_scale) {
+  if (!mixed_precision()) {
+    if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
+    optimizer_->step();
+  } else {
+    at::Tensor grad32 = grad_partition_.to(torch::kFloat);
+    master_.mutable_grad() = grad32;
+    auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+    if (fused)
+      fused->set_grad_scale(static_cast<float>(grad_scale));
+    else if (grad_scale != 1.0)
+      grad32.mul_(grad_scale);
+    optimizer_->step();
+    master_.mutable_grad() = at::Tensor();
+    if (!fused) {
+      torch::NoGradGuard no_grad;
+      partition_.copy_(master_);
+    }
+  }
+  gatherer_->regather_root();
+  discard_gradients();
+}
+
+void Stage3::discard_gradients() { grad_partition_.zero_(); }
+
+MemoryReport Stage3::memory() const {
+  MemoryReport r;
+  r.parameters = storage_bytes(partition_);
+  r.gradients = storage_bytes(grad_partition_);
+  r.optimizer_states = optimizer_state_bytes(*optimizer_);
+  if (mixed_precision()) r.optimizer_states += storage_bytes(master_);
+  r.comm_buffers = peak_bucket_bytes_;
+  auto g = gatherer_->stats();
+  r.gathered_numel = g.numel;
+  r.peak_gathered_numel = g.peak_numel;
+  r.gathered_bytes = g.bytes;
+  r.peak_gathered_bytes = g.peak_bytes;
+  return r;
+}
+
+std::function<void()> Stage3::gather_for_access(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+    std::optional<int> modifier_rank) {
+  std::unordered_set<const void*> wanted;
+  for (auto& m : modules)
+    for (auto& p : m->parameters()) wanted.insert(p.unsafeGetTensorImpl());
+  std::vector<int> units;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    bool take = modules.empty();
+    for (auto& p : layout_.units[u].params) take = take || wanted.count(p.unsafeGetTensorImpl());
+    if (take && !layout_.units[u].params.empty()) units.push_back(static_cast<int>(u));
+  }
+  for (int u : units) gatherer_->pin(u);
+  return [this, units, modifier_rank] {
+    torch::NoGradGuard no_grad;
+    const int rank = comm_->rank();
+    for (int u : units) {
+      if (modifier_rank) {
+        at::Tensor full = gatherer_->full(u);
+        comm_->broadcast(full, *modifier_rank)->wait();
+        const auto& L = layout_.units[u].layout;
+        at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
+        slice_of(partition_, u).copy_(mine);
+        if (mixed_precision()) slice_of(master_, u).copy_(mine);
+      }
+      gatherer_->unpin(u);
+    }
+  };
+}
+
+}  // namespace zero
+}  // namespace deepspeed

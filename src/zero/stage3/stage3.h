@@ -1,0 +1,106 @@
+// ZeRO stage 3: parameters, gradients and optimizer states all partitioned (16Ψ/N per rank,
+// fp32: 4Ψ/N parameters that double as master + 4Ψ/N gradients + 8Ψ/N moments; 16-bit: 2Ψ/N
+// parameters + 2Ψ/N gradients + 12Ψ/N fp32 master and moments), plus the gathered working set.
+//
+// The model marks its units with ZeroUnit/LayerList (deepspeed/zero_unit.h); the layout
+// (unit_layout.h) assigns each trainable parameter to a unit and each rank a slice of every unit.
+// The UnitGatherer decides when a unit's parameters are gathered and released. Gradients: as
+// autograd finishes a parameter's gradient (AccumulateGrad post hook) it is copied into its
+// bucket (a run of reduce_bucket_size elements of its unit) and freed; a complete bucket is
+// reduce-scattered unevenly (each rank receives the part inside its slice, added to its gradient
+// partition). When all of a unit's trainable parameters have their gradient, the unit's backward
+// is over and it is released. Buckets whose hooks never all fired (a parameter unused by this
+// graph) are reduced at end_backward, in order, so every rank issues the same collectives.
+// Every micro-step reduces (as stage 2).
+// After the optimizer step the rank's partition holds the new values (the fused Adam writes the
+// 16-bit copy); only the root unit is gathered again.
+#pragma once
+#include <deque>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "zero/gradient_hooks.h"
+#include "zero/partitioned_stage.h"
+#include "zero/stage.h"
+#include "zero/stage3/unit_gatherer.h"
+#include "zero/stage3/unit_layout.h"
+
+namespace deepspeed {
+namespace zero {
+
+class Stage3 : public ZeroStage {
+ public:
+  // Partitions the model's units (adopting zero::Init slices one unit at a time) and attaches
+  // itself to them. REQUIRES: every rank holds rank 0's values for parameters not built under
+  // zero::Init; trainable parameters share one dtype. COLLECTIVE.
+  Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable, comm::CommunicatorPtr comm,
+         const Config& config, const OptimizerFactory& make_optimizer);
+  ~Stage3() override;
+
+  void begin_backward(bool boundary) override;
+  void end_backward(bool boundary) override;
+  double global_grad_norm() override;
+  void step(double grad_scale) override;
+  void discard_gradients() override;
+  MemoryReport memory() const override;
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
+  void before_forward() override { gatherer_->begin_forward(); }
+  // Checkpoints (stage3_checkpoint.cpp): this rank's slice of every unit, as parameter fragments.
+  std::vector<StateFragment> fragments_to_save() override;
+  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  int64_t adam_step() const override;
+  void finish_load(int64_t adam_step) override;
+  void refresh_masters_from_model() override;
+  std::vector<StateFragment> fragments_of_rank(int rank, const std::vector<int64_t>& numels,
+                                               int world_size) const override;
+  std::function<void()> gather_for_access(
+      const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
+      std::optional<int> modifier_rank) override;
+
+ private:
+  // A run of one unit's flat buffer [begin, end), cut at parameter boundaries, whose gradients
+  // are reduce-scattered together (reduce_bucket_size elements or one larger parameter).
+  struct GradBucket {
+    int unit = 0;
+    int64_t begin = 0, end = 0;
+    int expected = 0;     // parameters in the bucket
+    int arrived = 0;      // parameters whose gradient is in `buffer`
+    bool launched = false;
+    at::Tensor buffer;    // the bucket's gradients, in the wire dtype
+    at::Tensor received;  // this rank's part of the sum
+    comm::WorkPtr work;
+  };
+  void make_buckets();
+  void partition_unit(int u);
+  void on_grad_ready(int u, size_t i);
+  void launch(size_t b);
+  void finish(size_t b);
+  void allocate(GradBucket& b);
+  bool mixed_precision() const { return param_dtype_ != at::kFloat; }
+  at::Tensor slice_of(const at::Tensor& buffer, int u) const;
+
+  comm::CommunicatorPtr comm_;
+  Config config_;
+  std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`
+  std::vector<ZeroUnitBase*> modules_;
+  Stage3Layout layout_;
+  at::ScalarType param_dtype_ = at::kFloat;
+  at::ScalarType comm_dtype_ = at::kFloat;
+  at::Tensor partition_;       // this rank's slices of every unit, in the parameter dtype
+  at::Tensor master_;          // fp32: partition_ itself; 16-bit: its fp32 copy
+  at::Tensor grad_partition_;  // this rank's averaged gradients, same layout
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<UnitGatherer> gatherer_;
+  std::vector<GradBucket> buckets_;
+  std::vector<std::vector<size_t>> bucket_of_;  // [unit][parameter] -> index into buckets_
+  std::vector<int> unit_arrived_;               // per unit: parameters whose gradient arrived
+  std::deque<size_t> in_flight_;
+  int64_t bucket_bytes_ = 0, peak_bucket_bytes_ = 0;
+  GradientHooks hooks_;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,99 @@
+// Stage 3's side of checkpoints: each rank saves and loads its slice of every unit (the fp32
+// master and Adam moments there), described as fragments of the parameters, so a stage-3
+// checkpoint loads at any world size and stage and any checkpoint loads into stage 3 (the loader
+// assembles each fragment from whichever saved pieces overlap it).
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+#include "zero/adam_state_checkpoint.h"
+#include "zero/stage3/stage3.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Rank `rank`'s fragments in partition order; `visit(unit, param_slot, lo, hi, begin)` gets the
+// overlap [lo, hi) of the parameter with the rank's slice [begin, ...) of the unit's flat buffer.
+template <class Visit>
+void for_each_piece(const Stage3Layout& layout, int rank, Visit&& visit) {
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const auto& unit = layout.units[u];
+    if (unit.params.empty()) continue;
+    const int64_t begin = unit.layout.begin(rank);
+    const int64_t end = begin + unit.layout.partition_numel;
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const int64_t o = unit.offsets[i], n = numel_of(unit.shapes[i]);
+      const int64_t lo = std::max(begin, o), hi = std::min(end, o + n);
+      if (hi > lo) visit(u, i, lo, hi, begin);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector<int64_t>& numels,
+                                                     int world_size) const {
+  std::vector<StateFragment> out;
+  for_each_piece(layout_, rank, [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t) {
+    const auto& unit = layout_.units[u];
+    StateFragment f;
+    f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
+    f.offset = lo - unit.offsets[i];
+    f.numel = hi - lo;
+    out.push_back(f);
+  });
+  return out;
+}
+
+std::vector<StateFragment> Stage3::fragments_to_save() {
+  if (master_.scalar_type() != at::kFloat)
+    throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
+                          std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
+  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
+  std::vector<StateFragment> out;
+  for_each_piece(layout_, comm_->rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
+    const auto& unit = layout_.units[u];
+    StateFragment f;
+    f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
+    f.offset = lo - unit.offsets[i];
+    f.numel = hi - lo;
+    const int64_t at = unit.partition_offset + (lo - begin);
+    f.master = master_.narrow(0, at, f.numel);
+    attach_moments(state, at, f.numel, f.exp_avg, f.exp_avg_sq);
+    out.push_back(f);
+  });
+  return out;
+}
+
+std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
+  adam_state_for(*optimizer_, master_, create_moments);
+  return fragments_to_save();
+}
+
+int64_t Stage3::adam_step() const {
+  if (!is_fused_adam(optimizer_.get())) return -1;
+  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
+  return state ? state->step() : 0;
+}
+
+void Stage3::finish_load(int64_t adam_step) {
+  if (adam_step >= 0)
+    if (auto* state = adam_state_for(*optimizer_, master_, /*create=*/true)) state->step(adam_step);
+  torch::NoGradGuard no_grad;
+  if (mixed_precision()) partition_.copy_(master_);
+  gatherer_->regather_root();
+}
+
+void Stage3::refresh_masters_from_model() {
+  torch::NoGradGuard no_grad;
+  if (mixed_precision()) master_.copy_(partition_);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,206 @@
+#include "zero/stage3/unit_gatherer.h"
+
+#include <torch/torch.h>
+
+namespace deepspeed {
+namespace zero {
+
+UnitGatherer::UnitGatherer(const Stage3Layout& layout, at::Tensor partition,
+                           comm::CommunicatorPtr comm, const ZeroConfig& config)
+    : layout_(layout), partition_(std::move(partition)), comm_(std::move(comm)), config_(config),
+      state_(layout.units.size()) {}
+
+bool UnitGatherer::in_use(int u) const {
+  const auto& s = state_[u];
+  return u == 0 || s.active > 0 || s.backward_pending || s.pins > 0;
+}
+
+void UnitGatherer::record(int u) {
+  if (trace_valid_) {
+    if (cursor_ < trace_.size() && trace_[cursor_] == u) {
+      ++cursor_;
+      return;
+    }
+    // The execution order changed: stop predicting, record the new order from the next forward.
+    trace_valid_ = recording_ = false;
+    trace_.clear();
+    return;
+  }
+  if (recording_) trace_.push_back(u);
+}
+
+void UnitGatherer::issue(int u) {
+  auto& s = state_[u];
+  const auto& slots = layout_.units[u];
+  s.full = torch::empty({slots.layout.padded_numel}, partition_.options());
+  at::Tensor mine = partition_.narrow(0, slots.partition_offset, slots.layout.partition_numel);
+  s.work = comm_->all_gather(s.full, mine);
+  const int64_t bytes = s.full.numel() * s.full.element_size();
+  stats_.bytes += bytes;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
+  if (u != 0) {
+    stats_.numel += s.full.numel();
+    stats_.peak_numel = std::max(stats_.peak_numel, stats_.numel);
+  }
+}
+
+void UnitGatherer::use(int u) {
+  auto& s = state_[u];
+  const auto& slots = layout_.units[u];
+  if (slots.params.empty()) return;
+  if (!gathered(u)) {
+    make_room(numel_of(u), u);
+    issue(u);
+  }
+  if (s.work) {
+    s.work->wait();
+    s.work.reset();
+  }
+  if (s.params_set) return;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < slots.params.size(); ++i) {
+    at::Tensor p = slots.params[i];
+    int64_t n = 1;
+    for (auto d : slots.shapes[i]) n *= d;
+    p.set_data(s.full.narrow(0, slots.offsets[i], n).view(slots.shapes[i]));
+  }
+  s.params_set = true;
+}
+
+// The parameters get empty data of their dtype: the gathered buffer's last references go, so its
+// storage is freed (the unit's parameters show numel 0, as DeepSpeed's do while released).
+void UnitGatherer::release(int u) {
+  auto& s = state_[u];
+  if (u == 0 || !gathered(u)) return;
+  if (s.work) {
+    s.work->wait();
+    s.work.reset();
+  }
+  torch::NoGradGuard no_grad;
+  if (s.params_set)
+    for (auto p : layout_.units[u].params) p.set_data(torch::empty({0}, p.options()));
+  stats_.bytes -= s.full.numel() * s.full.element_size();
+  stats_.numel -= s.full.numel();
+  s.full = at::Tensor();
+  s.params_set = false;
+}
+
+int64_t UnitGatherer::next_use_distance(int u, bool count_elements) const {
+  if (!trace_valid_) return -1;
+  int64_t distance = 0;
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    if (trace_[i] == u) return distance;
+    distance += count_elements ? numel_of(trace_[i]) : 1;
+  }
+  return -1;
+}
+
+// Releases gathered units not in use until `numel` more elements fit under max-live: those not
+// needed again this iteration first, then the farthest next use.
+void UnitGatherer::make_room(int64_t numel, int gathering) {
+  const int64_t limit = config_.stage3_max_live_parameters;
+  while (stats_.numel + numel > limit) {
+    int victim = -1;
+    int64_t victim_distance = -2;
+    for (int v = 1; v < static_cast<int>(state_.size()); ++v) {
+      if (v == gathering || !gathered(v) || in_use(v)) continue;
+      int64_t d = next_use_distance(v, /*count_elements=*/false);
+      if (d < 0) d = INT64_MAX;
+      if (d > victim_distance) victim = v, victim_distance = d;
+    }
+    if (victim < 0) return;  // everything gathered is in use: the bound yields
+    release(victim);
+  }
+}
+
+void UnitGatherer::prefetch() {
+  if (!trace_valid_ || config_.stage3_prefetch_bucket_size <= 0) return;
+  int64_t budget = config_.stage3_prefetch_bucket_size;
+  for (size_t i = cursor_; i < trace_.size(); ++i) {
+    const int v = trace_[i];
+    if (v == 0 || layout_.units[v].params.empty()) continue;
+    const int64_t n = numel_of(v);
+    if (gathered(v)) {
+      if (!state_[v].params_set) budget -= n;  // an earlier prefetch, not used yet
+      continue;
+    }
+    if (n > budget || stats_.numel + n > config_.stage3_max_live_parameters) return;
+    issue(v);
+    budget -= n;
+  }
+}
+
+void UnitGatherer::begin_forward() {
+  // Nothing from a previous forward (an eval pass, kept for a reuse that never came) stays.
+  for (int u = 1; u < static_cast<int>(state_.size()); ++u)
+    if (!in_use(u)) release(u);
+  cursor_ = 0;
+  if (!trace_valid_) {
+    trace_.clear();
+    recording_ = true;
+  }
+  prefetch();  // the first units' gathers overlap whatever runs before them (the embeddings)
+}
+
+void UnitGatherer::pre_forward(int u) {
+  record(u);
+  state_[u].active++;
+  use(u);
+  prefetch();
+}
+
+void UnitGatherer::post_forward(int u) {
+  auto& s = state_[u];
+  s.active--;
+  if (in_use(u)) return;
+  const int64_t distance = next_use_distance(u, /*count_elements=*/true);
+  if (distance >= 0 && distance <= config_.stage3_max_reuse_distance) return;
+  release(u);
+}
+
+void UnitGatherer::pre_backward(int u) {
+  record(u);
+  state_[u].backward_pending = true;
+  use(u);
+  prefetch();
+}
+
+void UnitGatherer::backward_done(int u) {
+  state_[u].backward_pending = false;
+  if (!in_use(u)) release(u);
+}
+
+void UnitGatherer::end_backward() {
+  for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
+    state_[u].backward_pending = false;
+    if (!in_use(u)) release(u);
+  }
+  if (recording_ && !trace_.empty()) trace_valid_ = true;
+  recording_ = false;
+  cursor_ = 0;
+}
+
+void UnitGatherer::pin(int u) {
+  state_[u].pins++;
+  use(u);
+}
+
+void UnitGatherer::unpin(int u) {
+  state_[u].pins--;
+  if (!in_use(u)) release(u);
+}
+
+void UnitGatherer::regather_root() {
+  const auto& slots = layout_.units[0];
+  if (slots.params.empty()) return;
+  auto& s = state_[0];
+  if (!gathered(0)) {
+    use(0);
+    return;
+  }
+  at::Tensor mine = partition_.narrow(0, slots.partition_offset, slots.layout.partition_numel);
+  comm_->all_gather(s.full, mine)->wait();
+}
+
+}  // namespace zero
+}  // namespace deepspeed

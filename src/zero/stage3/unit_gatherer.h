@@ -1,0 +1,98 @@
+// When each stage-3 unit is gathered and released: the forward/backward hooks of the units, the
+// trace of the first iteration, prefetching, the reuse distance and the max-live bound.
+//
+//   pre_forward(u) / pre_backward(u): gather u (wait for its prefetch if one is in flight), then
+//       prefetch the units that follow in the trace, up to stage3_prefetch_bucket_size elements,
+//       as long as the gathered elements stay <= stage3_max_live_parameters.
+//   post_forward(u): release u, unless the trace says u is used again before more than
+//       stage3_max_reuse_distance elements of other units are gathered.
+//   backward_done(u): u's gradients are complete (called by Stage3): release u.
+//   end_backward(): release every unit; the first iteration's trace is frozen.
+// Before gathering a unit that would exceed stage3_max_live_parameters, gathered units not in
+// use (kept for reuse, prefetched) are released, farthest next use first. Units in use (inside
+// their forward, between pre_backward and backward_done, or pinned by gathered_parameters) are
+// never released, so the bound holds whenever it is at least the largest unit (twice that while a
+// unit is used again inside another).
+//
+// The trace is the sequence of pre_forward/pre_backward unit ids from the first forward after
+// begin_forward() to the end of that backward. A later iteration that deviates from it drops the
+// trace (no prefetch, no reuse) and records a new one, as DeepSpeed does. Decisions depend only on
+// the trace and the counts, which are identical on every rank, so every rank issues the same
+// all_gathers in the same order.
+//
+// The root unit (0) is gathered at construction and stays gathered; it is not counted against
+// stage3_max_live_parameters. Not thread-safe: hooks run on the thread running forward/backward.
+#pragma once
+#include <vector>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/zero_unit.h"
+#include "zero/stage3/unit_layout.h"
+
+namespace deepspeed {
+namespace zero {
+
+struct GatherStats {
+  int64_t numel = 0;        // elements of units 1..U gathered now (what max-live bounds)
+  int64_t peak_numel = 0;
+  int64_t bytes = 0;        // bytes of all gathered buffers, root included
+  int64_t peak_bytes = 0;
+};
+
+class UnitGatherer : public UnitHooks {
+ public:
+  // partition: the rank's partition buffer (Stage3 owns it; it must outlive this object).
+  UnitGatherer(const Stage3Layout& layout, at::Tensor partition, comm::CommunicatorPtr comm,
+               const ZeroConfig& config);
+
+  void pre_forward(int unit) override;
+  void post_forward(int unit) override;
+  void pre_backward(int unit) override;
+
+  void begin_forward();
+  void backward_done(int unit);
+  void end_backward();
+  // Keeps the unit gathered until unpin (gathering it now if needed). COLLECTIVE when it gathers.
+  void pin(int unit);
+  void unpin(int unit);
+  // Root: write the root's slice of every rank into its gathered buffer (after the optimizer
+  // step). COLLECTIVE.
+  void regather_root();
+  const at::Tensor& full(int unit) const { return state_[unit].full; }
+  GatherStats stats() const { return stats_; }
+
+ private:
+  struct UnitState {
+    at::Tensor full;      // the unit's gathered flat buffer (while gathered or in flight)
+    comm::WorkPtr work;   // its all_gather while in flight
+    bool params_set = false;
+    int active = 0;       // open forward scopes
+    bool backward_pending = false;
+    int pins = 0;
+  };
+  bool gathered(int u) const { return state_[u].full.defined(); }
+  bool in_use(int u) const;
+  void record(int u);
+  void issue(int u);
+  void use(int u);  // gather if needed, wait, point the parameters at the buffer
+  void release(int u);
+  void make_room(int64_t numel, int gathering);
+  void prefetch();
+  int64_t next_use_distance(int u, bool count_elements) const;  // -1: not used again
+  int64_t numel_of(int u) const { return layout_.units[u].layout.padded_numel; }
+
+  const Stage3Layout& layout_;
+  at::Tensor partition_;
+  comm::CommunicatorPtr comm_;
+  ZeroConfig config_;
+  std::vector<UnitState> state_;
+  GatherStats stats_;
+  std::vector<int> trace_;
+  bool trace_valid_ = false;
+  bool recording_ = true;
+  size_t cursor_ = 0;  // next expected trace position
+};
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,49 @@
+// Which parameters each stage-3 unit gathers, and where they sit in the flat buffers.
+//
+// Unit 0 is the *root unit*: trainable parameters outside every ZeroUnit, parameters shared by
+// two units that do not nest (a tied embedding and head), and *persistent* parameters (numel <=
+// stage3_param_persistence_threshold, while their total stays <= stage3_model_persistence_threshold).
+// It is always gathered. Units 1..U are the ZeroUnits in module-tree order; a parameter belongs
+// to the innermost unit that contains it. Frozen parameters are not managed (they stay whole).
+//
+// Each unit's parameters, in registration order, form one flat buffer padded to
+// world_size * kStage3Alignment elements; rank r owns the contiguous slice r of it
+// (make_partition_layout). The rank's *partition buffer* is its slices of all units laid end to
+// end: unit u's slice starts at partition_offset. Gradients use the same layout.
+#pragma once
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "deepspeed/config.h"
+#include "deepspeed/zero_unit.h"
+#include "zero/partition.h"
+
+namespace deepspeed {
+namespace zero {
+
+struct UnitSlots {
+  ZeroUnitBase* module = nullptr;  // nullptr for the root unit
+  std::vector<at::Tensor> params;  // trainable parameters, in registration order
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;    // first element of each parameter in the unit's flat buffer
+  PartitionLayout layout;          // the unit's flat buffer over the ranks
+  int64_t partition_offset = 0;    // where this rank's slice of the unit sits in its partition buffer
+};
+
+struct Stage3Layout {
+  std::vector<UnitSlots> units;  // [0] is the root
+  int64_t partition_numel = 0;   // elements of every rank's partition buffer
+};
+
+// The ZeroUnits under (and including) `model`, each once, in module-tree order.
+std::vector<ZeroUnitBase*> find_units(torch::nn::Module& model);
+
+// `trainable`: the parameters with requires_grad, in registration order. Shapes come from the
+// parameters, or from a unit's zero::Init shard for parameters it holds partitioned.
+Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
+                                const std::vector<at::Tensor>& trainable, int world_size,
+                                const ZeroConfig& config);
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,253 @@
+// ZeRO stage 3's parameter lifecycle: released storage is really freed, the gathered working set
+// respects stage3_max_live_parameters, whole-model access (gathered_parameters with and without a
+// modifier rank, consolidated_state_dict), zero::Init, and the model-state bytes (16Ψ/N).
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "deepspeed/zero_init.h"
+#include "support/ranks.h"
+#include "support/stage3_models.h"
+#include "support/training_run.h"
+
+namespace {
+using deepspeed::ZeroUnit;
+
+// A unit that remembers the storage its weight had while it ran.
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl() { fc = register_module("fc", torch::nn::Linear(dstest::kWidth, dstest::kWidth)); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen_numel = fc->weight.numel();
+    seen = c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(fc->weight.storage().unsafeGetStorageImpl()));
+    return x + deepspeed::zero::linear(x, fc->weight, fc->bias);
+  }
+  torch::nn::Linear fc{nullptr};
+  int64_t seen_numel = 0;
+  c10::weak_intrusive_ptr<c10::StorageImpl> seen{c10::intrusive_ptr<c10::StorageImpl>()};
+};
+TORCH_MODULE(Probe);
+
+struct ProbeModelImpl : torch::nn::Module {
+  ProbeModelImpl() {
+    embed = register_module("embed", torch::nn::Embedding(dstest::kVocab, dstest::kWidth));
+    probe = register_module("probe", std::make_shared<ZeroUnit<Probe>>(Probe()));
+    mlp = register_module("mlp", std::make_shared<ZeroUnit<dstest::Mlp>>(dstest::Mlp()));
+    head = register_module("head", torch::nn::Linear(dstest::kWidth, dstest::kVocab));
+  }
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+    auto x = mlp->forward(probe->forward(embed->forward(idx)));
+    auto logits = deepspeed::zero::linear(x, head->weight, head->bias);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, dstest::kVocab}), targets.reshape({-1}));
+  }
+  torch::nn::Embedding embed{nullptr};
+  std::shared_ptr<ZeroUnit<Probe>> probe;
+  std::shared_ptr<ZeroUnit<dstest::Mlp>> mlp;
+  torch::nn::Linear head{nullptr};
+};
+
+int64_t storage_nbytes(const torch::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
+}  // namespace
+
+TEST(Stage3Release, StorageIsFreedAfterForwardAndAfterBackward) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(3);
+    auto model = std::make_shared<ProbeModelImpl>();
+    auto engine = deepspeed::initialize<ProbeModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    auto& weight = model->probe->inner()->fc->weight;
+    EXPECT_EQ(weight.numel(), 0);
+    EXPECT_EQ(storage_nbytes(weight), 0);
+    for (int64_t step = 0; step < 3; ++step) {
+      auto b = dstest::token_batch(comm->rank(), step);
+      auto loss = engine->forward(b.idx, b.targets);
+      // While it ran the weight was whole; now its storage is gone (no view kept it alive).
+      EXPECT_EQ(model->probe->inner()->seen_numel, dstest::kWidth * dstest::kWidth);
+      EXPECT_TRUE(model->probe->inner()->seen.expired()) << "step " << step;
+      EXPECT_EQ(storage_nbytes(weight), 0);
+      // The last unit's backward comes right after its forward: with stage3_max_reuse_distance 0
+      // it is kept from the second step on, once the first step's trace says so.
+      const int64_t mlp_bytes = storage_nbytes(model->mlp->inner()->fc->weight);
+      if (step == 0)
+        EXPECT_EQ(mlp_bytes, 0);
+      else
+        EXPECT_GE(mlp_bytes, 4 * dstest::kWidth * dstest::kWidth * 4);
+      engine->backward(loss);
+      EXPECT_EQ(storage_nbytes(weight), 0);
+      EXPECT_FALSE(weight.grad().defined());  // the full gradient was freed after reduction
+      EXPECT_EQ(engine->memory_report().gathered_numel, 0);
+      engine->step();
+    }
+    // The root unit (embedding, head) stays whole.
+    EXPECT_EQ(model->embed->weight.numel(), dstest::kVocab * dstest::kWidth);
+    auto m = engine->memory_report();
+    EXPECT_GT(m.peak_gathered_numel, 0);
+    EXPECT_GE(m.gathered_bytes, (model->embed->weight.numel() + model->head->weight.numel()) * 4);
+  });
+}
+
+TEST(Stage3MaxLive, PeakGatheredElementsStayUnderTheSetting) {
+  gpt::GPTConfig four_layers{256, 16, 4, 2, 32};
+  const int64_t block = 12704;  // one block of this GPT (a multiple of 2 x 16: no padding)
+  for (int64_t max_live : {block, 3 * block / 2, 2 * block}) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 3;
+    s.model = four_layers;
+    s.config = dstest::base_config(2, 1, 3);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    s.config["zero_optimization"]["stage3_max_live_parameters"] = max_live;
+    s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = 2 * block;
+    auto r = dstest::train_gpt(s);
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_LE(r.memory[rank].peak_gathered_numel, max_live) << "max_live " << max_live;
+      EXPECT_GE(r.memory[rank].peak_gathered_numel, block) << "max_live " << max_live;
+    }
+  }
+  // DeepSpeed's defaults (1e9) keep every block gathered from its forward to its backward.
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = 2;
+  s.model = four_layers;
+  s.config = dstest::base_config(2, 1, 3);
+  s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  auto r = dstest::train_gpt(s);
+  EXPECT_EQ(r.memory[0].peak_gathered_numel, 4 * block);
+}
+
+// With releases as early as possible (reuse distance 0), one block is gathered at a time unless
+// the next one is prefetched while the current one runs.
+TEST(Stage3Prefetch, NextBlockIsGatheredAheadOnlyWhenTheBucketAllowsIt) {
+  const int64_t block = 12704;
+  for (int64_t prefetch : {int64_t{0}, block}) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 3;
+    s.model = gpt::GPTConfig{256, 16, 4, 2, 32};
+    s.config = dstest::base_config(2, 1, 3);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    s.config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = prefetch;
+    auto r = dstest::train_gpt(s);
+    EXPECT_EQ(r.memory[0].peak_gathered_numel, prefetch == 0 ? block : 2 * block)
+        << "prefetch " << prefetch;
+  }
+}
+
+TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(3 + comm->rank());
+    auto model = std::make_shared<ProbeModelImpl>();
+    auto engine = deepspeed::initialize<ProbeModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    auto& probe_w = model->probe->inner()->fc->weight;
+    auto& mlp_w = model->mlp->inner()->fc->weight;
+    torch::Tensor original;
+    {
+      auto scope = engine->gathered_parameters({model->probe});  // only the probe's unit
+      ASSERT_EQ(probe_w.numel(), dstest::kWidth * dstest::kWidth);
+      EXPECT_EQ(mlp_w.numel(), 0);
+      original = probe_w.detach().clone();
+      torch::NoGradGuard no_grad;
+      probe_w.fill_(100.0 + comm->rank());  // every rank edits; no modifier: all dropped
+    }
+    EXPECT_EQ(probe_w.numel(), 0);
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/1);
+      EXPECT_TRUE(torch::equal(probe_w, original));
+      EXPECT_EQ(mlp_w.numel(), 4 * dstest::kWidth * dstest::kWidth);
+      torch::NoGradGuard no_grad;
+      probe_w.fill_(100.0 + comm->rank());
+      model->embed->weight.fill_(7.0 + comm->rank());  // root unit: rank 1's wins too
+    }
+    {
+      auto scope = engine->gathered_parameters();
+      EXPECT_TRUE(torch::equal(probe_w, torch::full_like(probe_w, 101.0)));
+      EXPECT_TRUE(torch::equal(model->embed->weight, torch::full_like(model->embed->weight, 8.0)));
+    }
+    // consolidated_state_dict: everything, whole, on rank 0 only.
+    auto dict = engine->consolidated_state_dict();
+    if (comm->rank() != 0) {
+      EXPECT_TRUE(dict.empty());
+      return;
+    }
+    auto names = model->named_parameters();
+    ASSERT_EQ(dict.size(), names.size() + model->named_buffers().size());
+    EXPECT_EQ(dict[0].first, names.begin()->key());
+    for (auto& [name, value] : dict)
+      if (name == "probe.fc.weight") EXPECT_TRUE(torch::equal(value, torch::full_like(value, 101.0)));
+    for (size_t i = 0; i < names.size(); ++i) EXPECT_GT(dict[i].second.numel(), 0) << dict[i].first;
+  });
+}
+
+TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(40 + comm->rank());  // differing values: Init must agree on rank 0's
+    std::shared_ptr<gpt::GPTImpl> model;
+    {
+      deepspeed::zero::Init init(comm);
+      model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+    }
+    auto params = model->named_parameters();
+    EXPECT_EQ(params["block0.attn.qkv.weight"].numel(), 0);
+    EXPECT_EQ(params["block1.mlp.fc.bias"].numel(), 0);
+    EXPECT_EQ(params["wte.weight"].numel(), 256 * 32);  // outside every unit: whole
+    auto engine = deepspeed::initialize<gpt::GPTImpl>(
+                      {.model = model, .config_json = dstest::base_config(2, 1, 3), .comm = comm})
+                      .engine;
+    auto whole = engine->gathered_parameters();
+    auto w = params["block0.attn.qkv.weight"].detach().clone();
+    ASSERT_EQ(w.sizes(), (std::vector<int64_t>{96, 32}));
+    auto gathered = torch::empty({2, w.numel()});
+    comm->all_gather(gathered, w.reshape({-1}))->wait();
+    EXPECT_TRUE(torch::equal(gathered[0], gathered[1])) << "ranks disagree";
+  });
+}
+
+// Model states: 16Ψ/N in fp32 (4Ψ/N parameters doubling as master, 4Ψ/N gradients, 8Ψ/N moments).
+TEST(Stage3Memory, ModelStatesAreSixteenPsiOverN) {
+  for (int world : {1, 2, 4}) {
+    dstest::RunSpec s;
+    s.world_size = world;
+    s.steps = 2;
+    s.config = dstest::base_config(2, 1, 3);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    auto r = dstest::train_gpt(s);
+    const double psi = static_cast<double>(dstest::count_parameters(s.model));
+    for (int rank = 0; rank < world; ++rank) {
+      const auto& m = r.memory[rank];
+      EXPECT_NEAR(m.model_states(), 16 * psi / world, 0.05 * 16 * psi / world)
+          << "world " << world << ": params " << m.parameters << " grads " << m.gradients
+          << " optimizer " << m.optimizer_states;
+      EXPECT_EQ(m.gathered_numel, 0);  // between steps only the root unit is gathered
+    }
+  }
+}
+
+// Units nested in a LayerList: the consolidated dict has every name, in named_parameters() order,
+// with the values the whole-model scope shows.
+TEST(Stage3Access, ConsolidatedStateDictWalksIntoContainers) {
+  run_ranks(3, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(9);
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    auto b = dstest::token_batch(comm->rank(), 0);
+    engine->backward(engine->forward(b.idx, b.targets));
+    engine->step();
+    auto dict = engine->consolidated_state_dict();
+    auto whole = engine->gathered_parameters();
+    if (comm->rank() != 0) return;
+    auto names = model->named_parameters();
+    ASSERT_EQ(dict.size(), names.size());
+    size_t i = 0;
+    for (auto& kv : names) {
+      EXPECT_EQ(dict[i].first, kv.key());
+      EXPECT_TRUE(torch::equal(dict[i].second, kv.value())) << kv.key();
+      ++i;
+    }
+  });
+}

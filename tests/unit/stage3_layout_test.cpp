@@ -1,0 +1,116 @@
+// Which stage-3 unit each parameter belongs to, and the flat-buffer arithmetic (no communication).
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "deepspeed/zero_unit.h"
+#include "zero/stage3/unit_layout.h"
+
+namespace {
+using deepspeed::ZeroUnit;
+using deepspeed::zero::Stage3Layout;
+
+struct LeafImpl : torch::nn::Module {
+  LeafImpl(int64_t n, int64_t small) {
+    w = register_parameter("w", torch::zeros({n}));
+    b = register_parameter("b", torch::zeros({small}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor w, b;
+};
+TORCH_MODULE(Leaf);
+
+// outer (unit) { own: v; inner (unit) { w, b } }, sibling (unit) shares outer's v, frozen f, top t.
+struct OuterImpl : torch::nn::Module {
+  OuterImpl() {
+    v = register_parameter("v", torch::zeros({300}));
+    inner = register_module("inner", std::make_shared<ZeroUnit<Leaf>>(Leaf(500, 7)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor v;
+  std::shared_ptr<ZeroUnit<Leaf>> inner;
+};
+TORCH_MODULE(Outer);
+
+struct SiblingImpl : torch::nn::Module {
+  explicit SiblingImpl(torch::Tensor shared) {
+    v = register_parameter("v", shared);
+    own = register_parameter("own", torch::zeros({40}));
+    frozen = register_parameter("frozen", torch::zeros({1000}), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x; }
+  torch::Tensor v, own, frozen;
+};
+TORCH_MODULE(Sibling);
+
+struct Model : torch::nn::Module {
+  Model() {
+    outer = register_module("outer", std::make_shared<ZeroUnit<Outer>>(Outer()));
+    sibling = register_module("sibling", std::make_shared<ZeroUnit<Sibling>>(Sibling(outer->inner()->v)));
+    top = register_parameter("top", torch::zeros({11}));
+  }
+  std::shared_ptr<ZeroUnit<Outer>> outer;
+  std::shared_ptr<ZeroUnit<Sibling>> sibling;
+  torch::Tensor top;
+};
+
+std::vector<torch::Tensor> trainable(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters()) {
+    bool seen = false;
+    for (auto& q : out) seen = seen || q.is_same(p);
+    if (p.requires_grad() && !seen) out.push_back(p);
+  }
+  return out;
+}
+
+bool holds(const deepspeed::zero::UnitSlots& slots, const torch::Tensor& p) {
+  for (auto& q : slots.params)
+    if (q.is_same(p)) return true;
+  return false;
+}
+}  // namespace
+
+TEST(Stage3Layout, InnermostUnitSharedAndOutsideParametersGoToTheRoot) {
+  Model m;
+  auto units = deepspeed::zero::find_units(m);
+  ASSERT_EQ(units.size(), 3u);  // outer, its inner unit, sibling
+  deepspeed::ZeroConfig z;
+  z.stage3_param_persistence_threshold = 0;
+  Stage3Layout l = deepspeed::zero::make_stage3_layout(units, trainable(m), 3, z);
+  ASSERT_EQ(l.units.size(), 4u);
+  auto inner = m.outer->inner()->inner->inner();  // the Leaf inside the nested unit
+  auto unit_of = [&](const torch::Tensor& p) {
+    for (size_t u = 0; u < l.units.size(); ++u)
+      if (holds(l.units[u], p)) return static_cast<int>(u);
+    return -1;
+  };
+  EXPECT_EQ(unit_of(inner->w), unit_of(inner->b));
+  EXPECT_NE(unit_of(inner->w), 0);
+  EXPECT_NE(unit_of(inner->w), unit_of(m.sibling->inner()->own));
+  EXPECT_EQ(unit_of(m.outer->inner()->v), 0);  // shared by outer and sibling, neither nests
+  EXPECT_EQ(unit_of(m.top), 0);                 // outside every unit
+  EXPECT_EQ(unit_of(m.sibling->inner()->frozen), -1);
+  // Flat arithmetic: offsets in order, buffers padded to 3 x 16, slices laid end to end.
+  int64_t expect_offset = 0;
+  for (auto& slots : l.units) {
+    EXPECT_EQ(slots.layout.padded_numel % 48, 0);
+    EXPECT_EQ(slots.partition_offset, expect_offset);
+    expect_offset += slots.layout.partition_numel;
+    for (size_t i = 1; i < slots.params.size(); ++i)
+      EXPECT_EQ(slots.offsets[i], slots.offsets[i - 1] + slots.params[i - 1].numel());
+  }
+  EXPECT_EQ(l.partition_numel, expect_offset);
+}
+
+TEST(Stage3Layout, SmallParametersPersistWithinTheModelCap) {
+  Model m;
+  auto units = deepspeed::zero::find_units(m);
+  deepspeed::ZeroConfig z;
+  z.stage3_param_persistence_threshold = 50;  // inner.b (7) and sibling.own (40) qualify
+  z.stage3_model_persistence_threshold = 45;  // ... but only 45 elements may persist in all
+  auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_TRUE(holds(l.units[0], m.outer->inner()->inner->inner()->b));
+  EXPECT_FALSE(holds(l.units[0], m.sibling->inner()->own));
+  EXPECT_FALSE(holds(l.units[0], m.outer->inner()->inner->inner()->w));
+}

@@ -1,5 +1,5 @@
 // Resharding: a checkpoint saved at world size N and ZeRO stage s loads at world size M and stage
-// t, for every N, M in 1..4 and s, t in 0..2 (stage 3 does not exist yet). The loaded engine is
+// t, for every N, M in 1..4 and s, t in 0..3 (256 pairs). The loaded engine is
 // saved again at (M, t); consolidating both checkpoints must give bit-identical fp32 masters,
 // exp_avg and exp_avg_sq for every parameter (moments are resharded, never reset), the same Adam
 // step and counters, and the loaded module weights must equal the saved masters. A second test
@@ -57,7 +57,7 @@ CheckpointJob job_at(int world, int stage, int steps) {
 TEST(CheckpointReshard, EveryWorldSizeAndStageToEveryOther) {
   dstest::TempDir root;
   for (int n = 1; n <= 4; ++n) {
-    for (int s = 0; s <= 2; ++s) {
+    for (int s = 0; s <= 3; ++s) {
       const std::string src = root / ("src_" + std::to_string(n) + "_" + std::to_string(s));
       auto save = job_at(n, s, 3);
       save.save_dir = src;
@@ -67,7 +67,7 @@ TEST(CheckpointReshard, EveryWorldSizeAndStageToEveryOther) {
       ASSERT_EQ(want.meta["world_size"], n);
       ASSERT_EQ(want.meta["optimizer"]["adam_step"], 3);
       for (int m = 1; m <= 4; ++m) {
-        for (int t = 0; t <= 2; ++t) {
+        for (int t = 0; t <= 3; ++t) {
           const std::string label = "(N=" + std::to_string(n) + ", s=" + std::to_string(s) +
                                     ") -> (M=" + std::to_string(m) + ", t=" + std::to_string(t) + ")";
           const std::string dst = root / ("dst_" + std::to_string(m) + "_" + std::to_string(t));
@@ -108,7 +108,7 @@ TEST(CheckpointReshard, AcrossPrecisions) {
     if (side.bf16) j.config["bf16"] = {{"enabled", true}};
     return j;
   };
-  for (Side from : {Side{2, 0, true}, Side{3, 2, true}, Side{2, 1, false}}) {
+  for (Side from : {Side{2, 0, true}, Side{3, 2, true}, Side{2, 1, false}, Side{2, 3, true}}) {
     const std::string src = root / ("src_" + std::to_string(from.world) + std::to_string(from.stage));
     auto save = job(from, 3);
     save.save_dir = src;
@@ -116,7 +116,8 @@ TEST(CheckpointReshard, AcrossPrecisions) {
     run_checkpoint_job(save);
     const State want = consolidated(src);
     EXPECT_EQ(want.meta["precision"], from.bf16 ? "bf16" : "fp32");
-    for (Side to : {Side{4, 1, true}, Side{1, 0, false}, Side{2, 2, false}, Side{3, 0, true}}) {
+    for (Side to : {Side{4, 1, true}, Side{1, 0, false}, Side{2, 2, false}, Side{3, 0, true},
+                    Side{3, 3, false}, Side{4, 3, true}}) {
       const std::string label = std::to_string(from.world) + "/" + std::to_string(from.stage) +
                                 (from.bf16 ? "/bf16" : "/fp32") + " -> " + std::to_string(to.world) +
                                 "/" + std::to_string(to.stage) + (to.bf16 ? "/bf16" : "/fp32");
@@ -163,7 +164,7 @@ TEST(CheckpointReshard, TrainingContinuesAsIfUninterrupted) {
   struct Target {
     int world, stage;
   };
-  for (Target t : {Target{1, 0}, Target{4, 2}, Target{4, 0}, Target{1, 2}}) {
+  for (Target t : {Target{1, 0}, Target{4, 2}, Target{4, 0}, Target{1, 2}, Target{2, 3}, Target{4, 3}}) {
     auto resumed = job(t.world, t.stage, 8);
     resumed.model_seed = 5;
     resumed.load_dir = root.path();

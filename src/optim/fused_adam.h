@@ -23,6 +23,7 @@ class FusedAdam : public torch::optim::Optimizer {
   FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper);
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool adamw_mode() const { return adamw_mode_; }
+  bool bias_correction() const { return bias_correction_; }
 
   // For the next step() only: gradients are multiplied by `scale` inside the kernel (1/loss_scale
   // times the clip coefficient), which spares a separate pass over the gradients.

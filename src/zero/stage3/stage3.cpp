@@ -68,6 +68,10 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
     layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
   make_buckets();
 
+  if (config_.zero_optimization.offload_optimizer.device == "nvme") {
+    make_swapped_optimizer(make_optimizer);
+    return;
+  }
   master_ = mixed_precision() ? partition_.to(torch::kFloat) : partition_;
   if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
   optimizer_ = make_optimizer({master_});
@@ -218,7 +222,9 @@ double Stage3::global_grad_norm() {
 }
 
 void Stage3::step(double grad_scale) {
-  if (!mixed_precision()) {
+  if (swapped_) {
+    swapped_step(grad_scale);
+  } else if (!mixed_precision()) {
     if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
     optimizer_->step();
   } else {
@@ -248,6 +254,7 @@ MemoryReport Stage3::memory() const {
   r.gradients = storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
   if (mixed_precision()) r.optimizer_states += storage_bytes(master_);
+  if (swapped_) r.optimizer_states = swapped_->resident_bytes();  // the rest is on disk
   r.comm_buffers = peak_bucket_bytes_;
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;
@@ -280,9 +287,13 @@ std::function<void()> Stage3::gather_for_access(
         const auto& L = layout_.units[u].layout;
         at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
         slice_of(partition_, u).copy_(mine);
-        if (mixed_precision()) slice_of(master_, u).copy_(mine);
+        if (mixed_precision() && !swapped_) slice_of(master_, u).copy_(mine);
       }
       gatherer_->unpin(u);
+    }
+    if (modifier_rank && swapped_) {  // the edited values become the swapped fp32 masters
+      auto state = swapped_->read_state();
+      swapped_->write_state(partition_.to(torch::kFloat), state[1], state[2]);
     }
   };
 }

@@ -22,6 +22,7 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "offload/swapped_adam.h"
 #include "zero/gradient_hooks.h"
 #include "zero/partitioned_stage.h"
 #include "zero/stage.h"
@@ -82,6 +83,13 @@ class Stage3 : public ZeroStage {
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
 
+  // offload_optimizer.device = "nvme": fp32 masters and moments live in files (offload/); the
+  // optimizer object then only carries the param-group options the LR scheduler drives.
+  void make_swapped_optimizer(const OptimizerFactory& make_optimizer);
+  void swapped_step(double grad_scale);
+
+  std::unique_ptr<offload::SwappedAdam> swapped_;
+  int64_t swapped_steps_ = 0;
   comm::CommunicatorPtr comm_;
   Config config_;
   std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`

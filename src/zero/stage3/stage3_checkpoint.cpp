@@ -52,6 +52,10 @@ std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector
 }
 
 std::vector<StateFragment> Stage3::fragments_to_save() {
+  if (swapped_)
+    throw CheckpointError("checkpoint: zero_optimization.offload_optimizer.device = \"nvme\": "
+                          "saving or loading the swapped optimizer state is not supported in this "
+                          "build yet");
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
@@ -77,6 +81,7 @@ std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
 }
 
 int64_t Stage3::adam_step() const {
+  if (swapped_) return swapped_steps_;
   if (!is_fused_adam(optimizer_.get())) return -1;
   auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
   return state ? state->step() : 0;
@@ -92,6 +97,11 @@ void Stage3::finish_load(int64_t adam_step) {
 
 void Stage3::refresh_masters_from_model() {
   torch::NoGradGuard no_grad;
+  if (swapped_) {
+    auto state = swapped_->read_state();
+    swapped_->write_state(partition_.to(torch::kFloat), state[1], state[2]);
+    return;
+  }
   if (mixed_precision()) master_.copy_(partition_);
 }
 

@@ -4,6 +4,7 @@
 
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace zero {
@@ -120,15 +121,12 @@ void DataParallelStage::discard_gradients() {
 
 MemoryReport DataParallelStage::memory() const {
   MemoryReport r;
-  auto bytes = [](const at::Tensor& t) {
-    return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : int64_t{0};
-  };
   for (auto& p : params_) {
-    r.parameters += bytes(p);
-    r.gradients += bytes(p.grad());
+    r.parameters += storage_bytes(p);
+    r.gradients += storage_bytes(p.grad());
   }
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  for (auto& b : buckets_) r.comm_buffers += bytes(b.flat);
+  for (auto& b : buckets_) r.comm_buffers += storage_bytes(b.flat);
   return r;
 }
 

@@ -5,6 +5,7 @@
 #include "optim/fused_adam.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace zero {
@@ -16,30 +17,11 @@ constexpr int64_t kAlignment = 16;
 // buckets of gradient. Without overlap each bucket is waited for as soon as it is launched.
 constexpr size_t kMaxBucketsInFlight = 2;
 
-int64_t storage_bytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
-
 at::ScalarType common_dtype(int stage, const std::vector<at::Tensor>& params) {
-  at::ScalarType dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
-  for (auto& p : params) {
-    auto t = p.scalar_type();
-    if (t != dtype || (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf))
-      throw ConfigError("zero_optimization.stage " + std::to_string(stage) +
-                        ": trainable parameters must all be fp32, or all bf16/fp16 (found " +
-                        std::string(c10::toString(dtype)) + " and " +
-                        std::string(c10::toString(t)) + ")");
-  }
+  at::ScalarType dtype = uniform_param_dtype(stage, params);
   if (stage == 0 && dtype == torch::kFloat)
     throw ConfigError("PartitionedStage runs stage 0 for 16-bit parameters only");
   return dtype;
-}
-
-at::ScalarType wire_dtype(const std::string& configured, at::ScalarType grad_dtype) {
-  if (configured == "fp32") return torch::kFloat;
-  if (configured == "fp16") return torch::kHalf;
-  if (configured == "bf16") return torch::kBFloat16;
-  return grad_dtype;
 }
 }  // namespace
 
@@ -58,8 +40,8 @@ PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
   // Autograd accumulates gradients in the parameter dtype; stage 2's partition may be wider.
   at::ScalarType grad_dtype = param_dtype_;
   if (stage_ == 2 && !config_.grad_accum_dtype.empty())
-    grad_dtype = wire_dtype(config_.grad_accum_dtype, param_dtype_);
-  comm_dtype_ = wire_dtype(config_.communication_data_type, param_dtype_);
+    grad_dtype = dtype_from_config(config_.grad_accum_dtype, param_dtype_);
+  comm_dtype_ = dtype_from_config(config_.communication_data_type, param_dtype_);
   if (stage_ <= 1) {
     flat_grad_ = torch::zeros({layout.padded_numel}, torch::TensorOptions().dtype(param_dtype_));
     grad_partition_ = flat_grad_.narrow(0, layout.begin(rank), layout.partition_numel);

@@ -4,10 +4,13 @@
 
 #include <unordered_set>
 
+#include <c10/util/accumulate.h>
+
 #include "optim/fused_adam.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/stage3/init_shard.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace zero {
@@ -16,42 +19,14 @@ namespace {
 // waited for at once.
 constexpr size_t kMaxBucketsInFlight = 2;
 
-int64_t storage_bytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
-}
-
-at::ScalarType common_dtype(const std::vector<at::Tensor>& params) {
-  at::ScalarType dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
-  for (auto& p : params) {
-    auto t = p.scalar_type();
-    if (t != dtype || (t != torch::kFloat && t != torch::kBFloat16 && t != torch::kHalf))
-      throw ConfigError("zero_optimization.stage 3: trainable parameters must all be fp32, or all "
-                        "bf16/fp16 (found " + std::string(c10::toString(dtype)) + " and " +
-                        std::string(c10::toString(t)) + ")");
-  }
-  return dtype;
-}
-
-at::ScalarType wire_dtype(const std::string& configured, at::ScalarType grad_dtype) {
-  if (configured == "fp32") return torch::kFloat;
-  if (configured == "fp16") return torch::kHalf;
-  if (configured == "bf16") return torch::kBFloat16;
-  return grad_dtype;
-}
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
 }  // namespace
 
 Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
                comm::CommunicatorPtr comm, const Config& config,
                const OptimizerFactory& make_optimizer)
     : comm_(std::move(comm)), config_(config) {
-  param_dtype_ = common_dtype(trainable);
-  comm_dtype_ = wire_dtype(config_.communication_data_type, param_dtype_);
+  param_dtype_ = uniform_param_dtype(3, trainable);
+  comm_dtype_ = dtype_from_config(config_.communication_data_type, param_dtype_);
   modules_ = find_units(model);
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
   layout_ = make_stage3_layout(modules_, trainable, comm_->world_size(), config_.zero_optimization);
@@ -102,7 +77,7 @@ void Stage3::partition_unit(int u) {
   at::Tensor mine = slice_of(partition_, u);
   for (size_t i = 0; i < slots.params.size(); ++i) {
     at::Tensor p = slots.params[i];
-    TORCH_CHECK(p.numel() == numel_of(slots.shapes[i]), "stage 3: parameter of unit ", u,
+    TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,
                 " is not whole at initialize() (numel ", p.numel(), ")");
     hooks_.add(p, [this, u, i] { on_grad_ready(u, i); });
     const int64_t o = slots.offsets[i], n = p.numel();
@@ -122,7 +97,7 @@ void Stage3::make_buckets() {
       const int64_t o = slots.offsets[i];
       if (i == 0 || buckets_.back().end - buckets_.back().begin >= size)
         buckets_.push_back({static_cast<int>(u), o, o});
-      buckets_.back().end = o + numel_of(slots.shapes[i]);
+      buckets_.back().end = o + c10::multiply_integers(slots.shapes[i]);
       buckets_.back().expected++;
       bucket_of_[u].push_back(buckets_.size() - 1);
     }

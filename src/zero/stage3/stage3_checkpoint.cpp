@@ -3,6 +3,7 @@
 // checkpoint loads at any world size and stage and any checkpoint loads into stage 3 (the loader
 // assembles each fragment from whichever saved pieces overlap it).
 #include <torch/torch.h>
+#include <c10/util/accumulate.h>
 
 #include "deepspeed/errors.h"
 #include "zero/adam_state_checkpoint.h"
@@ -11,12 +12,6 @@
 namespace deepspeed {
 namespace zero {
 namespace {
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
 
 // Rank `rank`'s fragments in partition order; `visit(unit, param_slot, lo, hi, begin)` gets the
 // overlap [lo, hi) of the parameter with the rank's slice [begin, ...) of the unit's flat buffer.
@@ -28,7 +23,7 @@ void for_each_piece(const Stage3Layout& layout, int rank, Visit&& visit) {
     const int64_t begin = unit.layout.begin(rank);
     const int64_t end = begin + unit.layout.partition_numel;
     for (size_t i = 0; i < unit.params.size(); ++i) {
-      const int64_t o = unit.offsets[i], n = numel_of(unit.shapes[i]);
+      const int64_t o = unit.offsets[i], n = c10::multiply_integers(unit.shapes[i]);
       const int64_t lo = std::max(begin, o), hi = std::min(end, o + n);
       if (hi > lo) visit(u, i, lo, hi, begin);
     }

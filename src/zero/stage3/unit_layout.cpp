@@ -1,6 +1,8 @@
 #include "zero/stage3/unit_layout.h"
 
 #include <algorithm>
+
+#include <c10/util/accumulate.h>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -11,12 +13,6 @@ namespace zero {
 namespace {
 using Key = const void*;
 Key key(const at::Tensor& t) { return t.unsafeGetTensorImpl(); }
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
 
 // For each parameter, the index (1-based) of the innermost unit holding it, or 0 (root) when it
 // lies outside every unit or in two units neither of which contains the other.
@@ -73,7 +69,7 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
   int64_t persistent_total = 0;
   for (auto& p : trainable) {
     const auto& s = shape[key(p)];
-    const int64_t n = numel_of(s);
+    const int64_t n = c10::multiply_integers(s);
     auto it = owner.find(key(p));
     int unit = it == owner.end() ? 0 : it->second;
     if (unit != 0 && n <= config.stage3_param_persistence_threshold &&
@@ -82,12 +78,12 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
       unit = 0;
     }
     auto& slots = layout.units[unit];
-    slots.offsets.push_back(slots.params.empty() ? 0 : slots.offsets.back() + numel_of(slots.shapes.back()));
+    slots.offsets.push_back(slots.params.empty() ? 0 : slots.offsets.back() + c10::multiply_integers(slots.shapes.back()));
     slots.params.push_back(p);
     slots.shapes.push_back(s);
   }
   for (auto& slots : layout.units) {
-    int64_t numel = slots.params.empty() ? 0 : slots.offsets.back() + numel_of(slots.shapes.back());
+    int64_t numel = slots.params.empty() ? 0 : slots.offsets.back() + c10::multiply_integers(slots.shapes.back());
     // A unit without trainable parameters has an empty buffer (nothing to gather or reduce).
     slots.layout = numel == 0 ? PartitionLayout{0, 0, 0, world_size}
                               : make_partition_layout(numel, world_size, kStage3Alignment);

@@ -1,0 +1,26 @@
+// Small facts about tensors that every ZeRO stage needs: the bytes a tensor really holds, the one
+// dtype a parameter group trains in, and a dtype named in the config.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+namespace deepspeed {
+namespace zero {
+
+// Bytes of the tensor's storage (0 when undefined or released): what the memory report counts.
+inline int64_t storage_bytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+}
+
+// The dtype all of `params` share: fp32, or bf16/fp16 for mixed precision. Throws ConfigError
+// naming zero_optimization.stage `stage` for mixed or other dtypes. fp32 when params is empty.
+at::ScalarType uniform_param_dtype(int stage, const std::vector<at::Tensor>& params);
+
+// "fp32" / "fp16" / "bf16" (as config/precision_config normalises them); "" gives `fallback`.
+at::ScalarType dtype_from_config(const std::string& configured, at::ScalarType fallback);
+
+}  // namespace zero
+}  // namespace deepspeed

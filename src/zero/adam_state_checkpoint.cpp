@@ -34,5 +34,16 @@ void attach_moments(torch::optim::AdamWParamState* state, int64_t begin, int64_t
   exp_avg_sq = state->exp_avg_sq().view({-1}).narrow(0, begin, numel);
 }
 
+int64_t fused_adam_step(torch::optim::Optimizer& optimizer, const at::Tensor& master) {
+  if (!is_fused_adam(&optimizer)) return -1;
+  auto* state = adam_state_for(optimizer, master, /*create=*/false);
+  return state ? state->step() : 0;
+}
+
+void set_fused_adam_step(torch::optim::Optimizer& optimizer, const at::Tensor& master, int64_t step) {
+  if (step < 0) return;
+  if (auto* state = adam_state_for(optimizer, master, /*create=*/true)) state->step(step);
+}
+
 }  // namespace zero
 }  // namespace deepspeed

@@ -68,14 +68,11 @@ std::vector<StateFragment> PartitionedStage::fragments_to_load(bool create_momen
 }
 
 int64_t PartitionedStage::adam_step() const {
-  if (!is_fused_adam(optimizer_.get())) return -1;
-  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
-  return state ? state->step() : 0;
+  return fused_adam_step(*optimizer_, master_);
 }
 
 void PartitionedStage::finish_load(int64_t adam_step) {
-  if (adam_step >= 0)
-    if (auto* state = adam_state_for(*optimizer_, master_, /*create=*/true)) state->step(adam_step);
+  set_fused_adam_step(*optimizer_, master_, adam_step);
   all_gather_partitions();  // masters -> this rank's (16-bit) partition -> every rank
 }
 

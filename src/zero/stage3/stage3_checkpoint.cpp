@@ -77,14 +77,11 @@ std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
 
 int64_t Stage3::adam_step() const {
   if (swapped_) return swapped_steps_;
-  if (!is_fused_adam(optimizer_.get())) return -1;
-  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
-  return state ? state->step() : 0;
+  return fused_adam_step(*optimizer_, master_);
 }
 
 void Stage3::finish_load(int64_t adam_step) {
-  if (adam_step >= 0)
-    if (auto* state = adam_state_for(*optimizer_, master_, /*create=*/true)) state->step(adam_step);
+  set_fused_adam_step(*optimizer_, master_, adam_step);
   torch::NoGradGuard no_grad;
   if (mixed_precision()) partition_.copy_(master_);
   gatherer_->regather_root();

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,15 @@
 #include "offload/aligned_buffer.h"
 
 namespace deepspeed::offload {
+
+std::string unique_swap_path(const std::string& dir, const std::string& config_key,
+                             const std::string& prefix) {
+  struct stat st;
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IOError(fmt::format("{} '{}' is not an existing directory", config_key, dir));
+  static std::atomic<int> counter{0};
+  return fmt::format("{}/{}.{}.{}.bin", dir, prefix, ::getpid(), counter++);
+}
 struct AioQueue::Ring {
   io_uring ring;
 };

@@ -26,6 +26,11 @@ struct AioOptions {
 
 class AioQueue;
 
+// A new file name "<dir>/<prefix>.<pid>.<n>.bin" for one swap file. Throws IOError naming
+// `config_key` and `dir` unless dir is an existing directory.
+std::string unique_swap_path(const std::string& dir, const std::string& config_key,
+                             const std::string& prefix);
+
 // A file opened for direct I/O. REQUIRES for reads/writes: buffer, offset and length aligned to
 // kDirectIoAlignment (aligned_buffer.h).
 class DirectFile {

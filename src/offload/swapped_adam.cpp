@@ -1,9 +1,7 @@
 #include "offload/swapped_adam.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstring>
 
@@ -22,44 +20,61 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string unique_file_in(const std::string& dir) {
-  struct stat st;
-  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw IOError(fmt::format("offload_optimizer.nvme_path '{}' is not an existing directory", dir));
-  static std::atomic<int> counter{0};
-  return fmt::format("{}/optimizer_swap.{}.{}.bin", dir, ::getpid(), counter++);
-}
-
 }  // namespace
 
 SwappedAdam::SwappedAdam(const at::Tensor& initial_master, SwapOptions options)
-    : numel_(initial_master.numel()), options_(std::move(options)), queue_(options_.aio) {
+    : SwappedAdam(
+          initial_master.numel(),
+          [flat = initial_master.reshape({-1})](int64_t begin, int64_t n) { return flat.narrow(0, begin, n); },
+          std::move(options)) {}
+
+SwappedAdam::SwappedAdam(int64_t numel, const GroupSource& initial_master, SwapOptions options)
+    : numel_(numel), options_(std::move(options)), queue_(options_.aio) {
   if (options_.sub_group_size < 1)
     throw ConfigError(fmt::format("zero_optimization.sub_group_size must be >= 1, got {}",
                                   options_.sub_group_size));
   if (options_.buffer_count < 1)
     throw ConfigError(fmt::format("offload_optimizer.buffer_count must be >= 1, got {}",
                                   options_.buffer_count));
-  path_ = unique_file_in(options_.dir);
+  path_ = unique_swap_path(options_.dir, "offload_optimizer.nvme_path", "optimizer_swap");
   file_ = DirectFile::create(path_);
-  const int64_t group = std::min<int64_t>(options_.sub_group_size, std::max<int64_t>(numel_, 1));
-  int64_t offset = 0;
-  for (int64_t begin = 0; begin < numel_; begin += group) {
+  make_groups();
+  const int buffers = static_cast<int>(std::min<int64_t>(options_.buffer_count, groups_.size()));
+  int64_t max_bytes = 0, max_numel = 0;
+  for (auto& g : groups_) max_bytes = std::max(max_bytes, g.bytes), max_numel = std::max(max_numel, g.numel);
+  for (int b = 0; b < buffers; ++b) ring_.emplace_back(max_bytes);
+  grad_scratch_ = AlignedBuffer(max_numel * 4);
+  torch::NoGradGuard no_grad;
+  for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
+    const Group& g = groups_[k];
+    float* buf = ring_[0].as<float>();
+    std::memset(buf, 0, g.bytes);  // zero moments
+    fill(k, buf, initial_master(g.begin, g.numel), 0);
+    queue_.wait(queue_.write(*file_, g.offset, buf, g.bytes));
+  }
+}
+
+void SwappedAdam::make_groups() {
+  auto& cuts = options_.groups;
+  if (cuts.empty()) {
+    const int64_t size = std::min<int64_t>(options_.sub_group_size, std::max<int64_t>(numel_, 1));
+    for (int64_t begin = 0; begin < numel_; begin += size)
+      cuts.emplace_back(begin, std::min(size, numel_ - begin));
+  }
+  int64_t offset = 0, expected = 0;
+  for (auto [begin, numel] : cuts) {
+    TORCH_CHECK(begin == expected && numel > 0, "SwappedAdam: sub-groups must tile [0, ", numel_,
+                ") in order; got one at ", begin, " of ", numel, " elements");
     Group g;
     g.begin = begin;
-    g.numel = std::min(group, numel_ - begin);
+    g.numel = numel;
     g.offset = offset;
     g.bytes = round_up(3 * stride_of(g.numel) * 4, kDirectIoAlignment);
     offset += g.bytes;
+    expected = begin + numel;
     groups_.push_back(g);
   }
-  const int buffers = static_cast<int>(std::min<int64_t>(options_.buffer_count, groups_.size()));
-  int64_t max_bytes = 0;
-  for (auto& g : groups_) max_bytes = std::max(max_bytes, g.bytes);
-  for (int b = 0; b < buffers; ++b) ring_.emplace_back(max_bytes);
-  grad_scratch_ = AlignedBuffer(group * 4);
-  at::Tensor zeros = torch::zeros({numel_});
-  write_state(initial_master, zeros, zeros);
+  TORCH_CHECK(expected == numel_, "SwappedAdam: sub-groups cover ", expected, " of ", numel_, " elements");
 }
 
 SwappedAdam::~SwappedAdam() {
@@ -83,10 +98,34 @@ int64_t SwappedAdam::file_bytes() const {
 
 bool SwappedAdam::direct_io() const { return file_->direct(); }
 
+namespace {
+// The output is one tensor in memory.
+class TensorSink : public ParamSink {
+ public:
+  explicit TensorSink(at::Tensor out) : out_(std::move(out)) {}
+  void* begin_group(int64_t begin, int64_t) override {
+    return static_cast<char*>(out_.data_ptr()) + begin * out_.element_size();
+  }
+  void end_group(int64_t, int64_t) override {}
+
+ private:
+  at::Tensor out_;
+};
+}  // namespace
+
 void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
                        const optim::AdamStepParams& hp) {
-  TORCH_CHECK(grad.numel() == numel_ && param_out.numel() == numel_ && param_out.is_contiguous(),
-              "SwappedAdam::step: grad and param_out must have ", numel_, " elements");
+  TORCH_CHECK(param_out.numel() == numel_ && param_out.is_contiguous(),
+              "SwappedAdam::step: param_out must be contiguous with ", numel_, " elements");
+  TensorSink sink(param_out);
+  step(grad, sink, param_out.scalar_type(), hp);
+}
+
+void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
+                       const optim::AdamStepParams& hp) {
+  TORCH_CHECK(grad.numel() == numel_, "SwappedAdam::step: grad must have ", numel_, " elements");
+  TORCH_CHECK(out_dtype == torch::kFloat || out_dtype == torch::kBFloat16 || out_dtype == torch::kHalf,
+              "SwappedAdam::step: output dtype must be fp32, bf16 or fp16");
   const int64_t G = static_cast<int64_t>(groups_.size());
   const int B = static_cast<int>(ring_.size());
   std::vector<AioQueue::Ticket> reading(B, -1), writing(B, -1);
@@ -105,10 +144,9 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
     reading[b] = queue_.read(*file_, g.offset, ring_[b].data(), g.bytes);
     ++next_read;
   };
-  const bool fp32_out = param_out.scalar_type() == torch::kFloat;
+  const bool fp32_out = out_dtype == torch::kFloat;
   const bool fp32_grad = grad.scalar_type() == torch::kFloat && grad.is_contiguous();
-  const auto kind = param_out.scalar_type() == torch::kHalf ? optim::Half16Kind::FP16
-                                                              : optim::Half16Kind::BF16;
+  const auto kind = out_dtype == torch::kHalf ? optim::Half16Kind::FP16 : optim::Half16Kind::BF16;
   try {
     for (int64_t k = 0; k < G; ++k) {
       while (next_read <= k) issue_read();
@@ -129,11 +167,11 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
             .copy_(grad.narrow(0, g.begin, g.numel));
         gptr = grad_scratch_.as<float>();
       }
-      uint16_t* half = fp32_out ? nullptr
-                                : static_cast<uint16_t*>(param_out.data_ptr()) + g.begin;
+      void* out = sink.begin_group(g.begin, g.numel);
+      uint16_t* half = fp32_out ? nullptr : static_cast<uint16_t*>(out);
       optim::adam_step(master, gptr, master + stride, master + 2 * stride, g.numel, hp, half, kind);
-      if (fp32_out)
-        std::memcpy(param_out.data_ptr<float>() + g.begin, master, g.numel * sizeof(float));
+      if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
+      sink.end_group(g.begin, g.numel);
       stats_.seconds_updating += seconds_since(t0);
 
       writing[b] = queue_.write(*file_, g.offset, ring_[b].data(), g.bytes);
@@ -141,6 +179,7 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
       while (next_read < std::min<int64_t>(G, k + B)) issue_read();
     }
     for (int b = 0; b < B; ++b) wait_write(b);
+    sink.finish();
   } catch (...) {
     try {
       queue_.wait_all();
@@ -152,10 +191,23 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
   stats_.bytes_written = queue_.bytes_written();
 }
 
-void SwappedAdam::fill(int64_t group, float* into, const at::Tensor* source, int which) const {
+void SwappedAdam::fill(int64_t group, float* into, const at::Tensor& source, int which) const {
   const Group& g = groups_[group];
+  TORCH_CHECK(source.numel() == g.numel, "SwappedAdam: sub-group source has ", source.numel(),
+              " elements, expected ", g.numel);
   auto dst = at::from_blob(into + which * stride_of(g.numel), {g.numel}, torch::kFloat);
-  dst.copy_(source->reshape({-1}).narrow(0, g.begin, g.numel));
+  dst.copy_(source.reshape({-1}));
+}
+
+void SwappedAdam::rewrite_groups(
+    const std::function<void(const Group&, float* state, int64_t stride)>& edit) {
+  torch::NoGradGuard no_grad;
+  for (const Group& g : groups_) {
+    float* buf = ring_[0].as<float>();
+    queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
+    edit(g, buf, stride_of(g.numel));
+    queue_.wait(queue_.write(*file_, g.offset, buf, g.bytes));
+  }
 }
 
 void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_avg,
@@ -163,21 +215,26 @@ void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_av
   for (auto* t : {&master, &exp_avg, &exp_avg_sq})
     TORCH_CHECK(t->numel() == numel_, "SwappedAdam::write_state: expected ", numel_,
                 " elements, got ", t->numel());
-  torch::NoGradGuard no_grad;
   for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
+    const Group& g = groups_[k];
     float* buf = ring_[0].as<float>();
-    std::memset(buf, 0, groups_[k].bytes);
-    fill(k, buf, &master, 0);
-    fill(k, buf, &exp_avg, 1);
-    fill(k, buf, &exp_avg_sq, 2);
-    queue_.wait(queue_.write(*file_, groups_[k].offset, buf, groups_[k].bytes));
+    std::memset(buf, 0, g.bytes);
+    int which = 0;
+    for (auto* t : {&master, &exp_avg, &exp_avg_sq})
+      fill(k, buf, t->reshape({-1}).narrow(0, g.begin, g.numel), which++);
+    queue_.wait(queue_.write(*file_, g.offset, buf, g.bytes));
   }
+}
+
+void SwappedAdam::reset_masters(const GroupSource& source) {
+  int64_t k = 0;
+  rewrite_groups([&](const Group& g, float* state, int64_t) { fill(k++, state, source(g.begin, g.numel), 0); });
 }
 
 std::array<at::Tensor, 3> SwappedAdam::read_state() {
   std::array<at::Tensor, 3> out{torch::empty({numel_}), torch::empty({numel_}),
                                 torch::empty({numel_})};
-  for (auto& g : groups_) {
+  for (const Group& g : groups_) {
     float* buf = ring_[0].as<float>();
     queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
     const int64_t stride = stride_of(g.numel);

@@ -13,6 +13,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +31,25 @@ struct SwapOptions {
   int64_t sub_group_size = 1000000000;  // zero_optimization.sub_group_size (elements)
   int buffer_count = 4;               // offload_optimizer.buffer_count
   AioOptions aio;
+  // Explicit sub-groups as (begin, numel), covering [0, numel) in order. Empty: cut every
+  // sub_group_size elements. Stage 3 with swapped parameters cuts at unit boundaries instead, so
+  // that each sub-group's 16-bit output is one aligned region of the parameter file.
+  std::vector<std::pair<int64_t, int64_t>> groups;
 };
+
+// Where step() puts each sub-group's updated parameters (the model's 16-bit or fp32 copy).
+class ParamSink {
+ public:
+  virtual ~ParamSink() = default;
+  // Memory for elements [begin, begin + numel) of the output, valid until end_group.
+  virtual void* begin_group(int64_t begin, int64_t numel) = 0;
+  virtual void end_group(int64_t begin, int64_t numel) = 0;
+  // Every group's output has reached its final place (called once, after the last group).
+  virtual void finish() {}
+};
+
+// Sub-group [begin, begin + numel) of a 1-D source, in any float dtype (the initial masters).
+using GroupSource = std::function<at::Tensor(int64_t begin, int64_t numel)>;
 
 struct SwapStats {
   double seconds_waiting_read = 0;   // step() blocked on a read (not hidden behind compute)
@@ -44,12 +63,21 @@ class SwappedAdam {
   // Creates the swap files under options.dir (which must exist: IOError naming it otherwise) and
   // writes `initial_master` (any float dtype, 1-D) widened to fp32, with zero moments.
   SwappedAdam(const at::Tensor& initial_master, SwapOptions options);
+  // Same, reading the initial masters one sub-group at a time (never the whole partition at once).
+  SwappedAdam(int64_t numel, const GroupSource& initial_master, SwapOptions options);
   ~SwappedAdam();
 
   // One update of the whole partition. grad: 1-D, numel(), any float dtype (widened per
   // sub-group). param_out: 1-D, numel(), fp32 or bf16/fp16: receives the updated master (16-bit
   // rounding fused into the Adam pass). hp.step is the 1-based step count.
   void step(const at::Tensor& grad, at::Tensor param_out, const optim::AdamStepParams& hp);
+  // Same, with each sub-group's output going to `sink` in `out_dtype` (fp32, bf16 or fp16).
+  void step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
+            const optim::AdamStepParams& hp);
+
+  // Replaces the masters with `source` sub-group by sub-group, keeping the moments (parameters
+  // edited outside the optimizer: GatheredParameters with a modifier rank).
+  void reset_masters(const GroupSource& source);
 
   // The state as fp32 tensors (checkpoints, tests): master, exp_avg, exp_avg_sq.
   std::array<at::Tensor, 3> read_state();
@@ -67,7 +95,11 @@ class SwappedAdam {
     int64_t begin = 0, numel = 0;   // elements of the partition
     int64_t offset = 0, bytes = 0;  // region in the file (aligned)
   };
-  void fill(int64_t group, float* into, const at::Tensor* source, int which) const;
+  void make_groups();
+  void fill(int64_t group, float* into, const at::Tensor& source, int which) const;
+  // Reads each sub-group, lets `edit` change its [master | exp_avg | exp_avg_sq] (stride apart),
+  // writes it back. Synchronous.
+  void rewrite_groups(const std::function<void(const Group&, float* state, int64_t stride)>& edit);
 
   int64_t numel_;
   SwapOptions options_;

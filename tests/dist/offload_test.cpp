@@ -1,8 +1,11 @@
-// ZeRO-Infinity optimizer offload at stage 3: with offload_optimizer.device = "nvme" the fp32
-// masters and Adam moments live in files and are streamed through sub-group buffers; training
-// must give bit for bit the losses and weights of the in-memory run (the same vectorised Adam on
-// the same numbers), in fp32 and bf16, with sub-groups small enough to exercise the pipeline.
-// I/O problems must stop the job with an error naming the path.
+// ZeRO-Offload / ZeRO-Infinity at 2 ranks: with offload_optimizer.device = "nvme" the fp32 masters
+// and Adam moments live in files and are streamed through sub-group buffers; with
+// offload_param.device = "nvme" (stage 3) the parameter partition lives in a file and each unit's
+// slice is read for its all-gather. Training must give bit for bit the losses and weights of the
+// in-memory run (the same vectorised Adam on the same numbers), in fp32 and bf16, with sub-groups
+// and buffers small enough to exercise the pipelines; "cpu" offload (host memory is this build's
+// compute memory) must change nothing at stages 2 and 3. Swapped state must checkpoint and resume
+// exactly. I/O problems must stop the job with an error naming the path.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +15,26 @@
 #include "support/training_run.h"
 
 namespace {
+
+// offload_param nvme: units beyond `max_in_cpu` elements of this rank's partition live in the file.
+nlohmann::json param_nvme_config(nlohmann::json c, const std::string& dir, int64_t max_in_cpu) {
+  c["zero_optimization"]["offload_param"] = {{"device", "nvme"},   {"nvme_path", dir},
+                                             {"buffer_count", 2}, {"buffer_size", 100000},
+                                             {"max_in_cpu", max_in_cpu}};
+  // The test model's parameters are all small: without this they would all be persistent (root).
+  c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  c["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
+  return c;
+}
+
+void expect_same_training(const dstest::RunResult& got, const dstest::RunResult& want) {
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < got.losses.size(); ++i)
+    EXPECT_EQ(got.losses[i], want.losses[i]) << "step " << i + 1;
+  ASSERT_EQ(got.weights.size(), want.weights.size());
+  for (size_t i = 0; i < got.weights.size(); ++i)
+    EXPECT_TRUE(torch::equal(got.weights[i], want.weights[i])) << "parameter " << i;
+}
 
 nlohmann::json nvme_config(nlohmann::json c, const std::string& dir, int64_t sub_group, int buffers) {
   c["zero_optimization"]["offload_optimizer"] = {
@@ -38,12 +61,7 @@ TEST_P(NvmeOptimizerOffload, SameLossesAndWeightsAsInMemory) {
   dstest::TempDir dir;
   s.config = nvme_config(s.config, dir.path(), 3000, buffers);
   auto swapped = dstest::train_gpt(s);
-  ASSERT_EQ(swapped.losses.size(), in_memory.losses.size());
-  for (size_t i = 0; i < swapped.losses.size(); ++i)
-    EXPECT_EQ(swapped.losses[i], in_memory.losses[i]) << "step " << i + 1;
-  ASSERT_EQ(swapped.weights.size(), in_memory.weights.size());
-  for (size_t i = 0; i < swapped.weights.size(); ++i)
-    EXPECT_TRUE(torch::equal(swapped.weights[i], in_memory.weights[i])) << "parameter " << i;
+  expect_same_training(swapped, in_memory);
   // Resident optimizer state: the sub-group buffers only, well under the in-memory 12 or 8 bytes
   // per element of the partition.
   for (int r = 0; r < 2; ++r)
@@ -68,20 +86,137 @@ TEST(NvmeOptimizerOffloadErrors, MissingNvmePathIsNamed) {
   }
 }
 
-// Not yet supported: saving swapped optimizer state. It must be refused on every rank, loudly.
-TEST(NvmeOptimizerOffloadErrors, CheckpointIsRefusedNotWrittenWrong) {
-  dstest::TempDir swap, ckpt;
-  dstest::CheckpointJob job;
-  job.world_size = 2;
-  job.steps = 1;
-  job.config = nvme_config(dstest::base_config(2, 1, 3), swap.path(), 3000, 2);
-  job.save_dir = ckpt.path();
-  job.save_at_end = true;
-  try {
-    dstest::run_checkpoint_job(job);
-    FAIL() << "expected CheckpointError";
-  } catch (const deepspeed::CheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("nvme"), std::string::npos) << e.what();
+// offload_param nvme, with and without the optimizer swapped too, every unit in the file
+// (max_in_cpu 0) or the first one kept in memory; units read either for the all-gather prefetch
+// (the default window holds the whole model) or ahead of it from the file (a 1-element window).
+struct ParamCase {
+  bool bf16;
+  bool optimizer_nvme;
+  int64_t max_in_cpu;
+  int64_t prefetch_bucket = 50000000;
+};
+
+class NvmeParamOffload : public ::testing::TestWithParam<ParamCase> {};
+
+TEST_P(NvmeParamOffload, SameLossesAndWeightsAsInMemory) {
+  const ParamCase c = GetParam();
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = 6;
+  s.config = dstest::base_config(2, 2, 3);
+  s.config["gradient_clipping"] = 0.5;
+  if (c.bf16) s.config["bf16"] = {{"enabled", true}};
+  s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;  // as with offload
+  s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = c.prefetch_bucket;
+  auto in_memory = dstest::train_gpt(s);
+
+  dstest::TempDir params, optim;
+  s.config = param_nvme_config(s.config, params.path(), c.max_in_cpu);
+  if (c.optimizer_nvme) s.config = nvme_config(s.config, optim.path(), 3000, 3);
+  auto swapped = dstest::train_gpt(s);
+  expect_same_training(swapped, in_memory);
+  // Resident parameters: the memory part plus no more than buffer_count fetched slices.
+  for (int r = 0; r < 2; ++r)
+    EXPECT_LT(swapped.memory[r].parameters, in_memory.memory[r].parameters) << "rank " << r;
+  EXPECT_TRUE(std::filesystem::is_empty(params.path())) << "parameter swap files left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Offload, NvmeParamOffload,
+    ::testing::Values(ParamCase{false, true, 0}, ParamCase{true, true, 0},
+                      ParamCase{true, true, 0, 1}, ParamCase{true, true, 7000},
+                      ParamCase{false, false, 0}, ParamCase{true, false, 0, 1}),
+    [](const auto& info) {
+      return std::string(info.param.bf16 ? "bf16" : "fp32") +
+             (info.param.optimizer_nvme ? "_optimizer_nvme" : "_optimizer_in_memory") +
+             "_max_in_cpu" + std::to_string(info.param.max_in_cpu) +
+             (info.param.prefetch_bucket == 1 ? "_read_ahead" : "");
+    });
+
+// On this CPU-only build "cpu" offload keeps the states where they already are: it must train
+// exactly as without offload (and must not be rejected) at stages 2 and 3.
+TEST(CpuOffload, SameLossesAndWeightsAtStages2And3) {
+  for (int stage : {2, 3}) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 4;
+    s.config = dstest::base_config(2, 1, stage);
+    s.config["bf16"] = {{"enabled", true}};
+    auto plain = dstest::train_gpt(s);
+    s.config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
+    if (stage == 3) s.config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+    auto offloaded = dstest::train_gpt(s);
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    expect_same_training(offloaded, plain);
   }
-  EXPECT_FALSE(std::filesystem::exists(ckpt / "latest"));
+}
+
+TEST(NvmeParamOffloadErrors, MissingNvmePathIsNamed) {
+  dstest::RunSpec s;
+  s.world_size = 1;
+  s.steps = 1;
+  s.config = param_nvme_config(dstest::base_config(2, 1, 3), "/nonexistent/param/swap", 0);
+  try {
+    dstest::train_gpt(s);
+    FAIL() << "expected IOError";
+  } catch (const deepspeed::IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/param/swap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offload_param.nvme_path"), std::string::npos) << e.what();
+  }
+}
+
+TEST(NvmeParamOffloadErrors, BufferSmallerThanAUnitSliceNamesTheKey) {
+  dstest::TempDir dir;
+  dstest::RunSpec s;
+  s.world_size = 1;
+  s.steps = 1;
+  s.config = param_nvme_config(dstest::base_config(2, 1, 3), dir.path(), 0);
+  s.config["zero_optimization"]["offload_param"]["buffer_size"] = 100;
+  try {
+    dstest::train_gpt(s);
+    FAIL() << "expected ConfigError";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_param.buffer_size"), std::string::npos) << e.what();
+  }
+}
+
+// Swapped optimizer and parameter state is saved and resumed: the steps after the checkpoint are
+// bit-identical to the uninterrupted run's, and the checkpoint loads into an in-memory run too.
+TEST(NvmeOffloadCheckpoint, ResumesBitIdentically) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    dstest::TempDir params, optim, ckpt;
+    dstest::CheckpointJob full;
+    full.world_size = 2;
+    full.steps = 8;
+    full.config = dstest::base_config(2, 1, 3);
+    if (bf16) full.config["bf16"] = {{"enabled", true}};
+    full.config = nvme_config(full.config, optim.path(), 3000, 3);
+    full.config = param_nvme_config(full.config, params.path(), 0);
+    full.save_dir = ckpt.path();
+    full.save_at = {4};
+    auto uninterrupted = dstest::run_checkpoint_job(full);
+    ASSERT_EQ(uninterrupted.losses.size(), 8u);
+
+    dstest::CheckpointJob resumed = full;
+    resumed.save_at = {};
+    resumed.load_dir = ckpt.path();
+    resumed.model_seed = 4242;
+    auto second = dstest::run_checkpoint_job(resumed);
+    EXPECT_EQ(second.start_step, 4);
+    ASSERT_EQ(second.losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(second.losses[i], uninterrupted.losses[4 + i]) << "step " << 5 + i;
+    ASSERT_EQ(second.weights.size(), uninterrupted.weights.size());
+    for (size_t i = 0; i < second.weights.size(); ++i)
+      EXPECT_TRUE(torch::equal(second.weights[i], uninterrupted.weights[i])) << "parameter " << i;
+
+    // The same checkpoint in a run without offload continues the same way.
+    dstest::CheckpointJob plain = resumed;
+    plain.config.erase("aio");
+    plain.config["zero_optimization"].erase("offload_optimizer");
+    plain.config["zero_optimization"].erase("offload_param");
+    auto third = dstest::run_checkpoint_job(plain);
+    ASSERT_EQ(third.losses.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(third.losses[i], uninterrupted.losses[4 + i]) << "step " << 5 + i;
+  }
 }

@@ -30,10 +30,9 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   modules_ = find_units(model);
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
   layout_ = make_stage3_layout(modules_, trainable, comm_->world_size(), config_.zero_optimization);
-  auto options = torch::TensorOptions().dtype(param_dtype_);
-  partition_ = torch::zeros({layout_.partition_numel}, options);
-  grad_partition_ = torch::zeros({layout_.partition_numel}, options);
-  gatherer_ = std::make_unique<UnitGatherer>(layout_, partition_, comm_, config_.zero_optimization);
+  params_ = std::make_unique<ParamStore>(layout_, param_dtype_, config_.zero_optimization, config_.aio);
+  grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
+  gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, comm_, config_.zero_optimization);
   // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
@@ -47,11 +46,13 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
     make_swapped_optimizer(make_optimizer);
     return;
   }
-  master_ = mixed_precision() ? partition_.to(torch::kFloat) : partition_;
-  if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
+  master_is_partition_ = !mixed_precision() && !params_->swapped();
+  master_ = master_is_partition_ ? params_->memory() : params_->read_all().to(torch::kFloat);
+  if (master_is_partition_) master_.mutable_grad() = grad_partition_;
   optimizer_ = make_optimizer({master_});
-  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get()); fused && mixed_precision())
-    fused->set_half_copy(master_, partition_);
+  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+      fused && mixed_precision() && !params_->swapped())
+    fused->set_half_copy(master_, params_->memory());
 }
 
 Stage3::~Stage3() {
@@ -74,7 +75,7 @@ void Stage3::partition_unit(int u) {
   torch::NoGradGuard no_grad;
   const auto& L = slots.layout;
   const int rank = comm_->rank();
-  at::Tensor mine = slice_of(partition_, u);
+  at::Tensor mine = torch::zeros({L.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
   for (size_t i = 0; i < slots.params.size(); ++i) {
     at::Tensor p = slots.params[i];
     TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,
@@ -85,6 +86,7 @@ void Stage3::partition_unit(int u) {
     if (lo < hi) mine.narrow(0, lo - L.begin(rank), hi - lo).copy_(p.reshape({-1}).narrow(0, lo - o, hi - lo));
     if (u != 0) p.set_data(torch::empty({0}, p.options()));
   }
+  params_->write(u, mine);
 }
 
 void Stage3::make_buckets() {
@@ -201,7 +203,12 @@ void Stage3::step(double grad_scale) {
     swapped_step(grad_scale);
   } else if (!mixed_precision()) {
     if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
+    if (!master_is_partition_) master_.mutable_grad() = grad_partition_;
     optimizer_->step();
+    if (!master_is_partition_) {
+      master_.mutable_grad() = at::Tensor();
+      params_->write_all(master_);
+    }
   } else {
     at::Tensor grad32 = grad_partition_.to(torch::kFloat);
     master_.mutable_grad() = grad32;
@@ -212,10 +219,7 @@ void Stage3::step(double grad_scale) {
       grad32.mul_(grad_scale);
     optimizer_->step();
     master_.mutable_grad() = at::Tensor();
-    if (!fused) {
-      torch::NoGradGuard no_grad;
-      partition_.copy_(master_);
-    }
+    if (!fused || params_->swapped()) params_->write_all(master_.to(param_dtype_));
   }
   gatherer_->regather_root();
   discard_gradients();
@@ -225,10 +229,10 @@ void Stage3::discard_gradients() { grad_partition_.zero_(); }
 
 MemoryReport Stage3::memory() const {
   MemoryReport r;
-  r.parameters = storage_bytes(partition_);
+  r.parameters = params_->resident_bytes();
   r.gradients = storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  if (mixed_precision()) r.optimizer_states += storage_bytes(master_);
+  if (!master_is_partition_) r.optimizer_states += storage_bytes(master_);
   if (swapped_) r.optimizer_states = swapped_->resident_bytes();  // the rest is on disk
   r.comm_buffers = peak_bucket_bytes_;
   auto g = gatherer_->stats();
@@ -261,15 +265,12 @@ std::function<void()> Stage3::gather_for_access(
         comm_->broadcast(full, *modifier_rank)->wait();
         const auto& L = layout_.units[u].layout;
         at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
-        slice_of(partition_, u).copy_(mine);
-        if (mixed_precision() && !swapped_) slice_of(master_, u).copy_(mine);
+        params_->write(u, mine);
+        if (!master_is_partition_ && !swapped_) slice_of(master_, u).copy_(mine);
       }
       gatherer_->unpin(u);
     }
-    if (modifier_rank && swapped_) {  // the edited values become the swapped fp32 masters
-      auto state = swapped_->read_state();
-      swapped_->write_state(partition_.to(torch::kFloat), state[1], state[2]);
-    }
+    if (modifier_rank && swapped_) refresh_masters_from_model();  // edits become the masters
   };
 }
 

@@ -14,7 +14,11 @@
 // Every micro-step reduces (as stage 2).
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
 // 16-bit copy); only the root unit is gathered again.
+// Offload (ZeRO-Infinity): the partition lives in a ParamStore (memory, or a swap file under
+// offload_param nvme), the fp32 masters and moments in a SwappedAdam under offload_optimizer nvme
+// (stage3_swapped.cpp). Gradients stay in memory, in the parameter dtype.
 #pragma once
+#include <array>
 #include <deque>
 #include <memory>
 #include <unordered_map>
@@ -26,6 +30,7 @@
 #include "zero/gradient_hooks.h"
 #include "zero/partitioned_stage.h"
 #include "zero/stage.h"
+#include "zero/stage3/param_store.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
 
@@ -86,10 +91,13 @@ class Stage3 : public ZeroStage {
   // offload_optimizer.device = "nvme": fp32 masters and moments live in files (offload/); the
   // optimizer object then only carries the param-group options the LR scheduler drives.
   void make_swapped_optimizer(const OptimizerFactory& make_optimizer);
+  std::vector<StateFragment> swapped_fragments(std::array<at::Tensor, 3> state);
   void swapped_step(double grad_scale);
 
   std::unique_ptr<offload::SwappedAdam> swapped_;
   int64_t swapped_steps_ = 0;
+  // While a checkpoint loads into a swapped optimizer: the state the fragments write into.
+  std::array<at::Tensor, 3> swapped_loading_;
   comm::CommunicatorPtr comm_;
   Config config_;
   std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`
@@ -97,8 +105,11 @@ class Stage3 : public ZeroStage {
   Stage3Layout layout_;
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType comm_dtype_ = at::kFloat;
-  at::Tensor partition_;       // this rank's slices of every unit, in the parameter dtype
-  at::Tensor master_;          // fp32: partition_ itself; 16-bit: its fp32 copy
+  std::unique_ptr<ParamStore> params_;  // this rank's slices of every unit, in the parameter dtype
+  // The optimizer's fp32 parameter: the in-memory partition itself (fp32, parameters not
+  // swapped), else an fp32 copy; a 0-element placeholder when the optimizer is swapped.
+  at::Tensor master_;
+  bool master_is_partition_ = false;
   at::Tensor grad_partition_;  // this rank's averaged gradients, same layout
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<UnitGatherer> gatherer_;

@@ -46,11 +46,27 @@ std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector
   return out;
 }
 
+// Under offload_optimizer nvme the fragments are views of the state read back from the swap file
+// (the rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
+std::vector<StateFragment> Stage3::swapped_fragments(std::array<at::Tensor, 3> state) {
+  std::vector<StateFragment> out;
+  for_each_piece(layout_, comm_->rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
+    const auto& unit = layout_.units[u];
+    StateFragment f;
+    f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
+    f.offset = lo - unit.offsets[i];
+    f.numel = hi - lo;
+    const int64_t at = unit.partition_offset + (lo - begin);
+    f.master = state[0].narrow(0, at, f.numel);
+    f.exp_avg = state[1].narrow(0, at, f.numel);
+    f.exp_avg_sq = state[2].narrow(0, at, f.numel);
+    out.push_back(f);
+  });
+  return out;
+}
+
 std::vector<StateFragment> Stage3::fragments_to_save() {
-  if (swapped_)
-    throw CheckpointError("checkpoint: zero_optimization.offload_optimizer.device = \"nvme\": "
-                          "saving or loading the swapped optimizer state is not supported in this "
-                          "build yet");
+  if (swapped_) return swapped_fragments(swapped_->read_state());
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
@@ -71,6 +87,10 @@ std::vector<StateFragment> Stage3::fragments_to_save() {
 }
 
 std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
+  if (swapped_) {
+    swapped_loading_ = swapped_->read_state();
+    return swapped_fragments(swapped_loading_);
+  }
   adam_state_for(*optimizer_, master_, create_moments);
   return fragments_to_save();
 }
@@ -81,20 +101,27 @@ int64_t Stage3::adam_step() const {
 }
 
 void Stage3::finish_load(int64_t adam_step) {
-  set_fused_adam_step(*optimizer_, master_, adam_step);
   torch::NoGradGuard no_grad;
-  if (mixed_precision()) partition_.copy_(master_);
+  if (swapped_) {
+    auto& [master, exp_avg, exp_avg_sq] = swapped_loading_;
+    TORCH_CHECK(master.defined(), "Stage3::finish_load without fragments_to_load");
+    swapped_->write_state(master, exp_avg, exp_avg_sq);
+    params_->write_all(master.to(param_dtype_));
+    swapped_steps_ = adam_step;
+    swapped_loading_ = {};
+  } else {
+    set_fused_adam_step(*optimizer_, master_, adam_step);
+    if (!master_is_partition_) params_->write_all(master_.to(param_dtype_));
+  }
   gatherer_->regather_root();
 }
 
 void Stage3::refresh_masters_from_model() {
   torch::NoGradGuard no_grad;
-  if (swapped_) {
-    auto state = swapped_->read_state();
-    swapped_->write_state(partition_.to(torch::kFloat), state[1], state[2]);
-    return;
-  }
-  if (mixed_precision()) master_.copy_(partition_);
+  if (swapped_)
+    swapped_->reset_masters([this](int64_t begin, int64_t n) { return params_->read_group(begin, n); });
+  else if (!master_is_partition_)
+    master_.copy_(params_->read_all());
 }
 
 }  // namespace zero

@@ -24,7 +24,10 @@ void Stage3::make_swapped_optimizer(const OptimizerFactory& make_optimizer) {
   o.buffer_count = static_cast<int>(off.buffer_count);
   o.aio.block_size = config_.aio.block_size;
   o.aio.queue_depth = static_cast<int>(config_.aio.queue_depth);
-  swapped_ = std::make_unique<offload::SwappedAdam>(partition_, o);
+  if (params_->swapped()) o.groups = params_->swap_groups(o.sub_group_size);
+  swapped_ = std::make_unique<offload::SwappedAdam>(
+      layout_.partition_numel,
+      [this](int64_t begin, int64_t n) { return params_->read_group(begin, n); }, o);
 }
 
 void Stage3::swapped_step(double grad_scale) {
@@ -40,7 +43,7 @@ void Stage3::swapped_step(double grad_scale) {
   hp.bias_correction = fused.bias_correction();
   hp.step = ++swapped_steps_;
   hp.grad_scale = static_cast<float>(grad_scale);
-  swapped_->step(grad_partition_, partition_, hp);
+  swapped_->step(grad_partition_, *params_, param_dtype_, hp);
 }
 
 }  // namespace zero

@@ -5,9 +5,9 @@
 namespace deepspeed {
 namespace zero {
 
-UnitGatherer::UnitGatherer(const Stage3Layout& layout, at::Tensor partition,
+UnitGatherer::UnitGatherer(const Stage3Layout& layout, ParamStore& store,
                            comm::CommunicatorPtr comm, const ZeroConfig& config)
-    : layout_(layout), partition_(std::move(partition)), comm_(std::move(comm)), config_(config),
+    : layout_(layout), store_(store), comm_(std::move(comm)), config_(config),
       state_(layout.units.size()) {}
 
 bool UnitGatherer::in_use(int u) const {
@@ -32,9 +32,9 @@ void UnitGatherer::record(int u) {
 void UnitGatherer::issue(int u) {
   auto& s = state_[u];
   const auto& slots = layout_.units[u];
-  s.full = torch::empty({slots.layout.padded_numel}, partition_.options());
-  at::Tensor mine = partition_.narrow(0, slots.partition_offset, slots.layout.partition_numel);
-  s.work = comm_->all_gather(s.full, mine);
+  s.source = store_.fetch(u);
+  s.full = torch::empty({slots.layout.padded_numel}, s.source.options());
+  s.work = comm_->all_gather(s.full, s.source);
   const int64_t bytes = s.full.numel() * s.full.element_size();
   stats_.bytes += bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
@@ -42,6 +42,15 @@ void UnitGatherer::issue(int u) {
     stats_.numel += s.full.numel();
     stats_.peak_numel = std::max(stats_.peak_numel, stats_.numel);
   }
+}
+
+void UnitGatherer::wait_gather(int u) {
+  auto& s = state_[u];
+  if (!s.work) return;
+  s.work->wait();
+  s.work.reset();
+  s.source = at::Tensor();
+  store_.done(u);
 }
 
 void UnitGatherer::use(int u) {
@@ -52,10 +61,7 @@ void UnitGatherer::use(int u) {
     make_room(numel_of(u), u);
     issue(u);
   }
-  if (s.work) {
-    s.work->wait();
-    s.work.reset();
-  }
+  wait_gather(u);
   if (s.params_set) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < slots.params.size(); ++i) {
@@ -72,10 +78,7 @@ void UnitGatherer::use(int u) {
 void UnitGatherer::release(int u) {
   auto& s = state_[u];
   if (u == 0 || !gathered(u)) return;
-  if (s.work) {
-    s.work->wait();
-    s.work.reset();
-  }
+  wait_gather(u);
   torch::NoGradGuard no_grad;
   if (s.params_set)
     for (auto p : layout_.units[u].params) p.set_data(torch::empty({0}, p.options()));
@@ -114,8 +117,9 @@ void UnitGatherer::make_room(int64_t numel, int gathering) {
 }
 
 void UnitGatherer::prefetch() {
-  if (!trace_valid_ || config_.stage3_prefetch_bucket_size <= 0) return;
+  if (!trace_valid_) return;
   int64_t budget = config_.stage3_prefetch_bucket_size;
+  bool gathering = budget > 0;
   for (size_t i = cursor_; i < trace_.size(); ++i) {
     const int v = trace_[i];
     if (v == 0 || layout_.units[v].params.empty()) continue;
@@ -124,9 +128,14 @@ void UnitGatherer::prefetch() {
       if (!state_[v].params_set) budget -= n;  // an earlier prefetch, not used yet
       continue;
     }
-    if (n > budget || stats_.numel + n > config_.stage3_max_live_parameters) return;
-    issue(v);
-    budget -= n;
+    if (gathering && n <= budget && stats_.numel + n <= config_.stage3_max_live_parameters) {
+      issue(v);
+      budget -= n;
+      continue;
+    }
+    // Past the all-gather window: read ahead from the parameter swap file.
+    gathering = false;
+    if (!store_.swapped() || !store_.start_fetch(v)) return;
   }
 }
 
@@ -198,8 +207,7 @@ void UnitGatherer::regather_root() {
     use(0);
     return;
   }
-  at::Tensor mine = partition_.narrow(0, slots.partition_offset, slots.layout.partition_numel);
-  comm_->all_gather(s.full, mine)->wait();
+  comm_->all_gather(s.full, store_.fetch(0))->wait();
 }
 
 }  // namespace zero

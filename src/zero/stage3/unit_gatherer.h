@@ -3,7 +3,9 @@
 //
 //   pre_forward(u) / pre_backward(u): gather u (wait for its prefetch if one is in flight), then
 //       prefetch the units that follow in the trace, up to stage3_prefetch_bucket_size elements,
-//       as long as the gathered elements stay <= stage3_max_live_parameters.
+//       as long as the gathered elements stay <= stage3_max_live_parameters. Under parameter
+//       offload to NVMe, the units after those start reading their slices from the swap file
+//       (ParamStore::start_fetch, up to offload_param.buffer_count), so the disk works ahead too.
 //   post_forward(u): release u, unless the trace says u is used again before more than
 //       stage3_max_reuse_distance elements of other units are gathered.
 //   backward_done(u): u's gradients are complete (called by Stage3): release u.
@@ -28,6 +30,7 @@
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/zero_unit.h"
+#include "zero/stage3/param_store.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
@@ -42,8 +45,8 @@ struct GatherStats {
 
 class UnitGatherer : public UnitHooks {
  public:
-  // partition: the rank's partition buffer (Stage3 owns it; it must outlive this object).
-  UnitGatherer(const Stage3Layout& layout, at::Tensor partition, comm::CommunicatorPtr comm,
+  // store: where the rank's slices live (Stage3 owns it; it must outlive this object).
+  UnitGatherer(const Stage3Layout& layout, ParamStore& store, comm::CommunicatorPtr comm,
                const ZeroConfig& config);
 
   void pre_forward(int unit) override;
@@ -66,6 +69,7 @@ class UnitGatherer : public UnitHooks {
   struct UnitState {
     at::Tensor full;      // the unit's gathered flat buffer (while gathered or in flight)
     comm::WorkPtr work;   // its all_gather while in flight
+    at::Tensor source;    // this rank's slice being sent, while in flight
     bool params_set = false;
     int active = 0;       // open forward scopes
     bool backward_pending = false;
@@ -75,6 +79,7 @@ class UnitGatherer : public UnitHooks {
   bool in_use(int u) const;
   void record(int u);
   void issue(int u);
+  void wait_gather(int u);  // the all_gather in flight, if any, is complete
   void use(int u);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
   void make_room(int64_t numel, int gathering);
@@ -83,7 +88,7 @@ class UnitGatherer : public UnitHooks {
   int64_t numel_of(int u) const { return layout_.units[u].layout.padded_numel; }
 
   const Stage3Layout& layout_;
-  at::Tensor partition_;
+  ParamStore& store_;
   comm::CommunicatorPtr comm_;
   ZeroConfig config_;
   std::vector<UnitState> state_;

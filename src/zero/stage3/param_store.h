@@ -1,0 +1,109 @@
+// Where a stage-3 rank's parameter partition (its slice of every unit, in the parameter dtype)
+// lives: ZeRO-Infinity's parameter offload (zero_optimization.offload_param).
+//
+//   device "none" / "cpu": one tensor in memory. This build computes on the CPU, so host memory
+//       *is* the compute device's memory and "cpu" offload moves nothing.
+//   device "nvme": the root unit, then units 1, 2, ... while their slices total at most
+//       max_in_cpu elements, stay in memory (a prefix of the partition: units are laid out in
+//       order); every later unit's slice lives in a file under nvme_path, at a 4096-byte aligned
+//       offset, and is read through io_uring (O_DIRECT) into a buffer when the unit is gathered.
+//       start_fetch() reads ahead (prefetch), with at most buffer_count slices in memory at once;
+//       a slice larger than buffer_size elements is a ConfigError.
+//
+// The store is also the ParamSink of the swapped optimizer: each sub-group's updated 16-bit
+// values are written straight back to their place (memory, or the file through two staging
+// buffers whose writes overlap the next sub-group's update). swap_groups() cuts the partition so
+// that no sub-group straddles two file units and each starts at an aligned file offset.
+//
+// Not thread-safe: every call comes from the thread running the engine.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "deepspeed/config.h"
+#include "offload/aio_queue.h"
+#include "offload/aligned_buffer.h"
+#include "offload/swapped_adam.h"
+#include "zero/stage3/unit_layout.h"
+
+namespace deepspeed {
+namespace zero {
+
+class ParamStore : public offload::ParamSink {
+ public:
+  ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const ZeroConfig& zero,
+             const AioConfig& aio);
+  ~ParamStore() override;
+
+  bool swapped() const { return file_ != nullptr; }
+  bool in_memory(int unit) const { return unit < first_file_unit_; }
+
+  // This rank's slice of `unit`: a view of the memory partition, or a buffer holding what the
+  // file has (waiting for the read start_fetch began, if any). The buffer stays counted against
+  // buffer_count until done(unit).
+  at::Tensor fetch(int unit);
+  // Begins reading `unit`'s slice if it lives in the file, is not read yet, and fewer than
+  // buffer_count slices are in memory. Returns false when it could not start for that last reason.
+  bool start_fetch(int unit);
+  void done(int unit);
+
+  // Replaces `unit`'s slice (whole). Synchronous.
+  void write(int unit, const at::Tensor& slice);
+  // The whole partition as one new tensor, and its inverse (checkpoints, optimizers that are not
+  // swapped: these materialise the partition in memory).
+  at::Tensor read_all();
+  void write_all(const at::Tensor& partition);
+  // Elements [begin, begin + numel) of one of swap_groups()' sub-groups, as a tensor.
+  at::Tensor read_group(int64_t begin, int64_t numel);
+
+  // Sub-groups for the swapped optimizer: sub_group_size elements at most; in the file part, cut
+  // at unit boundaries and at multiples of 4096 elements inside a unit.
+  std::vector<std::pair<int64_t, int64_t>> swap_groups(int64_t sub_group_size) const;
+
+  // offload::ParamSink, for groups from swap_groups().
+  void* begin_group(int64_t begin, int64_t numel) override;
+  void end_group(int64_t begin, int64_t numel) override;
+  void finish() override;
+
+  // The in-memory part: the whole partition unless swapped().
+  const at::Tensor& memory() const { return memory_; }
+  int64_t resident_bytes() const;  // memory partition + slices fetched or in flight
+  int64_t file_bytes() const { return file_bytes_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Fetch {
+    at::Tensor slice;
+    offload::AioQueue::Ticket ticket = -1;  // the read, until waited for
+  };
+  int unit_at(int64_t element) const;           // the file unit holding a partition element
+  int64_t file_offset(int64_t element) const;   // its byte offset in the file
+  int64_t slice_bytes(int unit) const;          // slice bytes, rounded up to the alignment
+  at::Tensor aligned_tensor(int64_t numel) const;
+
+  const Stage3Layout& layout_;
+  at::ScalarType dtype_;
+  int64_t element_size_;
+  OffloadConfig config_;
+  at::Tensor memory_;          // units [0, first_file_unit_)
+  int first_file_unit_;        // units from here on live in the file
+  int64_t memory_numel_ = 0;   // = partition offset of first_file_unit_
+  std::vector<int64_t> unit_file_offset_;
+  int64_t file_bytes_ = 0;
+  std::string path_;
+  std::unique_ptr<offload::DirectFile> file_;
+  std::unique_ptr<offload::AioQueue> queue_;
+  std::map<int, Fetch> fetched_;
+  // Sub-group output staging for file units (two, so one's write overlaps the next update).
+  offload::AlignedBuffer staging_[2];
+  offload::AioQueue::Ticket staging_write_[2] = {-1, -1};
+  int staging_next_ = 0;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

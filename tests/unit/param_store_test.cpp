@@ -1,0 +1,162 @@
+// ZeRO-3 parameter partition store (offload_param): what is written to a unit's slice comes back
+// from fetch / read_all whether the unit is in memory or in the swap file; prefetch reads are
+// bounded by buffer_count; sub-groups never straddle file units; the optimizer's sink writes land
+// in the right place; a file truncated under the job is an IOError naming it, never stale numbers.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+#include "zero/stage3/param_store.h"
+
+namespace fs = std::filesystem;
+using deepspeed::zero::ParamStore;
+using deepspeed::zero::Stage3Layout;
+
+namespace {
+
+struct TempDir {
+  TempDir() {
+    path = fs::temp_directory_path() / ("param_store_test." + std::to_string(::getpid()));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+// A root of 10 elements and units of 5000, 9000 and 3 elements (world size 1).
+Stage3Layout layout() {
+  Stage3Layout L;
+  for (int64_t n : {10, 5000, 9000, 3}) {
+    deepspeed::zero::UnitSlots u;
+    u.layout.numel = u.layout.padded_numel = u.layout.partition_numel = n;
+    u.partition_offset = L.partition_numel;
+    L.partition_numel += n;
+    L.units.push_back(u);
+  }
+  return L;
+}
+
+deepspeed::ZeroConfig zero(const std::string& device, const fs::path& dir, int64_t max_in_cpu) {
+  deepspeed::ZeroConfig z;
+  z.stage = 3;
+  z.offload_param.device = device;
+  z.offload_param.nvme_path = dir.string();
+  z.offload_param.max_in_cpu = max_in_cpu;
+  z.offload_param.buffer_count = 2;
+  z.offload_param.buffer_size = 10000;
+  return z;
+}
+
+deepspeed::AioConfig aio() {
+  deepspeed::AioConfig a;
+  a.block_size = 4096;
+  a.queue_depth = 4;
+  return a;
+}
+
+}  // namespace
+
+TEST(ParamStore, SlicesRoundTripInMemoryAndInTheFile) {
+  TempDir dir;
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 5000), aio());
+  ASSERT_TRUE(store.swapped());
+  EXPECT_TRUE(store.in_memory(0) && store.in_memory(1));
+  EXPECT_FALSE(store.in_memory(2) || store.in_memory(3));
+  EXPECT_EQ(store.memory().numel(), 5010);
+  EXPECT_EQ(store.file_bytes(), 20480 + 4096);  // each file slice padded to 4096 bytes
+
+  at::Tensor all = torch::randn({L.partition_numel}).to(torch::kBFloat16);
+  store.write_all(all);
+  EXPECT_TRUE(torch::equal(store.read_all(), all));
+  for (int u = 0; u < 4; ++u) {
+    auto want = all.narrow(0, L.units[u].partition_offset, L.units[u].layout.partition_numel);
+    EXPECT_TRUE(torch::equal(store.fetch(u), want)) << "unit " << u;
+    store.done(u);
+  }
+  at::Tensor two = torch::full({9000}, 3.0).to(torch::kBFloat16);
+  store.write(2, two);
+  EXPECT_TRUE(torch::equal(store.fetch(2), two));
+}
+
+TEST(ParamStore, PrefetchIsBoundedByBufferCount) {
+  TempDir dir;
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kFloat, zero("nvme", dir.path, 0), aio());
+  const int64_t memory = store.resident_bytes();
+  EXPECT_TRUE(store.start_fetch(1));
+  EXPECT_TRUE(store.start_fetch(2));
+  EXPECT_FALSE(store.start_fetch(3)) << "a third buffer with buffer_count 2";
+  EXPECT_EQ(store.resident_bytes(), memory + (5000 + 9000) * 4);
+  store.done(1);
+  EXPECT_TRUE(store.start_fetch(3));
+  store.done(2);
+  store.done(3);
+  EXPECT_EQ(store.resident_bytes(), memory);
+}
+
+TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
+  TempDir dir;
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 0), aio());
+  auto groups = store.swap_groups(3000);
+  // The memory part (root) by 3000, the file units cut at unit ends and every 4096 elements.
+  std::vector<std::pair<int64_t, int64_t>> want = {
+      {0, 10}, {10, 4096}, {4106, 904}, {5010, 4096}, {9106, 4096}, {13202, 808}, {14010, 3}};
+  EXPECT_EQ(groups, want);
+  at::Tensor all = torch::randn({L.partition_numel}).to(torch::kBFloat16);
+  for (auto [begin, n] : groups) {
+    void* out = store.begin_group(begin, n);
+    std::memcpy(out, static_cast<char*>(all.data_ptr()) + begin * 2, n * 2);
+    store.end_group(begin, n);
+  }
+  store.finish();
+  EXPECT_TRUE(torch::equal(store.read_all(), all));
+  EXPECT_TRUE(torch::equal(store.read_group(9106, 4096), all.narrow(0, 9106, 4096)));
+}
+
+TEST(ParamStore, NoneAndCpuKeepEverythingInMemory) {
+  TempDir dir;
+  const Stage3Layout L = layout();
+  for (const char* device : {"none", "cpu"}) {
+    ParamStore store(L, torch::kFloat, zero(device, dir.path, 0), aio());
+    EXPECT_FALSE(store.swapped());
+    EXPECT_EQ(store.memory().numel(), L.partition_numel);
+    EXPECT_EQ(store.fetch(2).data_ptr(), store.memory().narrow(0, 5010, 9000).data_ptr());
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}
+
+TEST(ParamStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
+  TempDir dir;
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kFloat, zero("nvme", dir.path, 0), aio());
+  store.write_all(torch::ones({L.partition_numel}));
+  ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
+  try {
+    store.fetch(2);
+    FAIL() << "expected IOError";
+  } catch (const deepspeed::IOError& e) {
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+}
+
+TEST(ParamStoreErrors, SliceLargerThanBufferSizeNamesTheKey) {
+  TempDir dir;
+  auto z = zero("nvme", dir.path, 0);
+  z.offload_param.buffer_size = 8999;
+  try {
+    ParamStore store(layout(), torch::kFloat, z, aio());
+    FAIL() << "expected ConfigError";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_param.buffer_size"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("9000"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path));
+}

@@ -248,10 +248,9 @@ def make_config(a, params, swap):
     if "param" in swap:
         zero["offload_param"] = {
             "device": "nvme", "nvme_path": swap["param"],
-            # a buffer holds one parameter's partition (the largest: the MLP's 4e x e weight);
-            # 8 = the four big matrices of each of the two live blocks
-            "buffer_count": 8, "buffer_size": math.ceil(4 * a.n_embd * a.n_embd / a.procs),
-            "max_in_cpu": block,  # DeepSpeed's default (1e9) would keep most of the model in RAM
+            # a buffer holds one rank's slice of one unit (a block, padded); two are read ahead
+            "buffer_count": 2, "buffer_size": math.ceil(block / a.procs) + 1_000_000,
+            "max_in_cpu": 0,  # every block's slice on disk (DeepSpeed's 1e9 would keep most in RAM)
         }
     cfg = {
         "train_micro_batch_size_per_gpu": a.micro_batch,

@@ -2,7 +2,7 @@
 # with "[rank K] " on the stream it came from, and passes the program's own arguments untouched.
 source "$(dirname "$0")/common.bash" "$1"
 
-NPROC=$(nproc)
+NPROC=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc itself obeys OMP_NUM_THREADS
 for N in 1 2 3 4; do
   PORT=$(free_port)
   env -u OMP_NUM_THREADS "$DSRUN" --num_procs $N --master_port $PORT "$WORKER" --mode ok \

@@ -237,14 +237,15 @@ def make_config(a, params, swap):
     partition = math.ceil(params / a.procs)
     zero = {
         "stage": 3,
-        # SwappedAdam keeps buffer_count sub-groups of 12 B/element in RAM: <= 1 GB per rank here.
-        "sub_group_size": min(20_000_000, math.ceil(partition / 4)),
+        # SwappedAdam keeps buffer_count sub-groups of 12 B/element in RAM: about 0.5 GB per rank here.
+        "sub_group_size": min(10_000_000, math.ceil(partition / 4)),
         "reduce_bucket_size": min(50_000_000, block),
         "stage3_max_live_parameters": 2 * block + 1024,
         "stage3_prefetch_bucket_size": block + 1024,
         "stage3_max_reuse_distance": 0,
-        "offload_optimizer": {"device": "nvme", "nvme_path": swap["optimizer"], "buffer_count": 4},
     }
+    if "optimizer" in swap:
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": swap["optimizer"], "buffer_count": 4}
     if "param" in swap:
         zero["offload_param"] = {
             "device": "nvme", "nvme_path": swap["param"],
@@ -339,12 +340,15 @@ def parse_args():
     p.add_argument("--n_head", type=int)
     p.add_argument("--block_size", type=int)
     p.add_argument("--micro_batch", type=int)
-    p.add_argument("--lr", type=float, help="default 6e-4 * min(1, 768 / n_embd)")
+    p.add_argument("--lr", type=float, help="default 0.04 / n_embd (1e-5 at 4096)")
     p.add_argument("--nvme_dir", default="/var/tmp", help="a fresh folder is made (and removed) in it")
     p.add_argument("--no_param_offload", action="store_true", help="only the optimizer states go to NVMe")
     p.add_argument("--disk_test_gib", type=float, help="size of the sequential disk test (0: skip)")
     p.add_argument("--plain_malloc", action="store_true", help="do not set MALLOC_MMAP_THRESHOLD_")
     p.add_argument("--dry_run", action="store_true", help="print the plan and the config; run nothing")
+    p.add_argument("--compare", action="store_true",
+                   help="same model three times: in memory, optimizer on NVMe, both on NVMe "
+                        "(default model n_layer 2: it must fit in RAM)")
     p.add_argument("--timeout_min", type=float, default=180)
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=JSON",
                    help="override a config key, e.g. zero_optimization.sub_group_size=1e7")
@@ -353,7 +357,9 @@ def parse_args():
         if getattr(a, k) is None:
             setattr(a, k, v)
     if a.lr is None:
-        a.lr = 6e-4 * min(1.0, 768 / a.n_embd)
+        # Adam's first steps move every weight by about lr: a layer's output then moves by about
+        # lr * n_embd, kept near 0.04 so the few steps of the run descend instead of diverging.
+        a.lr = 0.04 / a.n_embd
     return a
 
 
@@ -457,6 +463,8 @@ def summarize(a, ram, params, job, disk, fs):
 def main():
     a = parse_args()
     ram = meminfo_bytes("MemTotal")
+    if a.compare and a.n_layer is None:
+        a.n_layer = 2
     if a.n_layer is None:
         a.n_layer = layers_for(ram, a.n_embd, a.block_size)
     params = gpt_params(a.n_layer, a.n_embd, a.block_size)
@@ -476,30 +484,69 @@ def main():
             size = int(min(a.disk_test_gib * (1 << 30), free / 10))
             print(f"disk test: {size / 2**30:.1f} GiB under {job_dir}", file=sys.stderr, flush=True)
             disk = disk_speed(job_dir, size)
-        swap = {"optimizer": os.path.join(job_dir, "optimizer")}
-        if not a.no_param_offload:
-            swap["param"] = os.path.join(job_dir, "param")
-        for d in swap.values():
-            os.mkdir(d)
-        config = os.path.join(job_dir, "ds_config.json")
-        with open(config, "w") as f:
-            json.dump(make_config(a, params, swap), f, indent=1)
-        cmd = [os.path.join(a.build, "bin", "dsrun"), "--num_procs", str(a.procs), "--master_port", str(free_port()),
-               os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", config, "--zero_init",
-               "--data", os.path.join(ROOT, "data", "fortunes.txt"), "--steps", str(a.steps),
-               "--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd),
-               "--block_size", str(a.block_size)]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        if not a.plain_malloc:
-            env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-        print(" ".join(cmd), file=sys.stderr, flush=True)
-        job = Job(cmd, env, list(swap.values()), a.timeout_min * 60)
-        job.run()
+        if a.compare:
+            return compare(a, ram, params, job_dir)
+        job = run_job(a, params, job_dir, ["optimizer"] if a.no_param_offload else ["optimizer", "param"])
         return summarize(a, ram, params, job, disk, fs)
     finally:
         if job is not None:
             job.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
+
+
+def run_job(a, params, job_dir, offloaded):
+    """One training job with the given parts ("optimizer", "param") swapped under job_dir."""
+    swap = {name: os.path.join(job_dir, name) for name in offloaded}
+    for d in swap.values():
+        os.makedirs(d, exist_ok=True)
+    config = os.path.join(job_dir, "ds_config.json")
+    with open(config, "w") as f:
+        json.dump(make_config(a, params, swap), f, indent=1)
+    cmd = [os.path.join(a.build, "bin", "dsrun"), "--num_procs", str(a.procs), "--master_port", str(free_port()),
+           os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", config, "--zero_init",
+           "--data", os.path.join(ROOT, "data", "fortunes.txt"), "--steps", str(a.steps),
+           "--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd),
+           "--block_size", str(a.block_size)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if not a.plain_malloc:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    print(" ".join(cmd), file=sys.stderr, flush=True)
+    job = Job(cmd, env, list(swap.values()), a.timeout_min * 60)
+    try:
+        return job.run()
+    finally:
+        job.stop()
+
+
+def compare(a, ram, params, job_dir):
+    """The NVMe paths' step time against the in-memory step time on the same model and data."""
+    modes = [("in memory", []), ("optimizer on NVMe", ["optimizer"]),
+             ("parameters + optimizer on NVMe", ["optimizer", "param"])]
+    rows = []
+    for name, offloaded in modes:
+        job = run_job(a, params, job_dir, offloaded)
+        if job.returncode != 0 or len(job.reports) != a.procs:
+            print(f"{name}: job failed (exit {job.returncode}):\n" + "\n".join(job.tail), file=sys.stderr)
+            return 1
+        step_s = max(float(r["step_ms"]) for r in job.reports) / 1e3
+        rss = max(sum(int(r["peak_rss_kb"]) * 1024 for r in job.reports), job.watch.rss_peak)
+        steps = max(1, len(job.steps) - 1)
+        io = (job.steps[-1][3] - job.steps[0][3] + job.steps[-1][4] - job.steps[0][4]) / steps
+        rows.append((name, step_s, rss, io, job.steps[-1][1]))
+        shutil.rmtree(job_dir, ignore_errors=True)
+        os.makedirs(job_dir)
+    base = rows[0][1]
+    print(f"\nSame model, three ways: GPT n_layer {a.n_layer} n_embd {a.n_embd} ({params / 1e9:.3g}B parameters, "
+          f"model states {gb(STATE_BYTES_PER_PARAM * params)}), {a.procs} ranks x 1 thread, bf16, ZeRO-3, "
+          f"micro-batch {a.micro_batch}, {a.steps} steps (step time: steps 2..N)\n")
+    print("| run | step time | vs in memory | peak RSS (sum over ranks) | disk I/O per step | final loss |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, step_s, rss, io, loss in rows:
+        print(f"| {name} | {step_s:.2f} s | {step_s / base:.2f}x | {mb(rss)} ({100 * rss / ram:.0f}% of RAM) "
+              f"| {gb(io)} | {loss:.4f} |")
+    same = len({r[4] for r in rows}) == 1
+    print(f"\nfinal losses identical across the three runs: {'yes' if same else 'NO'}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

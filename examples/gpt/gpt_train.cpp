@@ -95,7 +95,13 @@ int main(int argc, char** argv) try {
   torch::manual_seed(opt.seed);
   std::shared_ptr<gpt::GPTImpl> model;
   {
-    deepspeed::zero::Init partitioned(comm, opt.zero_init);  // a no-op scope unless --zero_init
+    // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
+    std::vector<std::string> warnings;  // initialize() reports them
+    const auto config = deepspeed::load_config(args.config_path, comm->world_size(), {}, &warnings);
+    const auto dtype = config.bf16.enabled ? torch::kBFloat16
+                       : config.fp16.enabled ? torch::kHalf
+                                             : torch::kFloat;
+    deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
     model = std::make_shared<gpt::GPTImpl>(opt.model);
   }
   int64_t num_params = 0;  // counted from shapes: under ZeRO-3 the blocks hold only partitions

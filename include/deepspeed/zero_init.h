@@ -13,8 +13,15 @@
 // RNG did), keeps only this rank's slice of its flat buffer and releases the full parameters
 // (numel 0). The peak is therefore one unit, not the model. Parameters outside every unit stay
 // whole (the root unit). initialize() with zero_optimization.stage 3 adopts the slices.
+// `dtype` (DeepSpeed's zero.Init(dtype=...)): the slices are kept in this type, e.g. bf16 when the
+// config enables bf16 (initialize() casts the model to it anyway); that halves what a model built
+// under Init holds until initialize(). Default: the parameters' own dtype.
 // Thread-safety: the scope is per thread (tests run ranks as threads); scopes may nest.
 #pragma once
+#include <optional>
+
+#include <c10/core/ScalarType.h>
+
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
@@ -25,7 +32,8 @@ class Init {
  public:
   // comm: the data-parallel group the engine will use (default: the world from
   // init_distributed(), else a single process). enabled = false makes the scope a no-op.
-  explicit Init(comm::CommunicatorPtr comm = nullptr, bool enabled = true);
+  explicit Init(comm::CommunicatorPtr comm = nullptr, bool enabled = true,
+                std::optional<at::ScalarType> dtype = std::nullopt);
   ~Init();
   Init(const Init&) = delete;
   Init& operator=(const Init&) = delete;
@@ -39,6 +47,7 @@ class Init {
   comm::CommunicatorPtr comm_;
   Init* previous_ = nullptr;
   bool enabled_;
+  std::optional<at::ScalarType> dtype_;
 };
 
 }  // namespace zero

@@ -66,13 +66,6 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
     warnings.add(zero_path + ".offload_optimizer needs ZeRO stage 1, 2 or 3; ignored at stage 0");
     zero.offload_optimizer.device = "none";
   }
-  if (zero.offload_optimizer.device == "nvme" && zero.stage < 3) {
-    throw ConfigError("config key '" + zero_path +
-                      ".offload_optimizer.device' is \"nvme\", which "
-                      "requires '" +
-                      zero_path + ".stage' 3 (stage is " + stage +
-                      "); use \"cpu\" at stages 1 and 2");
-  }
   if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
     throw ConfigError("config key '" + zero_path +
                       ".offload_optimizer.ratio' < 1 (partial "

@@ -5,6 +5,7 @@
 #include "optim/fused_adam.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
+#include "zero/swapped_optimizer.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -50,11 +51,19 @@ PartitionedStage::PartitionedStage(int stage, std::vector<at::Tensor> params,
     grad_partition_ =
         torch::zeros({layout.partition_numel}, torch::TensorOptions().dtype(grad_dtype));
   }
-  if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
-  optimizer_ = make_optimizer({master_});
-  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get()); fused && mixed_precision()) {
-    fused->set_half_copy(master_, own);
-    fused_half_copy_ = true;
+  if (config_.zero_optimization.offload_optimizer.device == "nvme") {
+    // The masters and moments live in a file; master_ stays an empty placeholder.
+    master_ = torch::zeros({0});
+    swapped_ = make_swapped_optimizer(config_, make_optimizer, own.numel(),
+                                      [own](int64_t begin, int64_t n) { return own.narrow(0, begin, n); });
+    optimizer_ = swapped_->options;
+  } else {
+    if (!mixed_precision()) master_.mutable_grad() = grad_partition_;
+    optimizer_ = make_optimizer({master_});
+    if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get()); fused && mixed_precision()) {
+      fused->set_half_copy(master_, own);
+      fused_half_copy_ = true;
+    }
   }
 
   int64_t bucket = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
@@ -219,6 +228,12 @@ double PartitionedStage::global_grad_norm() {
 }
 
 void PartitionedStage::step(double grad_scale) {
+  if (swapped_) {  // the kernel writes the updated (16-bit) values into this rank's partition
+    swapped_->step(grad_partition_, own_partition(), grad_scale);
+    all_gather_partitions(/*copy_master=*/false);
+    discard_gradients();
+    return;
+  }
   if (!mixed_precision()) {
     if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
     optimizer_->step();
@@ -286,6 +301,7 @@ MemoryReport PartitionedStage::memory() const {
   r.gradients = stage_ <= 1 ? storage_bytes(flat_grad_) : storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
   if (mixed_precision()) r.optimizer_states += storage_bytes(master_);
+  if (swapped_) r.optimizer_states = swapped_->adam->resident_bytes();  // the rest is on disk
   r.comm_buffers = pool_bytes_;
   return r;
 }

@@ -21,6 +21,7 @@
 // updated partitions are then all-gathered back into the buffer, in chunks of
 // allgather_bucket_size elements.
 #pragma once
+#include <array>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -37,6 +38,8 @@ namespace zero {
 
 using OptimizerFactory =
     std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+struct SwappedOptimizer;
 
 class PartitionedStage : public ZeroStage {
  public:
@@ -82,6 +85,7 @@ class PartitionedStage : public ZeroStage {
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   bool partitioned() const { return stage_ >= 1; }
   at::Tensor own_partition() const;
+  std::vector<StateFragment> swapped_fragments(const std::array<at::Tensor, 3>& state);
   void borrow_buffer(Bucket& b);
 
   const int stage_;
@@ -95,6 +99,10 @@ class PartitionedStage : public ZeroStage {
   at::Tensor flat_grad_;       // stages 0/1: full gradient buffer (parameter dtype)
   at::Tensor grad_partition_;  // this rank's averaged gradient (stages 0/1: a view of flat_grad_)
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  // offload_optimizer nvme (zero/swapped_optimizer.h): masters and moments in a file.
+  std::unique_ptr<SwappedOptimizer> swapped_;
+  // While a checkpoint loads into the swapped optimizer: the state the fragments write into.
+  std::array<at::Tensor, 3> swapped_loading_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
   std::vector<at::Tensor> pool_;  // stage 2: free bucket buffers, reused across micro-steps

@@ -1,5 +1,5 @@
-// ZeRO-Offload / ZeRO-Infinity at 2 ranks: with offload_optimizer.device = "nvme" the fp32 masters
-// and Adam moments live in files and are streamed through sub-group buffers; with
+// ZeRO-Offload / ZeRO-Infinity at 2 ranks: with offload_optimizer.device = "nvme" (stages 1-3) the
+// fp32 masters and Adam moments live in files and are streamed through sub-group buffers; with
 // offload_param.device = "nvme" (stage 3) the parameter partition lives in a file and each unit's
 // slice is read for its all-gather. Training must give bit for bit the losses and weights of the
 // in-memory run (the same vectorised Adam on the same numbers), in fp32 and bf16, with sub-groups
@@ -46,14 +46,15 @@ nlohmann::json nvme_config(nlohmann::json c, const std::string& dir, int64_t sub
 
 }  // namespace
 
-class NvmeOptimizerOffload : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+// (stage, bf16, buffer_count). Stages 1 and 2 go beyond DeepSpeed, which swaps only at stage 3.
+class NvmeOptimizerOffload : public ::testing::TestWithParam<std::tuple<int, bool, int>> {};
 
 TEST_P(NvmeOptimizerOffload, SameLossesAndWeightsAsInMemory) {
-  auto [bf16, buffers] = GetParam();
+  auto [stage, bf16, buffers] = GetParam();
   dstest::RunSpec s;
   s.world_size = 2;
   s.steps = 6;
-  s.config = dstest::base_config(2, 2, 3);
+  s.config = dstest::base_config(2, 2, stage);
   s.config["gradient_clipping"] = 0.5;  // the clip coefficient reaches the swapped kernel too
   if (bf16) s.config["bf16"] = {{"enabled", true}};
   auto in_memory = dstest::train_gpt(s);
@@ -69,9 +70,16 @@ TEST_P(NvmeOptimizerOffload, SameLossesAndWeightsAsInMemory) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "swap files left behind";
 }
 
-INSTANTIATE_TEST_SUITE_P(PrecisionAndBuffers, NvmeOptimizerOffload,
-                         ::testing::Values(std::make_tuple(false, 3), std::make_tuple(true, 2),
-                                           std::make_tuple(true, 4)));
+INSTANTIATE_TEST_SUITE_P(
+    StagesPrecisionAndBuffers, NvmeOptimizerOffload,
+    ::testing::Values(std::make_tuple(3, false, 3), std::make_tuple(3, true, 2),
+                      std::make_tuple(3, true, 4), std::make_tuple(2, false, 3),
+                      std::make_tuple(2, true, 3), std::make_tuple(1, true, 2)),
+    [](const auto& info) {
+      return "stage" + std::to_string(std::get<0>(info.param)) +
+             (std::get<1>(info.param) ? "_bf16" : "_fp32") + "_buffers" +
+             std::to_string(std::get<2>(info.param));
+    });
 
 TEST(NvmeOptimizerOffloadErrors, MissingNvmePathIsNamed) {
   dstest::RunSpec s;
@@ -183,16 +191,16 @@ TEST(NvmeParamOffloadErrors, BufferSmallerThanAUnitSliceNamesTheKey) {
 // Swapped optimizer and parameter state is saved and resumed: the steps after the checkpoint are
 // bit-identical to the uninterrupted run's, and the checkpoint loads into an in-memory run too.
 TEST(NvmeOffloadCheckpoint, ResumesBitIdentically) {
-  for (bool bf16 : {false, true}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+  for (auto [stage, bf16] : {std::pair{3, false}, std::pair{3, true}, std::pair{2, true}}) {
+    SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? " bf16" : " fp32"));
     dstest::TempDir params, optim, ckpt;
     dstest::CheckpointJob full;
     full.world_size = 2;
     full.steps = 8;
-    full.config = dstest::base_config(2, 1, 3);
+    full.config = dstest::base_config(2, 1, stage);
     if (bf16) full.config["bf16"] = {{"enabled", true}};
     full.config = nvme_config(full.config, optim.path(), 3000, 3);
-    full.config = param_nvme_config(full.config, params.path(), 0);
+    if (stage == 3) full.config = param_nvme_config(full.config, params.path(), 0);
     full.save_dir = ckpt.path();
     full.save_at = {4};
     auto uninterrupted = dstest::run_checkpoint_job(full);

@@ -549,9 +549,14 @@ TEST(ConfigErrors, BadOffloadDevice) {
                   "'zero_optimization.offload_optimizer.device' has value \"gpu\"");
 }
 
-TEST(ConfigErrors, NvmeOptimizerOffloadNeedsStage3) {
-  json zero = {{"stage", 2}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/tmp"}}}};
-  EXPECT_CONTAINS(error_of(with({{"zero_optimization", zero}})), "requires");
+// DeepSpeed allows nvme optimizer offload at stage 3 only; this library swaps at stages 1-3.
+TEST(ConfigOffload, NvmeOptimizerOffloadAtStages1To3) {
+  for (int stage : {1, 2, 3}) {
+    json zero = {{"stage", stage}, {"offload_optimizer", {{"device", "nvme"}, {"nvme_path", "/tmp"}}}};
+    EXPECT_EQ(parse_config(with({{"zero_optimization", zero}}), 1).zero_optimization.offload_optimizer.device,
+              "nvme")
+        << "stage " << stage;
+  }
 }
 
 TEST(ConfigErrors, PartialOffloadRatioNeedsStage3) {

@@ -11,7 +11,8 @@ namespace {
 thread_local Init* current_scope = nullptr;
 }
 
-Init::Init(comm::CommunicatorPtr comm, bool enabled) : enabled_(enabled) {
+Init::Init(comm::CommunicatorPtr comm, bool enabled, std::optional<at::ScalarType> dtype)
+    : enabled_(enabled), dtype_(dtype) {
   if (!enabled_) return;
   comm_ = comm ? comm : comm::world();
   if (!comm_) comm_ = comm::make_single_process_communicator();
@@ -42,11 +43,11 @@ void Init::partition(ZeroUnitBase& unit) {
   }
   const int world = comm_->world_size();
   auto layout = make_partition_layout(numel, world, kStage3Alignment);
-  auto dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
-  at::Tensor flat = torch::zeros({layout.padded_numel}, torch::TensorOptions().dtype(dtype));
+  const auto own = params.empty() ? torch::kFloat : params.front().scalar_type();
+  at::Tensor flat = torch::zeros({layout.padded_numel}, torch::TensorOptions().dtype(dtype_.value_or(own)));
   int64_t offset = 0;
   for (auto& p : params) {
-    TORCH_CHECK(p.scalar_type() == dtype, "zero::Init: a unit's parameters must share one dtype");
+    TORCH_CHECK(p.scalar_type() == own, "zero::Init: a unit's parameters must share one dtype");
     auto view = flat.narrow(0, offset, p.numel());
     view.copy_(p.reshape({-1}));
     offset += p.numel();

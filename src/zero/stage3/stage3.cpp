@@ -31,19 +31,27 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
   layout_ = make_stage3_layout(modules_, trainable, comm_->world_size(), config_.zero_optimization);
   params_ = std::make_unique<ParamStore>(layout_, param_dtype_, config_.zero_optimization, config_.aio);
-  grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
   gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, comm_, config_.zero_optimization);
   // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
   partition_unit(0);
+  // After the zero::Init slices are gone (a model bigger than RAM needs the room).
+  grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
   make_buckets();
 
   if (config_.zero_optimization.offload_optimizer.device == "nvme") {
-    make_swapped_optimizer(make_optimizer);
+    // With swapped parameters, sub-groups are cut where each one's output is one aligned write.
+    swapped_ = make_swapped_optimizer(
+        config_, make_optimizer, layout_.partition_numel,
+        [this](int64_t begin, int64_t n) { return params_->read_group(begin, n); },
+        params_->swapped() ? params_->swap_groups(config_.zero_optimization.sub_group_size)
+                           : std::vector<std::pair<int64_t, int64_t>>{});
+    optimizer_ = swapped_->options;
+    master_ = torch::zeros({0});
     return;
   }
   master_is_partition_ = !mixed_precision() && !params_->swapped();
@@ -200,7 +208,7 @@ double Stage3::global_grad_norm() {
 
 void Stage3::step(double grad_scale) {
   if (swapped_) {
-    swapped_step(grad_scale);
+    swapped_->step(grad_partition_, *params_, param_dtype_, grad_scale);
   } else if (!mixed_precision()) {
     if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
     if (!master_is_partition_) master_.mutable_grad() = grad_partition_;
@@ -233,7 +241,7 @@ MemoryReport Stage3::memory() const {
   r.gradients = storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
   if (!master_is_partition_) r.optimizer_states += storage_bytes(master_);
-  if (swapped_) r.optimizer_states = swapped_->resident_bytes();  // the rest is on disk
+  if (swapped_) r.optimizer_states = swapped_->adam->resident_bytes();  // the rest is on disk
   r.comm_buffers = peak_bucket_bytes_;
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;

@@ -26,13 +26,13 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
-#include "offload/swapped_adam.h"
 #include "zero/gradient_hooks.h"
 #include "zero/partitioned_stage.h"
 #include "zero/stage.h"
 #include "zero/stage3/param_store.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
+#include "zero/swapped_optimizer.h"
 
 namespace deepspeed {
 namespace zero {
@@ -88,14 +88,11 @@ class Stage3 : public ZeroStage {
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
 
-  // offload_optimizer.device = "nvme": fp32 masters and moments live in files (offload/); the
-  // optimizer object then only carries the param-group options the LR scheduler drives.
-  void make_swapped_optimizer(const OptimizerFactory& make_optimizer);
   std::vector<StateFragment> swapped_fragments(std::array<at::Tensor, 3> state);
-  void swapped_step(double grad_scale);
 
-  std::unique_ptr<offload::SwappedAdam> swapped_;
-  int64_t swapped_steps_ = 0;
+  // offload_optimizer.device = "nvme" (zero/swapped_optimizer.h): fp32 masters and moments live
+  // in a file; optimizer_ then only carries the param-group options the LR scheduler drives.
+  std::unique_ptr<SwappedOptimizer> swapped_;
   // While a checkpoint loads into a swapped optimizer: the state the fragments write into.
   std::array<at::Tensor, 3> swapped_loading_;
   comm::CommunicatorPtr comm_;

@@ -66,7 +66,7 @@ std::vector<StateFragment> Stage3::swapped_fragments(std::array<at::Tensor, 3> s
 }
 
 std::vector<StateFragment> Stage3::fragments_to_save() {
-  if (swapped_) return swapped_fragments(swapped_->read_state());
+  if (swapped_) return swapped_fragments(swapped_->adam->read_state());
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
@@ -88,7 +88,7 @@ std::vector<StateFragment> Stage3::fragments_to_save() {
 
 std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
   if (swapped_) {
-    swapped_loading_ = swapped_->read_state();
+    swapped_loading_ = swapped_->adam->read_state();
     return swapped_fragments(swapped_loading_);
   }
   adam_state_for(*optimizer_, master_, create_moments);
@@ -96,7 +96,7 @@ std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
 }
 
 int64_t Stage3::adam_step() const {
-  if (swapped_) return swapped_steps_;
+  if (swapped_) return swapped_->steps;
   return fused_adam_step(*optimizer_, master_);
 }
 
@@ -105,9 +105,9 @@ void Stage3::finish_load(int64_t adam_step) {
   if (swapped_) {
     auto& [master, exp_avg, exp_avg_sq] = swapped_loading_;
     TORCH_CHECK(master.defined(), "Stage3::finish_load without fragments_to_load");
-    swapped_->write_state(master, exp_avg, exp_avg_sq);
+    swapped_->adam->write_state(master, exp_avg, exp_avg_sq);
     params_->write_all(master.to(param_dtype_));
-    swapped_steps_ = adam_step;
+    swapped_->steps = adam_step;
     swapped_loading_ = {};
   } else {
     set_fused_adam_step(*optimizer_, master_, adam_step);
@@ -119,7 +119,7 @@ void Stage3::finish_load(int64_t adam_step) {
 void Stage3::refresh_masters_from_model() {
   torch::NoGradGuard no_grad;
   if (swapped_)
-    swapped_->reset_masters([this](int64_t begin, int64_t n) { return params_->read_group(begin, n); });
+    swapped_->adam->reset_masters([this](int64_t begin, int64_t n) { return params_->read_group(begin, n); });
   else if (!master_is_partition_)
     master_.copy_(params_->read_all());
 }

@@ -237,9 +237,9 @@ def make_config(a, params, swap):
     partition = math.ceil(params / a.procs)
     zero = {
         "stage": 3,
-        # SwappedAdam keeps buffer_count sub-groups of 12 B/element in RAM: about 0.5 GB per rank here.
-        "sub_group_size": min(10_000_000, math.ceil(partition / 4)),
-        "reduce_bucket_size": min(50_000_000, block),
+        # SwappedAdam keeps buffer_count sub-groups of 12 B/element in RAM: about 0.25 GB per rank here.
+        "sub_group_size": min(5_000_000, math.ceil(partition / 4)),
+        "reduce_bucket_size": min(25_000_000, block),
         "stage3_max_live_parameters": 2 * block + 1024,
         "stage3_prefetch_bucket_size": block + 1024,
         "stage3_max_reuse_distance": 0,

@@ -152,15 +152,20 @@ int main(int argc, char** argv) try {
   }
   auto end = std::chrono::steady_clock::now();
   double seconds = std::chrono::duration<double>(end - timed_from).count();
-  int64_t timed_steps = std::max<int64_t>(1, opt.steps - first_step - 1);
+  // Steps 2..N are timed; with fewer than two steps run (a resume at or near --steps) there is
+  // no timing to report, only the memory figures: rates print as 0.
+  const int64_t steps_run = opt.steps - first_step;
+  int64_t timed_steps = std::max<int64_t>(1, steps_run - 1);
   double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
+  if (steps_run < 2) seconds = tokens = 0.0;
+  const double tokens_per_s = seconds > 0 ? tokens / seconds : 0.0;
   {
     // One machine-readable line per rank for bench/zero_memory_and_speed.py.
     auto mem = engine->memory_report();
     std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
                 "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
                 "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld\n",
-                comm->rank(), 1e3 * seconds / timed_steps, tokens / seconds, engine->last_loss(),
+                comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
                 static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
                 static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
                 static_cast<long long>(mem.model_states()), peak_rss_kb(),
@@ -172,7 +177,7 @@ int main(int argc, char** argv) try {
                 "final loss %.4f; model-state bytes on rank 0: %.1f MB\n",
                 static_cast<long long>(opt.steps),
                 std::chrono::duration<double>(end - start).count(), 1e3 * seconds / timed_steps,
-                tokens / seconds, static_cast<long long>(opt.steps), engine->last_loss(),
+                tokens_per_s, static_cast<long long>(opt.steps), engine->last_loss(),
                 mem.model_states() / 1e6);
   }
   return 0;

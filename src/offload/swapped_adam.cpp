@@ -111,6 +111,16 @@ class TensorSink : public ParamSink {
  private:
   at::Tensor out_;
 };
+
+// The gradients are one tensor in memory.
+class TensorGrads : public GradSource {
+ public:
+  explicit TensorGrads(const at::Tensor& grad) : grad_(grad.reshape({-1})) {}
+  at::Tensor get(int64_t begin, int64_t numel) override { return grad_.narrow(0, begin, numel); }
+
+ private:
+  at::Tensor grad_;
+};
 }  // namespace
 
 void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
@@ -124,6 +134,12 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
 void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
                        const optim::AdamStepParams& hp) {
   TORCH_CHECK(grad.numel() == numel_, "SwappedAdam::step: grad must have ", numel_, " elements");
+  TensorGrads grads(grad);
+  step(grads, sink, out_dtype, hp);
+}
+
+void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
+                       const optim::AdamStepParams& hp) {
   TORCH_CHECK(out_dtype == torch::kFloat || out_dtype == torch::kBFloat16 || out_dtype == torch::kHalf,
               "SwappedAdam::step: output dtype must be fp32, bf16 or fp16");
   const int64_t G = static_cast<int64_t>(groups_.size());
@@ -142,10 +158,10 @@ void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType o
     wait_write(b);  // the buffer still holds the previous sub-group on its way out
     const Group& g = groups_[next_read];
     reading[b] = queue_.read(*file_, g.offset, ring_[b].data(), g.bytes);
+    grads.prefetch(g.begin, g.numel);
     ++next_read;
   };
   const bool fp32_out = out_dtype == torch::kFloat;
-  const bool fp32_grad = grad.scalar_type() == torch::kFloat && grad.is_contiguous();
   const auto kind = out_dtype == torch::kHalf ? optim::Half16Kind::FP16 : optim::Half16Kind::BF16;
   try {
     for (int64_t k = 0; k < G; ++k) {
@@ -159,12 +175,14 @@ void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType o
       const Group& g = groups_[k];
       const int64_t stride = stride_of(g.numel);
       float* master = ring_[b].as<float>();
+      const at::Tensor grad = grads.get(g.begin, g.numel);
+      TORCH_CHECK(grad.numel() == g.numel, "SwappedAdam::step: the gradient source gave ",
+                  grad.numel(), " elements for a sub-group of ", g.numel);
       const float* gptr;
-      if (fp32_grad) {
-        gptr = grad.data_ptr<float>() + g.begin;
+      if (grad.scalar_type() == torch::kFloat && grad.is_contiguous()) {
+        gptr = grad.data_ptr<float>();
       } else {
-        at::from_blob(grad_scratch_.data(), {g.numel}, torch::kFloat)
-            .copy_(grad.narrow(0, g.begin, g.numel));
+        at::from_blob(grad_scratch_.data(), {g.numel}, torch::kFloat).copy_(grad);
         gptr = grad_scratch_.as<float>();
       }
       void* out = sink.begin_group(g.begin, g.numel);
@@ -172,6 +190,7 @@ void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType o
       optim::adam_step(master, gptr, master + stride, master + 2 * stride, g.numel, hp, half, kind);
       if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
       sink.end_group(g.begin, g.numel);
+      grads.release(g.begin, g.numel);
       stats_.seconds_updating += seconds_since(t0);
 
       writing[b] = queue_.write(*file_, g.offset, ring_[b].data(), g.bytes);

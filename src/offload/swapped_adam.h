@@ -51,6 +51,17 @@ class ParamSink {
 // Sub-group [begin, begin + numel) of a 1-D source, in any float dtype (the initial masters).
 using GroupSource = std::function<at::Tensor(int64_t begin, int64_t numel)>;
 
+// Where step() reads each sub-group's gradient. prefetch() is called in sub-group order as the
+// sub-group's state read is issued (at most buffer_count ahead of the update), get() when it is
+// updated, release() right after.
+class GradSource {
+ public:
+  virtual ~GradSource() = default;
+  virtual void prefetch(int64_t /*begin*/, int64_t /*numel*/) {}
+  virtual at::Tensor get(int64_t begin, int64_t numel) = 0;  // 1-D, any float dtype
+  virtual void release(int64_t /*begin*/, int64_t /*numel*/) {}
+};
+
 struct SwapStats {
   double seconds_waiting_read = 0;   // step() blocked on a read (not hidden behind compute)
   double seconds_waiting_write = 0;
@@ -73,6 +84,9 @@ class SwappedAdam {
   void step(const at::Tensor& grad, at::Tensor param_out, const optim::AdamStepParams& hp);
   // Same, with each sub-group's output going to `sink` in `out_dtype` (fp32, bf16 or fp16).
   void step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
+            const optim::AdamStepParams& hp);
+  // Same, with the gradients read sub-group by sub-group from `grads` (swapped gradients).
+  void step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
             const optim::AdamStepParams& hp);
 
   // Replaces the masters with `source` sub-group by sub-group, keeping the moments (parameters

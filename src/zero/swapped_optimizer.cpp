@@ -51,6 +51,11 @@ void SwappedOptimizer::step(const at::Tensor& grad, offload::ParamSink& out,
   adam->step(grad, out, out_dtype, step_params(*options, ++steps, grad_scale));
 }
 
+void SwappedOptimizer::step(offload::GradSource& grads, offload::ParamSink& out,
+                            at::ScalarType out_dtype, double grad_scale) {
+  adam->step(grads, out, out_dtype, step_params(*options, ++steps, grad_scale));
+}
+
 void SwappedOptimizer::step(const at::Tensor& grad, at::Tensor param_out, double grad_scale) {
   adam->step(grad, std::move(param_out), step_params(*options, ++steps, grad_scale));
 }

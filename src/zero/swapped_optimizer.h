@@ -24,6 +24,8 @@ struct SwappedOptimizer {
   // One update of the whole partition: hyperparameters from `options`' param group.
   void step(const at::Tensor& grad, offload::ParamSink& out, at::ScalarType out_dtype, double grad_scale);
   void step(const at::Tensor& grad, at::Tensor param_out, double grad_scale);
+  void step(offload::GradSource& grads, offload::ParamSink& out, at::ScalarType out_dtype,
+            double grad_scale);
 };
 
 // Throws ConfigError for optimizers other than Adam/AdamW, IOError for a bad nvme_path.

@@ -105,8 +105,8 @@ TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
   TempDir dir;
   const Stage3Layout L = layout();
   ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 0), aio());
-  auto groups = store.swap_groups(3000);
-  // The memory part (root) by 3000, the file units cut at unit ends and every 4096 elements.
+  auto groups = deepspeed::zero::unit_aligned_groups(L, 3000);
+  // Cut at unit ends and every 4096 elements inside a unit.
   std::vector<std::pair<int64_t, int64_t>> want = {
       {0, 10}, {10, 4096}, {4106, 904}, {5010, 4096}, {9106, 4096}, {13202, 808}, {14010, 3}};
   EXPECT_EQ(groups, want);

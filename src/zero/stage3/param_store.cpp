@@ -14,14 +14,8 @@
 
 namespace deepspeed {
 namespace zero {
-namespace {
 using offload::kDirectIoAlignment;
 using offload::round_up;
-
-// Elements per aligned piece inside a file unit: a multiple of 4096 keeps every piece's file
-// offset aligned whatever the element size.
-constexpr int64_t kAlignedElements = 4096;
-}  // namespace
 
 ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const ZeroConfig& zero,
                        const AioConfig& aio)
@@ -44,7 +38,6 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_));
   if (first_file_unit_ >= units) return;
 
-  unit_file_offset_.assign(units, -1);
   for (int u = first_file_unit_; u < units; ++u) {
     const int64_t n = layout_.units[u].layout.partition_numel;
     if (n > config_.buffer_size)
@@ -52,59 +45,31 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
           "zero_optimization.offload_param.buffer_size is {} elements, smaller than this rank's "
           "slice of ZeRO-3 unit {} ({} elements): raise it to at least {}",
           config_.buffer_size, u, n, n));
-    unit_file_offset_[u] = file_bytes_;
-    file_bytes_ += slice_bytes(u);
   }
+  file_ = UnitFileLayout(layout_, first_file_unit_, element_size_);
   if (config_.buffer_count < 1)
     throw ConfigError(fmt::format("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
                                   config_.buffer_count));
   path_ = offload::unique_swap_path(config_.nvme_path, "zero_optimization.offload_param.nvme_path",
                                     "param_swap");
-  file_ = offload::DirectFile::create(path_);
+  fd_ = offload::DirectFile::create(path_);
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
   // Size the file now: a disk without room for it fails here, naming the file.
-  if (::ftruncate(file_->fd(), file_bytes_) != 0)
+  if (::ftruncate(fd_->fd(), file_.file_bytes()) != 0)
     throw IOError(fmt::format("cannot size parameter swap file '{}' to {} bytes: {}", path_,
-                              file_bytes_, std::strerror(errno)));
+                              file_.file_bytes(), std::strerror(errno)));
 }
 
 ParamStore::~ParamStore() {
-  if (!file_) return;
+  if (!fd_) return;
   try {
     queue_->wait_all();
   } catch (...) {
   }
   fetched_.clear();
-  file_.reset();
+  fd_.reset();
   ::unlink(path_.c_str());
-}
-
-int64_t ParamStore::slice_bytes(int unit) const {
-  return round_up(layout_.units[unit].layout.partition_numel * element_size_, kDirectIoAlignment);
-}
-
-// A CPU tensor over page-aligned memory (direct I/O needs it), freed with the tensor.
-at::Tensor ParamStore::aligned_tensor(int64_t numel) const {
-  const int64_t bytes = std::max<int64_t>(round_up(numel * element_size_, kDirectIoAlignment),
-                                          kDirectIoAlignment);
-  void* data = nullptr;
-  if (posix_memalign(&data, kDirectIoAlignment, static_cast<size_t>(bytes)) != 0) throw std::bad_alloc();
-  return at::from_blob(data, {numel}, [](void* p) { std::free(p); },
-                       torch::TensorOptions().dtype(dtype_));
-}
-
-int ParamStore::unit_at(int64_t element) const {
-  int u = first_file_unit_;
-  while (u + 1 < static_cast<int>(layout_.units.size()) &&
-         layout_.units[u + 1].partition_offset <= element)
-    ++u;
-  return u;
-}
-
-int64_t ParamStore::file_offset(int64_t element) const {
-  const int u = unit_at(element);
-  return unit_file_offset_[u] + (element - layout_.units[u].partition_offset) * element_size_;
 }
 
 at::Tensor ParamStore::fetch(int unit) {
@@ -113,9 +78,9 @@ at::Tensor ParamStore::fetch(int unit) {
   auto it = fetched_.find(unit);
   if (it == fetched_.end()) {
     Fetch f;
-    f.slice = aligned_tensor(slots.layout.partition_numel);
+    f.slice = aligned_tensor(slots.layout.partition_numel, dtype_);
     if (f.slice.numel() > 0)
-      f.ticket = queue_->read(*file_, unit_file_offset_[unit], f.slice.data_ptr(), slice_bytes(unit));
+      f.ticket = queue_->read(*fd_, file_.unit_offset(unit), f.slice.data_ptr(), file_.slice_bytes(unit));
     it = fetched_.emplace(unit, std::move(f)).first;
   }
   if (it->second.ticket >= 0) {
@@ -129,9 +94,9 @@ bool ParamStore::start_fetch(int unit) {
   if (in_memory(unit) || fetched_.count(unit)) return true;
   if (static_cast<int64_t>(fetched_.size()) >= config_.buffer_count) return false;
   Fetch f;
-  f.slice = aligned_tensor(layout_.units[unit].layout.partition_numel);
+  f.slice = aligned_tensor(layout_.units[unit].layout.partition_numel, dtype_);
   if (f.slice.numel() > 0)
-    f.ticket = queue_->read(*file_, unit_file_offset_[unit], f.slice.data_ptr(), slice_bytes(unit));
+    f.ticket = queue_->read(*fd_, file_.unit_offset(unit), f.slice.data_ptr(), file_.slice_bytes(unit));
   fetched_.emplace(unit, std::move(f));
   return true;
 }
@@ -154,9 +119,9 @@ void ParamStore::write(int unit, const at::Tensor& slice) {
   }
   if (slice.numel() == 0) return;
   done(unit);  // a fetched copy would now be stale
-  at::Tensor staged = aligned_tensor(slice.numel());
+  at::Tensor staged = aligned_tensor(slice.numel(), dtype_);
   staged.copy_(slice.reshape({-1}));
-  queue_->wait(queue_->write(*file_, unit_file_offset_[unit], staged.data_ptr(), slice_bytes(unit)));
+  queue_->wait(queue_->write(*fd_, file_.unit_offset(unit), staged.data_ptr(), file_.slice_bytes(unit)));
 }
 
 at::Tensor ParamStore::read_all() {
@@ -182,25 +147,9 @@ void ParamStore::write_all(const at::Tensor& partition) {
 
 at::Tensor ParamStore::read_group(int64_t begin, int64_t numel) {
   if (begin < memory_numel_) return memory_.narrow(0, begin, numel);
-  at::Tensor out = aligned_tensor(numel);
-  queue_->wait(queue_->read(*file_, file_offset(begin), out.data_ptr(),
-                            round_up(numel * element_size_, kDirectIoAlignment)));
+  at::Tensor out = aligned_tensor(numel, dtype_);
+  queue_->wait(queue_->read(*fd_, file_.offset_of(begin), out.data_ptr(), file_.bytes_for(numel)));
   return out;
-}
-
-std::vector<std::pair<int64_t, int64_t>> ParamStore::swap_groups(int64_t sub_group_size) const {
-  std::vector<std::pair<int64_t, int64_t>> groups;
-  const int64_t size = std::max<int64_t>(1, sub_group_size);
-  for (int64_t b = 0; b < memory_numel_; b += size)
-    groups.emplace_back(b, std::min(size, memory_numel_ - b));
-  const int64_t piece = round_up(size, kAlignedElements);
-  for (int u = first_file_unit_; u < static_cast<int>(layout_.units.size()); ++u) {
-    const auto& slots = layout_.units[u];
-    for (int64_t b = 0; b < slots.layout.partition_numel; b += piece)
-      groups.emplace_back(slots.partition_offset + b,
-                          std::min(piece, slots.layout.partition_numel - b));
-  }
-  return groups;
 }
 
 void* ParamStore::begin_group(int64_t begin, int64_t numel) {
@@ -218,10 +167,8 @@ void* ParamStore::begin_group(int64_t begin, int64_t numel) {
 void ParamStore::end_group(int64_t begin, int64_t numel) {
   if (begin < memory_numel_) return;
   const int s = staging_next_;
-  const int u = unit_at(begin);
-  done(u);  // a copy fetched before the step would now be stale
-  staging_write_[s] = queue_->write(*file_, file_offset(begin), staging_[s].data(),
-                                    round_up(numel * element_size_, kDirectIoAlignment));
+  done(file_.unit_at(begin));  // a copy fetched before the step would now be stale
+  staging_write_[s] = queue_->write(*fd_, file_.offset_of(begin), staging_[s].data(), file_.bytes_for(numel));
   staging_next_ = 1 - s;
 }
 

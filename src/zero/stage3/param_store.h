@@ -12,8 +12,8 @@
 //
 // The store is also the ParamSink of the swapped optimizer: each sub-group's updated 16-bit
 // values are written straight back to their place (memory, or the file through two staging
-// buffers whose writes overlap the next sub-group's update). swap_groups() cuts the partition so
-// that no sub-group straddles two file units and each starts at an aligned file offset.
+// buffers whose writes overlap the next sub-group's update), for sub-groups from
+// unit_aligned_groups(): none straddles two units, each starts at an aligned file offset.
 //
 // Not thread-safe: every call comes from the thread running the engine.
 #pragma once
@@ -29,6 +29,7 @@
 #include "offload/aio_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/swapped_adam.h"
+#include "zero/stage3/unit_file.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
@@ -40,7 +41,7 @@ class ParamStore : public offload::ParamSink {
              const AioConfig& aio);
   ~ParamStore() override;
 
-  bool swapped() const { return file_ != nullptr; }
+  bool swapped() const { return fd_ != nullptr; }
   bool in_memory(int unit) const { return unit < first_file_unit_; }
 
   // This rank's slice of `unit`: a view of the memory partition, or a buffer holding what the
@@ -58,14 +59,10 @@ class ParamStore : public offload::ParamSink {
   // swapped: these materialise the partition in memory).
   at::Tensor read_all();
   void write_all(const at::Tensor& partition);
-  // Elements [begin, begin + numel) of one of swap_groups()' sub-groups, as a tensor.
+  // Elements [begin, begin + numel) of one of unit_aligned_groups()' sub-groups, as a tensor.
   at::Tensor read_group(int64_t begin, int64_t numel);
 
-  // Sub-groups for the swapped optimizer: sub_group_size elements at most; in the file part, cut
-  // at unit boundaries and at multiples of 4096 elements inside a unit.
-  std::vector<std::pair<int64_t, int64_t>> swap_groups(int64_t sub_group_size) const;
-
-  // offload::ParamSink, for groups from swap_groups().
+  // offload::ParamSink, for groups from unit_aligned_groups() (unit_file.h).
   void* begin_group(int64_t begin, int64_t numel) override;
   void end_group(int64_t begin, int64_t numel) override;
   void finish() override;
@@ -73,7 +70,7 @@ class ParamStore : public offload::ParamSink {
   // The in-memory part: the whole partition unless swapped().
   const at::Tensor& memory() const { return memory_; }
   int64_t resident_bytes() const;  // memory partition + slices fetched or in flight
-  int64_t file_bytes() const { return file_bytes_; }
+  int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
 
  private:
@@ -81,11 +78,6 @@ class ParamStore : public offload::ParamSink {
     at::Tensor slice;
     offload::AioQueue::Ticket ticket = -1;  // the read, until waited for
   };
-  int unit_at(int64_t element) const;           // the file unit holding a partition element
-  int64_t file_offset(int64_t element) const;   // its byte offset in the file
-  int64_t slice_bytes(int unit) const;          // slice bytes, rounded up to the alignment
-  at::Tensor aligned_tensor(int64_t numel) const;
-
   const Stage3Layout& layout_;
   at::ScalarType dtype_;
   int64_t element_size_;
@@ -93,10 +85,9 @@ class ParamStore : public offload::ParamSink {
   at::Tensor memory_;          // units [0, first_file_unit_)
   int first_file_unit_;        // units from here on live in the file
   int64_t memory_numel_ = 0;   // = partition offset of first_file_unit_
-  std::vector<int64_t> unit_file_offset_;
-  int64_t file_bytes_ = 0;
+  UnitFileLayout file_;
   std::string path_;
-  std::unique_ptr<offload::DirectFile> file_;
+  std::unique_ptr<offload::DirectFile> fd_;
   std::unique_ptr<offload::AioQueue> queue_;
   std::map<int, Fetch> fetched_;
   // Sub-group output staging for file units (two, so one's write overlaps the next update).

@@ -37,19 +37,23 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
   partition_unit(0);
   // After the zero::Init slices are gone (a model bigger than RAM needs the room).
-  grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
+  const auto& off = config_.zero_optimization.offload_optimizer;
+  if (off.device == "nvme")
+    grads_ = std::make_unique<GradStore>(layout_, param_dtype_, off.nvme_path, config_.aio);
+  else
+    grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
   make_buckets();
 
-  if (config_.zero_optimization.offload_optimizer.device == "nvme") {
-    // With swapped parameters, sub-groups are cut where each one's output is one aligned write.
+  if (grads_) {
+    // Sub-groups cut at unit boundaries: each one's gradients and 16-bit output are one aligned
+    // request in the swap files.
     swapped_ = make_swapped_optimizer(
         config_, make_optimizer, layout_.partition_numel,
         [this](int64_t begin, int64_t n) { return params_->read_group(begin, n); },
-        params_->swapped() ? params_->swap_groups(config_.zero_optimization.sub_group_size)
-                           : std::vector<std::pair<int64_t, int64_t>>{});
+        unit_aligned_groups(layout_, config_.zero_optimization.sub_group_size));
     optimizer_ = swapped_->options;
     master_ = torch::zeros({0});
     return;
@@ -97,10 +101,13 @@ void Stage3::partition_unit(int u) {
   params_->write(u, mine);
 }
 
+at::Tensor Stage3::grad_slice(int u) { return grads_ ? grads_->open(u) : slice_of(grad_partition_, u); }
+
 void Stage3::make_buckets() {
   const int64_t size = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
   bucket_of_.resize(layout_.units.size());
   unit_arrived_.assign(layout_.units.size(), 0);
+  unit_finished_.assign(layout_.units.size(), 0);
   for (size_t u = 0; u < layout_.units.size(); ++u) {
     const auto& slots = layout_.units[u];
     for (size_t i = 0; i < slots.params.size(); ++i) {
@@ -113,6 +120,8 @@ void Stage3::make_buckets() {
     }
     if (!slots.params.empty()) buckets_.back().end = slots.layout.padded_numel;  // padding too
   }
+  unit_buckets_.assign(layout_.units.size(), 0);
+  for (auto& b : buckets_) unit_buckets_[b.unit]++;
 }
 
 void Stage3::allocate(GradBucket& b) {
@@ -121,9 +130,11 @@ void Stage3::allocate(GradBucket& b) {
   peak_bucket_bytes_ = std::max(peak_bucket_bytes_, bucket_bytes_);
 }
 
-void Stage3::begin_backward(bool) {
+void Stage3::begin_backward(bool boundary) {
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
+  std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
+  if (grads_) grads_->begin_micro_step(boundary);
 }
 
 // The parameter's gradient moves into its bucket and is freed at once.
@@ -174,7 +185,12 @@ void Stage3::finish(size_t index) {
     const int rank = comm_->rank();
     const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
     if (after != 1.0) b.received.mul_(after);
-    slice_of(grad_partition_, b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+    grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+  }
+  // The unit's gradients of this micro-step are all in: a swapped slice goes back to its file.
+  if (++unit_finished_[b.unit] == unit_buckets_[b.unit] && grads_) {
+    grad_slice(b.unit);  // opened even if this rank received nothing, so the file is written
+    grads_->close(b.unit);
   }
   bucket_bytes_ -= storage_bytes(b.buffer);
   b.buffer = at::Tensor();
@@ -189,6 +205,7 @@ void Stage3::end_backward(bool) {
     finish(in_flight_.front());
     in_flight_.pop_front();
   }
+  if (grads_) grads_->end_micro_step();
   gatherer_->end_backward();
 }
 
@@ -198,7 +215,8 @@ void Stage3::end_backward(bool) {
 double Stage3::global_grad_norm() {
   constexpr int64_t kChunk = 1 << 18;
   at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
-  for (int64_t c = 0; c < grad_partition_.numel(); c += kChunk) {
+  if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
+  for (int64_t c = 0; grad_partition_.defined() && c < grad_partition_.numel(); c += kChunk) {
     auto part = grad_partition_.narrow(0, c, std::min(kChunk, grad_partition_.numel() - c));
     sq += part.to(torch::kDouble).pow(2).sum();
   }
@@ -208,7 +226,7 @@ double Stage3::global_grad_norm() {
 
 void Stage3::step(double grad_scale) {
   if (swapped_) {
-    swapped_->step(grad_partition_, *params_, param_dtype_, grad_scale);
+    swapped_->step(*grads_, *params_, param_dtype_, grad_scale);
   } else if (!mixed_precision()) {
     if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
     if (!master_is_partition_) master_.mutable_grad() = grad_partition_;
@@ -233,12 +251,17 @@ void Stage3::step(double grad_scale) {
   discard_gradients();
 }
 
-void Stage3::discard_gradients() { grad_partition_.zero_(); }
+void Stage3::discard_gradients() {
+  if (grads_)
+    grads_->discard();
+  else
+    grad_partition_.zero_();
+}
 
 MemoryReport Stage3::memory() const {
   MemoryReport r;
   r.parameters = params_->resident_bytes();
-  r.gradients = storage_bytes(grad_partition_);
+  r.gradients = grads_ ? grads_->peak_resident_bytes() : storage_bytes(grad_partition_);
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
   if (!master_is_partition_) r.optimizer_states += storage_bytes(master_);
   if (swapped_) r.optimizer_states = swapped_->adam->resident_bytes();  // the rest is on disk

@@ -16,7 +16,7 @@
 // 16-bit copy); only the root unit is gathered again.
 // Offload (ZeRO-Infinity): the partition lives in a ParamStore (memory, or a swap file under
 // offload_param nvme), the fp32 masters and moments in a SwappedAdam under offload_optimizer nvme
-// (stage3_swapped.cpp). Gradients stay in memory, in the parameter dtype.
+// (zero/swapped_optimizer.h), and then the gradient partition in a GradStore file too.
 #pragma once
 #include <array>
 #include <deque>
@@ -29,6 +29,7 @@
 #include "zero/gradient_hooks.h"
 #include "zero/partitioned_stage.h"
 #include "zero/stage.h"
+#include "zero/stage3/grad_store.h"
 #include "zero/stage3/param_store.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
@@ -107,7 +108,11 @@ class Stage3 : public ZeroStage {
   // swapped), else an fp32 copy; a 0-element placeholder when the optimizer is swapped.
   at::Tensor master_;
   bool master_is_partition_ = false;
-  at::Tensor grad_partition_;  // this rank's averaged gradients, same layout
+  at::Tensor grad_partition_;  // this rank's averaged gradients, same layout (unless grads_)
+  std::unique_ptr<GradStore> grads_;  // offload_optimizer nvme: the gradient partition in a file
+  at::Tensor grad_slice(int u);       // where unit u's reduced gradients accumulate
+  std::vector<int> unit_buckets_;     // per unit: its buckets
+  std::vector<int> unit_finished_;    // per unit: buckets reduced this micro-step
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<UnitGatherer> gatherer_;
   std::vector<GradBucket> buckets_;

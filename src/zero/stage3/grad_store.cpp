@@ -1,0 +1,134 @@
+#include "zero/stage3/grad_store.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+// Closed slices whose writes may be in flight at once (beyond them, close() waits).
+constexpr size_t kMaxWritesInFlight = 2;
+}  // namespace
+
+GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
+                     const AioConfig& aio)
+    : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)) {
+  path_ = offload::unique_swap_path(dir, "zero_optimization.offload_optimizer.nvme_path", "gradient_swap");
+  fd_ = offload::DirectFile::create(path_);
+  queue_ = std::make_unique<offload::AioQueue>(
+      offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
+  if (::ftruncate(fd_->fd(), file_.file_bytes()) != 0)
+    throw IOError(fmt::format("cannot size gradient swap file '{}' to {} bytes: {}", path_,
+                              file_.file_bytes(), std::strerror(errno)));
+}
+
+GradStore::~GradStore() {
+  try {
+    queue_->wait_all();
+  } catch (...) {
+  }
+  writing_.clear();
+  reading_.clear();
+  fd_.reset();
+  ::unlink(path_.c_str());
+}
+
+void GradStore::begin_micro_step(bool boundary) {
+  boundary_ = boundary;
+  if (boundary_) squared_norm_ = 0;
+}
+
+at::Tensor GradStore::open(int unit) {
+  auto it = open_.find(unit);
+  if (it != open_.end()) return it->second;
+  const int64_t n = layout_.units[unit].layout.partition_numel;
+  at::Tensor slice = aligned_tensor(n, dtype_);
+  if (accumulated_ && n > 0)
+    queue_->wait(queue_->read(*fd_, file_.unit_offset(unit), slice.data_ptr(), file_.slice_bytes(unit)));
+  else
+    slice.zero_();
+  open_.emplace(unit, slice);
+  note_resident();
+  return slice;
+}
+
+void GradStore::close(int unit) {
+  auto it = open_.find(unit);
+  if (it == open_.end()) return;
+  Io io{it->second, -1};
+  open_.erase(it);
+  if (io.buffer.numel() == 0) return;
+  if (boundary_) {  // in chunks: a whole-slice fp64 copy would be 4x the slice
+    constexpr int64_t kChunk = 1 << 18;
+    const int64_t n = io.buffer.numel();
+    for (int64_t c = 0; c < n; c += kChunk)
+      squared_norm_ += io.buffer.narrow(0, c, std::min(kChunk, n - c)).to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  io.ticket = queue_->write(*fd_, file_.unit_offset(unit), io.buffer.data_ptr(), file_.slice_bytes(unit));
+  writing_.push_back(std::move(io));
+  while (writing_.size() > kMaxWritesInFlight) {
+    queue_->wait(writing_.front().ticket);
+    writing_.pop_front();
+  }
+}
+
+void GradStore::end_micro_step() {
+  TORCH_CHECK(open_.empty(), "GradStore: ", open_.size(), " unit(s) still open at the end of backward");
+  for (auto& io : writing_) queue_->wait(io.ticket);
+  writing_.clear();
+  accumulated_ = true;
+}
+
+void GradStore::discard() {
+  for (auto& [begin, io] : reading_)
+    if (io.ticket >= 0) queue_->wait(io.ticket);
+  reading_.clear();
+  open_.clear();
+  accumulated_ = false;
+}
+
+void GradStore::prefetch(int64_t begin, int64_t numel) {
+  if (!accumulated_ || reading_.count(begin)) return;
+  Io io{aligned_tensor(numel, dtype_), -1};
+  io.ticket = queue_->read(*fd_, file_.offset_of(begin), io.buffer.data_ptr(), file_.bytes_for(numel));
+  reading_.emplace(begin, std::move(io));
+  note_resident();
+}
+
+at::Tensor GradStore::get(int64_t begin, int64_t numel) {
+  if (!accumulated_) return torch::zeros({numel}, torch::TensorOptions().dtype(dtype_));
+  prefetch(begin, numel);
+  Io& io = reading_.at(begin);
+  if (io.ticket >= 0) {
+    queue_->wait(io.ticket);
+    io.ticket = -1;
+  }
+  return io.buffer;
+}
+
+void GradStore::release(int64_t begin, int64_t) {
+  auto it = reading_.find(begin);
+  if (it == reading_.end()) return;
+  if (it->second.ticket >= 0) queue_->wait(it->second.ticket);
+  reading_.erase(it);
+}
+
+int64_t GradStore::resident_bytes() const {
+  int64_t total = 0;
+  for (auto& [u, t] : open_) total += t.numel() * t.element_size();
+  for (auto& io : writing_) total += io.buffer.numel() * io.buffer.element_size();
+  for (auto& [b, io] : reading_) total += io.buffer.numel() * io.buffer.element_size();
+  return total;
+}
+
+void GradStore::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -85,7 +85,8 @@ class PartitionedStage : public ZeroStage {
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   bool partitioned() const { return stage_ >= 1; }
   at::Tensor own_partition() const;
-  std::vector<StateFragment> swapped_fragments(const std::array<at::Tensor, 3>& state);
+  std::array<at::Tensor, 3> state_tensors(bool create_moments);
+  std::vector<StateFragment> fragments_over(const std::array<at::Tensor, 3>& state);
   void borrow_buffer(Bucket& b);
 
   const int stage_;

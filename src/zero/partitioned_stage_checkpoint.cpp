@@ -2,6 +2,8 @@
 // of the parameters (checkpoint/layout.h). Stages 1/2 save and load their own partition; stage 0
 // in 16 bits (one partition spanning the buffer, the same state on every rank) saves the 1/N share
 // a partition would hold and loads every parameter whole.
+#include <array>
+
 #include <torch/torch.h>
 
 #include "checkpoint/layout.h"
@@ -16,34 +18,47 @@ namespace {
 // Slot i of the flat buffer holds parameter (n - 1 - i): FlatParams lays them in reverse order.
 size_t param_of_slot(size_t slot, size_t n) { return n - 1 - slot; }
 
-// Elements [offset, offset + numel) of a parameter living at flat position `at` of master
-// (master's element 0 being flat position `base`).
-StateFragment fragment(const at::Tensor& master, torch::optim::AdamWParamState* state, size_t param,
-                       int64_t offset, int64_t numel, int64_t at, int64_t base) {
+// Elements [offset, offset + numel) of a parameter living at flat position `at` of the state
+// tensors [master, exp_avg, exp_avg_sq] (moments may be undefined), whose element 0 is flat
+// position `base`.
+StateFragment fragment(const std::array<at::Tensor, 3>& t, size_t param, int64_t offset,
+                       int64_t numel, int64_t at, int64_t base) {
   StateFragment f;
   f.param = param;
   f.offset = offset;
   f.numel = numel;
-  f.master = master.narrow(0, at - base, numel);
-  attach_moments(state, at - base, numel, f.exp_avg, f.exp_avg_sq);
+  f.master = t[0].narrow(0, at - base, numel);
+  if (t[1].defined()) f.exp_avg = t[1].narrow(0, at - base, numel);
+  if (t[2].defined()) f.exp_avg_sq = t[2].narrow(0, at - base, numel);
   return f;
 }
 }  // namespace
 
-std::vector<StateFragment> PartitionedStage::fragments_to_save() {
-  if (swapped_) return swapped_fragments(swapped_->adam->read_state());
+// The fp32 master and the optimizer's moments for it (undefined when it has none), flat.
+std::array<at::Tensor, 3> PartitionedStage::state_tensors(bool create_moments) {
+  if (swapped_) return swapped_->adam->read_state();  // from the swap file, for the checkpoint
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
+  std::array<at::Tensor, 3> t{master_, at::Tensor(), at::Tensor()};
+  attach_moments(adam_state_for(*optimizer_, master_, create_moments), 0, master_.numel(), t[1], t[2]);
+  return t;
+}
+
+std::vector<StateFragment> PartitionedStage::fragments_to_save() {
+  return fragments_over(state_tensors(/*create_moments=*/false));
+}
+
+// Stages 1/2: this rank's partition; stage 0 (16-bit): the 1/N share a partition would hold.
+std::vector<StateFragment> PartitionedStage::fragments_over(const std::array<at::Tensor, 3>& state) {
   const auto& slots = flat_->slots();
   const size_t n = slots.size();
-  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
   std::vector<StateFragment> out;
   if (!partitioned()) {
     std::vector<int64_t> numels(n);
     for (size_t i = 0; i < n; ++i) numels[param_of_slot(i, n)] = slots[i].numel;
     for (auto& r : checkpoint::partition_fragments(numels, comm_->world_size(), comm_->rank()))
-      out.push_back(fragment(master_, state, r.param, r.offset, r.numel,
+      out.push_back(fragment(state, r.param, r.offset, r.numel,
                              slots[param_of_slot(r.param, n)].offset + r.offset, 0));
     return out;
   }
@@ -53,46 +68,19 @@ std::vector<StateFragment> PartitionedStage::fragments_to_save() {
     const int64_t lo = std::max(begin, slots[i].offset);
     const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
     if (hi > lo)
-      out.push_back(fragment(master_, state, param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
-  }
-  return out;
-}
-
-// Under offload_optimizer nvme (stages 1/2): views of the state read back from the swap file.
-std::vector<StateFragment> PartitionedStage::swapped_fragments(const std::array<at::Tensor, 3>& state) {
-  const auto& slots = flat_->slots();
-  const size_t n = slots.size();
-  const auto& layout = flat_->layout();
-  const int64_t begin = layout.begin(comm_->rank()), end = layout.end(comm_->rank());
-  std::vector<StateFragment> out;
-  for (size_t i = 0; i < n; ++i) {
-    const int64_t lo = std::max(begin, slots[i].offset);
-    const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
-    if (hi <= lo) continue;
-    StateFragment f;
-    f.param = param_of_slot(i, n);
-    f.offset = lo - slots[i].offset;
-    f.numel = hi - lo;
-    f.master = state[0].narrow(0, lo - begin, f.numel);
-    f.exp_avg = state[1].narrow(0, lo - begin, f.numel);
-    f.exp_avg_sq = state[2].narrow(0, lo - begin, f.numel);
-    out.push_back(f);
+      out.push_back(fragment(state, param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
   }
   return out;
 }
 
 std::vector<StateFragment> PartitionedStage::fragments_to_load(bool create_moments) {
-  if (swapped_) {
-    swapped_loading_ = swapped_->adam->read_state();
-    return swapped_fragments(swapped_loading_);
-  }
-  auto* state = adam_state_for(*optimizer_, master_, create_moments);
-  if (partitioned()) return fragments_to_save();
+  const auto state = state_tensors(create_moments);
+  if (swapped_) swapped_loading_ = state;  // finish_load writes it back to the swap file
+  if (partitioned()) return fragments_over(state);
   const auto& slots = flat_->slots();
   std::vector<StateFragment> out;
   for (size_t i = 0; i < slots.size(); ++i)
-    out.push_back(fragment(master_, state, param_of_slot(i, slots.size()), 0, slots[i].numel,
-                           slots[i].offset, 0));
+    out.push_back(fragment(state, param_of_slot(i, slots.size()), 0, slots[i].numel, slots[i].offset, 0));
   return out;
 }
 

@@ -213,6 +213,41 @@ TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
   });
 }
 
+// Init(comm, enabled, dtype): the slices are kept in the training dtype (half the bytes of fp32
+// until initialize()), and the bf16 engine's weights are exactly those slices put together.
+TEST(Stage3Init, SlicesKeptInTheTrainingDtype) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    auto config = dstest::base_config(2, 1, 3);
+    config["bf16"] = {{"enabled", true}};
+    std::shared_ptr<gpt::GPTImpl> model;
+    {
+      deepspeed::zero::Init init(comm, true, torch::kBFloat16);
+      model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+    }
+    // Every rank's slices of each unit, gathered before initialize() adopts them.
+    std::vector<std::pair<deepspeed::ZeroUnitBase*, at::Tensor>> units;
+    for (auto& kv : model->named_modules())
+      if (auto* unit = dynamic_cast<deepspeed::ZeroUnitBase*>(kv.value().get())) {
+        const at::Tensor& slice = unit->init_shard().slice;
+        EXPECT_EQ(slice.scalar_type(), torch::kBFloat16) << kv.key();
+        at::Tensor all = torch::empty({2 * slice.numel()}, slice.options());
+        comm->all_gather(all, slice)->wait();
+        units.emplace_back(unit, all);
+      }
+    ASSERT_FALSE(units.empty());
+    auto engine = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto whole = engine->gathered_parameters();
+    for (auto& [unit, all] : units) {
+      std::vector<at::Tensor> flat;
+      for (auto& p : unit->parameters()) flat.push_back(p.detach().reshape({-1}));
+      at::Tensor weights = torch::cat(flat);
+      EXPECT_EQ(weights.scalar_type(), torch::kBFloat16);
+      EXPECT_TRUE(torch::equal(weights, all.narrow(0, 0, weights.numel())));
+    }
+  });
+}
+
 // Model states: 16Ψ/N in fp32 (4Ψ/N parameters doubling as master, 4Ψ/N gradients, 8Ψ/N moments).
 TEST(Stage3Memory, ModelStatesAreSixteenPsiOverN) {
   for (int world : {1, 2, 4}) {

@@ -89,7 +89,7 @@ class Stage3 : public ZeroStage {
   bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
 
-  std::vector<StateFragment> swapped_fragments(std::array<at::Tensor, 3> state);
+  std::vector<StateFragment> fragments_over(const std::array<at::Tensor, 3>& state);
 
   // offload_optimizer.device = "nvme" (zero/swapped_optimizer.h): fp32 masters and moments live
   // in a file; optimizer_ then only carries the param-group options the LR scheduler drives.

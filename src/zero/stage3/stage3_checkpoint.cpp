@@ -46,9 +46,10 @@ std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector
   return out;
 }
 
-// Under offload_optimizer nvme the fragments are views of the state read back from the swap file
-// (the rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
-std::vector<StateFragment> Stage3::swapped_fragments(std::array<at::Tensor, 3> state) {
+// This rank's fragments as views of whole-partition state tensors (moments may be undefined: the
+// optimizer has none). Under offload_optimizer nvme the tensors are the state read back from the
+// swap file (the rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
+std::vector<StateFragment> Stage3::fragments_over(const std::array<at::Tensor, 3>& state) {
   std::vector<StateFragment> out;
   for_each_piece(layout_, comm_->rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
     const auto& unit = layout_.units[u];
@@ -58,38 +59,28 @@ std::vector<StateFragment> Stage3::swapped_fragments(std::array<at::Tensor, 3> s
     f.numel = hi - lo;
     const int64_t at = unit.partition_offset + (lo - begin);
     f.master = state[0].narrow(0, at, f.numel);
-    f.exp_avg = state[1].narrow(0, at, f.numel);
-    f.exp_avg_sq = state[2].narrow(0, at, f.numel);
+    if (state[1].defined()) f.exp_avg = state[1].narrow(0, at, f.numel);
+    if (state[2].defined()) f.exp_avg_sq = state[2].narrow(0, at, f.numel);
     out.push_back(f);
   });
   return out;
 }
 
 std::vector<StateFragment> Stage3::fragments_to_save() {
-  if (swapped_) return swapped_fragments(swapped_->adam->read_state());
+  if (swapped_) return fragments_over(swapped_->adam->read_state());
   if (master_.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
                           std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
   auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
-  std::vector<StateFragment> out;
-  for_each_piece(layout_, comm_->rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
-    const auto& unit = layout_.units[u];
-    StateFragment f;
-    f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
-    f.offset = lo - unit.offsets[i];
-    f.numel = hi - lo;
-    const int64_t at = unit.partition_offset + (lo - begin);
-    f.master = master_.narrow(0, at, f.numel);
-    attach_moments(state, at, f.numel, f.exp_avg, f.exp_avg_sq);
-    out.push_back(f);
-  });
-  return out;
+  std::array<at::Tensor, 3> tensors{master_, at::Tensor(), at::Tensor()};
+  attach_moments(state, 0, master_.numel(), tensors[1], tensors[2]);
+  return fragments_over(tensors);
 }
 
 std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
   if (swapped_) {
     swapped_loading_ = swapped_->adam->read_state();
-    return swapped_fragments(swapped_loading_);
+    return fragments_over(swapped_loading_);
   }
   adam_state_for(*optimizer_, master_, create_moments);
   return fragments_to_save();

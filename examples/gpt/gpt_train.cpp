@@ -28,6 +28,7 @@ struct Options {
   int64_t save_interval = 0;  // 0: no periodic saves
   std::string load_dir;
   bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
+  bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
 };
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -47,6 +48,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--load_dir", o.load_dir, "resume from the checkpoint named by DIR/latest");
   app.add_flag("--zero_init", o.zero_init,
                "ZeRO-3: build the model already partitioned (each block is split as it is built)");
+  app.add_flag("--exact_loss", o.exact_loss,
+               "print each step's loss also exactly (hex float), to compare runs bit for bit");
   std::vector<const char*> args;
   for (auto& a : argv) args.push_back(a.c_str());
   try {
@@ -140,8 +143,12 @@ int main(int argc, char** argv) try {
     engine->backward(loss);
     engine->step();
     if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
-      if (rank0) std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
-                             engine->last_loss());
+      if (rank0 && opt.exact_loss)
+        std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(engine->global_steps()),
+                    engine->last_loss(), engine->last_loss());
+      else if (rank0)
+        std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
+                    engine->last_loss());
       if (engine->global_steps() == first_step + 1) timed_from = std::chrono::steady_clock::now();
       if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
         engine->save_checkpoint(opt.save_dir);

@@ -4,7 +4,7 @@
 #include <csignal>
 #include <cstdlib>
 
-#include "zero/partition.h"
+#include "partition/partition.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -25,7 +25,7 @@ std::vector<Fragment> partition_fragments(const std::vector<int64_t>& numels, in
                                           int rank) {
   int64_t total = 0;
   for (int64_t n : numels) total += n;
-  const auto layout = zero::make_partition_layout(total, world_size, kPartitionAlignment);
+  const auto layout = make_partition_layout(total, world_size);
   const int64_t begin = layout.begin(rank), end = layout.end(rank);
   std::vector<Fragment> out;
   int64_t flat = 0;  // flat offset of parameter k; reverse registration order

@@ -9,8 +9,8 @@
 // Optimizer state is saved as *fragments*: fragment (name, offset, numel) is elements
 // [offset, offset + numel) of the flattened trainable parameter `name`. Rank r of a world of N
 // saves the fragments of its ZeRO partition: the trainable parameters laid flat in reverse
-// registration order, padded to a multiple of N * kPartitionAlignment, cut into N equal
-// partitions (zero/partition.h). Stage 0 saves the same shares (its state is replicated, so each
+// registration order, padded to a multiple of N * partition::kAlignment, cut into N equal
+// partitions (partition/partition.h). Stage 0 saves the same shares (its state is replicated, so each
 // rank writes 1/N of it). A loader at any world size and stage assembles its own share from the
 // fragments that overlap it, which is what makes resharding work.
 // In an optim file, fragment tensors are named "fp32/<name>", "exp_avg/<name>", "exp_avg_sq/<name>"
@@ -28,7 +28,6 @@ constexpr const char* kLatestFileName = "latest";
 constexpr const char* kMetadataKey = "deepspeed_cpp";
 constexpr const char* kCheckpointFormat = "deepspeed_cpp.checkpoint";
 constexpr int kCheckpointFormatVersion = 1;
-constexpr int64_t kPartitionAlignment = 16;  // must match the partitioned stages' alignment
 // Optimizer state formats (manifest metadata "optimizer.format").
 constexpr const char* kAdamFragments = "adam_fragments";  // moments as fragments: reshardable
 constexpr const char* kTorchArchive = "torch_archive";    // libtorch's own serialisation, per rank

@@ -8,8 +8,10 @@
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
 #include "zero/data_parallel.h"
-#include "zero/partitioned_stage.h"
+#include "zero/flat_stage.h"
 #include "zero/stage3/stage3.h"
+#include "zero/stage_options.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace detail {
@@ -69,7 +71,37 @@ void cast_module(torch::nn::Module& module, at::ScalarType dtype) {
     if (b.is_floating_point() && b.scalar_type() != dtype) b.set_data(b.to(dtype));
 }
 
-// The stage is chosen once, here.
+zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
+                                          at::ScalarType param_dtype) {
+  zero::FlatStageOptions o;
+  o.param_dtype = param_dtype;
+  o.partitioned = stage >= 1;
+  o.scatter_gradients = stage >= 2;
+  // DeepSpeed honours grad_accum_dtype where a gradient partition accumulates.
+  if (o.scatter_gradients) o.grad_accum_dtype = config.grad_accum_dtype;
+  o.allgather_bucket_numel = config.zero_optimization.allgather_bucket_size;
+  o.reduction = zero::reduction_options(config);
+  o.shard = zero::shard_options(config);
+  return o;
+}
+
+zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dtype) {
+  zero::Stage3Options o;
+  o.param_dtype = param_dtype;
+  o.zero = config.zero_optimization;
+  o.aio = config.aio;
+  o.reduction = zero::reduction_options(config);
+  o.shard = zero::shard_options(config);
+  return o;
+}
+
+// The stage is chosen once, here, as a composition of a parameter part, a gradient-reduction
+// part and a shard optimizer (docs/architecture.md):
+//   stage 0, fp32     DataParallelStage: the optimizer steps the module's own parameters
+//   stage 0, 16-bit   FlatStage: replicated partition, all-reduce at the boundary
+//   stage 1           FlatStage: sharded partitions,   all-reduce at the boundary
+//   stage 2           FlatStage: sharded partitions,   reduce-scatter every micro-step
+//   stage 3           Stage3: per-unit slices gathered and released, reduce-scatter per unit
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
@@ -78,29 +110,39 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
                       ".enabled: a client optimizer (InitializeArgs.optimizer) cannot be used with "
                       "16-bit training, which keeps its own fp32 master weights; give the optimizer "
                       "in the config's \"optimizer\" block instead");
-  if (stage == 0 && !mixed) {
+  const zero::StageContext context{s.comm, s.device};
+  if (stage < 1 && !mixed) {
     s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config)(s.trainable);
-    s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, s.comm, s.config, s.optimizer);
+    const zero::DataParallelOptions options{zero::reduction_options(s.config)};
+    s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, s.optimizer);
     return;
   }
   if (client_optimizer)
     throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
                       ": a client optimizer (InitializeArgs.optimizer) works with stage 0 only; "
                       "give the optimizer in the config's \"optimizer\" block instead");
-  if (stage <= 2) {
-    s.stage = std::make_unique<zero::PartitionedStage>(stage, s.trainable, s.comm, s.config,
-                                                       optimizer_factory(s.config));
-    s.optimizer = s.stage->optimizer();
-    return;
+  switch (stage) {
+    case 0:
+    case 1:
+    case 2: {
+      const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
+      s.stage = std::make_unique<zero::FlatStage>(s.trainable, context,
+                                                  flat_stage_options(s.config, stage, dtype),
+                                                  optimizer_factory(s.config));
+      break;
+    }
+    case 3: {
+      const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
+      s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context,
+                                               stage3_options(s.config, dtype),
+                                               optimizer_factory(s.config));
+      break;
+    }
+    default:
+      throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
+                        " is not supported (0, 1, 2 or 3)");
   }
-  if (stage == 3) {
-    s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, s.comm, s.config,
-                                             optimizer_factory(s.config));
-    s.optimizer = s.stage->optimizer();
-    return;
-  }
-  throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
-                    " is not supported (0, 1, 2 or 3)");
+  s.optimizer = s.stage->optimizer();
 }
 
 }  // namespace

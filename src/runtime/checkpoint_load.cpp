@@ -94,7 +94,7 @@ void check_trainable(const TagReader& reader, const EngineState& s,
 // current rank hold the same parameters (stage 0 anywhere, or the same stage and world size).
 void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int stage = s.config.zero_optimization.stage, world = s.comm->world_size();
-  const bool replicated = reader.zero_stage() == 0 && stage == 0;
+  const bool replicated = reader.zero_stage() == 0 && s.stage->replicated_state();
   if (!replicated && (reader.zero_stage() != stage || reader.world_size() != world))
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state "
                           "saved at world size " + std::to_string(reader.world_size()) +

@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "partition/partition.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/adam_state_checkpoint.h"
 
@@ -158,7 +159,7 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
           {"precision", precision_name(s.config)},
           {"optimizer", {{"format", format}, {"adam_step", s.stage->adam_step()}}},
           {"global_steps", s.global_steps},
-          {"partition_alignment", kPartitionAlignment},
+          {"partition_alignment", partition::kAlignment},
           {"trainable", trainable},
           {"partitions", partitions},
           {"tensors", tensors}};

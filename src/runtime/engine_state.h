@@ -1,6 +1,7 @@
 // Everything an Engine owns. Private: users see only include/deepspeed/engine.h.
 #pragma once
 #include <chrono>
+#include <c10/core/Device.h>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -17,6 +18,9 @@ namespace deepspeed {
 struct EngineState {
   Config config;
   comm::CommunicatorPtr comm;
+  // Where the ZeRO stage keeps parameters, gradients and buckets (zero::StageContext). The CPU
+  // here; a CUDA engine gives its device.
+  c10::Device device = c10::kCPU;
   std::shared_ptr<torch::nn::Module> module;
   std::vector<at::Tensor> trainable;  // parameters with requires_grad, in registration order
   std::shared_ptr<torch::optim::Optimizer> optimizer;

@@ -9,24 +9,28 @@
 namespace deepspeed {
 namespace zero {
 
-DataParallelStage::DataParallelStage(std::vector<at::Tensor> params, comm::CommunicatorPtr comm,
-                                     const Config& config,
+DataParallelStage::DataParallelStage(std::vector<at::Tensor> params, const StageContext& context,
+                                     const DataParallelOptions& options,
                                      std::shared_ptr<torch::optim::Optimizer> optimizer)
-    : params_(std::move(params)), comm_(std::move(comm)), config_(config),
+    : params_(std::move(params)), ctx_(context), options_(options),
       optimizer_(std::move(optimizer)) {
-  build_buckets(std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size));
-  if (config_.zero_optimization.overlap_comm_enabled() && comm_->world_size() > 1) {
+  build_buckets(options_.reduction.bucket_numel);
+  if (options_.reduction.overlap && ctx_.world_size() > 1) {
     for (size_t i = 0; i < params_.size(); ++i)
       hooks_.add(params_[i], [this, i] {
-        if (reducing_) order_->mark_ready(i, [this](size_t b) { launch(buckets_[b]); });
+        if (reducing_) order_->mark_ready(i, [this](size_t b) { launch_bucket(b); });
       });
   }
 }
 
 DataParallelStage::~DataParallelStage() {
   hooks_.clear();
-  for (auto& b : buckets_)
-    if (b.work) try { b.work->wait(); } catch (...) {}
+  for (auto& b : buckets_) wait_quietly(b.work);
+}
+
+void DataParallelStage::launch_bucket(size_t b) {
+  launch(buckets_[b]);
+  in_flight_.push(b, [this](size_t i) { finish(buckets_[i]); });
 }
 
 // Buckets follow reverse registration order: autograd produces the last layers' gradients first,
@@ -55,8 +59,8 @@ void DataParallelStage::begin_backward(bool boundary) {
 // same bucket layout whatever its own graph used.
 void DataParallelStage::launch(Bucket& b) {
   if (!b.flat.defined())
-    b.flat = torch::empty({b.numel}, torch::TensorOptions().dtype(b.dtype));
-  const double before = gradient_scaling(config_, comm_->world_size()).before_reduce;
+    b.flat = torch::empty({b.numel}, ctx_.options(b.dtype));
+  const double before = gradient_scaling(options_.reduction, ctx_.world_size()).before_reduce;
   int64_t offset = 0;
   for (size_t k : b.params) {
     auto& p = params_[k];
@@ -68,13 +72,13 @@ void DataParallelStage::launch(Bucket& b) {
     if (before != 1.0) slice.mul_(before);
     offset += p.numel();
   }
-  b.work = comm_->all_reduce(b.flat);
+  b.work = ctx_.comm->all_reduce(b.flat);
 }
 
 void DataParallelStage::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  const double after = gradient_scaling(options_.reduction, ctx_.world_size()).after_reduce;
   if (after != 1.0) b.flat.mul_(after);
   int64_t offset = 0;
   for (size_t k : b.params) {
@@ -90,16 +94,25 @@ void DataParallelStage::finish(Bucket& b) {
 
 void DataParallelStage::end_backward(bool boundary) {
   reducing_ = false;
-  if (!boundary || comm_->world_size() == 1) return;
+  if (!boundary) return;
+  if (ctx_.world_size() == 1) return give_unused_parameters_zero_gradients();
   // Without overlap (or for parameters whose hook never fired) the rest go out now, in order.
-  order_->launch_rest([this](size_t b) { launch(buckets_[b]); });
-  for (auto& b : buckets_) finish(b);
+  order_->launch_rest([this](size_t b) { launch_bucket(b); });
+  in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+}
+
+// DeepSpeed-ZeRO's rule for a parameter that got no gradient in a step, at every stage and world
+// size: its gradient is zero and the update runs (AdamW's decoupled weight decay and the moments'
+// decay still apply). Across ranks the bucket sums give it a zero gradient; alone, this does.
+void DataParallelStage::give_unused_parameters_zero_gradients() {
+  for (auto& p : params_)
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
 }
 
 double DataParallelStage::global_grad_norm() {
   // After the all-reduce every rank holds the same averaged gradients: the local norm is global.
   // Summed as one tensor so there is a single host sync, not one per parameter.
-  at::Tensor sq = torch::zeros({}, torch::kDouble);
+  at::Tensor sq = torch::zeros({}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
     if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
   return std::sqrt(sq.item<double>());

@@ -9,18 +9,20 @@
 #include <memory>
 #include <vector>
 
-#include "deepspeed/comm.h"
-#include "deepspeed/config.h"
 #include "zero/bucket_order.h"
 #include "zero/gradient_hooks.h"
+#include "zero/in_flight.h"
 #include "zero/stage.h"
+#include "zero/stage_options.h"
 
 namespace deepspeed {
 namespace zero {
 
 class DataParallelStage : public ZeroStage {
  public:
-  DataParallelStage(std::vector<at::Tensor> params, comm::CommunicatorPtr comm, const Config& config,
+  // `optimizer` steps `params` themselves (the module's parameters are the masters).
+  DataParallelStage(std::vector<at::Tensor> params, const StageContext& context,
+                    const DataParallelOptions& options,
                     std::shared_ptr<torch::optim::Optimizer> optimizer);
   ~DataParallelStage() override;
 
@@ -37,6 +39,7 @@ class DataParallelStage : public ZeroStage {
   int64_t adam_step() const override;
   void finish_load(int64_t adam_step) override;
   void refresh_masters_from_model() override {}  // the parameters are the masters
+  bool replicated_state() const override { return true; }
 
  private:
   struct Bucket {
@@ -47,15 +50,19 @@ class DataParallelStage : public ZeroStage {
     comm::WorkPtr work;
   };
   void build_buckets(int64_t bucket_size);
+  void launch_bucket(size_t index);
   void launch(Bucket& bucket);
   void finish(Bucket& bucket);
 
+  void give_unused_parameters_zero_gradients();
+
   std::vector<at::Tensor> params_;
-  comm::CommunicatorPtr comm_;
-  Config config_;
+  StageContext ctx_;
+  DataParallelOptions options_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
+  InFlight in_flight_{kUnboundedInFlight};
   bool reducing_ = false;  // inside a boundary backward with overlap_comm
   GradientHooks hooks_;
 };

@@ -32,7 +32,7 @@ std::vector<StateFragment> DataParallelStage::fragments_to_save() {
   std::vector<int64_t> numels;
   for (auto& p : params_) numels.push_back(p.numel());
   std::vector<StateFragment> out;
-  for (auto& r : checkpoint::partition_fragments(numels, comm_->world_size(), comm_->rank()))
+  for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
     out.push_back(fragment_of(*optimizer_, params_[r.param], r.param, r.offset, r.numel, false));
   return out;
 }

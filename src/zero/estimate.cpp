@@ -29,7 +29,7 @@ std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precisio
                 static_cast<long long>(psi), n, mixed_precision ? "mixed precision" : "fp32");
   out += line;
   out += "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | total (MB)\n";
-  for (int stage = 0; stage <= 3; ++stage) {
+  for (int stage = 0; stage < 4; ++stage) {
     auto e = estimate_zero_memory(psi, n, stage, mixed_precision);
     std::snprintf(line, sizeof line, "  %5d | %15.1f | %14.1f | %14.1f | %10.1f\n", stage,
                   e.parameters / 1e6, e.gradients / 1e6, e.optimizer_states / 1e6,

@@ -5,12 +5,13 @@
 namespace deepspeed {
 namespace zero {
 
-FlatParams::FlatParams(const std::vector<at::Tensor>& params, int world_size, int64_t alignment) {
+FlatParams::FlatParams(const std::vector<at::Tensor>& params, int world_size, int64_t alignment,
+                       c10::Device device) {
   int64_t total = 0;
   for (auto& p : params) total += p.numel();
   layout_ = make_partition_layout(total, world_size, alignment);
   auto dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
-  buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype));
+  buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
   torch::NoGradGuard no_grad;
   int64_t offset = 0;
   for (size_t k = params.size(); k-- > 0;) {

@@ -9,7 +9,7 @@
 
 #include <ATen/Tensor.h>
 
-#include "zero/partition.h"
+#include "partition/partition.h"
 
 namespace deepspeed {
 namespace zero {
@@ -23,7 +23,9 @@ struct ParamSlot {
 class FlatParams {
  public:
   // Copies the parameters' values into the buffer. REQUIRES: all params share one dtype.
-  FlatParams(const std::vector<at::Tensor>& params, int world_size, int64_t alignment);
+  // The buffer lives on `device` (the stage context's).
+  FlatParams(const std::vector<at::Tensor>& params, int world_size, int64_t alignment,
+             c10::Device device = c10::kCPU);
   const PartitionLayout& layout() const { return layout_; }
   at::Tensor& buffer() { return buffer_; }
   const at::Tensor& buffer() const { return buffer_; }

@@ -6,7 +6,7 @@
 // the mean is taken before the sum (g/W summed), so W large gradients cannot overflow where their
 // mean would not. bf16 and reduce-scatters are summed in fp32 by src/comm and need no such care.
 #pragma once
-#include "deepspeed/config.h"
+#include "zero/stage_options.h"
 
 namespace deepspeed {
 namespace zero {
@@ -16,12 +16,12 @@ struct GradientScaling {
   double after_reduce = 1.0;
 };
 
-inline GradientScaling gradient_scaling(const Config& config, int world_size,
+inline GradientScaling gradient_scaling(const ReductionOptions& options, int world_size,
                                         bool fp16_sum = false) {
   const double w = world_size;
-  if (config.prescale_gradients) return {1.0 / w, 1.0};
-  if (fp16_sum && config.gradient_predivide_factor == 1.0) return {1.0 / w, 1.0};
-  const double f = config.gradient_predivide_factor;
+  if (options.prescale) return {1.0 / w, 1.0};
+  if (fp16_sum && options.predivide_factor == 1.0) return {1.0 / w, 1.0};
+  const double f = options.predivide_factor;
   return {1.0 / f, f / w};
 }
 

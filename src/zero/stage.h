@@ -1,6 +1,6 @@
 // The ZeRO stage strategy: everything that differs between stages 0-3 lives behind this interface,
 // chosen once when the engine is built, so the engine's step reads as one recipe with no
-// `if (stage == 2)` in it.
+// test of the stage number in it.
 //
 // Vocabulary (used the same way everywhere): a *bucket* is a run of gradients reduced by one
 // collective; a *partition* is the slice of a flat buffer that one rank owns.
@@ -66,6 +66,8 @@ class ZeroStage {
   // slices. `numels`: the trainable parameters' element counts, in registration order.
   virtual std::vector<StateFragment> fragments_of_rank(int rank, const std::vector<int64_t>& numels,
                                                        int world_size) const;
+  // Every rank holds the same whole optimizer state (stage 0), so any rank's saved state fits.
+  virtual bool replicated_state() const { return false; }
   // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
   virtual void before_forward() {}
   // Makes the full parameters of `modules` (all when empty) present and writable until the

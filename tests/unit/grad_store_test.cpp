@@ -10,10 +10,10 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
-#include "zero/stage3/grad_store.h"
+#include "offload/grad_store.h"
 
 namespace fs = std::filesystem;
-using deepspeed::zero::GradStore;
+using deepspeed::offload::GradStore;
 using deepspeed::zero::Stage3Layout;
 
 namespace {
@@ -59,7 +59,7 @@ void micro_step(GradStore& store, const Stage3Layout& L, const at::Tensor& g, bo
 
 at::Tensor read_back(GradStore& store, const Stage3Layout& L) {
   std::vector<at::Tensor> parts;
-  for (auto [begin, n] : deepspeed::zero::unit_aligned_groups(L, 3000)) {
+  for (auto [begin, n] : deepspeed::offload::unit_aligned_groups(L, 3000)) {
     store.prefetch(begin, n);
     parts.push_back(store.get(begin, n).clone());
     store.release(begin, n);

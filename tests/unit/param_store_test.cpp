@@ -12,10 +12,10 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
-#include "zero/stage3/param_store.h"
+#include "offload/param_store.h"
 
 namespace fs = std::filesystem;
-using deepspeed::zero::ParamStore;
+using deepspeed::offload::ParamStore;
 using deepspeed::zero::Stage3Layout;
 
 namespace {
@@ -105,7 +105,7 @@ TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
   TempDir dir;
   const Stage3Layout L = layout();
   ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 0), aio());
-  auto groups = deepspeed::zero::unit_aligned_groups(L, 3000);
+  auto groups = deepspeed::offload::unit_aligned_groups(L, 3000);
   // Cut at unit ends and every 4096 elements inside a unit.
   std::vector<std::pair<int64_t, int64_t>> want = {
       {0, 10}, {10, 4096}, {4106, 904}, {5010, 4096}, {9106, 4096}, {13202, 808}, {14010, 3}};

@@ -2,7 +2,7 @@
 
 #include "deepspeed/zero_init.h"
 #include "deepspeed/zero_unit.h"
-#include "zero/partition.h"
+#include "partition/partition.h"
 #include "zero/stage3/init_shard.h"
 
 namespace deepspeed {
@@ -42,7 +42,7 @@ void Init::partition(ZeroUnitBase& unit) {
     numel += p.numel();
   }
   const int world = comm_->world_size();
-  auto layout = make_partition_layout(numel, world, kStage3Alignment);
+  auto layout = make_partition_layout(numel, world);
   const auto own = params.empty() ? torch::kFloat : params.front().scalar_type();
   at::Tensor flat = torch::zeros({layout.padded_numel}, torch::TensorOptions().dtype(dtype_.value_or(own)));
   int64_t offset = 0;

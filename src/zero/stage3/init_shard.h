@@ -6,10 +6,6 @@
 namespace deepspeed {
 namespace zero {
 
-// Elements per rank are a multiple of this (64 bytes of fp32): the same alignment the stage-3
-// partitions use.
-constexpr int64_t kStage3Alignment = 16;
-
 // If the unit was partitioned by zero::Init: all-gathers its slices and gives its parameters
 // their full values again (cast to each parameter's current dtype), then forgets the shard.
 // COLLECTIVE (every rank calls it for the same units in the same order). Throws ConfigError if

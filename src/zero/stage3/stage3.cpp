@@ -6,72 +6,47 @@
 
 #include <c10/util/accumulate.h>
 
-#include "optim/fused_adam.h"
 #include "zero/gradient_scaling.h"
-#include "zero/optimizer_state_bytes.h"
 #include "zero/stage3/init_shard.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace zero {
-namespace {
-// With overlap_comm, at most this many bucket reduce-scatters are in flight; without it each is
-// waited for at once.
-constexpr size_t kMaxBucketsInFlight = 2;
-
-}  // namespace
-
 Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
-               comm::CommunicatorPtr comm, const Config& config,
+               const StageContext& context, const Stage3Options& options,
                const OptimizerFactory& make_optimizer)
-    : comm_(std::move(comm)), config_(config) {
-  param_dtype_ = uniform_param_dtype(3, trainable);
-  comm_dtype_ = dtype_from_config(config_.communication_data_type, param_dtype_);
+    : ctx_(context), options_(options),
+      in_flight_(options.reduction.overlap ? kMaxBucketsInFlight : 0) {
+  param_dtype_ = options_.param_dtype;
+  comm_dtype_ = dtype_from_config(options_.reduction.comm_dtype, param_dtype_);
   modules_ = find_units(model);
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
-  layout_ = make_stage3_layout(modules_, trainable, comm_->world_size(), config_.zero_optimization);
-  params_ = std::make_unique<ParamStore>(layout_, param_dtype_, config_.zero_optimization, config_.aio);
-  gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, comm_, config_.zero_optimization);
+  layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero);
+  params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
+                                                  ctx_.device);
+  gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, ctx_.comm, options_.zero);
   // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
   partition_unit(0);
-  // After the zero::Init slices are gone (a model bigger than RAM needs the room).
-  const auto& off = config_.zero_optimization.offload_optimizer;
-  if (off.device == "nvme")
-    grads_ = std::make_unique<GradStore>(layout_, param_dtype_, off.nvme_path, config_.aio);
+  // After the zero::Init slices are gone (a model bigger than RAM needs the room). A swapped
+  // optimizer swaps the gradients too, as DeepSpeed does.
+  if (options_.shard.home == OffloadDevice::kNvme)
+    grads_ = std::make_unique<offload::GradStore>(layout_, param_dtype_, options_.shard.nvme_path,
+                                                  options_.aio);
   else
-    grad_partition_ = torch::zeros({layout_.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
+    grad_partition_ = torch::zeros({layout_.partition_numel}, ctx_.options(param_dtype_));
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
   make_buckets();
-
-  if (grads_) {
-    // Sub-groups cut at unit boundaries: each one's gradients and 16-bit output are one aligned
-    // request in the swap files.
-    swapped_ = make_swapped_optimizer(
-        config_, make_optimizer, layout_.partition_numel,
-        [this](int64_t begin, int64_t n) { return params_->read_group(begin, n); },
-        unit_aligned_groups(layout_, config_.zero_optimization.sub_group_size));
-    optimizer_ = swapped_->options;
-    master_ = torch::zeros({0});
-    return;
-  }
-  master_is_partition_ = !mixed_precision() && !params_->swapped();
-  master_ = master_is_partition_ ? params_->memory() : params_->read_all().to(torch::kFloat);
-  if (master_is_partition_) master_.mutable_grad() = grad_partition_;
-  optimizer_ = make_optimizer({master_});
-  if (auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
-      fused && mixed_precision() && !params_->swapped())
-    fused->set_half_copy(master_, params_->memory());
+  shard_ = make_shard_optimizer(options_.shard, *params_, make_optimizer);
 }
 
 Stage3::~Stage3() {
   hooks_.clear();
   for (auto* m : modules_) m->attach(nullptr, -1);
-  for (auto& b : buckets_)
-    if (b.work) try { b.work->wait(); } catch (...) {}
+  for (auto& b : buckets_) wait_quietly(b.work);
 }
 
 at::Tensor Stage3::slice_of(const at::Tensor& buffer, int u) const {
@@ -83,11 +58,11 @@ at::Tensor Stage3::slice_of(const at::Tensor& buffer, int u) const {
 // (while they still have their full shape: the gradient accumulator records it) and releases them.
 void Stage3::partition_unit(int u) {
   const auto& slots = layout_.units[u];
-  if (slots.module) restore_init_shard(*slots.module, *comm_);
+  if (slots.module) restore_init_shard(*slots.module, *ctx_.comm);
   torch::NoGradGuard no_grad;
   const auto& L = slots.layout;
-  const int rank = comm_->rank();
-  at::Tensor mine = torch::zeros({L.partition_numel}, torch::TensorOptions().dtype(param_dtype_));
+  const int rank = ctx_.rank();
+  at::Tensor mine = torch::zeros({L.partition_numel}, ctx_.options(param_dtype_));
   for (size_t i = 0; i < slots.params.size(); ++i) {
     at::Tensor p = slots.params[i];
     TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,
@@ -104,7 +79,7 @@ void Stage3::partition_unit(int u) {
 at::Tensor Stage3::grad_slice(int u) { return grads_ ? grads_->open(u) : slice_of(grad_partition_, u); }
 
 void Stage3::make_buckets() {
-  const int64_t size = std::max<int64_t>(1, config_.zero_optimization.reduce_bucket_size);
+  const int64_t size = options_.reduction.bucket_numel;
   bucket_of_.resize(layout_.units.size());
   unit_arrived_.assign(layout_.units.size(), 0);
   unit_finished_.assign(layout_.units.size(), 0);
@@ -125,7 +100,7 @@ void Stage3::make_buckets() {
 }
 
 void Stage3::allocate(GradBucket& b) {
-  b.buffer = torch::zeros({b.end - b.begin}, torch::TensorOptions().dtype(comm_dtype_));
+  b.buffer = torch::zeros({b.end - b.begin}, ctx_.options(comm_dtype_));
   bucket_bytes_ += storage_bytes(b.buffer);
   peak_bucket_bytes_ = std::max(peak_bucket_bytes_, bucket_bytes_);
 }
@@ -159,30 +134,24 @@ void Stage3::launch(size_t index) {
   GradBucket& b = buckets_[index];
   b.launched = true;
   if (!b.buffer.defined()) allocate(b);  // no parameter of this bucket got a gradient
-  const auto scaling = gradient_scaling(config_, comm_->world_size());
+  const auto scaling = gradient_scaling(options_.reduction, ctx_.world_size());
   if (scaling.before_reduce != 1.0) b.buffer.mul_(scaling.before_reduce);
   const auto& L = layout_.units[b.unit].layout;
   std::vector<int64_t> splits;
-  for (int r = 0; r < comm_->world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
-  b.received = torch::empty({splits[comm_->rank()]}, b.buffer.options());
-  b.work = comm_->reduce_scatter_v(b.received, b.buffer, splits);
-  in_flight_.push_back(index);
-  const size_t max_in_flight =
-      config_.zero_optimization.overlap_comm_enabled() ? kMaxBucketsInFlight : 0;
-  while (in_flight_.size() > max_in_flight) {
-    finish(in_flight_.front());
-    in_flight_.pop_front();
-  }
+  for (int r = 0; r < ctx_.world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
+  b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
+  b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+  in_flight_.push(index, [this](size_t i) { finish(i); });
 }
 
 void Stage3::finish(size_t index) {
   GradBucket& b = buckets_[index];
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(config_, comm_->world_size()).after_reduce;
+  const double after = gradient_scaling(options_.reduction, ctx_.world_size()).after_reduce;
   if (b.received.numel() > 0) {
     const auto& L = layout_.units[b.unit].layout;
-    const int rank = comm_->rank();
+    const int rank = ctx_.rank();
     const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
     if (after != 1.0) b.received.mul_(after);
     grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
@@ -201,10 +170,7 @@ void Stage3::end_backward(bool) {
   // Buckets whose hooks did not all fire (a parameter unused by this graph), in order.
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].launched) launch(b);
-  while (!in_flight_.empty()) {
-    finish(in_flight_.front());
-    in_flight_.pop_front();
-  }
+  in_flight_.drain([this](size_t i) { finish(i); });
   if (grads_) grads_->end_micro_step();
   gatherer_->end_backward();
 }
@@ -214,39 +180,18 @@ void Stage3::end_backward(bool) {
 // transient of the step (8 bytes per element).
 double Stage3::global_grad_norm() {
   constexpr int64_t kChunk = 1 << 18;
-  at::Tensor sq = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble));
+  at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
   if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
   for (int64_t c = 0; grad_partition_.defined() && c < grad_partition_.numel(); c += kChunk) {
     auto part = grad_partition_.narrow(0, c, std::min(kChunk, grad_partition_.numel() - c));
     sq += part.to(torch::kDouble).pow(2).sum();
   }
-  comm_->all_reduce(sq)->wait();
+  ctx_.comm->all_reduce(sq)->wait();
   return std::sqrt(sq.item<double>());
 }
 
 void Stage3::step(double grad_scale) {
-  if (swapped_) {
-    swapped_->step(*grads_, *params_, param_dtype_, grad_scale);
-  } else if (!mixed_precision()) {
-    if (grad_scale != 1.0) grad_partition_.mul_(grad_scale);
-    if (!master_is_partition_) master_.mutable_grad() = grad_partition_;
-    optimizer_->step();
-    if (!master_is_partition_) {
-      master_.mutable_grad() = at::Tensor();
-      params_->write_all(master_);
-    }
-  } else {
-    at::Tensor grad32 = grad_partition_.to(torch::kFloat);
-    master_.mutable_grad() = grad32;
-    auto* fused = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
-    if (fused)
-      fused->set_grad_scale(static_cast<float>(grad_scale));
-    else if (grad_scale != 1.0)
-      grad32.mul_(grad_scale);
-    optimizer_->step();
-    master_.mutable_grad() = at::Tensor();
-    if (!fused || params_->swapped()) params_->write_all(master_.to(param_dtype_));
-  }
+  shard_->step({grad_partition_, grad_source()}, *params_, grad_scale);
   gatherer_->regather_root();
   discard_gradients();
 }
@@ -262,9 +207,7 @@ MemoryReport Stage3::memory() const {
   MemoryReport r;
   r.parameters = params_->resident_bytes();
   r.gradients = grads_ ? grads_->peak_resident_bytes() : storage_bytes(grad_partition_);
-  r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  if (!master_is_partition_) r.optimizer_states += storage_bytes(master_);
-  if (swapped_) r.optimizer_states = swapped_->adam->resident_bytes();  // the rest is on disk
+  r.optimizer_states = shard_->resident_bytes();  // a swapped shard: its buffers, the rest is on disk
   r.comm_buffers = peak_bucket_bytes_;
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;
@@ -289,19 +232,18 @@ std::function<void()> Stage3::gather_for_access(
   for (int u : units) gatherer_->pin(u);
   return [this, units, modifier_rank] {
     torch::NoGradGuard no_grad;
-    const int rank = comm_->rank();
+    const int rank = ctx_.rank();
     for (int u : units) {
-      if (modifier_rank) {
+      if (modifier_rank) {  // the edits become the masters
         at::Tensor full = gatherer_->full(u);
-        comm_->broadcast(full, *modifier_rank)->wait();
+        ctx_.comm->broadcast(full, *modifier_rank)->wait();
         const auto& L = layout_.units[u].layout;
         at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
         params_->write(u, mine);
-        if (!master_is_partition_ && !swapped_) slice_of(master_, u).copy_(mine);
+        shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
       }
       gatherer_->unpin(u);
     }
-    if (modifier_rank && swapped_) refresh_masters_from_model();  // edits become the masters
   };
 }
 

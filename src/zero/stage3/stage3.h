@@ -14,9 +14,9 @@
 // Every micro-step reduces (as stage 2).
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
 // 16-bit copy); only the root unit is gathered again.
-// Offload (ZeRO-Infinity): the partition lives in a ParamStore (memory, or a swap file under
-// offload_param nvme), the fp32 masters and moments in a SwappedAdam under offload_optimizer nvme
-// (zero/swapped_optimizer.h), and then the gradient partition in a GradStore file too.
+// The partition lives in a ParamStore (memory, or a swap file under offload_param nvme: ZeRO-
+// Infinity); the fp32 masters and moments in the shard optimizer (zero/shard_optimizer.h: memory,
+// or a file under offload_optimizer nvme, and then the gradient partition in a GradStore file too).
 #pragma once
 #include <array>
 #include <deque>
@@ -24,16 +24,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "deepspeed/comm.h"
-#include "deepspeed/config.h"
+#include "offload/grad_store.h"
+#include "offload/param_store.h"
 #include "zero/gradient_hooks.h"
-#include "zero/partitioned_stage.h"
+#include "zero/in_flight.h"
+#include "zero/shard_optimizer.h"
 #include "zero/stage.h"
-#include "zero/stage3/grad_store.h"
-#include "zero/stage3/param_store.h"
+#include "zero/stage_options.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
-#include "zero/swapped_optimizer.h"
 
 namespace deepspeed {
 namespace zero {
@@ -53,12 +52,12 @@ class Stage3 : public ZeroStage {
   void step(double grad_scale) override;
   void discard_gradients() override;
   MemoryReport memory() const override;
-  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
   void before_forward() override { gatherer_->begin_forward(); }
   // Checkpoints (stage3_checkpoint.cpp): this rank's slice of every unit, as parameter fragments.
   std::vector<StateFragment> fragments_to_save() override;
   std::vector<StateFragment> fragments_to_load(bool create_moments) override;
-  int64_t adam_step() const override;
+  int64_t adam_step() const override { return shard_->adam_step(); }
   void finish_load(int64_t adam_step) override;
   void refresh_masters_from_model() override;
   std::vector<StateFragment> fragments_of_rank(int rank, const std::vector<int64_t>& numels,
@@ -86,39 +85,32 @@ class Stage3 : public ZeroStage {
   void launch(size_t b);
   void finish(size_t b);
   void allocate(GradBucket& b);
-  bool mixed_precision() const { return param_dtype_ != at::kFloat; }
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
+  offload::GradSource* grad_source() { return grads_.get(); }
 
   std::vector<StateFragment> fragments_over(const std::array<at::Tensor, 3>& state);
 
-  // offload_optimizer.device = "nvme" (zero/swapped_optimizer.h): fp32 masters and moments live
-  // in a file; optimizer_ then only carries the param-group options the LR scheduler drives.
-  std::unique_ptr<SwappedOptimizer> swapped_;
-  // While a checkpoint loads into a swapped optimizer: the state the fragments write into.
-  std::array<at::Tensor, 3> swapped_loading_;
-  comm::CommunicatorPtr comm_;
-  Config config_;
+  StageContext ctx_;
+  Stage3Options options_;
   std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`
   std::vector<ZeroUnitBase*> modules_;
   Stage3Layout layout_;
   at::ScalarType param_dtype_ = at::kFloat;
   at::ScalarType comm_dtype_ = at::kFloat;
-  std::unique_ptr<ParamStore> params_;  // this rank's slices of every unit, in the parameter dtype
-  // The optimizer's fp32 parameter: the in-memory partition itself (fp32, parameters not
-  // swapped), else an fp32 copy; a 0-element placeholder when the optimizer is swapped.
-  at::Tensor master_;
-  bool master_is_partition_ = false;
+  // this rank's slices of every unit, in the parameter dtype
+  std::unique_ptr<offload::ParamStore> params_;
   at::Tensor grad_partition_;  // this rank's averaged gradients, same layout (unless grads_)
-  std::unique_ptr<GradStore> grads_;  // offload_optimizer nvme: the gradient partition in a file
+  // offload_optimizer nvme: the gradient partition in a file
+  std::unique_ptr<offload::GradStore> grads_;
   at::Tensor grad_slice(int u);       // where unit u's reduced gradients accumulate
   std::vector<int> unit_buckets_;     // per unit: its buckets
   std::vector<int> unit_finished_;    // per unit: buckets reduced this micro-step
-  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<ShardOptimizer> shard_;  // fp32 masters and moments, wherever they live
   std::unique_ptr<UnitGatherer> gatherer_;
   std::vector<GradBucket> buckets_;
   std::vector<std::vector<size_t>> bucket_of_;  // [unit][parameter] -> index into buckets_
   std::vector<int> unit_arrived_;               // per unit: parameters whose gradient arrived
-  std::deque<size_t> in_flight_;
+  InFlight in_flight_{0};
   int64_t bucket_bytes_ = 0, peak_bucket_bytes_ = 0;
   GradientHooks hooks_;
 };

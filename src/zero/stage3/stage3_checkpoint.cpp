@@ -6,7 +6,6 @@
 #include <c10/util/accumulate.h>
 
 #include "deepspeed/errors.h"
-#include "zero/adam_state_checkpoint.h"
 #include "zero/stage3/stage3.h"
 
 namespace deepspeed {
@@ -47,11 +46,11 @@ std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector
 }
 
 // This rank's fragments as views of whole-partition state tensors (moments may be undefined: the
-// optimizer has none). Under offload_optimizer nvme the tensors are the state read back from the
-// swap file (the rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
+// optimizer has none). A swapped shard's tensors are its state read back from the swap file (the
+// rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
 std::vector<StateFragment> Stage3::fragments_over(const std::array<at::Tensor, 3>& state) {
   std::vector<StateFragment> out;
-  for_each_piece(layout_, comm_->rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
+  for_each_piece(layout_, ctx_.rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
     const auto& unit = layout_.units[u];
     StateFragment f;
     f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
@@ -67,53 +66,19 @@ std::vector<StateFragment> Stage3::fragments_over(const std::array<at::Tensor, 3
 }
 
 std::vector<StateFragment> Stage3::fragments_to_save() {
-  if (swapped_) return fragments_over(swapped_->adam->read_state());
-  if (master_.scalar_type() != at::kFloat)
-    throw CheckpointError("checkpoint: the ZeRO-3 master partition is " +
-                          std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-  auto* state = adam_state_for(*optimizer_, master_, /*create=*/false);
-  std::array<at::Tensor, 3> tensors{master_, at::Tensor(), at::Tensor()};
-  attach_moments(state, 0, master_.numel(), tensors[1], tensors[2]);
-  return fragments_over(tensors);
+  return fragments_over(shard_->state_for_save());
 }
 
 std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
-  if (swapped_) {
-    swapped_loading_ = swapped_->adam->read_state();
-    return fragments_over(swapped_loading_);
-  }
-  adam_state_for(*optimizer_, master_, create_moments);
-  return fragments_to_save();
-}
-
-int64_t Stage3::adam_step() const {
-  if (swapped_) return swapped_->steps;
-  return fused_adam_step(*optimizer_, master_);
+  return fragments_over(shard_->state_for_load(create_moments));
 }
 
 void Stage3::finish_load(int64_t adam_step) {
-  torch::NoGradGuard no_grad;
-  if (swapped_) {
-    auto& [master, exp_avg, exp_avg_sq] = swapped_loading_;
-    TORCH_CHECK(master.defined(), "Stage3::finish_load without fragments_to_load");
-    swapped_->adam->write_state(master, exp_avg, exp_avg_sq);
-    params_->write_all(master.to(param_dtype_));
-    swapped_->steps = adam_step;
-    swapped_loading_ = {};
-  } else {
-    set_fused_adam_step(*optimizer_, master_, adam_step);
-    if (!master_is_partition_) params_->write_all(master_.to(param_dtype_));
-  }
+  shard_->finish_load(adam_step, *params_);
   gatherer_->regather_root();
 }
 
-void Stage3::refresh_masters_from_model() {
-  torch::NoGradGuard no_grad;
-  if (swapped_)
-    swapped_->adam->reset_masters([this](int64_t begin, int64_t n) { return params_->read_group(begin, n); });
-  else if (!master_is_partition_)
-    master_.copy_(params_->read_all());
-}
+void Stage3::refresh_masters_from_model() { shard_->refresh_masters(*params_); }
 
 }  // namespace zero
 }  // namespace deepspeed

@@ -5,7 +5,7 @@
 namespace deepspeed {
 namespace zero {
 
-UnitGatherer::UnitGatherer(const Stage3Layout& layout, ParamStore& store,
+UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store,
                            comm::CommunicatorPtr comm, const ZeroConfig& config)
     : layout_(layout), store_(store), comm_(std::move(comm)), config_(config),
       state_(layout.units.size()) {}

@@ -30,7 +30,7 @@
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/zero_unit.h"
-#include "zero/stage3/param_store.h"
+#include "offload/param_store.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
@@ -46,7 +46,7 @@ struct GatherStats {
 class UnitGatherer : public UnitHooks {
  public:
   // store: where the rank's slices live (Stage3 owns it; it must outlive this object).
-  UnitGatherer(const Stage3Layout& layout, ParamStore& store, comm::CommunicatorPtr comm,
+  UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store, comm::CommunicatorPtr comm,
                const ZeroConfig& config);
 
   void pre_forward(int unit) override;
@@ -88,7 +88,7 @@ class UnitGatherer : public UnitHooks {
   int64_t numel_of(int u) const { return layout_.units[u].layout.padded_numel; }
 
   const Stage3Layout& layout_;
-  ParamStore& store_;
+  offload::ParamStore& store_;
   comm::CommunicatorPtr comm_;
   ZeroConfig config_;
   std::vector<UnitState> state_;

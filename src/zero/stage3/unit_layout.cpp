@@ -86,7 +86,7 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
     int64_t numel = slots.params.empty() ? 0 : slots.offsets.back() + c10::multiply_integers(slots.shapes.back());
     // A unit without trainable parameters has an empty buffer (nothing to gather or reduce).
     slots.layout = numel == 0 ? PartitionLayout{0, 0, 0, world_size}
-                              : make_partition_layout(numel, world_size, kStage3Alignment);
+                              : make_partition_layout(numel, world_size);
     slots.partition_offset = layout.partition_numel;
     layout.partition_numel += slots.layout.partition_numel;
   }

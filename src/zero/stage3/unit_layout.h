@@ -7,7 +7,7 @@
 // to the innermost unit that contains it. Frozen parameters are not managed (they stay whole).
 //
 // Each unit's parameters, in registration order, form one flat buffer padded to
-// world_size * kStage3Alignment elements; rank r owns the contiguous slice r of it
+// world_size * partition::kAlignment elements; rank r owns the contiguous slice r of it
 // (make_partition_layout). The rank's *partition buffer* is its slices of all units laid end to
 // end: unit u's slice starts at partition_offset. Gradients use the same layout.
 #pragma once
@@ -17,7 +17,7 @@
 
 #include "deepspeed/config.h"
 #include "deepspeed/zero_unit.h"
-#include "zero/partition.h"
+#include "partition/partition.h"
 
 namespace deepspeed {
 namespace zero {

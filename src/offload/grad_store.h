@@ -20,11 +20,11 @@
 #include "deepspeed/config.h"
 #include "offload/aio_queue.h"
 #include "offload/swapped_adam.h"
-#include "zero/stage3/unit_file.h"
+#include "offload/unit_file.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
-namespace zero {
+namespace offload {
 
 class GradStore : public offload::GradSource {
  public:
@@ -73,5 +73,5 @@ class GradStore : public offload::GradSource {
   int64_t peak_resident_ = 0;
 };
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

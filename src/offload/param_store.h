@@ -29,16 +29,19 @@
 #include "offload/aio_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/swapped_adam.h"
-#include "zero/stage3/unit_file.h"
+#include "offload/unit_file.h"
+#include "zero/shard_optimizer.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
-namespace zero {
+namespace offload {
 
-class ParamStore : public offload::ParamSink {
+class ParamStore : public zero::ParamPartition {
  public:
+  // The in-memory part lives on `device` (the stage context's); file slices are read into host
+  // buffers (direct I/O).
   ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const ZeroConfig& zero,
-             const AioConfig& aio);
+             const AioConfig& aio, c10::Device device = c10::kCPU);
   ~ParamStore() override;
 
   bool swapped() const { return fd_ != nullptr; }
@@ -57,10 +60,18 @@ class ParamStore : public offload::ParamSink {
   void write(int unit, const at::Tensor& slice);
   // The whole partition as one new tensor, and its inverse (checkpoints, optimizers that are not
   // swapped: these materialise the partition in memory).
-  at::Tensor read_all();
-  void write_all(const at::Tensor& partition);
+  at::Tensor read_all() override;
+  void write_all(const at::Tensor& partition) override;
   // Elements [begin, begin + numel) of one of unit_aligned_groups()' sub-groups, as a tensor.
-  at::Tensor read_group(int64_t begin, int64_t numel);
+  at::Tensor read_group(int64_t begin, int64_t numel) override;
+
+  // zero::ParamPartition: the shard optimizer's view of the partition.
+  int64_t numel() const override { return layout_.partition_numel; }
+  at::ScalarType dtype() const override { return dtype_; }
+  at::Tensor resident() const override { return swapped() ? at::Tensor() : memory_; }
+  std::vector<std::pair<int64_t, int64_t>> swap_groups(int64_t sub_group_size) const override {
+    return unit_aligned_groups(layout_, sub_group_size);
+  }
 
   // offload::ParamSink, for groups from unit_aligned_groups() (unit_file.h).
   void* begin_group(int64_t begin, int64_t numel) override;
@@ -96,5 +107,5 @@ class ParamStore : public offload::ParamSink {
   int staging_next_ = 0;
 };
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

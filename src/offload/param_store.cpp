@@ -1,4 +1,4 @@
-#include "zero/stage3/param_store.h"
+#include "offload/param_store.h"
 
 #include <unistd.h>
 
@@ -13,12 +13,10 @@
 #include "deepspeed/errors.h"
 
 namespace deepspeed {
-namespace zero {
-using offload::kDirectIoAlignment;
-using offload::round_up;
+namespace offload {
 
 ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const ZeroConfig& zero,
-                       const AioConfig& aio)
+                       const AioConfig& aio, c10::Device device)
     : layout_(layout),
       dtype_(dtype),
       element_size_(c10::elementSize(dtype)),
@@ -35,7 +33,7 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   }
   memory_numel_ = first_file_unit_ < units ? layout_.units[first_file_unit_].partition_offset
                                            : layout_.partition_numel;
-  memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_));
+  memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_).device(device));
   if (first_file_unit_ >= units) return;
 
   for (int u = first_file_unit_; u < units; ++u) {
@@ -183,5 +181,5 @@ int64_t ParamStore::resident_bytes() const {
   return total;
 }
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

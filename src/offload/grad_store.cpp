@@ -1,4 +1,4 @@
-#include "zero/stage3/grad_store.h"
+#include "offload/grad_store.h"
 
 #include <unistd.h>
 
@@ -11,7 +11,7 @@
 #include "deepspeed/errors.h"
 
 namespace deepspeed {
-namespace zero {
+namespace offload {
 namespace {
 // Closed slices whose writes may be in flight at once (beyond them, close() waits).
 constexpr size_t kMaxWritesInFlight = 2;
@@ -130,5 +130,5 @@ int64_t GradStore::resident_bytes() const {
 
 void GradStore::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

@@ -11,7 +11,8 @@
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
-namespace zero {
+namespace offload {
+using zero::Stage3Layout;
 
 // Elements per aligned piece inside a unit: a multiple of 4096 keeps every piece's file offset
 // aligned whatever the element size.
@@ -46,5 +47,5 @@ std::vector<std::pair<int64_t, int64_t>> unit_aligned_groups(const Stage3Layout&
 // alignment unit long, freed with the tensor.
 at::Tensor aligned_tensor(int64_t numel, at::ScalarType dtype);
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

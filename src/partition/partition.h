@@ -1,5 +1,6 @@
 // ZeRO partition arithmetic: the one pure function the stages, the memory report and checkpoint
-// resharding all use.
+// resharding all use, and the one owner of the partition alignment. It sits below both zero/ and
+// checkpoint/ (neither includes the other for it).
 //
 // A flat buffer of `numel` elements is padded to a multiple of world_size * alignment; rank r owns
 // the contiguous partition [r * partition_numel, (r + 1) * partition_numel).
@@ -8,7 +9,12 @@
 #include <cstdint>
 
 namespace deepspeed {
-namespace zero {
+namespace partition {
+
+// Partitions are aligned to 16 elements (64 bytes): whole cache lines and AVX-512 vectors. Every
+// flat buffer (stages 0-2), every stage-3 unit and every checkpoint share uses this alignment, so
+// a checkpoint's shares line up with the stages' partitions.
+constexpr int64_t kAlignment = 16;
 
 struct PartitionLayout {
   int64_t numel = 0;            // real elements
@@ -25,7 +31,8 @@ struct PartitionLayout {
 };
 
 // REQUIRES: numel >= 0, world_size >= 1, alignment >= 1.
-inline PartitionLayout make_partition_layout(int64_t numel, int world_size, int64_t alignment) {
+inline PartitionLayout make_partition_layout(int64_t numel, int world_size,
+                                             int64_t alignment = kAlignment) {
   const int64_t unit = world_size * alignment;
   PartitionLayout l;
   l.numel = numel;
@@ -35,5 +42,7 @@ inline PartitionLayout make_partition_layout(int64_t numel, int world_size, int6
   return l;
 }
 
-}  // namespace zero
+}  // namespace partition
+using partition::make_partition_layout;
+using partition::PartitionLayout;
 }  // namespace deepspeed

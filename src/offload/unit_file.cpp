@@ -1,4 +1,4 @@
-#include "zero/stage3/unit_file.h"
+#include "offload/unit_file.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,9 +9,7 @@
 #include "offload/aligned_buffer.h"
 
 namespace deepspeed {
-namespace zero {
-using offload::kDirectIoAlignment;
-using offload::round_up;
+namespace offload {
 
 UnitFileLayout::UnitFileLayout(const Stage3Layout& layout, int first_unit, int64_t element_size)
     : layout_(&layout), first_unit_(first_unit), element_size_(element_size),
@@ -61,5 +59,5 @@ at::Tensor aligned_tensor(int64_t numel, at::ScalarType dtype) {
   return at::from_blob(data, {numel}, [](void* p) { std::free(p); }, torch::TensorOptions().dtype(dtype));
 }
 
-}  // namespace zero
+}  // namespace offload
 }  // namespace deepspeed

@@ -1,0 +1,80 @@
+#include "offload/swapped_shard.h"
+
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+#include "optim/fused_adam.h"
+
+namespace deepspeed {
+namespace offload {
+namespace {
+
+optim::AdamStepParams step_params(torch::optim::Optimizer& options, int64_t step, double grad_scale) {
+  auto& fused = static_cast<optim::FusedAdam&>(options);
+  auto& g = static_cast<torch::optim::AdamWOptions&>(options.param_groups().at(0).options());
+  optim::AdamStepParams hp;
+  hp.lr = static_cast<float>(g.lr());
+  hp.beta1 = static_cast<float>(std::get<0>(g.betas()));
+  hp.beta2 = static_cast<float>(std::get<1>(g.betas()));
+  hp.eps = static_cast<float>(g.eps());
+  hp.weight_decay = static_cast<float>(g.weight_decay());
+  hp.adamw_mode = fused.adamw_mode();
+  hp.bias_correction = fused.bias_correction();
+  hp.step = step;
+  hp.grad_scale = static_cast<float>(grad_scale);
+  return hp;
+}
+
+GroupSource group_source(zero::ParamPartition& params) {
+  return [&params](int64_t begin, int64_t n) { return params.read_group(begin, n); };
+}
+
+}  // namespace
+
+SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartition& params,
+                           const zero::OptimizerFactory& make_optimizer) {
+  options_ = make_optimizer({torch::zeros({0})});
+  if (!dynamic_cast<optim::FusedAdam*>(options_.get()))
+    throw ConfigError("zero_optimization.offload_optimizer.device = \"nvme\" needs the \"Adam\" or "
+                      "\"AdamW\" optimizer (the swapped update is the vectorised Adam)");
+  SwapOptions o;
+  o.dir = options.nvme_path;
+  o.sub_group_size = options.sub_group_size;
+  o.buffer_count = static_cast<int>(options.buffer_count);
+  o.aio.block_size = options.aio.block_size;
+  o.aio.queue_depth = static_cast<int>(options.aio.queue_depth);
+  o.groups = params.swap_groups(options.sub_group_size);
+  adam_ = std::make_unique<SwappedAdam>(params.numel(), group_source(params), o);
+}
+
+void SwappedShard::step(const zero::ShardGrads& grads, zero::ParamPartition& params,
+                        double grad_scale) {
+  const auto hp = step_params(*options_, ++steps_, grad_scale);
+  if (grads.source)
+    adam_->step(*grads.source, params, params.dtype(), hp);
+  else
+    adam_->step(grads.tensor, params, params.dtype(), hp);
+}
+
+std::array<at::Tensor, 3> SwappedShard::state_for_load(bool) {
+  loading_ = adam_->read_state();  // fp32 with zero moments before the first step
+  return loading_;
+}
+
+void SwappedShard::finish_load(int64_t adam_step, zero::ParamPartition& params) {
+  torch::NoGradGuard no_grad;
+  auto& [master, exp_avg, exp_avg_sq] = loading_;
+  TORCH_CHECK(master.defined(), "SwappedShard::finish_load without state_for_load");
+  adam_->write_state(master, exp_avg, exp_avg_sq);
+  steps_ = adam_step;
+  params.write_all(master.to(params.dtype()));
+  loading_ = {};
+}
+
+void SwappedShard::refresh_masters(zero::ParamPartition& params) {
+  torch::NoGradGuard no_grad;
+  adam_->reset_masters(group_source(params));
+}
+
+}  // namespace offload
+}  // namespace deepspeed

@@ -1,0 +1,49 @@
+// The shard optimizer at home "nvme" (ZeRO-Infinity's optimizer offload, any ZeRO stage 1-3):
+// the rank's fp32 masters and Adam moments live in a SwappedAdam file under nvme_path; the
+// optimizer object the engine and the LR scheduler see is a FusedAdam over a 0-element
+// placeholder that only carries lr/betas/eps/weight decay. Only Adam/AdamW can be swapped (the
+// swapped update is the vectorised Adam).
+#pragma once
+#include <array>
+#include <memory>
+
+#include <torch/optim/optimizer.h>
+
+#include "offload/swapped_adam.h"
+#include "zero/shard_optimizer.h"
+
+namespace deepspeed {
+namespace offload {
+
+class SwappedShard : public zero::ShardOptimizer {
+ public:
+  // Writes the partition's initial masters to the file one sub-group at a time. Throws
+  // ConfigError for optimizers other than Adam/AdamW, IOError for a bad nvme_path.
+  SwappedShard(const zero::ShardOptions& options, zero::ParamPartition& params,
+               const zero::OptimizerFactory& make_optimizer);
+
+  void step(const zero::ShardGrads& grads, zero::ParamPartition& params, double grad_scale) override;
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return options_; }
+  std::array<at::Tensor, 3> state_for_save() override { return adam_->read_state(); }
+  std::array<at::Tensor, 3> state_for_load(bool create_moments) override;
+  void finish_load(int64_t adam_step, zero::ParamPartition& params) override;
+  int64_t adam_step() const override { return steps_; }
+  void refresh_masters(zero::ParamPartition& params) override;
+  // Re-reads every master from `params` (edits are rare: GatheredParameters with a modifier).
+  void masters_edited(zero::ParamPartition& params, int64_t, const at::Tensor&) override {
+    refresh_masters(params);
+  }
+  int64_t resident_bytes() const override { return adam_->resident_bytes(); }
+
+  SwappedAdam& adam() { return *adam_; }
+
+ private:
+  std::shared_ptr<torch::optim::Optimizer> options_;  // param-group options, no state
+  std::unique_ptr<SwappedAdam> adam_;
+  int64_t steps_ = 0;  // Adam's step count (bias correction); checkpoints save it
+  // While a checkpoint loads: the state the fragments write into, written back by finish_load.
+  std::array<at::Tensor, 3> loading_;
+};
+
+}  // namespace offload
+}  // namespace deepspeed

@@ -1,0 +1,197 @@
+#include "zero/flat_grad_reducer.h"
+
+#include <torch/torch.h>
+
+#include "zero/gradient_scaling.h"
+#include "zero/tensor_facts.h"
+
+namespace deepspeed {
+namespace zero {
+
+// ---- the shared machinery ------------------------------------------------------------------
+
+FlatGradReducer::FlatGradReducer(const StageContext& context, FlatParams& flat, int owner,
+                                 const ReductionOptions& options, at::ScalarType comm_dtype,
+                                 size_t max_in_flight, bool hooked)
+    : ctx_(context), flat_(flat), owner_(owner), options_(options), comm_dtype_(comm_dtype),
+      in_flight_(max_in_flight) {
+  for (auto& range : make_bucket_ranges(flat_, options_.bucket_numel)) buckets_.push_back({range});
+  std::vector<size_t> bucket_of_slot(flat_.slots().size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t s : buckets_[b].range.slots) bucket_of_slot[s] = b;
+  order_ = std::make_unique<BucketOrder>(std::move(bucket_of_slot), buckets_.size());
+  if (hooked)
+    for (size_t s = 0; s < flat_.slots().size(); ++s)
+      hooks_.add(flat_.slots()[s].param, [this, s] {
+        if (!reducing_) return;
+        arrived(s);
+        order_->mark_ready(s, [this](size_t b) { launch_index(b); });
+      });
+}
+
+FlatGradReducer::~FlatGradReducer() {
+  hooks_.clear();
+  for (auto& b : buckets_) wait_quietly(b.work);
+}
+
+void FlatGradReducer::start(bool reducing) {
+  reducing_ = reducing;
+  order_->begin();
+}
+
+void FlatGradReducer::launch_index(size_t b) {
+  launch(buckets_[b]);
+  in_flight_.push(b, [this](size_t i) { finish(buckets_[i]); });
+}
+
+void FlatGradReducer::end_backward() {
+  if (!reducing_) return;
+  reducing_ = false;
+  // Buckets not launched yet: no hooks (no overlap), or a parameter unused by this graph whose
+  // hook never fired (its gradient is zeros).
+  order_->launch_rest([this](size_t b) { launch_index(b); });
+  in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+}
+
+// ---- all-reduce at the boundary (stages 0, 1) ------------------------------------------------
+
+AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat, int owner,
+                                   const ReductionOptions& options, at::ScalarType comm_dtype)
+    : FlatGradReducer(context, flat, owner, options, comm_dtype, kUnboundedInFlight,
+                      /*hooked=*/options.overlap) {
+  const auto& layout = flat_.layout();
+  flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));
+  partition_ = flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel);
+  point_grads_at_buffer();
+}
+
+// .grad of each parameter is its slice of flat_grad_, so autograd accumulates in place.
+// Re-done before each backward in case the user reset the gradients (module.zero_grad()).
+void AllReduceBuckets::point_grads_at_buffer() {
+  for (auto& slot : flat_.slots()) {
+    auto view = flat_grad_.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+    auto& g = slot.param.mutable_grad();
+    if (!g.defined() || g.data_ptr() != view.data_ptr()) {
+      if (g.defined()) view.copy_(g);
+      g = view;
+    }
+  }
+}
+
+// Gradients accumulate over the micro-steps; only the boundary's backward reduces.
+void AllReduceBuckets::begin_backward(bool boundary) {
+  point_grads_at_buffer();
+  start(boundary);
+}
+
+at::Tensor AllReduceBuckets::range_of(const Bucket& b) {
+  return flat_grad_.narrow(0, b.range.begin, b.range.end - b.range.begin);
+}
+
+// Gloo adds fp16 in fp16 in an all-reduce (the reduce-scatter adds in fp32): gradient_scaling
+// then takes the mean before the sum.
+void AllReduceBuckets::launch(Bucket& b) {
+  const bool fp16_sum = comm_dtype_ == at::kHalf;
+  const double before = gradient_scaling(options_, ctx_.world_size(), fp16_sum).before_reduce;
+  auto range = range_of(b);
+  if (comm_dtype_ != range.scalar_type()) {
+    b.wire = range.to(comm_dtype_);
+    if (before != 1.0) b.wire.mul_(before);
+    b.work = ctx_.comm->all_reduce(b.wire);
+    return;
+  }
+  if (before != 1.0) range.mul_(before);
+  b.work = ctx_.comm->all_reduce(range);
+}
+
+void AllReduceBuckets::finish(Bucket& b) {
+  b.work->wait();
+  b.work.reset();
+  const bool fp16_sum = comm_dtype_ == at::kHalf;
+  const double after = gradient_scaling(options_, ctx_.world_size(), fp16_sum).after_reduce;
+  auto range = range_of(b);
+  if (b.wire.defined()) {
+    if (after != 1.0) b.wire.mul_(after);
+    range.copy_(b.wire);
+    b.wire = at::Tensor();
+  } else if (after != 1.0) {
+    range.mul_(after);
+  }
+}
+
+int64_t AllReduceBuckets::gradient_bytes() const { return storage_bytes(flat_grad_); }
+
+// ---- reduce-scatter every micro-step (stage 2) -----------------------------------------------
+
+ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatParams& flat,
+                                           const ReductionOptions& options,
+                                           at::ScalarType comm_dtype, at::ScalarType grad_dtype)
+    : FlatGradReducer(context, flat, context.rank(), options, comm_dtype,
+                      options.overlap ? kMaxBucketsInFlight : 0,
+                      /*hooked=*/true) {  // every gradient is caught as it is produced, to free it
+  partition_ = torch::zeros({flat_.layout().partition_numel}, ctx_.options(grad_dtype));
+  for (auto& b : buckets_)
+    max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
+}
+
+// The rank never holds a full gradient: every micro-step reduces.
+void ReduceScatterBuckets::begin_backward(bool) { start(true); }
+
+// Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
+void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
+  if (pool_.empty()) {
+    pool_.push_back(torch::empty({max_bucket_numel_}, ctx_.options(comm_dtype_)));
+    pool_bytes_ += storage_bytes(pool_.back());
+  }
+  b.pooled = pool_.back();
+  pool_.pop_back();
+  b.buffer = b.pooled.narrow(0, 0, b.range.end - b.range.begin);
+  b.buffer.zero_();
+}
+
+// The parameter's fresh gradient moves into its bucket and is freed at once.
+void ReduceScatterBuckets::arrived(size_t slot_index) {
+  const auto& slot = flat_.slots()[slot_index];
+  Bucket& b = buckets_[order_->bucket_of(slot_index)];
+  if (!b.buffer.defined()) borrow_buffer(b);
+  auto& g = slot.param.mutable_grad();
+  if (g.defined()) {
+    b.buffer.narrow(0, slot.offset - b.range.begin, slot.numel).copy_(g.reshape({-1}));
+    g = at::Tensor();
+  }
+}
+
+void ReduceScatterBuckets::launch(Bucket& b) {
+  const double before = gradient_scaling(options_, ctx_.world_size()).before_reduce;
+  const auto& layout = flat_.layout();
+  if (!b.buffer.defined()) borrow_buffer(b);  // no parameter of this bucket got a gradient
+  if (before != 1.0) b.buffer.mul_(before);
+  std::vector<int64_t> splits;
+  for (int r = 0; r < ctx_.world_size(); ++r)
+    splits.push_back(layout.overlap(r, b.range.begin, b.range.end));
+  b.received = torch::empty({splits[ctx_.rank()]}, ctx_.options(comm_dtype_));
+  b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+}
+
+void ReduceScatterBuckets::finish(Bucket& b) {
+  b.work->wait();
+  b.work.reset();
+  const double after = gradient_scaling(options_, ctx_.world_size()).after_reduce;
+  const auto& layout = flat_.layout();
+  if (b.received.numel() > 0) {
+    const int64_t mine = layout.begin(owner_);
+    const int64_t first = std::max(b.range.begin, mine) - mine;
+    auto target = partition_.narrow(0, first, b.received.numel());
+    if (after != 1.0) b.received.mul_(after);
+    target.add_(b.received);
+  }
+  pool_.push_back(b.pooled);
+  b.pooled = at::Tensor();
+  b.buffer = at::Tensor();
+  b.received = at::Tensor();
+}
+
+int64_t ReduceScatterBuckets::gradient_bytes() const { return storage_bytes(partition_); }
+
+}  // namespace zero
+}  // namespace deepspeed

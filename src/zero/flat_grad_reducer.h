@@ -1,0 +1,108 @@
+// The gradient-reduction part of the flat stages (0 in 16 bits, 1, 2): it turns the gradients
+// autograd produces for the parameters of a FlatParams buffer into this rank's averaged gradient
+// partition. Buckets are contiguous runs of the buffer (make_bucket_ranges), launched strictly in
+// order on every rank (BucketOrder) and finished through the shared InFlight queue.
+//
+//   AllReduceBuckets (stages 0, 1): the parameters' .grad are views of one full gradient buffer,
+//       so autograd accumulates in place over micro-steps; at the accumulation boundary each
+//       bucket is all-reduced in place (in communication_data_type when it differs). The
+//       partition is a view of the buffer.                     gradient bytes: 2 or 4 Ψ
+//   ReduceScatterBuckets (stage 2): no full gradient buffer. As backward produces a parameter's
+//       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
+//       (uneven splits: each rank receives the part inside its partition) and added to the
+//       contiguous gradient partition. Every micro-step reduces.  gradient bytes: Ψ/N + buckets
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "zero/bucket_order.h"
+#include "zero/flat_params.h"
+#include "zero/gradient_hooks.h"
+#include "zero/in_flight.h"
+#include "zero/stage_options.h"
+
+namespace deepspeed {
+namespace zero {
+
+class FlatGradReducer {
+ public:
+  virtual ~FlatGradReducer();
+  // Around loss.backward(); COLLECTIVE at a boundary (and every micro-step for the scatterer).
+  virtual void begin_backward(bool boundary) = 0;
+  void end_backward();
+  // This rank's averaged gradients (its partition of the buffer), valid after a boundary's
+  // end_backward until zero().
+  at::Tensor& partition() { return partition_; }
+  virtual void zero() = 0;             // drops the gradients (after a step, or an overflow)
+  virtual int64_t gradient_bytes() const = 0;
+  int64_t comm_buffer_bytes() const { return pool_bytes_; }
+
+ protected:
+  struct Bucket {
+    BucketRange range;
+    at::Tensor pooled;    // scatterer: the full-size pool buffer lent to this bucket
+    at::Tensor buffer;    // scatterer: its first (end - begin) elements, the bucket's gradients
+    at::Tensor received;  // scatterer: this rank's reduced part
+    at::Tensor wire;      // all-reduce: the bucket converted to communication_data_type
+    comm::WorkPtr work;
+  };
+  // `hooked`: catch every gradient as autograd produces it (overlap, or to free it at once).
+  FlatGradReducer(const StageContext& context, FlatParams& flat, int owner,
+                  const ReductionOptions& options, at::ScalarType comm_dtype, size_t max_in_flight,
+                  bool hooked);
+  void start(bool reducing);
+  virtual void arrived(size_t slot) {}
+  virtual void launch(Bucket& b) = 0;
+  virtual void finish(Bucket& b) = 0;
+  void launch_index(size_t b);
+
+  StageContext ctx_;
+  FlatParams& flat_;
+  const int owner_;  // the partition this rank owns: its rank, or 0 when unpartitioned
+  ReductionOptions options_;
+  at::ScalarType comm_dtype_;  // gradients travel in this dtype
+  at::Tensor partition_;
+  std::vector<Bucket> buckets_;
+  std::unique_ptr<BucketOrder> order_;
+  InFlight in_flight_;
+  int64_t pool_bytes_ = 0;
+  bool reducing_ = false;
+  GradientHooks hooks_;
+};
+
+class AllReduceBuckets : public FlatGradReducer {
+ public:
+  AllReduceBuckets(const StageContext& context, FlatParams& flat, int owner,
+                   const ReductionOptions& options, at::ScalarType comm_dtype);
+  void begin_backward(bool boundary) override;
+  void zero() override { flat_grad_.zero_(); }
+  int64_t gradient_bytes() const override;
+
+ private:
+  void launch(Bucket& b) override;
+  void finish(Bucket& b) override;
+  void point_grads_at_buffer();
+  at::Tensor range_of(const Bucket& b);
+  at::Tensor flat_grad_;  // the full gradient buffer, in the parameter dtype
+};
+
+class ReduceScatterBuckets : public FlatGradReducer {
+ public:
+  // `grad_dtype`: the partition's dtype (grad_accum_dtype, may be wider than the parameters').
+  ReduceScatterBuckets(const StageContext& context, FlatParams& flat, const ReductionOptions& options,
+                       at::ScalarType comm_dtype, at::ScalarType grad_dtype);
+  void begin_backward(bool boundary) override;
+  void zero() override { partition_.zero_(); }
+  int64_t gradient_bytes() const override;
+
+ private:
+  void arrived(size_t slot) override;
+  void launch(Bucket& b) override;
+  void finish(Bucket& b) override;
+  void borrow_buffer(Bucket& b);
+  std::vector<at::Tensor> pool_;  // free bucket buffers, reused across micro-steps
+  int64_t max_bucket_numel_ = 0;  // every pool buffer has this size, so any fits any bucket
+};
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,130 @@
+#include "zero/flat_ownership.h"
+
+#include <torch/torch.h>
+
+#include "checkpoint/layout.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+
+// Slot i of the flat buffer holds parameter (n - 1 - i): FlatParams lays them in reverse order.
+size_t param_of_slot(size_t slot, size_t n) { return n - 1 - slot; }
+
+// Elements [offset, offset + numel) of a parameter living at flat position `at` of the state
+// tensors [master, exp_avg, exp_avg_sq] (moments may be undefined), whose element 0 is flat
+// position `base`.
+StateFragment fragment(const std::array<at::Tensor, 3>& t, size_t param, int64_t offset,
+                       int64_t numel, int64_t at, int64_t base) {
+  StateFragment f;
+  f.param = param;
+  f.offset = offset;
+  f.numel = numel;
+  f.master = t[0].narrow(0, at - base, numel);
+  if (t[1].defined()) f.exp_avg = t[1].narrow(0, at - base, numel);
+  if (t[2].defined()) f.exp_avg_sq = t[2].narrow(0, at - base, numel);
+  return f;
+}
+
+class Sharded : public FlatOwnership {
+ public:
+  Sharded(const StageContext& context, int64_t allgather_bucket_numel)
+      : FlatOwnership(context, context.world_size(), context.rank()),
+        allgather_bucket_numel_(allgather_bucket_numel) {}
+
+  // Chunk c of every partition travels in one all_gather of at most allgather_bucket_size
+  // elements.
+  void share_updates(FlatParams& flat) override {
+    torch::NoGradGuard no_grad;
+    const int world = ctx_.world_size();
+    if (world == 1) return;
+    const auto& layout = flat.layout();
+    at::Tensor own = flat.partition(owner_);
+    at::Tensor& buffer = flat.buffer();
+    const int64_t P = layout.partition_numel;
+    const int64_t chunk = std::max<int64_t>(1, std::min(P, allgather_bucket_numel_ / world));
+    for (int64_t c = 0; c < P; c += chunk) {
+      const int64_t n = std::min(chunk, P - c);
+      at::Tensor mine = own.narrow(0, c, n).clone();
+      if (n == P) {
+        ctx_.comm->all_gather(buffer, mine)->wait();  // partitions are contiguous: in place
+        continue;
+      }
+      at::Tensor gathered = torch::empty({n * world}, buffer.options());
+      ctx_.comm->all_gather(gathered, mine)->wait();
+      for (int r = 0; r < world; ++r)
+        buffer.narrow(0, layout.begin(r) + c, n).copy_(gathered.narrow(0, r * n, n));
+    }
+  }
+
+  void sum_over_owners(at::Tensor& squares) override { ctx_.comm->all_reduce(squares)->wait(); }
+
+  // This rank's partition, cut at parameter boundaries.
+  std::vector<StateFragment> fragments_to_save(const FlatParams& flat,
+                                               const std::array<at::Tensor, 3>& state) override {
+    const auto& slots = flat.slots();
+    const size_t n = slots.size();
+    const auto& layout = flat.layout();
+    const int64_t begin = layout.begin(owner_), end = layout.end(owner_);
+    std::vector<StateFragment> out;
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t lo = std::max(begin, slots[i].offset);
+      const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
+      if (hi > lo)
+        out.push_back(fragment(state, param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
+    }
+    return out;
+  }
+  std::vector<StateFragment> fragments_to_load(const FlatParams& flat,
+                                               const std::array<at::Tensor, 3>& state) override {
+    return fragments_to_save(flat, state);
+  }
+
+ private:
+  int64_t allgather_bucket_numel_;
+};
+
+class Replicated : public FlatOwnership {
+ public:
+  explicit Replicated(const StageContext& context) : FlatOwnership(context, 1, 0) {}
+  void share_updates(FlatParams&) override {}
+  void sum_over_owners(at::Tensor&) override {}  // every rank holds the whole average
+
+  // The 1/N share a partition would hold.
+  std::vector<StateFragment> fragments_to_save(const FlatParams& flat,
+                                               const std::array<at::Tensor, 3>& state) override {
+    const auto& slots = flat.slots();
+    const size_t n = slots.size();
+    std::vector<int64_t> numels(n);
+    for (size_t i = 0; i < n; ++i) numels[param_of_slot(i, n)] = slots[i].numel;
+    std::vector<StateFragment> out;
+    for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
+      out.push_back(fragment(state, r.param, r.offset, r.numel,
+                             slots[param_of_slot(r.param, n)].offset + r.offset, 0));
+    return out;
+  }
+  // Every parameter whole.
+  std::vector<StateFragment> fragments_to_load(const FlatParams& flat,
+                                               const std::array<at::Tensor, 3>& state) override {
+    const auto& slots = flat.slots();
+    std::vector<StateFragment> out;
+    for (size_t i = 0; i < slots.size(); ++i)
+      out.push_back(fragment(state, param_of_slot(i, slots.size()), 0, slots[i].numel,
+                             slots[i].offset, 0));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<FlatOwnership> make_sharded_ownership(const StageContext& context,
+                                                      int64_t allgather_bucket_numel) {
+  return std::make_unique<Sharded>(context, allgather_bucket_numel);
+}
+
+std::unique_ptr<FlatOwnership> make_replicated_ownership(const StageContext& context) {
+  return std::make_unique<Replicated>(context);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,62 @@
+// ZeRO stages 0 (16-bit), 1 and 2: the trainable parameters in one flat buffer (FlatParams),
+// composed of three parts chosen once by the builder:
+//   - who owns what (flat_ownership.h): sharded partitions all-gathered after the step (1, 2),
+//     or one replicated partition (0);
+//   - how gradients are reduced (flat_grad_reducer.h): all-reduce at the boundary (0, 1) or
+//     reduce-scatter every micro-step (2);
+//   - the shard optimizer (shard_optimizer.h): fp32 masters and moments in memory or on NVMe.
+// Bytes per parameter, Ψ parameters over N ranks:
+//   stage 0 (16-bit): 2Ψ + 2Ψ + 12Ψ;  stage 1: fp32 4Ψ + 4Ψ + 8Ψ/N, 16-bit 4Ψ + 12Ψ/N;
+//   stage 2: fp32 4Ψ + 12Ψ/N, 16-bit 2Ψ + 14Ψ/N.
+// In fp32 the partition of the parameter buffer is itself the master copy. The fused Adam writes
+// the updated master and its 16-bit rounding into the parameter buffer in one pass; the updated
+// partitions are then all-gathered back into the buffer.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "zero/flat_grad_reducer.h"
+#include "zero/flat_ownership.h"
+#include "zero/flat_params.h"
+#include "zero/shard_optimizer.h"
+#include "zero/stage.h"
+#include "zero/stage_options.h"
+
+namespace deepspeed {
+namespace zero {
+
+class FlatStage : public ZeroStage {
+ public:
+  // `make_optimizer` builds the optimizer over the rank's fp32 master partition.
+  // REQUIRES: every parameter has options.param_dtype.
+  FlatStage(std::vector<at::Tensor> params, const StageContext& context,
+            const FlatStageOptions& options, const OptimizerFactory& make_optimizer);
+
+  void begin_backward(bool boundary) override { grads_->begin_backward(boundary); }
+  void end_backward(bool) override { grads_->end_backward(); }
+  double global_grad_norm() override;
+  void step(double grad_scale) override;
+  void discard_gradients() override { grads_->zero(); }
+  MemoryReport memory() const override;
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
+  // Checkpoints: the shard's state as fragments of the owner's partition.
+  std::vector<StateFragment> fragments_to_save() override;
+  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  int64_t adam_step() const override { return shard_->adam_step(); }
+  void finish_load(int64_t adam_step) override;
+  void refresh_masters_from_model() override { shard_->refresh_masters(*partition_); }
+  bool replicated_state() const override { return ownership_->parts() == 1; }
+
+  const FlatParams& flat() const { return *flat_; }
+
+ private:
+  StageContext ctx_;
+  std::unique_ptr<FlatParams> flat_;
+  std::unique_ptr<FlatOwnership> ownership_;
+  std::unique_ptr<TensorPartition> partition_;  // the owner's slice of the buffer
+  std::unique_ptr<FlatGradReducer> grads_;
+  std::unique_ptr<ShardOptimizer> shard_;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,125 @@
+// The in-memory shard optimizer, and the one place a shard's home is chosen.
+#include "zero/shard_optimizer.h"
+
+#include <torch/torch.h>
+
+#include "deepspeed/errors.h"
+#include "offload/swapped_shard.h"
+#include "optim/fused_adam.h"
+#include "zero/adam_state_checkpoint.h"
+#include "zero/optimizer_state_bytes.h"
+#include "zero/tensor_facts.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+
+// Masters and moments in (host) memory, stepped by a torch::optim::Optimizer over one fp32
+// tensor: the partition itself when it is fp32 and resident (`aliased`), else an fp32 copy.
+class InMemoryShard : public ShardOptimizer {
+ public:
+  InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer) {
+    at::Tensor resident = params.resident();
+    mixed_ = params.dtype() != at::kFloat;
+    aliased_ = !mixed_ && resident.defined();
+    master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+    optimizer_ = make_optimizer({master_});
+    fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+    // FusedAdam writes the 16-bit rounding of each updated master straight into the partition,
+    // in the same pass (no separate copy-back) — possible when the partition is in memory.
+    if (fused_ && mixed_ && resident.defined()) {
+      fused_->set_half_copy(master_, resident);
+      half_copy_ = true;
+    }
+  }
+
+  void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
+    TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
+    if (!mixed_) {
+      if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
+      master_.mutable_grad() = grads.tensor;
+      optimizer_->step();
+      if (aliased_) return;  // the partition was updated in place
+      master_.mutable_grad() = at::Tensor();
+      params.write_all(master_);
+      return;
+    }
+    // The optimizer works in fp32: a transient widened copy of the gradient partition (4Ψ/N for
+    // the length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
+    at::Tensor grad32 = grads.tensor.to(torch::kFloat);
+    if (grad32.data_ptr() == grads.tensor.data_ptr()) grad32 = grad32.clone();
+    master_.mutable_grad() = grad32;
+    if (fused_)
+      fused_->set_grad_scale(static_cast<float>(grad_scale));
+    else if (grad_scale != 1.0)
+      grad32.mul_(grad_scale);
+    optimizer_->step();
+    master_.mutable_grad() = at::Tensor();
+    if (!half_copy_) params.write_all(master_.to(params.dtype()));
+  }
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
+
+  std::array<at::Tensor, 3> state_for_save() override { return state(/*create_moments=*/false); }
+  std::array<at::Tensor, 3> state_for_load(bool create_moments) override {
+    return state(create_moments);
+  }
+
+  void finish_load(int64_t adam_step, ParamPartition& params) override {
+    torch::NoGradGuard no_grad;
+    set_fused_adam_step(*optimizer_, master_, adam_step);
+    if (!aliased_) params.write_all(master_.to(params.dtype()));
+  }
+
+  int64_t adam_step() const override { return fused_adam_step(*optimizer_, master_); }
+
+  void refresh_masters(ParamPartition& params) override {
+    torch::NoGradGuard no_grad;
+    if (!aliased_) master_.copy_(params.read_all());
+  }
+
+  void masters_edited(ParamPartition&, int64_t begin, const at::Tensor& values) override {
+    torch::NoGradGuard no_grad;
+    if (!aliased_) master_.narrow(0, begin, values.numel()).copy_(values);
+  }
+
+  int64_t resident_bytes() const override {
+    return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_));
+  }
+
+ private:
+  std::array<at::Tensor, 3> state(bool create_moments) {
+    if (master_.scalar_type() != at::kFloat)
+      throw CheckpointError("checkpoint: the ZeRO master partition is " +
+                            std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
+    std::array<at::Tensor, 3> t{master_, at::Tensor(), at::Tensor()};
+    attach_moments(adam_state_for(*optimizer_, master_, create_moments), 0, master_.numel(), t[1],
+                   t[2]);
+    return t;
+  }
+
+  at::Tensor master_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  optim::FusedAdam* fused_ = nullptr;
+  bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
+  bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
+  bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
+};
+
+}  // namespace
+
+std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options,
+                                                     ParamPartition& params,
+                                                     const OptimizerFactory& make_optimizer) {
+  switch (options.home) {
+    case OffloadDevice::kNvme:
+      return std::make_unique<offload::SwappedShard>(options, params, make_optimizer);
+    case OffloadDevice::kNone:
+    case OffloadDevice::kCpu:
+      break;
+  }
+  return std::make_unique<InMemoryShard>(params, make_optimizer);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,120 @@
+// The shard optimizer: this rank's fp32 master weights and optimizer moments for its partition,
+// and where they live. Every ZeRO stage from 0 (16-bit) to 3 updates its partition through one of
+// these, so the step, the checkpoint fragments and the load path exist once:
+//
+//   home none or cpu     InMemoryShard: a torch::optim::Optimizer over one fp32 tensor. When the
+//                        partition itself is fp32 and in memory, the partition *is* the master
+//                        (no second copy). This CPU build computes in host memory, so cpu
+//                        offload is this same shard; a CUDA build keeps the masters in host memory
+//                        while the partition is on the device.
+//   home nvme            offload::SwappedShard (offload/swapped_shard.h): masters and moments in a
+//                        file, streamed through the vectorised Adam one sub-group at a time.
+//
+// The stage hands the shard its partition as a ParamPartition (where the parameters in their
+// training dtype live: a slice of the flat buffer, or stage 3's ParamStore) and its averaged
+// gradients as ShardGrads. Not thread-safe; every call comes from the engine's thread.
+#pragma once
+#include <array>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include "offload/swapped_adam.h"  // ParamSink, GradSource
+#include "zero/stage_options.h"
+
+namespace deepspeed {
+namespace zero {
+
+using OptimizerFactory =
+    std::function<std::shared_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+// This rank's partition of the trainable parameters, in their training dtype, wherever it lives.
+// As a ParamSink it receives the updated values a swapped optimizer streams out.
+class ParamPartition : public offload::ParamSink {
+ public:
+  virtual int64_t numel() const = 0;
+  virtual at::ScalarType dtype() const = 0;
+  // The whole partition as one tensor in memory (writes through), or undefined when it is not
+  // (parameters swapped to a file).
+  virtual at::Tensor resident() const = 0;
+  virtual at::Tensor read_all() = 0;                  // a copy of the whole partition
+  virtual void write_all(const at::Tensor& values) = 0;  // any float dtype, converted
+  virtual at::Tensor read_group(int64_t begin, int64_t numel) = 0;
+  // How a swapped optimizer must cut the partition into sub-groups (empty: every sub_group_size
+  // elements). Stage 3 cuts at unit boundaries so each sub-group is one aligned file region.
+  virtual std::vector<std::pair<int64_t, int64_t>> swap_groups(int64_t sub_group_size) const {
+    return {};
+  }
+};
+
+// A partition that is one tensor in memory (stages 0-2: a slice of the flat buffer).
+class TensorPartition : public ParamPartition {
+ public:
+  explicit TensorPartition(at::Tensor slice) : slice_(std::move(slice)) {}
+  int64_t numel() const override { return slice_.numel(); }
+  at::ScalarType dtype() const override { return slice_.scalar_type(); }
+  at::Tensor resident() const override { return slice_; }
+  at::Tensor read_all() override { return slice_.clone(); }
+  void write_all(const at::Tensor& values) override { slice_.copy_(values); }
+  at::Tensor read_group(int64_t begin, int64_t numel) override { return slice_.narrow(0, begin, numel); }
+  void* begin_group(int64_t begin, int64_t) override {
+    return static_cast<char*>(slice_.data_ptr()) + begin * slice_.element_size();
+  }
+  void end_group(int64_t, int64_t) override {}
+
+ private:
+  at::Tensor slice_;
+};
+
+// The averaged gradients of the partition: one tensor in memory, or (stage 3 with a swapped
+// optimizer) a source that reads them back sub-group by sub-group.
+struct ShardGrads {
+  at::Tensor tensor;                      // 1-D, partition numel, any float dtype
+  offload::GradSource* source = nullptr;  // when set, tensor is undefined
+};
+
+class ShardOptimizer {
+ public:
+  virtual ~ShardOptimizer() = default;
+  // One update: gradients times grad_scale, the optimizer's rule, the new values written into
+  // `params` (rounded to its dtype). `grads.tensor` may be scaled in place.
+  virtual void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) = 0;
+  // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).
+  virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
+
+  // ---- checkpoints ----
+  // [master, exp_avg, exp_avg_sq] over the whole partition, fp32, 1-D. Moments are undefined
+  // when the optimizer keeps none (not FusedAdam, or no state yet unless create_moments). For
+  // saving, reading them saves; after state_for_load(), writing them and then finish_load()
+  // loads. A swapped shard returns copies read from its file.
+  virtual std::array<at::Tensor, 3> state_for_save() = 0;
+  virtual std::array<at::Tensor, 3> state_for_load(bool create_moments) = 0;
+  // After the state_for_load() tensors were written: the Adam step count (when >= 0) is set and
+  // `params` receives the masters.
+  virtual void finish_load(int64_t adam_step, ParamPartition& params) = 0;
+  // FusedAdam's step count, 0 before the first step, -1 for other optimizers.
+  virtual int64_t adam_step() const = 0;
+  // The parameters were edited outside the optimizer (load_module_only, GatheredParameters with
+  // a modifier rank): the masters are taken from `params`.
+  virtual void refresh_masters(ParamPartition& params) = 0;
+  // Elements [begin, begin + values.numel()) of `params` were just set to `values` outside the
+  // optimizer: the masters there follow (the others keep their fp32 precision).
+  virtual void masters_edited(ParamPartition& params, int64_t begin, const at::Tensor& values) = 0;
+
+  // Optimizer-state bytes held in memory (masters that are not the partition, moments, buffers).
+  virtual int64_t resident_bytes() const = 0;
+};
+
+// Builds the shard for `params` in its configured home. `make_optimizer` builds the optimizer
+// over the given fp32 tensors. Throws ConfigError when the home cannot run that optimizer
+// (NVMe: Adam/AdamW only), IOError for a bad nvme_path.
+std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options,
+                                                     ParamPartition& params,
+                                                     const OptimizerFactory& make_optimizer);
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,91 @@
+// What a ZeRO stage is built from, decided once in runtime/build_engine.cpp: the context every
+// part allocates and communicates through, and one options struct per part (never a copy of the
+// whole Config: a part sees only the keys that concern it, already parsed into types).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/TensorOptions.h>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+
+namespace deepspeed {
+namespace zero {
+
+// Where a stage's tensors live and whom it talks to. Every allocation of the parts goes through
+// options(): giving the context a CUDA device is what moves parameters, gradients and buckets
+// onto the GPU.
+struct StageContext {
+  comm::CommunicatorPtr comm;  // the data-parallel group (Topology::data_parallel())
+  c10::Device device = c10::kCPU;
+
+  at::TensorOptions options(at::ScalarType dtype) const {
+    return at::TensorOptions().dtype(dtype).device(device);
+  }
+  int rank() const { return comm->rank(); }
+  int world_size() const { return comm->world_size(); }
+};
+
+// offload_optimizer.device / offload_param.device, parsed once (the config keeps the strings
+// users wrote).
+enum class OffloadDevice { kNone, kCpu, kNvme };
+OffloadDevice offload_device(const OffloadConfig& config);
+
+// How gradients are averaged over the data-parallel group (gradient_scaling.h) and cut into
+// buckets (reduce_bucket_size elements) for the collectives.
+struct ReductionOptions {
+  int64_t bucket_numel = 500000000;  // zero_optimization.reduce_bucket_size (at least 1)
+  bool overlap = false;              // zero_optimization.overlap_comm (resolved default)
+  std::string comm_dtype;            // communication_data_type: "", "fp32", "fp16", "bf16"
+  bool prescale = false;             // prescale_gradients
+  double predivide_factor = 1.0;     // gradient_predivide_factor
+};
+
+// Where the shard optimizer keeps the fp32 masters and moments (zero/shard_optimizer.h).
+struct ShardOptions {
+  OffloadDevice home = OffloadDevice::kNone;  // offload_optimizer.device
+  std::string nvme_path;                      // offload_optimizer.nvme_path
+  int64_t buffer_count = 4;                   // offload_optimizer.buffer_count
+  int64_t sub_group_size = 1000000000;        // zero_optimization.sub_group_size
+  AioConfig aio;
+};
+
+// Stages 0 (16-bit), 1 and 2 over one flat buffer (zero/flat_stage.h).
+struct FlatStageOptions {
+  at::ScalarType param_dtype = at::kFloat;  // every trainable parameter's (checked by the builder)
+  // true: each rank owns 1/N of the buffer (stages 1, 2); false: one partition spanning the
+  // buffer, the same on every rank (stage 0 in 16 bits).
+  bool partitioned = true;
+  // true: reduce-scatter every micro-step into a gradient partition (stage 2); false: all-reduce
+  // a full gradient buffer at the accumulation boundary (stages 0, 1).
+  bool scatter_gradients = false;
+  std::string grad_accum_dtype;         // stage 2's gradient partition dtype ("" = parameters')
+  int64_t allgather_bucket_numel = 500000000;  // zero_optimization.allgather_bucket_size
+  ReductionOptions reduction;
+  ShardOptions shard;
+};
+
+// Stage 3 (zero/stage3/stage3.h): its units, gatherer and parameter store read the
+// zero_optimization keys they document.
+struct Stage3Options {
+  at::ScalarType param_dtype = at::kFloat;  // every trainable parameter's (checked by the builder)
+  ZeroConfig zero;
+  AioConfig aio;
+  ReductionOptions reduction;
+  ShardOptions shard;
+};
+
+// Stage 0 in fp32 (zero/data_parallel.h): the optimizer steps the module's own parameters.
+struct DataParallelOptions {
+  ReductionOptions reduction;
+};
+
+// The parts' options from a parsed config.
+ReductionOptions reduction_options(const Config& config);
+ShardOptions shard_options(const Config& config);
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,163 @@
+// The shard optimizer's homes (memory, "cpu" offload, NVMe) run through one test body: the same
+// gradients must give bit for bit the same partition, masters and moments whatever the home, in
+// fp32 and bf16; a checkpoint taken from one home loads into another and training continues
+// identically; parameters edited outside the optimizer become the masters.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <torch/torch.h>
+
+#include "optim/fused_adam.h"
+#include "zero/shard_optimizer.h"
+
+namespace fs = std::filesystem;
+using deepspeed::zero::OffloadDevice;
+using deepspeed::zero::ShardGrads;
+using deepspeed::zero::ShardOptimizer;
+using deepspeed::zero::ShardOptions;
+using deepspeed::zero::TensorPartition;
+
+namespace {
+
+struct SwapDir {
+  SwapDir() {
+    path = fs::temp_directory_path() / ("shard_optimizer_test." + std::to_string(::getpid()));
+    fs::create_directories(path);
+  }
+  ~SwapDir() { fs::remove_all(path); }
+  fs::path path;
+};
+
+deepspeed::zero::OptimizerFactory adamw() {
+  return [](std::vector<at::Tensor> params) {
+    deepspeed::AdamHyper h;
+    h.lr = 1e-2;
+    h.weight_decay = 0.1;
+    return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params), h);
+  };
+}
+
+ShardOptions home(OffloadDevice device, const fs::path& dir) {
+  ShardOptions o;
+  o.home = device;
+  o.nvme_path = dir.string();
+  o.sub_group_size = 1000;  // several sub-groups, the last one short
+  o.buffer_count = 3;
+  o.aio.block_size = 8192;
+  return o;
+}
+
+constexpr int64_t kNumel = 4099;
+
+at::Tensor gradient(int step, at::ScalarType dtype) {
+  torch::manual_seed(100 + step);
+  return torch::randn({kNumel}).to(dtype);
+}
+
+struct Run {
+  at::Tensor partition;
+  std::array<at::Tensor, 3> state;  // copies
+};
+
+std::array<at::Tensor, 3> copies(const std::array<at::Tensor, 3>& s) {
+  return {s[0].clone(), s[1].defined() ? s[1].clone() : s[1], s[2].defined() ? s[2].clone() : s[2]};
+}
+
+// `steps` updates of a fresh shard at `device`, with grad_scale 0.5 on the second.
+Run train(OffloadDevice device, at::ScalarType dtype, int steps, const fs::path& dir) {
+  torch::manual_seed(7);
+  at::Tensor values = torch::randn({kNumel}).to(dtype);
+  TensorPartition partition(values);
+  auto shard = deepspeed::zero::make_shard_optimizer(home(device, dir), partition, adamw());
+  for (int s = 0; s < steps; ++s)
+    shard->step(ShardGrads{gradient(s, dtype)}, partition, s == 1 ? 0.5 : 1.0);
+  EXPECT_EQ(shard->adam_step(), steps);
+  return {values.clone(), copies(shard->state_for_save())};
+}
+
+void expect_same(const Run& a, const Run& b) {
+  EXPECT_TRUE(torch::equal(a.partition, b.partition));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(a.state[i], b.state[i])) << "state " << i;
+}
+
+}  // namespace
+
+class ShardHomes : public ::testing::TestWithParam<std::tuple<OffloadDevice, at::ScalarType>> {};
+
+TEST_P(ShardHomes, StepMatchesTheInMemoryShardBitForBit) {
+  auto [device, dtype] = GetParam();
+  SwapDir dir;
+  expect_same(train(device, dtype, 4, dir.path), train(OffloadDevice::kNone, dtype, 4, dir.path));
+}
+
+TEST_P(ShardHomes, CheckpointFromAnyHomeResumesInAnyOther) {
+  auto [device, dtype] = GetParam();
+  SwapDir dir;
+  const Run reference = train(OffloadDevice::kNone, dtype, 5, dir.path);
+
+  // Three steps here, save; load into a shard at the other home; two more steps there.
+  torch::manual_seed(7);
+  at::Tensor values = torch::randn({kNumel}).to(dtype);
+  TensorPartition partition(values);
+  auto first = deepspeed::zero::make_shard_optimizer(home(device, dir.path), partition, adamw());
+  for (int s = 0; s < 3; ++s)
+    first->step(ShardGrads{gradient(s, dtype)}, partition, s == 1 ? 0.5 : 1.0);
+  const auto saved = copies(first->state_for_save());
+  const int64_t step = first->adam_step();
+  first.reset();
+
+  const OffloadDevice other = device == OffloadDevice::kNvme ? OffloadDevice::kNone : OffloadDevice::kNvme;
+  at::Tensor reloaded = torch::zeros({kNumel}, dtype);
+  TensorPartition target(reloaded);
+  auto second = deepspeed::zero::make_shard_optimizer(home(other, dir.path), target, adamw());
+  auto state = second->state_for_load(/*create_moments=*/true);
+  for (int i = 0; i < 3; ++i) state[i].copy_(saved[i]);
+  second->finish_load(step, target);
+  EXPECT_EQ(second->adam_step(), 3);
+  EXPECT_TRUE(torch::equal(reloaded, saved[0].to(dtype)));  // the partition follows the masters
+  for (int s = 3; s < 5; ++s) second->step(ShardGrads{gradient(s, dtype)}, target, 1.0);
+  expect_same({reloaded.clone(), copies(second->state_for_save())}, reference);
+}
+
+TEST_P(ShardHomes, EditedParametersBecomeTheMasters) {
+  auto [device, dtype] = GetParam();
+  SwapDir dir;
+  torch::manual_seed(7);
+  at::Tensor values = torch::randn({kNumel}).to(dtype);
+  TensorPartition partition(values);
+  auto shard = deepspeed::zero::make_shard_optimizer(home(device, dir.path), partition, adamw());
+  shard->step(ShardGrads{gradient(0, dtype)}, partition, 1.0);
+  at::Tensor edit = torch::full({100}, 0.25, dtype);
+  values.narrow(0, 2000, 100).copy_(edit);
+  shard->masters_edited(partition, 2000, edit);
+  auto masters = shard->state_for_save()[0];
+  EXPECT_TRUE(torch::equal(masters.narrow(0, 2000, 100), edit.to(torch::kFloat)));
+  // After a whole refresh every master equals the partition (widened).
+  values.fill_(-1.5);
+  shard->refresh_masters(partition);
+  EXPECT_TRUE(torch::equal(shard->state_for_save()[0], values.to(torch::kFloat)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    MemoryCpuNvme, ShardHomes,
+    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu,
+                                         OffloadDevice::kNvme),
+                       ::testing::Values(at::kFloat, at::kBFloat16)));
+
+TEST(ShardOptimizer, NvmeHomeRefusesAnOptimizerItCannotSwap) {
+  SwapDir dir;
+  at::Tensor values = torch::zeros({kNumel});
+  TensorPartition partition(values);
+  auto sgd = [](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+    return std::make_shared<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.1));
+  };
+  try {
+    deepspeed::zero::make_shard_optimizer(home(OffloadDevice::kNvme, dir.path), partition, sgd);
+    FAIL() << "expected a ConfigError";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.device"), std::string::npos) << e.what();
+  }
+}

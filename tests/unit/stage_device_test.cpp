@@ -1,0 +1,56 @@
+// The device seam: every tensor a flat stage allocates (parameter buffer, gradient buffer or
+// partition, shard master) is made on StageContext::device, so a CUDA engine is a matter of
+// giving the context a CUDA device. Checked here with libtorch's "meta" device, which every build
+// has: a tensor allocated without the context's options would land on the CPU and show.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "deepspeed/comm.h"
+#include "zero/flat_stage.h"
+
+using deepspeed::zero::FlatStage;
+using deepspeed::zero::FlatStageOptions;
+using deepspeed::zero::StageContext;
+
+namespace {
+
+std::vector<at::Tensor> meta_params() {
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Linear(16, 3));
+  net->to(torch::Device(torch::kMeta));
+  std::vector<at::Tensor> params;
+  for (auto& p : net->parameters()) params.push_back(p);
+  return params;
+}
+
+// Optimizers that do not step are enough: construction is where the stage allocates.
+std::shared_ptr<torch::optim::Optimizer> sgd(std::vector<at::Tensor> params) {
+  return std::make_shared<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.1));
+}
+
+}  // namespace
+
+class FlatStageOnTheContextDevice : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(FlatStageOnTheContextDevice, EveryStageTensorIsOnIt) {
+  auto [partitioned, scatter] = GetParam();
+  auto params = meta_params();
+  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::Device(torch::kMeta)};
+  FlatStageOptions o;
+  o.partitioned = partitioned;
+  o.scatter_gradients = scatter;
+  o.reduction.bucket_numel = 50;
+  FlatStage stage(params, ctx, o, sgd);
+  EXPECT_TRUE(stage.flat().buffer().is_meta());
+  for (auto& p : params) {
+    EXPECT_TRUE(p.is_meta());
+    if (p.grad().defined()) EXPECT_TRUE(p.grad().is_meta());  // views of the gradient buffer
+  }
+  for (auto& group : stage.optimizer()->param_groups())
+    for (auto& master : group.params()) EXPECT_TRUE(master.is_meta());
+  EXPECT_GT(stage.memory().gradients, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Reducers, FlatStageOnTheContextDevice,
+                         ::testing::Values(std::make_tuple(true, false), std::make_tuple(true, true),
+                                           std::make_tuple(false, false)));

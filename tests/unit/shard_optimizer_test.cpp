@@ -57,7 +57,7 @@ at::Tensor gradient(int step, at::ScalarType dtype) {
   return torch::randn({kNumel}).to(dtype);
 }
 
-struct Run {
+struct Trained {
   at::Tensor partition;
   std::array<at::Tensor, 3> state;  // copies
 };
@@ -67,7 +67,7 @@ std::array<at::Tensor, 3> copies(const std::array<at::Tensor, 3>& s) {
 }
 
 // `steps` updates of a fresh shard at `device`, with grad_scale 0.5 on the second.
-Run train(OffloadDevice device, at::ScalarType dtype, int steps, const fs::path& dir) {
+Trained train(OffloadDevice device, at::ScalarType dtype, int steps, const fs::path& dir) {
   torch::manual_seed(7);
   at::Tensor values = torch::randn({kNumel}).to(dtype);
   TensorPartition partition(values);
@@ -78,7 +78,7 @@ Run train(OffloadDevice device, at::ScalarType dtype, int steps, const fs::path&
   return {values.clone(), copies(shard->state_for_save())};
 }
 
-void expect_same(const Run& a, const Run& b) {
+void expect_same(const Trained& a, const Trained& b) {
   EXPECT_TRUE(torch::equal(a.partition, b.partition));
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(a.state[i], b.state[i])) << "state " << i;
 }
@@ -96,7 +96,7 @@ TEST_P(ShardHomes, StepMatchesTheInMemoryShardBitForBit) {
 TEST_P(ShardHomes, CheckpointFromAnyHomeResumesInAnyOther) {
   auto [device, dtype] = GetParam();
   SwapDir dir;
-  const Run reference = train(OffloadDevice::kNone, dtype, 5, dir.path);
+  const Trained reference = train(OffloadDevice::kNone, dtype, 5, dir.path);
 
   // Three steps here, save; load into a shard at the other home; two more steps there.
   torch::manual_seed(7);

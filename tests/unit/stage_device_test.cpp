@@ -15,11 +15,11 @@ using deepspeed::zero::StageContext;
 
 namespace {
 
+// Leaf parameters made on the meta device (Module::to cannot move CPU parameters there).
 std::vector<at::Tensor> meta_params() {
-  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::Linear(16, 3));
-  net->to(torch::Device(torch::kMeta));
   std::vector<at::Tensor> params;
-  for (auto& p : net->parameters()) params.push_back(p);
+  for (auto shape : {std::vector<int64_t>{16, 8}, {16}, {3, 16}, {3}})
+    params.push_back(torch::empty(shape, torch::device(torch::kMeta)).requires_grad_());
   return params;
 }
 

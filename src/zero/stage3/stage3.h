@@ -41,9 +41,9 @@ class Stage3 : public ZeroStage {
  public:
   // Partitions the model's units (adopting zero::Init slices one unit at a time) and attaches
   // itself to them. REQUIRES: every rank holds rank 0's values for parameters not built under
-  // zero::Init; trainable parameters share one dtype. COLLECTIVE.
-  Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable, comm::CommunicatorPtr comm,
-         const Config& config, const OptimizerFactory& make_optimizer);
+  // zero::Init; every trainable parameter has options.param_dtype. COLLECTIVE.
+  Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable, const StageContext& context,
+         const Stage3Options& options, const OptimizerFactory& make_optimizer);
   ~Stage3() override;
 
   void begin_backward(bool boundary) override;

@@ -129,7 +129,9 @@ TEST_F(HjsonFileTest, QuotelessKeysAndStrings) {
   }
   zero_optimization: {
     stage: 2
-    offload_optimizer: {device: cpu}
+    offload_optimizer: {
+      device: cpu
+    }
   }
 })",
                       kTwin);
@@ -187,7 +189,7 @@ TEST_F(HjsonFileTest, QuotelessWordKeepsTheCommaThatFollowsIt) {
 
 TEST_F(HjsonFileTest, QuotelessWordsAreValuesWhereStringsBelong) {
   Config c = load("q.json", "{train_batch_size: 8\n zero_optimization: {stage: 3\n"
-                            " offload_param: {device: cpu}\n offload_optimizer: {device: nvme\n"
+                            " offload_param: {device: cpu\n}\n offload_optimizer: {device: nvme\n"
                             " nvme_path: /local_nvme\n}}}");
   EXPECT_EQ(c.zero_optimization.offload_param.device, "cpu");
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "nvme");

@@ -31,7 +31,9 @@ class SyntaxError : public ConfigError {
 
 bool is_space(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 bool is_digit(int c) { return c >= '0' && c <= '9'; }
-bool is_punctuator(int c) { return c != kEof && std::string_view("{}[],:").find(char(c)) != std::string_view::npos; }
+bool is_punctuator(int c) {
+  return c != kEof && std::string_view("{}[],:").find(char(c)) != std::string_view::npos;
+}
 
 // Python's str.strip() for the ASCII whitespace a config can hold.
 std::string strip(std::string_view s) {
@@ -169,7 +171,8 @@ class HjsonParser {
     }
     for (;;) {
       if (braces && at_end()) {
-        fail(pos_, "the file ends inside the object opened at " + where(open) + "; a '}' is missing");
+        fail(pos_,
+             "the file ends inside the object opened at " + where(open) + "; a '}' is missing");
       }
       size_t key_at = pos_;
       std::string key = parse_key();
@@ -274,15 +277,33 @@ class HjsonParser {
       }
       int e = peek(1);
       switch (e) {
-        case '"': out += '"'; break;
-        case '\'': out += '\''; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\'':
+          out += '\'';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           size_t escape = pos_;
           pos_ += 2;
@@ -301,8 +322,10 @@ class HjsonParser {
           append_utf8(out, cp);
           continue;
         }
-        case kEof: fail(begin, std::string("a string that is never closed with ") + quote);
-        default: fail(pos_, std::string("invalid escape \\") + char(e) + " in a string");
+        case kEof:
+          fail(begin, std::string("a string that is never closed with ") + quote);
+        default:
+          fail(pos_, std::string("invalid escape \\") + char(e) + " in a string");
       }
       pos_ += 2;
     }
@@ -312,7 +335,10 @@ class HjsonParser {
     uint32_t cp = 0;
     for (int i = 0; i < 4; ++i) {
       int c = peek();
-      int d = is_digit(c) ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      int d = is_digit(c)              ? c - '0'
+              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                       : -1;
       if (d < 0) fail(escape, "invalid \\u escape; expected four hex digits");
       cp = cp * 16 + uint32_t(d);
       ++pos_;

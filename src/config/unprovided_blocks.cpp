@@ -86,8 +86,8 @@ void check_wandb_keys(ObjectReader& top) {
 void check_comet_keys(ObjectReader& top) {
   ObjectReader r = top.child("comet");
   std::string s;
-  for (const char* k : {"project", "workspace", "api_key", "experiment_name", "experiment_key",
-                        "mode"}) {
+  for (const char* k :
+       {"project", "workspace", "api_key", "experiment_name", "experiment_key", "mode"}) {
     r.read(k, s);
   }
   int64_t interval = 0;
@@ -144,9 +144,10 @@ void check_tensor_parallel(ObjectReader& top) {
   tp.finish(UnknownKeys::kError);
   r.finish(UnknownKeys::kError);
   if (autotp_size > 1 || tp_size > 1) {
-    top.warnings().add("config block 'tensor_parallel' asks for tensor parallelism, which is not "
-                       "provided: every rank holds the whole model (data parallelism only); the "
-                       "training math is the same");
+    top.warnings().add(
+        "config block 'tensor_parallel' asks for tensor parallelism, which is not "
+        "provided: every rank holds the whole model (data parallelism only); the "
+        "training math is the same");
   }
 }
 
@@ -163,9 +164,10 @@ void check_weight_quantization(ObjectReader& top) {
   r.child("post_init_quant");
   r.finish(UnknownKeys::kError);
   if (on) {
-    top.warnings().add("config block 'weight_quantization' is enabled, but post-initialization "
-                       "weight quantization (an inference feature) is not provided; weights stay "
-                       "unquantized");
+    top.warnings().add(
+        "config block 'weight_quantization' is enabled, but post-initialization "
+        "weight quantization (an inference feature) is not provided; weights stay "
+        "unquantized");
   }
 }
 
@@ -209,8 +211,9 @@ void check_data_efficiency(ObjectReader& top) {
                         "run; remove the block or set it to false");
     }
   }
-  top.warnings().add("config key 'data_efficiency.enabled' is true, but neither data_sampling "
-                     "nor data_routing is enabled: nothing to do");
+  top.warnings().add(
+      "config key 'data_efficiency.enabled' is true, but neither data_sampling "
+      "nor data_routing is enabled: nothing to do");
 }
 
 }  // namespace
@@ -226,9 +229,10 @@ void read_unprovided_blocks(ObjectReader& top) {
   check_compression_training(top);
   check_data_efficiency(top);
   if (top.has("comms_config")) {
-    top.warnings().add("config block 'comms_config' is read neither by DeepSpeed 0.16.5 nor by "
-                       "deepspeed.cpp (collective logging is configured by 'comms_logger'); it is "
-                       "ignored");
+    top.warnings().add(
+        "config block 'comms_config' is read neither by DeepSpeed 0.16.5 nor by "
+        "deepspeed.cpp (collective logging is configured by 'comms_logger'); it is "
+        "ignored");
   }
   top.find("comms_config");
 }

@@ -173,8 +173,8 @@ TEST_F(HjsonFileTest, EmptyAndCommentOnlyFilesAreEmptyObjects) {
 // ---- quoteless values meet the type checks ------------------------------------------------------
 
 TEST_F(HjsonFileTest, QuotelessWordFailsTypeCheckNamingItsKey) {
-  std::string msg =
-      load_error("{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\"stage\": two\n  }\n}\n");
+  std::string msg = load_error(
+      "{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\"stage\": two\n  }\n}\n");
   EXPECT_CONTAINS(msg, "config key 'zero_optimization.stage' has value \"two\"");
   EXPECT_CONTAINS(msg, "expected an integer");
 }
@@ -188,9 +188,10 @@ TEST_F(HjsonFileTest, QuotelessWordKeepsTheCommaThatFollowsIt) {
 }
 
 TEST_F(HjsonFileTest, QuotelessWordsAreValuesWhereStringsBelong) {
-  Config c = load("q.json", "{train_batch_size: 8\n zero_optimization: {stage: 3\n"
-                            " offload_param: {device: cpu\n}\n offload_optimizer: {device: nvme\n"
-                            " nvme_path: /local_nvme\n}}}");
+  Config c = load("q.json",
+                  "{train_batch_size: 8\n zero_optimization: {stage: 3\n"
+                  " offload_param: {device: cpu\n}\n offload_optimizer: {device: nvme\n"
+                  " nvme_path: /local_nvme\n}}}");
   EXPECT_EQ(c.zero_optimization.offload_param.device, "cpu");
   EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "nvme");
   EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");

@@ -79,8 +79,8 @@ TEST(ConfigStrictBlocks, UnknownKeyInEachStrictBlockIsAnError) {
 }
 
 TEST(ConfigStrictBlocks, MisspeltKeyKeepsTheSuggestion) {
-  std::string msg = error_of(with(
-      {{"zero_optimization", {{"stage", 3}, {"stage3_param_persitence_threshold", 1000}}}}));
+  std::string msg = error_of(
+      with({{"zero_optimization", {{"stage", 3}, {"stage3_param_persitence_threshold", 1000}}}}));
   EXPECT_CONTAINS(msg,
                   "unknown config key 'zero_optimization.stage3_param_persitence_threshold' (did "
                   "you mean 'zero_optimization.stage3_param_persistence_threshold'?)");
@@ -149,8 +149,8 @@ TEST(ConfigUnprovidedBlocks, EachSwitchedOnBlockIsWarnedOnceOrRefused) {
        "nothing is sent to W&B"},
       {R"({"comet": {"enabled": true}})", "comet.enabled", false, "nothing is sent to Comet"},
       {R"({"comms_config": {"enabled": true}})", "comms_config", false, "comms_logger"},
-      {R"({"nebula": {"enabled": true, "persistent_storage_path": "/x"}})", "nebula.enabled",
-       false, "save_checkpoint()"},
+      {R"({"nebula": {"enabled": true, "persistent_storage_path": "/x"}})", "nebula.enabled", false,
+       "save_checkpoint()"},
       {R"({"autotuning": {"enabled": true}})", "autotuning.enabled", false,
        "trains with the config exactly as written"},
       {R"({"compression_training": {"sparse_pruning": {"shared_parameters": {"enabled": true}}}})",

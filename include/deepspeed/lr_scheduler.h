@@ -38,7 +38,7 @@ class LRTarget {
   virtual std::pair<double, double> betas(size_t group) const;
   virtual void set_betas(size_t group, std::pair<double, double> betas);
 
-  // SGD-style momentum per group; OneCycle cycles it when the target has no betas.
+  // SGD-style momentum per group. OneCycle leaves it alone (it cycles betas only, as DeepSpeed).
   virtual bool has_momentum() const { return false; }
   virtual double momentum(size_t group) const;
   virtual void set_momentum(size_t group, double momentum);

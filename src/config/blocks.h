@@ -31,6 +31,11 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
 // checkpoint, comms_logger (feature_blocks.cpp).
 void read_feature_blocks(ObjectReader& top, Config& cfg);
 
+// Blocks for features not provided here (amp, wandb, comet, nebula, autotuning, compression,
+// data efficiency, ...): a warning or a ConfigError when switched on; strict key checks for the
+// ones DeepSpeed models with pydantic (unprovided_blocks.cpp).
+void read_unprovided_blocks(ObjectReader& top);
+
 // Top-level scalars (clipping, steps_per_print, seed, ...) and the recognised blocks that are
 // kept only in raw (top_level.cpp).
 void read_top_level_scalars(ObjectReader& top, Config& cfg);

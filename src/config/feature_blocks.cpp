@@ -28,7 +28,9 @@ void read_aio(ObjectReader& top, AioConfig& aio) {
   r.read("single_submit", aio.single_submit);
   r.read("overlap_events", aio.overlap_events);
   r.read("use_gds", aio.use_gds);
-  r.finish();
+  // DeepSpeed 0.16.5 reads aio with dict lookups; we check it strictly all the same: these keys
+  // size the NVMe swap I/O, and a misspelt one would silently run with the default.
+  r.finish(UnknownKeys::kError);
   require_positive(r.path_of("block_size"), static_cast<double>(aio.block_size));
   require_positive(r.path_of("queue_depth"), static_cast<double>(aio.queue_depth));
   require_positive(r.path_of(threads), static_cast<double>(aio.intra_op_parallelism));
@@ -89,7 +91,7 @@ void read_monitor(ObjectReader& top, const std::string& key, MonitorConfig& m) {
   r.read("enabled", m.enabled);
   r.read("output_path", m.output_path);
   r.read("job_name", m.job_name);
-  r.finish();
+  r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed
 }
 
 void read_checkpoint(ObjectReader& top, CheckpointConfig& ck) {
@@ -124,7 +126,7 @@ void read_comms_logger(ObjectReader& top, CommsLoggerConfig& cl) {
       to_string((*v)[i], r.path_of("prof_ops") + "[" + std::to_string(i) + "]");
     }
   }
-  r.finish();
+  r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed
 }
 
 }  // namespace

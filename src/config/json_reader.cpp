@@ -121,13 +121,22 @@ ObjectReader ObjectReader::child(const std::string& key) {
   return ObjectReader(*v, path_of(key), warnings_);
 }
 
-void ObjectReader::finish() {
+void ObjectReader::finish(UnknownKeys policy) {
+  std::string errors;
   for (auto it = obj_.begin(); it != obj_.end(); ++it) {
     if (known_.count(it.key())) continue;
     std::string msg = "unknown config key '" + path_of(it.key()) + "'";
     std::string near = closest(it.key(), known_);
     if (!near.empty()) msg += " (did you mean '" + path_of(near) + "'?)";
-    warnings_.add(msg + "; it is ignored");
+    if (policy == UnknownKeys::kWarn) {
+      warnings_.add(msg + "; it is ignored");
+    } else {
+      errors += (errors.empty() ? "" : "; ") + msg;
+    }
+  }
+  if (!errors.empty()) {
+    throw ConfigError(errors + ". DeepSpeed rejects unknown keys inside '" + path_ +
+                      "' (a strictly checked block); correct or remove them");
   }
 }
 

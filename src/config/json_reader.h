@@ -51,6 +51,12 @@ void require_at_least(const std::string& path, double value, double min);
 void require_in_range(const std::string& path, double value, double min, double max);
 void require_positive(const std::string& path, double value);
 
+// What finish() does with keys no reader named.
+enum class UnknownKeys {
+  kWarn,   // DeepSpeed's plain-dict blocks ignore them; we warn
+  kError,  // DeepSpeed's pydantic blocks reject them; so do we
+};
+
 // Reads one JSON object. Each read() leaves `out` unchanged when the key is absent or null.
 // finish() warns about every key that no read/accept/find call named.
 class ObjectReader {
@@ -85,8 +91,10 @@ class ObjectReader {
   // The object under `key` (an empty object when absent or null); error if not an object.
   ObjectReader child(const std::string& key);
 
-  // Warns "unknown config key '<path>'" for each key not named, with a close known key if any.
-  void finish();
+  // Reports each key no read/accept/find call named, with a close known key if any: as a
+  // warning ("unknown config key '<path>' ...; it is ignored"), or, for the blocks DeepSpeed
+  // models strictly (pydantic extra="forbid"), as one ConfigError listing them all.
+  void finish(UnknownKeys policy = UnknownKeys::kWarn);
 
  private:
   const json& obj_;

@@ -45,7 +45,7 @@ void read_offload(ObjectReader& zero, const std::string& key, bool is_param, Off
   } else {
     read_optimizer_only(r, out);
   }
-  r.finish();
+  r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed
   if (out.device == "nvme" && out.nvme_path.empty()) {
     throw ConfigError("config key '" + r.path_of("device") + "' is \"nvme\" but '" +
                       r.path_of("nvme_path") +

@@ -147,7 +147,7 @@ void read_zero_object(ObjectReader& r, ZeroConfig& z) {
   r.accept({"cpu_offload_use_pin_memory"});
   read_stage3(r, z);
   read_extensions(r);
-  r.finish();
+  r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed: a typo here costs a memory setting
 }
 
 }  // namespace

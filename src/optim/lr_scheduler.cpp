@@ -11,17 +11,16 @@ namespace deepspeed {
 namespace optim {
 namespace {
 
-enum class MomentumSink { None, Betas, Momentum };
 
 class ScheduledLR : public LRScheduler {
  public:
   ScheduledLR(std::unique_ptr<Schedule> schedule, std::shared_ptr<LRTarget> target, int64_t t,
               std::vector<std::string>* warnings)
       : schedule_(std::move(schedule)), target_(std::move(target)), t_(t) {
-    sink_ = choose_sink(warnings);
+    cycle_betas_ = choose_cycle_betas(warnings);
     if (t_ == -1) {
       write_lr(schedule_->initial_lr());
-      if (sink_ != MomentumSink::None) write_betas(schedule_->initial_betas());
+      if (cycle_betas_) write_betas(schedule_->initial_betas());
     }
   }
 
@@ -40,10 +39,8 @@ class ScheduledLR : public LRScheduler {
 
   std::vector<double> get_mom() const override {
     std::vector<double> out;
-    for (size_t g = 0; g < target_->num_groups(); ++g) {
-      if (sink_ == MomentumSink::Betas) out.push_back(target_->betas(g).first);
-      if (sink_ == MomentumSink::Momentum) out.push_back(target_->momentum(g));
-    }
+    if (!cycle_betas_) return out;  // DeepSpeed's get_mom() returns None then
+    for (size_t g = 0; g < target_->num_groups(); ++g) out.push_back(target_->betas(g).first);
     return out;
   }
 
@@ -63,24 +60,28 @@ class ScheduledLR : public LRScheduler {
       apply();
     } else {
       write_lr(schedule_->initial_lr());
-      if (sink_ != MomentumSink::None) write_betas(schedule_->initial_betas());
+      if (cycle_betas_) write_betas(schedule_->initial_betas());
     }
   }
 
  private:
-  MomentumSink choose_sink(std::vector<std::string>* warnings) const {
-    if (!schedule_->cycles_momentum()) return MomentumSink::None;
-    if (target_->has_betas()) return MomentumSink::Betas;
-    if (target_->has_momentum()) return MomentumSink::Momentum;
+  // DeepSpeed 0.16.5 cycles momentum only through `betas`: an optimizer without them (SGD,
+  // Adagrad) keeps its own momentum, with this warning, so a config trains the same in both.
+  bool choose_cycle_betas(std::vector<std::string>* warnings) const {
+    if (!schedule_->cycles_momentum()) return false;
+    if (target_->has_betas()) return true;
     warn(warnings,
-         "scheduler.params.cycle_momentum: disabled because the optimizer has neither "
-         "betas nor momentum");
-    return MomentumSink::None;
+         "scheduler.params.cycle_momentum: cycle_momentum is disabled because the optimizer does "
+         "not support momentum, no betas attribute in defaults" +
+             std::string(target_->has_momentum()
+                             ? " (its SGD momentum is left as configured, as in DeepSpeed)"
+                             : ""));
+    return false;
   }
 
   void apply() {
     write_lr(schedule_->lr_at(t_));
-    if (sink_ != MomentumSink::None) write_betas(schedule_->betas_at(t_));
+    if (cycle_betas_) write_betas(schedule_->betas_at(t_));
   }
 
   // zip() semantics: a shorter list writes only the first groups.
@@ -91,16 +92,13 @@ class ScheduledLR : public LRScheduler {
 
   void write_betas(const std::vector<Betas>& betas) {
     size_t n = std::min(betas.size(), target_->num_groups());
-    for (size_t g = 0; g < n; ++g) {
-      if (sink_ == MomentumSink::Betas) target_->set_betas(g, betas[g]);
-      if (sink_ == MomentumSink::Momentum) target_->set_momentum(g, betas[g].first);
-    }
+    for (size_t g = 0; g < n; ++g) target_->set_betas(g, betas[g]);
   }
 
   std::unique_ptr<Schedule> schedule_;
   std::shared_ptr<LRTarget> target_;
   int64_t t_;
-  MomentumSink sink_ = MomentumSink::None;
+  bool cycle_betas_ = false;  // OneCycle's cycle_momentum, kept only for optimizers with betas
 };
 
 }  // namespace

@@ -347,20 +347,53 @@ TEST(LRSchedule, OneCycleWritesTorchAdamBetas) {
   EXPECT_NEAR(std::get<1>(o.betas()), 0.99, kTol);
 }
 
-TEST(LRSchedule, OneCycleCyclesSgdMomentum) {
+// DeepSpeed 0.16.5 cycles momentum only through `betas`: given SGD it warns and leaves SGD's
+// momentum alone, so the same config trains the same way in both.
+TEST(LRSchedule, OneCycleLeavesSgdMomentumAloneLikeDeepSpeed) {
   auto p = torch::zeros({3}, torch::requires_grad());
-  torch::optim::SGD opt({p}, torch::optim::SGDOptions(0.1));
+  torch::optim::SGD opt({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  std::vector<std::string> warnings;
   auto s = make("OneCycle",
                 {{"cycle_min_lr", 0.1},
                  {"cycle_max_lr", 1.0},
                  {"cycle_first_step_size", 4},
                  {"cycle_second_step_size", 6}},
-                deepspeed::lr_target_for(opt));
+                deepspeed::lr_target_for(opt), &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("cycle_momentum is disabled because the optimizer does not support "
+                             "momentum, no betas attribute in defaults"),
+            std::string::npos)
+      << warnings[0];
   auto& o = static_cast<torch::optim::SGDOptions&>(opt.param_groups()[0].options());
-  EXPECT_NEAR(o.momentum(), 0.8, kTol);
-  s->step();
-  EXPECT_NEAR(o.momentum(), 0.875, kTol);
-  EXPECT_NEAR(s->get_mom().at(0), 0.875, kTol);
+  EXPECT_EQ(o.momentum(), 0.9);  // construction writes lr only
+  EXPECT_NEAR(o.lr(), 0.1, kTol);
+  for (int64_t t = 0; t < 14; ++t) {  // the whole cycle (10 steps) and into the decay phase
+    s->step();
+    EXPECT_EQ(o.momentum(), 0.9) << "t=" << t;
+    if (t == 3) EXPECT_NEAR(o.lr(), 1.0, kTol);  // the lr still cycles: peak at t = first - 1
+  }
+  EXPECT_TRUE(s->get_mom().empty());
+}
+
+TEST(LRSchedule, OneCycleStillCyclesAdamBetasOverTheCycle) {
+  auto p = torch::zeros({3}, torch::requires_grad());
+  torch::optim::Adam opt({p}, torch::optim::AdamOptions(0.1));
+  std::vector<std::string> warnings;
+  auto s = make("OneCycle",
+                {{"cycle_min_lr", 0.1},
+                 {"cycle_max_lr", 1.0},
+                 {"cycle_first_step_size", 4},
+                 {"cycle_second_step_size", 6}},
+                deepspeed::lr_target_for(opt), &warnings);
+  EXPECT_TRUE(warnings.empty());
+  auto& o = static_cast<torch::optim::AdamOptions&>(opt.param_groups()[0].options());
+  // beta1 = max_mom - (max_mom - min_mom) * scale: 0.8 at the lr peak (t = 3), 0.9 at t = 9.
+  while (s->last_batch_iteration() < 3) s->step();
+  EXPECT_NEAR(std::get<0>(o.betas()), 0.8, kTol);
+  EXPECT_NEAR(s->get_mom().at(0), 0.8, kTol);
+  while (s->last_batch_iteration() < 9) s->step();
+  EXPECT_NEAR(std::get<0>(o.betas()), 0.9, kTol);
+  EXPECT_NEAR(std::get<1>(o.betas()), 0.99, kTol);
 }
 
 TEST(LRSchedule, OneCycleWithoutMomentumWarnsAndSetsLrOnly) {

@@ -1,0 +1,240 @@
+// Top-level blocks for features deepspeed.cpp does not provide (apex AMP, W&B, Comet, Nebula, the
+// autotuner, the compression library, data efficiency, ...). Each is decided here, once: when
+// the block is switched on, either a warning names it and says what happens instead (the run is
+// the same run, only a side service is missing), or a ConfigError refuses it (running on would
+// silently train something else). The blocks DeepSpeed models with pydantic (wandb, comet,
+// hybrid_engine, timers.throughput, tensor_parallel, weight_quantization) also get their keys
+// checked strictly, as there. The policy table is in docs/config.md.
+#include "config/blocks.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed::config {
+namespace {
+
+enum class Action { kWarn, kRefuse };
+
+// A block switched on by its "enabled" key, and what deepspeed.cpp does about it.
+struct SwitchedBlock {
+  const char* key;
+  Action action;
+  const char* consequence;  // completes "'<key>.enabled' is true: ..."
+};
+
+const SwitchedBlock kSwitchedBlocks[] = {
+    {"amp", Action::kRefuse,
+     "apex AMP (NVIDIA's Python mixed-precision library) has no C++ counterpart, and training in "
+     "fp32 instead would silently change the run. Use \"bf16\": {\"enabled\": true} (or \"fp16\") "
+     "for mixed precision, or set amp.enabled to false"},
+    {"wandb", Action::kWarn,
+     "deepspeed.cpp has no Weights & Biases client, so nothing is sent to W&B; training is "
+     "unaffected"},
+    {"comet", Action::kWarn,
+     "deepspeed.cpp has no Comet client, so nothing is sent to Comet; training is unaffected"},
+    {"nebula", Action::kWarn,
+     "the Azure Nebula checkpoint service has no counterpart here: save_checkpoint() and "
+     "load_checkpoint() write and read the directories they are given (persistent_storage_path "
+     "and nebula_load_path are not used)"},
+    {"autotuning", Action::kWarn,
+     "the autotuner is not provided; this run trains with the config exactly as written"},
+    {"hybrid_engine", Action::kWarn,
+     "the RLHF hybrid engine (generation with inference kernels) is not provided; training is "
+     "unaffected"},
+    {"progressive_layer_drop", Action::kRefuse,
+     "Progressive Layer Drop is not provided, and training every layer on every step would "
+     "silently change the run; remove the block or set it to false"},
+    {"curriculum_learning", Action::kRefuse,
+     "the legacy curriculum learning (sequence-length curriculum) is not provided, and training "
+     "on the full data from the start would silently change the run; remove the block or set it "
+     "to false"},
+    {"elasticity", Action::kRefuse,
+     "elastic training is not provided, and the batch size it would choose can differ from the one "
+     "written; remove the block or set it to false"},
+    {"quantize_training", Action::kRefuse,
+     "quantization-aware training (MoQ) is not provided, and training unquantized weights would "
+     "silently change the run; remove the block or set it to false"},
+};
+
+bool enabled(ObjectReader& block, bool default_value = false) {
+  bool on = default_value;
+  block.read("enabled", on);
+  return on;
+}
+
+void act(Warnings& warnings, Action action, const std::string& message) {
+  if (action == Action::kRefuse) throw ConfigError(message);
+  warnings.add(message);
+}
+
+void check_switched_block(ObjectReader& top, const SwitchedBlock& b) {
+  if (!top.has(b.key)) return;
+  ObjectReader r = top.child(b.key);
+  if (enabled(r)) {
+    act(top.warnings(), b.action,
+        "config key '" + r.path_of("enabled") + "' is true: " + b.consequence);
+  }
+}
+
+// Pydantic-modelled monitors: their keys are checked like DeepSpeed's models check them.
+void check_wandb_keys(ObjectReader& top) {
+  ObjectReader r = top.child("wandb");
+  std::string s;
+  for (const char* k : {"group", "team", "project"}) r.read(k, s);
+  r.find("enabled");
+  r.finish(UnknownKeys::kError);
+}
+
+void check_comet_keys(ObjectReader& top) {
+  ObjectReader r = top.child("comet");
+  std::string s;
+  for (const char* k :
+       {"project", "workspace", "api_key", "experiment_name", "experiment_key", "mode"}) {
+    r.read(k, s);
+  }
+  int64_t interval = 0;
+  r.read_count("samples_log_interval", interval);
+  std::optional<bool> online;
+  r.read("online", online);
+  r.find("enabled");
+  r.finish(UnknownKeys::kError);
+}
+
+void check_hybrid_engine_keys(ObjectReader& top) {
+  ObjectReader r = top.child("hybrid_engine");
+  int64_t count = 0;
+  for (const char* k : {"max_out_tokens", "inference_tp_size", "tp_gather_partition_size"}) {
+    r.read_count(k, count);
+  }
+  bool flag = false;
+  for (const char* k : {"release_inference_cache", "pin_parameters"}) r.read(k, flag);
+  r.find("enabled");
+  r.finish(UnknownKeys::kError);
+}
+
+// DeepSpeed models only timers.throughput; other keys under timers are never read there.
+void check_timers(ObjectReader& top) {
+  ObjectReader timers = top.child("timers");
+  ObjectReader r = timers.child("throughput");
+  bool flag = false;
+  for (const char* k : {"enabled", "synchronized"}) r.read(k, flag);
+  r.finish(UnknownKeys::kError);
+  timers.finish();
+}
+
+// Training AutoTP: keys checked; a tensor-parallel degree above 1 is not provided.
+void check_tensor_parallel(ObjectReader& top) {
+  ObjectReader r = top.child("tensor_parallel");
+  int64_t autotp_size = 0;
+  r.read_count("autotp_size", autotp_size);
+  std::string dtype;
+  r.read("dtype", dtype);
+  bool flag = false;
+  for (const char* k : {"keep_module_on_host", "replace_with_kernel_inject"}) r.read(k, flag);
+  r.find("injection_policy_tuple");
+  if (r.has("tp") && r.has("tensor_parallel")) {
+    throw ConfigError("config keys '" + r.path_of("tp") + "' and '" + r.path_of("tensor_parallel") +
+                      "' are the same setting; give only one");
+  }
+  ObjectReader tp = r.child(r.has("tensor_parallel") ? "tensor_parallel" : "tp");
+  r.find("tp");
+  int64_t tp_size = 1;
+  tp.read_count("tp_size", tp_size);
+  int64_t grain = 1;
+  tp.read_count("tp_grain_size", grain);
+  tp.accept({"mpu", "tp_group"});
+  tp.finish(UnknownKeys::kError);
+  r.finish(UnknownKeys::kError);
+  if (autotp_size > 1 || tp_size > 1) {
+    top.warnings().add(
+        "config block 'tensor_parallel' asks for tensor parallelism, which is not "
+        "provided: every rank holds the whole model (data parallelism only); the "
+        "training math is the same");
+  }
+}
+
+// Post-init weight quantization (an inference feature): keys checked, not applied.
+void check_weight_quantization(ObjectReader& top) {
+  if (!top.has("weight_quantization")) return;
+  ObjectReader r = top.child("weight_quantization");
+  bool on = enabled(r, /*default_value=*/true);  // DeepSpeed's WeightQuantConfig default
+  int64_t count = 0;
+  for (const char* k : {"num_bits", "q_groups"}) r.read_count(k, count);
+  std::string q_type;
+  r.read("q_type", q_type);
+  r.child("quantized_initialization");
+  r.child("post_init_quant");
+  r.finish(UnknownKeys::kError);
+  if (on) {
+    top.warnings().add(
+        "config block 'weight_quantization' is enabled, but post-initialization "
+        "weight quantization (an inference feature) is not provided; weights stay "
+        "unquantized");
+  }
+}
+
+// Compression (quantization, pruning, layer reduction): each technique is switched on by its
+// shared_parameters.enabled (layer_reduction: its own enabled).
+void check_compression_training(ObjectReader& top) {
+  const json* block = top.find("compression_training");
+  if (!block) return;
+  if (!block->is_object()) fail("compression_training", *block, "a JSON object {...}");
+  for (auto it = block->begin(); it != block->end(); ++it) {
+    if (!it->is_object()) continue;
+    std::string path = join_path("compression_training", it.key());
+    std::vector<std::pair<std::string, const json*>> switches;
+    if (it->contains("enabled")) switches.push_back({path + ".enabled", &(*it)["enabled"]});
+    auto shared = it->find("shared_parameters");
+    if (shared != it->end() && shared->is_object() && shared->contains("enabled")) {
+      switches.push_back({path + ".shared_parameters.enabled", &(*shared)["enabled"]});
+    }
+    for (const auto& [key, value] : switches) {
+      if (value->is_null() || !to_bool(*value, key)) continue;
+      throw ConfigError("config key '" + key +
+                        "' is true: the DeepSpeed Compression library (quantization, pruning, "
+                        "layer reduction) is not provided, and training the uncompressed model "
+                        "would silently change the result; remove the block or set it to false");
+    }
+  }
+}
+
+// Data efficiency: data sampling (curriculum by difficulty) and data routing (random-LTD) change
+// what the model is trained on.
+void check_data_efficiency(ObjectReader& top) {
+  if (!top.has("data_efficiency")) return;
+  ObjectReader r = top.child("data_efficiency");
+  if (!enabled(r)) return;
+  for (const char* feature : {"data_sampling", "data_routing"}) {
+    ObjectReader sub = r.child(feature);
+    if (enabled(sub)) {
+      throw ConfigError("config key '" + sub.path_of("enabled") +
+                        "' is true (with data_efficiency.enabled): data sampling and data routing "
+                        "are not provided, and training without them would silently change the "
+                        "run; remove the block or set it to false");
+    }
+  }
+  top.warnings().add(
+      "config key 'data_efficiency.enabled' is true, but neither data_sampling "
+      "nor data_routing is enabled: nothing to do");
+}
+
+}  // namespace
+
+void read_unprovided_blocks(ObjectReader& top) {
+  for (const SwitchedBlock& b : kSwitchedBlocks) check_switched_block(top, b);
+  check_wandb_keys(top);
+  check_comet_keys(top);
+  check_hybrid_engine_keys(top);
+  check_timers(top);
+  check_tensor_parallel(top);
+  check_weight_quantization(top);
+  check_compression_training(top);
+  check_data_efficiency(top);
+  if (top.has("comms_config")) {
+    top.warnings().add(
+        "config block 'comms_config' is read neither by DeepSpeed 0.16.5 nor by "
+        "deepspeed.cpp (collective logging is configured by 'comms_logger'); it is "
+        "ignored");
+  }
+  top.find("comms_config");
+}
+
+}  // namespace deepspeed::config

@@ -1,0 +1,263 @@
+// Config files in hjson, as DeepSpeed reads them: each accepted form loads to the same values as
+// its strict-JSON twin; each form hjson rejects is an error with its line and column; a quoteless
+// value of the wrong type fails the key's type check, naming the key.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "config/hjson_reader.h"
+#include "deepspeed/config.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace {
+
+using nlohmann::json;
+
+::testing::AssertionResult Contains(const char* text_expr, const char* part_expr,
+                                    const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
+                                       << "\n  text: " << text << "\n  part: " << part;
+}
+#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(Contains, text, part)
+
+json hjson(const std::string& text) { return config::parse_hjson(text, "test.json"); }
+
+std::string hjson_error(const std::string& text) {
+  try {
+    hjson(text);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for:\n" << text;
+  return "";
+}
+
+class HjsonFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("ds_hjson_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Config load(const std::string& name, const std::string& text) {
+    auto path = dir_ / name;
+    std::ofstream(path) << text;
+    std::vector<std::string> warnings;
+    return load_config(path.string(), 1, {}, &warnings);
+  }
+  std::string load_error(const std::string& text) {
+    try {
+      load("bad.json", text);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "expected a ConfigError for:\n" << text;
+    return "";
+  }
+  // The hjson file and its strict-JSON twin give the same document and the same Config.
+  void expect_same_as_json(const std::string& hjson_text, const std::string& json_text) {
+    json strict = json::parse(json_text);
+    EXPECT_EQ(hjson(hjson_text), strict) << hjson(hjson_text).dump();
+    Config a = load("form.hjson", hjson_text);
+    Config b = load("twin.json", json_text);
+    EXPECT_EQ(a.raw, b.raw);
+    EXPECT_EQ(a.zero_optimization.stage, b.zero_optimization.stage);
+    EXPECT_EQ(a.train_batch_size, b.train_batch_size);
+  }
+  std::filesystem::path dir_;
+};
+
+// ---- accepted forms -----------------------------------------------------------------------------
+
+const char* kTwin = R"({"train_batch_size": 8,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.0001, "betas": [0.9, 0.95]}},
+  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})";
+
+TEST_F(HjsonFileTest, TrailingCommasBeforeClosers) {
+  expect_same_as_json(R"({"train_batch_size": 8,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.0001, "betas": [0.9, 0.95,],},},
+  "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",},},
+})",
+                      kTwin);
+}
+
+TEST_F(HjsonFileTest, LineBreakInsteadOfComma) {
+  expect_same_as_json(R"({
+  "train_batch_size": 8
+  "optimizer": {
+    "type": "AdamW"
+    "params": {"lr": 0.0001, "betas": [
+      0.9
+      0.95
+    ]}
+  }
+  "zero_optimization": {"stage": 2
+                        "offload_optimizer": {"device": "cpu"}}
+})",
+                      kTwin);
+}
+
+TEST_F(HjsonFileTest, HashAndBlockComments) {
+  expect_same_as_json(R"(# ds_config for the run
+{
+  "train_batch_size": 8, # global batch
+  /* the optimizer,
+     over two lines */
+  "optimizer": {"type": /* inline */ "AdamW", "params": {"lr": 0.0001, "betas": [0.9, 0.95]}},
+  "zero_optimization": {"stage": 2, // slash comment too
+                        "offload_optimizer": {"device": "cpu"}}
+}
+)",
+                      kTwin);
+}
+
+TEST_F(HjsonFileTest, QuotelessKeysAndStrings) {
+  // A quoteless value runs to the end of the line, so each sits alone on its line here.
+  expect_same_as_json(R"({
+  train_batch_size: 8
+  optimizer: {
+    type: AdamW
+    params: {lr: 0.0001, betas: [0.9, 0.95]}
+  }
+  zero_optimization: {
+    stage: 2
+    offload_optimizer: {
+      device: cpu
+    }
+  }
+})",
+                      kTwin);
+}
+
+TEST_F(HjsonFileTest, RootWithoutBraces) {
+  expect_same_as_json(R"(train_batch_size: 8
+optimizer: {"type": "AdamW", "params": {"lr": 0.0001, "betas": [0.9, 0.95]}}
+zero_optimization: {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+)",
+                      kTwin);
+}
+
+TEST_F(HjsonFileTest, SingleQuotedAndMultilineStrings) {
+  EXPECT_EQ(hjson("{a: 'it\"s', b: \"it's\", c: 'x\\'y'}"),
+            json({{"a", "it\"s"}, {"b", "it's"}, {"c", "x'y"}}));
+  EXPECT_EQ(hjson("{\n  s:\n    '''\n    line one\n      two\n    '''\n}"),
+            json({{"s", "line one\n  two"}}));
+}
+
+TEST_F(HjsonFileTest, NumbersAndKeywordsEndAtStopCharacters) {
+  // true/false/null and numbers end at , } ] # // /*; hjson makes an integral 5e8 or 1.0 an
+  // integer (below 1e10), so the strict twin is written with integers.
+  EXPECT_EQ(hjson("{a: 5e8, b: 1.0 # c\n c: -2e-3, d: true} "),
+            json::parse(R"({"a": 500000000, "b": 1, "c": -0.002, "d": true})"));
+  EXPECT_EQ(hjson("{a: 1e10\n b: null // none\n c: [false,true]}"),
+            json::parse(R"({"a": 1e10, "b": null, "c": [false, true]})"));
+  EXPECT_TRUE(hjson("{a: 1e10}")["a"].is_number_float());
+  EXPECT_TRUE(hjson("{a: 8}")["a"].is_number_unsigned());  // as nlohmann's parser
+  EXPECT_EQ(hjson("{a: 007\n b: +1\n c: .5\n}"), json({{"a", "007"}, {"b", "+1"}, {"c", ".5"}}));
+}
+
+TEST_F(HjsonFileTest, EmptyAndCommentOnlyFilesAreEmptyObjects) {
+  EXPECT_EQ(hjson(""), json::object());
+  EXPECT_EQ(hjson("// nothing\n# here\n"), json::object());
+  EXPECT_EQ(hjson("{\"a\": \"\\u00e9\\ud83d\\ude00\"}")["a"], "\u00e9\U0001F600");
+}
+
+// ---- quoteless values meet the type checks ------------------------------------------------------
+
+TEST_F(HjsonFileTest, QuotelessWordFailsTypeCheckNamingItsKey) {
+  std::string msg = load_error(
+      "{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\"stage\": two\n  }\n}\n");
+  EXPECT_CONTAINS(msg, "config key 'zero_optimization.stage' has value \"two\"");
+  EXPECT_CONTAINS(msg, "expected an integer");
+}
+
+TEST_F(HjsonFileTest, QuotelessWordKeepsTheCommaThatFollowsIt) {
+  // hjson: a quoteless string runs to the end of the line, commas included.
+  EXPECT_EQ(hjson("{\"stage\": two,\n\"x\": 1}"), json({{"stage", "two,"}, {"x", 1}}));
+  std::string msg = load_error(
+      "{\n  \"train_batch_size\": 8,\n  \"zero_optimization\": {\"stage\": two,\n  }\n}\n");
+  EXPECT_CONTAINS(msg, "config key 'zero_optimization.stage' has value \"two,\"");
+}
+
+TEST_F(HjsonFileTest, QuotelessWordsAreValuesWhereStringsBelong) {
+  Config c = load("q.json",
+                  "{train_batch_size: 8\n zero_optimization: {stage: 3\n"
+                  " offload_param: {device: cpu\n}\n offload_optimizer: {device: nvme\n"
+                  " nvme_path: /local_nvme\n}}}");
+  EXPECT_EQ(c.zero_optimization.offload_param.device, "cpu");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.device, "nvme");
+  EXPECT_EQ(c.zero_optimization.offload_optimizer.nvme_path, "/local_nvme");
+}
+
+// ---- duplicate keys -----------------------------------------------------------------------------
+
+TEST_F(HjsonFileTest, DuplicateKeysStayAnError) {
+  EXPECT_CONTAINS(hjson_error("{zero_optimization: {stage: 1\n stage: 2\n}}"),
+                  "gives key 'zero_optimization.stage' twice (again at line 2, column 2");
+  // Also at a brace-less root, where hjson's fallback to a single value must not hide it.
+  EXPECT_CONTAINS(hjson_error("a: 1\na: 2\n"), "gives key 'a' twice");
+  EXPECT_CONTAINS(hjson_error("{\"l\": [{\"k\": 1, \"k\": 2}]}"), "gives key 'l[0].k' twice");
+}
+
+// ---- rejected forms: one per hjson error, each with its position --------------------------------
+
+struct Rejected {
+  const char* name;
+  const char* text;
+  const char* position;
+  const char* reason;
+};
+
+TEST_F(HjsonFileTest, EachRejectedFormNamesLineAndColumn) {
+  const Rejected cases[] = {
+      {"object never closed", "{\n  \"a\": 1,\n", "line 3, column 1", "a '}' is missing"},
+      {"list never closed", "{\"a\": [1,\n 2", "line 2, column 3", "a ']' is missing"},
+      {"string never closed", "{\"a\": \"x", "line 1, column 7", "never closed with \""},
+      {"line break in a string", "{\n  \"a\": \"x\n\"}", "line 2, column 10", "control character"},
+      {"comment never closed", "{\"a\": 1 /* note\n}", "line 1, column 9",
+       "/* comment that is never closed"},
+      {"''' string never closed", "{\n  a: '''\n  x\n}", "line 2, column 6",
+       "''' string that is never closed"},
+      {"punctuator for a value", "{\n  \"stage\": ,\n}", "line 2, column 12",
+       "found ',' where a value was expected"},
+      {"value missing at the end", "{\"a\":", "line 1, column 6",
+       "the file ends where a value was expected"},
+      {"punctuator for a key", "{\"a\": 1,, \"b\": 2}", "line 1, column 9",
+       "found ',' where a key name was expected"},
+      {"quoteless value swallows the brace", "{\"fp16\": {\"enabled\": yes}}", "line 1, column 27",
+       "a '}' is missing"},
+      {"space inside a quoteless key", "{\n  stage three: 3\n}", "line 2, column 8",
+       "whitespace inside the key name \"stage three\""},
+      {"colon without key", "{\n  : 3\n}", "line 2, column 3", "found ':' with no key name"},
+      {"colon missing", "{\"a\" 1}", "line 1, column 6", "expected ':' after the key \"a\""},
+      {"control character in a string", "{\"a\": \"x\ty\"}", "line 1, column 9",
+       "control character"},
+      {"unknown escape", "{\"a\": \"\\q\"}", "line 1, column 8", "invalid escape \\q"},
+      {"bad \\u escape", "{\"a\": \"\\u12g4\"}", "line 1, column 8", "invalid \\u escape"},
+      {"text after the document", "{\"a\": 1}\n}", "line 2, column 1",
+       "text after the end of the document"},
+  };
+  for (const Rejected& r : cases) {
+    std::string msg = hjson_error(r.text);
+    EXPECT_CONTAINS(msg, "'test.json' is not valid JSON or hjson at") << r.name;
+    EXPECT_CONTAINS(msg, r.position) << r.name;
+    EXPECT_CONTAINS(msg, r.reason) << r.name;
+  }
+}
+
+TEST_F(HjsonFileTest, LoadConfigErrorNamesTheFile) {
+  std::string msg = load_error("{\n  \"train_batch_size\": 8,,\n}\n");
+  EXPECT_CONTAINS(msg, (dir_ / "bad.json").string());
+  EXPECT_CONTAINS(msg, "line 2, column 25");
+}
+
+}  // namespace
+}  // namespace deepspeed

@@ -96,26 +96,25 @@ int main(int argc, char** argv) try {
   init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
   auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
+  // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
+  // slices in it), and initialize() gets the parsed document.
+  std::vector<std::string> warnings;  // initialize() reports them
+  const auto config = deepspeed::load_config(args.config_path, comm->world_size(), {}, &warnings);
   std::shared_ptr<gpt::GPTImpl> model;
   {
     // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
-    std::vector<std::string> warnings;  // initialize() reports them
-    const auto config = deepspeed::load_config(args.config_path, comm->world_size(), {}, &warnings);
     const auto dtype = config.bf16.enabled ? torch::kBFloat16
                        : config.fp16.enabled ? torch::kHalf
                                              : torch::kFloat;
     deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
     model = std::make_shared<gpt::GPTImpl>(opt.model);
   }
-  int64_t num_params = 0;  // counted from shapes: under ZeRO-3 the blocks hold only partitions
-  for (auto& p : model->parameters()) num_params += p.numel();
-  for (auto& kv : model->named_modules())
-    if (auto* unit = dynamic_cast<deepspeed::ZeroUnitBase*>(kv.value().get()))
-      for (auto& shape : unit->init_shard().shapes) num_params += c10::multiply_integers(shape);
+  // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
+  const int64_t num_params = deepspeed::count_parameters(*model);
   auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
-      {.model = model, .config = args.config_path, .training_data = data});
+      {.model = model, .config_json = config.raw, .training_data = data});
   const bool rank0 = comm->rank() == 0;
   if (rank0)
     std::printf("gpt_train: %lld parameters, %d ranks, zero stage %d, micro batch %lld, "

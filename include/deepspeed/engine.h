@@ -22,6 +22,7 @@
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/data.h"
+#include "deepspeed/memory.h"
 
 namespace deepspeed {
 
@@ -33,23 +34,9 @@ struct EngineStateDeleter {
   void operator()(EngineState* state) const;
 };
 using EngineStatePtr = std::unique_ptr<EngineState, EngineStateDeleter>;
-
-// Model-state bytes held by this rank, measured from the real tensor storages.
-struct MemoryReport {
-  int64_t parameters = 0;        // model parameters as the module holds them (+ master copies)
-  int64_t gradients = 0;         // gradient storage
-  int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
-  int64_t comm_buffers = 0;      // bucket / gather buffers (stage 3: peak gradient buckets)
-  // ZeRO stage 3's gathered working set, beside model_states(): the full parameters gathered now
-  // and the high-water mark since initialize(). *_numel: units only (what
-  // stage3_max_live_parameters bounds); *_bytes: every gathered buffer, the root unit included.
-  int64_t gathered_numel = 0;
-  int64_t peak_gathered_numel = 0;
-  int64_t gathered_bytes = 0;
-  int64_t peak_gathered_bytes = 0;
-  int64_t model_states() const { return parameters + gradients + optimizer_states; }
-  int64_t total() const { return model_states() + comm_buffers + gathered_bytes; }
-};
+namespace detail {
+struct EngineAccess;
+}  // namespace detail
 
 // A scope in which ZeRO-3's partitioned parameters are whole (DeepSpeed's GatheredParameters).
 // Its end (destructor or release()) is COLLECTIVE: it re-partitions the parameters, keeping the
@@ -118,6 +105,9 @@ class Engine {
   comm::CommunicatorPtr communicator() const;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const;
   std::shared_ptr<LRScheduler> lr_scheduler() const;
+  // The loader over InitializeArgs.training_data (DeepSpeed's engine.training_dataloader);
+  // nullptr when no training data was given.
+  std::shared_ptr<DataLoader> training_dataloader() const;
   MemoryReport memory_report() const;
 
   // ---- checkpoints (docs/checkpoints.md) ----
@@ -150,9 +140,6 @@ class Engine {
   // stage 3, check stage3_gather_16bit_weights_on_model_save first, as DeepSpeed does.)
   std::vector<std::pair<std::string, at::Tensor>> consolidated_state_dict();
 
-  // Internal: the engine's state, owned here so the public header stays free of it.
-  EngineState& state() { return *state_; }
-
  protected:
   explicit Engine(EngineStatePtr state);
   void before_forward();
@@ -170,6 +157,10 @@ class Engine {
   }
 
  private:
+  // The library reaches the state through detail::EngineAccess (src/runtime/engine_state.h):
+  // internals kept off this header, so user programs compiled against it are not broken by
+  // every change to them.
+  friend struct detail::EngineAccess;
   EngineStatePtr state_;
   bool auto_cast_inputs_ = false;
 };
@@ -233,7 +224,6 @@ struct BuildInput {
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);
-std::shared_ptr<DataLoader> engine_data_loader(EngineState& state);
 }  // namespace detail
 
 // deepspeed.initialize(): returns {engine, optimizer, training_dataloader, lr_scheduler}.
@@ -245,8 +235,7 @@ InitializeResult<Module> initialize(InitializeArgs<Module> args) {
                         args.comm,        args.overrides};
   auto state = detail::build_engine_state(std::move(in));
   auto engine = std::make_shared<ModelEngine<Module>>(args.model, std::move(state));
-  return {engine, engine->optimizer(), detail::engine_data_loader(engine->state()),
-          engine->lr_scheduler()};
+  return {engine, engine->optimizer(), engine->training_dataloader(), engine->lr_scheduler()};
 }
 
 }  // namespace deepspeed

@@ -1,15 +1,34 @@
-// Expected model-state bytes per rank before training, like DeepSpeed's
-// estimate_zero2_model_states_mem_needs_all_live / estimate_zero3_...: the ZeRO paper's formulas
-// for Ψ parameters over N data-parallel ranks with Adam (two fp32 moments).
-//   fp32:            weights 4Ψ, gradients 4Ψ, moments 8Ψ (the weight partition doubles as master)
-//   mixed precision: 16-bit weights 2Ψ, 16-bit gradients 2Ψ, fp32 master 4Ψ + moments 8Ψ (K = 12)
-// Stage s partitions: 1 → optimizer states, 2 → + gradients, 3 → + weights.
+// Model-state memory: what a rank holds (MemoryReport, from Engine::memory_report()) and what the
+// ZeRO formulas expect before training (estimate_zero_memory).
 #pragma once
 #include <cstdint>
 #include <string>
 
 namespace deepspeed {
 
+// Model-state bytes held by this rank, measured from the real tensor storages.
+struct MemoryReport {
+  int64_t parameters = 0;        // model parameters as the module holds them (+ master copies)
+  int64_t gradients = 0;         // gradient storage
+  int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
+  int64_t comm_buffers = 0;      // bucket / gather buffers (stage 3: peak gradient buckets)
+  // ZeRO stage 3's gathered working set, beside model_states(): the full parameters gathered now
+  // and the high-water mark since initialize(). *_numel: units only (what
+  // stage3_max_live_parameters bounds); *_bytes: every gathered buffer, the root unit included.
+  int64_t gathered_numel = 0;
+  int64_t peak_gathered_numel = 0;
+  int64_t gathered_bytes = 0;
+  int64_t peak_gathered_bytes = 0;
+  int64_t model_states() const { return parameters + gradients + optimizer_states; }
+  int64_t total() const { return model_states() + comm_buffers + gathered_bytes; }
+};
+
+// Expected model-state bytes per rank before training, like DeepSpeed's
+// estimate_zero2_model_states_mem_needs_all_live / estimate_zero3_...: the ZeRO paper's formulas
+// for Ψ parameters over N data-parallel ranks with Adam (two fp32 moments).
+//   fp32:            weights 4Ψ, gradients 4Ψ, moments 8Ψ (the weight partition doubles as master)
+//   mixed precision: 16-bit weights 2Ψ, 16-bit gradients 2Ψ, fp32 master 4Ψ + moments 8Ψ (K = 12)
+// Stage s partitions: 1 → optimizer states, 2 → + gradients, 3 → + weights.
 struct MemoryEstimate {
   int64_t parameters = 0;        // bytes per rank
   int64_t gradients = 0;

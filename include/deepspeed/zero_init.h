@@ -40,10 +40,12 @@ class Init {
 
   // The innermost enabled scope on this thread, or nullptr.
   static Init* current();
+
+ private:
+  friend class deepspeed::ZeroUnitBase;
   // Called by ZeroUnitBase after adopting its inner module. COLLECTIVE.
   void partition(ZeroUnitBase& unit);
 
- private:
   comm::CommunicatorPtr comm_;
   Init* previous_ = nullptr;
   bool enabled_;

@@ -15,10 +15,12 @@
 // alive until backward (correct, but nothing is freed); zero::linear saves the weight itself, so
 // releasing it really frees the memory (DeepSpeed's LinearFunctionForZeroStage3 for the same reason).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,47 +30,33 @@
 namespace deepspeed {
 namespace zero {
 
-// What a stage-3 engine does around a unit. Called on the thread running forward / backward.
-class UnitHooks {
- public:
-  virtual void pre_forward(int unit) = 0;   // gather (and prefetch what follows in the trace)
-  virtual void post_forward(int unit) = 0;  // release (unless kept by the reuse distance)
-  virtual void pre_backward(int unit) = 0;  // gather again for the unit's backward
-
- protected:
-  ~UnitHooks() = default;
-};
-
 // y = x W^T + b, saving W itself (not a view of it) for backward. x: [..., in], W: [out, in].
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 
-// Parameters partitioned at construction by zero::Init, waiting for initialize() to adopt them.
-struct InitShard {
-  at::Tensor slice;                          // this rank's slice of the unit's padded flat buffer
-  std::vector<at::Tensor> params;            // the partitioned parameters (now numel 0), in order
-  std::vector<std::vector<int64_t>> shapes;  // their shapes
-  int64_t padded_numel = 0;
-  int world_size = 0;
-};
+// What a stage-3 engine does around a unit, and zero::Init's slice of it: both private
+// (src/zero/stage3/unit_internals.h). Programs compile against this header, so the engine's
+// internals stay out of it and can change without breaking them.
+class UnitHooks;
+struct InitShard;
 
 }  // namespace zero
+
+namespace detail {
+struct ZeroUnitAccess;  // the library's way to a unit's hooks and shard (src/zero/stage3)
+}  // namespace detail
 
 // The non-template part of ZeroUnit: what the engine finds by walking the module tree.
 class ZeroUnitBase : public torch::nn::Module {
  public:
-  // The engine attaches itself at initialize() (stage 3 only) and detaches when destroyed.
-  void attach(zero::UnitHooks* hooks, int id) { hooks_ = hooks, id_ = id; }
-  zero::UnitHooks* hooks() const { return hooks_; }
-  int unit_id() const { return id_; }
   std::shared_ptr<torch::nn::Module> inner_module() const { return inner_; }
   void train(bool on = true) override;
-  // zero::Init: set while the unit's parameters exist only as this rank's slice.
-  zero::InitShard& init_shard() { return shard_; }
 
  protected:
   // Registers inner's own parameters, buffers and children on this module under their names, then
   // partitions them if a zero::Init scope is active on this thread.
   void adopt(std::shared_ptr<torch::nn::Module> inner);
+  // Whether a stage-3 engine is attached (set at initialize(), cleared when it is destroyed).
+  bool attached() const { return hooks_ != nullptr; }
   // Identity on the unit's output whose backward gathers the unit again (pre_backward).
   at::Tensor attach_output(const at::Tensor& out) const;
 
@@ -84,21 +72,26 @@ class ZeroUnitBase : public torch::nn::Module {
     }
   }
 
-  // pre_forward on construction, post_forward on destruction (also when forward throws).
+  // The engine's pre_forward (gather) on construction, post_forward (release) on destruction
+  // (also when forward throws).
   class ForwardScope {
    public:
-    explicit ForwardScope(const ZeroUnitBase& u) : u_(u) { u_.hooks_->pre_forward(u_.id_); }
-    ~ForwardScope() { u_.hooks_->post_forward(u_.id_); }
+    explicit ForwardScope(const ZeroUnitBase& u) : u_(u) { u_.pre_forward(); }
+    ~ForwardScope() { u_.post_forward(); }
 
    private:
     const ZeroUnitBase& u_;
   };
 
  private:
+  friend struct detail::ZeroUnitAccess;
+  void pre_forward() const;
+  void post_forward() const;
+
   zero::UnitHooks* hooks_ = nullptr;
   int id_ = -1;
   std::shared_ptr<torch::nn::Module> inner_;
-  zero::InitShard shard_;
+  std::shared_ptr<zero::InitShard> shard_;  // set while zero::Init holds only this rank's slice
 };
 
 namespace detail {
@@ -120,7 +113,7 @@ class ZeroUnit : public ZeroUnitBase {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    if (!hooks()) return inner_->forward(std::forward<Args>(args)...);
+    if (!attached()) return inner_->forward(std::forward<Args>(args)...);
     decltype(inner_->forward(std::forward<Args>(args)...)) out;
     {
       ForwardScope scope(*this);
@@ -154,5 +147,10 @@ class LayerListImpl : public torch::nn::Module {
   std::vector<std::function<at::Tensor(const at::Tensor&)>> calls_;
 };
 TORCH_MODULE(LayerList);
+
+// Elements in the module's parameters (frozen ones included), each parameter counted once (tied
+// weights too), at its full size also where ZeRO-3 keeps only a partition: under zero::Init and
+// after initialize() at stage 3, where a unit's released parameters hold no elements. Local.
+int64_t count_parameters(const torch::nn::Module& module);
 
 }  // namespace deepspeed

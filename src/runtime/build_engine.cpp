@@ -180,7 +180,5 @@ EngineStatePtr build_engine_state(BuildInput in) {
   return s;
 }
 
-std::shared_ptr<DataLoader> engine_data_loader(EngineState& state) { return state.loader; }
-
 }  // namespace detail
 }  // namespace deepspeed

@@ -123,6 +123,7 @@ const Config& Engine::config() const { return state_->config; }
 comm::CommunicatorPtr Engine::communicator() const { return state_->comm; }
 std::shared_ptr<torch::optim::Optimizer> Engine::optimizer() const { return state_->optimizer; }
 std::shared_ptr<LRScheduler> Engine::lr_scheduler() const { return state_->scheduler; }
+std::shared_ptr<DataLoader> Engine::training_dataloader() const { return state_->loader; }
 MemoryReport Engine::memory_report() const { return state_->stage->memory(); }
 
 GatheredParameters& GatheredParameters::operator=(GatheredParameters&& o) noexcept {

@@ -42,4 +42,14 @@ struct EngineState {
   ThroughputLog log;
 };
 
+namespace detail {
+// The library's (and its tests') way to an engine's state; Engine befriends it so that the
+// public header needs no accessor.
+struct EngineAccess {
+  static EngineState& state(Engine& engine) { return *engine.state_; }
+};
+}  // namespace detail
+
+inline EngineState& state_of(Engine& engine) { return detail::EngineAccess::state(engine); }
+
 }  // namespace deepspeed

@@ -13,7 +13,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
-#include "deepspeed/engine.h"
+#include "deepspeed/memory.h"
 
 namespace deepspeed {
 namespace zero {

@@ -9,14 +9,8 @@
 #include <fstream>
 
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/training_run.h"
-
-namespace {
-std::string env_or(const char* name, const char* fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-}  // namespace
 
 TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
@@ -50,7 +44,7 @@ TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   std::ofstream(dir / "expected.json") << expected.dump();
 
   const std::string out = dir / "model_fp32.safetensors";
-  const std::string tool = env_or("DS_BIN_DIR", "build/bin") + "/ds_to_fp32 " + (dir / "ckpt") + " " + out;
+  const std::string tool = dstest::bin_dir() + "/ds_to_fp32 " + (dir / "ckpt") + " " + out;
   int status = std::system((tool + " > " + (dir / "tool.log") + " 2>&1").c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dstest::read_bytes(dir / "tool.log");
 
@@ -74,7 +68,7 @@ TEST(CheckpointExport, DsToFp32RefusesACorruptedCheckpoint) {
   bytes[bytes.size() - 5] ^= 1;
   dstest::write_bytes(victim, bytes);
   const std::string log = dir / "tool.log";
-  int status = std::system((env_or("DS_BIN_DIR", "build/bin") + "/ds_to_fp32 " + (dir / "ckpt") + " " +
+  int status = std::system((dstest::bin_dir() + "/ds_to_fp32 " + (dir / "ckpt") + " " +
                             (dir / "out.safetensors") + " > " + log + " 2>&1").c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1);
   const std::string output = dstest::read_bytes(log);

@@ -17,13 +17,11 @@
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace {
-std::string bin_dir() {
-  const char* d = std::getenv("DS_BIN_DIR");
-  return d ? d : "build/bin";
-}
+using dstest::bin_dir;
 
 struct Run {
   int status = 0;

@@ -13,6 +13,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/tag_reader.h"
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace ckpt = deepspeed::checkpoint;

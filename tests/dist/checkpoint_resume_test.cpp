@@ -13,6 +13,7 @@
 #include "deepspeed/errors.h"
 #include "runtime/engine_checkpoint.h"
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -128,7 +129,7 @@ TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
     ckpt::SaveOptions o;
     o.tag = "bad";
     try {
-      ckpt::save_engine_checkpoint(r.engine->state(), fs, dir.path(), o);
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir.path(), o);
     } catch (const deepspeed::CheckpointError& e) {
       errors[comm->rank()] = e.what();
     }

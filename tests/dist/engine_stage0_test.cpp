@@ -14,8 +14,8 @@ using dstest::RunSpec;
 using dstest::train_gpt;
 
 namespace {
-constexpr double kLossTol = 1e-5;
-constexpr double kWeightTol = 1e-4;
+using dstest::kLossTol;
+using dstest::kWeightTol;
 
 dstest::RunResult single_process(int micro, int accumulation, nlohmann::json extra = {}) {
   RunSpec s;

@@ -16,6 +16,7 @@
 
 #include "deepspeed/engine.h"
 #include "deepspeed/memory.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -208,12 +209,7 @@ RankSnapshot snapshot(deepspeed::Engine& engine) {
     }
   return s;
 }
-bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!torch::equal(a[i], b[i])) return false;
-  return true;
-}
+using dstest::bit_identical;
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 
 #include "deepspeed/errors.h"
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace {

@@ -12,6 +12,7 @@
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 #include "support/training_run.h"
+#include "zero/stage3/unit_internals.h"
 
 namespace {
 using deepspeed::ZeroUnit;
@@ -228,7 +229,9 @@ TEST(Stage3Init, SlicesKeptInTheTrainingDtype) {
     std::vector<std::pair<deepspeed::ZeroUnitBase*, at::Tensor>> units;
     for (auto& kv : model->named_modules())
       if (auto* unit = dynamic_cast<deepspeed::ZeroUnitBase*>(kv.value().get())) {
-        const at::Tensor& slice = unit->init_shard().slice;
+        const auto* shard = deepspeed::zero::init_shard(*unit);
+        if (!shard) throw std::runtime_error(kv.key() + ": no zero::Init shard");
+        const at::Tensor& slice = shard->slice;
         EXPECT_EQ(slice.scalar_type(), torch::kBFloat16) << kv.key();
         at::Tensor all = torch::empty({2 * slice.numel()}, slice.options());
         comm->all_gather(all, slice)->wait();

@@ -8,8 +8,8 @@
 #include "support/training_run.h"
 
 namespace {
-constexpr double kLossTol = 1e-5;
-constexpr double kWeightTol = 1e-4;
+using dstest::kLossTol;
+using dstest::kWeightTol;
 
 dstest::RunResult run_gpt(int world, int stage, int micro, int accumulation, nlohmann::json extra = {},
                           gpt::GPTConfig model = {256, 16, 2, 2, 32}) {

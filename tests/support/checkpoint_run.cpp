@@ -1,26 +1,11 @@
 #include "support/checkpoint_run.h"
 
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <mutex>
 
-#include <unistd.h>
-
-#include "gpt/text_dataset.h"
 #include "support/ranks.h"
+#include "support/training_run.h"
 
 namespace dstest {
-std::string source_dir() {
-  const char* src = std::getenv("DS_SOURCE_DIR");
-  return src && *src ? src : DS_TEST_SOURCE_DIR;
-}
-
-std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
-  std::string path = source_dir() + "/data/fortunes.txt";
-  return std::make_shared<gpt::TextDataset>(path, block, block);
-}
-
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed,
                                 const std::vector<std::string>& frozen) {
   at::set_num_threads(1);
@@ -96,39 +81,6 @@ CheckpointJobResult run_checkpoint_job(const CheckpointJob& job) {
     for (auto& p : models[0]->parameters()) result.weights.push_back(p.detach().clone());
   });
   return result;
-}
-
-// $TMPDIR when set; else /dev/shm when usable (fsync there costs nothing, and the checkpoint tests
-// fsync thousands of files; durability itself is tested with the fault-injecting file system);
-// else /tmp.
-std::string temp_base() {
-  const char* base = std::getenv("TMPDIR");
-  if (base && *base) return base;
-  if (access("/dev/shm", W_OK | X_OK) == 0) return "/dev/shm";
-  return "/tmp";
-}
-
-TempDir::TempDir() {
-  std::string pattern = temp_base() + "/ds_ckpt_test.XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed for " + pattern);
-  path_ = buf.data();
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace dstest

@@ -49,25 +49,4 @@ struct SingleEngine {
 // `frozen`: parameter names set to requires_grad = false before initialize().
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model = {256, 16, 2, 2, 32},
                                 uint64_t seed = 7, const std::vector<std::string>& frozen = {});
-// The source tree: $DS_SOURCE_DIR, else the one this helper was built from.
-std::string source_dir();
-// The test text (data/fortunes.txt) in windows of `block` bytes.
-std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
-
-// A fresh temporary folder under $TMPDIR (else /dev/shm, else /tmp), removed by the destructor.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-// Bytes of a file, and overwrite helpers for corruption tests.
-std::string read_bytes(const std::string& path);
-void write_bytes(const std::string& path, const std::string& bytes);
-
 }  // namespace dstest

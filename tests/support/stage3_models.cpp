@@ -118,21 +118,4 @@ nlohmann::json stage3_test_config(int stage, int accumulation) {
   return c;
 }
 
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  TORCH_CHECK(a.size() == b.size(), "different parameter counts");
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    TORCH_CHECK(a[i].sizes() == b[i].sizes(), "parameter ", i, ": shapes differ");
-    m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
-  }
-  return m;
-}
-
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  TORCH_CHECK(a.size() == b.size(), "different step counts");
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
-  return m;
-}
-
 }  // namespace dstest

@@ -82,7 +82,4 @@ ModelRun train_model(int world, const nlohmann::json& config, int steps);
 // (persistence threshold 0) and releases a unit as soon as it is done (reuse distance 0).
 nlohmann::json stage3_test_config(int stage, int accumulation = 1);
 
-double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
-double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b);
-
 }  // namespace dstest

@@ -1,11 +1,11 @@
 #include "support/training_run.h"
 
-#include <cstdlib>
 #include <mutex>
 
 #include "deepspeed/comm.h"
 #include "deepspeed/zero_init.h"
 #include "gpt/text_dataset.h"
+#include "support/files.h"
 #include "support/ranks.h"
 
 namespace dstest {
@@ -21,13 +21,9 @@ nlohmann::json base_config(int micro_batch, int accumulation, int stage) {
   };
 }
 
-namespace {
-std::shared_ptr<gpt::TextDataset> test_text(int64_t block) {
-  const char* src = std::getenv("DS_SOURCE_DIR");
-  std::string path = std::string(src ? src : DS_TEST_SOURCE_DIR) + "/data/fortunes.txt";
-  return std::make_shared<gpt::TextDataset>(path, block, block);
+std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
+  return std::make_shared<gpt::TextDataset>(source_dir() + "/data/fortunes.txt", block, block);
 }
-}  // namespace
 
 RunResult train_gpt(const RunSpec& spec) {
   at::set_num_threads(1);
@@ -47,7 +43,7 @@ RunResult train_gpt(const RunSpec& spec) {
     models[r] = std::make_shared<gpt::GPTImpl>(spec.model);
     prepare(*models[r]);
   }
-  auto data = test_text(spec.model.block_size);
+  auto data = test_text_dataset(spec.model.block_size);
   RunResult result;
   result.memory.resize(spec.world_size);
   if (!spec.zero_init)
@@ -95,20 +91,29 @@ int64_t count_parameters(const gpt::GPTConfig& model) {
   return m.num_parameters();
 }
 
-double max_weight_diff(const RunResult& a, const RunResult& b) {
-  TORCH_CHECK(a.weights.size() == b.weights.size(), "different parameter counts");
+double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  TORCH_CHECK(a.size() == b.size(), "different parameter counts");
   double m = 0.0;
-  for (size_t i = 0; i < a.weights.size(); ++i)
-    m = std::max(m, (a.weights[i] - b.weights[i]).abs().max().item<double>());
+  for (size_t i = 0; i < a.size(); ++i) {
+    TORCH_CHECK(a[i].sizes() == b[i].sizes(), "parameter ", i, ": shapes differ");
+    m = std::max(m, (a[i] - b[i]).abs().max().item<double>());
+  }
   return m;
 }
 
-double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
-  TORCH_CHECK(a.losses.size() == b.losses.size(), "different step counts");
+double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  TORCH_CHECK(a.size() == b.size(), "different step counts");
   double m = 0.0;
-  for (size_t i = 0; i < a.losses.size(); ++i)
-    m = std::max(m, std::abs(a.losses[i] - b.losses[i]) / std::abs(b.losses[i]));
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
   return m;
+}
+
+double max_weight_diff(const RunResult& a, const RunResult& b) {
+  return max_abs_diff(a.weights, b.weights);
+}
+
+double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
+  return max_rel_diff(a.losses, b.losses);
 }
 
 }  // namespace dstest

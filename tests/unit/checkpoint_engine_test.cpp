@@ -15,6 +15,8 @@
 #include "deepspeed/errors.h"
 #include "runtime/engine_checkpoint.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace ckpt = deepspeed::checkpoint;
@@ -25,12 +27,7 @@ using dstest::SingleEngine;
 namespace {
 nlohmann::json config(int stage = 1) { return dstest::base_config(2, 1, stage); }
 
-bool same_weights(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (!torch::equal(a[i], b[i])) return false;
-  return true;
-}
+using dstest::bit_identical;
 
 std::string latest(const std::string& dir) { return ckpt::read_latest_tag(ckpt::posix_file_system(), dir); }
 
@@ -45,12 +42,7 @@ std::pair<int64_t, std::vector<torch::Tensor>> load_fresh(const std::string& dir
 }
 
 std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const deepspeed::CheckpointError& e) {
-    return e.what();
-  }
-  return "(no CheckpointError)";
+  return dstest::message_of<deepspeed::CheckpointError>(f);
 }
 }  // namespace
 
@@ -85,7 +77,7 @@ TEST(CheckpointLayout, FilesManifestAndLatest) {
   EXPECT_EQ(loaded.load_path, dir / "global_step2/mp_rank_00_model_states.safetensors");
   EXPECT_EQ(loaded.client_state, (nlohmann::json{{"epoch", 3}}));
   EXPECT_EQ(fresh.engine->global_steps(), 2);
-  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(fresh.weights(), e.weights()));
 }
 
 TEST(CheckpointLayout, NoLatestLoadsNothing) {
@@ -95,7 +87,7 @@ TEST(CheckpointLayout, NoLatestLoadsNothing) {
   auto loaded = e.engine->load_checkpoint(dir.path());
   EXPECT_TRUE(loaded.load_path.empty());
   EXPECT_TRUE(loaded.client_state.is_null());
-  EXPECT_TRUE(same_weights(e.weights(), before));
+  EXPECT_TRUE(bit_identical(e.weights(), before));
 }
 
 TEST(CheckpointLayout, ExplicitTagWithoutLatestAndModuleOnly) {
@@ -106,10 +98,10 @@ TEST(CheckpointLayout, ExplicitTagWithoutLatestAndModuleOnly) {
   EXPECT_FALSE(fs::exists(dir / "latest"));
   auto fresh = make_single_engine(config(1), {256, 16, 2, 2, 32}, 99);
   fresh.engine->load_checkpoint(dir.path(), "mine", true, true, true, /*load_module_only=*/true);
-  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(fresh.weights(), e.weights()));
   EXPECT_EQ(fresh.engine->global_steps(), 0);  // module only: counters untouched
   fresh.train(1);                              // and the masters were refreshed from the module
-  EXPECT_FALSE(same_weights(fresh.weights(), e.weights()));
+  EXPECT_FALSE(bit_identical(fresh.weights(), e.weights()));
 }
 
 // Frozen parameters have no optimizer state: they travel in the model-states file only, and the
@@ -124,13 +116,13 @@ TEST(CheckpointLayout, FrozenParametersRoundTrip) {
   for (auto& t : m.metadata["trainable"]) EXPECT_NE(t["name"], "wpe.weight");
   auto fresh = make_single_engine(config(2), kSmall, 8, frozen);
   fresh.engine->load_checkpoint(dir.path());
-  EXPECT_TRUE(same_weights(fresh.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(fresh.weights(), e.weights()));
   // Loading into a model where it is trainable: no optimizer state for it, refused by name.
   auto unfrozen = make_single_engine(config(2), kSmall, 8);
   auto msg = message_of([&] { unfrozen.engine->load_checkpoint(dir.path()); });
   EXPECT_NE(msg.find("wpe.weight"), std::string::npos) << msg;
   EXPECT_NO_THROW(unfrozen.engine->load_checkpoint(dir.path(), "", true, true, true, /*load_module_only=*/true));
-  EXPECT_TRUE(same_weights(unfrozen.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(unfrozen.weights(), e.weights()));
 }
 
 // The CPU generator continues from where it was at the save (dropout masks, sampling...).
@@ -190,9 +182,9 @@ TEST(CheckpointRefusal, CorruptedTruncatedIncompleteOrMismatched) {
   EXPECT_NE(msg.find(model), std::string::npos) << msg;
   EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
 
-  EXPECT_TRUE(same_weights(victim.weights(), untouched));  // nothing was changed by the refusals
+  EXPECT_TRUE(bit_identical(victim.weights(), untouched));  // nothing was changed by the refusals
   EXPECT_NO_THROW(victim.engine->load_checkpoint(dir.path()));
-  EXPECT_TRUE(same_weights(victim.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(victim.weights(), e.weights()));
 }
 
 TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
@@ -209,7 +201,7 @@ TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
   EXPECT_NE(msg.find("non-Adam"), std::string::npos) << msg;
   // Weights alone load anywhere.
   EXPECT_NO_THROW(other_stage.engine->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
-  EXPECT_TRUE(same_weights(other_stage.weights(), e.weights()));
+  EXPECT_TRUE(bit_identical(other_stage.weights(), e.weights()));
   auto adam = make_single_engine(config(1));
   msg = message_of([&] { adam.engine->load_checkpoint(dir.path()); });
   EXPECT_NE(msg.find("non-Adam"), std::string::npos) << msg;
@@ -223,13 +215,13 @@ TEST(CheckpointFaults, DiskFullFailsClearlyAndLosesNothing) {
   const auto at2 = e.weights();
   e.train(2);
   ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
-  ckpt::save_engine_checkpoint(e.engine->state(), counter, dir / "probe", {});
+  ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir / "probe", {});
   const int writes = counter.calls(ckpt::FsOp::kWrite);
   ASSERT_GT(writes, 3);
   for (int nth : {1, 2, writes / 2, writes}) {
     ckpt::FaultInjectingFileSystem full(ckpt::posix_file_system());
     full.fail_at(ckpt::FsOp::kWrite, nth, ENOSPC);
-    auto msg = message_of([&] { ckpt::save_engine_checkpoint(e.engine->state(), full, dir.path(), {}); });
+    auto msg = message_of([&] { ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), full, dir.path(), {}); });
     EXPECT_NE(msg.find("No space left on device"), std::string::npos) << "write " << nth << ": " << msg;
     EXPECT_NE(msg.find(dir / "global_step4"), std::string::npos) << msg;
     EXPECT_EQ(latest(dir.path()), "global_step2");
@@ -237,7 +229,7 @@ TEST(CheckpointFaults, DiskFullFailsClearlyAndLosesNothing) {
       EXPECT_FALSE(ckpt::is_temp_file_name(entry.path().filename())) << entry.path();
     auto [step, weights] = load_fresh(dir.path());
     EXPECT_EQ(step, 2);
-    EXPECT_TRUE(same_weights(weights, at2));
+    EXPECT_TRUE(bit_identical(weights, at2));
   }
 }
 
@@ -256,7 +248,7 @@ TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
   e.train(2);
   const auto at4 = e.weights();
   ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
-  ckpt::save_engine_checkpoint(e.engine->state(), counter, dir / "probe", {});
+  ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir / "probe", {});
   int cases = 0;
   for (auto op : {ckpt::FsOp::kMakeDirs, ckpt::FsOp::kCreate, ckpt::FsOp::kWrite, ckpt::FsOp::kSync,
                   ckpt::FsOp::kClose, ckpt::FsOp::kRename, ckpt::FsOp::kSyncDir, ckpt::FsOp::kRemove}) {
@@ -267,17 +259,17 @@ TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
       dstest::write_bytes(dir / "latest", "global_step2");
       ckpt::FaultInjectingFileSystem crashing(ckpt::posix_file_system());
       crashing.crash_at(op, nth);
-      EXPECT_THROW(ckpt::save_engine_checkpoint(e.engine->state(), crashing, dir.path(), {}),
+      EXPECT_THROW(ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), crashing, dir.path(), {}),
                    ckpt::SimulatedCrash) << where;
       if (power_cut) crashing.simulate_power_loss();
       const std::string tag = latest(dir.path());
       ASSERT_TRUE(tag == "global_step2" || tag == "global_step4") << where << ": latest " << tag;
       auto [step, weights] = load_fresh(dir.path());
       EXPECT_EQ("global_step" + std::to_string(step), tag) << where;
-      EXPECT_TRUE(same_weights(weights, tag == "global_step2" ? at2 : at4)) << where;
+      EXPECT_TRUE(bit_identical(weights, tag == "global_step2" ? at2 : at4)) << where;
       try {
         auto [s4, w4] = load_fresh(dir.path(), "global_step4");
-        EXPECT_TRUE(same_weights(w4, at4)) << where;
+        EXPECT_TRUE(bit_identical(w4, at4)) << where;
       } catch (const deepspeed::CheckpointError&) {
         EXPECT_EQ(tag, "global_step2") << where << ": latest names a tag that does not load";
       }

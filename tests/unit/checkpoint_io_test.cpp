@@ -20,38 +20,25 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "deepspeed/errors.h"
+#include "support/expect.h"
+#include "support/files.h"
 
 namespace deepspeed::checkpoint {
 namespace {
 
 namespace stdfs = std::filesystem;
 
-class TempDir : public ::testing::Test {
+// A fresh folder on a real file system per test (fsync and rename are what is tested).
+class ScratchDirTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (stdfs::temp_directory_path() / "ckptio_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(&tmpl[0]), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    if (!dir_.empty()) stdfs::remove_all(dir_);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string path(const std::string& name) const { return scratch_ / name; }
   std::vector<std::string> names() const { return posix_file_system().list_dir(dir_); }
 
-  std::string dir_;
+  dstest::TempDir scratch_{"ckptio", dstest::TempDir::Base::kDisk};
+  const std::string dir_ = scratch_.path();
 };
 
-template <class E>
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
+using dstest::message_of;
 
 // ---------------------------------------------------------------------------------------------
 // CRC32C
@@ -101,7 +88,7 @@ TEST(Checksum, StreamingEqualsOneShot) {
 // ---------------------------------------------------------------------------------------------
 // FileSystem and atomic writes
 
-using FileSystemTest = TempDir;
+using FileSystemTest = ScratchDirTest;
 
 TEST_F(FileSystemTest, AtomicWriteCreatesAndReplacesWithoutLeavingTempFiles) {
   FileSystem& fs = posix_file_system();
@@ -153,7 +140,7 @@ struct FaultCase {
 };
 void PrintTo(const FaultCase& c, std::ostream* os) { *os << fs_op_name(c.op) << " #" << c.nth; }
 
-class AtomicWriteFault : public TempDir, public ::testing::WithParamInterface<FaultCase> {};
+class AtomicWriteFault : public ScratchDirTest, public ::testing::WithParamInterface<FaultCase> {};
 
 // Content large enough that the streaming fill appends several times.
 void fill_new(WritableFile& f) {
@@ -201,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(EachStep, AtomicWriteFault,
                          });
 
 // A power cut right after the process dies at any step: the file is the old or the new version.
-class PowerLossAfterCrash : public TempDir, public ::testing::WithParamInterface<FaultCase> {};
+class PowerLossAfterCrash : public ScratchDirTest, public ::testing::WithParamInterface<FaultCase> {};
 
 TEST_P(PowerLossAfterCrash, FileIsOldOrCompleteNeverPartial) {
   const auto [op, nth] = GetParam();
@@ -329,7 +316,7 @@ TEST_F(FileSystemTest, RealShortWriteFromTheKernelIsReportedAndCleanedUp) {
 // ---------------------------------------------------------------------------------------------
 // Manifest
 
-using ManifestTest = TempDir;
+using ManifestTest = ScratchDirTest;
 
 Manifest sample_manifest(const std::string& dir) {
   write_file_atomic(dir + "/model.bin", std::string(4096, 'm'));
@@ -424,7 +411,7 @@ TEST_F(ManifestTest, MalformedManifestsAreRejectedWithTheirName) {
 // ---------------------------------------------------------------------------------------------
 // safetensors
 
-using SafetensorsTest = TempDir;
+using SafetensorsTest = ScratchDirTest;
 
 NamedTensors sample_tensors() {
   torch::manual_seed(3);

@@ -13,19 +13,13 @@
 #include <vector>
 
 #include "deepspeed/errors.h"
+#include "support/expect.h"
+#include "support/files.h"
 
 namespace deepspeed {
 namespace {
 
 using nlohmann::json;
-
-::testing::AssertionResult Contains(const char* text_expr, const char* part_expr,
-                                    const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
-                                       << "\n  text: " << text << "\n  part: " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(Contains, text, part)
 
 ConfigOverrides micro_batch(int64_t mbs) {
   ConfigOverrides o;
@@ -754,12 +748,6 @@ TEST(ConfigFeatureBlocks, AreReadIntoStructs) {
 
 class LoadConfigTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("ds_config_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir_);
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   std::string write(const std::string& name, const std::string& text) {
     auto path = dir_ / name;
     std::ofstream(path) << text;
@@ -774,7 +762,8 @@ class LoadConfigTest : public ::testing::Test {
     ADD_FAILURE() << "expected a ConfigError for " << path;
     return "";
   }
-  std::filesystem::path dir_;
+  dstest::TempDir scratch_{"ds_config_test", dstest::TempDir::Base::kDisk};
+  const std::filesystem::path dir_ = scratch_.path();
 };
 
 TEST_F(LoadConfigTest, MissingFileNamesThePath) {

@@ -11,6 +11,8 @@
 
 #include "deepspeed/errors.h"
 #include "offload/grad_store.h"
+#include "support/files.h"
+#include "support/stage3_layouts.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::GradStore;
@@ -18,34 +20,8 @@ using deepspeed::zero::Stage3Layout;
 
 namespace {
 
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("grad_store_test." + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path path;
-};
-
 // A root of 10 elements and units of 5000 and 9000 elements (world size 1).
-Stage3Layout layout() {
-  Stage3Layout L;
-  for (int64_t n : {10, 5000, 9000}) {
-    deepspeed::zero::UnitSlots u;
-    u.layout.numel = u.layout.padded_numel = u.layout.partition_numel = n;
-    u.partition_offset = L.partition_numel;
-    L.partition_numel += n;
-    L.units.push_back(u);
-  }
-  return L;
-}
-
-deepspeed::AioConfig aio() {
-  deepspeed::AioConfig a;
-  a.block_size = 4096;
-  a.queue_depth = 4;
-  return a;
-}
+Stage3Layout layout() { return dstest::one_rank_layout({10, 5000, 9000}); }
 
 // One micro-step adding `g` (the whole partition) unit by unit, in backward order.
 void micro_step(GradStore& store, const Stage3Layout& L, const at::Tensor& g, bool boundary) {
@@ -70,9 +46,9 @@ at::Tensor read_back(GradStore& store, const Stage3Layout& L) {
 }  // namespace
 
 TEST(GradStore, AccumulatesAcrossMicroStepsThroughTheFile) {
-  TempDir dir;
+  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  GradStore store(L, torch::kFloat, dir.path.string(), aio());
+  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio());
   at::Tensor a = torch::randn({L.partition_numel}), b = torch::randn({L.partition_numel});
   micro_step(store, L, a, false);
   micro_step(store, L, b, true);
@@ -87,9 +63,9 @@ TEST(GradStore, AccumulatesAcrossMicroStepsThroughTheFile) {
 }
 
 TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
-  TempDir dir;
+  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  GradStore store(L, torch::kBFloat16, dir.path.string(), aio());
+  GradStore store(L, torch::kBFloat16, dir.path(), dstest::small_aio());
   micro_step(store, L, torch::ones({L.partition_numel}), true);
   ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
   try {
@@ -102,7 +78,7 @@ TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
 
 TEST(GradStoreErrors, MissingFolderNamesTheKey) {
   try {
-    GradStore store(layout(), torch::kFloat, "/nonexistent/grad/swap", aio());
+    GradStore store(layout(), torch::kFloat, "/nonexistent/grad/swap", dstest::small_aio());
     FAIL() << "expected IOError";
   } catch (const deepspeed::IOError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.nvme_path"), std::string::npos) << e.what();

@@ -13,6 +13,8 @@
 
 #include "deepspeed/errors.h"
 #include "offload/param_store.h"
+#include "support/files.h"
+#include "support/stage3_layouts.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::ParamStore;
@@ -20,27 +22,8 @@ using deepspeed::zero::Stage3Layout;
 
 namespace {
 
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("param_store_test." + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path path;
-};
-
 // A root of 10 elements and units of 5000, 9000 and 3 elements (world size 1).
-Stage3Layout layout() {
-  Stage3Layout L;
-  for (int64_t n : {10, 5000, 9000, 3}) {
-    deepspeed::zero::UnitSlots u;
-    u.layout.numel = u.layout.padded_numel = u.layout.partition_numel = n;
-    u.partition_offset = L.partition_numel;
-    L.partition_numel += n;
-    L.units.push_back(u);
-  }
-  return L;
-}
+Stage3Layout layout() { return dstest::one_rank_layout({10, 5000, 9000, 3}); }
 
 deepspeed::ZeroConfig zero(const std::string& device, const fs::path& dir, int64_t max_in_cpu) {
   deepspeed::ZeroConfig z;
@@ -53,19 +36,12 @@ deepspeed::ZeroConfig zero(const std::string& device, const fs::path& dir, int64
   return z;
 }
 
-deepspeed::AioConfig aio() {
-  deepspeed::AioConfig a;
-  a.block_size = 4096;
-  a.queue_depth = 4;
-  return a;
-}
-
 }  // namespace
 
 TEST(ParamStore, SlicesRoundTripInMemoryAndInTheFile) {
-  TempDir dir;
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 5000), aio());
+  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path(), 5000), dstest::small_aio());
   ASSERT_TRUE(store.swapped());
   EXPECT_TRUE(store.in_memory(0) && store.in_memory(1));
   EXPECT_FALSE(store.in_memory(2) || store.in_memory(3));
@@ -86,9 +62,9 @@ TEST(ParamStore, SlicesRoundTripInMemoryAndInTheFile) {
 }
 
 TEST(ParamStore, PrefetchIsBoundedByBufferCount) {
-  TempDir dir;
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  ParamStore store(L, torch::kFloat, zero("nvme", dir.path, 0), aio());
+  ParamStore store(L, torch::kFloat, zero("nvme", dir.path(), 0), dstest::small_aio());
   const int64_t memory = store.resident_bytes();
   EXPECT_TRUE(store.start_fetch(1));
   EXPECT_TRUE(store.start_fetch(2));
@@ -102,9 +78,9 @@ TEST(ParamStore, PrefetchIsBoundedByBufferCount) {
 }
 
 TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
-  TempDir dir;
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path, 0), aio());
+  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path(), 0), dstest::small_aio());
   auto groups = deepspeed::offload::unit_aligned_groups(L, 3000);
   // Cut at unit ends and every 4096 elements inside a unit.
   std::vector<std::pair<int64_t, int64_t>> want = {
@@ -122,21 +98,21 @@ TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
 }
 
 TEST(ParamStore, NoneAndCpuKeepEverythingInMemory) {
-  TempDir dir;
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
   for (const char* device : {"none", "cpu"}) {
-    ParamStore store(L, torch::kFloat, zero(device, dir.path, 0), aio());
+    ParamStore store(L, torch::kFloat, zero(device, dir.path(), 0), dstest::small_aio());
     EXPECT_FALSE(store.swapped());
     EXPECT_EQ(store.memory().numel(), L.partition_numel);
     EXPECT_EQ(store.fetch(2).data_ptr(), store.memory().narrow(0, 5010, 9000).data_ptr());
   }
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(fs::is_empty(dir.path()));
 }
 
 TEST(ParamStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
-  TempDir dir;
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
-  ParamStore store(L, torch::kFloat, zero("nvme", dir.path, 0), aio());
+  ParamStore store(L, torch::kFloat, zero("nvme", dir.path(), 0), dstest::small_aio());
   store.write_all(torch::ones({L.partition_numel}));
   ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
   try {
@@ -148,15 +124,15 @@ TEST(ParamStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
 }
 
 TEST(ParamStoreErrors, SliceLargerThanBufferSizeNamesTheKey) {
-  TempDir dir;
-  auto z = zero("nvme", dir.path, 0);
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  auto z = zero("nvme", dir.path(), 0);
   z.offload_param.buffer_size = 8999;
   try {
-    ParamStore store(layout(), torch::kFloat, z, aio());
+    ParamStore store(layout(), torch::kFloat, z, dstest::small_aio());
     FAIL() << "expected ConfigError";
   } catch (const deepspeed::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_param.buffer_size"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("9000"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(fs::is_empty(dir.path()));
 }

@@ -4,13 +4,12 @@
 // identically; parameters edited outside the optimizer become the masters.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
 
 #include <torch/torch.h>
 
 #include "optim/fused_adam.h"
+#include "support/files.h"
 #include "zero/shard_optimizer.h"
 
 namespace fs = std::filesystem;
@@ -22,13 +21,10 @@ using deepspeed::zero::TensorPartition;
 
 namespace {
 
+// A real file system: the NVMe home uses O_DIRECT, which tmpfs refuses.
 struct SwapDir {
-  SwapDir() {
-    path = fs::temp_directory_path() / ("shard_optimizer_test." + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~SwapDir() { fs::remove_all(path); }
-  fs::path path;
+  dstest::TempDir dir{"shard_optimizer_test", dstest::TempDir::Base::kDisk};
+  fs::path path{dir.path()};
 };
 
 deepspeed::zero::OptimizerFactory adamw() {

@@ -13,21 +13,13 @@
 
 #include "deepspeed/errors.h"
 #include "offload/swapped_adam.h"
+#include "support/files.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::SwapOptions;
 using deepspeed::offload::SwappedAdam;
 
 namespace {
-
-struct TempDir {
-  TempDir() {
-    path = fs::temp_directory_path() / ("swapped_adam_test." + std::to_string(::getpid()));
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  fs::path path;
-};
 
 deepspeed::optim::AdamStepParams hyper(int64_t step) {
   deepspeed::optim::AdamStepParams hp;
@@ -55,14 +47,14 @@ class SwappedAdamMatchesInMemory
 
 TEST_P(SwappedAdamMatchesInMemory, BitForBitOverSeveralSteps) {
   auto [sub_group, buffers, dtype] = GetParam();
-  TempDir dir;
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   const int64_t n = 10007;  // not a multiple of anything
   torch::manual_seed(3);
   at::Tensor master = torch::randn({n});
   at::Tensor m = torch::zeros({n}), v = torch::zeros({n});
   at::Tensor param16 = master.to(dtype);
 
-  SwappedAdam swapped(master, options(dir.path, sub_group, buffers));
+  SwappedAdam swapped(master, options(dir.path(), sub_group, buffers));
   at::Tensor swapped_param = master.to(dtype);
   // Resident: the ring of buffers (3 fp32 arrays of one sub-group each) + one widened gradient.
   const int64_t group = std::min(sub_group, n);
@@ -107,22 +99,22 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(int64_t{1} << 30, 4, torch::kFloat)));
 
 TEST(SwappedAdam, StateRoundTripsThroughWriteAndRead) {
-  TempDir dir;
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   at::Tensor a = torch::randn({5000}), b = torch::randn({5000}), c = torch::rand({5000});
-  SwappedAdam swapped(a, options(dir.path, 1024, 2));
+  SwappedAdam swapped(a, options(dir.path(), 1024, 2));
   swapped.write_state(a, b, c);
   auto s = swapped.read_state();
   EXPECT_TRUE(torch::equal(s[0], a) && torch::equal(s[1], b) && torch::equal(s[2], c));
 }
 
 TEST(SwappedAdam, FilesAreRemovedWithTheOptimizer) {
-  TempDir dir;
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   {
-    SwappedAdam swapped(torch::ones({100}), options(dir.path, 64, 2));
+    SwappedAdam swapped(torch::ones({100}), options(dir.path(), 64, 2));
     EXPECT_TRUE(fs::exists(swapped.path()));
     EXPECT_GE(static_cast<int64_t>(fs::file_size(swapped.path())), swapped.file_bytes());
   }
-  EXPECT_TRUE(fs::is_empty(dir.path));
+  EXPECT_TRUE(fs::is_empty(dir.path()));
 }
 
 TEST(SwappedAdamErrors, MissingNvmePathIsNamed) {
@@ -136,9 +128,9 @@ TEST(SwappedAdamErrors, MissingNvmePathIsNamed) {
 }
 
 TEST(SwappedAdamErrors, FileTruncatedUnderTheJobStopsTheStepNamingTheFile) {
-  TempDir dir;
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   const int64_t n = 20000;
-  SwappedAdam swapped(torch::ones({n}), options(dir.path, 4096, 3));
+  SwappedAdam swapped(torch::ones({n}), options(dir.path(), 4096, 3));
   ASSERT_EQ(::truncate(swapped.path().c_str(), swapped.file_bytes() / 2), 0);
   at::Tensor out = torch::zeros({n});
   try {
@@ -154,7 +146,7 @@ TEST(SwappedAdamErrors, FileTruncatedUnderTheJobStopsTheStepNamingTheFile) {
 // A full disk is simulated with RLIMIT_FSIZE: the kernel fails the write past the limit (EFBIG)
 // exactly where a full device fails it with ENOSPC.
 TEST(SwappedAdamErrors, WriteFailureIsAnIOErrorNamingTheFile) {
-  TempDir dir;
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   struct rlimit old;
   ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
   auto previous = std::signal(SIGXFSZ, SIG_IGN);
@@ -163,18 +155,18 @@ TEST(SwappedAdamErrors, WriteFailureIsAnIOErrorNamingTheFile) {
   ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
   std::string what;
   try {
-    SwappedAdam swapped(torch::ones({100000}), options(dir.path, 8192, 2));
+    SwappedAdam swapped(torch::ones({100000}), options(dir.path(), 8192, 2));
   } catch (const deepspeed::IOError& e) {
     what = e.what();
   }
   setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, previous);
   ASSERT_FALSE(what.empty()) << "a write past the size limit did not fail";
-  EXPECT_NE(what.find(dir.path.string()), std::string::npos) << what;
+  EXPECT_NE(what.find(dir.path()), std::string::npos) << what;
 }
 
 TEST(SwappedAdamErrors, BadSettingsNameTheKey) {
-  TempDir dir;
-  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path, 0, 2)), deepspeed::ConfigError);
-  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path, 8, 0)), deepspeed::ConfigError);
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
+  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 0, 2)), deepspeed::ConfigError);
+  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 8, 0)), deepspeed::ConfigError);
 }

@@ -31,7 +31,9 @@ Init* Init::current() { return current_scope; }
 // numel 0) are left to their own unit.
 void Init::partition(ZeroUnitBase& unit) {
   torch::NoGradGuard no_grad;
-  InitShard& shard = unit.init_shard();
+  auto& held = detail::ZeroUnitAccess::shard(unit);
+  held = std::make_shared<InitShard>();
+  InitShard& shard = *held;
   std::vector<at::Tensor> params;
   int64_t numel = 0;
   for (auto& p : unit.parameters()) {
@@ -64,8 +66,9 @@ void Init::partition(ZeroUnitBase& unit) {
 }
 
 void restore_init_shard(ZeroUnitBase& unit, comm::Communicator& comm) {
-  InitShard& shard = unit.init_shard();
-  if (!shard.slice.defined()) return;
+  auto& held = detail::ZeroUnitAccess::shard(unit);
+  if (!held || !held->slice.defined()) return;
+  const InitShard& shard = *held;
   if (shard.world_size != comm.world_size())
     throw ConfigError("zero::Init partitioned the model over " + std::to_string(shard.world_size) +
                       " ranks, but initialize() runs over " + std::to_string(comm.world_size()) +
@@ -75,13 +78,13 @@ void restore_init_shard(ZeroUnitBase& unit, comm::Communicator& comm) {
   comm.all_gather(full, shard.slice)->wait();
   int64_t offset = 0;
   for (size_t i = 0; i < shard.params.size(); ++i) {
-    at::Tensor& p = shard.params[i];
     int64_t n = 1;
     for (auto d : shard.shapes[i]) n *= d;
+    at::Tensor p = shard.params[i];
     p.set_data(full.narrow(0, offset, n).view(shard.shapes[i]).to(p.scalar_type()).clone());
     offset += n;
   }
-  shard = InitShard();
+  held.reset();
 }
 
 }  // namespace zero

@@ -2,6 +2,7 @@
 #pragma once
 #include "deepspeed/comm.h"
 #include "deepspeed/zero_unit.h"
+#include "zero/stage3/unit_internals.h"
 
 namespace deepspeed {
 namespace zero {

@@ -38,14 +38,14 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
     grad_partition_ = torch::zeros({layout_.partition_numel}, ctx_.options(param_dtype_));
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
-    layout_.units[u].module->attach(gatherer_.get(), static_cast<int>(u));
+    attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));
   make_buckets();
   shard_ = make_shard_optimizer(options_.shard, *params_, make_optimizer);
 }
 
 Stage3::~Stage3() {
   hooks_.clear();
-  for (auto* m : modules_) m->attach(nullptr, -1);
+  for (auto* m : modules_) attach_unit(*m, nullptr, -1);
   for (auto& b : buckets_) wait_quietly(b.work);
 }
 

@@ -2,8 +2,13 @@
 // backward re-gathers a unit, and the weight-saving linear.
 #include <torch/torch.h>
 
+#include <unordered_set>
+
+#include <c10/util/accumulate.h>
+
 #include "deepspeed/zero_init.h"
 #include "deepspeed/zero_unit.h"
+#include "zero/stage3/unit_internals.h"
 
 namespace deepspeed {
 namespace {
@@ -78,9 +83,36 @@ void ZeroUnitBase::train(bool on) {
   if (inner_) inner_->train(on);
 }
 
+void ZeroUnitBase::pre_forward() const { hooks_->pre_forward(id_); }
+void ZeroUnitBase::post_forward() const { hooks_->post_forward(id_); }
+
 at::Tensor ZeroUnitBase::attach_output(const at::Tensor& out) const {
   if (!out.defined() || !out.requires_grad() || !torch::GradMode::is_enabled()) return out;
   return PreBackwardGather::apply(out, reinterpret_cast<int64_t>(hooks_), id_);
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  std::unordered_set<const c10::TensorImpl*> seen;
+  int64_t total = 0;
+  auto count = [&](const at::Tensor& p, const std::vector<int64_t>& shape) {
+    if (seen.insert(p.unsafeGetTensorImpl()).second) total += c10::multiply_integers(shape);
+  };
+  // A unit's partitioned parameters first, at the shapes their owner recorded: the attached
+  // engine (its layout) or zero::Init (the shard). Whatever is left is whole.
+  auto visit = [&](const torch::nn::Module& m) {
+    const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
+    if (!unit) return;
+    if (auto* hooks = detail::ZeroUnitAccess::hooks(*unit)) {
+      const auto& slots = hooks->unit_slots(detail::ZeroUnitAccess::id(*unit));
+      for (size_t i = 0; i < slots.params.size(); ++i) count(slots.params[i], slots.shapes[i]);
+    } else if (const auto* shard = zero::init_shard(*unit)) {
+      for (size_t i = 0; i < shard->params.size(); ++i) count(shard->params[i], shard->shapes[i]);
+    }
+  };
+  visit(module);
+  for (const auto& m : module.modules(/*include_self=*/false)) visit(*m);
+  for (const auto& p : module.parameters()) count(p, p.sizes().vec());
+  return total;
 }
 
 }  // namespace deepspeed

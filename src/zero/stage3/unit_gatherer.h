@@ -29,8 +29,8 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
-#include "deepspeed/zero_unit.h"
 #include "offload/param_store.h"
+#include "zero/stage3/unit_internals.h"
 #include "zero/stage3/unit_layout.h"
 
 namespace deepspeed {
@@ -52,6 +52,7 @@ class UnitGatherer : public UnitHooks {
   void pre_forward(int unit) override;
   void post_forward(int unit) override;
   void pre_backward(int unit) override;
+  const UnitSlots& unit_slots(int unit) const override { return layout_.units[unit]; }
 
   void begin_forward();
   void backward_done(int unit);

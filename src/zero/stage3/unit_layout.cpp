@@ -58,10 +58,9 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const ZeroConfig& config) {
   std::unordered_map<Key, std::vector<int64_t>> shape;
   for (auto& p : trainable) shape[key(p)] = p.sizes().vec();
-  for (auto* u : units) {
-    const auto& shard = u->init_shard();
-    for (size_t i = 0; i < shard.params.size(); ++i) shape[key(shard.params[i])] = shard.shapes[i];
-  }
+  for (auto* u : units)
+    if (const auto* shard = init_shard(*u))
+      for (size_t i = 0; i < shard->params.size(); ++i) shape[key(shard->params[i])] = shard->shapes[i];
   auto owner = owners(units);
   Stage3Layout layout;
   layout.units.resize(units.size() + 1);

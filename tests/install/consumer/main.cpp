@@ -14,6 +14,7 @@ struct Tiny : torch::nn::Module {
 
 int main() {
   auto model = std::make_shared<Tiny>();
+  if (deepspeed::count_parameters(*model) != 5) return 1;  // 4 weights + 1 bias
   nlohmann::json config = {{"train_batch_size", 2},
                            {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
                            {"zero_optimization", {{"stage", 2}}}};

@@ -8,6 +8,7 @@
 
 #include "deepspeed/engine.h"
 #include "deepspeed/lr_scheduler.h"
+#include "deepspeed/topology.h"
 #include "precision/loss_scaler.h"
 #include "runtime/throughput_log.h"
 #include "zero/stage.h"
@@ -16,7 +17,8 @@ namespace deepspeed {
 
 struct EngineState {
   Config config;
-  comm::CommunicatorPtr comm;
+  std::shared_ptr<comm::Topology> topology;  // the world's pipe x data x tensor grid
+  comm::CommunicatorPtr comm;                 // topology->data_parallel(): gradients, loss mean
   std::shared_ptr<torch::nn::Module> module;
   std::vector<at::Tensor> trainable;  // parameters with requires_grad, in registration order
   std::shared_ptr<torch::optim::Optimizer> optimizer;

@@ -58,6 +58,9 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+class Communicator;
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -81,15 +84,29 @@ class Communicator {
   virtual WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                                    const std::vector<int64_t>& input_splits,
                                    ReduceOp op = ReduceOp::Sum);
+  // Point to point (not collective: only the two ranks take part).
   virtual WorkPtr send(at::Tensor& tensor, int dst, int tag = 0) = 0;
   virtual WorkPtr recv(at::Tensor& tensor, int src, int tag = 0) = 0;
   virtual void barrier() = 0;
+
+  // Sub-groups, as MPI_Comm_split: the ranks that pass the same `color` form one
+  // sub-communicator, numbered 0.. in order of (key, rank in this communicator); a negative
+  // color joins no group and gets nullptr. The sub-communicator offers every collective above
+  // with its own ranks and world size; its traffic is independent of this communicator's (Gloo:
+  // its own process group, rendezvous under a prefix of this group's store). COLLECTIVE: every
+  // rank of this communicator calls split, in the same order relative to its other collectives.
+  virtual CommunicatorPtr split(int color, int key) = 0;
 
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
 };
-using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+// The sub-group of the listed ranks of `comm` (torch.distributed.new_group): every rank of `comm`
+// calls it with the same list; members get a communicator whose rank i is ranks[i], the others
+// nullptr. COLLECTIVE over `comm` (one split). Throws CommError for a repeated or out-of-range
+// rank.
+CommunicatorPtr new_group(Communicator& comm, const std::vector<int>& ranks);
 
 // Where this process sits in the job, as read from the environment.
 struct ProcessInfo {
@@ -135,6 +152,23 @@ CommunicatorPtr make_gloo_communicator(std::shared_ptr<c10d::Store> store, int r
 
 // A world-size-1 communicator whose collectives are local no-ops (copies where needed).
 CommunicatorPtr make_single_process_communicator();
+
+// The desync checker (a debug switch: config "comms_check": true or DS_COMMS_CHECK=1). Before
+// each collective every rank publishes the call's kind, sequence number on this communicator,
+// dtype and element count through the group's store and compares them with every other rank's;
+// a difference throws CommError on every rank, naming the diverging rank and both calls
+// ("rank 1 issued all_reduce #7 (float, 1024 elements, sum) but rank 0 issued all_gather #7
+// (float, 2048 elements)"), and a rank that does not reach the call within the timeout is named
+// as missing, with its last call. So a skipped or reordered collective is an error instead of
+// a hang or a silent mix of tensors. Point-to-point send/recv pass through unchecked. Costs a
+// few store round trips and a synchronisation of all ranks per collective.
+// Returns `comm` itself when it is already checked or has world size 1; the communicator must
+// be a Gloo one (it has a store) otherwise CommError. Sub-groups split from a checked
+// communicator are checked too.
+CommunicatorPtr with_comms_check(CommunicatorPtr comm);
+// True when the environment variable DS_COMMS_CHECK is "1" or "true"; throws ConfigError on
+// any other non-empty value.
+bool comms_check_from_env();
 
 }  // namespace comm
 

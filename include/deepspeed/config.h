@@ -182,6 +182,7 @@ struct Config {
   bool zero_force_ds_cpu_optimizer = true;
   uint64_t seed = 1234;                    // "seed": sampler shuffling and engine RNG
   int64_t comm_timeout_seconds = 1800;     // "comm_timeout_seconds" (deepspeed.cpp extension)
+  bool comms_check = false;  // "comms_check" (extension): compare every collective across ranks
 
   nlohmann::json raw;                      // the document as read (after "auto" checks)
 };

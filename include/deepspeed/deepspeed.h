@@ -9,5 +9,6 @@
 #include "deepspeed/lr_scheduler.h"
 #include "deepspeed/memory.h"
 #include "deepspeed/optimizer.h"
+#include "deepspeed/topology.h"
 #include "deepspeed/zero_init.h"
 #include "deepspeed/zero_unit.h"

@@ -8,8 +8,12 @@
 //   rank r receives slice r of every rank's input and sums the world_size chunks locally. Each
 //   rank sends (w-1)/w of its input once, which is what a ring reduce-scatter sends too, while
 //   all_reduce + slice would send twice that and reduce w times more elements.
-// - no _allgather_base: the vector allgather writes into views of the flat output (Gloo accepts
-//   non-owning slices, measured).
+// - no _allgather_base, and the vector allgather gathers into a flat tensor of its own and then
+//   copies it into the outputs (a second copy of every gathered unit, measured in the 1.13
+//   source): all_gather is world_size broadcasts instead, rank r's straight from and into slice r
+//   of the caller's output (c10d's broadcast works on the tensor's own memory). Each rank still
+//   receives (w-1)/w of the output once; no extra buffer is allocated.
+// - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
@@ -17,16 +21,19 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <functional>
 #include <mutex>
 #include <vector>
 
 #include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
 #include "comm/reduce_scatter_v.h"
+#include "comm/split.h"
 #include "comm/work.h"
 
 namespace deepspeed {
@@ -64,9 +71,16 @@ at::Tensor reduce_chunks(const at::Tensor& chunks, ReduceOp op, int world) {
 
 class GlooCommunicator : public CommunicatorBase {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg, int rank, int world,
+  GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
+                   c10::intrusive_ptr<c10d::Store> store,
+                   std::shared_ptr<::gloo::transport::Device> device, int rank, int world,
                    int local_rank, std::chrono::milliseconds timeout)
-      : CommunicatorBase(rank, world, local_rank, timeout), pg_(std::move(pg)) {}
+      : CommunicatorBase(rank, world, local_rank, timeout),
+        pg_(std::move(pg)),
+        store_(std::move(store)),
+        device_(std::move(device)) {}
+
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     count("all_reduce", tensor);
@@ -96,18 +110,28 @@ class GlooCommunicator : public CommunicatorBase {
     return launch(describe("broadcast", tensor), start, copy_back(tensor, staged));
   }
 
+  // Rank r broadcasts slice r of the output, which holds its input: every slice is received in
+  // place, so no flat copy of the gathered tensor exists besides the output itself.
   WorkPtr all_gather(at::Tensor& output, const at::Tensor& input) override {
     check_split("all_gather", output, input);
     count("all_gather", input);
     if (input.numel() == 0) return done();
     at::ScalarType wire = bits_dtype(input.scalar_type(), "all_gather");
-    std::vector<at::Tensor> in{bits_view(input, wire)};
-    at::Tensor flat = bits_view(output, wire).view({-1});
+    at::Tensor flat = bits_view(output, wire).view({-1});  // the output itself when contiguous
     const int64_t n = input.numel();
-    std::vector<std::vector<at::Tensor>> out(1);
-    for (int r = 0; r < world_size_; ++r) out[0].push_back(flat.narrow(0, r * n, n));
-    auto start = [&] { return pg_->allgather(out, in); };
-    return launch(describe("all_gather", input), start, copy_back(output, flat));
+    copy_into_slice(flat.narrow(0, rank_ * n, n), bits_view(input, wire).view({-1}));
+    std::vector<std::vector<at::Tensor>> bufs(world_size_);
+    for (int r = 0; r < world_size_; ++r) bufs[r].push_back(flat.narrow(0, r * n, n));
+    auto start = [&] {
+      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+      for (int r = 0; r < world_size_; ++r) {
+        c10d::BroadcastOptions opts;
+        opts.rootRank = r;
+        works.push_back(pg_->broadcast(bufs[r], opts));
+      }
+      return works;
+    };
+    return launch_all(describe("all_gather", input), start, copy_back(output, flat));
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -179,8 +203,34 @@ class GlooCommunicator : public CommunicatorBase {
         ->wait();
   }
 
+  CommunicatorPtr split(int color, int key) override {
+    auto color_key = exchange_color_key(*this, color, key);
+    const int seq = splits_++;  // the same on every rank: split is collective
+    if (color < 0) return nullptr;
+    const std::vector<int> members = split_members(color_key, color);
+    const int sub_rank = index_in(members, rank_);
+    const int sub_world = static_cast<int>(members.size());
+    if (sub_world == 1) return make_single_process_communicator();
+    // Groups of one split differ by color, successive splits by seq: each rendezvous has its
+    // own keys, under this group's prefix (so nested splits stay apart too).
+    c10::intrusive_ptr<c10d::Store> sub_store =
+        c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/{}", seq, color), store_);
+    return make_gloo_communicator_on(sub_store, sub_rank, sub_world, local_rank_, timeout_,
+                                     device_);
+  }
+
  private:
   static WorkPtr done() { return std::make_shared<DoneWork>(); }
+
+  // all_gather's own slice: the input, unless the caller gathers in place (input is that slice).
+  static void copy_into_slice(at::Tensor slice, const at::Tensor& input) {
+    if (slice.data_ptr() == input.data_ptr()) return;
+    const auto* in_lo = static_cast<const char*>(input.data_ptr());
+    const auto* out_lo = static_cast<const char*>(slice.storage().data());
+    const bool overlaps = in_lo < out_lo + slice.storage().nbytes() &&
+                          out_lo < in_lo + input.numel() * input.element_size();
+    slice.copy_(overlaps ? input.clone() : input);
+  }
 
   // On wait(): copies a staged buffer (a bits view of a non-contiguous tensor) back into `dst`.
   static std::function<void()> copy_back(at::Tensor dst, at::Tensor staged) {
@@ -217,7 +267,24 @@ class GlooCommunicator : public CommunicatorBase {
     return std::make_shared<GlooWork>(std::move(work), std::move(d), std::move(finish));
   }
 
+  // Same, for a collective made of several c10d works.
+  using StartAll = std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>;
+  WorkPtr launch_all(OpDesc d, const StartAll& start, std::function<void()> finish) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    try {
+      works = start();
+    } catch (...) {
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
+      throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
+    }
+    return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
+  }
+
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::atomic<int> splits_{0};
 };
 
 // Gloo writes to peer sockets without MSG_NOSIGNAL: when a peer dies, the next write would kill
@@ -262,13 +329,19 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   auto start = std::chrono::steady_clock::now();
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
-    return std::make_shared<GlooCommunicator>(pg, rank, world_size, local_rank, timeout);
+    return std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank, world_size,
+                                              local_rank, timeout);
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     throw CommError(fmt::format(
         "Gloo group setup on rank {} of {} failed after {:.1f} s (timeout {:g} s): {}", rank,
         world_size, elapsed.count(), timeout.count() / 1000.0, current_exception_message()));
   }
+}
+
+c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->store();
+  return {};
 }
 
 CommunicatorPtr make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store, int rank,

@@ -30,5 +30,9 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
                                           std::chrono::milliseconds timeout,
                                           std::shared_ptr<::gloo::transport::Device> device);
 
+// The rendezvous store of a Gloo communicator (what its sub-groups and the desync checker build
+// on), or null for any other communicator.
+c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm);
+
 }  // namespace comm
 }  // namespace deepspeed

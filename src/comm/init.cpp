@@ -63,6 +63,7 @@ CommunicatorPtr init_distributed(const InitOptions& options) {
   InitOptions resolved = options;
   resolved.timeout = resolve_timeout(options);
   g_world = init_from_process_info(detect_process_info(), resolved);
+  if (comms_check_from_env()) g_world = with_comms_check(g_world);
   return g_world;
 }
 

@@ -37,6 +37,11 @@ class SingleProcessCommunicator : public CommunicatorBase {
   WorkPtr send(at::Tensor&, int dst, int) override { throw no_peer("send", dst); }
   WorkPtr recv(at::Tensor&, int src, int) override { throw no_peer("recv", src); }
   void barrier() override { stats_.add("barrier", 0); }
+  // The only rank is alone in any group it joins.
+  CommunicatorPtr split(int color, int) override {
+    if (color < 0) return nullptr;
+    return std::make_shared<SingleProcessCommunicator>();
+  }
 
  private:
   static WorkPtr done() { return std::make_shared<DoneWork>(); }

@@ -30,7 +30,12 @@ std::string current_exception_message() {
 }
 
 GlooWork::GlooWork(c10::intrusive_ptr<c10d::Work> work, OpDesc desc, std::function<void()> finish)
-    : work_(std::move(work)),
+    : GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>>{std::move(work)}, std::move(desc),
+               std::move(finish)) {}
+
+GlooWork::GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, OpDesc desc,
+                   std::function<void()> finish)
+    : works_(std::move(works)),
       desc_(std::move(desc)),
       finish_(std::move(finish)),
       start_(std::chrono::steady_clock::now()) {}
@@ -40,14 +45,14 @@ void GlooWork::wait() {
   if (done_) return;
   try {
     // Gloo enforces the group's timeout on every transfer, so an unbounded wait here still ends.
-    work_->wait();
+    for (auto& w : works_) w->wait();
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
     error_ = failure_message(desc_, elapsed.count(), current_exception_message());
-    work_.reset();
+    works_.clear();
     throw CommError(error_);
   }
-  work_.reset();
+  works_.clear();
   if (finish_) finish_();
   finish_ = nullptr;
   done_ = true;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "deepspeed/comm.h"
@@ -37,16 +38,19 @@ class DoneWork : public Work {
   void wait() override {}
 };
 
-// Wraps a c10d work: wait() turns its failure into CommError and then runs `finish` (copying a
-// converted or staged result back into the caller's tensor). wait() may be called again: it
-// returns at once, or rethrows the same failure.
+// Wraps c10d works (one, or several that make one collective, e.g. all_gather's per-rank
+// broadcasts): wait() waits for each, turns the first failure into CommError and then runs
+// `finish` (copying a converted or staged result back into the caller's tensor). wait() may be
+// called again: it returns at once, or rethrows the same failure.
 class GlooWork : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, OpDesc desc, std::function<void()> finish);
+  GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, OpDesc desc,
+           std::function<void()> finish);
   void wait() override;
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
   OpDesc desc_;
   std::function<void()> finish_;
   std::chrono::steady_clock::time_point start_;

@@ -72,6 +72,7 @@ void read_top_level_scalars(ObjectReader& top, Config& cfg) {
   top.read("seed", cfg.seed);
   top.read("comm_timeout_seconds", cfg.comm_timeout_seconds);
   require_positive("comm_timeout_seconds", static_cast<double>(cfg.comm_timeout_seconds));
+  top.read("comms_check", cfg.comms_check);
   read_unused_scalars(top);
 }
 

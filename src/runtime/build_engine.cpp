@@ -150,8 +150,14 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
 EngineStatePtr build_engine_state(BuildInput in) {
   if (!in.module) throw ConfigError("initialize(): InitializeArgs.model is null");
   EngineStatePtr s(new EngineState());
-  s->comm = choose_communicator(in.comm);
-  s->config = read_config(in, s->comm->world_size());
+  comm::CommunicatorPtr world = choose_communicator(in.comm);
+  // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
+  s->config = read_config(in, world->world_size());
+  if (s->config.comms_check || comm::comms_check_from_env()) world = comm::with_comms_check(world);
+  // Gradients and the loss mean travel over the data-parallel group; with the default sizes it
+  // is `world` itself.
+  s->topology = std::make_shared<comm::Topology>(world);
+  s->comm = s->topology->data_parallel();
   s->module = in.module;
 
   if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);

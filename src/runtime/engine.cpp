@@ -55,7 +55,7 @@ void Engine::step() {
   }
   TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
                            "or pass one to initialize())");
-  // Mean training loss over ranks: one scalar all-reduce per optimizer step.
+  // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   at::Tensor loss = s.loss_since_boundary.defined() ? s.loss_since_boundary.reshape({1})
                                                      : torch::zeros({1}, torch::kDouble);
   s.comm->all_reduce(loss)->wait();

@@ -9,6 +9,7 @@
 
 #include "deepspeed/engine.h"
 #include "deepspeed/lr_scheduler.h"
+#include "deepspeed/topology.h"
 #include "precision/loss_scaler.h"
 #include "runtime/throughput_log.h"
 #include "zero/stage.h"
@@ -17,7 +18,8 @@ namespace deepspeed {
 
 struct EngineState {
   Config config;
-  comm::CommunicatorPtr comm;
+  std::shared_ptr<comm::Topology> topology;  // the world's pipe x data x tensor grid
+  comm::CommunicatorPtr comm;                 // topology->data_parallel(): gradients, loss mean
   // Where the ZeRO stage keeps parameters, gradients and buckets (zero::StageContext). The CPU
   // here; a CUDA engine gives its device.
   c10::Device device = c10::kCPU;

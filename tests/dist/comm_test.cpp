@@ -15,6 +15,7 @@
 #include <functional>
 #include <future>
 #include <string>
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
@@ -423,4 +424,183 @@ TEST(Init, MissingRankZeroTimesOut) {
     EXPECT_NE(msg.find("127.0.0.1:" + std::to_string(info.master_port)), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 1 of 2"), std::string::npos) << msg;
   }
+}
+
+// ---- sub-groups (Communicator::split, new_group) ----
+
+namespace {
+
+// Uneven segments, one of them empty, against the locally computed sum.
+void check_reduce_scatter_v(comm::Communicator& c, at::ScalarType type) {
+  const int w = c.world_size();
+  std::vector<int64_t> splits;
+  for (int r = 0; r < w; ++r) splits.push_back(r == 1 ? 0 : 3 + 2 * r);
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < w; ++r) {
+    if (r < c.rank()) offset += splits[r];
+    total += splits[r];
+  }
+  at::Tensor in = pattern(total, c.rank(), type);
+  at::Tensor out = at::empty({splits[c.rank()]}, in.options());
+  c.reduce_scatter_v(out, in, splits)->wait();
+  EXPECT_TRUE(out.equal(expected_reduce(splits[c.rank()], w, type, ReduceOp::Sum, offset)))
+      << "reduce_scatter_v " << what(type, total, c.rank());
+}
+
+// Every collective the Communicator offers, on a (sub-)communicator, as the world sweep does.
+void sweep_group(comm::Communicator& c) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{1001}}) {
+    for (at::ScalarType type : kTypes) {
+      check_all_reduce(c, n, type);
+      check_broadcast(c, n, type);
+      check_all_gather(c, n, type);
+      check_reduce_scatter(c, n, type);
+      check_ring(c, n, type);
+    }
+  }
+  for (at::ScalarType type : kTypes) check_reduce_scatter_v(c, type);
+  c.barrier();
+}
+
+// Sum over the group of each member's world rank: tells which world ranks a group joined.
+int64_t sum_of_world_ranks(comm::Communicator& group, int world_rank) {
+  at::Tensor t = at::full({1}, world_rank, at::kLong);
+  group.all_reduce(t)->wait();
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+// 4 ranks as a 2x2 grid: rows {0,1}, {2,3} and columns {0,2}, {1,3}, both alive at once.
+TEST(Split, RowsAndColumnsOfFourRanks) {
+  run_ranks(4, [](CommunicatorPtr world) {
+    const int r = world->rank();
+    CommunicatorPtr row = world->split(/*color=*/r / 2, /*key=*/r % 2);
+    CommunicatorPtr col = world->split(/*color=*/r % 2, /*key=*/r / 2);
+    ASSERT_TRUE(row && col);
+    EXPECT_EQ(row->world_size(), 2);
+    EXPECT_EQ(col->world_size(), 2);
+    EXPECT_EQ(row->rank(), r % 2);
+    EXPECT_EQ(col->rank(), r / 2);
+    EXPECT_EQ(sum_of_world_ranks(*row, r), r / 2 == 0 ? 0 + 1 : 2 + 3);
+    EXPECT_EQ(sum_of_world_ranks(*col, r), r % 2 == 0 ? 0 + 2 : 1 + 3);
+    sweep_group(*row);
+    sweep_group(*col);
+    // The world still works after (and interleaved with) its sub-groups.
+    EXPECT_EQ(sum_of_world_ranks(*world, r), 0 + 1 + 2 + 3);
+    EXPECT_EQ(sum_of_world_ranks(*row, r) + sum_of_world_ranks(*col, r),
+              (r / 2 == 0 ? 1 : 5) + (r % 2 == 0 ? 2 : 4));
+  });
+}
+
+// Keys order the sub-ranks (ties by parent rank); a negative color joins nothing; a group of
+// one is a working single-process communicator; splits nest.
+TEST(Split, KeysColorsAndNesting) {
+  run_ranks(4, [](CommunicatorPtr world) {
+    const int r = world->rank();
+    CommunicatorPtr reversed = world->split(0, -r);
+    EXPECT_EQ(reversed->rank(), 3 - r);
+    EXPECT_EQ(sum_of_world_ranks(*reversed, r), 6);
+
+    CommunicatorPtr odd = world->split(r % 2 == 1 ? 7 : -1, 0);
+    EXPECT_EQ(odd == nullptr, r % 2 == 0);
+    if (odd) {
+      EXPECT_EQ(odd->rank(), r / 2);  // equal keys: parent order
+      EXPECT_EQ(sum_of_world_ranks(*odd, r), 1 + 3);
+    }
+
+    CommunicatorPtr alone = world->split(r, 0);
+    EXPECT_EQ(alone->world_size(), 1);
+    EXPECT_EQ(sum_of_world_ranks(*alone, r), r);
+
+    // Nested: the reversed group split in halves by its own ranks.
+    CommunicatorPtr half = reversed->split(reversed->rank() / 2, reversed->rank());
+    EXPECT_EQ(half->world_size(), 2);
+    EXPECT_EQ(sum_of_world_ranks(*half, r), r >= 2 ? 2 + 3 : 0 + 1);
+    sweep_group(*half);
+  });
+}
+
+TEST(Split, NewGroupNumbersRanksInListOrder) {
+  run_ranks(3, [](CommunicatorPtr world) {
+    const int r = world->rank();
+    CommunicatorPtr g = comm::new_group(*world, {2, 0});
+    EXPECT_EQ(g == nullptr, r == 1);
+    if (g) {
+      EXPECT_EQ(g->rank(), r == 2 ? 0 : 1);
+      EXPECT_EQ(sum_of_world_ranks(*g, r), 2);
+    }
+    EXPECT_THROW(comm::new_group(*world, {0, 0}), deepspeed::CommError);
+  });
+}
+
+TEST(Split, SingleProcessSplitsIntoItself) {
+  CommunicatorPtr c = comm::make_single_process_communicator();
+  EXPECT_EQ(c->split(-1, 0), nullptr);
+  CommunicatorPtr g = c->split(3, 0);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->world_size(), 1);
+}
+
+// ---- all_gather writes into the caller's output only ----
+
+namespace {
+
+// Counts the bytes every CPU tensor allocation asks for while installed.
+class CountingAllocator : public at::Allocator {
+ public:
+  explicit CountingAllocator(at::Allocator* inner) : inner_(inner) {}
+  at::DataPtr allocate(size_t n) const override {
+    bytes += static_cast<int64_t>(n);
+    return inner_->allocate(n);
+  }
+  at::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
+  mutable std::atomic<int64_t> bytes{0};
+
+ private:
+  at::Allocator* inner_;
+};
+
+}  // namespace
+
+// c10d's vector allgather gathers into a flat tensor of its own and copies it out: a second copy
+// of every gathered unit. Ours receives straight into the output's slices: while 2 ranks gather
+// 4 MB each, the CPU allocator hands out (almost) nothing.
+TEST(Comm, AllGatherAllocatesNoSecondCopy) {
+  const int64_t n = 512 * 1024;  // per rank, fp32: the output is 4 MiB
+  run_ranks(2, [&](CommunicatorPtr c) {
+    at::Tensor in = pattern(n, c->rank(), at::kFloat);
+    at::Tensor out = at::empty({2 * n}, at::kFloat);
+    c->barrier();
+    static CountingAllocator* counting = nullptr;
+    at::Allocator* previous = c10::GetCPUAllocator();
+    if (c->rank() == 0) {
+      counting = new CountingAllocator(previous);
+      c10::SetCPUAllocator(counting, /*priority=*/100);
+    }
+    c->barrier();
+    c->all_gather(out, in)->wait();
+    c->barrier();
+    if (c->rank() == 0) {
+      const int64_t output_bytes = 2 * n * 4;
+      EXPECT_LT(counting->bytes.load(), output_bytes / 8)
+          << "all_gather allocated " << counting->bytes.load() << " bytes for a " << output_bytes
+          << "-byte output";
+      c10::SetCPUAllocator(previous, /*priority=*/100);
+    }
+    c->barrier();
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(out.narrow(0, r * n, n).equal(pattern(n, r, at::kFloat)));
+  });
+}
+
+TEST(Comm, AllGatherIntoNonContiguousOutput) {
+  run_ranks(3, [](CommunicatorPtr c) {
+    const int64_t n = 10;
+    at::Tensor base = at::zeros({n, 3}, at::kBFloat16);
+    at::Tensor out = base.t();  // [3, n], strided: staged, then copied back
+    ASSERT_FALSE(out.is_contiguous());
+    at::Tensor in = pattern(n, c->rank(), at::kBFloat16);
+    c->all_gather(out, in)->wait();
+    for (int r = 0; r < 3; ++r) EXPECT_TRUE(out[r].equal(pattern(n, r, at::kBFloat16)));
+  });
 }

@@ -1,0 +1,248 @@
+#include "comm/checked_communicator.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "comm/dtypes.h"
+#include "comm/gloo_communicator.h"
+
+namespace deepspeed {
+namespace comm {
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Max:
+      return "max";
+    case ReduceOp::Min:
+      return "min";
+    case ReduceOp::Avg:
+      return "avg";
+    default:
+      return "sum";
+  }
+}
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// Polls instead of Store::wait: a TCPStore wait that times out leaves its reply pending on the
+// socket, and the key check that names the missing rank must still work afterwards. The first
+// polls only yield (peers usually arrive within microseconds), later ones back off to 2 ms.
+class Poll {
+ public:
+  void pause() {
+    if (++polls_ < 64) {
+      std::this_thread::yield();
+      return;
+    }
+    std::this_thread::sleep_for(sleep_);
+    sleep_ = std::min(sleep_ * 2, std::chrono::microseconds(2000));
+  }
+
+ private:
+  int polls_ = 0;
+  std::chrono::microseconds sleep_{20};
+};
+
+}  // namespace
+
+std::string CallDesc::encode() const {
+  return fmt::format("{}|{}|{}|{}|{}", kind, seq, dtype, numel, detail);
+}
+
+CallDesc CallDesc::decode(const std::string& s) {
+  std::vector<std::string> f;
+  std::stringstream in(s);
+  std::string part;
+  while (f.size() < 4 && std::getline(in, part, '|')) f.push_back(part);
+  std::getline(in, part);  // the detail may contain anything
+  if (f.size() != 4) throw CommError("comms_check: unreadable call description '" + s + "'");
+  CallDesc d;
+  d.kind = f[0];
+  d.seq = std::stoll(f[1]);
+  d.dtype = f[2];
+  d.numel = std::stoll(f[3]);
+  d.detail = part;
+  return d;
+}
+
+std::string CallDesc::str() const {
+  std::string what = fmt::format("{} #{}", kind, seq);
+  if (dtype.empty()) return detail.empty() ? what : fmt::format("{} ({})", what, detail);
+  what += fmt::format(" ({}, {} elements", dtype, numel);
+  if (!detail.empty()) what += ", " + detail;
+  return what + ")";
+}
+
+bool CallDesc::operator==(const CallDesc& o) const {
+  return kind == o.kind && seq == o.seq && dtype == o.dtype && numel == o.numel &&
+         detail == o.detail;
+}
+
+std::string describe_mismatch(const std::vector<CallDesc>& calls) {
+  const int w = static_cast<int>(calls.size());
+  int ref = 0, ref_count = 0;
+  for (int r = 0; r < w; ++r) {
+    const int n = static_cast<int>(std::count(calls.begin(), calls.end(), calls[r]));
+    if (n > ref_count) ref = r, ref_count = n;  // strict: ties keep the lowest rank
+  }
+  if (ref_count == w) return "";
+  std::string msg;
+  for (int r = 0; r < w; ++r) {
+    if (calls[r] == calls[ref]) continue;
+    if (msg.empty()) {
+      msg = fmt::format("rank {} issued {} but rank {} issued {}", r, calls[r].str(), ref,
+                        calls[ref].str());
+    } else {
+      msg += fmt::format("; rank {} issued {}", r, calls[r].str());
+    }
+  }
+  return msg;
+}
+
+CheckedCommunicator::CheckedCommunicator(CommunicatorPtr inner,
+                                         c10::intrusive_ptr<c10d::Store> store)
+    : inner_(std::move(inner)), store_(std::move(store)) {}
+
+std::string CheckedCommunicator::key(int64_t seq, int rank) const {
+  return fmt::format("{}/{}", seq, rank);
+}
+
+std::vector<CallDesc> CheckedCommunicator::gather_calls(const CallDesc& mine) {
+  const int w = world_size(), me = rank();
+  store_->set(key(mine.seq, me), bytes_of(mine.encode()));
+  store_->set(fmt::format("last/{}", me), bytes_of(mine.encode()));
+  std::vector<std::string> others;
+  for (int r = 0; r < w; ++r)
+    if (r != me) others.push_back(key(mine.seq, r));
+  const auto start = std::chrono::steady_clock::now();
+  for (Poll poll; !store_->check(others); poll.pause()) {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    if (waited < timeout()) continue;
+    std::string missing;
+    for (int r = 0; r < w; ++r) {
+      if (r == me || store_->check({key(mine.seq, r)})) continue;
+      const std::string last = fmt::format("last/{}", r);
+      missing += fmt::format(
+          "; rank {} did not reach it within {:g} s ({})", r, timeout().count() / 1000.0,
+          store_->check({last})
+              ? "its last collective was " + CallDesc::decode(string_of(store_->get(last))).str()
+              : "it has issued no collective on this communicator");
+    }
+    throw CommError(fmt::format("comms_check on rank {} of {}: rank {} issued {}{}", me, w, me,
+                                mine.str(), missing));
+  }
+  std::vector<CallDesc> calls(w);
+  for (int r = 0; r < w; ++r)
+    calls[r] = r == me ? mine : CallDesc::decode(string_of(store_->get(key(mine.seq, r))));
+  // Every rank posted call n, so every rank has read call n-1's keys: this rank's can go.
+  if (mine.seq > 1) store_->deleteKey(key(mine.seq - 1, me));
+  return calls;
+}
+
+void CheckedCommunicator::check(const std::string& kind, const at::Tensor& t,
+                                const std::string& detail) {
+  CallDesc mine;
+  mine.kind = kind;
+  mine.seq = ++seq_;
+  if (t.defined()) {
+    mine.dtype = dtype_name(t.scalar_type());
+    mine.numel = t.numel();
+  }
+  mine.detail = detail;
+  const std::string msg = describe_mismatch(gather_calls(mine));
+  if (!msg.empty())
+    throw CommError(fmt::format("comms_check on rank {} of {}: {}", rank(), world_size(), msg));
+}
+
+WorkPtr CheckedCommunicator::all_reduce(at::Tensor& tensor, ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("all_reduce", tensor, op_name(op));
+  return inner_->all_reduce(tensor, op);
+}
+
+WorkPtr CheckedCommunicator::broadcast(at::Tensor& tensor, int root) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("broadcast", tensor, fmt::format("root {}", root));
+  return inner_->broadcast(tensor, root);
+}
+
+WorkPtr CheckedCommunicator::all_gather(at::Tensor& output, const at::Tensor& input) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("all_gather", input, "");
+  return inner_->all_gather(output, input);
+}
+
+WorkPtr CheckedCommunicator::reduce_scatter(at::Tensor& output, const at::Tensor& input,
+                                            ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("reduce_scatter", input, op_name(op));
+  return inner_->reduce_scatter(output, input, op);
+}
+
+WorkPtr CheckedCommunicator::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
+                                              const std::vector<int64_t>& input_splits,
+                                              ReduceOp op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("reduce_scatter_v", input,
+        fmt::format("{}, splits {}", op_name(op), fmt::join(input_splits, "+")));
+  return inner_->reduce_scatter_v(output, input, input_splits, op);
+}
+
+// Point to point involves two ranks only: nothing to compare across the group.
+WorkPtr CheckedCommunicator::send(at::Tensor& tensor, int dst, int tag) {
+  return inner_->send(tensor, dst, tag);
+}
+WorkPtr CheckedCommunicator::recv(at::Tensor& tensor, int src, int tag) {
+  return inner_->recv(tensor, src, tag);
+}
+
+void CheckedCommunicator::barrier() {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("barrier", at::Tensor(), "");
+  inner_->barrier();
+}
+
+CommunicatorPtr CheckedCommunicator::split(int color, int key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("split", at::Tensor(), "");
+  const int n = splits_++;
+  CommunicatorPtr sub = inner_->split(color, key);
+  if (!sub || sub->world_size() == 1) return sub;
+  c10::intrusive_ptr<c10d::Store> sub_store =
+      c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/{}", n, color), store_);
+  return std::make_shared<CheckedCommunicator>(sub, sub_store);
+}
+
+CommunicatorPtr with_comms_check(CommunicatorPtr comm) {
+  if (!comm || comm->world_size() == 1) return comm;
+  if (dynamic_cast<CheckedCommunicator*>(comm.get())) return comm;
+  c10::intrusive_ptr<c10d::Store> store = store_of(*comm);
+  if (!store)
+    throw CommError(fmt::format(
+        "comms_check on rank {} of {}: the communicator is not a Gloo one, and the checker "
+        "exchanges call descriptions through a Gloo group's store",
+        comm->rank(), comm->world_size()));
+  return std::make_shared<CheckedCommunicator>(
+      comm, c10::make_intrusive<c10d::PrefixStore>("comms_check", store));
+}
+
+bool comms_check_from_env() {
+  const char* v = std::getenv("DS_COMMS_CHECK");
+  if (!v || !*v) return false;
+  const std::string s = v;
+  if (s == "1" || s == "true") return true;
+  if (s == "0" || s == "false") return false;
+  throw ConfigError("environment variable DS_COMMS_CHECK='" + s +
+                    "' must be 1/true (check every collective) or 0/false");
+}
+
+}  // namespace comm
+}  // namespace deepspeed

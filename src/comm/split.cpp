@@ -1,0 +1,56 @@
+#include "comm/split.h"
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+
+namespace deepspeed {
+namespace comm {
+
+std::vector<std::pair<int, int>> exchange_color_key(Communicator& comm, int color, int key) {
+  at::Tensor mine = torch::tensor({static_cast<int64_t>(color), static_cast<int64_t>(key)},
+                                  torch::kLong);
+  at::Tensor all = torch::empty({2 * comm.world_size()}, torch::kLong);
+  comm.all_gather(all, mine)->wait();
+  std::vector<std::pair<int, int>> out;
+  auto a = all.accessor<int64_t, 1>();
+  for (int r = 0; r < comm.world_size(); ++r)
+    out.emplace_back(static_cast<int>(a[2 * r]), static_cast<int>(a[2 * r + 1]));
+  return out;
+}
+
+std::vector<int> split_members(const std::vector<std::pair<int, int>>& color_key, int color) {
+  std::vector<int> members;
+  for (int r = 0; r < static_cast<int>(color_key.size()); ++r)
+    if (color_key[r].first == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return color_key[a].second < color_key[b].second;
+  });
+  return members;
+}
+
+int index_in(const std::vector<int>& members, int rank) {
+  auto it = std::find(members.begin(), members.end(), rank);
+  if (it == members.end())
+    throw CommError(fmt::format("split: rank {} is not among the members [{}]", rank,
+                                fmt::join(members, ", ")));
+  return static_cast<int>(it - members.begin());
+}
+
+CommunicatorPtr new_group(Communicator& comm, const std::vector<int>& ranks) {
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= comm.world_size() || !seen.insert(r).second)
+      throw CommError(fmt::format(
+          "new_group on rank {} of {}: ranks [{}] must be distinct and in [0, {})", comm.rank(),
+          comm.world_size(), fmt::join(ranks, ", "), comm.world_size()));
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), comm.rank());
+  if (it == ranks.end()) return comm.split(-1, 0);
+  return comm.split(0, static_cast<int>(it - ranks.begin()));
+}
+
+}  // namespace comm
+}  // namespace deepspeed

@@ -1,0 +1,236 @@
+// The desync checker (with_comms_check, "comms_check": true, DS_COMMS_CHECK=1): matching calls
+// run unchanged; a rank whose call differs, or that skips one, makes every rank raise a
+// CommError naming it and both calls, within the collective timeout instead of hanging.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "comm/checked_communicator.h"
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "support/fake_communicator.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace comm = deepspeed::comm;
+using comm::CommunicatorPtr;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Runs body on `world` thread ranks, each with its communicator checked; returns each rank's
+// CommError message ("" if it finished).
+std::vector<std::string> run_checked(int world, const std::function<void(comm::Communicator&)>& body,
+                                     std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  std::vector<std::string> errors(world);
+  run_ranks(
+      world,
+      [&](CommunicatorPtr raw) {
+        CommunicatorPtr c = comm::with_comms_check(raw);
+        try {
+          body(*c);
+        } catch (const deepspeed::CommError& e) {
+          errors[raw->rank()] = e.what();
+        }
+      },
+      timeout);
+  return errors;
+}
+
+void all_reduce(comm::Communicator& c, int64_t n) {
+  at::Tensor t = at::ones({n});
+  c.all_reduce(t)->wait();
+}
+
+void all_gather(comm::Communicator& c, int64_t n) {
+  at::Tensor in = at::ones({n});
+  at::Tensor out = at::empty({n * c.world_size()});
+  c.all_gather(out, in)->wait();
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+// Every collective, many times (the store keys are recycled), with results as without checking.
+TEST(CommsCheck, MatchingCallsRunUnchanged) {
+  auto errors = run_checked(3, [](comm::Communicator& c) {
+    const int w = c.world_size();
+    for (int i = 0; i < 200; ++i) {
+      at::Tensor t = at::full({5}, c.rank() + i, at::kFloat);
+      c.all_reduce(t)->wait();
+      EXPECT_TRUE(t.equal(at::full({5}, 3 + 3 * i, at::kFloat)));
+    }
+    at::Tensor b = at::full({4}, c.rank(), at::kLong);
+    c.broadcast(b, 2)->wait();
+    EXPECT_TRUE(b.equal(at::full({4}, 2, at::kLong)));
+    at::Tensor in = at::full({2}, c.rank(), at::kFloat);
+    at::Tensor out = at::empty({2 * w});
+    c.all_gather(out, in)->wait();
+    EXPECT_TRUE(out.equal(torch::tensor({0.f, 0.f, 1.f, 1.f, 2.f, 2.f})));
+    at::Tensor rs = at::empty({2});
+    c.reduce_scatter(rs, at::ones({2 * w}))->wait();
+    EXPECT_TRUE(rs.equal(at::full({2}, 3.0)));
+    at::Tensor rsv = at::empty({c.rank() == 1 ? 0 : 2});
+    c.reduce_scatter_v(rsv, at::ones({4}), {2, 0, 2})->wait();
+    EXPECT_TRUE(rsv.equal(at::full({rsv.numel()}, 3.0)));
+    c.barrier();
+    // Sub-groups of a checked communicator are checked too.
+    CommunicatorPtr sub = c.split(c.rank() == 2 ? -1 : 0, c.rank());
+    if (sub) {
+      EXPECT_NE(dynamic_cast<comm::CheckedCommunicator*>(sub.get()), nullptr);
+      at::Tensor s = at::ones({3});
+      sub->all_reduce(s)->wait();
+      EXPECT_TRUE(s.equal(at::full({3}, 2.0)));
+    }
+  });
+  for (auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(CommsCheck, DifferentKindsRaiseOnEveryRankNamingBothCalls) {
+  auto errors = run_checked(2, [](comm::Communicator& c) {
+    all_reduce(c, 16);
+    if (c.rank() == 1)
+      all_gather(c, 1024);
+    else
+      all_reduce(c, 1024);
+    ADD_FAILURE() << "rank " << c.rank() << " went on after a mismatched collective";
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(errors[r], "comms_check on rank " + std::to_string(r) +
+                             " of 2: rank 1 issued all_gather #2 (float, 1024 elements) but rank "
+                             "0 issued all_reduce #2 (float, 1024 elements, sum)");
+}
+
+TEST(CommsCheck, DifferentSizesAndDtypesAreNamed) {
+  auto errors = run_checked(2, [](comm::Communicator& c) {
+    at::Tensor t = at::ones({c.rank() == 0 ? 4 : 8}, c.rank() == 0 ? at::kFloat : at::kBFloat16);
+    c.all_reduce(t, comm::ReduceOp::Max)->wait();
+  });
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("rank 1 issued all_reduce #1 (bfloat16, 8 elements, max) but rank 0 "
+                             "issued all_reduce #1 (float, 4 elements, max)"),
+              std::string::npos)
+        << errors[r];
+}
+
+// Rank 1 skips one all-reduce (a bucket it thought empty) and goes on to the all-gather: its
+// next call meets the others' skipped one. Every rank raises at once, naming rank 1, well
+// before the collective timeout; without the checker Gloo would mix the two calls' tensors or
+// wait for the timeout.
+TEST(CommsCheck, SkippedAllReduceIsNamedOnEveryRankNotAHang) {
+  const auto timeout = std::chrono::seconds(10);
+  const auto t0 = Clock::now();
+  auto errors = run_checked(
+      3,
+      [](comm::Communicator& c) {
+        all_reduce(c, 1024);
+        if (c.rank() != 1) all_reduce(c, 1024);
+        all_gather(c, 512);
+        ADD_FAILURE() << "rank " << c.rank() << " went on after a skipped collective";
+      },
+      timeout);
+  EXPECT_LT(seconds_since(t0), 5.0);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(errors[r], "comms_check on rank " + std::to_string(r) +
+                             " of 3: rank 1 issued all_gather #2 (float, 512 elements) but rank "
+                             "0 issued all_reduce #2 (float, 1024 elements, sum)");
+}
+
+// The skipped call was the last one: nothing mismatches, rank 1 simply never arrives. Rank 0
+// raises after the timeout, naming rank 1 and what it last issued.
+TEST(CommsCheck, RankThatNeverArrivesIsNamedAfterTheTimeout) {
+  const auto t0 = Clock::now();
+  auto errors = run_checked(
+      2,
+      [](comm::Communicator& c) {
+        all_reduce(c, 4);
+        if (c.rank() == 0) all_reduce(c, 4);
+      },
+      std::chrono::seconds(2));
+  const double took = seconds_since(t0);
+  EXPECT_GE(took, 2.0);
+  EXPECT_LT(took, 10.0);
+  EXPECT_EQ(errors[0],
+            "comms_check on rank 0 of 2: rank 0 issued all_reduce #2 (float, 4 elements, sum); "
+            "rank 1 did not reach it within 2 s (its last collective was all_reduce #1 (float, 4 "
+            "elements, sum))");
+  EXPECT_EQ(errors[1], "");
+}
+
+TEST(CommsCheck, MajorityDecidesWhoDiverges) {
+  auto call = [](const char* kind, int64_t n) {
+    comm::CallDesc d;
+    d.kind = kind;
+    d.seq = 3;
+    d.dtype = "float";
+    d.numel = n;
+    return d;
+  };
+  EXPECT_EQ(comm::describe_mismatch({call("all_reduce", 4), call("all_reduce", 4)}), "");
+  EXPECT_EQ(comm::describe_mismatch(
+                {call("barrier", 0), call("all_reduce", 4), call("all_reduce", 4)}),
+            "rank 0 issued barrier #3 (float, 0 elements) but rank 1 issued all_reduce #3 "
+            "(float, 4 elements)");
+  EXPECT_EQ(comm::describe_mismatch(
+                {call("a", 1), call("b", 1), call("b", 1), call("c", 1)}),
+            "rank 0 issued a #3 (float, 1 elements) but rank 1 issued b #3 (float, 1 elements); "
+            "rank 3 issued c #3 (float, 1 elements)");
+  comm::CallDesc d = call("reduce_scatter_v", 9);
+  d.detail = "sum, splits 4+0+5";
+  EXPECT_EQ(comm::CallDesc::decode(d.encode()), d);
+}
+
+TEST(CommsCheck, WrapsOnlyWhatItCanCheck) {
+  CommunicatorPtr single = comm::make_single_process_communicator();
+  EXPECT_EQ(comm::with_comms_check(single), single);
+  CommunicatorPtr fake = std::make_shared<dstest::FakeCommunicator>(0, 2);
+  EXPECT_THROW(comm::with_comms_check(fake), deepspeed::CommError);
+  run_ranks(2, [](CommunicatorPtr raw) {
+    CommunicatorPtr once = comm::with_comms_check(raw);
+    EXPECT_NE(once, raw);
+    EXPECT_EQ(comm::with_comms_check(once), once);
+  });
+}
+
+TEST(CommsCheck, EnabledByEnvironmentOrConfig) {
+  ::unsetenv("DS_COMMS_CHECK");
+  EXPECT_FALSE(comm::comms_check_from_env());
+  ::setenv("DS_COMMS_CHECK", "1", 1);
+  EXPECT_TRUE(comm::comms_check_from_env());
+  ::setenv("DS_COMMS_CHECK", "0", 1);
+  EXPECT_FALSE(comm::comms_check_from_env());
+  ::setenv("DS_COMMS_CHECK", "yes", 1);
+  EXPECT_THROW(comm::comms_check_from_env(), deepspeed::ConfigError);
+  ::unsetenv("DS_COMMS_CHECK");
+
+  std::vector<std::string> warnings;
+  auto cfg = deepspeed::parse_config({{"train_batch_size", 2}, {"comms_check", true}}, 2, {},
+                                     &warnings);
+  EXPECT_TRUE(cfg.comms_check);
+  EXPECT_TRUE(warnings.empty());
+  EXPECT_FALSE(deepspeed::parse_config({{"train_batch_size", 2}}, 2).comms_check);
+}
+
+// An engine with "comms_check": true trains exactly as without (stage 3: the most collectives,
+// issued from autograd hooks): the checker changes no result.
+TEST(CommsCheck, EngineTrainsBitIdenticallyWithTheCheck) {
+  for (int stage : {0, 3}) {
+    dstest::RunSpec spec;
+    spec.world_size = 2;
+    spec.steps = 3;
+    spec.config = dstest::base_config(2, 2, stage);
+    const dstest::RunResult plain = dstest::train_gpt(spec);
+    spec.config["comms_check"] = true;
+    const dstest::RunResult checked = dstest::train_gpt(spec);
+    EXPECT_EQ(plain.losses, checked.losses) << "stage " << stage;
+    EXPECT_EQ(dstest::max_weight_diff(plain, checked), 0.0) << "stage " << stage;
+  }
+}

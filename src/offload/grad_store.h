@@ -42,6 +42,7 @@ class GradStore : public offload::GradSource {
 
   void begin_micro_step(bool boundary);
   // Elements [first, first + received.numel()) of unit u's slice += received (any float dtype).
+  // REQUIRES: within a micro-step, the ranges of one unit do not overlap (a unit's buckets).
   void accumulate(int unit, int64_t first, const at::Tensor& received);
   at::Tensor open(int unit);
   void close(int unit);

@@ -102,8 +102,9 @@ void train(dstest::SingleEngine& e, int64_t until, std::ostream* out) {
   while (e.engine->global_steps() < until) {
     auto batch = e.loader->next();
     e.engine->backward(e.engine->forward(batch.data, batch.target));
+    const bool boundary = e.engine->is_gradient_accumulation_boundary();
     e.engine->step();
-    if (out && e.engine->is_gradient_accumulation_boundary()) {
+    if (out && boundary) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%a", e.engine->last_loss());
       *out << "loss " << buf << "\n";
@@ -162,6 +163,8 @@ TEST(CheckpointBeyondRam, SwappedStateLargerThanTheMemoryLimitSavesAndResumesExa
   });
 
   for (const Report* r : {&first, &resumed}) {
+    std::printf("swapped state %.1f MB, room under the limit %.1f MB\n", r->state_bytes / 1e6,
+                r->room / 1e6);
     // The whole state would not fit in what the limit leaves: the old path read it all at once.
     EXPECT_GT(r->state_bytes, r->room);
     EXPECT_GT(r->state_bytes, 100 << 20);

@@ -16,9 +16,10 @@ namespace offload {
 namespace {
 // Closed slices whose writes may be in flight at once (beyond them, close() waits).
 constexpr size_t kMaxWritesInFlight = 2;
-// Freed buffers kept for reuse: the writes in flight plus the slices open at once in a backward
-// (a unit and the one whose buckets are still finishing) plus one.
-constexpr size_t kMaxPooled = kMaxWritesInFlight + 3;
+// Freed buffers kept for reuse. One: a buffer is freed (its write done, its sub-group updated)
+// just before the next one is needed, so a single spare replaces the allocation without adding
+// to the peak; the spare is dropped when a micro-step or a step ends.
+constexpr size_t kMaxPooled = 1;
 }  // namespace
 
 GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
@@ -146,6 +147,7 @@ void GradStore::end_micro_step() {
     recycle(std::move(io.buffer));
   }
   writing_.clear();
+  pool_.clear();  // forward and the optimizer step need the memory more than a spare
   accumulated_ = true;
 }
 
@@ -155,8 +157,8 @@ void GradStore::discard() {
     recycle(std::move(io.buffer));
   }
   reading_.clear();
-  for (auto& [u, o] : open_) recycle(std::move(o.slice));
   open_.clear();
+  pool_.clear();
   accumulated_ = false;
 }
 

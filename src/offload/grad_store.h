@@ -7,8 +7,9 @@
 // close(u) writes it back (asynchronously) and frees it. On the first micro-step after a step the
 // slice is not zero-filled first: each element's first accumulate writes 0 + received (so a -0
 // becomes +0 exactly as before) and only elements no bucket covered are zeroed, at open or close.
-// Slice and read buffers are reused from a small pool of freed ones of the same size, instead of
-// a fresh allocation (and its page faults) per unit per micro-step. On the boundary
+// A freed slice or read buffer is kept as a spare until the next one of the same size is needed
+// (usually at once), instead of a fresh allocation (and its page faults) per unit per micro-step;
+// the spare is dropped at the end of each micro-step and step, so it adds nothing to the peak. On the boundary
 // micro-step close() also adds the slice's squares to the gradient norm, so the step needs no
 // second pass over the file. The optimizer then reads the gradients sub-group by sub-group
 // (offload::GradSource), ahead of its update. Resident: the open slices and the reads in flight.
@@ -58,7 +59,7 @@ class GradStore : public offload::GradSource {
 
   int64_t resident_bytes() const;  // open slices, writes and reads in flight (not the pool)
   int64_t peak_resident_bytes() const { return peak_resident_; }
-  int64_t pooled_bytes() const;    // freed buffers kept for reuse
+  int64_t pooled_bytes() const;    // a freed buffer kept for reuse
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
 

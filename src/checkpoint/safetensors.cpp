@@ -184,7 +184,8 @@ SafetensorsWriter::SafetensorsWriter(WritableFile& file, std::string path,
 }
 
 void SafetensorsWriter::advance(at::ScalarType dtype, uint64_t bytes, const void* data) {
-  while (current_ < entries_.size() && written_ == entries_[current_].end - entries_[current_].begin) {
+  while (current_ < entries_.size() &&
+         written_ == entries_[current_].end - entries_[current_].begin) {
     ++current_;
     written_ = 0;
   }

@@ -149,19 +149,20 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
 
 void TagReader::read_range(const std::string& kind, const std::string& param, int64_t offset,
                            at::Tensor dst) {
-  for_each_piece(kind, param, offset, dst.numel(),
-                 [&](const std::string& file_name, const SafetensorsEntry& e, int64_t from,
-                     int64_t into, int64_t n) {
-                   OpenFile& f = open(file_name);
-                   at::Tensor part = dst.narrow(0, into, n);
-                   if (part.scalar_type() == at::kFloat) {
-                     read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, part);
-                   } else {
-                     at::Tensor tmp = at::empty({n}, at::kFloat);
-                     read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, tmp);
-                     part.copy_(tmp);
-                   }
-                 });
+  for_each_piece(
+      kind, param, offset, dst.numel(),
+      [&](const std::string& file_name, const SafetensorsEntry& e, int64_t from, int64_t into,
+          int64_t n) {
+        OpenFile& f = open(file_name);
+        at::Tensor part = dst.narrow(0, into, n);
+        if (part.scalar_type() == at::kFloat) {
+          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, part);
+        } else {
+          at::Tensor tmp = at::empty({n}, at::kFloat);
+          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, tmp);
+          part.copy_(tmp);
+        }
+      });
 }
 
 void TagReader::check_range(const std::string& kind, const std::string& param, int64_t offset,

@@ -59,7 +59,8 @@ class TagReader {
   void read_range(const std::string& kind, const std::string& param, int64_t offset, at::Tensor dst);
   // What read_range would check, from the headers alone (verifying the files it needs): the
   // pieces cover [offset, offset + numel) and each rank file holds them as fp32 of the listed size.
-  void check_range(const std::string& kind, const std::string& param, int64_t offset, int64_t numel);
+  void check_range(const std::string& kind, const std::string& param, int64_t offset,
+                   int64_t numel);
   // Ranks whose files hold some of [offset, offset + numel) of `param`.
   std::vector<int> ranks_holding(const std::string& param, int64_t offset, int64_t numel) const;
 

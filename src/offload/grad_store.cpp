@@ -73,7 +73,8 @@ GradStore::Open& GradStore::acquire_slice(int unit) {
   Open o;
   o.slice = take_buffer(n);
   if (accumulated_ && n > 0)
-    queue_->wait(queue_->read(*fd_, file_.unit_offset(unit), o.slice.data_ptr(), file_.slice_bytes(unit)));
+    queue_->wait(
+        queue_->read(*fd_, file_.unit_offset(unit), o.slice.data_ptr(), file_.slice_bytes(unit)));
   else
     o.fresh = true;  // nothing written yet: see `covered`
   Open& out = open_.emplace(unit, std::move(o)).first->second;

@@ -9,9 +9,9 @@
 // becomes +0 exactly as before) and only elements no bucket covered are zeroed, at open or close.
 // A freed slice or read buffer is kept as a spare until the next one of the same size is needed
 // (usually at once), instead of a fresh allocation (and its page faults) per unit per micro-step;
-// the spare is dropped at the end of each micro-step and step, so it adds nothing to the peak. On the boundary
-// micro-step close() also adds the slice's squares to the gradient norm, so the step needs no
-// second pass over the file. The optimizer then reads the gradients sub-group by sub-group
+// the spare is dropped at the end of each micro-step and step, so it adds nothing to the peak.
+// On the boundary micro-step close() also adds the slice's squares to the gradient norm, so the
+// step needs no second pass over the file. The optimizer then reads the gradients sub-group by sub-group
 // (offload::GradSource), ahead of its update. Resident: the open slices and the reads in flight.
 //
 // Not thread-safe: every call comes from the thread running the engine.

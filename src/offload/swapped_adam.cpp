@@ -291,7 +291,8 @@ std::vector<std::pair<int64_t, int64_t>> SwappedAdam::group_ranges() const {
 }
 
 std::array<at::Tensor, 3> SwappedAdam::read_group(size_t k) {
-  TORCH_CHECK(k < groups_.size(), "SwappedAdam::read_group: no sub-group ", k, " of ", groups_.size());
+  TORCH_CHECK(k < groups_.size(), "SwappedAdam::read_group: no sub-group ", k, " of ",
+              groups_.size());
   const Group& g = groups_[k];
   float* buf = ring_[0].as<float>();
   queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));

@@ -38,7 +38,7 @@ struct SavedEngineState {
 struct Plan {
   nlohmann::json model_meta;
   SavedEngineState engine;
-  std::set<std::string> module_tensors;  // module parameters and buffers the file holds
+  std::set<std::string> module_tensors;        // module parameters and buffers the file holds
   std::unique_ptr<zero::FragmentState> state;  // fragments to fill: masters (and moments)
   std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
@@ -50,7 +50,8 @@ struct Plan {
 // Name -> whole shape of every parameter and buffer of the module.
 std::map<std::string, std::vector<int64_t>> module_shapes(const EngineState& s) {
   std::map<std::string, std::vector<int64_t>> out;
-  for (auto& item : s.module->named_parameters()) out[item.key()] = s.stage->whole_shape(item.value());
+  for (auto& item : s.module->named_parameters())
+    out[item.key()] = s.stage->whole_shape(item.value());
   for (auto& item : s.module->named_buffers()) out[item.key()] = item.value().sizes().vec();
   return out;
 }
@@ -93,8 +94,9 @@ void check_trainable(const TagReader& reader, const EngineState& s,
       throw CheckpointError("checkpoint '" + reader.dir() + "' has no optimizer state for trainable "
                             "parameter \"" + names[k] + "\" (was it frozen when saved?)");
     if (it->second->numel != whole_numel(s, s.trainable[k]))
-      throw CheckpointError("checkpoint '" + reader.dir() + "': parameter \"" + names[k] + "\" has " +
-                            std::to_string(it->second->numel) + " elements, the module's has " +
+      throw CheckpointError("checkpoint '" + reader.dir() + "': parameter \"" + names[k] +
+                            "\" has " + std::to_string(it->second->numel) +
+                            " elements, the module's has " +
                             std::to_string(whole_numel(s, s.trainable[k])));
   }
 }
@@ -125,7 +127,8 @@ void plan_fragments(TagReader& reader, EngineState& s, const std::vector<std::st
   plan.state_kinds = moments ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
                              : std::vector<std::string>{"fp32"};
   for (const auto& f : plan.state->fragments())
-    for (const auto& kind : plan.state_kinds) reader.check_range(kind, names.at(f.param), f.offset, f.numel);
+    for (const auto& kind : plan.state_kinds)
+      reader.check_range(kind, names.at(f.param), f.offset, f.numel);
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -229,7 +232,8 @@ void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
                                reader.read_tensor(file, name, p);
                            });
   for (auto& item : s.module->named_buffers())
-    if (plan.module_tensors.count(item.key())) reader.read_tensor(file, item.key(), item.value().detach());
+    if (plan.module_tensors.count(item.key()))
+      reader.read_tensor(file, item.key(), item.value().detach());
 }
 
 // The fragments, piece by piece, each read from the rank files straight into the optimizer's
@@ -287,7 +291,8 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
     reader = std::make_unique<TagReader>(fs, dir);
     plan = make_plan(*reader, s, o);
   });
-  const std::string applying = "load_checkpoint '" + dir + "': applying (the engine may be partly loaded)";
+  const std::string applying =
+      "load_checkpoint '" + dir + "': applying (the engine may be partly loaded)";
   run_agreed(*s.comm, applying, [&] { apply_module(s, *reader, plan); });
   run_agreed(*s.comm, applying, [&] { apply_rest(s, *reader, plan, o); });
   if (o.load_module_only)

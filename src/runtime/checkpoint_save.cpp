@@ -81,13 +81,15 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                       const std::string& format) {
   const bool adam = format == kAdamFragments;
   const std::vector<std::string> kinds =
-      adam ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"} : std::vector<std::string>{"fp32"};
+      adam ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
+           : std::vector<std::string>{"fp32"};
   std::vector<SafetensorsEntry> entries;
   nlohmann::json fragments = nlohmann::json::array();
   for (const auto& f : state.fragments()) {
     const std::string& name = names.at(f.param);
     fragments.push_back({name, f.offset, f.numel});
-    for (const auto& kind : kinds) entries.push_back({fragment_tensor_name(kind, name), at::kFloat, {f.numel}});
+    for (const auto& kind : kinds)
+      entries.push_back({fragment_tensor_name(kind, name), at::kFloat, {f.numel}});
   }
   const at::Tensor rng = rng_state();
   entries.push_back({"rng_state", rng.scalar_type(), rng.sizes().vec()});
@@ -103,19 +105,20 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"optimizer_format", format},
                          {"fragments", fragments}};
   const std::string path = join_path(dir, optim_states_file_name(s.comm->rank()));
-  write_safetensors_streamed(fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
-    for (size_t i = 0; i < state.fragments().size(); ++i)
-      for (size_t k = 0; k < kinds.size(); ++k)
-        for (auto [offset, numel] : state.pieces(i)) {
-          const at::Tensor piece = state.piece(i, offset, numel)[k];
-          if (piece.defined())
-            w.append(piece.to(torch::kFloat).contiguous());
-          else
-            w.append_zeros(at::kFloat, numel);  // a FusedAdam without state yet
-        }
-    w.append(rng);
-    if (archive.defined()) w.append(archive);
-  });
+  write_safetensors_streamed(
+      fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
+        for (size_t i = 0; i < state.fragments().size(); ++i)
+          for (size_t k = 0; k < kinds.size(); ++k)
+            for (auto [offset, numel] : state.pieces(i)) {
+              const at::Tensor piece = state.piece(i, offset, numel)[k];
+              if (piece.defined())
+                w.append(piece.to(torch::kFloat).contiguous());
+              else
+                w.append_zeros(at::kFloat, numel);  // a FusedAdam without state yet
+            }
+        w.append(rng);
+        if (archive.defined()) w.append(archive);
+      });
 }
 
 // The module file: parameters (whole: stage 3 gathers one unit at a time) and buffers. Rank 0
@@ -176,7 +179,8 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   nlohmann::json trainable = nlohmann::json::array();
   std::vector<int64_t> numels;
   for (size_t k = 0; k < s.trainable.size(); ++k) {
-    trainable.push_back({{"name", names[k]}, {"shape", s.stage->whole_shape(s.trainable[k])},
+    trainable.push_back({{"name", names[k]},
+                         {"shape", s.stage->whole_shape(s.trainable[k])},
                          {"numel", whole_numel(s, s.trainable[k])}});
     numels.push_back(whole_numel(s, s.trainable[k]));
   }

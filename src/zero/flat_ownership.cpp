@@ -101,7 +101,8 @@ class Replicated : public FlatOwnership {
     const auto& slots = flat.slots();
     std::vector<StateFragment> out;
     for (size_t i = 0; i < slots.size(); ++i)
-      out.push_back(fragment(param_of_slot(i, slots.size()), 0, slots[i].numel, slots[i].offset, 0));
+      out.push_back(
+          fragment(param_of_slot(i, slots.size()), 0, slots[i].numel, slots[i].offset, 0));
     return out;
   }
 };

@@ -35,9 +35,10 @@ class Windowed : public FragmentState {
     const int64_t at = f.at + offset;
     const size_t k = window_of(at);
     const auto [begin, size] = windows_->ranges().at(k);
-    TORCH_CHECK(offset >= 0 && numel >= 0 && offset + numel <= f.numel && at + numel <= begin + size,
-                "FragmentState::piece: elements [", offset, ", ", offset + numel, ") of fragment ", i,
-                " (", f.numel, " elements) do not lie inside one window");
+    TORCH_CHECK(
+        offset >= 0 && numel >= 0 && offset + numel <= f.numel && at + numel <= begin + size,
+        "FragmentState::piece: elements [", offset, ", ", offset + numel, ") of fragment ", i, " (",
+        f.numel, " elements) do not lie inside one window");
     if (static_cast<int64_t>(k) != open_) {
       state_ = windows_->open(k);
       open_ = static_cast<int64_t>(k);
@@ -58,8 +59,9 @@ class Windowed : public FragmentState {
   // The window holding partition element `at` (the last one starting at or before it).
   size_t window_of(int64_t at) const {
     const auto& ranges = windows_->ranges();
-    auto it = std::upper_bound(ranges.begin(), ranges.end(), at,
-                               [](int64_t a, const std::pair<int64_t, int64_t>& r) { return a < r.first; });
+    auto it = std::upper_bound(
+        ranges.begin(), ranges.end(), at,
+        [](int64_t a, const std::pair<int64_t, int64_t>& r) { return a < r.first; });
     TORCH_CHECK(it != ranges.begin(), "FragmentState: partition element ", at, " is in no window");
     return static_cast<size_t>(it - ranges.begin() - 1);
   }
@@ -82,7 +84,8 @@ class Views : public FragmentState {
   std::array<at::Tensor, 3> piece(size_t i, int64_t offset, int64_t numel) override {
     const StateFragment& f = views_.at(i);
     TORCH_CHECK(offset >= 0 && numel >= 0 && offset + numel <= f.numel, "FragmentState::piece: [",
-                offset, ", ", offset + numel, ") outside fragment ", i, " of ", f.numel, " elements");
+                offset, ", ", offset + numel, ") outside fragment ", i, " of ", f.numel,
+                " elements");
     std::array<at::Tensor, 3> out;
     int j = 0;
     for (const at::Tensor* t : {&f.master, &f.exp_avg, &f.exp_avg_sq}) {

@@ -54,10 +54,10 @@ int64_t status_bytes(const std::string& key) {
 }
 
 struct Report {
-  std::vector<std::string> losses;  // hex floats: exact
-  int64_t state_bytes = 0;          // the swapped masters + moments (12 bytes per element)
-  int64_t room = 0;                 // the limit minus VmSize when it was set
-  bool whole_state_refused = false; // an allocation of state_bytes failed under the limit
+  std::vector<std::string> losses;   // hex floats: exact
+  int64_t state_bytes = 0;           // the swapped masters + moments (12 bytes per element)
+  int64_t room = 0;                  // the limit minus VmSize when it was set
+  bool whole_state_refused = false;  // an allocation of state_bytes failed under the limit
 };
 
 // Runs `body` in a forked child; what it writes to the report file comes back.

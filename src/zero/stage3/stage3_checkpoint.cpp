@@ -90,7 +90,8 @@ std::vector<int64_t> Stage3::whole_shape(const at::Tensor& param) const {
 }
 
 std::function<void()> Stage3::gather_group(int unit, std::optional<int> modifier_rank) {
-  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(layout_.units.size()), "stage 3: no unit ", unit);
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(layout_.units.size()), "stage 3: no unit ",
+              unit);
   if (layout_.units[unit].params.empty()) return [] {};
   gatherer_->pin(unit);
   return [this, unit, modifier_rank] { release_units({unit}, modifier_rank); };

@@ -40,12 +40,15 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
   std::map<std::string, at::Tensor> fp32(trainable.begin(), trainable.end());
   TagReader reader(fs, tag_dir);
   NamedTensors out;
-  for (const auto& [name, t] : reader.file(model_states_file_name()).tensors) {
-    auto it = fp32.find(name);
-    if (it != fp32.end())
-      out.emplace_back(name, it->second);
-    else
-      out.emplace_back(name, t.is_floating_point() ? t.to(torch::kFloat) : t);
+  const std::string file = model_states_file_name();
+  for (const auto& e : reader.file(file).entries) {
+    auto it = fp32.find(e.name);
+    if (it != fp32.end()) {
+      out.emplace_back(e.name, it->second);
+      continue;
+    }
+    at::Tensor t = reader.tensor(file, e.name);
+    out.emplace_back(e.name, t.is_floating_point() ? t.to(torch::kFloat) : t);
   }
   return out;
 }

@@ -36,12 +36,7 @@ constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
 
 constexpr const char* kMetadataKey = "__metadata__";
 
-struct Entry {
-  std::string name;
-  at::ScalarType dtype = at::kFloat;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;
-};
+using Entry = SafetensorsEntry;
 
 [[noreturn]] void bad_file(const std::string& path, const std::string& what) {
   throw CheckpointError("safetensors file '" + path + "': " + what);
@@ -95,7 +90,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 }
 
 // Offsets must tile the data buffer exactly: no gaps, no overlaps, nothing past the end.
-void check_layout(const std::string& path, std::vector<Entry>& entries, uint64_t data_bytes) {
+void check_layout(const std::string& path, std::vector<Entry> entries, uint64_t data_bytes) {
   std::stable_sort(entries.begin(), entries.end(),
             [](const Entry& a, const Entry& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
   uint64_t expected = 0;
@@ -136,20 +131,33 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
   throw CheckpointError(std::string("dtype ") + c10::toString(dtype) + " cannot be stored in safetensors");
 }
 
-std::string safetensors_header(const NamedTensors& tensors, const SafetensorsMetadata& metadata) {
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const SafetensorsEntry* SafetensorsIndex::find(const std::string& name) const {
+  for (const auto& e : entries)
+    if (e.name == name) return &e;
+  return nullptr;
+}
+
+std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
+                               const SafetensorsMetadata& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
   if (!metadata.empty()) h[kMetadataKey] = metadata;
   std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    if (name == kMetadataKey || !seen.insert(name).second) {
-      throw CheckpointError("safetensors: tensor name \"" + name + "\" is " +
-                            (name == kMetadataKey ? "reserved" : "used twice"));
+  for (const auto& e : entries) {
+    if (e.name == kMetadataKey || !seen.insert(e.name).second) {
+      throw CheckpointError("safetensors: tensor name \"" + e.name + "\" is " +
+                            (e.name == kMetadataKey ? "reserved" : "used twice"));
     }
-    const uint64_t bytes = byte_size(t);
-    h[name] = {{"dtype", safetensors_dtype_name(t.scalar_type())},
-               {"shape", t.sizes().vec()},
-               {"data_offsets", {offset, offset + bytes}}};
+    const uint64_t bytes = uint64_t(e.numel()) * c10::elementSize(e.dtype);
+    h[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
+                 {"shape", e.shape},
+                 {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string json = h.dump();
@@ -159,20 +167,94 @@ std::string safetensors_header(const NamedTensors& tensors, const SafetensorsMet
   return out + json;
 }
 
+std::string safetensors_header(const NamedTensors& tensors, const SafetensorsMetadata& metadata) {
+  std::vector<SafetensorsEntry> entries;
+  for (const auto& [name, t] : tensors) entries.push_back({name, t.scalar_type(), t.sizes().vec()});
+  return safetensors_header(entries, metadata);
+}
+
+SafetensorsWriter::SafetensorsWriter(WritableFile& file, std::string path,
+                                     std::vector<SafetensorsEntry> entries)
+    : file_(file), path_(std::move(path)), entries_(std::move(entries)) {
+  uint64_t offset = 0;
+  for (auto& e : entries_) {
+    e.begin = offset;
+    e.end = offset += uint64_t(e.numel()) * c10::elementSize(e.dtype);
+  }
+}
+
+void SafetensorsWriter::advance(at::ScalarType dtype, uint64_t bytes, const void* data) {
+  while (current_ < entries_.size() &&
+         written_ == entries_[current_].end - entries_[current_].begin) {
+    ++current_;
+    written_ = 0;
+  }
+  if (bytes == 0) return;
+  if (current_ == entries_.size())
+    throw CheckpointError("safetensors '" + path_ + "': " + std::to_string(bytes) +
+                          " bytes written past the last tensor");
+  const Entry& e = entries_[current_];
+  if (dtype != e.dtype)
+    throw CheckpointError("safetensors '" + path_ + "': " + quoted(e.name) + "a piece of dtype " +
+                          c10::toString(dtype) + " for a tensor of " + c10::toString(e.dtype));
+  if (written_ + bytes > e.end - e.begin)
+    throw CheckpointError("safetensors '" + path_ + "': " + quoted(e.name) + "pieces of " +
+                          std::to_string(written_ + bytes) + " bytes for a tensor of " +
+                          std::to_string(e.end - e.begin));
+  file_.append(data, bytes);
+  written_ += bytes;
+}
+
+void SafetensorsWriter::append(const at::Tensor& piece) {
+  TORCH_CHECK(piece.is_contiguous() && piece.device().is_cpu(),
+              "SafetensorsWriter::append: pieces must be contiguous CPU tensors");
+  advance(piece.scalar_type(), byte_size(piece), piece.numel() > 0 ? piece.data_ptr() : nullptr);
+}
+
+void SafetensorsWriter::append_zeros(at::ScalarType dtype, int64_t numel) {
+  static const std::vector<char> zeros(size_t(1) << 20, 0);
+  uint64_t left = uint64_t(numel) * c10::elementSize(dtype);
+  while (left > 0) {
+    const uint64_t n = std::min<uint64_t>(left, zeros.size());
+    advance(dtype, n, zeros.data());
+    left -= n;
+  }
+}
+
+void SafetensorsWriter::finish() const {
+  for (size_t i = current_; i < entries_.size(); ++i) {
+    const uint64_t have = i == current_ ? written_ : 0, want = entries_[i].end - entries_[i].begin;
+    if (have != want)
+      throw CheckpointError("safetensors '" + path_ + "': " + quoted(entries_[i].name) + "got " +
+                            std::to_string(have) + " of its " + std::to_string(want) + " bytes");
+  }
+}
+
+void write_safetensors_streamed(FileSystem& fs, const std::string& path,
+                                const std::vector<SafetensorsEntry>& entries,
+                                const SafetensorsMetadata& metadata,
+                                const std::function<void(SafetensorsWriter&)>& fill) {
+  const std::string header = safetensors_header(entries, metadata);
+  fs.write_file_atomic(path, [&](WritableFile& f) {
+    f.append(header.data(), header.size());
+    SafetensorsWriter writer(f, path, entries);
+    fill(writer);
+    writer.finish();
+  });
+}
+
 void write_safetensors(FileSystem& fs, const std::string& path, const NamedTensors& tensors,
                        const SafetensorsMetadata& metadata) {
   NamedTensors cpu;
   cpu.reserve(tensors.size());
+  std::vector<SafetensorsEntry> entries;
   for (const auto& [name, t] : tensors) {
     if (!t.defined()) throw CheckpointError("safetensors '" + path + "': tensor \"" + name + "\" is undefined");
     cpu.emplace_back(name, t.detach().to(at::kCPU).contiguous());
+    entries.push_back({name, t.scalar_type(), t.sizes().vec()});
   }
-  const std::string header = safetensors_header(cpu, metadata);
-  fs.write_file_atomic(path, [&](WritableFile& f) {
-    f.append(header.data(), header.size());
-    for (const auto& [name, t] : cpu) {
-      if (t.numel() > 0) f.append(t.data_ptr(), byte_size(t));
-    }
+  write_safetensors_streamed(fs, path, entries, metadata, [&](SafetensorsWriter& w) {
+    for (const auto& [name, t] : cpu) w.append(t);
   });
 }
 
@@ -180,9 +262,8 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors, con
   write_safetensors(posix_file_system(), path, tensors, metadata);
 }
 
-SafetensorsFile read_safetensors(FileSystem& fs, const std::string& path) {
-  if (!fs.exists(path)) bad_file(path, "does not exist");
-  auto file = fs.open_file(path);
+SafetensorsIndex read_safetensors_index(ReadableFile& file_ref, const std::string& path) {
+  ReadableFile* file = &file_ref;
   const uint64_t size = file->size();
   if (size < 8) bad_file(path, "has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   unsigned char len_bytes[8];
@@ -205,27 +286,56 @@ SafetensorsFile read_safetensors(FileSystem& fs, const std::string& path) {
   }
   if (!h.is_object()) bad_file(path, "header must be a JSON object");
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  SafetensorsIndex out;
   for (const auto& [key, value] : h.items()) {
     if (key == kMetadataKey) {
       out.metadata = parse_metadata(path, value);
     } else {
-      entries.push_back(parse_entry(path, key, value));
+      out.entries.push_back(parse_entry(path, key, value));
     }
   }
-  const uint64_t data_start = 8 + n;
-  check_layout(path, entries, size - data_start);
+  out.data_start = 8 + n;
+  check_layout(path, out.entries, size - out.data_start);
+  return out;
+}
 
+void read_safetensors_range(ReadableFile& file, const std::string& path,
+                            const SafetensorsIndex& index, const SafetensorsEntry& e,
+                            int64_t offset, at::Tensor dst) {
+  const int64_t numel = dst.numel();
+  if (dst.scalar_type() != e.dtype)
+    bad_file(path, quoted(e.name) + "read into a " + c10::toString(dst.scalar_type()) +
+                       " tensor, the file holds " + c10::toString(e.dtype));
+  if (offset < 0 || offset + numel > e.numel())
+    bad_file(path, quoted(e.name) + "elements [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + numel) + ") are outside its " +
+                       std::to_string(e.numel()));
+  if (numel == 0) return;
+  at::Tensor into = dst.is_contiguous() ? dst : at::empty({numel}, dst.options());
+  const uint64_t element = c10::elementSize(e.dtype);
+  try {
+    file.read_at(index.data_start + e.begin + uint64_t(offset) * element, into.data_ptr(),
+                 uint64_t(numel) * element);
+  } catch (const IOError& err) {
+    bad_file(path, quoted(e.name) + err.what());
+  }
+  if (!into.is_same(dst)) dst.copy_(into.view(dst.sizes()));
+}
+
+SafetensorsFile read_safetensors(FileSystem& fs, const std::string& path) {
+  if (!fs.exists(path)) bad_file(path, "does not exist");
+  auto file = fs.open_file(path);
+  const SafetensorsIndex index = read_safetensors_index(*file, path);
+  SafetensorsFile out;
+  out.metadata = index.metadata;
+  // In data order (the header's may differ in files written elsewhere).
+  std::vector<SafetensorsEntry> entries = index.entries;
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
   for (const auto& e : entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
-    if (e.end > e.begin) {
-      try {
-        file->read_at(data_start + e.begin, t.data_ptr(), e.end - e.begin);
-      } catch (const IOError& err) {
-        bad_file(path, quoted(e.name) + err.what());
-      }
-    }
+    if (e.end > e.begin) read_safetensors_range(*file, path, index, e, 0, t.view({-1}));
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;

@@ -45,7 +45,7 @@ void TagReader::bad(const std::string& what) const {
   throw CheckpointError("checkpoint manifest '" + join_path(dir_, kManifestFileName) + "': " + what);
 }
 
-const SafetensorsFile& TagReader::file(const std::string& name) {
+TagReader::OpenFile& TagReader::open(const std::string& name) {
   auto it = files_.find(name);
   if (it != files_.end()) return it->second;
   auto entry = manifest_.files.find(name);
@@ -55,11 +55,14 @@ const SafetensorsFile& TagReader::file(const std::string& name) {
   Manifest one;
   one.files[name] = entry->second;
   verify_files(fs_, dir_, one);
-  auto parsed = read_safetensors(fs_, join_path(dir_, name));
-  auto& index = tensors_[name];
-  for (auto& [tname, t] : parsed.tensors) index[tname] = t;
-  return files_.emplace(name, std::move(parsed)).first->second;
+  const std::string path = join_path(dir_, name);
+  OpenFile f;
+  f.file = fs_.open_file(path);
+  f.index = read_safetensors_index(*f.file, path);
+  return files_.emplace(name, std::move(f)).first->second;
 }
+
+const SafetensorsIndex& TagReader::file(const std::string& name) { return open(name).index; }
 
 nlohmann::json TagReader::file_metadata(const std::string& name) {
   const auto& f = file(name);
@@ -75,14 +78,35 @@ nlohmann::json TagReader::file_metadata(const std::string& name) {
   }
 }
 
-at::Tensor TagReader::tensor(const std::string& name, const std::string& tensor) {
-  file(name);
-  auto& index = tensors_[name];
-  auto it = index.find(tensor);
-  if (it == index.end())
+const SafetensorsEntry& TagReader::entry(const std::string& name, const std::string& tensor) {
+  const SafetensorsEntry* e = open(name).index.find(tensor);
+  if (!e)
     throw CheckpointError("checkpoint file '" + join_path(dir_, name) + "' lacks tensor \"" +
                           tensor + "\"");
-  return it->second;
+  return *e;
+}
+
+at::Tensor TagReader::tensor(const std::string& name, const std::string& tensor) {
+  const SafetensorsEntry& e = entry(name, tensor);
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+  read_tensor(name, tensor, t);
+  return t;
+}
+
+void TagReader::read_tensor(const std::string& name, const std::string& tensor, at::Tensor dst) {
+  const SafetensorsEntry& e = entry(name, tensor);
+  if (dst.numel() != e.numel())
+    throw CheckpointError("checkpoint file '" + join_path(dir_, name) + "': tensor \"" + tensor +
+                          "\" has " + std::to_string(e.numel()) + " elements, read into " +
+                          std::to_string(dst.numel()));
+  OpenFile& f = open(name);
+  if (dst.scalar_type() == e.dtype) {
+    read_safetensors_range(*f.file, join_path(dir_, name), f.index, e, 0, dst);
+    return;
+  }
+  at::Tensor saved = at::empty({e.numel()}, at::TensorOptions().dtype(e.dtype));  // converted below
+  read_safetensors_range(*f.file, join_path(dir_, name), f.index, e, 0, saved);
+  dst.copy_(saved.view(dst.sizes()));
 }
 
 std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offset,
@@ -96,30 +120,55 @@ std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offs
   return out;
 }
 
-void TagReader::read_range(const std::string& kind, const std::string& param, int64_t offset,
-                           at::Tensor dst) {
-  const int64_t numel = dst.numel();
+template <class Visit>
+void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
+                               int64_t numel, Visit&& visit) {
   auto it = pieces_.find(param);
   if (it == pieces_.end())
     throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"");
   int64_t covered = 0;
+  const std::string tensor_name = fragment_tensor_name(kind, param);
   for (const auto& p : it->second) {
     const int64_t lo = std::max(offset, p.offset), hi = std::min(offset + numel, p.offset + p.numel);
     if (hi <= lo) continue;
     const std::string file_name = optim_states_file_name(p.rank);
-    at::Tensor src = tensor(file_name, fragment_tensor_name(kind, param));
-    if (src.numel() != p.numel || src.scalar_type() != at::kFloat)
+    const SafetensorsEntry& e = entry(file_name, tensor_name);
+    if (e.numel() != p.numel || e.dtype != at::kFloat)
       throw CheckpointError("checkpoint file '" + join_path(dir_, file_name) + "': tensor \"" +
-                            fragment_tensor_name(kind, param) + "\" has " +
-                            std::to_string(src.numel()) + " " + c10::toString(src.scalar_type()) +
-                            " elements, the manifest says " + std::to_string(p.numel) + " F32");
-    dst.narrow(0, lo - offset, hi - lo).copy_(src.narrow(0, lo - p.offset, hi - lo));
+                            tensor_name + "\" has " + std::to_string(e.numel()) + " " +
+                            c10::toString(e.dtype) + " elements, the manifest says " +
+                            std::to_string(p.numel) + " F32");
+    visit(file_name, e, lo - p.offset, lo - offset, hi - lo);
     covered += hi - lo;
   }
   if (covered != numel)
     throw CheckpointError("checkpoint '" + dir_ + "': the saved fragments of \"" + param +
                           "\" cover " + std::to_string(covered) + " of elements [" +
                           std::to_string(offset) + ", " + std::to_string(offset + numel) + ")");
+}
+
+void TagReader::read_range(const std::string& kind, const std::string& param, int64_t offset,
+                           at::Tensor dst) {
+  for_each_piece(
+      kind, param, offset, dst.numel(),
+      [&](const std::string& file_name, const SafetensorsEntry& e, int64_t from, int64_t into,
+          int64_t n) {
+        OpenFile& f = open(file_name);
+        at::Tensor part = dst.narrow(0, into, n);
+        if (part.scalar_type() == at::kFloat) {
+          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, part);
+        } else {
+          at::Tensor tmp = at::empty({n}, at::kFloat);
+          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, tmp);
+          part.copy_(tmp);
+        }
+      });
+}
+
+void TagReader::check_range(const std::string& kind, const std::string& param, int64_t offset,
+                            int64_t numel) {
+  for_each_piece(kind, param, offset, numel,
+                 [](const std::string&, const SafetensorsEntry&, int64_t, int64_t, int64_t) {});
 }
 
 nlohmann::json safetensors_tensor_list(FileSystem& fs, const std::string& path) {

@@ -1,9 +1,12 @@
 // Reading one checkpoint tag folder (layout.h): the manifest, then files on demand, each verified
-// against the manifest (size and crc32c) before it is parsed, and the assembly of any range of a
-// parameter's fp32 state from the fragments of whichever ranks saved it.
+// against the manifest (size and crc32c, read in chunks) before its header is parsed, and the
+// assembly of any range of a parameter's fp32 state from the fragments of whichever ranks saved
+// it. Tensor data are read only when asked for, straight into the caller's tensor, so a file
+// never has to fit in memory.
 // Thread-safety: none; one reader per thread.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,17 +41,26 @@ class TagReader {
   const std::string& optimizer_format() const { return optimizer_format_; }
   const std::vector<TrainableInfo>& trainable() const { return trainable_; }
 
-  // `name` (relative to the tag folder), verified and parsed once. Throws CheckpointError naming
-  // the file: missing, truncated, corrupted, not listed in the manifest, unparsable.
-  const SafetensorsFile& file(const std::string& name);
+  // The header of `name` (relative to the tag folder), the file verified and parsed once. Throws
+  // CheckpointError naming the file: missing, truncated, corrupted, not listed in the manifest,
+  // unparsable.
+  const SafetensorsIndex& file(const std::string& name);
   // The JSON under kMetadataKey of that file's "__metadata__".
   nlohmann::json file_metadata(const std::string& name);
-  // Tensor `tensor` of file `name`; throws CheckpointError naming both when absent.
+  // Tensor `tensor` of file `name`, read whole; throws CheckpointError naming both when absent.
   at::Tensor tensor(const std::string& name, const std::string& tensor);
+  // Reads tensor `tensor` of file `name` into `dst` (same numel; in place when contiguous and of
+  // the saved dtype, else converted as Tensor::copy_ does).
+  void read_tensor(const std::string& name, const std::string& tensor, at::Tensor dst);
   // Fills `dst` (fp32, numel elements) with state `kind` ("fp32", "exp_avg", "exp_avg_sq") of
   // trainable parameter `param`, elements [offset, offset + numel), from the rank files holding
-  // pieces of it. Throws CheckpointError when the saved pieces do not cover the range.
+  // pieces of it, read straight into `dst` when it is contiguous. Throws CheckpointError when
+  // the saved pieces do not cover the range.
   void read_range(const std::string& kind, const std::string& param, int64_t offset, at::Tensor dst);
+  // What read_range would check, from the headers alone (verifying the files it needs): the
+  // pieces cover [offset, offset + numel) and each rank file holds them as fp32 of the listed size.
+  void check_range(const std::string& kind, const std::string& param, int64_t offset,
+                   int64_t numel);
   // Ranks whose files hold some of [offset, offset + numel) of `param`.
   std::vector<int> ranks_holding(const std::string& param, int64_t offset, int64_t numel) const;
 
@@ -57,7 +69,18 @@ class TagReader {
     int rank = 0;
     int64_t offset = 0, numel = 0;
   };
+  struct OpenFile {
+    std::unique_ptr<ReadableFile> file;
+    SafetensorsIndex index;
+  };
   [[noreturn]] void bad(const std::string& what) const;
+  OpenFile& open(const std::string& name);
+  const SafetensorsEntry& entry(const std::string& name, const std::string& tensor);
+  // Calls visit(rank file, its entry, first element in it, first element in the range, numel)
+  // for each saved piece overlapping the range; throws unless they cover it.
+  template <class Visit>
+  void for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
+                      int64_t numel, Visit&& visit);
 
   FileSystem& fs_;
   std::string dir_;
@@ -67,8 +90,7 @@ class TagReader {
   std::string optimizer_format_;
   std::vector<TrainableInfo> trainable_;
   std::map<std::string, std::vector<Piece>> pieces_;  // parameter -> saved fragments
-  std::map<std::string, SafetensorsFile> files_;
-  std::map<std::string, std::map<std::string, at::Tensor>> tensors_;
+  std::map<std::string, OpenFile> files_;
 };
 
 // The dtype/shape of every tensor of a safetensors file, read from its header alone:

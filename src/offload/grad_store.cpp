@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -15,6 +16,10 @@ namespace offload {
 namespace {
 // Closed slices whose writes may be in flight at once (beyond them, close() waits).
 constexpr size_t kMaxWritesInFlight = 2;
+// Freed buffers kept for reuse. One: a buffer is freed (its write done, its sub-group updated)
+// just before the next one is needed, so a single spare replaces the allocation without adding
+// to the peak; the spare is dropped when a micro-step or a step ends.
+constexpr size_t kMaxPooled = 1;
 }  // namespace
 
 GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
@@ -45,24 +50,80 @@ void GradStore::begin_micro_step(bool boundary) {
   if (boundary_) squared_norm_ = 0;
 }
 
-at::Tensor GradStore::open(int unit) {
+at::Tensor GradStore::take_buffer(int64_t numel) {
+  for (auto it = pool_.begin(); it != pool_.end(); ++it)
+    if (it->numel() == numel) {
+      at::Tensor t = std::move(*it);
+      pool_.erase(it);
+      return t;
+    }
+  return aligned_tensor(numel, dtype_);
+}
+
+void GradStore::recycle(at::Tensor buffer) {
+  if (!buffer.defined() || buffer.numel() == 0) return;
+  pool_.push_back(std::move(buffer));
+  if (pool_.size() > kMaxPooled) pool_.pop_front();
+}
+
+GradStore::Open& GradStore::acquire_slice(int unit) {
   auto it = open_.find(unit);
   if (it != open_.end()) return it->second;
   const int64_t n = layout_.units[unit].layout.partition_numel;
-  at::Tensor slice = aligned_tensor(n, dtype_);
+  Open o;
+  o.slice = take_buffer(n);
   if (accumulated_ && n > 0)
-    queue_->wait(queue_->read(*fd_, file_.unit_offset(unit), slice.data_ptr(), file_.slice_bytes(unit)));
+    queue_->wait(
+        queue_->read(*fd_, file_.unit_offset(unit), o.slice.data_ptr(), file_.slice_bytes(unit)));
   else
-    slice.zero_();
-  open_.emplace(unit, slice);
+    o.fresh = true;  // nothing written yet: see `covered`
+  Open& out = open_.emplace(unit, std::move(o)).first->second;
   note_resident();
-  return slice;
+  return out;
+}
+
+// The elements of a fresh slice no accumulate wrote become zeros.
+void GradStore::zero_uncovered(Open& o) {
+  if (!o.fresh) return;
+  std::sort(o.covered.begin(), o.covered.end());
+  int64_t at = 0;
+  for (auto [first, n] : o.covered) {
+    TORCH_CHECK(first >= at, "GradStore: overlapping accumulations into a fresh slice at element ",
+                first, " (the buckets of a unit must be disjoint)");
+    if (first > at) o.slice.narrow(0, at, first - at).zero_();
+    at = first + n;
+  }
+  if (at < o.slice.numel()) o.slice.narrow(0, at, o.slice.numel() - at).zero_();
+  o.fresh = false;
+  o.covered.clear();
+}
+
+void GradStore::accumulate(int unit, int64_t first, const at::Tensor& received) {
+  Open& o = acquire_slice(unit);
+  const int64_t n = received.numel();
+  if (n == 0) return;
+  at::Tensor dst = o.slice.narrow(0, first, n);
+  if (!o.fresh) {
+    dst.add_(received.reshape({-1}));
+    return;
+  }
+  // What 0 + received gives (in the dtype add_ would compute in, -0 becoming +0), without the
+  // zeros. REQUIRES (checked at close): this micro-step's ranges are disjoint.
+  at::add_out(dst, received.reshape({-1}), at::zeros({}, received.options()));
+  o.covered.emplace_back(first, n);
+}
+
+at::Tensor GradStore::open(int unit) {
+  Open& o = acquire_slice(unit);
+  zero_uncovered(o);
+  return o.slice;
 }
 
 void GradStore::close(int unit) {
   auto it = open_.find(unit);
   if (it == open_.end()) return;
-  Io io{it->second, -1};
+  zero_uncovered(it->second);
+  Io io{it->second.slice, -1};
   open_.erase(it);
   if (io.buffer.numel() == 0) return;
   if (boundary_) {  // in chunks: a whole-slice fp64 copy would be 4x the slice
@@ -75,28 +136,36 @@ void GradStore::close(int unit) {
   writing_.push_back(std::move(io));
   while (writing_.size() > kMaxWritesInFlight) {
     queue_->wait(writing_.front().ticket);
+    recycle(std::move(writing_.front().buffer));
     writing_.pop_front();
   }
 }
 
 void GradStore::end_micro_step() {
   TORCH_CHECK(open_.empty(), "GradStore: ", open_.size(), " unit(s) still open at the end of backward");
-  for (auto& io : writing_) queue_->wait(io.ticket);
+  for (auto& io : writing_) {
+    queue_->wait(io.ticket);
+    recycle(std::move(io.buffer));
+  }
   writing_.clear();
+  pool_.clear();  // forward and the optimizer step need the memory more than a spare
   accumulated_ = true;
 }
 
 void GradStore::discard() {
-  for (auto& [begin, io] : reading_)
+  for (auto& [begin, io] : reading_) {
     if (io.ticket >= 0) queue_->wait(io.ticket);
+    recycle(std::move(io.buffer));
+  }
   reading_.clear();
   open_.clear();
+  pool_.clear();
   accumulated_ = false;
 }
 
 void GradStore::prefetch(int64_t begin, int64_t numel) {
   if (!accumulated_ || reading_.count(begin)) return;
-  Io io{aligned_tensor(numel, dtype_), -1};
+  Io io{take_buffer(numel), -1};
   io.ticket = queue_->read(*fd_, file_.offset_of(begin), io.buffer.data_ptr(), file_.bytes_for(numel));
   reading_.emplace(begin, std::move(io));
   note_resident();
@@ -117,14 +186,21 @@ void GradStore::release(int64_t begin, int64_t) {
   auto it = reading_.find(begin);
   if (it == reading_.end()) return;
   if (it->second.ticket >= 0) queue_->wait(it->second.ticket);
+  recycle(std::move(it->second.buffer));
   reading_.erase(it);
 }
 
 int64_t GradStore::resident_bytes() const {
   int64_t total = 0;
-  for (auto& [u, t] : open_) total += t.numel() * t.element_size();
+  for (auto& [u, o] : open_) total += o.slice.numel() * o.slice.element_size();
   for (auto& io : writing_) total += io.buffer.numel() * io.buffer.element_size();
   for (auto& [b, io] : reading_) total += io.buffer.numel() * io.buffer.element_size();
+  return total;
+}
+
+int64_t GradStore::pooled_bytes() const {
+  int64_t total = 0;
+  for (auto& t : pool_) total += t.numel() * t.element_size();
   return total;
 }
 

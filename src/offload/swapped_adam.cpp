@@ -162,6 +162,7 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
     ++next_read;
   };
   const bool fp32_out = out_dtype == torch::kFloat;
+  group_in_buffer_ = -1;
   const auto kind = out_dtype == torch::kHalf ? optim::Half16Kind::FP16 : optim::Half16Kind::BF16;
   try {
     for (int64_t k = 0; k < G; ++k) {
@@ -221,6 +222,7 @@ void SwappedAdam::fill(int64_t group, float* into, const at::Tensor& source, int
 void SwappedAdam::rewrite_groups(
     const std::function<void(const Group&, float* state, int64_t stride)>& edit) {
   torch::NoGradGuard no_grad;
+  group_in_buffer_ = -1;
   for (const Group& g : groups_) {
     float* buf = ring_[0].as<float>();
     queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
@@ -234,6 +236,7 @@ void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_av
   for (auto* t : {&master, &exp_avg, &exp_avg_sq})
     TORCH_CHECK(t->numel() == numel_, "SwappedAdam::write_state: expected ", numel_,
                 " elements, got ", t->numel());
+  group_in_buffer_ = -1;
   for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
     const Group& g = groups_[k];
     float* buf = ring_[0].as<float>();
@@ -250,7 +253,24 @@ void SwappedAdam::reset_masters(const GroupSource& source) {
   rewrite_groups([&](const Group& g, float* state, int64_t) { fill(k++, state, source(g.begin, g.numel), 0); });
 }
 
+void SwappedAdam::set_masters(int64_t begin, const at::Tensor& values) {
+  const int64_t end = begin + values.numel();
+  TORCH_CHECK(begin >= 0 && end <= numel_, "SwappedAdam::set_masters: [", begin, ", ", end,
+              ") is outside the ", numel_, " elements");
+  torch::NoGradGuard no_grad;
+  const at::Tensor flat = values.reshape({-1});
+  for (size_t k = 0; k < groups_.size(); ++k) {
+    const Group& g = groups_[k];
+    const int64_t lo = std::max(begin, g.begin), hi = std::min(end, g.begin + g.numel);
+    if (hi <= lo) continue;
+    auto state = read_group(k);
+    state[0].narrow(0, lo - g.begin, hi - lo).copy_(flat.narrow(0, lo - begin, hi - lo));
+    write_group(k);
+  }
+}
+
 std::array<at::Tensor, 3> SwappedAdam::read_state() {
+  group_in_buffer_ = -1;
   std::array<at::Tensor, 3> out{torch::empty({numel_}), torch::empty({numel_}),
                                 torch::empty({numel_})};
   for (const Group& g : groups_) {
@@ -262,6 +282,47 @@ std::array<at::Tensor, 3> SwappedAdam::read_state() {
           .copy_(at::from_blob(buf + i * stride, {g.numel}, torch::kFloat));
   }
   return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> SwappedAdam::group_ranges() const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const Group& g : groups_) out.emplace_back(g.begin, g.numel);
+  return out;
+}
+
+std::array<at::Tensor, 3> SwappedAdam::read_group(size_t k) {
+  TORCH_CHECK(k < groups_.size(), "SwappedAdam::read_group: no sub-group ", k, " of ",
+              groups_.size());
+  const Group& g = groups_[k];
+  float* buf = ring_[0].as<float>();
+  queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
+  group_in_buffer_ = static_cast<int64_t>(k);
+  const int64_t stride = stride_of(g.numel);
+  std::array<at::Tensor, 3> out;
+  for (int i = 0; i < 3; ++i) out[i] = at::from_blob(buf + i * stride, {g.numel}, torch::kFloat);
+  return out;
+}
+
+void SwappedAdam::write_group(size_t k) {
+  TORCH_CHECK(group_in_buffer_ == static_cast<int64_t>(k), "SwappedAdam::write_group(", k,
+              ") without read_group(", k, ") just before");
+  const Group& g = groups_[k];
+  queue_.wait(queue_.write(*file_, g.offset, ring_[0].data(), g.bytes));
+}
+
+void SwappedAdam::write_masters(ParamSink& sink, at::ScalarType dtype) {
+  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16 || dtype == torch::kHalf,
+              "SwappedAdam::write_masters: dtype must be fp32, bf16 or fp16");
+  torch::NoGradGuard no_grad;
+  group_in_buffer_ = -1;
+  for (const Group& g : groups_) {
+    float* buf = ring_[0].as<float>();
+    queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
+    void* out = sink.begin_group(g.begin, g.numel);
+    at::from_blob(out, {g.numel}, dtype).copy_(at::from_blob(buf, {g.numel}, torch::kFloat));
+    sink.end_group(g.begin, g.numel);
+  }
+  sink.finish();
 }
 
 }  // namespace deepspeed::offload

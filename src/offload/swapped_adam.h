@@ -92,10 +92,25 @@ class SwappedAdam {
   // Replaces the masters with `source` sub-group by sub-group, keeping the moments (parameters
   // edited outside the optimizer: GatheredParameters with a modifier rank).
   void reset_masters(const GroupSource& source);
+  // Masters [begin, begin + values.numel()) become `values` (any float dtype, widened); only the
+  // sub-groups overlapping that range are read and rewritten.
+  void set_masters(int64_t begin, const at::Tensor& values);
 
-  // The state as fp32 tensors (checkpoints, tests): master, exp_avg, exp_avg_sq.
+  // The whole state as fp32 tensors (tests, small tools): master, exp_avg, exp_avg_sq.
   std::array<at::Tensor, 3> read_state();
   void write_state(const at::Tensor& master, const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq);
+
+  // The state one sub-group at a time, through the first ring buffer (checkpoints of a state
+  // larger than memory; no allocation). (begin, numel) of each sub-group, in order:
+  std::vector<std::pair<int64_t, int64_t>> group_ranges() const;
+  // Reads sub-group k: its [master, exp_avg, exp_avg_sq] as fp32 views of the buffer, valid until
+  // the next call of read_group, step, reset_masters, read_state, write_state or write_masters.
+  std::array<at::Tensor, 3> read_group(size_t k);
+  // Writes the buffer back as sub-group k. REQUIRES: the last read_group was of k.
+  void write_group(size_t k);
+  // Every master, converted to `dtype` (fp32, bf16, fp16) as Tensor::to would, goes to `sink`
+  // sub-group by sub-group (after a load: the parameters follow the loaded masters).
+  void write_masters(ParamSink& sink, at::ScalarType dtype);
 
   int64_t numel() const { return numel_; }
   int64_t resident_bytes() const;   // the ring of buffers
@@ -123,6 +138,7 @@ class SwappedAdam {
   std::vector<Group> groups_;
   std::vector<AlignedBuffer> ring_;
   AlignedBuffer grad_scratch_;  // one sub-group of widened gradient
+  int64_t group_in_buffer_ = -1;  // read_group's sub-group in ring_[0], -1 when none
   SwapStats stats_;
 };
 

@@ -61,14 +61,55 @@ std::array<at::Tensor, 3> SwappedShard::state_for_load(bool) {
   return loading_;
 }
 
+namespace {
+
+// Sub-group k of the file in the first ring buffer; loading writes it back before the next
+// one is read (each window is read whole first: fragments may not cover it, e.g. padding, or
+// moments when only masters are loaded).
+class SwappedWindows : public zero::StateWindows {
+ public:
+  SwappedWindows(SwappedAdam& adam, bool load) : adam_(adam), load_(load) {
+    ranges_ = adam_.group_ranges();
+  }
+  std::array<at::Tensor, 3> open(size_t k) override {
+    if (static_cast<int64_t>(k) == open_) return views_;
+    write_back();
+    views_ = adam_.read_group(k);
+    open_ = static_cast<int64_t>(k);
+    return views_;
+  }
+  void finish() override { write_back(); }
+
+ private:
+  void write_back() {
+    if (load_ && open_ >= 0) adam_.write_group(static_cast<size_t>(open_));
+    open_ = -1;
+    views_ = {};
+  }
+  SwappedAdam& adam_;
+  const bool load_;
+  int64_t open_ = -1;
+  std::array<at::Tensor, 3> views_;
+};
+
+}  // namespace
+
+std::unique_ptr<zero::StateWindows> SwappedShard::windows_for_save() {
+  return std::make_unique<SwappedWindows>(*adam_, /*load=*/false);
+}
+
+std::unique_ptr<zero::StateWindows> SwappedShard::windows_for_load(bool) {
+  loading_ = {};
+  return std::make_unique<SwappedWindows>(*adam_, /*load=*/true);
+}
+
 void SwappedShard::finish_load(int64_t adam_step, zero::ParamPartition& params) {
   torch::NoGradGuard no_grad;
   auto& [master, exp_avg, exp_avg_sq] = loading_;
-  TORCH_CHECK(master.defined(), "SwappedShard::finish_load without state_for_load");
-  adam_->write_state(master, exp_avg, exp_avg_sq);
-  steps_ = adam_step;
-  params.write_all(master.to(params.dtype()));
+  if (master.defined()) adam_->write_state(master, exp_avg, exp_avg_sq);  // state_for_load's
   loading_ = {};
+  if (adam_step >= 0) steps_ = adam_step;  // < 0: masters alone were loaded
+  adam_->write_masters(params, params.dtype());
 }
 
 void SwappedShard::refresh_masters(zero::ParamPartition& params) {

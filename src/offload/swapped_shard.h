@@ -24,14 +24,21 @@ class SwappedShard : public zero::ShardOptimizer {
 
   void step(const zero::ShardGrads& grads, zero::ParamPartition& params, double grad_scale) override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return options_; }
+  // The whole state in memory (tests); checkpoints use the windows.
   std::array<at::Tensor, 3> state_for_save() override { return adam_->read_state(); }
   std::array<at::Tensor, 3> state_for_load(bool create_moments) override;
+  // One sub-group at a time, read from the file into the first ring buffer (and, loading,
+  // written back): a checkpoint never holds more of the state in memory than a step does.
+  std::unique_ptr<zero::StateWindows> windows_for_save() override;
+  std::unique_ptr<zero::StateWindows> windows_for_load(bool create_moments) override;
+  // The parameters receive the masters sub-group by sub-group.
   void finish_load(int64_t adam_step, zero::ParamPartition& params) override;
   int64_t adam_step() const override { return steps_; }
   void refresh_masters(zero::ParamPartition& params) override;
-  // Re-reads every master from `params` (edits are rare: GatheredParameters with a modifier).
-  void masters_edited(zero::ParamPartition& params, int64_t, const at::Tensor&) override {
-    refresh_masters(params);
+  // Rewrites the sub-groups holding the edited range only; the other masters keep their fp32
+  // values (as in memory).
+  void masters_edited(zero::ParamPartition&, int64_t begin, const at::Tensor& values) override {
+    adam_->set_masters(begin, values);
   }
   int64_t resident_bytes() const override { return adam_->resident_bytes(); }
 

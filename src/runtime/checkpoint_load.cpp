@@ -1,6 +1,11 @@
-// load_checkpoint in two phases. Phase 1 (local, agreed across ranks): read and verify everything
-// this rank needs and check it matches the engine, changing nothing. Phase 2: write the state in,
-// then the stage's finish_load makes every rank's parameters equal to the loaded masters.
+// load_checkpoint in two phases. Phase 1 (local, agreed across ranks): verify every file this
+// rank needs against the manifest (checksums), read the headers and the engine state, and check
+// they match the engine, changing nothing. Phase 2: read the tensors straight into their places
+// (the module's parameters, stage 3 one unit at a time; the optimizer state piece by piece, a
+// swapped shard one sub-group at a time), then the stage's finish_load makes every rank's
+// parameters equal to the loaded masters. Nothing is held whole in memory, so a checkpoint larger
+// than memory loads; the price is that an I/O error in phase 2 (the files were verified in
+// phase 1) leaves the engine partly loaded, and the error says so.
 // A checkpoint from another world size or stage loads through the fragments (layout.h): each
 // rank assembles its own share from the pieces of whichever saved ranks overlap it.
 #include <ATen/CPUGeneratorImpl.h>
@@ -14,6 +19,7 @@
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
 #include "runtime/engine_checkpoint.h"
+#include "zero/stage.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -28,47 +34,51 @@ struct SavedEngineState {
   std::optional<LoaderState> loader;
 };
 
-// Everything read in phase 1, applied in phase 2.
+// Everything checked in phase 1, applied in phase 2.
 struct Plan {
   nlohmann::json model_meta;
   SavedEngineState engine;
-  std::vector<std::pair<at::Tensor, at::Tensor>> module_copies;  // (destination, source)
-  std::vector<std::pair<at::Tensor, at::Tensor>> state_copies;   // fragments: masters, moments
+  std::set<std::string> module_tensors;        // module parameters and buffers the file holds
+  std::unique_ptr<zero::FragmentState> state;  // fragments to fill: masters (and moments)
+  std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
   std::string optimizer_archive;
   at::Tensor rng_state;
   bool fragments = false;  // masters came from fragments: finish_load must run
 };
 
-std::map<std::string, at::Tensor> module_tensors(torch::nn::Module& module) {
-  std::map<std::string, at::Tensor> out;
-  for (auto& item : module.named_parameters()) out[item.key()] = item.value();
-  for (auto& item : module.named_buffers()) out[item.key()] = item.value();
+// Name -> whole shape of every parameter and buffer of the module.
+std::map<std::string, std::vector<int64_t>> module_shapes(const EngineState& s) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (auto& item : s.module->named_parameters())
+    out[item.key()] = s.stage->whole_shape(item.value());
+  for (auto& item : s.module->named_buffers()) out[item.key()] = item.value().sizes().vec();
   return out;
 }
 
-void plan_module(TagReader& reader, torch::nn::Module& module, bool strict, Plan& plan) {
+void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& plan) {
   const std::string file = model_states_file_name();
   const std::string path = join_path(reader.dir(), file);
   const auto& saved = reader.file(file);
   std::set<std::string> in_file;
-  auto mine = module_tensors(module);
-  for (const auto& [name, src] : saved.tensors) {
-    in_file.insert(name);
-    auto it = mine.find(name);
+  auto mine = module_shapes(s);
+  for (const auto& e : saved.entries) {
+    in_file.insert(e.name);
+    auto it = mine.find(e.name);
     if (it == mine.end()) {
       if (strict)
-        throw CheckpointError("checkpoint file '" + path + "' has tensor \"" + name +
+        throw CheckpointError("checkpoint file '" + path + "' has tensor \"" + e.name +
                               "\" that the module lacks (pass load_module_strict=false to ignore)");
       continue;
     }
-    if (it->second.sizes() != src.sizes())
-      throw CheckpointError("checkpoint file '" + path + "': tensor \"" + name + "\" has shape " +
-                            c10::str(src.sizes()) + ", the module's is " + c10::str(it->second.sizes()));
-    plan.module_copies.emplace_back(it->second, src);
+    if (it->second != e.shape)
+      throw CheckpointError("checkpoint file '" + path + "': tensor \"" + e.name + "\" has shape " +
+                            c10::str(c10::IntArrayRef(e.shape)) + ", the module's is " +
+                            c10::str(c10::IntArrayRef(it->second)));
+    plan.module_tensors.insert(e.name);
   }
   if (strict)
-    for (const auto& [name, t] : mine)
+    for (const auto& [name, shape] : mine)
       if (!in_file.count(name))
         throw CheckpointError("checkpoint file '" + path + "' lacks module tensor \"" + name +
                               "\" (pass load_module_strict=false to keep its current value)");
@@ -83,10 +93,11 @@ void check_trainable(const TagReader& reader, const EngineState& s,
     if (it == saved.end())
       throw CheckpointError("checkpoint '" + reader.dir() + "' has no optimizer state for trainable "
                             "parameter \"" + names[k] + "\" (was it frozen when saved?)");
-    if (it->second->numel != s.trainable[k].numel())
-      throw CheckpointError("checkpoint '" + reader.dir() + "': parameter \"" + names[k] + "\" has " +
-                            std::to_string(it->second->numel) + " elements, the module's has " +
-                            std::to_string(s.trainable[k].numel()));
+    if (it->second->numel != whole_numel(s, s.trainable[k]))
+      throw CheckpointError("checkpoint '" + reader.dir() + "': parameter \"" + names[k] +
+                            "\" has " + std::to_string(it->second->numel) +
+                            " elements, the module's has " +
+                            std::to_string(whole_numel(s, s.trainable[k])));
   }
 }
 
@@ -108,21 +119,16 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
+// Checks that the checkpoint covers every fragment this rank loads (headers only).
 void plan_fragments(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
                     bool moments, Plan& plan) {
   plan.fragments = true;
-  for (auto& f : s.stage->fragments_to_load(moments)) {
-    const std::string& name = names.at(f.param);
-    auto read = [&](const char* kind, const at::Tensor& dst) {
-      at::Tensor buf = torch::empty({f.numel});
-      reader.read_range(kind, name, f.offset, buf);
-      plan.state_copies.emplace_back(dst, buf);
-    };
-    read("fp32", f.master);
-    if (!moments) continue;
-    read("exp_avg", f.exp_avg);
-    read("exp_avg_sq", f.exp_avg_sq);
-  }
+  plan.state = s.stage->state_to_load(moments);
+  plan.state_kinds = moments ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
+                             : std::vector<std::string>{"fp32"};
+  for (const auto& f : plan.state->fragments())
+    for (const auto& kind : plan.state_kinds)
+      reader.check_range(kind, names.at(f.param), f.offset, f.numel);
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -183,7 +189,7 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   Plan plan;
   plan.model_meta = reader.file_metadata(model_states_file_name());
-  plan_module(reader, *s.module, o.load_module_strict, plan);
+  plan_module(reader, s, o.load_module_strict, plan);
   if (o.load_module_only) return plan;
   plan.engine = parse_engine_state(reader, plan.model_meta, s);
   const auto names = trainable_names(*s.module);
@@ -214,16 +220,48 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   if (plan.rng_state.defined()) set_rng_state(plan.rng_state);
 }
 
-void apply_module(Plan& plan) {
+// The module's tensors from the file, straight into place. Stage 3: unit by unit, rank 0's values
+// re-partitioned (so only rank 0 reads the partitioned parameters). COLLECTIVE.
+void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
   torch::NoGradGuard no_grad;
-  for (auto& [dst, src] : plan.module_copies) dst.detach().copy_(src);
+  const std::string file = model_states_file_name();
+  const bool rank0 = s.comm->rank() == 0;
+  for_each_whole_parameter(s, /*modifier_rank=*/0,
+                           [&](const std::string& name, const at::Tensor& p, bool grouped) {
+                             if (plan.module_tensors.count(name) && (rank0 || !grouped))
+                               reader.read_tensor(file, name, p);
+                           });
+  for (auto& item : s.module->named_buffers())
+    if (plan.module_tensors.count(item.key()))
+      reader.read_tensor(file, item.key(), item.value().detach());
+}
+
+// The fragments, piece by piece, each read from the rank files straight into the optimizer's
+// state (a swapped shard: one sub-group in memory at a time).
+void apply_fragments(TagReader& reader, const std::vector<std::string>& names, Plan& plan) {
+  torch::NoGradGuard no_grad;
+  auto& state = *plan.state;
+  for (size_t i = 0; i < state.fragments().size(); ++i) {
+    const auto& f = state.fragments()[i];
+    const std::string& name = names.at(f.param);
+    for (auto [offset, numel] : state.pieces(i)) {
+      const auto views = state.piece(i, offset, numel);
+      for (size_t k = 0; k < plan.state_kinds.size(); ++k) {
+        TORCH_CHECK(views[k].defined(), "load_checkpoint: no ", plan.state_kinds[k],
+                    " state to load \"", name, "\" into (internal error)");
+        reader.read_range(plan.state_kinds[k], name, f.offset + offset, views[k]);
+      }
+    }
+  }
+  state.finish();
+  plan.state.reset();
 }
 
 // After apply_module (and, under stage 3, the re-partitioning of the module's weights), so the
 // fp32 masters come from the optimizer files, not from the rounded 16-bit module copy.
-void apply_rest(EngineState& s, Plan& plan, const LoadOptions& o) {
+void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions& o) {
   torch::NoGradGuard no_grad;
-  for (auto& [dst, src] : plan.state_copies) dst.copy_(src.view(dst.sizes()));
+  if (plan.state) apply_fragments(reader, trainable_names(*s.module), plan);
   if (!plan.optimizer_archive.empty()) {
     torch::serialize::InputArchive archive;
     archive.load_from(plan.optimizer_archive.data(), plan.optimizer_archive.size());
@@ -249,18 +287,14 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   const std::string dir = join_path(load_dir, tag);
   std::unique_ptr<TagReader> reader;
   Plan plan;
-  {
-    // Stage 3: plan and copy the module against whole tensors; every rank loads the same file, and
-    // rank 0's values are re-partitioned.
-    FullParametersScope full(s, /*modifier_rank=*/0);
-    run_agreed(*s.comm, "load_checkpoint '" + dir + "'", [&] {
-      reader = std::make_unique<TagReader>(fs, dir);
-      plan = make_plan(*reader, s, o);
-    });
-    run_agreed(*s.comm, "load_checkpoint '" + dir + "': applying", [&] { apply_module(plan); });
-    full.release();
-  }
-  run_agreed(*s.comm, "load_checkpoint '" + dir + "': applying", [&] { apply_rest(s, plan, o); });
+  run_agreed(*s.comm, "load_checkpoint '" + dir + "'", [&] {
+    reader = std::make_unique<TagReader>(fs, dir);
+    plan = make_plan(*reader, s, o);
+  });
+  const std::string applying =
+      "load_checkpoint '" + dir + "': applying (the engine may be partly loaded)";
+  run_agreed(*s.comm, applying, [&] { apply_module(s, *reader, plan); });
+  run_agreed(*s.comm, applying, [&] { apply_rest(s, *reader, plan, o); });
   if (o.load_module_only)
     s.stage->refresh_masters_from_model();
   else

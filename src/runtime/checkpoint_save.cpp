@@ -17,6 +17,7 @@
 #include "partition/partition.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/adam_state_checkpoint.h"
+#include "zero/stage.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -72,42 +73,67 @@ nlohmann::json loader_state(const EngineState& s) {
           {"world_size", s.comm->world_size()}};
 }
 
-// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive.
-void write_optim_file(EngineState& s, FileSystem& fs, const std::string& dir,
-                      const std::vector<std::string>& names, const std::string& format) {
-  NamedTensors tensors;
-  nlohmann::json fragments = nlohmann::json::array();
+// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive. The
+// fragments are streamed from the stage's state piece by piece (a swapped shard: one sub-group
+// read from its file at a time) into a file whose header went first.
+void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
+                      const std::string& dir, const std::vector<std::string>& names,
+                      const std::string& format) {
   const bool adam = format == kAdamFragments;
-  for (auto& f : s.stage->fragments_to_save()) {
+  const std::vector<std::string> kinds =
+      adam ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
+           : std::vector<std::string>{"fp32"};
+  std::vector<SafetensorsEntry> entries;
+  nlohmann::json fragments = nlohmann::json::array();
+  for (const auto& f : state.fragments()) {
     const std::string& name = names.at(f.param);
     fragments.push_back({name, f.offset, f.numel});
-    tensors.emplace_back(fragment_tensor_name("fp32", name), f.master.to(torch::kFloat).contiguous());
-    if (!adam) continue;
-    auto zeros = [&] { return torch::zeros({f.numel}); };
-    tensors.emplace_back(fragment_tensor_name("exp_avg", name),
-                         f.exp_avg.defined() ? f.exp_avg.contiguous() : zeros());
-    tensors.emplace_back(fragment_tensor_name("exp_avg_sq", name),
-                         f.exp_avg_sq.defined() ? f.exp_avg_sq.contiguous() : zeros());
+    for (const auto& kind : kinds)
+      entries.push_back({fragment_tensor_name(kind, name), at::kFloat, {f.numel}});
   }
-  tensors.emplace_back("rng_state", rng_state());
-  if (format == kTorchArchive) tensors.emplace_back("optimizer_archive", bytes_tensor(optimizer_archive(*s.optimizer)));
+  const at::Tensor rng = rng_state();
+  entries.push_back({"rng_state", rng.scalar_type(), rng.sizes().vec()});
+  at::Tensor archive;
+  if (format == kTorchArchive) {
+    archive = bytes_tensor(optimizer_archive(*s.optimizer));
+    entries.push_back({"optimizer_archive", archive.scalar_type(), archive.sizes().vec()});
+  }
   nlohmann::json meta = {{"rank", s.comm->rank()},
                          {"world_size", s.comm->world_size()},
                          {"zero_stage", s.config.zero_optimization.stage},
                          {"adam_step", s.stage->adam_step()},
                          {"optimizer_format", format},
                          {"fragments", fragments}};
-  write_safetensors(fs, join_path(dir, optim_states_file_name(s.comm->rank())), tensors,
-                    {{kMetadataKey, meta.dump()}});
+  const std::string path = join_path(dir, optim_states_file_name(s.comm->rank()));
+  write_safetensors_streamed(
+      fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
+        for (size_t i = 0; i < state.fragments().size(); ++i)
+          for (size_t k = 0; k < kinds.size(); ++k)
+            for (auto [offset, numel] : state.pieces(i)) {
+              const at::Tensor piece = state.piece(i, offset, numel)[k];
+              if (piece.defined())
+                w.append(piece.to(torch::kFloat).contiguous());
+              else
+                w.append_zeros(at::kFloat, numel);  // a FusedAdam without state yet
+            }
+        w.append(rng);
+        if (archive.defined()) w.append(archive);
+      });
 }
 
+// The module file: parameters (whole: stage 3 gathers one unit at a time) and buffers. Rank 0
+// writes; every rank walks the parameters, as the gathers are collective.
 void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
                       const nlohmann::json& client_state) {
-  NamedTensors tensors;
+  const bool rank0 = s.comm->rank() == 0;
+  std::vector<SafetensorsEntry> entries;
+  std::vector<at::Tensor> buffers;
   nlohmann::json buffer_names = nlohmann::json::array();
-  for (auto& item : s.module->named_parameters()) tensors.emplace_back(item.key(), item.value().detach());
+  for (auto& item : s.module->named_parameters())
+    entries.push_back({item.key(), item.value().scalar_type(), s.stage->whole_shape(item.value())});
   for (auto& item : s.module->named_buffers()) {
-    tensors.emplace_back(item.key(), item.value().detach());
+    entries.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+    buffers.push_back(item.value().detach());
     buffer_names.push_back(item.key());
   }
   nlohmann::json meta = {
@@ -126,8 +152,24 @@ void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
       {"ds_version", library_version()},
       {"ds_config", s.config.raw},
   };
-  write_safetensors(fs, join_path(dir, model_states_file_name()), tensors,
-                    {{kMetadataKey, meta.dump()}});
+  auto walk = [&](SafetensorsWriter* w) {
+    for_each_whole_parameter(s, std::nullopt, [&](const std::string&, const at::Tensor& p, bool) {
+      if (w) w->append(p.to(at::kCPU).contiguous());
+    });
+  };
+  if (!rank0) return walk(nullptr);
+  bool walked = false;
+  try {
+    write_safetensors_streamed(fs, join_path(dir, model_states_file_name()), entries,
+                               {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
+                                 walked = true;
+                                 walk(&w);
+                                 for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
+                               });
+  } catch (...) {
+    if (!walked) walk(nullptr);  // the file could not be created: still match the others' gathers
+    throw;
+  }
 }
 
 nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
@@ -137,9 +179,10 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   nlohmann::json trainable = nlohmann::json::array();
   std::vector<int64_t> numels;
   for (size_t k = 0; k < s.trainable.size(); ++k) {
-    trainable.push_back({{"name", names[k]}, {"shape", s.trainable[k].sizes().vec()},
-                         {"numel", s.trainable[k].numel()}});
-    numels.push_back(s.trainable[k].numel());
+    trainable.push_back({{"name", names[k]},
+                         {"shape", s.stage->whole_shape(s.trainable[k])},
+                         {"numel", whole_numel(s, s.trainable[k])}});
+    numels.push_back(whole_numel(s, s.trainable[k]));
   }
   nlohmann::json partitions = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
@@ -181,12 +224,13 @@ void validate_tag(EngineState& s, const std::string& tag) {
   if (s.comm->rank() == 0) std::fprintf(stderr, "[deepspeed] WARNING: %s\n", msg.c_str());
 }
 
-// The stage's own idea of its share must be the layout the manifest describes.
-void check_fragments_match_layout(EngineState& s) {
+// The stage's own idea of its share must be the layout the manifest describes (metadata only:
+// nothing of the state is read).
+void check_fragments_match_layout(EngineState& s, const zero::FragmentState& state) {
   std::vector<int64_t> numels;
-  for (auto& p : s.trainable) numels.push_back(p.numel());
+  for (auto& p : s.trainable) numels.push_back(whole_numel(s, p));
   auto want = s.stage->fragments_of_rank(s.comm->rank(), numels, s.comm->world_size());
-  auto got = s.stage->fragments_to_save();
+  const auto& got = state.fragments();
   bool same = want.size() == got.size();
   for (size_t i = 0; same && i < want.size(); ++i)
     same = want[i].param == got[i].param && want[i].offset == got[i].offset && want[i].numel == got[i].numel;
@@ -205,15 +249,16 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   validate_tag(s, tag);
   const std::string dir = join_path(save_dir, tag);
   const bool rank0 = s.comm->rank() == 0;
-  FullParametersScope full(s, /*modifier_rank=*/std::nullopt);  // stage 3: whole tensors to save
   const auto names = trainable_names(*s.module);
   const std::string format = optimizer_format(s);
   test_kill_point("start", tag);
 
   // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it
   // recognisably incomplete rather than a mix of old and new files.
+  std::unique_ptr<zero::FragmentState> state;
   run_agreed(*s.comm, "save_checkpoint '" + dir + "': preparing the folder", [&] {
-    check_fragments_match_layout(s);
+    state = s.stage->state_to_save();
+    check_fragments_match_layout(s, *state);
     if (!rank0) return;
     fs.make_dirs(dir);
     const std::string manifest = join_path(dir, kManifestFileName);
@@ -225,12 +270,15 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   });
   run_agreed(*s.comm, "save_checkpoint '" + dir + "': writing the rank files", [&] {
     test_kill_point("before_optim_file", tag);
-    write_optim_file(s, fs, dir, names, format);
+    write_optim_file(s, *state, fs, dir, names, format);
+    state.reset();
     test_kill_point("after_optim_file", tag);
-    if (!rank0) return;
-    test_kill_point("before_model_file", tag);
+  });
+  // Its own agreed phase: at stage 3 every rank takes part in writing it (the unit gathers).
+  run_agreed(*s.comm, "save_checkpoint '" + dir + "': writing the module file", [&] {
+    if (rank0) test_kill_point("before_model_file", tag);
     write_model_file(s, fs, dir, o.client_state);
-    test_kill_point("after_model_file", tag);
+    if (rank0) test_kill_point("after_model_file", tag);
   });
   run_agreed(*s.comm, "save_checkpoint '" + dir + "': publishing", [&] {
     if (!rank0) return;

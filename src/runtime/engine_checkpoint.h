@@ -36,31 +36,21 @@ std::string save_engine_checkpoint(EngineState& state, FileSystem& fs, const std
 LoadedCheckpoint load_engine_checkpoint(EngineState& state, FileSystem& fs,
                                         const std::string& load_dir, const LoadOptions& options);
 
-// Stage 3: the full parameters are present (gathered) on every rank while this object lives, so
-// the module file is written from and loaded into whole tensors (as DeepSpeed's
-// stage3_gather_16bit_weights_on_model_save); release() re-partitions, keeping modifier_rank's
-// values. Stages 0-2: nothing happens. Construction and release are COLLECTIVE.
-class FullParametersScope {
- public:
-  FullParametersScope(EngineState& s, std::optional<int> modifier_rank)
-      : release_(s.stage->gather_for_access({}, modifier_rank)) {}
-  ~FullParametersScope() {
-    try {
-      release();
-    } catch (...) {  // already unwinding from an agreed error; every rank is here
-    }
-  }
-  void release() {
-    auto r = std::move(release_);
-    release_ = nullptr;
-    if (r) r();
-  }
-  FullParametersScope(const FullParametersScope&) = delete;
-  FullParametersScope& operator=(const FullParametersScope&) = delete;
+// Visits the module's parameters in named_parameters() order, each whole while it is visited: a
+// parameter the stage keeps partitioned is gathered with its group (stage 3: its unit), and the
+// group is released after its last parameter (re-partitioned keeping modifier_rank's values when
+// one is given). So the module file is written and read with one unit gathered at a time, never
+// the whole model (DeepSpeed's stage3_gather_16bit_weights_on_model_save gathers it all).
+// visit(name, tensor, grouped): `grouped` says the parameter belongs to a group, so that with a
+// modifier rank only that rank's values count. COLLECTIVE (every rank walks the same parameters).
+// An exception from `visit` is held until the walk ends, so the ranks' gathers stay matched, and
+// then rethrown.
+void for_each_whole_parameter(
+    EngineState& s, std::optional<int> modifier_rank,
+    const std::function<void(const std::string&, const at::Tensor&, bool grouped)>& visit);
 
- private:
-  std::function<void()> release_;
-};
+// A trainable parameter's element count when whole (stage 3 keeps released ones empty).
+int64_t whole_numel(const EngineState& s, const at::Tensor& param);
 
 // Shared by save and load.
 std::string precision_name(const Config& config);

@@ -34,8 +34,8 @@ class DataParallelStage : public ZeroStage {
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
   // Checkpoints: data_parallel_checkpoint.cpp.
-  std::vector<StateFragment> fragments_to_save() override;
-  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  std::unique_ptr<FragmentState> state_to_save() override;
+  std::unique_ptr<FragmentState> state_to_load(bool create_moments) override;
   int64_t adam_step() const override;
   void finish_load(int64_t adam_step) override;
   void refresh_masters_from_model() override {}  // the parameters are the masters

@@ -6,6 +6,7 @@
 #include "deepspeed/errors.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/data_parallel.h"
+#include "zero/fragment_state.h"
 
 namespace deepspeed {
 namespace zero {
@@ -28,20 +29,20 @@ StateFragment fragment_of(torch::optim::Optimizer& optimizer, const at::Tensor& 
 }
 }  // namespace
 
-std::vector<StateFragment> DataParallelStage::fragments_to_save() {
+std::unique_ptr<FragmentState> DataParallelStage::state_to_save() {
   std::vector<int64_t> numels;
   for (auto& p : params_) numels.push_back(p.numel());
   std::vector<StateFragment> out;
   for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
     out.push_back(fragment_of(*optimizer_, params_[r.param], r.param, r.offset, r.numel, false));
-  return out;
+  return view_fragment_state(std::move(out));
 }
 
-std::vector<StateFragment> DataParallelStage::fragments_to_load(bool create_moments) {
+std::unique_ptr<FragmentState> DataParallelStage::state_to_load(bool create_moments) {
   std::vector<StateFragment> out;
   for (size_t k = params_.size(); k-- > 0;)
     out.push_back(fragment_of(*optimizer_, params_[k], k, 0, params_[k].numel(), create_moments));
-  return out;
+  return view_fragment_state(std::move(out));
 }
 
 int64_t DataParallelStage::adam_step() const {

@@ -11,18 +11,14 @@ namespace {
 // Slot i of the flat buffer holds parameter (n - 1 - i): FlatParams lays them in reverse order.
 size_t param_of_slot(size_t slot, size_t n) { return n - 1 - slot; }
 
-// Elements [offset, offset + numel) of a parameter living at flat position `at` of the state
-// tensors [master, exp_avg, exp_avg_sq] (moments may be undefined), whose element 0 is flat
-// position `base`.
-StateFragment fragment(const std::array<at::Tensor, 3>& t, size_t param, int64_t offset,
-                       int64_t numel, int64_t at, int64_t base) {
+// Elements [offset, offset + numel) of a parameter living at flat position `at` of the buffer,
+// in a partition whose element 0 is flat position `base`.
+StateFragment fragment(size_t param, int64_t offset, int64_t numel, int64_t at, int64_t base) {
   StateFragment f;
   f.param = param;
   f.offset = offset;
   f.numel = numel;
-  f.master = t[0].narrow(0, at - base, numel);
-  if (t[1].defined()) f.exp_avg = t[1].narrow(0, at - base, numel);
-  if (t[2].defined()) f.exp_avg_sq = t[2].narrow(0, at - base, numel);
+  f.at = at - base;
   return f;
 }
 
@@ -60,8 +56,7 @@ class Sharded : public FlatOwnership {
   void sum_over_owners(at::Tensor& squares) override { ctx_.comm->all_reduce(squares)->wait(); }
 
   // This rank's partition, cut at parameter boundaries.
-  std::vector<StateFragment> fragments_to_save(const FlatParams& flat,
-                                               const std::array<at::Tensor, 3>& state) override {
+  std::vector<StateFragment> fragments_to_save(const FlatParams& flat) const override {
     const auto& slots = flat.slots();
     const size_t n = slots.size();
     const auto& layout = flat.layout();
@@ -71,13 +66,12 @@ class Sharded : public FlatOwnership {
       const int64_t lo = std::max(begin, slots[i].offset);
       const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
       if (hi > lo)
-        out.push_back(fragment(state, param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
+        out.push_back(fragment(param_of_slot(i, n), lo - slots[i].offset, hi - lo, lo, begin));
     }
     return out;
   }
-  std::vector<StateFragment> fragments_to_load(const FlatParams& flat,
-                                               const std::array<at::Tensor, 3>& state) override {
-    return fragments_to_save(flat, state);
+  std::vector<StateFragment> fragments_to_load(const FlatParams& flat) const override {
+    return fragments_to_save(flat);
   }
 
  private:
@@ -91,26 +85,24 @@ class Replicated : public FlatOwnership {
   void sum_over_owners(at::Tensor&) override {}  // every rank holds the whole average
 
   // The 1/N share a partition would hold.
-  std::vector<StateFragment> fragments_to_save(const FlatParams& flat,
-                                               const std::array<at::Tensor, 3>& state) override {
+  std::vector<StateFragment> fragments_to_save(const FlatParams& flat) const override {
     const auto& slots = flat.slots();
     const size_t n = slots.size();
     std::vector<int64_t> numels(n);
     for (size_t i = 0; i < n; ++i) numels[param_of_slot(i, n)] = slots[i].numel;
     std::vector<StateFragment> out;
     for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
-      out.push_back(fragment(state, r.param, r.offset, r.numel,
+      out.push_back(fragment(r.param, r.offset, r.numel,
                              slots[param_of_slot(r.param, n)].offset + r.offset, 0));
     return out;
   }
   // Every parameter whole.
-  std::vector<StateFragment> fragments_to_load(const FlatParams& flat,
-                                               const std::array<at::Tensor, 3>& state) override {
+  std::vector<StateFragment> fragments_to_load(const FlatParams& flat) const override {
     const auto& slots = flat.slots();
     std::vector<StateFragment> out;
     for (size_t i = 0; i < slots.size(); ++i)
-      out.push_back(fragment(state, param_of_slot(i, slots.size()), 0, slots[i].numel,
-                             slots[i].offset, 0));
+      out.push_back(
+          fragment(param_of_slot(i, slots.size()), 0, slots[i].numel, slots[i].offset, 0));
     return out;
   }
 };

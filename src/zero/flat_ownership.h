@@ -29,11 +29,10 @@ class FlatOwnership {
   virtual void share_updates(FlatParams& flat) = 0;
   // A partition-local sum of squares becomes the global one. COLLECTIVE.
   virtual void sum_over_owners(at::Tensor& squares) = 0;
-  // Checkpoint fragments over `state` ([master, exp_avg, exp_avg_sq] of the owner's partition).
-  virtual std::vector<StateFragment> fragments_to_save(const FlatParams& flat,
-                                                       const std::array<at::Tensor, 3>& state) = 0;
-  virtual std::vector<StateFragment> fragments_to_load(const FlatParams& flat,
-                                                       const std::array<at::Tensor, 3>& state) = 0;
+  // The checkpoint fragments this rank saves / loads (param, offset, numel, and `at`: where they
+  // lie in the owner's partition), in flat order.
+  virtual std::vector<StateFragment> fragments_to_save(const FlatParams& flat) const = 0;
+  virtual std::vector<StateFragment> fragments_to_load(const FlatParams& flat) const = 0;
 
  protected:
   FlatOwnership(const StageContext& context, int parts, int owner)

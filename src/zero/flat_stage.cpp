@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "partition/partition.h"
+#include "zero/fragment_state.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -52,12 +53,13 @@ MemoryReport FlatStage::memory() const {
   return r;
 }
 
-std::vector<StateFragment> FlatStage::fragments_to_save() {
-  return ownership_->fragments_to_save(*flat_, shard_->state_for_save());
+std::unique_ptr<FragmentState> FlatStage::state_to_save() {
+  return windowed_fragment_state(ownership_->fragments_to_save(*flat_), shard_->windows_for_save());
 }
 
-std::vector<StateFragment> FlatStage::fragments_to_load(bool create_moments) {
-  return ownership_->fragments_to_load(*flat_, shard_->state_for_load(create_moments));
+std::unique_ptr<FragmentState> FlatStage::state_to_load(bool create_moments) {
+  return windowed_fragment_state(ownership_->fragments_to_load(*flat_),
+                                 shard_->windows_for_load(create_moments));
 }
 
 // The loaded masters -> this rank's (16-bit) partition -> every rank.

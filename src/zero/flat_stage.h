@@ -40,8 +40,8 @@ class FlatStage : public ZeroStage {
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
   // Checkpoints: the shard's state as fragments of the owner's partition.
-  std::vector<StateFragment> fragments_to_save() override;
-  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  std::unique_ptr<FragmentState> state_to_save() override;
+  std::unique_ptr<FragmentState> state_to_load(bool create_moments) override;
   int64_t adam_step() const override { return shard_->adam_step(); }
   void finish_load(int64_t adam_step) override;
   void refresh_masters_from_model() override { shard_->refresh_masters(*partition_); }

@@ -64,6 +64,12 @@ class InMemoryShard : public ShardOptimizer {
   std::array<at::Tensor, 3> state_for_load(bool create_moments) override {
     return state(create_moments);
   }
+  std::unique_ptr<StateWindows> windows_for_save() override {
+    return whole_state_windows(state_for_save());
+  }
+  std::unique_ptr<StateWindows> windows_for_load(bool create_moments) override {
+    return whole_state_windows(state_for_load(create_moments));
+  }
 
   void finish_load(int64_t adam_step, ParamPartition& params) override {
     torch::NoGradGuard no_grad;
@@ -106,7 +112,25 @@ class InMemoryShard : public ShardOptimizer {
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
 };
 
+class WholeStateWindows : public StateWindows {
+ public:
+  explicit WholeStateWindows(std::array<at::Tensor, 3> state) : state_(std::move(state)) {
+    if (state_[0].numel() > 0) ranges_.emplace_back(0, state_[0].numel());
+  }
+  std::array<at::Tensor, 3> open(size_t k) override {
+    TORCH_CHECK(k < ranges_.size(), "StateWindows::open: no window ", k);
+    return state_;
+  }
+
+ private:
+  std::array<at::Tensor, 3> state_;
+};
+
 }  // namespace
+
+std::unique_ptr<StateWindows> whole_state_windows(std::array<at::Tensor, 3> state) {
+  return std::make_unique<WholeStateWindows>(std::move(state));
+}
 
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options,
                                                      ParamPartition& params,

@@ -77,6 +77,26 @@ struct ShardGrads {
   offload::GradSource* source = nullptr;  // when set, tensor is undefined
 };
 
+// A shard's checkpoint state cut into windows of the partition (in memory: one window of views;
+// swapped: one sub-group at a time, read into a buffer the shard already holds). Not
+// thread-safe, and no step() may run while windows are open.
+class StateWindows {
+ public:
+  virtual ~StateWindows() = default;
+  // (begin, numel) of each window, in partition order, tiling [0, partition numel).
+  const std::vector<std::pair<int64_t, int64_t>>& ranges() const { return ranges_; }
+  // [master, exp_avg, exp_avg_sq] of window k: 1-D fp32 views of its elements, moments
+  // undefined when the optimizer keeps none. Valid until the next open() or finish(). For
+  // loading, what is written into them reaches the state when another window opens or at
+  // finish().
+  virtual std::array<at::Tensor, 3> open(size_t k) = 0;
+  // Loading: the open window goes back to the state. Call once, at the end.
+  virtual void finish() {}
+
+ protected:
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+};
+
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
@@ -93,8 +113,12 @@ class ShardOptimizer {
   // loads. A swapped shard returns copies read from its file.
   virtual std::array<at::Tensor, 3> state_for_save() = 0;
   virtual std::array<at::Tensor, 3> state_for_load(bool create_moments) = 0;
-  // After the state_for_load() tensors were written: the Adam step count (when >= 0) is set and
-  // `params` receives the masters.
+  // The same state in windows (what checkpoints use: a swapped shard's whole state is never in
+  // memory). After windows_for_load(..)->finish(), finish_load() completes the load.
+  virtual std::unique_ptr<StateWindows> windows_for_save() = 0;
+  virtual std::unique_ptr<StateWindows> windows_for_load(bool create_moments) = 0;
+  // After the state_for_load() tensors or the load windows were written: the Adam step count
+  // (when >= 0) is set and `params` receives the masters.
   virtual void finish_load(int64_t adam_step, ParamPartition& params) = 0;
   // FusedAdam's step count, 0 before the first step, -1 for other optimizers.
   virtual int64_t adam_step() const = 0;
@@ -108,6 +132,9 @@ class ShardOptimizer {
   // Optimizer-state bytes held in memory (masters that are not the partition, moments, buffers).
   virtual int64_t resident_bytes() const = 0;
 };
+
+// The windows of state held whole in memory: one window of views.
+std::unique_ptr<StateWindows> whole_state_windows(std::array<at::Tensor, 3> state);
 
 // Builds the shard for `params` in its configured home. `make_optimizer` builds the optimizer
 // over the given fp32 tensors. Throws ConfigError when the home cannot run that optimizer

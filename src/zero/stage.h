@@ -5,9 +5,11 @@
 // Vocabulary (used the same way everywhere): a *bucket* is a run of gradients reduced by one
 // collective; a *partition* is the slice of a flat buffer that one rank owns.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -24,9 +26,35 @@ struct StateFragment {
   size_t param = 0;     // index into the parameters the stage was built with
   int64_t offset = 0;
   int64_t numel = 0;
+  int64_t at = 0;       // where its element 0 lies in the shard optimizer's partition, if any
   at::Tensor master;    // 1-D fp32 views of numel elements into the live state: reading them saves,
   at::Tensor exp_avg;   // writing them loads. Moments are undefined when the optimizer is not
-  at::Tensor exp_avg_sq;  // FusedAdam or has no state for the parameter yet.
+  at::Tensor exp_avg_sq;  // FusedAdam or has no state for the parameter yet. (Unset in the
+                          // fragments() of a FragmentState: ask it for pieces.)
+};
+
+// This rank's checkpoint state as fragments, read (to save) or written (to load) piece by piece.
+// A piece lies inside one window of the shard optimizer's state (a swapped shard: one sub-group,
+// read from its file into a buffer it already has), so a state larger than memory is saved and
+// loaded with one window in memory at a time. Pieces may be visited in any order; visiting them
+// in fragment order touches each window once (three times for a fragment spanning windows when
+// its master and both moments are written one after the other). Not thread-safe.
+class FragmentState {
+ public:
+  virtual ~FragmentState() = default;
+  // The fragments (param, offset, numel, at; no views), in flat order.
+  const std::vector<StateFragment>& fragments() const { return fragments_; }
+  // Fragment i cut into pieces: (offset within the fragment, numel), in order.
+  virtual std::vector<std::pair<int64_t, int64_t>> pieces(size_t i) const = 0;
+  // [master, exp_avg, exp_avg_sq] of elements [offset, offset + numel) of fragment i, which must
+  // lie inside one piece: 1-D fp32 views, moments undefined when the optimizer keeps none. Valid
+  // until the next call or finish().
+  virtual std::array<at::Tensor, 3> piece(size_t i, int64_t offset, int64_t numel) = 0;
+  // Loading: every piece written has reached the optimizer's state. Call once, at the end.
+  virtual void finish() {}
+
+ protected:
+  std::vector<StateFragment> fragments_;
 };
 
 class ZeroStage {
@@ -49,15 +77,16 @@ class ZeroStage {
   // ---- checkpoints (zero/*_checkpoint.cpp) ----
   // The fragments this rank writes: its ZeRO partition (stage 0: the same 1/N share of its
   // replicated state). Fragments are in flat order, as checkpoint::partition_fragments gives them.
-  virtual std::vector<StateFragment> fragments_to_save() = 0;
+  // Reads nothing until pieces are asked for. Local.
+  virtual std::unique_ptr<FragmentState> state_to_save() = 0;
   // The fragments this rank must fill to load a checkpoint (stage 0: every parameter whole).
   // With create_moments, FusedAdam state that does not exist yet is created (zeros) first.
-  virtual std::vector<StateFragment> fragments_to_load(bool create_moments) = 0;
+  virtual std::unique_ptr<FragmentState> state_to_load(bool create_moments) = 0;
   // FusedAdam's step count (identical for every parameter), 0 before the first step; -1 when the
   // optimizer is not FusedAdam.
   virtual int64_t adam_step() const = 0;
-  // After fragments_to_load were written: sets the Adam step (when >= 0) and makes the model
-  // parameters equal to the masters on every rank. COLLECTIVE.
+  // After a state_to_load() was written and finished: sets the Adam step (when >= 0) and makes
+  // the model parameters equal to the masters on every rank. COLLECTIVE.
   virtual void finish_load(int64_t adam_step) = 0;
   // After the module's weights were overwritten (load_module_only): masters taken from them.
   virtual void refresh_masters_from_model() = 0;
@@ -68,6 +97,19 @@ class ZeroStage {
                                                        int world_size) const;
   // Every rank holds the same whole optimizer state (stage 0), so any rank's saved state fits.
   virtual bool replicated_state() const { return false; }
+  // The module file is written and read one gather group at a time, so a stage-3 model is never
+  // whole on any rank: gather_group_of(p) is the group that makes parameter p whole (stage 3: its
+  // unit), or -1 when p always is (stages 0-2, frozen parameters). whole_shape(p) is p's shape
+  // when whole. gather_group(g, modifier_rank) makes group g whole until the returned function
+  // runs, which re-partitions it keeping modifier_rank's values (none: edits are dropped); both
+  // COLLECTIVE.
+  virtual int gather_group_of(const at::Tensor& /*param*/) const { return -1; }
+  virtual std::vector<int64_t> whole_shape(const at::Tensor& param) const {
+    return param.sizes().vec();
+  }
+  virtual std::function<void()> gather_group(int /*group*/, std::optional<int> /*modifier_rank*/) {
+    return [] {};
+  }
   // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
   virtual void before_forward() {}
   // Makes the full parameters of `modules` (all when empty) present and writable until the

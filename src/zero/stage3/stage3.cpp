@@ -154,7 +154,10 @@ void Stage3::finish(size_t index) {
     const int rank = ctx_.rank();
     const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
     if (after != 1.0) b.received.mul_(after);
-    grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+    if (grads_)  // no zero-filled slice first: see GradStore
+      grads_->accumulate(b.unit, first, b.received);
+    else
+      grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
   }
   // The unit's gradients of this micro-step are all in: a swapped slice goes back to its file.
   if (++unit_finished_[b.unit] == unit_buckets_[b.unit] && grads_) {
@@ -230,21 +233,23 @@ std::function<void()> Stage3::gather_for_access(
     if (take && !layout_.units[u].params.empty()) units.push_back(static_cast<int>(u));
   }
   for (int u : units) gatherer_->pin(u);
-  return [this, units, modifier_rank] {
-    torch::NoGradGuard no_grad;
-    const int rank = ctx_.rank();
-    for (int u : units) {
-      if (modifier_rank) {  // the edits become the masters
-        at::Tensor full = gatherer_->full(u);
-        ctx_.comm->broadcast(full, *modifier_rank)->wait();
-        const auto& L = layout_.units[u].layout;
-        at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
-        params_->write(u, mine);
-        shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
-      }
-      gatherer_->unpin(u);
+  return [this, units, modifier_rank] { release_units(units, modifier_rank); };
+}
+
+void Stage3::release_units(const std::vector<int>& units, std::optional<int> modifier_rank) {
+  torch::NoGradGuard no_grad;
+  const int rank = ctx_.rank();
+  for (int u : units) {
+    if (modifier_rank) {  // the edits become the masters
+      at::Tensor full = gatherer_->full(u);
+      ctx_.comm->broadcast(full, *modifier_rank)->wait();
+      const auto& L = layout_.units[u].layout;
+      at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
+      params_->write(u, mine);
+      shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
     }
-  };
+    gatherer_->unpin(u);
+  }
 }
 
 }  // namespace zero

@@ -55,8 +55,8 @@ class Stage3 : public ZeroStage {
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
   void before_forward() override { gatherer_->begin_forward(); }
   // Checkpoints (stage3_checkpoint.cpp): this rank's slice of every unit, as parameter fragments.
-  std::vector<StateFragment> fragments_to_save() override;
-  std::vector<StateFragment> fragments_to_load(bool create_moments) override;
+  std::unique_ptr<FragmentState> state_to_save() override;
+  std::unique_ptr<FragmentState> state_to_load(bool create_moments) override;
   int64_t adam_step() const override { return shard_->adam_step(); }
   void finish_load(int64_t adam_step) override;
   void refresh_masters_from_model() override;
@@ -65,6 +65,10 @@ class Stage3 : public ZeroStage {
   std::function<void()> gather_for_access(
       const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
       std::optional<int> modifier_rank) override;
+  // The module file, unit by unit: a managed parameter's group is its unit.
+  int gather_group_of(const at::Tensor& param) const override;
+  std::vector<int64_t> whole_shape(const at::Tensor& param) const override;
+  std::function<void()> gather_group(int unit, std::optional<int> modifier_rank) override;
 
  private:
   // A run of one unit's flat buffer [begin, end), cut at parameter boundaries, whose gradients
@@ -88,7 +92,13 @@ class Stage3 : public ZeroStage {
   at::Tensor slice_of(const at::Tensor& buffer, int u) const;
   offload::GradSource* grad_source() { return grads_.get(); }
 
-  std::vector<StateFragment> fragments_over(const std::array<at::Tensor, 3>& state);
+  // This rank's checkpoint fragments, with where they lie in its partition.
+  std::vector<StateFragment> own_fragments() const;
+  // Unpins `units`; with a modifier rank, its values become every rank's slices and masters.
+  void release_units(const std::vector<int>& units, std::optional<int> modifier_rank);
+  // (unit, index in the unit) of a managed parameter, or nullptr; built on first use.
+  const std::pair<int, size_t>* slot_of(const at::Tensor& param) const;
+  mutable std::unordered_map<const void*, std::pair<int, size_t>> slot_of_;
 
   StageContext ctx_;
   Stage3Options options_;

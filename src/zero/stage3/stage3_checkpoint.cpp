@@ -6,6 +6,7 @@
 #include <c10/util/accumulate.h>
 
 #include "deepspeed/errors.h"
+#include "zero/fragment_state.h"
 #include "zero/stage3/stage3.h"
 
 namespace deepspeed {
@@ -45,10 +46,9 @@ std::vector<StateFragment> Stage3::fragments_of_rank(int rank, const std::vector
   return out;
 }
 
-// This rank's fragments as views of whole-partition state tensors (moments may be undefined: the
-// optimizer has none). A swapped shard's tensors are its state read back from the swap file (the
-// rank's 12 bytes per element are in memory while a checkpoint is saved or loaded).
-std::vector<StateFragment> Stage3::fragments_over(const std::array<at::Tensor, 3>& state) {
+// This rank's fragments; `at` places each in the partition buffer, where the shard optimizer
+// keeps its state in the same layout (a swapped shard is then read one sub-group at a time).
+std::vector<StateFragment> Stage3::own_fragments() const {
   std::vector<StateFragment> out;
   for_each_piece(layout_, ctx_.rank(), [&](size_t u, size_t i, int64_t lo, int64_t hi, int64_t begin) {
     const auto& unit = layout_.units[u];
@@ -56,21 +56,45 @@ std::vector<StateFragment> Stage3::fragments_over(const std::array<at::Tensor, 3
     f.param = param_index_.at(unit.params[i].unsafeGetTensorImpl());
     f.offset = lo - unit.offsets[i];
     f.numel = hi - lo;
-    const int64_t at = unit.partition_offset + (lo - begin);
-    f.master = state[0].narrow(0, at, f.numel);
-    if (state[1].defined()) f.exp_avg = state[1].narrow(0, at, f.numel);
-    if (state[2].defined()) f.exp_avg_sq = state[2].narrow(0, at, f.numel);
+    f.at = unit.partition_offset + (lo - begin);
     out.push_back(f);
   });
   return out;
 }
 
-std::vector<StateFragment> Stage3::fragments_to_save() {
-  return fragments_over(shard_->state_for_save());
+std::unique_ptr<FragmentState> Stage3::state_to_save() {
+  return windowed_fragment_state(own_fragments(), shard_->windows_for_save());
 }
 
-std::vector<StateFragment> Stage3::fragments_to_load(bool create_moments) {
-  return fragments_over(shard_->state_for_load(create_moments));
+std::unique_ptr<FragmentState> Stage3::state_to_load(bool create_moments) {
+  return windowed_fragment_state(own_fragments(), shard_->windows_for_load(create_moments));
+}
+
+const std::pair<int, size_t>* Stage3::slot_of(const at::Tensor& param) const {
+  if (slot_of_.empty())
+    for (size_t u = 0; u < layout_.units.size(); ++u)
+      for (size_t i = 0; i < layout_.units[u].params.size(); ++i)
+        slot_of_[layout_.units[u].params[i].unsafeGetTensorImpl()] = {static_cast<int>(u), i};
+  auto it = slot_of_.find(param.unsafeGetTensorImpl());
+  return it == slot_of_.end() ? nullptr : &it->second;
+}
+
+int Stage3::gather_group_of(const at::Tensor& param) const {
+  const auto* slot = slot_of(param);
+  return slot ? slot->first : -1;
+}
+
+std::vector<int64_t> Stage3::whole_shape(const at::Tensor& param) const {
+  const auto* slot = slot_of(param);
+  return slot ? layout_.units[slot->first].shapes[slot->second] : param.sizes().vec();
+}
+
+std::function<void()> Stage3::gather_group(int unit, std::optional<int> modifier_rank) {
+  TORCH_CHECK(unit >= 0 && unit < static_cast<int>(layout_.units.size()), "stage 3: no unit ",
+              unit);
+  if (layout_.units[unit].params.empty()) return [] {};
+  gatherer_->pin(unit);
+  return [this, unit, modifier_rank] { release_units({unit}, modifier_rank); };
 }
 
 void Stage3::finish_load(int64_t adam_step) {

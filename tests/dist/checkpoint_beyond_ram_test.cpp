@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/checkpoint_run.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace {

@@ -42,9 +42,14 @@ nlohmann::json config(int stage) {
 torch::Tensor train(int world, int stage) {
   std::mutex mu;
   torch::Tensor result;
+  std::mutex init;  // ranks are threads sharing libtorch's global generator: seed and draw atomically
   run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(3);
-    auto model = PartlyUsed();
+    PartlyUsed model{nullptr};
+    {
+      std::lock_guard<std::mutex> lock(init);
+      torch::manual_seed(3);
+      model = PartlyUsed();
+    }
     auto [engine, opt, loader, sched] = deepspeed::initialize<PartlyUsedImpl>(
         {.model = model.ptr(), .config_json = config(stage), .comm = comm});
     for (int s = 0; s < kSteps; ++s) {

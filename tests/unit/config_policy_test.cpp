@@ -8,19 +8,12 @@
 
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
+#include "support/expect.h"
 
 namespace deepspeed {
 namespace {
 
 using nlohmann::json;
-
-::testing::AssertionResult Contains(const char* text_expr, const char* part_expr,
-                                    const std::string& text, const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " does not contain " << part_expr
-                                       << "\n  text: " << text << "\n  part: " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(Contains, text, part)
 
 json with(const json& extra) {
   json doc = {{"train_batch_size", 8}};

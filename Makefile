@@ -5,14 +5,18 @@
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 DEMO_PROCS ?= 2
+# A libtorch 2.x (wheel or archive, CPU or CUDA) instead of Debian's 1.13: TORCH_DIR=<its folder>
+# (docs/gpu.md). CMAKE_ARGS passes anything else to the configure step.
+TORCH_DIR ?=
+CMAKE_ARGS ?=
 
 .PHONY: demo test build deps clean
 
 deps:
-	@bash scripts/install-deps.sh
+	@TORCH_DIR="$(TORCH_DIR)" bash scripts/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(TORCH_DIR),-DTORCH_DIR=$(TORCH_DIR)) $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build

@@ -14,6 +14,13 @@ PACKAGES=(
   liburing-dev          # io_uring for NVMe offload
   python3-torch         # PyTorch DDP baseline for the benchmarks (and checkpoint interop tests)
 )
+# With TORCH_DIR (a libtorch 2.x of the user's, docs/gpu.md) Debian's libtorch is not needed, and
+# DS_SKIP_DEPS=1 skips this script on a machine that has the libraries by other means.
+if [ "${DS_SKIP_DEPS:-0}" = 1 ]; then exit 0; fi
+if [ -n "${TORCH_DIR:-}" ]; then
+  kept=(); for p in "${PACKAGES[@]}"; do case $p in libtorch-dev|python3-torch) ;; *) kept+=("$p") ;; esac; done
+  PACKAGES=("${kept[@]}")
+fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,6 +29,27 @@ struct Options {
   std::string load_dir;
   bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
+  std::string device = "auto";  // deepspeed/device.h
+  bool random_tokens = false;   // uniform random tokens of the model's vocabulary (benchmarks)
+  int64_t warmup = 1;           // optimizer steps left out of the timing
+  double gpu_mem_cap_gib = 0;   // cap the GPU caching allocator (0: none)
+};
+
+// Random token windows (what bench/gpu's peers train on): sample i is drawn from a generator
+// seeded with i, so every rank and every run sees the same data for the same index.
+class RandomTokens : public deepspeed::Dataset {
+ public:
+  RandomTokens(int64_t vocab, int64_t block_size, int64_t samples)
+      : vocab_(vocab), block_size_(block_size), samples_(samples) {}
+  int64_t size() const override { return samples_; }
+  deepspeed::Sample get(int64_t index) const override {
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(index) + 1);
+    auto seq = torch::randint(vocab_, {block_size_ + 1}, gen, torch::kLong);
+    return {seq.narrow(0, 0, block_size_), seq.narrow(0, 1, block_size_)};
+  }
+
+ private:
+  int64_t vocab_, block_size_, samples_;
 };
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -40,6 +61,14 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--n_head", o.model.n_head);
   app.add_option("--n_embd", o.model.n_embd);
   app.add_option("--block_size", o.model.block_size);
+  app.add_option("--vocab_size", o.model.vocab_size, "with --random_tokens (text is bytes: 256)");
+  app.add_flag("--no_bias{false}", o.model.bias, "Linear layers without bias");
+  app.add_flag("--tie_embeddings", o.model.tie_embeddings, "the head is the token embedding");
+  app.add_flag("--gelu_tanh", o.model.gelu_tanh, "tanh-approximated GELU");
+  app.add_option("--device", o.device, "auto (default), cpu, cuda, cuda:N");
+  app.add_flag("--random_tokens", o.random_tokens, "train on random tokens instead of --data");
+  app.add_option("--warmup", o.warmup, "optimizer steps left out of the timing (default 1)");
+  app.add_option("--gpu_mem_cap_gib", o.gpu_mem_cap_gib, "cap the GPU memory the run may take");
   app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads, "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
@@ -96,6 +125,9 @@ int main(int argc, char** argv) try {
   init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
   auto comm = deepspeed::init_distributed(init);
   torch::manual_seed(opt.seed);
+  const c10::Device device = deepspeed::resolve_device(opt.device, comm->local_rank());
+  if (opt.gpu_mem_cap_gib > 0)
+    deepspeed::cap_device_memory(device, static_cast<int64_t>(opt.gpu_mem_cap_gib * (1LL << 30)));
   // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
   // slices in it), and initialize() gets the parsed document.
   std::vector<std::string> warnings;  // initialize() reports them
@@ -111,20 +143,24 @@ int main(int argc, char** argv) try {
   }
   // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
   const int64_t num_params = deepspeed::count_parameters(*model);
-  auto data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
+  std::shared_ptr<deepspeed::Dataset> data;
+  if (opt.random_tokens)
+    data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
+  else
+    data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
-      {.model = model, .config_json = config.raw, .training_data = data});
+      {.model = model, .config_json = config.raw, .training_data = data, .device = opt.device});
   const bool rank0 = comm->rank() == 0;
   if (rank0)
-    std::printf("gpt_train: %lld parameters, %d ranks, zero stage %d, micro batch %lld, "
-                "accumulation %lld, %lld training windows of %lld bytes from %s\n",
-                static_cast<long long>(num_params), comm->world_size(),
-                engine->config().zero_optimization.stage,
+    std::printf("gpt_train: %lld parameters, %d ranks (%s), device %s, zero stage %d, micro batch "
+                "%lld, accumulation %lld, %lld training windows of %lld tokens from %s\n",
+                static_cast<long long>(num_params), comm->world_size(), comm->backend().c_str(),
+                engine->device().str().c_str(), engine->config().zero_optimization.stage,
                 static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
                 static_cast<long long>(engine->gradient_accumulation_steps()),
                 static_cast<long long>(data->size()), static_cast<long long>(opt.model.block_size),
-                opt.data.c_str());
+                opt.random_tokens ? "random tokens" : opt.data.c_str());
 
   if (!opt.load_dir.empty()) {
     auto loaded = engine->load_checkpoint(opt.load_dir);
@@ -148,7 +184,10 @@ int main(int argc, char** argv) try {
       else if (rank0)
         std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
                     engine->last_loss());
-      if (engine->global_steps() == first_step + 1) timed_from = std::chrono::steady_clock::now();
+      if (engine->global_steps() == first_step + opt.warmup) {
+        timed_from = std::chrono::steady_clock::now();
+        deepspeed::reset_device_memory_peaks(engine->device());
+      }
       if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
         engine->save_checkpoint(opt.save_dir);
         if (rank0) std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
@@ -161,30 +200,39 @@ int main(int argc, char** argv) try {
   // Steps 2..N are timed; with fewer than two steps run (a resume at or near --steps) there is
   // no timing to report, only the memory figures: rates print as 0.
   const int64_t steps_run = opt.steps - first_step;
-  int64_t timed_steps = std::max<int64_t>(1, steps_run - 1);
+  int64_t timed_steps = std::max<int64_t>(1, steps_run - opt.warmup);
   double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
-  if (steps_run < 2) seconds = tokens = 0.0;
+  if (steps_run <= opt.warmup) seconds = tokens = 0.0;
   const double tokens_per_s = seconds > 0 ? tokens / seconds : 0.0;
   {
     // One machine-readable line per rank for bench/zero_memory_and_speed.py.
     auto mem = engine->memory_report();
     std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
                 "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
-                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld\n",
+                "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
+                "gpu_allocated_peak=%lld gpu_reserved_peak=%lld\n",
                 comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
                 static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
                 static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
                 static_cast<long long>(mem.model_states()), peak_rss_kb(),
-                static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes));
+                static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes),
+                static_cast<long long>(deepspeed::device_memory(engine->device()).allocated_peak),
+                static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak));
   }
   if (rank0) {
     auto mem = engine->memory_report();
-    std::printf("gpt_train: done %lld steps in %.1f s; %.1f ms/step, %.0f tokens/s (steps 2..%lld); "
+    std::printf("gpt_train: done %lld steps in %.1f s; %.1f ms/step, %.0f tokens/s (steps %lld..%lld); "
                 "final loss %.4f; model-state bytes on rank 0: %.1f MB\n",
                 static_cast<long long>(opt.steps),
                 std::chrono::duration<double>(end - start).count(), 1e3 * seconds / timed_steps,
-                tokens_per_s, static_cast<long long>(opt.steps), engine->last_loss(),
-                mem.model_states() / 1e6);
+                tokens_per_s, static_cast<long long>(first_step + opt.warmup + 1),
+                static_cast<long long>(opt.steps), engine->last_loss(), mem.model_states() / 1e6);
+    if (engine->device().is_cuda()) {
+      const auto gpu = deepspeed::device_memory(engine->device());
+      std::printf("gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB)\n",
+                  gpu.allocated_peak / 1073741824.0, gpu.reserved_peak / 1073741824.0,
+                  gpu.total / 1073741824.0);
+    }
   }
   return 0;
 } catch (const std::exception& e) {

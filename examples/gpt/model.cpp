@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <torch/version.h>
+
 #include "deepspeed/zero_init.h"
 
 namespace gpt {
@@ -30,8 +32,8 @@ void gpt2_init(torch::nn::Module& module) {
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
   TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be divisible by n_head (",
               c.n_head, ")");
-  qkv_ = register_module("qkv", torch::nn::Linear(c.n_embd, 3 * c.n_embd));
-  proj_ = register_module("proj", torch::nn::Linear(c.n_embd, c.n_embd));
+  qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
+  proj_ = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.n_embd).bias(c.bias)));
   mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}).tril());
 }
 
@@ -40,6 +42,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto qkv = linear(qkv_, x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);          // [B, h, T, hd]
+#if TORCH_VERSION_MAJOR >= 2
+  // libtorch 2.x: the fused (flash / memory-efficient) kernel; the [T, T] scores never exist.
+  if (q.is_cuda()) {
+    auto y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    return linear(proj_, y.transpose(1, 2).contiguous().view({B, T, C}));
+  }
+#endif
   auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));  // [B,h,T,T]
   att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T) == 0,
                         -std::numeric_limits<float>::infinity());
@@ -48,13 +57,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return linear(proj_, y);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& c) {
-  fc_ = register_module("fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
-  proj_ = register_module("proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+MLPImpl::MLPImpl(const GPTConfig& c) : gelu_tanh_(c.gelu_tanh) {
+  fc_ = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
+  proj_ = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return linear(proj_, torch::gelu(linear(fc_, x)));
+  auto h = linear(fc_, x);
+  return linear(proj_, gelu_tanh_ ? torch::gelu(h, "tanh") : torch::gelu(h));
 }
 
 BlockImpl::BlockImpl(const GPTConfig& c) {
@@ -79,7 +89,8 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
     blocks_.push_back(register_module("block" + std::to_string(i),
                                       std::make_shared<deepspeed::ZeroUnit<Block>>(Block(c))));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-  head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  if (!c.tie_embeddings)
+    head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
   gpt2_init(*this);
 }
 
@@ -87,10 +98,12 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config_.block_size, "sequence of ", T, " tokens exceeds block_size ",
               config_.block_size);
-  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong));
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte_->forward(idx) + wpe_->forward(pos);
   for (auto& b : blocks_) x = b->forward(x);
-  return linear(head_, ln_f_->forward(x));
+  x = ln_f_->forward(x);
+  if (config_.tie_embeddings) return deepspeed::zero::linear(x, wte_->weight, {});
+  return linear(head_, x);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {

@@ -19,6 +19,11 @@ struct GPTConfig {
   int64_t n_layer = 4;
   int64_t n_head = 4;
   int64_t n_embd = 256;
+  // The GPU benchmark's shape (bench/gpu, gpu-anchor's GPT): bias-free Linear layers, the head
+  // tied to the token embedding, tanh-approximated GELU. The defaults keep the CPU example's.
+  bool bias = true;
+  bool tie_embeddings = false;
+  bool gelu_tanh = false;
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -39,6 +44,7 @@ class MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  bool gelu_tanh_;
   torch::nn::Linear fc_{nullptr}, proj_{nullptr};
 };
 TORCH_MODULE(MLP);
@@ -69,7 +75,7 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   std::vector<std::shared_ptr<deepspeed::ZeroUnit<Block>>> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  torch::nn::Linear head_{nullptr};  // null with tie_embeddings (the head is wte's weight)
 };
 TORCH_MODULE(GPT);
 

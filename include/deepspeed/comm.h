@@ -99,6 +99,8 @@ class Communicator {
 
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
+  // "gloo", "nccl", "single" (world size 1, no transport) or, for test doubles, "fake".
+  virtual std::string backend() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;
 };
 
@@ -125,6 +127,11 @@ struct InitOptions {
   // Optional ds_config.json: its "comm_timeout_seconds" sets the timeout. Precedence: an explicit
   // `timeout` above, then the config key, then env DEEPSPEED_TIMEOUT (minutes), then 30 minutes.
   std::string config_path;
+  // "auto": nccl when this libtorch has CUDA and every rank of this node gets a GPU of its own
+  // (LOCAL_WORLD_SIZE, else WORLD_SIZE, at most the visible GPUs) and DS_DEVICE is not "cpu";
+  // otherwise gloo (which also reduces CUDA tensors, e.g. two ranks sharing one GPU). "gloo" or
+  // "nccl" force one. The environment variable DS_COMM_BACKEND overrides "auto".
+  std::string backend = "auto";
 };
 
 // Creates the world communicator once (later calls return it). COLLECTIVE across the job.

@@ -22,6 +22,7 @@
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/data.h"
+#include "deepspeed/device.h"
 #include "deepspeed/memory.h"
 
 namespace deepspeed {
@@ -101,6 +102,8 @@ class Engine {
   double last_loss() const;
 
   torch::nn::Module& module();
+  // Where the model, gradients and ZeRO partitions live (InitializeArgs.device).
+  c10::Device device() const { return device_; }
   const Config& config() const;
   comm::CommunicatorPtr communicator() const;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const;
@@ -149,8 +152,11 @@ class Engine {
   template <class T>
   decltype(auto) cast_input(T&& arg) const {
     if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
-      if (auto_cast_inputs_ && arg.is_floating_point()) return at::Tensor(arg.to(at::kHalf));
-      return at::Tensor(arg);
+      // Tensor arguments follow the model to its device (a batch from the DataLoader is on the
+      // host), as DeepSpeed users do with .to(engine.device).
+      at::Tensor t = arg.defined() && arg.device() != device_ ? arg.to(device_) : at::Tensor(arg);
+      if (auto_cast_inputs_ && t.is_floating_point()) return at::Tensor(t.to(at::kHalf));
+      return t;
     } else {
       return std::forward<T>(arg);
     }
@@ -163,6 +169,7 @@ class Engine {
   friend struct detail::EngineAccess;
   EngineStatePtr state_;
   bool auto_cast_inputs_ = false;
+  c10::Device device_ = c10::kCPU;
 };
 
 // The engine typed by the user's module so forward() can call the module's own forward.
@@ -201,6 +208,9 @@ struct InitializeArgs {
   std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
   comm::CommunicatorPtr comm;     // default: the world from init_distributed(), else single process
   ConfigOverrides overrides;      // resolves "auto" batch keys
+  // "auto" (default: DS_DEVICE, else this rank's GPU when there is one, else the CPU), "cpu",
+  // "cuda", "cuda:N" (deepspeed/device.h). The model is moved there by initialize().
+  std::string device = "auto";
 };
 
 template <class Module>
@@ -221,6 +231,7 @@ struct BuildInput {
   std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
   comm::CommunicatorPtr comm;
   ConfigOverrides overrides;
+  std::string device = "auto";
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);
@@ -232,7 +243,7 @@ template <class Module>
 InitializeResult<Module> initialize(InitializeArgs<Module> args) {
   detail::BuildInput in{args.model,       args.config,       std::move(args.config_json),
                         args.training_data, args.optimizer,  args.lr_scheduler,
-                        args.comm,        args.overrides};
+                        args.comm,        args.overrides,    args.device};
   auto state = detail::build_engine_state(std::move(in));
   auto engine = std::make_shared<ModelEngine<Module>>(args.model, std::move(state));
   return {engine, engine->optimizer(), engine->training_dataloader(), engine->lr_scheduler()};

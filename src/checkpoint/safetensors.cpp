@@ -205,9 +205,11 @@ void SafetensorsWriter::advance(at::ScalarType dtype, uint64_t bytes, const void
   written_ += bytes;
 }
 
-void SafetensorsWriter::append(const at::Tensor& piece) {
-  TORCH_CHECK(piece.is_contiguous() && piece.device().is_cpu(),
-              "SafetensorsWriter::append: pieces must be contiguous CPU tensors");
+void SafetensorsWriter::append(const at::Tensor& device_piece) {
+  // State on a GPU is written through a host copy of the piece (one piece at a time, so a
+  // checkpoint never holds more than a window of it in host memory).
+  const at::Tensor piece = device_piece.is_cpu() ? device_piece : device_piece.cpu().contiguous();
+  TORCH_CHECK(piece.is_contiguous(), "SafetensorsWriter::append: pieces must be contiguous");
   advance(piece.scalar_type(), byte_size(piece), piece.numel() > 0 ? piece.data_ptr() : nullptr);
 }
 
@@ -311,7 +313,11 @@ void read_safetensors_range(ReadableFile& file, const std::string& path,
                        std::to_string(offset + numel) + ") are outside its " +
                        std::to_string(e.numel()));
   if (numel == 0) return;
-  at::Tensor into = dst.is_contiguous() ? dst : at::empty({numel}, dst.options());
+  // Read straight into dst when it is contiguous host memory; else (strided, or on a GPU)
+  // through a host buffer.
+  at::Tensor into = dst.is_contiguous() && dst.is_cpu()
+                        ? dst
+                        : at::empty({numel}, dst.options().device(at::kCPU));
   const uint64_t element = c10::elementSize(e.dtype);
   try {
     file.read_at(index.data_start + e.begin + uint64_t(offset) * element, into.data_ptr(),

@@ -59,6 +59,7 @@ class CheckedCommunicator : public Communicator {
   int local_rank() const override { return inner_->local_rank(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   CommStats stats() const override { return inner_->stats(); }
+  std::string backend() const override { return inner_->backend(); }
   void reset_stats() override { inner_->reset_stats(); }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override;

@@ -2,10 +2,13 @@
 // and the Gloo group exchanges its addresses through it.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <mutex>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "comm/gloo_communicator.h"
+#include "comm/nccl_communicator.h"
+#include "deepspeed/device.h"
 #include "comm/process_info.h"
 #include "comm/work.h"
 
@@ -48,11 +51,36 @@ c10::intrusive_ptr<c10d::Store> connect_store(const ProcessInfo& info,
   }
 }
 
+// "gloo" or "nccl" for this rank (InitOptions::backend, DS_COMM_BACKEND).
+std::string choose_backend(const ProcessInfo& info, const InitOptions& options) {
+  std::string backend = options.backend.empty() ? "auto" : options.backend;
+  if (backend == "auto") {
+    const char* env = std::getenv("DS_COMM_BACKEND");
+    if (env && *env) backend = env;
+  }
+  if (backend == "gloo" || backend == "nccl") return backend;
+  if (backend != "auto")
+    throw ConfigError("communication backend \"" + backend +
+                      "\" is not one of \"auto\", \"gloo\", \"nccl\" (InitOptions.backend or "
+                      "DS_COMM_BACKEND)");
+  const char* device = std::getenv("DS_DEVICE");
+  if (!nccl_built() || !cuda_available() || (device && std::string(device) == "cpu")) return "gloo";
+  // NCCL refuses two ranks on one GPU: it needs a GPU per rank of this node.
+  int ranks_here = info.world_size;
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) ranks_here = std::atoi(local);
+  return ranks_here <= cuda_device_count() ? "nccl" : "gloo";
+}
+
 }  // namespace
 
 CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOptions& options) {
   if (info.world_size == 1) return make_single_process_communicator();
   auto store = connect_store(info, options.timeout);
+  if (choose_backend(info, options) == "nccl") {
+    const c10::Device device = resolve_device("cuda", info.local_rank);
+    return make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
+                                     device.index(), options.timeout);
+  }
   return make_gloo_communicator_on(store, info.rank, info.world_size, info.local_rank,
                                    options.timeout, gloo_device_for(info.master_addr));
 }

@@ -12,6 +12,7 @@ namespace {
 class SingleProcessCommunicator : public CommunicatorBase {
  public:
   SingleProcessCommunicator() : CommunicatorBase(0, 1, 0, std::chrono::minutes(30)) {}
+  std::string backend() const override { return "single"; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp) override {
     count("all_reduce", tensor);

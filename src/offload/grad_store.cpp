@@ -98,7 +98,9 @@ void GradStore::zero_uncovered(Open& o) {
   o.covered.clear();
 }
 
-void GradStore::accumulate(int unit, int64_t first, const at::Tensor& received) {
+void GradStore::accumulate(int unit, int64_t first, const at::Tensor& device_received) {
+  // Swapped gradients accumulate in host memory; a GPU's reduced bucket comes down first.
+  const at::Tensor received = device_received.is_cpu() ? device_received : device_received.cpu();
   Open& o = acquire_slice(unit);
   const int64_t n = received.numel();
   if (n == 0) return;

@@ -33,7 +33,14 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   }
   memory_numel_ = first_file_unit_ < units ? layout_.units[first_file_unit_].partition_offset
                                            : layout_.partition_numel;
-  memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_).device(device));
+  // offload_param "cpu"/"nvme" keep the slices in host memory, pinned when the compute device is
+  // a GPU so the gathers' host-to-device copies run at full speed; "none" keeps them on `device`.
+  auto memory_options = torch::TensorOptions().dtype(dtype_);
+  if (config_.device == "none" || config_.device.empty())
+    memory_options = memory_options.device(device);
+  else if (!device.is_cpu())
+    memory_options = memory_options.pinned_memory(true);
+  memory_ = torch::zeros({memory_numel_}, memory_options);
   if (first_file_unit_ >= units) return;
 
   for (int u = first_file_unit_; u < units; ++u) {
@@ -151,6 +158,12 @@ at::Tensor ParamStore::read_group(int64_t begin, int64_t numel) {
 }
 
 void* ParamStore::begin_group(int64_t begin, int64_t numel) {
+  if (begin < memory_numel_ && !memory_.is_cpu()) {
+    // Slices on a GPU: the swapped optimizer writes on the host, end_group copies them up.
+    if (device_stage_.numel() < numel)
+      device_stage_ = at::empty({numel}, at::TensorOptions().dtype(dtype_).pinned_memory(true));
+    return device_stage_.data_ptr();
+  }
   if (begin < memory_numel_) return static_cast<char*>(memory_.data_ptr()) + begin * element_size_;
   const int s = staging_next_;
   if (staging_write_[s] >= 0) {
@@ -163,6 +176,8 @@ void* ParamStore::begin_group(int64_t begin, int64_t numel) {
 }
 
 void ParamStore::end_group(int64_t begin, int64_t numel) {
+  if (begin < memory_numel_ && !memory_.is_cpu())
+    memory_.narrow(0, begin, numel).copy_(device_stage_.narrow(0, 0, numel));
   if (begin < memory_numel_) return;
   const int s = staging_next_;
   done(file_.unit_at(begin));  // a copy fetched before the step would now be stale

@@ -93,6 +93,7 @@ class ParamStore : public zero::ParamPartition {
   at::ScalarType dtype_;
   int64_t element_size_;
   OffloadConfig config_;
+  at::Tensor device_stage_;  // host staging for begin_group when memory_ is on a GPU
   at::Tensor memory_;          // units [0, first_file_unit_)
   int first_file_unit_;        // units from here on live in the file
   int64_t memory_numel_ = 0;   // = partition offset of first_file_unit_

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "optim/cpu_adam.h"
+#include "optim/device_adam.h"
+#include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace optim {
@@ -42,7 +44,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
                       p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
                   "FusedAdam needs contiguous fp32 parameters and gradients");
-      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto key = compat::optimizer_state_key(p);
       auto it = state().find(key);
       if (it == state().end()) {
         auto s = std::make_unique<torch::optim::AdamWParamState>();
@@ -69,6 +71,12 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       if (copy != half_copies_.end()) {
         half = static_cast<uint16_t*>(copy->second.data_ptr());
         kind = copy->second.scalar_type() == torch::kHalf ? Half16Kind::FP16 : Half16Kind::BF16;
+      }
+      if (!p.is_cpu()) {
+        at::Tensor target = copy != half_copies_.end() ? copy->second : at::Tensor();
+        at::Tensor m = s.exp_avg(), v = s.exp_avg_sq();
+        device_adam_step(p, p.grad(), m, v, hp, target);
+        continue;
       }
       adam_step(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
                 s.exp_avg_sq().data_ptr<float>(), p.numel(), hp, half, kind);

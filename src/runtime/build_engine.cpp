@@ -4,6 +4,7 @@
 
 #include <unordered_set>
 
+#include "deepspeed/device.h"
 #include "deepspeed/optimizer.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
@@ -29,6 +30,16 @@ Config read_config(const BuildInput& in, int world_size) {
     throw ConfigError("initialize(): no config given (set InitializeArgs.config to a ds_config.json "
                       "path, or InitializeArgs.config_json)");
   return parse_config(in.config_json, world_size, in.overrides);
+}
+
+// The engine's device, checked against the communicator: NCCL moves only GPU tensors.
+c10::Device choose_device(const std::string& requested, comm::Communicator& comm) {
+  const c10::Device device = resolve_device(requested, comm.local_rank());
+  if (comm.backend() == "nccl" && !device.is_cuda())
+    throw ConfigError("device \"" + device.str() + "\": the communicator is NCCL, which moves GPU "
+                      "tensors only; train on \"cuda\" or initialise with the gloo backend "
+                      "(DS_COMM_BACKEND=gloo)");
+  return device;
 }
 
 // Every rank starts from rank 0's weights (and buffers), as DeepSpeed does.
@@ -159,8 +170,12 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->topology = std::make_shared<comm::Topology>(world);
   s->comm = s->topology->data_parallel();
   s->module = in.module;
+  s->device = choose_device(in.device, *s->comm);
 
   if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
+  // DeepSpeed moves the module to its device in initialize(); so do we (after the cast, so the
+  // 32-bit copy never lands on the GPU).
+  if (s->device != c10::Device(c10::kCPU)) s->module->to(s->device);
   // A tied parameter (embedding = head) appears once per name: train it once.
   std::unordered_set<const void*> seen;
   for (auto& p : s->module->parameters())

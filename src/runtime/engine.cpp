@@ -13,7 +13,8 @@ void EngineStateDeleter::operator()(EngineState* state) const { delete state; }
 
 Engine::Engine(EngineStatePtr state)
     : state_(std::move(state)),
-      auto_cast_inputs_(state_->config.fp16.enabled && state_->config.fp16.auto_cast) {
+      auto_cast_inputs_(state_->config.fp16.enabled && state_->config.fp16.auto_cast),
+      device_(state_->device) {
   state_->log.start();
 }
 Engine::~Engine() = default;
@@ -57,7 +58,7 @@ void Engine::step() {
                            "or pass one to initialize())");
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   at::Tensor loss = s.loss_since_boundary.defined() ? s.loss_since_boundary.reshape({1})
-                                                     : torch::zeros({1}, torch::kDouble);
+                                                     : torch::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(s.device));
   s.comm->all_reduce(loss)->wait();
   s.last_loss = loss.item<double>() / s.comm->world_size();
   s.loss_since_boundary = at::Tensor();

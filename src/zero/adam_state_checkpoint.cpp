@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "optim/fused_adam.h"
+#include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace zero {
@@ -14,7 +15,7 @@ bool is_fused_adam(const torch::optim::Optimizer* optimizer) {
 torch::optim::AdamWParamState* adam_state_for(torch::optim::Optimizer& optimizer,
                                               const at::Tensor& param, bool create) {
   if (!is_fused_adam(&optimizer)) return nullptr;
-  auto key = c10::guts::to_string(param.unsafeGetTensorImpl());
+  auto key = compat::optimizer_state_key(param);
   auto it = optimizer.state().find(key);
   if (it == optimizer.state().end()) {
     if (!create) return nullptr;

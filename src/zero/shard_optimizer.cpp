@@ -14,27 +14,43 @@ namespace deepspeed {
 namespace zero {
 namespace {
 
-// Masters and moments in (host) memory, stepped by a torch::optim::Optimizer over one fp32
-// tensor: the partition itself when it is fp32 and resident (`aliased`), else an fp32 copy.
+// Masters and moments in memory, stepped by a torch::optim::Optimizer over one fp32 tensor: the
+// partition itself when it is fp32 and resident (`aliased`), else an fp32 copy. With the home
+// "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in pinned host memory: gradients come
+// down per step, the vectorised CPU Adam updates the masters and writes their 16-bit rounding
+// into a pinned staging buffer in the same pass, and that goes up to the partition.
 class InMemoryShard : public ShardOptimizer {
  public:
-  InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer) {
+  InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
+                OffloadDevice home) {
     at::Tensor resident = params.resident();
+    host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
-    aliased_ = !mixed_ && resident.defined();
-    master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+    aliased_ = !mixed_ && resident.defined() && !host_;
+    if (host_) {
+      master_ = pinned(resident.numel(), at::kFloat);
+      master_.copy_(resident);
+      grad_host_ = pinned(resident.numel(), at::kFloat);
+      if (mixed_) staging_ = pinned(resident.numel(), params.dtype());
+    } else {
+      master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+    }
     optimizer_ = make_optimizer({master_});
     fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
-    // FusedAdam writes the 16-bit rounding of each updated master straight into the partition,
-    // in the same pass (no separate copy-back) — possible when the partition is in memory.
+    // FusedAdam writes the 16-bit rounding of each updated master straight into the partition
+    // (or its pinned staging buffer), in the same pass: no separate copy-back pass.
     if (fused_ && mixed_ && resident.defined()) {
-      fused_->set_half_copy(master_, resident);
-      half_copy_ = true;
+      fused_->set_half_copy(master_, host_ ? staging_ : resident);
+      half_copy_ = !host_;
     }
   }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
+    if (host_) return offloaded_step(grads, params, grad_scale);
+    // Stage 3 with offload_param "cpu" on a GPU: host masters, device gradients.
+    if (grads.tensor.device() != master_.device())
+      return step({grads.tensor.to(master_.device()), nullptr}, params, grad_scale);
     if (!mixed_) {
       if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
       master_.mutable_grad() = grads.tensor;
@@ -90,10 +106,35 @@ class InMemoryShard : public ShardOptimizer {
   }
 
   int64_t resident_bytes() const override {
-    return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_));
+    return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_)) +
+           (grad_host_.defined() ? storage_bytes(grad_host_) : 0) +
+           (staging_.defined() ? storage_bytes(staging_) : 0);
   }
 
  private:
+  static at::Tensor pinned(int64_t numel, at::ScalarType dtype) {
+    return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
+  }
+
+  // ZeRO-Offload's step: device gradients down into pinned fp32, the CPU Adam on the host, the
+  // new 16-bit (or fp32) values up into the device partition.
+  void offloaded_step(const ShardGrads& grads, ParamPartition& params, double grad_scale) {
+    grad_host_.copy_(grads.tensor.view({-1}));  // D2H with the widening to fp32; waits for it
+    master_.mutable_grad() = grad_host_;
+    if (fused_)
+      fused_->set_grad_scale(static_cast<float>(grad_scale));
+    else if (grad_scale != 1.0)
+      grad_host_.mul_(grad_scale);
+    optimizer_->step();
+    master_.mutable_grad() = at::Tensor();
+    at::Tensor target = params.resident();
+    if (staging_.defined() && fused_) {
+      target.copy_(staging_, /*non_blocking=*/true);  // from pinned memory: asynchronous
+    } else {
+      target.copy_(master_, /*non_blocking=*/true);
+    }
+  }
+
   std::array<at::Tensor, 3> state(bool create_moments) {
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
@@ -110,6 +151,9 @@ class InMemoryShard : public ShardOptimizer {
   bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
+  bool host_ = false;       // masters in pinned host memory, the partition on a GPU
+  at::Tensor grad_host_;    // host_: pinned fp32 gradients of the step
+  at::Tensor staging_;      // host_ and 16-bit: pinned 16-bit values on their way up
 };
 
 class WholeStateWindows : public StateWindows {
@@ -142,7 +186,7 @@ std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options
     case OffloadDevice::kCpu:
       break;
   }
-  return std::make_unique<InMemoryShard>(params, make_optimizer);
+  return std::make_unique<InMemoryShard>(params, make_optimizer, options.home);
 }
 
 }  // namespace zero

@@ -61,13 +61,20 @@ class TensorPartition : public ParamPartition {
   at::Tensor read_all() override { return slice_.clone(); }
   void write_all(const at::Tensor& values) override { slice_.copy_(values); }
   at::Tensor read_group(int64_t begin, int64_t numel) override { return slice_.narrow(0, begin, numel); }
-  void* begin_group(int64_t begin, int64_t) override {
-    return static_cast<char*>(slice_.data_ptr()) + begin * slice_.element_size();
+  // A swapped optimizer writes each group on the host; a partition on a GPU gets it through a
+  // host staging buffer, copied up at end_group.
+  void* begin_group(int64_t begin, int64_t numel) override {
+    if (slice_.is_cpu()) return static_cast<char*>(slice_.data_ptr()) + begin * slice_.element_size();
+    if (stage_.numel() < numel) stage_ = at::empty({numel}, slice_.options().device(at::kCPU));
+    return stage_.data_ptr();
   }
-  void end_group(int64_t, int64_t) override {}
+  void end_group(int64_t begin, int64_t numel) override {
+    if (!slice_.is_cpu()) slice_.narrow(0, begin, numel).copy_(stage_.narrow(0, 0, numel));
+  }
 
  private:
   at::Tensor slice_;
+  at::Tensor stage_;  // host staging for a partition on a GPU
 };
 
 // The averaged gradients of the partition: one tensor in memory, or (stage 3 with a swapped

@@ -19,6 +19,7 @@
 #include "support/expect.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
+#include "util/torch_compat.h"
 
 namespace {
 
@@ -202,7 +203,7 @@ RankSnapshot snapshot(deepspeed::Engine& engine) {
   for (auto& g : opt.param_groups())
     for (auto& p : g.params()) {
       s.states.push_back(p.detach().clone());
-      auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      auto key = deepspeed::compat::optimizer_state_key(p);
       auto& st = static_cast<torch::optim::AdamWParamState&>(*opt.state().at(key));
       s.states.push_back(st.exp_avg().clone());
       s.states.push_back(st.exp_avg_sq().clone());

@@ -54,6 +54,7 @@ class FakeCommunicator : public deepspeed::comm::CommunicatorBase {
   deepspeed::comm::WorkPtr send(at::Tensor& tensor, int dst, int tag = 0) override;
   deepspeed::comm::WorkPtr recv(at::Tensor& tensor, int src, int tag = 0) override;
   void barrier() override;
+  std::string backend() const override { return "fake"; }
   // A FakeCommunicator over the ranks whose color (PeerSplit) matches, its peers' inputs
   // coming from this one's PeerInput under their parent ranks. Records a "split" call.
   deepspeed::comm::CommunicatorPtr split(int color, int key) override;

@@ -1,6 +1,8 @@
 // Trains the example GPT at a given world size (ranks as threads over one in-process store) and
 // returns what equivalence tests compare: per-step losses and rank 0's final weights.
 #pragma once
+#include <functional>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,14 @@ struct RunSpec {
   // reference run.
   bool zero_init = false;
   std::vector<torch::Tensor> initial_weights;  // if set: copied into every rank's model first
+  std::string device = "auto";  // InitializeArgs.device (unit/dist tests run with DS_DEVICE=cpu)
+  // "gloo": ranks as threads over Gloo (world size 1: the single-process communicator);
+  // "nccl": world size 1 only, an NCCL group of one over an in-process store.
+  std::string backend = "gloo";
+  // Called on every rank after the last step (e.g. to save a checkpoint); may be empty.
+  std::function<void(deepspeed::Engine&)> after_training;
+  // Called on every rank after initialize(), before the first step (e.g. to load a checkpoint).
+  std::function<void(deepspeed::Engine&)> before_training;
 };
 
 int64_t count_parameters(const gpt::GPTConfig& model);

@@ -24,7 +24,8 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero);
   params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
                                                   ctx_.device);
-  gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, ctx_.comm, options_.zero);
+  gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, ctx_.comm, options_.zero,
+                                             ctx_.device);
   // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));

@@ -6,8 +6,9 @@ namespace deepspeed {
 namespace zero {
 
 UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store,
-                           comm::CommunicatorPtr comm, const ZeroConfig& config)
-    : layout_(layout), store_(store), comm_(std::move(comm)), config_(config),
+                           comm::CommunicatorPtr comm, const ZeroConfig& config,
+                           c10::Device device)
+    : layout_(layout), store_(store), comm_(std::move(comm)), config_(config), device_(device),
       state_(layout.units.size()) {}
 
 bool UnitGatherer::in_use(int u) const {
@@ -33,7 +34,7 @@ void UnitGatherer::issue(int u) {
   auto& s = state_[u];
   const auto& slots = layout_.units[u];
   s.source = store_.fetch(u);
-  s.full = torch::empty({slots.layout.padded_numel}, s.source.options());
+  s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
   s.work = comm_->all_gather(s.full, s.source);
   const int64_t bytes = s.full.numel() * s.full.element_size();
   stats_.bytes += bytes;

@@ -46,8 +46,10 @@ struct GatherStats {
 class UnitGatherer : public UnitHooks {
  public:
   // store: where the rank's slices live (Stage3 owns it; it must outlive this object).
+  // device: where gathered units live (the compute device; the store's slices may be in host
+  // memory or a file).
   UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store, comm::CommunicatorPtr comm,
-               const ZeroConfig& config);
+               const ZeroConfig& config, c10::Device device = c10::kCPU);
 
   void pre_forward(int unit) override;
   void post_forward(int unit) override;
@@ -92,6 +94,7 @@ class UnitGatherer : public UnitHooks {
   offload::ParamStore& store_;
   comm::CommunicatorPtr comm_;
   ZeroConfig config_;
+  c10::Device device_;
   std::vector<UnitState> state_;
   GatherStats stats_;
   std::vector<int> trace_;

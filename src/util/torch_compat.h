@@ -1,0 +1,39 @@
+// What differs between libtorch 1.13 (Debian's, CPU) and 2.x (the PyTorch wheel and archive, CPU
+// or CUDA), kept in one place so the rest of the tree is written once.
+#pragma once
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+#include <torch/version.h>
+
+namespace deepspeed {
+namespace compat {
+
+// torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl address: printed as a
+// string in 1.13 (c10::guts::to_string, which streams the pointer), the pointer itself (void*)
+// in 2.x. The key must be exactly libtorch's, since its own optimizers look their state up by it.
+using OptimizerStateKey = typename std::decay_t<
+    decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+// (A template, so that the branch for the other libtorch is discarded, not compiled.)
+template <class Key = OptimizerStateKey>
+Key optimizer_state_key(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << static_cast<const void*>(param.unsafeGetTensorImpl());
+    return key.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+// libtorch 2.x has the fused multi-tensor Adam(W) kernels (at::_fused_adam_/_fused_adamw_, CUDA
+// and CPU) and scaled_dot_product_attention; 1.13 has neither.
+constexpr bool kHasFusedAdamOp = TORCH_VERSION_MAJOR >= 2;
+
+}  // namespace compat
+}  // namespace deepspeed

@@ -1,6 +1,8 @@
 // Trains the example GPT at a given world size (ranks as threads over one in-process store) and
 // returns what equivalence tests compare: per-step losses and rank 0's final weights.
 #pragma once
+#include <functional>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -31,6 +33,8 @@ struct RunSpec {
   // reference run.
   bool zero_init = false;
   std::vector<torch::Tensor> initial_weights;  // if set: copied into every rank's model first
+  // If set: each rank's client optimizer (InitializeArgs.optimizer), built over its model.
+  std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)> client_optimizer;
 };
 
 int64_t count_parameters(const gpt::GPTConfig& model);

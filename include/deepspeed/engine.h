@@ -162,9 +162,6 @@ class Engine {
   }
 
  private:
-  at::Tensor backward_impl(const at::Tensor& loss);
-  void step_impl();
-
   // The library reaches the state through detail::EngineAccess (src/runtime/engine_state.h):
   // internals kept off this header, so user programs compiled against it are not broken by
   // every change to them.

@@ -40,19 +40,9 @@ void Engine::report_torch_error(const char* phase, const c10::Error& error) cons
   throw Error(where);
 }
 
+// backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
+// hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
-  return backward_impl(loss);
-} catch (const c10::Error& e) {
-  report_torch_error("backward", e);
-}
-
-void Engine::step() try {
-  step_impl();
-} catch (const c10::Error& e) {
-  report_torch_error("step", e);
-}
-
-at::Tensor Engine::backward_impl(const at::Tensor& loss) {
   auto& s = *state_;
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
   at::Tensor scaled = loss;
@@ -72,9 +62,11 @@ at::Tensor Engine::backward_impl(const at::Tensor& loss) {
   to_differentiate.backward();
   s.stage->end_backward(boundary);
   return scaled;
+} catch (const c10::Error& e) {
+  report_torch_error("backward", e);
 }
 
-void Engine::step_impl() {
+void Engine::step() try {
   auto& s = *state_;
   if (!is_gradient_accumulation_boundary()) {
     ++s.micro_steps;
@@ -122,6 +114,8 @@ void Engine::step_impl() {
                    s.config.train_batch_size, s.skipped_steps,
                    s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
   s.log.on_step(line, s.config.steps_per_print, s.comm->rank() == 0);
+} catch (const c10::Error& e) {
+  report_torch_error("step", e);
 }
 
 int64_t Engine::train_batch_size() const { return state_->config.train_batch_size; }

@@ -132,8 +132,7 @@ AutoFillResult fill_auto_values(json& doc, const ConfigOverrides& over) {
     f.only("zero_optimization.reduce_bucket_size", std::optional<int64_t>(h * h));
     f.only("zero_optimization.stage3_prefetch_bucket_size",
            std::optional<int64_t>(static_cast<int64_t>(0.9 * double(h) * double(h))));
-    f.only("zero_optimization.stage3_param_persistence_threshold",
-           std::optional<int64_t>(10 * h));
+    f.only("zero_optimization.stage3_param_persistence_threshold", std::optional<int64_t>(10 * h));
   }
   return out;
 }
@@ -142,10 +141,12 @@ void reject_auto_mismatches(const AutoFillResult& result) {
   if (result.mismatches.empty()) return;
   std::string list;
   for (const auto& m : result.mismatches) list += "\n  - " + m;
-  throw ConfigError("config values disagree with the values given to initialize() "
-                    "(ConfigOverrides):" + list +
-                    "\nmake them agree, or write \"auto\" in the config to take initialize()'s "
-                    "value (or set ConfigOverrides.fill_only to keep the config's)");
+  throw ConfigError(
+      "config values disagree with the values given to initialize() "
+      "(ConfigOverrides):" +
+      list +
+      "\nmake them agree, or write \"auto\" in the config to take initialize()'s "
+      "value (or set ConfigOverrides.fill_only to keep the config's)");
 }
 
 }  // namespace deepspeed::config

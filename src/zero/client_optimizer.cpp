@@ -98,16 +98,18 @@ OptimizerFactory client_optimizer_factory(std::shared_ptr<torch::optim::Optimize
   check_parameters(*client, trainable);
   if (options.home == OffloadDevice::kNone) return repoint(std::move(client));
   if (auto hyper = adam_hyper(*client)) {
-    return [h = *hyper](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
-      return std::make_shared<optim::FusedAdam>(std::move(params), h);
-    };
+    return
+        [h = *hyper](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+          return std::make_shared<optim::FusedAdam>(std::move(params), h);
+        };
   }
   const bool nvme = options.home == OffloadDevice::kNvme;
   const std::string device = nvme ? "nvme" : "cpu";
   if (options.force_ds_cpu_optimizer || nvme)
     throw ConfigError(
         "zero_optimization.offload_optimizer.device = \"" + device + "\": the client optimizer (" +
-        kWhat + ") is not torch::optim::Adam or AdamW, and optimizer offload runs DeepSpeed's CPU "
+        kWhat +
+        ") is not torch::optim::Adam or AdamW, and optimizer offload runs DeepSpeed's CPU "
         "Adam (zero_force_ds_cpu_optimizer = true" +
         (nvme ? std::string(", and the nvme swap is an Adam update") : "") +
         "); pass an Adam/AdamW, give the optimizer in the config, or (device cpu) set "

@@ -12,11 +12,11 @@
 //   decoupled). Any other client optimizer is refused naming zero_force_ds_cpu_optimizer, unless
 //   that key is false and the home is cpu (then it steps the in-memory masters as above).
 #pragma once
-#include <memory>
-#include <vector>
-
 #include <ATen/Tensor.h>
 #include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
 
 #include "deepspeed/config.h"
 #include "zero/shard_optimizer.h"

@@ -45,8 +45,8 @@ double max_loss_abs_diff(const dstest::RunResult& a, const dstest::RunResult& b)
 }
 
 // torch::optim::Adam (L2 weight decay) = DeepSpeed "Adam" with adam_w_mode false.
-const json kConfigAdam = {{"type", "Adam"},
-                          {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}, {"adam_w_mode", false}}}};
+const json kConfigAdam = {
+    {"type", "Adam"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}, {"adam_w_mode", false}}}};
 ClientFactory client_adam() {
   return [](gpt::GPTImpl& m) {
     return std::make_shared<torch::optim::Adam>(m.parameters(),
@@ -149,10 +149,12 @@ TEST(ClientOptimizer, OtherTypesUnderCpuOffloadRunWhenNotForced) {
 
 TEST(ClientOptimizer, TheClientObjectIsTheEngineOptimizer) {
   auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-  auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto opt =
+      std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
   auto config = dstest::base_config(2, 1, 2);
   config.erase("optimizer");
-  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = opt});
+  auto r = deepspeed::initialize<gpt::GPTImpl>(
+      {.model = model, .config_json = config, .optimizer = opt});
   EXPECT_EQ(r.optimizer.get(), opt.get());
   ASSERT_EQ(opt->param_groups().size(), 1u);
   ASSERT_EQ(opt->param_groups()[0].params().size(), 1u);  // the flat partition
@@ -173,7 +175,8 @@ TEST(ClientOptimizer, SeveralGroupsOrMissingParametersAreRefused) {
   EXPECT_CONTAINS(msg, "2 parameter groups");
 
   auto some = std::make_shared<torch::optim::SGD>(
-      std::vector<torch::Tensor>(params.begin(), params.begin() + 2), torch::optim::SGDOptions(0.1));
+      std::vector<torch::Tensor>(params.begin(), params.begin() + 2),
+      torch::optim::SGDOptions(0.1));
   msg = config_error_of([&] {
     deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = some});
   });

@@ -26,9 +26,10 @@ struct Run {
 Run gpt_train(const dstest::TempDir& dir, const std::string& config, int steps,
               const std::string& extra = "") {
   const std::string log = dir / "log.txt";
-  const std::string cmd = "exec " + dstest::bin_dir() + "/gpt_train --deepspeed_config " + config +
-                          " --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 --threads 1 --steps " +
-                          std::to_string(steps) + " " + extra + " > " + log + " 2>&1";
+  const std::string cmd =
+      "exec " + dstest::bin_dir() + "/gpt_train --deepspeed_config " + config +
+      " --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 --threads 1 --steps " +
+      std::to_string(steps) + " " + extra + " > " + log + " 2>&1";
   Run r;
   int status = std::system(cmd.c_str());
   r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -57,9 +58,9 @@ std::string example(const std::string& name) {
 
 // The example config's optimizer, which gpt_train's flag defaults equal.
 json with_optimizer_block(json config) {
-  config["optimizer"] = {{"type", "AdamW"},
-                         {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.99}}, {"eps", 1e-8},
-                                     {"weight_decay", 0.01}}}};
+  config["optimizer"] = {
+      {"type", "AdamW"},
+      {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.99}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}};
   return config;
 }
 }  // namespace
@@ -70,9 +71,10 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
   config.erase("optimizer");
   auto run = gpt_train(dir, write_config(dir, config), 4);
   ASSERT_TRUE(run.ok) << run.output;
-  EXPECT_EQ(first_line(run.output).rfind("gpt_train: the config has no \"optimizer\" block: training "
-                                         "with AdamW from the command line (--lr 0.0006",
-                                         0),
+  EXPECT_EQ(first_line(run.output)
+                .rfind("gpt_train: the config has no \"optimizer\" block: training "
+                       "with AdamW from the command line (--lr 0.0006",
+                       0),
             0u)
       << run.output;
   auto losses = step_losses(run.output);
@@ -107,8 +109,7 @@ TEST_P(HfTemplates, TrainUnchangedWithTheFilledKeysPrinted) {
         "scheduler.params.warmup_min_lr=0", "scheduler.params.warmup_max_lr=0.0006",
         "scheduler.params.warmup_num_steps=2", "fp16.enabled=false", "bf16.enabled=false",
         "gradient_clipping=1.0", "zero_optimization.reduce_bucket_size=1024",
-        "train_micro_batch_size_per_gpu=4", "gradient_accumulation_steps=1",
-        "train_batch_size=4"})
+        "train_micro_batch_size_per_gpu=4", "gradient_accumulation_steps=1", "train_batch_size=4"})
     EXPECT_NE(run.output.find(key), std::string::npos) << key << "\n" << run.output;
   if (std::string(GetParam()).find("zero3") != std::string::npos) {
     EXPECT_NE(run.output.find("scheduler.params.total_num_steps=4"), std::string::npos);

@@ -90,8 +90,8 @@ ConfigOverrides trainer() {
 json filled_by_hand(json doc) {
   doc["fp16"]["enabled"] = false;
   doc["bf16"]["enabled"] = true;
-  doc["optimizer"]["params"] = {{"lr", 3e-5}, {"betas", {0.9, 0.98}}, {"eps", 1e-6},
-                                {"weight_decay", 0.1}};
+  doc["optimizer"]["params"] = {
+      {"lr", 3e-5}, {"betas", {0.9, 0.98}}, {"eps", 1e-6}, {"weight_decay", 0.1}};
   auto& sp = doc["scheduler"]["params"];
   sp["warmup_min_lr"] = 0;
   sp["warmup_max_lr"] = 3e-5;
@@ -166,8 +166,9 @@ TEST(AutoFill, ExplicitValuesMustAgreeLikeHf) {
   doc["gradient_clipping"] = 1.0;
   doc["optimizer"]["params"]["eps"] = "1e-6";  // same value, written as a string: agrees
   std::string msg = error_of(doc, trainer());
-  EXPECT_NE(msg.find("optimizer.params.lr = 0.0001 but initialize() was given learning_rate = 3e-05"),
-            std::string::npos)
+  EXPECT_NE(
+      msg.find("optimizer.params.lr = 0.0001 but initialize() was given learning_rate = 3e-05"),
+      std::string::npos)
       << msg;
   EXPECT_NE(msg.find("gradient_clipping = 1.0 but initialize() was given gradient_clipping = 0.5"),
             std::string::npos)

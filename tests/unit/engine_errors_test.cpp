@@ -2,7 +2,6 @@
 // phase (forward, backward, step) with libtorch's message, never its C++ stack frames; fp16 on a
 // CPU operator without a Half kernel is a ConfigError naming fp16.enabled and suggesting bf16.
 #include <gtest/gtest.h>
-
 #include <torch/torch.h>
 
 #include "deepspeed/deepspeed.h"

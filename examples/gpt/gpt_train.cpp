@@ -3,10 +3,15 @@
 // Rank 0 prints "step <n> loss <x>" after each optimizer step, and a summary at the end.
 // Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
 // --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
+// Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
+// --adam_epsilon, --max_grad_norm, --warmup_steps, --micro_batch, --gradient_accumulation_steps,
+// --fp16/--bf16; --steps and --n_embd) fill the config's "auto" keys, and with no "optimizer"
+// block they build an AdamW; values written in the config win over the flags' defaults.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -29,6 +34,19 @@ struct Options {
   std::string load_dir;
   bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
+  // The trainer's values (HF TrainingArguments' names): they fill "auto" config keys and build
+  // the AdamW used when the config has no optimizer block. Defaults: the example config's.
+  double lr = 6e-4;
+  double weight_decay = 0.01;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.99;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  int64_t warmup_steps = 0;
+  int64_t micro_batch = 8;
+  int64_t gradient_accumulation_steps = 1;
+  bool fp16 = false;
+  bool bf16 = false;
   std::string device = "auto";  // deepspeed/device.h
   bool random_tokens = false;   // uniform random tokens of the model's vocabulary (benchmarks)
   int64_t warmup = 1;           // optimizer steps left out of the timing
@@ -79,6 +97,19 @@ Options parse_options(const std::vector<std::string>& argv) {
                "ZeRO-3: build the model already partitioned (each block is split as it is built)");
   app.add_flag("--exact_loss", o.exact_loss,
                "print each step's loss also exactly (hex float), to compare runs bit for bit");
+  const char* fills = " (fills \"auto\"; AdamW when the config has no optimizer block)";
+  app.add_option("--lr", o.lr, std::string("learning rate") + fills);
+  app.add_option("--weight_decay", o.weight_decay, std::string("AdamW weight decay") + fills);
+  app.add_option("--adam_beta1", o.adam_beta1, std::string("AdamW beta1") + fills);
+  app.add_option("--adam_beta2", o.adam_beta2, std::string("AdamW beta2") + fills);
+  app.add_option("--adam_epsilon", o.adam_epsilon, std::string("AdamW eps") + fills);
+  app.add_option("--max_grad_norm", o.max_grad_norm, "fills \"gradient_clipping\": \"auto\"");
+  app.add_option("--warmup_steps", o.warmup_steps, "fills scheduler.params.warmup_num_steps \"auto\"");
+  app.add_option("--micro_batch", o.micro_batch, "fills train_micro_batch_size_per_gpu \"auto\"");
+  app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
+                 "fills gradient_accumulation_steps \"auto\"");
+  app.add_flag("--fp16", o.fp16, "fills fp16.enabled \"auto\" (else false)");
+  app.add_flag("--bf16", o.bf16, "fills bf16.enabled \"auto\" (else false)");
   std::vector<const char*> args;
   for (auto& a : argv) args.push_back(a.c_str());
   try {
@@ -107,6 +138,48 @@ long peak_rss_kb() {
   return 0;
 }
 
+// What a Hugging Face Trainer would fill "auto" keys with (ConfigOverrides). fill_only: a value
+// written in the config wins over the flags (the flags have defaults, and the example's configs
+// set these keys explicitly).
+deepspeed::ConfigOverrides trainer_values(const Options& o) {
+  deepspeed::ConfigOverrides v;
+  v.fill_only = true;
+  v.train_micro_batch_size_per_gpu = o.micro_batch;
+  v.gradient_accumulation_steps = o.gradient_accumulation_steps;
+  v.learning_rate = o.lr;
+  v.betas = std::make_pair(o.adam_beta1, o.adam_beta2);
+  v.eps = o.adam_epsilon;
+  v.weight_decay = o.weight_decay;
+  v.gradient_clipping = o.max_grad_norm;
+  v.fp16 = o.fp16;
+  v.bf16 = o.bf16;
+  v.warmup_steps = o.warmup_steps;
+  v.total_steps = o.steps;
+  v.hidden_size = o.model.n_embd;
+  return v;
+}
+
+// The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every
+// trainable parameter once (a tied weight is one parameter).
+std::shared_ptr<torch::optim::Optimizer> make_adamw(gpt::GPTImpl& model, const Options& o) {
+  std::vector<torch::Tensor> params;
+  std::set<const void*> seen;
+  for (auto& p : model.parameters())
+    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  auto options = torch::optim::AdamWOptions(o.lr)
+                     .betas(std::make_tuple(o.adam_beta1, o.adam_beta2))
+                     .eps(o.adam_epsilon)
+                     .weight_decay(o.weight_decay);
+  return std::make_shared<torch::optim::AdamW>(std::move(params), options);
+}
+
+std::string filled_keys(const deepspeed::Config& config) {
+  std::string out;
+  for (const auto& [key, value] : config.auto_filled)
+    out += (out.empty() ? "" : ", ") + key + "=" + value.dump();
+  return out;
+}
+
 int threads_from_env() {
   const char* v = std::getenv("OMP_NUM_THREADS");
   return v ? std::max(1, std::atoi(v)) : 1;
@@ -129,9 +202,12 @@ int main(int argc, char** argv) try {
   if (opt.gpu_mem_cap_gib > 0)
     deepspeed::cap_device_memory(device, static_cast<int64_t>(opt.gpu_mem_cap_gib * (1LL << 30)));
   // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
-  // slices in it), and initialize() gets the parsed document.
+  // slices in it), and initialize() gets the parsed document, its "auto" keys filled from the
+  // flags and the model as the Hugging Face Trainer fills them.
+  const bool rank0 = comm->rank() == 0;
   std::vector<std::string> warnings;  // initialize() reports them
-  const auto config = deepspeed::load_config(args.config_path, comm->world_size(), {}, &warnings);
+  const auto config =
+      deepspeed::load_config(args.config_path, comm->world_size(), trainer_values(opt), &warnings);
   std::shared_ptr<gpt::GPTImpl> model;
   {
     // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
@@ -141,6 +217,19 @@ int main(int argc, char** argv) try {
     deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
     model = std::make_shared<gpt::GPTImpl>(opt.model);
   }
+  // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer;
+  if (!config.optimizer) {
+    client_optimizer = make_adamw(*model, opt);
+    if (rank0)
+      std::printf("gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
+                  "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
+                  "--weight_decay %g), as the Hugging Face Trainer does\n",
+                  opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
+  }
+  if (rank0 && !config.auto_filled.empty())
+    std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",
+                filled_keys(config).c_str());
   // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
   const int64_t num_params = deepspeed::count_parameters(*model);
   std::shared_ptr<deepspeed::Dataset> data;
@@ -150,8 +239,11 @@ int main(int argc, char** argv) try {
     data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
-      {.model = model, .config_json = config.raw, .training_data = data, .device = opt.device});
-  const bool rank0 = comm->rank() == 0;
+      {.model = model,
+       .config_json = config.raw,
+       .training_data = data,
+       .optimizer = client_optimizer,
+       .device = opt.device});
   if (rank0)
     std::printf("gpt_train: %lld parameters, %d ranks (%s), device %s, zero stage %d, micro batch "
                 "%lld, accumulation %lld, %lld training windows of %lld tokens from %s\n",

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -184,14 +185,37 @@ struct Config {
   int64_t comm_timeout_seconds = 1800;     // "comm_timeout_seconds" (deepspeed.cpp extension)
   bool comms_check = false;  // "comms_check" (extension): compare every collective across ranks
 
-  nlohmann::json raw;                      // the document as read (after "auto" checks)
+  nlohmann::json raw;                      // the document as read, "auto" keys filled
+  // The keys that were "auto" and the values ConfigOverrides filled them with, in fill order.
+  std::vector<std::pair<std::string, nlohmann::json>> auto_filled;
 };
 
-// Values from initialize() that may resolve "auto" keys or check against them.
+// Values from initialize() that fill "auto" keys: what a trainer knows (Hugging Face's
+// TrainingArguments and the model's config), applied by HF's rules
+// (transformers.integrations.deepspeed; docs/config.md, "auto" values). A value left unset fills
+// nothing, and a key still "auto" after filling is a ConfigError naming it. A key the config sets
+// explicitly must equal the value given here (HF's mismatch check), else a ConfigError lists every
+// disagreement; with fill_only the config's explicit values win instead.
 struct ConfigOverrides {
-  std::optional<int64_t> train_micro_batch_size_per_gpu;
+  std::optional<int64_t> train_micro_batch_size_per_gpu;  // HF per_device_train_batch_size
   std::optional<int64_t> gradient_accumulation_steps;
-  std::optional<int64_t> train_batch_size;
+  std::optional<int64_t> train_batch_size;  // HF: world size * micro batch * accumulation
+  // optimizer.params.lr and scheduler.params.warmup_max_lr (and warmup_min_lr "auto" -> 0).
+  std::optional<double> learning_rate;
+  std::optional<std::pair<double, double>> betas;  // optimizer.params.betas (adam_beta1/2)
+  std::optional<double> eps;                       // optimizer.params.eps (adam_epsilon)
+  std::optional<double> weight_decay;              // optimizer.params.weight_decay
+  std::optional<double> gradient_clipping;         // gradient_clipping (HF max_grad_norm)
+  std::optional<bool> fp16;                        // fp16.enabled
+  std::optional<bool> bf16;                        // bf16.enabled
+  std::optional<int64_t> warmup_steps;             // scheduler.params.warmup_num_steps
+  std::optional<int64_t> total_steps;              // scheduler.params.total_num_steps
+  // The model's hidden size h: zero_optimization.reduce_bucket_size = h*h,
+  // stage3_prefetch_bucket_size = 0.9*h*h, stage3_param_persistence_threshold = 10*h.
+  std::optional<int64_t> hidden_size;
+  // false (HF): explicit config values must agree with the values above. true: the values only
+  // fill "auto" keys (a program's defaults), explicit config values are kept.
+  bool fill_only = false;
 };
 
 // Parses a JSON document. dp_world_size resolves the batch-size triple. Throws ConfigError.

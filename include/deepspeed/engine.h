@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -147,6 +148,10 @@ class Engine {
   explicit Engine(EngineStatePtr state);
   void before_forward();
   void after_forward();
+  // Rethrows a libtorch error raised in `phase` (forward, backward, step) as deepspeed::Error:
+  // "rank R, <phase>: <what_without_backtrace()>". With fp16 on a CPU operator that has no Half
+  // kernel, a ConfigError naming fp16.enabled and suggesting bf16 instead.
+  [[noreturn]] void report_torch_error(const char* phase, const c10::Error& error) const;
   // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
   bool auto_cast_inputs() const { return auto_cast_inputs_; }
   template <class T>
@@ -179,12 +184,18 @@ class ModelEngine : public Engine {
   ModelEngine(std::shared_ptr<Module> model, EngineStatePtr state)
       : Engine(std::move(state)), model_(std::move(model)) {}
 
+  // A libtorch error inside the model's forward is rethrown as deepspeed::Error naming the rank
+  // and the phase, with libtorch's message but not its C++ stack frames (report_torch_error).
   template <class... Args>
   auto forward(Args&&... args) {
     before_forward();
-    auto out = model_->forward(cast_input(std::forward<Args>(args))...);
-    after_forward();
-    return out;
+    try {
+      auto out = model_->forward(cast_input(std::forward<Args>(args))...);
+      after_forward();
+      return out;
+    } catch (const c10::Error& e) {
+      report_torch_error("forward", e);
+    }
   }
   template <class... Args>
   auto operator()(Args&&... args) {
@@ -202,12 +213,19 @@ struct InitializeArgs {
   std::string config;             // path to ds_config.json (or use config_json)
   nlohmann::json config_json;     // used when `config` is empty
   std::shared_ptr<Dataset> training_data;  // optional: builds the returned DataLoader
-  // Optional client optimizer; overrides the config's "optimizer" block (stage 0 only).
+  // Optional client optimizer; overrides the config's "optimizer" block. At stage 0 in fp32 it is
+  // used as it is; at stages 1-3 and with fp16/bf16 it must have one parameter group over all
+  // trainable parameters: its options are kept and its parameters replaced by the rank's fp32
+  // partition. Under offload_optimizer an Adam/AdamW runs as the CPU Adam with its options, other
+  // types are refused (zero_force_ds_cpu_optimizer). The optimizer initialize() returns is the
+  // one that steps.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   // Optional client scheduler factory; overrides the config's "scheduler" block.
   std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
   comm::CommunicatorPtr comm;     // default: the world from init_distributed(), else single process
-  ConfigOverrides overrides;      // resolves "auto" batch keys
+  // The trainer's values (batch sizes, learning rate, betas, eps, weight decay, clipping,
+  // fp16/bf16, warm-up and total steps, hidden size): fill "auto" keys by Hugging Face's rules.
+  ConfigOverrides overrides;
   // "auto" (default: DS_DEVICE, else this rank's GPU when there is one, else the CPU), "cpu",
   // "cuda", "cuda:N" (deepspeed/device.h). The model is moved there by initialize().
   std::string device = "auto";

@@ -1,6 +1,7 @@
 // "auto" is a Hugging Face Trainer / Accelerate convention: that layer fills the value from its
-// own arguments before DeepSpeed sees the config. deepspeed.cpp has no such layer, so an "auto"
-// left anywhere but the batch keys (filled from initialize()) is an error listing every one.
+// own arguments before DeepSpeed sees the config. Here ConfigOverrides plays the trainer
+// (hf_auto_fill.cpp, batch_size.cpp); an "auto" still left after filling (the batch keys aside,
+// which batch_size.cpp resolves or refuses) is an error listing every one.
 #include <string>
 #include <vector>
 
@@ -42,9 +43,10 @@ void reject_unresolved_auto(const json& doc) {
   for (const auto& p : found) list += (list.empty() ? "" : ", ") + p;
   throw ConfigError(
       "config keys set to \"auto\" need a value: " + list +
-      ". \"auto\" is filled in by the Hugging Face Trainer/Accelerate integration, which "
-      "deepspeed.cpp does not have; write the number or setting you want (only the three batch "
-      "keys may stay \"auto\", when initialize() is given their values)");
+      ". \"auto\" is filled from the values given to initialize() (ConfigOverrides: the batch "
+      "sizes, learning_rate, betas, eps, weight_decay, gradient_clipping, fp16, bf16, "
+      "warmup_steps, total_steps, hidden_size), as the Hugging Face integration fills it from the "
+      "trainer's arguments; pass the value there, or write the number or setting in the config");
 }
 
 }  // namespace deepspeed::config

@@ -109,8 +109,9 @@ const BatchKey kBatchKeys[] = {
 bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 // One key: the config's value, "auto" (filled from the override, else left for derivation),
-// or absent (the override, if any, counts as given). An explicit value must agree with the
-// override, since silently preferring either would train with a batch the user did not ask for.
+// or absent (the override, if any, counts as given, unless the overrides are fill_only). An explicit value must agree with the
+// override, since silently preferring either would train with a batch the user did not ask for
+// (unless the overrides are fill_only: a program's defaults, which explicit values replace).
 int64_t read_one(ObjectReader& top, const BatchKey& key, const ConfigOverrides& overrides,
                  bool& was_auto) {
   const std::optional<int64_t>& over = overrides.*(key.override_value);
@@ -120,10 +121,11 @@ int64_t read_one(ObjectReader& top, const BatchKey& key, const ConfigOverrides& 
   }
   const json* v = top.find(key.name);
   was_auto = v && is_auto(*v);
+  if (!v && overrides.fill_only) return 0;  // fill_only values fill "auto" keys, nothing else
   if (!v || was_auto) return over.value_or(0);
   int64_t value = to_int64(*v, key.name);
   if (value <= 0) fail(key.name, *v, "a positive integer");
-  if (over && *over != value) {
+  if (over && *over != value && !overrides.fill_only) {
     throw ConfigError(std::string("config key '") + key.name + "' is " + std::to_string(value) +
                       " but initialize() was given " + key.name + " = " + std::to_string(*over) +
                       "; make them agree or write \"auto\" in the config");

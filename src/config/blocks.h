@@ -46,6 +46,17 @@ bool is_raw_only_block(const std::string& key);
 // Throws ConfigError listing every "auto" value that cannot be resolved (auto_values.cpp).
 void reject_unresolved_auto(const json& doc);
 
+// "auto" values filled from ConfigOverrides by Hugging Face's rules (hf_auto_fill.cpp): `doc` is
+// changed in place; `filled` lists the keys and values written, `mismatches` the explicit values
+// that disagree with the overrides (empty with fill_only).
+struct AutoFillResult {
+  std::vector<std::pair<std::string, json>> filled;
+  std::vector<std::string> mismatches;
+};
+AutoFillResult fill_auto_values(json& doc, const ConfigOverrides& overrides);
+// Throws ConfigError listing every mismatch, if any.
+void reject_auto_mismatches(const AutoFillResult& result);
+
 // "fp32" / "fp16" / "bf16" from the spellings DeepSpeed and PyTorch use; error names `path`.
 std::string normalise_dtype(const json& value, const std::string& path);
 

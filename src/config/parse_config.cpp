@@ -19,9 +19,12 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
     throw ConfigError("the DeepSpeed config must be a JSON object {...}, got " +
                       config::describe(doc));
   }
-  config::reject_unresolved_auto(doc);
+  nlohmann::json filled = doc;
+  config::AutoFillResult fill = config::fill_auto_values(filled, overrides);
+  config::reject_auto_mismatches(fill);
+  config::reject_unresolved_auto(filled);
   config::Warnings sink(warnings);
-  config::ObjectReader top(doc, "", sink);
+  config::ObjectReader top(filled, "", sink);
   Config cfg;
   std::vector<std::string> auto_batch_keys =
       config::read_batch_sizes(top, dp_world_size, overrides, cfg);
@@ -36,12 +39,14 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
   top.finish();
   apply_implied_settings(cfg);
 
-  cfg.raw = doc;
+  cfg.raw = filled;
+  cfg.auto_filled = std::move(fill.filled);
   // raw records what training used: "auto" batch keys carry their resolved values.
   for (const std::string& key : auto_batch_keys) {
     if (key == "train_batch_size") cfg.raw[key] = cfg.train_batch_size;
     if (key == "train_micro_batch_size_per_gpu") cfg.raw[key] = cfg.train_micro_batch_size_per_gpu;
     if (key == "gradient_accumulation_steps") cfg.raw[key] = cfg.gradient_accumulation_steps;
+    cfg.auto_filled.emplace_back(key, cfg.raw[key]);
   }
   return cfg;
 }

@@ -8,6 +8,7 @@
 #include "deepspeed/optimizer.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
+#include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
 #include "zero/stage3/stage3.h"
@@ -113,14 +114,11 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
 //   stage 1           FlatStage: sharded partitions,   all-reduce at the boundary
 //   stage 2           FlatStage: sharded partitions,   reduce-scatter every micro-step
 //   stage 3           Stage3: per-unit slices gathered and released, reduce-scatter per unit
+// A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard
+// optimizer builds it over the fp32 partition (zero/client_optimizer.h).
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
-  if (mixed && client_optimizer)
-    throw ConfigError(std::string(s.config.bf16.enabled ? "bf16" : "fp16") +
-                      ".enabled: a client optimizer (InitializeArgs.optimizer) cannot be used with "
-                      "16-bit training, which keeps its own fp32 master weights; give the optimizer "
-                      "in the config's \"optimizer\" block instead");
   const zero::StageContext context{s.comm, s.device};
   if (stage < 1 && !mixed) {
     s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config)(s.trainable);
@@ -128,10 +126,10 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, s.optimizer);
     return;
   }
-  if (client_optimizer)
-    throw ConfigError("zero_optimization.stage = " + std::to_string(stage) +
-                      ": a client optimizer (InitializeArgs.optimizer) works with stage 0 only; "
-                      "give the optimizer in the config's \"optimizer\" block instead");
+  const zero::OptimizerFactory make_optimizer =
+      client_optimizer ? zero::client_optimizer_factory(client_optimizer, s.trainable,
+                                                        zero::client_optimizer_options(s.config))
+                       : optimizer_factory(s.config);
   switch (stage) {
     case 0:
     case 1:
@@ -139,14 +137,14 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       s.stage = std::make_unique<zero::FlatStage>(s.trainable, context,
                                                   flat_stage_options(s.config, stage, dtype),
-                                                  optimizer_factory(s.config));
+                                                  make_optimizer);
       break;
     }
     case 3: {
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context,
                                                stage3_options(s.config, dtype),
-                                               optimizer_factory(s.config));
+                                               make_optimizer);
       break;
     }
     default:

@@ -26,7 +26,24 @@ bool Engine::is_gradient_accumulation_boundary() const {
   return (state_->micro_steps + 1) % state_->config.gradient_accumulation_steps == 0;
 }
 
-at::Tensor Engine::backward(const at::Tensor& loss) {
+void Engine::report_torch_error(const char* phase, const c10::Error& error) const {
+  const std::string message = error.what_without_backtrace();
+  const std::string where =
+      "rank " + std::to_string(state_->comm->rank()) + ", " + phase + ": " + message;
+  // libtorch 1.13's CPU kernels lack Half for layer norm, matmul and others; bf16 has them all.
+  // On CUDA fp16 runs natively: there a Half error is the model's, reported as any other.
+  if (state_->device.is_cpu() && state_->config.fp16.enabled &&
+      message.find("'Half'") != std::string::npos)
+    throw ConfigError(
+        "fp16.enabled: the model uses an operator that this libtorch has no CPU fp16 (Half) "
+        "kernel for (" + where + "); use \"bf16\": {\"enabled\": true} instead (CPU bf16 kernels "
+        "exist for every operator) or train in fp32");
+  throw Error(where);
+}
+
+// backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
+// hooks and collectives included) reaches the user through report_torch_error.
+at::Tensor Engine::backward(const at::Tensor& loss) try {
   auto& s = *state_;
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
   at::Tensor scaled = loss;
@@ -46,9 +63,11 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
   to_differentiate.backward();
   s.stage->end_backward(boundary);
   return scaled;
+} catch (const c10::Error& e) {
+  report_torch_error("backward", e);
 }
 
-void Engine::step() {
+void Engine::step() try {
   auto& s = *state_;
   if (!is_gradient_accumulation_boundary()) {
     ++s.micro_steps;
@@ -96,6 +115,8 @@ void Engine::step() {
                    s.config.train_batch_size, s.skipped_steps,
                    s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
   s.log.on_step(line, s.config.steps_per_print, s.comm->rank() == 0);
+} catch (const c10::Error& e) {
+  report_torch_error("step", e);
 }
 
 int64_t Engine::train_batch_size() const { return state_->config.train_batch_size; }

@@ -137,17 +137,17 @@ TEST(Bf16Training, Fp32CommunicationAndAccumulationTrackToo) {
   }
 }
 
-TEST(MixedPrecisionConfig, ClientOptimizerIsRefusedNamingTheKey) {
+// A client optimizer with 16-bit training steps the fp32 master partition (issue 13: DeepSpeed
+// re-points the client's groups at its fp32 partitions); it used to be refused here.
+TEST(MixedPrecisionConfig, ClientOptimizerStepsTheFp32Masters) {
   auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
   auto opt = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
   auto config = dstest::base_config(2, 1, 0);
   config["bf16"] = {{"enabled", true}};
-  try {
-    deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = opt});
-    FAIL() << "expected ConfigError";
-  } catch (const deepspeed::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("bf16.enabled"), std::string::npos) << e.what();
-  }
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = opt});
+  EXPECT_EQ(r.optimizer.get(), opt.get());
+  ASSERT_EQ(opt->param_groups()[0].params().size(), 1u);
+  EXPECT_EQ(opt->param_groups()[0].params()[0].scalar_type(), torch::kFloat);
 }
 
 // ---- fp16 --------------------------------------------------------------------------------------

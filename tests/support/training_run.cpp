@@ -59,8 +59,14 @@ RunResult train_gpt(const RunSpec& spec) {
       models[rank] = std::make_shared<gpt::GPTImpl>(spec.model);
       prepare(*models[rank]);
     }
+    std::shared_ptr<torch::optim::Optimizer> client;
+    if (spec.client_optimizer) client = spec.client_optimizer(*models[rank]);
     auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = models[rank], .config_json = spec.config, .training_data = data, .comm = comm,
+        {.model = models[rank],
+         .config_json = spec.config,
+         .training_data = data,
+         .optimizer = client,
+         .comm = comm,
          .device = spec.device});
     if (spec.before_training) spec.before_training(*engine);
     if (spec.zero_init) {

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -41,6 +42,8 @@ struct RunSpec {
   std::function<void(deepspeed::Engine&)> after_training;
   // Called on every rank after initialize(), before the first step (e.g. to load a checkpoint).
   std::function<void(deepspeed::Engine&)> before_training;
+  // If set: each rank's client optimizer (InitializeArgs.optimizer), built over its model.
+  std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)> client_optimizer;
 };
 
 int64_t count_parameters(const gpt::GPTConfig& model);

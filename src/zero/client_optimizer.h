@@ -1,0 +1,42 @@
+// A client optimizer (InitializeArgs.optimizer) under ZeRO, as DeepSpeed takes one: the shard
+// optimizer (zero/shard_optimizer.h) builds its optimizer over the rank's fp32 partition through
+// an OptimizerFactory, and this makes that factory from the client's optimizer.
+//
+// - Shard home none/cpu without the CPU-Adam rule below: the client optimizer itself is used. Its
+//   one parameter group keeps its options (lr, betas, momentum, ...) and its parameters are
+//   replaced by the fp32 partition the shard gives; its state is cleared (it has taken no step
+//   on the partition yet).
+// - Optimizer offload (home cpu or nvme), DeepSpeed's zero_force_ds_cpu_optimizer: a client
+//   torch::optim::Adam / AdamW (or FusedAdam) runs as the project's CPU Adam (FusedAdam; on nvme
+//   the swapped Adam) with the client's lr, betas, eps and weight decay (Adam: L2 decay, AdamW:
+//   decoupled). Any other client optimizer is refused naming zero_force_ds_cpu_optimizer, unless
+//   that key is false and the home is cpu (then it steps the in-memory masters as above).
+#pragma once
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+#include "deepspeed/config.h"
+#include "zero/shard_optimizer.h"
+#include "zero/stage_options.h"
+
+namespace deepspeed {
+namespace zero {
+
+struct ClientOptimizerOptions {
+  OffloadDevice home = OffloadDevice::kNone;  // offload_optimizer.device
+  bool force_ds_cpu_optimizer = true;         // zero_force_ds_cpu_optimizer
+};
+ClientOptimizerOptions client_optimizer_options(const Config& config);
+
+// REQUIRES: client is not null. Checks at once (ConfigError) that the client has one parameter
+// group holding exactly the model's trainable parameters `trainable` (the partition replaces all
+// of them), and the offload rules above.
+OptimizerFactory client_optimizer_factory(std::shared_ptr<torch::optim::Optimizer> client,
+                                          const std::vector<at::Tensor>& trainable,
+                                          const ClientOptimizerOptions& options);
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -1,0 +1,184 @@
+// A client optimizer (InitializeArgs.optimizer, no "optimizer" block) at ZeRO stages 1-3, with
+// 16-bit training and under optimizer offload, against the same optimizer built from the config.
+// Adam: the client torch::optim::Adam steps the fp32 partition with libtorch's arithmetic, the
+// config's Adam with the fused kernel; the two differ by float rounding only, so the losses agree
+// to 1e-6 over 8 steps. SGD is libtorch's SGD both ways. Under offload the client Adam becomes the
+// CPU Adam with its options: then the runs are the same arithmetic and agree exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "deepspeed/errors.h"
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/training_run.h"
+
+namespace {
+using nlohmann::json;
+using ClientFactory = std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)>;
+
+constexpr double kAdamLossTol = 1e-6;
+constexpr int kSteps = 8;
+
+dstest::RunResult run(int world, int stage, const json& optimizer_block, ClientFactory client,
+                      const json& extra = json()) {
+  dstest::RunSpec s;
+  s.world_size = world;
+  s.steps = kSteps;
+  s.config = dstest::base_config(2, 1, stage);
+  if (stage == 3) s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  if (optimizer_block.is_null())
+    s.config.erase("optimizer");
+  else
+    s.config["optimizer"] = optimizer_block;
+  if (!extra.is_null()) s.config.merge_patch(extra);
+  s.client_optimizer = std::move(client);
+  return dstest::train_gpt(s);
+}
+
+double max_loss_abs_diff(const dstest::RunResult& a, const dstest::RunResult& b) {
+  EXPECT_EQ(a.losses.size(), b.losses.size());
+  double m = 0.0;
+  for (size_t i = 0; i < std::min(a.losses.size(), b.losses.size()); ++i)
+    m = std::max(m, std::abs(a.losses[i] - b.losses[i]));
+  return m;
+}
+
+// torch::optim::Adam (L2 weight decay) = DeepSpeed "Adam" with adam_w_mode false.
+const json kConfigAdam = {
+    {"type", "Adam"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}, {"adam_w_mode", false}}}};
+ClientFactory client_adam() {
+  return [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::Adam>(m.parameters(),
+                                                torch::optim::AdamOptions(3e-3).weight_decay(0.01));
+  };
+}
+const json kConfigAdamW = {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}};
+ClientFactory client_adamw() {
+  return [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::AdamW>(
+        m.parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
+  };
+}
+const json kConfigSgd = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
+ClientFactory client_sgd() {
+  return [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::SGD>(m.parameters(),
+                                               torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+}
+
+std::string config_error_of(const std::function<void()>& f) {
+  return dstest::message_of<deepspeed::ConfigError>(f);
+}
+}  // namespace
+
+class ClientOptimizerStages : public ::testing::TestWithParam<int> {};
+
+TEST_P(ClientOptimizerStages, AdamMatchesTheConfigAdam) {
+  const int stage = GetParam();
+  auto configured = run(2, stage, kConfigAdam, nullptr);
+  auto client = run(2, stage, json(), client_adam());
+  ASSERT_EQ(client.losses.size(), size_t(kSteps));
+  EXPECT_LT(max_loss_abs_diff(client, configured), kAdamLossTol);
+  EXPECT_LT(client.losses.back(), client.losses.front());  // it trains
+}
+
+TEST_P(ClientOptimizerStages, SgdMatchesTheConfigSgd) {
+  const int stage = GetParam();
+  auto configured = run(2, stage, kConfigSgd, nullptr);
+  auto client = run(2, stage, json(), client_sgd());
+  EXPECT_LT(max_loss_abs_diff(client, configured), kAdamLossTol);
+  EXPECT_LT(dstest::max_weight_diff(client, configured), 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ClientOptimizerStages, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+// With bf16 the client optimizer steps the fp32 masters; the 16-bit copies are rounded from them,
+// where a 1-ulp difference between the two Adam implementations can flip a bf16 rounding, so
+// losses agree to bf16 precision (2^-8 relative), not 1e-6.
+TEST(ClientOptimizer, AdamWWithBf16StepsTheMasters) {
+  for (int stage : {0, 2, 3}) {
+    json bf16 = {{"bf16", {{"enabled", true}}}};
+    auto configured = run(2, stage, kConfigAdamW, nullptr, bf16);
+    auto client = run(2, stage, json(), client_adamw(), bf16);
+    EXPECT_LT(dstest::max_loss_rel_diff(client, configured), 4e-3) << "stage " << stage;
+  }
+}
+
+// zero_force_ds_cpu_optimizer: under optimizer offload the client Adam/AdamW runs as the CPU Adam
+// with its own options, i.e. exactly what the config's Adam block builds.
+TEST(ClientOptimizer, AdamUnderCpuOffloadIsTheCpuAdam) {
+  json offload = {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
+  auto configured = run(2, 2, kConfigAdam, nullptr, offload);
+  auto client = run(2, 2, json(), client_adam(), offload);
+  EXPECT_EQ(max_loss_abs_diff(client, configured), 0.0);
+  EXPECT_EQ(dstest::max_weight_diff(client, configured), 0.0);
+}
+
+TEST(ClientOptimizer, AdamUnderNvmeOffloadIsTheSwappedAdam) {
+  for (int stage : {1, 3}) {
+    dstest::TempDir a, b;
+    auto nvme = [](const dstest::TempDir& d) {
+      return json{{"zero_optimization",
+                   {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", d.path()}}}}}};
+    };
+    auto configured = run(2, stage, kConfigAdamW, nullptr, nvme(a));
+    auto client = run(2, stage, json(), client_adamw(), nvme(b));
+    ASSERT_EQ(client.losses.size(), size_t(kSteps));
+    EXPECT_EQ(max_loss_abs_diff(client, configured), 0.0) << "stage " << stage;
+    EXPECT_EQ(dstest::max_weight_diff(client, configured), 0.0) << "stage " << stage;
+  }
+}
+
+TEST(ClientOptimizer, OtherTypesUnderOffloadAreRefusedNamingTheKey) {
+  json offload = {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
+  std::string msg = config_error_of([&] { run(1, 2, json(), client_sgd(), offload); });
+  EXPECT_CONTAINS(msg, "zero_force_ds_cpu_optimizer");
+  EXPECT_CONTAINS(msg, "offload_optimizer.device");
+}
+
+TEST(ClientOptimizer, OtherTypesUnderCpuOffloadRunWhenNotForced) {
+  json offload = {{"zero_force_ds_cpu_optimizer", false},
+                  {"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
+  auto configured = run(2, 2, kConfigSgd, nullptr, offload);
+  auto client = run(2, 2, json(), client_sgd(), offload);
+  EXPECT_LT(max_loss_abs_diff(client, configured), kAdamLossTol);
+}
+
+TEST(ClientOptimizer, TheClientObjectIsTheEngineOptimizer) {
+  auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+  auto opt =
+      std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto config = dstest::base_config(2, 1, 2);
+  config.erase("optimizer");
+  auto r = deepspeed::initialize<gpt::GPTImpl>(
+      {.model = model, .config_json = config, .optimizer = opt});
+  EXPECT_EQ(r.optimizer.get(), opt.get());
+  ASSERT_EQ(opt->param_groups().size(), 1u);
+  ASSERT_EQ(opt->param_groups()[0].params().size(), 1u);  // the flat partition
+  EXPECT_DOUBLE_EQ(opt->param_groups()[0].options().get_lr(), 0.1);
+}
+
+TEST(ClientOptimizer, SeveralGroupsOrMissingParametersAreRefused) {
+  auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+  auto params = model->parameters();
+  auto config = dstest::base_config(2, 1, 1);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>(params.begin(), params.begin() + 2));
+  groups.emplace_back(std::vector<torch::Tensor>(params.begin() + 2, params.end()));
+  auto two = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1));
+  std::string msg = config_error_of([&] {
+    deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = two});
+  });
+  EXPECT_CONTAINS(msg, "2 parameter groups");
+
+  auto some = std::make_shared<torch::optim::SGD>(
+      std::vector<torch::Tensor>(params.begin(), params.begin() + 2),
+      torch::optim::SGDOptions(0.1));
+  msg = config_error_of([&] {
+    deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .optimizer = some});
+  });
+  EXPECT_CONTAINS(msg, "holds 2 of the");
+}

@@ -1,0 +1,150 @@
+// gpt_train with configs as real users write them (issue 13): no "optimizer" block (AdamW from its
+// flags, said on the first line), the Hugging Face ZeRO-2/ZeRO-3 templates with "auto" everywhere
+// (filled from the flags and the model, the filled keys printed), and fp16 on this CPU build
+// (refused naming fp16.enabled, no C++ stack frames).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/training_run.h"
+
+namespace {
+using nlohmann::json;
+
+struct Run {
+  bool ok = false;
+  std::string output;
+};
+
+// gpt_train on a small model for `steps` steps; `config` is a path.
+Run gpt_train(const dstest::TempDir& dir, const std::string& config, int steps,
+              const std::string& extra = "") {
+  const std::string log = dir / "log.txt";
+  const std::string cmd =
+      "exec " + dstest::bin_dir() + "/gpt_train --deepspeed_config " + config +
+      " --n_layer 1 --n_head 2 --n_embd 32 --block_size 16 --threads 1 --steps " +
+      std::to_string(steps) + " " + extra + " > " + log + " 2>&1";
+  Run r;
+  int status = std::system(cmd.c_str());
+  r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  r.output = dstest::read_bytes(log);
+  return r;
+}
+
+std::string write_config(const dstest::TempDir& dir, const json& config) {
+  std::ofstream(dir / "ds_config.json") << config.dump(2);
+  return dir / "ds_config.json";
+}
+
+std::map<int, std::string> step_losses(const std::string& output) {
+  std::map<int, std::string> out;
+  std::regex line(R"(step (\d+) loss ([0-9.]+))");
+  for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it)
+    out[std::stoi((*it)[1])] = (*it)[2];
+  return out;
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+std::string example(const std::string& name) {
+  return dstest::source_dir() + "/examples/gpt/" + name;
+}
+
+// The example config's optimizer, which gpt_train's flag defaults equal.
+json with_optimizer_block(json config) {
+  config["optimizer"] = {
+      {"type", "AdamW"},
+      {"params", {{"lr", 6e-4}, {"betas", {0.9, 0.99}}, {"eps", 1e-8}, {"weight_decay", 0.01}}}};
+  return config;
+}
+}  // namespace
+
+TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
+  dstest::TempDir dir;
+  json config = dstest::base_config(4, 1, 2);
+  config.erase("optimizer");
+  auto run = gpt_train(dir, write_config(dir, config), 4);
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_EQ(first_line(run.output)
+                .rfind("gpt_train: the config has no \"optimizer\" block: training "
+                       "with AdamW from the command line (--lr 0.0006",
+                       0),
+            0u)
+      << run.output;
+  auto losses = step_losses(run.output);
+  ASSERT_EQ(losses.size(), 4u) << run.output;
+
+  // The same AdamW written in the config: the same losses (to the 4 printed decimals).
+  dstest::TempDir dir2;
+  auto reference = gpt_train(dir2, write_config(dir2, with_optimizer_block(config)), 4);
+  ASSERT_TRUE(reference.ok) << reference.output;
+  EXPECT_EQ(losses, step_losses(reference.output));
+
+  // --lr changes what the AdamW does.
+  dstest::TempDir dir3;
+  auto faster = gpt_train(dir3, write_config(dir3, config), 4, "--lr 0.01 --weight_decay 0");
+  ASSERT_TRUE(faster.ok) << faster.output;
+  EXPECT_NE(first_line(faster.output).find("--lr 0.01"), std::string::npos) << faster.output;
+  EXPECT_NE(step_losses(faster.output)[4], losses[4]);
+}
+
+class HfTemplates : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfTemplates, TrainUnchangedWithTheFilledKeysPrinted) {
+  dstest::TempDir dir;
+  auto run = gpt_train(dir, example(GetParam()), 4, "--micro_batch 4 --warmup_steps 2");
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_EQ(step_losses(run.output).size(), 4u) << run.output;
+  const std::string filled = "gpt_train: filled \"auto\" config keys";
+  ASSERT_NE(run.output.find(filled), std::string::npos) << run.output;
+  for (const char* key :
+       {"optimizer.params.lr=0.0006", "optimizer.params.betas=[0.9,0.99]",
+        "optimizer.params.eps=1e-08", "optimizer.params.weight_decay=0.01",
+        "scheduler.params.warmup_min_lr=0", "scheduler.params.warmup_max_lr=0.0006",
+        "scheduler.params.warmup_num_steps=2", "fp16.enabled=false", "bf16.enabled=false",
+        "gradient_clipping=1.0", "zero_optimization.reduce_bucket_size=1024",
+        "train_micro_batch_size_per_gpu=4", "gradient_accumulation_steps=1", "train_batch_size=4"})
+    EXPECT_NE(run.output.find(key), std::string::npos) << key << "\n" << run.output;
+  if (std::string(GetParam()).find("zero3") != std::string::npos) {
+    EXPECT_NE(run.output.find("scheduler.params.total_num_steps=4"), std::string::npos);
+    EXPECT_NE(run.output.find("zero_optimization.stage3_prefetch_bucket_size=921"),
+              std::string::npos);  // int(0.9 * 32^2)
+    EXPECT_NE(run.output.find("zero_optimization.stage3_param_persistence_threshold=320"),
+              std::string::npos);
+  }
+}
+
+TEST_P(HfTemplates, Bf16FlagFillsTheBf16Block) {
+  dstest::TempDir dir;
+  auto run = gpt_train(dir, example(GetParam()), 2, "--micro_batch 2 --bf16");
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_CONTAINS(run.output, "bf16.enabled=true");
+  EXPECT_EQ(step_losses(run.output).size(), 2u) << run.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(Zero2And3, HfTemplates,
+                         ::testing::Values("ds_config_hf_zero2.json", "ds_config_hf_zero3.json"),
+                         [](const auto& info) {
+                           return std::string(info.param).find("zero3") != std::string::npos
+                                      ? "zero3"
+                                      : "zero2";
+                         });
+
+TEST(GptTrainConfigs, Fp16OnTheCpuBuildIsRefusedWithoutStackFrames) {
+  dstest::TempDir dir;
+  json config = dstest::base_config(2, 1, 1);
+  config["fp16"] = {{"enabled", true}};
+  auto run = gpt_train(dir, write_config(dir, config), 2);
+  EXPECT_FALSE(run.ok) << run.output;
+  EXPECT_CONTAINS(run.output, "fp16.enabled");
+  EXPECT_CONTAINS(run.output, "\"bf16\": {\"enabled\": true}");
+  EXPECT_CONTAINS(run.output, "rank 0, forward");
+  EXPECT_EQ(run.output.find("frame #"), std::string::npos) << run.output;
+  EXPECT_EQ(run.output.find("Exception raised from"), std::string::npos) << run.output;
+}

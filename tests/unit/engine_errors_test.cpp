@@ -1,0 +1,110 @@
+// A libtorch error during training reaches the user as deepspeed::Error naming the rank and the
+// phase (forward, backward, step) with libtorch's message, never its C++ stack frames; fp16 on a
+// CPU operator without a Half kernel is a ConfigError naming fp16.enabled and suggesting bf16.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deepspeed/deepspeed.h"
+#include "gpt/model.h"
+#include "support/expect.h"
+#include "support/training_run.h"
+
+namespace {
+using nlohmann::json;
+
+// Markers of a libtorch backtrace (c10::Error::what() appends one).
+void expect_no_stack_frames(const std::string& msg) {
+  EXPECT_EQ(msg.find("frame #"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("Exception raised from"), std::string::npos) << msg;
+}
+
+// forward(x, y): x @ w with a deliberately wrong shape when `bad_shape`.
+struct ShapeNetImpl : torch::nn::Module {
+  torch::Tensor w;
+  ShapeNetImpl() { w = register_parameter("w", torch::randn({4, 3})); }
+  torch::Tensor forward(torch::Tensor x, torch::Tensor y) {
+    return (torch::matmul(x, w) - y).pow(2).mean();
+  }
+};
+
+// An optimizer whose step fails inside libtorch.
+struct FailingSgd : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+  torch::Tensor step(LossClosure) override {
+    TORCH_CHECK(false, "simulated optimizer failure");
+    return {};
+  }
+};
+
+json tiny_config() {
+  return {{"train_micro_batch_size_per_gpu", 2},
+          {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}}};
+}
+}  // namespace
+
+TEST(EngineErrors, Fp16WithoutCpuHalfKernelsNamesTheKeyAndBf16) {
+  auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+  auto config = dstest::base_config(2, 1, 0);
+  config["fp16"] = {{"enabled", true}};
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  try {
+    r.engine->forward(x, x);
+    FAIL() << "expected the fp16 forward to be refused";
+  } catch (const deepspeed::ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_CONTAINS(msg, "fp16.enabled");
+    EXPECT_CONTAINS(msg, "\"bf16\": {\"enabled\": true}");
+    EXPECT_CONTAINS(msg, "rank 0, forward");
+    EXPECT_CONTAINS(msg, "not implemented for 'Half'");
+    expect_no_stack_frames(msg);
+  }
+}
+
+TEST(EngineErrors, ForwardErrorNamesRankAndPhase) {
+  auto model = std::make_shared<ShapeNetImpl>();
+  auto r = deepspeed::initialize<ShapeNetImpl>({.model = model, .config_json = tiny_config()});
+  try {
+    r.engine->forward(torch::randn({2, 5}), torch::randn({2, 3}));
+    FAIL() << "expected an error";
+  } catch (const deepspeed::ConfigError& e) {
+    FAIL() << "not a config problem: " << e.what();
+  } catch (const deepspeed::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("rank 0, forward: ", 0), 0u) << msg;
+    EXPECT_CONTAINS(msg, "cannot be multiplied");
+    expect_no_stack_frames(msg);
+  }
+}
+
+TEST(EngineErrors, BackwardErrorNamesRankAndPhase) {
+  auto model = std::make_shared<ShapeNetImpl>();
+  auto r = deepspeed::initialize<ShapeNetImpl>({.model = model, .config_json = tiny_config()});
+  try {
+    r.engine->backward(torch::ones({3}, torch::requires_grad()));
+    FAIL() << "expected an error";
+  } catch (const deepspeed::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("rank 0, backward: ", 0), 0u) << msg;
+    EXPECT_CONTAINS(msg, "loss must be a scalar");
+    expect_no_stack_frames(msg);
+  }
+}
+
+TEST(EngineErrors, StepErrorNamesRankAndPhase) {
+  auto model = std::make_shared<ShapeNetImpl>();
+  auto opt = std::make_shared<FailingSgd>(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto r = deepspeed::initialize<ShapeNetImpl>(
+      {.model = model, .config_json = tiny_config(), .optimizer = opt});
+  auto loss = r.engine->forward(torch::randn({2, 4}), torch::randn({2, 3}));
+  r.engine->backward(loss);
+  try {
+    r.engine->step();
+    FAIL() << "expected an error";
+  } catch (const deepspeed::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind("rank 0, step: ", 0), 0u) << msg;
+    EXPECT_CONTAINS(msg, "simulated optimizer failure");
+    expect_no_stack_frames(msg);
+  }
+}

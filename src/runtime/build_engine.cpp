@@ -6,6 +6,7 @@
 
 #include "deepspeed/device.h"
 #include "deepspeed/optimizer.h"
+#include "device/out_of_memory.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
 #include "zero/client_optimizer.h"
@@ -181,7 +182,17 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   broadcast_from_rank0(*s->module, *s->comm);
 
-  build_stage(*s, in.optimizer);
+  try {
+    build_stage(*s, in.optimizer);
+  } catch (const c10::Error& e) {
+    // Building a stage allocates its partitions, buckets and optimizer state on the device.
+    if (auto oom = out_of_memory_message(
+            e.what_without_backtrace(),
+            "initialize() building the stage's partitions, buckets and optimizer state",
+            s->config.zero_optimization.stage, s->device))
+      throw Error(*oom);
+    throw;
+  }
   s->loss_scaler =
       precision::make_loss_scaler(s->config.fp16, s->config.zero_optimization.stage >= 1);
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "deepspeed/zero_unit.h"
+#include "device/out_of_memory.h"
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
@@ -30,6 +31,10 @@ void Engine::report_torch_error(const char* phase, const c10::Error& error) cons
   const std::string message = error.what_without_backtrace();
   const std::string where =
       "rank " + std::to_string(state_->comm->rank()) + ", " + phase + ": " + message;
+  if (auto oom = out_of_memory_message(
+          message, "rank " + std::to_string(state_->comm->rank()) + "'s " + phase,
+          state_->config.zero_optimization.stage, state_->device))
+    throw Error(*oom);
   // libtorch 1.13's CPU kernels lack Half for layer norm, matmul and others; bf16 has them all.
   // On CUDA fp16 runs natively: there a Half error is the model's, reported as any other.
   if (state_->device.is_cpu() && state_->config.fp16.enabled &&

@@ -57,13 +57,13 @@ nlohmann::json config_for(int stage, bool bf16, Home home, const std::string& nv
 }
 
 dstest::RunResult train_on_gpu(int stage, bool bf16, Home home, int world = 1) {
-  dstest::TempDir nvme;
+  dstest::TempDir nvme("ds_gpu_nvme", dstest::TempDir::Base::kDisk);
   dstest::RunSpec spec;
   spec.world_size = world;
   spec.backend = world == 1 ? "nccl" : "gloo";
   spec.device = "cuda";
   spec.steps = 20;
-  spec.config = config_for(stage, bf16, home, nvme.path().string());
+  spec.config = config_for(stage, bf16, home, nvme.path());
   return dstest::train_gpt(spec);
 }
 
@@ -127,7 +127,7 @@ TEST(TwoRanksOneGpu, StagesAgreeOverGloo) {
 TEST(TwoRanksOneGpu, CheckpointMovesBetweenGpuAndCpu) {
   SKIP_WITHOUT_GPU();
   dstest::TempDir dir;
-  const std::string gpu_ckpt = (dir.path() / "gpu").string(), cpu_ckpt = (dir.path() / "cpu").string();
+  const std::string gpu_ckpt = dir / "gpu", cpu_ckpt = dir / "cpu";
   dstest::RunSpec spec;
   spec.world_size = 2;
   spec.steps = 3;

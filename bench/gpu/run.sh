@@ -1,0 +1,84 @@
+#!/bin/bash
+# The GPU benchmark and tests on the GPU machine (docs/gpu.md, docs/benchmarks.md), with the peers
+# (PyTorch, DeepSpeed 0.14.5, from gpu-anchor copied to .gpu/) run in the same call on the same GPT.
+#   STEPS="build test bench" bash bench/gpu/run.sh
+#   build   configure + build this tree against the torch wheel's CUDA libtorch in /tmp/dsb
+#   test    ctest -L gpu, then -L unit (CAP_TEST seconds each)
+#   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
+#   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
+# Prints a table last; logs under $OUT.
+set -u
+START=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+ROOT=$PWD; G=$ROOT/.gpu; B=/tmp/dsb
+STEPS=${STEPS:-"build test bench"}
+ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off ds_z2_off dscpp_z3_off ds_z3_off"}
+LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
+BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+PY=$(command -v python3)
+TORCH_DIR=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+NV_LIB=$($PY -c 'import nvidia, os; p=os.path.join(list(nvidia.__path__)[0], "cu13", "lib"); print(p if os.path.isdir(p) else "")' 2>/dev/null)
+[ -n "$NV_LIB" ] && export LD_LIBRARY_PATH=$NV_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0
+log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
+
+build() {
+  log "configure against $TORCH_DIR"
+  cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR="$TORCH_DIR" \
+    -DDS_GLOO_INCLUDE_DIR=$G/deps/gloo-src -DURING_INCLUDE_DIR=$G/deps/usr/include \
+    -DURING_LIBRARY=$G/deps/usr/lib/x86_64-linux-gnu/liburing.a -DCMAKE_CUDA_COMPILER=$(command -v nvcc) \
+    -DCUDAToolkit_ROOT=$CUDA_HOME -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$OUT/build.log" 2>&1 || { log "configure failed"; tail -30 "$OUT/build.log"; return 1; }
+  log "build ${BUILD_TARGETS:-all}"
+  timeout ${BUILD_CAP:-330} ninja -C $B -j16 -k 0 ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
+  log "build rc=$?"; grep -E "error:|undefined reference" "$OUT/build.log" | sort | uniq -c | sort -rn | head -30
+}
+run_tests() {
+  for L in gpu unit; do
+    log "ctest -L $L"
+    (cd $B && timeout $CAP_TEST ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
+    grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
+  done
+}
+ds_config() {  # stage, offload
+  local z="\"stage\": $1, \"overlap_comm\": true, \"reduce_bucket_size\": 500000000"
+  case $2 in
+    opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}" ;;
+    param_opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true}, \"stage3_max_live_parameters\": 1000000000, \"stage3_prefetch_bucket_size\": 50000000" ;;
+  esac
+  cat <<JSON
+{"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+ "steps_per_print": 1000000000, "zero_optimization": {$z}}
+JSON
+}
+row_ours() {  # name stage offload
+  ds_config $2 $3 > /tmp/$1.json
+  env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $ROW_CAP $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
+    --random_tokens --vocab_size 50304 --block_size $CTX --n_layer $LAYERS --n_embd $D --n_head $HEADS \
+    --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} > "$OUT/$1.log" 2>&1
+  log "row $1 rc=$?: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
+  grep -E "error" "$OUT/$1.log" | head -3
+}
+row_peer() {
+  export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000))
+  local PP=""; [[ $1 == ds_* ]] && PP=$G/ds:$G/pylib/usr/lib/python3/dist-packages:$G/pylib
+  PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 timeout $ROW_CAP $PY $G/bench/gpt_bench.py --row $1 \
+    --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
+  log "row $1 rc=$?: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
+}
+bench() {
+  if [[ "$ROWS" == *ds_*off* ]]; then  # DeepSpeed's cpu_adam JIT, as gpu-anchor's driver does
+    (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1) &
+    JIT=$!
+  fi
+  for r in $ROWS; do
+    case $r in
+      dscpp_z0) row_ours $r 0 none ;; dscpp_z1) row_ours $r 1 none ;; dscpp_z2) row_ours $r 2 none ;;
+      dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;; dscpp_z3_off) row_ours $r 3 param_opt ;;
+      ds_*off) [ -n "${JIT:-}" ] && { wait $JIT; JIT=; }; row_peer $r ;;
+      *) row_peer $r ;;
+    esac
+  done
+}
+for s in $STEPS; do case $s in build) build ;; test) run_tests ;; bench) bench ;; esac; done
+log "total"

@@ -75,8 +75,9 @@ std::string choose_backend(const ProcessInfo& info, const InitOptions& options) 
 
 CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOptions& options) {
   if (info.world_size == 1) return make_single_process_communicator();
+  const std::string backend = choose_backend(info, options);  // a bad value fails before the rendezvous
   auto store = connect_store(info, options.timeout);
-  if (choose_backend(info, options) == "nccl") {
+  if (backend == "nccl") {
     const c10::Device device = resolve_device("cuda", info.local_rank);
     return make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
                                      device.index(), options.timeout);

@@ -62,7 +62,7 @@ class NcclCommunicator : public CommunicatorBase {
     return launch(describe("all_reduce", tensor), [&] { return pg_->allreduce(bufs, opts); },
                   [tensor, staged, op, world]() mutable {
                     if (op == ReduceOp::Avg) divide_by(staged, world);
-                    if (!staged.is_same(tensor)) tensor.copy_(staged);
+                    if (!same_memory(staged, tensor)) tensor.copy_(staged);
                   });
   }
 
@@ -103,7 +103,7 @@ class NcclCommunicator : public CommunicatorBase {
                   [&] { return pg_->_reduce_scatter_base(out, in, opts); },
                   [output, out, op, world]() mutable {
                     if (op == ReduceOp::Avg) divide_by(out, world);
-                    if (!out.is_same(output)) output.copy_(out.view(output.sizes()));
+                    if (!same_memory(out, output)) output.copy_(out.view(output.sizes()));
                   });
   }
 
@@ -195,9 +195,13 @@ class NcclCommunicator : public CommunicatorBase {
     return t.to(device_, /*non_blocking=*/false, /*copy=*/false).contiguous();
   }
 
+  static bool same_memory(const at::Tensor& a, const at::Tensor& b) {
+    return a.device() == b.device() && a.data_ptr() == b.data_ptr() && b.is_contiguous();
+  }
+
   static std::function<void()> copy_back(at::Tensor dst, at::Tensor staged) {
     return [dst, staged]() mutable {
-      if (staged.is_same(dst)) return;
+      if (same_memory(staged, dst)) return;  // the collective ran in the caller's tensor
       dst.copy_(staged.view(dst.sizes()));
     };
   }

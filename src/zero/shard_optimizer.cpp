@@ -172,6 +172,16 @@ class WholeStateWindows : public StateWindows {
 
 }  // namespace
 
+void* TensorPartition::begin_group(int64_t begin, int64_t numel) {
+  if (slice_.is_cpu()) return static_cast<char*>(slice_.data_ptr()) + begin * slice_.element_size();
+  if (stage_.numel() < numel) stage_ = at::empty({numel}, slice_.options().device(at::kCPU));
+  return stage_.data_ptr();
+}
+
+void TensorPartition::end_group(int64_t begin, int64_t numel) {
+  if (!slice_.is_cpu()) slice_.narrow(0, begin, numel).copy_(stage_.narrow(0, 0, numel));
+}
+
 std::unique_ptr<StateWindows> whole_state_windows(std::array<at::Tensor, 3> state) {
   return std::make_unique<WholeStateWindows>(std::move(state));
 }

@@ -63,14 +63,8 @@ class TensorPartition : public ParamPartition {
   at::Tensor read_group(int64_t begin, int64_t numel) override { return slice_.narrow(0, begin, numel); }
   // A swapped optimizer writes each group on the host; a partition on a GPU gets it through a
   // host staging buffer, copied up at end_group.
-  void* begin_group(int64_t begin, int64_t numel) override {
-    if (slice_.is_cpu()) return static_cast<char*>(slice_.data_ptr()) + begin * slice_.element_size();
-    if (stage_.numel() < numel) stage_ = at::empty({numel}, slice_.options().device(at::kCPU));
-    return stage_.data_ptr();
-  }
-  void end_group(int64_t begin, int64_t numel) override {
-    if (!slice_.is_cpu()) slice_.narrow(0, begin, numel).copy_(stage_.narrow(0, 0, numel));
-  }
+  void* begin_group(int64_t begin, int64_t numel) override;
+  void end_group(int64_t begin, int64_t numel) override;
 
  private:
   at::Tensor slice_;

@@ -1,0 +1,29 @@
+#!/bin/bash
+# Compile-checks the CUDA/NCCL-specific sources against libtorch 2.11 + CUDA 13 + NCCL headers
+# (the GPU machine's), with no GPU and no libtorch 2.x installed: `g++ -fsyntax-only` through
+# ../shared/tools/libtorch2-headers/check.sh. CI runs it so the CUDA path cannot rot between GPU
+# runs; it is skipped, saying so, where that kit is absent (a user's clone).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CHECK=${LIBTORCH2_CHECK:-../shared/tools/libtorch2-headers/check.sh}
+if [ ! -x "$CHECK" ] && [ ! -f "$CHECK" ]; then
+  echo "check-cuda-sources: $CHECK not found: CUDA sources not compile-checked"
+  exit 0
+fi
+# Every file with code under DS_WITH_CUDA / USE_C10D_NCCL / TORCH_VERSION_MAJOR >= 2, and the
+# GPU tests.
+FILES=(
+  src/comm/nccl_communicator.cpp
+  src/comm/init.cpp
+  src/device/device.cpp
+  src/device/device_memory.cpp
+  src/device/out_of_memory.cpp
+  src/optim/device_adam.cpp
+  src/optim/fused_adam.cpp
+  src/zero/shard_optimizer.cpp
+  examples/gpt/model.cpp
+  tests/gpu/gpu_training_test.cpp
+)
+echo "check-cuda-sources: ${#FILES[@]} files against libtorch 2.11 / CUDA 13 / NCCL headers"
+bash "$CHECK" -DDS_WITH_CUDA=1 -DFMT_HEADER_ONLY=1 -I include -I src -I tests -I examples "${FILES[@]}"
+echo "check-cuda-sources: ok"

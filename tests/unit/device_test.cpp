@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include "comm/nccl_communicator.h"
@@ -80,7 +81,7 @@ TEST(Device, CpuHasNoDeviceMemoryAndNoCap) {
 TEST(Backend, NcclWithoutCudaIsRefusedNamingTheWayOut) {
   if (deepspeed::comm::nccl_built()) GTEST_SKIP() << "this build has NCCL (tests/gpu cover it)";
   EXPECT_CONTAINS(error_of([] {
-                    deepspeed::comm::make_nccl_communicator_on({}, 0, 2, 0, 0,
+                    deepspeed::comm::make_nccl_communicator_on(c10::make_intrusive<c10d::HashStore>(), 0, 2, 0, 0,
                                                                std::chrono::seconds(1));
                   }),
                   "DS_COMM_BACKEND=gloo");

@@ -12,6 +12,7 @@ PACKAGES=(
   libfmt-dev            # formatting
   libgtest-dev          # tests
   liburing-dev          # io_uring for NVMe offload
+  xz-utils              # CI unpacks the libtorch 2.11 headers that the CUDA sources are checked against
   python3-torch         # PyTorch DDP baseline for the benchmarks (and checkpoint interop tests)
 )
 # With TORCH_DIR (a libtorch 2.x of the user's, docs/gpu.md) Debian's libtorch is not needed, and

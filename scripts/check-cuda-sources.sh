@@ -10,10 +10,14 @@ if [ ! -x "$CHECK" ] && [ ! -f "$CHECK" ]; then
   echo "check-cuda-sources: $CHECK not found: CUDA sources not compile-checked"
   exit 0
 fi
-# Every file with code under DS_WITH_CUDA / USE_C10D_NCCL / TORCH_VERSION_MAJOR >= 2, and the
-# GPU tests.
+# Every file with code under DS_WITH_CUDA / USE_C10D_NCCL / TORCH_VERSION_MAJOR >= 2, what the
+# NCCL communicator shares with Gloo, and the GPU tests.
 FILES=(
   src/comm/nccl_communicator.cpp
+  src/comm/communicator_base.cpp
+  src/comm/local_reduce.cpp
+  src/comm/split.cpp
+  src/comm/gloo_communicator.cpp
   src/comm/init.cpp
   src/device/device.cpp
   src/device/device_memory.cpp

@@ -1,6 +1,7 @@
 #include "comm/checked_communicator.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt 10+ keeps it there)
 
 #include <algorithm>
 #include <cstdlib>

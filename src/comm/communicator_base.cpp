@@ -29,5 +29,36 @@ void CommunicatorBase::check_peer(const char* op, int peer) const {
   }
 }
 
+OpDesc CommunicatorBase::describe(const char* op, const at::Tensor& t) const {
+  OpDesc d;
+  d.op = op;
+  d.has_tensor = t.defined();
+  d.numel = t.defined() ? t.numel() : 0;
+  d.dtype = t.defined() ? t.scalar_type() : at::kFloat;
+  d.rank = rank_;
+  d.world_size = world_size_;
+  d.timeout = timeout_;
+  return d;
+}
+
+WorkPtr CommunicatorBase::launch(OpDesc d, const Start& start, std::function<void()> finish) const {
+  return launch_all(
+      std::move(d), [&] { return std::vector<c10::intrusive_ptr<c10d::Work>>{start()}; },
+      std::move(finish));
+}
+
+WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
+                                     std::function<void()> finish) const {
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    works = start();
+  } catch (...) {
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
+    throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
+  }
+  return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
+}
+
 }  // namespace comm
 }  // namespace deepspeed

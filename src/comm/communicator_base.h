@@ -4,8 +4,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 
 #include "comm/stats.h"
+#include "comm/work.h"
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
@@ -31,6 +33,19 @@ class CommunicatorBase : public Communicator {
   // REQUIRES of all_gather/reduce_scatter: big has world_size * small.numel() elements, same dtype.
   void check_split(const char* op, const at::Tensor& big, const at::Tensor& small) const;
   void check_peer(const char* op, int peer) const;
+
+  // What a collective on `t` is, for failure messages (t undefined: a barrier).
+  OpDesc describe(const char* op, const at::Tensor& t) const;
+  // Starts a c10d collective and wraps it in a Work whose wait() runs `finish`. A backend can
+  // fail already at the start (Gloo: a pair closed by an earlier timeout); that reads like a
+  // failure in wait(), as CommError naming the collective.
+  using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
+  WorkPtr launch(OpDesc desc, const Start& start, std::function<void()> finish) const;
+  // The same for a collective made of several c10d works.
+  using StartAll = std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>;
+  WorkPtr launch_all(OpDesc desc, const StartAll& start, std::function<void()> finish) const;
+  // A collective with nothing to move (zero elements): done at once on every rank.
+  static WorkPtr done() { return std::make_shared<DoneWork>(); }
 
   const int rank_;
   const int world_size_;

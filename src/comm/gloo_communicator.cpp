@@ -32,6 +32,7 @@
 
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
+#include "comm/local_reduce.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/split.h"
 #include "comm/work.h"
@@ -39,35 +40,6 @@
 namespace deepspeed {
 namespace comm {
 namespace {
-
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Max:
-      return c10d::ReduceOp::MAX;
-    case ReduceOp::Min:
-      return c10d::ReduceOp::MIN;
-    default:
-      return c10d::ReduceOp::SUM;  // Avg = Sum, then divide on wait().
-  }
-}
-
-void divide_by(at::Tensor& t, int n) {
-  if (at::isFloatingType(t.scalar_type())) {
-    t.div_(n);
-  } else {
-    t.div_(n, "trunc");
-  }
-}
-
-// Reduces the [world, n] received chunks of reduce_scatter locally, 16-bit floats in fp32.
-at::Tensor reduce_chunks(const at::Tensor& chunks, ReduceOp op, int world) {
-  at::Tensor acc = chunks.to(accumulate_dtype(chunks.scalar_type()));
-  if (op == ReduceOp::Max) return std::get<0>(acc.max(0));
-  if (op == ReduceOp::Min) return std::get<0>(acc.min(0));
-  at::Tensor sum = acc.sum(0, false, acc.scalar_type());
-  if (op == ReduceOp::Avg) divide_by(sum, world);
-  return sum;
-}
 
 class GlooCommunicator : public CommunicatorBase {
  public:
@@ -214,24 +186,15 @@ class GlooCommunicator : public CommunicatorBase {
   }
 
   CommunicatorPtr split(int color, int key) override {
-    auto color_key = exchange_color_key(*this, color, key);
-    const int seq = splits_++;  // the same on every rank: split is collective
-    if (color < 0) return nullptr;
-    const std::vector<int> members = split_members(color_key, color);
-    const int sub_rank = index_in(members, rank_);
-    const int sub_world = static_cast<int>(members.size());
-    if (sub_world == 1) return make_single_process_communicator();
-    // Groups of one split differ by color, successive splits by seq: each rendezvous has its
-    // own keys, under this group's prefix (so nested splits stay apart too).
-    c10::intrusive_ptr<c10d::Store> sub_store =
-        c10::make_intrusive<c10d::PrefixStore>(fmt::format("split{}/{}", seq, color), store_);
-    return make_gloo_communicator_on(sub_store, sub_rank, sub_world, local_rank_, timeout_,
-                                     device_);
+    return split_over_store(*this, splits_++, color, key,
+                            [&](const std::string& prefix, int sub_rank, int sub_world) {
+                              return make_gloo_communicator_on(
+                                  c10::make_intrusive<c10d::PrefixStore>(prefix, store_), sub_rank,
+                                  sub_world, local_rank_, timeout_, device_);
+                            });
   }
 
  private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
-
   // all_gather's own slice: the input, unless the caller gathers in place (input is that slice).
   static void copy_into_slice(at::Tensor slice, const at::Tensor& input) {
     if (slice.data_ptr() == input.data_ptr()) return;
@@ -248,47 +211,6 @@ class GlooCommunicator : public CommunicatorBase {
       if (dst.is_contiguous()) return;  // staged shares dst's storage
       dst.copy_(staged.view(dst.scalar_type()).view(dst.sizes()));
     };
-  }
-
-  OpDesc describe(const char* op, const at::Tensor& t) const {
-    OpDesc d;
-    d.op = op;
-    d.has_tensor = t.defined();
-    d.numel = t.defined() ? t.numel() : 0;
-    d.dtype = t.defined() ? t.scalar_type() : at::kFloat;
-    d.rank = rank_;
-    d.world_size = world_size_;
-    d.timeout = timeout_;
-    return d;
-  }
-
-  // Starts a c10d collective; Gloo can fail already here (e.g. a pair closed by an earlier
-  // timeout), which must read like a failure in wait().
-  using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
-  WorkPtr launch(OpDesc d, const Start& start, std::function<void()> finish) {
-    auto t0 = std::chrono::steady_clock::now();
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = start();
-    } catch (...) {
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
-      throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
-    }
-    return std::make_shared<GlooWork>(std::move(work), std::move(d), std::move(finish));
-  }
-
-  // Same, for a collective made of several c10d works.
-  using StartAll = std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>;
-  WorkPtr launch_all(OpDesc d, const StartAll& start, std::function<void()> finish) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    try {
-      works = start();
-    } catch (...) {
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
-      throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
-    }
-    return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "comm/communicator_base.h"
+#include "comm/local_reduce.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/split.h"
 #include "comm/work.h"
@@ -19,25 +20,6 @@ namespace comm {
 
 #ifdef USE_C10D_NCCL
 namespace {
-
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Max:
-      return c10d::ReduceOp::MAX;
-    case ReduceOp::Min:
-      return c10d::ReduceOp::MIN;
-    default:
-      return c10d::ReduceOp::SUM;  // Avg = Sum, then divide on wait() (the same rounding as Gloo).
-  }
-}
-
-void divide_by(at::Tensor& t, int n) {
-  if (at::isFloatingType(t.scalar_type())) {
-    t.div_(n);
-  } else {
-    t.div_(n, "trunc");
-  }
-}
 
 class NcclCommunicator : public CommunicatorBase {
  public:
@@ -124,20 +106,8 @@ class NcclCommunicator : public CommunicatorBase {
                   [&] { return pg_->alltoall_base(recv, send, out_counts, in_counts); },
                   [output, recv, send, op, world, mine]() mutable {
                     if (mine == 0) return;
-                    at::Tensor chunks = recv.view({world, mine});
-                    const bool low = chunks.scalar_type() == at::kBFloat16 ||
-                                     chunks.scalar_type() == at::kHalf;
-                    at::Tensor acc = low ? chunks.to(at::kFloat) : chunks;
-                    at::Tensor r;
-                    if (op == ReduceOp::Max) {
-                      r = std::get<0>(acc.max(0));
-                    } else if (op == ReduceOp::Min) {
-                      r = std::get<0>(acc.min(0));
-                    } else {
-                      r = acc.sum(0);
-                      if (op == ReduceOp::Avg) divide_by(r, world);
-                    }
-                    output.copy_(r.view(output.sizes()));
+                    output.copy_(reduce_chunks(recv.view({world, mine}), op, world)
+                                     .view(output.sizes()));
                   });
   }
 
@@ -172,22 +142,15 @@ class NcclCommunicator : public CommunicatorBase {
   }
 
   CommunicatorPtr split(int color, int key) override {
-    auto color_key = exchange_color_key(*this, color, key);
-    const int seq = splits_++;  // the same on every rank: split is collective
-    if (color < 0) return nullptr;
-    const std::vector<int> members = split_members(color_key, color);
-    const int sub_rank = index_in(members, rank_);
-    const int sub_world = static_cast<int>(members.size());
-    if (sub_world == 1) return make_single_process_communicator();
-    c10::intrusive_ptr<c10d::Store> sub_store =
-        c10::make_intrusive<c10d::PrefixStore>(fmt::format("nccl_split{}/{}", seq, color), store_);
-    return make_nccl_communicator_on(sub_store, sub_rank, sub_world, local_rank_,
-                                     device_.index(), timeout_);
+    return split_over_store(*this, splits_++, color, key,
+                            [&](const std::string& prefix, int sub_rank, int sub_world) {
+                              return make_nccl_communicator_on(
+                                  c10::make_intrusive<c10d::PrefixStore>(prefix, store_), sub_rank,
+                                  sub_world, local_rank_, device_.index(), timeout_);
+                            });
   }
 
  private:
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
-
   // The tensor itself when it is contiguous on this rank's GPU; otherwise a contiguous copy there
   // (copied back by copy_back on wait()).
   at::Tensor on_device(const at::Tensor& t) const {
@@ -206,30 +169,11 @@ class NcclCommunicator : public CommunicatorBase {
     };
   }
 
-  OpDesc describe(const char* op, const at::Tensor& t) const {
-    OpDesc d;
-    d.op = op;
-    d.has_tensor = t.defined();
-    d.numel = t.defined() ? t.numel() : 0;
-    d.dtype = t.defined() ? t.scalar_type() : at::kFloat;
-    d.rank = rank_;
-    d.world_size = world_size_;
-    d.timeout = timeout_;
-    return d;
-  }
-
-  using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
-  WorkPtr launch(OpDesc d, const Start& start, std::function<void()> finish) {
+  // Every NCCL call is made with this rank's GPU current (ProcessGroupNCCL uses it for its
+  // streams and the communicator).
+  WorkPtr launch(OpDesc d, const Start& start, std::function<void()> finish) const {
     c10::cuda::CUDAGuard guard(device_);
-    auto t0 = std::chrono::steady_clock::now();
-    c10::intrusive_ptr<c10d::Work> work;
-    try {
-      work = start();
-    } catch (...) {
-      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
-      throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
-    }
-    return std::make_shared<GlooWork>(std::move(work), std::move(d), std::move(finish));
+    return CommunicatorBase::launch(std::move(d), start, std::move(finish));
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;

@@ -1,6 +1,7 @@
 #include "comm/split.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>  // fmt::join (fmt 10+ keeps it there)
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -37,6 +38,18 @@ int index_in(const std::vector<int>& members, int rank) {
     throw CommError(fmt::format("split: rank {} is not among the members [{}]", rank,
                                 fmt::join(members, ", ")));
   return static_cast<int>(it - members.begin());
+}
+
+CommunicatorPtr split_over_store(Communicator& comm, int seq, int color, int key,
+                                 const MakeSubGroup& make) {
+  auto color_key = exchange_color_key(comm, color, key);
+  if (color < 0) return nullptr;
+  const std::vector<int> members = split_members(color_key, color);
+  const int sub_world = static_cast<int>(members.size());
+  if (sub_world == 1) return make_single_process_communicator();
+  // Groups of one split differ by color, successive splits by seq: each rendezvous has its own
+  // keys, under the parent's prefix (so nested splits stay apart too).
+  return make(fmt::format("split{}/{}", seq, color), index_in(members, comm.rank()), sub_world);
 }
 
 CommunicatorPtr new_group(Communicator& comm, const std::vector<int>& ranks) {

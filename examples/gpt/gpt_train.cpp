@@ -18,6 +18,7 @@
 
 #include "deepspeed/deepspeed.h"
 #include "gpt/model.h"
+#include "gpt/pipeline_model.h"
 #include "gpt/text_dataset.h"
 
 namespace {
@@ -31,6 +32,7 @@ struct Options {
   int threads = 0;     // 0: OMP_NUM_THREADS, else 1
   std::string save_dir;
   int64_t save_interval = 0;  // 0: no periodic saves
+  int pipeline_stages = 0;    // > 0: the GPT as a PipelineModule, trained with train_batch
   std::string load_dir;
   bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
@@ -84,6 +86,9 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_flag("--tie_embeddings", o.model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", o.model.gelu_tanh, "tanh-approximated GELU");
   app.add_option("--device", o.device, "auto (default), cpu, cuda, cuda:N");
+  app.add_option("--pipeline_stages", o.pipeline_stages,
+                 "pipeline parallelism: the GPT as a PipelineModule over N stages (0: off; "
+                 "-1: the config's pipeline.stages)");
   app.add_flag("--random_tokens", o.random_tokens, "train on random tokens instead of --data");
   app.add_option("--warmup", o.warmup, "optimizer steps left out of the timing (default 1)");
   app.add_option("--gpu_mem_cap_gib", o.gpu_mem_cap_gib, "cap the GPU memory the run may take");
@@ -185,6 +190,55 @@ int threads_from_env() {
   return v ? std::max(1, std::atoi(v)) : 1;
 }
 
+// --pipeline_stages: the GPT as a PipelineModule (embedding, blocks, final norm, head; the head
+// tied to the embedding with --tie_embeddings), one train_batch() per optimizer step. The
+// config's "pipeline" block (stages, partition, activation_checkpoint_interval) applies; the
+// batch keys are per data-parallel rank (world / stages).
+int train_pipeline(const Options& opt, const std::string& config_path,
+                   const deepspeed::comm::CommunicatorPtr& comm,
+                   const std::shared_ptr<deepspeed::Dataset>& data) {
+  deepspeed::pipe::PipelineInitializeArgs args;
+  args.model = gpt::gpt_pipeline(opt.model);
+  args.model.num_stages = opt.pipeline_stages > 0 ? opt.pipeline_stages : 0;
+  args.config = config_path;
+  args.comm = comm;
+  args.device = opt.device;
+  auto engine = deepspeed::pipe::initialize_pipeline(args);
+  const int stages = engine->num_stages();
+  const int dp_size = comm->world_size() / stages, dp_rank = comm->rank() % dp_size;
+  deepspeed::DataLoader loader(data, engine->train_micro_batch_size_per_gpu(), dp_rank, dp_size,
+                               engine->config().seed, /*shuffle=*/true, /*drop_last=*/true);
+  auto next = [&] {
+    auto b = loader.next();
+    return deepspeed::pipe::MicroBatch{b.data, b.target};
+  };
+  const bool rank0 = comm->rank() == 0;
+  if (rank0)
+    std::printf("gpt_train: pipeline %d stages x %d data-parallel, zero stage %d, micro batch "
+                "%lld, accumulation %lld\n",
+                stages, dp_size, engine->config().zero_optimization.stage,
+                static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
+                static_cast<long long>(engine->gradient_accumulation_steps()));
+  auto start = std::chrono::steady_clock::now(), timed_from = start;
+  while (engine->global_steps() < opt.steps) {
+    const double loss = engine->train_batch(next);
+    if (rank0)
+      std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()), loss);
+    if (engine->global_steps() == opt.warmup) timed_from = std::chrono::steady_clock::now();
+  }
+  const auto end = std::chrono::steady_clock::now();
+  const int64_t timed_steps = std::max<int64_t>(1, opt.steps - opt.warmup);
+  const double seconds = std::chrono::duration<double>(end - timed_from).count();
+  // train_batch_size is the global batch (micro x accumulation x data-parallel ranks).
+  const double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
+  std::printf("gpt_train_report rank=%d stage=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
+              "peak_rss_kb=%ld max_activations_held=%d\n",
+              comm->rank(), engine->stage_id(), 1e3 * seconds / timed_steps,
+              seconds > 0 ? tokens / seconds : 0.0, engine->last_loss(), peak_rss_kb(),
+              engine->max_activations_held());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -205,6 +259,14 @@ int main(int argc, char** argv) try {
   // slices in it), and initialize() gets the parsed document, its "auto" keys filled from the
   // flags and the model as the Hugging Face Trainer fills them.
   const bool rank0 = comm->rank() == 0;
+  if (opt.pipeline_stages != 0) {
+    std::shared_ptr<deepspeed::Dataset> data;
+    if (opt.random_tokens)
+      data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
+    else
+      data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
+    return train_pipeline(opt, args.config_path, comm, data);
+  }
   std::vector<std::string> warnings;  // initialize() reports them
   const auto config =
       deepspeed::load_config(args.config_path, comm->world_size(), trainer_values(opt), &warnings);

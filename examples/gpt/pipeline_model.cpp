@@ -1,0 +1,50 @@
+#include "gpt/pipeline_model.h"
+
+namespace gpt {
+namespace F = torch::nn::functional;
+using deepspeed::pipe::LayerSpec;
+
+EmbeddingLayerImpl::EmbeddingLayerImpl(const GPTConfig& c) {
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+}
+
+torch::Tensor EmbeddingLayerImpl::forward(const torch::Tensor& idx) {
+  auto pos = torch::arange(idx.size(1), idx.options().dtype(torch::kLong));
+  return wte->forward(idx) + wpe->forward(pos);
+}
+
+deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c) {
+  deepspeed::pipe::PipelineModule m;
+  auto embedding = [c] { return torch::nn::AnyModule(EmbeddingLayer(c)); };
+  if (c.tie_embeddings)
+    m.layers.push_back(deepspeed::pipe::TiedLayerSpec("embed", embedding, nullptr, "embedding"));
+  else
+    m.layers.emplace_back("embedding", embedding);
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    m.layers.emplace_back("block", [c] { return torch::nn::AnyModule(Block(c)); });
+  m.layers.emplace_back("ln_f", [c] {
+    return torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  });
+  if (c.tie_embeddings) {
+    m.layers.push_back(deepspeed::pipe::TiedLayerSpec(
+        "embed", embedding,
+        [](torch::nn::AnyModule& e, const at::Tensor& x) {
+          return F::linear(x, e.get<EmbeddingLayer>()->wte->weight);
+        },
+        "head(tied)"));
+  } else {
+    m.layers.emplace_back("head", [c] {
+      return torch::nn::AnyModule(
+          torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+    });
+  }
+  // The loss in fp32 whatever the model dtype, as GPTImpl::forward.
+  m.loss_fn = [](const at::Tensor& logits, const at::Tensor& targets) {
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                            targets.reshape({-1}));
+  };
+  return m;
+}
+
+}  // namespace gpt

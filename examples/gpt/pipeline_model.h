@@ -1,0 +1,21 @@
+// The example GPT as a deepspeed::pipe::PipelineModule: [embedding, block x n_layer, final
+// LayerNorm, head] — or, with tie_embeddings, the embedding as a TiedLayerSpec reused as the head
+// (logits = x @ wte^T), held by the first and the last stage.
+#pragma once
+#include "deepspeed/pipe.h"
+#include "gpt/model.h"
+
+namespace gpt {
+
+// Token + position embedding: [B, T] int64 -> [B, T, C].
+class EmbeddingLayerImpl : public torch::nn::Module {
+ public:
+  explicit EmbeddingLayerImpl(const GPTConfig& c);
+  torch::Tensor forward(const torch::Tensor& idx);
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+};
+TORCH_MODULE(EmbeddingLayer);
+
+deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c);
+
+}  // namespace gpt

@@ -220,8 +220,13 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                 static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
                 static_cast<long long>(engine->gradient_accumulation_steps()));
   auto start = std::chrono::steady_clock::now(), timed_from = start;
+  double wall_s = 0.0, compute_s = 0.0;  // over the timed steps, for the measured bubble
   while (engine->global_steps() < opt.steps) {
     const double loss = engine->train_batch(next);
+    if (engine->global_steps() > opt.warmup) {
+      wall_s += engine->last_batch_timing().wall_s;
+      compute_s += engine->last_batch_timing().compute_s;
+    }
     if (rank0)
       std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()), loss);
     if (engine->global_steps() == opt.warmup) timed_from = std::chrono::steady_clock::now();
@@ -232,10 +237,10 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   // train_batch_size is the global batch (micro x accumulation x data-parallel ranks).
   const double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
   std::printf("gpt_train_report rank=%d stage=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
-              "peak_rss_kb=%ld max_activations_held=%d\n",
+              "peak_rss_kb=%ld max_activations_held=%d idle_fraction=%.4f\n",
               comm->rank(), engine->stage_id(), 1e3 * seconds / timed_steps,
               seconds > 0 ? tokens / seconds : 0.0, engine->last_loss(), peak_rss_kb(),
-              engine->max_activations_held());
+              engine->max_activations_held(), wall_s > 0 ? 1.0 - compute_s / wall_s : 0.0);
   return 0;
 }
 

@@ -178,6 +178,14 @@ class PipelineEngine : public Engine {
   int max_activations_held() const;
   // The schedule train_batch runs (for printing).
   Schedule schedule() const;
+  // The last train_batch on this rank: wall-clock seconds, and the part spent computing forward
+  // and backward passes (the rest is waiting for neighbours — the pipeline bubble — transfers
+  // and the step). For the benchmark's measured bubble.
+  struct BatchTiming {
+    double wall_s = 0.0;
+    double compute_s = 0.0;
+  };
+  BatchTiming last_batch_timing() const;
 
  private:
   // Runs the schedule; returns the batch loss (on every rank).

@@ -3,6 +3,7 @@
 // the pipe group.
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <regex>
@@ -39,6 +40,7 @@ struct PipelineRuntime {
   at::ScalarType recv_dtype = at::kFloat;
   int held = 0;
   int max_held = 0;
+  PipelineEngine::BatchTiming timing;
 };
 
 namespace {
@@ -282,6 +284,7 @@ int PipelineEngine::stage_id() const { return rt_->stage; }
 int PipelineEngine::num_stages() const { return rt_->stages; }
 const Partition& PipelineEngine::partition() const { return rt_->partition; }
 int PipelineEngine::max_activations_held() const { return rt_->max_held; }
+PipelineEngine::BatchTiming PipelineEngine::last_batch_timing() const { return rt_->timing; }
 Schedule PipelineEngine::schedule() const {
   return train_schedule(static_cast<int>(gradient_accumulation_steps()), rt_->stages, rt_->stage);
 }
@@ -320,6 +323,12 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   std::vector<Buffer> bufs(schedule.num_buffers);
   at::Tensor eval_loss = torch::zeros({1}, torch::kDouble);
   comm::Communicator& pipe = *rt.pipe;
+  using Clock = std::chrono::steady_clock;
+  const auto batch_start = Clock::now();
+  double compute_s = 0.0;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
 
   for (const auto& tick : schedule.steps) {
     for (const Instruction& in : tick) {
@@ -342,6 +351,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           break;
         }
         case Op::ForwardPass: {
+          const auto t0 = Clock::now();
           Buffer& b = bufs[in.buffer];
           at::Tensor out = rt.module->forward(b.input);
           if (last) {
@@ -356,6 +366,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
             b.output = out;
           }
           if (train) rt.max_held = std::max(rt.max_held, ++rt.held);
+          compute_s += seconds_since(t0);
           break;
         }
         case Op::SendActivation: {
@@ -376,9 +387,15 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           break;
         }
         case Op::BackwardPass: {
+          const auto t0 = Clock::now();
           Buffer& b = bufs[in.buffer];
+          // Only the batch's last backward goes through the ZeRO stage: before it, autograd
+          // accumulates into the parameters' .grad, and the boundary backward reduces the sum
+          // once (ZeRO-2 included: one reduce-scatter per batch, not one per micro-batch, which
+          // is what made DeepSpeed refuse ZeRO-2 with a pipeline). Stages 0-1 reduce only at the
+          // boundary anyway.
           const bool boundary = in.micro_batch == gas - 1;
-          s.stage->begin_backward(boundary);
+          if (boundary) s.stage->begin_backward(true);
           if (last) {
             // As Engine::backward: the loss divided by the accumulation steps, times the fp16
             // loss scale (1 otherwise); the batch loss is accumulated for step().
@@ -391,11 +408,12 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           } else {
             torch::autograd::backward({b.output}, {b.grad_output});
           }
-          s.stage->end_backward(boundary);
+          if (boundary) s.stage->end_backward(true);
           b.output = at::Tensor();
           b.grad_output = at::Tensor();
           b.loss = at::Tensor();
           --rt.held;
+          compute_s += seconds_since(t0);
           break;
         }
         case Op::SendGrad: {
@@ -443,7 +461,10 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
     pipe.broadcast(t, rt.stages - 1)->wait();
     loss = t.item<double>();
   }
-  if (train) s.last_loss = loss;
+  if (train) {
+    s.last_loss = loss;
+    rt.timing = {seconds_since(batch_start), compute_s};
+  }
   return loss;
 } catch (const c10::Error& e) {
   report_torch_error(train ? "train_batch" : "eval_batch", e);

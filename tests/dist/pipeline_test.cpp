@@ -170,6 +170,39 @@ TEST(Pipeline, ZeroOneAndTwoAcrossTheDataGroups) {
   expect_matches(pipeline_run(2, config(2, 2), false), plain_reference(), 2);
 }
 
+// ZeRO-2 under the pipeline reduces a stage's gradients once per batch (after the last
+// micro-batch's backward), not once per micro-batch: the reduce-scatter calls of a batch of 4
+// micro-batches equal those of a batch of 1.
+TEST(Pipeline, ZeroTwoReducesOncePerBatch) {
+  auto calls = [](int gas) {
+    int64_t n = -1;
+    std::mutex mu;
+    run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
+      dp::PipelineInitializeArgs args;
+      args.model = gpt::gpt_pipeline(tiny_gpt(false));
+      args.model.num_stages = 2;
+      args.config_json = config(2, 2);
+      args.config_json["gradient_accumulation_steps"] = gas;
+      args.comm = comm;
+      args.device = "cpu";
+      auto engine = dp::initialize_pipeline(args);
+      int m = 0;
+      auto& dpc = *engine->communicator();
+      dpc.reset_stats();
+      engine->train_batch([&] { return micro_batch(0, m++); });
+      int64_t c = 0;
+      for (auto& [kind, st] : dpc.stats())
+        if (kind.find("reduce_scatter") != std::string::npos) c += st.calls;
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm->rank() == 0) n = c;
+    });
+    return n;
+  };
+  const int64_t one = calls(1), four = calls(4);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(four, one);
+}
+
 TEST(Pipeline, ClippingUsesTheNormOverAllStages) {
   // 0.05 is far below the gradient norm of this model: every step is clipped.
   auto ref = reference_losses(false, 0.05);

@@ -197,6 +197,9 @@ int threads_from_env() {
 int train_pipeline(const Options& opt, const std::string& config_path,
                    const deepspeed::comm::CommunicatorPtr& comm,
                    const std::shared_ptr<deepspeed::Dataset>& data) {
+  if (!opt.save_dir.empty() || !opt.load_dir.empty())
+    throw deepspeed::ConfigError("gpt_train: --save_dir/--load_dir with --pipeline_stages: "
+                                 "pipeline checkpoints are not implemented yet");
   deepspeed::pipe::PipelineInitializeArgs args;
   args.model = gpt::gpt_pipeline(opt.model);
   args.model.num_stages = opt.pipeline_stages > 0 ? opt.pipeline_stages : 0;

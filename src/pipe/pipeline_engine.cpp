@@ -280,6 +280,17 @@ void PipelineEngine::step() {
               "train_batch(data), which runs forward, backward and step");
 }
 
+bool PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string&,
+                                     const nlohmann::json&, bool) {
+  throw Error("PipelineEngine: save_checkpoint(\"" + save_dir + "\"): checkpoints of a pipeline "
+              "(per-layer layer_XX-model_states files) are not implemented yet");
+}
+LoadedCheckpoint PipelineEngine::load_checkpoint(const std::string& load_dir, const std::string&,
+                                                 bool, bool, bool, bool) {
+  throw Error("PipelineEngine: load_checkpoint(\"" + load_dir + "\"): checkpoints of a pipeline "
+              "(per-layer layer_XX-model_states files) are not implemented yet");
+}
+
 int PipelineEngine::stage_id() const { return rt_->stage; }
 int PipelineEngine::num_stages() const { return rt_->stages; }
 const Partition& PipelineEngine::partition() const { return rt_->partition; }

@@ -332,6 +332,8 @@ TEST(PipelineErrors, PerMicroBatchLoopRefused) {
   EXPECT_THROW(engine->forward(torch::zeros({1})), deepspeed::Error);
   EXPECT_THROW(engine->backward(torch::zeros({1})), deepspeed::Error);
   EXPECT_THROW(engine->step(), deepspeed::Error);
+  EXPECT_THROW(engine->save_checkpoint("/nonexistent"), deepspeed::Error);
+  EXPECT_THROW(engine->load_checkpoint("/nonexistent"), deepspeed::Error);
   // eval_batch: forward only, the mean loss of the micro-batches.
   int m = 0;
   double loss = engine->eval_batch([&] { return micro_batch(0, m++); });

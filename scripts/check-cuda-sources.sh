@@ -25,6 +25,9 @@ FILES=(
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp
   src/zero/shard_optimizer.cpp
+  src/activation/checkpoint_function.cpp
+  src/activation/rng_state.cpp
+  src/util/allocation_meter.cpp
   examples/gpt/model.cpp
   tests/gpu/gpu_training_test.cpp
 )

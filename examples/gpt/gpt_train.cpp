@@ -85,6 +85,9 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_flag("--no_bias{false}", o.model.bias, "Linear layers without bias");
   app.add_flag("--tie_embeddings", o.model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", o.model.gelu_tanh, "tanh-approximated GELU");
+  app.add_option("--dropout", o.model.dropout, "residual dropout probability (default 0)");
+  app.add_flag("--activation_checkpointing", o.model.activation_checkpointing,
+               "recompute each block's activations in backward instead of keeping them");
   app.add_option("--device", o.device, "auto (default), cpu, cuda, cuda:N");
   app.add_option("--pipeline_stages", o.pipeline_stages,
                  "pipeline parallelism: the GPT as a PipelineModule over N stages (0: off; "
@@ -395,6 +398,9 @@ int main(int argc, char** argv) try {
                   gpu.allocated_peak / 1073741824.0, gpu.reserved_peak / 1073741824.0,
                   gpu.total / 1073741824.0);
     }
+    // activation_checkpointing.profile: the time spent recomputing (DeepSpeed logs it per call).
+    if (deepspeed::checkpointing::options().profile)
+      std::printf("gpt_train: %s\n", deepspeed::checkpointing::profile_summary().c_str());
   }
   return 0;
 } catch (const std::exception& e) {

@@ -4,6 +4,7 @@
 
 #include <torch/version.h>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/zero_init.h"
 
 namespace gpt {
@@ -67,7 +68,7 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return linear(proj_, gelu_tanh_ ? torch::gelu(h, "tanh") : torch::gelu(h));
 }
 
-BlockImpl::BlockImpl(const GPTConfig& c) {
+BlockImpl::BlockImpl(const GPTConfig& c) : dropout_(c.dropout) {
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   attn_ = register_module("attn", CausalSelfAttention(c));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
@@ -78,8 +79,12 @@ BlockImpl::BlockImpl(const GPTConfig& c) {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn_->forward(ln1_->forward(x));
-  return h + mlp_->forward(ln2_->forward(h));
+  auto drop = [this](const torch::Tensor& t) {
+    return dropout_ > 0 ? F::dropout(t, F::DropoutFuncOptions().p(dropout_).training(is_training()))
+                        : t;
+  };
+  auto h = x + drop(attn_->forward(ln1_->forward(x)));
+  return h + drop(mlp_->forward(ln2_->forward(h)));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
@@ -100,7 +105,12 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
               config_.block_size);
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte_->forward(idx) + wpe_->forward(pos);
-  for (auto& b : blocks_) x = b->forward(x);
+  for (auto& b : blocks_) {
+    if (config_.activation_checkpointing)
+      x = deepspeed::checkpointing::checkpoint([b](const torch::Tensor& in) { return b->forward(in); }, x);
+    else
+      x = b->forward(x);
+  }
   x = ln_f_->forward(x);
   if (config_.tie_embeddings) return deepspeed::zero::linear(x, wte_->weight, {});
   return linear(head_, x);

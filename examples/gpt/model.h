@@ -24,6 +24,11 @@ struct GPTConfig {
   bool bias = true;
   bool tie_embeddings = false;
   bool gelu_tanh = false;
+  // Residual dropout after each attention and MLP (nanoGPT's resid_dropout); 0 draws nothing.
+  double dropout = 0.0;
+  // Each block is an activation checkpoint (deepspeed::checkpointing::checkpoint): its
+  // activations are recomputed in backward instead of kept.
+  bool activation_checkpointing = false;
 };
 
 class CausalSelfAttentionImpl : public torch::nn::Module {
@@ -58,6 +63,7 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   MLP mlp_{nullptr};
+  double dropout_;
 };
 TORCH_MODULE(Block);
 

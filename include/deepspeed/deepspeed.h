@@ -1,6 +1,7 @@
 // Umbrella header: everything a training program needs.
 #pragma once
 #include "deepspeed/args.h"
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/data.h"

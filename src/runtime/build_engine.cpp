@@ -4,6 +4,7 @@
 
 #include <unordered_set>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/device.h"
 #include "deepspeed/optimizer.h"
 #include "device/out_of_memory.h"
@@ -163,6 +164,9 @@ EngineStatePtr build_engine_state(BuildInput in) {
   comm::CommunicatorPtr world = choose_communicator(in.comm);
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
   s->config = read_config(in, world->world_size());
+  // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
+  // here initialize() does it, so the config block alone takes effect.
+  checkpointing::configure(s->config.activation_checkpointing);
   if (s->config.comms_check || comm::comms_check_from_env()) world = comm::with_comms_check(world);
   // Gradients and the loss mean travel over the data-parallel group; with the default sizes it
   // is `world` itself.

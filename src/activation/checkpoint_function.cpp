@@ -1,0 +1,172 @@
+// deepspeed::checkpointing::checkpoint: DeepSpeed's reentrant activation checkpoint as a libtorch
+// custom autograd function. Forward runs the segment under no_grad and keeps only its inputs;
+// backward re-runs it with grad enabled, under the random-number state of the first run, and
+// back-propagates the incoming gradients through the recomputed graph (a nested backward, which
+// also fills the gradients of the parameters the segment uses, firing ZeRO's gradient hooks as a
+// plain backward would).
+#include <chrono>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <c10/core/GradMode.h>
+#include <torch/cuda.h>
+
+#include "activation/checkpointing_options.h"
+#include "activation/rng_state.h"
+#include "deepspeed/checkpointing.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace checkpointing {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Waits for the GPUs the segment runs on, so a profile time is the segment's and not the queue's.
+void synchronize_devices(const std::vector<c10::Device>& devices) {
+  for (const auto& d : devices)
+    if (d.is_cuda()) torch::cuda::synchronize(d.has_index() ? d.index() : -1);
+}
+
+// What a checkpoint holds between forward and backward. Held by the autograd node (as a capsule in
+// its context), so it dies with the graph: the counters stay right when a graph is dropped unused.
+struct SavedSegment : torch::CustomClassHolder {
+  Segment segment;
+  std::vector<at::Tensor> inputs;     // detached; host copies with cpu_checkpointing
+  std::vector<c10::Device> devices;   // where each input lives in the model
+  std::vector<bool> needs_grad;       // whether each input wanted a gradient
+  RngState rng;
+  int64_t bytes = 0;
+  bool counted = false;   // on_saved accepted it (it may refuse: number_checkpoints)
+  bool released = false;
+
+  void release() {
+    if (released) return;
+    released = true;
+    inputs.clear();
+    if (counted) detail::on_released(bytes);
+  }
+  ~SavedSegment() override { release(); }
+};
+
+// The saved copy of one input: the tensor itself (detached) or, with cpu_checkpointing, a copy in
+// pinned host memory when it lives on a GPU. On the CPU build there is nothing to move.
+at::Tensor keep(const at::Tensor& t, bool to_host) {
+  if (!t.defined()) return t;
+  if (!to_host || t.device().is_cpu()) return t.detach();
+  at::Tensor host = at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true));
+  host.copy_(t, /*non_blocking=*/true);
+  return host;
+}
+
+struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
+  // `inputs` ends with a zero-size tensor that requires grad: it makes the node part of the graph
+  // even when no real input requires grad (the first segment of a model reading token ids), so the
+  // parameters inside the segment still get their gradients.
+  static variable_list forward(AutogradContext* ctx, const Segment* segment,
+                               at::TensorList inputs) {
+    const Options opts = options();
+    auto saved = c10::make_intrusive<SavedSegment>();
+    saved->segment = *segment;
+    std::vector<at::Tensor> real(inputs.begin(), inputs.end() - 1);
+    for (const auto& t : real) {
+      saved->devices.push_back(t.defined() ? t.device() : c10::Device(c10::kCPU));
+      saved->needs_grad.push_back(t.defined() && t.requires_grad());
+    }
+    if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
+    const auto start = Clock::now();
+    saved->rng = RngState::capture(saved->devices);
+    for (const auto& t : real) {
+      saved->inputs.push_back(keep(t, opts.cpu_checkpointing));
+      if (t.defined()) saved->bytes += static_cast<int64_t>(t.numel() * t.element_size());
+    }
+    detail::on_saved(saved->bytes);
+    saved->counted = true;
+    std::vector<at::Tensor> outputs = (*segment)(real);
+    if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
+    if (opts.profile) detail::add_forward_time(seconds_since(start));
+    ctx->saved_data["segment"] = c10::IValue::make_capsule(saved);
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto saved = c10::static_intrusive_pointer_cast<SavedSegment>(
+        ctx->saved_data["segment"].toCapsule());
+    if (saved->released)
+      throw Error(
+          "activation checkpointing: backward ran twice through a checkpointed segment (its saved "
+          "inputs are freed after the first recomputation; retain_graph is not supported)");
+    const Options opts = options();
+    if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
+    const auto start = Clock::now();
+
+    std::vector<at::Tensor> inputs;
+    for (size_t i = 0; i < saved->inputs.size(); ++i) {
+      at::Tensor t = saved->inputs[i];
+      if (t.defined()) {
+        t = t.device() == saved->devices[i] ? t.detach() : t.to(saved->devices[i]);
+        if (saved->needs_grad[i]) t.requires_grad_(true);
+      }
+      inputs.push_back(t);
+    }
+    std::vector<at::Tensor> outputs;
+    {
+      RngStateScope rng(saved->rng, saved->devices);
+      c10::AutoGradMode grad(true);
+      outputs = saved->segment(inputs);
+    }
+    if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
+    // The profile's "recompute" is the second forward alone, the cost checkpointing adds.
+    detail::add_recompute_time(opts.profile ? seconds_since(start) : 0.0);
+    if (outputs.size() != grad_outputs.size())
+      throw Error("activation checkpointing: the segment returned " +
+                  std::to_string(outputs.size()) + " tensors when recomputed but " +
+                  std::to_string(grad_outputs.size()) +
+                  " in forward (a segment must be a deterministic function of its inputs)");
+    variable_list roots, grads;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (!outputs[i].defined() || !outputs[i].requires_grad() || !grad_outputs[i].defined())
+        continue;
+      roots.push_back(outputs[i]);
+      grads.push_back(grad_outputs[i]);
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, grads);
+
+    variable_list result;
+    result.reserve(inputs.size() + 2);
+    result.emplace_back();  // the segment pointer
+    for (size_t i = 0; i < inputs.size(); ++i)
+      result.push_back(saved->needs_grad[i] ? inputs[i].grad() : at::Tensor());
+    result.emplace_back();  // the graph anchor
+    saved->release();
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs) {
+  if (!c10::GradMode::is_enabled()) return segment(inputs);
+  std::vector<at::Tensor> with_anchor = inputs;
+  with_anchor.push_back(at::empty({0}).requires_grad_(true));
+  return CheckpointFunction::apply(&segment, at::TensorList(with_anchor));
+}
+
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& segment,
+                      const at::Tensor& input) {
+  Segment wrapped = [segment](const std::vector<at::Tensor>& in) {
+    return std::vector<at::Tensor>{segment(in[0])};
+  };
+  return checkpoint(wrapped, {input})[0];
+}
+
+}  // namespace checkpointing
+}  // namespace deepspeed

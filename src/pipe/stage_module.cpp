@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include "deepspeed/checkpointing.h"
+
+#include <algorithm>
 #include <cstdio>
 #include <mutex>
 
@@ -89,8 +92,20 @@ at::Tensor StageModuleImpl::forward(const at::Tensor& x) {
     for (size_t i = 0; i < layers_.size(); ++i) h = apply(i, h);
     return h;
   }
-  throw ConfigError("pipeline.activation_checkpoint_interval = " + std::to_string(interval_) +
-                    ": activation checkpointing is not available in this build yet");
+  // Every `interval_` layers form one checkpointed segment: only its input is kept, the rest is
+  // recomputed in backward. A segment whose input carries no gradient (the first stage's token
+  // ids) runs plainly: a reentrant checkpoint of it would cut its parameters off the graph.
+  const size_t step = static_cast<size_t>(interval_);
+  for (size_t i = 0; i < layers_.size(); i += step) {
+    const size_t end = std::min(layers_.size(), i + step);
+    auto segment = [this, i, end](const at::Tensor& in) {
+      at::Tensor y = in;
+      for (size_t k = i; k < end; ++k) y = apply(k, y);
+      return y;
+    };
+    h = h.requires_grad() ? checkpointing::checkpoint(segment, h) : segment(h);
+  }
+  return h;
 }
 
 PipelineSequentialImpl::PipelineSequentialImpl(const PipelineModule& model, uint64_t seed)

@@ -93,8 +93,8 @@ at::Tensor StageModuleImpl::forward(const at::Tensor& x) {
     return h;
   }
   // Every `interval_` layers form one checkpointed segment: only its input is kept, the rest is
-  // recomputed in backward. A segment whose input carries no gradient (the first stage's token
-  // ids) runs plainly: a reentrant checkpoint of it would cut its parameters off the graph.
+  // recomputed in backward. (A segment whose input carries no gradient, the first stage's token
+  // ids, is checkpointed too: checkpoint() keeps such a segment's parameters in the graph.)
   const size_t step = static_cast<size_t>(interval_);
   for (size_t i = 0; i < layers_.size(); i += step) {
     const size_t end = std::min(layers_.size(), i + step);
@@ -103,7 +103,7 @@ at::Tensor StageModuleImpl::forward(const at::Tensor& x) {
       for (size_t k = i; k < end; ++k) y = apply(k, y);
       return y;
     };
-    h = h.requires_grad() ? checkpointing::checkpoint(segment, h) : segment(h);
+    h = checkpointing::checkpoint(segment, h);
   }
   return h;
 }

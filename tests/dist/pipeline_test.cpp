@@ -11,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/engine.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
@@ -226,7 +227,10 @@ TEST(Pipeline, ActivationCheckpointInterval) {
   for (int interval : {1, 2}) {
     auto cfg = config(2, 1);
     cfg["pipeline"] = {{"activation_checkpoint_interval", interval}};
+    deepspeed::checkpointing::reset_stats();
     auto run = pipeline_run(2, cfg, false);
+    // The interval really checkpointed (the losses alone would also match if it were ignored).
+    EXPECT_GT(deepspeed::checkpointing::stats().recomputes, 0) << interval;
     expect_matches(run, plain_reference(), 2);
     EXPECT_EQ(run.losses[0], pipeline_run(2, config(2, 1), false).losses[0]) << interval;
   }

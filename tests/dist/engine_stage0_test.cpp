@@ -2,9 +2,10 @@
 // Tolerance: fp32 sums in a different order (Gloo's ring vs one batch) move losses by ~1e-7
 // relative. Adam divides by sqrt(v), so for weights whose gradients are near zero a rounding
 // difference can flip the direction of a step: measured max weight differences are 2e-5..5e-5
-// after 10 steps. We allow 1e-5 relative loss and 1e-4 absolute weight difference — 3% of one
-// step's largest update (the learning rate, 3e-3), while a real bug (a missed or doubled
-// average, a lost bucket) moves weights by whole steps.
+// after 10 steps on one machine, 1.0004e-4 on another (an Intel Xeon whose OpenBLAS kernels round
+// differently: AccumulationAcrossRanksEqualsOneProcess). We allow 1e-5 relative loss and 2e-4
+// absolute weight difference — 7% of one step's largest update (the learning rate, 3e-3), while a
+// real bug (a missed or doubled average, a lost bucket) moves weights by whole steps.
 #include <gtest/gtest.h>
 
 #include "support/training_run.h"

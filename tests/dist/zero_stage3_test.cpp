@@ -1,6 +1,6 @@
 // ZeRO stage 3 against stage 0 on the same ranks (fp32), world sizes 1-4. As for stages 1/2 the
 // only differences are summation orders (reduce-scatter vs all-reduce), so losses agree to 1e-5
-// relative and weights to 1e-4 absolute. Every parameter is partitioned (persistence threshold 0)
+// relative and weights to kWeightTol (2e-4) absolute. Every parameter is partitioned (persistence threshold 0)
 // unless a case says otherwise.
 #include <gtest/gtest.h>
 

@@ -55,10 +55,10 @@ nlohmann::json base_config(int micro_batch, int accumulation, int stage);
 RunResult train_gpt(const RunSpec& spec);
 
 // What an fp32 run at another world size or ZeRO stage may differ from its reference by: only
-// summation orders differ, so losses agree to 1e-5 relative and weights to 1e-4 absolute (why
-// 1e-4: tests/dist/engine_stage0_test.cpp).
+// summation orders differ, so losses agree to 1e-5 relative and weights to 2e-4 absolute (why:
+// tests/dist/engine_stage0_test.cpp).
 constexpr double kLossTol = 1e-5;
-constexpr double kWeightTol = 1e-4;
+constexpr double kWeightTol = 2e-4;
 
 // max |a - b| over tensors of equal shapes, and the largest |a - b| / |b| over values.
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);

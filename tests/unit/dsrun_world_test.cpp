@@ -1,0 +1,96 @@
+// dsrun's host selection (tools/dsrun/world.*): DeepSpeed's hostfile, --include/--exclude,
+// --num_nodes/--num_procs, the world info the per-node agents get, and where each node's ranks
+// sit. (Not yet wired into dsrun's command line: issue 16.)
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "spawn.h"
+#include "world.h"
+
+using namespace deepspeed::launcher;
+
+namespace {
+const char* kHostfile =
+    "# two workers\n"
+    "worker-0 slots=2\n"
+    "\n"
+    "worker-1   slots=4   # the big one\n";
+
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const LaunchError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+}  // namespace
+
+TEST(DsrunWorld, HostfileWithCommentsAndBlankLines) {
+  Resources r = parse_hostfile(kHostfile, "hosts");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].host, "worker-0");
+  EXPECT_EQ(r[0].slots, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r[1].host, "worker-1");
+  EXPECT_EQ(r[1].slots, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(world_size(r), 6);
+}
+
+TEST(DsrunWorld, BadHostfileLinesAreNamed) {
+  std::string e = what_of([] { parse_hostfile("a slots=2\nb slots=x\n", "hosts"); });
+  EXPECT_NE(e.find("hosts"), std::string::npos) << e;
+  EXPECT_NE(e.find("2"), std::string::npos) << e;  // the line number
+  EXPECT_NE(e.find("b slots=x"), std::string::npos) << e;
+  e = what_of([] { parse_hostfile("a slots=0\n", "hosts"); });
+  EXPECT_NE(e.find("a slots=0"), std::string::npos) << e;
+  e = what_of([] { parse_hostfile("a slots=1\na slots=2\n", "hosts"); });
+  EXPECT_NE(e.find("a"), std::string::npos) << e;
+  EXPECT_NE(what_of([] { read_hostfile("/nonexistent/hostfile"); }).find("/nonexistent/hostfile"),
+            std::string::npos);
+}
+
+TEST(DsrunWorld, IncludeAndExclude) {
+  Resources pool = parse_hostfile(kHostfile, "hosts");
+  Resources inc = include_only(pool, "worker-0:1@worker-1", "--include");
+  ASSERT_EQ(inc.size(), 2u);
+  EXPECT_EQ(inc[0].slots, (std::vector<int>{1}));
+  EXPECT_EQ(inc[1].slots, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(encode_world(inc), "worker-0:1@worker-1:0,1,2,3");
+
+  Resources exc = exclude(pool, "worker-1:0,2", "--exclude");
+  ASSERT_EQ(exc.size(), 2u);
+  EXPECT_EQ(exc[1].slots, (std::vector<int>{1, 3}));
+  EXPECT_EQ(exclude(pool, "worker-0", "--exclude").size(), 1u);
+
+  std::string e = what_of([&] { include_only(pool, "worker-9", "--include"); });
+  EXPECT_NE(e.find("--include"), std::string::npos) << e;
+  EXPECT_NE(e.find("worker-9"), std::string::npos) << e;
+  e = what_of([&] { include_only(pool, "worker-0:5", "--include"); });
+  EXPECT_NE(e.find("5"), std::string::npos) << e;
+  EXPECT_NE(what_of([&] { select_resources(pool, "worker-0", "worker-1", 0, 0); }), "(no error)");
+}
+
+TEST(DsrunWorld, NumNodesAndNumProcs) {
+  Resources pool = parse_hostfile(kHostfile, "hosts");
+  Resources one = select_resources(pool, "", "", 1, 0);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].host, "worker-0");
+  Resources two_each = select_resources(pool, "", "", 0, 2);
+  EXPECT_EQ(world_size(two_each), 4);
+  EXPECT_NE(what_of([&] { select_resources(pool, "", "", 3, 0); }), "(no error)");
+  EXPECT_NE(what_of([&] { select_resources(pool, "", "", 0, 3); }), "(no error)");
+}
+
+TEST(DsrunWorld, WorldInfoRoundTripsAndPlacesRanks) {
+  Resources world = decode_world("hosta:0,1@hostb:0,1,2");
+  EXPECT_EQ(encode_world(world), "hosta:0,1@hostb:0,1,2");
+  NodePlacement p = place_node(world, 1);
+  EXPECT_EQ(p.host, "hostb");
+  EXPECT_EQ(p.first_rank, 2);
+  EXPECT_EQ(p.local_size, 3);
+  EXPECT_EQ(p.world_size, 5);
+  EXPECT_EQ(p.num_nodes, 2);
+  EXPECT_NE(what_of([&] { place_node(world, 2); }), "(no error)");
+  EXPECT_NE(what_of([] { decode_world("hosta:x"); }).find("hosta:x"), std::string::npos);
+}

@@ -16,6 +16,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
 #include "gpt/pipeline_model.h"
+#include "support/files.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -234,6 +235,18 @@ TEST(Pipeline, ActivationCheckpointInterval) {
     expect_matches(run, plain_reference(), 2);
     EXPECT_EQ(run.losses[0], pipeline_run(2, config(2, 1), false).losses[0]) << interval;
   }
+}
+
+// NVMe optimizer offload under the pipeline: every stage swaps its own partition through one
+// nvme_path (stages share data-parallel ranks, so their swap files must not collide) and the
+// losses are bit-identical to the in-memory run, as without the pipeline.
+TEST(Pipeline, NvmeOptimizerOffloadMatchesInMemory) {
+  dstest::TempDir dir("ds_pipe_nvme", dstest::TempDir::Base::kDisk);
+  auto in_memory = pipeline_run(2, config(2, 1), false, 4);
+  auto cfg = config(2, 1);
+  cfg["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir.path()}};
+  auto swapped = pipeline_run(2, cfg, false, 4);
+  for (int rank = 0; rank < kWorld; ++rank) EXPECT_EQ(swapped.losses[rank], in_memory.losses[rank]);
 }
 
 TEST(Pipeline, Bf16Trains) {

@@ -453,6 +453,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           // Engine::step() applies the update at the accumulation boundary; the micro-steps of
           // this batch are counted first.
           s.micro_steps += gas - 1;
+          s.log_steps = last;  // the other stages would print a loss they do not have
           Engine::step();
           break;
         }

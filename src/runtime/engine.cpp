@@ -119,7 +119,7 @@ void Engine::step() try {
   StepLogLine line{s.global_steps, s.last_loss, get_lr(), s.last_grad_norm,
                    s.config.train_batch_size, s.skipped_steps,
                    s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
-  s.log.on_step(line, s.config.steps_per_print, s.comm->rank() == 0);
+  s.log.on_step(line, s.config.steps_per_print, s.log_steps && s.comm->rank() == 0);
 } catch (const c10::Error& e) {
   report_torch_error("step", e);
 }

@@ -42,6 +42,9 @@ struct EngineState {
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   at::Tensor loss_since_boundary;  // sum of the GAS-scaled micro losses since the last step
   ThroughputLog log;
+  // Whether this engine prints the steps_per_print line (on its data-parallel rank 0). A pipeline
+  // turns it off on all but the last stage, the only one that knows the loss when it steps.
+  bool log_steps = true;
 };
 
 namespace detail {

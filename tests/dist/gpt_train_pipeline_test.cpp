@@ -22,10 +22,11 @@ struct Run {
   std::string output;
 };
 
-Run gpt_train(const dstest::TempDir& dir, int procs, const std::string& extra) {
+Run gpt_train(const dstest::TempDir& dir, int procs, const std::string& extra,
+              int steps_per_print = 0) {
   json config = {{"train_micro_batch_size_per_gpu", 2},
                  {"gradient_accumulation_steps", 4},
-                 {"steps_per_print", 0},
+                 {"steps_per_print", steps_per_print},
                  {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
                  {"zero_optimization", {{"stage", 1}}},
                  {"seed", 3}};
@@ -57,12 +58,20 @@ std::map<int, std::string> step_losses(const std::string& output) {
 TEST(GptTrainPipeline, TwoStagesPrintTheLossesOfOne) {
   dstest::TempDir a("gpt_pipe_a"), b("gpt_pipe_b");
   auto one = gpt_train(a, 1, "--pipeline_stages 1");
-  auto two = gpt_train(b, 2, "--pipeline_stages 2");
+  auto two = gpt_train(b, 2, "--pipeline_stages 2", /*steps_per_print=*/1);
   ASSERT_TRUE(one.ok) << one.output;
   ASSERT_TRUE(two.ok) << two.output;
   EXPECT_NE(two.output.find("stage 1: layers"), std::string::npos) << two.output;
   EXPECT_EQ(step_losses(one.output).size(), 3u) << one.output;
   EXPECT_EQ(step_losses(two.output), step_losses(one.output)) << one.output << two.output;
+  // The steps_per_print line comes once per step, from the stage that knows the loss (the first
+  // stage used to print its own line with loss=0.0000).
+  std::regex ds_line(R"(\[deepspeed\] step=\d+ skipped=\d+ loss=([0-9.]+))");
+  int lines = 0;
+  for (std::sregex_iterator it(two.output.begin(), two.output.end(), ds_line), end; it != end;
+       ++it, ++lines)
+    EXPECT_NE((*it)[1], "0.0000") << two.output;
+  EXPECT_EQ(lines, 3) << two.output;
 }
 
 TEST(GptTrainPipeline, BadStageCountsNamed) {

@@ -22,8 +22,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deepspeed/config.h"
+
 namespace deepspeed {
-struct ActivationCheckpointingConfig;
 namespace checkpointing {
 
 using Segment = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
@@ -36,26 +37,17 @@ std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at:
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& segment,
                       const at::Tensor& input);
 
-// The activation_checkpointing config block's switches (deepspeed.checkpointing.configure).
-struct Options {
-  // Split saved inputs across the tensor-parallel group: accepted, warned once, no effect until
-  // there is a model-parallel group.
-  bool partition_activations = false;
-  // Keep the saved inputs in (pinned) host memory on GPU builds; on the CPU nothing to move.
-  bool cpu_checkpointing = false;
-  bool contiguous_memory_optimization = false;
-  // With contiguous_memory_optimization: how many checkpoints one forward holds at most; a forward
-  // that makes more is an error naming the key.
-  std::optional<int64_t> number_checkpoints;
-  // Device synchronize before and after each segment (GPU builds) so profile times are true.
-  bool synchronize_checkpoint_boundary = false;
-  // Time each segment's forward and recomputation (stats(), printed by print_profile()).
-  bool profile = false;
-};
+// The activation_checkpointing config block's switches (deepspeed.checkpointing.configure); the
+// meaning of each is documented at ActivationCheckpointingConfig (deepspeed/config.h):
+// partition_activations warns once (no tensor-parallel group yet); cpu_checkpointing keeps saved
+// inputs in pinned host memory on GPU builds; contiguous_memory_optimization needs
+// number_checkpoints and caps the checkpoints one forward may hold (an error naming the key);
+// synchronize_checkpoint_boundary synchronizes the GPU around each segment; profile times each
+// segment's forward and recomputation (stats(), profile_summary()).
+using Options = ActivationCheckpointingConfig;
 // Process-wide, as DeepSpeed's module-level configure(). initialize() calls it with the config's
 // activation_checkpointing block.
 void configure(const Options& options);
-void configure(const ActivationCheckpointingConfig& block);
 Options options();
 
 // Counters of this process since the last reset_stats() (always counted; times only with profile).

@@ -46,17 +46,6 @@ void configure(const Options& options) {
   r.options = options;
 }
 
-void configure(const ActivationCheckpointingConfig& block) {
-  Options o;
-  o.partition_activations = block.partition_activations;
-  o.cpu_checkpointing = block.cpu_checkpointing;
-  o.contiguous_memory_optimization = block.contiguous_memory_optimization;
-  o.number_checkpoints = block.number_checkpoints;
-  o.synchronize_checkpoint_boundary = block.synchronize_checkpoint_boundary;
-  o.profile = block.profile;
-  configure(o);
-}
-
 Options options() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -193,24 +193,39 @@ int threads_from_env() {
   return v ? std::max(1, std::atoi(v)) : 1;
 }
 
+// The stage count of --pipeline_stages: the flag's, or (-1) the config's pipeline.stages.
+int pipeline_stage_count(const Options& opt, const std::string& config_path) {
+  if (opt.pipeline_stages > 0) return opt.pipeline_stages;
+  std::ifstream in(config_path);
+  const auto raw = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*comments=*/true);
+  if (raw.is_object() && raw.contains("pipeline") && raw["pipeline"].contains("stages") &&
+      raw["pipeline"]["stages"].is_number_integer())
+    return raw["pipeline"]["stages"].get<int>();
+  throw deepspeed::ConfigError("gpt_train: --pipeline_stages -1 needs a number in the config's "
+                               "pipeline.stages (" + config_path + ")");
+}
+
 // --pipeline_stages: the GPT as a PipelineModule (embedding, blocks, final norm, head; the head
 // tied to the embedding with --tie_embeddings), one train_batch() per optimizer step. The
 // config's "pipeline" block (stages, partition, activation_checkpoint_interval) applies; the
-// batch keys are per data-parallel rank (world / stages).
+// batch keys are per data-parallel rank (world / stages), and "auto" keys are filled from the
+// flags as without the pipeline. Checkpoints (--save_dir, --load_dir) are the pipeline layout;
+// the data position resumes from the step count (global_steps x accumulation micro-batches per
+// data-parallel rank).
 int train_pipeline(const Options& opt, const std::string& config_path,
                    const deepspeed::comm::CommunicatorPtr& comm,
                    const std::shared_ptr<deepspeed::Dataset>& data) {
-  if (!opt.save_dir.empty() || !opt.load_dir.empty())
-    throw deepspeed::ConfigError("gpt_train: --save_dir/--load_dir with --pipeline_stages: "
-                                 "pipeline checkpoints are not implemented yet");
+  const int stages = pipeline_stage_count(opt, config_path);
+  std::vector<std::string> warnings;  // initialize_pipeline() reports them
+  const auto config = deepspeed::load_config(config_path, comm->world_size() / std::max(1, stages),
+                                             trainer_values(opt), &warnings);
   deepspeed::pipe::PipelineInitializeArgs args;
   args.model = gpt::gpt_pipeline(opt.model);
-  args.model.num_stages = opt.pipeline_stages > 0 ? opt.pipeline_stages : 0;
-  args.config = config_path;
+  args.model.num_stages = stages;
+  args.config_json = config.raw;
   args.comm = comm;
   args.device = opt.device;
   auto engine = deepspeed::pipe::initialize_pipeline(args);
-  const int stages = engine->num_stages();
   const int dp_size = comm->world_size() / stages, dp_rank = comm->rank() % dp_size;
   deepspeed::DataLoader loader(data, engine->train_micro_batch_size_per_gpu(), dp_rank, dp_size,
                                engine->config().seed, /*shuffle=*/true, /*drop_last=*/true);
@@ -218,6 +233,17 @@ int train_pipeline(const Options& opt, const std::string& config_path,
     auto b = loader.next();
     return deepspeed::pipe::MicroBatch{b.data, b.target};
   };
+  if (comm->rank() == 0 && !config.auto_filled.empty())
+    std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",
+                filled_keys(config).c_str());
+  if (!opt.load_dir.empty()) {
+    auto loaded = engine->load_checkpoint(opt.load_dir);
+    const int64_t consumed = engine->global_steps() * engine->gradient_accumulation_steps();
+    loader.load_state({consumed / loader.batches_per_epoch(), consumed % loader.batches_per_epoch()});
+    if (comm->rank() == 0 && !loaded.load_path.empty())
+      std::printf("gpt_train: resumed from %s at step %lld\n", loaded.load_path.c_str(),
+                  static_cast<long long>(engine->global_steps()));
+  }
   const bool rank0 = comm->rank() == 0;
   if (rank0)
     std::printf("gpt_train: pipeline %d stages x %d data-parallel, zero stage %d, micro batch "
@@ -225,21 +251,32 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                 stages, dp_size, engine->config().zero_optimization.stage,
                 static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
                 static_cast<long long>(engine->gradient_accumulation_steps()));
+  const int64_t first_step = engine->global_steps();  // > 0 after a resume
   auto start = std::chrono::steady_clock::now(), timed_from = start;
   double wall_s = 0.0, compute_s = 0.0;  // over the timed steps, for the measured bubble
   while (engine->global_steps() < opt.steps) {
     const double loss = engine->train_batch(next);
-    if (engine->global_steps() > opt.warmup) {
+    if (engine->global_steps() > first_step + opt.warmup) {
       wall_s += engine->last_batch_timing().wall_s;
       compute_s += engine->last_batch_timing().compute_s;
     }
-    if (rank0)
+    if (rank0 && opt.exact_loss)
+      std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(engine->global_steps()),
+                  loss, loss);
+    else if (rank0)
       std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()), loss);
-    if (engine->global_steps() == opt.warmup) timed_from = std::chrono::steady_clock::now();
+    if (engine->global_steps() == first_step + opt.warmup) timed_from = std::chrono::steady_clock::now();
+    if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
+      engine->save_checkpoint(opt.save_dir);
+      if (rank0) std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
+                             static_cast<long long>(engine->global_steps()));
+    }
   }
   const auto end = std::chrono::steady_clock::now();
-  const int64_t timed_steps = std::max<int64_t>(1, opt.steps - opt.warmup);
-  const double seconds = std::chrono::duration<double>(end - timed_from).count();
+  const int64_t timed_steps = std::max<int64_t>(1, opt.steps - first_step - opt.warmup);
+  const double seconds = opt.steps - first_step > opt.warmup
+                             ? std::chrono::duration<double>(end - timed_from).count()
+                             : 0.0;
   // train_batch_size is the global batch (micro x accumulation x data-parallel ranks).
   const double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
   std::printf("gpt_train_report rank=%d stage=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "

@@ -139,6 +139,9 @@ struct CheckpointConfig {
   std::string tag_validation = "Warn";   // Ignore | Warn | Fail
   bool load_universal = false;
   bool use_node_local_storage = false;
+  // parallel_write.pipeline_stage: a pipeline stage's layer files are written by its
+  // data-parallel ranks in turn instead of all by its data-parallel rank 0.
+  bool parallel_write_pipeline_stage = false;
 };
 
 struct CommsLoggerConfig {

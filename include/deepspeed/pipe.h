@@ -167,14 +167,9 @@ class PipelineEngine : public Engine {
   [[noreturn]] at::Tensor forward(const at::Tensor&);
   [[noreturn]] at::Tensor backward(const at::Tensor&);
   [[noreturn]] void step();
-  // Pipeline checkpoints (per-layer files) are not implemented yet: the stages' Engine
-  // checkpoints would overwrite each other in one folder, so these throw instead.
-  [[noreturn]] bool save_checkpoint(const std::string& save_dir, const std::string& tag = "",
-                                    const nlohmann::json& client_state = nlohmann::json::object(),
-                                    bool save_latest = true);
-  [[noreturn]] LoadedCheckpoint load_checkpoint(const std::string& load_dir,
-                                                const std::string& tag = "", bool = true,
-                                                bool = true, bool = true, bool = false);
+  // save_checkpoint / load_checkpoint are Engine's, COLLECTIVE over every stage: DeepSpeed's
+  // pipeline layout (layer_XX-model_states files; docs/checkpoints.md), loadable at another
+  // (stages, data-parallel) layout and exportable with ds_to_fp32.
 
   int stage_id() const;
   int num_stages() const;

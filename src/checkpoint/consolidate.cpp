@@ -40,16 +40,17 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
   std::map<std::string, at::Tensor> fp32(trainable.begin(), trainable.end());
   TagReader reader(fs, tag_dir);
   NamedTensors out;
-  const std::string file = model_states_file_name();
-  for (const auto& e : reader.file(file).entries) {
-    auto it = fp32.find(e.name);
-    if (it != fp32.end()) {
-      out.emplace_back(e.name, it->second);
-      continue;
+  for (const auto& mf : reader.module_files())
+    for (const auto& e : reader.file(mf.file).entries) {
+      const std::string name = mf.prefix + e.name;
+      auto it = fp32.find(name);
+      if (it != fp32.end()) {
+        out.emplace_back(name, it->second);
+        continue;
+      }
+      at::Tensor t = reader.tensor(mf.file, e.name);
+      out.emplace_back(name, t.is_floating_point() ? t.to(torch::kFloat) : t);
     }
-    at::Tensor t = reader.tensor(file, e.name);
-    out.emplace_back(e.name, t.is_floating_point() ? t.to(torch::kFloat) : t);
-  }
   return out;
 }
 

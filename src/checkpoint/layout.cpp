@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 
 #include "partition/partition.h"
@@ -11,10 +12,32 @@ namespace checkpoint {
 
 std::string library_version() { return "0.1.0"; }
 
-std::string model_states_file_name() { return "mp_rank_00_model_states.safetensors"; }
+namespace {
+std::string two_digits(int64_t i) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%02lld", static_cast<long long>(i));
+  return buf;
+}
+}  // namespace
 
-std::string optim_states_file_name(int rank) {
-  return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.safetensors";
+std::string model_states_file_name(int mp_rank) {
+  return "mp_rank_" + two_digits(mp_rank) + "_model_states.safetensors";
+}
+
+std::string optim_states_file_name(int rank, int mp_rank) {
+  return "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_" + two_digits(mp_rank) +
+         "_optim_states.safetensors";
+}
+
+std::string layer_file_name(int64_t layer) {
+  return "layer_" + two_digits(layer) + "-model_states.safetensors";
+}
+
+std::vector<ModuleFile> PipelineFiles::written_by(int s) const {
+  std::vector<ModuleFile> out;
+  for (const auto& f : all)
+    if (f.layer >= bounds.at(s) && f.layer < bounds.at(s + 1)) out.push_back(f);
+  return out;
 }
 
 std::string fragment_tensor_name(const std::string& kind, const std::string& param) {

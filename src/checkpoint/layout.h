@@ -6,6 +6,16 @@
 //                                                             rank r: its fragments + its RNG/loader
 //   <save_dir>/<tag>/manifest.json                            rank 0, after every rank's file
 //
+// A pipeline (stages S x data D) saves DeepSpeed's pipeline layout instead:
+//   <tag>/layer_LL-model_states.safetensors        layer LL's module tensors (a tied module: in the
+//                                                  file of the first layer using its key), written
+//                                                  by a data-parallel rank of the stage holding LL
+//   <tag>/mp_rank_SS_model_states.safetensors      stage SS: engine state only (no module tensors)
+//   <tag>/zero_pp_rank_D_mp_rank_SS_optim_states.safetensors   stage SS, data-parallel rank D
+//   <tag>/manifest.json                            global rank 0; partitions in global rank order
+// Parameter names are those of the stage modules ("layer_LL.<name>", "tied_<key>.<name>"), which
+// do not depend on the layout, so the fragments reshard across (S, D) as across world sizes.
+//
 // Optimizer state is saved as *fragments*: fragment (name, offset, numel) is elements
 // [offset, offset + numel) of the flattened trainable parameter `name`. Rank r of a world of N
 // saves the fragments of its ZeRO partition: the trainable parameters laid flat in reverse
@@ -34,8 +44,30 @@ constexpr const char* kTorchArchive = "torch_archive";    // libtorch's own seri
 constexpr const char* kNoOptimizerState = "none";
 
 std::string library_version();
-std::string model_states_file_name();          // "mp_rank_00_model_states.safetensors"
-std::string optim_states_file_name(int rank);  // "zero_pp_rank_<r>_mp_rank_00_optim_states.safetensors"
+// "mp_rank_<MM>_model_states.safetensors" (MM: two digits; the pipeline stage, else 0).
+std::string model_states_file_name(int mp_rank = 0);
+// "zero_pp_rank_<r>_mp_rank_<MM>_optim_states.safetensors": data-parallel rank r of stage MM.
+std::string optim_states_file_name(int rank, int mp_rank = 0);
+// "layer_<LL>-model_states.safetensors" (LL: at least two digits).
+std::string layer_file_name(int64_t layer);
+
+// A file of module tensors: tensor <name> in it is the module's <prefix><name>. A plain engine's
+// checkpoint has one, {model_states_file_name(), ""}; a pipeline's one per layer.
+struct ModuleFile {
+  std::string file;
+  std::string prefix;
+  int64_t layer = -1;  // pipeline: the global layer index the file is named after
+};
+
+// How a pipeline stage lays out its part of a checkpoint (set by initialize_pipeline).
+struct PipelineFiles {
+  int stage = 0;
+  int stages = 1;
+  std::vector<int64_t> bounds;   // stage s holds layers [bounds[s], bounds[s + 1])
+  std::vector<ModuleFile> all;   // every layer file of the whole model, in layer order
+  // The files stage `s` writes: those named after a layer it holds.
+  std::vector<ModuleFile> written_by(int s) const;
+};
 // "fp32/<name>" etc.
 std::string fragment_tensor_name(const std::string& kind, const std::string& param);
 

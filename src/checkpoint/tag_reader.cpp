@@ -34,6 +34,16 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
       bad("lists " + std::to_string(parts.size()) + " partitions for world_size " +
           std::to_string(world_size_));
     for (int r = 0; r < world_size_; ++r)
+      partition_files_.push_back(parts[r].value("file", optim_states_file_name(r)));
+    pipeline_stages_ = m.contains("pipeline") ? m.at("pipeline").at("stages").get<int>() : 1;
+    engine_file_ = m.value("engine_file", model_states_file_name());
+    if (m.contains("module_files"))
+      for (const auto& f : m.at("module_files"))
+        module_files_.push_back({f.at("file").get<std::string>(), f.at("prefix").get<std::string>(),
+                                 f.value("layer", int64_t{-1})});
+    else
+      module_files_.push_back({model_states_file_name(), "", -1});
+    for (int r = 0; r < world_size_; ++r)
       for (const auto& f : parts[r].at("fragments"))
         pieces_[f.at(0).get<std::string>()].push_back({r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
   } catch (const nlohmann::json::exception& e) {
@@ -131,7 +141,7 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
   for (const auto& p : it->second) {
     const int64_t lo = std::max(offset, p.offset), hi = std::min(offset + numel, p.offset + p.numel);
     if (hi <= lo) continue;
-    const std::string file_name = optim_states_file_name(p.rank);
+    const std::string& file_name = partition_files_.at(p.rank);
     const SafetensorsEntry& e = entry(file_name, tensor_name);
     if (e.numel() != p.numel || e.dtype != at::kFloat)
       throw CheckpointError("checkpoint file '" + join_path(dir_, file_name) + "': tensor \"" +

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/file_system.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 
@@ -40,6 +41,15 @@ class TagReader {
   int zero_stage() const { return zero_stage_; }
   const std::string& optimizer_format() const { return optimizer_format_; }
   const std::vector<TrainableInfo>& trainable() const { return trainable_; }
+  // Pipeline stages of the saved job (1 without a pipeline); world_size() counts every rank of
+  // every stage, so the data-parallel size was world_size() / pipeline_stages().
+  int pipeline_stages() const { return pipeline_stages_; }
+  // The optimizer-state file of saved rank `rank` (global rank order).
+  const std::string& partition_file(int rank) const { return partition_files_.at(rank); }
+  // Where the module's tensors are (ModuleFile), and the file with the engine state (counters,
+  // scheduler, loss scaler, client state): one model-states file for a plain engine.
+  const std::vector<ModuleFile>& module_files() const { return module_files_; }
+  const std::string& engine_file() const { return engine_file_; }
 
   // The header of `name` (relative to the tag folder), the file verified and parsed once. Throws
   // CheckpointError naming the file: missing, truncated, corrupted, not listed in the manifest,
@@ -89,6 +99,10 @@ class TagReader {
   int zero_stage_ = 0;
   std::string optimizer_format_;
   std::vector<TrainableInfo> trainable_;
+  int pipeline_stages_ = 1;
+  std::vector<std::string> partition_files_;
+  std::vector<ModuleFile> module_files_;
+  std::string engine_file_;
   std::map<std::string, std::vector<Piece>> pieces_;  // parameter -> saved fragments
   std::map<std::string, OpenFile> files_;
 };

@@ -108,8 +108,7 @@ void read_checkpoint(ObjectReader& top, CheckpointConfig& ck) {
   r.read("load_universal", ck.load_universal);
   r.read("use_node_local_storage", ck.use_node_local_storage);
   ObjectReader pw = r.child("parallel_write");
-  bool pipeline_stage = false;
-  pw.read("pipeline_stage", pipeline_stage);
+  pw.read("pipeline_stage", ck.parallel_write_pipeline_stage);
   pw.finish();
   r.finish();
 }

@@ -4,6 +4,7 @@
 // counted once (by its lowest holder). Everything else is the inner stage's.
 #pragma once
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -30,10 +31,16 @@ class PipeStage : public zero::ZeroStage {
     double sq = n * n;
     for (auto& p : counted_twice_)
       if (p.grad().defined()) sq -= p.grad().to(torch::kDouble).pow(2).sum().item<double>();
-    if (pipe_->world_size() == 1) return std::sqrt(sq);
-    at::Tensor t = torch::full({1}, sq, torch::kDouble);
-    pipe_->all_reduce(t)->wait();
-    return std::sqrt(std::max(0.0, t.item<double>()));
+    if (pipe_->world_size() > 1) {
+      at::Tensor t = torch::full({1}, sq, torch::kDouble);
+      pipe_->all_reduce(t)->wait();
+      sq = t.item<double>();
+    }
+    // An overflow anywhere (inf, or NaN from inf - inf above) must stay non-finite on every
+    // stage: the engine skips the step on a non-finite norm. (std::max(0.0, NaN) is 0.0, which
+    // once turned fp16 overflows into applied NaN steps.)
+    if (!std::isfinite(sq)) return std::numeric_limits<double>::infinity();
+    return std::sqrt(std::max(0.0, sq));  // >= 0 up to rounding of the tied subtraction
   }
   void step(double grad_scale) override { inner_->step(grad_scale); }
   void discard_gradients() override { inner_->discard_gradients(); }

@@ -260,6 +260,12 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   EngineStatePtr state = detail::build_engine_state(std::move(in));
   state->topology = rt->topology;
   state->stage = std::make_unique<PipeStage>(std::move(state->stage), rt->pipe, counted_twice);
+  auto files = std::make_shared<checkpoint::PipelineFiles>();
+  files->stage = rt->stage;
+  files->stages = stages;
+  files->bounds = rt->partition.bounds;
+  files->all = layer_files(model.layers);
+  state->pipeline_files = std::move(files);
   return std::make_shared<PipelineEngine>(std::move(state), std::move(rt));
 }
 
@@ -278,17 +284,6 @@ at::Tensor PipelineEngine::backward(const at::Tensor&) {
 void PipelineEngine::step() {
   throw Error("PipelineEngine: step() is not available with pipeline parallelism; call "
               "train_batch(data), which runs forward, backward and step");
-}
-
-bool PipelineEngine::save_checkpoint(const std::string& save_dir, const std::string&,
-                                     const nlohmann::json&, bool) {
-  throw Error("PipelineEngine: save_checkpoint(\"" + save_dir + "\"): checkpoints of a pipeline "
-              "(per-layer layer_XX-model_states files) are not implemented yet");
-}
-LoadedCheckpoint PipelineEngine::load_checkpoint(const std::string& load_dir, const std::string&,
-                                                 bool, bool, bool, bool) {
-  throw Error("PipelineEngine: load_checkpoint(\"" + load_dir + "\"): checkpoints of a pipeline "
-              "(per-layer layer_XX-model_states files) are not implemented yet");
 }
 
 int PipelineEngine::stage_id() const { return rt_->stage; }

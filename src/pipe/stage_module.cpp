@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <mutex>
+#include <set>
 
 namespace deepspeed {
 namespace pipe {
@@ -52,11 +53,25 @@ std::string layer_type_name(const LayerSpec& spec, const torch::nn::AnyModule& b
 
 namespace {
 std::string two_digits(size_t i) {
-  char buf[16];
+  char buf[24];
   std::snprintf(buf, sizeof buf, "%02zu", i);
   return buf;
 }
 }  // namespace
+
+std::vector<checkpoint::ModuleFile> layer_files(const std::vector<LayerSpec>& specs) {
+  std::vector<checkpoint::ModuleFile> out;
+  std::set<std::string> tied_seen;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i].build) continue;
+    const std::string& key = specs[i].tied_key;
+    if (!key.empty() && !tied_seen.insert(key).second) continue;
+    const std::string prefix = key.empty() ? "layer_" + two_digits(i) + "." : "tied_" + key + ".";
+    out.push_back({checkpoint::layer_file_name(static_cast<int64_t>(i)), prefix,
+                   static_cast<int64_t>(i)});
+  }
+  return out;
+}
 
 StageModuleImpl::StageModuleImpl(const std::vector<LayerSpec>& specs, int64_t begin, int64_t end,
                                  uint64_t seed, std::map<size_t, torch::nn::AnyModule> built) {

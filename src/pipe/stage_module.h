@@ -8,6 +8,7 @@
 
 #include <torch/nn/module.h>
 
+#include "checkpoint/layout.h"
 #include "deepspeed/pipe.h"
 
 namespace deepspeed {
@@ -20,6 +21,11 @@ torch::nn::AnyModule build_layer(const std::vector<LayerSpec>& specs, size_t ind
 // The type name "type:<regex>" matches: the module's class name, or the spec's name for a plain
 // callable.
 std::string layer_type_name(const LayerSpec& spec, const torch::nn::AnyModule& built);
+
+// The checkpoint file of every layer that builds a module (checkpoint/layout.h), with the prefix
+// its tensors carry in a StageModule: "layer_XX." ("layer_XX-model_states"), and for a tied key
+// "tied_<key>." in the file of the first layer using the key.
+std::vector<checkpoint::ModuleFile> layer_files(const std::vector<LayerSpec>& specs);
 
 // Layers [begin, end) of the specs, applied in order. Submodules are named "layer_XX" (the
 // global layer index, two digits as DeepSpeed's layer_XX-model_states files) and "tied_<key>"

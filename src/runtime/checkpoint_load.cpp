@@ -38,7 +38,8 @@ struct SavedEngineState {
 struct Plan {
   nlohmann::json model_meta;
   SavedEngineState engine;
-  std::set<std::string> module_tensors;        // module parameters and buffers the file holds
+  // Module parameter or buffer -> (file, tensor name in it), for those the checkpoint holds.
+  std::map<std::string, std::pair<std::string, std::string>> module_tensors;
   std::unique_ptr<zero::FragmentState> state;  // fragments to fill: masters (and moments)
   std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
@@ -56,32 +57,46 @@ std::map<std::string, std::vector<int64_t>> module_shapes(const EngineState& s) 
   return out;
 }
 
+// The module file holding `name` (the longest matching prefix), or null.
+const ModuleFile* module_file_of(const TagReader& reader, const std::string& name) {
+  const ModuleFile* best = nullptr;
+  for (const auto& f : reader.module_files())
+    if (name.compare(0, f.prefix.size(), f.prefix) == 0 &&
+        (!best || f.prefix.size() > best->prefix.size()))
+      best = &f;
+  return best;
+}
+
+// Every module tensor must be in the file its name maps to, with its shape; in strict mode the
+// files this module draws from must hold nothing else. (A pipeline stage draws from its own
+// layers' files and ignores the other stages'.)
 void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& plan) {
-  const std::string file = model_states_file_name();
-  const std::string path = join_path(reader.dir(), file);
-  const auto& saved = reader.file(file);
-  std::set<std::string> in_file;
   auto mine = module_shapes(s);
-  for (const auto& e : saved.entries) {
-    in_file.insert(e.name);
-    auto it = mine.find(e.name);
-    if (it == mine.end()) {
+  std::map<std::string, const ModuleFile*> files_used;
+  for (const auto& [name, shape] : mine) {
+    const ModuleFile* f = module_file_of(reader, name);
+    if (f) files_used.emplace(f->file, f);
+    const SafetensorsEntry* e = f ? reader.file(f->file).find(name.substr(f->prefix.size())) : nullptr;
+    if (!e) {
       if (strict)
-        throw CheckpointError("checkpoint file '" + path + "' has tensor \"" + e.name +
-                              "\" that the module lacks (pass load_module_strict=false to ignore)");
+        throw CheckpointError("checkpoint '" + reader.dir() + "' lacks module tensor \"" + name +
+                              "\"" + (f ? " (in '" + f->file + "')" : std::string()) +
+                              " (pass load_module_strict=false to keep its current value)");
       continue;
     }
-    if (it->second != e.shape)
-      throw CheckpointError("checkpoint file '" + path + "': tensor \"" + e.name + "\" has shape " +
-                            c10::str(c10::IntArrayRef(e.shape)) + ", the module's is " +
-                            c10::str(c10::IntArrayRef(it->second)));
-    plan.module_tensors.insert(e.name);
+    if (e->shape != shape)
+      throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) + "': tensor \"" +
+                            e->name + "\" has shape " + c10::str(c10::IntArrayRef(e->shape)) +
+                            ", the module's is " + c10::str(c10::IntArrayRef(shape)));
+    plan.module_tensors[name] = {f->file, e->name};
   }
-  if (strict)
-    for (const auto& [name, shape] : mine)
-      if (!in_file.count(name))
-        throw CheckpointError("checkpoint file '" + path + "' lacks module tensor \"" + name +
-                              "\" (pass load_module_strict=false to keep its current value)");
+  if (!strict) return;
+  for (const auto& [file, f] : files_used)
+    for (const auto& e : reader.file(file).entries)
+      if (!mine.count(f->prefix + e.name))
+        throw CheckpointError("checkpoint file '" + join_path(reader.dir(), file) + "' has tensor \"" +
+                              e.name + "\" that the module lacks (pass load_module_strict=false to "
+                              "ignore)");
 }
 
 void check_trainable(const TagReader& reader, const EngineState& s,
@@ -105,17 +120,25 @@ void check_trainable(const TagReader& reader, const EngineState& s,
 // current rank hold the same parameters (stage 0 anywhere, or the same stage and world size).
 void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int stage = s.config.zero_optimization.stage, world = s.comm->world_size();
+  const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
+  const int saved_dp = reader.world_size() / reader.pipeline_stages();
   const bool replicated = reader.zero_stage() == 0 && s.stage->replicated_state();
-  if (!replicated && (reader.zero_stage() != stage || reader.world_size() != world))
+  const bool same_stages = reader.pipeline_stages() == stages;
+  if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state "
                           "saved at world size " + std::to_string(reader.world_size()) +
-                          ", ZeRO stage " + std::to_string(reader.zero_stage()) +
-                          "; it reloads only at the same world size and stage (or stage 0 to stage "
-                          "0), not at world size " + std::to_string(world) + ", stage " +
+                          " (pipeline stages " + std::to_string(reader.pipeline_stages()) +
+                          "), ZeRO stage " + std::to_string(reader.zero_stage()) +
+                          "; it reloads only at the same world size, pipeline and stage (or stage "
+                          "0 to stage 0), not at world size " + std::to_string(job_comm(s).world_size()) +
+                          " (pipeline stages " + std::to_string(stages) + "), stage " +
                           std::to_string(stage) + ". Pass load_optimizer_states=false to load the "
                           "weights alone");
-  const int rank = replicated ? 0 : s.comm->rank();
-  at::Tensor bytes = reader.tensor(optim_states_file_name(rank), "optimizer_archive");
+  // Stage 0 replicates the state: the file of the pipeline stage's first data-parallel rank
+  // serves every rank (ranks are pipe-major: stage = job rank / data-parallel size).
+  const int job_rank = job_comm(s).rank();
+  const int file_rank = replicated ? (job_rank / world) * saved_dp : job_rank;
+  at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
@@ -180,7 +203,7 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
     e.lr_scheduler = m.at("lr_scheduler");
     if (s.loader && !m.at("data_sampler").is_null()) e.loader = resumed_loader_state(m.at("data_sampler"), s);
   } catch (const nlohmann::json::exception& err) {
-    throw CheckpointError("checkpoint file '" + join_path(reader.dir(), model_states_file_name()) +
+    throw CheckpointError("checkpoint file '" + join_path(reader.dir(), reader.engine_file()) +
                           "': engine state is malformed: " + err.what());
   }
   return e;
@@ -188,15 +211,18 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
 
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   Plan plan;
-  plan.model_meta = reader.file_metadata(model_states_file_name());
+  plan.model_meta = reader.file_metadata(reader.engine_file());
   plan_module(reader, s, o.load_module_strict, plan);
   if (o.load_module_only) return plan;
   plan.engine = parse_engine_state(reader, plan.model_meta, s);
   const auto names = trainable_names(*s.module);
   check_trainable(reader, s, names);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
-  if (reader.world_size() == s.comm->world_size())
-    plan.rng_state = reader.tensor(optim_states_file_name(s.comm->rank()), "rng_state");
+  // RNG states only where every rank has its saved counterpart: the same world and pipeline.
+  comm::Communicator& job = job_comm(s);
+  const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
+  if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages)
+    plan.rng_state = reader.tensor(reader.partition_file(job.rank()), "rng_state");
   return plan;
 }
 
@@ -224,16 +250,16 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
 // re-partitioned (so only rank 0 reads the partitioned parameters). COLLECTIVE.
 void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
   torch::NoGradGuard no_grad;
-  const std::string file = model_states_file_name();
   const bool rank0 = s.comm->rank() == 0;
+  auto read = [&](const std::string& name, const at::Tensor& dst) {
+    auto it = plan.module_tensors.find(name);
+    if (it != plan.module_tensors.end()) reader.read_tensor(it->second.first, it->second.second, dst);
+  };
   for_each_whole_parameter(s, /*modifier_rank=*/0,
                            [&](const std::string& name, const at::Tensor& p, bool grouped) {
-                             if (plan.module_tensors.count(name) && (rank0 || !grouped))
-                               reader.read_tensor(file, name, p);
+                             if (rank0 || !grouped) read(name, p);
                            });
-  for (auto& item : s.module->named_buffers())
-    if (plan.module_tensors.count(item.key()))
-      reader.read_tensor(file, item.key(), item.value().detach());
+  for (auto& item : s.module->named_buffers()) read(item.key(), item.value().detach());
 }
 
 // The fragments, piece by piece, each read from the rank files straight into the optimizer's
@@ -278,30 +304,31 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   if (tag.empty()) {
     tag = read_latest_tag(fs, load_dir);
     if (tag.empty()) {
-      if (s.comm->rank() == 0)
+      if (job_comm(s).rank() == 0)
         std::fprintf(stderr, "[deepspeed] WARNING: load_checkpoint: no '%s' to read the tag from; "
                      "nothing loaded\n", join_path(load_dir, kLatestFileName).c_str());
       return {};
     }
   }
   const std::string dir = join_path(load_dir, tag);
+  comm::Communicator& job = job_comm(s);
   std::unique_ptr<TagReader> reader;
   Plan plan;
-  run_agreed(*s.comm, "load_checkpoint '" + dir + "'", [&] {
+  run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
     reader = std::make_unique<TagReader>(fs, dir);
     plan = make_plan(*reader, s, o);
   });
   const std::string applying =
       "load_checkpoint '" + dir + "': applying (the engine may be partly loaded)";
-  run_agreed(*s.comm, applying, [&] { apply_module(s, *reader, plan); });
-  run_agreed(*s.comm, applying, [&] { apply_rest(s, *reader, plan, o); });
+  run_agreed(job, applying, [&] { apply_module(s, *reader, plan); });
+  run_agreed(job, applying, [&] { apply_rest(s, *reader, plan, o); });
   if (o.load_module_only)
     s.stage->refresh_masters_from_model();
   else
     s.stage->finish_load(plan.adam_step);
-  s.comm->barrier();
+  job.barrier();
   nlohmann::json client = plan.model_meta.value("client_state", nlohmann::json::object());
-  return {join_path(dir, model_states_file_name()), client};
+  return {join_path(dir, reader->engine_file()), client};
 }
 
 }  // namespace checkpoint

@@ -42,10 +42,6 @@ at::Tensor bytes_tensor(const std::string& bytes) {
   return t;
 }
 
-std::string optimizer_format(const EngineState& s) {
-  if (!s.optimizer) return kNoOptimizerState;
-  return s.stage->adam_step() >= 0 ? kAdamFragments : kTorchArchive;
-}
 
 std::string optimizer_archive(torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -73,12 +69,51 @@ nlohmann::json loader_state(const EngineState& s) {
           {"world_size", s.comm->world_size()}};
 }
 
+}  // namespace
+
+nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& client_state) {
+  return {
+      {"global_steps", s.global_steps},
+      {"global_samples", s.global_samples},
+      {"micro_steps", s.micro_steps},
+      {"skipped_steps", s.skipped_steps},
+      {"lr_scheduler", s.scheduler ? s.scheduler->state_dict() : nlohmann::json(nullptr)},
+      {"loss_scaler", s.loss_scaler ? s.loss_scaler->state_dict() : nlohmann::json(nullptr)},
+      {"data_sampler", loader_state(s)},
+      {"client_state", client_state},
+      {"buffer_names", nlohmann::json::array()},
+      {"dp_world_size", s.comm->world_size()},
+      {"mp_world_size", s.pipeline_files ? s.pipeline_files->stages : 1},
+      {"zero_stage", s.config.zero_optimization.stage},
+      {"ds_version", library_version()},
+      {"ds_config", s.config.raw},
+  };
+}
+
+std::string optimizer_format(const EngineState& s) {
+  if (!s.optimizer) return kNoOptimizerState;
+  return s.stage->adam_step() >= 0 ? kAdamFragments : kTorchArchive;
+}
+
+nlohmann::json trainable_list(const EngineState& s, const std::vector<std::string>& names) {
+  nlohmann::json trainable = nlohmann::json::array();
+  for (size_t k = 0; k < s.trainable.size(); ++k)
+    trainable.push_back({{"name", names[k]},
+                         {"shape", s.stage->whole_shape(s.trainable[k])},
+                         {"numel", whole_numel(s, s.trainable[k])}});
+  return trainable;
+}
+
+comm::Communicator& job_comm(const EngineState& s) {
+  return s.topology ? *s.topology->world() : *s.comm;
+}
+
 // This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive. The
 // fragments are streamed from the stage's state piece by piece (a swapped shard: one sub-group
 // read from its file at a time) into a file whose header went first.
 void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
-                      const std::string& dir, const std::vector<std::string>& names,
-                      const std::string& format) {
+                      const std::string& dir, const std::string& file,
+                      const std::vector<std::string>& names, const std::string& format) {
   const bool adam = format == kAdamFragments;
   const std::vector<std::string> kinds =
       adam ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
@@ -103,8 +138,9 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"zero_stage", s.config.zero_optimization.stage},
                          {"adam_step", s.stage->adam_step()},
                          {"optimizer_format", format},
-                         {"fragments", fragments}};
-  const std::string path = join_path(dir, optim_states_file_name(s.comm->rank()));
+                         {"fragments", fragments},
+                         {"trainable", trainable_list(s, names)}};
+  const std::string path = join_path(dir, file);
   write_safetensors_streamed(
       fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
         for (size_t i = 0; i < state.fragments().size(); ++i)
@@ -121,6 +157,22 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
       });
 }
 
+nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
+                             int world_size) {
+  return {{"format", kCheckpointFormat},
+          {"format_version", kCheckpointFormatVersion},
+          {"library_version", library_version()},
+          {"tag", tag},
+          {"world_size", world_size},
+          {"zero_stage", s.config.zero_optimization.stage},
+          {"precision", precision_name(s.config)},
+          {"optimizer", {{"format", format}, {"adam_step", s.stage->adam_step()}}},
+          {"global_steps", s.global_steps},
+          {"partition_alignment", partition::kAlignment}};
+}
+
+namespace {
+
 // The module file: parameters (whole: stage 3 gathers one unit at a time) and buffers. Rank 0
 // writes; every rank walks the parameters, as the gathers are collective.
 void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
@@ -136,22 +188,8 @@ void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
     buffers.push_back(item.value().detach());
     buffer_names.push_back(item.key());
   }
-  nlohmann::json meta = {
-      {"global_steps", s.global_steps},
-      {"global_samples", s.global_samples},
-      {"micro_steps", s.micro_steps},
-      {"skipped_steps", s.skipped_steps},
-      {"lr_scheduler", s.scheduler ? s.scheduler->state_dict() : nlohmann::json(nullptr)},
-      {"loss_scaler", s.loss_scaler ? s.loss_scaler->state_dict() : nlohmann::json(nullptr)},
-      {"data_sampler", loader_state(s)},
-      {"client_state", client_state},
-      {"buffer_names", buffer_names},
-      {"dp_world_size", s.comm->world_size()},
-      {"mp_world_size", 1},
-      {"zero_stage", s.config.zero_optimization.stage},
-      {"ds_version", library_version()},
-      {"ds_config", s.config.raw},
-  };
+  nlohmann::json meta = engine_metadata(s, client_state);
+  meta["buffer_names"] = buffer_names;
   auto walk = [&](SafetensorsWriter* w) {
     for_each_whole_parameter(s, std::nullopt, [&](const std::string&, const at::Tensor& p, bool) {
       if (w) w->append(p.to(at::kCPU).contiguous());
@@ -176,14 +214,8 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
                                  const std::string& tag, const std::vector<std::string>& names,
                                  const std::vector<std::string>& files, const std::string& format) {
   const int world = s.comm->world_size();
-  nlohmann::json trainable = nlohmann::json::array();
   std::vector<int64_t> numels;
-  for (size_t k = 0; k < s.trainable.size(); ++k) {
-    trainable.push_back({{"name", names[k]},
-                         {"shape", s.stage->whole_shape(s.trainable[k])},
-                         {"numel", whole_numel(s, s.trainable[k])}});
-    numels.push_back(whole_numel(s, s.trainable[k]));
-  }
+  for (const auto& p : s.trainable) numels.push_back(whole_numel(s, p));
   nlohmann::json partitions = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
     nlohmann::json frags = nlohmann::json::array();
@@ -193,35 +225,27 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   }
   nlohmann::json tensors = nlohmann::json::object();
   for (auto& f : files) tensors[f] = safetensors_tensor_list(fs, join_path(dir, f));
-  return {{"format", kCheckpointFormat},
-          {"format_version", kCheckpointFormatVersion},
-          {"library_version", library_version()},
-          {"tag", tag},
-          {"world_size", world},
-          {"zero_stage", s.config.zero_optimization.stage},
-          {"precision", precision_name(s.config)},
-          {"optimizer", {{"format", format}, {"adam_step", s.stage->adam_step()}}},
-          {"global_steps", s.global_steps},
-          {"partition_alignment", partition::kAlignment},
-          {"trainable", trainable},
-          {"partitions", partitions},
-          {"tensors", tensors}};
+  nlohmann::json meta = manifest_base(s, tag, format, world);
+  meta["trainable"] = trainable_list(s, names);
+  meta["partitions"] = partitions;
+  meta["tensors"] = tensors;
+  return meta;
 }
 
 // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash).
-void validate_tag(EngineState& s, const std::string& tag) {
+void validate_tag(EngineState& s, comm::Communicator& job, const std::string& tag) {
   const std::string& mode = s.config.checkpoint.tag_validation;
-  if (s.comm->world_size() == 1 || mode == "Ignore") return;
+  if (job.world_size() == 1 || mode == "Ignore") return;
   const double h = crc32c(tag.data(), tag.size());
   at::Tensor hi = torch::full({1}, h, torch::kDouble), lo = hi.clone();
-  s.comm->all_reduce(hi, comm::ReduceOp::Max)->wait();
-  s.comm->all_reduce(lo, comm::ReduceOp::Min)->wait();
+  job.all_reduce(hi, comm::ReduceOp::Max)->wait();
+  job.all_reduce(lo, comm::ReduceOp::Min)->wait();
   if (hi.item<double>() == lo.item<double>()) return;
   const std::string msg = "save_checkpoint: the ranks were given different tags (rank " +
-                          std::to_string(s.comm->rank()) + ": \"" + tag +
+                          std::to_string(job.rank()) + ": \"" + tag +
                           "\"); checkpoint.tag_validation is " + mode;
   if (mode == "Fail") throw CheckpointError(msg);
-  if (s.comm->rank() == 0) std::fprintf(stderr, "[deepspeed] WARNING: %s\n", msg.c_str());
+  if (job.rank() == 0) std::fprintf(stderr, "[deepspeed] WARNING: %s\n", msg.c_str());
 }
 
 // The stage's own idea of its share must be the layout the manifest describes (metadata only:
@@ -246,17 +270,24 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
                                    const SaveOptions& o) {
   const std::string tag = o.tag.empty() ? "global_step" + std::to_string(s.global_steps) : o.tag;
   check_tag(tag);
-  validate_tag(s, tag);
+  // Every rank of the job saves into the tag (a pipeline: every stage's data-parallel group), so
+  // the agreements, the tag check and the manifest span the whole job, not s.comm.
+  comm::Communicator& job = job_comm(s);
+  validate_tag(s, job, tag);
   const std::string dir = join_path(save_dir, tag);
-  const bool rank0 = s.comm->rank() == 0;
+  const bool rank0 = job.rank() == 0;
   const auto names = trainable_names(*s.module);
   const std::string format = optimizer_format(s);
+  const auto* pipeline = s.pipeline_files.get();
+  const std::string optim_file =
+      pipeline ? optim_states_file_name(s.comm->rank(), pipeline->stage)
+               : optim_states_file_name(s.comm->rank());
   test_kill_point("start", tag);
 
   // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it
   // recognisably incomplete rather than a mix of old and new files.
   std::unique_ptr<zero::FragmentState> state;
-  run_agreed(*s.comm, "save_checkpoint '" + dir + "': preparing the folder", [&] {
+  run_agreed(job, "save_checkpoint '" + dir + "': preparing the folder", [&] {
     state = s.stage->state_to_save();
     check_fragments_match_layout(s, *state);
     if (!rank0) return;
@@ -268,24 +299,34 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     }
     fs.remove_stale_temp_files(dir);
   });
-  run_agreed(*s.comm, "save_checkpoint '" + dir + "': writing the rank files", [&] {
+  run_agreed(job, "save_checkpoint '" + dir + "': writing the rank files", [&] {
     test_kill_point("before_optim_file", tag);
-    write_optim_file(s, *state, fs, dir, names, format);
+    write_optim_file(s, *state, fs, dir, optim_file, names, format);
     state.reset();
     test_kill_point("after_optim_file", tag);
   });
   // Its own agreed phase: at stage 3 every rank takes part in writing it (the unit gathers).
-  run_agreed(*s.comm, "save_checkpoint '" + dir + "': writing the module file", [&] {
+  run_agreed(job, "save_checkpoint '" + dir + "': writing the module file", [&] {
     if (rank0) test_kill_point("before_model_file", tag);
-    write_model_file(s, fs, dir, o.client_state);
+    if (pipeline)
+      write_pipeline_module_files(s, fs, dir, o.client_state);
+    else
+      write_model_file(s, fs, dir, o.client_state);
     if (rank0) test_kill_point("after_model_file", tag);
   });
-  run_agreed(*s.comm, "save_checkpoint '" + dir + "': publishing", [&] {
+  run_agreed(job, "save_checkpoint '" + dir + "': publishing", [&] {
     if (!rank0) return;
-    std::vector<std::string> files = {model_states_file_name()};
-    for (int r = 0; r < s.comm->world_size(); ++r) files.push_back(optim_states_file_name(r));
+    std::vector<std::string> files;
+    nlohmann::json meta;
+    if (pipeline) {
+      meta = pipeline_manifest_metadata(s, fs, dir, tag, format, job.world_size(), files);
+    } else {
+      files = {model_states_file_name()};
+      for (int r = 0; r < s.comm->world_size(); ++r) files.push_back(optim_states_file_name(r));
+      meta = manifest_metadata(s, fs, dir, tag, names, files, format);
+    }
     test_kill_point("before_manifest", tag);
-    write_manifest(fs, dir, make_manifest(fs, dir, files, manifest_metadata(s, fs, dir, tag, names, files, format)));
+    write_manifest(fs, dir, make_manifest(fs, dir, files, meta));
     test_kill_point("before_latest", tag);
     if (o.save_latest) fs.write_file_atomic(join_path(save_dir, kLatestFileName), tag);
     test_kill_point("after_latest", tag);

@@ -61,5 +61,39 @@ std::vector<std::string> trainable_names(torch::nn::Module& module);
 // waiting in a later collective. `what` names the phase. COLLECTIVE.
 void run_agreed(comm::Communicator& comm, const std::string& what, const std::function<void()>& body);
 
+// Every rank that saves into one tag: the topology's world (a pipeline's stages together), else
+// the engine's communicator.
+comm::Communicator& job_comm(const EngineState& s);
+
+// Pieces of a save shared by the plain and the pipeline layout (checkpoint_save.cpp).
+// The engine state of a model-states file's metadata: counters, LR schedule, loss scaler, data
+// position, client state, config.
+nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& client_state);
+std::string optimizer_format(const EngineState& s);  // kAdamFragments, kTorchArchive or kNoOptimizerState
+// [{"name", "shape", "numel"}] of the trainable parameters (whole).
+nlohmann::json trainable_list(const EngineState& s, const std::vector<std::string>& names);
+// This rank's optimizer-state file dir/file: its fragments (streamed from `state`), RNG state, and
+// (non-Adam) optimizer archive; metadata lists the fragments and the trainable parameters.
+void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
+                      const std::string& dir, const std::string& file,
+                      const std::vector<std::string>& names, const std::string& format);
+// The manifest metadata every layout has (format, version, tag, world size, stage, precision,
+// optimizer format and Adam step, global steps).
+nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
+                             int world_size);
+
+// The pipeline layout (checkpoint_pipeline.cpp; layout.h describes it).
+// Writes the layer files this stage owns (spread over its data-parallel ranks when
+// checkpoint.parallel_write.pipeline_stage is on, else all by data-parallel rank 0) and, on
+// data-parallel rank 0, the stage's mp_rank_SS_model_states file with the engine state.
+void write_pipeline_module_files(EngineState& s, FileSystem& fs, const std::string& dir,
+                                 const nlohmann::json& client_state);
+// On global rank 0 after every rank's files are published: the manifest metadata of the whole
+// pipeline, assembled from the optim files' headers (a tied parameter's fragments are listed
+// for its lowest stage only); `files` receives every file of the tag.
+nlohmann::json pipeline_manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
+                                          const std::string& tag, const std::string& format,
+                                          int world_size, std::vector<std::string>& files);
+
 }  // namespace checkpoint
 }  // namespace deepspeed

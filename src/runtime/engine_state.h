@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/layout.h"
 #include "deepspeed/engine.h"
 #include "deepspeed/lr_scheduler.h"
 #include "deepspeed/topology.h"
@@ -45,6 +46,9 @@ struct EngineState {
   // Whether this engine prints the steps_per_print line (on its data-parallel rank 0). A pipeline
   // turns it off on all but the last stage, the only one that knows the loss when it steps.
   bool log_steps = true;
+  // A pipeline stage's checkpoint layout (per-layer files; set by initialize_pipeline). Null: one
+  // model-states file.
+  std::shared_ptr<const checkpoint::PipelineFiles> pipeline_files;
 };
 
 namespace detail {

@@ -15,7 +15,11 @@ FlatGradReducer::FlatGradReducer(const StageContext& context, FlatParams& flat, 
                                  size_t max_in_flight, bool hooked)
     : ctx_(context), flat_(flat), owner_(owner), options_(options), comm_dtype_(comm_dtype),
       in_flight_(max_in_flight) {
-  for (auto& range : make_bucket_ranges(flat_, options_.bucket_numel)) buckets_.push_back({range});
+  for (auto& range : make_bucket_ranges(flat_, options_.bucket_numel)) {
+    Bucket bucket;
+    bucket.range = range;
+    buckets_.push_back(std::move(bucket));
+  }
   std::vector<size_t> bucket_of_slot(flat_.slots().size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (size_t s : buckets_[b].range.slots) bucket_of_slot[s] = b;

@@ -1,6 +1,8 @@
 // gpt_train --pipeline_stages: the GPT as a PipelineModule under dsrun. Two stages on two ranks
 // print the losses of one stage on one rank (same global batch); a stage count that does not
-// divide the world, or more stages than layers, stops the job with the value named.
+// divide the world, or more stages than layers, stops the job with the value named; a run
+// resumed from a pipeline checkpoint continues bit for bit; a stage killed mid-run stops the job,
+// dsrun naming the rank and the signal.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -22,22 +24,28 @@ struct Run {
   std::string output;
 };
 
+json pipeline_config(int steps_per_print) {
+  return {{"train_micro_batch_size_per_gpu", 2},
+          {"gradient_accumulation_steps", 4},
+          {"steps_per_print", steps_per_print},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
+          {"zero_optimization", {{"stage", 1}}},
+          {"seed", 3}};
+}
+
+// dsrun PROCS gpt_train on the small test GPT with `extra` flags (which include --steps).
+std::string command(const dstest::TempDir& dir, int procs, const std::string& extra) {
+  return dstest::bin_dir() + "/dsrun --num_procs " + std::to_string(procs) + " --master_port " +
+         std::to_string(free_tcp_port()) + " " + dstest::bin_dir() + "/gpt_train --deepspeed_config " +
+         (dir / "ds_config.json") + " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --threads 1 " +
+         extra;
+}
+
 Run gpt_train(const dstest::TempDir& dir, int procs, const std::string& extra,
               int steps_per_print = 0) {
-  json config = {{"train_micro_batch_size_per_gpu", 2},
-                 {"gradient_accumulation_steps", 4},
-                 {"steps_per_print", steps_per_print},
-                 {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}}},
-                 {"zero_optimization", {{"stage", 1}}},
-                 {"seed", 3}};
-  std::ofstream(dir / "ds_config.json") << config.dump(2);
+  std::ofstream(dir / "ds_config.json") << pipeline_config(steps_per_print).dump(2);
   const std::string log = dir / "log.txt";
-  const std::string cmd = "exec " + dstest::bin_dir() + "/dsrun --num_procs " +
-                          std::to_string(procs) + " --master_port " +
-                          std::to_string(free_tcp_port()) + " " + dstest::bin_dir() +
-                          "/gpt_train --deepspeed_config " + (dir / "ds_config.json") +
-                          " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --threads 1 "
-                          "--steps 3 " + extra + " > " + log + " 2>&1";
+  const std::string cmd = "exec " + command(dir, procs, extra) + " > " + log + " 2>&1";
   Run r;
   const int status = std::system(cmd.c_str());
   r.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -57,8 +65,8 @@ std::map<int, std::string> step_losses(const std::string& output) {
 
 TEST(GptTrainPipeline, TwoStagesPrintTheLossesOfOne) {
   dstest::TempDir a("gpt_pipe_a"), b("gpt_pipe_b");
-  auto one = gpt_train(a, 1, "--pipeline_stages 1");
-  auto two = gpt_train(b, 2, "--pipeline_stages 2", /*steps_per_print=*/1);
+  auto one = gpt_train(a, 1, "--pipeline_stages 1 --steps 3");
+  auto two = gpt_train(b, 2, "--pipeline_stages 2 --steps 3", /*steps_per_print=*/1);
   ASSERT_TRUE(one.ok) << one.output;
   ASSERT_TRUE(two.ok) << two.output;
   EXPECT_NE(two.output.find("stage 1: layers"), std::string::npos) << two.output;
@@ -76,13 +84,65 @@ TEST(GptTrainPipeline, TwoStagesPrintTheLossesOfOne) {
 
 TEST(GptTrainPipeline, BadStageCountsNamed) {
   dstest::TempDir dir("gpt_pipe_bad");
-  auto r = gpt_train(dir, 3, "--pipeline_stages 2");
+  auto r = gpt_train(dir, 3, "--pipeline_stages 2 --steps 3");
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.output.find("pipeline.stages = 2 does not divide the world size 3"), std::string::npos)
       << r.output;
   // 2 blocks: 5 layers (embedding, 2 blocks, ln_f, head).
-  r = gpt_train(dir, 6, "--pipeline_stages 6");
+  r = gpt_train(dir, 6, "--pipeline_stages 6 --steps 3");
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.output.find("pipeline.stages = 6 is more than the 5 layers"), std::string::npos)
       << r.output;
+}
+
+// Saved at step 2 of 4 (pipe 2 on 2 ranks) and resumed: steps 3 and 4 are those of the
+// uninterrupted run, bit for bit (--exact_loss prints each loss as a hex float too).
+TEST(GptTrainPipeline, ResumesFromAPipelineCheckpoint) {
+  dstest::TempDir a("gpt_pipe_full"), b("gpt_pipe_resume");
+  const std::string ck = b / "ck";
+  auto full = gpt_train(a, 2, "--pipeline_stages 2 --steps 4 --exact_loss");
+  auto first = gpt_train(b, 2, "--pipeline_stages 2 --steps 2 --exact_loss --save_dir " + ck +
+                                   " --save_interval 2");
+  auto rest = gpt_train(b, 2, "--pipeline_stages 2 --steps 4 --exact_loss --load_dir " + ck);
+  ASSERT_TRUE(full.ok) << full.output;
+  ASSERT_TRUE(first.ok) << first.output;
+  ASSERT_TRUE(rest.ok) << rest.output;
+  EXPECT_NE(rest.output.find("resumed from"), std::string::npos) << rest.output;
+  std::regex exact(R"(step (\d+) loss [0-9.]+ exact (\S+))");
+  auto exact_losses = [&](const std::string& out) {
+    std::map<int, std::string> m;
+    for (std::sregex_iterator it(out.begin(), out.end(), exact), end; it != end; ++it)
+      m[std::stoi((*it)[1])] = (*it)[2];
+    return m;
+  };
+  const auto want = exact_losses(full.output), got = exact_losses(rest.output);
+  ASSERT_EQ(want.size(), 4u) << full.output;
+  ASSERT_EQ(got.size(), 2u) << rest.output;
+  EXPECT_EQ(got.at(3), want.at(3));
+  EXPECT_EQ(got.at(4), want.at(4));
+  EXPECT_EQ(exact_losses(first.output).at(2), want.at(2));
+}
+
+// The last stage is SIGKILLed while the pipeline runs: dsrun stops the first stage (blocked in
+// a receive from it) and exits 128 + 9, naming rank 1 and the signal, within seconds.
+TEST(GptTrainPipeline, ADeadStageStopsTheJobNamingIt) {
+  dstest::TempDir dir("gpt_pipe_dead");
+  std::ofstream(dir / "ds_config.json") << pipeline_config(0).dump(2);
+  const std::string log = dir / "log.txt";
+  // The config path is unique to this test run: it tells pkill which process is rank 1.
+  const std::string script =
+      command(dir, 2, "--pipeline_stages 2 --steps 1000000") + " > " + log + " 2>&1 & job=$!\n" +
+      "for i in $(seq 1200); do grep -q 'step 2 loss' " + log + " && break; sleep 0.1; done\n" +
+      "pkill -9 -f -- '--local_rank=1 --deepspeed_config " + (dir / "ds_config.json") + "'\n" +
+      "start=$(date +%s%N); wait $job; status=$?; end=$(date +%s%N)\n" +
+      "echo \"job_status=$status stop_ms=$(( (end - start) / 1000000 ))\" >> " + log + "\n";
+  std::ofstream(dir / "kill.sh") << script;
+  ASSERT_EQ(std::system(("bash " + (dir / "kill.sh")).c_str()), 0);
+  const std::string out = dstest::read_bytes(log);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(job_status=(\d+) stop_ms=(\d+))"))) << out;
+  EXPECT_EQ(m[1], "137") << out;
+  EXPECT_LT(std::stoi(m[2]), 20000) << out;
+  EXPECT_NE(out.find("rank 1 (pid"), std::string::npos) << out;
+  EXPECT_NE(out.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << out;
 }

@@ -1,0 +1,41 @@
+#include "support/pipeline_gpt.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+namespace dstest {
+
+gpt::GPTConfig tiny_pipeline_gpt(bool tied) {
+  gpt::GPTConfig c;
+  c.vocab_size = 64;
+  c.block_size = 8;
+  c.n_layer = 4;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+deepspeed::pipe::MicroBatch pipeline_micro_batch(int step, int g) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * step + g + 1);
+  auto x = torch::randint(0, 64, {kPipeMicro, 9}, gen, torch::kLong);
+  return {x.narrow(1, 0, 8).contiguous(), x.narrow(1, 1, 8).contiguous()};
+}
+
+nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping) {
+  nlohmann::json c = {
+      {"train_micro_batch_size_per_gpu", kPipeMicro},
+      {"gradient_accumulation_steps", kPipeGlobalMicro / dp_size},
+      {"steps_per_print", 0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 3e-3}, {"weight_decay", 0.01}}}}},
+      {"zero_optimization", {{"stage", zero_stage}, {"reduce_bucket_size", 500}}},
+      {"seed", 5},
+  };
+  if (clipping > 0) {
+    c["gradient_clipping"] = clipping;
+    c["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1.0}}}};
+  }
+  return c;
+}
+
+}  // namespace dstest

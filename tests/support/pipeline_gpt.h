@@ -1,0 +1,28 @@
+// The example GPT as a pipeline in tests: a tiny configuration, deterministic micro-batches and
+// configs shared by tests/dist/pipeline_test.cpp and pipeline_checkpoint_test.cpp.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "deepspeed/pipe.h"
+#include "gpt/model.h"
+
+namespace dstest {
+
+constexpr int kPipeWorld = 4;
+constexpr int kPipeMicro = 2;        // samples per micro-batch
+constexpr int kPipeGlobalMicro = 8;  // micro-batches per step over all data-parallel ranks
+
+// 4 blocks, vocabulary 64, context 8, width 16; `tied`: the head shares the embedding.
+gpt::GPTConfig tiny_pipeline_gpt(bool tied);
+
+// Micro-batch g (global index) of step k: random tokens, a fixed function of (k, g), and their
+// shift. Data-parallel rank d of D takes g = m * D + d for its m-th micro-batch, so every layout
+// trains on the same global batch.
+deepspeed::pipe::MicroBatch pipeline_micro_batch(int step, int g);
+
+// AdamW (lr 3e-3, weight decay 0.01), seed 5, the accumulation that keeps kPipeGlobalMicro
+// micro-batches per step at `dp_size` data-parallel ranks. With clipping > 0: SGD (lr 1) clipped
+// there, as Adam's update hardly depends on the gradient's scale.
+nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping = 0.0);
+
+}  // namespace dstest

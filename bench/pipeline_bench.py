@@ -7,9 +7,10 @@ For p = 2 and 4 ranks and m micro-batches per step it runs the example GPT (a mo
 dominate: n_layer 8, n_embd 256) with gpt_train --pipeline_stages p (pipe p x data 1, ZeRO-1 in
 each stage) and with plain data parallelism over the same p ranks (ZeRO-2, the same global batch:
 m micro-batches of the same size, m / p accumulation steps per rank). Prints a markdown table:
-tokens/s, the measured bubble (mean over ranks of the fraction of train_batch's wall time not
-spent in forward/backward compute: waiting for neighbours, transfers, the step) against the 1F1B
-theory (p - 1) / (m + p - 1), and peak RSS per rank (VmHWM, max over ranks; run with
+tokens/s, the measured bubble (mean over ranks of the fraction of the schedule's wall time -- the
+train_batch without its optimizer step, which the theory leaves out -- not spent in
+forward/backward compute: waiting for neighbours and transfers) against the 1F1B theory
+(p - 1) / (m + p - 1), the step's share of train_batch, and peak RSS per rank (VmHWM, max over ranks; run with
 MALLOC_MMAP_THRESHOLD_=65536 so freed blocks go back to the OS).
 """
 import argparse
@@ -54,8 +55,9 @@ def main():
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", "4", "--n_embd", str(a.n_embd), "--block_size", "64",
              "--steps", str(a.steps)]
-    print("| ranks | m | layout | tokens/s | measured bubble | 1F1B theory (p-1)/(m+p-1) | peak RSS/rank MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| ranks | m | layout | tokens/s | measured bubble | 1F1B theory (p-1)/(m+p-1) | bubble / theory "
+          "| step share | peak RSS/rank MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for procs in [int(x) for x in a.ranks.split(",")]:
         for m in [int(x) for x in a.micro.split(",")]:
             base = {"train_micro_batch_size_per_gpu": a.micro_batch, "steps_per_print": 0,
@@ -64,13 +66,15 @@ def main():
                         pipeline={"stages": procs})
             r = run(a.build, procs, pipe, ["--pipeline_stages", "-1"], model)
             bubble = sum(float(x["idle_fraction"]) for x in r) / len(r)
+            step = sum(float(x["step_fraction"]) for x in r) / len(r)
+            theory = (procs - 1) / (m + procs - 1)
             print(f"| {procs} | {m} | pipe {procs} x data 1 (ZeRO-1) | {float(r[0]['tokens_per_s']):.0f} | "
-                  f"{bubble:.3f} | {(procs - 1) / (m + procs - 1):.3f} | "
+                  f"{bubble:.3f} | {theory:.3f} | {bubble / theory:.2f} | {step:.3f} | "
                   f"{max(int(x['peak_rss_kb']) for x in r) / 1024:.0f} |", flush=True)
             if m % procs == 0:
                 dp = dict(base, gradient_accumulation_steps=m // procs, zero_optimization={"stage": 2})
                 r = run(a.build, procs, dp, [], model)
-                print(f"| {procs} | {m} | data {procs} (ZeRO-2) | {float(r[0]['tokens_per_s']):.0f} | – | – | "
+                print(f"| {procs} | {m} | data {procs} (ZeRO-2) | {float(r[0]['tokens_per_s']):.0f} | – | – | – | – | "
                       f"{max(int(x['peak_rss_kb']) for x in r) / 1024:.0f} |", flush=True)
 
 

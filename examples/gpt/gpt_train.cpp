@@ -253,12 +253,15 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                 static_cast<long long>(engine->gradient_accumulation_steps()));
   const int64_t first_step = engine->global_steps();  // > 0 after a resume
   auto start = std::chrono::steady_clock::now(), timed_from = start;
-  double wall_s = 0.0, compute_s = 0.0;  // over the timed steps, for the measured bubble
+  // Over the timed steps, for the measured bubble: the schedule's wall time (without the
+  // optimizer step) and the forward/backward compute inside it.
+  double wall_s = 0.0, compute_s = 0.0, step_s = 0.0;
   while (engine->global_steps() < opt.steps) {
     const double loss = engine->train_batch(next);
     if (engine->global_steps() > first_step + opt.warmup) {
       wall_s += engine->last_batch_timing().wall_s;
       compute_s += engine->last_batch_timing().compute_s;
+      step_s += engine->last_batch_timing().step_s;
     }
     if (rank0 && opt.exact_loss)
       std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(engine->global_steps()),
@@ -280,10 +283,12 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   // train_batch_size is the global batch (micro x accumulation x data-parallel ranks).
   const double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
   std::printf("gpt_train_report rank=%d stage=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
-              "peak_rss_kb=%ld max_activations_held=%d idle_fraction=%.4f\n",
+              "peak_rss_kb=%ld max_activations_held=%d idle_fraction=%.4f step_fraction=%.4f\n",
               comm->rank(), engine->stage_id(), 1e3 * seconds / timed_steps,
               seconds > 0 ? tokens / seconds : 0.0, engine->last_loss(), peak_rss_kb(),
-              engine->max_activations_held(), wall_s > 0 ? 1.0 - compute_s / wall_s : 0.0);
+              engine->max_activations_held(),
+              wall_s > step_s ? 1.0 - compute_s / (wall_s - step_s) : 0.0,
+              wall_s > 0 ? step_s / wall_s : 0.0);
   return 0;
 }
 

@@ -331,7 +331,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   comm::Communicator& pipe = *rt.pipe;
   using Clock = std::chrono::steady_clock;
   const auto batch_start = Clock::now();
-  double compute_s = 0.0;
+  double compute_s = 0.0, step_s = 0.0;
   auto seconds_since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
@@ -432,16 +432,19 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           b = Buffer();
           break;
         }
-        case Op::ReduceTiedGrads:
+        case Op::ReduceTiedGrads: {
           // After the data-parallel reduction (inside the boundary backward): a sum of means is
           // the mean of sums, so the order does not change the result.
+          const auto t0 = Clock::now();
           for (auto& g : rt.tied)
             for (auto& p : g.params)
               if (p.requires_grad()) {
                 if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
                 g.comm->all_reduce(p.mutable_grad())->wait();
               }
+          step_s += seconds_since(t0);
           break;
+        }
         case Op::ReduceGrads:
           break;  // done by the ZeRO stage inside the boundary micro-batch's backward
         case Op::OptimizerStep: {
@@ -449,7 +452,9 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           // this batch are counted first.
           s.micro_steps += gas - 1;
           s.log_steps = last;  // the other stages would print a loss they do not have
+          const auto t0 = Clock::now();
           Engine::step();
+          step_s += seconds_since(t0);
           break;
         }
       }
@@ -470,7 +475,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   }
   if (train) {
     s.last_loss = loss;
-    rt.timing = {seconds_since(batch_start), compute_s};
+    rt.timing = {seconds_since(batch_start), compute_s, step_s};
   }
   return loss;
 } catch (const c10::Error& e) {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "job_signals.h"
 #include "output_pump.h"
@@ -150,8 +151,12 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
   remote.push_back(o.command.at(0));
   std::string cmd = "cd " + shell_quote(current_dir()) + " 2>/dev/null;";
   for (const auto& w : remote) cmd += " " + shell_quote(w);
-  std::vector<std::string> launcher_args =
-      o.backend == Backend::kSsh ? o.launcher_args : std::vector<std::string>{};
+  // The check goes over the same ssh the job will use: pdsh's takes its options from
+  // PDSH_SSH_ARGS_APPEND, mpirun's from its own configuration (plain ssh here).
+  std::vector<std::string> launcher_args;
+  if (o.backend == Backend::kSsh) launcher_args = o.launcher_args;
+  const char* pdsh_args = std::getenv("PDSH_SSH_ARGS_APPEND");
+  if (o.backend == Backend::kPdsh && pdsh_args) launcher_args = split_words(pdsh_args);
   Captured c = run_capture(ssh_argv(host, o.ssh_port, launcher_args, cmd), kPreflightLimit);
   if (c.timed_out)
     throw LaunchError("host " + host + " did not answer over ssh within 20 s (pass --no_ssh_check "
@@ -171,6 +176,26 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
     throw LaunchError("host " + host + ": " + why);
   }
   return c.out;
+}
+
+// DeepSpeed's runner: lines of ~/.deepspeed_env, then ./.deepspeed_env (DS_ENV_FILE renames the
+// file), are exported to every node after the forwarded variables, the later file winning.
+EnvList deepspeed_env_files() {
+  const char* name_env = std::getenv("DS_ENV_FILE");
+  std::string name = name_env && *name_env ? name_env : ".deepspeed_env";
+  std::vector<std::string> paths;
+  if (const char* home = std::getenv("HOME")) paths.push_back(std::string(home) + "/" + name);
+  paths.push_back(current_dir() + "/" + name);
+  if (paths.size() == 2 && paths[0] == paths[1]) paths.pop_back();
+  EnvList out;
+  for (const auto& path : paths) {
+    std::ifstream in(path);
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    out = merge_env(out, parse_deepspeed_env(text.str(), path));
+  }
+  return out;
 }
 
 }  // namespace
@@ -199,6 +224,7 @@ int run_preflight(const std::string& program, const std::string& master_addr, in
 
 void prepare_hosts(MultiNodeOptions& o) {
   if (o.world.empty()) throw LaunchError("no hosts to run on");
+  o.exports = merge_env(forwarded_environment(environ), deepspeed_env_files());
   if (o.backend == Backend::kSlurm || !o.ssh_check) {
     // Nothing asked: node 0's name is the best guess (Slurm jobs resolve their node names).
     if (o.master_addr.empty()) o.master_addr = o.world[0].host;
@@ -265,7 +291,7 @@ int Fanout::alive() const {
 }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands() {
-  EnvList exports = forwarded_environment(environ);
+  EnvList exports = opt_.exports;
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   if (opt_.backend == Backend::kOpenMpi) {
     char path[] = "/tmp/dsrun_mpi_hostfile_XXXXXX";

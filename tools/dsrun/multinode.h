@@ -35,6 +35,7 @@ struct MultiNodeOptions {
   std::vector<std::string> agent_flags;     // passed to every agent (--no_local_rank, ...)
   std::vector<std::string> command;         // PROGRAM ARGS...
   int restart_count = 0;                    // DSRUN_RESTART_COUNT of this attempt
+  EnvList exports;                          // set by prepare_hosts(): what every node gets
 };
 
 // Checks the hosts (unless ssh_check is off or the backend starts no agents) and fills in

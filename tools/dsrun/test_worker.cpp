@@ -74,7 +74,7 @@ int mode_ok(int argc, char** argv) {
   for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR",
                         "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE", "OMP_NUM_THREADS",
                         "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "DSRUN_RESTART_COUNT",
-                        "CUDA_VISIBLE_DEVICES", "DSRUN_TEST_FORWARDED"})
+                        "CUDA_VISIBLE_DEVICES", "FROM_DEEPSPEED_ENV"})
     std::cout << "env " << k << "=" << env(k) << "\n";
   for (int i = 0; i < argc; ++i) std::cout << "argv[" << i << "]=" << argv[i] << "\n";
   std::cout << std::flush;

@@ -107,7 +107,7 @@ before_start unknown_slot "--exclude '$H1:5': host $H1 has no slot 5" "${LAUNCH[
 before_start no_program "host $H0: program 'no_such_program_$MARKER' not found on PATH" \
   "${LAUNCH[@]}" "no_such_program_$MARKER"
 PORT=$(free_port)
-on_host 0 python3 -c '
+ip netns exec "${NS[0]}" python3 -c '
 import socket, sys, time
 s = socket.socket(); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen()
 print("listening", flush=True); time.sleep(40)' $PORT "$MARKER" >"$TMP/holder.out" &
@@ -115,7 +115,7 @@ HOLDER=$!
 wait_for 1 listening "$TMP/holder.out" 10
 before_start port "host $H0: --master_port $PORT on 0.0.0.0 is already in use" \
   "${LAUNCH[@]}" --master_port $PORT "${PROG[@]}"
-kill $HOLDER
+kill $HOLDER; wait $HOLDER 2>/dev/null
 before_start bad_launcher "--launcher 'rsh' is not one of ssh, pdsh, openmpi, slurm" \
   "${LAUNCH[@]}" --launcher rsh "${PROG[@]}"
 

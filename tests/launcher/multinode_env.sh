@@ -46,6 +46,28 @@ else
   echo "pdsh not installed: pdsh launch not tested"
 fi
 
+# openmpi: mpirun starts the 4 ranks itself (its ssh, and dsrun's host check, get the config
+# through OMPI_MCA_plm_rsh_args); each rank has OpenMPI's variables and the exported
+# MASTER_ADDR/PORT. mpirun wants root's consent.
+if command -v mpirun >/dev/null; then
+  PORT=$(free_port)
+  OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_plm_rsh_args="$SSH_ARGS" run_on_host0 mpi \
+    --hostfile "$TMP/hostfile" --launcher openmpi --master_port $PORT \
+    --launcher_args "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0" \
+    "$WORKER" --mode ok --marker "$MARKER"
+  [ $RC -eq 0 ] || { cat "$TMP/mpi.err"; fail "mpirun launch: dsrun exited $RC"; }
+  for k in 0 1 2 3; do
+    [ "$(grep -cxF "env OMPI_COMM_WORLD_RANK=$k" "$TMP/mpi.out")" -eq 1 ] || fail "mpirun: no rank $k"
+  done
+  [ "$(grep -cxF "env OMPI_COMM_WORLD_LOCAL_RANK=1" "$TMP/mpi.out")" -eq 2 ] || fail "mpirun: local ranks"
+  [ "$(grep -cxF "env MASTER_ADDR=$H0" "$TMP/mpi.out")" -eq 4 ] || fail "mpirun: MASTER_ADDR not exported"
+  [ "$(grep -cxF "env MASTER_PORT=$PORT" "$TMP/mpi.out")" -eq 4 ] || fail "mpirun: MASTER_PORT not exported"
+  expect_absent "$TMP/mpi.out" "--local_rank"
+else
+  echo "mpirun not installed: openmpi launch not tested"
+fi
+
 # --include / --num_procs / --num_nodes select hosts and slots; the agent still numbers globally.
 PORT=$(free_port)
 OMP_NUM_THREADS=1 run_on_host0 incl --hostfile "$TMP/hostfile" --launcher_args "$SSH_ARGS" \

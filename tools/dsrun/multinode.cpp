@@ -152,11 +152,13 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
   std::string cmd = "cd " + shell_quote(current_dir()) + " 2>/dev/null;";
   for (const auto& w : remote) cmd += " " + shell_quote(w);
   // The check goes over the same ssh the job will use: pdsh's takes its options from
-  // PDSH_SSH_ARGS_APPEND, mpirun's from its own configuration (plain ssh here).
+  // PDSH_SSH_ARGS_APPEND, mpirun's from OMPI_MCA_plm_rsh_args (--mca plm_rsh_args on mpirun's
+  // command line is not seen here).
   std::vector<std::string> launcher_args;
   if (o.backend == Backend::kSsh) launcher_args = o.launcher_args;
-  const char* pdsh_args = std::getenv("PDSH_SSH_ARGS_APPEND");
-  if (o.backend == Backend::kPdsh && pdsh_args) launcher_args = split_words(pdsh_args);
+  const char* extra = std::getenv(o.backend == Backend::kPdsh ? "PDSH_SSH_ARGS_APPEND"
+                                                              : "OMPI_MCA_plm_rsh_args");
+  if (o.backend != Backend::kSsh && extra) launcher_args = split_words(extra);
   Captured c = run_capture(ssh_argv(host, o.ssh_port, launcher_args, cmd), kPreflightLimit);
   if (c.timed_out)
     throw LaunchError("host " + host + " did not answer over ssh within 20 s (pass --no_ssh_check "

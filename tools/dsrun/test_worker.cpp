@@ -81,6 +81,11 @@ int mode_ok(int argc, char** argv) {
                         "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "DSRUN_RESTART_COUNT",
                         "CUDA_VISIBLE_DEVICES", "FROM_DEEPSPEED_ENV"})
     std::cout << "env " << k << "=" << env(k) << "\n";
+  // Under mpirun (dsrun --launcher openmpi) the rank comes from OpenMPI's variables instead.
+  if (std::getenv("OMPI_COMM_WORLD_RANK"))
+    for (const char* k : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+      std::cout << "env " << k << "=" << env(k) << "\n";
   for (int i = 0; i < argc; ++i) std::cout << "argv[" << i << "]=" << argv[i] << "\n";
   std::cout << std::flush;
   std::cerr << "stderr line from rank " << env("RANK") << std::endl;

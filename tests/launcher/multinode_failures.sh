@@ -42,6 +42,21 @@ expect_contains "$TMP/kill_rank.err" "dsrun: node 1 ($H1) failed with exit statu
 no_leftovers
 echo "killed remote rank: dsrun exited $RC after ${ELAPSED}s"
 
+# 1b. The same through pdsh: dsrun learns of the failed node from pdsh's report and stops pdsh.
+if command -v pdsh >/dev/null; then
+  rm -f "$TMP/rank3.pid"
+  PDSH_SSH_ARGS_APPEND="$SSH_ARGS" start_bg pdsh_kill --hostfile "$TMP/hostfile" --launcher pdsh \
+    --master_port "$(free_port)" "$WORKER" --mode hang_collective --fail_rank 3 \
+    --pid_file "$TMP/rank3.pid" --marker "$MARKER"
+  wait_for 4 "collective loop" "$TMP/pdsh_kill.out" 20
+  kill -9 "$(cat "$TMP/rank3.pid")"
+  finish_bg 20
+  [ $RC -eq 137 ] || fail "pdsh, killed remote rank: dsrun exited $RC, expected 137"
+  expect_contains "$TMP/pdsh_kill.err" "on $H1 was killed by signal 9 (SIGKILL)"
+  expect_contains "$TMP/pdsh_kill.err" "dsrun: pdsh reports a failed node"
+  no_leftovers
+fi
+
 # 2. kill -9 of the remote node agent (its ranks die with it: parent-death signal).
 start_bg kill_agent "${LAUNCH[@]}" --master_port "$(free_port)" "$WORKER" --mode sleep --marker "$MARKER"
 wait_for 4 "sleeping" "$TMP/kill_agent.out" 20

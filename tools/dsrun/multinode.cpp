@@ -350,6 +350,18 @@ void Fanout::start(const std::string& label, const std::vector<std::string>& arg
   c.out = std::make_unique<LinePump>(out[0], 1, "", -1);
   c.err = std::make_unique<LinePump>(err[0], 2, "", -1);
   c.stdin_fd = in[1];
+  if (opt_.backend == Backend::kPdsh) {
+    // pdsh waits for every host and does not stop the others when one fails; its line
+    // "pdsh@HOST: H: ssh exited with exit code N" is the only early sign, so dsrun acts on it.
+    c.err->set_observer([this](const std::string& line) {
+      if (tearing_down_ || line.find(": ssh exited with exit code ") == std::string::npos) return;
+      say("pdsh reports a failed node (" + line + "); stopping the other nodes");
+      std::string code = line.substr(line.rfind(' ') + 1);
+      exit_status_ = std::atoi(code.c_str());
+      if (exit_status_ == 0) exit_status_ = 1;
+      teardown();
+    });
+  }
   try {
     c.pid = spawn_rank(RankCommand{resolve_program(argv[0]), argv, env}, out[1], err[1], in[0]);
   } catch (...) {
@@ -493,8 +505,9 @@ void Fanout::teardown() {
       ::close(c.stdin_fd);
       c.stdin_fd = -1;
     }
-  if (opt_.backend == Backend::kOpenMpi || opt_.backend == Backend::kSlurm) {
-    // mpirun/srun tear their ranks down themselves on SIGTERM.
+  if (opt_.backend != Backend::kSsh) {
+    // mpirun/srun tear their ranks down themselves on SIGTERM. pdsh does not pass its stdin on:
+    // killing it (and the ssh processes in its group) closes every agent's channel instead.
     for (const auto& c : children_)
       if (c.pid > 0 && !c.reaped) ::killpg(c.pid, SIGTERM);
     kill_stage_ = 1;

@@ -28,11 +28,11 @@ Resources two_hosts() { return {{"w0", {0, 1}}, {"w1", {0, 1}}}; }
 TEST(DsrunFanout, ForwardsDeepSpeedsPrefixesSorted) {
   const char* env[] = {"PATH=/bin",      "OMP_NUM_THREADS=2", "NCCL_DEBUG=INFO", "HOME=/root",
                        "GLOO_SOCKET_IFNAME=eth0", "DS_DEVICE=cpu", "UCX_TLS=tcp", "MASTER_X=1",
-                       "PYTHONPATH=/p", "LD_PRELOAD=x", "NOEQUALS", nullptr};
+                       "PYTHONPATH=/p", "LD_PRELOAD=x", "NOEQUALS", "OPENBLAS_CORETYPE=Haswell", nullptr};
   EnvList got = forwarded_environment(env);
   EnvList want = {{"DS_DEVICE", "cpu"},   {"GLOO_SOCKET_IFNAME", "eth0"}, {"MASTER_X", "1"},
-                  {"NCCL_DEBUG", "INFO"}, {"OMP_NUM_THREADS", "2"},       {"PYTHONPATH", "/p"},
-                  {"UCX_TLS", "tcp"}};
+                  {"NCCL_DEBUG", "INFO"}, {"OMP_NUM_THREADS", "2"},       {"OPENBLAS_CORETYPE", "Haswell"},
+                  {"PYTHONPATH", "/p"},   {"UCX_TLS", "tcp"}};
   EXPECT_EQ(got, want);
 }
 

@@ -9,10 +9,13 @@ namespace deepspeed {
 namespace launcher {
 namespace {
 
-// DeepSpeed's runner.py forwards NCCL, PYTHON, MV2, UCX, MLFLOW; the issue adds the ones a C++
-// job on Gloo reads (OMP_, GLOO_, MASTER_) and this project's own switches.
-const char* const kForwardedPrefixes[] = {"NCCL", "PYTHON", "MV2", "UCX",        "MLFLOW", "OMP_",
-                                          "GLOO_", "MASTER_", "DS_", "DEEPSPEED_", "DSRUN_"};
+// DeepSpeed's runner.py forwards NCCL, PYTHON, MV2, UCX, MLFLOW; added are the ones a C++ job on
+// Gloo reads (OMP_, GLOO_, MASTER_), this project's own switches, and the CPU BLAS libraries'
+// (OPENBLAS_, MKL_): OPENBLAS_CORETYPE picks the kernels, so without it ranks started over ssh
+// rounded differently from local ones (measured: the example's losses differed in the last bit).
+const char* const kForwardedPrefixes[] = {"NCCL",    "PYTHON", "MV2",        "UCX",    "MLFLOW",
+                                          "OMP_",    "GLOO_",  "MASTER_",    "DS_",    "DEEPSPEED_",
+                                          "DSRUN_",  "OPENBLAS_", "MKL_"};
 
 bool forwarded(const std::string& key) {
   for (const char* p : kForwardedPrefixes)

@@ -19,7 +19,8 @@ namespace launcher {
 using EnvList = std::vector<std::pair<std::string, std::string>>;  // in export order
 
 // Variables of `environ` a remote node must see, DeepSpeed's list (NCCL*, PYTHON*, MV2*, UCX*,
-// MLFLOW*) plus OMP_*, GLOO_*, MASTER_* and this project's DS_*, DEEPSPEED_*, DSRUN_*. Sorted by
+// MLFLOW*) plus OMP_*, GLOO_*, MASTER_*, OPENBLAS_*, MKL_* and this project's DS_*, DEEPSPEED_*,
+// DSRUN_*. Sorted by
 // name, so command lines are reproducible.
 EnvList forwarded_environment(const char* const* environ_list);
 

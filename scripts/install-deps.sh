@@ -14,6 +14,9 @@ PACKAGES=(
   liburing-dev          # io_uring for NVMe offload
   xz-utils              # CI unpacks the libtorch 2.11 headers that the CUDA sources are checked against
   python3-torch         # PyTorch DDP baseline for the benchmarks (and checkpoint interop tests)
+  openssh-server        # tests/launcher/netns.bash: one sshd per network-namespace host (multi-node tests)
+  pdsh                  # dsrun --launcher pdsh (tested in tests/launcher/multinode_env.sh)
+  openmpi-bin           # dsrun --launcher openmpi (mpirun)
 )
 # With TORCH_DIR (a libtorch 2.x of the user's, docs/gpu.md) Debian's libtorch is not needed, and
 # DS_SKIP_DEPS=1 skips this script on a machine that has the libraries by other means.

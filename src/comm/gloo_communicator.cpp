@@ -33,6 +33,7 @@
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
 #include "comm/local_reduce.h"
+#include "comm/process_info.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/split.h"
 #include "comm/work.h"
@@ -244,7 +245,10 @@ std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& ma
     if (*ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   }
   if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+  // Not createDefaultDevice(): it binds to whatever this host's name resolves to, which on a
+  // multi-homed host (or in a network namespace sharing the host's name) is often an address the
+  // peers cannot reach. The interface that routes to the store's host is the one they can.
+  return c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(master_addr));
 }
 
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,

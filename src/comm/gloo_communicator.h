@@ -20,7 +20,7 @@ namespace comm {
 
 // The Gloo transport device for a job whose store lives at `master_addr`: GLOO_SOCKET_IFNAME if
 // set (as torch.distributed does), the loopback device for 127.x/localhost jobs, else the device
-// for this host's name.
+// on the local address that routes to master_addr (local_address_towards in process_info.h).
 std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& master_addr);
 
 // Joins a Gloo group over `store` (COLLECTIVE: all world_size ranks must call it). Throws

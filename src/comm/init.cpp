@@ -66,8 +66,7 @@ std::string choose_backend(const ProcessInfo& info, const InitOptions& options) 
   const char* device = std::getenv("DS_DEVICE");
   if (!nccl_built() || !cuda_available() || (device && std::string(device) == "cpu")) return "gloo";
   // NCCL refuses two ranks on one GPU: it needs a GPU per rank of this node.
-  int ranks_here = info.world_size;
-  if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) ranks_here = std::atoi(local);
+  const int ranks_here = local_world_size(info.world_size);
   return ranks_here <= cuda_device_count() ? "nccl" : "gloo";
 }
 

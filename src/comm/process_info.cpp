@@ -3,6 +3,12 @@
 // dsrun job started inside a Slurm allocation still uses dsrun's numbering.
 #include "comm/process_info.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -107,6 +113,49 @@ ProcessInfo detect_process_info() {
     return read(kSlurm, env("SLURM_LAUNCH_NODE_IPADDR").value_or("127.0.0.1"));
   }
   return ProcessInfo{};
+}
+
+int local_world_size(int fallback) {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                           "SLURM_NTASKS_PER_NODE"}) {
+    if (auto v = env(name)) return static_cast<int>(parse_int(name, *v));
+  }
+  return fallback;
+}
+
+std::string local_address_towards(const std::string& master_addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  // The port is irrelevant: connect() on a UDP socket only picks the route and source address.
+  int rc = ::getaddrinfo(master_addr.c_str(), "9", &hints, &found);
+  if (rc != 0) {
+    throw CommError(fmt::format("MASTER_ADDR {} cannot be resolved: {}", master_addr,
+                                ::gai_strerror(rc)));
+  }
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    bool ok = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+              ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+    if (!ok) why = std::strerror(errno);
+    ::close(fd);
+    if (!ok) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* bytes = local.ss_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    ::inet_ntop(local.ss_family, bytes, text, sizeof text);
+    ::freeaddrinfo(found);
+    return text;
+  }
+  ::freeaddrinfo(found);
+  throw CommError(fmt::format("no network route from this host to MASTER_ADDR {}: {} (set "
+                              "GLOO_SOCKET_IFNAME to the interface to use)", master_addr, why));
 }
 
 namespace {

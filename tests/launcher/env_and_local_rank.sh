@@ -13,7 +13,8 @@ for N in 1 2 3 4; do
   for ((k = 0; k < N; k++)); do
     P="[rank $k] "
     for kv in RANK=$k LOCAL_RANK=$k WORLD_SIZE=$N LOCAL_SIZE=$N MASTER_ADDR=127.0.0.1 \
-              MASTER_PORT=$PORT CROSS_RANK=0 CROSS_SIZE=1 OMP_NUM_THREADS=$OMP; do
+              MASTER_PORT=$PORT CROSS_RANK=0 CROSS_SIZE=1 OMP_NUM_THREADS=$OMP LOCAL_WORLD_SIZE=$N \
+              NODE_RANK=0 GROUP_RANK=0 DSRUN_RESTART_COUNT=0 CUDA_VISIBLE_DEVICES='<unset>'; do
       grep -qxF -- "${P}env $kv" "$TMP/n$N.out" || fail "N=$N: missing line '${P}env $kv'"
     done
     # DeepSpeed's order: --local_rank right after the program, then the user's arguments.
@@ -28,7 +29,7 @@ for N in 1 2 3 4; do
   expect_absent "$TMP/n$N.out" "[rank $N]"
   bad=$(grep -cv '^\[rank [0-9]*\] ' "$TMP/n$N.out")
   [ "$bad" -eq 0 ] || fail "N=$N: $bad stdout lines without a rank prefix"
-  [ "$(wc -l <"$TMP/n$N.out")" -eq $((N * 18)) ] || fail "N=$N: expected $((N * 18)) stdout lines"
+  [ "$(wc -l <"$TMP/n$N.out")" -eq $((N * 24)) ] || fail "N=$N: expected $((N * 24)) stdout lines"
 done
 
 # A user's OMP_NUM_THREADS is kept; --num_gpus is --num_procs; --no_local_rank drops the flag.

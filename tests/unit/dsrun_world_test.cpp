@@ -1,6 +1,6 @@
 // dsrun's host selection (tools/dsrun/world.*): DeepSpeed's hostfile, --include/--exclude,
 // --num_nodes/--num_procs, the world info the per-node agents get, and where each node's ranks
-// sit. (Not yet wired into dsrun's command line: issue 16.)
+// sit.
 #include <gtest/gtest.h>
 
 #include <string>

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 
+#include "job_signals.h"
 #include "output_pump.h"
 #include "spawn.h"
 
@@ -32,63 +33,9 @@ using Clock = std::chrono::steady_clock;
 // hold open (on failure paths those children are killed with their group, so EOF comes at once).
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);
 
-// Signal handlers only write the signal number into this pipe; the poll loop does the work.
-int g_wake_pipe[2] = {-1, -1};
-
-extern "C" void on_signal(int sig) {
-  int saved = errno;
-  unsigned char byte = static_cast<unsigned char>(sig);
-  (void)!::write(g_wake_pipe[1], &byte, 1);
-  errno = saved;
-}
-
-// Installs the handlers for the lifetime of a job and restores the previous ones after.
-class SignalScope {
- public:
-  SignalScope() {
-    if (::pipe2(g_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-      throw LaunchError(std::string("pipe failed: ") + ::strerror(errno));
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_NOCLDSTOP;
-    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &saved_[i]);
-    struct sigaction ign {};
-    ign.sa_handler = SIG_IGN;  // a closed stdout must not kill the launcher (and orphan ranks)
-    ::sigaction(SIGPIPE, &ign, &saved_[3]);
-  }
-  ~SignalScope() {
-    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &saved_[i], nullptr);
-    ::sigaction(SIGPIPE, &saved_[3], nullptr);
-    ::close(g_wake_pipe[0]);
-    ::close(g_wake_pipe[1]);
-    g_wake_pipe[0] = g_wake_pipe[1] = -1;
-  }
-
- private:
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGCHLD};
-  struct sigaction saved_[4];
-};
-constexpr int SignalScope::kSignals[3];
-
-const char* signal_name(int sig) {
-  static const std::map<int, const char*> names = {
-      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"}};
-  auto it = names.find(sig);
-  return it == names.end() ? "unknown signal" : it->second;
-}
-
-// dsrun's own messages go to stderr unprefixed, written in one call like the ranks' lines.
-void say(const std::string& msg) {
-  std::string line = "dsrun: " + msg + "\n";
-  write_all(2, line.data(), line.size());
-}
-
 struct Rank {
-  int rank = 0;
+  int rank = 0;   // global rank
+  int local = 0;  // rank on this node
   pid_t pid = -1;
   bool reaped = false;
   int status = 0;  // waitpid status, valid once reaped
@@ -113,6 +60,7 @@ class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& options) : opt_(options) {}
   int run();
+  bool interrupted() const { return interrupted_; }
 
  private:
   void prepare();  // checks that need no process; throws LaunchError
@@ -124,6 +72,8 @@ class Supervisor {
   void reap();
   void report_failure(const Rank& r);
   void begin_shutdown(int sig);
+  void handle_stdin();
+  std::string where(const Rank& r) const;
   void kill_survivors(const std::string& when);
   int alive() const;
   bool pumps_open() const;
@@ -136,8 +86,10 @@ class Supervisor {
   bool killed_ = false;
   Clock::time_point kill_deadline_;
   bool draining_ = false;
+  bool stdin_open_ = false;  // watched (--watch_stdin) and not yet at EOF
   Clock::time_point drain_deadline_;
   int exit_status_ = 0;
+  bool interrupted_ = false;  // dsrun itself got SIGINT/SIGTERM (no restart then)
 };
 
 int Supervisor::run() {
@@ -168,9 +120,13 @@ int Supervisor::run() {
 
 void Supervisor::prepare() {
   program_path_ = resolve_program(opt_.command.at(0));
-  check_port_free(opt_.master_addr, opt_.master_port);
+  if (opt_.check_port) check_port_free(opt_.master_addr, opt_.master_port);
   ranks_.resize(opt_.num_procs);
-  for (int i = 0; i < opt_.num_procs; ++i) ranks_[i].rank = i;
+  for (int i = 0; i < opt_.num_procs; ++i) {
+    ranks_[i].local = i;
+    ranks_[i].rank = opt_.node.first_rank + i;
+  }
+  stdin_open_ = opt_.watch_stdin;
   if (opt_.log_dir.empty()) return;
   ::mkdir(opt_.log_dir.c_str(), 0777);  // one level, like DeepSpeed's os.makedirs(exist_ok)
   std::string stamp = timestamp();
@@ -182,17 +138,33 @@ void Supervisor::prepare() {
   }
 }
 
-RankCommand Supervisor::command_for(int rank) const {
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (int x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
+  return out;
+}
+
+RankCommand Supervisor::command_for(int local) const {
   const int n = opt_.num_procs;
-  // Single node: global rank == local rank, one node (CROSS_*), every rank local (LOCAL_SIZE).
-  std::map<std::string, std::string> env = {{"RANK", std::to_string(rank)},
-                                            {"LOCAL_RANK", std::to_string(rank)},
-                                            {"WORLD_SIZE", std::to_string(n)},
+  const NodeInfo& node = opt_.node;
+  const std::string world = std::to_string(node.world_size > 0 ? node.world_size : n);
+  const std::string node_rank = std::to_string(node.node_rank);
+  // torchrun's names (LOCAL_WORLD_SIZE, GROUP_RANK) and DeepSpeed launch.py's (LOCAL_SIZE,
+  // CROSS_RANK, CROSS_SIZE) side by side: programs written for either find what they expect.
+  std::map<std::string, std::string> env = {{"RANK", std::to_string(node.first_rank + local)},
+                                            {"LOCAL_RANK", std::to_string(local)},
+                                            {"WORLD_SIZE", world},
                                             {"LOCAL_SIZE", std::to_string(n)},
-                                            {"CROSS_RANK", "0"},
-                                            {"CROSS_SIZE", "1"},
+                                            {"LOCAL_WORLD_SIZE", std::to_string(n)},
+                                            {"NODE_RANK", node_rank},
+                                            {"GROUP_RANK", node_rank},
+                                            {"CROSS_RANK", node_rank},
+                                            {"CROSS_SIZE", std::to_string(node.num_nodes)},
+                                            {"DSRUN_RESTART_COUNT", std::to_string(opt_.restart_count)},
                                             {"MASTER_ADDR", opt_.master_addr},
                                             {"MASTER_PORT", std::to_string(opt_.master_port)}};
+  // DeepSpeed's launch.py gives each node its slot ids (GPU ids) as the visible devices.
+  if (!node.slots.empty()) env["CUDA_VISIBLE_DEVICES"] = join_ints(node.slots);
   // N ranks each running one OpenMP thread per core would oversubscribe the machine N times.
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1, available_cpus() / n));
@@ -201,7 +173,7 @@ RankCommand Supervisor::command_for(int rank) const {
   cmd.path = program_path_;
   cmd.argv.push_back(opt_.command[0]);
   // DeepSpeed's launch.py puts --local_rank right after the script, before the user's arguments.
-  if (opt_.append_local_rank) cmd.argv.push_back("--local_rank=" + std::to_string(rank));
+  if (opt_.append_local_rank) cmd.argv.push_back("--local_rank=" + std::to_string(local));
   cmd.argv.insert(cmd.argv.end(), opt_.command.begin() + 1, opt_.command.end());
   cmd.env = merge_environment(environ, env);
   return cmd;
@@ -216,11 +188,12 @@ void Supervisor::start_ranks() {
       ::close(out[1]);
       throw LaunchError(std::string("pipe: ") + ::strerror(errno));
     }
-    std::string prefix = "[rank " + std::to_string(r.rank) + "] ";
+    std::string prefix = "[" + (opt_.node.host.empty() ? "" : opt_.node.host + " ") + "rank " +
+                         std::to_string(r.rank) + "] ";
     r.out = std::make_unique<LinePump>(out[0], 1, prefix, r.log_fd);
     r.err = std::make_unique<LinePump>(err[0], 2, prefix, r.log_fd);
     try {
-      r.pid = spawn_rank(command_for(r.rank), out[1], err[1]);
+      r.pid = spawn_rank(command_for(r.local), out[1], err[1]);
     } catch (const LaunchError& e) {
       r.reaped = true;  // never started
       ::close(out[1]);
@@ -261,8 +234,12 @@ void Supervisor::supervise() {
       }
       if (!pumps_open() || now >= drain_deadline_) break;
     }
-    std::vector<pollfd> fds = {{g_wake_pipe[0], POLLIN, 0}};
+    std::vector<pollfd> fds = {{wake_fd(), POLLIN, 0}};
     std::vector<LinePump*> pumps = {nullptr};
+    if (stdin_open_) {
+      fds.push_back({0, POLLIN, 0});
+      pumps.push_back(nullptr);
+    }
     for (auto& r : ranks_)
       for (LinePump* p : {r.out.get(), r.err.get()})
         if (p && p->is_open()) {
@@ -273,8 +250,13 @@ void Supervisor::supervise() {
     if (n < 0 && errno != EINTR) throw LaunchError(std::string("poll: ") + ::strerror(errno));
     if (n <= 0) continue;
     if (fds[0].revents) handle_wakeups();
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) pumps[i]->pump();
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (!fds[i].revents) continue;
+      if (pumps[i] == nullptr)
+        handle_stdin();
+      else
+        pumps[i]->pump();
+    }
   }
   for (auto& r : ranks_) {
     if (r.out) r.out->close_and_flush();
@@ -297,7 +279,7 @@ int Supervisor::poll_timeout_ms(Clock::time_point now) const {
 void Supervisor::handle_wakeups() {
   unsigned char buf[64];
   ssize_t n;
-  while ((n = ::read(g_wake_pipe[0], buf, sizeof buf)) > 0) {
+  while ((n = ::read(wake_fd(), buf, sizeof buf)) > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       int sig = buf[i];
       if (sig == SIGCHLD) continue;  // reap() runs on every loop iteration
@@ -305,6 +287,7 @@ void Supervisor::handle_wakeups() {
         say(std::string("received ") + signal_name(sig) + "; forwarding it to the " +
             std::to_string(alive()) + " running ranks");
         exit_status_ = 128 + sig;
+        interrupted_ = true;
         begin_shutdown(sig);
       } else if (!killed_ && alive() > 0) {
         say(std::string("received ") + signal_name(sig) + " again; killing the ranks now");
@@ -312,6 +295,25 @@ void Supervisor::handle_wakeups() {
       }
     }
   }
+}
+
+// A node agent's stdin is its ssh channel from the launching dsrun: EOF means that dsrun closed it
+// (tearing the job down) or is gone, so the ranks must not run on. Other input is discarded.
+void Supervisor::handle_stdin() {
+  char buf[256];
+  ssize_t n = ::read(0, buf, sizeof buf);
+  if (n > 0 || (n < 0 && (errno == EINTR || errno == EAGAIN))) return;
+  stdin_open_ = false;
+  if (shutting_down_) return;
+  say("the launching dsrun closed this node agent's input (job torn down, or its connection "
+      "lost); stopping the " + std::to_string(alive()) + " running ranks on " + opt_.node.host);
+  exit_status_ = 129;
+  begin_shutdown(SIGTERM);
+}
+
+std::string Supervisor::where(const Rank& r) const {
+  std::string w = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ")";
+  return opt_.node.host.empty() ? w : w + " on " + opt_.node.host;
 }
 
 void Supervisor::reap() {
@@ -338,7 +340,7 @@ void Supervisor::reap() {
 }
 
 void Supervisor::report_failure(const Rank& r) {
-  std::string what = "rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) + ") ";
+  std::string what = where(r) + " ";
   if (WIFSIGNALED(r.status)) {
     int sig = WTERMSIG(r.status);
     what += "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
@@ -369,15 +371,19 @@ void Supervisor::kill_survivors(const std::string& when) {
   for (const auto& r : ranks_) {
     if (r.pid <= 0) continue;
     if (!r.reaped)
-      say("rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) +
-          ") is still running " + when + "; sending SIGKILL");
+      say(where(r) + " is still running " + when + "; sending SIGKILL");
     ::killpg(r.pid, SIGKILL);
   }
 }
 
 }  // namespace
 
-int run_job(const LaunchOptions& options) { return Supervisor(options).run(); }
+int run_job(const LaunchOptions& options, bool* interrupted) {
+  Supervisor job(options);
+  int status = job.run();
+  if (interrupted) *interrupted = job.interrupted();
+  return status;
+}
 
 }  // namespace launcher
 }  // namespace deepspeed

@@ -6,6 +6,7 @@
 //   S        the first failing rank exited with status S (non-zero)
 //   128+N    the first failing rank was killed by signal N, or dsrun received signal N
 //   2        nothing was started: bad option, port in use, program missing (message on stderr)
+//   129      (agent mode, --watch_stdin) the launcher went away: stdin reached EOF
 //   1        the launcher itself failed (fork, pipe)
 #pragma once
 #include <string>
@@ -13,6 +14,17 @@
 
 namespace deepspeed {
 namespace launcher {
+
+// Where this node's ranks sit in a multi-node job (a node agent: dsrun --node_rank K --world_info W).
+// Single-node runs leave host empty: ranks are 0..num_procs-1 and output is prefixed "[rank K] ".
+struct NodeInfo {
+  std::string host;             // this node's name in the hostfile; prefixes output "[host rank K] "
+  int node_rank = 0;            // NODE_RANK, GROUP_RANK, CROSS_RANK
+  int num_nodes = 1;            // CROSS_SIZE
+  int first_rank = 0;           // RANK of local rank 0
+  int world_size = 0;           // WORLD_SIZE; 0 = num_procs (single node)
+  std::vector<int> slots;       // CUDA_VISIBLE_DEVICES (DeepSpeed's GPU ids); empty = not set
+};
 
 struct LaunchOptions {
   int num_procs = 1;                      // ranks to start (--num_procs / --num_gpus)
@@ -22,11 +34,17 @@ struct LaunchOptions {
   std::string log_dir;                    // per-rank log files here when non-empty
   double kill_grace_s = 5.0;         // SIGTERM → SIGKILL delay (--kill_grace, DSRUN_KILL_GRACE_S)
   std::vector<std::string> command;  // PROGRAM ARGS...; REQUIRES: non-empty
+  NodeInfo node;                     // multi-node placement (agent mode)
+  bool check_port = true;            // bind-test master_addr:master_port first (node 0 only)
+  bool watch_stdin = false;          // stop the ranks when stdin reaches EOF (the launcher is gone)
+  int restart_count = 0;             // DSRUN_RESTART_COUNT for the ranks
 };
 
 // Runs the job to completion and returns dsrun's exit status (see above). Installs SIGINT/SIGTERM/
 // SIGCHLD handlers for its duration. Call from a single-threaded process, once at a time.
-int run_job(const LaunchOptions& options);
+// *interrupted (if given) tells whether dsrun itself was signalled (SIGINT/SIGTERM), which
+// --max_restarts does not restart.
+int run_job(const LaunchOptions& options, bool* interrupted = nullptr);
 
 }  // namespace launcher
 }  // namespace deepspeed

@@ -1,21 +1,44 @@
-// dsrun: DeepSpeed's `deepspeed` launcher for one node.
+// dsrun: DeepSpeed's `deepspeed` launcher, for one node or many.
 //   dsrun [--num_procs N | --num_gpus N] [--master_addr A] [--master_port P] [--no_local_rank]
-//         [--enable_each_rank_log DIR] [--kill_grace S] PROGRAM ARGS...
-// Options end at PROGRAM; everything after it is the program's. See docs/launcher.md.
+//         [--enable_each_rank_log DIR] [--kill_grace S] [--max_restarts N]
+//         [--hostfile F] [--include S | --exclude S] [--num_nodes N] [--force_multi]
+//         [--launcher ssh|pdsh|openmpi|slurm] [--launcher_args "..."] [--ssh_port P]
+//         [--no_ssh_check] PROGRAM ARGS...
+// Internal modes (started by dsrun itself over ssh): --node_rank K --world_info W (a node agent),
+// --preflight (a host check). Options end at PROGRAM; everything after it is the program's.
+// See docs/launcher.md.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "job_signals.h"
 #include "launcher.h"
+#include "multinode.h"
+#include "spawn.h"
+#include "world.h"
 
 namespace {
 
-using deepspeed::launcher::LaunchOptions;
+using namespace deepspeed::launcher;
 
 constexpr int kUsageError = 2;
 constexpr int kMaxProcs = 4096;  // a typo guard, far above any one node
+constexpr const char* kDefaultHostfile = "/job/hostfile";  // DeepSpeed's default
+
+// Everything the command line gives, before it is turned into one of the run modes.
+struct Cli {
+  LaunchOptions local;
+  int num_gpus = 0;
+  std::string hostfile, include, exclude, launcher = "ssh", launcher_args, world_info;
+  int num_nodes = -1, ssh_port = 0, node_rank = -1, max_restarts = 0;
+  bool no_ssh_check = false, force_multi = false, preflight = false;
+  bool master_addr_given = false;
+};
 
 // DSRUN_KILL_GRACE_S, if set and valid, replaces the built-in default (--kill_grace still wins).
 bool grace_from_env(double* grace) {
@@ -31,16 +54,18 @@ bool grace_from_env(double* grace) {
   return true;
 }
 
-void add_options(CLI::App& app, LaunchOptions& o, int& num_gpus) {
+void add_options(CLI::App& app, Cli& c) {
+  LaunchOptions& o = c.local;
   app.prefix_command();  // the first positional argument and all after it are PROGRAM ARGS...
-  auto* procs =
-      app.add_option("--num_procs", o.num_procs, "ranks to start on this node (default 1)")
-          ->check(CLI::Range(1, kMaxProcs));
-  app.add_option("--num_gpus,--num_accelerators", num_gpus,
+  auto* procs = app.add_option("--num_procs", o.num_procs,
+                               "ranks per node (default 1; with a hostfile: all of its slots)")
+                    ->check(CLI::Range(1, kMaxProcs));
+  app.add_option("--num_gpus,--num_accelerators", c.num_gpus,
                  "alias of --num_procs (this build runs ranks on the CPU)")
       ->check(CLI::Range(1, kMaxProcs))
       ->excludes(procs);
-  app.add_option("--master_addr", o.master_addr, "rank 0's rendezvous address (default 127.0.0.1)");
+  app.add_option("--master_addr", o.master_addr,
+                 "rank 0's rendezvous address (default 127.0.0.1; multi-node: node 0's address)");
   app.add_option("--master_port", o.master_port, "rank 0's rendezvous port (default 29500)")
       ->check(CLI::Range(1, 65535));
   app.add_flag("--no_local_rank", "do not pass --local_rank=K to the program");
@@ -50,17 +75,119 @@ void add_options(CLI::App& app, LaunchOptions& o, int& num_gpus) {
                  "seconds between SIGTERM and SIGKILL when stopping ranks (default 5, env "
                  "DSRUN_KILL_GRACE_S)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--max_restarts", c.max_restarts,
+                 "after a failure, restart the whole job up to N times (DSRUN_RESTART_COUNT)")
+      ->check(CLI::Range(0, 1000));
+  // Multi-node (DeepSpeed's runner.py flags).
+  app.add_option("-H,--hostfile", c.hostfile,
+                 std::string("lines 'HOST slots=N' (default ") + kDefaultHostfile + " if present)");
+  auto* inc = app.add_option("-i,--include", c.include, "hosts/slots to use: host1:0,1@host2");
+  app.add_option("-e,--exclude", c.exclude, "hosts/slots to leave out: host1:0@host2")->excludes(inc);
+  app.add_option("--num_nodes", c.num_nodes, "use the first N hosts of the hostfile")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--launcher", c.launcher, "ssh (default), pdsh, openmpi or slurm");
+  app.add_option("--launcher_args", c.launcher_args, "extra arguments for ssh/pdsh/mpirun/srun");
+  app.add_option("--ssh_port", c.ssh_port, "ssh port of every host")->check(CLI::Range(1, 65535));
+  app.add_flag("--no_ssh_check", c.no_ssh_check, "skip the ssh check of every host");
+  app.add_flag("--force_multi", c.force_multi, "use the multi-node launcher even for one host");
+  // Set by the launching dsrun on each node (agent mode) or for its host check.
+  app.add_option("--node_rank", c.node_rank, "(agent) this node's index in --world_info")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--world_info", c.world_info, "(agent) hosts and slots: host:0,1@host2:0,1");
+  app.add_flag("--watch_stdin", o.watch_stdin, "(agent) stop the ranks when stdin closes");
+  app.add_option("--restart_count", o.restart_count, "(agent) DSRUN_RESTART_COUNT for the ranks");
+  app.add_flag("--preflight", c.preflight, "(internal) check PROGRAM and the port on this host");
+}
+
+// Restarts `attempt` up to max_restarts times while it fails, unless dsrun itself was interrupted.
+template <typename Attempt>
+int with_restarts(int max_restarts, Attempt attempt) {
+  for (int count = 0;; ++count) {
+    bool interrupted = false;
+    int status = attempt(count, &interrupted);
+    if (status == 0 || status == kUsageError || interrupted || count >= max_restarts) return status;
+    say("the job failed (exit status " + std::to_string(status) + "); restarting it (restart " +
+        std::to_string(count + 1) + " of " + std::to_string(max_restarts) + ")");
+  }
+}
+
+int run_agent(Cli& c) {
+  NodePlacement p = place_node(decode_world(c.world_info), c.node_rank);
+  LaunchOptions o = c.local;
+  o.num_procs = p.local_size;
+  o.node = {p.host, p.node_rank, p.num_nodes, p.first_rank, p.world_size, p.slots};
+  o.check_port = p.node_rank == 0;  // the rendezvous store runs on node 0
+  return run_job(o);
+}
+
+std::vector<std::string> agent_flags(const Cli& c, const CLI::App& app) {
+  std::vector<std::string> f;
+  if (!c.local.append_local_rank) f.push_back("--no_local_rank");
+  if (!c.local.log_dir.empty()) f.insert(f.end(), {"--enable_each_rank_log", c.local.log_dir});
+  if (app.count("--kill_grace") || std::getenv("DSRUN_KILL_GRACE_S")) {
+    char grace[32];
+    std::snprintf(grace, sizeof grace, "%g", c.local.kill_grace_s);
+    f.insert(f.end(), {"--kill_grace", grace});
+  }
+  return f;
+}
+
+int run_launcher(Cli& c, const CLI::App& app) {
+  std::string hostfile = c.hostfile;
+  struct stat st;
+  if (hostfile.empty() && ::stat(kDefaultHostfile, &st) == 0) hostfile = kDefaultHostfile;
+  const bool procs_given = app.count("--num_procs") || app.count("--num_gpus");
+  if (hostfile.empty()) {
+    if (!c.include.empty() || !c.exclude.empty() || c.num_nodes > 0 || c.force_multi)
+      throw LaunchError("--include/--exclude/--num_nodes/--force_multi need a --hostfile (no " +
+                        std::string(kDefaultHostfile) + " here)");
+    return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
+      LaunchOptions o = c.local;
+      o.restart_count = count;
+      return run_job(o, interrupted);
+    });
+  }
+  Resources world = select_resources(read_hostfile(hostfile), c.include, c.exclude, c.num_nodes,
+                                     procs_given ? c.local.num_procs : -1);
+  Backend backend = parse_backend(c.launcher);
+  if (world.size() == 1 && !c.force_multi && backend != Backend::kOpenMpi &&
+      backend != Backend::kSlurm) {
+    // One host: DeepSpeed runs launch.py right here, without ssh.
+    return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
+      LaunchOptions o = c.local;
+      o.num_procs = static_cast<int>(world[0].slots.size());
+      o.node.slots = world[0].slots;
+      o.restart_count = count;
+      return run_job(o, interrupted);
+    });
+  }
+  MultiNodeOptions m;
+  m.world = world;
+  m.backend = backend;
+  m.launcher_args = split_words(c.launcher_args);
+  m.ssh_port = c.ssh_port;
+  m.ssh_check = !c.no_ssh_check;
+  m.master_addr = c.master_addr_given ? c.local.master_addr : "";
+  m.master_port = c.local.master_port;
+  m.kill_grace_s = c.local.kill_grace_s;
+  m.agent_flags = agent_flags(c, app);
+  m.command = c.local.command;
+  prepare_hosts(m);
+  return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
+    m.restart_count = count;
+    return run_multinode(m, interrupted);
+  });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  LaunchOptions options;
-  if (!grace_from_env(&options.kill_grace_s)) return kUsageError;
-  int num_gpus = 0;
-  CLI::App app{"dsrun: start N ranks of PROGRAM on this node (DeepSpeed's `deepspeed` launcher)",
+  Cli c;
+  if (!grace_from_env(&c.local.kill_grace_s)) return kUsageError;
+  CLI::App app{"dsrun: start the ranks of PROGRAM on this node or on the hosts of a hostfile "
+               "(DeepSpeed's `deepspeed` launcher)",
                "dsrun"};
-  add_options(app, options, num_gpus);
+  add_options(app, c);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -69,8 +196,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dsrun: %s\nRun 'dsrun --help' for usage.\n", e.what());
     return kUsageError;
   }
-  if (num_gpus > 0) options.num_procs = num_gpus;
+  LaunchOptions& options = c.local;
+  if (c.num_gpus > 0) options.num_procs = c.num_gpus;
   options.append_local_rank = app.count("--no_local_rank") == 0;
+  c.master_addr_given = app.count("--master_addr") > 0;
   options.command = app.remaining();
   if (!options.command.empty() && options.command.front() == "--")
     options.command.erase(options.command.begin());
@@ -83,5 +212,18 @@ int main(int argc, char** argv) {
                  options.command.front().c_str());
     return kUsageError;
   }
-  return deepspeed::launcher::run_job(options);
+  if (c.preflight)
+    return run_preflight(options.command.front(), c.master_addr_given ? options.master_addr : "",
+                         app.count("--master_port") ? options.master_port : 0);
+  try {
+    if (c.node_rank >= 0 || !c.world_info.empty()) {
+      if (c.node_rank < 0 || c.world_info.empty())
+        throw LaunchError("--node_rank and --world_info go together (node agent mode)");
+      return run_agent(c);
+    }
+    return run_launcher(c, app);
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return kUsageError;
+  }
 }

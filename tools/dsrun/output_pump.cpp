@@ -92,6 +92,7 @@ void LinePump::emit_line(const char* data, size_t size) {
   // A closed stdout (`dsrun ... | head`) must not stop the job: drop output, keep draining.
   if (!dst_broken_) dst_broken_ = !write_all(dst_fd_, line.data(), line.size());
   if (log_fd_ >= 0) write_all(log_fd_, line.data() + prefix_.size(), size + 1);
+  if (observer_) observer_(std::string(data, size));
 }
 
 }  // namespace launcher

@@ -8,6 +8,7 @@
 // Not thread-safe: the supervisor's single poll() loop owns every pump.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace deepspeed {
@@ -34,6 +35,9 @@ class LinePump {
   bool pump();
   // Flushes a partial last line (as a line of its own) and closes the pipe.
   void close_and_flush();
+  // Called with each line (unprefixed, without '\n') after it is written out: the multi-node
+  // launcher learns from pdsh's stderr which host failed.
+  void set_observer(std::function<void(const std::string&)> observer) { observer_ = std::move(observer); }
 
  private:
   void emit_complete_lines();
@@ -45,6 +49,7 @@ class LinePump {
   int log_fd_;
   bool dst_broken_ = false;
   std::string pending_;  // bytes after the last '\n' seen
+  std::function<void(const std::string&)> observer_;
 };
 
 }  // namespace launcher

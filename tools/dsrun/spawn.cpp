@@ -136,7 +136,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 
 // Runs in the forked child: only async-signal-safe calls from here to exec.
 [[noreturn]] void exec_child(const RankCommand& cmd, char* const* argv, char* const* envp,
-                             int out_fd, int err_fd, pid_t launcher_pid) {
+                             int in_fd, int out_fd, int err_fd, pid_t launcher_pid) {
   ::setpgid(0, 0);
 #ifdef __linux__
   // If dsrun itself is SIGKILLed, its ranks must not run on as orphans.
@@ -151,8 +151,8 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 
-  int devnull = ::open("/dev/null", O_RDONLY);
-  if (devnull >= 0) ::dup2(devnull, 0);
+  int in = in_fd >= 0 ? in_fd : ::open("/dev/null", O_RDONLY);
+  if (in >= 0) ::dup2(in, 0);
   ::dup2(out_fd, 1);
   ::dup2(err_fd, 2);
   ::execve(cmd.path.c_str(), argv, envp);
@@ -168,13 +168,13 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
 
 }  // namespace
 
-pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd) {
+pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd, int in_fd) {
   std::vector<char*> argv = c_strings(cmd.argv);
   std::vector<char*> envp = c_strings(cmd.env);
   pid_t launcher_pid = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw LaunchError(std::string("fork failed: ") + ::strerror(errno));
-  if (pid == 0) exec_child(cmd, argv.data(), envp.data(), out_fd, err_fd, launcher_pid);
+  if (pid == 0) exec_child(cmd, argv.data(), envp.data(), in_fd, out_fd, err_fd, launcher_pid);
   // Also set the group here: the supervisor may signal the group before the child runs setpgid.
   ::setpgid(pid, pid);
   return pid;

@@ -39,11 +39,12 @@ struct RankCommand {
   std::vector<std::string> env;   // KEY=VALUE
 };
 
-// fork/exec of one rank: stdout/stderr onto out_fd/err_fd, stdin from /dev/null, in a new process
-// group whose id is the returned pid, dying with dsrun (Linux parent-death signal).
+// fork/exec of one rank: stdout/stderr onto out_fd/err_fd, stdin from in_fd (-1: /dev/null), in a
+// new process group whose id is the returned pid, dying with dsrun (Linux parent-death signal).
 // Throws LaunchError if fork fails. An exec failure shows as exit status 127 plus a message on
-// the rank's stderr.
-pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd);
+// the rank's stderr. (The multi-node launcher starts its ssh/pdsh/mpirun children the same way,
+// in_fd being the pipe that tells a node agent the launcher is still there.)
+pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd, int in_fd = -1);
 
 }  // namespace launcher
 }  // namespace deepspeed

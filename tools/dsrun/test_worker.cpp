@@ -2,6 +2,8 @@
 //   ok               print the launcher's env and this argv, a stderr line, and a final line
 //                    without '\n'; exit 0
 //   exit3            print, then rank --fail_rank exits 3; the others sleep (dsrun must stop them)
+//                    or, with --fail_attempts N, exit 0 after --seconds; rank --fail_rank fails
+//                    only while DSRUN_RESTART_COUNT < N (default: always)
 //   hang_collective  every rank joins init_distributed() and loops all_reduce; rank --fail_rank
 //                    writes its pid to --pid_file once the loop runs (the test kill -9s it)
 //   ignore_term      ignore SIGTERM, write pid to --pid_file (if given), sleep (tests SIGKILL
@@ -33,6 +35,7 @@ struct Args {
   int fail_rank = -1;
   std::string pid_file;
   double seconds = 60;
+  int fail_attempts = 1 << 30;
 };
 
 Args parse(int argc, char** argv) {
@@ -47,6 +50,8 @@ Args parse(int argc, char** argv) {
       a.pid_file = argv[++i];
     else if (k == "--seconds")
       a.seconds = std::atof(argv[++i]);
+    else if (k == "--fail_attempts")
+      a.fail_attempts = std::atoi(argv[++i]);
   }
   return a;
 }
@@ -72,8 +77,15 @@ void sleep_for(double seconds) {
 
 int mode_ok(int argc, char** argv) {
   for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE", "OMP_NUM_THREADS"})
+                        "MASTER_PORT", "CROSS_RANK", "CROSS_SIZE", "OMP_NUM_THREADS",
+                        "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "DSRUN_RESTART_COUNT",
+                        "CUDA_VISIBLE_DEVICES", "FROM_DEEPSPEED_ENV"})
     std::cout << "env " << k << "=" << env(k) << "\n";
+  // Under mpirun (dsrun --launcher openmpi) the rank comes from OpenMPI's variables instead.
+  if (std::getenv("OMPI_COMM_WORLD_RANK"))
+    for (const char* k : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+      std::cout << "env " << k << "=" << env(k) << "\n";
   for (int i = 0; i < argc; ++i) std::cout << "argv[" << i << "]=" << argv[i] << "\n";
   std::cout << std::flush;
   std::cerr << "stderr line from rank " << env("RANK") << std::endl;
@@ -82,8 +94,10 @@ int mode_ok(int argc, char** argv) {
 }
 
 int mode_exit3(const Args& a) {
-  std::cout << "rank " << my_rank() << " started" << std::endl;
-  if (my_rank() == a.fail_rank) {
+  std::cout << "rank " << my_rank() << " started (restart " << env("DSRUN_RESTART_COUNT") << ")"
+            << std::endl;
+  const int restart = std::atoi(env("DSRUN_RESTART_COUNT").c_str());
+  if (my_rank() == a.fail_rank && restart < a.fail_attempts) {
     sleep_for(0.3);  // let the peers start, so dsrun really has ranks to terminate
     std::cerr << "rank " << my_rank() << " failing with status 3" << std::endl;
     return 3;

@@ -1,7 +1,7 @@
 // Which hosts and slots a multi-node job runs on: DeepSpeed's hostfile, --include/--exclude,
 // --num_nodes and --num_procs, and the "world info" string the per-node agents receive.
 // Pure functions (no I/O besides reading the hostfile), unit-tested in tests/unit/dsrun_world_test.cpp.
-// Not yet used by dsrun's command line (issue 16 continues: options, ssh fan-out, node agents).
+// Used by dsrun's command line (main.cpp) and by the node agents (decode_world, place_node).
 #pragma once
 #include <string>
 #include <vector>

@@ -1,0 +1,116 @@
+// dsrun's multi-node fan-out (tools/dsrun/fanout.*): the environment forwarded to remote nodes,
+// .deepspeed_env, shell quoting, and the exact ssh / pdsh / mpirun / srun command lines.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fanout.h"
+#include "spawn.h"
+
+using namespace deepspeed::launcher;
+using Argv = std::vector<std::string>;
+
+namespace {
+std::string what_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const LaunchError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+Resources two_hosts() { return {{"w0", {0, 1}}, {"w1", {0, 1}}}; }
+}  // namespace
+
+TEST(DsrunFanout, ForwardsDeepSpeedsPrefixesSorted) {
+  const char* env[] = {"PATH=/bin",      "OMP_NUM_THREADS=2", "NCCL_DEBUG=INFO", "HOME=/root",
+                       "GLOO_SOCKET_IFNAME=eth0", "DS_DEVICE=cpu", "UCX_TLS=tcp", "MASTER_X=1",
+                       "PYTHONPATH=/p", "LD_PRELOAD=x", "NOEQUALS", "OPENBLAS_CORETYPE=Haswell", nullptr};
+  EnvList got = forwarded_environment(env);
+  EnvList want = {{"DS_DEVICE", "cpu"},   {"GLOO_SOCKET_IFNAME", "eth0"}, {"MASTER_X", "1"},
+                  {"NCCL_DEBUG", "INFO"}, {"OMP_NUM_THREADS", "2"},       {"OPENBLAS_CORETYPE", "Haswell"},
+                  {"PYTHONPATH", "/p"},   {"UCX_TLS", "tcp"}};
+  EXPECT_EQ(got, want);
+}
+
+TEST(DsrunFanout, DeepSpeedEnvLines) {
+  EnvList got = parse_deepspeed_env("# comment\n\nA=1\nB=x=y z\r\n  C=  \n", "/h/.deepspeed_env");
+  EnvList want = {{"A", "1"}, {"B", "x=y z"}, {"C", ""}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(what_of([] { parse_deepspeed_env("A=1\nnot a line\n", "/h/.deepspeed_env"); }),
+            "/h/.deepspeed_env line 2 'not a line': expected KEY=VALUE with KEY a variable name");
+  EXPECT_EQ(what_of([] { parse_deepspeed_env("1A=2\n", "f"); }),
+            "f line 1 '1A=2': expected KEY=VALUE with KEY a variable name");
+  EXPECT_EQ(merge_env({{"A", "1"}, {"B", "2"}}, {{"B", "3"}, {"C", "4"}}),
+            (EnvList{{"A", "1"}, {"B", "3"}, {"C", "4"}}));
+}
+
+TEST(DsrunFanout, ShellQuoteAndSplit) {
+  EXPECT_EQ(shell_quote("plain-word_1.2:3,@%+=/"), "plain-word_1.2:3,@%+=/");
+  EXPECT_EQ(shell_quote(""), "''");
+  EXPECT_EQ(shell_quote("a b"), "'a b'");
+  EXPECT_EQ(shell_quote("it's $HOME"), "'it'\\''s $HOME'");
+  EXPECT_EQ(split_words("-F 'my config' -o \"A=b c\" x\\ y"),
+            (Argv{"-F", "my config", "-o", "A=b c", "x y"}));
+  EXPECT_EQ(split_words("   "), Argv{});
+  EXPECT_EQ(what_of([] { split_words("-o 'open"); }), "--launcher_args '-o 'open': unterminated ' quote");
+}
+
+TEST(DsrunFanout, AgentCommandAndSsh) {
+  AgentJob job;
+  job.dsrun_path = "/opt/ds/bin/dsrun";
+  job.cwd = "/home/me/my run";
+  job.exports = {{"OMP_NUM_THREADS", "1"}, {"X", "a b"}};
+  job.world_info = "w0:0,1@w1:0,1";
+  job.master_addr = "10.0.0.1";
+  job.master_port = 29501;
+  job.agent_flags = {"--no_local_rank"};
+  job.command = {"./train", "--deepspeed_config", "ds config.json"};
+  const std::string cmd = agent_shell_command(job, "1");
+  EXPECT_EQ(cmd,
+            "cd '/home/me/my run' && export OMP_NUM_THREADS=1 && export X='a b' && exec "
+            "/opt/ds/bin/dsrun --node_rank 1 --world_info w0:0,1@w1:0,1 --master_addr 10.0.0.1 "
+            "--master_port 29501 --watch_stdin --no_local_rank ./train --deepspeed_config "
+            "'ds config.json'");
+  EXPECT_NE(agent_shell_command(job, "%n").find("--node_rank %n "), std::string::npos);
+  EXPECT_EQ(ssh_argv("w1", 2222, {"-F", "cfg"}, "CMD"),
+            (Argv{"ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o",
+                  "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-p", "2222", "-F",
+                  "cfg", "w1", "CMD"}));
+  EXPECT_EQ(ssh_argv("w1", 0, {}, "CMD").size(), 11u);  // no -p without --ssh_port
+}
+
+TEST(DsrunFanout, Pdsh) {
+  EXPECT_EQ(pdsh_argv(two_hosts(), {"-u", "30"}, "CMD"),
+            (Argv{"pdsh", "-S", "-f", "1024", "-R", "ssh", "-w", "w0,w1", "-u", "30", "CMD"}));
+  EXPECT_EQ(pdsh_ssh_args(22),
+            "-o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=5 -o "
+            "ServerAliveCountMax=3 -p 22");
+}
+
+TEST(DsrunFanout, Mpirun) {
+  Resources world = {{"w0", {0, 1}}, {"w1", {0, 1, 2}}};
+  EXPECT_EQ(mpi_hostfile_text(world), "w0 slots=2\nw1 slots=3\n");
+  EXPECT_EQ(mpirun_argv(world, "/tmp/hf", {"--allow-run-as-root"}, {{"OMP_NUM_THREADS", "1"}},
+                        "10.0.0.1", 29500, {"./train", "--x"}),
+            (Argv{"mpirun", "-n", "5", "-hostfile", "/tmp/hf", "--mca", "btl", "^openib",
+                  "--allow-run-as-root", "-x", "OMP_NUM_THREADS=1", "-x", "MASTER_ADDR=10.0.0.1",
+                  "-x", "MASTER_PORT=29500", "./train", "--x"}));
+}
+
+TEST(DsrunFanout, Srun) {
+  EXPECT_EQ(srun_argv(two_hosts(), {"--partition=p"}, {{"OMP_NUM_THREADS", "1"}}, "w0", 29500,
+                      {"./train"}),
+            (Argv{"srun", "-n", "4", "--nodes=2", "--ntasks-per-node=2", "--nodelist=w0,w1",
+                  "--partition=p", "--export=ALL,OMP_NUM_THREADS=1,MASTER_ADDR=w0,MASTER_PORT=29500",
+                  "./train"}));
+  Resources uneven = {{"w0", {0, 1}}, {"w1", {0}}};
+  EXPECT_EQ(what_of([&] { srun_argv(uneven, {}, {}, "w0", 1, {"p"}); }),
+            "--launcher slurm: srun starts the same number of ranks on every node, but w0 has 2 "
+            "and w1 has 1");
+  EXPECT_EQ(what_of([] { srun_argv(two_hosts(), {}, {{"A", "x,y"}}, "w0", 1, {"p"}); }),
+            "--launcher slurm: A='x,y' contains a comma, which srun --export cannot carry");
+}

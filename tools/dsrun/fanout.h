@@ -1,0 +1,97 @@
+// How the launching dsrun starts a multi-node job through an existing engine (ssh, pdsh, OpenMPI's
+// mpirun, Slurm's srun): the environment it forwards and the command lines it runs. Pure functions
+// (no I/O besides reading .deepspeed_env files), unit-tested in tests/unit/dsrun_fanout_test.cpp.
+//
+// ssh and pdsh start one node agent per host (`dsrun --node_rank K --world_info W ... PROGRAM`),
+// which starts that node's ranks as a single-node dsrun does. mpirun and srun start the ranks
+// themselves (no agent), as DeepSpeed's OpenMPI and Slurm runners do; the ranks then read
+// OMPI_COMM_WORLD_* / SLURM_* (src/comm/process_info.cpp).
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "world.h"
+
+namespace deepspeed {
+namespace launcher {
+
+using EnvList = std::vector<std::pair<std::string, std::string>>;  // in export order
+
+// Variables of `environ` a remote node must see, DeepSpeed's list (NCCL*, PYTHON*, MV2*, UCX*,
+// MLFLOW*) plus OMP_*, GLOO_*, MASTER_*, OPENBLAS_*, MKL_* and this project's DS_*, DEEPSPEED_*,
+// DSRUN_*. Sorted by
+// name, so command lines are reproducible.
+EnvList forwarded_environment(const char* const* environ_list);
+
+// `.deepspeed_env` text: one KEY=VALUE a line (value verbatim, may contain '='), blank lines and
+// `#` comment lines skipped. Throws LaunchError naming `path` and the line when it has no '=' or
+// the key is not a shell variable name.
+EnvList parse_deepspeed_env(const std::string& text, const std::string& path);
+
+// `base` with `extra` appended, a key of `extra` replacing the same key of `base` (in place).
+EnvList merge_env(EnvList base, const EnvList& extra);
+
+// A word for /bin/sh: unchanged when it is made only of safe characters, else single-quoted.
+std::string shell_quote(const std::string& word);
+
+// --launcher_args split into words as a shell would (single/double quotes, backslash); no
+// expansion. Throws LaunchError naming the text for an unterminated quote.
+std::vector<std::string> split_words(const std::string& text);
+
+// What every node agent runs, besides its node rank.
+struct AgentJob {
+  std::string dsrun_path;     // absolute path of dsrun (the same path on every host)
+  std::string cwd;            // the launcher's working directory, entered first on every host
+  EnvList exports;            // forwarded environment
+  std::string world_info;     // encode_world() of the selected hosts
+  std::string master_addr;
+  int master_port = 29500;
+  std::vector<std::string> agent_flags;  // extra dsrun flags (--no_local_rank, --kill_grace S, ...)
+  std::vector<std::string> command;      // PROGRAM ARGS...
+};
+
+// The remote shell command of one agent: `cd CWD && export K=V ... && exec DSRUN --node_rank N
+// --world_info W --master_addr A --master_port P --watch_stdin FLAGS... PROGRAM ARGS...`, every
+// word quoted. `node_rank` is a number, or pdsh's "%n" (substituted by pdsh per host).
+std::string agent_shell_command(const AgentJob& job, const std::string& node_rank);
+
+// Options every ssh the launcher runs gets: no password prompt (BatchMode), a connection timeout,
+// and keep-alives so a dead link ends the ssh within about 15 s instead of never.
+std::vector<std::string> ssh_options(int ssh_port);
+
+// `ssh OPTIONS LAUNCHER_ARGS HOST REMOTE_COMMAND`.
+std::vector<std::string> ssh_argv(const std::string& host, int ssh_port,
+                                  const std::vector<std::string>& launcher_args,
+                                  const std::string& remote_command);
+
+// `pdsh -S -f 1024 -R ssh -w HOST,HOST LAUNCHER_ARGS REMOTE_COMMAND` (DeepSpeed's pdsh runner;
+// -S returns the largest remote exit status). pdsh's own ssh takes the ssh options from the
+// environment variable PDSH_SSH_ARGS_APPEND, which pdsh_ssh_args() gives.
+std::vector<std::string> pdsh_argv(const Resources& world,
+                                   const std::vector<std::string>& launcher_args,
+                                   const std::string& remote_command);
+std::string pdsh_ssh_args(int ssh_port);
+
+// `mpirun -n TOTAL -hostfile HOSTFILE --mca btl ^openib LAUNCHER_ARGS -x K=V ... -x MASTER_ADDR=A
+// -x MASTER_PORT=P PROGRAM ARGS...` (DeepSpeed's OpenMPI runner; no --local_rank: OpenMPI ranks
+// read OMPI_COMM_WORLD_LOCAL_RANK). `hostfile` is an OpenMPI hostfile of exactly `world`
+// (mpi_hostfile_text()).
+std::vector<std::string> mpirun_argv(const Resources& world, const std::string& hostfile,
+                                     const std::vector<std::string>& launcher_args,
+                                     const EnvList& exports, const std::string& master_addr,
+                                     int master_port, const std::vector<std::string>& command);
+std::string mpi_hostfile_text(const Resources& world);
+
+// `srun -n TOTAL --nodes=N --ntasks-per-node=K --nodelist=H,H LAUNCHER_ARGS
+// --export=ALL,K=V,...,MASTER_ADDR=A,MASTER_PORT=P PROGRAM ARGS...` (DeepSpeed's Slurm runner).
+// REQUIRES: every host of `world` has the same number of slots (srun places K tasks per node);
+// throws LaunchError naming the hosts otherwise, and for a value srun's --export cannot carry (a
+// comma).
+std::vector<std::string> srun_argv(const Resources& world,
+                                   const std::vector<std::string>& launcher_args,
+                                   const EnvList& exports, const std::string& master_addr,
+                                   int master_port, const std::vector<std::string>& command);
+
+}  // namespace launcher
+}  // namespace deepspeed

@@ -1,0 +1,533 @@
+#include "multinode.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "job_signals.h"
+#include "output_pump.h"
+#include "spawn.h"
+
+extern char** environ;
+
+namespace deepspeed {
+namespace launcher {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After the kill grace the agents had to stop their ranks, how long their ssh may still take to
+// report before dsrun kills it (an agent behind a cut link never reports).
+constexpr auto kTeardownSlack = std::chrono::seconds(5);
+// How long a host check over ssh may take in all (ssh's ConnectTimeout is 10 s).
+constexpr auto kPreflightLimit = std::chrono::seconds(20);
+constexpr auto kDrainAfterExit = std::chrono::seconds(1);
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string self_path() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) throw LaunchError(std::string("cannot find dsrun's own path: ") + ::strerror(errno));
+  return std::string(buf, n);
+}
+
+std::string current_dir() {
+  char buf[4096];
+  if (::getcwd(buf, sizeof buf) == nullptr)
+    throw LaunchError(std::string("getcwd: ") + ::strerror(errno));
+  return buf;
+}
+
+// Output of a finished child: its exit status (waitpid form) and what it wrote.
+struct Captured {
+  int status = 0;
+  bool timed_out = false;
+  std::string out, err;
+};
+
+// Runs argv to completion (at most `limit`), capturing stdout and stderr.
+Captured run_capture(const std::vector<std::string>& argv, Clock::duration limit) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw LaunchError(std::string("pipe: ") + ::strerror(errno));
+  RankCommand cmd{resolve_program(argv[0]), argv, merge_environment(environ, {})};
+  pid_t pid = spawn_rank(cmd, out[1], err[1]);
+  ::close(out[1]);
+  ::close(err[1]);
+  Captured c;
+  int fds[2] = {out[0], err[0]};
+  std::string* bufs[2] = {&c.out, &c.err};
+  auto deadline = Clock::now() + limit;
+  for (int open = 2; open > 0;) {
+    pollfd p[2];
+    int n = 0;
+    int which[2];
+    for (int i = 0; i < 2; ++i)
+      if (fds[i] >= 0) {
+        p[n] = {fds[i], POLLIN, 0};
+        which[n++] = i;
+      }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0) {
+      c.timed_out = true;
+      ::killpg(pid, SIGKILL);
+      break;
+    }
+    if (::poll(p, n, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
+    for (int k = 0; k < n; ++k) {
+      if (!p[k].revents) continue;
+      char buf[4096];
+      ssize_t got = ::read(fds[which[k]], buf, sizeof buf);
+      if (got > 0) {
+        bufs[which[k]]->append(buf, got);
+      } else if (got == 0 || errno != EINTR) {
+        ::close(fds[which[k]]);
+        fds[which[k]] = -1;
+        --open;
+      }
+    }
+  }
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+  while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
+  }
+  return c;
+}
+
+std::string last_line(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
+  size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+// This host's first non-loopback IPv4 address (what DeepSpeed takes from `hostname -I`).
+std::string first_address() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* a = list; a != nullptr && found.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if ((a->ifa_flags & IFF_LOOPBACK) || !(a->ifa_flags & IFF_UP)) continue;
+    char text[INET_ADDRSTRLEN];
+    auto* in = reinterpret_cast<sockaddr_in*>(a->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// Checks one host over ssh; returns what its preflight printed (the address line).
+std::string check_host(const MultiNodeOptions& o, const std::string& host, bool is_node0,
+                       const std::string& dsrun) {
+  std::vector<std::string> remote = {dsrun, "--preflight"};
+  if (is_node0) {
+    if (!o.master_addr.empty()) {
+      remote.push_back("--master_addr");
+      remote.push_back(o.master_addr);
+    }
+    remote.push_back("--master_port");
+    remote.push_back(std::to_string(o.master_port));
+  }
+  remote.push_back(o.command.at(0));
+  std::string cmd = "cd " + shell_quote(current_dir()) + " 2>/dev/null;";
+  for (const auto& w : remote) cmd += " " + shell_quote(w);
+  // The check goes over the same ssh the job will use: pdsh's takes its options from
+  // PDSH_SSH_ARGS_APPEND, mpirun's from OMPI_MCA_plm_rsh_args (--mca plm_rsh_args on mpirun's
+  // command line is not seen here).
+  std::vector<std::string> launcher_args;
+  if (o.backend == Backend::kSsh) launcher_args = o.launcher_args;
+  const char* extra = std::getenv(o.backend == Backend::kPdsh ? "PDSH_SSH_ARGS_APPEND"
+                                                              : "OMPI_MCA_plm_rsh_args");
+  if (o.backend != Backend::kSsh && extra) launcher_args = split_words(extra);
+  Captured c = run_capture(ssh_argv(host, o.ssh_port, launcher_args, cmd), kPreflightLimit);
+  if (c.timed_out)
+    throw LaunchError("host " + host + " did not answer over ssh within 20 s (pass --no_ssh_check "
+                      "to skip this check)");
+  int rc = WIFEXITED(c.status) ? WEXITSTATUS(c.status) : 128 + WTERMSIG(c.status);
+  if (rc == 255)
+    throw LaunchError("cannot reach host " + host + " over ssh: " + last_line(c.err) +
+                      " (dsrun needs passwordless ssh to every host; --no_ssh_check skips this "
+                      "check)");
+  if (rc == 127)
+    throw LaunchError("host " + host + ": dsrun is not at " + dsrun +
+                      " there (it must be installed at the same path on every host): " +
+                      last_line(c.err));
+  if (rc != 0) {
+    std::string why = last_line(c.err);
+    if (why.rfind("dsrun: ", 0) == 0) why = why.substr(7);
+    throw LaunchError("host " + host + ": " + why);
+  }
+  return c.out;
+}
+
+// DeepSpeed's runner: lines of ~/.deepspeed_env, then ./.deepspeed_env (DS_ENV_FILE renames the
+// file), are exported to every node after the forwarded variables, the later file winning.
+EnvList deepspeed_env_files() {
+  const char* name_env = std::getenv("DS_ENV_FILE");
+  std::string name = name_env && *name_env ? name_env : ".deepspeed_env";
+  std::vector<std::string> paths;
+  if (const char* home = std::getenv("HOME")) paths.push_back(std::string(home) + "/" + name);
+  paths.push_back(current_dir() + "/" + name);
+  if (paths.size() == 2 && paths[0] == paths[1]) paths.pop_back();
+  EnvList out;
+  for (const auto& path : paths) {
+    std::ifstream in(path);
+    if (!in) continue;
+    std::stringstream text;
+    text << in.rdbuf();
+    out = merge_env(out, parse_deepspeed_env(text.str(), path));
+  }
+  return out;
+}
+
+}  // namespace
+
+Backend parse_backend(const std::string& name) {
+  std::string n = lower(name);
+  if (n == "ssh") return Backend::kSsh;
+  if (n == "pdsh") return Backend::kPdsh;
+  if (n == "openmpi" || n == "mpirun") return Backend::kOpenMpi;
+  if (n == "slurm") return Backend::kSlurm;
+  throw LaunchError("--launcher '" + name + "' is not one of ssh, pdsh, openmpi, slurm");
+}
+
+int run_preflight(const std::string& program, const std::string& master_addr, int master_port) {
+  try {
+    resolve_program(program);
+    std::string addr = first_address();
+    if (master_port > 0) check_port_free(master_addr.empty() ? "0.0.0.0" : master_addr, master_port);
+    std::printf("dsrun-preflight addr=%s\n", addr.c_str());
+    return 0;
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return 2;
+  }
+}
+
+void prepare_hosts(MultiNodeOptions& o) {
+  if (o.world.empty()) throw LaunchError("no hosts to run on");
+  o.exports = merge_env(forwarded_environment(environ), deepspeed_env_files());
+  if (o.backend == Backend::kSlurm || !o.ssh_check) {
+    // Nothing asked: node 0's name is the best guess (Slurm jobs resolve their node names).
+    if (o.master_addr.empty()) o.master_addr = o.world[0].host;
+    return;
+  }
+  const std::string dsrun = self_path();
+  for (size_t i = 0; i < o.world.size(); ++i) {
+    std::string out = check_host(o, o.world[i].host, i == 0, dsrun);
+    if (i == 0 && o.master_addr.empty()) {
+      size_t at = out.find("addr=");
+      std::string addr = at == std::string::npos ? "" : last_line(out.substr(at + 5));
+      if (addr.empty())
+        throw LaunchError("host " + o.world[0].host +
+                          " has no non-loopback IPv4 address for the rendezvous; pass --master_addr");
+      o.master_addr = addr;
+    }
+  }
+}
+
+namespace {
+
+// One child of the launcher: an ssh to one node agent, or the single pdsh/mpirun/srun.
+struct Child {
+  std::string label;  // "node 1 (10.0.0.2)", "pdsh", "mpirun", "srun"
+  pid_t pid = -1;
+  int stdin_fd = -1;  // write end of the child's stdin (agents stop when it closes)
+  bool reaped = false;
+  int status = 0;
+  bool via_ssh = false;
+  std::unique_ptr<LinePump> out, err;
+};
+
+class Fanout {
+ public:
+  explicit Fanout(const MultiNodeOptions& o) : opt_(o) {}
+  ~Fanout() {
+    if (!mpi_hostfile_.empty()) ::unlink(mpi_hostfile_.c_str());
+  }
+  int run(bool* interrupted);
+
+ private:
+  std::vector<std::pair<std::string, std::vector<std::string>>> commands();
+  void start(const std::string& label, const std::vector<std::string>& argv,
+             const std::vector<std::string>& env);
+  void supervise();
+  void reap();
+  void report(const Child& c);
+  void teardown();
+  int alive() const;
+
+  const MultiNodeOptions& opt_;
+  std::string mpi_hostfile_;
+  std::vector<Child> children_;
+  bool tearing_down_ = false;
+  int kill_stage_ = 0;  // 0: waiting for agents, 1: SIGTERM sent to children, 2: SIGKILL sent
+  Clock::time_point next_kill_;
+  int exit_status_ = 0;
+  bool interrupted_ = false;
+};
+
+int Fanout::alive() const {
+  return static_cast<int>(std::count_if(children_.begin(), children_.end(),
+                                        [](const Child& c) { return c.pid > 0 && !c.reaped; }));
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands() {
+  EnvList exports = opt_.exports;
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  if (opt_.backend == Backend::kOpenMpi) {
+    char path[] = "/tmp/dsrun_mpi_hostfile_XXXXXX";
+    int fd = ::mkstemp(path);
+    if (fd < 0) throw LaunchError(std::string("cannot create an MPI hostfile in /tmp: ") + ::strerror(errno));
+    std::string text = mpi_hostfile_text(opt_.world);
+    bool ok = write_all(fd, text.data(), text.size());
+    ::close(fd);
+    mpi_hostfile_ = path;
+    if (!ok) throw LaunchError("cannot write " + mpi_hostfile_);
+    exports = merge_env(exports, {{"DSRUN_RESTART_COUNT", std::to_string(opt_.restart_count)}});
+    out.push_back({"mpirun", mpirun_argv(opt_.world, mpi_hostfile_, opt_.launcher_args, exports,
+                                         opt_.master_addr, opt_.master_port, opt_.command)});
+    return out;
+  }
+  if (opt_.backend == Backend::kSlurm) {
+    exports = merge_env(exports, {{"DSRUN_RESTART_COUNT", std::to_string(opt_.restart_count)}});
+    out.push_back({"srun", srun_argv(opt_.world, opt_.launcher_args, exports, opt_.master_addr,
+                                     opt_.master_port, opt_.command)});
+    return out;
+  }
+  AgentJob job;
+  job.dsrun_path = self_path();
+  job.cwd = current_dir();
+  job.exports = exports;
+  job.world_info = encode_world(opt_.world);
+  job.master_addr = opt_.master_addr;
+  job.master_port = opt_.master_port;
+  job.agent_flags = opt_.agent_flags;
+  job.agent_flags.push_back("--restart_count");
+  job.agent_flags.push_back(std::to_string(opt_.restart_count));
+  job.command = opt_.command;
+  if (opt_.backend == Backend::kPdsh) {
+    out.push_back({"pdsh", pdsh_argv(opt_.world, opt_.launcher_args, agent_shell_command(job, "%n"))});
+    return out;
+  }
+  for (size_t k = 0; k < opt_.world.size(); ++k)
+    out.push_back({"node " + std::to_string(k) + " (" + opt_.world[k].host + ")",
+                   ssh_argv(opt_.world[k].host, opt_.ssh_port, opt_.launcher_args,
+                            agent_shell_command(job, std::to_string(k)))});
+  return out;
+}
+
+void Fanout::start(const std::string& label, const std::vector<std::string>& argv,
+                   const std::vector<std::string>& env) {
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+    throw LaunchError(std::string("pipe: ") + ::strerror(errno));
+  children_.emplace_back();
+  Child& c = children_.back();
+  c.label = label;
+  c.via_ssh = opt_.backend == Backend::kSsh;
+  // The agents prefix their ranks' lines already; dsrun's own lines pass through as they are.
+  c.out = std::make_unique<LinePump>(out[0], 1, "", -1);
+  c.err = std::make_unique<LinePump>(err[0], 2, "", -1);
+  c.stdin_fd = in[1];
+  if (opt_.backend == Backend::kPdsh) {
+    // pdsh waits for every host and does not stop the others when one fails; its line
+    // "pdsh@HOST: H: ssh exited with exit code N" is the only early sign, so dsrun acts on it.
+    c.err->set_observer([this](const std::string& line) {
+      if (tearing_down_ || line.find(": ssh exited with exit code ") == std::string::npos) return;
+      say("pdsh reports a failed node (" + line + "); stopping the other nodes");
+      std::string code = line.substr(line.rfind(' ') + 1);
+      exit_status_ = std::atoi(code.c_str());
+      if (exit_status_ == 0) exit_status_ = 1;
+      teardown();
+    });
+  }
+  try {
+    c.pid = spawn_rank(RankCommand{resolve_program(argv[0]), argv, env}, out[1], err[1], in[0]);
+  } catch (...) {
+    c.reaped = true;
+    for (int fd : {in[0], out[1], err[1]}) ::close(fd);
+    throw;
+  }
+  for (int fd : {in[0], out[1], err[1]}) ::close(fd);
+}
+
+int Fanout::run(bool* interrupted) {
+  auto cmds = commands();
+  std::map<std::string, std::string> extra;
+  if (opt_.backend == Backend::kPdsh) {
+    const char* user = std::getenv("PDSH_SSH_ARGS_APPEND");
+    extra["PDSH_SSH_ARGS_APPEND"] =
+        pdsh_ssh_args(opt_.ssh_port) + (user && *user ? std::string(" ") + user : "");
+  }
+  std::vector<std::string> env = merge_environment(environ, extra);
+  SignalScope signals;
+  try {
+    for (const auto& c : cmds) start(c.first, c.second, env);
+  } catch (const LaunchError& e) {
+    say(std::string(e.what()) + "; stopping what was started");
+    exit_status_ = 1;
+    teardown();
+  }
+  supervise();
+  if (interrupted) *interrupted = interrupted_;
+  return exit_status_;
+}
+
+void Fanout::supervise() {
+  bool draining = false;
+  Clock::time_point drain_deadline;
+  for (;;) {
+    reap();
+    auto now = Clock::now();
+    if (tearing_down_ && alive() > 0 && kill_stage_ < 2 && now >= next_kill_) {
+      ++kill_stage_;
+      int sig = kill_stage_ == 1 ? SIGTERM : SIGKILL;
+      for (const auto& c : children_)
+        if (c.pid > 0 && !c.reaped) {
+          say(c.label + " has not stopped; sending " + signal_name(sig) + " to its " +
+              (c.via_ssh ? "ssh" : "launcher"));
+          ::killpg(c.pid, sig);
+        }
+      next_kill_ = now + std::chrono::seconds(2);
+    }
+    if (alive() == 0) {
+      if (!draining) {
+        draining = true;
+        drain_deadline = now + kDrainAfterExit;
+      }
+      bool open = false;
+      for (const auto& c : children_) open = open || c.out->is_open() || c.err->is_open();
+      if (!open || now >= drain_deadline) break;
+    }
+    std::vector<pollfd> fds = {{wake_fd(), POLLIN, 0}};
+    std::vector<LinePump*> pumps = {nullptr};
+    for (auto& c : children_)
+      for (LinePump* p : {c.out.get(), c.err.get()})
+        if (p && p->is_open()) {
+          fds.push_back({p->fd(), POLLIN, 0});
+          pumps.push_back(p);
+        }
+    int timeout = 200;  // reap() also runs on this tick: SIGCHLD wakes us sooner
+    int n = ::poll(fds.data(), fds.size(), timeout);
+    if (n <= 0) continue;
+    if (fds[0].revents) {
+      unsigned char buf[64];
+      ssize_t got;
+      while ((got = ::read(wake_fd(), buf, sizeof buf)) > 0)
+        for (ssize_t i = 0; i < got; ++i) {
+          if (buf[i] == SIGCHLD) continue;
+          if (!tearing_down_) {
+            say(std::string("received ") + signal_name(buf[i]) + "; stopping the job on every node");
+            exit_status_ = 128 + buf[i];
+            interrupted_ = true;
+            teardown();
+          } else {
+            next_kill_ = Clock::now();  // a second signal: escalate now
+          }
+        }
+    }
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) pumps[i]->pump();
+  }
+  for (auto& c : children_) {
+    c.out->close_and_flush();
+    c.err->close_and_flush();
+    if (c.stdin_fd >= 0) ::close(c.stdin_fd);
+  }
+}
+
+void Fanout::reap() {
+  for (auto& c : children_) {
+    if (c.pid <= 0 || c.reaped) continue;
+    int status = 0;
+    pid_t got = ::waitpid(c.pid, &status, WNOHANG);
+    if (got == 0 || (got < 0 && errno == EINTR)) continue;
+    c.reaped = true;
+    c.status = got == c.pid ? status : 0;
+    c.out->pump();
+    c.err->pump();
+    bool failed = !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0;
+    if (failed && !tearing_down_) {
+      report(c);
+      teardown();
+    }
+  }
+}
+
+void Fanout::report(const Child& c) {
+  std::string what = c.label;
+  if (WIFSIGNALED(c.status)) {
+    int sig = WTERMSIG(c.status);
+    what += ": its " + std::string(c.via_ssh ? "ssh" : "launcher") + " was killed by signal " +
+            std::to_string(sig) + " (" + signal_name(sig) + ")";
+    exit_status_ = 128 + sig;
+  } else if (c.via_ssh && WEXITSTATUS(c.status) == 255) {
+    what += ": lost the ssh connection to its agent (ssh exited 255: the agent or the host was "
+            "killed, or the link is down)";
+    exit_status_ = 255;
+  } else {
+    what += " failed with exit status " + std::to_string(WEXITSTATUS(c.status));
+    exit_status_ = WEXITSTATUS(c.status);
+  }
+  int others = alive();
+  if (others > 0)
+    what += "; stopping the other " + std::to_string(others) + (others == 1 ? " node" : " nodes");
+  say(what);
+}
+
+void Fanout::teardown() {
+  tearing_down_ = true;
+  // Closing an agent's stdin is the request to stop: it sends its ranks SIGTERM, then SIGKILL
+  // after the kill grace. Its ssh is signalled only if that has not ended it in time.
+  for (auto& c : children_)
+    if (c.stdin_fd >= 0) {
+      ::close(c.stdin_fd);
+      c.stdin_fd = -1;
+    }
+  if (opt_.backend != Backend::kSsh) {
+    // mpirun/srun tear their ranks down themselves on SIGTERM. pdsh does not pass its stdin on:
+    // killing it (and the ssh processes in its group) closes every agent's channel instead.
+    for (const auto& c : children_)
+      if (c.pid > 0 && !c.reaped) ::killpg(c.pid, SIGTERM);
+    kill_stage_ = 1;
+    next_kill_ = Clock::now() + std::chrono::microseconds(static_cast<long long>(opt_.kill_grace_s * 1e6));
+    return;
+  }
+  next_kill_ = Clock::now() + std::chrono::microseconds(static_cast<long long>(opt_.kill_grace_s * 1e6)) +
+               kTeardownSlack;
+}
+
+}  // namespace
+
+int run_multinode(const MultiNodeOptions& options, bool* interrupted) {
+  try {
+    return Fanout(options).run(interrupted);
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return 1;
+  }
+}
+
+}  // namespace launcher
+}  // namespace deepspeed

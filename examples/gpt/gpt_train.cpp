@@ -394,6 +394,7 @@ int main(int argc, char** argv) try {
       if (engine->global_steps() == first_step + opt.warmup) {
         timed_from = std::chrono::steady_clock::now();
         deepspeed::reset_device_memory_peaks(engine->device());
+        engine->communicator()->reset_stats();  // comm_payload_bytes_per_step: timed steps only
       }
       if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
         engine->save_checkpoint(opt.save_dir);
@@ -414,17 +415,21 @@ int main(int argc, char** argv) try {
   {
     // One machine-readable line per rank for bench/zero_memory_and_speed.py.
     auto mem = engine->memory_report();
+    // Bytes handed to the data-parallel collectives per timed step (payload, not wire bytes).
+    int64_t payload = 0;
+    for (const auto& [op, st] : engine->communicator()->stats()) payload += st.bytes;
     std::printf("gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
                 "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
                 "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
-                "gpu_allocated_peak=%lld gpu_reserved_peak=%lld\n",
+                "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld\n",
                 comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
                 static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
                 static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
                 static_cast<long long>(mem.model_states()), peak_rss_kb(),
                 static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes),
                 static_cast<long long>(deepspeed::device_memory(engine->device()).allocated_peak),
-                static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak));
+                static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak),
+                static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0));
   }
   if (rank0) {
     auto mem = engine->memory_report();

@@ -1,0 +1,94 @@
+#!/bin/bash
+# ZeRO-0/2/3 step time of the example GPT on 2 hosts x 1 rank over links shaped with tbf to
+# 10 Gbit/s and 1 Gbit/s, against 2 ranks on one host (loopback), in one run, with the bytes moved
+# per step: the payload handed to the collectives (gpt_train's communicator counters, timed steps)
+# and the bytes host 1 sent on its link (its interface counters, whole run / steps), set against
+# the ZeRO paper's per-rank volume (stages 0-2: 2 psi, stage 3: 3 psi elements per step; a ring
+# over n ranks sends (n-1)/n of it).
+#
+#   sudo bash bench/multinode_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
+#
+# The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
+# dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
+# Prints a markdown table (docs/benchmarks.md).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build}
+source "$ROOT/tests/launcher/common.bash" "$BUILD/bin"
+source "$ROOT/tests/launcher/netns.bash"
+[ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
+netns_setup 2
+export OMP_NUM_THREADS=1
+STEPS=8
+WARMUP=2
+MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 64 --random_tokens --threads 1
+       --steps "$STEPS" --warmup "$WARMUP")
+: >"$TMP/hostfile1"
+for h in "${HOSTS[@]}"; do echo "$h slots=1" >>"$TMP/hostfile1"; done
+
+config() {  # config STAGE FILE
+  cat >"$2" <<JSON
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 0,
+ "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "seed": 1,
+ "zero_optimization": {"stage": $1, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6},
+ "comm_timeout_seconds": 120}
+JSON
+}
+
+shape() {  # shape RATE: tbf on both hosts' links ("" removes it)
+  local k
+  for k in 0 1; do
+    on_host "$k" tc qdisc del dev eth0 root 2>/dev/null
+    if [ -n "$1" ]; then
+      local burst=256kb
+      [ "$1" = 10gbit ] && burst=2mb
+      on_host "$k" tc qdisc add dev eth0 root tbf rate "$1" burst "$burst" latency 100ms ||
+        fail "tc tbf $1 on host $k"
+    fi
+  done
+}
+
+tx_bytes() { on_host 1 cat /sys/class/net/eth0/statistics/tx_bytes; }
+
+field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
+  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
+}
+
+echo "| link | ZeRO stage | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
+echo "|---|---|---|---|---|---|---|"
+for link in loopback 10gbit 1gbit; do
+  for stage in 0 2 3; do
+    config "$stage" "$TMP/z$stage.json"
+    GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
+    if [ "$link" = loopback ]; then
+      shape ""
+      run_on_host0 "run_${link}_$stage" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
+      sent="-"
+    else
+      shape "$link"
+      before=$(tx_bytes)
+      run_on_host0 "run_${link}_$stage" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
+        --master_port "$(free_port)" "${GPT[@]}"
+      after=$(tx_bytes)
+      sent=$(( (after - before) / STEPS ))
+    fi
+    out="$TMP/run_${link}_$stage.out"
+    [ "$RC" -eq 0 ] || fail "$link stage $stage: dsrun exited $RC"
+    ms=$(field "$out" step_ms)
+    payload=$(field "$out" comm_payload_bytes_per_step)
+    psi=$(field "$out" num_params)
+    factor=2; [ "$stage" = 3 ] && factor=3
+    # fp32 communication; a ring over 2 ranks sends half the volume per rank
+    expect=$(( psi * 4 * factor / 2 ))
+    python3 - "$link" "$stage" "$ms" "$payload" "$sent" "$expect" <<'PY'
+import sys
+link, stage, ms, payload, sent, expect = sys.argv[1:]
+ms = float(ms)
+rate = {"10gbit": 10e9, "1gbit": 1e9}.get(link)
+sent_mb = "-" if sent == "-" else f"{int(sent) / 1e6:.1f}"
+busy = "-" if sent == "-" else f"{int(sent) * 8 / (rate * ms / 1e3):.0%}"
+print(f"| {link} | {stage} | {ms:.0f} | {int(payload) / 1e6:.1f} | {sent_mb} | {int(expect) / 1e6:.1f} | {busy} |")
+PY
+  done
+done
+shape ""

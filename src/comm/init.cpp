@@ -8,6 +8,7 @@
 
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
+#include "comm/peer_watch.h"
 #include "deepspeed/device.h"
 #include "comm/process_info.h"
 #include "comm/work.h"
@@ -51,6 +52,21 @@ c10::intrusive_ptr<c10d::Store> connect_store(const ProcessInfo& info,
   }
 }
 
+// The peer watch (peer_watch.h) on a store connection of its own, so that its heartbeats never
+// interleave with the group's use of the store. Best effort: a job runs without it.
+void start_peer_watch_for(const ProcessInfo& info) {
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<std::uint16_t>(info.master_port);
+    opts.isServer = false;
+    opts.waitWorkers = false;
+    opts.timeout = std::chrono::seconds(2);  // a heartbeat that cannot get through gives up soon
+    auto store = c10::make_intrusive<c10d::TCPStore>(info.master_addr, opts);
+    start_peer_watch(store, info.rank, info.world_size, local_address_towards(info.master_addr));
+  } catch (...) {
+  }
+}
+
 // "gloo" or "nccl" for this rank (InitOptions::backend, DS_COMM_BACKEND).
 std::string choose_backend(const ProcessInfo& info, const InitOptions& options) {
   std::string backend = options.backend.empty() ? "auto" : options.backend;
@@ -81,8 +97,10 @@ CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOption
     return make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
                                      device.index(), options.timeout);
   }
-  return make_gloo_communicator_on(store, info.rank, info.world_size, info.local_rank,
-                                   options.timeout, gloo_device_for(info.master_addr));
+  auto world = make_gloo_communicator_on(store, info.rank, info.world_size, info.local_rank,
+                                         options.timeout, gloo_device_for(info.master_addr));
+  start_peer_watch_for(info);
+  return world;
 }
 
 CommunicatorPtr init_distributed(const InitOptions& options) {

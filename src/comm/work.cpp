@@ -6,6 +6,7 @@
 #include <exception>
 
 #include "comm/dtypes.h"
+#include "comm/peer_watch.h"
 
 namespace deepspeed {
 namespace comm {
@@ -48,7 +49,8 @@ void GlooWork::wait() {
     for (auto& w : works_) w->wait();
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
-    error_ = failure_message(desc_, elapsed.count(), current_exception_message());
+    error_ = failure_message(desc_, elapsed.count(), current_exception_message()) +
+             peer_watch_report();
     works_.clear();
     throw CommError(error_);
   }

@@ -5,7 +5,8 @@
 #   - --max_restarts 1 after kill -9 of a remote rank resumes from `latest` (--load_dir) and
 #     continues exactly as an uninterrupted run;
 #   - a link cut mid-run (ip link set ... down) ends the job with a named timeout error within
-#     comm_timeout_seconds (5 s here) plus the teardown, never a hang.
+#     comm_timeout_seconds (5 s here) plus the teardown, never a hang; the error names the peer
+#     that went silent (or the store this rank lost).
 source "$(dirname "$0")/common.bash" "$1"
 source "$(dirname "$0")/netns.bash"
 [ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
@@ -81,6 +82,10 @@ RC=$?
 elapsed=$((SECONDS - start))
 [ $RC -ne 0 ] || fail "cut link: dsrun exited 0"
 grep -qE "failed after [0-9.]+ s \(timeout 5 s\)" "$TMP/cut.err" || fail "cut link: no named timeout error"
+# The error names the peer: host 0's ranks have not heard from host 1's ranks (peer watch), or
+# host 1's ranks could not reach the store on host 0.
+grep -qE "not heard from for up to [0-9.]+ s: rank [23] \(host [^)]*$H1\)|this rank has not reached the rendezvous store" \
+  "$TMP/cut.err" || fail "cut link: the error does not name the unreachable peer or store"
 echo "cut link: dsrun exited $RC after ${elapsed}s: $(grep -m1 -E "failed after [0-9.]+ s \(timeout 5 s\)" "$TMP/cut.err" | cut -c1-300)"
 mend_link 1
 

@@ -36,6 +36,7 @@ struct Args {
   std::string pid_file;
   double seconds = 60;
   int fail_attempts = 1 << 30;
+  int timeout_s = 30;  // hang_collective: the collectives' timeout
 };
 
 Args parse(int argc, char** argv) {
@@ -52,6 +53,8 @@ Args parse(int argc, char** argv) {
       a.seconds = std::atof(argv[++i]);
     else if (k == "--fail_attempts")
       a.fail_attempts = std::atoi(argv[++i]);
+    else if (k == "--timeout")
+      a.timeout_s = std::atoi(argv[++i]);
   }
   return a;
 }
@@ -125,7 +128,7 @@ int mode_hang_collective(const Args& a) {
 #ifdef DSRUN_WORKER_WITH_COMM
   try {
     deepspeed::comm::InitOptions opts;
-    opts.timeout = std::chrono::seconds(30);
+    opts.timeout = std::chrono::seconds(a.timeout_s);
     auto comm = deepspeed::init_distributed(opts);
     auto t = torch::ones({1024});
     for (long step = 0;; ++step) {

@@ -58,6 +58,29 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   return linear(proj_, y);
 }
 
+torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& k_all,
+                                                     torch::Tensor& v_all, const KVCache& cache) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
+  auto qkv = linear(qkv_, x).split(C, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  auto q = heads(qkv[0]);
+  k_all = k_all.defined() ? torch::cat({k_all, heads(qkv[1])}, 2) : heads(qkv[1]);
+  v_all = v_all.defined() ? torch::cat({v_all, heads(qkv[2])}, 2) : heads(qkv[2]);
+  const int64_t L = k_all.size(2);  // positions held, these T included
+  // Query i (absolute position cache.length + i) sees key j when j <= that position and j is not
+  // in its row's left padding: the same masked softmax as forward(), over the held keys.
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(x.device());
+  auto qpos = torch::arange(cache.length, cache.length + T, opts).view({1, 1, T, 1});
+  auto kpos = torch::arange(L, opts).view({1, 1, 1, L});
+  // A padding query sees itself only: with no key at all its softmax would be NaN, and a NaN
+  // value times a zero weight is still NaN in the real rows' sums.
+  auto visible = (kpos <= qpos) & ((kpos >= cache.pad.view({B, 1, 1, 1})) | (kpos == qpos));
+  auto att = torch::matmul(q, k_all.transpose(-2, -1)) * (1.0 / std::sqrt(double(hd)));
+  att = torch::softmax(att.masked_fill(visible.logical_not(), -std::numeric_limits<float>::infinity()), -1);
+  auto y = torch::matmul(att, v_all).transpose(1, 2).contiguous().view({B, T, C});
+  return linear(proj_, y);
+}
+
 MLPImpl::MLPImpl(const GPTConfig& c) : gelu_tanh_(c.gelu_tanh) {
   fc_ = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
   proj_ = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
@@ -87,6 +110,12 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return h + drop(mlp_->forward(ln2_->forward(h)));
 }
 
+torch::Tensor BlockImpl::forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v,
+                                       const KVCache& cache) {
+  auto h = x + attn_->forward_cached(ln1_->forward(x), k, v, cache);
+  return h + mlp_->forward(ln2_->forward(h));
+}
+
 GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   wte_ = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
   wpe_ = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
@@ -111,6 +140,28 @@ torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {
     else
       x = b->forward(x);
   }
+  x = ln_f_->forward(x);
+  if (config_.tie_embeddings) return deepspeed::zero::linear(x, wte_->weight, {});
+  return linear(head_, x);
+}
+
+torch::Tensor GPTImpl::logits_cached(const torch::Tensor& idx, KVCache& cache) {
+  const int64_t B = idx.size(0), T = idx.size(1);
+  TORCH_CHECK(cache.length + T <= config_.block_size, "context of ", cache.length + T,
+              " positions exceeds block_size ", config_.block_size);
+  if (!cache.pad.defined()) cache.pad = torch::zeros({B}, torch::kLong);
+  cache.pad = cache.pad.to(idx.device());
+  cache.k.resize(blocks_.size());
+  cache.v.resize(blocks_.size());
+  // Positions count from each row's first real token (left padding shifts them back), so a
+  // padded row computes what it would alone.
+  auto abs = torch::arange(cache.length, cache.length + T,
+                           torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto pos = (abs.view({1, T}) - cache.pad.view({B, 1})).clamp_min(0);
+  auto x = wte_->forward(idx) + wpe_->forward(pos);
+  for (size_t i = 0; i < blocks_.size(); ++i)
+    x = blocks_[i]->inner()->forward_cached(x, cache.k[i], cache.v[i], cache);  // no stage-3 engine here
+  cache.length += T;
   x = ln_f_->forward(x);
   if (config_.tie_embeddings) return deepspeed::zero::linear(x, wte_->weight, {});
   return linear(head_, x);

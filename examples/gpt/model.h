@@ -31,10 +31,24 @@ struct GPTConfig {
   bool activation_checkpointing = false;
 };
 
+// Keys and values of the tokens seen so far, per block (generation: each new token attends to
+// them instead of recomputing the whole context). Rows may start with left padding: `pad[b]`
+// leading positions of row b are not tokens (never attended to; positions count from the first
+// real token).
+struct KVCache {
+  std::vector<torch::Tensor> k, v;  // per block: [B, heads, length, head_dim]
+  torch::Tensor pad;                // [B] int64
+  int64_t length = 0;               // positions held (padding included)
+};
+
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, C]
+  // x: [B, T, C] of positions [cache.length, cache.length + T); appends their keys and values to
+  // `k`, `v` (this block's entries of the cache) and attends to everything held.
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v,
+                               const KVCache& cache);
 
  private:
   int64_t n_head_;
@@ -58,6 +72,8 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v,
+                               const KVCache& cache);  // inference (no dropout)
 
  private:
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
@@ -73,6 +89,10 @@ class GPTImpl : public torch::nn::Module {
   // idx, targets: [B, T] int64 byte values. Returns the mean cross-entropy over all B*T tokens.
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
   torch::Tensor logits(const torch::Tensor& idx);  // [B, T, vocab]
+  // Inference with a kv-cache: the logits of `idx` ([B, T] tokens at positions cache.length ..
+  // cache.length + T - 1), extending the cache. Start with an empty KVCache whose `pad` gives
+  // each row's left padding (zeros: none). Throws when the context would exceed block_size.
+  torch::Tensor logits_cached(const torch::Tensor& idx, KVCache& cache);
   const GPTConfig& config() const { return config_; }
   int64_t num_parameters() const;
 

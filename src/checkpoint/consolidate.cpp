@@ -6,6 +6,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/zero_to_fp32.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -55,4 +56,11 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
 }
 
 }  // namespace checkpoint
+
+std::vector<std::pair<std::string, at::Tensor>> get_fp32_state_dict_from_zero_checkpoint(
+    const std::string& checkpoint_dir, const std::string& tag) {
+  auto& fs = checkpoint::posix_file_system();
+  return checkpoint::consolidate_fp32(fs, checkpoint::resolve_tag_dir(fs, checkpoint_dir, tag));
+}
+
 }  // namespace deepspeed

@@ -1,0 +1,105 @@
+#include "gpt/generate.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <map>
+
+#include "deepspeed/errors.h"
+#include "deepspeed/zero_to_fp32.h"
+
+namespace gpt {
+namespace {
+
+// The next token of each row from its last-position logits [B, vocab].
+torch::Tensor pick(const torch::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
+  if (o.greedy) return logits.argmax(-1);
+  auto scores = logits.to(torch::kFloat) / std::max(o.temperature, 1e-6);
+  if (o.top_k > 0 && o.top_k < scores.size(-1)) {
+    auto kth = std::get<0>(scores.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
+    scores = scores.masked_fill(scores < kth, -std::numeric_limits<float>::infinity());
+  }
+  if (o.top_p < 1.0) {
+    // Nucleus: drop a token when the tokens more likely than it already reach top_p.
+    auto [sorted, order] = scores.sort(-1, /*descending=*/true);
+    auto before = sorted.softmax(-1).cumsum(-1) - sorted.softmax(-1);
+    auto drop_sorted = before >= o.top_p;
+    auto drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
+    scores = scores.masked_fill(drop, -std::numeric_limits<float>::infinity());
+  }
+  return torch::multinomial(scores.softmax(-1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> generate(GPTImpl& model,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           int64_t max_new_tokens, const SamplingOptions& o,
+                                           bool use_cache) {
+  torch::NoGradGuard no_grad;
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const auto& p : prompts) {
+    TORCH_CHECK(!p.empty(), "generate: an empty prompt");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  }
+  TORCH_CHECK(longest + max_new_tokens <= model.config().block_size, "generate: a prompt of ",
+              longest, " tokens + ", max_new_tokens, " new ones exceeds block_size ",
+              model.config().block_size);
+  const auto device = model.parameters().front().device();
+  // Left padding (token 0, masked) so every row's last prompt token is in the last column.
+  torch::Tensor tokens = torch::zeros({B, longest}, torch::kLong);
+  torch::Tensor pad = torch::empty({B}, torch::kLong);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = static_cast<int64_t>(prompts[b].size());
+    pad[b] = longest - n;
+    tokens[b].narrow(0, longest - n, n).copy_(torch::tensor(prompts[b], torch::kLong));
+  }
+  tokens = tokens.to(device);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::vector<std::vector<int64_t>> out(B);
+  KVCache cache;
+  cache.pad = pad;
+  torch::Tensor step_input = tokens;  // the whole prompt first, then one token per step
+  for (int64_t t = 0; t < max_new_tokens; ++t) {
+    torch::Tensor logits;
+    if (use_cache) {
+      logits = model.logits_cached(step_input, cache);
+    } else {
+      KVCache fresh;  // the whole context again, through the same masked attention
+      fresh.pad = pad;
+      logits = model.logits_cached(tokens, fresh);
+    }
+    auto next = pick(logits.select(1, logits.size(1) - 1).to(torch::kCPU), o, gen);
+    for (int64_t b = 0; b < B; ++b) out[b].push_back(next[b].item<int64_t>());
+    step_input = next.view({B, 1}).to(device);
+    tokens = torch::cat({tokens, step_input}, 1);
+  }
+  return out;
+}
+
+void load_weights(GPTImpl& model, const std::string& load_dir, const std::string& tag) {
+  const std::string dir = load_dir + (tag.empty() ? "" : "/" + tag);
+  std::map<std::string, at::Tensor> saved;
+  for (auto& [name, t] : deepspeed::get_fp32_state_dict_from_zero_checkpoint(load_dir, tag))
+    saved[name] = t;
+  torch::NoGradGuard no_grad;
+  auto fill = [&](const std::string& name, at::Tensor dst) {
+    auto it = saved.find(name);
+    if (it == saved.end())
+      throw deepspeed::CheckpointError("checkpoint '" + dir + "' has no tensor \"" + name +
+                                       "\": was it saved from this model (--n_layer, "
+                                       "--tie_embeddings, ...)? A pipeline checkpoint names its "
+                                       "layers differently (layer_XX.*) and is not read here");
+    if (it->second.sizes() != dst.sizes())
+      throw deepspeed::CheckpointError("checkpoint '" + dir + "': tensor \"" + name + "\" has shape " +
+                                       c10::str(it->second.sizes()) + ", the model's is " +
+                                       c10::str(dst.sizes()) + " (other --n_embd / --n_head / "
+                                       "--block_size?)");
+    dst.copy_(it->second);
+  };
+  for (auto& item : model.named_parameters()) fill(item.key(), item.value());
+  for (auto& item : model.named_buffers()) fill(item.key(), item.value());
+}
+
+}  // namespace gpt

@@ -1,0 +1,35 @@
+// Text generation with the example GPT: a batch of prompts of different lengths (left-padded, the
+// padding masked and positions counted per row), a kv-cache, greedy or top-k / top-p sampling
+// with a seed. And loading a training checkpoint's weights (any world size or ZeRO stage:
+// consolidated from the fp32 masters, as ds_to_fp32 does) into a GPT for it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpt/model.h"
+
+namespace gpt {
+
+struct SamplingOptions {
+  bool greedy = true;      // argmax; otherwise sample
+  int64_t top_k = 0;       // keep the k most likely tokens (0: all)
+  double top_p = 1.0;      // keep the smallest set whose probability reaches p (1: all)
+  double temperature = 1.0;
+  uint64_t seed = 0;       // the sampling generator's seed (the global RNG is not touched)
+};
+
+// Continues each prompt by `max_new_tokens` tokens; returns only the new tokens per prompt.
+// `use_cache` false recomputes the whole context at every step (the reference the cache is
+// tested against). Throws when a prompt is empty or prompt + new tokens exceed block_size.
+std::vector<std::vector<int64_t>> generate(GPTImpl& model,
+                                           const std::vector<std::vector<int64_t>>& prompts,
+                                           int64_t max_new_tokens, const SamplingOptions& options,
+                                           bool use_cache = true);
+
+// Fills the model's parameters and buffers from the checkpoint tag `tag` of `load_dir` ("": the
+// one `latest` names), fp32 masters for the trainable ones. Throws deepspeed::CheckpointError
+// naming a tensor the checkpoint lacks or whose shape differs (another --n_layer / --n_embd ...).
+void load_weights(GPTImpl& model, const std::string& load_dir, const std::string& tag = "");
+
+}  // namespace gpt

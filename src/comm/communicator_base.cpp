@@ -57,6 +57,15 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
   }
+  // The latency the comms logger reports: from here to the end of the first wait().
+  if (d.has_tensor) {
+    const int64_t bytes = d.numel * static_cast<int64_t>(c10::elementSize(d.dtype));
+    finish = [finish = std::move(finish), stats = stats_, op = d.op, bytes, t0] {
+      if (finish) finish();
+      const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
+      stats->add_latency(op, bytes, ms.count());
+    };
+  }
   return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
 }
 

@@ -10,7 +10,10 @@ tensorboard + csv_monitor on (flushing every steps_per_print = 10 steps); wall_c
 and all of them plus comms_logger. The modes run interleaved, --rounds times, so that drift in
 the machine's load spreads over all of them; each mode's figure is the median of its rounds'
 step times (gpt_train's own step_ms: steps 2..N, the slowest rank). Prints a markdown table with
-the overhead against "off".
+the overhead against "off", then the monitors' own cost measured directly by
+build/bin/bench_monitor_write (one optimizer step's events into both monitors with the timer
+events, a flush every 10 steps; a timer start/stop pair), as a share of the "off" step time:
+on this shared machine that figure is below the end-to-end noise.
 """
 import argparse
 import json
@@ -78,6 +81,10 @@ def main():
                 times[name].append(step_ms(cmd))
                 print(f"  round {r + 1}: {name}: {times[name][-1]:.2f} ms", file=sys.stderr, flush=True)
     off = statistics.median(times["off"])
+    with tempfile.TemporaryDirectory() as tmp:
+        direct = subprocess.run([os.path.join(a.build, "bin", "bench_monitor_write"), "5000", tmp],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True).stderr
+    report = dict(kv.split("=") for kv in direct.split("monitor_write_report ")[1].split())
     print(f"\n{a.procs} ranks x 1 thread, GPT n_layer {a.n_layer} n_head {a.n_head} n_embd {a.n_embd} block 128, "
           f"micro-batch {base['train_micro_batch_size_per_gpu']} per rank, ZeRO-2, {a.steps} steps "
           f"(first not timed), steps_per_print 10; median of {a.rounds} interleaved rounds\n")
@@ -86,6 +93,11 @@ def main():
     for name, _ in MODES:
         med = statistics.median(times[name])
         print(f"| {name} | {med:.2f} | {100 * (med / off - 1):+.1f}% | {', '.join(f'{t:.1f}' for t in times[name])} |")
+    us = float(report["us_per_step"])
+    print(f"\nMeasured directly (bench_monitor_write): one step's events into tensorboard + csv_monitor "
+          f"{us:.1f} us ({100 * us / 1000 / off:.3f}% of the off step); a wall_clock_breakdown timer "
+          f"start/stop pair {float(report['timer_pair_ns_enabled']):.0f} ns enabled, "
+          f"{float(report['timer_pair_ns_disabled']):.1f} ns disabled (5 pairs per micro-step).")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,14 @@ std::pair<double, double> bandwidth_gbps(const std::string& op, double size, dou
   return {algbw * 8.0 / 1e6, busbw * 8.0 / 1e6};
 }
 
+std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size) {
+  const double size = deepspeed_size(op, bytes, world_size);
+  const auto [algbw, busbw] = bandwidth_gbps(op, size, ms, world_size);
+  return "comm op: " + op + " | time (ms): " + fixed2(ms) +
+         " | msg size: " + convert_size(static_cast<int64_t>(size)) +
+         " | algbw (Gbps): " + fixed2(algbw) + " | busbw (Gbps): " + fixed2(busbw);
+}
+
 std::string comms_summary_table(const comm::CommStats& stats, int world_size,
                                 const std::set<std::string>& prof_ops) {
   std::string out = pad("Comm. Op") + pad("Message Size") + pad("Count") +

@@ -10,7 +10,8 @@
 //   broadcast, send, recv: algbw = busbw = size/t
 // Latency is from launch to the end of the first wait() (DeepSpeed times each op
 // synchronously; an op overlapped with compute reads longer here). DeepSpeed's averages trim 10%
-// outliers; these are plain means.
+// outliers; these are plain means. `debug` (caller names in op names) is not provided: C++ has no
+// cheap caller frames.
 #pragma once
 #include <set>
 #include <string>
@@ -29,6 +30,11 @@ std::string convert_size(int64_t bytes);
 // `prof_ops` non-empty: only those ops (comms_logger.prof_all false).
 std::string comms_summary_table(const comm::CommStats& stats, int world_size,
                                 const std::set<std::string>& prof_ops = {});
+
+// comms_logger.verbose: DeepSpeed's line for one completed collective (`bytes` as our stats
+// record it), e.g. "comm op: all_reduce | time (ms): 0.12 | msg size: 4.0 KB | algbw (Gbps): 0.53 |
+// busbw (Gbps): 0.27".
+std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size);
 
 // (algbw, busbw) in Gbps of one op of `size` DeepSpeed bytes taking `ms` milliseconds.
 std::pair<double, double> bandwidth_gbps(const std::string& op, double size, double ms,

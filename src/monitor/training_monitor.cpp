@@ -48,9 +48,20 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       timers_(config.wall_clock_breakdown, device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
-      last_step_end_(std::chrono::steady_clock::now()) {}
+      last_step_end_(std::chrono::steady_clock::now()) {
+  const auto& cl = config.comms_logger;
+  if (cl.enabled && cl.verbose && comm_->rank() == 0) {
+    verbose_ = std::make_shared<const comm::OpObserver>(
+        [ops = prof_ops_](const std::string& op, int64_t bytes, double ms, int world) {
+          if (!ops.empty() && !ops.count(op)) return;
+          std::printf("[Rank 0] %s\n", verbose_line(op, bytes, ms, world).c_str());
+        });
+    comm::set_op_observer(verbose_);
+  }
+}
 
 TrainingMonitor::~TrainingMonitor() {
+  if (verbose_) comm::clear_op_observer(verbose_);
   try {
     monitor_->flush();
   } catch (const std::exception& e) {

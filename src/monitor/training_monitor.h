@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/op_observer.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/monitor.h"
@@ -60,6 +61,8 @@ class TrainingMonitor {
   WallClockTimers timers_;
   std::set<std::string> prof_ops_;
   comm::CommStats baseline_;  // the communicator's stats when the engine was built
+  // comms_logger.verbose on the printing rank: prints each completed collective.
+  std::shared_ptr<const comm::OpObserver> verbose_;
   std::chrono::steady_clock::time_point last_step_end_;
 };
 

@@ -227,11 +227,11 @@ TEST(MonitorEngine, KilledRunLeavesAReadableEventFile) {
 // comms_logger: the collectives ZeRO stage 2 issues per optimizer step are the textbook ones —
 // the gradients (Ψ elements) reduce-scattered once, the updated parameters (Ψ) all-gathered once
 // (each rank contributes Ψ/N) — plus scalar all-reduces (loss mean, gradient norm); and
-// comms_summary() tabulates exactly those counts.
+// comms_summary() tabulates exactly those counts; `verbose` prints one line per collective.
 TEST(MonitorEngine, CommsLoggerCountsStage2Collectives) {
   const int world = 2, steps = 3;
   nlohmann::json config = dstest::base_config(2, 1, 2);
-  config["comms_logger"] = {{"enabled", true}};
+  config["comms_logger"] = {{"enabled", true}, {"verbose", true}};
   const gpt::GPTConfig model_config{256, 16, 2, 2, 32};
   const double psi_bytes = 4.0 * dstest::count_parameters(model_config);  // fp32
   std::vector<std::shared_ptr<gpt::GPTImpl>> models;
@@ -240,6 +240,7 @@ TEST(MonitorEngine, CommsLoggerCountsStage2Collectives) {
   std::mutex mu;
   std::string table;
   deepspeed::comm::CommStats before, after;
+  testing::internal::CaptureStdout();
   run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
         {.model = models[comm->rank()], .config_json = config, .training_data = data, .comm = comm});
@@ -257,6 +258,7 @@ TEST(MonitorEngine, CommsLoggerCountsStage2Collectives) {
       table = t;
     }
   });
+  const std::string printed = testing::internal::GetCapturedStdout();
   auto delta = [&](const std::string& op) {
     deepspeed::comm::OpStats d;
     if (after.count(op)) d = after[op];
@@ -305,4 +307,10 @@ TEST(MonitorEngine, CommsLoggerCountsStage2Collectives) {
   EXPECT_EQ(table_count("reduce_scatter_v"), rs.calls) << table;
   EXPECT_EQ(table_count("all_gather"), ag.calls) << table;
   EXPECT_EQ(table_count("all_reduce"), ar.calls) << table;
+
+  // verbose: the observer is process-wide (one rank per process in real runs); here rank 1's
+  // thread shares it, so rank 0's calls are a lower bound and both ranks' an upper one.
+  const auto lines = dstest::lines_starting(printed, "[Rank 0] comm op: reduce_scatter_v | time (ms): ");
+  EXPECT_GE(static_cast<int64_t>(lines.size()), rs.calls) << printed.substr(0, 2000);
+  EXPECT_LE(static_cast<int64_t>(lines.size()), world * rs.calls);
 }

@@ -271,3 +271,13 @@ TEST(TrainingMonitor, WritesDeepSpeedsEventsAndFlushesEveryStepsPerPrint) {
     EXPECT_EQ(::access((dir / ("job/Train_Samples_" + std::string(name) + ".csv")).c_str(), R_OK), 0)
         << name;
 }
+
+TEST(CommsSummary, VerboseLineIsDeepSpeeds) {
+  EXPECT_EQ(dm::verbose_line("all_reduce", 1000000, 1.0, 4),
+            "comm op: all_reduce | time (ms): 1.00 | msg size: 976.56 KB | algbw (Gbps): 16.00 | "
+            "busbw (Gbps): 12.00");
+  // reduce_scatter: our stats hold the whole input; DeepSpeed's size is the output.
+  EXPECT_EQ(dm::verbose_line("reduce_scatter", 4096, 2.0, 2),
+            "comm op: reduce_scatter | time (ms): 2.00 | msg size: 2.0 KB | algbw (Gbps): 0.02 | "
+            "busbw (Gbps): 0.01");
+}

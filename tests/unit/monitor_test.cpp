@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "deepspeed/deepspeed.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/monitor.h"
 #include "monitor/comms_summary.h"
@@ -15,6 +16,7 @@
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/tfevents.h"
+#include "support/training_run.h"
 
 namespace dm = deepspeed::monitor;
 
@@ -280,4 +282,30 @@ TEST(CommsSummary, VerboseLineIsDeepSpeeds) {
   EXPECT_EQ(dm::verbose_line("reduce_scatter", 4096, 2.0, 2),
             "comm op: reduce_scatter | time (ms): 2.00 | msg size: 2.0 KB | algbw (Gbps): 0.02 | "
             "busbw (Gbps): 0.01");
+}
+
+// The monitor blocks' bad values reach the user from parse_config / initialize(), naming them.
+TEST(MonitorConfig, BadBlocksAreErrorsNamingTheKey) {
+  auto error_of = [](const nlohmann::json& extra) {
+    nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 2}};
+    doc.merge_patch(extra);
+    return dstest::message_of<deepspeed::ConfigError>(
+        [&] { deepspeed::parse_config(doc, 1); });
+  };
+  EXPECT_CONTAINS(error_of({{"tensorboard", {{"enabled", true}, {"output_dir", "x"}}}}),
+                  "unknown config key 'tensorboard.output_dir'");
+  EXPECT_CONTAINS(error_of({{"csv_monitor", {{"enabled", "yes please"}}}}), "'csv_monitor.enabled'");
+  EXPECT_CONTAINS(error_of({{"comms_logger", {{"prof_ops", "all_reduce"}}}}),
+                  "'comms_logger.prof_ops'");
+
+  // An output_path that cannot be created fails initialize(), before any training.
+  dstest::TempDir dir("ds_monitor_init");
+  dstest::write_bytes(dir / "file", "x");
+  auto config = dstest::base_config(2, 1, 0);
+  config["csv_monitor"] = {{"enabled", true}, {"output_path", dir / "file"}};
+  auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+  const std::string msg = dstest::message_of<deepspeed::ConfigError>(
+      [&] { deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config}); });
+  EXPECT_CONTAINS(msg, "config key 'csv_monitor.output_path'");
+  EXPECT_CONTAINS(msg, dir / "file/DeepSpeedJobName");
 }

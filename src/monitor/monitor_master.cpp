@@ -56,12 +56,8 @@ class MonitorMaster : public Monitor {
           "cannot write TensorBoard event files; use \"csv_monitor\" or set tensorboard.enabled "
           "to false");
 #endif
-      const std::string dir = prepare_log_dir(config.tensorboard, "tensorboard");
-      try {
-        tensorboard_ = std::make_unique<TensorBoardWriter>(dir);
-      } catch (const Error& e) {
-        throw ConfigError("config key 'tensorboard.output_path': " + std::string(e.what()));
-      }
+      tensorboard_ =
+          std::make_unique<TensorBoardWriter>(prepare_log_dir(config.tensorboard, "tensorboard"));
     }
     if (config.csv_monitor.enabled) {
       csv_ = std::make_unique<CsvWriter>(prepare_log_dir(config.csv_monitor, "csv_monitor"));

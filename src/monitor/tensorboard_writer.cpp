@@ -39,9 +39,9 @@ std::string event_file_name(int64_t unix_seconds, const std::string& host, int p
 
 #ifdef DS_WITH_PROTOBUF
 
-TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
+void TensorBoardWriter::open() {
   const double t = now_seconds();
-  path_ = log_dir + "/" +
+  path_ = log_dir_ + "/" +
           event_file_name(static_cast<int64_t>(t), host_name(), static_cast<int>(::getpid()),
                           files_opened++);
   fd_ = open_for_append(path_);
@@ -54,6 +54,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
+  if (fd_ < 0) open();
   tensorboard::Event event;
   event.set_wall_time(now_seconds());
   event.set_step(step);
@@ -65,11 +66,11 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
 
 #else  // built without protobuf: make_monitor refuses tensorboard.enabled before we get here
 
-TensorBoardWriter::TensorBoardWriter(const std::string& log_dir) {
+void TensorBoardWriter::open() {
   throw Error("TensorBoard event files need protobuf: this build has none (install "
               "libprotobuf-dev and protobuf-compiler and reconfigure)");
 }
-void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) {}
+void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) { open(); }
 
 #endif
 

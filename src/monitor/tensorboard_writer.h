@@ -12,9 +12,11 @@ namespace monitor {
 
 class TensorBoardWriter {
  public:
-  // Creates the file (with its file_version record, written at once). Throws Error naming the
-  // file when it cannot be created.
-  explicit TensorBoardWriter(const std::string& log_dir);
+  // The file is created with its file_version record (written at once) when the first scalar
+  // arrives, so a process that never writes leaves no empty file (under a pipeline every stage's
+  // data-parallel rank 0 has a monitor; only the last stage writes). Throws Error naming the file
+  // when it cannot be created.
+  explicit TensorBoardWriter(std::string log_dir) : log_dir_(std::move(log_dir)) {}
   ~TensorBoardWriter();  // flushes; errors are printed, not thrown
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
@@ -23,9 +25,13 @@ class TensorBoardWriter {
   // as TensorBoard's simple_value is.
   void add_scalar(const std::string& tag, double value, int64_t step);
   void flush();
+  // The event file's path; empty before the first scalar.
   const std::string& path() const { return path_; }
 
  private:
+  void open();
+
+  std::string log_dir_;
   std::string path_;
   int fd_ = -1;
   std::string pending_;  // framed records not yet written

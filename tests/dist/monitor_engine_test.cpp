@@ -149,7 +149,8 @@ TEST(MonitorEngine, CsvAndEventFilesHoldTheEnginesValues) {
 }
 
 // wall_clock_breakdown: per optimizer step, fwd + bwd + step (the global timers) is the time the
-// engine calls took, and bwd_inner + bwd_allreduce is bwd, each within 5% over the run. (The
+// engine calls took, and bwd_inner + bwd_allreduce is bwd, each within 5% (the median step: a
+// rank thread preempted between the engine's timer and the test's clock shifts one step only). (The
 // monitors flush only at the end here: a flush inside step() is the monitor's time, outside the
 // breakdown, as in DeepSpeed.)
 TEST(MonitorEngine, TimerPartsAddUpToTheMeasuredStep) {
@@ -166,18 +167,26 @@ TEST(MonitorEngine, TimerPartsAddUpToTheMeasuredStep) {
   const auto fwd = column("forward"), bwd = column("backward"), step = column("step");
   const auto inner = column("backward_inner"), reduce = column("backward_allreduce");
   ASSERT_EQ(fwd.size(), seen.size());
-  double parts = 0, measured = 0, bwd_total = 0, bwd_parts = 0;
+  std::vector<double> step_ratio, bwd_ratio;
+  std::string table;
   for (size_t i = 0; i < seen.size(); ++i) {
-    parts += fwd[i] + bwd[i] + step[i];
-    measured += seen[i].engine_ms;
-    bwd_total += bwd[i];
-    bwd_parts += inner[i] + reduce[i];
-    EXPECT_LE(fwd[i] + bwd[i] + step[i], seen[i].engine_ms) << "step " << i + 1;
-    EXPECT_LE(inner[i] + reduce[i], bwd[i]) << "step " << i + 1;
+    const double parts = fwd[i] + bwd[i] + step[i];
+    step_ratio.push_back(parts / seen[i].engine_ms);
+    bwd_ratio.push_back((inner[i] + reduce[i]) / bwd[i]);
+    table += "step " + std::to_string(i + 1) + ": fwd+bwd+step " + std::to_string(parts) +
+             " ms of " + std::to_string(seen[i].engine_ms) + " ms; bwd_inner+bwd_allreduce " +
+             std::to_string(inner[i] + reduce[i]) + " of bwd " + std::to_string(bwd[i]) + "\n";
+    // The timers lie inside the calls the test timed, and the two bwd parts inside bwd.
+    EXPECT_LE(parts, seen[i].engine_ms) << table;
+    EXPECT_LE(inner[i] + reduce[i], bwd[i]) << table;
+    EXPECT_GT(fwd[i], 0.0) << table;
   }
-  EXPECT_NEAR(parts / measured, 1.0, 0.05) << parts << " ms of " << measured << " ms";
-  EXPECT_NEAR(bwd_parts / bwd_total, 1.0, 0.05) << bwd_parts << " ms of " << bwd_total << " ms";
-  EXPECT_GT(fwd[0], 0.0);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return (v[(v.size() - 1) / 2] + v[v.size() / 2]) / 2;
+  };
+  EXPECT_NEAR(median(step_ratio), 1.0, 0.05) << table;
+  EXPECT_NEAR(median(bwd_ratio), 1.0, 0.05) << table;
 }
 
 // A run killed mid-way keeps what the monitor flushed (every steps_per_print steps).

@@ -88,7 +88,6 @@ TEST(MonitorFormat, EventFileReadsBackWithPythonProtobuf) {
   std::string path;
   {
     dm::TensorBoardWriter tb(dir.path());
-    path = tb.path();
     const double values[] = {2.7183, 1e-5, 65536.0, 0.1, -3.5, 1e20};
     int64_t step = 0;
     for (double v : values) {
@@ -99,6 +98,7 @@ TEST(MonitorFormat, EventFileReadsBackWithPythonProtobuf) {
       expected.push_back(scalar_line("Train/Samples/lr", step, v / 10));
       if (step == 48) tb.flush();
     }
+    path = tb.path();
   }
   expected.push_back("records " + std::to_string(expected.size()));
   ASSERT_EQ(dstest::files_containing(dir.path(), "events.out.tfevents.").size(), 1u);
@@ -109,13 +109,23 @@ TEST(MonitorFormat, EventFileReadsBackWithPythonProtobuf) {
   EXPECT_EQ(lines, expected);
 }
 
+TEST(MonitorFormat, NoScalarsNoEventFile) {
+  dstest::TempDir dir("ds_monitor_tb_none");
+  {
+    dm::TensorBoardWriter tb(dir.path());
+    tb.flush();
+    EXPECT_EQ(tb.path(), "");
+  }
+  EXPECT_TRUE(dstest::files_containing(dir.path(), "events.out.tfevents.").empty());
+}
+
 TEST(MonitorFormat, ReaderDetectsACorruptedRecord) {
   dstest::TempDir dir("ds_monitor_tb_bad");
   std::string path;
   {
     dm::TensorBoardWriter tb(dir.path());
-    path = tb.path();
     tb.add_scalar("Train/Samples/train_loss", 1.0, 1);
+    path = tb.path();
   }
   std::string bytes = dstest::read_bytes(path);
   bytes[bytes.size() - 6] ^= 0x01;  // inside the last record's Event bytes
@@ -144,6 +154,7 @@ TEST(MonitorConfig, OutputPathThatCannotBeCreatedNamesKeyAndPath) {
 
 TEST(MonitorConfig, OnlyTheWriterCreatesFiles) {
   dstest::TempDir dir("ds_monitor_writer");
+  EXPECT_FALSE(dm::make_monitor(deepspeed::Config{}, /*writer=*/true)->enabled());  // default: off
   deepspeed::Config c;
   c.tensorboard.enabled = c.csv_monitor.enabled = true;
   c.tensorboard.output_path = c.csv_monitor.output_path = dir.path();

@@ -4,8 +4,10 @@
 // The engine writes, on the rank that logs the step line (data-parallel rank 0; under a pipeline,
 // the last stage's), at every optimizer step, with the global sample count as x-axis:
 //   Train/Samples/train_loss, Train/Samples/lr, Train/Samples/loss_scale (fp16 only),
-//   Train/Samples/grad_norm, Train/Samples/tokens_per_second... (docs/monitoring.md lists them all)
-// Users may add their own events through Engine::monitor() (DeepSpeed's engine.monitor).
+//   Train/Samples/elapsed_time_ms_* (wall_clock_breakdown), and Train/Samples/grad_norm,
+//   step_time_ms, samples_per_second (docs/monitoring.md lists them all).
+// Users add their own events through Engine::monitor() (DeepSpeed's engine.monitor); gpt_train
+// writes Train/Samples/tokens_per_second that way.
 //
 // Thread-safety: not thread-safe; call from the training thread.
 #pragma once

@@ -28,6 +28,7 @@ FILES=(
   src/activation/checkpoint_function.cpp
   src/activation/rng_state.cpp
   src/util/allocation_meter.cpp
+  src/monitor/wall_clock.cpp
   examples/gpt/model.cpp
   tests/gpu/gpu_training_test.cpp
 )

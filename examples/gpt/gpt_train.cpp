@@ -53,6 +53,10 @@ struct Options {
   bool random_tokens = false;   // uniform random tokens of the model's vocabulary (benchmarks)
   int64_t warmup = 1;           // optimizer steps left out of the timing
   double gpu_mem_cap_gib = 0;   // cap the GPU caching allocator (0: none)
+  // Monitoring (docs/monitoring.md): --monitor_dir DIR turns on the tensorboard and csv_monitor
+  // blocks, writing into DIR/gpt_train/; --wall_clock_breakdown turns on the engine's timers.
+  std::string monitor_dir;
+  bool wall_clock_breakdown = false;
 };
 
 // Random token windows (what bench/gpu's peers train on): sample i is drawn from a generator
@@ -95,6 +99,10 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_flag("--random_tokens", o.random_tokens, "train on random tokens instead of --data");
   app.add_option("--warmup", o.warmup, "optimizer steps left out of the timing (default 1)");
   app.add_option("--gpu_mem_cap_gib", o.gpu_mem_cap_gib, "cap the GPU memory the run may take");
+  app.add_option("--monitor_dir", o.monitor_dir,
+                 "write TensorBoard event files and CSV monitor files into DIR/gpt_train/");
+  app.add_flag("--wall_clock_breakdown", o.wall_clock_breakdown,
+               "print DeepSpeed's forward/backward/step timers every steps_per_print steps");
   app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads, "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
@@ -292,6 +300,16 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   return 0;
 }
 
+// The config as given, with the monitoring flags applied on top.
+nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {
+  if (!opt.monitor_dir.empty()) {
+    for (const char* block : {"tensorboard", "csv_monitor"})
+      doc[block] = {{"enabled", true}, {"output_path", opt.monitor_dir}, {"job_name", "gpt_train"}};
+  }
+  if (opt.wall_clock_breakdown) doc["wall_clock_breakdown"] = true;
+  return doc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -355,7 +373,7 @@ int main(int argc, char** argv) try {
 
   auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
       {.model = model,
-       .config_json = config.raw,
+       .config_json = with_monitoring(config.raw, opt),
        .training_data = data,
        .optimizer = client_optimizer,
        .device = opt.device});
@@ -378,6 +396,7 @@ int main(int argc, char** argv) try {
 
   const int64_t first_step = engine->global_steps();
   auto start = std::chrono::steady_clock::now();
+  auto last_boundary = start;  // for the tokens/s event
   auto timed_from = start;  // the first step (allocation, warm-up) is left out of the averages
   while (engine->global_steps() < opt.steps) {
     auto batch = loader->next();
@@ -391,6 +410,16 @@ int main(int argc, char** argv) try {
       else if (rank0)
         std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
                     engine->last_loss());
+      // The engine does not know what a token is; the example adds the event itself.
+      const auto now = std::chrono::steady_clock::now();
+      if (auto monitor = engine->monitor(); monitor->enabled()) {
+        const double s = std::chrono::duration<double>(now - last_boundary).count();
+        const double tokens = double(engine->train_batch_size()) * opt.model.block_size;
+        if (s > 0)
+          monitor->write_events({{"Train/Samples/tokens_per_second", tokens / s,
+                                  engine->global_samples()}});
+      }
+      last_boundary = now;
       if (engine->global_steps() == first_step + opt.warmup) {
         timed_from = std::chrono::steady_clock::now();
         deepspeed::reset_device_memory_peaks(engine->device());

@@ -41,9 +41,19 @@ enum class ReduceOp { Sum, Max, Min, Avg };
 // Bytes and calls per collective kind, counted on this rank (payload bytes this rank contributes,
 // in the caller's dtype: all_reduce/broadcast/send/recv count the tensor, all_gather the input,
 // reduce_scatter the whole input; barrier counts calls only).
+// Completed collectives of one message size (comms_logger): how many, and their summed latency
+// from launch to the end of the first wait() (for an overlapped collective that includes the
+// compute it overlapped with).
+struct SizeStats {
+  int64_t calls = 0;
+  double total_ms = 0.0;
+  double max_ms = 0.0;
+};
 struct OpStats {
   int64_t calls = 0;
   int64_t bytes = 0;
+  // By message size in bytes (the tensor `bytes` counts for one call), completed calls only.
+  std::map<int64_t, SizeStats> by_size;
 };
 using CommStats = std::map<std::string, OpStats>;  // "all_reduce", "all_gather", ...
 

@@ -9,6 +9,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/lr_scheduler.h"
 #include "deepspeed/memory.h"
+#include "deepspeed/monitor.h"
 #include "deepspeed/optimizer.h"
 #include "deepspeed/topology.h"
 #include "deepspeed/zero_init.h"

@@ -25,6 +25,7 @@
 #include "deepspeed/data.h"
 #include "deepspeed/device.h"
 #include "deepspeed/memory.h"
+#include "deepspeed/monitor.h"
 
 namespace deepspeed {
 
@@ -113,6 +114,14 @@ class Engine {
   // nullptr when no training data was given.
   std::shared_ptr<DataLoader> training_dataloader() const;
   MemoryReport memory_report() const;
+  // The monitors of the config's tensorboard / csv_monitor blocks (DeepSpeed's engine.monitor):
+  // write your own events through it. Never null; disabled on ranks that do not write.
+  std::shared_ptr<monitor::Monitor> monitor() const;
+  // DeepSpeed's deepspeed.comm.log_summary(): per collective kind and message size, the count,
+  // total and average latency and the algorithmic and bus bandwidth of this rank's collectives
+  // since the engine was built. Printed on data-parallel rank 0 and returned (on every rank).
+  // Empty unless comms_logger.enabled. Not collective. Also printed when the engine is destroyed.
+  std::string comms_summary() const;
 
   // ---- checkpoints (docs/checkpoints.md) ----
   // Writes <save_dir>/<tag>/ (tag default "global_step<N>"): rank 0 the module and engine state,

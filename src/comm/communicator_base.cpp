@@ -1,4 +1,5 @@
 #include "comm/communicator_base.h"
+#include "comm/op_observer.h"
 
 #include <fmt/format.h>
 
@@ -56,6 +57,17 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
+  }
+  // The latency the comms logger reports: from here to the end of the first wait().
+  if (d.has_tensor) {
+    const int64_t bytes = d.numel * static_cast<int64_t>(c10::elementSize(d.dtype));
+    finish = [finish = std::move(finish), stats = stats_, op = d.op, bytes, t0,
+              world = d.world_size] {
+      if (finish) finish();
+      const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
+      stats->add_latency(op, bytes, ms.count());
+      notify_op_observer(op, bytes, ms.count(), world);
+    };
   }
   return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
 }

@@ -22,13 +22,13 @@ class CommunicatorBase : public Communicator {
   int world_size() const override { return world_size_; }
   int local_rank() const override { return local_rank_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
-  CommStats stats() const override { return stats_.snapshot(); }
-  void reset_stats() override { stats_.reset(); }
+  CommStats stats() const override { return stats_->snapshot(); }
+  void reset_stats() override { stats_->reset(); }
 
  protected:
   // Counts the call; `t` is the tensor whose bytes this rank contributes.
   void count(const char* op, const at::Tensor& t) {
-    stats_.add(op, static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()));
+    stats_->add(op, static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()));
   }
   // REQUIRES of all_gather/reduce_scatter: big has world_size * small.numel() elements, same dtype.
   void check_split(const char* op, const at::Tensor& big, const at::Tensor& small) const;
@@ -51,7 +51,9 @@ class CommunicatorBase : public Communicator {
   const int world_size_;
   const int local_rank_;
   const std::chrono::milliseconds timeout_;
-  StatsRecorder stats_;
+  // Shared with the Work handles, which record each collective's latency when it completes (a
+  // handle may be waited on after the communicator is gone).
+  std::shared_ptr<StatsRecorder> stats_ = std::make_shared<StatsRecorder>();
 };
 
 }  // namespace comm

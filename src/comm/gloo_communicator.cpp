@@ -180,7 +180,7 @@ class GlooCommunicator : public CommunicatorBase {
   }
 
   void barrier() override {
-    stats_.add("barrier", 0);
+    stats_->add("barrier", 0);
     launch(
         describe("barrier", at::Tensor()), [&] { return pg_->barrier(); }, nullptr)
         ->wait();

@@ -131,7 +131,7 @@ class NcclCommunicator : public CommunicatorBase {
   }
 
   void barrier() override {
-    stats_.add("barrier", 0);
+    stats_->add("barrier", 0);
     // A one-element all-reduce on this rank's GPU, waited on the host: ProcessGroupNCCL's own
     // barrier guesses the device from the rank, which is wrong for ranks sharing a node unevenly.
     at::Tensor token = at::zeros({1}, at::TensorOptions().device(device_));

@@ -37,7 +37,7 @@ class SingleProcessCommunicator : public CommunicatorBase {
   }
   WorkPtr send(at::Tensor&, int dst, int) override { throw no_peer("send", dst); }
   WorkPtr recv(at::Tensor&, int src, int) override { throw no_peer("recv", src); }
-  void barrier() override { stats_.add("barrier", 0); }
+  void barrier() override { stats_->add("barrier", 0); }
   // The only rank is alone in any group it joins.
   CommunicatorPtr split(int color, int) override {
     if (color < 0) return nullptr;

@@ -17,6 +17,14 @@ class StatsRecorder {
     s.calls += 1;
     s.bytes += bytes;
   }
+  // A collective of `bytes` finished `ms` after it was launched.
+  void add_latency(const std::string& op, int64_t bytes, double ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    SizeStats& s = stats_[op].by_size[bytes];
+    s.calls += 1;
+    s.total_ms += ms;
+    if (ms > s.max_ms) s.max_ms = ms;
+  }
   CommStats snapshot() const {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;

@@ -26,10 +26,13 @@ const SwitchedBlock kSwitchedBlocks[] = {
      "fp32 instead would silently change the run. Use \"bf16\": {\"enabled\": true} (or \"fp16\") "
      "for mixed precision, or set amp.enabled to false"},
     {"wandb", Action::kWarn,
-     "deepspeed.cpp has no Weights & Biases client, so nothing is sent to W&B; training is "
-     "unaffected"},
+     "Weights & Biases is not available in deepspeed.cpp (its client is a Python service), so "
+     "nothing is sent to W&B; use \"tensorboard\" or \"csv_monitor\" instead (same events); "
+     "training is unaffected"},
     {"comet", Action::kWarn,
-     "deepspeed.cpp has no Comet client, so nothing is sent to Comet; training is unaffected"},
+     "Comet is not available in deepspeed.cpp (its client is a Python service), so nothing is "
+     "sent to Comet; use \"tensorboard\" or \"csv_monitor\" instead (same events); training "
+     "is unaffected"},
     {"nebula", Action::kWarn,
      "the Azure Nebula checkpoint service has no counterpart here: save_checkpoint() and "
      "load_checkpoint() write and read the directories they are given (persistent_storage_path "

@@ -8,6 +8,7 @@
 #include "deepspeed/device.h"
 #include "deepspeed/optimizer.h"
 #include "device/out_of_memory.h"
+#include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
 #include "zero/client_optimizer.h"
@@ -174,6 +175,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->comm = s->topology->data_parallel();
   s->module = in.module;
   s->device = choose_device(in.device, *s->comm);
+  // Monitors first: a bad tensorboard/csv_monitor output_path fails before any real work.
+  s->monitor = std::make_shared<monitor::TrainingMonitor>(s->config, s->comm, s->device);
 
   if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
   // DeepSpeed moves the module to its device in initialize(); so do we (after the cast, so the
@@ -211,6 +214,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
         s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
         s->comm->world_size(), s->config.seed, /*shuffle=*/true, /*drop_last=*/true);
   }
+  s->monitor->mark_comms_start();
   return s;
 }
 

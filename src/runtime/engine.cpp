@@ -6,6 +6,7 @@
 
 #include "deepspeed/zero_unit.h"
 #include "device/out_of_memory.h"
+#include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
@@ -20,8 +21,13 @@ Engine::Engine(EngineStatePtr state)
 }
 Engine::~Engine() = default;
 
-void Engine::before_forward() { state_->stage->before_forward(); }
-void Engine::after_forward() {}
+using monitor::Phase;
+
+void Engine::before_forward() {
+  state_->monitor->timers().start(Phase::kForward);
+  state_->stage->before_forward();
+}
+void Engine::after_forward() { state_->monitor->timers().stop(Phase::kForward); }
 
 bool Engine::is_gradient_accumulation_boundary() const {
   return (state_->micro_steps + 1) % state_->config.gradient_accumulation_steps == 0;
@@ -50,6 +56,8 @@ void Engine::report_torch_error(const char* phase, const c10::Error& error) cons
 // hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
   auto& s = *state_;
+  auto& timers = s.monitor->timers();
+  timers.start(Phase::kBackward);
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
   at::Tensor scaled = loss;
   if (s.config.gradient_accumulation_steps > 1) scaled = loss / s.config.gradient_accumulation_steps;
@@ -65,8 +73,13 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
 
   const bool boundary = is_gradient_accumulation_boundary();
   s.stage->begin_backward(boundary);
+  timers.start(Phase::kBackwardInner);
   to_differentiate.backward();
+  timers.stop(Phase::kBackwardInner);
+  timers.start(Phase::kBackwardReduce);
   s.stage->end_backward(boundary);
+  timers.stop(Phase::kBackwardReduce);
+  timers.stop(Phase::kBackward);
   return scaled;
 } catch (const c10::Error& e) {
   report_torch_error("backward", e);
@@ -74,8 +87,11 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
 
 void Engine::step() try {
   auto& s = *state_;
+  auto& timers = s.monitor->timers();
+  timers.start(Phase::kStep);
   if (!is_gradient_accumulation_boundary()) {
     ++s.micro_steps;
+    timers.stop(Phase::kStep);
     return;
   }
   TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
@@ -119,7 +135,13 @@ void Engine::step() try {
   StepLogLine line{s.global_steps, s.last_loss, get_lr(), s.last_grad_norm,
                    s.config.train_batch_size, s.skipped_steps,
                    s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
-  s.log.on_step(line, s.config.steps_per_print, s.log_steps && s.comm->rank() == 0);
+  timers.stop(Phase::kStep);
+  const bool writer = s.log_steps && s.comm->rank() == 0;
+  s.log.on_step(line, s.config.steps_per_print, writer);
+  s.monitor->on_step({s.global_steps, s.global_samples, s.last_loss,
+                      line.lr.empty() ? 0.0 : line.lr[0], s.loss_scaler->scale(),
+                      s.config.fp16.enabled, s.last_grad_norm, s.config.train_batch_size},
+                     writer);
 } catch (const c10::Error& e) {
   report_torch_error("step", e);
 }
@@ -152,6 +174,10 @@ std::shared_ptr<torch::optim::Optimizer> Engine::optimizer() const { return stat
 std::shared_ptr<LRScheduler> Engine::lr_scheduler() const { return state_->scheduler; }
 std::shared_ptr<DataLoader> Engine::training_dataloader() const { return state_->loader; }
 MemoryReport Engine::memory_report() const { return state_->stage->memory(); }
+std::shared_ptr<monitor::Monitor> Engine::monitor() const { return state_->monitor->monitor(); }
+std::string Engine::comms_summary() const {
+  return state_->monitor->comms_summary(/*print=*/state_->comm->rank() == 0);
+}
 
 GatheredParameters& GatheredParameters::operator=(GatheredParameters&& o) noexcept {
   if (this != &o) {

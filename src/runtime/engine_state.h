@@ -16,6 +16,9 @@
 #include "zero/stage.h"
 
 namespace deepspeed {
+namespace monitor {
+class TrainingMonitor;
+}  // namespace monitor
 
 struct EngineState {
   Config config;
@@ -43,6 +46,9 @@ struct EngineState {
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   at::Tensor loss_since_boundary;  // sum of the GAS-scaled micro losses since the last step
   ThroughputLog log;
+  // Monitors, wall_clock_breakdown timers and the comms logger (src/monitor/training_monitor.h).
+  // Never null after build_engine_state.
+  std::shared_ptr<monitor::TrainingMonitor> monitor;
   // Whether this engine prints the steps_per_print line (on its data-parallel rank 0). A pipeline
   // turns it off on all but the last stage, the only one that knows the loss when it steps.
   bool log_steps = true;

@@ -174,7 +174,7 @@ WorkPtr FakeCommunicator::recv(at::Tensor& tensor, int src, int) {
 
 void FakeCommunicator::barrier() {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.add("barrier", 0);
+  stats_->add("barrier", 0);
   calls_.push_back(record("barrier", at::Tensor()));
 }
 

@@ -139,8 +139,9 @@ TEST(ConfigUnprovidedBlocks, EachSwitchedOnBlockIsWarnedOnceOrRefused) {
   const Switched cases[] = {
       {R"({"amp": {"enabled": true, "opt_level": "O1"}})", "amp.enabled", true, "bf16"},
       {R"({"wandb": {"enabled": true, "project": "p"}})", "wandb.enabled", false,
-       "nothing is sent to W&B"},
-      {R"({"comet": {"enabled": true}})", "comet.enabled", false, "nothing is sent to Comet"},
+       "use \"tensorboard\" or \"csv_monitor\""},
+      {R"({"comet": {"enabled": true}})", "comet.enabled", false,
+       "nothing is sent to Comet; use \"tensorboard\" or \"csv_monitor\""},
       {R"({"comms_config": {"enabled": true}})", "comms_config", false, "comms_logger"},
       {R"({"nebula": {"enabled": true, "persistent_storage_path": "/x"}})", "nebula.enabled", false,
        "save_checkpoint()"},

@@ -1,0 +1,93 @@
+#include "monitor/comms_summary.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "monitor/csv_writer.h"
+
+namespace deepspeed {
+namespace monitor {
+namespace {
+
+bool gathers(const std::string& op) {
+  return op == "all_gather" || op == "reduce_scatter" || op == "reduce_scatter_v";
+}
+
+// DeepSpeed's message size from the bytes our stats recorded for one call.
+double deepspeed_size(const std::string& op, int64_t recorded, int world_size) {
+  if (op == "reduce_scatter" || op == "reduce_scatter_v")
+    return static_cast<double>(recorded) / world_size;
+  return static_cast<double>(recorded);
+}
+
+std::string pad(const std::string& s, size_t width = 20) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::string fixed2(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string convert_size(int64_t bytes) {
+  if (bytes <= 0) return "0B";
+  static const char* const kNames[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  int i = static_cast<int>(std::floor(std::log(static_cast<double>(bytes)) / std::log(1024.0)));
+  if (i < 0) i = 0;
+  if (i > 6) i = 6;
+  const double scaled = std::round(bytes / std::pow(1024.0, i) * 100.0) / 100.0;
+  return python_float_repr(scaled) + " " + kNames[i];
+}
+
+std::pair<double, double> bandwidth_gbps(const std::string& op, double size, double ms,
+                                         int world_size) {
+  if (ms <= 0.0) return {0.0, 0.0};
+  const double n = world_size;
+  double algbw = 0.0, busbw = 0.0;  // bytes per ms
+  if (op == "all_reduce") {
+    algbw = 2.0 * size / ms;
+    busbw = size / ms * (2.0 * (n - 1.0) / n);
+  } else if (gathers(op)) {
+    algbw = size * n / ms;
+    busbw = algbw * ((n - 1.0) / n);
+  } else {
+    algbw = busbw = size / ms;
+  }
+  // bytes/ms -> Gbit/s: ·8 bits, ·1e3 ms/s, /1e9 (DeepSpeed: ·8 / 1e6).
+  return {algbw * 8.0 / 1e6, busbw * 8.0 / 1e6};
+}
+
+std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size) {
+  const double size = deepspeed_size(op, bytes, world_size);
+  const auto [algbw, busbw] = bandwidth_gbps(op, size, ms, world_size);
+  return "comm op: " + op + " | time (ms): " + fixed2(ms) +
+         " | msg size: " + convert_size(static_cast<int64_t>(size)) +
+         " | algbw (Gbps): " + fixed2(algbw) + " | busbw (Gbps): " + fixed2(busbw);
+}
+
+std::string comms_summary_table(const comm::CommStats& stats, int world_size,
+                                const std::set<std::string>& prof_ops) {
+  std::string out = pad("Comm. Op") + pad("Message Size") + pad("Count") +
+                    pad("Total Latency(ms)") + pad("Avg Latency(ms)") + pad("tput_avg (Gbps)") +
+                    pad("busbw_avg (Gbps)") + "\n";
+  for (const auto& [op, s] : stats) {
+    if (s.by_size.empty()) continue;
+    if (!prof_ops.empty() && !prof_ops.count(op)) continue;
+    out += op + "\n";
+    for (const auto& [bytes, sz] : s.by_size) {
+      const double size = deepspeed_size(op, bytes, world_size);
+      const double avg = sz.calls ? sz.total_ms / sz.calls : 0.0;
+      const auto [algbw, busbw] = bandwidth_gbps(op, size, avg, world_size);
+      out += pad("") + pad(convert_size(static_cast<int64_t>(size))) +
+             pad(std::to_string(sz.calls)) + pad(fixed2(sz.total_ms)) + pad(fixed2(avg)) +
+             pad(fixed2(algbw)) + pad(fixed2(busbw)) + "\n";
+    }
+  }
+  return out;
+}
+
+}  // namespace monitor
+}  // namespace deepspeed

@@ -1,0 +1,44 @@
+// comms_logger: DeepSpeed's deepspeed.comm.log_summary() table and verbose lines, from the
+// communicator's per-op, per-message-size statistics (comm::CommStats).
+//
+// Message size is DeepSpeed's: the bytes of the per-rank buffer the op is named after — the
+// tensor for all_reduce/broadcast/send/recv, the input of all_gather, the output of
+// reduce_scatter (our stats record reduce_scatter's whole input; it is divided by the world
+// size here). Bandwidths follow DeepSpeed's calc_bw_log, in Gbps, from the mean latency:
+//   all_reduce:        algbw = 2·size/t      busbw = size/t · 2(n−1)/n
+//   all_gather, reduce_scatter(_v): algbw = n·size/t   busbw = algbw · (n−1)/n
+//   broadcast, send, recv: algbw = busbw = size/t
+// Latency is from launch to the end of the first wait() (DeepSpeed times each op
+// synchronously; an op overlapped with compute reads longer here). DeepSpeed's averages trim 10%
+// outliers; these are plain means. `debug` (caller names in op names) is not provided: C++ has no
+// cheap caller frames.
+#pragma once
+#include <set>
+#include <string>
+
+#include "deepspeed/comm.h"
+
+namespace deepspeed {
+namespace monitor {
+
+// "0B", "512 B"... DeepSpeed's convert_size: 1024-based, value rounded to 2 decimals as Python
+// prints it ("1.0 KB", "3.75 MB").
+std::string convert_size(int64_t bytes);
+
+// The table: a header row, then per op its name and one row per message size (ascending):
+// size, count, total latency (ms), average latency (ms), algbw (Gbps), busbw (Gbps).
+// `prof_ops` non-empty: only those ops (comms_logger.prof_all false).
+std::string comms_summary_table(const comm::CommStats& stats, int world_size,
+                                const std::set<std::string>& prof_ops = {});
+
+// comms_logger.verbose: DeepSpeed's line for one completed collective (`bytes` as our stats
+// record it), e.g. "comm op: all_reduce | time (ms): 0.12 | msg size: 4.0 KB | algbw (Gbps): 0.53 |
+// busbw (Gbps): 0.27".
+std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size);
+
+// (algbw, busbw) in Gbps of one op of `size` DeepSpeed bytes taking `ms` milliseconds.
+std::pair<double, double> bandwidth_gbps(const std::string& op, double size, double ms,
+                                         int world_size);
+
+}  // namespace monitor
+}  // namespace deepspeed

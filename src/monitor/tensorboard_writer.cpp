@@ -1,0 +1,93 @@
+#include "monitor/tensorboard_writer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+
+#include "monitor/append_file.h"
+#include "monitor/tfrecord.h"
+#ifdef DS_WITH_PROTOBUF
+#include "tensorboard_event.pb.h"
+#endif
+
+namespace deepspeed {
+namespace monitor {
+namespace {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+std::atomic<int> files_opened{0};
+
+}  // namespace
+
+std::string event_file_name(int64_t unix_seconds, const std::string& host, int pid, int n) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%010lld", static_cast<long long>(unix_seconds));
+  return std::string("events.out.tfevents.") + seconds + "." + host + "." + std::to_string(pid) +
+         "." + std::to_string(n);
+}
+
+#ifdef DS_WITH_PROTOBUF
+
+void TensorBoardWriter::open() {
+  const double t = now_seconds();
+  path_ = log_dir_ + "/" +
+          event_file_name(static_cast<int64_t>(t), host_name(), static_cast<int>(::getpid()),
+                          files_opened++);
+  fd_ = open_for_append(path_);
+  tensorboard::Event version;
+  version.set_wall_time(t);
+  version.set_step(0);
+  version.set_file_version("brain.Event:2");
+  append_tfrecord(pending_, version.SerializeAsString());
+  flush();
+}
+
+void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
+  if (fd_ < 0) open();
+  tensorboard::Event event;
+  event.set_wall_time(now_seconds());
+  event.set_step(step);
+  tensorboard::Summary::Value* v = event.mutable_summary()->add_value();
+  v->set_tag(tag);
+  v->set_simple_value(static_cast<float>(value));
+  append_tfrecord(pending_, event.SerializeAsString());
+}
+
+#else  // built without protobuf: make_monitor refuses tensorboard.enabled before we get here
+
+void TensorBoardWriter::open() {
+  throw Error("TensorBoard event files need protobuf: this build has none (install "
+              "libprotobuf-dev and protobuf-compiler and reconfigure)");
+}
+void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) { open(); }
+
+#endif
+
+void TensorBoardWriter::flush() {
+  if (pending_.empty() || fd_ < 0) return;
+  write_all(fd_, pending_, path_);
+  pending_.clear();
+}
+
+TensorBoardWriter::~TensorBoardWriter() {
+  try {
+    flush();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[deepspeed] tensorboard: %s\n", e.what());
+  }
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace monitor
+}  // namespace deepspeed

@@ -1,0 +1,70 @@
+// What the engine reports while it trains: the monitors' events (tensorboard, csv_monitor), the
+// wall_clock_breakdown timers and the comms_logger summary. One per engine; the engine calls it
+// at fixed points of its loop (src/runtime/engine.cpp) and it decides, from the config, what
+// each call does. With every block off a call costs a branch.
+// Not thread-safe: the training thread only.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "comm/op_observer.h"
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/monitor.h"
+#include "monitor/wall_clock.h"
+
+namespace deepspeed {
+namespace monitor {
+
+// One optimizer step as the engine saw it.
+struct StepRecord {
+  int64_t global_steps = 0;
+  int64_t global_samples = 0;  // the x-axis of every event
+  double loss = 0.0;           // mean over data-parallel ranks of the GAS-summed micro losses
+  double lr = 0.0;             // first parameter group's
+  double loss_scale = 0.0;     // written only with fp16
+  bool fp16 = false;
+  double grad_norm = 0.0;
+  int64_t samples_per_step = 0;  // train_batch_size
+};
+
+class TrainingMonitor {
+ public:
+  // `comm`: the engine's data-parallel communicator (its rank 0 writes the monitors and prints).
+  // Creates the monitors' directories now, so a bad output_path fails in initialize().
+  TrainingMonitor(const Config& config, comm::CommunicatorPtr comm, c10::Device device);
+  ~TrainingMonitor();  // flushes the monitors; prints the comms summary when comms_logger is on
+
+  WallClockTimers& timers() { return timers_; }
+  std::shared_ptr<Monitor> monitor() const { return monitor_; }
+
+  // After every optimizer step. `writer`: whether this rank writes (the engine's logging rank).
+  // Sends the step's events; every steps_per_print steps prints the timer lines and flushes.
+  void on_step(const StepRecord& step, bool writer);
+
+  // From now on the comms_logger counts (initialize() calls it when the engine is built, so its
+  // own weight broadcast is left out).
+  void mark_comms_start() { baseline_ = comm_->stats(); }
+  // The comms_logger table (empty when comms_logger is off); printed when `print`.
+  std::string comms_summary(bool print) const;
+
+ private:
+  std::vector<Event> step_events(const StepRecord& step);
+
+  Config config_;
+  comm::CommunicatorPtr comm_;
+  std::shared_ptr<Monitor> monitor_;
+  WallClockTimers timers_;
+  std::set<std::string> prof_ops_;
+  comm::CommStats baseline_;  // the communicator's stats when the engine was built
+  // comms_logger.verbose on the printing rank: prints each completed collective.
+  std::shared_ptr<const comm::OpObserver> verbose_;
+  std::chrono::steady_clock::time_point last_step_end_;
+};
+
+}  // namespace monitor
+}  // namespace deepspeed

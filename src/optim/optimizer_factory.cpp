@@ -20,11 +20,11 @@ using optim::check_range;
 using optim::ParamReader;
 using optim::reject_unread;
 
-const std::vector<std::string> kSupported = {"Adam", "AdamW", "SGD", "Adagrad", "Lamb",
-                                             "OneBitAdam"};
+const std::vector<std::string> kSupported = {"Adam", "AdamW",      "SGD",        "Adagrad",
+                                             "Lamb", "OneBitAdam", "ZeroOneAdam"};
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
-const std::vector<std::string> kNotImplemented = {"ZeroOneAdam", "OneBitLamb", "Lion",
-                                                  "MuAdam",      "MuAdamW",    "MuSGD"};
+const std::vector<std::string> kNotImplemented = {"OneBitLamb", "Lion", "MuAdam", "MuAdamW",
+                                                  "MuSGD"};
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -179,8 +179,8 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
     }
     return std::make_shared<optim::Lamb>(std::move(params), optim::parse_lamb_params(config));
   }
-  if (type == "OneBitAdam")
-    throw ConfigError("optimizer.type \"OneBitAdam\": its momentum all-reduce is a collective of "
+  if (type == "OneBitAdam" || type == "ZeroOneAdam")
+    throw ConfigError("optimizer.type \"" + type + "\": its momentum all-reduce is a collective of "
                       "the engine's data-parallel group, so only deepspeed::initialize() builds "
                       "it (make_optimizer cannot)");
   return build_adagrad(config, std::move(groups));

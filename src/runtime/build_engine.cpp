@@ -12,6 +12,7 @@
 #include "optim/fused_adam.h"
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
+#include "optim/zero_one_adam.h"
 #include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
@@ -73,6 +74,9 @@ zero::OptimizerFactory optimizer_factory(const Config& config, comm::Communicato
     if (type == "OneBitAdam")
       return std::make_shared<optim::OneBitAdam>(
           std::move(params), optim::parse_onebit_adam_params(*config.optimizer), comm);
+    if (type == "ZeroOneAdam")
+      return std::make_shared<optim::ZeroOneAdam>(
+          std::move(params), optim::parse_zero_one_adam_params(*config.optimizer), comm);
     return make_optimizer(*config.optimizer, std::move(params));
   };
 }

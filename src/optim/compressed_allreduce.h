@@ -17,8 +17,11 @@
 //            server_error = a - sscale_i·sign(a)
 //   phase 2: all_gather of (packed sign(a), sscales); every rank decodes all rows and writes
 //            sign·sscale back into the tensors (padding dropped).
-// Bytes this rank sends: phase 1 (W-1)/W·(S/8 + 4P)·... ≈ (W-1)/W · Σ n_i/8, phase 2 the same:
-// 1/32 of a ring all-reduce's 2(W-1)/W · 4 Σ n_i, plus 4 bytes per tensor and chunk.
+// Bytes this rank puts on the wire, for n = Σ n_i elements: phase 1 ≈ (W-1)/W · n/8, phase 2
+// (W-1)/W · n/8 (its chunk to each of the W-1 others), plus 4 bytes per tensor and message:
+// 1/32 of a ring all-reduce's 2(W-1)/W · 4n. The communicator's counters (stats()) count the
+// all-to-all's whole input and the all-gather's input, ≈ n/8 + n/(8W): (W+1)/(32W) of the 4n an
+// fp32 all-reduce counts (3/64 at W = 2).
 // Error feedback: what compression drops this call is added back the next, so the running sum
 // of the results tracks the running sum of the true averages to within the current errors:
 //   Σ_t out_t = Σ_t avg_w(x_{w,t}) - avg_w(worker_error_w) - server_error   (exactly, in reals).

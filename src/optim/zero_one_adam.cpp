@@ -94,7 +94,10 @@ void ZeroOneAdam::compressed_gradient_step() {
 void ZeroOneAdam::local_step(int64_t step) {
   auto params = params_with_state();
   if (u_.empty())
-    for (auto& x : params) u_.push_back(torch::zeros_like(x.p));
+    for (auto& x : params) {
+      u_.push_back(torch::zeros_like(x.p));
+      synced_.push_back(x.p.clone());
+    }
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->step(s->step() + 1);
@@ -112,14 +115,17 @@ void ZeroOneAdam::local_step(int64_t step) {
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     denoms.push_back(s->exp_avg_sq().sqrt() + o->eps());
-    p.sub_(u_[i]);           // undo the local updates since the last sync
-    u_[i].mul_(denoms[i]);   // into momentum units
+    u_[i].mul_(denoms[i]);  // into momentum units
   }
   compress(u_);
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->exp_avg().copy_(u_[i]).div_(-lr_sum_);
-    p.add_(u_[i] / denoms[i]);
+    // The local updates are undone by going back to the parameters of the last sync (DeepSpeed
+    // subtracts u instead, which leaves each rank its own rounding residue: ranks drift apart
+    // by ~1e-7 per sync; this way they stay bit-identical).
+    p.copy_(synced_[i] + u_[i] / denoms[i]);
+    synced_[i].copy_(p);
     u_[i].zero_();
   }
   lr_sum_ = 0;
@@ -152,6 +158,7 @@ void ZeroOneAdam::replay_schedule(int64_t steps) {
   for (int64_t t = 1; t <= steps; ++t) advance_schedule(t);
   lr_sum_ = 0;
   u_.clear();
+  synced_.clear();
   if (compressor_) compressor_->reset_errors();
 }
 

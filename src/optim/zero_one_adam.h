@@ -10,9 +10,11 @@
 //  2. 1-bit sync with local steps (the variance is frozen). Every step
 //     is local: m = β1·m + (1-β1)·g with this rank's own gradient, p -= lr·(m/(sqrt(v)+eps) +
 //     wd·p), and the update is also accumulated into u (Σ of -lr·update). Every local_interval
-//     steps the ranks synchronise: the local updates are undone (p -= u), u is brought to
-//     momentum units (u ·= sqrt(v)+eps), averaged with the compressed all-reduce, the momentum
-//     becomes -u/Σlr and p += u/(sqrt(v)+eps). Steps between syncs issue no collective at all.
+//     steps the ranks synchronise: u is brought to momentum units (u ·= sqrt(v)+eps), averaged
+//     with the compressed all-reduce, the momentum becomes -u/Σlr, and p = p_sync +
+//     u/(sqrt(v)+eps) with p_sync the parameters at the last sync (DeepSpeed computes p - u +
+//     u/(...), equal in exact arithmetic; going back to p_sync keeps the ranks bit-identical
+//     where p - u leaves each its own rounding residue; costs one copy of the parameters). Steps between syncs issue no collective at all.
 //     local_interval starts at 1 and doubles after every local_step_scaler steps, up to
 //     local_step_clipper.
 // The error-feedback buffers serve both phases and are zeroed once at the switch (as DeepSpeed).
@@ -70,6 +72,7 @@ class ZeroOneAdam : public FusedAdam, public SelfCommunicatingOptimizer {
   int64_t local_interval_ = 1, local_counter_ = 0;
   double lr_sum_ = 0;          // Σ lr over the local steps since the last sync
   std::vector<at::Tensor> u_;  // Σ of -lr·update since the last sync, per parameter
+  std::vector<at::Tensor> synced_;  // the parameters at the last sync (identical on all ranks)
   int64_t last_step_ = 0;      // the step count this optimizer last wrote
 };
 

@@ -316,3 +316,26 @@ TEST(OneBitAdam, TrainsTheGptWithinFivePercentOfAdam) {
   EXPECT_LT(std::abs(ob - ad) / ad, 0.05);
   EXPECT_LT(ob, onebit.losses.front() - 0.3);
 }
+
+// The collective phase 1 stands on: chunk j of rank i's input lands in chunk i of rank j's
+// output, for uint8 (the packed signs) and float.
+TEST(CompressedAllReduce, AllToAllSendsChunkJToRankJ) {
+  const int W = 3;
+  std::mutex mu;
+  int wrong = 0;
+  run_ranks(W, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const int me = comm->rank();
+    for (auto dtype : {torch::kUInt8, torch::kFloat}) {
+      // input[j][k] = 10·me + j (k: 2 elements per chunk); expected output[i][k] = 10·i + me.
+      auto input = (torch::arange(W).repeat_interleave(2) + 10 * me).to(dtype);
+      auto output = torch::empty({2 * W}, dtype);
+      comm->all_to_all(output, input)->wait();
+      auto expected = (torch::arange(W).repeat_interleave(2) * 10 + me).to(dtype);
+      if (!output.equal(expected)) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++wrong;
+      }
+    }
+  });
+  EXPECT_EQ(wrong, 0);
+}

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace deepspeed {
@@ -13,23 +14,6 @@ namespace {
 at::Tensor bit_weights() {
   return torch::tensor({128, 64, 32, 16, 8, 4, 2, 1}, torch::kUInt8);
 }
-
-// fp32 [n] -> its bytes, uint8 [4n]; and back.
-at::Tensor float_bytes(const at::Tensor& f) {
-  at::Tensor c = f.to(torch::kFloat).contiguous();
-  at::Tensor out = torch::empty({c.numel() * 4}, torch::kUInt8);
-  if (c.numel() > 0) std::memcpy(out.data_ptr(), c.data_ptr(), c.numel() * 4);
-  return out;
-}
-at::Tensor bytes_float(const at::Tensor& b) {
-  at::Tensor c = b.contiguous();
-  at::Tensor out = torch::empty({c.numel() / 4}, torch::kFloat);
-  if (c.numel() > 0) std::memcpy(out.data_ptr(), c.data_ptr(), c.numel());
-  return out;
-}
-
-// ±1 with sign(0) = +1: DeepSpeed's x.sign().add_(1).bool() read as ±1.
-at::Tensor signs_of(const at::Tensor& x) { return x.ge(0).to(torch::kFloat).mul_(2).sub_(1); }
 
 }  // namespace
 
@@ -53,16 +37,13 @@ at::Tensor unpack_signs(const at::Tensor& bytes) {
 CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels)
     : comm_(std::move(comm)), numels_(std::move(numels)) {
   const int64_t w = comm_->world_size();
-  std::vector<int64_t> owner;
   for (size_t i = 0; i < numels_.size(); ++i) {
     const int64_t unit = 8 * w;
     const int64_t padded = (numels_[i] + unit - 1) / unit * unit;
     chunk_.push_back(padded / w);
     offset_.push_back(row_);
     row_ += chunk_.back();
-    owner.insert(owner.end(), chunk_.back(), static_cast<int64_t>(i));
   }
-  segment_of_ = torch::tensor(owner, torch::kLong);
   reset_errors();
 }
 
@@ -71,75 +52,122 @@ void CompressedAllReduce::reset_errors() {
   server_error_ = torch::zeros({row_}, torch::kFloat);
 }
 
-at::Tensor CompressedAllReduce::to_rows(const std::vector<at::Tensor>& tensors) const {
-  const int64_t w = comm_->world_size();
-  at::Tensor rows = torch::empty({w, row_}, torch::kFloat);
-  for (size_t i = 0; i < numels_.size(); ++i) {
-    at::Tensor flat = tensors[i].reshape({-1}).to(torch::kFloat);
-    at::Tensor padded = torch::constant_pad_nd(flat, {0, w * chunk_[i] - numels_[i]}, 0);
-    rows.narrow(1, offset_[i], chunk_[i]).copy_(padded.view({w, chunk_[i]}));
+namespace {
+
+// ±scale by bit k of a packed byte (most significant first).
+inline float signed_scale(const uint8_t* bytes, int64_t k, float scale) {
+  return (bytes[k >> 3] >> (7 - (k & 7))) & 1 ? scale : -scale;
+}
+
+// x[0, n) (n a multiple of 8) -> packed signs in out[0, n/8); x becomes x - scale·sign(x).
+void compress_in_place(float* x, int64_t n, float scale, uint8_t* out) {
+  for (int64_t k = 0; k < n; k += 8) {
+    uint8_t byte = 0;
+    for (int b = 0; b < 8; ++b) {
+      const bool pos = x[k + b] >= 0.0f;
+      byte |= static_cast<uint8_t>(pos) << (7 - b);
+      x[k + b] -= pos ? scale : -scale;
+    }
+    out[k >> 3] = byte;
   }
-  return rows;
 }
 
-// rows: [R, S] -> [R, P] when per_chunk (each row's chunk of tensor i over c_i), else [P] (the
-// whole padded tensor i over C_i = W·c_i).
-at::Tensor CompressedAllReduce::scales(const at::Tensor& rows, bool per_chunk) const {
-  const int64_t p = static_cast<int64_t>(numels_.size());
-  at::Tensor squares = rows.pow(2);
-  if (!per_chunk) squares = squares.sum(0, /*keepdim=*/true);
-  at::Tensor sums = torch::zeros({squares.size(0), p}, torch::kFloat)
-                        .index_add_(1, segment_of_, squares);
-  std::vector<float> counts(p);
-  for (int64_t i = 0; i < p; ++i)
-    counts[i] = static_cast<float>(std::max<int64_t>(1, chunk_[i] * (per_chunk ? 1 : rows.size(0))));
-  at::Tensor result = sums.div_(torch::tensor(counts)).sqrt_();
-  return per_chunk ? result : result.squeeze(0);
+double squares(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t k = 0; k < n; ++k) s += static_cast<double>(x[k]) * x[k];
+  return s;
 }
 
-at::Tensor CompressedAllReduce::expand(const at::Tensor& s) const {
-  return s.index_select(-1, segment_of_);
+float rms(double squares, int64_t count) {
+  return count > 0 ? static_cast<float>(std::sqrt(squares / static_cast<double>(count))) : 0.0f;
 }
 
+}  // namespace
+
+// The arithmetic runs as plain loops over the row buffers (one pass each for compensation,
+// norms, and sign/pack/error), which on one CPU core is several times faster than the same
+// steps as tensor operations; the message layout is the one pack_signs() documents.
 void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
   TORCH_CHECK(tensors.size() == numels_.size(), "CompressedAllReduce::run: ", tensors.size(),
               " tensors, built for ", numels_.size());
+  for (size_t i = 0; i < tensors.size(); ++i)
+    TORCH_CHECK(tensors[i].numel() == numels_[i] && tensors[i].scalar_type() == at::kFloat &&
+                    tensors[i].is_contiguous() && tensors[i].is_cpu(),
+                "CompressedAllReduce::run: tensor ", i, " must be a contiguous fp32 CPU tensor of ",
+                numels_[i], " elements");
   torch::NoGradGuard no_grad;
-  const int64_t w = comm_->world_size();
-  const int64_t p = static_cast<int64_t>(numels_.size());
-  const int64_t sign_bytes = row_ / 8, msg = sign_bytes + 4 * p;
+  const int64_t w = comm_->world_size(), s = row_;
+  const size_t p = numels_.size();
+  const int64_t sign_bytes = s / 8, msg = sign_bytes + 4 * static_cast<int64_t>(p);
 
-  // Worker: compensate, compress, keep what compression dropped.
-  at::Tensor b = to_rows(tensors).add_(worker_error_);
-  at::Tensor scale = scales(b, /*per_chunk=*/false);  // [P]
-  worker_error_ = b - signs_of(b) * expand(scale);
+  // Worker: b = x + worker_error, built in the error buffer itself (row r, chunk r of each
+  // tensor; zero padding past its end).
+  float* b = worker_error_.data_ptr<float>();
+  std::vector<float> scale(p);
+  for (size_t i = 0; i < p; ++i) {
+    const float* x = tensors[i].data_ptr<float>();
+    double sq = 0;
+    for (int64_t r = 0; r < w; ++r) {
+      float* row = b + r * s + offset_[i];
+      const int64_t begin = r * chunk_[i];
+      const int64_t have = std::max<int64_t>(0, std::min(chunk_[i], numels_[i] - begin));
+      for (int64_t k = 0; k < have; ++k) row[k] += x[begin + k];
+      sq += squares(row, chunk_[i]);
+    }
+    scale[i] = rms(sq, w * chunk_[i]);  // ‖b_i‖ / sqrt(C_i)
+  }
   at::Tensor send = torch::empty({w, msg}, torch::kUInt8);
-  send.narrow(1, 0, sign_bytes).copy_(pack_signs(b));
-  send.narrow(1, sign_bytes, 4 * p).copy_(float_bytes(scale).unsqueeze(0).expand({w, 4 * p}));
+  uint8_t* out = send.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < w; ++r) {
+    for (size_t i = 0; i < p; ++i)
+      compress_in_place(b + r * s + offset_[i], chunk_[i], scale[i],
+                        out + r * msg + offset_[i] / 8);
+    std::memcpy(out + r * msg + sign_bytes, scale.data(), 4 * p);
+  }
 
   // Phase 1: row r to server r.
   at::Tensor recv = torch::empty({w, msg}, torch::kUInt8);
   comm_->all_to_all(recv, send)->wait();
 
-  // Server: average this rank's chunks, compensate, compress again.
-  at::Tensor worker_signs = unpack_signs(recv.narrow(1, 0, sign_bytes));            // [W, S]
-  at::Tensor worker_scales = bytes_float(recv.narrow(1, sign_bytes, 4 * p)).view({w, p});
-  at::Tensor a = (worker_signs * expand(worker_scales.mul(1.0 / w))).sum(0).add_(server_error_);
-  at::Tensor sscale = scales(a.unsqueeze(0), /*per_chunk=*/true).squeeze(0);      // [P]
-  server_error_ = a - signs_of(a) * expand(sscale);
+  // Server: a = Σ_w scale_w/W · sign_w + server_error, then compress again; the server error
+  // buffer becomes a and then a - sscale·sign(a).
+  const uint8_t* in = recv.data_ptr<uint8_t>();
+  at::Tensor avg = torch::zeros({s}, torch::kFloat);
+  float* a = avg.data_ptr<float>();
+  for (int64_t v = 0; v < w; ++v) {
+    std::vector<float> their(p);
+    std::memcpy(their.data(), in + v * msg + sign_bytes, 4 * p);
+    const uint8_t* bits = in + v * msg;
+    for (size_t i = 0; i < p; ++i) {
+      const float sv = their[i] * (1.0f / static_cast<float>(w));
+      for (int64_t k = offset_[i]; k < offset_[i] + chunk_[i]; ++k) a[k] += signed_scale(bits, k, sv);
+    }
+  }
+  float* e = server_error_.data_ptr<float>();
+  for (int64_t k = 0; k < s; ++k) e[k] += a[k];
   at::Tensor mine = torch::empty({msg}, torch::kUInt8);
-  mine.narrow(0, 0, sign_bytes).copy_(pack_signs(a));
-  mine.narrow(0, sign_bytes, 4 * p).copy_(float_bytes(sscale));
+  uint8_t* mine_bytes = mine.data_ptr<uint8_t>();
+  std::vector<float> sscale(p);
+  for (size_t i = 0; i < p; ++i) {
+    sscale[i] = rms(squares(e + offset_[i], chunk_[i]), chunk_[i]);  // ‖a_i‖ / sqrt(c_i)
+    compress_in_place(e + offset_[i], chunk_[i], sscale[i], mine_bytes + offset_[i] / 8);
+  }
+  std::memcpy(mine_bytes + sign_bytes, sscale.data(), 4 * p);
 
-  // Phase 2: every server's compressed chunks to everyone.
+  // Phase 2: every server's compressed chunks to everyone; decode straight into the tensors.
   at::Tensor all = torch::empty({w * msg}, torch::kUInt8);
   comm_->all_gather(all, mine)->wait();
-  all = all.view({w, msg});
-  at::Tensor server_scales = bytes_float(all.narrow(1, sign_bytes, 4 * p)).view({w, p});
-  at::Tensor rows = unpack_signs(all.narrow(1, 0, sign_bytes)).mul_(expand(server_scales));
-  for (size_t i = 0; i < numels_.size(); ++i) {
-    at::Tensor whole = rows.narrow(1, offset_[i], chunk_[i]).reshape({-1});
-    tensors[i].view({-1}).copy_(whole.narrow(0, 0, numels_[i]));
+  const uint8_t* got = all.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < w; ++r) {
+    std::vector<float> theirs(p);
+    std::memcpy(theirs.data(), got + r * msg + sign_bytes, 4 * p);
+    for (size_t i = 0; i < p; ++i) {
+      float* x = tensors[i].data_ptr<float>();
+      const int64_t begin = r * chunk_[i];
+      const int64_t have = std::max<int64_t>(0, std::min(chunk_[i], numels_[i] - begin));
+      for (int64_t k = 0; k < have; ++k)
+        x[begin + k] = signed_scale(got + r * msg, offset_[i] + k, theirs[i]);
+    }
   }
 }
 

@@ -54,16 +54,10 @@ class CompressedAllReduce {
   int64_t chunk_offset(size_t i) const { return offset_[i]; }        // where chunk i lies in a row
 
  private:
-  at::Tensor to_rows(const std::vector<at::Tensor>& tensors) const;  // [W, S], padded
-  // Per tensor: ‖rows[:, chunk i]‖ / sqrt(numel), over the given rows.
-  at::Tensor scales(const at::Tensor& rows, bool per_chunk) const;
-  at::Tensor expand(const at::Tensor& scales) const;  // [.., P] -> [.., S]
-
   comm::CommunicatorPtr comm_;
   std::vector<int64_t> numels_, chunk_, offset_;
   int64_t row_ = 0;
   at::Tensor worker_error_, server_error_;
-  at::Tensor segment_of_;  // [S] int64: which tensor each row element belongs to
 };
 
 // Signs packed 8 per byte along the last dimension, most significant bit first: bit set for

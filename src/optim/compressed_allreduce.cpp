@@ -54,28 +54,51 @@ void CompressedAllReduce::reset_errors() {
 
 namespace {
 
-// ±scale by bit k of a packed byte (most significant first).
-inline float signed_scale(const uint8_t* bytes, int64_t k, float scale) {
-  return (bytes[k >> 3] >> (7 - (k & 7))) & 1 ? scale : -scale;
-}
+// The loops below are branch-free (a sign is 2·bit - 1, and scale·(±1) is exact) so the compiler
+// vectorises them; n is always a multiple of 8 (chunks are).
 
-// x[0, n) (n a multiple of 8) -> packed signs in out[0, n/8); x becomes x - scale·sign(x).
+// x[0, n) -> packed signs in out[0, n/8); x becomes x - scale·sign(x).
 void compress_in_place(float* x, int64_t n, float scale, uint8_t* out) {
-  for (int64_t k = 0; k < n; k += 8) {
-    uint8_t byte = 0;
+  for (int64_t j = 0; j < n / 8; ++j) {
+    float* y = x + 8 * j;
+    uint32_t byte = 0;
     for (int b = 0; b < 8; ++b) {
-      const bool pos = x[k + b] >= 0.0f;
-      byte |= static_cast<uint8_t>(pos) << (7 - b);
-      x[k + b] -= pos ? scale : -scale;
+      const uint32_t pos = y[b] >= 0.0f;
+      byte |= pos << (7 - b);
+      y[b] -= scale * (2.0f * static_cast<float>(pos) - 1.0f);
     }
-    out[k >> 3] = byte;
+    out[j] = static_cast<uint8_t>(byte);
   }
 }
 
+// out[0, n) (+)= scale·sign for the n bits of `bits`.
+template <bool kAdd>
+void expand_signs(const uint8_t* bits, int64_t n, float scale, float* out) {
+  for (int64_t j = 0; j < n / 8; ++j) {
+    const uint32_t byte = bits[j];
+    for (int b = 0; b < 8; ++b) {
+      const float v = scale * (2.0f * static_cast<float>((byte >> (7 - b)) & 1u) - 1.0f);
+      if (kAdd)
+        out[8 * j + b] += v;
+      else
+        out[8 * j + b] = v;
+    }
+  }
+}
+
+// Σ x², in fp32 lanes over blocks of 4096 elements, the blocks summed in fp64.
 double squares(const float* x, int64_t n) {
-  double s = 0;
-  for (int64_t k = 0; k < n; ++k) s += static_cast<double>(x[k]) * x[k];
-  return s;
+  double total = 0;
+  for (int64_t begin = 0; begin < n; begin += 4096) {
+    const int64_t end = std::min(n, begin + 4096);
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = begin;
+    for (; k + 8 <= end; k += 8)
+      for (int l = 0; l < 8; ++l) lanes[l] += x[k + l] * x[k + l];
+    for (; k < end; ++k) lanes[0] += x[k] * x[k];
+    for (float l : lanes) total += l;
+  }
+  return total;
 }
 
 float rms(double squares, int64_t count) {
@@ -140,7 +163,7 @@ void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
     const uint8_t* bits = in + v * msg;
     for (size_t i = 0; i < p; ++i) {
       const float sv = their[i] * (1.0f / static_cast<float>(w));
-      for (int64_t k = offset_[i]; k < offset_[i] + chunk_[i]; ++k) a[k] += signed_scale(bits, k, sv);
+      expand_signs<true>(bits + offset_[i] / 8, chunk_[i], sv, a + offset_[i]);
     }
   }
   float* e = server_error_.data_ptr<float>();
@@ -165,8 +188,11 @@ void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
       float* x = tensors[i].data_ptr<float>();
       const int64_t begin = r * chunk_[i];
       const int64_t have = std::max<int64_t>(0, std::min(chunk_[i], numels_[i] - begin));
-      for (int64_t k = 0; k < have; ++k)
-        x[begin + k] = signed_scale(got + r * msg, offset_[i] + k, theirs[i]);
+      const uint8_t* bits = got + r * msg + offset_[i] / 8;
+      const int64_t whole = have / 8 * 8;  // full bytes straight into the tensor
+      expand_signs<false>(bits, whole, theirs[i], x + begin);
+      for (int64_t k = whole; k < have; ++k)
+        x[begin + k] = theirs[i] * (2.0f * static_cast<float>((bits[k / 8] >> (7 - k % 8)) & 1u) - 1.0f);
     }
   }
 }

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "util/torch_compat.h"
 
 namespace deepspeed {
@@ -71,8 +73,15 @@ void OneBitAdam::compressed_step() {
       TORCH_CHECK(it != state().end(), "OneBitAdam: a parameter has no Adam state after warm-up");
       auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
       s.step(s.step() + 1);
-      s.exp_avg().mul_(beta1);
-      if (p.grad().defined()) s.exp_avg().add_(p.grad(), 1 - beta1);
+      float* m = s.exp_avg().data_ptr<float>();
+      const int64_t n = p.numel();
+      const float b1 = static_cast<float>(beta1), one_minus = static_cast<float>(1 - beta1);
+      if (p.grad().defined()) {
+        const float* g = p.grad().data_ptr<float>();
+        for (int64_t k = 0; k < n; ++k) m[k] = b1 * m[k] + one_minus * g[k];
+      } else {
+        for (int64_t k = 0; k < n; ++k) m[k] *= b1;
+      }
       momenta.push_back(s.exp_avg());
     }
   }
@@ -83,9 +92,14 @@ void OneBitAdam::compressed_step() {
     for (auto& p : group.params()) {
       auto& s = static_cast<torch::optim::AdamWParamState&>(
           *state().find(compat::optimizer_state_key(p))->second);
-      at::Tensor update = momenta[k++] / (s.exp_avg_sq().sqrt() + o.eps());
-      if (o.weight_decay() > 0) update.add_(p, o.weight_decay());
-      p.add_(update, -o.lr());
+      // p -= lr·(m / (sqrt(v) + eps) + wd·p), one pass.
+      const float* m = momenta[k++].data_ptr<float>();
+      const float* v = s.exp_avg_sq().data_ptr<float>();
+      float* w = p.data_ptr<float>();
+      const float lr = static_cast<float>(o.lr()), eps = static_cast<float>(o.eps());
+      const float wd = static_cast<float>(o.weight_decay());
+      for (int64_t j = 0, n = p.numel(); j < n; ++j)
+        w[j] -= lr * (m[j] / (std::sqrt(v[j]) + eps) + wd * w[j]);
     }
   }
   last_step_ = steps();

@@ -94,6 +94,12 @@ class Communicator {
   virtual WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                                    const std::vector<int64_t>& input_splits,
                                    ReduceOp op = ReduceOp::Sum);
+  // All-to-all of equal chunks: input and output hold world_size * chunk elements (same dtype,
+  // uint8 included); chunk j of this rank's input lands in chunk `rank` of rank j's output.
+  // (1-bit Adam's compressed all-reduce sends each "server" rank its chunk of packed signs.) The
+  // default implementation all-gathers every rank's whole input and keeps its chunks (world_size
+  // times the bytes); Gloo overrides it with c10d's alltoall_base.
+  virtual WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input);
   // Point to point (not collective: only the two ranks take part).
   virtual WorkPtr send(at::Tensor& tensor, int dst, int tag = 0) = 0;
   virtual WorkPtr recv(at::Tensor& tensor, int src, int tag = 0) = 0;

@@ -197,6 +197,12 @@ WorkPtr CheckedCommunicator::reduce_scatter_v(at::Tensor& output, const at::Tens
   return inner_->reduce_scatter_v(output, input, input_splits, op);
 }
 
+WorkPtr CheckedCommunicator::all_to_all(at::Tensor& output, const at::Tensor& input) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("all_to_all", input, "");
+  return inner_->all_to_all(output, input);
+}
+
 // Point to point involves two ranks only: nothing to compare across the group.
 WorkPtr CheckedCommunicator::send(at::Tensor& tensor, int dst, int tag) {
   return inner_->send(tensor, dst, tag);

@@ -68,6 +68,7 @@ class CheckedCommunicator : public Communicator {
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                            const std::vector<int64_t>& input_splits, ReduceOp op) override;
+  WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input) override;
   WorkPtr send(at::Tensor& tensor, int dst, int tag) override;
   WorkPtr recv(at::Tensor& tensor, int src, int tag) override;
   void barrier() override;

@@ -34,6 +34,7 @@
 #include "comm/dtypes.h"
 #include "comm/local_reduce.h"
 #include "comm/process_info.h"
+#include "comm/all_to_all.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/split.h"
 #include "comm/work.h"
@@ -149,6 +150,22 @@ class GlooCommunicator : public CommunicatorBase {
                     at::Tensor chunks = recv.view(type).view({world, mine});
                     output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
                   });
+  }
+
+  // Equal chunks through alltoall_base (1.13's Gloo supports it on CPU, uint8 included).
+  WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input) override {
+    check_all_to_all(*this, output, input);
+    count("all_to_all", input);
+    if (input.numel() == 0) return done();
+    at::ScalarType wire = bits_dtype(input.scalar_type(), "all_to_all");
+    at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
+    at::Tensor recv = at::empty({input.numel()}, send.options());
+    std::vector<int64_t> equal_split;
+    auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
+    const at::ScalarType type = input.scalar_type();
+    return launch(describe("all_to_all", input), start, [output, recv, send, type]() mutable {
+      output.view({-1}).copy_(recv.view(type));
+    });
   }
 
   WorkPtr send(at::Tensor& tensor, int dst, int tag) override {

@@ -17,6 +17,9 @@ std::vector<std::string> read_batch_sizes(ObjectReader& top, int dp_world_size,
 
 // optimizer, scheduler (optimizer_config.cpp).
 void read_optimizer(ObjectReader& top, Config& cfg);
+// DeepSpeed's refusals of optimizer types with ZeRO stages and precisions (Lamb, the 1-bit
+// family). Runs after the zero_optimization, fp16 and bf16 blocks were read.
+void check_optimizer_combination(const Config& cfg);
 void read_scheduler(ObjectReader& top, Config& cfg);
 
 // fp16, bf16 / bfloat16, data_types, communication_data_type (precision_config.cpp).

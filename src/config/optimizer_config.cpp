@@ -1,5 +1,7 @@
 // "optimizer" and "scheduler" blocks. Their params stay JSON: src/optim turns them into typed
 // hyper-parameters and names bad keys there; here only the shape and DeepSpeed's own rules.
+#include <cctype>
+
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
 
@@ -39,6 +41,50 @@ void read_optimizer(ObjectReader& top, Config& cfg) {
         "\"gradient_clipping\" key instead (as DeepSpeed requires)");
   }
   cfg.optimizer = std::move(opt);
+}
+
+namespace {
+std::string lowercase(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+}  // namespace
+
+// What DeepSpeed's engine refuses (its _configure_optimizer / _configure_fp16_optimizer asserts),
+// named with both keys; plus what deepspeed.cpp does not build (said so).
+void check_optimizer_combination(const Config& cfg) {
+  if (!cfg.optimizer) return;
+  const std::string type = lowercase(cfg.optimizer->type);
+  const int stage = cfg.zero_optimization.stage;
+  const std::string stage_key =
+      "zero_optimization.stage = " + std::to_string(stage) + " with optimizer.type \"" +
+      cfg.optimizer->type + "\"";
+  if (type == "onebitadam" || type == "zerooneadam" || type == "onebitlamb") {
+    if (stage >= 1)
+      throw ConfigError(stage_key + ": the 1-bit optimizers compress the data-parallel momentum "
+                        "exchange and are not compatible with ZeRO (as in DeepSpeed); use stage 0");
+    if (cfg.fp16.enabled || cfg.bf16.enabled)
+      throw ConfigError(std::string(cfg.fp16.enabled ? "fp16" : "bf16") +
+                        ".enabled = true with optimizer.type \"" + cfg.optimizer->type +
+                        "\": deepspeed.cpp runs the 1-bit optimizers in fp32 only (not "
+                        "implemented for 16-bit models)");
+  }
+  if (type == "lamb") {
+    if (stage == 3)
+      throw ConfigError(stage_key + ": Lamb's trust ratio needs whole-parameter norms, which "
+                        "deepspeed.cpp computes across ZeRO partitions at stages 1-2 but not over "
+                        "stage 3's per-unit slices (not implemented); use stage 0, 1 or 2");
+    // DeepSpeed's engine asserts a dynamic loss scale for Lamb in 16 bits.
+    if (cfg.bf16.enabled)
+      throw ConfigError("bf16.enabled = true with optimizer.type \"" + cfg.optimizer->type +
+                        "\": DeepSpeed requires dynamic loss scaling for Lamb, and bf16 has "
+                        "none (its scale is fixed at 1)");
+    if (cfg.fp16.enabled && cfg.fp16.loss_scale != 0)
+      throw ConfigError("fp16.loss_scale = " + std::to_string(cfg.fp16.loss_scale) +
+                        " with optimizer.type \"" + cfg.optimizer->type +
+                        "\": DeepSpeed requires dynamic loss scaling (fp16.loss_scale = 0) for "
+                        "Lamb");
+  }
 }
 
 void read_scheduler(ObjectReader& top, Config& cfg) {

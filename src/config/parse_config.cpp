@@ -32,6 +32,7 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
   config::read_scheduler(top, cfg);
   config::read_precision(top, cfg);
   config::read_zero(top, cfg);
+  config::check_optimizer_combination(cfg);
   config::read_feature_blocks(top, cfg);
   config::read_unprovided_blocks(top);
   config::read_top_level_scalars(top, cfg);

@@ -14,11 +14,12 @@
 #include <torch/optim/optimizer.h>
 
 #include "deepspeed/optimizer.h"
+#include "optim/adam_moments.h"
 
 namespace deepspeed {
 namespace optim {
 
-class FusedAdam : public torch::optim::Optimizer {
+class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
  public:
   FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper);
   torch::Tensor step(LossClosure closure = nullptr) override;

@@ -10,17 +10,21 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/lamb.h"
 #include "optim/param_reader.h"
 
 namespace deepspeed {
 namespace {
 
+using optim::check_range;
 using optim::ParamReader;
+using optim::reject_unread;
 
-const std::vector<std::string> kSupported = {"Adam", "AdamW", "SGD", "Adagrad"};
+const std::vector<std::string> kSupported = {"Adam", "AdamW",      "SGD",        "Adagrad",
+                                             "Lamb", "OneBitAdam", "ZeroOneAdam"};
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
-const std::vector<std::string> kNotImplemented = {"Lamb", "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
-                                                  "Lion", "MuAdam",     "MuAdamW",     "MuSGD"};
+const std::vector<std::string> kNotImplemented = {"OneBitLamb", "Lion", "MuAdam", "MuAdamW",
+                                                  "MuSGD"};
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -33,34 +37,11 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-// Keys nobody read are errors here: DeepSpeed's optimizer constructors reject unknown kwargs.
-void reject_unread(const ParamReader& r, const std::string& type) {
-  auto unread = r.unread_keys();
-  if (!unread.empty()) {
-    throw ConfigError(r.path(unread.front()) + " is not a parameter of " + type +
-                      " (unknown keys: " + join(unread) + "; known: " + join(r.known_keys()) + ")");
-  }
-}
-
 void reject_max_grad_norm(const ParamReader& r) {
   if (r.has("max_grad_norm")) {
     throw ConfigError(r.path("max_grad_norm") +
                       " is not supported as an optimizer parameter; use the top-level "
                       "\"gradient_clipping\" key instead");
-  }
-}
-
-std::string num(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
-}
-
-// REQUIRES lo <= v < hi (hi == infinity: v >= lo).
-void check_range(const ParamReader& r, const std::string& key, double v, double lo, double hi) {
-  if (!(v >= lo && v < hi)) {
-    throw ConfigError(r.path(key) + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) +
-                      ")");
   }
 }
 
@@ -188,6 +169,20 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
   std::string type = canonical_optimizer_type(config.type);
   if (type == "Adam" || type == "AdamW") return build_adam(config, type, std::move(groups));
   if (type == "SGD") return build_sgd(config, std::move(groups));
+  if (type == "Lamb") {
+    reader_for(config);  // max_grad_norm's own message first
+    std::vector<at::Tensor> params;
+    for (auto& g : groups) {
+      if (g.has_options())
+        throw ConfigError("optimizer.type \"Lamb\": per-group options are not supported");
+      params.insert(params.end(), g.params().begin(), g.params().end());
+    }
+    return std::make_shared<optim::Lamb>(std::move(params), optim::parse_lamb_params(config));
+  }
+  if (type == "OneBitAdam" || type == "ZeroOneAdam")
+    throw ConfigError("optimizer.type \"" + type + "\": its momentum all-reduce is a collective of "
+                      "the engine's data-parallel group, so only deepspeed::initialize() builds "
+                      "it (make_optimizer cannot)");
   return build_adagrad(config, std::move(groups));
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <iostream>
+#include <sstream>
 
 #include "deepspeed/errors.h"
 
@@ -144,6 +145,31 @@ std::vector<std::string> ParamReader::unread_keys() const {
     if (!read_.count(item.key())) out.push_back(item.key());
   }
   return out;
+}
+
+void reject_unread(const ParamReader& r, const std::string& type) {
+  auto join = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+    return out;
+  };
+  auto unread = r.unread_keys();
+  if (!unread.empty()) {
+    throw ConfigError(r.path(unread.front()) + " is not a parameter of " + type +
+                      " (unknown keys: " + join(unread) + "; known: " + join(r.known_keys()) + ")");
+  }
+}
+
+void check_range(const ParamReader& r, const std::string& key, double v, double lo, double hi) {
+  if (!(v >= lo && v < hi)) {
+    auto num = [](double d) {
+      std::ostringstream os;
+      os << d;
+      return os.str();
+    };
+    throw ConfigError(r.path(key) + " = " + num(v) + " is outside [" + num(lo) + ", " + num(hi) +
+                      ")");
+  }
 }
 
 void warn(std::vector<std::string>* sink, const std::string& message) {

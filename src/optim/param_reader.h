@@ -54,6 +54,12 @@ class ParamReader {
   std::set<std::string> read_;
 };
 
+// Throws ConfigError naming the first key of `r` nobody read, the unknown keys and the known
+// ones: DeepSpeed's optimizer constructors reject unknown kwargs. `type` names the optimizer.
+void reject_unread(const ParamReader& r, const std::string& type);
+// Throws ConfigError "<path> = v is outside [lo, hi)" unless lo <= v < hi (hi may be infinity).
+void check_range(const ParamReader& r, const std::string& key, double v, double lo, double hi);
+
 // Reports a non-fatal configuration problem: appended to `sink` when given, else printed to stderr
 // with a "[deepspeed] warning:" prefix.
 void warn(std::vector<std::string>* sink, const std::string& message);

@@ -11,6 +11,9 @@
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
 #include "optim/fused_adam.h"
+#include "optim/lamb.h"
+#include "optim/onebit_adam.h"
+#include "optim/zero_one_adam.h"
 #include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
@@ -54,10 +57,11 @@ void broadcast_from_rank0(torch::nn::Module& module, comm::Communicator& comm) {
   for (auto& b : module.buffers()) comm.broadcast(b, 0)->wait();
 }
 
-// Adam/AdamW run the vectorised FusedAdam on every stage (as DeepSpeed uses FusedAdam); other
-// types come from libtorch through make_optimizer.
-zero::OptimizerFactory optimizer_factory(const Config& config) {
-  return [config](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+// Adam/AdamW run the vectorised FusedAdam on every stage (as DeepSpeed uses FusedAdam); Lamb and
+// OneBitAdam are the project's own (OneBitAdam averages its momentum over `comm`, the
+// data-parallel group); other types come from libtorch through make_optimizer.
+zero::OptimizerFactory optimizer_factory(const Config& config, comm::CommunicatorPtr comm) {
+  return [config, comm](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
     if (!config.optimizer)
       throw ConfigError("initialize(): no optimizer: add an \"optimizer\" block to the config or "
                         "pass InitializeArgs.optimizer");
@@ -65,6 +69,15 @@ zero::OptimizerFactory optimizer_factory(const Config& config) {
     if (type == "Adam" || type == "AdamW")
       return std::make_shared<optim::FusedAdam>(std::move(params),
                                                 parse_adam_params(*config.optimizer));
+    if (type == "Lamb")
+      return std::make_shared<optim::Lamb>(std::move(params),
+                                           optim::parse_lamb_params(*config.optimizer));
+    if (type == "OneBitAdam")
+      return std::make_shared<optim::OneBitAdam>(
+          std::move(params), optim::parse_onebit_adam_params(*config.optimizer), comm);
+    if (type == "ZeroOneAdam")
+      return std::make_shared<optim::ZeroOneAdam>(
+          std::move(params), optim::parse_zero_one_adam_params(*config.optimizer), comm);
     return make_optimizer(*config.optimizer, std::move(params));
   };
 }
@@ -124,7 +137,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
   if (stage < 1 && !mixed) {
-    s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config)(s.trainable);
+    s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config, s.comm)(s.trainable);
     const zero::DataParallelOptions options{zero::reduction_options(s.config)};
     s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, s.optimizer);
     return;
@@ -132,7 +145,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
   const zero::OptimizerFactory make_optimizer =
       client_optimizer ? zero::client_optimizer_factory(client_optimizer, s.trainable,
                                                         zero::client_optimizer_options(s.config))
-                       : optimizer_factory(s.config);
+                       : optimizer_factory(s.config, s.comm);
   switch (stage) {
     case 0:
     case 1:

@@ -2,14 +2,15 @@
 
 #include <torch/torch.h>
 
-#include "optim/fused_adam.h"
+#include "optim/adam_moments.h"
 #include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace zero {
 
+// FusedAdam, Lamb and OneBitAdam keep the same per-parameter state (optim/adam_moments.h).
 bool is_fused_adam(const torch::optim::Optimizer* optimizer) {
-  return dynamic_cast<const optim::FusedAdam*>(optimizer) != nullptr;
+  return dynamic_cast<const optim::AdamMoments*>(optimizer) != nullptr;
 }
 
 torch::optim::AdamWParamState* adam_state_for(torch::optim::Optimizer& optimizer,

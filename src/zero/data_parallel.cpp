@@ -14,6 +14,7 @@ DataParallelStage::DataParallelStage(std::vector<at::Tensor> params, const Stage
                                      std::shared_ptr<torch::optim::Optimizer> optimizer)
     : params_(std::move(params)), ctx_(context), options_(options),
       optimizer_(std::move(optimizer)) {
+  self_comm_ = dynamic_cast<const optim::SelfCommunicatingOptimizer*>(optimizer_.get());
   build_buckets(options_.reduction.bucket_numel);
   if (options_.reduction.overlap && ctx_.world_size() > 1) {
     for (size_t i = 0; i < params_.size(); ++i)
@@ -50,7 +51,7 @@ void DataParallelStage::build_buckets(int64_t bucket_size) {
 }
 
 void DataParallelStage::begin_backward(bool boundary) {
-  reducing_ = boundary && !hooks_.empty();
+  reducing_ = boundary && !hooks_.empty() && !gradients_stay_local();
   order_->begin();
 }
 
@@ -95,7 +96,10 @@ void DataParallelStage::finish(Bucket& b) {
 void DataParallelStage::end_backward(bool boundary) {
   reducing_ = false;
   if (!boundary) return;
-  if (ctx_.world_size() == 1) return give_unused_parameters_zero_gradients();
+  // Alone, or with a 1-bit optimizer past its warm-up (it averages its momentum itself), the
+  // gradients are this rank's own: nothing is reduced.
+  if (ctx_.world_size() == 1 || gradients_stay_local())
+    return give_unused_parameters_zero_gradients();
   // Without overlap (or for parameters whose hook never fired) the rest go out now, in order.
   order_->launch_rest([this](size_t b) { launch_bucket(b); });
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
@@ -111,6 +115,7 @@ void DataParallelStage::give_unused_parameters_zero_gradients() {
 
 double DataParallelStage::global_grad_norm() {
   // After the all-reduce every rank holds the same averaged gradients: the local norm is global.
+  // (With gradients_stay_local() it is this rank's own norm, as in DeepSpeed's 1-bit Adam.)
   // Summed as one tensor so there is a single host sync, not one per parameter.
   at::Tensor sq = torch::zeros({}, ctx_.options(torch::kDouble));
   for (auto& p : params_)

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "optim/self_communicating.h"
 #include "zero/bucket_order.h"
 #include "zero/gradient_hooks.h"
 #include "zero/in_flight.h"
@@ -55,11 +56,15 @@ class DataParallelStage : public ZeroStage {
   void finish(Bucket& bucket);
 
   void give_unused_parameters_zero_gradients();
+  // The 1-bit seam (optim/self_communicating.h): true while the optimizer exchanges compressed
+  // momentum itself, so this step's gradients stay local and no bucket is reduced.
+  bool gradients_stay_local() const { return self_comm_ && self_comm_->gradients_stay_local(); }
 
   std::vector<at::Tensor> params_;
   StageContext ctx_;
   DataParallelOptions options_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // optimizer_ when it is one
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
   InFlight in_flight_{kUnboundedInFlight};

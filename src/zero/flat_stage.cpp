@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "optim/lamb.h"
 #include "partition/partition.h"
 #include "zero/fragment_state.h"
 #include "zero/tensor_facts.h"
@@ -28,6 +29,25 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
                                                 options.reduction, comm_dtype);
   }
   shard_ = make_shard_optimizer(options.shard, *partition_, make_optimizer);
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get())) tell_lamb_fragments(*lamb);
+}
+
+// Lamb's trust ratio is per parameter, but this rank's partition holds fragments of parameters:
+// Lamb sums its fragments' squared norms and sum_over_owners adds the other ranks' (one
+// all-reduce of 2 × parameters doubles per step; replicated stage 0 holds every parameter whole
+// and adds nothing). optim/lamb.h has the arithmetic.
+void FlatStage::tell_lamb_fragments(optim::Lamb& lamb) {
+  const auto& layout = flat_->layout();
+  const int64_t begin = layout.begin(ownership_->owner()), end = begin + layout.partition_numel;
+  std::vector<optim::Lamb::Fragment> fragments;
+  const auto& slots = flat_->slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const int64_t lo = std::max(begin, slots[i].offset);
+    const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
+    if (lo < hi) fragments.push_back({static_cast<int64_t>(i), lo - begin, hi - lo});
+  }
+  lamb.set_fragments(std::move(fragments), static_cast<int64_t>(slots.size()),
+                     [this](at::Tensor& squares) { ownership_->sum_over_owners(squares); });
 }
 
 // An inf or NaN in any rank's gradients makes the summed square non-finite on every rank, so this

@@ -23,6 +23,9 @@
 #include "zero/stage_options.h"
 
 namespace deepspeed {
+namespace optim {
+class Lamb;
+}
 namespace zero {
 
 class FlatStage : public ZeroStage {
@@ -50,6 +53,8 @@ class FlatStage : public ZeroStage {
   const FlatParams& flat() const { return *flat_; }
 
  private:
+  void tell_lamb_fragments(optim::Lamb& lamb);
+
   StageContext ctx_;
   std::unique_ptr<FlatParams> flat_;
   std::unique_ptr<FlatOwnership> ownership_;

@@ -1,0 +1,89 @@
+#!/bin/bash
+# Adam against 1-bit Adam after its freeze: step time of the example GPT (n_layer 4, n_embd 512,
+# 12.7 M parameters, micro-batch 2 x 32 tokens: scaled so communication dominates) on 2 hosts x 1 rank over
+# a link shaped with tbf to 1 Gbit/s, and unshaped (loopback, 2 ranks on one host), with the bytes
+# moved per step: the payload handed to the collectives (gpt_train's communicator counters, timed
+# steps only) and the bytes host 1 sent on its link (interface counters, whole run / steps).
+# The untimed warm-up steps (--warmup) are 1-bit Adam's exact-Adam phase (freeze_step = WARMUP),
+# so every timed step is a compressed one. Adam runs without bias correction, as 1-bit Adam does.
+#
+#   sudo bash bench/onebit_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
+#
+# Same harness as bench/multinode_bench.sh (tests/launcher/netns.bash). Prints a markdown table
+# (docs/benchmarks.md).
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${1:-$ROOT/build}
+source "$ROOT/tests/launcher/common.bash" "$BUILD/bin"
+source "$ROOT/tests/launcher/netns.bash"
+[ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
+netns_setup 2
+export OMP_NUM_THREADS=1
+STEPS=8
+WARMUP=3
+MODEL=(--n_layer 4 --n_head 8 --n_embd 512 --block_size 32 --random_tokens --threads 1
+       --steps "$STEPS" --warmup "$WARMUP")
+: >"$TMP/hostfile1"
+for h in "${HOSTS[@]}"; do echo "$h slots=1" >>"$TMP/hostfile1"; done
+
+config() {  # config OPTIMIZER FILE
+  local opt='"type": "Adam", "params": {"lr": 3e-4, "bias_correction": false}'
+  [ "$1" = onebit ] && opt='"type": "OneBitAdam", "params": {"lr": 3e-4, "freeze_step": '$WARMUP'}'
+  cat >"$2" <<JSON
+{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 0,
+ "optimizer": {$opt}, "seed": 1,
+ "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e6},
+ "comm_timeout_seconds": 120}
+JSON
+}
+
+shape() {  # shape RATE: tbf on both hosts' links ("" removes it)
+  local k
+  for k in 0 1; do
+    on_host "$k" tc qdisc del dev eth0 root 2>/dev/null
+    if [ -n "$1" ]; then
+      on_host "$k" tc qdisc add dev eth0 root tbf rate "$1" burst 256kb latency 100ms ||
+        fail "tc tbf $1 on host $k"
+    fi
+  done
+}
+
+tx_bytes() { on_host 1 cat /sys/class/net/eth0/statistics/tx_bytes; }
+
+field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
+  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
+}
+
+echo "| link | optimizer | step ms | payload KB/step | host-1 sent KB/step | final loss |"
+echo "|---|---|---|---|---|---|"
+for link in loopback 1gbit; do
+  for opt in adam onebit; do
+    config "$opt" "$TMP/$opt.json"
+    GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/$opt.json" "${MODEL[@]}")
+    if [ "$link" = loopback ]; then
+      shape ""
+      run_on_host0 "run_${link}_$opt" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
+      sent="-"
+    else
+      shape "$link"
+      before=$(tx_bytes)
+      run_on_host0 "run_${link}_$opt" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
+        --master_port "$(free_port)" "${GPT[@]}"
+      after=$(tx_bytes)
+      sent=$(( (after - before) / (STEPS + WARMUP) ))
+    fi
+    out="$TMP/run_${link}_$opt.out"
+    [ "$RC" -eq 0 ] || fail "$link $opt: dsrun exited $RC"
+    ms=$(field "$out" step_ms)
+    payload=$(field "$out" comm_payload_bytes_per_step)
+    loss=$(field "$out" final_loss)
+    name=Adam; [ "$opt" = onebit ] && name="1-bit Adam"
+    python3 - "$link" "$name" "$ms" "$payload" "$sent" "${loss:--}" <<'PY'
+import sys
+link, name, ms, payload, sent, loss = sys.argv[1:]
+sent_kb = "-" if sent == "-" else f"{int(sent) / 1e3:.0f}"
+print(f"| {link} | {name} | {float(ms):.0f} | {int(payload) / 1e3:.0f} | {sent_kb} | {loss} |")
+PY
+  done
+done
+shape ""

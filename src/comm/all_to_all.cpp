@@ -1,0 +1,60 @@
+// The default all_to_all: every rank's whole input is all-gathered and each rank keeps the
+// chunks addressed to it. Correct on any backend, world_size times the bytes of a real
+// all-to-all; Gloo overrides it (gloo_communicator.cpp).
+#include "comm/all_to_all.h"
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace deepspeed {
+namespace comm {
+namespace {
+
+// Waits for the gather, then copies chunk `rank` of every rank's input into the output.
+class GatheredChunksWork : public Work {
+ public:
+  GatheredChunksWork(WorkPtr inner, at::Tensor gathered, at::Tensor output, int rank, int world)
+      : inner_(std::move(inner)), gathered_(std::move(gathered)), output_(std::move(output)),
+        rank_(rank), world_(world) {}
+  void wait() override {
+    if (!inner_) return;
+    inner_->wait();
+    inner_.reset();
+    // gathered_: [sender][chunk j], j = destination. Keep [sender][rank].
+    at::Tensor mine = gathered_.view({world_, world_, -1}).select(1, rank_);
+    output_.view({world_, -1}).copy_(mine);
+  }
+
+ private:
+  WorkPtr inner_;
+  at::Tensor gathered_, output_;
+  int rank_, world_;
+};
+
+}  // namespace
+
+int64_t check_all_to_all(const Communicator& comm, const at::Tensor& output,
+                         const at::Tensor& input) {
+  const int world = comm.world_size();
+  if (input.numel() != output.numel() || input.numel() % world != 0 ||
+      input.scalar_type() != output.scalar_type()) {
+    throw CommError("all_to_all on rank " + std::to_string(comm.rank()) + " of " +
+                    std::to_string(world) + ": input (" + std::to_string(input.numel()) +
+                    " elements) and output (" + std::to_string(output.numel()) +
+                    " elements) must have the same dtype and size, a multiple of the world size");
+  }
+  return input.numel() / world;
+}
+
+WorkPtr Communicator::all_to_all(at::Tensor& output, const at::Tensor& input) {
+  check_all_to_all(*this, output, input);
+  at::Tensor flat = input.contiguous().view({-1});
+  at::Tensor gathered = at::empty({flat.numel() * world_size()}, flat.options());
+  WorkPtr inner = all_gather(gathered, flat);
+  return std::make_shared<GatheredChunksWork>(std::move(inner), gathered, output, rank(),
+                                              world_size());
+}
+
+}  // namespace comm
+}  // namespace deepspeed

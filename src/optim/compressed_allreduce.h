@@ -1,0 +1,70 @@
+// The error-compensated 1-bit compressed all-reduce of 1-bit Adam (Tang et al. 2021; DeepSpeed's
+// runtime/comm/nccl.py compressed_allreduce), for a list of fp32 tensors averaged in one go.
+//
+// Vocabulary: each tensor i of n_i elements is zero-padded to C_i, a multiple of 8·W (W ranks),
+// and cut into W *chunks* of c_i = C_i/W elements; rank r is the *server* of chunk r of every
+// tensor. A *row* r lays chunk r of tensor 0, chunk r of tensor 1, ... end to end: S = Σ c_i
+// elements, a multiple of 8. The worker error has W rows ([W, S]); the server error one ([S]).
+//
+// Per call (COLLECTIVE, 2 collectives whatever the number of tensors):
+//   worker:  b = x + worker_error                        (x: the tensors, padded, in rows)
+//            scale_i = ‖b_i‖ / sqrt(C_i)                 (one scale per tensor and worker)
+//            worker_error = b - scale_i·sign(b)          (sign(0) = +1, as DeepSpeed)
+//   phase 1: all_to_all of rows: row r (its signs packed 8 per byte, most significant bit
+//            first as numpy.packbits, then the W-independent scales as fp32 bytes) to rank r.
+//   server:  a = Σ_w scale_{w,i}/W · sign_w + server_error   (this rank's row: its chunks)
+//            sscale_i = ‖a_i‖ / sqrt(c_i)                (one scale per tensor chunk)
+//            server_error = a - sscale_i·sign(a)
+//   phase 2: all_gather of (packed sign(a), sscales); every rank decodes all rows and writes
+//            sign·sscale back into the tensors (padding dropped).
+// Bytes this rank puts on the wire, for n = Σ n_i elements: phase 1 ≈ (W-1)/W · n/8, phase 2
+// (W-1)/W · n/8 (its chunk to each of the W-1 others), plus 4 bytes per tensor and message:
+// 1/32 of a ring all-reduce's 2(W-1)/W · 4n. The communicator's counters (stats()) count the
+// all-to-all's whole input and the all-gather's input, ≈ n/8 + n/(8W): (W+1)/(32W) of the 4n an
+// fp32 all-reduce counts (3/64 at W = 2).
+// Error feedback: what compression drops this call is added back the next, so the running sum
+// of the results tracks the running sum of the true averages to within the current errors:
+//   Σ_t out_t = Σ_t avg_w(x_{w,t}) - avg_w(worker_error_w) - server_error   (exactly, in reals).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "deepspeed/comm.h"
+
+namespace deepspeed {
+namespace optim {
+
+class CompressedAllReduce {
+ public:
+  // `numels`: the element count of each tensor that run() will be given, in order.
+  CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels);
+
+  // Replaces each tensor (contiguous fp32, numels[i] elements) by the compressed average over
+  // ranks. COLLECTIVE; every rank passes tensors of the same sizes.
+  void run(const std::vector<at::Tensor>& tensors);
+  // Forgets the error feedback (DeepSpeed resets it when a checkpoint is loaded).
+  void reset_errors();
+
+  const at::Tensor& worker_error() const { return worker_error_; }  // [W, S]
+  const at::Tensor& server_error() const { return server_error_; }  // [S]
+  int64_t row_numel() const { return row_; }                         // S
+  int64_t chunk_numel(size_t i) const { return chunk_[i]; }          // c_i
+  int64_t chunk_offset(size_t i) const { return offset_[i]; }        // where chunk i lies in a row
+
+ private:
+  comm::CommunicatorPtr comm_;
+  std::vector<int64_t> numels_, chunk_, offset_;
+  int64_t row_ = 0;
+  at::Tensor worker_error_, server_error_;
+};
+
+// Signs packed 8 per byte along the last dimension, most significant bit first: bit set for
+// x >= 0. REQUIRES: the last dimension is a multiple of 8. Returns uint8 [..., n/8].
+at::Tensor pack_signs(const at::Tensor& x);
+// The inverse: uint8 [..., m] -> fp32 [..., 8m] of +1 (bit set) and -1.
+at::Tensor unpack_signs(const at::Tensor& bytes);
+
+}  // namespace optim
+}  // namespace deepspeed

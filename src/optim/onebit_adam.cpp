@@ -1,0 +1,109 @@
+#include "optim/onebit_adam.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "util/torch_compat.h"
+
+namespace deepspeed {
+namespace optim {
+namespace {
+AdamHyper warmup_hyper(const OneBitAdamHyper& h) {
+  AdamHyper a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.adamw_mode = true;        // OnebitAdam adds wd·p to the update: decoupled decay
+  a.bias_correction = false;  // OnebitAdam never bias-corrects
+  return a;
+}
+}  // namespace
+
+OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
+                       comm::CommunicatorPtr comm)
+    : FusedAdam(std::move(params), warmup_hyper(hyper)), hyper_(hyper), comm_(std::move(comm)) {}
+
+int64_t OneBitAdam::steps() const {
+  for (const auto& group : param_groups())
+    for (const auto& p : group.params()) {
+      auto it = state().find(compat::optimizer_state_key(p));
+      if (it != state().end())
+        return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
+    }
+  return 0;
+}
+
+torch::Tensor OneBitAdam::step(LossClosure closure) {
+  if (!frozen()) {
+    torch::Tensor loss = FusedAdam::step(closure);
+    last_step_ = steps();
+    return loss;
+  }
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  compressed_step();
+  return loss;
+}
+
+void OneBitAdam::compressed_step() {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> params, momenta;
+  for (auto& group : param_groups())
+    for (auto& p : group.params()) params.push_back(p);
+  if (!compressor_) {
+    std::vector<int64_t> numels;
+    for (auto& p : params) numels.push_back(p.numel());
+    compressor_ = std::make_unique<CompressedAllReduce>(comm_, std::move(numels));
+  } else if (steps() != last_step_) {
+    compressor_->reset_errors();  // the state was loaded from a checkpoint
+  }
+  // Local momentum update with this rank's own gradient (zeros where it got none: every rank
+  // must compress the same tensors).
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    const double beta1 = std::get<0>(o.betas());
+    for (auto& p : group.params()) {
+      auto it = state().find(compat::optimizer_state_key(p));
+      TORCH_CHECK(it != state().end(), "OneBitAdam: a parameter has no Adam state after warm-up");
+      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      s.step(s.step() + 1);
+      float* m = s.exp_avg().data_ptr<float>();
+      const int64_t n = p.numel();
+      const float b1 = static_cast<float>(beta1), one_minus = static_cast<float>(1 - beta1);
+      if (p.grad().defined()) {
+        const float* g = p.grad().data_ptr<float>();
+        for (int64_t k = 0; k < n; ++k) m[k] = b1 * m[k] + one_minus * g[k];
+      } else {
+        for (int64_t k = 0; k < n; ++k) m[k] *= b1;
+      }
+      momenta.push_back(s.exp_avg());
+    }
+  }
+  if (comm_ && comm_->world_size() > 1) compressor_->run(momenta);  // COLLECTIVE
+  size_t k = 0;
+  for (auto& group : param_groups()) {
+    auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
+    for (auto& p : group.params()) {
+      auto& s = static_cast<torch::optim::AdamWParamState&>(
+          *state().find(compat::optimizer_state_key(p))->second);
+      // p -= lr·(m / (sqrt(v) + eps) + wd·p), one pass.
+      const float* m = momenta[k++].data_ptr<float>();
+      const float* v = s.exp_avg_sq().data_ptr<float>();
+      float* w = p.data_ptr<float>();
+      const float lr = static_cast<float>(o.lr()), eps = static_cast<float>(o.eps());
+      const float wd = static_cast<float>(o.weight_decay());
+      for (int64_t j = 0, n = p.numel(); j < n; ++j)
+        w[j] -= lr * (m[j] / (std::sqrt(v[j]) + eps) + wd * w[j]);
+    }
+  }
+  last_step_ = steps();
+}
+
+}  // namespace optim
+}  // namespace deepspeed

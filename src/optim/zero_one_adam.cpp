@@ -1,0 +1,187 @@
+#include "optim/zero_one_adam.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "util/torch_compat.h"
+
+namespace deepspeed {
+namespace optim {
+namespace {
+AdamHyper variance_step_hyper(const ZeroOneAdamHyper& h) {
+  AdamHyper a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.adamw_mode = true;        // update m/(sqrt(v)+eps) + wd·p, as 1-bit Adam
+  a.bias_correction = false;  // 0/1 Adam never bias-corrects
+  return a;
+}
+}  // namespace
+
+ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
+                         comm::CommunicatorPtr comm)
+    : FusedAdam(std::move(params), variance_step_hyper(hyper)), hyper_(hyper),
+      comm_(std::move(comm)) {}
+
+int64_t ZeroOneAdam::steps() const {
+  for (const auto& group : param_groups())
+    for (const auto& p : group.params()) {
+      auto it = state().find(compat::optimizer_state_key(p));
+      if (it != state().end())
+        return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
+    }
+  return 0;
+}
+
+bool ZeroOneAdam::gradients_stay_local() const {
+  return frozen() || (steps() + 1) % var_interval_ != 0;
+}
+
+// Every parameter with its Adam state (created, zero, when missing: every rank must compress the
+// same tensors whatever its graph used).
+std::vector<ZeroOneAdam::Param> ZeroOneAdam::params_with_state() {
+  std::vector<Param> out;
+  for (auto& group : param_groups()) {
+    auto* o = static_cast<torch::optim::AdamWOptions*>(&group.options());
+    for (auto& p : group.params()) {
+      auto key = compat::optimizer_state_key(p);
+      auto it = state().find(key);
+      if (it == state().end()) {
+        auto s = std::make_unique<torch::optim::AdamWParamState>();
+        s->step(steps());
+        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+        it = state().emplace(key, std::move(s)).first;
+      }
+      out.push_back({p, static_cast<torch::optim::AdamWParamState*>(it->second.get()), o});
+    }
+  }
+  return out;
+}
+
+void ZeroOneAdam::compress(const std::vector<at::Tensor>& tensors) {
+  if (!comm_ || comm_->world_size() == 1) return;  // the average of one rank is itself
+  if (!compressor_) {
+    std::vector<int64_t> numels;
+    for (auto& t : tensors) numels.push_back(t.numel());
+    compressor_ = std::make_unique<CompressedAllReduce>(comm_, std::move(numels));
+  }
+  compressor_->run(tensors);  // COLLECTIVE
+}
+
+// Phase 1, not a variance step: the momentum takes the compressed average of the gradients.
+void ZeroOneAdam::compressed_gradient_step() {
+  auto params = params_with_state();
+  std::vector<at::Tensor> grads;
+  for (auto& x : params)
+    grads.push_back(x.p.grad().defined() ? x.p.grad().clone() : torch::zeros_like(x.p));
+  compress(grads);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& [p, s, o] = params[i];
+    s->step(s->step() + 1);
+    s->exp_avg().mul_(std::get<0>(o->betas())).add_(grads[i], 1 - std::get<0>(o->betas()));
+    at::Tensor update = s->exp_avg() / (s->exp_avg_sq().sqrt() + o->eps());
+    if (o->weight_decay() > 0) update.add_(p, o->weight_decay());
+    p.add_(update, -o->lr());
+  }
+}
+
+// Phase 2: a local step, and every local_interval steps the synchronisation.
+void ZeroOneAdam::local_step(int64_t step) {
+  auto params = params_with_state();
+  if (u_.empty())
+    for (auto& x : params) {
+      u_.push_back(torch::zeros_like(x.p));
+      synced_.push_back(x.p.clone());
+    }
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& [p, s, o] = params[i];
+    s->step(s->step() + 1);
+    const double beta1 = std::get<0>(o->betas());
+    s->exp_avg().mul_(beta1);
+    if (p.grad().defined()) s->exp_avg().add_(p.grad(), 1 - beta1);
+    at::Tensor update = s->exp_avg() / (s->exp_avg_sq().sqrt() + o->eps());
+    if (o->weight_decay() > 0) update.add_(p, o->weight_decay());
+    p.add_(update, -o->lr());
+    u_[i].add_(update, -o->lr());
+  }
+  lr_sum_ += params.empty() ? 0.0 : params[0].options->lr();
+  if (step % local_interval_ != 0) return;  // no communication this step
+  std::vector<at::Tensor> denoms;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& [p, s, o] = params[i];
+    denoms.push_back(s->exp_avg_sq().sqrt() + o->eps());
+    u_[i].mul_(denoms[i]);  // into momentum units
+  }
+  compress(u_);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& [p, s, o] = params[i];
+    s->exp_avg().copy_(u_[i]).div_(-lr_sum_);
+    // The local updates are undone by going back to the parameters of the last sync (DeepSpeed
+    // subtracts u instead, which leaves each rank its own rounding residue: ranks drift apart
+    // by ~1e-7 per sync; this way they stay bit-identical).
+    p.copy_(synced_[i] + u_[i] / denoms[i]);
+    synced_[i].copy_(p);
+    u_[i].zero_();
+  }
+  lr_sum_ = 0;
+}
+
+// The interval bookkeeping after step `step` (DeepSpeed's, moved out of the update).
+// Phase 1 runs through step var_freeze_step + 1 (DeepSpeed freezes after a step whose count
+// exceeds var_freeze_step), phase 2 from the next.
+void ZeroOneAdam::advance_schedule(int64_t step) {
+  if (step <= hyper_.var_freeze_step + 1) {
+    if (step % var_interval_ == 0 && ++var_counter_ == hyper_.var_update_scaler) {
+      var_counter_ = 0;
+      var_interval_ *= 2;
+    }
+    // The switch: the error feedback kept for gradients must not leak into the momentum sums.
+    if (step == hyper_.var_freeze_step + 1 && compressor_) compressor_->reset_errors();
+    return;
+  }
+  if (++local_counter_ == hyper_.local_step_scaler) {
+    local_counter_ = 0;
+    local_interval_ = std::min(hyper_.local_step_clipper, local_interval_ * 2);
+  }
+}
+
+void ZeroOneAdam::replay_schedule(int64_t steps) {
+  var_interval_ = 1;
+  var_counter_ = 0;
+  local_interval_ = 1;
+  local_counter_ = 0;
+  for (int64_t t = 1; t <= steps; ++t) advance_schedule(t);
+  lr_sum_ = 0;
+  u_.clear();
+  synced_.clear();
+  if (compressor_) compressor_->reset_errors();
+}
+
+torch::Tensor ZeroOneAdam::step(LossClosure closure) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  if (steps() != last_step_) replay_schedule(steps());  // a checkpoint was loaded
+  const int64_t step = steps() + 1;
+  if (frozen()) {
+    local_step(step);
+  } else if (step % var_interval_ == 0) {
+    FusedAdam::step();  // a variance step: the stage all-reduced the gradients
+  } else {
+    compressed_gradient_step();
+  }
+  advance_schedule(step);
+  last_step_ = steps();
+  return loss;
+}
+
+}  // namespace optim
+}  // namespace deepspeed

@@ -1,6 +1,8 @@
 // Optimizers from DeepSpeed's `"optimizer"` block: {"type": ..., "params": {...}}.
 //
-// Types (case-insensitive): Adam, AdamW, SGD, Adagrad. As in DeepSpeed, "Adam" uses decoupled
+// Types (case-insensitive): Adam, AdamW, SGD, Adagrad, Lamb, and (through initialize() only: their
+// compressed exchange is a collective of the engine's group) OneBitAdam and ZeroOneAdam; their
+// parameters are in docs/config.md. As in DeepSpeed, "Adam" uses decoupled
 // weight decay (AdamW) unless params.adam_w_mode is false, and "AdamW" is always decoupled.
 // Defaults are DeepSpeed FusedAdam's: lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0
 // (not libtorch AdamW's 1e-2).

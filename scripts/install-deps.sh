@@ -14,6 +14,7 @@ PACKAGES=(
   liburing-dev          # io_uring for NVMe offload
   xz-utils              # CI unpacks the libtorch 2.11 headers that the CUDA sources are checked against
   python3-torch         # PyTorch DDP baseline for the benchmarks (and checkpoint interop tests)
+  iproute2              # `ip netns` / `ip link` / `tc`: the network-namespace hosts of the multi-node tests
   openssh-server        # tests/launcher/netns.bash: one sshd per network-namespace host (multi-node tests)
   pdsh                  # dsrun --launcher pdsh (tested in tests/launcher/multinode_env.sh)
   openmpi-bin           # dsrun --launcher openmpi (mpirun)

@@ -35,20 +35,6 @@ config() {  # config STAGE FILE
 JSON
 }
 
-shape() {  # shape RATE: tbf on both hosts' links ("" removes it)
-  local k
-  for k in 0 1; do
-    on_host "$k" tc qdisc del dev eth0 root 2>/dev/null
-    if [ -n "$1" ]; then
-      local burst=256kb
-      [ "$1" = 10gbit ] && burst=2mb
-      on_host "$k" tc qdisc add dev eth0 root tbf rate "$1" burst "$burst" latency 100ms ||
-        fail "tc tbf $1 on host $k"
-    fi
-  done
-}
-
-tx_bytes() { on_host 1 cat /sys/class/net/eth0/statistics/tx_bytes; }
 
 field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
   grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
@@ -61,15 +47,15 @@ for link in loopback 10gbit 1gbit; do
     config "$stage" "$TMP/z$stage.json"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
-      shape ""
+      shape_links ""
       run_on_host0 "run_${link}_$stage" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
       sent="-"
     else
-      shape "$link"
-      before=$(tx_bytes)
+      shape_links "$link"
+      before=$(link_tx_bytes 1)
       run_on_host0 "run_${link}_$stage" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
         --master_port "$(free_port)" "${GPT[@]}"
-      after=$(tx_bytes)
+      after=$(link_tx_bytes 1)
       sent=$(( (after - before) / STEPS ))
     fi
     out="$TMP/run_${link}_$stage.out"
@@ -91,4 +77,4 @@ print(f"| {link} | {stage} | {ms:.0f} | {int(payload) / 1e6:.1f} | {sent_mb} | {
 PY
   done
 done
-shape ""
+shape_links ""

@@ -39,18 +39,6 @@ config() {  # config OPTIMIZER FILE
 JSON
 }
 
-shape() {  # shape RATE: tbf on both hosts' links ("" removes it)
-  local k
-  for k in 0 1; do
-    on_host "$k" tc qdisc del dev eth0 root 2>/dev/null
-    if [ -n "$1" ]; then
-      on_host "$k" tc qdisc add dev eth0 root tbf rate "$1" burst 256kb latency 100ms ||
-        fail "tc tbf $1 on host $k"
-    fi
-  done
-}
-
-tx_bytes() { on_host 1 cat /sys/class/net/eth0/statistics/tx_bytes; }
 
 field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
   grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
@@ -63,19 +51,19 @@ for link in loopback 1gbit; do
     config "$opt" "$TMP/$opt.json"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/$opt.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
-      shape ""
+      shape_links ""
       run_on_host0 "run_${link}_$opt" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}" \
         --steps $((2 * STEPS))
       sent="-"
     else
-      shape "$link"
+      shape_links "$link"
       sent=0
       for n in "$STEPS" $((2 * STEPS)); do  # the longer run last: its report is the one read
-        before=$(tx_bytes)
+        before=$(link_tx_bytes 1)
         run_on_host0 "run_${link}_$opt" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
           --master_port "$(free_port)" "${GPT[@]}" --steps "$n"
         [ "$RC" -eq 0 ] || fail "$link $opt ($n steps): dsrun exited $RC"
-        after=$(tx_bytes)
+        after=$(link_tx_bytes 1)
         sent=$(( after - before - sent ))
       done
       sent=$(( sent / STEPS ))
@@ -94,4 +82,4 @@ print(f"| {link} | {name} | {float(ms):.0f} | {int(payload) / 1e3:.0f} | {sent_k
 PY
   done
 done
-shape ""
+shape_links ""

@@ -9,6 +9,7 @@
 #                        the reason when the machine cannot do it (not root, no namespaces, no sshd)
 #   on_host K CMD...     runs CMD in host K's namespace
 #   cut_link K / mend_link K   takes host K's link down / up at the bridge (host K stays alive)
+#   shape_links RATE / link_tx_bytes K   tbf on every link; bytes host K sent (benchmarks)
 #   SSH_ARGS             --launcher_args value that makes dsrun's ssh use the generated config
 # The launching dsrun runs on host 0 (on_host 0 "$DSRUN" ...), as on a real cluster's first node.
 
@@ -117,6 +118,22 @@ on_host() {
 
 cut_link() { ip -n "${NETNS_PREFIX}br" link set "vb$$_$1" down; }
 mend_link() { ip -n "${NETNS_PREFIX}br" link set "vb$$_$1" up; }
+
+# shape_links RATE: tbf on every host's egress (RATE as tc takes it: 1gbit, 10gbit); "" removes
+# it. The benchmarks' slow links (netem, for delay, is not in this kernel).
+shape_links() {
+  local k burst=256kb
+  [ "$1" = 10gbit ] && burst=2mb  # a burst below rate/HZ would cap the rate lower
+  for ((k = 0; k < ${#NS[@]}; k++)); do
+    on_host "$k" tc qdisc del dev eth0 root 2>/dev/null
+    if [ -n "$1" ]; then
+      on_host "$k" tc qdisc add dev eth0 root tbf rate "$1" burst "$burst" latency 100ms ||
+        fail "tc tbf $1 on host $k"
+    fi
+  done
+}
+# link_tx_bytes K: bytes host K has sent on its link so far.
+link_tx_bytes() { on_host "$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 
 # run_on_host0 NAME ARGS...: dsrun on host 0 with a hard limit; sets RC, writes $TMP/NAME.out/.err.
 run_on_host0() {

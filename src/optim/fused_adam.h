@@ -19,6 +19,22 @@
 namespace deepspeed {
 namespace optim {
 
+// The exact-Adam phase of the 1-bit family (OneBitAdam's warm-up, ZeroOneAdam's variance steps):
+// their hyperparameters with decoupled weight decay and no bias correction, as DeepSpeed's
+// OnebitAdam / ZeroOneAdam update m / (sqrt(v) + eps) + wd * p.
+template <class H>
+AdamHyper uncorrected_adamw_hyper(const H& h) {
+  AdamHyper a;
+  a.lr = h.lr;
+  a.beta1 = h.beta1;
+  a.beta2 = h.beta2;
+  a.eps = h.eps;
+  a.weight_decay = h.weight_decay;
+  a.adamw_mode = true;
+  a.bias_correction = false;
+  return a;
+}
+
 class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
  public:
   FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper);

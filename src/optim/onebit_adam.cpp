@@ -8,23 +8,12 @@
 
 namespace deepspeed {
 namespace optim {
-namespace {
-AdamHyper warmup_hyper(const OneBitAdamHyper& h) {
-  AdamHyper a;
-  a.lr = h.lr;
-  a.beta1 = h.beta1;
-  a.beta2 = h.beta2;
-  a.eps = h.eps;
-  a.weight_decay = h.weight_decay;
-  a.adamw_mode = true;        // OnebitAdam adds wd·p to the update: decoupled decay
-  a.bias_correction = false;  // OnebitAdam never bias-corrects
-  return a;
-}
-}  // namespace
 
 OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
                        comm::CommunicatorPtr comm)
-    : FusedAdam(std::move(params), warmup_hyper(hyper)), hyper_(hyper), comm_(std::move(comm)) {}
+    : FusedAdam(std::move(params), uncorrected_adamw_hyper(hyper)),
+      hyper_(hyper),
+      comm_(std::move(comm)) {}
 
 int64_t OneBitAdam::steps() const {
   for (const auto& group : param_groups())

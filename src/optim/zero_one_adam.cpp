@@ -8,23 +8,10 @@
 
 namespace deepspeed {
 namespace optim {
-namespace {
-AdamHyper variance_step_hyper(const ZeroOneAdamHyper& h) {
-  AdamHyper a;
-  a.lr = h.lr;
-  a.beta1 = h.beta1;
-  a.beta2 = h.beta2;
-  a.eps = h.eps;
-  a.weight_decay = h.weight_decay;
-  a.adamw_mode = true;        // update m/(sqrt(v)+eps) + wd·p, as 1-bit Adam
-  a.bias_correction = false;  // 0/1 Adam never bias-corrects
-  return a;
-}
-}  // namespace
 
 ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
                          comm::CommunicatorPtr comm)
-    : FusedAdam(std::move(params), variance_step_hyper(hyper)), hyper_(hyper),
+    : FusedAdam(std::move(params), uncorrected_adamw_hyper(hyper)), hyper_(hyper),
       comm_(std::move(comm)) {}
 
 int64_t ZeroOneAdam::steps() const {

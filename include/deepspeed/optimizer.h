@@ -1,7 +1,8 @@
 // Optimizers from DeepSpeed's `"optimizer"` block: {"type": ..., "params": {...}}.
 //
 // Types (case-insensitive): Adam, AdamW, SGD, Adagrad, Lamb, and (through initialize() only: their
-// compressed exchange is a collective of the engine's group) OneBitAdam and ZeroOneAdam; their
+// compressed exchange is a collective of the engine's group) OneBitAdam, ZeroOneAdam and
+// OneBitLamb; their
 // parameters are in docs/config.md. As in DeepSpeed, "Adam" uses decoupled
 // weight decay (AdamW) unless params.adam_w_mode is false, and "AdamW" is always decoupled.
 // Defaults are DeepSpeed FusedAdam's: lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0
@@ -49,5 +50,15 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
 // Several groups: a group without options gets the block's; one with options keeps its own.
 std::shared_ptr<torch::optim::Optimizer> make_optimizer(
     const OptimizerConfig& config, std::vector<torch::optim::OptimizerParamGroup> groups);
+
+// DeepSpeed's exp_avg_mask (a param-group entry there) for the 1-bit optimizers: 1-bit compression
+// cannot represent an exact zero, so where a parameter's gradient is always zero in part (an
+// attention key bias; embedding rows never used) the compressed exchange invents momentum that a
+// near-zero variance turns into unbounded steps. `mask` (the parameter's shape; 1 keep, 0 zero) is
+// multiplied into the momentum after each compressed exchange. `optimizer` is the engine's
+// (engine->optimizer()). Throws ConfigError when it is not a 1-bit optimizer, `param` is not
+// one of its parameters, or the shapes differ.
+void set_exp_avg_mask(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                      const at::Tensor& mask);
 
 }  // namespace deepspeed

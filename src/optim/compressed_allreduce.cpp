@@ -52,6 +52,32 @@ void CompressedAllReduce::reset_errors() {
   server_error_ = torch::zeros({row_}, torch::kFloat);
 }
 
+void CompressedAllReduce::save_errors(ExtraState& out) const {
+  out.per_rank["worker_error"] = worker_error_;
+  out.per_rank["server_error"] = server_error_;
+}
+
+void CompressedAllReduce::restore_errors(const ExtraState& saved) {
+  auto worker = saved.per_rank.find("worker_error"), server = saved.per_rank.find("server_error");
+  if (worker == saved.per_rank.end() || server == saved.per_rank.end()) {
+    reset_errors();
+    return;
+  }
+  TORCH_CHECK(worker->second.sizes() == worker_error_.sizes(), "saved worker_error has shape ",
+              worker->second.sizes(), ", this optimizer's is ", worker_error_.sizes());
+  TORCH_CHECK(server->second.sizes() == server_error_.sizes(), "saved server_error has shape ",
+              server->second.sizes(), ", this optimizer's is ", server_error_.sizes());
+  worker_error_.copy_(worker->second);
+  server_error_.copy_(server->second);
+}
+
+std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,
+                                                    const std::vector<at::Tensor>& tensors) {
+  std::vector<int64_t> numels;
+  for (const auto& t : tensors) numels.push_back(t.numel());
+  return std::make_unique<CompressedAllReduce>(std::move(comm), std::move(numels));
+}
+
 namespace {
 
 // The loops below are branch-free (a sign is 2·bit - 1, and scale·(±1) is exact) so the compiler

@@ -27,11 +27,13 @@
 //   Σ_t out_t = Σ_t avg_w(x_{w,t}) - avg_w(worker_error_w) - server_error   (exactly, in reals).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/Tensor.h>
 
 #include "deepspeed/comm.h"
+#include "optim/extra_state.h"
 
 namespace deepspeed {
 namespace optim {
@@ -44,8 +46,13 @@ class CompressedAllReduce {
   // Replaces each tensor (contiguous fp32, numels[i] elements) by the compressed average over
   // ranks. COLLECTIVE; every rank passes tensors of the same sizes.
   void run(const std::vector<at::Tensor>& tensors);
-  // Forgets the error feedback (DeepSpeed resets it when a checkpoint is loaded).
+  // Forgets the error feedback.
   void reset_errors();
+  // Checkpoints (extra_state.h): both buffers as per-rank state "worker_error", "server_error";
+  // restore_errors takes them back when `saved` has them (same world size), else resets.
+  // Throws c10::Error naming the buffer when a saved one's shape differs.
+  void save_errors(ExtraState& out) const;
+  void restore_errors(const ExtraState& saved);
 
   const at::Tensor& worker_error() const { return worker_error_; }  // [W, S]
   const at::Tensor& server_error() const { return server_error_; }  // [S]
@@ -59,6 +66,11 @@ class CompressedAllReduce {
   int64_t row_ = 0;
   at::Tensor worker_error_, server_error_;
 };
+
+// A compressor for `tensors`' sizes (created on an optimizer's first compressed step, or when a
+// checkpoint's error feedback is restored before it).
+std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,
+                                                    const std::vector<at::Tensor>& tensors);
 
 // Signs packed 8 per byte along the last dimension, most significant bit first: bit set for
 // x >= 0. REQUIRES: the last dimension is a multiple of 8. Returns uint8 [..., n/8].

@@ -55,6 +55,9 @@ class Lamb : public torch::optim::Optimizer, public AdamMoments {
   const std::vector<double>& lamb_coeffs() const { return coeffs_; }
   const LambHyper& hyper() const { return hyper_; }
 
+ protected:
+  std::vector<double> coeffs_;  // lamb_coeffs(); 1-bit Lamb writes its frozen-phase ones
+
  private:
   torch::optim::AdamWParamState& state_of(const torch::Tensor& p);
   // m, v updated; returns u (same shape as p).
@@ -67,7 +70,6 @@ class Lamb : public torch::optim::Optimizer, public AdamMoments {
 
   LambHyper hyper_;
   float grad_scale_ = 1.0f;
-  std::vector<double> coeffs_;
   std::vector<Fragment> fragments_;
   int64_t num_params_ = 0;
   NormSum sum_;

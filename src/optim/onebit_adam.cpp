@@ -25,6 +25,29 @@ int64_t OneBitAdam::steps() const {
   return 0;
 }
 
+std::vector<at::Tensor> OneBitAdam::params() const {
+  std::vector<at::Tensor> out;
+  for (const auto& group : param_groups())
+    for (const auto& p : group.params()) out.push_back(p);
+  return out;
+}
+
+ExtraState OneBitAdam::extra_state() const {
+  ExtraState out;
+  if (compressor_) compressor_->save_errors(out);
+  return out;
+}
+
+void OneBitAdam::load_extra_state(const ExtraState& saved) {
+  if (saved.per_rank.count("worker_error")) {
+    if (!compressor_) compressor_ = compressor_for(comm_, params());
+    compressor_->restore_errors(saved);
+  } else if (compressor_) {
+    compressor_->reset_errors();
+  }
+  last_step_ = steps();
+}
+
 torch::Tensor OneBitAdam::step(LossClosure closure) {
   if (!frozen()) {
     torch::Tensor loss = FusedAdam::step(closure);
@@ -42,15 +65,11 @@ torch::Tensor OneBitAdam::step(LossClosure closure) {
 
 void OneBitAdam::compressed_step() {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> params, momenta;
-  for (auto& group : param_groups())
-    for (auto& p : group.params()) params.push_back(p);
+  std::vector<at::Tensor> momenta;
   if (!compressor_) {
-    std::vector<int64_t> numels;
-    for (auto& p : params) numels.push_back(p.numel());
-    compressor_ = std::make_unique<CompressedAllReduce>(comm_, std::move(numels));
+    compressor_ = compressor_for(comm_, params());
   } else if (steps() != last_step_) {
-    compressor_->reset_errors();  // the state was loaded from a checkpoint
+    compressor_->reset_errors();  // the Adam state was changed from outside, not by a load
   }
   // Local momentum update with this rank's own gradient (zeros where it got none: every rank
   // must compress the same tensors).
@@ -75,6 +94,7 @@ void OneBitAdam::compressed_step() {
     }
   }
   if (comm_ && comm_->world_size() > 1) compressor_->run(momenta);  // COLLECTIVE
+  for (size_t i = 0; i < momenta.size(); ++i) apply_mask(i, momenta[i]);
   size_t k = 0;
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());

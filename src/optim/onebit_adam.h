@@ -11,10 +11,11 @@
 // Differences from DeepSpeed, on purpose: DeepSpeed's first step() only initialises state
 // (moments, no parameter update); here step 1 is an ordinary Adam step. All tensors are
 // compressed together (one all-to-all and one all-gather per step, each tensor keeping its own
-// scales) where DeepSpeed issues four collectives per tensor. No exp_avg_mask.
+// scales) where DeepSpeed issues four collectives per tensor. exp_avg_mask: momentum_mask.h.
 // Checkpoints: the state is FusedAdam's (step, exp_avg, exp_avg_sq = the frozen variance), saved
-// and resharded as Adam's; the error-feedback buffers are not saved and restart at zero when the
-// step count was changed from outside (a loaded checkpoint), as DeepSpeed resets them on load.
+// and resharded as Adam's; the error-feedback buffers are saved per rank (extra_state.h) and
+// restored at the same world size, so a resumed run continues bit for bit. At another world size
+// they restart at zero, as DeepSpeed resets them on every load.
 // REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage (not set_grad_scale).
 // step() is COLLECTIVE after the warm-up.
 #pragma once
@@ -22,6 +23,8 @@
 
 #include "deepspeed/comm.h"
 #include "optim/compressed_allreduce.h"
+#include "optim/extra_state.h"
+#include "optim/momentum_mask.h"
 #include "optim/fused_adam.h"
 #include "optim/optimizer_params.h"
 #include "optim/self_communicating.h"
@@ -29,12 +32,18 @@
 namespace deepspeed {
 namespace optim {
 
-class OneBitAdam : public FusedAdam, public SelfCommunicatingOptimizer {
+class OneBitAdam : public FusedAdam,
+                   public SelfCommunicatingOptimizer,
+                   public ExtraOptimizerState,
+                   public MomentumMasks {
  public:
   OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
              comm::CommunicatorPtr comm);
   torch::Tensor step(LossClosure closure = nullptr) override;
   bool gradients_stay_local() const override { return frozen(); }
+  std::string extra_state_kind() const override { return "OneBitAdam"; }
+  ExtraState extra_state() const override;
+  void load_extra_state(const ExtraState& saved) override;
 
   // Steps taken (the state's count; 0 before the first).
   int64_t steps() const;
@@ -44,6 +53,7 @@ class OneBitAdam : public FusedAdam, public SelfCommunicatingOptimizer {
 
  private:
   void compressed_step();
+  std::vector<at::Tensor> params() const;
 
   OneBitAdamHyper hyper_;
   comm::CommunicatorPtr comm_;

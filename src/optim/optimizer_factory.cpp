@@ -10,6 +10,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/momentum_mask.h"
 #include "optim/lamb.h"
 #include "optim/param_reader.h"
 
@@ -20,11 +21,11 @@ using optim::check_range;
 using optim::ParamReader;
 using optim::reject_unread;
 
-const std::vector<std::string> kSupported = {"Adam", "AdamW",      "SGD",        "Adagrad",
-                                             "Lamb", "OneBitAdam", "ZeroOneAdam"};
+const std::vector<std::string> kSupported = {"Adam",       "AdamW",       "SGD",       "Adagrad",
+                                             "Lamb",       "OneBitAdam",  "ZeroOneAdam",
+                                             "OneBitLamb"};
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
-const std::vector<std::string> kNotImplemented = {"OneBitLamb", "Lion", "MuAdam", "MuAdamW",
-                                                  "MuSGD"};
+const std::vector<std::string> kNotImplemented = {"Lion", "MuAdam", "MuAdamW", "MuSGD"};
 
 std::string lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -179,7 +180,7 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
     }
     return std::make_shared<optim::Lamb>(std::move(params), optim::parse_lamb_params(config));
   }
-  if (type == "OneBitAdam" || type == "ZeroOneAdam")
+  if (type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb")
     throw ConfigError("optimizer.type \"" + type + "\": its momentum all-reduce is a collective of "
                       "the engine's data-parallel group, so only deepspeed::initialize() builds "
                       "it (make_optimizer cannot)");
@@ -191,6 +192,28 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(const OptimizerConfig& c
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::move(params));
   return make_optimizer(config, std::move(groups));
+}
+
+void set_exp_avg_mask(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                      const at::Tensor& mask) {
+  auto* masks = dynamic_cast<optim::MomentumMasks*>(&optimizer);
+  if (!masks)
+    throw ConfigError("set_exp_avg_mask: the optimizer is not a 1-bit optimizer (OneBitAdam, "
+                      "ZeroOneAdam, OneBitLamb); only they compress momentum");
+  size_t index = 0;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+        if (mask.sizes() != p.sizes())
+          throw ConfigError("set_exp_avg_mask: mask of shape " + c10::str(mask.sizes()) +
+                            " for a parameter of shape " + c10::str(p.sizes()));
+        masks->set_mask(index, mask.to(p.options()).contiguous());
+        return;
+      }
+      ++index;
+    }
+  throw ConfigError("set_exp_avg_mask: the tensor of shape " + c10::str(param.sizes()) +
+                    " is not one of the optimizer's parameters");
 }
 
 }  // namespace deepspeed

@@ -52,12 +52,32 @@ struct ZeroOneAdamHyper {
   std::string comm_backend_name = "nccl";
 };
 
+// DeepSpeed's OnebitLamb (deepspeed/runtime/fp16/onebit/lamb.py).
+struct OneBitLambHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  double max_coeff = 10.0;         // params.max_coeff: trust-ratio clamp during the warm-up
+  double min_coeff = 0.01;         // params.min_coeff
+  int64_t freeze_step = 100000;    // params.freeze_step: exact-Lamb warm-up steps
+  double coeff_beta = 0.9;         // params.coeff_beta: running average of the warm-up ratios
+  double factor_max = 4.0;         // params.factor_max: bounds of the frozen-phase factor
+  double factor_min = 0.5;         // params.factor_min
+  double factor_threshold = 0.1;   // params.factor_threshold: most relative change per step
+  bool cuda_aware = false;
+  std::string comm_backend_name = "nccl";
+};
+
 // Throw ConfigError for a bad or unknown parameter; `warnings` (may be null) receives notes.
 LambHyper parse_lamb_params(const OptimizerConfig& config);
 OneBitAdamHyper parse_onebit_adam_params(const OptimizerConfig& config,
                                          std::vector<std::string>* warnings = nullptr);
 ZeroOneAdamHyper parse_zero_one_adam_params(const OptimizerConfig& config,
                                             std::vector<std::string>* warnings = nullptr);
+OneBitLambHyper parse_onebit_lamb_params(const OptimizerConfig& config,
+                                         std::vector<std::string>* warnings = nullptr);
 
 }  // namespace optim
 }  // namespace deepspeed

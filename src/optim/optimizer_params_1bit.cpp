@@ -104,5 +104,38 @@ ZeroOneAdamHyper parse_zero_one_adam_params(const OptimizerConfig& config,
   return h;
 }
 
+OneBitLambHyper parse_onebit_lamb_params(const OptimizerConfig& config,
+                                         std::vector<std::string>* warnings) {
+  ParamReader r = reader_for(config);
+  OneBitLambHyper h;
+  read_adam_keys(r, h);
+  h.max_coeff = r.get_double("max_coeff", h.max_coeff);
+  h.min_coeff = r.get_double("min_coeff", h.min_coeff);
+  h.freeze_step = r.get_int("freeze_step", h.freeze_step);
+  h.coeff_beta = r.get_double("coeff_beta", h.coeff_beta);
+  h.factor_max = r.get_double("factor_max", h.factor_max);
+  h.factor_min = r.get_double("factor_min", h.factor_min);
+  h.factor_threshold = r.get_double("factor_threshold", h.factor_threshold);
+  h.cuda_aware = r.get_bool("cuda_aware", h.cuda_aware);
+  h.comm_backend_name = read_backend(r, "OneBitLamb", warnings);
+  // OnebitLamb takes these and ignores them: its update has no bias correction and adds eps
+  // outside the sqrt.
+  r.get_bool("bias_correction", true);
+  r.get_bool("eps_inside_sqrt", false);
+  reject_unread(r, "OneBitLamb");
+  check_range(r, "freeze_step", static_cast<double>(h.freeze_step), 0, kInf);
+  check_range(r, "min_coeff", h.min_coeff, 0, kInf);
+  check_range(r, "coeff_beta", h.coeff_beta, 0, 1);
+  check_range(r, "factor_min", h.factor_min, 0, kInf);
+  check_range(r, "factor_threshold", h.factor_threshold, 0, kInf);
+  if (!(h.max_coeff >= h.min_coeff))
+    throw ConfigError(r.path("max_coeff") + " = " + std::to_string(h.max_coeff) +
+                      " is below optimizer.params.min_coeff = " + std::to_string(h.min_coeff));
+  if (!(h.factor_max >= h.factor_min))
+    throw ConfigError(r.path("factor_max") + " = " + std::to_string(h.factor_max) +
+                      " is below optimizer.params.factor_min = " + std::to_string(h.factor_min));
+  return h;
+}
+
 }  // namespace optim
 }  // namespace deepspeed

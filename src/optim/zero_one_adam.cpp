@@ -52,11 +52,7 @@ std::vector<ZeroOneAdam::Param> ZeroOneAdam::params_with_state() {
 
 void ZeroOneAdam::compress(const std::vector<at::Tensor>& tensors) {
   if (!comm_ || comm_->world_size() == 1) return;  // the average of one rank is itself
-  if (!compressor_) {
-    std::vector<int64_t> numels;
-    for (auto& t : tensors) numels.push_back(t.numel());
-    compressor_ = std::make_unique<CompressedAllReduce>(comm_, std::move(numels));
-  }
+  if (!compressor_) compressor_ = compressor_for(comm_, tensors);
   compressor_->run(tensors);  // COLLECTIVE
 }
 
@@ -67,6 +63,7 @@ void ZeroOneAdam::compressed_gradient_step() {
   for (auto& x : params)
     grads.push_back(x.p.grad().defined() ? x.p.grad().clone() : torch::zeros_like(x.p));
   compress(grads);
+  for (size_t i = 0; i < params.size(); ++i) apply_mask(i, grads[i]);
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->step(s->step() + 1);
@@ -105,6 +102,7 @@ void ZeroOneAdam::local_step(int64_t step) {
     u_[i].mul_(denoms[i]);  // into momentum units
   }
   compress(u_);
+  for (size_t i = 0; i < u_.size(); ++i) apply_mask(i, u_[i]);
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->exp_avg().copy_(u_[i]).div_(-lr_sum_);
@@ -147,6 +145,51 @@ void ZeroOneAdam::replay_schedule(int64_t steps) {
   u_.clear();
   synced_.clear();
   if (compressor_) compressor_->reset_errors();
+}
+
+ExtraState ZeroOneAdam::extra_state() const {
+  ExtraState out;
+  if (compressor_) compressor_->save_errors(out);
+  if (u_.empty()) return out;  // phase 2 not begun: parameters and momentum equal on every rank
+  std::vector<at::Tensor> params, momenta;
+  for (const auto& group : param_groups())
+    for (const auto& p : group.params()) {
+      params.push_back(p);
+      auto it = state().find(compat::optimizer_state_key(p));
+      TORCH_CHECK(it != state().end(), "ZeroOneAdam: a parameter has no state in phase 2");
+      momenta.push_back(static_cast<const torch::optim::AdamWParamState&>(*it->second).exp_avg());
+    }
+  out.per_rank["params"] = concat_flat(params);
+  out.per_rank["exp_avg"] = concat_flat(momenta);
+  out.per_rank["local_updates"] = concat_flat(u_);
+  out.per_rank["synced_params"] = concat_flat(synced_);
+  out.per_rank["lr_sum"] = torch::tensor({lr_sum_}, torch::kDouble);
+  return out;
+}
+
+void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
+  replay_schedule(steps());  // intervals from the step count; u, Σlr and the errors cleared
+  last_step_ = steps();
+  if (saved.per_rank.count("worker_error")) {
+    std::vector<at::Tensor> params;
+    for (auto& x : params_with_state()) params.push_back(x.p);
+    if (!compressor_) compressor_ = compressor_for(comm_, params);
+    compressor_->restore_errors(saved);
+  }
+  if (!saved.per_rank.count("local_updates")) return;
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> params, momenta;
+  for (auto& x : params_with_state()) {
+    params.push_back(x.p);
+    momenta.push_back(x.state->exp_avg());
+    u_.push_back(torch::zeros_like(x.p));
+    synced_.push_back(torch::zeros_like(x.p));
+  }
+  copy_from_flat(saved.per_rank.at("params"), params, "params");
+  copy_from_flat(saved.per_rank.at("exp_avg"), momenta, "exp_avg");
+  copy_from_flat(saved.per_rank.at("local_updates"), u_, "local_updates");
+  copy_from_flat(saved.per_rank.at("synced_params"), synced_, "synced_params");
+  lr_sum_ = saved.per_rank.at("lr_sum").item<double>();
 }
 
 torch::Tensor ZeroOneAdam::step(LossClosure closure) {

@@ -22,15 +22,22 @@
 // is a variance step. At world size 1 the compressed all-reduce is the identity (DeepSpeed skips
 // the momentum update of non-variance steps there). All tensors are compressed in one call.
 // Checkpoints: step, momentum and variance are saved as Adam's; the interval counters are
-// recomputed from the step count on load; the error feedback restarts at zero. A checkpoint
-// taken between two syncs of phase 2 loses the local updates not yet synchronised (u): save at
-// a sync step (docs/config.md).
+// recomputed from the step count on load. Each rank's own state is saved beside it (extra_state.h):
+// the error feedback and, in phase 2, its parameters, momentum, local updates u, Σlr and the
+// parameters of the last sync, so a run resumed at the same world size continues bit for bit
+// wherever it was saved. At another world size that state restarts (error feedback zero, u
+// empty), so a checkpoint taken between two syncs then loses the local updates not yet
+// synchronised: save at a sync step when you mean to reshard (docs/config.md).
+// exp_avg_mask (momentum_mask.h) multiplies the compressed gradient average of phase 1 and the
+// exchanged local updates of phase 2.
 // REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage. step() is COLLECTIVE.
 #pragma once
 #include <memory>
 
 #include "deepspeed/comm.h"
 #include "optim/compressed_allreduce.h"
+#include "optim/extra_state.h"
+#include "optim/momentum_mask.h"
 #include "optim/fused_adam.h"
 #include "optim/optimizer_params.h"
 #include "optim/self_communicating.h"
@@ -38,13 +45,19 @@
 namespace deepspeed {
 namespace optim {
 
-class ZeroOneAdam : public FusedAdam, public SelfCommunicatingOptimizer {
+class ZeroOneAdam : public FusedAdam,
+                    public SelfCommunicatingOptimizer,
+                    public ExtraOptimizerState,
+                    public MomentumMasks {
  public:
   ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
               comm::CommunicatorPtr comm);
   torch::Tensor step(LossClosure closure = nullptr) override;
   // Local gradients for every step but the variance steps of phase 1.
   bool gradients_stay_local() const override;
+  std::string extra_state_kind() const override { return "ZeroOneAdam"; }
+  ExtraState extra_state() const override;
+  void load_extra_state(const ExtraState& saved) override;
 
   int64_t steps() const;
   bool frozen() const { return steps() > hyper_.var_freeze_step; }

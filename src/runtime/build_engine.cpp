@@ -13,6 +13,7 @@
 #include "optim/fused_adam.h"
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
+#include "optim/onebit_lamb.h"
 #include "optim/zero_one_adam.h"
 #include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
@@ -58,7 +59,7 @@ void broadcast_from_rank0(torch::nn::Module& module, comm::Communicator& comm) {
 }
 
 // Adam/AdamW run the vectorised FusedAdam on every stage (as DeepSpeed uses FusedAdam); Lamb and
-// OneBitAdam are the project's own (OneBitAdam averages its momentum over `comm`, the
+// the 1-bit family are the project's own (the 1-bit ones average their momentum over `comm`, the
 // data-parallel group); other types come from libtorch through make_optimizer.
 zero::OptimizerFactory optimizer_factory(const Config& config, comm::CommunicatorPtr comm) {
   return [config, comm](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
@@ -78,6 +79,9 @@ zero::OptimizerFactory optimizer_factory(const Config& config, comm::Communicato
     if (type == "ZeroOneAdam")
       return std::make_shared<optim::ZeroOneAdam>(
           std::move(params), optim::parse_zero_one_adam_params(*config.optimizer), comm);
+    if (type == "OneBitLamb")
+      return std::make_shared<optim::OneBitLamb>(
+          std::move(params), optim::parse_onebit_lamb_params(*config.optimizer), comm);
     return make_optimizer(*config.optimizer, std::move(params));
   };
 }

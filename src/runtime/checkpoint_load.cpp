@@ -45,6 +45,8 @@ struct Plan {
   int64_t adam_step = -1;  // >= 0: set the Adam step
   std::string optimizer_archive;
   at::Tensor rng_state;
+  optim::ExtraState extra_state;  // the optimizer's own (extra_state.h); handed back last
+  bool load_extra_state = false;
   bool fragments = false;  // masters came from fragments: finish_load must run
 };
 
@@ -218,6 +220,10 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   const auto names = trainable_names(*s.module);
   check_trainable(reader, s, names);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
+  if (o.load_optimizer_states && s.optimizer) {
+    plan.load_extra_state = true;
+    plan.extra_state = read_extra_state(reader, s);
+  }
   // RNG states only where every rank has its saved counterpart: the same world and pipeline.
   comm::Communicator& job = job_comm(s);
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
@@ -326,6 +332,8 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
     s.stage->refresh_masters_from_model();
   else
     s.stage->finish_load(plan.adam_step);
+  if (plan.load_extra_state)
+    run_agreed(job, applying, [&] { apply_extra_state(s, plan.extra_state); });
   job.barrier();
   nlohmann::json client = plan.model_meta.value("client_state", nlohmann::json::object());
   return {join_path(dir, reader->engine_file()), client};

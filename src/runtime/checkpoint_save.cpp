@@ -133,6 +133,9 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
     archive = bytes_tensor(optimizer_archive(*s.optimizer));
     entries.push_back({"optimizer_archive", archive.scalar_type(), archive.sizes().vec()});
   }
+  ExtraStateEntries extra;
+  if (format != kNoOptimizerState) extra = extra_state_entries(s);
+  entries.insert(entries.end(), extra.entries.begin(), extra.entries.end());
   nlohmann::json meta = {{"rank", s.comm->rank()},
                          {"world_size", s.comm->world_size()},
                          {"zero_stage", s.config.zero_optimization.stage},
@@ -140,6 +143,7 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"optimizer_format", format},
                          {"fragments", fragments},
                          {"trainable", trainable_list(s, names)}};
+  if (!extra.meta.is_null()) meta["optimizer_extra"] = extra.meta;
   const std::string path = join_path(dir, file);
   write_safetensors_streamed(
       fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
@@ -154,6 +158,7 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
             }
         w.append(rng);
         if (archive.defined()) w.append(archive);
+        for (const auto& t : extra.tensors) w.append(t);
       });
 }
 

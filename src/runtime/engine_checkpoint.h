@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/file_system.h"
+#include "checkpoint/safetensors.h"
+#include "optim/extra_state.h"
 #include "runtime/engine_state.h"
 
 namespace deepspeed {
@@ -81,6 +83,20 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
 // optimizer format and Adam step, global steps).
 nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
                              int world_size);
+
+// The optimizer's extra state (optim/extra_state.h; checkpoint_extra_state.cpp).
+struct ExtraStateEntries {
+  std::vector<SafetensorsEntry> entries;  // to add to this rank's optimizer-state file
+  std::vector<at::Tensor> tensors;        // their data, in order
+  nlohmann::json meta;                    // its "optimizer_extra" metadata; null: none
+};
+ExtraStateEntries extra_state_entries(const EngineState& s);
+class TagReader;
+// Phase 1 of a load: what this rank's optimizer gets back (nothing when it keeps no extra state,
+// or the checkpoint holds another kind's).
+optim::ExtraState read_extra_state(TagReader& reader, const EngineState& s);
+// After the stage's finish_load. Local.
+void apply_extra_state(EngineState& s, const optim::ExtraState& saved);
 
 // The pipeline layout (checkpoint_pipeline.cpp; layout.h describes it).
 // Writes the layer files this stage owns (spread over its data-parallel ranks when

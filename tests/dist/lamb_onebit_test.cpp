@@ -254,27 +254,12 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
 }
 
 namespace {
-struct Traffic {
-  int64_t bytes = 0, calls = 0;
-};
-// Bytes and collectives rank 0 counted over a whole run (weights broadcast included).
-Traffic traffic(const json& config, int steps) {
+dstest::Traffic traffic(const json& config, int steps) {
   RunSpec s;
   s.world_size = 2;
   s.steps = steps;
   s.config = config;
-  Traffic t;
-  std::mutex mu;
-  s.after_training = [&](deepspeed::Engine& e) {
-    if (e.communicator()->rank() != 0) return;
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& [op, st] : e.communicator()->stats()) {
-      t.bytes += st.bytes;
-      t.calls += st.calls;
-    }
-  };
-  train_gpt(s);
-  return t;
+  return dstest::rank0_traffic(s);
 }
 }  // namespace
 

@@ -1,11 +1,13 @@
 #include "support/training_run.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "comm/nccl_communicator.h"
 #include "deepspeed/comm.h"
+#include "deepspeed/optimizer.h"
 #include "deepspeed/zero_init.h"
 #include "gpt/text_dataset.h"
 #include "support/files.h"
@@ -134,6 +136,39 @@ double max_weight_diff(const RunResult& a, const RunResult& b) {
 
 double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
   return max_rel_diff(a.losses, b.losses);
+}
+
+Traffic rank0_traffic(RunSpec spec) {
+  Traffic t;
+  std::mutex mu;
+  spec.after_training = [&](deepspeed::Engine& e) {
+    if (e.communicator()->rank() != 0) return;
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [op, st] : e.communicator()->stats()) {
+      t.bytes += st.bytes;
+      t.calls += st.calls;
+    }
+  };
+  train_gpt(spec);
+  return t;
+}
+
+void mask_attention_key_biases(deepspeed::Engine& engine) {
+  for (auto& item : engine.module().named_parameters()) {
+    const std::string& name = item.key();
+    if (name.size() < 13 || name.compare(name.size() - 13, 13, "attn.qkv.bias") != 0) continue;
+    const int64_t embd = item.value().size(0) / 3;
+    torch::Tensor mask = torch::ones_like(item.value());
+    mask.narrow(0, embd, embd).zero_();
+    deepspeed::set_exp_avg_mask(*engine.optimizer(), item.value(), mask);
+  }
+}
+
+double tail_mean(const std::vector<double>& losses, size_t n) {
+  n = std::min(n, losses.size());
+  double s = 0;
+  for (size_t i = losses.size() - n; i < losses.size(); ++i) s += losses[i];
+  return n ? s / n : 0.0;
 }
 
 }  // namespace dstest

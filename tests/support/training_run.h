@@ -67,4 +67,17 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b);
 double max_weight_diff(const RunResult& a, const RunResult& b);
 double max_loss_rel_diff(const RunResult& a, const RunResult& b);
 
+// Bytes and collectives rank 0's communicator counted over a whole run of `spec` (the weights'
+// broadcast included); spec.after_training is replaced.
+struct Traffic {
+  int64_t bytes = 0, calls = 0;
+};
+Traffic rank0_traffic(RunSpec spec);
+// DeepSpeed's exp_avg_mask for the test GPT under a 1-bit optimizer (set_exp_avg_mask): the key
+// third of every attention qkv bias gets a zero gradient (softmax cancels it), so its momentum is
+// masked, as DeepSpeed's BERT example masks position rows. Use as RunSpec::before_training.
+void mask_attention_key_biases(deepspeed::Engine& engine);
+// The mean of the last `n` losses.
+double tail_mean(const std::vector<double>& losses, size_t n);
+
 }  // namespace dstest

@@ -180,7 +180,7 @@ TEST(OptimizerFactoryErrors, UnknownTypeListsSupportedTypes) {
   for (const auto& t : deepspeed::supported_optimizers()) {
     EXPECT_NE(msg.find(t), std::string::npos) << t;
   }
-  msg = error_of([] { make("OneBitLamb", {}); });
+  msg = error_of([] { make("Lion", {}); });
   EXPECT_NE(msg.find("not implemented"), std::string::npos) << msg;
   EXPECT_EQ(deepspeed::canonical_optimizer_type("ADAMW"), "AdamW");
 }

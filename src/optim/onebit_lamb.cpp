@@ -1,0 +1,185 @@
+#include "optim/onebit_lamb.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/torch_compat.h"
+
+namespace deepspeed {
+namespace optim {
+namespace {
+
+// The warm-up is Lamb as OnebitLamb computes it: no bias correction, eps outside the sqrt.
+LambHyper warmup_lamb(const OneBitLambHyper& h) {
+  LambHyper l;
+  l.lr = h.lr;
+  l.beta1 = h.beta1;
+  l.beta2 = h.beta2;
+  l.eps = h.eps;
+  l.weight_decay = h.weight_decay;
+  l.bias_correction = false;
+  l.eps_inside_sqrt = false;
+  l.max_coeff = h.max_coeff;
+  l.min_coeff = h.min_coeff;
+  return l;
+}
+
+double l2(const at::Tensor& t) { return t.to(torch::kDouble).norm().item<double>(); }
+
+}  // namespace
+
+OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
+                       comm::CommunicatorPtr comm)
+    : Lamb(std::move(params), warmup_lamb(hyper)), hyper_(hyper), comm_(std::move(comm)) {
+  const size_t n = this->params().size();
+  coeff_freeze_.assign(n, 0.0);
+  last_factor_.assign(n, 1.0);
+}
+
+std::vector<at::Tensor> OneBitLamb::params() const {
+  std::vector<at::Tensor> out;
+  for (const auto& group : param_groups())
+    for (const auto& p : group.params()) out.push_back(p);
+  return out;
+}
+
+int64_t OneBitLamb::steps() const {
+  for (const auto& p : params()) {
+    auto it = state().find(compat::optimizer_state_key(p));
+    if (it != state().end())
+      return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
+  }
+  return 0;
+}
+
+// After the warm-up every rank must compress the same tensors, used by its graph or not.
+torch::optim::AdamWParamState& OneBitLamb::state_or_zeros(const at::Tensor& p) {
+  auto key = compat::optimizer_state_key(p);
+  auto it = state().find(key);
+  if (it == state().end()) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(steps());
+    s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+    s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+    it = state().emplace(key, std::move(s)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+torch::Tensor OneBitLamb::step(LossClosure closure) {
+  if (!frozen()) {
+    torch::Tensor loss = Lamb::step(closure);
+    after_warmup_step();
+    return loss;
+  }
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable(true);
+    loss = closure();
+  }
+  compressed_step();
+  return loss;
+}
+
+// The ratios of this warm-up step feed the running average (Lamb skipped parameters without a
+// gradient, so lamb_coeffs() holds one per parameter that had one, in order); the last warm-up
+// step starts the fresh variance.
+void OneBitLamb::after_warmup_step() {
+  const auto ps = params();
+  size_t k = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (!ps[i].grad().defined()) continue;
+    const double ratio = coeffs_.at(k++);
+    if (ratio != 1.0)
+      coeff_freeze_[i] = hyper_.coeff_beta * coeff_freeze_[i] + (1 - hyper_.coeff_beta) * ratio;
+  }
+  if (!frozen()) return;
+  fresh_.clear();
+  for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
+}
+
+void OneBitLamb::compressed_step() {
+  torch::NoGradGuard no_grad;
+  const auto ps = params();
+  if (fresh_.empty())  // frozen from a checkpoint without the fresh variance: start from v
+    for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
+  const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[0].options());
+  const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
+  std::vector<at::Tensor> momenta, before;
+  for (const auto& p : ps) {
+    auto& s = state_or_zeros(p);
+    s.step(s.step() + 1);
+    before.push_back(s.exp_avg().clone());
+    s.exp_avg().mul_(beta1);
+    if (p.grad().defined()) s.exp_avg().add_(p.grad(), 1 - beta1);
+    momenta.push_back(s.exp_avg());
+  }
+  if (!compressor_) compressor_ = compressor_for(comm_, momenta);
+  if (comm_ && comm_->world_size() > 1) compressor_->run(momenta);  // COLLECTIVE
+  for (size_t i = 0; i < momenta.size(); ++i) apply_mask(i, momenta[i]);
+  coeffs_.assign(ps.size(), 1.0);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const at::Tensor& p = ps[i];
+    auto& s = state_or_zeros(p);
+    at::Tensor implied = (momenta[i] - before[i] * beta1) / (1 - beta1);
+    fresh_[i].mul_(beta2).addcmul_(implied, implied, 1 - beta2);
+    at::Tensor denom = s.exp_avg_sq().sqrt().add_(o.eps());
+    at::Tensor prelim = momenta[i] / denom;
+    at::Tensor update = o.weight_decay() > 0 ? prelim + p * o.weight_decay() : prelim;
+    double factor = (denom / (fresh_[i].sqrt() + o.eps())).max().item<double>();
+    if (o.weight_decay() > 0) {
+      const double u_norm = l2(update);
+      const double r = u_norm > 0 ? std::min(1.0, l2(prelim) / u_norm) : 1.0;
+      factor = factor * r + (1.0 - r);
+    }
+    factor = std::clamp(factor, hyper_.factor_min, hyper_.factor_max);
+    factor = std::clamp(factor, last_factor_[i] * (1.0 - hyper_.factor_threshold),
+                        last_factor_[i] * (1.0 + hyper_.factor_threshold));
+    last_factor_[i] = factor;
+    coeffs_[i] = coeff_freeze_[i] * factor;
+    p.add_(update, -o.lr() * coeffs_[i]);
+  }
+}
+
+ExtraState OneBitLamb::extra_state() const {
+  ExtraState out;
+  out.replicated["coeff_freeze"] = torch::tensor(coeff_freeze_, torch::kDouble);
+  out.replicated["last_factor"] = torch::tensor(last_factor_, torch::kDouble);
+  if (!fresh_.empty()) out.replicated["exp_avg_sq_fresh"] = concat_flat(fresh_);
+  if (compressor_) compressor_->save_errors(out);
+  return out;
+}
+
+void OneBitLamb::load_extra_state(const ExtraState& saved) {
+  const auto ps = params();
+  auto scalars = [&](const char* name, std::vector<double>& dst, double fallback) {
+    auto it = saved.replicated.find(name);
+    if (it == saved.replicated.end()) {
+      dst.assign(ps.size(), fallback);
+      return;
+    }
+    TORCH_CHECK(it->second.numel() == static_cast<int64_t>(ps.size()), "saved ", name, " has ",
+                it->second.numel(), " values, this optimizer has ", ps.size(), " parameters");
+    at::Tensor t = it->second.to(torch::kDouble).contiguous();
+    dst.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+  };
+  scalars("coeff_freeze", coeff_freeze_, 0.0);
+  scalars("last_factor", last_factor_, 1.0);
+  fresh_.clear();
+  auto fresh = saved.replicated.find("exp_avg_sq_fresh");
+  if (fresh != saved.replicated.end()) {
+    for (const auto& p : ps) fresh_.push_back(torch::zeros_like(p));
+    copy_from_flat(fresh->second, fresh_, "exp_avg_sq_fresh");
+  }
+  if (saved.per_rank.count("worker_error")) {
+    if (!compressor_) compressor_ = compressor_for(comm_, ps);
+    compressor_->restore_errors(saved);
+  } else if (compressor_) {
+    compressor_->reset_errors();
+  }
+}
+
+}  // namespace optim
+}  // namespace deepspeed

@@ -7,6 +7,7 @@
 // - a checkpoint of a qwZ + hpZ run saves and resumes bit-exact (the masters are unchanged).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -66,7 +67,10 @@ TEST(ZeroPPCollectives, QuantizedAllGatherWithinTheBound) {
       at::Tensor exact = torch::empty({3 * n});
       c->all_gather(exact, slice)->wait();
       at::Tensor full = torch::empty({3 * n});
+      c->reset_stats();
       deepspeed::zero::quantized_all_gather(*c, full, slice)->wait();
+      // On the wire: one byte per element (padded to 4) and a float per block.
+      EXPECT_EQ(c->stats()["all_gather"].bytes, comm::quantized_bytes(n, 8));
       for (int r = 0; r < 3; ++r)
         for (int64_t b = 0; b < n; b += comm::kQuantBlock) {
           const int64_t len = std::min(comm::kQuantBlock, n - b);
@@ -90,7 +94,11 @@ TEST(ZeroPPCollectives, QuantizedReduceScatterWithinTheBound) {
       at::Tensor exact = torch::empty({splits[c->rank()]});
       c->reduce_scatter_v(exact, input, splits)->wait();
       at::Tensor out = torch::empty({splits[c->rank()]});
+      c->reset_stats();
       deepspeed::zero::quantized_reduce_scatter_v(*c, out, input, splits)->wait();
+      const int64_t chunk = *std::max_element(splits.begin(), splits.end());
+      if (chunk > 0)  // every peer gets an int8 chunk of the largest split
+        EXPECT_EQ(c->stats()["all_to_all"].bytes, 3 * comm::quantized_bytes(chunk, 8));
       // Each other rank's segment is off by at most half its step (max|segment| / 127 / 2);
       // the own one is exact. peaks[d]: summed over senders, max|segment sent to d|.
       at::Tensor peaks = torch::zeros({3});

@@ -1,7 +1,8 @@
 // ZeRO++ at stage 3 (zero/stage3/zeropp_options.h), ranks as threads:
 // - the quantized collectives stay within the quantization bound of their exact counterparts;
-// - training the test GPT with each of qwZ, hpZ, qgZ alone (and all three) ends within 2% of the
-//   unquantized stage-3 loss; hpZ alone moves the same values, so it is bit-identical;
+// - training the test GPT with each of qwZ, hpZ, qgZ alone (and all three; and in bf16) ends
+//   within 2% of the unquantized stage-3 loss; hpZ alone moves the same values, so it is
+//   bit-identical (with gradient accumulation too);
 // - hpZ's backward gathers run on the group communicator (2 of 4 ranks), off the world;
 // - a bad zero_hpz_partition_size is refused naming the key;
 // - a checkpoint of a qwZ + hpZ run saves and resumes bit-exact (the masters are unchanged).
@@ -31,8 +32,10 @@ namespace comm = deepspeed::comm;
 // gathered at a time and released after its forward, so the backward gathers again (where hpZ
 // acts).
 constexpr int64_t kBlock = 12736;
-nlohmann::json stage3_config(nlohmann::json zeropp = nlohmann::json::object()) {
-  auto config = dstest::base_config(2, 1, 3);
+nlohmann::json stage3_config(nlohmann::json zeropp = nlohmann::json::object(),
+                             int accumulation = 1, bool bf16 = false) {
+  auto config = dstest::base_config(2, accumulation, 3);
+  if (bf16) config["bf16"] = {{"enabled", true}};
   auto& z = config["zero_optimization"];
   z["stage3_param_persistence_threshold"] = 0;
   z["stage3_max_live_parameters"] = kBlock;
@@ -43,11 +46,12 @@ nlohmann::json stage3_config(nlohmann::json zeropp = nlohmann::json::object()) {
   return config;
 }
 
-dstest::RunResult train(int world, const nlohmann::json& zeropp, int steps) {
+dstest::RunResult train(int world, const nlohmann::json& zeropp, int steps, int accumulation = 1,
+                        bool bf16 = false) {
   dstest::RunSpec s;
   s.world_size = world;
   s.steps = steps;
-  s.config = stage3_config(zeropp);
+  s.config = stage3_config(zeropp, accumulation, bf16);
   return dstest::train_gpt(s);
 }
 
@@ -145,6 +149,24 @@ TEST(ZeroPPTraining, EachFlagAloneEndsWithin2PercentOfStage3) {
   auto hpz = train(4, {{"zero_hpz_partition_size", 2}}, kSteps);
   EXPECT_EQ(hpz.losses, reference.losses);
   EXPECT_TRUE(dstest::bit_identical(hpz.weights, reference.weights));
+}
+
+TEST(ZeroPPTraining, Bf16AndGradientAccumulation) {
+  // bf16 parameters (fp32 masters): the quantizers read and write bf16 buffers.
+  const nlohmann::json all = {{"zero_quantized_weights", true}, {"zero_hpz_partition_size", 2},
+                              {"zero_quantized_gradients", true}};
+  auto reference = train(4, {}, 40, 1, /*bf16=*/true);
+  auto run = train(4, all, 40, 1, /*bf16=*/true);
+  ASSERT_EQ(run.losses.size(), 40u);
+  std::cout << "bf16, 40 steps: qwZ+hpZ+qgZ " << run.losses.back() << ", stage 3 "
+            << reference.losses.back() << "\n";
+  EXPECT_LT(std::abs(run.losses.back() - reference.losses.back()) / reference.losses.back(), 0.02);
+  // Accumulation (two forwards and backwards per step, secondaries dropped at each forward):
+  // hpZ alone stays bit-identical.
+  auto accumulated = train(4, {}, 10, 2);
+  auto hpz = train(4, {{"zero_hpz_partition_size", 2}}, 10, 2);
+  EXPECT_EQ(hpz.losses, accumulated.losses);
+  EXPECT_TRUE(dstest::bit_identical(hpz.weights, accumulated.weights));
 }
 
 // Counts completed all_gathers by the size of the communicator they ran on (the op observer is

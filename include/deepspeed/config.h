@@ -89,6 +89,15 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
+  // ZeRO++ (stage 3 only; ignored with a warning at stages 0-2, as DeepSpeed ignores them there).
+  // zero_quantized_weights: the forward all-gather of a unit moves int8 blocks (qwZ).
+  bool zero_quantized_weights = false;
+  // zero_hpz_partition_size: after a unit's forward gather each rank keeps the unit's 1/hpz for
+  // its group of hpz consecutive ranks, so the backward gather stays in the group (hpZ). 1 = off;
+  // must divide the data-parallel world size (a larger value is cut to it, as DeepSpeed does).
+  int64_t zero_hpz_partition_size = 1;
+  // zero_quantized_gradients: gradient reduce-scatter as an int8 all-to-all, summed in fp32 (qgZ).
+  bool zero_quantized_gradients = false;
   bool overlap_comm_enabled() const { return overlap_comm.value_or(stage == 3); }
 };
 

@@ -105,17 +105,37 @@ void read_stage3(ObjectReader& r, ZeroConfig& z) {
                {{"use_all_reduce_for_fetch_params", false}}, all_reduce_fetch);
 }
 
-// Keys of ZeRO++, MiCS and DeepSpeed internals: type-checked, kept only in raw.
+// ZeRO++ (zero/stage3/zeropp_options.h resolves hpz against the world size). DeepSpeed passes
+// these to its stage-3 optimizer only: at stages 0-2 they are ignored, and said so.
+void read_zeropp(ObjectReader& r, ZeroConfig& z) {
+  r.read("zero_quantized_weights", z.zero_quantized_weights);
+  r.read("zero_quantized_gradients", z.zero_quantized_gradients);
+  r.read_count("zero_hpz_partition_size", z.zero_hpz_partition_size);
+  if (z.zero_hpz_partition_size < 1) fail(r.path_of("zero_hpz_partition_size"),
+                                          z.zero_hpz_partition_size, "at least 1 (1 = off)");
+  if (z.stage == 3) return;
+  const std::string stage = std::to_string(z.stage);
+  auto ignore = [&](const char* key, bool on) {
+    if (on) r.warnings().add("config key '" + r.path_of(key) +
+                             "' (ZeRO++) applies to stage 3 only; ignored at stage " + stage);
+  };
+  ignore("zero_quantized_weights", z.zero_quantized_weights);
+  ignore("zero_quantized_gradients", z.zero_quantized_gradients);
+  ignore("zero_hpz_partition_size", z.zero_hpz_partition_size > 1);
+  z.zero_quantized_weights = z.zero_quantized_gradients = false;
+  z.zero_hpz_partition_size = 1;
+}
+
+// Keys of MiCS and DeepSpeed internals (and ZeRO++'s frozen-weight storage): type-checked, kept
+// only in raw.
 void read_extensions(ObjectReader& r) {
   bool flag = false;
   for (const char* k :
-       {"zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
-        "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-        "override_module_apply", "log_trace_cache_warnings"}) {
+       {"zero_quantized_nontrainable_weights", "mics_hierarchical_params_gather",
+        "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
+        "log_trace_cache_warnings"}) {
     r.read(k, flag);
   }
-  int64_t hpz = 1;
-  r.read_count("zero_hpz_partition_size", hpz);
   int64_t mics = -1;
   r.read("mics_shard_size", mics);
   r.child("zeropp_loco_param");  // {err_beta, reset_T}: contents not checked
@@ -146,6 +166,7 @@ void read_zero_object(ObjectReader& r, ZeroConfig& z) {
   }
   r.accept({"cpu_offload_use_pin_memory"});
   read_stage3(r, z);
+  read_zeropp(r, z);
   read_extensions(r);
   r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed: a typo here costs a memory setting
 }

@@ -8,6 +8,7 @@
 
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
+#include "zero/stage3/quantized_reduce.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -24,8 +25,10 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero);
   params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
                                                   ctx_.device);
+  zeropp_ = resolve_zeropp(options_.zero, ctx_.world_size());
   gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, ctx_.comm, options_.zero,
-                                             ctx_.device);
+                                             ctx_.device, zeropp_,
+                                             make_hpz_group(*ctx_.comm, zeropp_.hpz));
   // One unit at a time, so a model built under zero::Init is never whole; the root last, as it
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
@@ -141,7 +144,9 @@ void Stage3::launch(size_t index) {
   std::vector<int64_t> splits;
   for (int r = 0; r < ctx_.world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
   b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
-  b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+  b.work = zeropp_.quantized_gradients
+               ? quantized_reduce_scatter_v(*ctx_.comm, b.received, b.buffer, splits)
+               : ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
   in_flight_.push(index, [this](size_t i) { finish(i); });
 }
 

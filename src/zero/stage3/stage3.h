@@ -11,7 +11,8 @@
 // partition). When all of a unit's trainable parameters have their gradient, the unit's backward
 // is over and it is released. Buckets whose hooks never all fired (a parameter unused by this
 // graph) are reduced at end_backward, in order, so every rank issues the same collectives.
-// Every micro-step reduces (as stage 2).
+// Every micro-step reduces (as stage 2). ZeRO++ (zeropp_options.h): qwZ and hpZ live in the
+// gatherer; qgZ replaces the buckets' reduce_scatter_v with quantized_reduce_scatter_v.
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
 // 16-bit copy); only the root unit is gathered again.
 // The partition lives in a ParamStore (memory, or a swap file under offload_param nvme: ZeRO-
@@ -33,6 +34,7 @@
 #include "zero/stage_options.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
+#include "zero/stage3/zeropp_options.h"
 
 namespace deepspeed {
 namespace zero {
@@ -102,6 +104,7 @@ class Stage3 : public ZeroStage {
 
   StageContext ctx_;
   Stage3Options options_;
+  ZeroPPOptions zeropp_;  // resolved against the world size
   std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`
   std::vector<ZeroUnitBase*> modules_;
   Stage3Layout layout_;

@@ -2,14 +2,27 @@
 
 #include <torch/torch.h>
 
+#include "zero/stage3/quantized_gather.h"
+
 namespace deepspeed {
 namespace zero {
 
 UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store,
                            comm::CommunicatorPtr comm, const ZeroConfig& config,
-                           c10::Device device)
+                           c10::Device device, const ZeroPPOptions& zeropp,
+                           comm::CommunicatorPtr hpz_group)
     : layout_(layout), store_(store), comm_(std::move(comm)), config_(config), device_(device),
-      state_(layout.units.size()) {}
+      zeropp_(zeropp), state_(layout.units.size()) {
+  if (hpz_group)
+    secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
+}
+
+GatherStats UnitGatherer::stats() const {
+  GatherStats g = stats_;
+  g.secondary_bytes = secondary_ ? secondary_->bytes() : 0;
+  g.bytes += g.secondary_bytes;
+  return g;
+}
 
 bool UnitGatherer::in_use(int u) const {
   const auto& s = state_[u];
@@ -30,12 +43,23 @@ void UnitGatherer::record(int u) {
   if (recording_) trace_.push_back(u);
 }
 
-void UnitGatherer::issue(int u) {
+// Where the unit comes from: its hpZ secondary slices (inside the group), or every rank's
+// primary slice (int8 blocks under qwZ unless `exact`).
+void UnitGatherer::issue(int u, bool exact) {
   auto& s = state_[u];
   const auto& slots = layout_.units[u];
-  s.source = store_.fetch(u);
-  s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
-  s.work = comm_->all_gather(s.full, s.source);
+  const bool secondary = !exact && secondary_ && secondary_->has(u);
+  exact = exact || u == 0 || !zeropp_.quantized_weights;
+  s.from_store = !secondary;
+  if (secondary) {
+    s.full = torch::empty({slots.layout.padded_numel}, at::TensorOptions().dtype(store_.dtype()).device(device_));
+    s.work = secondary_->gather(u, s.full);
+  } else {
+    s.source = store_.fetch(u);
+    s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
+    s.work = exact ? comm_->all_gather(s.full, s.source)
+                   : quantized_all_gather(*comm_, s.full, s.source);
+  }
   const int64_t bytes = s.full.numel() * s.full.element_size();
   stats_.bytes += bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
@@ -51,16 +75,16 @@ void UnitGatherer::wait_gather(int u) {
   s.work->wait();
   s.work.reset();
   s.source = at::Tensor();
-  store_.done(u);
+  if (s.from_store) store_.done(u);
 }
 
-void UnitGatherer::use(int u) {
+void UnitGatherer::use(int u, bool exact) {
   auto& s = state_[u];
   const auto& slots = layout_.units[u];
   if (slots.params.empty()) return;
   if (!gathered(u)) {
     make_room(numel_of(u), u);
-    issue(u);
+    issue(u, exact);
   }
   wait_gather(u);
   if (s.params_set) return;
@@ -80,6 +104,8 @@ void UnitGatherer::release(int u) {
   auto& s = state_[u];
   if (u == 0 || !gathered(u)) return;
   wait_gather(u);
+  // hpZ: the unit's backward is still to come; its gather then stays inside the group.
+  if (secondary_ && s.awaiting_backward && !secondary_->has(u)) secondary_->keep(u, s.full);
   torch::NoGradGuard no_grad;
   if (s.params_set)
     for (auto p : layout_.units[u].params) p.set_data(torch::empty({0}, p.options()));
@@ -142,8 +168,11 @@ void UnitGatherer::prefetch() {
 
 void UnitGatherer::begin_forward() {
   // Nothing from a previous forward (an eval pass, kept for a reuse that never came) stays.
-  for (int u = 1; u < static_cast<int>(state_.size()); ++u)
+  for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
+    state_[u].awaiting_backward = false;
     if (!in_use(u)) release(u);
+  }
+  if (secondary_) secondary_->drop_all();
   cursor_ = 0;
   if (!trace_valid_) {
     trace_.clear();
@@ -155,6 +184,7 @@ void UnitGatherer::begin_forward() {
 void UnitGatherer::pre_forward(int u) {
   record(u);
   state_[u].active++;
+  state_[u].awaiting_backward = true;
   use(u);
   prefetch();
 }
@@ -177,14 +207,18 @@ void UnitGatherer::pre_backward(int u) {
 
 void UnitGatherer::backward_done(int u) {
   state_[u].backward_pending = false;
+  state_[u].awaiting_backward = false;
+  if (secondary_) secondary_->drop(u);
   if (!in_use(u)) release(u);
 }
 
 void UnitGatherer::end_backward() {
   for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
     state_[u].backward_pending = false;
+    state_[u].awaiting_backward = false;
     if (!in_use(u)) release(u);
   }
+  if (secondary_) secondary_->drop_all();
   if (recording_ && !trace_.empty()) trace_valid_ = true;
   recording_ = false;
   cursor_ = 0;
@@ -192,7 +226,7 @@ void UnitGatherer::end_backward() {
 
 void UnitGatherer::pin(int u) {
   state_[u].pins++;
-  use(u);
+  use(u, /*exact=*/true);
 }
 
 void UnitGatherer::unpin(int u) {

@@ -24,14 +24,24 @@
 //
 // The root unit (0) is gathered at construction and stays gathered; it is not counted against
 // stage3_max_live_parameters. Not thread-safe: hooks run on the thread running forward/backward.
+//
+// ZeRO++ (zeropp_options.h): with qwZ, the gathers of units 1..U for forward and backward move
+// int8 blocks (quantized_gather.h); the root and the gathers for gathered_parameters (pin) move
+// exact values (they feed checkpoints and edits). With hpZ, a unit released after its forward and
+// before its backward keeps its secondary slice (secondary_shard.h), and its next gather is an
+// all-gather inside the hpZ group; secondaries are dropped at the unit's backward_done, at
+// end_backward and at begin_forward (the next forward gathers from the primary slices again).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "offload/param_store.h"
 #include "zero/stage3/unit_internals.h"
+#include "zero/stage3/secondary_shard.h"
 #include "zero/stage3/unit_layout.h"
+#include "zero/stage3/zeropp_options.h"
 
 namespace deepspeed {
 namespace zero {
@@ -41,6 +51,7 @@ struct GatherStats {
   int64_t peak_numel = 0;
   int64_t bytes = 0;        // bytes of all gathered buffers, root included
   int64_t peak_bytes = 0;
+  int64_t secondary_bytes = 0;  // hpZ secondary slices held now (included in bytes)
 };
 
 class UnitGatherer : public UnitHooks {
@@ -48,8 +59,10 @@ class UnitGatherer : public UnitHooks {
   // store: where the rank's slices live (Stage3 owns it; it must outlive this object).
   // device: where gathered units live (the compute device; the store's slices may be in host
   // memory or a file).
+  // zeropp / hpz_group: ZeRO++ (hpz_group: this rank's hpZ group when zeropp.hpz > 1).
   UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store, comm::CommunicatorPtr comm,
-               const ZeroConfig& config, c10::Device device = c10::kCPU);
+               const ZeroConfig& config, c10::Device device = c10::kCPU,
+               const ZeroPPOptions& zeropp = {}, comm::CommunicatorPtr hpz_group = nullptr);
 
   void pre_forward(int unit) override;
   void post_forward(int unit) override;
@@ -66,7 +79,7 @@ class UnitGatherer : public UnitHooks {
   // step). COLLECTIVE.
   void regather_root();
   const at::Tensor& full(int unit) const { return state_[unit].full; }
-  GatherStats stats() const { return stats_; }
+  GatherStats stats() const;
 
  private:
   struct UnitState {
@@ -74,6 +87,8 @@ class UnitGatherer : public UnitHooks {
     comm::WorkPtr work;   // its all_gather while in flight
     at::Tensor source;    // this rank's slice being sent, while in flight
     bool params_set = false;
+    bool from_store = false;  // the gather in flight reads the store's slice (not a secondary)
+    bool awaiting_backward = false;  // forward ran, backward not yet: a release keeps a secondary
     int active = 0;       // open forward scopes
     bool backward_pending = false;
     int pins = 0;
@@ -81,9 +96,9 @@ class UnitGatherer : public UnitHooks {
   bool gathered(int u) const { return state_[u].full.defined(); }
   bool in_use(int u) const;
   void record(int u);
-  void issue(int u);
+  void issue(int u, bool exact = false);  // exact: no qwZ
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
-  void use(int u);  // gather if needed, wait, point the parameters at the buffer
+  void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
   void make_room(int64_t numel, int gathering);
   void prefetch();
@@ -95,6 +110,8 @@ class UnitGatherer : public UnitHooks {
   comm::CommunicatorPtr comm_;
   ZeroConfig config_;
   c10::Device device_;
+  ZeroPPOptions zeropp_;
+  std::unique_ptr<SecondaryShards> secondary_;  // hpZ only
   std::vector<UnitState> state_;
   GatherStats stats_;
   std::vector<int> trace_;

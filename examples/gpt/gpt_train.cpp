@@ -334,7 +334,7 @@ int train(const Run& run, std::shared_ptr<Model> model) {
   const auto& data = run.data;
   const int64_t num_params = run.num_params;
   const bool rank0 = comm->rank() == 0;
-  auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
+  auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<Model>(
       {.model = model,
        .config_json = with_monitoring(config.raw, opt),
        .training_data = data,

@@ -7,6 +7,25 @@ namespace gpt {
 namespace tp = deepspeed::tp;
 using deepspeed::comm::CommunicatorPtr;
 
+namespace {
+// The layers' options (a braced list cannot pass through TORCH_MODULE's forwarding constructor).
+tp::ColumnParallelLinearOptions column(int64_t in, int64_t out, bool bias, int fused_parts = 1) {
+  tp::ColumnParallelLinearOptions o;
+  o.in_features = in;
+  o.out_features = out;
+  o.bias = bias;
+  o.fused_parts = fused_parts;
+  return o;
+}
+tp::RowParallelLinearOptions row(int64_t in, int64_t out, bool bias) {
+  tp::RowParallelLinearOptions o;
+  o.in_features = in;
+  o.out_features = out;
+  o.bias = bias;
+  return o;
+}
+}  // namespace
+
 void check_tensor_parallel(const GPTConfig& c, int n) {
   auto refuse = [n](const std::string& what, int64_t value) {
     throw deepspeed::ConfigError("--tensor_parallel " + std::to_string(n) + " does not divide " +
@@ -26,10 +45,9 @@ class TPAttentionImpl : public torch::nn::Module {
  public:
   TPAttentionImpl(const GPTConfig& c, const CommunicatorPtr& g)
       : heads_(c.n_head / g->world_size()), head_dim_(c.n_embd / c.n_head) {
-    qkv_ = register_module("qkv", tp::ColumnParallelLinear({c.n_embd, 3 * c.n_embd, c.bias,
-                                                            /*gather_output=*/false, /*fused=*/3},
-                                                           g));
-    proj_ = register_module("proj", tp::RowParallelLinear({c.n_embd, c.n_embd, c.bias}, g));
+    qkv_ = register_module("qkv", tp::ColumnParallelLinear(
+                                      column(c.n_embd, 3 * c.n_embd, c.bias, /*fused_parts=*/3), g));
+    proj_ = register_module("proj", tp::RowParallelLinear(row(c.n_embd, c.n_embd, c.bias), g));
     mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}).tril());
   }
   // The unsplit attention on this rank's heads: [B, T, C] -> [B, T, C] (after the row layer's
@@ -55,8 +73,8 @@ class TPAttentionImpl : public torch::nn::Module {
 class TPMLPImpl : public torch::nn::Module {
  public:
   TPMLPImpl(const GPTConfig& c, const CommunicatorPtr& g) : gelu_tanh_(c.gelu_tanh) {
-    fc_ = register_module("fc", tp::ColumnParallelLinear({c.n_embd, 4 * c.n_embd, c.bias}, g));
-    proj_ = register_module("proj", tp::RowParallelLinear({4 * c.n_embd, c.n_embd, c.bias}, g));
+    fc_ = register_module("fc", tp::ColumnParallelLinear(column(c.n_embd, 4 * c.n_embd, c.bias), g));
+    proj_ = register_module("proj", tp::RowParallelLinear(row(4 * c.n_embd, c.n_embd, c.bias), g));
   }
   torch::Tensor forward(const torch::Tensor& x) {
     auto h = fc_->forward(x);
@@ -98,7 +116,8 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)
                                       std::make_shared<TPBlockImpl>(c, group_)));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
-    head_ = register_module("head", tp::ColumnParallelLinear({c.n_embd, c.vocab_size, false}, group_));
+    head_ = register_module(
+        "head", tp::ColumnParallelLinear(column(c.n_embd, c.vocab_size, false), group_));
 }
 
 torch::Tensor TPGPTImpl::logits_split(const torch::Tensor& idx) {

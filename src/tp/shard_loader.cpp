@@ -27,7 +27,8 @@ class CheckpointSource : public WeightSource {
     for (const auto& t : reader_.trainable()) trainable_[t.name] = t.shape;
     for (const auto& mf : reader_.module_files())
       for (const auto& e : reader_.file(mf.file).entries)
-        if (!trainable_.count(mf.prefix + e.name)) others_[mf.prefix + e.name] = {mf.file, e.name, e.shape};
+        if (!trainable_.count(mf.prefix + e.name))
+          others_[mf.prefix + e.name] = {mf.file, e.name, e.shape, at::Tensor()};
   }
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
     if (auto it = trainable_.find(name); it != trainable_.end()) return it->second;

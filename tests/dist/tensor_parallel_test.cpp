@@ -37,8 +37,8 @@ TEST(TensorParallelLayers, ColumnThenRowEqualTheUnsplitLayers) {
         full_a = torch::nn::Linear(12, 16);
         full_b = torch::nn::Linear(16, 8);
         torch::manual_seed(3);
-        col = tp::ColumnParallelLinear({12, 16, true}, g);
-        row = tp::RowParallelLinear({16, 8, true}, g);
+        col = tp::ColumnParallelLinear(tp::ColumnParallelLinearOptions{12, 16, true}, g);
+        row = tp::RowParallelLinear(tp::RowParallelLinearOptions{16, 8, true}, g);
         x = torch::randn({3, 5, 12});
       }
       // Seeded alike, the split weights are slices of the unsplit ones.
@@ -71,7 +71,7 @@ TEST(TensorParallelLayers, GatherOutputAndFusedPartsSliceEachBlock) {
       torch::manual_seed(5);
       full = torch::nn::Linear(8, 12);  // q, k, v of 4 rows each
       torch::manual_seed(5);
-      fused = tp::ColumnParallelLinear({8, 12, true, /*gather_output=*/true, /*fused_parts=*/3}, g);
+      fused = tp::ColumnParallelLinear(tp::ColumnParallelLinearOptions{8, 12, true, /*gather_output=*/true, /*fused_parts=*/3}, g);
       x = torch::randn({2, 8});
     }
     // Rank r holds rows [2r, 2r+2) of each of q, k and v.
@@ -122,7 +122,7 @@ TEST(TensorParallelLayers, VocabEmbeddingAndCrossEntropyEqualTheUnsplitOnes) {
 TEST(TensorParallelLayers, IndivisibleSizesAreNamed) {
   run_ranks(2, [&](CommunicatorPtr g) {
     try {
-      tp::RowParallelLinear({7, 4, true}, g);
+      tp::RowParallelLinear(tp::RowParallelLinearOptions{7, 4, true}, g);
       ADD_FAILURE() << "7 input features over 2 ranks were accepted";
     } catch (const deepspeed::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("RowParallelLinear in_features (7)"), std::string::npos)

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 
+#include "deepspeed/args.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/inference.h"
@@ -45,7 +46,11 @@ int main(int argc, char** argv) try {
   app.add_flag("--no_bias{false}", model.bias, "Linear layers without bias");
   app.add_flag("--tie_embeddings", model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", model.gelu_tanh, "tanh-approximated GELU");
-  CLI11_PARSE(app, argc, argv);
+  // dsrun appends --local_rank=K: parse_args takes it out, the rest goes to CLI11.
+  const auto args = deepspeed::parse_args(argc, argv);
+  std::vector<const char*> rest;
+  for (const auto& a : args.rest) rest.push_back(a.c_str());
+  CLI11_PARSE(app, static_cast<int>(rest.size()), rest.data());
   if (prompt.empty()) throw deepspeed::ConfigError("gpt_generate: --prompt is empty");
   sampling.greedy = greedy;
 

@@ -99,9 +99,12 @@ TEST(AutoTP, ReadsASafetensorsFileSliceBySlice) {
   });
 }
 
+// The last line of a dsrun log, without dsrun's "[rank 0] " prefix.
 std::string last_line(std::string out) {
   while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+  std::string line = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+  const std::string prefix = "[rank 0] ";
+  return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
 }
 
 // gpt_train saves (ZeRO-3 at world 2; a 2-stage pipeline); the whole model loaded with

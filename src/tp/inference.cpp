@@ -119,8 +119,8 @@ class Loader {
       auto shape = src_->shape(candidate);
       if (!shape) continue;
       if (*shape != whole)
-        throw CheckpointError("init_inference: '" + src_->path() + "' holds tensor \"" +
-                              candidate + "\" with shape " + shape_str(*shape) +
+        throw CheckpointError("init_inference: tensor \"" + candidate + "\" of '" +
+                              src_->path() + "' has shape " + shape_str(*shape) +
                               ", the model's is " + shape_str(whole) +
                               " (a checkpoint of another architecture?)");
       return candidate;

@@ -80,6 +80,35 @@ TEST(AutoTP, LogitsOfTp124EqualTheUnsplitModel) {
   }
 }
 
+// A batch of prompts of different lengths (left padding, kv-cache, sampling with a seed) gives
+// the unsplit model's tokens at tp 2; bf16 stays close to fp32.
+TEST(AutoTP, BatchedSamplingAndBf16AtTp2) {
+  std::vector<std::vector<int64_t>> batch = {{84, 104, 101, 32}, {65}, {1, 2, 3, 4, 5, 6, 7}};
+  gpt::SamplingOptions sampling;
+  sampling.greedy = false;
+  sampling.top_k = 20;
+  sampling.seed = 5;
+  auto ref_model = seeded_gpt(kModel);
+  ref_model->eval();
+  torch::NoGradGuard no_grad;
+  const auto want = gpt::generate(*ref_model, batch, 10, sampling);
+  const auto idx = prompts();
+  const auto ref = ref_model->logits(idx);
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    torch::NoGradGuard no_grad;
+    auto model = seeded_gpt(kModel);
+    auto engine = deepspeed::init_inference(model, {.tp_size = 2, .comm = comm});
+    EXPECT_EQ(gpt::generate(*model, batch, 10, sampling), want);
+    auto half = seeded_gpt(kModel);
+    auto engine16 =
+        deepspeed::init_inference(half, {.tp_size = 2, .dtype = torch::kBFloat16, .comm = comm});
+    EXPECT_EQ(half->named_parameters()["block0.attn.qkv.weight"].scalar_type(), torch::kBFloat16);
+    const auto got = half->logits(idx).to(torch::kFloat);
+    // bf16 keeps 8 bits of mantissa: logits of magnitude ~1 agree to a few 1e-2.
+    EXPECT_LT((got - ref).abs().max().item<double>(), 0.1 * ref.abs().max().item<double>());
+  });
+}
+
 TEST(AutoTP, ReadsASafetensorsFileSliceBySlice) {
   dstest::TempDir dir("autotp_st");
   auto source = seeded_gpt(kModel, 99);

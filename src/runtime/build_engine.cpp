@@ -194,6 +194,9 @@ void wrap_tensor_parallel(EngineState& s) {
                       std::to_string(tensor) + ") is not supported (stages 0, 1 and 2 are)");
   s.stage = tp::tensor_parallel_stage(std::move(s.stage), s.topology->tensor_parallel(),
                                       tp::split_parameters(*s.module));
+  // Every rank of a tensor group has the same loss and norm: its rank 0 alone prints and writes
+  // the monitors (else tensor_size data-parallel rank 0s would write the same files).
+  if (s.topology->tensor_parallel()->rank() != 0) s.log_steps = false;
 }
 
 EngineStatePtr build_engine_state(BuildInput in) {

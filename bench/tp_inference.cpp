@@ -7,7 +7,6 @@
 // the following tokens (batch x (new - 1)) over their time. Rank 0 prints one line
 // "tp_inference tp=N first_token_ms=X decode_tokens_per_s=Y tokens=a,b,..." (row 0's first 8).
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 

@@ -31,7 +31,8 @@ void check_tensor_parallel(const GPTConfig& c, int n) {
     throw deepspeed::ConfigError("--tensor_parallel " + std::to_string(n) + " does not divide " +
                                  what + " (" + std::to_string(value) + ")");
   };
-  if (n < 1) throw deepspeed::ConfigError("--tensor_parallel must be >= 1, got " + std::to_string(n));
+  if (n < 1)
+    throw deepspeed::ConfigError("--tensor_parallel must be >= 1, got " + std::to_string(n));
   if (c.n_head % n) refuse("--n_head", c.n_head);
   if (c.n_embd % n) refuse("--n_embd", c.n_embd);
   if (c.vocab_size % n) refuse("the vocabulary size", c.vocab_size);
@@ -45,8 +46,9 @@ class TPAttentionImpl : public torch::nn::Module {
  public:
   TPAttentionImpl(const GPTConfig& c, const CommunicatorPtr& g)
       : heads_(c.n_head / g->world_size()), head_dim_(c.n_embd / c.n_head) {
-    qkv_ = register_module("qkv", tp::ColumnParallelLinear(
-                                      column(c.n_embd, 3 * c.n_embd, c.bias, /*fused_parts=*/3), g));
+    qkv_ = register_module(
+        "qkv",
+        tp::ColumnParallelLinear(column(c.n_embd, 3 * c.n_embd, c.bias, /*fused_parts=*/3), g));
     proj_ = register_module("proj", tp::RowParallelLinear(row(c.n_embd, c.n_embd, c.bias), g));
     mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}).tril());
   }
@@ -55,8 +57,11 @@ class TPAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), local = heads_ * head_dim_;
     auto qkv = qkv_->forward(x).split(local, 2);
-    auto h = [&](const torch::Tensor& t) { return t.view({B, T, heads_, head_dim_}).transpose(1, 2); };
-    auto att = torch::matmul(h(qkv[0]), h(qkv[1]).transpose(-2, -1)) * (1.0 / std::sqrt(double(head_dim_)));
+    auto h = [&](const torch::Tensor& t) {
+      return t.view({B, T, heads_, head_dim_}).transpose(1, 2);
+    };
+    auto att = torch::matmul(h(qkv[0]), h(qkv[1]).transpose(-2, -1)) *
+               (1.0 / std::sqrt(double(head_dim_)));
     att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T) == 0,
                           -std::numeric_limits<float>::infinity());
     auto y = torch::matmul(torch::softmax(att, -1), h(qkv[2])).transpose(1, 2).contiguous();
@@ -73,7 +78,8 @@ class TPAttentionImpl : public torch::nn::Module {
 class TPMLPImpl : public torch::nn::Module {
  public:
   TPMLPImpl(const GPTConfig& c, const CommunicatorPtr& g) : gelu_tanh_(c.gelu_tanh) {
-    fc_ = register_module("fc", tp::ColumnParallelLinear(column(c.n_embd, 4 * c.n_embd, c.bias), g));
+    fc_ =
+        register_module("fc", tp::ColumnParallelLinear(column(c.n_embd, 4 * c.n_embd, c.bias), g));
     proj_ = register_module("proj", tp::RowParallelLinear(row(4 * c.n_embd, c.n_embd, c.bias), g));
   }
   torch::Tensor forward(const torch::Tensor& x) {
@@ -112,8 +118,8 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)
   wte_ = register_module("wte", tp::VocabParallelEmbedding(c.vocab_size, c.n_embd, group_));
   wpe_ = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   for (int64_t i = 0; i < c.n_layer; ++i)
-    blocks_.push_back(register_module("block" + std::to_string(i),
-                                      std::make_shared<TPBlockImpl>(c, group_)));
+    blocks_.push_back(
+        register_module("block" + std::to_string(i), std::make_shared<TPBlockImpl>(c, group_)));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
     head_ = register_module(

@@ -20,19 +20,19 @@
 // its q/k/v weight (rows / 3 / head_dim), as the example GPT does; init_inference cannot edit a
 // module's private head count (DeepSpeed's Python AutoTP patches num_heads attributes).
 #pragma once
+#include <torch/nn/module.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/nn/module.h>
 
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
 
 struct InferenceConfig {
-  int tp_size = 1;                   // tensor-parallel degree; must divide the world size
+  int tp_size = 1;                    // tensor-parallel degree; must divide the world size
   at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16: parameters and buffers after loading
   // A training checkpoint (a save folder: its `latest` tag, or `tag`; or a tag folder) of any
   // ZeRO stage, world size or pipeline layout, or a ds_to_fp32 .safetensors file. Empty: the

@@ -29,12 +29,12 @@
 // communicator alive for as long as the layer lives; autograd graphs must not outlive the layer.
 // Group of size 1: plain layers, no communication.
 #pragma once
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
 #include <cstdint>
 #include <functional>
 #include <vector>
-
-#include <torch/nn/module.h>
-#include <torch/nn/pimpl.h>
 
 #include "deepspeed/comm.h"
 
@@ -73,7 +73,7 @@ std::vector<at::Tensor> split_parameters(const torch::nn::Module& module);
 
 struct ColumnParallelLinearOptions {
   int64_t in_features = 0;
-  int64_t out_features = 0;   // of the unsplit layer; the group's size must divide it
+  int64_t out_features = 0;  // of the unsplit layer; the group's size must divide it
   bool bias = true;
   bool gather_output = false;  // all-gather Y (else each rank keeps Y_r)
   // The output is `fused_parts` blocks stacked (a fused q/k/v projection: 3); each block is split

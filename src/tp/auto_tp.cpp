@@ -16,9 +16,10 @@ std::string last_component(const std::string& name) {
 bool is_layer_norm(torch::nn::Module& m) { return m.as<torch::nn::LayerNorm>() != nullptr; }
 
 bool inside(const std::string& name, const std::string& prefix) {
-  return prefix.empty() ? !name.empty() : name.size() > prefix.size() &&
-                                              name.compare(0, prefix.size(), prefix) == 0 &&
-                                              name[prefix.size()] == '.';
+  return prefix.empty()
+             ? !name.empty()
+             : name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+                   name[prefix.size()] == '.';
 }
 
 // Modules with a LayerNorm child and >= 2 Linear layers below them, innermost only.
@@ -30,7 +31,8 @@ std::vector<std::string> find_blocks(torch::nn::Module& root) {
     for (auto& child : m.children()) has_norm = has_norm || is_layer_norm(*child);
     if (!has_norm) continue;
     int linears = 0;
-    for (auto& d : m.modules(/*include_self=*/false)) linears += d->as<torch::nn::Linear>() != nullptr;
+    for (auto& d : m.modules(/*include_self=*/false))
+      linears += d->as<torch::nn::Linear>() != nullptr;
     if (linears >= 2) candidates.push_back(item.key());
   }
   std::vector<std::string> blocks;
@@ -45,8 +47,8 @@ std::vector<std::string> find_blocks(torch::nn::Module& root) {
 }  // namespace
 
 bool has_row_name(const std::string& name) {
-  static const std::set<std::string> rows = {"o_proj", "out_proj", "dense_4h_to_h", "down_proj",
-                                             "fc2",    "c_proj",   "wo",            "dense"};
+  static const std::set<std::string> rows = {
+      "o_proj", "out_proj", "dense_4h_to_h", "down_proj", "fc2", "c_proj", "wo", "dense"};
   return rows.count(last_component(name)) > 0;
 }
 
@@ -67,8 +69,10 @@ std::vector<Placement> autotp_plan(torch::nn::Module& root) {
     std::vector<Item> order;
     for (auto& item : root.named_modules()) {
       if (!inside(item.key(), block)) continue;
-      if (auto* lin = item.value()->as<torch::nn::Linear>()) order.push_back({item.key(), lin});
-      else if (is_layer_norm(*item.value())) order.push_back({item.key(), nullptr});
+      if (auto* lin = item.value()->as<torch::nn::Linear>())
+        order.push_back({item.key(), lin});
+      else if (is_layer_norm(*item.value()))
+        order.push_back({item.key(), nullptr});
     }
     int last_linear = -1;
     for (size_t i = 0; i < order.size(); ++i)
@@ -76,8 +80,8 @@ std::vector<Placement> autotp_plan(torch::nn::Module& root) {
     for (size_t i = 0; i < order.size(); ++i) {
       if (!order[i].linear) continue;
       const bool before_norm = i + 1 < order.size() && !order[i + 1].linear;
-      const bool row = has_row_name(order[i].name) || before_norm ||
-                       static_cast<int>(i) == last_linear;
+      const bool row =
+          has_row_name(order[i].name) || before_norm || static_cast<int>(i) == last_linear;
       Placement p;
       p.linear = order[i].linear;
       p.layer.name = order[i].name;

@@ -2,11 +2,11 @@
 // module tree are split by columns, which by rows, which stay whole. A pure function of the
 // tree's structure and names; nothing is changed.
 #pragma once
-#include <string>
-#include <vector>
-
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+
+#include <string>
+#include <vector>
 
 #include "deepspeed/inference.h"
 
@@ -14,7 +14,7 @@ namespace deepspeed {
 namespace tp {
 
 struct Placement {
-  ShardedLinear layer;                 // name, kind, fused parts, full shape
+  ShardedLinear layer;                      // name, kind, fused parts, full shape
   torch::nn::LinearImpl* linear = nullptr;  // the module itself
 };
 

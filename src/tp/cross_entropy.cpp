@@ -57,8 +57,10 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                                         const comm::CommunicatorPtr& group) {
   if (logits.dim() != 2 || targets.dim() != 1 || logits.size(0) != targets.size(0))
-    throw Error("vocab_parallel_cross_entropy: logits must be [tokens, V / N] and targets "
-                "[tokens]; got " + c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
+    throw Error(
+        "vocab_parallel_cross_entropy: logits must be [tokens, V / N] and targets "
+        "[tokens]; got " +
+        c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
   return VocabParallelCrossEntropy::apply(logits, targets, group);
 }
 

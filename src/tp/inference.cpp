@@ -33,7 +33,9 @@ class AutoTPEngine : public InferenceEngine {
  public:
   AutoTPEngine(std::shared_ptr<torch::nn::Module> model, comm::CommunicatorPtr group,
                std::vector<ShardedLinear> sharded, std::vector<at::Tensor> rows)
-      : model_(std::move(model)), group_(std::move(group)), sharded_(std::move(sharded)),
+      : model_(std::move(model)),
+        group_(std::move(group)),
+        sharded_(std::move(sharded)),
         rows_(std::move(rows)) {
     std::lock_guard<std::mutex> lock(registry().mu);
     for (auto& w : rows_) registry().rows[w.unsafeGetTensorImpl()] = group_;
@@ -86,14 +88,17 @@ class Loader {
 
   // This rank's value of model tensor `name` (currently `t`), whole shape `slice.whole`.
   at::Tensor value(const std::string& name, const at::Tensor& t, Slice slice) {
-    if (slice.how != Slice::kWhole) slice.range = tp::split_range(
-        slice.how == Slice::kRows ? slice.whole[0] / slice.parts : slice.whole[1], size_, rank_,
-        name.c_str());
+    if (slice.how != Slice::kWhole)
+      slice.range =
+          tp::split_range(slice.how == Slice::kRows ? slice.whole[0] / slice.parts : slice.whole[1],
+                          size_, rank_, name.c_str());
     if (!src_) return slice_in_memory(t, slice);
     const std::string stored = find(name, slice.whole);
     switch (slice.how) {
-      case Slice::kRows: return tp::read_rows(*src_, stored, slice.whole, slice.parts, slice.range);
-      case Slice::kColumns: return tp::read_columns(*src_, stored, slice.whole, slice.range);
+      case Slice::kRows:
+        return tp::read_rows(*src_, stored, slice.whole, slice.parts, slice.range);
+      case Slice::kColumns:
+        return tp::read_columns(*src_, stored, slice.whole, slice.range);
       default:
         return tp::read_whole(*src_, stored, slice.whole,
                               t.is_floating_point() ? at::kFloat : t.scalar_type());
@@ -119,16 +124,16 @@ class Loader {
       auto shape = src_->shape(candidate);
       if (!shape) continue;
       if (*shape != whole)
-        throw CheckpointError("init_inference: tensor \"" + candidate + "\" of '" +
-                              src_->path() + "' has shape " + shape_str(*shape) +
-                              ", the model's is " + shape_str(whole) +
-                              " (a checkpoint of another architecture?)");
+        throw CheckpointError("init_inference: tensor \"" + candidate + "\" of '" + src_->path() +
+                              "' has shape " + shape_str(*shape) + ", the model's is " +
+                              shape_str(whole) + " (a checkpoint of another architecture?)");
       return candidate;
     }
     std::string names;
     for (const auto& c : tried) names += (names.empty() ? "\"" : ", \"") + c + "\"";
     throw CheckpointError("init_inference: '" + src_->path() + "' has no tensor " + names +
-                          " for the model's \"" + name + "\" (a checkpoint of another architecture?)");
+                          " for the model's \"" + name +
+                          "\" (a checkpoint of another architecture?)");
   }
 
   const InferenceConfig& config_;
@@ -167,8 +172,8 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
     const bool column = p.layer.kind == ShardedLinear::kColumn;
     slices[p.layer.name + ".weight"] =
         column ? Slice{Slice::kRows, p.layer.fused_parts, {}, s} : Slice{Slice::kColumns, 1, {}, s};
-    slices[p.layer.name + ".bias"] =
-        column ? Slice{Slice::kRows, p.layer.fused_parts, {}, {s[0]}} : Slice{Slice::kWhole, 1, {}, {s[0]}};
+    slices[p.layer.name + ".bias"] = column ? Slice{Slice::kRows, p.layer.fused_parts, {}, {s[0]}}
+                                            : Slice{Slice::kWhole, 1, {}, {s[0]}};
     sharded.push_back(p.layer);
   }
   Loader loader(config, *group);

@@ -37,9 +37,9 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(const ColumnParallelLinearOpt
                                                    comm::CommunicatorPtr group)
     : options_(options), group_(std::move(group)) {
   if (options_.fused_parts < 1 || options_.out_features % options_.fused_parts != 0)
-    throw ConfigError("ColumnParallelLinear: out_features (" +
-                      std::to_string(options_.out_features) + ") is not divisible by fused_parts (" +
-                      std::to_string(options_.fused_parts) + ")");
+    throw ConfigError(
+        "ColumnParallelLinear: out_features (" + std::to_string(options_.out_features) +
+        ") is not divisible by fused_parts (" + std::to_string(options_.fused_parts) + ")");
   split_range(options_.out_features / options_.fused_parts, group_->world_size(), group_->rank(),
               "ColumnParallelLinear out_features per fused part");
   torch::nn::Linear full(

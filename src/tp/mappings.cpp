@@ -6,11 +6,12 @@
 //   scatter keep own slice  | all-gather
 // The group rides in the autograd context as a capsule, so the communicator stays alive for as
 // long as the graph that needs it.
+#include "tp/mappings.h"
+
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
 #include "deepspeed/tp.h"
-#include "tp/mappings.h"
 
 namespace deepspeed {
 namespace tp {

@@ -59,7 +59,8 @@ class CheckpointSource : public WeightSource {
 class SafetensorsSource : public WeightSource {
  public:
   explicit SafetensorsSource(const std::string& path)
-      : path_(path), file_(posix_file_system().open_file(path)),
+      : path_(path),
+        file_(posix_file_system().open_file(path)),
         index_(checkpoint::read_safetensors_index(*file_, path)) {}
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
     if (const auto* e = index_.find(name)) return e->shape;
@@ -82,7 +83,8 @@ class SafetensorsSource : public WeightSource {
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {

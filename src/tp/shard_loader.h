@@ -2,12 +2,12 @@
 // its slices: a training checkpoint's fp32 masters (any ZeRO stage, world size or pipeline
 // layout; buffers and frozen parameters from the module files) or a ds_to_fp32 safetensors file.
 #pragma once
+#include <ATen/Tensor.h>
+
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <ATen/Tensor.h>
 
 #include "deepspeed/tp.h"
 

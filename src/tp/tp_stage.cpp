@@ -33,7 +33,9 @@ class TensorParallelStage : public zero::ZeroStage {
   void step(double grad_scale) override { inner_->step(grad_scale); }
   void discard_gradients() override { inner_->discard_gradients(); }
   MemoryReport memory() const override { return inner_->memory(); }
-  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return inner_->optimizer(); }
+  std::shared_ptr<torch::optim::Optimizer> optimizer() const override {
+    return inner_->optimizer();
+  }
   std::unique_ptr<zero::FragmentState> state_to_save() override { return inner_->state_to_save(); }
   std::unique_ptr<zero::FragmentState> state_to_load(bool create) override {
     return inner_->state_to_load(create);

@@ -28,8 +28,9 @@ std::array<double, 2> to_pair(const at::Tensor& sums) {
 }  // namespace
 
 std::array<double, 2> ZeroStage::grad_square_sums(const std::vector<at::Tensor>&) {
-  throw ConfigError("tensor parallelism: this ZeRO stage cannot split its gradient norm by "
-                    "parameter (zero_optimization.stage 0, 1 or 2 can)");
+  throw ConfigError(
+      "tensor parallelism: this ZeRO stage cannot split its gradient norm by "
+      "parameter (zero_optimization.stage 0, 1 or 2 can)");
 }
 
 // The owner's gradient partition is a slice of the flat buffer: each parameter's part of it is
@@ -57,7 +58,8 @@ std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
     if (p.grad().defined())
-      sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] += p.grad().to(torch::kDouble).pow(2).sum();
+      sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] +=
+          p.grad().to(torch::kDouble).pow(2).sum();
   return to_pair(sums);
 }
 

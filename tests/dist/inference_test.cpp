@@ -2,6 +2,8 @@
 // 2 and 4 equal to the unsplit model's, weights read from ZeRO-3 and pipeline checkpoints of
 // gpt_train and from a safetensors file, gpt_generate --tensor_parallel under dsrun, and each
 // bad input named.
+#include "deepspeed/inference.h"
+
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,7 +12,6 @@
 #include "checkpoint/safetensors.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
-#include "deepspeed/inference.h"
 #include "gpt/generate.h"
 #include "gpt/model.h"
 #include "support/files.h"
@@ -64,18 +65,21 @@ TEST(AutoTP, LogitsOfTp124EqualTheUnsplitModel) {
     const auto idx = prompts();
     const auto ref = ref_model->logits(idx);
     for (int tp : {1, 2, 4}) {
-      run_ranks(4, [&](CommunicatorPtr comm) {
-        torch::NoGradGuard no_grad;
-        auto model = seeded_gpt(c);
-        auto engine = deepspeed::init_inference(model, {.tp_size = tp, .comm = comm});
-        const double diff = (model->logits(idx) - ref).abs().max().item<double>();
-        EXPECT_LT(diff, 1e-5) << "tp " << tp << (tied ? " tied" : "");
-        gpt::KVCache cache;
-        auto first = model->logits_cached(idx.narrow(1, 0, 7), cache);
-        auto rest = model->logits_cached(idx.narrow(1, 7, 5), cache);
-        EXPECT_LT((torch::cat({first, rest}, 1) - ref).abs().max().item<double>(), 1e-5)
-            << "kv-cached, tp " << tp;
-      }, std::chrono::seconds(60));
+      run_ranks(
+          4,
+          [&](CommunicatorPtr comm) {
+            torch::NoGradGuard no_grad;
+            auto model = seeded_gpt(c);
+            auto engine = deepspeed::init_inference(model, {.tp_size = tp, .comm = comm});
+            const double diff = (model->logits(idx) - ref).abs().max().item<double>();
+            EXPECT_LT(diff, 1e-5) << "tp " << tp << (tied ? " tied" : "");
+            gpt::KVCache cache;
+            auto first = model->logits_cached(idx.narrow(1, 0, 7), cache);
+            auto rest = model->logits_cached(idx.narrow(1, 7, 5), cache);
+            EXPECT_LT((torch::cat({first, rest}, 1) - ref).abs().max().item<double>(), 1e-5)
+                << "kv-cached, tp " << tp;
+          },
+          std::chrono::seconds(60));
     }
   }
 }
@@ -152,7 +156,8 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
     const std::string cfg = dir / (std::string(c.name) + ".json"), ck = dir / c.name;
     std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
         "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
-        "zero_optimization": {"stage": )" << c.stage << "}}";
+        "zero_optimization": {"stage": )"
+                       << c.stage << "}}";
     const std::string train = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
                               std::to_string(free_tcp_port()) + " " + bin +
                               "/gpt_train --deepspeed_config " + cfg + model + c.extra +
@@ -174,9 +179,11 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
       torch::NoGradGuard no_grad;
       auto split = std::make_shared<gpt::GPTImpl>(config);
       auto engine = deepspeed::init_inference(
-          split, {.tp_size = 2, .checkpoint = ck, .checkpoint_names = [config](const std::string& n) {
-                    return gpt::checkpoint_names(n, config);
-                  }, .comm = comm});
+          split, {.tp_size = 2,
+                  .checkpoint = ck,
+                  .checkpoint_names =
+                      [config](const std::string& n) { return gpt::checkpoint_names(n, config); },
+                  .comm = comm});
       EXPECT_LT((split->logits(idx) - ref).abs().max().item<double>(), 1e-5) << c.name;
       EXPECT_EQ(gpt::generate(*split, {prompt}, 16, {}).front(), ref_tokens) << c.name;
     });
@@ -225,17 +232,17 @@ TEST(AutoTP, BadInputIsNamed) {
   });
   run_ranks(2, [&](CommunicatorPtr comm) {
     auto msg = error_of<deepspeed::CheckpointError>([&] {
-      deepspeed::init_inference(seeded_gpt(kModel),
-                                {.tp_size = 2, .checkpoint = dir / "wide.safetensors", .comm = comm});
+      deepspeed::init_inference(
+          seeded_gpt(kModel), {.tp_size = 2, .checkpoint = dir / "wide.safetensors", .comm = comm});
     });
     EXPECT_NE(msg.find("tensor \"wte.weight\" of '" + dir / "wide.safetensors" +
                        "' has shape [256, 64], the model's is [256, 32]"),
               std::string::npos)
         << msg;
     msg = error_of<deepspeed::CheckpointError>([&] {
-      deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 2,
-                                                     .checkpoint = dir / "shallow.safetensors",
-                                                     .comm = comm});
+      deepspeed::init_inference(
+          seeded_gpt(kModel),
+          {.tp_size = 2, .checkpoint = dir / "shallow.safetensors", .comm = comm});
     });
     EXPECT_NE(msg.find("has no tensor \"block1.ln1.weight\""), std::string::npos) << msg;
     msg = error_of<deepspeed::ConfigError>(
@@ -245,7 +252,8 @@ TEST(AutoTP, BadInputIsNamed) {
   // The example's own check names the flag (gpt_generate --tensor_parallel).
   const std::string out = dir / "gen.log";
   const std::string cmd = dstest::bin_dir() + "/gpt_generate --load_dir " + dir.path() +
-                          " --n_head 3 --n_embd 48 --tensor_parallel 2 --prompt x > " + out + " 2>&1";
+                          " --n_head 3 --n_embd 48 --tensor_parallel 2 --prompt x > " + out +
+                          " 2>&1";
   EXPECT_NE(std::system(cmd.c_str()), 0);
   EXPECT_NE(dstest::read_bytes(out).find("--tensor_parallel 2 does not divide --n_head (3)"),
             std::string::npos)

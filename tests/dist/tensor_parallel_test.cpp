@@ -71,14 +71,16 @@ TEST(TensorParallelLayers, GatherOutputAndFusedPartsSliceEachBlock) {
       torch::manual_seed(5);
       full = torch::nn::Linear(8, 12);  // q, k, v of 4 rows each
       torch::manual_seed(5);
-      fused = tp::ColumnParallelLinear(tp::ColumnParallelLinearOptions{8, 12, true, /*gather_output=*/true, /*fused_parts=*/3}, g);
+      fused = tp::ColumnParallelLinear(
+          tp::ColumnParallelLinearOptions{8, 12, true, /*gather_output=*/true, /*fused_parts=*/3},
+          g);
       x = torch::randn({2, 8});
     }
     // Rank r holds rows [2r, 2r+2) of each of q, k and v.
     auto w = full->weight.view({3, 4, 8}).narrow(1, 2 * g->rank(), 2).reshape({6, 8});
     EXPECT_EQ(max_diff(fused->weight, w), 0.0);
     // Gathered: rank 0's [q0 k0 v0] then rank 1's [q1 k1 v1] (the layout a fused split implies).
-    auto y = fused(x).view({2, 2, 3, 2});                 // [batch, rank, part, row]
+    auto y = fused(x).view({2, 2, 3, 2});                   // [batch, rank, part, row]
     auto ref = full(x).view({2, 3, 2, 2}).transpose(1, 2);  // [batch, rank, part, row]
     EXPECT_LT(max_diff(y, ref), 1e-6);
   });
@@ -104,7 +106,8 @@ TEST(TensorParallelLayers, VocabEmbeddingAndCrossEntropyEqualTheUnsplitOnes) {
       (emb(ids) * emb(ids)).sum().backward();
       (full(ids) * full(ids)).sum().backward();
       const auto r = emb->vocab_range();
-      EXPECT_LT(max_diff(emb->weight.grad(), full->weight.grad().narrow(0, r.begin, r.size())), 1e-6);
+      EXPECT_LT(max_diff(emb->weight.grad(), full->weight.grad().narrow(0, r.begin, r.size())),
+                1e-6);
 
       auto whole = logits.clone().requires_grad_(true);
       auto mine = logits.narrow(1, r.begin, r.size()).clone().requires_grad_(true);
@@ -157,7 +160,8 @@ TEST(TensorParallelGPT, GradientsAreSlicesOfTheUnsplitModel) {
       }
       split->copy_from(*full);
       auto loss_full = full->forward(idx, targets), loss_split = split->forward(idx, targets);
-      EXPECT_NEAR(loss_split.item<double>(), loss_full.item<double>(), 1e-5 * loss_full.item<double>());
+      EXPECT_NEAR(loss_split.item<double>(), loss_full.item<double>(),
+                  1e-5 * loss_full.item<double>());
       loss_full.backward();
       loss_split.backward();
       // Re-slice the whole gradients the way copy_from slices weights, and compare.
@@ -182,32 +186,39 @@ struct Trained {
 // Trains `make_model(comm, topology)`'s model at world 4 for `steps` steps (8 samples a step in
 // every layout: micro batch 8 / data-parallel size) with gradient clipping at 0.5.
 template <class Model>
-Trained train(int tensor, int stage, int steps,
-              const std::function<std::shared_ptr<Model>(std::shared_ptr<deepspeed::comm::Topology>)>&
-                  make_model) {
+Trained train(
+    int tensor, int stage, int steps,
+    const std::function<std::shared_ptr<Model>(std::shared_ptr<deepspeed::comm::Topology>)>&
+        make_model) {
   const int world = 4, data = world / tensor;
   auto config = dstest::base_config(8 / data, 1, stage);
   config["gradient_clipping"] = 0.5;
   auto dataset = dstest::test_text_dataset(16);
   Trained out;
   std::mutex mu;
-  run_ranks(world, [&](CommunicatorPtr comm) {
-    auto topology = std::make_shared<deepspeed::comm::Topology>(
-        comm, deepspeed::comm::TopologySizes{1, tensor});
-    auto model = make_model(topology);
-    auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<Model>(
-        {.model = model, .config_json = config, .training_data = dataset, .topology = topology});
-    Trained mine;
-    while (engine->global_steps() < steps) {
-      auto batch = loader->next();
-      engine->backward(engine->forward(batch.data, batch.target));
-      engine->step();
-      mine.losses.push_back(engine->last_loss());
-      mine.norms.push_back(engine->get_global_grad_norm());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm->rank() == 0) out = mine;
-  }, std::chrono::seconds(60));
+  run_ranks(
+      world,
+      [&](CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, tensor});
+        auto model = make_model(topology);
+        auto [engine, optimizer, loader, scheduler] =
+            deepspeed::initialize<Model>({.model = model,
+                                          .config_json = config,
+                                          .training_data = dataset,
+                                          .topology = topology});
+        Trained mine;
+        while (engine->global_steps() < steps) {
+          auto batch = loader->next();
+          engine->backward(engine->forward(batch.data, batch.target));
+          engine->step();
+          mine.losses.push_back(engine->last_loss());
+          mine.norms.push_back(engine->get_global_grad_norm());
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (comm->rank() == 0) out = mine;
+      },
+      std::chrono::seconds(60));
   return out;
 }
 
@@ -242,24 +253,27 @@ TEST(TensorParallelTraining, TensorTimesDataEqualsStage0AtWorld4) {
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     double loss_rel = 0, norm_rel = 0;
     for (int i = 0; i < steps; ++i) {
-      loss_rel = std::max(loss_rel, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+      loss_rel =
+          std::max(loss_rel, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
       norm_rel = std::max(norm_rel, std::abs(got.norms[i] - ref.norms[i]) / ref.norms[i]);
       EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]))
-          << "tp " << l.tensor << " x dp " << 4 / l.tensor << ", stage " << l.stage << ", step " << i;
+          << "tp " << l.tensor << " x dp " << 4 / l.tensor << ", stage " << l.stage << ", step "
+          << i;
       EXPECT_NEAR(got.norms[i], ref.norms[i], 1e-4 * ref.norms[i])
           << "grad norm, tp " << l.tensor << ", stage " << l.stage << ", step " << i;
     }
-    std::printf("tp %d x dp %d, stage %d: losses within %.2e relative, norms within %.2e (step 1 "
-                "norm %.4f, final loss %.4f)\n",
-                l.tensor, 4 / l.tensor, l.stage, loss_rel, norm_rel, got.norms[0], got.losses.back());
+    std::printf(
+        "tp %d x dp %d, stage %d: losses within %.2e relative, norms within %.2e (step 1 "
+        "norm %.4f, final loss %.4f)\n",
+        l.tensor, 4 / l.tensor, l.stage, loss_rel, norm_rel, got.norms[0], got.losses.back());
   }
 }
 
 TEST(TensorParallelTraining, Stage3AndCheckpointsAreRefusedByName) {
   const gpt::GPTConfig c{256, 16, 1, 2, 16};
   run_ranks(2, [&](CommunicatorPtr comm) {
-    auto topology = std::make_shared<deepspeed::comm::Topology>(
-        comm, deepspeed::comm::TopologySizes{1, 2});
+    auto topology =
+        std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
     std::shared_ptr<gpt::TPGPTImpl> m;
     {
       std::lock_guard<std::mutex> lock(rng_mutex);

@@ -1,11 +1,14 @@
 // deepspeed.init_inference: a trained model sharded over a tensor-parallel group by DeepSpeed's
 // AutoTP rule, its weights read from a training checkpoint, each rank reading only its slices.
 //
-// AutoTP (DeepSpeed's, for a module tree not known in advance): a *block* is an innermost module
-// that has a LayerNorm child and at least two Linear layers below it (a transformer layer).
+// AutoTP (DeepSpeed's, for a module tree not known in advance): a *block* (a transformer layer)
+// has at least two Linear layers and a LayerNorm below it; where such modules repeat (siblings
+// with the same parameter names and shapes: a stack of layers) the outermost repeated ones are
+// the blocks, else (one layer) the innermost ones with a LayerNorm child.
 // Inside a block, in registration order, a Linear is
 //   row-parallel     when its name ends in a row name (o_proj, out_proj, dense_4h_to_h,
-//                    down_proj, fc2, c_proj, wo, dense), or it comes right before a LayerNorm,
+//                    down_proj, fc2, c_proj, wo, attention.dense, attn.dense,
+//                    self_attention.dense), or it comes right before a LayerNorm,
 //                    or it is the block's last Linear: the attention output and MLP down
 //                    projections. Its weight keeps the input columns of this rank; one
 //                    all-reduce follows it, the bias is added once, after it;
@@ -36,7 +39,7 @@ struct InferenceConfig {
   at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16: parameters and buffers after loading
   // A training checkpoint (a save folder: its `latest` tag, or `tag`; or a tag folder) of any
   // ZeRO stage, world size or pipeline layout, or a ds_to_fp32 .safetensors file. Empty: the
-  // module's own weights are sharded.
+  // module's own weights are sharded (every rank must hold the same, e.g. seeded alike).
   std::string checkpoint;
   std::string tag;
   // The names a model tensor may have in the checkpoint, tried in order (default: its own name).

@@ -22,34 +22,80 @@ bool inside(const std::string& name, const std::string& prefix) {
                    name[prefix.size()] == '.';
 }
 
-// Modules with a LayerNorm child and >= 2 Linear layers below them, innermost only.
+// What a module holds: its parameters' names and shapes (equal for the layers of one stack).
+std::string signature(torch::nn::Module& m) {
+  std::string out;
+  for (auto& p : m.named_parameters()) out += p.key() + c10::str(p.value().sizes()) + ";";
+  return out;
+}
+
+std::string parent_of(const std::string& name) {
+  const auto dot = name.rfind('.');
+  return dot == std::string::npos ? (name.empty() ? "<none>" : "") : name.substr(0, dot);
+}
+
+// The transformer layers, as DeepSpeed finds them (the class repeated in a ModuleList): modules
+// with >= 2 Linear layers and a LayerNorm below them. Those with a sibling of the same
+// signature (a stack of layers) win, outermost first; with no stack (a one-layer model), the
+// innermost such modules that have a LayerNorm child.
 std::vector<std::string> find_blocks(torch::nn::Module& root) {
-  std::vector<std::string> candidates;
+  struct Candidate {
+    std::string name;
+    std::string signature;
+    bool norm_child = false;
+  };
+  std::vector<Candidate> candidates;
   for (auto& item : root.named_modules()) {
     torch::nn::Module& m = *item.value();
-    bool has_norm = false;
-    for (auto& child : m.children()) has_norm = has_norm || is_layer_norm(*child);
-    if (!has_norm) continue;
-    int linears = 0;
-    for (auto& d : m.modules(/*include_self=*/false))
+    int linears = 0, norms = 0;
+    for (auto& d : m.modules(/*include_self=*/false)) {
       linears += d->as<torch::nn::Linear>() != nullptr;
-    if (linears >= 2) candidates.push_back(item.key());
+      norms += is_layer_norm(*d);
+    }
+    if (linears < 2 || norms < 1) continue;
+    bool norm_child = false;
+    for (auto& child : m.children()) norm_child = norm_child || is_layer_norm(*child);
+    candidates.push_back({item.key(), signature(m), norm_child});
   }
+  auto repeated = [&](const Candidate& c) {
+    for (auto& o : candidates)
+      if (o.name != c.name && parent_of(o.name) == parent_of(c.name) && o.signature == c.signature)
+        return true;
+    return false;
+  };
   std::vector<std::string> blocks;
   for (auto& c : candidates) {
+    if (!repeated(c)) continue;
+    bool in_stack = false;
+    for (auto& o : candidates) in_stack = in_stack || (inside(c.name, o.name) && repeated(o));
+    if (!in_stack) blocks.push_back(c.name);
+  }
+  if (!blocks.empty()) return blocks;
+  for (auto& c : candidates) {
+    if (!c.norm_child) continue;
     bool has_inner = false;
-    for (auto& other : candidates) has_inner = has_inner || inside(other, c);
-    if (!has_inner) blocks.push_back(c);
+    for (auto& o : candidates) has_inner = has_inner || (o.norm_child && inside(o.name, c.name));
+    if (!has_inner) blocks.push_back(c.name);
   }
   return blocks;
 }
 
 }  // namespace
 
+// A name "matches" a suffix when it is the suffix or ends in "." + suffix (dotted suffixes
+// name a parent too: GPT-NeoX's attention.dense is a row layer, BERT's intermediate.dense is not).
 bool has_row_name(const std::string& name) {
-  static const std::set<std::string> rows = {
-      "o_proj", "out_proj", "dense_4h_to_h", "down_proj", "fc2", "c_proj", "wo", "dense"};
-  return rows.count(last_component(name)) > 0;
+  static const char* rows[] = {
+      "o_proj", "out_proj", "dense_4h_to_h",   "down_proj",  "fc2",
+      "c_proj", "wo",       "attention.dense", "attn.dense", "self_attention.dense"};
+  for (const char* suffix : rows) {
+    const std::string s(suffix);
+    if (name == s ||
+        (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
+         name[name.size() - s.size() - 1] == '.'))
+      return true;
+  }
+  return false;
 }
 
 bool has_fused_qkv_name(const std::string& name) {

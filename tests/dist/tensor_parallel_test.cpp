@@ -299,7 +299,8 @@ TEST(TensorParallelTraining, Bf16FollowsStage0Bf16) {
     ASSERT_TRUE(std::isfinite(got.losses[i]));
     worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i]);
   }
-  std::printf("bf16 tp 2 x dp 2 (ZeRO-1) against ZeRO-0 bf16: losses within %.2e relative\n", worst);
+  std::printf("bf16 tp 2 x dp 2 (ZeRO-1) against ZeRO-0 bf16: losses within %.2e relative\n",
+              worst);
   EXPECT_LT(worst, 1e-3);  // measured 9.5e-5
   EXPECT_LT(got.losses.back(), got.losses.front());
 }

@@ -3,6 +3,8 @@
 // Rank 0 prints "step <n> loss <x>" after each optimizer step, and a summary at the end.
 // Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
 // --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
+// --tensor_parallel N splits the layers over groups of N consecutive ranks (gpt::TPGPT, built
+// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; no checkpoints yet).
 // Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
 // --adam_epsilon, --max_grad_norm, --warmup_steps, --micro_batch, --gradient_accumulation_steps,
 // --fp16/--bf16; --steps and --n_embd) fill the config's "auto" keys, and with no "optimizer"

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "deepspeed/errors.h"
@@ -78,6 +79,30 @@ std::vector<std::vector<int64_t>> generate(GPTImpl& model,
   return out;
 }
 
+std::vector<std::string> checkpoint_names(const std::string& name, const GPTConfig& c) {
+  // gpt_pipeline's layers: 0 the embeddings (tied: "tied_embed."), 1..n_layer the blocks,
+  // n_layer + 1 the final LayerNorm, n_layer + 2 the head.
+  auto layer = [](int64_t i) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "layer_%02lld.", static_cast<long long>(i));
+    return std::string(buf);
+  };
+  auto starts = [&](const char* prefix) { return name.rfind(prefix, 0) == 0; };
+  const auto dot = name.find('.');
+  const std::string rest = dot == std::string::npos ? name : name.substr(dot + 1);
+  std::string piped;
+  if (starts("wte.") || starts("wpe.")) {
+    piped = (c.tie_embeddings ? std::string("tied_embed.") : layer(0)) + name;
+  } else if (starts("block")) {
+    piped = layer(std::stoll(name.substr(5, dot - 5)) + 1) + rest;
+  } else if (starts("ln_f.")) {
+    piped = layer(c.n_layer + 1) + rest;
+  } else if (starts("head.")) {
+    piped = layer(c.n_layer + 2) + rest;
+  }
+  return piped.empty() ? std::vector<std::string>{name} : std::vector<std::string>{name, piped};
+}
+
 void load_weights(GPTImpl& model, const std::string& load_dir, const std::string& tag) {
   const std::string dir = load_dir + (tag.empty() ? "" : "/" + tag);
   std::map<std::string, at::Tensor> saved;
@@ -85,17 +110,18 @@ void load_weights(GPTImpl& model, const std::string& load_dir, const std::string
     saved[name] = t;
   torch::NoGradGuard no_grad;
   auto fill = [&](const std::string& name, at::Tensor dst) {
-    auto it = saved.find(name);
+    auto it = saved.end();
+    for (const auto& candidate : checkpoint_names(name, model.config()))
+      if (it == saved.end()) it = saved.find(candidate);
     if (it == saved.end())
       throw deepspeed::CheckpointError("checkpoint '" + dir + "' has no tensor \"" + name +
                                        "\": was it saved from this model (--n_layer, "
-                                       "--tie_embeddings, ...)? A pipeline checkpoint names its "
-                                       "layers differently (layer_XX.*) and is not read here");
+                                       "--tie_embeddings, ...)?");
     if (it->second.sizes() != dst.sizes())
-      throw deepspeed::CheckpointError("checkpoint '" + dir + "': tensor \"" + name + "\" has shape " +
-                                       c10::str(it->second.sizes()) + ", the model's is " +
-                                       c10::str(dst.sizes()) + " (other --n_embd / --n_head / "
-                                       "--block_size?)");
+      throw deepspeed::CheckpointError("checkpoint '" + dir + "': tensor \"" + it->first +
+                                       "\" has shape " + c10::str(it->second.sizes()) +
+                                       ", the model's is " + c10::str(dst.sizes()) +
+                                       " (other --n_embd / --n_head / --block_size?)");
     dst.copy_(it->second);
   };
   for (auto& item : model.named_parameters()) fill(item.key(), item.value());

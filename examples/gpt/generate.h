@@ -27,9 +27,14 @@ std::vector<std::vector<int64_t>> generate(GPTImpl& model,
                                            int64_t max_new_tokens, const SamplingOptions& options,
                                            bool use_cache = true);
 
+// The names tensor `name` of the GPT may have in a checkpoint: its own, and for a pipeline
+// checkpoint of gpt_train --pipeline_stages its layer's (block3.ln1.weight -> layer_04.ln1.weight).
+std::vector<std::string> checkpoint_names(const std::string& name, const GPTConfig& config);
+
 // Fills the model's parameters and buffers from the checkpoint tag `tag` of `load_dir` ("": the
 // one `latest` names), fp32 masters for the trainable ones. Throws deepspeed::CheckpointError
 // naming a tensor the checkpoint lacks or whose shape differs (another --n_layer / --n_embd ...).
+// Reads plain and pipeline checkpoints (checkpoint_names).
 void load_weights(GPTImpl& model, const std::string& load_dir, const std::string& tag = "");
 
 }  // namespace gpt

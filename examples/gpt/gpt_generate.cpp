@@ -1,15 +1,22 @@
 // gpt_generate: continue a prompt with the example GPT trained by gpt_train.
 //   gpt_generate --load_dir DIR --prompt TEXT [--max_new_tokens N] [--greedy | --top_k K --top_p P
 //                --temperature T --seed S] [model flags as given to gpt_train: --n_layer ...]
-// Reads the checkpoint DIR/latest names (any world size or ZeRO stage), generates with a
-// kv-cache, and prints the prompt and its continuation as its last line (bytes are tokens).
+// Reads the checkpoint DIR/latest names (any world size, ZeRO stage or pipeline layout) through
+// deepspeed::init_inference, generates with a kv-cache, and prints the prompt and its
+// continuation as its last line (bytes are tokens) on rank 0.
+//   dsrun --num_procs N gpt_generate --tensor_parallel N ...   splits the blocks over N ranks
+//   (AutoTP), each rank reading only its slices of the checkpoint.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>
 
+#include "deepspeed/args.h"
+#include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/inference.h"
 #include "gpt/generate.h"
+#include "gpt/tp_model.h"
 
 int main(int argc, char** argv) try {
   std::string load_dir, tag, prompt;
@@ -17,6 +24,8 @@ int main(int argc, char** argv) try {
   gpt::GPTConfig model;
   gpt::SamplingOptions sampling;
   bool greedy = false;
+  int tensor_parallel = 1;
+  std::string dtype = "fp32";
   CLI::App app{"gpt_generate: continue a prompt with a GPT checkpoint of gpt_train", "gpt_generate"};
   app.add_option("--load_dir", load_dir, "checkpoint folder of gpt_train --save_dir")->required();
   app.add_option("--tag", tag, "checkpoint tag (default: the one DIR/latest names)");
@@ -27,6 +36,9 @@ int main(int argc, char** argv) try {
   app.add_option("--top_p", sampling.top_p, "sample among the most likely tokens reaching P");
   app.add_option("--temperature", sampling.temperature, "divides the logits (default 1)");
   app.add_option("--seed", sampling.seed, "sampling seed (default 0)");
+  app.add_option("--tensor_parallel", tensor_parallel,
+                 "split the blocks over N ranks (run under dsrun with N processes)");
+  app.add_option("--dtype", dtype, "fp32 (default) or bf16");
   app.add_option("--n_layer", model.n_layer);
   app.add_option("--n_head", model.n_head);
   app.add_option("--n_embd", model.n_embd);
@@ -34,19 +46,32 @@ int main(int argc, char** argv) try {
   app.add_flag("--no_bias{false}", model.bias, "Linear layers without bias");
   app.add_flag("--tie_embeddings", model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", model.gelu_tanh, "tanh-approximated GELU");
-  CLI11_PARSE(app, argc, argv);
+  // dsrun appends --local_rank=K: parse_args takes it out, the rest goes to CLI11.
+  const auto args = deepspeed::parse_args(argc, argv);
+  std::vector<const char*> rest;
+  for (const auto& a : args.rest) rest.push_back(a.c_str());
+  CLI11_PARSE(app, static_cast<int>(rest.size()), rest.data());
   if (prompt.empty()) throw deepspeed::ConfigError("gpt_generate: --prompt is empty");
   sampling.greedy = greedy;
 
+  if (dtype != "fp32" && dtype != "bf16")
+    throw deepspeed::ConfigError("gpt_generate: --dtype " + dtype + " (fp32 or bf16)");
+  gpt::check_tensor_parallel(model, tensor_parallel);
+  auto comm = deepspeed::init_distributed();
   gpt::GPT net(model);
-  net->eval();
-  gpt::load_weights(*net, load_dir, tag);
+  deepspeed::InferenceConfig config;
+  config.tp_size = tensor_parallel;
+  config.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  config.checkpoint = load_dir;
+  config.tag = tag;
+  config.checkpoint_names = [model](const std::string& n) { return gpt::checkpoint_names(n, model); };
+  auto engine = deepspeed::init_inference(net.ptr(), config);
   std::vector<int64_t> tokens;
   for (unsigned char c : prompt) tokens.push_back(c);
   const auto out = gpt::generate(*net, {tokens}, max_new_tokens, sampling).front();
   std::string text = prompt;
   for (int64_t t : out) text.push_back(static_cast<char>(t));
-  std::printf("%s\n", text.c_str());
+  if (comm->rank() == 0) std::printf("%s\n", text.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "gpt_generate: error: %s\n", e.what());

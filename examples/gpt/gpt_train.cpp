@@ -3,6 +3,8 @@
 // Rank 0 prints "step <n> loss <x>" after each optimizer step, and a summary at the end.
 // Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
 // --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
+// --tensor_parallel N splits the layers over groups of N consecutive ranks (gpt::TPGPT, built
+// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; no checkpoints yet).
 // Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
 // --adam_epsilon, --max_grad_norm, --warmup_steps, --micro_batch, --gradient_accumulation_steps,
 // --fp16/--bf16; --steps and --n_embd) fill the config's "auto" keys, and with no "optimizer"
@@ -20,6 +22,7 @@
 #include "gpt/model.h"
 #include "gpt/pipeline_model.h"
 #include "gpt/text_dataset.h"
+#include "gpt/tp_model.h"
 
 namespace {
 
@@ -33,6 +36,7 @@ struct Options {
   std::string save_dir;
   int64_t save_interval = 0;  // 0: no periodic saves
   int pipeline_stages = 0;    // > 0: the GPT as a PipelineModule, trained with train_batch
+  int tensor_parallel = 1;    // > 1: gpt::TPGPT over groups of N consecutive ranks
   std::string load_dir;
   bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
@@ -96,6 +100,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--pipeline_stages", o.pipeline_stages,
                  "pipeline parallelism: the GPT as a PipelineModule over N stages (0: off; "
                  "-1: the config's pipeline.stages)");
+  app.add_option("--tensor_parallel", o.tensor_parallel,
+                 "tensor parallelism: layers split over N consecutive ranks (world = N x data)");
   app.add_flag("--random_tokens", o.random_tokens, "train on random tokens instead of --data");
   app.add_option("--warmup", o.warmup, "optimizer steps left out of the timing (default 1)");
   app.add_option("--gpu_mem_cap_gib", o.gpu_mem_cap_gib, "cap the GPU memory the run may take");
@@ -177,7 +183,7 @@ deepspeed::ConfigOverrides trainer_values(const Options& o) {
 
 // The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every
 // trainable parameter once (a tied weight is one parameter).
-std::shared_ptr<torch::optim::Optimizer> make_adamw(gpt::GPTImpl& model, const Options& o) {
+std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o) {
   std::vector<torch::Tensor> params;
   std::set<const void*> seen;
   for (auto& p : model.parameters())
@@ -310,73 +316,33 @@ nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {
   return doc;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) try {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run's log still has every finished line
-  auto args = deepspeed::parse_args(argc, argv);
-  auto opt = parse_options(args.rest);
-  at::set_num_threads(opt.threads > 0 ? opt.threads : threads_from_env());
-  if (args.config_path.empty()) throw deepspeed::ConfigError("gpt_train: --deepspeed_config FILE is required");
-
-  deepspeed::comm::InitOptions init;
-  init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
-  auto comm = deepspeed::init_distributed(init);
-  torch::manual_seed(opt.seed);
-  const c10::Device device = deepspeed::resolve_device(opt.device, comm->local_rank());
-  if (opt.gpu_mem_cap_gib > 0)
-    deepspeed::cap_device_memory(device, static_cast<int64_t>(opt.gpu_mem_cap_gib * (1LL << 30)));
-  // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
-  // slices in it), and initialize() gets the parsed document, its "auto" keys filled from the
-  // flags and the model as the Hugging Face Trainer fills them.
-  const bool rank0 = comm->rank() == 0;
-  if (opt.pipeline_stages != 0) {
-    std::shared_ptr<deepspeed::Dataset> data;
-    if (opt.random_tokens)
-      data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
-    else
-      data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
-    return train_pipeline(opt, args.config_path, comm, data);
-  }
-  std::vector<std::string> warnings;  // initialize() reports them
-  const auto config =
-      deepspeed::load_config(args.config_path, comm->world_size(), trainer_values(opt), &warnings);
-  std::shared_ptr<gpt::GPTImpl> model;
-  {
-    // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
-    const auto dtype = config.bf16.enabled ? torch::kBFloat16
-                       : config.fp16.enabled ? torch::kHalf
-                                             : torch::kFloat;
-    deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
-    model = std::make_shared<gpt::GPTImpl>(opt.model);
-  }
-  // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
-  std::shared_ptr<torch::optim::Optimizer> client_optimizer;
-  if (!config.optimizer) {
-    client_optimizer = make_adamw(*model, opt);
-    if (rank0)
-      std::printf("gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
-                  "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
-                  "--weight_decay %g), as the Hugging Face Trainer does\n",
-                  opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
-  }
-  if (rank0 && !config.auto_filled.empty())
-    std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",
-                filled_keys(config).c_str());
-  // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
-  const int64_t num_params = deepspeed::count_parameters(*model);
+// The training loop over any model whose forward(idx, targets) returns the loss (the GPT, or
+// its tensor-parallel split).
+struct Run {
+  Options opt;
+  deepspeed::Config config;
+  deepspeed::comm::CommunicatorPtr comm;
   std::shared_ptr<deepspeed::Dataset> data;
-  if (opt.random_tokens)
-    data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
-  else
-    data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer;
+  int64_t num_params = 0;
+  std::shared_ptr<deepspeed::comm::Topology> topology;  // tensor parallelism; null without
+};
 
-  auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
+template <class Model>
+int train(const Run& run, std::shared_ptr<Model> model) {
+  const Options& opt = run.opt;
+  const auto& config = run.config;
+  const auto& comm = run.comm;
+  const auto& data = run.data;
+  const int64_t num_params = run.num_params;
+  const bool rank0 = comm->rank() == 0;
+  auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<Model>(
       {.model = model,
        .config_json = with_monitoring(config.raw, opt),
        .training_data = data,
-       .optimizer = client_optimizer,
-       .device = opt.device});
+       .optimizer = run.client_optimizer,
+       .device = opt.device,
+       .topology = run.topology});
   if (rank0)
     std::printf("gpt_train: %lld parameters, %d ranks (%s), device %s, zero stage %d, micro batch "
                 "%lld, accumulation %lld, %lld training windows of %lld tokens from %s\n",
@@ -479,6 +445,86 @@ int main(int argc, char** argv) try {
       std::printf("gpt_train: %s\n", deepspeed::checkpointing::profile_summary().c_str());
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a killed run's log still has every finished line
+  auto args = deepspeed::parse_args(argc, argv);
+  auto opt = parse_options(args.rest);
+  at::set_num_threads(opt.threads > 0 ? opt.threads : threads_from_env());
+  if (args.config_path.empty()) throw deepspeed::ConfigError("gpt_train: --deepspeed_config FILE is required");
+
+  deepspeed::comm::InitOptions init;
+  init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
+  auto comm = deepspeed::init_distributed(init);
+  torch::manual_seed(opt.seed);
+  const c10::Device device = deepspeed::resolve_device(opt.device, comm->local_rank());
+  if (opt.gpu_mem_cap_gib > 0)
+    deepspeed::cap_device_memory(device, static_cast<int64_t>(opt.gpu_mem_cap_gib * (1LL << 30)));
+  // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
+  // slices in it), and initialize() gets the parsed document, its "auto" keys filled from the
+  // flags and the model as the Hugging Face Trainer fills them.
+  const bool rank0 = comm->rank() == 0;
+  if (opt.pipeline_stages != 0) {
+    std::shared_ptr<deepspeed::Dataset> data;
+    if (opt.random_tokens)
+      data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
+    else
+      data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
+    return train_pipeline(opt, args.config_path, comm, data);
+  }
+  // --tensor_parallel N: groups of N consecutive ranks split the layers; the batch keys count the
+  // data-parallel ranks (world / N).
+  std::shared_ptr<deepspeed::comm::Topology> topology;
+  if (opt.tensor_parallel != 1) {
+    gpt::check_tensor_parallel(opt.model, opt.tensor_parallel);
+    if (opt.zero_init) throw deepspeed::ConfigError("gpt_train: --zero_init with --tensor_parallel");
+    topology = std::make_shared<deepspeed::comm::Topology>(
+        comm, deepspeed::comm::TopologySizes{1, opt.tensor_parallel});
+  }
+  std::vector<std::string> warnings;  // initialize() reports them
+  const auto config = deepspeed::load_config(
+      args.config_path, comm->world_size() / opt.tensor_parallel, trainer_values(opt), &warnings);
+  std::shared_ptr<gpt::GPTImpl> model;
+  {
+    // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
+    const auto dtype = config.bf16.enabled ? torch::kBFloat16
+                       : config.fp16.enabled ? torch::kHalf
+                                             : torch::kFloat;
+    deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
+    model = std::make_shared<gpt::GPTImpl>(opt.model);
+  }
+  // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer;
+  if (!config.optimizer) {
+    client_optimizer = make_adamw(*model, opt);
+    if (rank0)
+      std::printf("gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
+                  "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
+                  "--weight_decay %g), as the Hugging Face Trainer does\n",
+                  opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
+  }
+  if (rank0 && !config.auto_filled.empty())
+    std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",
+                filled_keys(config).c_str());
+  // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
+  const int64_t num_params = deepspeed::count_parameters(*model);
+  std::shared_ptr<deepspeed::Dataset> data;
+  if (opt.random_tokens)
+    data = std::make_shared<RandomTokens>(opt.model.vocab_size, opt.model.block_size, 1 << 20);
+  else
+    data = std::make_shared<gpt::TextDataset>(opt.data, opt.model.block_size, opt.stride);
+
+  Run run{opt, config, comm, data, client_optimizer, num_params, topology};
+  if (!topology) return train(run, model);
+  // Tensor parallelism: every rank built the whole model from one seed and keeps its slices.
+  auto split = std::make_shared<gpt::TPGPTImpl>(opt.model, topology->tensor_parallel());
+  split->copy_from(*model);
+  model.reset();
+  if (client_optimizer) run.client_optimizer = make_adamw(*split, opt);
+  return train(run, split);
 } catch (const std::exception& e) {
   std::fprintf(stderr, "gpt_train: error: %s\n", e.what());
   return 1;

@@ -5,14 +5,17 @@
 #include <torch/version.h>
 
 #include "deepspeed/checkpointing.h"
+#include "deepspeed/inference.h"
 #include "deepspeed/zero_init.h"
 
 namespace gpt {
 namespace F = torch::nn::functional;
 
 namespace {
+// deepspeed::zero::linear (ZeRO-3 frees the weight between forward and backward), plus the
+// all-reduce after a layer init_inference's AutoTP split by rows.
 torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
-  return deepspeed::zero::linear(x, l->weight, l->bias);
+  return deepspeed::tp::linear(x, l->weight, l->bias);
 }
 
 // GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros), drawn after
@@ -30,7 +33,8 @@ void gpt2_init(torch::nn::Module& module) {
 }
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
+    : head_dim_(c.n_embd / c.n_head) {
   TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be divisible by n_head (",
               c.n_head, ")");
   qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
@@ -39,9 +43,9 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
+  const int64_t B = x.size(0), T = x.size(1), C = local_width(), hd = head_dim_, nh = C / hd;
   auto qkv = linear(qkv_, x).split(C, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, nh, hd}).transpose(1, 2); };
   auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);          // [B, h, T, hd]
 #if TORCH_VERSION_MAJOR >= 2
   // libtorch 2.x: the fused (flash / memory-efficient) kernel; the [T, T] scores never exist.
@@ -60,9 +64,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 
 torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, torch::Tensor& k_all,
                                                      torch::Tensor& v_all, const KVCache& cache) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hd = C / n_head_;
+  const int64_t B = x.size(0), T = x.size(1), C = local_width(), hd = head_dim_, nh = C / hd;
   auto qkv = linear(qkv_, x).split(C, /*dim=*/2);
-  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, nh, hd}).transpose(1, 2); };
   auto q = heads(qkv[0]);
   k_all = k_all.defined() ? torch::cat({k_all, heads(qkv[1])}, 2) : heads(qkv[1]);
   v_all = v_all.defined() ? torch::cat({v_all, heads(qkv[2])}, 2) : heads(qkv[2]);

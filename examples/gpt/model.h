@@ -51,7 +51,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
                                const KVCache& cache);
 
  private:
-  int64_t n_head_;
+  // The heads this module computes follow its q/k/v weight: all of them, or under
+  // deepspeed::init_inference's AutoTP this rank's n_head / tp_size (its rows of q, k and v).
+  int64_t local_width() const { return qkv_->weight.size(0) / 3; }
+  int64_t head_dim_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
   torch::Tensor mask_;  // [T, T] lower-triangular, a buffer
 };

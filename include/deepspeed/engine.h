@@ -28,6 +28,9 @@
 #include "deepspeed/monitor.h"
 
 namespace deepspeed {
+namespace comm {
+class Topology;
+}  // namespace comm
 
 class LRScheduler;
 struct EngineState;
@@ -238,6 +241,13 @@ struct InitializeArgs {
   // "auto" (default: DS_DEVICE, else this rank's GPU when there is one, else the CPU), "cpu",
   // "cuda", "cuda:N" (deepspeed/device.h). The model is moved there by initialize().
   std::string device = "auto";
+  // Tensor parallelism (DeepSpeed's `mpu`): the grid the model's deepspeed::tp layers were built
+  // on (their communicator is topology->tensor_parallel()). Gradients are then reduced and the
+  // batch counted over topology->data_parallel() only, and the clipping norm counts a split
+  // parameter's pieces once each and a replicated parameter once. Null: no tensor parallelism
+  // (the data-parallel group is `comm`). REQUIRES: pipe size 1, ZeRO stage 0-2, and `comm`
+  // unset or topology->world().
+  std::shared_ptr<comm::Topology> topology;
 };
 
 template <class Module>
@@ -259,6 +269,7 @@ struct BuildInput {
   comm::CommunicatorPtr comm;
   ConfigOverrides overrides;
   std::string device = "auto";
+  std::shared_ptr<comm::Topology> topology;
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);
@@ -270,7 +281,8 @@ template <class Module>
 InitializeResult<Module> initialize(InitializeArgs<Module> args) {
   detail::BuildInput in{args.model,       args.config,       std::move(args.config_json),
                         args.training_data, args.optimizer,  args.lr_scheduler,
-                        args.comm,        args.overrides,    args.device};
+                        args.comm,        args.overrides,    args.device,
+                        args.topology};
   auto state = detail::build_engine_state(std::move(in));
   auto engine = std::make_shared<ModelEngine<Module>>(args.model, std::move(state));
   return {engine, engine->optimizer(), engine->training_dataloader(), engine->lr_scheduler()};

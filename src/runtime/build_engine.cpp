@@ -10,6 +10,8 @@
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
+#include "deepspeed/tp.h"
+#include "tp/tp_stage.h"
 #include "optim/fused_adam.h"
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
@@ -176,19 +178,48 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
 
 }  // namespace
 
+// InitializeArgs.topology (tensor parallelism): checked against the rest of the arguments.
+void check_topology(const comm::Topology& t, const comm::CommunicatorPtr& given) {
+  if (t.grid().pipe_size() != 1)
+    throw ConfigError("initialize(): InitializeArgs.topology has pipe size " +
+                      std::to_string(t.grid().pipe_size()) +
+                      "; pipeline parallelism goes through pipe::initialize_pipeline");
+  if (given && given != t.world())
+    throw ConfigError("initialize(): InitializeArgs.comm is not InitializeArgs.topology->world(); "
+                      "give one of them");
+}
+
+// Tensor parallelism: the stage counts the norm of split parameters over the tensor group.
+void wrap_tensor_parallel(EngineState& s) {
+  const int tensor = s.topology->grid().tensor_size();
+  if (tensor == 1) return;
+  if (s.config.zero_optimization.stage >= 3)
+    throw ConfigError("zero_optimization.stage = 3 with tensor parallelism (tensor size " +
+                      std::to_string(tensor) + ") is not supported (stages 0, 1 and 2 are)");
+  s.stage = tp::tensor_parallel_stage(std::move(s.stage), s.topology->tensor_parallel(),
+                                      tp::split_parameters(*s.module));
+  // Every rank of a tensor group has the same loss and norm: its rank 0 alone prints and writes
+  // the monitors (else tensor_size data-parallel rank 0s would write the same files).
+  if (s.topology->tensor_parallel()->rank() != 0) s.log_steps = false;
+}
+
 EngineStatePtr build_engine_state(BuildInput in) {
   if (!in.module) throw ConfigError("initialize(): InitializeArgs.model is null");
   EngineStatePtr s(new EngineState());
-  comm::CommunicatorPtr world = choose_communicator(in.comm);
+  if (in.topology) check_topology(*in.topology, in.comm);
+  comm::CommunicatorPtr world = in.topology ? in.topology->world() : choose_communicator(in.comm);
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
-  s->config = read_config(in, world->world_size());
+  s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size());
   // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
   // here initialize() does it, so the config block alone takes effect.
   checkpointing::configure(s->config.activation_checkpointing);
-  if (s->config.comms_check || comm::comms_check_from_env()) world = comm::with_comms_check(world);
+  // (A given topology's groups are already built: comms_check applies to its world only if the
+  // caller checked it before building the topology.)
+  if (!in.topology && (s->config.comms_check || comm::comms_check_from_env()))
+    world = comm::with_comms_check(world);
   // Gradients and the loss mean travel over the data-parallel group; with the default sizes it
   // is `world` itself.
-  s->topology = std::make_shared<comm::Topology>(world);
+  s->topology = in.topology ? in.topology : std::make_shared<comm::Topology>(world);
   s->comm = s->topology->data_parallel();
   s->module = in.module;
   s->device = choose_device(in.device, *s->comm);
@@ -217,6 +248,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
       throw Error(*oom);
     throw;
   }
+  wrap_tensor_parallel(*s);
   s->loss_scaler =
       precision::make_loss_scaler(s->config.fp16, s->config.zero_optimization.stage >= 1);
 

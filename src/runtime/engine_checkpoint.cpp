@@ -3,11 +3,22 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "deepspeed/topology.h"
 
 namespace deepspeed {
+namespace {
+// One model-states file per tensor-parallel rank (DeepSpeed's mp_rank_XX) is not written yet:
+// refuse rather than let the ranks of a group overwrite each other's slices.
+void refuse_tensor_parallel(const EngineState& s, const char* what) {
+  if (s.topology && s.topology->grid().tensor_size() > 1)
+    throw ConfigError(std::string(what) + ": checkpoints of tensor-parallel training (tensor size " +
+                      std::to_string(s.topology->grid().tensor_size()) + ") are not supported yet");
+}
+}  // namespace
 
 bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                              const nlohmann::json& client_state, bool save_latest) {
+  refuse_tensor_parallel(*state_, "save_checkpoint");
   checkpoint::SaveOptions o;
   o.tag = tag;
   o.client_state = client_state.is_null() ? nlohmann::json::object() : client_state;
@@ -19,6 +30,7 @@ bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag
 LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std::string& tag,
                                          bool load_module_strict, bool load_optimizer_states,
                                          bool load_lr_scheduler_states, bool load_module_only) {
+  refuse_tensor_parallel(*state_, "load_checkpoint");
   checkpoint::LoadOptions o;
   o.tag = tag;
   o.load_module_strict = load_module_strict;

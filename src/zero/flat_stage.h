@@ -38,6 +38,7 @@ class FlatStage : public ZeroStage {
   void begin_backward(bool boundary) override { grads_->begin_backward(boundary); }
   void end_backward(bool) override { grads_->end_backward(); }
   double global_grad_norm() override;
+  std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
   void discard_gradients() override { grads_->zero(); }
   MemoryReport memory() const override;

@@ -1,0 +1,97 @@
+// Generation speed of the example GPT through deepspeed::init_inference (AutoTP), for
+// bench/tp_inference.py (which runs it at tp 1 and 2 beside PyTorch on the same weights).
+//   bench_tp_inference --write_weights FILE [model flags]      writes seeded weights (safetensors)
+//   dsrun --num_procs N bench_tp_inference --weights FILE --tensor_parallel N [model flags]
+// Greedy decoding of a batch of random prompts with the kv-cache, after one warm-up generation:
+// first-token latency is the prompt's forward and the pick of its first token; tokens/s counts
+// the following tokens (batch x (new - 1)) over their time. Rank 0 prints one line
+// "tp_inference tp=N first_token_ms=X decode_tokens_per_s=Y tokens=a,b,..." (row 0's first 8).
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+
+#include "checkpoint/safetensors.h"
+#include "deepspeed/args.h"
+#include "deepspeed/comm.h"
+#include "deepspeed/inference.h"
+#include "gpt/model.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+}  // namespace
+
+int main(int argc, char** argv) try {
+  gpt::GPTConfig model;
+  model.n_layer = 4;
+  model.n_head = 16;
+  model.n_embd = 1024;
+  model.block_size = 256;
+  std::string weights, write_weights;
+  int tensor_parallel = 1, batch = 1, prompt_len = 32, new_tokens = 64, reps = 3;
+  CLI::App app{"AutoTP generation benchmark"};
+  app.add_option("--weights", weights);
+  app.add_option("--write_weights", write_weights);
+  app.add_option("--tensor_parallel", tensor_parallel);
+  app.add_option("--batch", batch);
+  app.add_option("--prompt_len", prompt_len);
+  app.add_option("--new_tokens", new_tokens);
+  app.add_option("--reps", reps, "timed generations (the best is reported)");
+  app.add_option("--n_layer", model.n_layer);
+  app.add_option("--n_head", model.n_head);
+  app.add_option("--n_embd", model.n_embd);
+  app.add_option("--block_size", model.block_size);
+  const auto args = deepspeed::parse_args(argc, argv);
+  std::vector<const char*> rest;
+  for (const auto& a : args.rest) rest.push_back(a.c_str());
+  CLI11_PARSE(app, static_cast<int>(rest.size()), rest.data());
+  torch::NoGradGuard no_grad;
+
+  if (!write_weights.empty()) {
+    torch::manual_seed(1);
+    gpt::GPTImpl m(model);
+    deepspeed::checkpoint::NamedTensors tensors;
+    for (auto& p : m.named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+    for (auto& b : m.named_buffers()) tensors.emplace_back(b.key(), b.value());
+    deepspeed::checkpoint::write_safetensors(write_weights, tensors);
+    std::printf("wrote %s (%lld parameters)\n", write_weights.c_str(),
+                static_cast<long long>(m.num_parameters()));
+    return 0;
+  }
+  auto comm = deepspeed::init_distributed();
+  auto net = std::make_shared<gpt::GPTImpl>(model);
+  auto engine = deepspeed::init_inference(
+      net, {.tp_size = tensor_parallel, .checkpoint = weights, .comm = comm});
+  auto gen = at::detail::createCPUGenerator(7);
+  const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);
+
+  double best_first = 1e30, best_rate = 0;
+  std::string tokens;  // row 0's first new tokens: the driver checks PyTorch generates the same
+  for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
+    comm->barrier();
+    gpt::KVCache cache;
+    const auto t0 = Clock::now();
+    auto next = net->logits_cached(prompt, cache).select(1, -1).argmax(-1).view({batch, 1});
+    const double first = ms_since(t0);
+    const auto t1 = Clock::now();
+    tokens = std::to_string(next[0][0].item<int64_t>());
+    for (int i = 1; i < new_tokens; ++i) {
+      next = net->logits_cached(next, cache).select(1, -1).argmax(-1).view({batch, 1});
+      if (i < 8) tokens += "," + std::to_string(next[0][0].item<int64_t>());
+    }
+    const double rate = batch * (new_tokens - 1) / (ms_since(t1) / 1e3);
+    if (r > 0) {
+      best_first = std::min(best_first, first);
+      best_rate = std::max(best_rate, rate);
+    }
+  }
+  if (comm->rank() == 0)
+    std::printf("tp_inference tp=%d first_token_ms=%.2f decode_tokens_per_s=%.1f tokens=%s\n",
+                tensor_parallel, best_first, best_rate, tokens.c_str());
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_tp_inference: error: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,148 @@
+#!/usr/bin/python3
+"""Generation with deepspeed::init_inference (AutoTP) at tp 1 and 2 against PyTorch, same weights.
+
+    /usr/bin/python3 bench/tp_inference.py [--build build] [--n_layer 4 --n_embd 1024 --n_head 16]
+                                          [--batch 1] [--prompt_len 32] [--new_tokens 64]
+
+Writes seeded weights of the example GPT to a safetensors file (bench_tp_inference
+--write_weights), runs PyTorch (this interpreter's torch, one thread, its own kv-cache loop over
+the same file) and bench_tp_inference under dsrun at tp 1 and 2 (one thread per rank), checks
+that all three generate the same greedy tokens, and prints a markdown table of first-token latency
+(the prompt's forward) and decode tokens/s (best of --reps generations after a warm-up).
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "I64": torch.int64}
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[b:end]), dtype=dtypes[e["dtype"]]).view(e["shape"])
+    return out
+
+
+class TorchGPT:
+    """The example GPT (examples/gpt/model.cpp) in plain torch ops, with a kv-cache."""
+
+    def __init__(self, w, n_layer, n_head):
+        self.w, self.L, self.nh = w, n_layer, n_head
+        self.C = w["wte.weight"].shape[1]
+
+    def step(self, idx, cache, start):
+        w, C, nh = self.w, self.C, self.nh
+        B, T = idx.shape
+        hd = C // nh
+        x = w["wte.weight"][idx] + w["wpe.weight"][start:start + T]
+        qpos = torch.arange(start, start + T).view(T, 1)
+        for i in range(self.L):
+            p = f"block{i}."
+            h = F.layer_norm(x, (C,), w[p + "ln1.weight"], w[p + "ln1.bias"])
+            q, k, v = F.linear(h, w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"]).split(C, 2)
+            q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in (q, k, v))
+            if i in cache:
+                k, v = torch.cat([cache[i][0], k], 2), torch.cat([cache[i][1], v], 2)
+            cache[i] = (k, v)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(hd)
+            att = att.masked_fill(torch.arange(k.shape[2]).view(1, -1) > qpos, float("-inf"))
+            y = (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C)
+            x = x + F.linear(y, w[p + "attn.proj.weight"], w[p + "attn.proj.bias"])
+            h = F.layer_norm(x, (C,), w[p + "ln2.weight"], w[p + "ln2.bias"])
+            h = F.gelu(F.linear(h, w[p + "mlp.fc.weight"], w[p + "mlp.fc.bias"]))
+            x = x + F.linear(h, w[p + "mlp.proj.weight"], w[p + "mlp.proj.bias"])
+        x = F.layer_norm(x, (C,), w["ln_f.weight"], w["ln_f.bias"])
+        return F.linear(x, w["head.weight"])
+
+
+def torch_run(weights, a):
+    torch.set_num_threads(1)
+    model = TorchGPT(read_safetensors(weights), a.n_layer, a.n_head)
+    g = torch.Generator().manual_seed(7)
+    prompt = torch.randint(256, (a.batch, a.prompt_len), generator=g)
+    best_first, best_rate, tokens = 1e30, 0.0, []
+    with torch.no_grad():
+        for r in range(a.reps + 1):
+            cache = {}
+            t0 = time.perf_counter()
+            nxt = model.step(prompt, cache, 0)[:, -1].argmax(-1).view(-1, 1)
+            first = (time.perf_counter() - t0) * 1e3
+            toks, pos = [int(nxt[0, 0])], a.prompt_len
+            t1 = time.perf_counter()
+            for i in range(1, a.new_tokens):
+                nxt = model.step(nxt, cache, pos)[:, -1].argmax(-1).view(-1, 1)
+                pos += 1
+                if i < 8:
+                    toks.append(int(nxt[0, 0]))
+            rate = a.batch * (a.new_tokens - 1) / (time.perf_counter() - t1)
+            if r > 0:
+                best_first, best_rate, tokens = min(best_first, first), max(best_rate, rate), toks
+    return best_first, best_rate, ",".join(map(str, tokens))
+
+
+def ds_run(build, weights, tp, model_flags, a, port):
+    cmd = [os.path.join(build, "bin", "dsrun"), "--num_procs", str(tp), "--master_port", str(port),
+           os.path.join(build, "bin", "bench_tp_inference"), "--weights", weights,
+           "--tensor_parallel", str(tp), "--batch", str(a.batch), "--prompt_len", str(a.prompt_len),
+           "--new_tokens", str(a.new_tokens), "--reps", str(a.reps)] + model_flags
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_DEVICE="cpu", DS_COMM_BACKEND="gloo")
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=1800)
+    line = [l for l in out.stdout.splitlines() if "tp_inference " in l]
+    if out.returncode != 0 or not line:
+        sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-3000:]}")
+    kv = dict(x.split("=") for x in line[0].split("tp_inference ")[1].split())
+    return float(kv["first_token_ms"]), float(kv["decode_tokens_per_s"]), kv["tokens"]
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=1024)
+    p.add_argument("--n_head", type=int, default=16)
+    p.add_argument("--block_size", type=int, default=256)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--prompt_len", type=int, default=32)
+    p.add_argument("--new_tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=3)
+    a = p.parse_args()
+    flags = ["--n_layer", str(a.n_layer), "--n_embd", str(a.n_embd), "--n_head", str(a.n_head),
+             "--block_size", str(a.block_size)]
+    with tempfile.TemporaryDirectory() as d:
+        weights = os.path.join(d, "gpt.safetensors")
+        subprocess.run([os.path.join(a.build, "bin", "bench_tp_inference"), "--write_weights", weights]
+                       + flags, check=True, stdout=subprocess.DEVNULL)
+        rows = [("PyTorch " + torch.__version__ + ", 1 process, 1 thread",) + torch_run(weights, a)]
+        for tp in (1, 2):
+            rows.append((f"deepspeed.cpp init_inference, tp {tp} ({tp} x 1 thread)",)
+                        + ds_run(a.build, weights, tp, flags, a, 29900 + tp))
+    base = rows[0][2]
+    print(f"GPT n_layer {a.n_layer}, n_embd {a.n_embd}, n_head {a.n_head}; batch {a.batch}, prompt "
+          f"{a.prompt_len}, {a.new_tokens} new tokens (greedy, kv-cache), best of {a.reps}\n")
+    print("| run | first token (ms) | decode tokens/s | vs PyTorch | same tokens |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for name, first, rate, toks in rows:
+        print(f"| {name} | {first:.1f} | {rate:.1f} | {rate / base:.2f}x | {'yes' if toks == rows[0][3] else 'NO: ' + toks} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+// init_inference: AutoTP placement (auto_tp.h) applied in place, weights read slice by slice
+// (shard_loader.h), and the row layers' all-reduce behind deepspeed::tp::linear.
+#include "deepspeed/inference.h"
+
+#include <torch/torch.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "deepspeed/errors.h"
+#include "deepspeed/topology.h"
+#include "deepspeed/tp.h"
+#include "deepspeed/zero_unit.h"
+#include "tp/auto_tp.h"
+#include "tp/shard_loader.h"
+
+namespace deepspeed {
+namespace {
+
+// Row-parallel weights -> their group. Written by init_inference and the engine's destructor,
+// read by every tp::linear call (any thread).
+struct RowRegistry {
+  std::mutex mu;
+  std::unordered_map<const void*, comm::CommunicatorPtr> rows;
+};
+RowRegistry& registry() {
+  static RowRegistry r;
+  return r;
+}
+
+class AutoTPEngine : public InferenceEngine {
+ public:
+  AutoTPEngine(std::shared_ptr<torch::nn::Module> model, comm::CommunicatorPtr group,
+               std::vector<ShardedLinear> sharded, std::vector<at::Tensor> rows)
+      : model_(std::move(model)),
+        group_(std::move(group)),
+        sharded_(std::move(sharded)),
+        rows_(std::move(rows)) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    for (auto& w : rows_) registry().rows[w.unsafeGetTensorImpl()] = group_;
+  }
+  ~AutoTPEngine() override {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    for (auto& w : rows_) registry().rows.erase(w.unsafeGetTensorImpl());
+  }
+  torch::nn::Module& module() override { return *model_; }
+  const comm::CommunicatorPtr& tp_group() const override { return group_; }
+  const std::vector<ShardedLinear>& sharded() const override { return sharded_; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> model_;
+  comm::CommunicatorPtr group_;
+  std::vector<ShardedLinear> sharded_;
+  std::vector<at::Tensor> rows_;  // kept alive: their addresses are the registry's keys
+};
+
+std::string shape_str(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
+
+// What one tensor of the model becomes on this rank: which slice of which whole shape.
+struct Slice {
+  enum { kWhole, kRows, kColumns } how = kWhole;
+  int parts = 1;
+  tp::Range range;
+  std::vector<int64_t> whole;
+};
+
+// The refusals come before anything is changed.
+void check_divisible(const std::vector<tp::Placement>& plan, int tp_size) {
+  for (const auto& p : plan) {
+    const auto& s = p.layer.full_shape;
+    const bool column = p.layer.kind == ShardedLinear::kColumn;
+    const int64_t split = column ? s[0] / p.layer.fused_parts : s[1];
+    if ((column && s[0] % p.layer.fused_parts) || split % tp_size)
+      throw ConfigError("init_inference: tp_size " + std::to_string(tp_size) + " does not divide " +
+                        (column ? "the output features" : "the input features") + " (" +
+                        std::to_string(split) + (p.layer.fused_parts > 1 ? " per q/k/v" : "") +
+                        ") of " + (column ? "column" : "row") + "-parallel layer " + p.layer.name);
+  }
+}
+
+class Loader {
+ public:
+  Loader(const InferenceConfig& config, const comm::Communicator& group)
+      : config_(config), rank_(group.rank()), size_(group.world_size()) {
+    if (!config.checkpoint.empty()) src_ = tp::open_weights(config.checkpoint, config.tag);
+  }
+
+  // This rank's value of model tensor `name` (currently `t`), whole shape `slice.whole`.
+  at::Tensor value(const std::string& name, const at::Tensor& t, Slice slice) {
+    if (slice.how != Slice::kWhole)
+      slice.range =
+          tp::split_range(slice.how == Slice::kRows ? slice.whole[0] / slice.parts : slice.whole[1],
+                          size_, rank_, name.c_str());
+    if (!src_) return slice_in_memory(t, slice);
+    const std::string stored = find(name, slice.whole);
+    switch (slice.how) {
+      case Slice::kRows:
+        return tp::read_rows(*src_, stored, slice.whole, slice.parts, slice.range);
+      case Slice::kColumns:
+        return tp::read_columns(*src_, stored, slice.whole, slice.range);
+      default:
+        return tp::read_whole(*src_, stored, slice.whole,
+                              t.is_floating_point() ? at::kFloat : t.scalar_type());
+    }
+  }
+
+ private:
+  static at::Tensor slice_in_memory(const at::Tensor& t, const Slice& s) {
+    if (s.how == Slice::kColumns) return t.narrow(1, s.range.begin, s.range.size()).clone();
+    if (s.how == Slice::kWhole) return t;
+    std::vector<int64_t> blocks{s.parts, t.size(0) / s.parts};
+    blocks.insert(blocks.end(), t.sizes().begin() + 1, t.sizes().end());
+    auto shape = t.sizes().vec();
+    shape[0] = s.parts * s.range.size();
+    return t.reshape(blocks).narrow(1, s.range.begin, s.range.size()).reshape(shape).clone();
+  }
+
+  // The checkpoint's name for `name`, its shape checked against the model's.
+  std::string find(const std::string& name, const std::vector<int64_t>& whole) {
+    std::vector<std::string> tried =
+        config_.checkpoint_names ? config_.checkpoint_names(name) : std::vector<std::string>{name};
+    for (const auto& candidate : tried) {
+      auto shape = src_->shape(candidate);
+      if (!shape) continue;
+      if (*shape != whole)
+        throw CheckpointError("init_inference: tensor \"" + candidate + "\" of '" + src_->path() +
+                              "' has shape " + shape_str(*shape) + ", the model's is " +
+                              shape_str(whole) + " (a checkpoint of another architecture?)");
+      return candidate;
+    }
+    std::string names;
+    for (const auto& c : tried) names += (names.empty() ? "\"" : ", \"") + c + "\"";
+    throw CheckpointError("init_inference: '" + src_->path() + "' has no tensor " + names +
+                          " for the model's \"" + name +
+                          "\" (a checkpoint of another architecture?)");
+  }
+
+  const InferenceConfig& config_;
+  int rank_, size_;
+  std::unique_ptr<tp::WeightSource> src_;
+};
+
+comm::CommunicatorPtr world_of(const InferenceConfig& config) {
+  if (config.comm) return config.comm;
+  if (auto w = comm::world()) return w;
+  return comm::make_single_process_communicator();
+}
+
+}  // namespace
+
+std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Module> model,
+                                                InferenceConfig config) {
+  if (!model) throw ConfigError("init_inference: the model is null");
+  if (config.dtype != at::kFloat && config.dtype != at::kBFloat16)
+    throw ConfigError("init_inference: dtype " + std::string(c10::toString(config.dtype)) +
+                      " is not supported (float or bfloat16)");
+  const auto world = world_of(config);
+  if (config.tp_size < 1 || world->world_size() % config.tp_size != 0)
+    throw ConfigError("init_inference: tp_size " + std::to_string(config.tp_size) +
+                      " does not divide the world size " + std::to_string(world->world_size()));
+  comm::Topology topology(world, {1, config.tp_size});
+  const auto group = topology.tensor_parallel();
+  const auto plan = tp::autotp_plan(*model);
+  check_divisible(plan, config.tp_size);
+
+  // Each parameter's slice: the Linear layers of the plan split, everything else whole.
+  std::unordered_map<std::string, Slice> slices;
+  std::vector<ShardedLinear> sharded;
+  for (const auto& p : plan) {
+    const auto& s = p.layer.full_shape;
+    const bool column = p.layer.kind == ShardedLinear::kColumn;
+    slices[p.layer.name + ".weight"] =
+        column ? Slice{Slice::kRows, p.layer.fused_parts, {}, s} : Slice{Slice::kColumns, 1, {}, s};
+    slices[p.layer.name + ".bias"] = column ? Slice{Slice::kRows, p.layer.fused_parts, {}, {s[0]}}
+                                            : Slice{Slice::kWhole, 1, {}, {s[0]}};
+    sharded.push_back(p.layer);
+  }
+  Loader loader(config, *group);
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const void*> done;  // a tensor registered under two names is loaded once
+  auto load = [&](const std::string& name, at::Tensor& t) {
+    if (!done.insert(t.unsafeGetTensorImpl()).second) return;
+    auto it = slices.find(name);
+    Slice slice = it != slices.end() ? it->second : Slice{Slice::kWhole, 1, {}, t.sizes().vec()};
+    at::Tensor v = loader.value(name, t, slice);
+    t.set_data(t.is_floating_point() ? v.to(config.dtype) : v.to(t.scalar_type()));
+  };
+  for (auto& item : model->named_parameters()) load(item.key(), item.value());
+  for (auto& item : model->named_buffers()) load(item.key(), item.value());
+
+  std::vector<at::Tensor> rows;
+  if (config.tp_size > 1)
+    for (const auto& p : plan)
+      if (p.layer.kind == ShardedLinear::kRow) rows.push_back(p.linear->weight);
+  model->eval();
+  return std::make_shared<AutoTPEngine>(model, group, std::move(sharded), std::move(rows));
+}
+
+namespace tp {
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  comm::CommunicatorPtr group;
+  {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    auto it = registry().rows.find(weight.unsafeGetTensorImpl());
+    if (it != registry().rows.end()) group = it->second;
+  }
+  if (!group) return zero::linear(x, weight, bias);
+  at::Tensor y = reduce_from_region(zero::linear(x, weight, {}), group);
+  return bias.defined() ? y + bias : y;
+}
+
+}  // namespace tp
+}  // namespace deepspeed

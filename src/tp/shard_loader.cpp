@@ -1,0 +1,135 @@
+#include "tp/shard_loader.h"
+
+#include <torch/torch.h>
+
+#include <map>
+
+#include "checkpoint/consolidate.h"
+#include "checkpoint/file_system.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tag_reader.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace tp {
+namespace {
+
+using checkpoint::posix_file_system;
+
+// A training checkpoint: trainable parameters from the fp32 fragments of whichever ranks saved
+// them; anything else (buffers, frozen parameters) from the module files, read whole once (they
+// are small: masks, counters) and sliced in memory.
+class CheckpointSource : public WeightSource {
+ public:
+  CheckpointSource(const std::string& path, const std::string& tag)
+      : dir_(checkpoint::resolve_tag_dir(posix_file_system(), path, tag)),
+        reader_(posix_file_system(), dir_) {
+    for (const auto& t : reader_.trainable()) trainable_[t.name] = t.shape;
+    for (const auto& mf : reader_.module_files())
+      for (const auto& e : reader_.file(mf.file).entries)
+        if (!trainable_.count(mf.prefix + e.name))
+          others_[mf.prefix + e.name] = {mf.file, e.name, e.shape, at::Tensor()};
+  }
+  std::optional<std::vector<int64_t>> shape(const std::string& name) override {
+    if (auto it = trainable_.find(name); it != trainable_.end()) return it->second;
+    if (auto it = others_.find(name); it != others_.end()) return it->second.shape;
+    return std::nullopt;
+  }
+  void read(const std::string& name, int64_t offset, at::Tensor dst) override {
+    if (trainable_.count(name)) return reader_.read_range("fp32", name, offset, dst);
+    Other& o = others_.at(name);
+    if (!o.whole.defined()) o.whole = reader_.tensor(o.file, o.entry).reshape({-1});
+    dst.copy_(o.whole.narrow(0, offset, dst.numel()));
+  }
+  const std::string& path() const override { return dir_; }
+
+ private:
+  struct Other {
+    std::string file, entry;
+    std::vector<int64_t> shape;
+    at::Tensor whole;
+  };
+  std::string dir_;
+  checkpoint::TagReader reader_;
+  std::map<std::string, std::vector<int64_t>> trainable_;
+  std::map<std::string, Other> others_;
+};
+
+// ds_to_fp32's output (or any safetensors file): ranges read straight from the file.
+class SafetensorsSource : public WeightSource {
+ public:
+  explicit SafetensorsSource(const std::string& path)
+      : path_(path),
+        file_(posix_file_system().open_file(path)),
+        index_(checkpoint::read_safetensors_index(*file_, path)) {}
+  std::optional<std::vector<int64_t>> shape(const std::string& name) override {
+    if (const auto* e = index_.find(name)) return e->shape;
+    return std::nullopt;
+  }
+  void read(const std::string& name, int64_t offset, at::Tensor dst) override {
+    const auto* e = index_.find(name);
+    if (e->dtype == dst.scalar_type())
+      return checkpoint::read_safetensors_range(*file_, path_, index_, *e, offset, dst);
+    at::Tensor tmp = at::empty({dst.numel()}, dst.options().dtype(e->dtype));
+    checkpoint::read_safetensors_range(*file_, path_, index_, *e, offset, tmp);
+    dst.copy_(tmp.view(dst.sizes()));
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<checkpoint::ReadableFile> file_;
+  checkpoint::SafetensorsIndex index_;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::string& tag) {
+  if (ends_with(path, ".safetensors")) {
+    if (!posix_file_system().exists(path))
+      throw CheckpointError("init_inference: weights file '" + path + "' does not exist");
+    return std::make_unique<SafetensorsSource>(path);
+  }
+  return std::make_unique<CheckpointSource>(path, tag);
+}
+
+at::Tensor read_whole(WeightSource& src, const std::string& name, const std::vector<int64_t>& shape,
+                      at::ScalarType dtype) {
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(dtype));
+  src.read(name, 0, out.view({-1}));
+  return out;
+}
+
+at::Tensor read_rows(WeightSource& src, const std::string& name, const std::vector<int64_t>& shape,
+                     int parts, Range r) {
+  const int64_t per_part = shape[0] / parts, row = numel_of(shape) / shape[0];
+  auto out_shape = shape;
+  out_shape[0] = parts * r.size();
+  at::Tensor out = at::empty(out_shape, at::kFloat);
+  at::Tensor flat = out.view({parts, r.size() * row});
+  for (int p = 0; p < parts; ++p)  // one contiguous range per part
+    src.read(name, (p * per_part + r.begin) * row, flat[p]);
+  return out;
+}
+
+at::Tensor read_columns(WeightSource& src, const std::string& name,
+                        const std::vector<int64_t>& shape, Range r) {
+  const int64_t rows = shape[0], cols = shape[1];
+  at::Tensor out = at::empty({rows, r.size()}, at::kFloat);
+  for (int64_t i = 0; i < rows; ++i) src.read(name, i * cols + r.begin, out[i]);
+  return out;
+}
+
+}  // namespace tp
+}  // namespace deepspeed

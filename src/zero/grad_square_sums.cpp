@@ -1,0 +1,67 @@
+// ZeroStage::grad_square_sums: the squared gradient norm cut in two by parameter, for tensor
+// parallelism (tp/tp_stage.h), where a split parameter's pieces are summed over the
+// tensor-parallel group and a replicated parameter is counted once.
+#include <torch/torch.h>
+
+#include <unordered_set>
+
+#include "deepspeed/errors.h"
+#include "zero/data_parallel.h"
+#include "zero/flat_stage.h"
+#include "zero/stage.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+
+std::unordered_set<const void*> identities(const std::vector<at::Tensor>& params) {
+  std::unordered_set<const void*> out;
+  for (auto& p : params) out.insert(p.unsafeGetTensorImpl());
+  return out;
+}
+
+std::array<double, 2> to_pair(const at::Tensor& sums) {
+  auto s = sums.to(torch::kCPU);
+  return {s[0].item<double>(), s[1].item<double>()};
+}
+
+}  // namespace
+
+std::array<double, 2> ZeroStage::grad_square_sums(const std::vector<at::Tensor>&) {
+  throw ConfigError(
+      "tensor parallelism: this ZeRO stage cannot split its gradient norm by "
+      "parameter (zero_optimization.stage 0, 1 or 2 can)");
+}
+
+// The owner's gradient partition is a slice of the flat buffer: each parameter's part of it is
+// the overlap of its slot with the partition. Partitions are disjoint, so the sums add over the
+// data-parallel group.
+std::array<double, 2> FlatStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
+  const auto chosen = identities(selected);
+  const auto& layout = flat_->layout();
+  const int64_t begin = layout.begin(ownership_->owner()), end = begin + layout.partition_numel;
+  at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
+  const at::Tensor& grads = grads_->partition();
+  for (const auto& slot : flat_->slots()) {
+    const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
+    if (lo >= hi) continue;
+    const int which = chosen.count(slot.param.unsafeGetTensorImpl()) ? 0 : 1;
+    sums[which] += grads.narrow(0, lo - begin, hi - lo).to(torch::kDouble).pow(2).sum();
+  }
+  ownership_->sum_over_owners(sums);
+  return to_pair(sums);
+}
+
+// Every rank holds the averaged gradients whole: the local sums are the group's.
+std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
+  const auto chosen = identities(selected);
+  at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
+  for (auto& p : params_)
+    if (p.grad().defined())
+      sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] +=
+          p.grad().to(torch::kDouble).pow(2).sum();
+  return to_pair(sums);
+}
+
+}  // namespace zero
+}  // namespace deepspeed

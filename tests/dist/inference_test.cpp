@@ -1,0 +1,335 @@
+// deepspeed::init_inference (AutoTP): the placement it picks on the example GPT, logits of tp 1,
+// 2 and 4 equal to the unsplit model's, weights read from ZeRO-3 and pipeline checkpoints of
+// gpt_train and from a safetensors file, gpt_generate --tensor_parallel under dsrun, and each
+// bad input named.
+#include "deepspeed/inference.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <mutex>
+
+#include "checkpoint/safetensors.h"
+#include "deepspeed/comm.h"
+#include "deepspeed/errors.h"
+#include "gpt/generate.h"
+#include "gpt/model.h"
+#include "support/files.h"
+#include "support/ranks.h"
+
+namespace {
+using deepspeed::comm::CommunicatorPtr;
+
+std::mutex rng_mutex;  // the rank threads share the global RNG
+
+const gpt::GPTConfig kModel{256, 32, 2, 4, 32};
+
+std::shared_ptr<gpt::GPTImpl> seeded_gpt(const gpt::GPTConfig& c, uint64_t seed = 13) {
+  std::lock_guard<std::mutex> lock(rng_mutex);
+  torch::manual_seed(seed);
+  return std::make_shared<gpt::GPTImpl>(c);
+}
+
+torch::Tensor prompts() {
+  auto gen = at::detail::createCPUGenerator(3);
+  return torch::randint(256, {3, 12}, gen, torch::kLong);
+}
+
+TEST(AutoTP, PlacesTheGptLikeDeepSpeed) {
+  run_ranks(2, [](CommunicatorPtr comm) {
+    auto engine = deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 2, .comm = comm});
+    std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> got;
+    for (const auto& s : engine->sharded()) got[s.name] = {s.kind, s.fused_parts};
+    using K = deepspeed::ShardedLinear;
+    EXPECT_EQ(got.size(), 8u);  // 4 per block; the head stays whole
+    EXPECT_EQ(got["block0.attn.qkv"], std::make_pair(K::kColumn, 3));
+    EXPECT_EQ(got["block0.attn.proj"], std::make_pair(K::kRow, 1));
+    EXPECT_EQ(got["block1.mlp.fc"], std::make_pair(K::kColumn, 1));
+    EXPECT_EQ(got["block1.mlp.proj"], std::make_pair(K::kRow, 1));
+    auto params = engine->module().named_parameters();
+    EXPECT_EQ(params["block0.attn.qkv.weight"].sizes(), (std::vector<int64_t>{48, 32}));
+    EXPECT_EQ(params["block0.mlp.proj.weight"].sizes(), (std::vector<int64_t>{32, 64}));
+    EXPECT_EQ(params["head.weight"].sizes(), (std::vector<int64_t>{256, 32}));
+  });
+}
+
+// AutoTP on module trees it was not written for: a one-layer GPT-NeoX-like model (norms
+// registered first, attention.dense a row layer by name) and a two-layer BERT-like one (no
+// LayerNorm child in a layer; intermediate.dense a column layer, the dense layers before each
+// LayerNorm rows).
+struct Node : torch::nn::Module {
+  std::shared_ptr<Node> child(const std::string& name) {
+    return register_module(name, std::make_shared<Node>());
+  }
+  void linear(const std::string& name, int64_t in, int64_t out) {
+    register_module(name, torch::nn::Linear(in, out));
+  }
+  void norm(const std::string& name) {
+    register_module(name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
+  }
+};
+
+std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> placement(
+    std::shared_ptr<Node> root) {
+  auto engine = deepspeed::init_inference(root, {.tp_size = 1});
+  std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> out;
+  for (const auto& s : engine->sharded()) out[s.name] = {s.kind, s.fused_parts};
+  return out;
+}
+
+TEST(AutoTP, PlacesNeoXAndBertLikeLayers) {
+  using K = deepspeed::ShardedLinear;
+  auto neox = std::make_shared<Node>();
+  auto layer = neox->child("layers")->child("0");
+  layer->norm("input_layernorm");
+  layer->norm("post_attention_layernorm");
+  auto attn = layer->child("attention");
+  attn->linear("query_key_value", 8, 24);
+  attn->linear("dense", 8, 8);
+  auto mlp = layer->child("mlp");
+  mlp->linear("dense_h_to_4h", 8, 32);
+  mlp->linear("dense_4h_to_h", 32, 8);
+  neox->norm("final_layer_norm");
+  neox->linear("embed_out", 8, 16);
+  auto got = placement(neox);
+  EXPECT_EQ(got.size(), 4u);
+  EXPECT_EQ(got["layers.0.attention.query_key_value"], std::make_pair(K::kColumn, 3));
+  EXPECT_EQ(got["layers.0.attention.dense"], std::make_pair(K::kRow, 1));
+  EXPECT_EQ(got["layers.0.mlp.dense_h_to_4h"], std::make_pair(K::kColumn, 1));
+  EXPECT_EQ(got["layers.0.mlp.dense_4h_to_h"], std::make_pair(K::kRow, 1));
+
+  // Two BERT layers: no LayerNorm is a direct child of a layer; the stack is what marks them.
+  auto bert = std::make_shared<Node>();
+  auto encoder = bert->child("encoder");
+  for (const char* name : {"layer0", "layer1"}) {
+    auto l = encoder->child(name);
+    auto attention = l->child("attention");
+    auto self = attention->child("self");
+    self->linear("query", 8, 8);
+    self->linear("key", 8, 8);
+    self->linear("value", 8, 8);
+    auto out = attention->child("output");
+    out->linear("dense", 8, 8);
+    out->norm("LayerNorm");
+    l->child("intermediate")->linear("dense", 8, 32);
+    auto output = l->child("output");
+    output->linear("dense", 32, 8);
+    output->norm("LayerNorm");
+  }
+  got = placement(bert);
+  EXPECT_EQ(got.size(), 12u);
+  EXPECT_EQ(got["encoder.layer0.attention.self.query"].first, K::kColumn);
+  EXPECT_EQ(got["encoder.layer0.attention.output.dense"].first, K::kRow);
+  EXPECT_EQ(got["encoder.layer0.intermediate.dense"].first, K::kColumn);
+  EXPECT_EQ(got["encoder.layer0.output.dense"].first, K::kRow);
+  EXPECT_EQ(got["encoder.layer1.intermediate.dense"].first, K::kColumn);
+}
+
+// Logits of the whole and of the kv-cached forward at tp 1, 2 and 4 (world 4: tp 1 and 2 run
+// several identical groups) equal the unsplit model's.
+TEST(AutoTP, LogitsOfTp124EqualTheUnsplitModel) {
+  for (bool tied : {false, true}) {
+    gpt::GPTConfig c = kModel;
+    c.tie_embeddings = tied;
+    auto ref_model = seeded_gpt(c);
+    ref_model->eval();
+    torch::NoGradGuard no_grad;
+    const auto idx = prompts();
+    const auto ref = ref_model->logits(idx);
+    for (int tp : {1, 2, 4}) {
+      run_ranks(
+          4,
+          [&](CommunicatorPtr comm) {
+            torch::NoGradGuard no_grad;
+            auto model = seeded_gpt(c);
+            auto engine = deepspeed::init_inference(model, {.tp_size = tp, .comm = comm});
+            const double diff = (model->logits(idx) - ref).abs().max().item<double>();
+            EXPECT_LT(diff, 1e-5) << "tp " << tp << (tied ? " tied" : "");
+            gpt::KVCache cache;
+            auto first = model->logits_cached(idx.narrow(1, 0, 7), cache);
+            auto rest = model->logits_cached(idx.narrow(1, 7, 5), cache);
+            EXPECT_LT((torch::cat({first, rest}, 1) - ref).abs().max().item<double>(), 1e-5)
+                << "kv-cached, tp " << tp;
+          },
+          std::chrono::seconds(60));
+    }
+  }
+}
+
+// A batch of prompts of different lengths (left padding, kv-cache, sampling with a seed) gives
+// the unsplit model's tokens at tp 2; bf16 stays close to fp32.
+TEST(AutoTP, BatchedSamplingAndBf16AtTp2) {
+  std::vector<std::vector<int64_t>> batch = {{84, 104, 101, 32}, {65}, {1, 2, 3, 4, 5, 6, 7}};
+  gpt::SamplingOptions sampling;
+  sampling.greedy = false;
+  sampling.top_k = 20;
+  sampling.seed = 5;
+  auto ref_model = seeded_gpt(kModel);
+  ref_model->eval();
+  torch::NoGradGuard no_grad;
+  const auto want = gpt::generate(*ref_model, batch, 10, sampling);
+  const auto idx = prompts();
+  const auto ref = ref_model->logits(idx);
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    torch::NoGradGuard no_grad;
+    auto model = seeded_gpt(kModel);
+    auto engine = deepspeed::init_inference(model, {.tp_size = 2, .comm = comm});
+    EXPECT_EQ(gpt::generate(*model, batch, 10, sampling), want);
+    auto half = seeded_gpt(kModel);
+    auto engine16 =
+        deepspeed::init_inference(half, {.tp_size = 2, .dtype = torch::kBFloat16, .comm = comm});
+    EXPECT_EQ(half->named_parameters()["block0.attn.qkv.weight"].scalar_type(), torch::kBFloat16);
+    const auto got = half->logits(idx).to(torch::kFloat);
+    // bf16 keeps 8 bits of mantissa: logits of magnitude ~1 agree to a few 1e-2.
+    EXPECT_LT((got - ref).abs().max().item<double>(), 0.1 * ref.abs().max().item<double>());
+  });
+}
+
+TEST(AutoTP, ReadsASafetensorsFileSliceBySlice) {
+  dstest::TempDir dir("autotp_st");
+  auto source = seeded_gpt(kModel, 99);
+  deepspeed::checkpoint::NamedTensors tensors;
+  for (auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  for (auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value());
+  deepspeed::checkpoint::write_safetensors(dir / "model.safetensors", tensors);
+  torch::NoGradGuard no_grad;
+  const auto idx = prompts();
+  const auto ref = source->logits(idx);
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    torch::NoGradGuard no_grad;
+    auto model = seeded_gpt(kModel, 1);  // other weights: the file's must replace them
+    auto engine = deepspeed::init_inference(
+        model, {.tp_size = 2, .checkpoint = dir / "model.safetensors", .comm = comm});
+    EXPECT_LT((model->logits(idx) - ref).abs().max().item<double>(), 1e-5);
+  });
+}
+
+// The last line of a dsrun log, without dsrun's "[rank 0] " prefix.
+std::string last_line(std::string out) {
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  std::string line = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
+  const std::string prefix = "[rank 0] ";
+  return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
+}
+
+// gpt_train saves (ZeRO-3 at world 2; a 2-stage pipeline); the whole model loaded with
+// gpt::load_weights and tp 2 through init_inference give the same logits and greedy tokens,
+// and gpt_generate --tensor_parallel 2 under dsrun prints the same continuation.
+TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
+  dstest::TempDir dir("autotp_ck");
+  const std::string bin = dstest::bin_dir();
+  const std::string model = " --n_layer 2 --n_head 4 --n_embd 32 --block_size 32";
+  struct Case {
+    const char* name;
+    int stage;
+    const char* extra;
+  };
+  for (Case c : {Case{"zero3", 3, ""}, Case{"pipe", 1, " --pipeline_stages 2"}}) {
+    const std::string cfg = dir / (std::string(c.name) + ".json"), ck = dir / c.name;
+    std::ofstream(cfg) << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+        "zero_optimization": {"stage": )"
+                       << c.stage << "}}";
+    const std::string train = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
+                              std::to_string(free_tcp_port()) + " " + bin +
+                              "/gpt_train --deepspeed_config " + cfg + model + c.extra +
+                              " --steps 30 --save_dir " + ck + " --save_interval 30 > " +
+                              (dir / "train.log") + " 2>&1";
+    ASSERT_EQ(std::system(train.c_str()), 0) << c.name << dstest::read_bytes(dir / "train.log");
+
+    gpt::GPTConfig config{256, 32, 2, 4, 32};
+    auto whole = std::make_shared<gpt::GPTImpl>(config);
+    gpt::load_weights(*whole, ck);
+    whole->eval();
+    torch::NoGradGuard no_grad;
+    std::vector<int64_t> prompt;
+    for (unsigned char ch : std::string("The ")) prompt.push_back(ch);
+    const auto ref_tokens = gpt::generate(*whole, {prompt}, 16, {}).front();
+    const auto idx = prompts();
+    const auto ref = whole->logits(idx);
+    run_ranks(2, [&](CommunicatorPtr comm) {
+      torch::NoGradGuard no_grad;
+      auto split = std::make_shared<gpt::GPTImpl>(config);
+      auto engine = deepspeed::init_inference(
+          split, {.tp_size = 2,
+                  .checkpoint = ck,
+                  .checkpoint_names =
+                      [config](const std::string& n) { return gpt::checkpoint_names(n, config); },
+                  .comm = comm});
+      EXPECT_LT((split->logits(idx) - ref).abs().max().item<double>(), 1e-5) << c.name;
+      EXPECT_EQ(gpt::generate(*split, {prompt}, 16, {}).front(), ref_tokens) << c.name;
+    });
+
+    const std::string gen = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
+                            std::to_string(free_tcp_port()) + " " + bin +
+                            "/gpt_generate --tensor_parallel 2 --load_dir " + ck + model +
+                            " --prompt 'The ' --max_new_tokens 16 --greedy > " + (dir / "gen.log") +
+                            " 2>&1";
+    ASSERT_EQ(std::system(gen.c_str()), 0) << dstest::read_bytes(dir / "gen.log");
+    std::string want = "The ";
+    for (int64_t t : ref_tokens) want.push_back(static_cast<char>(t));
+    EXPECT_EQ(last_line(dstest::read_bytes(dir / "gen.log")), want) << c.name;
+  }
+}
+
+template <class E>
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(AutoTP, BadInputIsNamed) {
+  dstest::TempDir dir("autotp_bad");
+  auto write = [&](const std::string& name, const gpt::GPTConfig& c) {
+    auto m = seeded_gpt(c);
+    deepspeed::checkpoint::NamedTensors tensors;
+    for (auto& p : m->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+    for (auto& b : m->named_buffers()) tensors.emplace_back(b.key(), b.value());
+    deepspeed::checkpoint::write_safetensors(dir / name, tensors);
+  };
+  write("wide.safetensors", {256, 32, 2, 4, 64});
+  write("shallow.safetensors", {256, 32, 1, 4, 32});
+  run_ranks(3, [&](CommunicatorPtr comm) {
+    // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
+    auto msg = error_of<deepspeed::ConfigError>(
+        [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
+    EXPECT_NE(msg.find("tp_size 3 does not divide the output features (32 per q/k/v) of "
+                       "column-parallel layer block0.attn.qkv"),
+              std::string::npos)
+        << msg;
+  });
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    auto msg = error_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(
+          seeded_gpt(kModel), {.tp_size = 2, .checkpoint = dir / "wide.safetensors", .comm = comm});
+    });
+    EXPECT_NE(msg.find("tensor \"wte.weight\" of '" + dir / "wide.safetensors" +
+                       "' has shape [256, 64], the model's is [256, 32]"),
+              std::string::npos)
+        << msg;
+    msg = error_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(
+          seeded_gpt(kModel),
+          {.tp_size = 2, .checkpoint = dir / "shallow.safetensors", .comm = comm});
+    });
+    EXPECT_NE(msg.find("has no tensor \"block1.ln1.weight\""), std::string::npos) << msg;
+    msg = error_of<deepspeed::ConfigError>(
+        [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
+    EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;
+  });
+  // The example's own check names the flag (gpt_generate --tensor_parallel).
+  const std::string out = dir / "gen.log";
+  const std::string cmd = dstest::bin_dir() + "/gpt_generate --load_dir " + dir.path() +
+                          " --n_head 3 --n_embd 48 --tensor_parallel 2 --prompt x > " + out +
+                          " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  EXPECT_NE(dstest::read_bytes(out).find("--tensor_parallel 2 does not divide --n_head (3)"),
+            std::string::npos)
+      << dstest::read_bytes(out);
+}
+
+}  // namespace

@@ -1,0 +1,332 @@
+// Tensor parallelism (deepspeed/tp.h, gpt::TPGPT, InitializeArgs.topology): the split layers
+// compute the unsplit ones' outputs and gradients (slices of them), and training with
+// tensor x data parallelism gives stage 0's losses.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "deepspeed/deepspeed.h"
+#include "deepspeed/tp.h"
+#include "gpt/model.h"
+#include "gpt/tp_model.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace {
+namespace tp = deepspeed::tp;
+using deepspeed::comm::CommunicatorPtr;
+
+// The global RNG is shared by the rank threads: seeded draws happen one rank at a time.
+std::mutex rng_mutex;
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  return (a - b).abs().max().item<double>();
+}
+
+TEST(TensorParallelLayers, ColumnThenRowEqualTheUnsplitLayers) {
+  for (int world : {1, 2, 4}) {
+    run_ranks(world, [&](CommunicatorPtr g) {
+      torch::nn::Linear full_a{nullptr}, full_b{nullptr};
+      tp::ColumnParallelLinear col{nullptr};
+      tp::RowParallelLinear row{nullptr};
+      torch::Tensor x;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex);
+        torch::manual_seed(3);
+        full_a = torch::nn::Linear(12, 16);
+        full_b = torch::nn::Linear(16, 8);
+        torch::manual_seed(3);
+        col = tp::ColumnParallelLinear(tp::ColumnParallelLinearOptions{12, 16, true}, g);
+        row = tp::RowParallelLinear(tp::RowParallelLinearOptions{16, 8, true}, g);
+        x = torch::randn({3, 5, 12});
+      }
+      // Seeded alike, the split weights are slices of the unsplit ones.
+      EXPECT_EQ(max_diff(col->weight, col->slice_rows(full_a->weight)), 0.0);
+      EXPECT_EQ(max_diff(row->weight, row->slice_columns(full_b->weight)), 0.0);
+      EXPECT_EQ(max_diff(row->bias, full_b->bias), 0.0);
+
+      auto x_full = x.clone().requires_grad_(true), x_split = x.clone().requires_grad_(true);
+      auto y_full = full_b(torch::gelu(full_a(x_full)));
+      auto y_split = row(torch::gelu(col(x_split)));
+      EXPECT_LT(max_diff(y_split, y_full), 1e-6) << "world " << world;
+      (y_full * y_full).sum().backward();
+      (y_split * y_split).sum().backward();
+      EXPECT_LT(max_diff(x_split.grad(), x_full.grad()), 1e-5) << "input gradient, world " << world;
+      EXPECT_LT(max_diff(col->weight.grad(), col->slice_rows(full_a->weight.grad())), 1e-5);
+      EXPECT_LT(max_diff(col->bias.grad(), col->slice_rows(full_a->bias.grad())), 1e-5);
+      EXPECT_LT(max_diff(row->weight.grad(), row->slice_columns(full_b->weight.grad())), 1e-5);
+      EXPECT_LT(max_diff(row->bias.grad(), full_b->bias.grad()), 1e-5);
+    });
+  }
+}
+
+TEST(TensorParallelLayers, GatherOutputAndFusedPartsSliceEachBlock) {
+  run_ranks(2, [&](CommunicatorPtr g) {
+    torch::nn::Linear full{nullptr};
+    tp::ColumnParallelLinear fused{nullptr};
+    torch::Tensor x;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      torch::manual_seed(5);
+      full = torch::nn::Linear(8, 12);  // q, k, v of 4 rows each
+      torch::manual_seed(5);
+      fused = tp::ColumnParallelLinear(
+          tp::ColumnParallelLinearOptions{8, 12, true, /*gather_output=*/true, /*fused_parts=*/3},
+          g);
+      x = torch::randn({2, 8});
+    }
+    // Rank r holds rows [2r, 2r+2) of each of q, k and v.
+    auto w = full->weight.view({3, 4, 8}).narrow(1, 2 * g->rank(), 2).reshape({6, 8});
+    EXPECT_EQ(max_diff(fused->weight, w), 0.0);
+    // Gathered: rank 0's [q0 k0 v0] then rank 1's [q1 k1 v1] (the layout a fused split implies).
+    auto y = fused(x).view({2, 2, 3, 2});                   // [batch, rank, part, row]
+    auto ref = full(x).view({2, 3, 2, 2}).transpose(1, 2);  // [batch, rank, part, row]
+    EXPECT_LT(max_diff(y, ref), 1e-6);
+  });
+}
+
+TEST(TensorParallelLayers, VocabEmbeddingAndCrossEntropyEqualTheUnsplitOnes) {
+  for (int world : {2, 4}) {
+    run_ranks(world, [&](CommunicatorPtr g) {
+      torch::nn::Embedding full{nullptr};
+      tp::VocabParallelEmbedding emb{nullptr};
+      torch::Tensor ids, logits, targets;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex);
+        torch::manual_seed(11);
+        full = torch::nn::Embedding(16, 6);
+        torch::manual_seed(11);
+        emb = tp::VocabParallelEmbedding(16, 6, g);
+        ids = torch::randint(16, {4, 7}, torch::kLong);
+        logits = torch::randn({9, 16}) * 3;
+        targets = torch::randint(16, {9}, torch::kLong);
+      }
+      EXPECT_LT(max_diff(emb(ids), full(ids)), 1e-7);
+      (emb(ids) * emb(ids)).sum().backward();
+      (full(ids) * full(ids)).sum().backward();
+      const auto r = emb->vocab_range();
+      EXPECT_LT(max_diff(emb->weight.grad(), full->weight.grad().narrow(0, r.begin, r.size())),
+                1e-6);
+
+      auto whole = logits.clone().requires_grad_(true);
+      auto mine = logits.narrow(1, r.begin, r.size()).clone().requires_grad_(true);
+      auto loss_full = torch::nn::functional::cross_entropy(
+          whole, targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      auto loss_split = tp::vocab_parallel_cross_entropy(mine, targets, g);
+      EXPECT_LT(max_diff(loss_split, loss_full), 1e-5);
+      loss_full.mean().backward();
+      loss_split.mean().backward();
+      EXPECT_LT(max_diff(mine.grad(), whole.grad().narrow(1, r.begin, r.size())), 1e-6);
+    });
+  }
+}
+
+TEST(TensorParallelLayers, IndivisibleSizesAreNamed) {
+  run_ranks(2, [&](CommunicatorPtr g) {
+    try {
+      tp::RowParallelLinear(tp::RowParallelLinearOptions{7, 4, true}, g);
+      ADD_FAILURE() << "7 input features over 2 ranks were accepted";
+    } catch (const deepspeed::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("RowParallelLinear in_features (7)"), std::string::npos)
+          << e.what();
+    }
+  });
+  gpt::GPTConfig c{256, 16, 2, 3, 48};
+  try {
+    gpt::check_tensor_parallel(c, 2);
+    ADD_FAILURE() << "3 heads over 2 ranks were accepted";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--n_head (3)"), std::string::npos) << e.what();
+  }
+}
+
+// The whole split GPT: its loss is the GPT's and every gradient is the slice of the GPT's.
+TEST(TensorParallelGPT, GradientsAreSlicesOfTheUnsplitModel) {
+  for (bool tied : {false, true}) {
+    gpt::GPTConfig c{256, 16, 2, 4, 32};
+    c.tie_embeddings = tied;
+    run_ranks(4, [&](CommunicatorPtr g) {
+      std::shared_ptr<gpt::GPTImpl> full;
+      std::shared_ptr<gpt::TPGPTImpl> split;
+      torch::Tensor idx, targets;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex);
+        torch::manual_seed(21);
+        full = std::make_shared<gpt::GPTImpl>(c);
+        split = std::make_shared<gpt::TPGPTImpl>(c, g);
+        idx = torch::randint(256, {3, 16}, torch::kLong);
+        targets = torch::randint(256, {3, 16}, torch::kLong);
+      }
+      split->copy_from(*full);
+      auto loss_full = full->forward(idx, targets), loss_split = split->forward(idx, targets);
+      EXPECT_NEAR(loss_split.item<double>(), loss_full.item<double>(),
+                  1e-5 * loss_full.item<double>());
+      loss_full.backward();
+      loss_split.backward();
+      // Re-slice the whole gradients the way copy_from slices weights, and compare.
+      auto grads = std::make_shared<gpt::TPGPTImpl>(c, g);  // a holder for the sliced gradients
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : full->parameters()) p.copy_(p.grad());
+      }
+      grads->copy_from(*full);
+      auto mine = split->named_parameters(), want = grads->named_parameters();
+      for (auto& item : mine)
+        EXPECT_LT(max_diff(item.value().grad(), want[item.key()]), 2e-6)
+            << item.key() << (tied ? " (tied)" : "");
+    });
+  }
+}
+
+struct Trained {
+  std::vector<double> losses, norms;
+};
+
+// Trains `make_model(comm, topology)`'s model at world 4 for `steps` steps (8 samples a step in
+// every layout: micro batch 8 / data-parallel size) with gradient clipping at 0.5, in bf16 when
+// `bf16`.
+template <class Model>
+Trained train(
+    int tensor, int stage, int steps, bool bf16,
+    const std::function<std::shared_ptr<Model>(std::shared_ptr<deepspeed::comm::Topology>)>&
+        make_model) {
+  const int world = 4, data = world / tensor;
+  auto config = dstest::base_config(8 / data, 1, stage);
+  config["gradient_clipping"] = 0.5;
+  if (bf16) config["bf16"] = {{"enabled", true}};
+  auto dataset = dstest::test_text_dataset(16);
+  Trained out;
+  std::mutex mu;
+  run_ranks(
+      world,
+      [&](CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, tensor});
+        auto model = make_model(topology);
+        auto [engine, optimizer, loader, scheduler] =
+            deepspeed::initialize<Model>({.model = model,
+                                          .config_json = config,
+                                          .training_data = dataset,
+                                          .topology = topology});
+        Trained mine;
+        while (engine->global_steps() < steps) {
+          auto batch = loader->next();
+          engine->backward(engine->forward(batch.data, batch.target));
+          engine->step();
+          mine.losses.push_back(engine->last_loss());
+          mine.norms.push_back(engine->get_global_grad_norm());
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        if (comm->rank() == 0) out = mine;
+      },
+      std::chrono::seconds(60));
+  return out;
+}
+
+TEST(TensorParallelTraining, TensorTimesDataEqualsStage0AtWorld4) {
+  const gpt::GPTConfig c{256, 16, 2, 4, 32};
+  auto plain = [&](std::shared_ptr<deepspeed::comm::Topology>) {
+    std::lock_guard<std::mutex> lock(rng_mutex);
+    torch::manual_seed(7);
+    return std::make_shared<gpt::GPTImpl>(c);
+  };
+  auto split = [&](std::shared_ptr<deepspeed::comm::Topology> t) {
+    std::shared_ptr<gpt::TPGPTImpl> m;
+    std::shared_ptr<gpt::GPTImpl> full;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      torch::manual_seed(7);
+      full = std::make_shared<gpt::GPTImpl>(c);
+      m = std::make_shared<gpt::TPGPTImpl>(c, t->tensor_parallel());
+    }
+    m->copy_from(*full);
+    return m;
+  };
+  const int steps = 20;
+  const Trained ref = train<gpt::GPTImpl>(1, 0, steps, false, plain);
+  ASSERT_EQ(ref.losses.size(), size_t(steps));
+  ASSERT_GT(ref.norms.front(), 0.5) << "clipping must be active for the norm to matter";
+  struct Layout {
+    int tensor, stage;
+  };
+  for (Layout l : {Layout{2, 0}, Layout{2, 1}, Layout{2, 2}, Layout{4, 1}}) {
+    const Trained got = train<gpt::TPGPTImpl>(l.tensor, l.stage, steps, false, split);
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    double loss_rel = 0, norm_rel = 0;
+    for (int i = 0; i < steps; ++i) {
+      loss_rel =
+          std::max(loss_rel, std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]));
+      norm_rel = std::max(norm_rel, std::abs(got.norms[i] - ref.norms[i]) / ref.norms[i]);
+      EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i]))
+          << "tp " << l.tensor << " x dp " << 4 / l.tensor << ", stage " << l.stage << ", step "
+          << i;
+      EXPECT_NEAR(got.norms[i], ref.norms[i], 1e-4 * ref.norms[i])
+          << "grad norm, tp " << l.tensor << ", stage " << l.stage << ", step " << i;
+    }
+    std::printf(
+        "tp %d x dp %d, stage %d: losses within %.2e relative, norms within %.2e (step 1 "
+        "norm %.4f, final loss %.4f)\n",
+        l.tensor, 4 / l.tensor, l.stage, loss_rel, norm_rel, got.norms[0], got.losses.back());
+  }
+}
+
+// bf16 (FlatStage at every ZeRO stage, bf16 collectives in the layers): tp 2 x dp 2 follows
+// ZeRO-0 bf16 at world 4 as closely as bf16's rounding lets (the split matmuls round partial
+// sums differently).
+TEST(TensorParallelTraining, Bf16FollowsStage0Bf16) {
+  const gpt::GPTConfig c{256, 16, 2, 4, 32};
+  auto seeded = [&] {
+    std::lock_guard<std::mutex> lock(rng_mutex);
+    torch::manual_seed(7);
+    return std::make_shared<gpt::GPTImpl>(c);
+  };
+  auto plain = [&](std::shared_ptr<deepspeed::comm::Topology>) { return seeded(); };
+  auto split = [&](std::shared_ptr<deepspeed::comm::Topology> t) {
+    auto full = seeded();
+    std::shared_ptr<gpt::TPGPTImpl> m;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      m = std::make_shared<gpt::TPGPTImpl>(c, t->tensor_parallel());
+    }
+    m->copy_from(*full);
+    return m;
+  };
+  const Trained ref = train<gpt::GPTImpl>(1, 0, 10, true, plain);
+  const Trained got = train<gpt::TPGPTImpl>(2, 1, 10, true, split);
+  double worst = 0;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got.losses[i]));
+    worst = std::max(worst, std::abs(got.losses[i] - ref.losses[i]) / ref.losses[i]);
+  }
+  std::printf("bf16 tp 2 x dp 2 (ZeRO-1) against ZeRO-0 bf16: losses within %.2e relative\n",
+              worst);
+  EXPECT_LT(worst, 1e-3);  // measured 9.5e-5
+  EXPECT_LT(got.losses.back(), got.losses.front());
+}
+
+TEST(TensorParallelTraining, Stage3AndCheckpointsAreRefusedByName) {
+  const gpt::GPTConfig c{256, 16, 1, 2, 16};
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    auto topology =
+        std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
+    std::shared_ptr<gpt::TPGPTImpl> m;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      m = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
+    }
+    try {
+      deepspeed::initialize<gpt::TPGPTImpl>(
+          {.model = m, .config_json = dstest::base_config(2, 1, 3), .topology = topology});
+      ADD_FAILURE() << "stage 3 with tensor parallelism was accepted";
+    } catch (const deepspeed::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("zero_optimization.stage = 3"), std::string::npos)
+          << e.what();
+    }
+    auto [engine, o, l, s] = deepspeed::initialize<gpt::TPGPTImpl>(
+        {.model = m, .config_json = dstest::base_config(2, 1, 1), .topology = topology});
+    EXPECT_THROW(engine->save_checkpoint("/nonexistent"), deepspeed::ConfigError);
+  });
+}
+
+}  // namespace

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "monitor/comms_summary.h"
+#include "monitor/memory_usage.h"
 
 namespace deepspeed {
 namespace monitor {
@@ -46,6 +47,7 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       comm_(std::move(comm)),
       monitor_(make_monitor(config, comm_->rank() == 0)),
       timers_(config.wall_clock_breakdown, device),
+      device_(device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
       last_step_end_(std::chrono::steady_clock::now()) {
@@ -94,8 +96,73 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   return events;
 }
 
+void TrainingMonitor::attach(EngineFacts facts) {
+  facts_ = std::move(facts);
+  if (config_.flops_profiler.enabled && comm_->rank() == 0 && facts_.module)
+    profiler_ = std::make_unique<profiling::FlopsProfiler>(facts_.module);
+}
+
+void TrainingMonitor::before_forward(int64_t global_steps) {
+  if (!profiler_ || global_steps != config_.flops_profiler.profile_step) return;
+  profiler_->start_profile();  // a second micro-step's forward adds to the first's counts
+  profiling_step_ = true;
+}
+
+void TrainingMonitor::after_forward() {
+  if (profiler_) profiler_->stop_profile();
+}
+
+void TrainingMonitor::print_flops_profile(const StepRecord& step) {
+  profiler_->stop_profile();  // a forward that threw never reached after_forward()
+  const auto& fp = config_.flops_profiler;
+  const auto ms = timers_.last_step_ms();
+  profiling::RunFacts f;
+  f.from_engine = true;
+  f.world_size = facts_.world_size;
+  f.dp_size = facts_.dp_size;
+  f.mp_size = facts_.mp_size;
+  f.micro_batch_size = config_.train_micro_batch_size_per_gpu;
+  if (timers_.enabled()) {
+    f.fwd_latency_s = ms[static_cast<int>(Phase::kForward)] / 1e3;
+    f.bwd_latency_s = ms[static_cast<int>(Phase::kBackward)] / 1e3;
+    f.step_latency_s = ms[static_cast<int>(Phase::kStep)] / 1e3;
+  }
+  f.samples_per_iter = step.samples_per_step;
+  f.recompute_fwd_factor = fp.recompute_fwd_factor;
+  f.peak_tflops = fp.peak_tflops;
+  profiling::ReportOptions o{fp.profile_step, fp.module_depth, fp.top_modules, fp.detailed};
+  try {
+    profiler_->print_model_profile(o, f, fp.output_file);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[deepspeed] flops profiler: %s\n", e.what());
+  }
+  profiler_->end_profile();
+  profiling_step_ = false;
+}
+
+std::string TrainingMonitor::see_memory_usage(const std::string& message, bool print) const {
+  const MemoryReport states = facts_.memory ? facts_.memory() : MemoryReport{};
+  std::string text;
+  for (const auto& line : memory_usage_lines(message, states, device_)) text += line + "\n";
+  if (print) {
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return text;
+}
+
 void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
   timers_.end_optimizer_step();
+  if (profiling_step_) print_flops_profile(step);
+  // DeepSpeed users call see_memory_usage themselves; one look after the first step (the
+  // optimizer states exist by then) shows what the run holds. memory_breakdown: every print.
+  const bool memory_now = step.global_steps == 1 ||
+                          (config_.memory_breakdown && config_.steps_per_print > 0 &&
+                           step.global_steps % config_.steps_per_print == 0);
+  if (memory_now && writer)
+    see_memory_usage("[Rank " + std::to_string(comm_->rank()) + "] memory after step " +
+                         std::to_string(step.global_steps),
+                     /*print=*/true);
   if (monitor_->enabled() && writer) monitor_->write_events(step_events(step));
   // steps_per_print <= 0 (no step line): flush every step, print no timer lines.
   const int64_t every = config_.steps_per_print;

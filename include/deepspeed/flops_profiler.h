@@ -86,9 +86,12 @@ class FlopsProfiler {
   FlopsProfiler(const FlopsProfiler&) = delete;
   FlopsProfiler& operator=(const FlopsProfiler&) = delete;
 
-  // Clears what was counted and starts recording this thread's operators. Calling it again while
-  // recording keeps the counts (several forward passes of one step add up).
+  // Clears what was counted and starts recording this thread's operators (DeepSpeed's reset and
+  // start). Does nothing while recording.
   void start_profile();
+  // Records another forward pass into the counts kept since start_profile() (the engine's
+  // micro-steps of one optimizer step); start_profile() when nothing was started.
+  void resume_profile();
   // Stops recording; the counts stay until the next start_profile() or end_profile().
   void stop_profile();
   // Stops recording and drops the counts.
@@ -121,6 +124,7 @@ class FlopsProfiler {
   struct Impl;
 
  private:
+  void begin_recording();
   std::unique_ptr<Impl> impl_;
 };
 

@@ -90,8 +90,10 @@ int64_t numel_at(c10::ArrayRef<const c10::IValue> in, size_t i) {
   return t ? t->numel() : 0;
 }
 
-// numpy broadcasting of two shapes, as DeepSpeed's _elementwise_flops_compute (a scalar operand
-// counts as the other's shape; two scalars as 1).
+// The number of elements of the broadcast result (a scalar operand counts as the other's shape;
+// two scalars as 1). DeepSpeed's _elementwise_flops_compute aligns the shapes at the front, which
+// over-counts operands of different ranks ([2, 16, 32] + [16, 32] would be 16·32·32); this aligns
+// them at the back, as broadcasting does, which equals DeepSpeed's for equal ranks.
 int64_t broadcast_numel(const at::Tensor* a, const at::Tensor* b) {
   if (!a && !b) return 1;
   if (!a) return b->numel();
@@ -99,8 +101,7 @@ int64_t broadcast_numel(const at::Tensor* a, const at::Tensor* b) {
   const int64_t da = a->dim(), db = b->dim(), d = std::max(da, db);
   int64_t n = 1;
   for (int64_t i = 0; i < d; ++i) {
-    // DeepSpeed aligns the shapes at the front (shape[i]); for equal ranks that is numpy's rule.
-    const int64_t x = i < da ? a->size(i) : 1, y = i < db ? b->size(i) : 1;
+    const int64_t x = i < da ? a->size(da - 1 - i) : 1, y = i < db ? b->size(db - 1 - i) : 1;
     n *= std::max(x, y);
   }
   return n;

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "deepspeed/errors.h"
 #include "monitor/flop_formulas.h"
 #include "monitor/flops_profiler_impl.h"
 #include "zero/stage3/unit_internals.h"
@@ -270,14 +271,29 @@ FlopsProfiler::~FlopsProfiler() { end_profile(); }
 void FlopsProfiler::start_profile() {
   auto& s = *impl_;
   if (s.recording) return;
-  if (!s.started) {
-    s.ops.clear();
-    s.counted.clear();
-    s.pass = 0;
-    s.build_tree();
-  } else {
-    ++s.pass;  // another forward of the same step
-  }
+#ifndef NDEBUG
+  // at::RecordFunction's members differ with NDEBUG, and libtorch's binaries are built with it:
+  // read from a build without it, an operator's inputs would be garbage.
+  throw Error("flops profiler: this build lacks NDEBUG (a Debug build); libtorch's RecordFunction "
+              "is only readable from a Release or RelWithDebInfo build");
+#endif
+  s.ops.clear();
+  s.counted.clear();
+  s.pass = 0;
+  s.build_tree();
+  begin_recording();
+}
+
+void FlopsProfiler::resume_profile() {
+  auto& s = *impl_;
+  if (s.recording) return;
+  if (!s.started) return start_profile();
+  ++s.pass;  // another forward: runs of operators do not join across passes
+  begin_recording();
+}
+
+void FlopsProfiler::begin_recording() {
+  auto& s = *impl_;
   s.started = true;
   s.recording = true;
   s.aggregated = false;

@@ -104,7 +104,7 @@ void TrainingMonitor::attach(EngineFacts facts) {
 
 void TrainingMonitor::before_forward(int64_t global_steps) {
   if (!profiler_ || global_steps != config_.flops_profiler.profile_step) return;
-  profiler_->start_profile();  // a second micro-step's forward adds to the first's counts
+  profiler_->resume_profile();  // a second micro-step's forward adds to the first's counts
   profiling_step_ = true;
 }
 

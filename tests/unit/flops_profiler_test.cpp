@@ -34,9 +34,10 @@ TEST(FlopsProfiler, SingleLinearIsTwoTimesInputTimesOut) {
   prof.start_profile();
   lin->forward(x);
   prof.stop_profile();
-  // x W^T: 2*3 rows of 8 inputs meet 24 outputs; DeepSpeed leaves the bias add out.
+  // x W^T: 2*3 rows of 8 inputs meet 24 outputs. libtorch's C++ Linear runs a 3-D input as
+  // matmul then `output += bias`, and that add is an operator that ran: 2*3*24 more.
   EXPECT_EQ(prof.get_total_macs(), 2 * 3 * 8 * 24);
-  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24 + 2 * 3 * 24);
   EXPECT_EQ(prof.get_total_params(), 8 * 24 + 24);
   ASSERT_EQ(prof.modules().size(), 1u);
   EXPECT_EQ(prof.modules()[0].type, "Linear");
@@ -44,7 +45,18 @@ TEST(FlopsProfiler, SingleLinearIsTwoTimesInputTimesOut) {
   EXPECT_GT(prof.get_total_duration(), 0.0);
   // Nothing outside start/stop is counted.
   lin->forward(x);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24 + 2 * 3 * 24);
+  // at::linear (what F.linear is in Python, and deepspeed::zero::linear calls) is one operator,
+  // counted as DeepSpeed counts it: the bias add is left out.
+  prof.start_profile();
+  at::linear(x, lin->weight, lin->bias);
+  prof.stop_profile();
   EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24);
+  // A 2-D input runs as addmm: 2 MACs + the bias (numel of addmm's `self`, DeepSpeed's formula).
+  prof.start_profile();
+  lin->forward(x.reshape({6, 8}));
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_flops(), 2 * 6 * 8 * 24 + 24);
 }
 
 struct ChainImpl : torch::nn::Module {

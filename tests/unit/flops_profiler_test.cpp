@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -218,6 +219,56 @@ TEST(FlopsProfiler, EngineCountsEqualAStandaloneProfile) {
   EXPECT_EQ(by_path(prof, "block1.attn").flops, attention_flops(B, T, C, h));
   EXPECT_EQ(prof.get_total_params(), model->num_parameters());
 }
+
+// Under every ZeRO stage the engine's profile gives each module the same MACs as a profile of the
+// plain model: ZeRO 1/2 keep the parameters as views into one flat buffer, ZeRO-3 gathers each
+// block's parameters into new memory before it runs; the owners are found either way. Parameters
+// are counted at full size (ZeRO-3 holds only a partition).
+class FlopsProfilerStages : public testing::TestWithParam<int> {};
+
+std::vector<std::string> macs_column(const std::string& report) {
+  std::vector<std::string> out;
+  const auto tree = report.substr(report.find("\nGPT("));
+  std::istringstream lines(tree);
+  const std::regex macs(R"(, ([0-9.]+ [KMGT]?MACs) = )");
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);)
+    if (std::regex_search(line, m, macs)) out.push_back(m[1]);
+  return out;
+}
+
+TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto plain = std::make_shared<gpt::GPTImpl>(mc);
+  FlopsProfiler prof(plain);
+  prof.start_profile();
+  plain->forward(x, x);
+  prof.stop_profile();
+  std::vector<std::string> expected;
+  for (const auto& m : prof.modules()) expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
+
+  dstest::TempDir dir;
+  const std::string out = dir / "flops.txt";
+  auto model = std::make_shared<gpt::GPTImpl>(mc);
+  auto config = dstest::base_config(2, 2, GetParam());  // 2 micro-steps: both forwards count
+  config["flops_profiler"] = {{"enabled", true}, {"profile_step", 0}, {"output_file", out}};
+  config["steps_per_print"] = 0;
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
+  for (int micro = 0; micro < 2; ++micro) {
+    r.engine->backward(r.engine->forward(x, x));
+    r.engine->step();
+  }
+  const std::string report = read_file(out);
+  std::vector<std::string> twice;
+  for (const auto& m : prof.modules()) twice.push_back(deepspeed::profiling::macs_to_string(2 * m.macs));
+  EXPECT_EQ(macs_column(report), twice);
+  EXPECT_CONTAINS(report, "params per GPU:                                                         " +
+                              deepspeed::profiling::params_to_string(plain->num_parameters()));
+  EXPECT_CONTAINS(report, "fwd MACs per GPU:                                                       " +
+                              deepspeed::profiling::macs_to_string(2 * prof.get_total_macs()));
+}
+INSTANTIATE_TEST_SUITE_P(Stages, FlopsProfilerStages, testing::Values(0, 1, 2, 3));
 
 TEST(FlopsProfiler, ConfigNamesBadKeysAndValues) {
   auto doc = [](json block) {

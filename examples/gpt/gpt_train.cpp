@@ -407,7 +407,9 @@ int main(int argc, char** argv) try {
     engine->backward(loss);
     engine->step();
     if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
-      if (rank0) progress.on_step(engine->global_steps(), engine->last_loss(), opt.exact_loss);
+      if (rank0)
+        progress.on_step(engine->global_steps(), engine->last_loss(), opt.exact_loss,
+                         gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
       // The engine does not know what a token is; the example adds the event itself.
       const auto now = std::chrono::steady_clock::now();
       if (auto monitor = engine->monitor(); monitor->enabled()) {

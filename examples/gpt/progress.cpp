@@ -29,6 +29,12 @@ std::string duration(double s) {
 
 bool stdout_is_terminal() { return isatty(STDOUT_FILENO) == 1; }
 
+bool engine_prints_at(const deepspeed::Config& config, int64_t step) {
+  const auto& fp = config.flops_profiler;
+  return (config.steps_per_print > 0 && step % config.steps_per_print == 0) ||
+         (fp.enabled && step == fp.profile_step + 1);
+}
+
 ProgressLine::ProgressLine(int64_t total_steps, double tokens_per_step, bool terminal)
     : total_steps_(total_steps),
       tokens_per_step_(tokens_per_step),
@@ -41,7 +47,7 @@ void ProgressLine::finish() {
   drawn_ = false;
 }
 
-void ProgressLine::on_step(int64_t step, double loss, bool exact) {
+void ProgressLine::on_step(int64_t step, double loss, bool exact, bool engine_prints_next) {
   if (!terminal_ || exact) {
     if (exact)
       std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(step), loss, loss);
@@ -67,6 +73,7 @@ void ProgressLine::on_step(int64_t step, double loss, bool exact) {
   std::printf("\r\033[K%s", line.c_str());
   std::fflush(stdout);
   drawn_ = true;
+  if (engine_prints_next) finish();
 }
 
 }  // namespace gpt

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdint>
 
+#include "deepspeed/config.h"
+
 namespace gpt {
 
 class ProgressLine {
@@ -15,7 +17,9 @@ class ProgressLine {
   // Ends the terminal line (before other output follows it).
   void finish();
   // After each optimizer step (rank 0). `exact`: also the loss as a hex float (plain lines).
-  void on_step(int64_t step, double loss, bool exact);
+  // `engine_prints_next`: the engine prints during the next step (its steps_per_print line, the
+  // flops profile), so the line is ended now instead of having that text glued to it.
+  void on_step(int64_t step, double loss, bool exact, bool engine_prints_next = false);
   bool terminal() const { return terminal_; }
 
  private:
@@ -31,5 +35,8 @@ class ProgressLine {
 
 // Whether stdout is a terminal.
 bool stdout_is_terminal();
+// Whether the engine prints while running optimizer step `step` (1-based, as global_steps after
+// it): the steps_per_print line (and the wall-clock lines with it) or the flops profile.
+bool engine_prints_at(const deepspeed::Config& config, int64_t step);
 
 }  // namespace gpt

@@ -130,7 +130,8 @@ void TrainingMonitor::print_flops_profile(const StepRecord& step) {
   f.samples_per_iter = step.samples_per_step;
   f.recompute_fwd_factor = fp.recompute_fwd_factor;
   f.peak_tflops = fp.peak_tflops;
-  profiling::ReportOptions o{fp.profile_step, fp.module_depth, fp.top_modules, fp.detailed};
+  // DeepSpeed prints its global_steps after the step's increment: profile_step + 1.
+  profiling::ReportOptions o{step.global_steps, fp.module_depth, fp.top_modules, fp.detailed};
   try {
     profiler_->print_model_profile(o, f, fp.output_file);
   } catch (const std::exception& e) {

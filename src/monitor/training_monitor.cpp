@@ -50,7 +50,8 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       device_(device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
-      last_step_end_(std::chrono::steady_clock::now()) {
+      last_step_end_(std::chrono::steady_clock::now()),
+      gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
   const auto& cl = config.comms_logger;
   if (cl.enabled && cl.verbose && comm_->rank() == 0) {
     verbose_ = std::make_shared<const comm::OpObserver>(
@@ -86,6 +87,7 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   events.push_back({"Train/Samples/step_time_ms", step_ms, x});
   if (step_ms > 0)
     events.push_back({"Train/Samples/samples_per_second", step.samples_per_step * 1e3 / step_ms, x});
+  if (gather_timer_) events.push_back({"Train/Samples/elapsed_time_ms_gather", gather_last_ms_, x});
   if (timers_.enabled()) {
     const auto ms = timers_.last_step_ms();
     for (int i = 0; i < kPhaseCount; ++i)
@@ -94,6 +96,14 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
                         ms[i], x});
   }
   return events;
+}
+
+double TrainingMonitor::all_gather_ms() const {
+  double ms = 0.0;
+  for (const auto& [op, st] : comm_->stats())
+    if (op.rfind("all_gather", 0) == 0)
+      for (const auto& [bytes, sz] : st.by_size) ms += sz.total_ms;
+  return ms;
 }
 
 void TrainingMonitor::attach(EngineFacts facts) {
@@ -154,6 +164,14 @@ std::string TrainingMonitor::see_memory_usage(const std::string& message, bool p
 
 void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
   timers_.end_optimizer_step();
+  if (gather_timer_) {
+    const double seen = all_gather_ms();
+    // reset_stats() (gpt_train calls it after warm-up) restarts the count from 0.
+    gather_last_ms_ = seen >= gather_seen_ms_ ? seen - gather_seen_ms_ : seen;
+    gather_seen_ms_ = seen;
+    gather_interval_ms_ += gather_last_ms_;
+    ++gather_steps_;
+  }
   if (profiling_step_) print_flops_profile(step);
   // DeepSpeed users call see_memory_usage themselves; one look after the first step (the
   // optimizer states exist by then) shows what the run holds. memory_breakdown: every print.
@@ -168,7 +186,14 @@ void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
   // steps_per_print <= 0 (no step line): flush every step, print no timer lines.
   const int64_t every = config_.steps_per_print;
   if (every > 0 && step.global_steps % every != 0) return;
-  const auto lines = every > 0 ? timers_.interval_lines() : std::vector<std::string>{};
+  auto lines = every > 0 ? timers_.interval_lines() : std::vector<std::string>{};
+  if (gather_timer_ && lines.size() == 2 && gather_steps_ > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " | gather: %.2f", gather_interval_ms_ / gather_steps_);
+    lines[1] += buf;
+    gather_interval_ms_ = 0.0;
+    gather_steps_ = 0;
+  }
   if (writer) {
     for (const auto& line : lines) std::printf("[Rank %d] %s\n", comm_->rank(), line.c_str());
     if (!lines.empty()) std::fflush(stdout);

@@ -70,12 +70,17 @@ class TrainingMonitor {
 
   // From now on the comms_logger counts (initialize() calls it when the engine is built, so its
   // own weight broadcast is left out).
-  void mark_comms_start() { baseline_ = comm_->stats(); }
+  void mark_comms_start() {
+    baseline_ = comm_->stats();
+    gather_seen_ms_ = all_gather_ms();
+  }
   // The comms_logger table (empty when comms_logger is off); printed when `print`.
   std::string comms_summary(bool print) const;
 
  private:
   std::vector<Event> step_events(const StepRecord& step);
+  // Milliseconds of all-gather latency the communicator has recorded so far (ZeRO-3's gathers).
+  double all_gather_ms() const;
   void print_flops_profile(const StepRecord& step);
 
   Config config_;
@@ -92,6 +97,13 @@ class TrainingMonitor {
   // flops_profiler.enabled on the printing rank; null elsewhere.
   std::unique_ptr<profiling::FlopsProfiler> profiler_;
   bool profiling_step_ = false;  // the profiler watched this optimizer step's forwards
+  // ZeRO-3 with wall_clock_breakdown: the parameter gathers' time per optimizer step, the sum of
+  // their all-gathers' launch-to-wait latencies (comm stats), shown as "gather" on the timer line.
+  bool gather_timer_ = false;
+  double gather_seen_ms_ = 0.0;      // all-gather latency recorded up to the last step's end
+  double gather_last_ms_ = 0.0;      // the last optimizer step's
+  double gather_interval_ms_ = 0.0;  // summed over the print interval
+  int64_t gather_steps_ = 0;
 };
 
 }  // namespace monitor

@@ -1,6 +1,7 @@
-// The flops profiler under ZeRO-3 on 2 ranks, where each rank holds half of every parameter and
-// gathers a block's parameters into new memory just before it runs: rank 0's report gives every
-// module the MACs of a profile of the plain model, and the parameters at full size.
+// Monitoring under ZeRO-3 on 2 ranks, where each rank holds half of every parameter and gathers a
+// block's parameters into new memory just before it runs. The flops profiler on rank 0 gives every
+// module the MACs of a profile of the plain model, and the parameters at full size; the
+// wall-clock line shows the gathers' time.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -64,4 +65,30 @@ TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
                                     deepspeed::profiling::params_to_string(plain->num_parameters()));
 }
 
+}  // namespace
+
+namespace {
+// wall_clock_breakdown under ZeRO-3 adds the parameter gathers' time to the per-step timer line.
+TEST(WallClockStage3, GlobalLineShowsTheGatherTime) {
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  testing::internal::CaptureStdout();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<gpt::GPTImpl>(mc);
+    auto config = dstest::base_config(2, 1, 3);
+    config["wall_clock_breakdown"] = true;
+    config["steps_per_print"] = 2;
+    auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm});
+    for (int step = 0; step < 2; ++step) {
+      r.engine->backward(r.engine->forward(x, x));
+      r.engine->step();
+    }
+  });
+  const std::string out = testing::internal::GetCapturedStdout();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\| step: [0-9.]+ \| gather: ([0-9.]+)\n)"))) << out;
+  EXPECT_GT(std::stod(m[1]), 0.0);  // every block is gathered in forward and again in backward
+  // The per-micro-step line is DeepSpeed's, unchanged: it ends with step_microstep.
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(\| step_microstep: [0-9.]+\n)"))) << out;
+}
 }  // namespace

@@ -10,18 +10,24 @@ namespace {
 
 std::string rate(double per_s) {
   char buf[32];
-  if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", per_s / 1e6);
-  else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", per_s);
+  if (per_s >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.1fM", per_s / 1e6);
+  else if (per_s >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", per_s);
   return buf;
 }
 
 std::string duration(double s) {
   const long t = static_cast<long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t % 3600 / 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, t % 3600 / 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
 }
 
@@ -36,9 +42,7 @@ bool engine_prints_at(const deepspeed::Config& config, int64_t step) {
 }
 
 ProgressLine::ProgressLine(int64_t total_steps, double tokens_per_step, bool terminal)
-    : total_steps_(total_steps),
-      tokens_per_step_(tokens_per_step),
-      terminal_(terminal) {}
+    : total_steps_(total_steps), tokens_per_step_(tokens_per_step), terminal_(terminal) {}
 
 void ProgressLine::finish() {
   if (!drawn_) return;

@@ -30,26 +30,27 @@
 // Thread-safety: records the operators of the thread that called start_profile() (and autograd's
 // threads it hands them to); one profiler per thread at a time.
 #pragma once
+#include <torch/nn/module.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <torch/nn/module.h>
 
 namespace deepspeed {
 namespace profiling {
 
 // One module of the profiled tree, with its totals (its own operators and its descendants').
 struct ModuleProfile {
-  std::string name;      // attribute name under its parent ("attn"); "" for the root
-  std::string path;      // dotted path from the root ("block0.attn"); "" for the root
-  std::string type;      // class name without namespaces and "Impl" ("Linear", "ZeroUnit<Block>")
-  std::string extra;     // the module's own description ("in_features=256, out_features=768, bias=true")
-  int parent = -1;       // index into FlopsProfiler::modules(); -1 for the root
-  int depth = 0;         // root 0
+  std::string name;  // attribute name under its parent ("attn"); "" for the root
+  std::string path;  // dotted path from the root ("block0.attn"); "" for the root
+  std::string type;  // class name without namespaces and "Impl" ("Linear", "ZeroUnit<Block>")
+  std::string
+      extra;        // the module's own description ("in_features=256, out_features=768, bias=true")
+  int parent = -1;  // index into FlopsProfiler::modules(); -1 for the root
+  int depth = 0;    // root 0
   std::vector<int> children;
-  int64_t params = 0;    // parameters of the module and its descendants (full sizes under ZeRO-3)
+  int64_t params = 0;  // parameters of the module and its descendants (full sizes under ZeRO-3)
   int64_t macs = 0;
   int64_t flops = 0;
   double latency_s = 0.0;
@@ -58,7 +59,7 @@ struct ModuleProfile {
 // What the report's summary says about the run; the engine fills it (a standalone profiler
 // leaves it as is and the summary shows the model's lines only, as DeepSpeed's does).
 struct RunFacts {
-  bool from_engine = false;    // print the world / parallel sizes and batch size lines
+  bool from_engine = false;  // print the world / parallel sizes and batch size lines
   int world_size = 1;
   int dp_size = 1;
   int mp_size = 1;
@@ -130,9 +131,9 @@ class FlopsProfiler {
 
 // DeepSpeed's number formatting (number_to_string and friends): 2 decimals, %g, units T/G/M/K/m/u.
 std::string number_to_string(double num, const std::string& units = "");
-std::string flops_to_string(double flops);     // "1.23 GFLOPS"
-std::string macs_to_string(double macs);       // "1.23 GMACs"
-std::string params_to_string(double params);   // "1.23 M", "1.23 B"
+std::string flops_to_string(double flops);       // "1.23 GFLOPS"
+std::string macs_to_string(double macs);         // "1.23 GMACs"
+std::string params_to_string(double params);     // "1.23 M", "1.23 B"
 std::string duration_to_string(double seconds);  // "1.23 ms"
 
 }  // namespace profiling

@@ -8,17 +8,17 @@ namespace profiling {
 namespace {
 
 enum class Kind {
-  kLinear,       // 2·numel(x)·W.size(0), bias not counted (DeepSpeed's _linear_flops_compute)
-  kMatmul,       // 2·numel(a)·b.size(-1)
-  kAddmm,        // 2·numel(m1)·m2.size(-1) + numel(self)
-  kElementwise,  // numel of the first input (activations, softmax, pooling)
-  kNorm,         // numel·5 with affine weight, ·4 without (layer/group/instance norm)
-  kBatchNorm,    // training: as kNorm; eval: numel·2 with affine, ·1 without
-  kBinary,       // numel of the broadcast of the two operands (add, mul)
-  kZero,         // counted as 0: embedding, dropout
-  kConv,         // 2·numel(out)·(Cin/groups)·prod(kernel) + bias numel(out)
+  kLinear,         // 2·numel(x)·W.size(0), bias not counted (DeepSpeed's _linear_flops_compute)
+  kMatmul,         // 2·numel(a)·b.size(-1)
+  kAddmm,          // 2·numel(m1)·m2.size(-1) + numel(self)
+  kElementwise,    // numel of the first input (activations, softmax, pooling)
+  kNorm,           // numel·5 with affine weight, ·4 without (layer/group/instance norm)
+  kBatchNorm,      // training: as kNorm; eval: numel·2 with affine, ·1 without
+  kBinary,         // numel of the broadcast of the two operands (add, mul)
+  kZero,           // counted as 0: embedding, dropout
+  kConv,           // 2·numel(out)·(Cin/groups)·prod(kernel) + bias numel(out)
   kConvTranspose,  // 2·numel(in)·(Cout/groups)·prod(kernel) + bias numel(out)
-  kAttention,    // scaled_dot_product_attention: q·kᵀ and att·v
+  kAttention,      // scaled_dot_product_attention: q·kᵀ and att·v
 };
 
 const std::unordered_map<std::string_view, Kind>& kinds() {

@@ -3,10 +3,10 @@
 // functions of the operator's inputs (and, for convolutions, its output's size): the recorder in
 // flops_profiler.cpp calls them, tests call them directly.
 #pragma once
-#include <cstdint>
-
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
+
+#include <cstdint>
 
 namespace deepspeed {
 namespace profiling {
@@ -16,7 +16,7 @@ struct OpCount {
   int64_t flops = 0;
   int64_t macs = 0;
   // Convolutions: what depends on the output, added once its size is known (finish()).
-  int64_t macs_per_output = 0;  // MACs per output element
+  int64_t macs_per_output = 0;   // MACs per output element
   bool bias_per_output = false;  // + one FLOP per output element
 };
 

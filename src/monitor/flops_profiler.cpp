@@ -57,7 +57,8 @@ std::unordered_map<const c10::TensorImpl*, int64_t> full_numels(const torch::nn:
         out.emplace(slots.params[i].unsafeGetTensorImpl(), c10::multiply_integers(slots.shapes[i]));
     } else if (const auto* shard = zero::init_shard(*unit)) {
       for (size_t i = 0; i < shard->params.size(); ++i)
-        out.emplace(shard->params[i].unsafeGetTensorImpl(), c10::multiply_integers(shard->shapes[i]));
+        out.emplace(shard->params[i].unsafeGetTensorImpl(),
+                    c10::multiply_integers(shard->shapes[i]));
     }
   };
   visit(root);
@@ -274,8 +275,9 @@ void FlopsProfiler::start_profile() {
 #ifndef NDEBUG
   // at::RecordFunction's members differ with NDEBUG, and libtorch's binaries are built with it:
   // read from a build without it, an operator's inputs would be garbage.
-  throw Error("flops profiler: this build lacks NDEBUG (a Debug build); libtorch's RecordFunction "
-              "is only readable from a Release or RelWithDebInfo build");
+  throw Error(
+      "flops profiler: this build lacks NDEBUG (a Debug build); libtorch's RecordFunction "
+      "is only readable from a Release or RelWithDebInfo build");
 #endif
   s.ops.clear();
   s.counted.clear();

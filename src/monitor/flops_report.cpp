@@ -41,7 +41,9 @@ std::string line(const std::string& key, const std::string& value) {
   return buf;
 }
 
-std::string pct(double part, double total) { return g(total != 0 ? round2(100.0 * part / total) : 0); }
+std::string pct(double part, double total) {
+  return g(total != 0 ? round2(100.0 * part / total) : 0);
+}
 
 // PyTorch's _addindent: every line but the first indented by `n` spaces.
 std::string add_indent(const std::string& s, int n) {
@@ -95,14 +97,16 @@ std::string aggregated(const std::vector<ModuleProfile>& m, const ReportOptions&
   for (const auto& p : m) {
     if (static_cast<int>(info.size()) <= p.depth) info.resize(p.depth + 1);
     auto& level = info[p.depth];
-    auto it = std::find_if(level.begin(), level.end(), [&](const auto& e) { return e.first == p.type; });
+    auto it =
+        std::find_if(level.begin(), level.end(), [&](const auto& e) { return e.first == p.type; });
     if (it == level.end()) it = level.insert(level.end(), {p.type, {0, 0, 0}});
     it->second[0] += p.macs;
     it->second[1] += p.params;
     it->second[2] += p.latency_s;
   }
   // DeepSpeed prints depths 0 .. depth-1 (module_depth -1: all but the innermost).
-  const int64_t depth = o.module_depth == -1 ? static_cast<int64_t>(info.size()) - 1 : o.module_depth;
+  const int64_t depth =
+      o.module_depth == -1 ? static_cast<int64_t>(info.size()) - 1 : o.module_depth;
   std::string s = "Top " + std::to_string(o.top_modules) +
                   " modules in terms of params, MACs or fwd latency at different model depths:\n";
   for (int64_t d = 0; d < depth && d < static_cast<int64_t>(info.size()); ++d) {
@@ -120,14 +124,16 @@ std::string aggregated(const std::vector<ModuleProfile>& m, const ReportOptions&
 std::string summary(const FlopsProfiler& prof, const ReportOptions& o, const RunFacts& f) {
   const double flops = prof.get_total_flops(), macs = prof.get_total_macs();
   const double params = prof.get_total_params();
-  std::string s = "\n-------------------------- DeepSpeed Flops Profiler --------------------------\n";
+  std::string s =
+      "\n-------------------------- DeepSpeed Flops Profiler --------------------------\n";
   s += "Profile Summary at step " + std::to_string(o.profile_step) + ":\n";
-  s += "Notations:\n"
-       "data parallel size (dp_size), model parallel size(mp_size),\n"
-       "number of parameters (params), number of multiply-accumulate operations(MACs),\n"
-       "number of floating-point operations (flops), floating-point operations per second (FLOPS),\n"
-       "fwd latency (forward propagation latency), bwd latency (backward propagation latency),\n"
-       "step (weights update latency), iter latency (sum of fwd, bwd and step latency)\n\n";
+  s +=
+      "Notations:\n"
+      "data parallel size (dp_size), model parallel size(mp_size),\n"
+      "number of parameters (params), number of multiply-accumulate operations(MACs),\n"
+      "number of floating-point operations (flops), floating-point operations per second (FLOPS),\n"
+      "fwd latency (forward propagation latency), bwd latency (backward propagation latency),\n"
+      "step (weights update latency), iter latency (sum of fwd, bwd and step latency)\n\n";
   if (f.from_engine) {
     s += line("world size: ", std::to_string(f.world_size));
     s += line("data parallel size: ", std::to_string(f.dp_size));
@@ -150,9 +156,9 @@ std::string summary(const FlopsProfiler& prof, const ReportOptions& o, const Run
     s += line("bwd latency: ", duration_to_string(bwd));
     s += line("bwd FLOPS per GPU = " + g(factor) + " * fwd flops per GPU / bwd latency: ",
               flops_to_string(bwd > 0 ? factor * flops / bwd : 0));
-    s += line("fwd+bwd FLOPS per GPU = " + g(factor + 1) +
-                  " * fwd flops per GPU / (fwd+bwd latency): ",
-              flops_to_string(fwd + bwd > 0 ? (factor + 1) * flops / (fwd + bwd) : 0));
+    s += line(
+        "fwd+bwd FLOPS per GPU = " + g(factor + 1) + " * fwd flops per GPU / (fwd+bwd latency): ",
+        flops_to_string(fwd + bwd > 0 ? (factor + 1) * flops / (fwd + bwd) : 0));
     s += line("step latency: ", duration_to_string(f.step_latency_s));
     const double iter = fwd + bwd + f.step_latency_s;
     s += line("iter latency: ", duration_to_string(iter));
@@ -174,17 +180,29 @@ std::string number_to_string(double num, const std::string& units_in) {
   double magnitude = 1;
   std::string units = units_in;
   if (units.empty()) {
-    if (num >= 1e12) magnitude = 1e12, units = "T";
-    else if (num >= 1e9) magnitude = 1e9, units = "G";
-    else if (num >= 1e6) magnitude = 1e6, units = "M";
-    else if (num >= 1e3) magnitude = 1e3, units = "K";
-    else if (num >= 1 || num == 0) magnitude = 1, units = "";
-    else if (num >= 1e-3) magnitude = 1e-3, units = "m";
-    else magnitude = 1e-6, units = "u";
+    if (num >= 1e12)
+      magnitude = 1e12, units = "T";
+    else if (num >= 1e9)
+      magnitude = 1e9, units = "G";
+    else if (num >= 1e6)
+      magnitude = 1e6, units = "M";
+    else if (num >= 1e3)
+      magnitude = 1e3, units = "K";
+    else if (num >= 1 || num == 0)
+      magnitude = 1, units = "";
+    else if (num >= 1e-3)
+      magnitude = 1e-3, units = "m";
+    else
+      magnitude = 1e-6, units = "u";
   } else {
     const std::string u = units;
-    magnitude = u == "T" ? 1e12 : u == "G" ? 1e9 : u == "M" ? 1e6 : u == "K" ? 1e3
-              : u == "m" ? 1e-3 : u == "u" ? 1e-6 : 1;
+    magnitude = u == "T"   ? 1e12
+                : u == "G" ? 1e9
+                : u == "M" ? 1e6
+                : u == "K" ? 1e3
+                : u == "m" ? 1e-3
+                : u == "u" ? 1e-6
+                           : 1;
   }
   return g(round2(num / magnitude)) + " " + units;
 }
@@ -207,7 +225,8 @@ std::string FlopsProfiler::model_profile(const ReportOptions& o, const RunFacts&
   s += "\n----------------------------- Aggregated Profile per GPU -----------------------------\n";
   s += aggregated(m, o);
   if (o.detailed) {
-    s += "\n------------------------------ Detailed Profile per GPU ------------------------------\n";
+    s += "\n------------------------------ Detailed Profile per GPU "
+         "------------------------------\n";
     s += "Each module profile is listed after its name in the following order: \n"
          "params, percentage of total params, MACs, percentage of total MACs, fwd latency, "
          "percentage of total fwd latency, fwd FLOPS\n";
@@ -219,7 +238,8 @@ std::string FlopsProfiler::model_profile(const ReportOptions& o, const RunFacts&
          "throughput.\n3. The fwd latency listed in the top module's profile is directly captured "
          "at the module forward function in PyTorch, thus it's less than the fwd latency shown "
          "above which is captured in DeepSpeed.\n\n";
-    const Totals t{static_cast<double>(m[0].params), static_cast<double>(m[0].macs), m[0].latency_s};
+    const Totals t{static_cast<double>(m[0].params), static_cast<double>(m[0].macs),
+                   m[0].latency_s};
     s += module_repr(m, 0, t) + "\n";
   }
   s += "------------------------------------------------------------------------------\n";

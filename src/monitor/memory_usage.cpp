@@ -59,8 +59,8 @@ std::vector<std::string> memory_usage_lines(const std::string& message, const Me
   }
   const HostMemory h = host_memory();
   const int64_t used = h.total - h.available;
-  lines.push_back("CPU Virtual Memory:  used = " + gb(used) + " GB, percent = " +
-                  fixed2(h.total > 0 ? 100.0 * used / h.total : 0.0) + "%");
+  lines.push_back("CPU Virtual Memory:  used = " + gb(used) +
+                  " GB, percent = " + fixed2(h.total > 0 ? 100.0 * used / h.total : 0.0) + "%");
   std::string states = "model states (MB): parameters " + mb(s.parameters) + " | gradients " +
                        mb(s.gradients) + " | optimizer states " + mb(s.optimizer_states) +
                        " | comm buffers " + mb(s.comm_buffers);

@@ -3,14 +3,14 @@
 //   <message>
 //   MA 1.23 GB         Max_MA 1.5 GB         Max_CA 2.0 GB          (GPU devices only)
 //   CPU Virtual Memory:  used = 12.34 GB, percent = 45.6%
-//   model states (MB): parameters 1.23 | gradients 1.23 | optimizer states 2.46 | comm buffers 0.5 | total 5.42
-//   process RSS (MB): now 512.3 | peak (VmHWM) 600.1
+//   model states (MB): parameters 1.23 | gradients 1.23 | optimizer states 2.46 | comm buffers 0.5
+//   | total 5.42 process RSS (MB): now 512.3 | peak (VmHWM) 600.1
 #pragma once
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <c10/core/Device.h>
 
 #include "deepspeed/memory.h"
 

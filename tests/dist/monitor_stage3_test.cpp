@@ -41,7 +41,8 @@ TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
   plain->forward(x, x);
   prof.stop_profile();
   std::vector<std::string> expected;
-  for (const auto& m : prof.modules()) expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
+  for (const auto& m : prof.modules())
+    expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
 
   dstest::TempDir dir;
   const std::string out = dir / "flops.txt";
@@ -50,7 +51,8 @@ TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
     auto config = dstest::base_config(2, 1, 3);
     config["flops_profiler"] = {{"enabled", true}, {"profile_step", 1}, {"output_file", out}};
     config["steps_per_print"] = 0;
-    auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm});
+    auto r =
+        deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm});
     for (int step = 0; step < 2; ++step) {
       r.engine->backward(r.engine->forward(x, x));
       r.engine->step();
@@ -60,9 +62,11 @@ TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
   std::stringstream report;
   report << in.rdbuf();
   EXPECT_EQ(macs_column(report.str()), expected);
-  EXPECT_CONTAINS(report.str(), "world size:                                                             2");
-  EXPECT_CONTAINS(report.str(), "params per GPU:                                                         " +
-                                    deepspeed::profiling::params_to_string(plain->num_parameters()));
+  EXPECT_CONTAINS(report.str(),
+                  "world size:                                                             2");
+  EXPECT_CONTAINS(report.str(),
+                  "params per GPU:                                                         " +
+                      deepspeed::profiling::params_to_string(plain->num_parameters()));
 }
 
 }  // namespace
@@ -78,7 +82,8 @@ TEST(WallClockStage3, GlobalLineShowsTheGatherTime) {
     auto config = dstest::base_config(2, 1, 3);
     config["wall_clock_breakdown"] = true;
     config["steps_per_print"] = 2;
-    auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm});
+    auto r =
+        deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm});
     for (int step = 0; step < 2; ++step) {
       r.engine->backward(r.engine->forward(x, x));
       r.engine->step();
@@ -86,7 +91,8 @@ TEST(WallClockStage3, GlobalLineShowsTheGatherTime) {
   });
   const std::string out = testing::internal::GetCapturedStdout();
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\| step: [0-9.]+ \| gather: ([0-9.]+)\n)"))) << out;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(\| step: [0-9.]+ \| gather: ([0-9.]+)\n)")))
+      << out;
   EXPECT_GT(std::stod(m[1]), 0.0);  // every block is gathered in forward and again in backward
   // The per-micro-step line is DeepSpeed's, unchanged: it ends with step_microstep.
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(\| step_microstep: [0-9.]+\n)"))) << out;

@@ -1,5 +1,7 @@
 // The flops profiler counts the FLOPs of the operators that ran (DeepSpeed's formulas), gives
 // them to the right modules, and the engine prints DeepSpeed's report at profile_step.
+#include "deepspeed/flops_profiler.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,7 +13,6 @@
 #include "deepspeed/config.h"
 #include "deepspeed/engine.h"
 #include "deepspeed/errors.h"
-#include "deepspeed/flops_profiler.h"
 #include "gpt/model.h"
 #include "support/expect.h"
 #include "support/files.h"
@@ -21,7 +22,8 @@ namespace {
 using deepspeed::profiling::FlopsProfiler;
 using json = nlohmann::json;
 
-const deepspeed::profiling::ModuleProfile& by_path(const FlopsProfiler& p, const std::string& path) {
+const deepspeed::profiling::ModuleProfile& by_path(const FlopsProfiler& p,
+                                                   const std::string& path) {
   for (const auto& m : p.modules())
     if (m.path == path) return m;
   throw std::runtime_error("no module '" + path + "' in the profile");
@@ -67,8 +69,8 @@ struct ChainImpl : torch::nn::Module {
     c = register_parameter("c", torch::randn({4, 32, 4}));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    auto h = torch::matmul(x, a);            // [5, 8] x [8, 16]
-    h = h.mm(b);                             // [5, 16] x [16, 32]
+    auto h = torch::matmul(x, a);                             // [5, 8] x [8, 16]
+    h = h.mm(b);                                              // [5, 16] x [16, 32]
     return torch::bmm(h.unsqueeze(0).expand({4, 5, 32}), c);  // [4, 5, 32] x [4, 32, 4]
   }
   torch::Tensor a, b, c;
@@ -93,12 +95,12 @@ TEST(FlopsProfiler, MatmulChainIsTheSumOfItsProducts) {
 
 // The GPT's attention by hand: B batch, T tokens, C channels, h heads.
 int64_t attention_flops(int64_t B, int64_t T, int64_t C, int64_t h) {
-  return 2 * B * T * C * 3 * C   // qkv projection
-         + 2 * B * T * T * C     // q k^T over all heads
-         + B * h * T * T         // * 1/sqrt(head_dim)
-         + B * h * T * T         // softmax
-         + 2 * B * T * T * C     // att v
-         + 2 * B * T * C * C;    // output projection
+  return 2 * B * T * C * 3 * C  // qkv projection
+         + 2 * B * T * T * C    // q k^T over all heads
+         + B * h * T * T        // * 1/sqrt(head_dim)
+         + B * h * T * T        // softmax
+         + 2 * B * T * T * C    // att v
+         + 2 * B * T * C * C;   // output projection
 }
 
 TEST(FlopsProfiler, GptAttentionMatchesTheHandCount) {
@@ -128,7 +130,8 @@ TEST(FlopsProfiler, BlockGivesParameterFreeWorkToTheEnclosingModule) {
   prof.stop_profile();
   EXPECT_EQ(by_path(prof, "attn").flops, attention_flops(B, T, C, c.n_head));
   EXPECT_EQ(by_path(prof, "ln1").flops, 5 * B * T * C);
-  EXPECT_EQ(by_path(prof, "mlp").flops, 2 * B * T * C * 4 * C + B * T * 4 * C + 2 * B * T * 4 * C * C);
+  EXPECT_EQ(by_path(prof, "mlp").flops,
+            2 * B * T * C * 4 * C + B * T * 4 * C + 2 * B * T * 4 * C * C);
   // The block adds its two residual sums.
   EXPECT_EQ(prof.get_total_flops(), attention_flops(B, T, C, c.n_head) + 2 * 5 * B * T * C +
                                         2 * B * T * C * 4 * C + B * T * 4 * C +
@@ -154,8 +157,8 @@ TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
   torch::manual_seed(1);
   auto model = std::make_shared<gpt::GPTImpl>(mc);
   auto config = dstest::base_config(2, 1, 0);
-  config["flops_profiler"] = {{"enabled", true}, {"profile_step", 1}, {"output_file", out},
-                              {"peak_tflops", 1.0}};
+  config["flops_profiler"] = {
+      {"enabled", true}, {"profile_step", 1}, {"output_file", out}, {"peak_tflops", 1.0}};
   config["steps_per_print"] = 0;
   auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
   auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
@@ -166,7 +169,8 @@ TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
     if (step == 0) EXPECT_FALSE(std::ifstream(out).good()) << "profiled before profile_step";
   }
   const std::string report = read_file(out);
-  EXPECT_CONTAINS(report, "-------------------------- DeepSpeed Flops Profiler --------------------------");
+  EXPECT_CONTAINS(report,
+                  "-------------------------- DeepSpeed Flops Profiler --------------------------");
   // DeepSpeed names the step after its increment: profile_step 1 prints "step 2".
   EXPECT_CONTAINS(report, "Profile Summary at step 2:");
   EXPECT_CONTAINS(report, "params per GPU: ");
@@ -213,7 +217,7 @@ TEST(FlopsProfiler, EngineCountsEqualAStandaloneProfile) {
   const int64_t B = 2, T = 16, C = 32, h = 2, V = 256;
   const int64_t block = attention_flops(B, T, C, h) + 2 * 5 * B * T * C + 2 * B * T * C * 4 * C +
                         B * T * 4 * C + 2 * B * T * 4 * C * C + 2 * B * T * C;
-  const int64_t total = B * T * C  // token + position embeddings added
+  const int64_t total = B * T * C                    // token + position embeddings added
                         + 2 * block + 5 * B * T * C  // ln_f
                         + 2 * B * T * C * V;         // head
   EXPECT_EQ(prof.get_total_flops(), total);
@@ -247,7 +251,8 @@ TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
   plain->forward(x, x);
   prof.stop_profile();
   std::vector<std::string> expected;
-  for (const auto& m : prof.modules()) expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
+  for (const auto& m : prof.modules())
+    expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
 
   dstest::TempDir dir;
   const std::string out = dir / "flops.txt";
@@ -262,12 +267,15 @@ TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
   }
   const std::string report = read_file(out);
   std::vector<std::string> twice;
-  for (const auto& m : prof.modules()) twice.push_back(deepspeed::profiling::macs_to_string(2 * m.macs));
+  for (const auto& m : prof.modules())
+    twice.push_back(deepspeed::profiling::macs_to_string(2 * m.macs));
   EXPECT_EQ(macs_column(report), twice);
-  EXPECT_CONTAINS(report, "params per GPU:                                                         " +
-                              deepspeed::profiling::params_to_string(plain->num_parameters()));
-  EXPECT_CONTAINS(report, "fwd MACs per GPU:                                                       " +
-                              deepspeed::profiling::macs_to_string(2 * prof.get_total_macs()));
+  EXPECT_CONTAINS(report,
+                  "params per GPU:                                                         " +
+                      deepspeed::profiling::params_to_string(plain->num_parameters()));
+  EXPECT_CONTAINS(report,
+                  "fwd MACs per GPU:                                                       " +
+                      deepspeed::profiling::macs_to_string(2 * prof.get_total_macs()));
 }
 INSTANTIATE_TEST_SUITE_P(Stages, FlopsProfilerStages, testing::Values(0, 1, 2, 3));
 
@@ -280,9 +288,12 @@ TEST(FlopsProfiler, ConfigNamesBadKeysAndValues) {
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_CONTAINS(warnings[0], "flops_profiler.profile_stpe");
   EXPECT_CONTAINS(warnings[0], "flops_profiler.profile_step");
-  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
-           {"module_depth", -2}, {"top_modules", 0}, {"peak_tflops", -1.0},
-           {"recompute_fwd_factor", -0.5}, {"profile_step", -1}}) {
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"module_depth", -2},
+                                                 {"top_modules", 0},
+                                                 {"peak_tflops", -1.0},
+                                                 {"recompute_fwd_factor", -0.5},
+                                                 {"profile_step", -1}}) {
     try {
       deepspeed::parse_config(doc({{key, value}}), 1);
       ADD_FAILURE() << key << " accepted";

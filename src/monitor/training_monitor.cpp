@@ -53,14 +53,34 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       last_step_end_(std::chrono::steady_clock::now()),
       gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
   const auto& cl = config.comms_logger;
-  if (cl.enabled && cl.verbose && comm_->rank() == 0) {
+  if (cl.enabled && (cl.verbose || cl.debug) && comm_->rank() == 0) {
     verbose_ = std::make_shared<const comm::OpObserver>(
-        [ops = prof_ops_](const std::string& op, int64_t bytes, double ms, int world) {
-          if (!ops.empty() && !ops.count(op)) return;
-          std::printf("[Rank 0] %s\n", verbose_line(op, bytes, ms, world).c_str());
+        [this](const std::string& op, int64_t bytes, double ms, int world) {
+          observe(op, bytes, ms, world);
         });
     comm::set_op_observer(verbose_);
   }
+}
+
+// DeepSpeed's debug names an op after the Python function that issued it; the C++ counterpart is
+// the engine call it completed in (forward, backward, bwd_inner, bwd_allreduce, step).
+void TrainingMonitor::observe(const std::string& op, int64_t bytes, double ms, int world) {
+  if (!prof_ops_.empty() && !prof_ops_.count(op)) return;
+  std::string name = op;
+  if (config_.comms_logger.debug && debug_counting_.load()) {
+    if (const char* phase = timers_.current_phase_name())
+      name += std::string(" | [Caller Func: ") + phase + "]";
+    std::lock_guard<std::mutex> lock(debug_mu_);
+    auto& s = debug_stats_[name];
+    s.calls += 1;
+    s.bytes += bytes;
+    auto& z = s.by_size[bytes];
+    z.calls += 1;
+    z.total_ms += ms;
+    if (ms > z.max_ms) z.max_ms = ms;
+  }
+  if (config_.comms_logger.verbose)
+    std::printf("[Rank 0] %s\n", verbose_line(name, bytes, ms, world).c_str());
 }
 
 TrainingMonitor::~TrainingMonitor() {
@@ -203,8 +223,17 @@ void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
 
 std::string TrainingMonitor::comms_summary(bool print) const {
   if (!config_.comms_logger.enabled) return "";
-  const std::string table = comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(),
-                                                prof_ops_);
+  comm::CommStats debug;
+  if (config_.comms_logger.debug) {
+    std::lock_guard<std::mutex> lock(debug_mu_);
+    debug = debug_stats_;
+  }
+  // debug: the observer's counts by caller (already filtered by prof_ops); otherwise the
+  // communicator's own.
+  const std::string table =
+      config_.comms_logger.debug && comm_->rank() == 0
+          ? comms_summary_table(debug, comm_->world_size(), {})
+          : comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(), prof_ops_);
   if (print) {
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);

@@ -4,10 +4,12 @@
 // each call does. With every block off a call costs a branch.
 // Not thread-safe: the training thread only.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -73,6 +75,7 @@ class TrainingMonitor {
   void mark_comms_start() {
     baseline_ = comm_->stats();
     gather_seen_ms_ = all_gather_ms();
+    debug_counting_.store(true);
   }
   // The comms_logger table (empty when comms_logger is off); printed when `print`.
   std::string comms_summary(bool print) const;
@@ -90,8 +93,13 @@ class TrainingMonitor {
   c10::Device device_;
   std::set<std::string> prof_ops_;
   comm::CommStats baseline_;  // the communicator's stats when the engine was built
-  // comms_logger.verbose on the printing rank: prints each completed collective.
+  // comms_logger.verbose / .debug on the printing rank: told of each completed collective, prints
+  // it (verbose) and counts it under "<op> | [Caller Func: <engine phase>]" (debug).
   std::shared_ptr<const comm::OpObserver> verbose_;
+  void observe(const std::string& op, int64_t bytes, double ms, int world);
+  mutable std::mutex debug_mu_;
+  comm::CommStats debug_stats_;  // comms_logger.debug: the collectives by caller
+  std::atomic<bool> debug_counting_{false};  // from mark_comms_start() on, as the plain table
   std::chrono::steady_clock::time_point last_step_end_;
   EngineFacts facts_;
   // flops_profiler.enabled on the printing rank; null elsewhere.

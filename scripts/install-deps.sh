@@ -21,6 +21,7 @@ PACKAGES=(
   libprotobuf-dev       # TensorBoard event files: Event/Summary messages (src/monitor)
   protobuf-compiler     # protoc generates them from src/monitor/proto/tensorboard_event.proto
   python3-protobuf      # tests/support/tfevents_read.py: the independent event-file reader
+  gnuplot-nox           # tools/ds_plot: PNG curves of a csv_monitor folder
 )
 # With TORCH_DIR (a libtorch 2.x of the user's, docs/gpu.md) Debian's libtorch is not needed, and
 # DS_SKIP_DEPS=1 skips this script on a machine that has the libraries by other means.

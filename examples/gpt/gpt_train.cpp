@@ -20,6 +20,7 @@
 
 #include "deepspeed/deepspeed.h"
 #include "gpt/model.h"
+#include "gpt/progress.h"
 #include "gpt/pipeline_model.h"
 #include "gpt/text_dataset.h"
 #include "gpt/tp_model.h"
@@ -364,18 +365,17 @@ int train(const Run& run, std::shared_ptr<Model> model) {
   auto start = std::chrono::steady_clock::now();
   auto last_boundary = start;  // for the tokens/s event
   auto timed_from = start;  // the first step (allocation, warm-up) is left out of the averages
+  gpt::ProgressLine progress(opt.steps, double(engine->train_batch_size()) * opt.model.block_size,
+                             gpt::stdout_is_terminal());
   while (engine->global_steps() < opt.steps) {
     auto batch = loader->next();
     auto loss = engine->forward(batch.data, batch.target);
     engine->backward(loss);
     engine->step();
     if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
-      if (rank0 && opt.exact_loss)
-        std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(engine->global_steps()),
-                    engine->last_loss(), engine->last_loss());
-      else if (rank0)
-        std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()),
-                    engine->last_loss());
+      if (rank0)
+        progress.on_step(engine->global_steps(), engine->last_loss(), opt.exact_loss,
+                         gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
       // The engine does not know what a token is; the example adds the event itself.
       const auto now = std::chrono::steady_clock::now();
       if (auto monitor = engine->monitor(); monitor->enabled()) {
@@ -399,6 +399,7 @@ int train(const Run& run, std::shared_ptr<Model> model) {
     }
   }
   auto end = std::chrono::steady_clock::now();
+  progress.finish();
   double seconds = std::chrono::duration<double>(end - timed_from).count();
   // Steps 2..N are timed; with fewer than two steps run (a resume at or near --steps) there is
   // no timing to report, only the memory figures: rates print as 0.

@@ -128,13 +128,18 @@ struct PipelineConfig {
   bool grad_partitioned = true;
 };
 
+// flops_profiler block (docs/monitoring.md#flops_profiler).
 struct FlopsProfilerConfig {
-  bool enabled = false;
-  int64_t profile_step = 1;
-  int64_t module_depth = -1;
-  int64_t top_modules = 1;
-  bool detailed = true;
-  std::string output_file;            // empty: stdout
+  bool enabled = false;               // "enabled": profile one step on rank 0
+  int64_t profile_step = 1;           // "profile_step": the optimizer step (0-based) profiled
+  int64_t module_depth = -1;          // "module_depth": depths of the aggregated profile (-1 all)
+  int64_t top_modules = 1;            // "top_modules": modules per depth in the aggregated profile
+  bool detailed = true;               // "detailed": print the annotated module tree
+  std::string output_file;            // "output_file": empty: stdout
+  double recompute_fwd_factor = 0.0;  // "recompute_fwd_factor": bwd FLOPs = (2 + this) x fwd
+  // "peak_tflops" (deepspeed.cpp extension, >= 0): the device's peak TFLOPS; > 0 adds the model
+  // FLOP utilisation line to the summary.
+  double peak_tflops = 0.0;
 };
 
 // tensorboard / csv_monitor blocks.

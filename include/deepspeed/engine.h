@@ -125,6 +125,11 @@ class Engine {
   // since the engine was built. Printed on data-parallel rank 0 and returned (on every rank).
   // Empty unless comms_logger.enabled. Not collective. Also printed when the engine is destroyed.
   std::string comms_summary() const;
+  // DeepSpeed's see_memory_usage(message, force), with this rank's model states: the message,
+  // the device's allocated/peak figures (GPU), the machine's used memory, the model states by kind
+  // (memory_report(), in MB) and the process's RSS and peak RSS. Printed on data-parallel rank 0
+  // and returned (on every rank); nothing when !force, as DeepSpeed. Not collective.
+  std::string see_memory_usage(const std::string& message, bool force = true) const;
 
   // ---- checkpoints (docs/checkpoints.md) ----
   // Writes <save_dir>/<tag>/ (tag default "global_step<N>"): rank 0 the module and engine state,

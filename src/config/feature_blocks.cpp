@@ -79,11 +79,13 @@ void read_flops_profiler(ObjectReader& top, FlopsProfilerConfig& fp) {
   r.read("top_modules", fp.top_modules);
   r.read("detailed", fp.detailed);
   r.read("output_file", fp.output_file);
-  double recompute_fwd_factor = 0.0;
-  r.read("recompute_fwd_factor", recompute_fwd_factor);
+  r.read("recompute_fwd_factor", fp.recompute_fwd_factor);
+  r.read("peak_tflops", fp.peak_tflops);  // deepspeed.cpp extension
   r.finish();
   require_at_least(r.path_of("module_depth"), static_cast<double>(fp.module_depth), -1);
   require_at_least(r.path_of("top_modules"), static_cast<double>(fp.top_modules), 1);
+  require_at_least(r.path_of("recompute_fwd_factor"), fp.recompute_fwd_factor, 0);
+  require_at_least(r.path_of("peak_tflops"), fp.peak_tflops, 0);
 }
 
 void read_monitor(ObjectReader& top, const std::string& key, MonitorConfig& m) {

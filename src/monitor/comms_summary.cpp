@@ -9,12 +9,17 @@ namespace deepspeed {
 namespace monitor {
 namespace {
 
-bool gathers(const std::string& op) {
+// The collective's kind: the name without comms_logger.debug's " | [Caller Func: ...]".
+std::string kind_of(const std::string& op) { return op.substr(0, op.find(" | ")); }
+
+bool gathers(const std::string& name) {
+  const std::string op = kind_of(name);
   return op == "all_gather" || op == "reduce_scatter" || op == "reduce_scatter_v";
 }
 
 // DeepSpeed's message size from the bytes our stats recorded for one call.
-double deepspeed_size(const std::string& op, int64_t recorded, int world_size) {
+double deepspeed_size(const std::string& name, int64_t recorded, int world_size) {
+  const std::string op = kind_of(name);
   if (op == "reduce_scatter" || op == "reduce_scatter_v")
     return static_cast<double>(recorded) / world_size;
   return static_cast<double>(recorded);
@@ -47,7 +52,7 @@ std::pair<double, double> bandwidth_gbps(const std::string& op, double size, dou
   if (ms <= 0.0) return {0.0, 0.0};
   const double n = world_size;
   double algbw = 0.0, busbw = 0.0;  // bytes per ms
-  if (op == "all_reduce") {
+  if (kind_of(op) == "all_reduce") {
     algbw = 2.0 * size / ms;
     busbw = size / ms * (2.0 * (n - 1.0) / n);
   } else if (gathers(op)) {

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "monitor/comms_summary.h"
+#include "monitor/memory_usage.h"
 
 namespace deepspeed {
 namespace monitor {
@@ -46,18 +47,40 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       comm_(std::move(comm)),
       monitor_(make_monitor(config, comm_->rank() == 0)),
       timers_(config.wall_clock_breakdown, device),
+      device_(device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
-      last_step_end_(std::chrono::steady_clock::now()) {
+      last_step_end_(std::chrono::steady_clock::now()),
+      gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
   const auto& cl = config.comms_logger;
-  if (cl.enabled && cl.verbose && comm_->rank() == 0) {
+  if (cl.enabled && (cl.verbose || cl.debug) && comm_->rank() == 0) {
     verbose_ = std::make_shared<const comm::OpObserver>(
-        [ops = prof_ops_](const std::string& op, int64_t bytes, double ms, int world) {
-          if (!ops.empty() && !ops.count(op)) return;
-          std::printf("[Rank 0] %s\n", verbose_line(op, bytes, ms, world).c_str());
+        [this](const std::string& op, int64_t bytes, double ms, int world) {
+          observe(op, bytes, ms, world);
         });
     comm::set_op_observer(verbose_);
   }
+}
+
+// DeepSpeed's debug names an op after the Python function that issued it; the C++ counterpart is
+// the engine call it completed in (forward, backward, bwd_inner, bwd_allreduce, step).
+void TrainingMonitor::observe(const std::string& op, int64_t bytes, double ms, int world) {
+  if (!prof_ops_.empty() && !prof_ops_.count(op)) return;
+  std::string name = op;
+  if (config_.comms_logger.debug && debug_counting_.load()) {
+    if (const char* phase = timers_.current_phase_name())
+      name += std::string(" | [Caller Func: ") + phase + "]";
+    std::lock_guard<std::mutex> lock(debug_mu_);
+    auto& s = debug_stats_[name];
+    s.calls += 1;
+    s.bytes += bytes;
+    auto& z = s.by_size[bytes];
+    z.calls += 1;
+    z.total_ms += ms;
+    if (ms > z.max_ms) z.max_ms = ms;
+  }
+  if (config_.comms_logger.verbose)
+    std::printf("[Rank 0] %s\n", verbose_line(name, bytes, ms, world).c_str());
 }
 
 TrainingMonitor::~TrainingMonitor() {
@@ -84,6 +107,7 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   events.push_back({"Train/Samples/step_time_ms", step_ms, x});
   if (step_ms > 0)
     events.push_back({"Train/Samples/samples_per_second", step.samples_per_step * 1e3 / step_ms, x});
+  if (gather_timer_) events.push_back({"Train/Samples/elapsed_time_ms_gather", gather_last_ms_, x});
   if (timers_.enabled()) {
     const auto ms = timers_.last_step_ms();
     for (int i = 0; i < kPhaseCount; ++i)
@@ -94,13 +118,102 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   return events;
 }
 
+double TrainingMonitor::all_gather_ms() const {
+  double ms = 0.0;
+  for (const auto& [op, st] : comm_->stats())
+    if (op.rfind("all_gather", 0) == 0)
+      for (const auto& [bytes, sz] : st.by_size) ms += sz.total_ms;
+  return ms;
+}
+
+void TrainingMonitor::attach(EngineFacts facts) {
+  facts_ = std::move(facts);
+  if (config_.flops_profiler.enabled && comm_->rank() == 0 && facts_.module)
+    profiler_ = std::make_unique<profiling::FlopsProfiler>(facts_.module);
+}
+
+void TrainingMonitor::before_forward(int64_t global_steps) {
+  if (!profiler_ || global_steps != config_.flops_profiler.profile_step) return;
+  profiler_->resume_profile();  // a second micro-step's forward adds to the first's counts
+  profiling_step_ = true;
+}
+
+void TrainingMonitor::after_forward() {
+  if (profiler_) profiler_->stop_profile();
+}
+
+void TrainingMonitor::print_flops_profile(const StepRecord& step) {
+  profiler_->stop_profile();  // a forward that threw never reached after_forward()
+  const auto& fp = config_.flops_profiler;
+  const auto ms = timers_.last_step_ms();
+  profiling::RunFacts f;
+  f.from_engine = true;
+  f.world_size = facts_.world_size;
+  f.dp_size = facts_.dp_size;
+  f.mp_size = facts_.mp_size;
+  f.micro_batch_size = config_.train_micro_batch_size_per_gpu;
+  if (timers_.enabled()) {
+    f.fwd_latency_s = ms[static_cast<int>(Phase::kForward)] / 1e3;
+    f.bwd_latency_s = ms[static_cast<int>(Phase::kBackward)] / 1e3;
+    f.step_latency_s = ms[static_cast<int>(Phase::kStep)] / 1e3;
+  }
+  f.samples_per_iter = step.samples_per_step;
+  f.recompute_fwd_factor = fp.recompute_fwd_factor;
+  f.peak_tflops = fp.peak_tflops;
+  // DeepSpeed prints its global_steps after the step's increment: profile_step + 1.
+  profiling::ReportOptions o{step.global_steps, fp.module_depth, fp.top_modules, fp.detailed};
+  try {
+    profiler_->print_model_profile(o, f, fp.output_file);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[deepspeed] flops profiler: %s\n", e.what());
+  }
+  profiler_->end_profile();
+  profiling_step_ = false;
+}
+
+std::string TrainingMonitor::see_memory_usage(const std::string& message, bool print) const {
+  const MemoryReport states = facts_.memory ? facts_.memory() : MemoryReport{};
+  std::string text;
+  for (const auto& line : memory_usage_lines(message, states, device_)) text += line + "\n";
+  if (print) {
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  return text;
+}
+
 void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
   timers_.end_optimizer_step();
+  if (gather_timer_) {
+    const double seen = all_gather_ms();
+    // reset_stats() (gpt_train calls it after warm-up) restarts the count from 0.
+    gather_last_ms_ = seen >= gather_seen_ms_ ? seen - gather_seen_ms_ : seen;
+    gather_seen_ms_ = seen;
+    gather_interval_ms_ += gather_last_ms_;
+    ++gather_steps_;
+  }
+  if (profiling_step_) print_flops_profile(step);
+  // DeepSpeed users call see_memory_usage themselves; one look after the first step (the
+  // optimizer states exist by then) shows what the run holds. memory_breakdown: every print.
+  const bool memory_now = step.global_steps == 1 ||
+                          (config_.memory_breakdown && config_.steps_per_print > 0 &&
+                           step.global_steps % config_.steps_per_print == 0);
+  if (memory_now && writer)
+    see_memory_usage("[Rank " + std::to_string(comm_->rank()) + "] memory after step " +
+                         std::to_string(step.global_steps),
+                     /*print=*/true);
   if (monitor_->enabled() && writer) monitor_->write_events(step_events(step));
   // steps_per_print <= 0 (no step line): flush every step, print no timer lines.
   const int64_t every = config_.steps_per_print;
   if (every > 0 && step.global_steps % every != 0) return;
-  const auto lines = every > 0 ? timers_.interval_lines() : std::vector<std::string>{};
+  auto lines = every > 0 ? timers_.interval_lines() : std::vector<std::string>{};
+  if (gather_timer_ && lines.size() == 2 && gather_steps_ > 0) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " | gather: %.2f", gather_interval_ms_ / gather_steps_);
+    lines[1] += buf;
+    gather_interval_ms_ = 0.0;
+    gather_steps_ = 0;
+  }
   if (writer) {
     for (const auto& line : lines) std::printf("[Rank %d] %s\n", comm_->rank(), line.c_str());
     if (!lines.empty()) std::fflush(stdout);
@@ -110,8 +223,17 @@ void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
 
 std::string TrainingMonitor::comms_summary(bool print) const {
   if (!config_.comms_logger.enabled) return "";
-  const std::string table = comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(),
-                                                prof_ops_);
+  comm::CommStats debug;
+  if (config_.comms_logger.debug) {
+    std::lock_guard<std::mutex> lock(debug_mu_);
+    debug = debug_stats_;
+  }
+  // debug: the observer's counts by caller (already filtered by prof_ops); otherwise the
+  // communicator's own.
+  const std::string table =
+      config_.comms_logger.debug && comm_->rank() == 0
+          ? comms_summary_table(debug, comm_->world_size(), {})
+          : comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(), prof_ops_);
   if (print) {
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);

@@ -4,9 +4,12 @@
 // each call does. With every block off a call costs a branch.
 // Not thread-safe: the training thread only.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +17,8 @@
 #include "comm/op_observer.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "deepspeed/flops_profiler.h"
+#include "deepspeed/memory.h"
 #include "deepspeed/monitor.h"
 #include "monitor/wall_clock.h"
 
@@ -32,6 +37,13 @@ struct StepRecord {
   int64_t samples_per_step = 0;  // train_batch_size
 };
 
+// What the flops profiler's summary and the memory lines need from the engine.
+struct EngineFacts {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<MemoryReport()> memory;  // the stage's model-state bytes
+  int world_size = 1, dp_size = 1, mp_size = 1;
+};
+
 class TrainingMonitor {
  public:
   // `comm`: the engine's data-parallel communicator (its rank 0 writes the monitors and prints).
@@ -46,24 +58,60 @@ class TrainingMonitor {
   // Sends the step's events; every steps_per_print steps prints the timer lines and flushes.
   void on_step(const StepRecord& step, bool writer);
 
+  // Once the stage is built (initialize()): the model for the flops profiler, the model states
+  // for the memory lines.
+  void attach(EngineFacts facts);
+  // Around every forward of Engine::forward: at the optimizer step flops_profiler.profile_step
+  // (global_steps before the step, as DeepSpeed), on the printing rank, the flops profiler records
+  // the forward's operators; the step's end prints its report.
+  void before_forward(int64_t global_steps);
+  void after_forward();
+  // DeepSpeed's see_memory_usage lines (memory_usage.h) with this rank's model states; printed
+  // when `print`. Returned in any case.
+  std::string see_memory_usage(const std::string& message, bool print) const;
+
   // From now on the comms_logger counts (initialize() calls it when the engine is built, so its
   // own weight broadcast is left out).
-  void mark_comms_start() { baseline_ = comm_->stats(); }
+  void mark_comms_start() {
+    baseline_ = comm_->stats();
+    gather_seen_ms_ = all_gather_ms();
+    debug_counting_.store(true);
+  }
   // The comms_logger table (empty when comms_logger is off); printed when `print`.
   std::string comms_summary(bool print) const;
 
  private:
   std::vector<Event> step_events(const StepRecord& step);
+  // Milliseconds of all-gather latency the communicator has recorded so far (ZeRO-3's gathers).
+  double all_gather_ms() const;
+  void print_flops_profile(const StepRecord& step);
 
   Config config_;
   comm::CommunicatorPtr comm_;
   std::shared_ptr<Monitor> monitor_;
   WallClockTimers timers_;
+  c10::Device device_;
   std::set<std::string> prof_ops_;
   comm::CommStats baseline_;  // the communicator's stats when the engine was built
-  // comms_logger.verbose on the printing rank: prints each completed collective.
+  // comms_logger.verbose / .debug on the printing rank: told of each completed collective, prints
+  // it (verbose) and counts it under "<op> | [Caller Func: <engine phase>]" (debug).
   std::shared_ptr<const comm::OpObserver> verbose_;
+  void observe(const std::string& op, int64_t bytes, double ms, int world);
+  mutable std::mutex debug_mu_;
+  comm::CommStats debug_stats_;  // comms_logger.debug: the collectives by caller
+  std::atomic<bool> debug_counting_{false};  // from mark_comms_start() on, as the plain table
   std::chrono::steady_clock::time_point last_step_end_;
+  EngineFacts facts_;
+  // flops_profiler.enabled on the printing rank; null elsewhere.
+  std::unique_ptr<profiling::FlopsProfiler> profiler_;
+  bool profiling_step_ = false;  // the profiler watched this optimizer step's forwards
+  // ZeRO-3 with wall_clock_breakdown: the parameter gathers' time per optimizer step, the sum of
+  // their all-gathers' launch-to-wait latencies (comm stats), shown as "gather" on the timer line.
+  bool gather_timer_ = false;
+  double gather_seen_ms_ = 0.0;      // all-gather latency recorded up to the last step's end
+  double gather_last_ms_ = 0.0;      // the last optimizer step's
+  double gather_interval_ms_ = 0.0;  // summed over the print interval
+  int64_t gather_steps_ = 0;
 };
 
 }  // namespace monitor

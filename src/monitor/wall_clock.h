@@ -14,6 +14,7 @@
 // Not thread-safe: the training thread only.
 #pragma once
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -39,10 +40,20 @@ class WallClockTimers {
   bool enabled() const { return enabled_; }
 
   void start(Phase p) {
+    current_.store(static_cast<int>(p), std::memory_order_relaxed);
     if (enabled_) start_slow(p);
   }
   void stop(Phase p) {
+    // bwd_inner and bwd_allreduce lie inside bwd; the others are outermost.
+    const bool inner = p == Phase::kBackwardInner || p == Phase::kBackwardReduce;
+    current_.store(inner ? static_cast<int>(Phase::kBackward) : -1, std::memory_order_relaxed);
     if (enabled_) stop_slow(p);
+  }
+  // The engine call running now (innermost), timed or not; nullptr between calls. Read by
+  // comms_logger.debug from whichever thread completes a collective.
+  const char* current_phase_name() const {
+    const int p = current_.load(std::memory_order_relaxed);
+    return p < 0 ? nullptr : phase_name(static_cast<Phase>(p));
   }
   // At an optimizer step's end (after stop(kStep)): the global timers of this step become
   // last_step_ms() and join the print interval's averages.
@@ -65,6 +76,7 @@ class WallClockTimers {
 
   bool enabled_;
   c10::Device device_;
+  std::atomic<int> current_{-1};  // the Phase running now, -1 none
   std::array<Clock::time_point, kPhaseCount> started_{};
   std::array<bool, kPhaseCount> running_{};
   std::array<double, kPhaseCount> this_step_{};      // global timers, current optimizer step

@@ -263,6 +263,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
         s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
         s->comm->world_size(), s->config.seed, /*shuffle=*/true, /*drop_last=*/true);
   }
+  const auto& grid = s->topology->grid();
+  EngineState* raw = s.get();
+  s->monitor->attach({s->module, [raw] { return raw->stage->memory(); }, grid.world_size(),
+                      grid.data_size(), grid.tensor_size()});
   s->monitor->mark_comms_start();
   return s;
 }

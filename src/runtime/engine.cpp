@@ -25,9 +25,13 @@ using monitor::Phase;
 
 void Engine::before_forward() {
   state_->monitor->timers().start(Phase::kForward);
+  state_->monitor->before_forward(state_->global_steps);  // flops profiler at its step
   state_->stage->before_forward();
 }
-void Engine::after_forward() { state_->monitor->timers().stop(Phase::kForward); }
+void Engine::after_forward() {
+  state_->monitor->after_forward();
+  state_->monitor->timers().stop(Phase::kForward);
+}
 
 bool Engine::is_gradient_accumulation_boundary() const {
   return (state_->micro_steps + 1) % state_->config.gradient_accumulation_steps == 0;
@@ -175,6 +179,10 @@ std::shared_ptr<LRScheduler> Engine::lr_scheduler() const { return state_->sched
 std::shared_ptr<DataLoader> Engine::training_dataloader() const { return state_->loader; }
 MemoryReport Engine::memory_report() const { return state_->stage->memory(); }
 std::shared_ptr<monitor::Monitor> Engine::monitor() const { return state_->monitor->monitor(); }
+std::string Engine::see_memory_usage(const std::string& message, bool force) const {
+  if (!force) return "";
+  return state_->monitor->see_memory_usage(message, /*print=*/state_->comm->rank() == 0);
+}
 std::string Engine::comms_summary() const {
   return state_->monitor->comms_summary(/*print=*/state_->comm->rank() == 0);
 }

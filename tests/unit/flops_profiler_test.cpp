@@ -1,0 +1,319 @@
+// The flops profiler counts the FLOPs of the operators that ran (DeepSpeed's formulas), gives
+// them to the right modules, and the engine prints DeepSpeed's report at profile_step.
+#include "deepspeed/flops_profiler.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "deepspeed/config.h"
+#include "deepspeed/engine.h"
+#include "deepspeed/errors.h"
+#include "gpt/model.h"
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/training_run.h"
+
+namespace {
+using deepspeed::profiling::FlopsProfiler;
+using json = nlohmann::json;
+
+const deepspeed::profiling::ModuleProfile& by_path(const FlopsProfiler& p,
+                                                   const std::string& path) {
+  for (const auto& m : p.modules())
+    if (m.path == path) return m;
+  throw std::runtime_error("no module '" + path + "' in the profile");
+}
+
+TEST(FlopsProfiler, SingleLinearIsTwoTimesInputTimesOut) {
+  torch::NoGradGuard no_grad;
+  auto lin = torch::nn::Linear(torch::nn::LinearOptions(8, 24));
+  auto x = torch::randn({2, 3, 8});
+  FlopsProfiler prof(lin.ptr());
+  prof.start_profile();
+  lin->forward(x);
+  prof.stop_profile();
+  // x W^T: 2*3 rows of 8 inputs meet 24 outputs. libtorch's C++ Linear runs a 3-D input as
+  // matmul then `output += bias`, and that add is an operator that ran: 2*3*24 more.
+  EXPECT_EQ(prof.get_total_macs(), 2 * 3 * 8 * 24);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24 + 2 * 3 * 24);
+  EXPECT_EQ(prof.get_total_params(), 8 * 24 + 24);
+  ASSERT_EQ(prof.modules().size(), 1u);
+  EXPECT_EQ(prof.modules()[0].type, "Linear");
+  EXPECT_CONTAINS(prof.modules()[0].extra, "in_features=8");
+  EXPECT_GT(prof.get_total_duration(), 0.0);
+  // Nothing outside start/stop is counted.
+  lin->forward(x);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24 + 2 * 3 * 24);
+  // at::linear (what F.linear is in Python, and deepspeed::zero::linear calls) is one operator,
+  // counted as DeepSpeed counts it: the bias add is left out.
+  prof.start_profile();
+  at::linear(x, lin->weight, lin->bias);
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 8 * 24);
+  // A 2-D input runs as addmm: 2 MACs + the bias (numel of addmm's `self`, DeepSpeed's formula).
+  prof.start_profile();
+  lin->forward(x.reshape({6, 8}));
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_flops(), 2 * 6 * 8 * 24 + 24);
+}
+
+struct ChainImpl : torch::nn::Module {
+  ChainImpl() {
+    a = register_parameter("a", torch::randn({8, 16}));
+    b = register_parameter("b", torch::randn({16, 32}));
+    c = register_parameter("c", torch::randn({4, 32, 4}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::matmul(x, a);                             // [5, 8] x [8, 16]
+    h = h.mm(b);                                              // [5, 16] x [16, 32]
+    return torch::bmm(h.unsqueeze(0).expand({4, 5, 32}), c);  // [4, 5, 32] x [4, 32, 4]
+  }
+  torch::Tensor a, b, c;
+};
+TORCH_MODULE(Chain);
+
+TEST(FlopsProfiler, MatmulChainIsTheSumOfItsProducts) {
+  torch::NoGradGuard no_grad;
+  Chain chain;
+  FlopsProfiler prof(chain.ptr());
+  prof.start_profile();
+  chain->forward(torch::randn({5, 8}));
+  prof.stop_profile();
+  const int64_t macs = 5 * 8 * 16 + 5 * 16 * 32 + 4 * 5 * 32 * 4;
+  EXPECT_EQ(prof.get_total_macs(), macs);
+  EXPECT_EQ(prof.get_total_flops(), 2 * macs);
+  // One count per product: aten::matmul's inner aten::mm is not counted again.
+  std::vector<std::string> names;
+  for (const auto& op : prof.counted_ops()) names.push_back(op.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::matmul", "aten::mm", "aten::bmm"}));
+}
+
+// The GPT's attention by hand: B batch, T tokens, C channels, h heads.
+int64_t attention_flops(int64_t B, int64_t T, int64_t C, int64_t h) {
+  return 2 * B * T * C * 3 * C  // qkv projection
+         + 2 * B * T * T * C    // q k^T over all heads
+         + B * h * T * T        // * 1/sqrt(head_dim)
+         + B * h * T * T        // softmax
+         + 2 * B * T * T * C    // att v
+         + 2 * B * T * C * C;   // output projection
+}
+
+TEST(FlopsProfiler, GptAttentionMatchesTheHandCount) {
+  torch::NoGradGuard no_grad;
+  gpt::GPTConfig c{256, 16, 1, 4, 32};
+  gpt::CausalSelfAttention attn(c);
+  const int64_t B = 2, T = 8;
+  FlopsProfiler prof(attn.ptr());
+  prof.start_profile();
+  attn->forward(torch::randn({B, T, c.n_embd}));
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_flops(), attention_flops(B, T, c.n_embd, c.n_head));
+  EXPECT_EQ(by_path(prof, "qkv").flops, 2 * B * T * c.n_embd * 3 * c.n_embd);
+  EXPECT_EQ(by_path(prof, "proj").flops, 2 * B * T * c.n_embd * c.n_embd);
+}
+
+// In a block the parameter-free attention work (matmuls, scale, softmax) lands in `attn`, between
+// the operators that read attn.qkv's and attn.proj's weights; the MLP's GELU in `mlp`.
+TEST(FlopsProfiler, BlockGivesParameterFreeWorkToTheEnclosingModule) {
+  torch::NoGradGuard no_grad;
+  gpt::GPTConfig c{256, 16, 1, 4, 32};
+  gpt::Block block(c);
+  const int64_t B = 2, T = 8, C = c.n_embd;
+  FlopsProfiler prof(block.ptr());
+  prof.start_profile();
+  block->forward(torch::randn({B, T, C}));
+  prof.stop_profile();
+  EXPECT_EQ(by_path(prof, "attn").flops, attention_flops(B, T, C, c.n_head));
+  EXPECT_EQ(by_path(prof, "ln1").flops, 5 * B * T * C);
+  EXPECT_EQ(by_path(prof, "mlp").flops,
+            2 * B * T * C * 4 * C + B * T * 4 * C + 2 * B * T * 4 * C * C);
+  // The block adds its two residual sums.
+  EXPECT_EQ(prof.get_total_flops(), attention_flops(B, T, C, c.n_head) + 2 * 5 * B * T * C +
+                                        2 * B * T * C * 4 * C + B * T * 4 * C +
+                                        2 * B * T * 4 * C * C + 2 * B * T * C);
+  // Every module's latency lies within its parent's.
+  for (const auto& m : prof.modules())
+    if (m.parent >= 0) EXPECT_LE(m.latency_s, prof.modules()[m.parent].latency_s + 1e-9) << m.path;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The engine profiles its step `profile_step` and writes DeepSpeed's report; the detailed tree
+// names every module of the model, in the model's order.
+TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
+  dstest::TempDir dir;
+  const std::string out = dir / "prof/flops.txt";
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  torch::manual_seed(1);
+  auto model = std::make_shared<gpt::GPTImpl>(mc);
+  auto config = dstest::base_config(2, 1, 0);
+  config["flops_profiler"] = {
+      {"enabled", true}, {"profile_step", 1}, {"output_file", out}, {"peak_tflops", 1.0}};
+  config["steps_per_print"] = 0;
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  for (int step = 0; step < 3; ++step) {
+    auto loss = r.engine->forward(x, x);
+    r.engine->backward(loss);
+    r.engine->step();
+    if (step == 0) EXPECT_FALSE(std::ifstream(out).good()) << "profiled before profile_step";
+  }
+  const std::string report = read_file(out);
+  EXPECT_CONTAINS(report,
+                  "-------------------------- DeepSpeed Flops Profiler --------------------------");
+  // DeepSpeed names the step after its increment: profile_step 1 prints "step 2".
+  EXPECT_CONTAINS(report, "Profile Summary at step 2:");
+  EXPECT_CONTAINS(report, "params per GPU: ");
+  EXPECT_CONTAINS(report, "bwd FLOPS per GPU = 2 * fwd flops per GPU / bwd latency: ");
+  EXPECT_CONTAINS(report, "MFU = FLOPS per GPU / peak (1 TFLOPS): ");
+  EXPECT_CONTAINS(report, "Aggregated Profile per GPU");
+  EXPECT_CONTAINS(report, "depth 0:\n    params      - {'GPT': '");
+  EXPECT_CONTAINS(report, "Detailed Profile per GPU");
+  // "(name): Type(" lines of the detailed tree, in order, against the model's own modules.
+  std::vector<std::string> printed;
+  std::istringstream lines(report);
+  for (std::string line; std::getline(lines, line);) {
+    const auto open = line.find('(');
+    const auto close = line.find("): ");
+    if (open != std::string::npos && close != std::string::npos && open < close &&
+        line.find_first_not_of(' ') == open)
+      printed.push_back(line.substr(open + 1, close - open - 1));
+  }
+  std::vector<std::string> expected;
+  std::function<void(torch::nn::Module&)> walk = [&](torch::nn::Module& m) {
+    for (auto& kv : m.named_children()) {
+      expected.push_back(kv.key());
+      walk(*kv.value());
+    }
+  };
+  walk(*model);
+  EXPECT_EQ(printed, expected);
+  EXPECT_CONTAINS(report, "GPT(\n  ");
+  EXPECT_CONTAINS(report, "(block0): ZeroUnit<Block>(");
+  EXPECT_CONTAINS(report, "(qkv): Linear(");
+  EXPECT_CONTAINS(report, "in_features=32, out_features=96");
+}
+
+TEST(FlopsProfiler, EngineCountsEqualAStandaloneProfile) {
+  // Same model, same batch: the engine's forward count equals one taken by hand (the per-module
+  // FLOPs of a full GPT: 2 blocks of attention + MLP, embeddings 0, head, loss not counted).
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  auto model = std::make_shared<gpt::GPTImpl>(mc);
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  FlopsProfiler prof(model);
+  prof.start_profile();
+  model->forward(x, x);
+  prof.stop_profile();
+  const int64_t B = 2, T = 16, C = 32, h = 2, V = 256;
+  const int64_t block = attention_flops(B, T, C, h) + 2 * 5 * B * T * C + 2 * B * T * C * 4 * C +
+                        B * T * 4 * C + 2 * B * T * 4 * C * C + 2 * B * T * C;
+  const int64_t total = B * T * C                    // token + position embeddings added
+                        + 2 * block + 5 * B * T * C  // ln_f
+                        + 2 * B * T * C * V;         // head
+  EXPECT_EQ(prof.get_total_flops(), total);
+  EXPECT_EQ(by_path(prof, "block1.attn").flops, attention_flops(B, T, C, h));
+  EXPECT_EQ(prof.get_total_params(), model->num_parameters());
+}
+
+// Under every ZeRO stage the engine's profile gives each module the same MACs as a profile of the
+// plain model: ZeRO 1/2 keep the parameters as views into one flat buffer, ZeRO-3 gathers each
+// block's parameters into new memory before it runs; the owners are found either way. Parameters
+// are counted at full size (ZeRO-3 holds only a partition).
+class FlopsProfilerStages : public testing::TestWithParam<int> {};
+
+std::vector<std::string> macs_column(const std::string& report) {
+  std::vector<std::string> out;
+  const auto tree = report.substr(report.find("\nGPT("));
+  std::istringstream lines(tree);
+  const std::regex macs(R"(, ([0-9.]+ [KMGT]?MACs) = )");
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);)
+    if (std::regex_search(line, m, macs)) out.push_back(m[1]);
+  return out;
+}
+
+TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto plain = std::make_shared<gpt::GPTImpl>(mc);
+  FlopsProfiler prof(plain);
+  prof.start_profile();
+  plain->forward(x, x);
+  prof.stop_profile();
+  std::vector<std::string> expected;
+  for (const auto& m : prof.modules())
+    expected.push_back(deepspeed::profiling::macs_to_string(m.macs));
+
+  dstest::TempDir dir;
+  const std::string out = dir / "flops.txt";
+  auto model = std::make_shared<gpt::GPTImpl>(mc);
+  auto config = dstest::base_config(2, 2, GetParam());  // 2 micro-steps: both forwards count
+  config["flops_profiler"] = {{"enabled", true}, {"profile_step", 0}, {"output_file", out}};
+  config["steps_per_print"] = 0;
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
+  for (int micro = 0; micro < 2; ++micro) {
+    r.engine->backward(r.engine->forward(x, x));
+    r.engine->step();
+  }
+  const std::string report = read_file(out);
+  std::vector<std::string> twice;
+  for (const auto& m : prof.modules())
+    twice.push_back(deepspeed::profiling::macs_to_string(2 * m.macs));
+  EXPECT_EQ(macs_column(report), twice);
+  EXPECT_CONTAINS(report,
+                  "params per GPU:                                                         " +
+                      deepspeed::profiling::params_to_string(plain->num_parameters()));
+  EXPECT_CONTAINS(report,
+                  "fwd MACs per GPU:                                                       " +
+                      deepspeed::profiling::macs_to_string(2 * prof.get_total_macs()));
+}
+INSTANTIATE_TEST_SUITE_P(Stages, FlopsProfilerStages, testing::Values(0, 1, 2, 3));
+
+TEST(FlopsProfiler, ConfigNamesBadKeysAndValues) {
+  auto doc = [](json block) {
+    return json{{"train_micro_batch_size_per_gpu", 1}, {"flops_profiler", block}};
+  };
+  std::vector<std::string> warnings;
+  deepspeed::parse_config(doc({{"enabled", true}, {"profile_stpe", 3}}), 1, {}, &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_CONTAINS(warnings[0], "flops_profiler.profile_stpe");
+  EXPECT_CONTAINS(warnings[0], "flops_profiler.profile_step");
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, json>>{{"module_depth", -2},
+                                                 {"top_modules", 0},
+                                                 {"peak_tflops", -1.0},
+                                                 {"recompute_fwd_factor", -0.5},
+                                                 {"profile_step", -1}}) {
+    try {
+      deepspeed::parse_config(doc({{key, value}}), 1);
+      ADD_FAILURE() << key << " accepted";
+    } catch (const deepspeed::ConfigError& e) {
+      EXPECT_CONTAINS(std::string(e.what()), "flops_profiler." + key);
+    }
+  }
+  auto c = deepspeed::parse_config(doc({{"enabled", true}, {"peak_tflops", 312}}), 1);
+  EXPECT_EQ(c.flops_profiler.peak_tflops, 312.0);
+  EXPECT_TRUE(c.wall_clock_breakdown);
+}
+
+TEST(FlopsProfiler, NumbersFormatAsDeepSpeeds) {
+  using namespace deepspeed::profiling;
+  EXPECT_EQ(number_to_string(0), "0 ");
+  EXPECT_EQ(flops_to_string(1234567), "1.23 MFLOPS");
+  EXPECT_EQ(macs_to_string(2.5e9), "2.5 GMACs");
+  EXPECT_EQ(params_to_string(1.5e9), "1.5 B");
+  EXPECT_EQ(params_to_string(512), "512");
+  EXPECT_EQ(duration_to_string(0.01234), "12.34 ms");
+}
+
+}  // namespace

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "util/torch_compat.h"
+#include "optim/adamw_state.h"
 
 namespace deepspeed {
 namespace optim {
@@ -37,16 +37,7 @@ void Lamb::set_fragments(std::vector<Fragment> fragments, int64_t num_params, No
 }
 
 torch::optim::AdamWParamState& Lamb::state_of(const torch::Tensor& p) {
-  auto key = compat::optimizer_state_key(p);
-  auto it = state().find(key);
-  if (it == state().end()) {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(0);
-    s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    it = state().emplace(key, std::move(s)).first;
-  }
-  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+  return adamw_state_or_zeros(*this, p, 0);
 }
 
 torch::Tensor Lamb::moments_and_update(const torch::Tensor& p, const torch::Tensor& grad,

@@ -1,5 +1,7 @@
 #include "optim/onebit_adam.h"
 
+#include "optim/adamw_state.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -15,22 +17,7 @@ OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper&
       hyper_(hyper),
       comm_(std::move(comm)) {}
 
-int64_t OneBitAdam::steps() const {
-  for (const auto& group : param_groups())
-    for (const auto& p : group.params()) {
-      auto it = state().find(compat::optimizer_state_key(p));
-      if (it != state().end())
-        return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
-    }
-  return 0;
-}
-
-std::vector<at::Tensor> OneBitAdam::params() const {
-  std::vector<at::Tensor> out;
-  for (const auto& group : param_groups())
-    for (const auto& p : group.params()) out.push_back(p);
-  return out;
-}
+int64_t OneBitAdam::steps() const { return adamw_steps(*this); }
 
 ExtraState OneBitAdam::extra_state() const {
   ExtraState out;
@@ -40,7 +27,7 @@ ExtraState OneBitAdam::extra_state() const {
 
 void OneBitAdam::load_extra_state(const ExtraState& saved) {
   if (saved.per_rank.count("worker_error")) {
-    if (!compressor_) compressor_ = compressor_for(comm_, params());
+    if (!compressor_) compressor_ = compressor_for(comm_, params_of(*this));
     compressor_->restore_errors(saved);
   } else if (compressor_) {
     compressor_->reset_errors();
@@ -67,7 +54,7 @@ void OneBitAdam::compressed_step() {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> momenta;
   if (!compressor_) {
-    compressor_ = compressor_for(comm_, params());
+    compressor_ = compressor_for(comm_, params_of(*this));
   } else if (steps() != last_step_) {
     compressor_->reset_errors();  // the Adam state was changed from outside, not by a load
   }

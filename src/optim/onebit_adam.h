@@ -53,7 +53,6 @@ class OneBitAdam : public FusedAdam,
 
  private:
   void compressed_step();
-  std::vector<at::Tensor> params() const;
 
   OneBitAdamHyper hyper_;
   comm::CommunicatorPtr comm_;

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "util/torch_compat.h"
+#include "optim/adamw_state.h"
 
 namespace deepspeed {
 namespace optim {
@@ -33,39 +33,16 @@ double l2(const at::Tensor& t) { return t.to(torch::kDouble).norm().item<double>
 OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
                        comm::CommunicatorPtr comm)
     : Lamb(std::move(params), warmup_lamb(hyper)), hyper_(hyper), comm_(std::move(comm)) {
-  const size_t n = this->params().size();
+  const size_t n = params_of(*this).size();
   coeff_freeze_.assign(n, 0.0);
   last_factor_.assign(n, 1.0);
 }
 
-std::vector<at::Tensor> OneBitLamb::params() const {
-  std::vector<at::Tensor> out;
-  for (const auto& group : param_groups())
-    for (const auto& p : group.params()) out.push_back(p);
-  return out;
-}
-
-int64_t OneBitLamb::steps() const {
-  for (const auto& p : params()) {
-    auto it = state().find(compat::optimizer_state_key(p));
-    if (it != state().end())
-      return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
-  }
-  return 0;
-}
+int64_t OneBitLamb::steps() const { return adamw_steps(*this); }
 
 // After the warm-up every rank must compress the same tensors, used by its graph or not.
 torch::optim::AdamWParamState& OneBitLamb::state_or_zeros(const at::Tensor& p) {
-  auto key = compat::optimizer_state_key(p);
-  auto it = state().find(key);
-  if (it == state().end()) {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(steps());
-    s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    it = state().emplace(key, std::move(s)).first;
-  }
-  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+  return adamw_state_or_zeros(*this, p, steps());
 }
 
 torch::Tensor OneBitLamb::step(LossClosure closure) {
@@ -87,7 +64,7 @@ torch::Tensor OneBitLamb::step(LossClosure closure) {
 // gradient, so lamb_coeffs() holds one per parameter that had one, in order); the last warm-up
 // step starts the fresh variance.
 void OneBitLamb::after_warmup_step() {
-  const auto ps = params();
+  const auto ps = params_of(*this);
   size_t k = 0;
   for (size_t i = 0; i < ps.size(); ++i) {
     if (!ps[i].grad().defined()) continue;
@@ -102,7 +79,7 @@ void OneBitLamb::after_warmup_step() {
 
 void OneBitLamb::compressed_step() {
   torch::NoGradGuard no_grad;
-  const auto ps = params();
+  const auto ps = params_of(*this);
   if (fresh_.empty())  // frozen from a checkpoint without the fresh variance: start from v
     for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
   const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[0].options());
@@ -153,7 +130,7 @@ ExtraState OneBitLamb::extra_state() const {
 }
 
 void OneBitLamb::load_extra_state(const ExtraState& saved) {
-  const auto ps = params();
+  const auto ps = params_of(*this);
   auto scalars = [&](const char* name, std::vector<double>& dst, double fallback) {
     auto it = saved.replicated.find(name);
     if (it == saved.replicated.end()) {

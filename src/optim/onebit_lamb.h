@@ -61,7 +61,6 @@ class OneBitLamb : public Lamb,
   const CompressedAllReduce* compressor() const { return compressor_.get(); }
 
  private:
-  std::vector<at::Tensor> params() const;
   torch::optim::AdamWParamState& state_or_zeros(const at::Tensor& p);
   void after_warmup_step();
   void compressed_step();

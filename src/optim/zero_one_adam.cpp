@@ -1,5 +1,7 @@
 #include "optim/zero_one_adam.h"
 
+#include "optim/adamw_state.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,15 +16,7 @@ ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyp
     : FusedAdam(std::move(params), uncorrected_adamw_hyper(hyper)), hyper_(hyper),
       comm_(std::move(comm)) {}
 
-int64_t ZeroOneAdam::steps() const {
-  for (const auto& group : param_groups())
-    for (const auto& p : group.params()) {
-      auto it = state().find(compat::optimizer_state_key(p));
-      if (it != state().end())
-        return static_cast<const torch::optim::AdamWParamState&>(*it->second).step();
-    }
-  return 0;
-}
+int64_t ZeroOneAdam::steps() const { return adamw_steps(*this); }
 
 bool ZeroOneAdam::gradients_stay_local() const {
   return frozen() || (steps() + 1) % var_interval_ != 0;
@@ -34,18 +28,7 @@ std::vector<ZeroOneAdam::Param> ZeroOneAdam::params_with_state() {
   std::vector<Param> out;
   for (auto& group : param_groups()) {
     auto* o = static_cast<torch::optim::AdamWOptions*>(&group.options());
-    for (auto& p : group.params()) {
-      auto key = compat::optimizer_state_key(p);
-      auto it = state().find(key);
-      if (it == state().end()) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(steps());
-        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-        it = state().emplace(key, std::move(s)).first;
-      }
-      out.push_back({p, static_cast<torch::optim::AdamWParamState*>(it->second.get()), o});
-    }
+    for (auto& p : group.params()) out.push_back({p, &adamw_state_or_zeros(*this, p, steps()), o});
   }
   return out;
 }

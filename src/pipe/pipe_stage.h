@@ -11,23 +11,22 @@
 #include <torch/torch.h>
 
 #include "deepspeed/comm.h"
-#include "zero/stage.h"
+#include "zero/forwarding_stage.h"
 
 namespace deepspeed {
 namespace pipe {
 
-class PipeStage : public zero::ZeroStage {
+class PipeStage : public zero::ForwardingStage {
  public:
   // `counted_twice`: tied parameters whose (full, reduced) gradient another stage counts too.
   PipeStage(std::unique_ptr<zero::ZeroStage> inner, comm::CommunicatorPtr pipe,
             std::vector<at::Tensor> counted_twice)
-      : inner_(std::move(inner)), pipe_(std::move(pipe)), counted_twice_(std::move(counted_twice)) {}
+      : ForwardingStage(std::move(inner)), pipe_(std::move(pipe)),
+        counted_twice_(std::move(counted_twice)) {}
 
-  void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
-  void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   // COLLECTIVE over the data-parallel group and then the pipe group.
   double global_grad_norm() override {
-    const double n = inner_->global_grad_norm();
+    const double n = inner().global_grad_norm();
     double sq = n * n;
     for (auto& p : counted_twice_)
       if (p.grad().defined()) sq -= p.grad().to(torch::kDouble).pow(2).sum().item<double>();
@@ -42,25 +41,8 @@ class PipeStage : public zero::ZeroStage {
     if (!std::isfinite(sq)) return std::numeric_limits<double>::infinity();
     return std::sqrt(std::max(0.0, sq));  // >= 0 up to rounding of the tied subtraction
   }
-  void step(double grad_scale) override { inner_->step(grad_scale); }
-  void discard_gradients() override { inner_->discard_gradients(); }
-  MemoryReport memory() const override { return inner_->memory(); }
-  std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return inner_->optimizer(); }
-  std::unique_ptr<zero::FragmentState> state_to_save() override { return inner_->state_to_save(); }
-  std::unique_ptr<zero::FragmentState> state_to_load(bool create) override {
-    return inner_->state_to_load(create);
-  }
-  int64_t adam_step() const override { return inner_->adam_step(); }
-  void finish_load(int64_t adam_step) override { inner_->finish_load(adam_step); }
-  void refresh_masters_from_model() override { inner_->refresh_masters_from_model(); }
-  std::vector<zero::StateFragment> fragments_of_rank(int rank, const std::vector<int64_t>& numels,
-                                                     int world_size) const override {
-    return inner_->fragments_of_rank(rank, numels, world_size);
-  }
-  bool replicated_state() const override { return inner_->replicated_state(); }
 
  private:
-  std::unique_ptr<zero::ZeroStage> inner_;
   comm::CommunicatorPtr pipe_;
   std::vector<at::Tensor> counted_twice_;
 };

@@ -19,12 +19,11 @@ source "$ROOT/tests/launcher/netns.bash"
 [ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
 netns_setup 2
 export OMP_NUM_THREADS=1
-STEPS=8
+STEPS=${STEPS:-8}
 WARMUP=2
 MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 64 --random_tokens --threads 1
        --steps "$STEPS" --warmup "$WARMUP")
-: >"$TMP/hostfile1"
-for h in "${HOSTS[@]}"; do echo "$h slots=1" >>"$TMP/hostfile1"; done
+write_hostfile "$TMP/hostfile1" 1
 
 config() {  # config STAGE FILE
   cat >"$2" <<JSON
@@ -33,11 +32,6 @@ config() {  # config STAGE FILE
  "zero_optimization": {"stage": $1, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6},
  "comm_timeout_seconds": 120}
 JSON
-}
-
-
-field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
-  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
 }
 
 echo "| link | ZeRO stage | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
@@ -60,9 +54,9 @@ for link in loopback 10gbit 1gbit; do
     fi
     out="$TMP/run_${link}_$stage.out"
     [ "$RC" -eq 0 ] || fail "$link stage $stage: dsrun exited $RC"
-    ms=$(field "$out" step_ms)
-    payload=$(field "$out" comm_payload_bytes_per_step)
-    psi=$(field "$out" num_params)
+    ms=$(report_field "$out" step_ms)
+    payload=$(report_field "$out" comm_payload_bytes_per_step)
+    psi=$(report_field "$out" num_params)
     factor=2; [ "$stage" = 3 ] && factor=3
     # fp32 communication; a ring over 2 ranks sends half the volume per rank
     expect=$(( psi * 4 * factor / 2 ))

@@ -21,12 +21,11 @@ source "$ROOT/tests/launcher/netns.bash"
 [ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
 netns_setup 2
 export OMP_NUM_THREADS=1
-STEPS=8
+STEPS=${STEPS:-8}
 WARMUP=3
 MODEL=(--n_layer 4 --n_head 8 --n_embd 512 --block_size 32 --random_tokens --threads 1
        --warmup "$WARMUP")
-: >"$TMP/hostfile1"
-for h in "${HOSTS[@]}"; do echo "$h slots=1" >>"$TMP/hostfile1"; done
+write_hostfile "$TMP/hostfile1" 1
 
 config() {  # config OPTIMIZER FILE
   local opt='"type": "Adam", "params": {"lr": 3e-4, "bias_correction": false}'
@@ -37,11 +36,6 @@ config() {  # config OPTIMIZER FILE
  "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e6},
  "comm_timeout_seconds": 120}
 JSON
-}
-
-
-field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
-  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
 }
 
 echo "| link | optimizer | step ms | payload KB/step | host-1 sent KB/step | final loss |"
@@ -57,22 +51,14 @@ for link in loopback 1gbit; do
       sent="-"
     else
       shape_links "$link"
-      sent=0
-      for n in "$STEPS" $((2 * STEPS)); do  # the longer run last: its report is the one read
-        before=$(link_tx_bytes 1)
-        run_on_host0 "run_${link}_$opt" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
-          --master_port "$(free_port)" "${GPT[@]}" --steps "$n"
-        [ "$RC" -eq 0 ] || fail "$link $opt ($n steps): dsrun exited $RC"
-        after=$(link_tx_bytes 1)
-        sent=$(( after - before - sent ))
-      done
-      sent=$(( sent / STEPS ))
+      sent_per_step "run_${link}_$opt" "$TMP/hostfile1" "$STEPS" "${GPT[@]}"
+      sent=$SENT
     fi
     out="$TMP/run_${link}_$opt.out"
     [ "$RC" -eq 0 ] || fail "$link $opt: dsrun exited $RC"
-    ms=$(field "$out" step_ms)
-    payload=$(field "$out" comm_payload_bytes_per_step)
-    loss=$(field "$out" final_loss)
+    ms=$(report_field "$out" step_ms)
+    payload=$(report_field "$out" comm_payload_bytes_per_step)
+    loss=$(report_field "$out" final_loss)
     name=Adam; [ "$opt" = onebit ] && name="1-bit Adam"
     python3 - "$link" "$name" "$ms" "$payload" "$sent" "${loss:--}" <<'PY'
 import sys

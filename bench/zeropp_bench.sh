@@ -24,8 +24,7 @@ STEPS=${STEPS:-6}
 WARMUP=2
 MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 32 --random_tokens --threads 1
        --warmup "$WARMUP")
-: >"$TMP/hostfile2"
-for h in "${HOSTS[@]}"; do echo "$h slots=2" >>"$TMP/hostfile2"; done
+write_hostfile "$TMP/hostfile2" 2
 
 config() {  # config FILE ZEROPP_KEYS
   cat >"$1" <<JSON
@@ -34,10 +33,6 @@ config() {  # config FILE ZEROPP_KEYS
  "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0 $2},
  "comm_timeout_seconds": 120}
 JSON
-}
-
-field() {  # field FILE NAME: NAME=value of rank 0's gpt_train_report
-  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
 }
 
 NAMES=("ZeRO-3" "+ qwZ" "+ qgZ" "+ qwZ + qgZ" "+ qwZ + hpZ 2 + qgZ")
@@ -50,19 +45,10 @@ echo "|---|---|---|---|---|"
 for i in "${!NAMES[@]}"; do
   config "$TMP/zpp$i.json" "${KEYS[$i]}"
   GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/zpp$i.json" "${MODEL[@]}")
-  sent=0
-  for n in "$STEPS" $((2 * STEPS)); do  # the longer run last: its report is the one read
-    before=$(link_tx_bytes 1)
-    run_on_host0 "run_zpp$i" --hostfile "$TMP/hostfile2" --launcher_args "$SSH_ARGS" \
-      --master_port "$(free_port)" "${GPT[@]}" --steps "$n"
-    [ "$RC" -eq 0 ] || fail "${NAMES[$i]} ($n steps): dsrun exited $RC"
-    after=$(link_tx_bytes 1)
-    sent=$(( after - before - sent ))
-  done
-  sent=$(( sent / STEPS ))
+  sent_per_step "run_zpp$i" "$TMP/hostfile2" "$STEPS" "${GPT[@]}"
   out="$TMP/run_zpp$i.out"
-  python3 - "${NAMES[$i]}" "$(field "$out" step_ms)" "$(field "$out" comm_payload_bytes_per_step)" \
-    "$sent" "$(field "$out" final_loss)" <<'PY'
+  python3 - "${NAMES[$i]}" "$(report_field "$out" step_ms)" "$(report_field "$out" comm_payload_bytes_per_step)" \
+    "$SENT" "$(report_field "$out" final_loss)" <<'PY'
 import sys
 name, ms, payload, sent, loss = sys.argv[1:]
 print(f"| {name} | {float(ms):.0f} | {int(payload) / 1e3:.0f} | {int(sent) / 1e3:.0f} | {loss} |")

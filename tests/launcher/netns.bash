@@ -143,3 +143,36 @@ run_on_host0() {
   RC=$?
   [ $RC -ne 137 ] || fail "dsrun $* hung (killed by the test's timeout)"
 }
+
+# --- helpers of the benchmarks over these hosts (bench/*_bench.sh) ---
+
+# write_hostfile FILE SLOTS: every host with SLOTS slots.
+write_hostfile() {
+  local h
+  : >"$1"
+  for h in "${HOSTS[@]}"; do echo "$h slots=$2" >>"$1"; done
+}
+
+# report_field FILE NAME: NAME=value from rank 0's gpt_train_report line in FILE.
+report_field() {
+  grep -oE "gpt_train_report rank=0 .*" "$1" | grep -oE " $2=[0-9.]+" | head -1 | cut -d= -f2
+}
+
+# sent_per_step NAME HOSTFILE STEPS CMD...: runs CMD under dsrun across the hosts twice, for STEPS
+# and 2·STEPS steps, and sets SENT to the bytes host 1 put on its link per step: the difference of
+# the two runs divided by STEPS, so start-up and warm-up cancel out. The longer run goes last, so
+# $TMP/NAME.out holds its report.
+sent_per_step() {
+  local name=$1 hostfile=$2 steps=$3 n before after
+  shift 3
+  SENT=0
+  for n in "$steps" $((2 * steps)); do
+    before=$(link_tx_bytes 1)
+    run_on_host0 "$name" --hostfile "$hostfile" --launcher_args "$SSH_ARGS" \
+      --master_port "$(free_port)" "$@" --steps "$n"
+    [ "$RC" -eq 0 ] || fail "$name ($n steps): dsrun exited $RC: $(tail -3 "$TMP/$name.err")"
+    after=$(link_tx_bytes 1)
+    SENT=$((after - before - SENT))
+  done
+  SENT=$((SENT / steps))
+}

@@ -14,23 +14,12 @@
 #include "gpt/model.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/flops_report.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
 namespace {
 using deepspeed::profiling::FlopsProfiler;
-
-std::vector<std::string> macs_column(const std::string& report) {
-  std::vector<std::string> out;
-  const auto at = report.find("\nGPT(");
-  if (at == std::string::npos) return out;
-  std::istringstream lines(report.substr(at));
-  const std::regex macs(R"(, ([0-9.]+ [KMGT]?MACs) = )");
-  std::smatch m;
-  for (std::string line; std::getline(lines, line);)
-    if (std::regex_search(line, m, macs)) out.push_back(m[1]);
-  return out;
-}
 
 TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
   gpt::GPTConfig mc{256, 16, 2, 2, 32};
@@ -61,7 +50,7 @@ TEST(FlopsProfilerStage3, TwoRanksCountTheWholeModelOnRankZero) {
   std::ifstream in(out);
   std::stringstream report;
   report << in.rdbuf();
-  EXPECT_EQ(macs_column(report.str()), expected);
+  EXPECT_EQ(dstest::macs_column(report.str()), expected);
   EXPECT_CONTAINS(report.str(),
                   "world size:                                                             2");
   EXPECT_CONTAINS(report.str(),

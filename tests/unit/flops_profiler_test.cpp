@@ -16,6 +16,7 @@
 #include "gpt/model.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/flops_report.h"
 #include "support/training_run.h"
 
 namespace {
@@ -141,13 +142,6 @@ TEST(FlopsProfiler, BlockGivesParameterFreeWorkToTheEnclosingModule) {
     if (m.parent >= 0) EXPECT_LE(m.latency_s, prof.modules()[m.parent].latency_s + 1e-9) << m.path;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // The engine profiles its step `profile_step` and writes DeepSpeed's report; the detailed tree
 // names every module of the model, in the model's order.
 TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
@@ -168,7 +162,7 @@ TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
     r.engine->step();
     if (step == 0) EXPECT_FALSE(std::ifstream(out).good()) << "profiled before profile_step";
   }
-  const std::string report = read_file(out);
+  const std::string report = dstest::read_bytes(out);
   EXPECT_CONTAINS(report,
                   "-------------------------- DeepSpeed Flops Profiler --------------------------");
   // DeepSpeed names the step after its increment: profile_step 1 prints "step 2".
@@ -231,17 +225,6 @@ TEST(FlopsProfiler, EngineCountsEqualAStandaloneProfile) {
 // are counted at full size (ZeRO-3 holds only a partition).
 class FlopsProfilerStages : public testing::TestWithParam<int> {};
 
-std::vector<std::string> macs_column(const std::string& report) {
-  std::vector<std::string> out;
-  const auto tree = report.substr(report.find("\nGPT("));
-  std::istringstream lines(tree);
-  const std::regex macs(R"(, ([0-9.]+ [KMGT]?MACs) = )");
-  std::smatch m;
-  for (std::string line; std::getline(lines, line);)
-    if (std::regex_search(line, m, macs)) out.push_back(m[1]);
-  return out;
-}
-
 TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
   gpt::GPTConfig mc{256, 16, 2, 2, 32};
   auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
@@ -265,11 +248,11 @@ TEST_P(FlopsProfilerStages, EngineMacsPerModuleEqualThePlainModels) {
     r.engine->backward(r.engine->forward(x, x));
     r.engine->step();
   }
-  const std::string report = read_file(out);
+  const std::string report = dstest::read_bytes(out);
   std::vector<std::string> twice;
   for (const auto& m : prof.modules())
     twice.push_back(deepspeed::profiling::macs_to_string(2 * m.macs));
-  EXPECT_EQ(macs_column(report), twice);
+  EXPECT_EQ(dstest::macs_column(report), twice);
   EXPECT_CONTAINS(report,
                   "params per GPU:                                                         " +
                       deepspeed::profiling::params_to_string(plain->num_parameters()));

@@ -91,8 +91,12 @@ void Stage3::make_buckets() {
     const auto& slots = layout_.units[u];
     for (size_t i = 0; i < slots.params.size(); ++i) {
       const int64_t o = slots.offsets[i];
-      if (i == 0 || buckets_.back().end - buckets_.back().begin >= size)
-        buckets_.push_back({static_cast<int>(u), o, o});
+      if (i == 0 || buckets_.back().end - buckets_.back().begin >= size) {
+        GradBucket bucket;
+        bucket.unit = static_cast<int>(u);
+        bucket.begin = bucket.end = o;
+        buckets_.push_back(std::move(bucket));
+      }
       buckets_.back().end = o + c10::multiply_integers(slots.shapes[i]);
       buckets_.back().expected++;
       bucket_of_[u].push_back(buckets_.size() - 1);

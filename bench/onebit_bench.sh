@@ -1,13 +1,17 @@
 #!/bin/bash
-# Adam against 1-bit Adam after its freeze: step time of the example GPT (n_layer 4, n_embd 512,
+# Adam against 1-bit Adam after its freeze, 0/1 Adam after its variance freeze (every step a sync,
+# and with local steps), Lamb against 1-bit Lamb after its freeze: step time of the example GPT (n_layer 4, n_embd 512,
 # 12.7 M parameters, micro-batch 2 x 32 tokens: scaled so communication dominates) on 2 hosts x 1 rank over
 # a link shaped with tbf to 1 Gbit/s, and unshaped (loopback, 2 ranks on one host), with the bytes
 # moved per step: the payload handed to the collectives (gpt_train's communicator counters, timed
 # steps only) and the bytes host 1 put on its link per step after the warm-up (interface counters:
 # a run of 2·STEPS steps minus a run of STEPS steps, divided by STEPS, so start-up and warm-up
 # cancel out).
-# The untimed warm-up steps (--warmup) are 1-bit Adam's exact-Adam phase (freeze_step = WARMUP),
-# so every timed step is a compressed one. Adam runs without bias correction, as 1-bit Adam does.
+# The untimed warm-up steps (--warmup) are the 1-bit optimizers' exact phase (freeze_step and
+# var_freeze_step = WARMUP), so every timed step is a compressed (or local) one. Adam and Lamb run
+# without bias correction, as the 1-bit optimizers do. "0/1 Adam, local steps" sets
+# local_step_scaler 1 so the interval between syncs doubles every step up to local_step_clipper 4.
+# OPTS picks rows (default: all).
 #
 #   sudo bash bench/onebit_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
 #
@@ -28,8 +32,17 @@ MODEL=(--n_layer 4 --n_head 8 --n_embd 512 --block_size 32 --random_tokens --thr
 write_hostfile "$TMP/hostfile1" 1
 
 config() {  # config OPTIMIZER FILE
-  local opt='"type": "Adam", "params": {"lr": 3e-4, "bias_correction": false}'
-  [ "$1" = onebit ] && opt='"type": "OneBitAdam", "params": {"lr": 3e-4, "freeze_step": '$WARMUP'}'
+  local opt
+  case $1 in
+    adam) opt='"type": "Adam", "params": {"lr": 3e-4, "bias_correction": false}' ;;
+    onebit) opt='"type": "OneBitAdam", "params": {"lr": 3e-4, "freeze_step": '$WARMUP'}' ;;
+    zeroone) opt='"type": "ZeroOneAdam", "params": {"lr": 3e-4, "var_freeze_step": '$WARMUP'}' ;;
+    zeroone_local) opt='"type": "ZeroOneAdam", "params": {"lr": 3e-4, "var_freeze_step": '$WARMUP',
+       "local_step_scaler": 1, "local_step_clipper": 4}' ;;
+    lamb) opt='"type": "Lamb", "params": {"lr": 3e-3, "bias_correction": false}' ;;
+    onebitlamb) opt='"type": "OneBitLamb", "params": {"lr": 3e-3, "freeze_step": '$WARMUP'}' ;;
+    *) fail "unknown optimizer row $1" ;;
+  esac
   cat >"$2" <<JSON
 {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "steps_per_print": 0,
  "optimizer": {$opt}, "seed": 1,
@@ -41,7 +54,7 @@ JSON
 echo "| link | optimizer | step ms | payload KB/step | host-1 sent KB/step | final loss |"
 echo "|---|---|---|---|---|---|"
 for link in loopback 1gbit; do
-  for opt in adam onebit; do
+  for opt in ${OPTS:-adam onebit zeroone zeroone_local lamb onebitlamb}; do
     config "$opt" "$TMP/$opt.json"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/$opt.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
@@ -59,7 +72,10 @@ for link in loopback 1gbit; do
     ms=$(report_field "$out" step_ms)
     payload=$(report_field "$out" comm_payload_bytes_per_step)
     loss=$(report_field "$out" final_loss)
-    name=Adam; [ "$opt" = onebit ] && name="1-bit Adam"
+    case $opt in
+      adam) name=Adam ;; onebit) name="1-bit Adam" ;; zeroone) name="0/1 Adam" ;;
+      zeroone_local) name="0/1 Adam, local steps" ;; lamb) name=Lamb ;; onebitlamb) name="1-bit Lamb" ;;
+    esac
     python3 - "$link" "$name" "$ms" "$payload" "$sent" "${loss:--}" <<'PY'
 import sys
 link, name, ms, payload, sent, loss = sys.argv[1:]

@@ -57,6 +57,12 @@ std::unique_ptr<DirectFile> DirectFile::open_existing(const std::string& path) {
 
 DirectFile::~DirectFile() { ::close(fd_); }
 
+void DirectFile::resize(int64_t bytes) {
+  if (::ftruncate(fd_, bytes) != 0)
+    throw IOError(fmt::format("cannot size swap file '{}' to {} bytes: {}", path_, bytes,
+                              std::strerror(errno)));
+}
+
 int64_t DirectFile::size() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0)

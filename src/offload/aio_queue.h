@@ -38,6 +38,9 @@ class DirectFile {
   // Creates (truncates) or opens `path`. Throws IOError naming the path.
   static std::unique_ptr<DirectFile> create(const std::string& path);
   static std::unique_ptr<DirectFile> open_existing(const std::string& path);
+  // Sets the file's length (a sparse file: disk space is taken as it is written). Throws IOError
+  // naming the path and the bytes.
+  void resize(int64_t bytes);
   ~DirectFile();
   const std::string& path() const { return path_; }
   int fd() const { return fd_; }

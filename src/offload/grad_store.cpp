@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -29,9 +27,7 @@ GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std
   fd_ = offload::DirectFile::create(path_);
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
-  if (::ftruncate(fd_->fd(), file_.file_bytes()) != 0)
-    throw IOError(fmt::format("cannot size gradient swap file '{}' to {} bytes: {}", path_,
-                              file_.file_bytes(), std::strerror(errno)));
+  fd_->resize(file_.file_bytes());
 }
 
 GradStore::~GradStore() {

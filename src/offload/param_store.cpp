@@ -3,9 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -60,10 +58,7 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   fd_ = offload::DirectFile::create(path_);
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
-  // Size the file now: a disk without room for it fails here, naming the file.
-  if (::ftruncate(fd_->fd(), file_.file_bytes()) != 0)
-    throw IOError(fmt::format("cannot size parameter swap file '{}' to {} bytes: {}", path_,
-                              file_.file_bytes(), std::strerror(errno)));
+  fd_->resize(file_.file_bytes());
 }
 
 ParamStore::~ParamStore() {

@@ -30,29 +30,34 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                    const std::shared_ptr<deepspeed::Dataset>& data) {
   const int stages = pipeline_stage_count(opt, config_path);
   const int tensor = opt.tensor_parallel;
-  if (stages < 1 || tensor < 1 || comm->world_size() % (stages * tensor) != 0)
+  // (Without tensor parallelism initialize_pipeline() names a bad stage count itself.)
+  if (tensor > 1 && (stages < 1 || comm->world_size() % (stages * tensor) != 0))
     throw deepspeed::ConfigError(
         "gpt_train: --pipeline_stages " + std::to_string(stages) + " x --tensor_parallel " +
         std::to_string(tensor) + " does not divide the world size " +
         std::to_string(comm->world_size()));
   if (tensor > 1) gpt::check_tensor_parallel(opt.model, tensor);
   std::vector<std::string> warnings;  // initialize_pipeline() reports them
-  const auto config = deepspeed::load_config(config_path, comm->world_size() / (stages * tensor),
+  const auto config = deepspeed::load_config(config_path,
+                                             comm->world_size() / std::max(1, stages * tensor),
                                              trainer_values(opt), &warnings);
   deepspeed::pipe::PipelineInitializeArgs args;
-  // The grid first (COLLECTIVE): with --tensor_parallel the layers are built over its tensor
+  // With --tensor_parallel the grid comes first (COLLECTIVE): the layers are built over its tensor
   // group. Rank = (stage * data + data rank) * tensor + tensor rank (deepspeed/topology.h).
-  args.topology = std::make_shared<deepspeed::comm::Topology>(
-      comm, deepspeed::comm::TopologySizes{stages, tensor});
+  // Without, initialize_pipeline() builds pipe x data itself (and names a bad stage count).
+  if (tensor > 1)
+    args.topology = std::make_shared<deepspeed::comm::Topology>(
+        comm, deepspeed::comm::TopologySizes{stages, tensor});
   args.model = tensor > 1 ? gpt::gpt_tp_pipeline(opt.model, args.topology->tensor_parallel())
                           : gpt::gpt_pipeline(opt.model);
   args.model.num_stages = stages;
   args.config_json = config.raw;
+  args.comm = comm;
   args.device = opt.device;
-  const auto coords = args.topology->coordinates();
   auto engine = deepspeed::pipe::initialize_pipeline(args);
   // The tensor ranks of one stage read the same micro-batches (their data rank's).
-  const int dp_size = args.topology->grid().data_size(), dp_rank = coords.data;
+  const deepspeed::comm::Grid grid(comm->world_size(), {stages, tensor});
+  const int dp_size = grid.data_size(), dp_rank = grid.coordinates(comm->rank()).data;
   deepspeed::DataLoader loader(data, engine->train_micro_batch_size_per_gpu(), dp_rank, dp_size,
                                engine->config().seed, /*shuffle=*/true, /*drop_last=*/true);
   auto next = [&] {

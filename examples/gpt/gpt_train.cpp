@@ -4,7 +4,9 @@
 // Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
 // --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
 // --tensor_parallel N splits the layers over groups of N consecutive ranks (gpt::TPGPT, built
-// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; no checkpoints yet).
+// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; no checkpoints yet;
+// with --activation_checkpointing the config's partition_activations splits the saved block
+// inputs over the group).
 // --pipeline_stages M trains the GPT as a PipelineModule (train_pipeline.h); with
 // --tensor_parallel N each stage's layers are split too (world = M x data x N).
 // The paths live beside this file: train_options (flags), train_loop (the engine loop),

@@ -29,7 +29,8 @@ int main(int argc, char** argv) try {
   auto args = deepspeed::parse_args(argc, argv);
   auto opt = gpt_train::parse_options(args.rest);
   at::set_num_threads(opt.threads > 0 ? opt.threads : gpt_train::threads_from_env());
-  if (args.config_path.empty()) throw deepspeed::ConfigError("gpt_train: --deepspeed_config FILE is required");
+  if (args.config_path.empty())
+    throw deepspeed::ConfigError("gpt_train: --deepspeed_config FILE is required");
 
   deepspeed::comm::InitOptions init;
   init.config_path = args.config_path;  // its comm_timeout_seconds bounds every collective
@@ -40,7 +41,8 @@ int main(int argc, char** argv) try {
     deepspeed::cap_device_memory(device, static_cast<int64_t>(opt.gpu_mem_cap_gib * (1LL << 30)));
   if (opt.pipeline_stages != 0)
     return gpt_train::train_pipeline(opt, args.config_path, comm, gpt_train::make_dataset(opt));
-  if (opt.tensor_parallel != 1) return gpt_train::train_tensor_parallel(opt, args.config_path, comm);
+  if (opt.tensor_parallel != 1)
+    return gpt_train::train_tensor_parallel(opt, args.config_path, comm);
   // The config is read once: its dtype is needed before the model is built (zero::Init keeps the
   // slices in it), and initialize() gets the parsed document, its "auto" keys filled from the
   // flags and the model as the Hugging Face Trainer fills them.

@@ -1,9 +1,9 @@
 #include "gpt/tp_model.h"
 
-#include "deepspeed/checkpointing.h"
-
 #include <cmath>
 #include <limits>
+
+#include "deepspeed/checkpointing.h"
 
 namespace gpt {
 namespace tp = deepspeed::tp;
@@ -130,7 +130,8 @@ torch::Tensor TPGPTImpl::logits_split(const torch::Tensor& idx) {
     // A checkpointed block's input is the replicated residual stream: what
     // partition_activations splits over the group.
     if (config_.activation_checkpointing)
-      x = deepspeed::checkpointing::checkpoint([b](const torch::Tensor& in) { return b->forward(in); }, x);
+      x = deepspeed::checkpointing::checkpoint(
+          [b](const torch::Tensor& in) { return b->forward(in); }, x);
     else
       x = b->forward(x);
   }

@@ -26,10 +26,9 @@ struct Run {
 // Loads the config (batch keys per data-parallel rank: world / `data_parallel_divisor`), builds the
 // whole GPT (under zero::Init with --zero_init) and the client AdamW when the config has none,
 // and prints what was filled. Returns the run and the model.
-std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(const Options& opt,
-                                                         const std::string& config_path,
-                                                         const deepspeed::comm::CommunicatorPtr& comm,
-                                                         int data_parallel_divisor);
+std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(
+    const Options& opt, const std::string& config_path,
+    const deepspeed::comm::CommunicatorPtr& comm, int data_parallel_divisor);
 
 // Trains to --steps; returns the exit status. COLLECTIVE over the world.
 int train(const Run& run, std::shared_ptr<gpt::GPTImpl> model);

@@ -1,10 +1,9 @@
 #include "gpt/train_options.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <fstream>
 #include <set>
-
-#include <CLI/CLI.hpp>
 
 #include "gpt/text_dataset.h"
 
@@ -61,7 +60,8 @@ Options parse_options(const std::vector<std::string>& argv) {
                "print DeepSpeed's forward/backward/step timers every steps_per_print steps");
   app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
-  app.add_option("--threads", o.threads, "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
+  app.add_option("--threads", o.threads,
+                 "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
   app.add_option("--save_dir", o.save_dir, "checkpoint folder (saves every --save_interval steps)");
   app.add_option("--save_interval", o.save_interval, "optimizer steps between checkpoints");
   app.add_option("--load_dir", o.load_dir, "resume from the checkpoint named by DIR/latest");
@@ -76,7 +76,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--adam_beta2", o.adam_beta2, std::string("AdamW beta2") + fills);
   app.add_option("--adam_epsilon", o.adam_epsilon, std::string("AdamW eps") + fills);
   app.add_option("--max_grad_norm", o.max_grad_norm, "fills \"gradient_clipping\": \"auto\"");
-  app.add_option("--warmup_steps", o.warmup_steps, "fills scheduler.params.warmup_num_steps \"auto\"");
+  app.add_option("--warmup_steps", o.warmup_steps,
+                 "fills scheduler.params.warmup_num_steps \"auto\"");
   app.add_option("--micro_batch", o.micro_batch, "fills train_micro_batch_size_per_gpu \"auto\"");
   app.add_option("--gradient_accumulation_steps", o.gradient_accumulation_steps,
                  "fills gradient_accumulation_steps \"auto\"");

@@ -18,14 +18,14 @@ struct Options {
   gpt::GPTConfig model;
   int64_t stride = 0;  // 0: block_size / 2
   uint64_t seed = 1234;
-  int threads = 0;     // 0: OMP_NUM_THREADS, else 1
+  int threads = 0;  // 0: OMP_NUM_THREADS, else 1
   std::string save_dir;
   int64_t save_interval = 0;  // 0: no periodic saves
   int pipeline_stages = 0;    // > 0: the GPT as a PipelineModule, trained with train_batch
   int tensor_parallel = 1;    // > 1: layers split over groups of N consecutive ranks (with the
                               // pipeline too: world = stages x data x N)
   std::string load_dir;
-  bool zero_init = false;  // build the model under deepspeed::zero::Init (ZeRO stage 3)
+  bool zero_init = false;   // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
   // The trainer's values (HF TrainingArguments' names): they fill "auto" config keys and build
   // the AdamW used when the config has no optimizer block. Defaults: the example config's.

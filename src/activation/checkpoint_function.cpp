@@ -86,7 +86,8 @@ bool partitionable(const at::Tensor& t, int parts) {
 at::Tensor partition_of(const at::Tensor& t, const comm::Communicator& group) {
   const int64_t n = group.world_size(), chunk = (t.numel() + n - 1) / n;
   at::Tensor flat = t.detach().reshape({-1});
-  if (flat.numel() != chunk * n) flat = at::cat({flat, at::zeros({chunk * n - flat.numel()}, flat.options())});
+  if (flat.numel() != chunk * n)
+    flat = at::cat({flat, at::zeros({chunk * n - flat.numel()}, flat.options())});
   return flat.narrow(0, group.rank() * chunk, chunk).clone();
 }
 
@@ -151,7 +152,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<at::Tensor> inputs;
     for (size_t i = 0; i < saved->inputs.size(); ++i) {
       at::Tensor t = saved->inputs[i];
-      if (saved->partitioned[i]) t = gather_partitions(t, saved->shapes[i], *saved->group, saved->devices[i]);
+      if (saved->partitioned[i])
+        t = gather_partitions(t, saved->shapes[i], *saved->group, saved->devices[i]);
       if (t.defined()) {
         t = t.device() == saved->devices[i] ? t.detach() : t.to(saved->devices[i]);
         if (saved->needs_grad[i]) t.requires_grad_(true);

@@ -44,11 +44,12 @@ void configure(const Options& options) {
   std::lock_guard<std::mutex> lock(r.mutex);
   if (options.partition_activations && !has_partition_group() && !r.warned_partition) {
     r.warned_partition = true;
-    std::fprintf(stderr,
-                 "[deepspeed] WARNING: activation_checkpointing.partition_activations has no effect "
-                 "without a model-parallel (tensor-parallel) group; checkpoints are kept whole "
-                 "(give initialize() a topology with tensor size > 1, or call "
-                 "checkpointing::set_model_parallel_group)\n");
+    std::fprintf(
+        stderr,
+        "[deepspeed] WARNING: activation_checkpointing.partition_activations has no effect "
+        "without a model-parallel (tensor-parallel) group; checkpoints are kept whole "
+        "(give initialize() a topology with tensor size > 1, or call "
+        "checkpointing::set_model_parallel_group)\n");
   }
   r.options = options;
 }

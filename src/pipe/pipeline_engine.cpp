@@ -22,8 +22,8 @@ namespace pipe {
 
 struct TiedGroup {
   std::string key;
-  comm::CommunicatorPtr comm;     // the holders of the key with this rank's data and tensor
-                                  // coordinates
+  comm::CommunicatorPtr comm;  // the holders of the key with this rank's data and tensor
+                               // coordinates
   std::vector<at::Tensor> params;
 };
 
@@ -171,18 +171,19 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   if (model.layers.empty()) throw ConfigError("initialize_pipeline(): the PipelineModule has no layers");
   if (!model.loss_fn) throw ConfigError("initialize_pipeline(): the PipelineModule has no loss_fn");
   if (args.topology && args.comm && args.comm != args.topology->world())
-    throw ConfigError("initialize_pipeline(): PipelineInitializeArgs.comm is not "
-                      "PipelineInitializeArgs.topology->world(); give one of them");
-  comm::CommunicatorPtr world = args.topology ? args.topology->world()
-                                : args.comm   ? args.comm
+    throw ConfigError(
+        "initialize_pipeline(): PipelineInitializeArgs.comm is not "
+        "PipelineInitializeArgs.topology->world(); give one of them");
+  comm::CommunicatorPtr world = args.topology   ? args.topology->world()
+                                : args.comm     ? args.comm
                                 : comm::world() ? comm::world()
                                                 : comm::make_single_process_communicator();
   const nlohmann::json raw = read_json(args);
   const int stages = stage_count(model, raw);
   if (args.topology && args.topology->grid().pipe_size() != stages)
     throw ConfigError("initialize_pipeline(): PipelineInitializeArgs.topology has pipe size " +
-                      std::to_string(args.topology->grid().pipe_size()) + " but pipeline.stages = " +
-                      std::to_string(stages));
+                      std::to_string(args.topology->grid().pipe_size()) +
+                      " but pipeline.stages = " + std::to_string(stages));
   const int tensor = args.topology ? args.topology->grid().tensor_size() : 1;
   if (world->world_size() % stages != 0)
     throw ConfigError("pipeline.stages = " + std::to_string(stages) + " does not divide the world size " +
@@ -202,8 +203,9 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   rt->spec = model;
   rt->stages = stages;
   rt->dynamic_shape = args.dynamic_shape;
-  rt->topology = args.topology ? args.topology
-                               : std::make_shared<comm::Topology>(world, comm::TopologySizes{stages, 1});
+  rt->topology = args.topology
+                     ? args.topology
+                     : std::make_shared<comm::Topology>(world, comm::TopologySizes{stages, 1});
   // Set before the engine's configure() (which warns when partition_activations has no group).
   if (tensor > 1) checkpointing::set_model_parallel_group(rt->topology->tensor_parallel());
   rt->pipe = rt->topology->pipe_parallel();
@@ -280,8 +282,8 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   std::vector<at::Tensor> split;
   if (tensor > 1) {
     split = tp::split_parameters(*rt->module);
-    state->stage = tp::tensor_parallel_stage(std::move(state->stage),
-                                             rt->topology->tensor_parallel(), split);
+    state->stage =
+        tp::tensor_parallel_stage(std::move(state->stage), rt->topology->tensor_parallel(), split);
   }
   state->stage = std::make_unique<PipeStage>(std::move(state->stage), rt->pipe, counted_twice,
                                              rt->topology->tensor_parallel(), split);

@@ -37,8 +37,8 @@ Result train(int tensor, bool checkpointing, const nlohmann::json& block) {
   std::mutex mu;
   ckpt::reset_stats();
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    auto topology =
-        std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{1, tensor});
+    auto topology = std::make_shared<deepspeed::comm::Topology>(
+        comm, deepspeed::comm::TopologySizes{1, tensor});
     std::shared_ptr<gpt::GPTImpl> full;
     {
       std::lock_guard<std::mutex> lock(rng_mutex);

@@ -71,8 +71,8 @@ Trained pipeline(int stages, int tensor, int zero, bool tied) {
     const int data = topology->grid().data_size();
     dp::PipelineInitializeArgs args;
     const auto c = dstest::tiny_pipeline_gpt(tied);
-    args.model = tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel())
-                            : gpt::gpt_pipeline(c);
+    args.model =
+        tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
     args.model.num_stages = stages;
     args.config_json = dstest::pipeline_config(data, zero, kClip);
     args.topology = topology;
@@ -129,7 +129,8 @@ TEST(PipelineTensorParallel, CheckpointsAndMismatchedTopologyAreRefusedByName) {
     auto topology =
         std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{2, 2});
     dp::PipelineInitializeArgs args;
-    args.model = gpt::gpt_tp_pipeline(dstest::tiny_pipeline_gpt(false), topology->tensor_parallel());
+    args.model =
+        gpt::gpt_tp_pipeline(dstest::tiny_pipeline_gpt(false), topology->tensor_parallel());
     args.config_json = dstest::pipeline_config(1, 1);
     args.topology = topology;
     args.device = "cpu";

@@ -9,6 +9,7 @@
 
 #include <mutex>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/engine.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
@@ -61,7 +62,8 @@ Trained reference(bool tied) {
 }
 
 // pipe `stages` x tensor `tensor` x data (the rest) over an explicit topology; `stage`: ZeRO.
-Trained pipeline(int stages, int tensor, int zero, bool tied) {
+Trained pipeline(int stages, int tensor, int zero, bool tied,
+                 const nlohmann::json& patch = nlohmann::json::object()) {
   Trained out;
   out.losses.resize(kWorld);
   out.norms.resize(kWorld);
@@ -75,6 +77,7 @@ Trained pipeline(int stages, int tensor, int zero, bool tied) {
         tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
     args.model.num_stages = stages;
     args.config_json = dstest::pipeline_config(data, zero, kClip);
+    args.config_json.merge_patch(patch);
     args.topology = topology;
     args.device = "cpu";
     auto engine = dp::initialize_pipeline(args);
@@ -122,6 +125,17 @@ TEST(PipelineTensorParallel, PipeTwoTensorTwoMatchesStage0AtWorld4) {
 // slices' gradients are summed between the stages per tensor rank, and counted once in the norm.
 TEST(PipelineTensorParallel, TiedEmbeddingAcrossStages) {
   expect_matches(pipeline(2, 2, 1, true), reference(true), "tied, pipe 2 x tensor 2 x data 1");
+}
+
+// Segments of one layer recomputed in backward, their inputs split over the tensor group
+// (partition_activations, the group set by initialize_pipeline): the same losses.
+TEST(PipelineTensorParallel, PartitionedActivationCheckpoints) {
+  const nlohmann::json patch = {{"pipeline", {{"activation_checkpoint_interval", 1}}},
+                                {"activation_checkpointing", {{"partition_activations", true}}}};
+  deepspeed::checkpointing::reset_stats();
+  expect_matches(pipeline(2, 2, 1, false, patch), reference(false),
+                 "checkpointed, partitioned, pipe 2 x tensor 2 x data 1");
+  EXPECT_GT(deepspeed::checkpointing::stats().recomputes, 0);
 }
 
 TEST(PipelineTensorParallel, CheckpointsAndMismatchedTopologyAreRefusedByName) {

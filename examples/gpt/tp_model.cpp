@@ -3,6 +3,8 @@
 #include <cmath>
 #include <limits>
 
+#include "deepspeed/checkpointing.h"
+
 namespace gpt {
 namespace tp = deepspeed::tp;
 using deepspeed::comm::CommunicatorPtr;
@@ -36,10 +38,9 @@ void check_tensor_parallel(const GPTConfig& c, int n) {
   if (c.n_head % n) refuse("--n_head", c.n_head);
   if (c.n_embd % n) refuse("--n_embd", c.n_embd);
   if (c.vocab_size % n) refuse("the vocabulary size", c.vocab_size);
-  if (n > 1 && (c.dropout > 0 || c.activation_checkpointing))
+  if (n > 1 && c.dropout > 0)
     throw deepspeed::ConfigError("--tensor_parallel " + std::to_string(n) +
-                                 ": the tensor-parallel GPT has no dropout or activation "
-                                 "checkpointing (--dropout, --activation_checkpointing)");
+                                 ": the tensor-parallel GPT has no dropout (--dropout)");
 }
 
 class TPAttentionImpl : public torch::nn::Module {
@@ -93,24 +94,17 @@ class TPMLPImpl : public torch::nn::Module {
   tp::RowParallelLinear proj_{nullptr};
 };
 
-class TPBlockImpl : public torch::nn::Module {
- public:
-  TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g) {
-    ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-    attn_ = register_module("attn", std::make_shared<TPAttentionImpl>(c, g));
-    ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-    mlp_ = register_module("mlp", std::make_shared<TPMLPImpl>(c, g));
-  }
-  torch::Tensor forward(const torch::Tensor& x) {
-    auto h = x + attn_->forward(ln1_->forward(x));
-    return h + mlp_->forward(ln2_->forward(h));
-  }
+TPBlockImpl::TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g) {
+  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn_ = register_module("attn", std::make_shared<TPAttentionImpl>(c, g));
+  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp_ = register_module("mlp", std::make_shared<TPMLPImpl>(c, g));
+}
 
- private:
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  std::shared_ptr<TPAttentionImpl> attn_;
-  std::shared_ptr<TPMLPImpl> mlp_;
-};
+torch::Tensor TPBlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn_->forward(ln1_->forward(x));
+  return h + mlp_->forward(ln2_->forward(h));
+}
 
 TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)
     : config_(c), group_(std::move(group)) {
@@ -132,7 +126,15 @@ torch::Tensor TPGPTImpl::logits_split(const torch::Tensor& idx) {
               config_.block_size);
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte_->forward(idx) + wpe_->forward(pos);
-  for (auto& b : blocks_) x = b->forward(x);
+  for (auto& b : blocks_) {
+    // A checkpointed block's input is the replicated residual stream: what
+    // partition_activations splits over the group.
+    if (config_.activation_checkpointing)
+      x = deepspeed::checkpointing::checkpoint(
+          [b](const torch::Tensor& in) { return b->forward(in); }, x);
+    else
+      x = b->forward(x);
+  }
   x = ln_f_->forward(x);
   // Tied: the embedding's rows are this rank's columns of the head (a column layer).
   if (config_.tie_embeddings)
@@ -147,18 +149,20 @@ torch::Tensor TPGPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& 
       .mean();
 }
 
-void TPGPTImpl::copy_from(torch::nn::Module& full) {
+void TPGPTImpl::copy_from(torch::nn::Module& full) { copy_slices(*this, full); }
+
+void copy_slices(torch::nn::Module& split, torch::nn::Module& full) {
   torch::NoGradGuard no_grad;
   auto whole = full.named_parameters();
   auto get = [&](const std::string& name) -> at::Tensor {
     if (auto* t = whole.find(name)) return *t;
-    throw deepspeed::ConfigError("TPGPT::copy_from: the unsplit model has no parameter " + name);
+    throw deepspeed::ConfigError("gpt::copy_slices: the unsplit model has no parameter " + name);
   };
   auto maybe = [&](const std::string& name) -> at::Tensor {
     auto* t = whole.find(name);
     return t ? *t : at::Tensor();
   };
-  for (auto& item : named_modules()) {
+  for (auto& item : split.named_modules()) {
     const std::string prefix = item.key().empty() ? "" : item.key() + ".";
     torch::nn::Module& m = *item.value();
     if (auto* col = dynamic_cast<tp::ColumnParallelLinearImpl*>(&m)) {

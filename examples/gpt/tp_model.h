@@ -8,8 +8,10 @@
 //   positions, LayerNorms, row-layer biases   replicated
 // Parameter names are GPTImpl's (block0.attn.qkv.weight, ...), so copy_from() takes each slice
 // from the unsplit model built with the same seed, and the two compute the same function.
-// Training only (no kv-cache, dropout or activation checkpointing; inference shards the plain
-// GPT with deepspeed::init_inference).
+// Training only (no kv-cache or dropout; inference shards the plain GPT with
+// deepspeed::init_inference). With activation_checkpointing each block is a checkpoint; under
+// activation_checkpointing.partition_activations its saved input is split over the group
+// (deepspeed/checkpointing.h).
 #pragma once
 #include <torch/torch.h>
 
@@ -19,10 +21,30 @@
 namespace gpt {
 
 // Throws deepspeed::ConfigError naming the value when N does not divide n_head, n_embd or
-// vocab_size, or the configuration uses what this model lacks (dropout, activation checkpointing).
+// vocab_size, or the configuration uses what this model lacks (dropout).
 void check_tensor_parallel(const GPTConfig& c, int tensor_parallel);
 
-class TPBlockImpl;
+// Copies into every parameter of `split` (a module of tensor-parallel layers) its rank's slice of
+// the parameter of the same name in `full` (the unsplit module built with the same seed). Throws
+// ConfigError naming a parameter `full` lacks. Local.
+void copy_slices(torch::nn::Module& split, torch::nn::Module& full);
+
+class TPAttentionImpl;
+class TPMLPImpl;
+// One pre-LayerNorm block (BlockImpl's parameter names): [B, T, C] -> [B, T, C], replicated in
+// and out. COLLECTIVE over the group (forward: two all-reduces; backward: two).
+class TPBlockImpl : public torch::nn::Module {
+ public:
+  TPBlockImpl(const GPTConfig& c, const deepspeed::comm::CommunicatorPtr& g);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  std::shared_ptr<TPAttentionImpl> attn_;
+  std::shared_ptr<TPMLPImpl> mlp_;
+};
+TORCH_MODULE(TPBlock);
+
 class TPGPTImpl : public torch::nn::Module {
  public:
   // COLLECTIVE-free to build; forward/backward are COLLECTIVE over `group`.

@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 
 namespace deepspeed {
@@ -39,7 +40,8 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& segmen
 
 // The activation_checkpointing config block's switches (deepspeed.checkpointing.configure); the
 // meaning of each is documented at ActivationCheckpointingConfig (deepspeed/config.h):
-// partition_activations warns once (no tensor-parallel group yet); cpu_checkpointing keeps saved
+// partition_activations splits saved inputs over the model-parallel group below (warns once when
+// configured without one: checkpoints are then kept whole); cpu_checkpointing keeps saved
 // inputs in pinned host memory on GPU builds; contiguous_memory_optimization needs
 // number_checkpoints and caps the checkpoints one forward may hold (an error naming the key);
 // synchronize_checkpoint_boundary synchronizes the GPU around each segment; profile times each
@@ -50,11 +52,26 @@ using Options = ActivationCheckpointingConfig;
 void configure(const Options& options);
 Options options();
 
+// The tensor-parallel group partition_activations splits saved inputs across (DeepSpeed's
+// configure(mpu_)): with it, each floating-point input of a checkpoint that has at least
+// group-size elements is kept as this rank's 1/N of its flattened values (the inputs are the
+// replicated activations between tensor-parallel layers, the same on every rank of the group),
+// and the whole input is all-gathered over the group before the recomputation in backward.
+// Per thread: the group applies to checkpoints whose forward runs on the calling thread (a
+// rank's training thread; dist tests run ranks as threads, each with its own group); a
+// checkpoint keeps the group it was made with until its backward. initialize() and
+// pipe::initialize_pipeline() set it from a topology whose tensor size is > 1; null or a group
+// of one: checkpoints are kept whole. Forward and backward of a partitioned checkpoint are then
+// COLLECTIVE over the group.
+void set_model_parallel_group(comm::CommunicatorPtr group);
+comm::CommunicatorPtr model_parallel_group();
+
 // Counters of this process since the last reset_stats() (always counted; times only with profile).
 struct Stats {
   int64_t forwards = 0;        // checkpointed segment forwards
   int64_t recomputes = 0;      // re-runs in backward
-  int64_t saved_bytes = 0;     // bytes of inputs currently held for recomputation
+  int64_t saved_bytes = 0;     // bytes of inputs currently held for recomputation (this
+                               // rank's partitions only, under partition_activations)
   int64_t peak_saved_bytes = 0;
   double forward_seconds = 0;
   double recompute_seconds = 0;

@@ -13,6 +13,15 @@
 // tensor to a tensor; a layer that needs more packs it into one tensor). Rank layout: the grid of
 // comm::Topology (pipe-major; the data-parallel peers of a stage are consecutive ranks).
 //
+// Tensor parallelism inside each stage (world = pipe x data x tensor, tensor fastest): give
+// PipelineInitializeArgs.topology with tensor > 1 and layers built over its tensor_parallel()
+// group (e.g. deepspeed::tp layers; examples/gpt/tp_pipeline_model.h). Each tensor rank of a
+// stage sends its activations to, and receives gradients from, the same tensor rank of the
+// neighbouring stage (the pipe group holds one tensor coordinate), so the activations between
+// stages must be replicated across the tensor group (what a row-parallel layer's all-reduce
+// leaves). The gradient norm counts split parameters once over the tensor group, replicated
+// ones once, and tied ones once over the stages.
+//
 // Every layer is built with the RNG seeded from (config seed, layer index) — DeepSpeed's
 // seed_layers, here always on — so the weights do not depend on the layout: the same model on
 // pipe 2 x data 2 and on 4 data-parallel ranks starts identical (what the equivalence tests and
@@ -30,6 +39,7 @@
 #include <torch/nn/modules/container/any.h>
 
 #include "deepspeed/engine.h"
+#include "deepspeed/topology.h"
 
 namespace deepspeed {
 namespace pipe {
@@ -138,6 +148,10 @@ struct PipelineInitializeArgs {
   std::string config;          // path to ds_config.json (or config_json)
   nlohmann::json config_json;
   comm::CommunicatorPtr comm;  // the world; default init_distributed()'s or single process
+  // The grid, when the layers need its groups before the engine exists (tensor parallelism:
+  // built over topology->tensor_parallel()). Its pipe size must be the stage count and its world
+  // `comm` (when given). Null: pipe x data over `comm`, built here.
+  std::shared_ptr<comm::Topology> topology;
   std::string device = "auto";
   // Shapes of activations are sent once (first micro-batch); true: before every micro-batch.
   bool dynamic_shape = false;

@@ -3,7 +3,9 @@
 // backward re-runs it with grad enabled, under the random-number state of the first run, and
 // back-propagates the incoming gradients through the recomputed graph (a nested backward, which
 // also fills the gradients of the parameters the segment uses, firing ZeRO's gradient hooks as a
-// plain backward would).
+// plain backward would). With partition_activations and a model-parallel group, each rank keeps
+// 1/N of every replicated input between forward and backward, and the group all-gathers them
+// before the recomputation (Megatron's / DeepSpeed's partitioned activation checkpoints).
 #include <chrono>
 #include <string>
 
@@ -43,6 +45,11 @@ struct SavedSegment : torch::CustomClassHolder {
   std::vector<at::Tensor> inputs;     // detached; host copies with cpu_checkpointing
   std::vector<c10::Device> devices;   // where each input lives in the model
   std::vector<bool> needs_grad;       // whether each input wanted a gradient
+  // partition_activations: the group the inputs marked in `partitioned` are split over, and
+  // their whole shapes (inputs[i] then holds this rank's slice of the flattened input).
+  comm::CommunicatorPtr group;
+  std::vector<bool> partitioned;
+  std::vector<std::vector<int64_t>> shapes;
   RngState rng;
   int64_t bytes = 0;
   bool counted = false;   // on_saved accepted it (it may refuse: number_checkpoints)
@@ -67,6 +74,34 @@ at::Tensor keep(const at::Tensor& t, bool to_host) {
   return host;
 }
 
+// What DeepSpeed partitions (is_activation_to_checkpoint): floating-point tensors with at least
+// one element per rank of the group. Integer inputs (token ids) and tiny ones are kept whole.
+bool partitionable(const at::Tensor& t, int parts) {
+  return t.defined() && t.is_floating_point() && t.numel() >= parts;
+}
+
+// Rank r's slice of `t` flattened and zero-padded to a multiple of N: elements
+// [r * chunk, (r + 1) * chunk), chunk = ceil(numel / N). A copy, so the whole input is not kept
+// alive through a view of it.
+at::Tensor partition_of(const at::Tensor& t, const comm::Communicator& group) {
+  const int64_t n = group.world_size(), chunk = (t.numel() + n - 1) / n;
+  at::Tensor flat = t.detach().reshape({-1});
+  if (flat.numel() != chunk * n)
+    flat = at::cat({flat, at::zeros({chunk * n - flat.numel()}, flat.options())});
+  return flat.narrow(0, group.rank() * chunk, chunk).clone();
+}
+
+// The whole input back from every rank's slice: one all-gather over the group. COLLECTIVE.
+at::Tensor gather_partitions(const at::Tensor& part, const std::vector<int64_t>& shape,
+                             comm::Communicator& group, c10::Device device) {
+  at::Tensor mine = part.to(device).contiguous();
+  at::Tensor whole = at::empty({mine.numel() * group.world_size()}, mine.options());
+  group.all_gather(whole, mine)->wait();
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  return whole.narrow(0, 0, numel).view(shape);
+}
+
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // `inputs` ends with a zero-size tensor that requires grad: it makes the node part of the graph
   // even when no real input requires grad (the first segment of a model reading token ids), so the
@@ -84,9 +119,15 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
     const auto start = Clock::now();
     saved->rng = RngState::capture(saved->devices);
+    comm::CommunicatorPtr group = model_parallel_group();
+    if (opts.partition_activations && group && group->world_size() > 1) saved->group = group;
     for (const auto& t : real) {
-      saved->inputs.push_back(keep(t, opts.cpu_checkpointing));
-      if (t.defined()) saved->bytes += static_cast<int64_t>(t.numel() * t.element_size());
+      const bool split = saved->group && partitionable(t, saved->group->world_size());
+      at::Tensor kept = split ? partition_of(t, *saved->group) : t;
+      saved->inputs.push_back(keep(kept, opts.cpu_checkpointing));
+      saved->partitioned.push_back(split);
+      saved->shapes.push_back(t.defined() ? t.sizes().vec() : std::vector<int64_t>{});
+      if (t.defined()) saved->bytes += static_cast<int64_t>(kept.numel() * kept.element_size());
     }
     detail::on_saved(saved->bytes);
     saved->counted = true;
@@ -111,6 +152,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     std::vector<at::Tensor> inputs;
     for (size_t i = 0; i < saved->inputs.size(); ++i) {
       at::Tensor t = saved->inputs[i];
+      if (saved->partitioned[i])
+        t = gather_partitions(t, saved->shapes[i], *saved->group, saved->devices[i]);
       if (t.defined()) {
         t = t.device() == saved->devices[i] ? t.detach() : t.to(saved->devices[i]);
         if (saved->needs_grad[i]) t.requires_grad_(true);

@@ -25,6 +25,11 @@ Registry& registry() {
   return r;
 }
 
+// Per thread (see set_model_parallel_group): ranks run as threads in the dist tests.
+thread_local comm::CommunicatorPtr model_parallel;
+
+bool has_partition_group() { return model_parallel && model_parallel->world_size() > 1; }
+
 }  // namespace
 
 void configure(const Options& options) {
@@ -37,14 +42,20 @@ void configure(const Options& options) {
                       std::to_string(*options.number_checkpoints));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (options.partition_activations && !r.warned_partition) {
+  if (options.partition_activations && !has_partition_group() && !r.warned_partition) {
     r.warned_partition = true;
-    std::fprintf(stderr,
-                 "[deepspeed] WARNING: activation_checkpointing.partition_activations has no effect "
-                 "without a model-parallel (tensor-parallel) group; checkpoints are kept whole\n");
+    std::fprintf(
+        stderr,
+        "[deepspeed] WARNING: activation_checkpointing.partition_activations has no effect "
+        "without a model-parallel (tensor-parallel) group; checkpoints are kept whole "
+        "(give initialize() a topology with tensor size > 1, or call "
+        "checkpointing::set_model_parallel_group)\n");
   }
   r.options = options;
 }
+
+void set_model_parallel_group(comm::CommunicatorPtr group) { model_parallel = std::move(group); }
+comm::CommunicatorPtr model_parallel_group() { return model_parallel; }
 
 Options options() {
   Registry& r = registry();

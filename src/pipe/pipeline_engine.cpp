@@ -9,17 +9,21 @@
 #include <regex>
 #include <set>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/topology.h"
+#include "deepspeed/tp.h"
 #include "pipe/pipe_stage.h"
 #include "pipe/stage_module.h"
 #include "runtime/engine_state.h"
+#include "tp/tp_stage.h"
 
 namespace deepspeed {
 namespace pipe {
 
 struct TiedGroup {
   std::string key;
-  comm::CommunicatorPtr comm;     // the holders of the key with this rank's data coordinate
+  comm::CommunicatorPtr comm;  // the holders of the key with this rank's data and tensor
+                               // coordinates
   std::vector<at::Tensor> params;
 };
 
@@ -166,18 +170,28 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   const PipelineModule& model = args.model;
   if (model.layers.empty()) throw ConfigError("initialize_pipeline(): the PipelineModule has no layers");
   if (!model.loss_fn) throw ConfigError("initialize_pipeline(): the PipelineModule has no loss_fn");
-  comm::CommunicatorPtr world = args.comm ? args.comm
+  if (args.topology && args.comm && args.comm != args.topology->world())
+    throw ConfigError(
+        "initialize_pipeline(): PipelineInitializeArgs.comm is not "
+        "PipelineInitializeArgs.topology->world(); give one of them");
+  comm::CommunicatorPtr world = args.topology   ? args.topology->world()
+                                : args.comm     ? args.comm
                                 : comm::world() ? comm::world()
                                                 : comm::make_single_process_communicator();
   const nlohmann::json raw = read_json(args);
   const int stages = stage_count(model, raw);
+  if (args.topology && args.topology->grid().pipe_size() != stages)
+    throw ConfigError("initialize_pipeline(): PipelineInitializeArgs.topology has pipe size " +
+                      std::to_string(args.topology->grid().pipe_size()) +
+                      " but pipeline.stages = " + std::to_string(stages));
+  const int tensor = args.topology ? args.topology->grid().tensor_size() : 1;
   if (world->world_size() % stages != 0)
     throw ConfigError("pipeline.stages = " + std::to_string(stages) + " does not divide the world size " +
                       std::to_string(world->world_size()));
   if (stages > static_cast<int>(model.layers.size()))
     throw ConfigError("pipeline.stages = " + std::to_string(stages) + " is more than the " +
                       std::to_string(model.layers.size()) + " layers of the PipelineModule");
-  const int dp = world->world_size() / stages;
+  const int dp = world->world_size() / (stages * tensor);
   std::vector<std::string> warnings;  // printed once, by the stage engine's own parse below
   const Config config = args.config.empty() ? parse_config(raw, dp, {}, &warnings)
                                             : load_config(args.config, dp, {}, &warnings);
@@ -189,7 +203,11 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   rt->spec = model;
   rt->stages = stages;
   rt->dynamic_shape = args.dynamic_shape;
-  rt->topology = std::make_shared<comm::Topology>(world, comm::TopologySizes{stages, 1});
+  rt->topology = args.topology
+                     ? args.topology
+                     : std::make_shared<comm::Topology>(world, comm::TopologySizes{stages, 1});
+  // Set before the engine's configure() (which warns when partition_activations has no group).
+  if (tensor > 1) checkpointing::set_model_parallel_group(rt->topology->tensor_parallel());
   rt->pipe = rt->topology->pipe_parallel();
   rt->stage = rt->topology->coordinates().pipe;
 
@@ -237,7 +255,7 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
                         "does not keep; use zero_optimization.stage 0 or 1");
     const bool holder = owners.count(rt->stage) > 0;
     const auto coords = rt->topology->coordinates();
-    auto c = world->split(holder ? coords.data : -1, coords.pipe);
+    auto c = world->split(holder ? coords.data * tensor + coords.tensor : -1, coords.pipe);
     if (!holder) continue;
     TiedGroup g{key, c, {}};
     for (auto& p : rt->module->tied().at(key).ptr()->parameters()) g.params.push_back(p);
@@ -259,7 +277,16 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   in.device = args.device;
   EngineStatePtr state = detail::build_engine_state(std::move(in));
   state->topology = rt->topology;
-  state->stage = std::make_unique<PipeStage>(std::move(state->stage), rt->pipe, counted_twice);
+  // With tensor parallelism the stage's own norm is counted over its tensor group first
+  // (tp/tp_stage.h), then PipeStage sums the stages.
+  std::vector<at::Tensor> split;
+  if (tensor > 1) {
+    split = tp::split_parameters(*rt->module);
+    state->stage =
+        tp::tensor_parallel_stage(std::move(state->stage), rt->topology->tensor_parallel(), split);
+  }
+  state->stage = std::make_unique<PipeStage>(std::move(state->stage), rt->pipe, counted_twice,
+                                             rt->topology->tensor_parallel(), split);
   auto files = std::make_shared<checkpoint::PipelineFiles>();
   files->stage = rt->stage;
   files->stages = stages;
@@ -451,7 +478,9 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           // Engine::step() applies the update at the accumulation boundary; the micro-steps of
           // this batch are counted first.
           s.micro_steps += gas - 1;
-          s.log_steps = last;  // the other stages would print a loss they do not have
+          // The other stages would print a loss they do not have; the tensor ranks of the last
+          // stage all have it: their rank 0 prints.
+          s.log_steps = last && rt.topology->coordinates().tensor == 0;
           const auto t0 = Clock::now();
           Engine::step();
           step_s += seconds_since(t0);

@@ -211,7 +211,11 @@ EngineStatePtr build_engine_state(BuildInput in) {
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
   s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size());
   // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
-  // here initialize() does it, so the config block alone takes effect.
+  // here initialize() does it, so the config block alone takes effect. A tensor-parallel
+  // topology is the model-parallel group partition_activations splits checkpoints over (set
+  // first: configure() warns when partition_activations has no group).
+  if (in.topology && in.topology->grid().tensor_size() > 1)
+    checkpointing::set_model_parallel_group(in.topology->tensor_parallel());
   checkpointing::configure(s->config.activation_checkpointing);
   // (A given topology's groups are already built: comms_check applies to its world only if the
   // caller checked it before building the topology.)

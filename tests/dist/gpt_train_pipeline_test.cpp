@@ -82,6 +82,26 @@ TEST(GptTrainPipeline, TwoStagesPrintTheLossesOfOne) {
   EXPECT_EQ(lines, 3) << two.output;
 }
 
+// --tensor_parallel 2 with --pipeline_stages 2 on 4 ranks (pipe 2 x data 1 x tensor 2) prints the
+// losses of one stage on one rank (the same micro-batches: one data-parallel rank in both), and a
+// checkpoint of it is refused by name.
+TEST(GptTrainPipeline, TensorParallelStagesPrintTheLossesOfOne) {
+  dstest::TempDir a("gpt_pipe_tp_a"), b("gpt_pipe_tp_b");
+  auto one = gpt_train(a, 1, "--pipeline_stages 1 --steps 3");
+  auto four = gpt_train(b, 4, "--pipeline_stages 2 --tensor_parallel 2 --steps 3");
+  ASSERT_TRUE(one.ok) << one.output;
+  ASSERT_TRUE(four.ok) << four.output;
+  EXPECT_NE(four.output.find("2 stages x 1 data-parallel x 2 tensor-parallel"), std::string::npos)
+      << four.output;
+  EXPECT_EQ(step_losses(one.output).size(), 3u) << one.output;
+  EXPECT_EQ(step_losses(four.output), step_losses(one.output)) << one.output << four.output;
+  auto saved = gpt_train(b, 4, "--pipeline_stages 2 --tensor_parallel 2 --steps 1 --save_dir " +
+                                   (b / "ck") + " --save_interval 1");
+  EXPECT_FALSE(saved.ok);
+  EXPECT_NE(saved.output.find("save_checkpoint: checkpoints of tensor-parallel"), std::string::npos)
+      << saved.output;
+}
+
 TEST(GptTrainPipeline, BadStageCountsNamed) {
   dstest::TempDir dir("gpt_pipe_bad");
   auto r = gpt_train(dir, 3, "--pipeline_stages 2 --steps 3");

@@ -1,0 +1,186 @@
+#include "gpt/train_loop.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "gpt/progress.h"
+
+namespace gpt_train {
+namespace {
+
+// The config as given, with the monitoring flags applied on top.
+nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {
+  if (!opt.monitor_dir.empty()) {
+    for (const char* block : {"tensorboard", "csv_monitor"})
+      doc[block] = {{"enabled", true}, {"output_path", opt.monitor_dir}, {"job_name", "gpt_train"}};
+  }
+  if (opt.wall_clock_breakdown) doc["wall_clock_breakdown"] = true;
+  return doc;
+}
+
+template <class Model>
+int train_loop(const Run& run, std::shared_ptr<Model> model) {
+  const Options& opt = run.opt;
+  const auto& config = run.config;
+  const auto& comm = run.comm;
+  const auto& data = run.data;
+  const int64_t num_params = run.num_params;
+  const bool rank0 = comm->rank() == 0;
+  auto [engine, optimizer, loader, scheduler] =
+      deepspeed::initialize<Model>({.model = model,
+                                    .config_json = with_monitoring(config.raw, opt),
+                                    .training_data = data,
+                                    .optimizer = run.client_optimizer,
+                                    .device = opt.device,
+                                    .topology = run.topology});
+  if (rank0)
+    std::printf(
+        "gpt_train: %lld parameters, %d ranks (%s), device %s, zero stage %d, micro batch "
+        "%lld, accumulation %lld, %lld training windows of %lld tokens from %s\n",
+        static_cast<long long>(num_params), comm->world_size(), comm->backend().c_str(),
+        engine->device().str().c_str(), engine->config().zero_optimization.stage,
+        static_cast<long long>(engine->train_micro_batch_size_per_gpu()),
+        static_cast<long long>(engine->gradient_accumulation_steps()),
+        static_cast<long long>(data->size()), static_cast<long long>(opt.model.block_size),
+        opt.random_tokens ? "random tokens" : opt.data.c_str());
+
+  if (!opt.load_dir.empty()) {
+    auto loaded = engine->load_checkpoint(opt.load_dir);
+    if (rank0 && !loaded.load_path.empty())
+      std::printf("gpt_train: resumed from %s at step %lld\n", loaded.load_path.c_str(),
+                  static_cast<long long>(engine->global_steps()));
+  }
+
+  const int64_t first_step = engine->global_steps();
+  auto start = std::chrono::steady_clock::now();
+  auto last_boundary = start;  // for the tokens/s event
+  auto timed_from = start;     // the first step (allocation, warm-up) is left out of the averages
+  gpt::ProgressLine progress(opt.steps, double(engine->train_batch_size()) * opt.model.block_size,
+                             gpt::stdout_is_terminal());
+  while (engine->global_steps() < opt.steps) {
+    auto batch = loader->next();
+    auto loss = engine->forward(batch.data, batch.target);
+    engine->backward(loss);
+    engine->step();
+    if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
+      if (rank0)
+        progress.on_step(engine->global_steps(), engine->last_loss(), opt.exact_loss,
+                         gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
+      // The engine does not know what a token is; the example adds the event itself.
+      const auto now = std::chrono::steady_clock::now();
+      if (auto monitor = engine->monitor(); monitor->enabled()) {
+        const double s = std::chrono::duration<double>(now - last_boundary).count();
+        const double tokens = double(engine->train_batch_size()) * opt.model.block_size;
+        if (s > 0)
+          monitor->write_events(
+              {{"Train/Samples/tokens_per_second", tokens / s, engine->global_samples()}});
+      }
+      last_boundary = now;
+      if (engine->global_steps() == first_step + opt.warmup) {
+        timed_from = std::chrono::steady_clock::now();
+        deepspeed::reset_device_memory_peaks(engine->device());
+        engine->communicator()->reset_stats();  // comm_payload_bytes_per_step: timed steps only
+      }
+      if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
+        engine->save_checkpoint(opt.save_dir);
+        if (rank0)
+          std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
+                      static_cast<long long>(engine->global_steps()));
+      }
+    }
+  }
+  auto end = std::chrono::steady_clock::now();
+  progress.finish();
+  double seconds = std::chrono::duration<double>(end - timed_from).count();
+  // Steps 2..N are timed; with fewer than two steps run (a resume at or near --steps) there is
+  // no timing to report, only the memory figures: rates print as 0.
+  const int64_t steps_run = opt.steps - first_step;
+  int64_t timed_steps = std::max<int64_t>(1, steps_run - opt.warmup);
+  double tokens = double(timed_steps) * engine->train_batch_size() * opt.model.block_size;
+  if (steps_run <= opt.warmup) seconds = tokens = 0.0;
+  const double tokens_per_s = seconds > 0 ? tokens / seconds : 0.0;
+  {
+    // One machine-readable line per rank for bench/zero_memory_and_speed.py.
+    auto mem = engine->memory_report();
+    // Bytes handed to the data-parallel collectives per timed step (payload, not wire bytes).
+    int64_t payload = 0;
+    for (const auto& [op, st] : engine->communicator()->stats()) payload += st.bytes;
+    std::printf(
+        "gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
+        "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
+        "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
+        "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld\n",
+        comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
+        static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
+        static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
+        static_cast<long long>(mem.model_states()), peak_rss_kb(),
+        static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes),
+        static_cast<long long>(deepspeed::device_memory(engine->device()).allocated_peak),
+        static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak),
+        static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0));
+  }
+  if (rank0) {
+    auto mem = engine->memory_report();
+    std::printf(
+        "gpt_train: done %lld steps in %.1f s; %.1f ms/step, %.0f tokens/s (steps %lld..%lld); "
+        "final loss %.4f; model-state bytes on rank 0: %.1f MB\n",
+        static_cast<long long>(opt.steps), std::chrono::duration<double>(end - start).count(),
+        1e3 * seconds / timed_steps, tokens_per_s,
+        static_cast<long long>(first_step + opt.warmup + 1), static_cast<long long>(opt.steps),
+        engine->last_loss(), mem.model_states() / 1e6);
+    if (engine->device().is_cuda()) {
+      const auto gpu = deepspeed::device_memory(engine->device());
+      std::printf(
+          "gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB)\n",
+          gpu.allocated_peak / 1073741824.0, gpu.reserved_peak / 1073741824.0,
+          gpu.total / 1073741824.0);
+    }
+    // activation_checkpointing.profile: the time spent recomputing (DeepSpeed logs it per call).
+    if (deepspeed::checkpointing::options().profile)
+      std::printf("gpt_train: %s\n", deepspeed::checkpointing::profile_summary().c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(
+    const Options& opt, const std::string& config_path,
+    const deepspeed::comm::CommunicatorPtr& comm, int data_parallel_divisor) {
+  const bool rank0 = comm->rank() == 0;
+  std::vector<std::string> warnings;  // initialize() reports them
+  const auto config = deepspeed::load_config(
+      config_path, comm->world_size() / data_parallel_divisor, trainer_values(opt), &warnings);
+  std::shared_ptr<gpt::GPTImpl> model;
+  {
+    // A no-op scope unless --zero_init; the slices are kept in the dtype training will use.
+    const auto dtype = config.bf16.enabled   ? torch::kBFloat16
+                       : config.fp16.enabled ? torch::kHalf
+                                             : torch::kFloat;
+    deepspeed::zero::Init partitioned(comm, opt.zero_init, dtype);
+    model = std::make_shared<gpt::GPTImpl>(opt.model);
+  }
+  // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
+  std::shared_ptr<torch::optim::Optimizer> client_optimizer;
+  if (!config.optimizer) {
+    client_optimizer = make_adamw(*model, opt);
+    if (rank0)
+      std::printf(
+          "gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
+          "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
+          "--weight_decay %g), as the Hugging Face Trainer does\n",
+          opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
+  }
+  if (rank0 && !config.auto_filled.empty())
+    std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",
+                filled_keys(config).c_str());
+  // Counted before initialize(): under --zero_init the blocks hold only this rank's slices.
+  const int64_t num_params = deepspeed::count_parameters(*model);
+  Run run{opt, config, comm, make_dataset(opt), client_optimizer, num_params, nullptr};
+  return {run, model};
+}
+
+int train(const Run& run, std::shared_ptr<gpt::GPTImpl> model) { return train_loop(run, model); }
+int train(const Run& run, std::shared_ptr<gpt::TPGPTImpl> model) { return train_loop(run, model); }
+
+}  // namespace gpt_train

@@ -27,8 +27,25 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
     zero_stage_ = m.at("zero_stage").get<int>();
     optimizer_format_ = m.at("optimizer").at("format").get<std::string>();
     for (const auto& t : m.at("trainable"))
-      trainable_.push_back({t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(),
-                            t.at("numel").get<int64_t>()});
+      slice_trainable_.push_back({t.at("name").get<std::string>(),
+                                  t.at("shape").get<std::vector<int64_t>>(), t.at("numel").get<int64_t>()});
+    if (m.contains("tensor_parallel")) {
+      const auto& tp = m.at("tensor_parallel");
+      tensor_size_ = tp.at("size").get<int>();
+      if (tensor_size_ < 1 || world_size_ % tensor_size_ != 0)
+        bad("tensor_parallel.size " + std::to_string(tensor_size_) +
+            " does not divide world_size " + std::to_string(world_size_));
+      for (const auto& [name, split] : tp.at("split").items())
+        splits_[name] = {split.at("dim").get<int>(), split.at("parts").get<int>()};
+    }
+    // The unsplit view: a split parameter's shape and size times the tensor size along its dim.
+    trainable_ = slice_trainable_;
+    for (auto& t : trainable_) {
+      auto it = splits_.find(t.name);
+      if (it == splits_.end()) continue;
+      t.shape = unsplit_shape(t.shape, it->second, tensor_size_);
+      t.numel *= tensor_size_;
+    }
     const auto& parts = m.at("partitions");
     if (static_cast<int>(parts.size()) != world_size_)
       bad("lists " + std::to_string(parts.size()) + " partitions for world_size " +
@@ -43,9 +60,14 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
                                  f.value("layer", int64_t{-1})});
     else
       module_files_.push_back({model_states_file_name(), "", -1});
-    for (int r = 0; r < world_size_; ++r)
+    pieces_.resize(tensor_size_);
+    for (int r = 0; r < world_size_; ++r) {
+      const int t = parts[r].value("tensor_rank", 0);
+      if (t < 0 || t >= tensor_size_) bad("partition " + std::to_string(r) + " has tensor_rank " + std::to_string(t));
       for (const auto& f : parts[r].at("fragments"))
-        pieces_[f.at(0).get<std::string>()].push_back({r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
+        pieces_[t][f.at(0).get<std::string>()].push_back(
+            {r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
+    }
   } catch (const nlohmann::json::exception& e) {
     bad(std::string("metadata is malformed: ") + e.what());
   }
@@ -119,11 +141,51 @@ void TagReader::read_tensor(const std::string& name, const std::string& tensor, 
   dst.copy_(saved.view(dst.sizes()));
 }
 
+void TagReader::select_tensor_rank(int t) {
+  if (t < 0 || t >= tensor_size_)
+    throw CheckpointError("checkpoint '" + dir_ + "' was saved at tensor-parallel size " +
+                          std::to_string(tensor_size_) + ": it has no tensor-parallel rank " +
+                          std::to_string(t));
+  view_ = t;
+  trainable_ = slice_trainable_;
+  if (tensor_size_ == 1) return;
+  module_files_ = {{model_states_file_name(t), "", -1}};
+  engine_file_ = model_states_file_name(t);
+}
+
+std::vector<int64_t> TagReader::module_tensor_shape(const ModuleFile& f,
+                                                    const SafetensorsEntry& e) const {
+  auto it = splits_.find(f.prefix + e.name);
+  return whole_view() && it != splits_.end() ? unsplit_shape(e.shape, it->second, tensor_size_)
+                                             : e.shape;
+}
+
+at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entry) {
+  auto it = splits_.find(f.prefix + entry);
+  if (!whole_view() || it == splits_.end()) return tensor(f.file, entry);
+  // Slice t holds, of each of `parts` blocks along dim, the t-th of tensor_size_ equal pieces.
+  const TensorSplit& split = it->second;
+  std::vector<at::Tensor> slices;
+  for (int t = 0; t < tensor_size_; ++t) {
+    at::Tensor slice = tensor(model_states_file_name(t), entry);
+    auto blocks = slice.sizes().vec();
+    blocks[split.dim] /= split.parts;
+    blocks.insert(blocks.begin() + split.dim, split.parts);
+    slices.push_back(slice.reshape(blocks));
+  }
+  at::Tensor whole = at::cat(slices, split.dim + 1);
+  auto shape = whole.sizes().vec();
+  shape[split.dim] *= shape[split.dim + 1];
+  shape.erase(shape.begin() + split.dim + 1);
+  return whole.reshape(shape);
+}
+
 std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offset,
                                           int64_t numel) const {
   std::vector<int> out;
-  auto it = pieces_.find(param);
-  if (it == pieces_.end()) return out;
+  const auto& pieces = pieces_.at(view_ < 0 ? 0 : view_);
+  auto it = pieces.find(param);
+  if (it == pieces.end()) return out;
   for (const auto& p : it->second)
     if (std::min(offset + numel, p.offset + p.numel) > std::max(offset, p.offset))
       out.push_back(p.rank);
@@ -131,11 +193,12 @@ std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offs
 }
 
 template <class Visit>
-void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
-                               int64_t numel, Visit&& visit) {
-  auto it = pieces_.find(param);
-  if (it == pieces_.end())
-    throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"");
+int64_t TagReader::for_each_piece_of(int t, const std::string& kind, const std::string& param,
+                                     int64_t offset, int64_t numel, int64_t into, Visit&& visit) {
+  auto it = pieces_.at(t).find(param);
+  if (it == pieces_.at(t).end())
+    throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"" +
+                          (tensor_size_ > 1 ? " of tensor-parallel rank " + std::to_string(t) : ""));
   int64_t covered = 0;
   const std::string tensor_name = fragment_tensor_name(kind, param);
   for (const auto& p : it->second) {
@@ -148,8 +211,27 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
                             tensor_name + "\" has " + std::to_string(e.numel()) + " " +
                             c10::toString(e.dtype) + " elements, the manifest says " +
                             std::to_string(p.numel) + " F32");
-    visit(file_name, e, lo - p.offset, lo - offset, hi - lo);
+    visit(file_name, e, lo - p.offset, into + lo - offset, hi - lo);
     covered += hi - lo;
+  }
+  return covered;
+}
+
+template <class Visit>
+void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
+                               int64_t numel, Visit&& visit) {
+  int64_t covered = 0;
+  auto split = splits_.find(param);
+  if (!whole_view() || split == splits_.end()) {
+    covered = for_each_piece_of(view_ < 0 ? 0 : view_, kind, param, offset, numel, 0, visit);
+  } else {
+    std::vector<int64_t> whole;
+    for (const auto& t : trainable_)
+      if (t.name == param) whole = t.shape;
+    for_each_slice_run(whole, split->second, tensor_size_, offset, numel,
+                       [&](int t, int64_t local, int64_t into, int64_t n) {
+                         covered += for_each_piece_of(t, kind, param, local, n, into, visit);
+                       });
   }
   if (covered != numel)
     throw CheckpointError("checkpoint '" + dir_ + "': the saved fragments of \"" + param +

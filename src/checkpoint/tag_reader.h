@@ -74,6 +74,24 @@ class TagReader {
   // Ranks whose files hold some of [offset, offset + numel) of `param`.
   std::vector<int> ranks_holding(const std::string& param, int64_t offset, int64_t numel) const;
 
+  // ---- tensor-parallel checkpoints (layout.h) ----
+  // The saved tensor-parallel size (1 for any other checkpoint) and how each split parameter is
+  // cut. By default such a checkpoint reads as the unsplit model: trainable() has unsplit shapes;
+  // read_range / check_range take ranges of the unsplit tensor and assemble them from the
+  // fragments of each tensor rank's slice (a replicated parameter from tensor rank 0's); the
+  // engine and module files are tensor rank 0's (module_tensor merges a split one).
+  int tensor_parallel_size() const { return tensor_size_; }
+  const std::map<std::string, TensorSplit>& splits() const { return splits_; }
+  // From now on reads as tensor rank `t`'s checkpoint alone: its slices' shapes and fragments,
+  // its mp_rank file (a training run at the same tensor size loads it so). Throws
+  // CheckpointError naming the sizes when t is not a saved tensor rank.
+  void select_tensor_rank(int t);
+  // The module file's tensor `entry`, whole: a split one (unsplit view) merged in memory from
+  // every tensor rank's model file, any other read as it is.
+  at::Tensor module_tensor(const ModuleFile& f, const std::string& entry);
+  // Its whole shape, from the headers.
+  std::vector<int64_t> module_tensor_shape(const ModuleFile& f, const SafetensorsEntry& e) const;
+
  private:
   struct Piece {
     int rank = 0;
@@ -91,6 +109,12 @@ class TagReader {
   template <class Visit>
   void for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
                       int64_t numel, Visit&& visit);
+  // The same within tensor rank t's pieces; `into` is added to the range positions. Returns the
+  // elements covered.
+  template <class Visit>
+  int64_t for_each_piece_of(int t, const std::string& kind, const std::string& param,
+                            int64_t offset, int64_t numel, int64_t into, Visit&& visit);
+  bool whole_view() const { return tensor_size_ > 1 && view_ < 0; }
 
   FileSystem& fs_;
   std::string dir_;
@@ -103,7 +127,12 @@ class TagReader {
   std::vector<std::string> partition_files_;
   std::vector<ModuleFile> module_files_;
   std::string engine_file_;
-  std::map<std::string, std::vector<Piece>> pieces_;  // parameter -> saved fragments
+  // Per tensor rank: parameter -> saved fragments (one map when not tensor-parallel).
+  std::vector<std::map<std::string, std::vector<Piece>>> pieces_;
+  int tensor_size_ = 1;
+  int view_ = -1;  // the selected tensor rank; -1: the unsplit view
+  std::map<std::string, TensorSplit> splits_;
+  std::vector<TrainableInfo> slice_trainable_;  // one tensor rank's (the manifest's list)
   std::map<std::string, OpenFile> files_;
 };
 

@@ -123,7 +123,8 @@ void check_trainable(const TagReader& reader, const EngineState& s,
 void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int stage = s.config.zero_optimization.stage, world = s.comm->world_size();
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
-  const int saved_dp = reader.world_size() / reader.pipeline_stages();
+  const int saved_dp =
+      reader.world_size() / reader.pipeline_stages() / reader.tensor_parallel_size();
   const bool replicated = reader.zero_stage() == 0 && s.stage->replicated_state();
   const bool same_stages = reader.pipeline_stages() == stages;
   if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
@@ -136,10 +137,10 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
                           " (pipeline stages " + std::to_string(stages) + "), stage " +
                           std::to_string(stage) + ". Pass load_optimizer_states=false to load the "
                           "weights alone");
-  // Stage 0 replicates the state: the file of the pipeline stage's first data-parallel rank
-  // serves every rank (ranks are pipe-major: stage = job rank / data-parallel size).
+  // Stage 0 replicates the state: the file of the group's first data-parallel rank serves every
+  // rank of it.
   const int job_rank = job_comm(s).rank();
-  const int file_rank = replicated ? (job_rank / world) * saved_dp : job_rank;
+  const int file_rank = replicated ? first_saved_rank_of_group(reader, s) : job_rank;
   at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
@@ -211,7 +212,21 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
   return e;
 }
 
+// A tensor-parallel checkpoint loads at its own tensor size, each rank reading as its tensor
+// rank's checkpoint (its slices; resharding across data-parallel sizes and stages as usual).
+void select_tensor_rank(TagReader& reader, const EngineState& s) {
+  const int saved = reader.tensor_parallel_size(), mine = tensor_size(s);
+  if (saved != mine)
+    throw CheckpointError("checkpoint '" + reader.dir() + "' was saved at tensor-parallel size " +
+                          std::to_string(saved) + ", this run has tensor-parallel size " +
+                          std::to_string(mine) + ": a training run loads it only at the same "
+                          "tensor size (init_inference reads it at any tp_size, ds_to_fp32 "
+                          "exports it whole)");
+  if (saved > 1) reader.select_tensor_rank(tensor_rank(s));
+}
+
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
+  select_tensor_rank(reader, s);
   Plan plan;
   plan.model_meta = reader.file_metadata(reader.engine_file());
   plan_module(reader, s, o.load_module_strict, plan);
@@ -303,6 +318,13 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
 }
 
 }  // namespace
+
+int first_saved_rank_of_group(const TagReader& reader, const EngineState& s) {
+  if (reader.tensor_parallel_size() > 1) return tensor_rank(s);  // rank d * T + t with d = 0
+  // Ranks are pipe-major: stage = job rank / data-parallel size.
+  const int saved_dp = reader.world_size() / reader.pipeline_stages();
+  return (job_comm(s).rank() / s.comm->world_size()) * saved_dp;
+}
 
 LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& load_dir,
                                         const LoadOptions& o) {

@@ -2,19 +2,23 @@
 // a run resumed from a save continues bit for bit at tp 2 x dp 2 (ZeRO 1 and 2) and tp 4 x dp 1;
 // the checkpoint of a tp 2 run is read whole by ds_to_fp32's consolidation and by init_inference
 // at tp 1, 2 and 4 (the slices merged by the layers' rule); a training run of another tensor
-// size and a missing file are refused by name.
+// size and a missing file are refused by name; a save failing on one rank leaves the previous
+// checkpoint the one `latest` names, and it loads.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <map>
 #include <mutex>
 
+#include "checkpoint/fault_injecting_file_system.h"
+#include "checkpoint/tag_reader.h"
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/inference.h"
 #include "deepspeed/zero_to_fp32.h"
 #include "gpt/model.h"
 #include "gpt/tp_model.h"
+#include "runtime/engine_checkpoint.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -296,6 +300,40 @@ TEST_F(TpCheckpoint, AMissingSliceFileIsNamed) {
     deepspeed::init_inference(model, {.tp_size = 1, .checkpoint = copy});
   });
   EXPECT_NE(e.find(gone), std::string::npos) << e;
+}
+
+// The crash safety of every save (docs/checkpoints.md) holds for the per-tensor-rank files: a
+// full disk while tensor rank 1's data-parallel rank 1 writes fails every rank, names the file,
+// publishes nothing, and the previous checkpoint stays `latest` and loads.
+TEST(TpCheckpointFaults, AFailedSliceWriteKeepsThePreviousCheckpoint) {
+  namespace ckpt = deepspeed::checkpoint;
+  dstest::TempDir dir("ds_tp_fault");
+  std::vector<std::string> errors(kWorld);
+  run_ranks(kWorld, [&](CommunicatorPtr comm) {
+    auto topology = std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
+    auto [engine, o, l, s] = deepspeed::initialize<gpt::TPGPTImpl>(
+        {.model = split_gpt(topology), .config_json = config(2, 1), .topology = topology});
+    engine->save_checkpoint(dir.path(), "good");
+    ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
+    if (comm->rank() == 3) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
+    ckpt::SaveOptions options;
+    options.tag = "bad";
+    try {
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*engine), fs, dir.path(), options);
+    } catch (const deepspeed::CheckpointError& e) {
+      errors[comm->rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < kWorld; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r << " did not throw";
+  EXPECT_NE(errors[3].find("zero_pp_rank_1_mp_rank_01_optim_states"), std::string::npos) << errors[3];
+  EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "good");
+  EXPECT_FALSE(std::filesystem::exists(dir / "bad/manifest.json"));
+  run_ranks(kWorld, [&](CommunicatorPtr comm) {
+    auto topology = std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
+    auto [engine, o, l, s] = deepspeed::initialize<gpt::TPGPTImpl>(
+        {.model = split_gpt(topology), .config_json = config(2, 1), .topology = topology});
+    EXPECT_NE(engine->load_checkpoint(dir.path()).load_path.find("good"), std::string::npos);
+  });
 }
 
 }  // namespace

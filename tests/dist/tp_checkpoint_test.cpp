@@ -1,5 +1,5 @@
 // Checkpoints of tensor-parallel training (docs/checkpoints.md, "Tensor-parallel checkpoints"):
-// a run resumed from a save continues bit for bit at tp 2 x dp 2 (ZeRO 1 and 2) and tp 4 x dp 1;
+// a run resumed from a save continues bit for bit at tp 2 x dp 2 (ZeRO 1, 2 and 3) and tp 4 x dp 1;
 // the checkpoint of a tp 2 run is read whole by ds_to_fp32's consolidation and by init_inference
 // at tp 1, 2 and 4 (the slices merged by the layers' rule); a training run of another tensor
 // size and a missing file are refused by name; a save failing on one rank leaves the previous
@@ -178,6 +178,7 @@ std::map<std::string, TrainedRun> TpCheckpoint::runs_;
 TEST_F(TpCheckpoint, ResumeIsBitExactAtTp2Dp2Zero1) { expect_exact_resume(2, 1); }
 TEST_F(TpCheckpoint, ResumeIsBitExactAtTp2Dp2Zero2) { expect_exact_resume(2, 2); }
 TEST_F(TpCheckpoint, ResumeIsBitExactAtTp4Dp1) { expect_exact_resume(4, 1); }
+TEST_F(TpCheckpoint, ResumeIsBitExactAtTp2Dp2Zero3) { expect_exact_resume(2, 3); }
 
 TEST_F(TpCheckpoint, LayoutIsOneModelFilePerTensorRank) {
   uninterrupted(2, 1);
@@ -202,17 +203,22 @@ std::map<std::string, torch::Tensor> whole_at_save(const TrainedRun& run) {
   return out;
 }
 
+// ZeRO-1 and ZeRO-3 (whose fragments follow its units' layout).
 TEST_F(TpCheckpoint, ExportOfTp2IsTheMergedModel) {
-  const auto whole = whole_at_save(uninterrupted(2, 1));
-  const auto exported = deepspeed::get_fp32_state_dict_from_zero_checkpoint((*dir_) / name(2, 1));
-  size_t params = 0;
-  for (const auto& [name, t] : exported) {
-    auto it = whole.find(name);
-    if (it == whole.end()) continue;  // buffers (the causal masks)
-    ++params;
-    EXPECT_TRUE(torch::equal(t, it->second)) << name << ": " << t.sizes() << " vs " << it->second.sizes();
+  for (int stage : {1, 3}) {
+    const auto whole = whole_at_save(uninterrupted(2, stage));
+    const auto exported =
+        deepspeed::get_fp32_state_dict_from_zero_checkpoint((*dir_) / name(2, stage));
+    size_t params = 0;
+    for (const auto& [param, t] : exported) {
+      auto it = whole.find(param);
+      if (it == whole.end()) continue;  // buffers (the causal masks)
+      ++params;
+      EXPECT_TRUE(torch::equal(t, it->second))
+          << name(2, stage) << " " << param << ": " << t.sizes() << " vs " << it->second.sizes();
+    }
+    EXPECT_EQ(params, whole.size()) << name(2, stage);
   }
-  EXPECT_EQ(params, whole.size());
 }
 
 TEST_F(TpCheckpoint, InferenceAtTp124FromTp2TrainingEqualsTheTrainedModel) {

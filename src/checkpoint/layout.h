@@ -99,6 +99,12 @@ std::vector<int64_t> unsplit_shape(std::vector<int64_t> local, const TensorSplit
 void for_each_slice_run(const std::vector<int64_t>& whole, const TensorSplit& split, int size,
                         int64_t offset, int64_t numel,
                         const std::function<void(int, int64_t, int64_t, int64_t)>& visit);
+// The other way: elements [offset, offset + numel) of rank `rank`'s flattened slice, as runs each
+// contiguous in the unsplit tensor: visit(first element in the unsplit tensor, position in the
+// range, count), in range order.
+void for_each_unsplit_run(const std::vector<int64_t>& whole, const TensorSplit& split, int size,
+                          int rank, int64_t offset, int64_t numel,
+                          const std::function<void(int64_t, int64_t, int64_t)>& visit);
 
 struct Fragment {
   size_t param = 0;     // index into the list of trainable parameters (registration order)

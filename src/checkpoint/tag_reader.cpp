@@ -41,10 +41,11 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
     // The unsplit view: a split parameter's shape and size times the tensor size along its dim.
     trainable_ = slice_trainable_;
     for (auto& t : trainable_) {
-      auto it = splits_.find(t.name);
-      if (it == splits_.end()) continue;
-      t.shape = unsplit_shape(t.shape, it->second, tensor_size_);
-      t.numel *= tensor_size_;
+      if (const TensorSplit* split = saved_split(t.name)) {
+        t.shape = unsplit_shape(t.shape, *split, tensor_size_);
+        t.numel *= tensor_size_;
+      }
+      unsplit_shapes_[t.name] = t.shape;
     }
     const auto& parts = m.at("partitions");
     if (static_cast<int>(parts.size()) != world_size_)
@@ -141,49 +142,128 @@ void TagReader::read_tensor(const std::string& name, const std::string& tensor, 
   dst.copy_(saved.view(dst.sizes()));
 }
 
-void TagReader::select_tensor_rank(int t) {
-  if (t < 0 || t >= tensor_size_)
-    throw CheckpointError("checkpoint '" + dir_ + "' was saved at tensor-parallel size " +
-                          std::to_string(tensor_size_) + ": it has no tensor-parallel rank " +
-                          std::to_string(t));
+const TensorSplit* TagReader::saved_split(const std::string& name) const {
+  auto it = splits_.find(name);
+  return tensor_size_ > 1 && it != splits_.end() ? &it->second : nullptr;
+}
+
+const TensorSplit* TagReader::view_split(const std::string& name) const {
+  if (view_ < 0) return nullptr;
+  if (own_view()) return saved_split(name);
+  auto it = view_splits_.find(name);
+  return it != view_splits_.end() ? &it->second : nullptr;
+}
+
+namespace {
+std::string split_str(const TensorSplit* s) {
+  return s ? "dim " + std::to_string(s->dim) + " in " + std::to_string(s->parts) + " block(s)"
+           : "not split";
+}
+}  // namespace
+
+void TagReader::view_as_tensor_rank(int size, int t,
+                                    const std::map<std::string, TensorSplit>& model_splits) {
+  if (size < 1 || t < 0 || t >= size)
+    throw CheckpointError("checkpoint '" + dir_ + "': no tensor-parallel rank " + std::to_string(t) +
+                          " in a group of " + std::to_string(size));
   view_ = t;
-  trainable_ = slice_trainable_;
-  if (tensor_size_ == 1) return;
-  module_files_ = {{model_states_file_name(t), "", -1}};
-  engine_file_ = model_states_file_name(t);
+  view_size_ = size;
+  if (own_view()) {
+    trainable_ = slice_trainable_;
+    if (tensor_size_ > 1) {
+      module_files_ = {{model_states_file_name(t), "", -1}};
+      engine_file_ = model_states_file_name(t);
+    }
+    return;
+  }
+  view_splits_ = model_splits;
+  // A parameter both sides split must be cut the same way (another dim would be another
+  // architecture's layout); at size 1 every parameter is whole, whatever the model's layers.
+  std::map<std::string, const TensorSplit*> names;
+  for (const auto& [name, split] : splits_) names[name] = nullptr;
+  for (const auto& [name, split] : model_splits) names[name] = nullptr;
+  if (size == 1) view_splits_.clear();
+  if (tensor_size_ > 1 && size > 1)
+    for (const auto& [name, unused] : names) {
+      const TensorSplit* saved = saved_split(name);
+      auto it = model_splits.find(name);
+      const TensorSplit* mine = it != model_splits.end() ? &it->second : nullptr;
+      if (!saved || !mine || saved->dim != mine->dim || saved->parts != mine->parts)
+        throw CheckpointError("checkpoint '" + dir_ + "': parameter \"" + name + "\" was saved " +
+                              split_str(saved) + " over tensor-parallel size " +
+                              std::to_string(tensor_size_) + ", the model cuts it " +
+                              split_str(mine) + ": it cannot be resharded to size " +
+                              std::to_string(size));
+    }
+  trainable_.clear();
+  for (const auto& t0 : slice_trainable_) {
+    TrainableInfo info{t0.name, unsplit_shapes_.at(t0.name), 0};
+    if (const TensorSplit* split = view_split(info.name)) {
+      const int64_t dim = info.shape.at(split->dim);
+      if (dim % (int64_t{split->parts} * size) != 0)
+        throw CheckpointError("checkpoint '" + dir_ + "': parameter \"" + info.name + "\" has " +
+                              std::to_string(dim) + " along dim " + std::to_string(split->dim) +
+                              ", which tensor-parallel size " + std::to_string(size) +
+                              " does not divide");
+      info.shape[split->dim] /= size;
+    }
+    info.numel = 1;
+    for (int64_t d : info.shape) info.numel *= d;
+    trainable_.push_back(info);
+  }
 }
 
 std::vector<int64_t> TagReader::module_tensor_shape(const ModuleFile& f,
                                                     const SafetensorsEntry& e) const {
-  auto it = splits_.find(f.prefix + e.name);
-  return whole_view() && it != splits_.end() ? unsplit_shape(e.shape, it->second, tensor_size_)
-                                             : e.shape;
+  if (own_view()) return e.shape;
+  std::vector<int64_t> shape = e.shape;
+  if (const TensorSplit* saved = saved_split(f.prefix + e.name))
+    shape = unsplit_shape(shape, *saved, tensor_size_);
+  if (const TensorSplit* split = view_split(f.prefix + e.name)) shape.at(split->dim) /= view_size_;
+  return shape;
 }
 
 at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entry) {
-  auto it = splits_.find(f.prefix + entry);
-  if (!whole_view() || it == splits_.end()) return tensor(f.file, entry);
+  const TensorSplit* split = saved_split(f.prefix + entry);
+  if (!split) return tensor(f.file, entry);
   // Slice t holds, of each of `parts` blocks along dim, the t-th of tensor_size_ equal pieces.
-  const TensorSplit& split = it->second;
   std::vector<at::Tensor> slices;
   for (int t = 0; t < tensor_size_; ++t) {
     at::Tensor slice = tensor(model_states_file_name(t), entry);
     auto blocks = slice.sizes().vec();
-    blocks[split.dim] /= split.parts;
-    blocks.insert(blocks.begin() + split.dim, split.parts);
+    blocks[split->dim] /= split->parts;
+    blocks.insert(blocks.begin() + split->dim, split->parts);
     slices.push_back(slice.reshape(blocks));
   }
-  at::Tensor whole = at::cat(slices, split.dim + 1);
+  at::Tensor whole = at::cat(slices, split->dim + 1);
   auto shape = whole.sizes().vec();
-  shape[split.dim] *= shape[split.dim + 1];
-  shape.erase(shape.begin() + split.dim + 1);
+  shape[split->dim] *= shape[split->dim + 1];
+  shape.erase(shape.begin() + split->dim + 1);
   return whole.reshape(shape);
+}
+
+void TagReader::read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst) {
+  const std::string name = f.prefix + entry;
+  if (own_view() || (!saved_split(name) && !view_split(name))) return read_tensor(f.file, entry, dst);
+  at::Tensor whole = module_tensor(f, entry);
+  if (const TensorSplit* split = view_split(name)) {  // rank view_'s piece of every block
+    auto blocks = whole.sizes().vec();
+    blocks[split->dim] /= split->parts;
+    blocks.insert(blocks.begin() + split->dim, split->parts);
+    const int64_t per_rank = blocks[split->dim + 1] / view_size_;
+    whole = whole.reshape(blocks).narrow(split->dim + 1, view_ * per_rank, per_rank);
+  }
+  if (whole.numel() != dst.numel())
+    throw CheckpointError("checkpoint file '" + join_path(dir_, f.file) + "': tensor \"" + entry +
+                          "\" has " + std::to_string(whole.numel()) + " elements in this view, read into " +
+                          std::to_string(dst.numel()));
+  dst.copy_(whole.reshape(dst.sizes()));
 }
 
 std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offset,
                                           int64_t numel) const {
   std::vector<int> out;
-  const auto& pieces = pieces_.at(view_ < 0 ? 0 : view_);
+  const auto& pieces = pieces_.at(own_view() ? view_ : 0);
   auto it = pieces.find(param);
   if (it == pieces.end()) return out;
   for (const auto& p : it->second)
@@ -217,21 +297,34 @@ int64_t TagReader::for_each_piece_of(int t, const std::string& kind, const std::
   return covered;
 }
 
+// The view's range -> ranges of the unsplit tensor (resharding: through the model's cut) ->
+// runs in the saved slices (through the saved cut) -> the saved fragments.
 template <class Visit>
 void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
                                int64_t numel, Visit&& visit) {
   int64_t covered = 0;
-  auto split = splits_.find(param);
-  if (!whole_view() || split == splits_.end()) {
-    covered = for_each_piece_of(view_ < 0 ? 0 : view_, kind, param, offset, numel, 0, visit);
+  if (own_view()) {
+    covered = for_each_piece_of(view_, kind, param, offset, numel, 0, visit);
   } else {
-    std::vector<int64_t> whole;
-    for (const auto& t : trainable_)
-      if (t.name == param) whole = t.shape;
-    for_each_slice_run(whole, split->second, tensor_size_, offset, numel,
-                       [&](int t, int64_t local, int64_t into, int64_t n) {
-                         covered += for_each_piece_of(t, kind, param, local, n, into, visit);
-                       });
+    auto shape = unsplit_shapes_.find(param);
+    if (shape == unsplit_shapes_.end())
+      throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"");
+    const TensorSplit* saved = saved_split(param);
+    auto unsplit_range = [&](int64_t begin, int64_t n, int64_t into) {
+      if (!saved) {
+        covered += for_each_piece_of(0, kind, param, begin, n, into, visit);
+        return;
+      }
+      for_each_slice_run(shape->second, *saved, tensor_size_, begin, n,
+                         [&](int t, int64_t local, int64_t at, int64_t m) {
+                           covered += for_each_piece_of(t, kind, param, local, m, into + at, visit);
+                         });
+    };
+    if (const TensorSplit* split = view_split(param))
+      for_each_unsplit_run(shape->second, *split, view_size_, view_, offset, numel,
+                           [&](int64_t begin, int64_t into, int64_t n) { unsplit_range(begin, n, into); });
+    else
+      unsplit_range(offset, numel, 0);
   }
   if (covered != numel)
     throw CheckpointError("checkpoint '" + dir_ + "': the saved fragments of \"" + param +

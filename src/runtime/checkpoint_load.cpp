@@ -18,6 +18,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/tp.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/stage.h"
 
@@ -39,7 +40,7 @@ struct Plan {
   nlohmann::json model_meta;
   SavedEngineState engine;
   // Module parameter or buffer -> (file, tensor name in it), for those the checkpoint holds.
-  std::map<std::string, std::pair<std::string, std::string>> module_tensors;
+  std::map<std::string, std::pair<ModuleFile, std::string>> module_tensors;
   std::unique_ptr<zero::FragmentState> state;  // fragments to fill: masters (and moments)
   std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
@@ -86,11 +87,12 @@ void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& pla
                               " (pass load_module_strict=false to keep its current value)");
       continue;
     }
-    if (e->shape != shape)
+    const auto saved = reader.module_tensor_shape(*f, *e);  // resharded across tensor sizes
+    if (saved != shape)
       throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) + "': tensor \"" +
-                            e->name + "\" has shape " + c10::str(c10::IntArrayRef(e->shape)) +
+                            e->name + "\" has shape " + c10::str(c10::IntArrayRef(saved)) +
                             ", the module's is " + c10::str(c10::IntArrayRef(shape)));
-    plan.module_tensors[name] = {f->file, e->name};
+    plan.module_tensors[name] = {*f, e->name};
   }
   if (!strict) return;
   for (const auto& [file, f] : files_used)
@@ -126,11 +128,13 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int saved_dp =
       reader.world_size() / reader.pipeline_stages() / reader.tensor_parallel_size();
   const bool replicated = reader.zero_stage() == 0 && s.stage->replicated_state();
-  const bool same_stages = reader.pipeline_stages() == stages;
+  const bool same_stages =
+      reader.pipeline_stages() == stages && reader.tensor_parallel_size() == tensor_size(s);
   if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state "
                           "saved at world size " + std::to_string(reader.world_size()) +
                           " (pipeline stages " + std::to_string(reader.pipeline_stages()) +
+                          ", tensor-parallel size " + std::to_string(reader.tensor_parallel_size()) +
                           "), ZeRO stage " + std::to_string(reader.zero_stage()) +
                           "; it reloads only at the same world size, pipeline and stage (or stage "
                           "0 to stage 0), not at world size " + std::to_string(job_comm(s).world_size()) +
@@ -212,17 +216,14 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
   return e;
 }
 
-// A tensor-parallel checkpoint loads at its own tensor size, each rank reading as its tensor
-// rank's checkpoint (its slices; resharding across data-parallel sizes and stages as usual).
+// Each rank reads the checkpoint as its tensor rank's: at the saved tensor size its own slices'
+// files (resharding across data-parallel sizes and stages as usual); at another size (a
+// checkpoint without tensor parallelism is size 1) the slices this model's layers cut, assembled
+// from the saved ones (TagReader::view_as_tensor_rank).
 void select_tensor_rank(TagReader& reader, const EngineState& s) {
-  const int saved = reader.tensor_parallel_size(), mine = tensor_size(s);
-  if (saved != mine)
-    throw CheckpointError("checkpoint '" + reader.dir() + "' was saved at tensor-parallel size " +
-                          std::to_string(saved) + ", this run has tensor-parallel size " +
-                          std::to_string(mine) + ": a training run loads it only at the same "
-                          "tensor size (init_inference reads it at any tp_size, ds_to_fp32 "
-                          "exports it whole)");
-  if (saved > 1) reader.select_tensor_rank(tensor_rank(s));
+  std::map<std::string, TensorSplit> splits;
+  for (const auto& [name, dim] : tp::split_parameter_dims(*s.module)) splits[name] = {dim.dim, dim.parts};
+  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits);
 }
 
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
@@ -235,14 +236,17 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   const auto names = trainable_names(*s.module);
   check_trainable(reader, s, names);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
-  if (o.load_optimizer_states && s.optimizer) {
+  // An optimizer's extra state (optim/extra_state.h) is per rank's parameters: not carried
+  // across tensor sizes.
+  if (o.load_optimizer_states && s.optimizer && reader.tensor_parallel_size() == tensor_size(s)) {
     plan.load_extra_state = true;
     plan.extra_state = read_extra_state(reader, s);
   }
   // RNG states only where every rank has its saved counterpart: the same world and pipeline.
   comm::Communicator& job = job_comm(s);
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
-  if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages)
+  if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages &&
+      reader.tensor_parallel_size() == tensor_size(s))
     plan.rng_state = reader.tensor(reader.partition_file(job.rank()), "rng_state");
   return plan;
 }
@@ -274,7 +278,7 @@ void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
   const bool rank0 = s.comm->rank() == 0;
   auto read = [&](const std::string& name, const at::Tensor& dst) {
     auto it = plan.module_tensors.find(name);
-    if (it != plan.module_tensors.end()) reader.read_tensor(it->second.first, it->second.second, dst);
+    if (it != plan.module_tensors.end()) reader.read_module_tensor(it->second.first, it->second.second, dst);
   };
   for_each_whole_parameter(s, /*modifier_rank=*/0,
                            [&](const std::string& name, const at::Tensor& p, bool grouped) {

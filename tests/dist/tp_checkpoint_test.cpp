@@ -365,6 +365,25 @@ TEST_F(TpCheckpoint, AnotherTensorSizeReshards) {
   }
 }
 
+// What cannot be resharded is named: a tensor size that does not divide a split dimension, and a
+// model cutting a parameter otherwise than the checkpoint (q/k/v not as 3 fused blocks).
+TEST_F(TpCheckpoint, ReshardingRefusalsNameTheParameter) {
+  namespace ckpt = deepspeed::checkpoint;
+  uninterrupted(2, 1);
+  const std::string tag = (*dir_) / (name(2, 1) + "/global_step10");
+  ckpt::TagReader reader(ckpt::posix_file_system(), tag);
+  const auto saved = reader.splits();
+  EXPECT_EQ(saved.at("block0.attn.qkv.weight").parts, 3);
+  EXPECT_EQ(saved.at("block0.attn.proj.weight").dim, 1);
+  std::string e = error_of([&] { reader.view_as_tensor_rank(3, 0, saved); });
+  EXPECT_NE(e.find("which tensor-parallel size 3 does not divide"), std::string::npos) << e;
+  auto unfused = saved;
+  unfused["block1.attn.qkv.bias"].parts = 1;
+  e = error_of([&] { ckpt::TagReader(ckpt::posix_file_system(), tag).view_as_tensor_rank(4, 0, unfused); });
+  EXPECT_NE(e.find("\"block1.attn.qkv.bias\" was saved dim 0 in 3 block(s) over tensor-parallel size 2, "
+                   "the model cuts it dim 0 in 1 block(s)"), std::string::npos) << e;
+}
+
 TEST_F(TpCheckpoint, AMissingSliceFileIsNamed) {
   uninterrupted(2, 1);
   const std::string copy = (*dir_) / "missing";

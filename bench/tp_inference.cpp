@@ -66,11 +66,11 @@ int main(int argc, char** argv) try {
   }
   auto comm = deepspeed::init_distributed();
   auto net = std::make_shared<gpt::GPTImpl>(model);
-  auto engine = deepspeed::init_inference(
-      net, {.tp_size = tensor_parallel,
-            .dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat,
-            .checkpoint = weights,
-            .comm = comm});
+  auto engine =
+      deepspeed::init_inference(net, {.tp_size = tensor_parallel,
+                                      .dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat,
+                                      .checkpoint = weights,
+                                      .comm = comm});
   auto gen = at::detail::createCPUGenerator(7);
   const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);
 
@@ -95,8 +95,9 @@ int main(int argc, char** argv) try {
     }
   }
   if (comm->rank() == 0)
-    std::printf("tp_inference tp=%d dtype=%s first_token_ms=%.2f decode_tokens_per_s=%.1f tokens=%s\n",
-                tensor_parallel, dtype.c_str(), best_first, best_rate, tokens.c_str());
+    std::printf(
+        "tp_inference tp=%d dtype=%s first_token_ms=%.2f decode_tokens_per_s=%.1f tokens=%s\n",
+        tensor_parallel, dtype.c_str(), best_first, best_rate, tokens.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_tp_inference: error: %s\n", e.what());

@@ -28,7 +28,8 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
     optimizer_format_ = m.at("optimizer").at("format").get<std::string>();
     for (const auto& t : m.at("trainable"))
       slice_trainable_.push_back({t.at("name").get<std::string>(),
-                                  t.at("shape").get<std::vector<int64_t>>(), t.at("numel").get<int64_t>()});
+                                  t.at("shape").get<std::vector<int64_t>>(),
+                                  t.at("numel").get<int64_t>()});
     if (m.contains("tensor_parallel")) {
       const auto& tp = m.at("tensor_parallel");
       tensor_size_ = tp.at("size").get<int>();
@@ -64,7 +65,8 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
     pieces_.resize(tensor_size_);
     for (int r = 0; r < world_size_; ++r) {
       const int t = parts[r].value("tensor_rank", 0);
-      if (t < 0 || t >= tensor_size_) bad("partition " + std::to_string(r) + " has tensor_rank " + std::to_string(t));
+      if (t < 0 || t >= tensor_size_)
+        bad("partition " + std::to_string(r) + " has tensor_rank " + std::to_string(t));
       for (const auto& f : parts[r].at("fragments"))
         pieces_[t][f.at(0).get<std::string>()].push_back(
             {r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
@@ -164,8 +166,8 @@ std::string split_str(const TensorSplit* s) {
 void TagReader::view_as_tensor_rank(int size, int t,
                                     const std::map<std::string, TensorSplit>& model_splits) {
   if (size < 1 || t < 0 || t >= size)
-    throw CheckpointError("checkpoint '" + dir_ + "': no tensor-parallel rank " + std::to_string(t) +
-                          " in a group of " + std::to_string(size));
+    throw CheckpointError("checkpoint '" + dir_ + "': no tensor-parallel rank " +
+                          std::to_string(t) + " in a group of " + std::to_string(size));
   view_ = t;
   view_size_ = size;
   if (own_view()) {
@@ -189,11 +191,10 @@ void TagReader::view_as_tensor_rank(int size, int t,
       auto it = model_splits.find(name);
       const TensorSplit* mine = it != model_splits.end() ? &it->second : nullptr;
       if (!saved || !mine || saved->dim != mine->dim || saved->parts != mine->parts)
-        throw CheckpointError("checkpoint '" + dir_ + "': parameter \"" + name + "\" was saved " +
-                              split_str(saved) + " over tensor-parallel size " +
-                              std::to_string(tensor_size_) + ", the model cuts it " +
-                              split_str(mine) + ": it cannot be resharded to size " +
-                              std::to_string(size));
+        throw CheckpointError(
+            "checkpoint '" + dir_ + "': parameter \"" + name + "\" was saved " + split_str(saved) +
+            " over tensor-parallel size " + std::to_string(tensor_size_) + ", the model cuts it " +
+            split_str(mine) + ": it cannot be resharded to size " + std::to_string(size));
     }
   trainable_.clear();
   for (const auto& t0 : slice_trainable_) {
@@ -244,7 +245,8 @@ at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entr
 
 void TagReader::read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst) {
   const std::string name = f.prefix + entry;
-  if (own_view() || (!saved_split(name) && !view_split(name))) return read_tensor(f.file, entry, dst);
+  if (own_view() || (!saved_split(name) && !view_split(name)))
+    return read_tensor(f.file, entry, dst);
   at::Tensor whole = module_tensor(f, entry);
   if (const TensorSplit* split = view_split(name)) {  // rank view_'s piece of every block
     auto blocks = whole.sizes().vec();
@@ -255,8 +257,8 @@ void TagReader::read_module_tensor(const ModuleFile& f, const std::string& entry
   }
   if (whole.numel() != dst.numel())
     throw CheckpointError("checkpoint file '" + join_path(dir_, f.file) + "': tensor \"" + entry +
-                          "\" has " + std::to_string(whole.numel()) + " elements in this view, read into " +
-                          std::to_string(dst.numel()));
+                          "\" has " + std::to_string(whole.numel()) +
+                          " elements in this view, read into " + std::to_string(dst.numel()));
   dst.copy_(whole.reshape(dst.sizes()));
 }
 
@@ -277,8 +279,9 @@ int64_t TagReader::for_each_piece_of(int t, const std::string& kind, const std::
                                      int64_t offset, int64_t numel, int64_t into, Visit&& visit) {
   auto it = pieces_.at(t).find(param);
   if (it == pieces_.at(t).end())
-    throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"" +
-                          (tensor_size_ > 1 ? " of tensor-parallel rank " + std::to_string(t) : ""));
+    throw CheckpointError(
+        "checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"" +
+        (tensor_size_ > 1 ? " of tensor-parallel rank " + std::to_string(t) : ""));
   int64_t covered = 0;
   const std::string tensor_name = fragment_tensor_name(kind, param);
   for (const auto& p : it->second) {
@@ -308,7 +311,8 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
   } else {
     auto shape = unsplit_shapes_.find(param);
     if (shape == unsplit_shapes_.end())
-      throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"");
+      throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param +
+                            "\"");
     const TensorSplit* saved = saved_split(param);
     auto unsplit_range = [&](int64_t begin, int64_t n, int64_t into) {
       if (!saved) {
@@ -321,8 +325,9 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
                          });
     };
     if (const TensorSplit* split = view_split(param))
-      for_each_unsplit_run(shape->second, *split, view_size_, view_, offset, numel,
-                           [&](int64_t begin, int64_t into, int64_t n) { unsplit_range(begin, n, into); });
+      for_each_unsplit_run(
+          shape->second, *split, view_size_, view_, offset, numel,
+          [&](int64_t begin, int64_t into, int64_t n) { unsplit_range(begin, n, into); });
     else
       unsplit_range(offset, numel, 0);
   }

@@ -89,9 +89,10 @@ void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& pla
     }
     const auto saved = reader.module_tensor_shape(*f, *e);  // resharded across tensor sizes
     if (saved != shape)
-      throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) + "': tensor \"" +
-                            e->name + "\" has shape " + c10::str(c10::IntArrayRef(saved)) +
-                            ", the module's is " + c10::str(c10::IntArrayRef(shape)));
+      throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) +
+                            "': tensor \"" + e->name + "\" has shape " +
+                            c10::str(c10::IntArrayRef(saved)) + ", the module's is " +
+                            c10::str(c10::IntArrayRef(shape)));
     plan.module_tensors[name] = {*f, e->name};
   }
   if (!strict) return;
@@ -131,15 +132,18 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const bool same_stages =
       reader.pipeline_stages() == stages && reader.tensor_parallel_size() == tensor_size(s);
   if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
-    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state "
-                          "saved at world size " + std::to_string(reader.world_size()) +
-                          " (pipeline stages " + std::to_string(reader.pipeline_stages()) +
-                          ", tensor-parallel size " + std::to_string(reader.tensor_parallel_size()) +
-                          "), ZeRO stage " + std::to_string(reader.zero_stage()) +
+    throw CheckpointError("checkpoint '" + reader.dir() +
+                          "' holds a non-Adam optimizer's state "
+                          "saved at world size " +
+                          std::to_string(reader.world_size()) + " (pipeline stages " +
+                          std::to_string(reader.pipeline_stages()) + ", tensor-parallel size " +
+                          std::to_string(reader.tensor_parallel_size()) + "), ZeRO stage " +
+                          std::to_string(reader.zero_stage()) +
                           "; it reloads only at the same world size, pipeline and stage (or stage "
-                          "0 to stage 0), not at world size " + std::to_string(job_comm(s).world_size()) +
-                          " (pipeline stages " + std::to_string(stages) + "), stage " +
-                          std::to_string(stage) + ". Pass load_optimizer_states=false to load the "
+                          "0 to stage 0), not at world size " +
+                          std::to_string(job_comm(s).world_size()) + " (pipeline stages " +
+                          std::to_string(stages) + "), stage " + std::to_string(stage) +
+                          ". Pass load_optimizer_states=false to load the "
                           "weights alone");
   // Stage 0 replicates the state: the file of the group's first data-parallel rank serves every
   // rank of it.
@@ -222,7 +226,8 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
 // from the saved ones (TagReader::view_as_tensor_rank).
 void select_tensor_rank(TagReader& reader, const EngineState& s) {
   std::map<std::string, TensorSplit> splits;
-  for (const auto& [name, dim] : tp::split_parameter_dims(*s.module)) splits[name] = {dim.dim, dim.parts};
+  for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
+    splits[name] = {dim.dim, dim.parts};
   reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits);
 }
 
@@ -278,7 +283,8 @@ void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
   const bool rank0 = s.comm->rank() == 0;
   auto read = [&](const std::string& name, const at::Tensor& dst) {
     auto it = plan.module_tensors.find(name);
-    if (it != plan.module_tensors.end()) reader.read_module_tensor(it->second.first, it->second.second, dst);
+    if (it != plan.module_tensors.end())
+      reader.read_module_tensor(it->second.first, it->second.second, dst);
   };
   for_each_whole_parameter(s, /*modifier_rank=*/0,
                            [&](const std::string& name, const at::Tensor& p, bool grouped) {

@@ -223,7 +223,8 @@ std::vector<std::string> plain_files(const EngineState& s) {
   const int tensor = tensor_size(s), data = s.comm->world_size();
   std::vector<std::string> files;
   for (int t = 0; t < tensor; ++t) files.push_back(model_states_file_name(t));
-  for (int r = 0; r < data * tensor; ++r) files.push_back(optim_states_file_name(r / tensor, r % tensor));
+  for (int r = 0; r < data * tensor; ++r)
+    files.push_back(optim_states_file_name(r / tensor, r % tensor));
   return files;
 }
 
@@ -242,7 +243,8 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
     nlohmann::json frags = nlohmann::json::array();
     for (auto& f : s.stage->fragments_of_rank(d, numels, data))
       frags.push_back({names[f.param], f.offset, f.numel});
-    nlohmann::json part = {{"rank", r}, {"file", optim_states_file_name(d, t)}, {"fragments", frags}};
+    nlohmann::json part = {
+        {"rank", r}, {"file", optim_states_file_name(d, t)}, {"fragments", frags}};
     if (tensor > 1) part["tensor_rank"] = t;
     partitions.push_back(part);
   }

@@ -10,8 +10,10 @@ namespace {
 // Tensor x pipeline parallelism would need DeepSpeed's layer_LL-model_TT files: not written yet.
 void refuse_tensor_pipeline(const EngineState& s, const char* what) {
   if (s.pipeline_files && checkpoint::tensor_size(s) > 1)
-    throw ConfigError(std::string(what) + ": checkpoints of tensor x pipeline parallelism (tensor "
-                      "size " + std::to_string(checkpoint::tensor_size(s)) + ", " +
+    throw ConfigError(std::string(what) +
+                      ": checkpoints of tensor x pipeline parallelism (tensor "
+                      "size " +
+                      std::to_string(checkpoint::tensor_size(s)) + ", " +
                       std::to_string(s.pipeline_files->stages) +
                       " pipeline stages) are not supported yet");
 }

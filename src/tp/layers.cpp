@@ -32,7 +32,8 @@ std::vector<at::Tensor> split_parameters(const torch::nn::Module& module) {
   return out;
 }
 
-std::vector<std::pair<std::string, SplitDim>> split_parameter_dims(const torch::nn::Module& module) {
+std::vector<std::pair<std::string, SplitDim>> split_parameter_dims(
+    const torch::nn::Module& module) {
   std::unordered_map<const void*, SplitDim> dims;
   for (const auto& m : module.modules(/*include_self=*/true))
     if (const auto* layer = dynamic_cast<const SplitLayer*>(m.get()))

@@ -30,7 +30,8 @@ class CheckpointSource : public WeightSource {
     for (const auto& mf : reader_.module_files())
       for (const auto& e : reader_.file(mf.file).entries)
         if (!trainable_.count(mf.prefix + e.name))
-          others_[mf.prefix + e.name] = {mf, e.name, reader_.module_tensor_shape(mf, e), at::Tensor()};
+          others_[mf.prefix + e.name] = {mf, e.name, reader_.module_tensor_shape(mf, e),
+                                         at::Tensor()};
   }
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
     if (auto it = trainable_.find(name); it != trainable_.end()) return it->second;

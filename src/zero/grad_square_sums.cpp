@@ -8,8 +8,8 @@
 #include "deepspeed/errors.h"
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
-#include "zero/stage3/stage3.h"
 #include "zero/stage.h"
+#include "zero/stage3/stage3.h"
 
 namespace deepspeed {
 namespace zero {
@@ -69,9 +69,10 @@ std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::
 // data-parallel group, so the sums add over it.
 std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& selected) {
   if (grads_)
-    throw ConfigError("tensor parallelism with zero_optimization.offload_optimizer.device = nvme "
-                      "at stage 3 is not supported (the gradient partition is on disk, its norm "
-                      "cannot be split by parameter)");
+    throw ConfigError(
+        "tensor parallelism with zero_optimization.offload_optimizer.device = nvme "
+        "at stage 3 is not supported (the gradient partition is on disk, its norm "
+        "cannot be split by parameter)");
   const auto chosen = identities(selected);
   std::vector<bool> split(param_index_.size());
   for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;

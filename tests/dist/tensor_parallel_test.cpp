@@ -250,7 +250,8 @@ TEST(TensorParallelTraining, TensorTimesDataEqualsStage0AtWorld4) {
   struct Layout {
     int tensor, stage;
   };
-  for (Layout l : {Layout{2, 0}, Layout{2, 1}, Layout{2, 2}, Layout{2, 3}, Layout{4, 1}, Layout{4, 3}}) {
+  for (Layout l :
+       {Layout{2, 0}, Layout{2, 1}, Layout{2, 2}, Layout{2, 3}, Layout{4, 1}, Layout{4, 3}}) {
     const Trained got = train<gpt::TPGPTImpl>(l.tensor, l.stage, steps, false, split);
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     double loss_rel = 0, norm_rel = 0;

@@ -57,7 +57,7 @@ nlohmann::json config(int tensor, int stage) {
 }
 
 struct TrainedRun {
-  std::vector<double> losses;                             // rank 0's, one per step run
+  std::vector<double> losses;                              // rank 0's, one per step run
   std::map<int, std::vector<torch::Tensor>> final_slices;  // every rank's parameters at the end
   // Each tensor rank's parameters by name at the save (data-parallel rank 0's).
   std::map<int, std::map<std::string, torch::Tensor>> saved_slices;
@@ -74,12 +74,15 @@ TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::
       [&](CommunicatorPtr comm) {
         auto topology = std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, tensor});
         auto model = split_gpt(topology);
-        auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::TPGPTImpl>(
-            {.model = model, .config_json = config(tensor, stage), .training_data = dataset,
-             .topology = topology});
+        auto [engine, optimizer, loader, scheduler] =
+            deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
+                                                   .config_json = config(tensor, stage),
+                                                   .training_data = dataset,
+                                                   .topology = topology});
         if (!load_dir.empty()) {
           auto [path, client] = engine->load_checkpoint(load_dir);
-          EXPECT_NE(path.find("mp_rank_0" + std::to_string(comm->rank() % tensor)), std::string::npos)
+          EXPECT_NE(path.find("mp_rank_0" + std::to_string(comm->rank() % tensor)),
+                    std::string::npos)
               << path;
         }
         std::vector<double> losses;
@@ -99,7 +102,8 @@ TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::
         }
         std::lock_guard<std::mutex> lock(mu);
         if (comm->rank() == 0) out.losses = losses;
-        for (auto& p : model->parameters()) out.final_slices[comm->rank()].push_back(p.detach().clone());
+        for (auto& p : model->parameters())
+          out.final_slices[comm->rank()].push_back(p.detach().clone());
       },
       std::chrono::seconds(60));
   return out;
@@ -110,7 +114,8 @@ TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::
 // MLP fc rows, embedding and head rows by vocabulary, attention and MLP proj by input columns.
 torch::Tensor merge(const std::string& name, const std::vector<torch::Tensor>& s) {
   auto ends = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   const int n = static_cast<int>(s.size());
   if (ends("attn.qkv.weight") || ends("attn.qkv.bias")) {
@@ -166,11 +171,12 @@ class TpCheckpoint : public ::testing::Test {
       const auto& got = resumed.final_slices.at(rank);
       ASSERT_EQ(got.size(), slices.size());
       for (size_t k = 0; k < slices.size(); ++k)
-        EXPECT_TRUE(torch::equal(got[k], slices[k])) << name(tensor, stage) << " rank " << rank
-                                                     << " parameter " << k;
+        EXPECT_TRUE(torch::equal(got[k], slices[k]))
+            << name(tensor, stage) << " rank " << rank << " parameter " << k;
     }
-    std::printf("%s: steps %d-%d after resuming equal the uninterrupted run bit for bit (loss %.6f)\n",
-                name(tensor, stage).c_str(), kSaveAt + 1, kSteps, resumed.losses.back());
+    std::printf(
+        "%s: steps %d-%d after resuming equal the uninterrupted run bit for bit (loss %.6f)\n",
+        name(tensor, stage).c_str(), kSaveAt + 1, kSteps, resumed.losses.back());
   }
 };
 dstest::TempDir* TpCheckpoint::dir_ = nullptr;
@@ -184,11 +190,12 @@ TEST_F(TpCheckpoint, ResumeIsBitExactAtTp2Dp2Zero3) { expect_exact_resume(2, 3);
 TEST_F(TpCheckpoint, LayoutIsOneModelFilePerTensorRank) {
   uninterrupted(2, 1);
   const std::string tag = (*dir_) / (name(2, 1) + "/global_step10");
-  for (const char* f : {"mp_rank_00_model_states.safetensors", "mp_rank_01_model_states.safetensors",
-                        "zero_pp_rank_0_mp_rank_00_optim_states.safetensors",
-                        "zero_pp_rank_1_mp_rank_00_optim_states.safetensors",
-                        "zero_pp_rank_0_mp_rank_01_optim_states.safetensors",
-                        "zero_pp_rank_1_mp_rank_01_optim_states.safetensors", "manifest.json"})
+  for (const char* f :
+       {"mp_rank_00_model_states.safetensors", "mp_rank_01_model_states.safetensors",
+        "zero_pp_rank_0_mp_rank_00_optim_states.safetensors",
+        "zero_pp_rank_1_mp_rank_00_optim_states.safetensors",
+        "zero_pp_rank_0_mp_rank_01_optim_states.safetensors",
+        "zero_pp_rank_1_mp_rank_01_optim_states.safetensors", "manifest.json"})
     EXPECT_TRUE(std::filesystem::exists(tag + "/" + f)) << f;
 }
 
@@ -243,14 +250,17 @@ TEST_F(TpCheckpoint, InferenceAtTp124FromTp2TrainingEqualsTheTrainedModel) {
           std::shared_ptr<gpt::GPTImpl> model;
           {
             std::lock_guard<std::mutex> lock(rng_mutex);
-            torch::manual_seed(1234);  // other weights than the trained ones: the load must replace them
+            torch::manual_seed(
+                1234);  // other weights than the trained ones: the load must replace them
             model = std::make_shared<gpt::GPTImpl>(kModel);
           }
           auto engine = deepspeed::init_inference(
               model, {.tp_size = tp, .checkpoint = (*dir_) / name(2, 1), .comm = comm});
           const double diff = (model->logits(idx) - ref).abs().max().item<double>();
           EXPECT_LT(diff, 1e-5) << "tp " << tp;
-          if (comm->rank() == 0) std::printf("init_inference tp %d from a tp 2 checkpoint: logits within %.2e\n", tp, diff);
+          if (comm->rank() == 0)
+            std::printf("init_inference tp %d from a tp 2 checkpoint: logits within %.2e\n", tp,
+                        diff);
         },
         std::chrono::seconds(60));
   }
@@ -307,7 +317,8 @@ std::vector<double> resume_resharded(int tensor, int stage, const std::string& c
                                                    .comm = comm}),
               ck, resave);
         } else {
-          auto topology = std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, tensor});
+          auto topology =
+              std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, tensor});
           losses = load_save_and_train(
               deepspeed::initialize<gpt::TPGPTImpl>({.model = split_gpt(topology),
                                                      .config_json = config(tensor, stage),
@@ -350,7 +361,8 @@ TEST_F(TpCheckpoint, AnotherTensorSizeReshards) {
       ASSERT_EQ(got.size(), want.size()) << label;
       for (size_t k = 0; k < want.size(); ++k) {
         EXPECT_EQ(got[k].first, want[k].first) << label;
-        EXPECT_TRUE(torch::equal(got[k].second, want[k].second)) << label << " " << kind << " " << want[k].first;
+        EXPECT_TRUE(torch::equal(got[k].second, want[k].second))
+            << label << " " << kind << " " << want[k].first;
       }
     }
     ASSERT_EQ(losses.size(), size_t(kSteps - kSaveAt)) << label;
@@ -360,8 +372,10 @@ TEST_F(TpCheckpoint, AnotherTensorSizeReshards) {
       worst = std::max(worst, std::abs(losses[i] - want) / want);
       EXPECT_NEAR(losses[i], want, 1e-5 * want) << label << ", step " << kSaveAt + i + 1;
     }
-    std::printf("%s checkpoint resumed at %s: masters and moments bit-identical, steps 11-20 "
-                "within %.2e relative\n", t.from.c_str(), label.c_str(), worst);
+    std::printf(
+        "%s checkpoint resumed at %s: masters and moments bit-identical, steps 11-20 "
+        "within %.2e relative\n",
+        t.from.c_str(), label.c_str(), worst);
   }
 }
 
@@ -379,9 +393,13 @@ TEST_F(TpCheckpoint, ReshardingRefusalsNameTheParameter) {
   EXPECT_NE(e.find("which tensor-parallel size 3 does not divide"), std::string::npos) << e;
   auto unfused = saved;
   unfused["block1.attn.qkv.bias"].parts = 1;
-  e = error_of([&] { ckpt::TagReader(ckpt::posix_file_system(), tag).view_as_tensor_rank(4, 0, unfused); });
-  EXPECT_NE(e.find("\"block1.attn.qkv.bias\" was saved dim 0 in 3 block(s) over tensor-parallel size 2, "
-                   "the model cuts it dim 0 in 1 block(s)"), std::string::npos) << e;
+  e = error_of(
+      [&] { ckpt::TagReader(ckpt::posix_file_system(), tag).view_as_tensor_rank(4, 0, unfused); });
+  EXPECT_NE(
+      e.find("\"block1.attn.qkv.bias\" was saved dim 0 in 3 block(s) over tensor-parallel size 2, "
+             "the model cuts it dim 0 in 1 block(s)"),
+      std::string::npos)
+      << e;
 }
 
 TEST_F(TpCheckpoint, AMissingSliceFileIsNamed) {
@@ -434,8 +452,10 @@ TEST(TpCheckpointFaults, AFailedSliceWriteKeepsThePreviousCheckpoint) {
       errors[comm->rank()] = e.what();
     }
   });
-  for (int r = 0; r < kWorld; ++r) EXPECT_FALSE(errors[r].empty()) << "rank " << r << " did not throw";
-  EXPECT_NE(errors[3].find("zero_pp_rank_1_mp_rank_01_optim_states"), std::string::npos) << errors[3];
+  for (int r = 0; r < kWorld; ++r)
+    EXPECT_FALSE(errors[r].empty()) << "rank " << r << " did not throw";
+  EXPECT_NE(errors[3].find("zero_pp_rank_1_mp_rank_01_optim_states"), std::string::npos)
+      << errors[3];
   EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "good");
   EXPECT_FALSE(std::filesystem::exists(dir / "bad/manifest.json"));
   run_ranks(kWorld, [&](CommunicatorPtr comm) {

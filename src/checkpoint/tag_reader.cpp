@@ -1,6 +1,7 @@
 #include "checkpoint/tag_reader.h"
 
 #include <cctype>
+#include <set>
 
 #include "checkpoint/layout.h"
 #include "deepspeed/errors.h"
@@ -181,12 +182,12 @@ void TagReader::view_as_tensor_rank(int size, int t,
   view_splits_ = model_splits;
   // A parameter both sides split must be cut the same way (another dim would be another
   // architecture's layout); at size 1 every parameter is whole, whatever the model's layers.
-  std::map<std::string, const TensorSplit*> names;
-  for (const auto& [name, split] : splits_) names[name] = nullptr;
-  for (const auto& [name, split] : model_splits) names[name] = nullptr;
+  std::set<std::string> names;
+  for (const auto& [name, split] : splits_) names.insert(name);
+  for (const auto& [name, split] : model_splits) names.insert(name);
   if (size == 1) view_splits_.clear();
   if (tensor_size_ > 1 && size > 1)
-    for (const auto& [name, unused] : names) {
+    for (const auto& name : names) {
       const TensorSplit* saved = saved_split(name);
       auto it = model_splits.find(name);
       const TensorSplit* mine = it != model_splits.end() ? &it->second : nullptr;

@@ -1,7 +1,8 @@
 // Generation speed of the example GPT through deepspeed::init_inference (AutoTP), for
-// bench/tp_inference.py (which runs it at tp 1 and 2 beside PyTorch on the same weights).
+// bench/tp_inference.py (which runs it at tp 1, 2 and 4 beside PyTorch on the same weights).
 //   bench_tp_inference --write_weights FILE [model flags]      writes seeded weights (safetensors)
-//   dsrun --num_procs N bench_tp_inference --weights FILE --tensor_parallel N [model flags]
+//   dsrun --num_procs N bench_tp_inference --weights FILE --tensor_parallel N [--dtype bf16]
+//         [model flags]
 // Greedy decoding of a batch of random prompts with the kv-cache, after one warm-up generation:
 // first-token latency is the prompt's forward and the pick of its first token; tokens/s counts
 // the following tokens (batch x (new - 1)) over their time. Rank 0 prints one line
@@ -31,6 +32,7 @@ int main(int argc, char** argv) try {
   model.block_size = 256;
   std::string weights, write_weights;
   int tensor_parallel = 1, batch = 1, prompt_len = 32, new_tokens = 64, reps = 3;
+  std::string dtype = "fp32";
   CLI::App app{"AutoTP generation benchmark"};
   app.add_option("--weights", weights);
   app.add_option("--write_weights", write_weights);
@@ -39,6 +41,8 @@ int main(int argc, char** argv) try {
   app.add_option("--prompt_len", prompt_len);
   app.add_option("--new_tokens", new_tokens);
   app.add_option("--reps", reps, "timed generations (the best is reported)");
+  app.add_option("--dtype", dtype, "fp32 or bf16: the weights and activations after loading")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--n_layer", model.n_layer);
   app.add_option("--n_head", model.n_head);
   app.add_option("--n_embd", model.n_embd);
@@ -62,8 +66,11 @@ int main(int argc, char** argv) try {
   }
   auto comm = deepspeed::init_distributed();
   auto net = std::make_shared<gpt::GPTImpl>(model);
-  auto engine = deepspeed::init_inference(
-      net, {.tp_size = tensor_parallel, .checkpoint = weights, .comm = comm});
+  auto engine =
+      deepspeed::init_inference(net, {.tp_size = tensor_parallel,
+                                      .dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat,
+                                      .checkpoint = weights,
+                                      .comm = comm});
   auto gen = at::detail::createCPUGenerator(7);
   const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);
 
@@ -88,8 +95,9 @@ int main(int argc, char** argv) try {
     }
   }
   if (comm->rank() == 0)
-    std::printf("tp_inference tp=%d first_token_ms=%.2f decode_tokens_per_s=%.1f tokens=%s\n",
-                tensor_parallel, best_first, best_rate, tokens.c_str());
+    std::printf(
+        "tp_inference tp=%d dtype=%s first_token_ms=%.2f decode_tokens_per_s=%.1f tokens=%s\n",
+        tensor_parallel, dtype.c_str(), best_first, best_rate, tokens.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_tp_inference: error: %s\n", e.what());

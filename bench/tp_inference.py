@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""Generation with deepspeed::init_inference (AutoTP) at tp 1 and 2 against PyTorch, same weights.
+"""Generation with deepspeed::init_inference (AutoTP) at tp 1, 2 and 4 against PyTorch, same weights.
 
     /usr/bin/python3 bench/tp_inference.py [--build build] [--n_layer 4 --n_embd 1024 --n_head 16]
                                           [--batch 1] [--prompt_len 32] [--new_tokens 64]
+                                          [--tp 1,2,4] [--dtypes fp32,bf16]
 
 Writes seeded weights of the example GPT to a safetensors file (bench_tp_inference
---write_weights), runs PyTorch (this interpreter's torch, one thread, its own kv-cache loop over
-the same file) and bench_tp_inference under dsrun at tp 1 and 2 (one thread per rank), checks
-that all three generate the same greedy tokens, and prints a markdown table of first-token latency
-(the prompt's forward) and decode tokens/s (best of --reps generations after a warm-up).
+--write_weights), and for each dtype runs PyTorch (this interpreter's torch, one thread, its own
+kv-cache loop over the same file, the weights cast to the dtype) and bench_tp_inference under
+dsrun at each tp (one thread per rank, init_inference casting to the dtype), checks whether they
+generate PyTorch's greedy tokens, and prints a markdown table of first-token latency (the prompt's
+forward) and decode tokens/s (best of --reps generations after a warm-up).
 """
 import argparse
 import json
@@ -73,9 +75,13 @@ class TorchGPT:
         return F.linear(x, w["head.weight"])
 
 
-def torch_run(weights, a):
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def torch_run(weights, a, dtype):
     torch.set_num_threads(1)
-    model = TorchGPT(read_safetensors(weights), a.n_layer, a.n_head)
+    w = {k: (v.to(DTYPES[dtype]) if v.is_floating_point() else v) for k, v in read_safetensors(weights).items()}
+    model = TorchGPT(w, a.n_layer, a.n_head)
     g = torch.Generator().manual_seed(7)
     prompt = torch.randint(256, (a.batch, a.prompt_len), generator=g)
     best_first, best_rate, tokens = 1e30, 0.0, []
@@ -98,11 +104,11 @@ def torch_run(weights, a):
     return best_first, best_rate, ",".join(map(str, tokens))
 
 
-def ds_run(build, weights, tp, model_flags, a, port):
+def ds_run(build, weights, tp, dtype, model_flags, a, port):
     cmd = [os.path.join(build, "bin", "dsrun"), "--num_procs", str(tp), "--master_port", str(port),
            os.path.join(build, "bin", "bench_tp_inference"), "--weights", weights,
            "--tensor_parallel", str(tp), "--batch", str(a.batch), "--prompt_len", str(a.prompt_len),
-           "--new_tokens", str(a.new_tokens), "--reps", str(a.reps)] + model_flags
+           "--new_tokens", str(a.new_tokens), "--reps", str(a.reps), "--dtype", dtype] + model_flags
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_DEVICE="cpu", DS_COMM_BACKEND="gloo")
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=1800)
@@ -124,6 +130,8 @@ def main():
     p.add_argument("--prompt_len", type=int, default=32)
     p.add_argument("--new_tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tp", default="1,2,4", help="tensor-parallel sizes, comma-separated")
+    p.add_argument("--dtypes", default="fp32", help="fp32 and/or bf16, comma-separated")
     a = p.parse_args()
     flags = ["--n_layer", str(a.n_layer), "--n_embd", str(a.n_embd), "--n_head", str(a.n_head),
              "--block_size", str(a.block_size)]
@@ -131,17 +139,23 @@ def main():
         weights = os.path.join(d, "gpt.safetensors")
         subprocess.run([os.path.join(a.build, "bin", "bench_tp_inference"), "--write_weights", weights]
                        + flags, check=True, stdout=subprocess.DEVNULL)
-        rows = [("PyTorch " + torch.__version__ + ", 1 process, 1 thread",) + torch_run(weights, a)]
-        for tp in (1, 2):
-            rows.append((f"deepspeed.cpp init_inference, tp {tp} ({tp} x 1 thread)",)
-                        + ds_run(a.build, weights, tp, flags, a, 29900 + tp))
-    base = rows[0][2]
-    print(f"GPT n_layer {a.n_layer}, n_embd {a.n_embd}, n_head {a.n_head}; batch {a.batch}, prompt "
-          f"{a.prompt_len}, {a.new_tokens} new tokens (greedy, kv-cache), best of {a.reps}\n")
-    print("| run | first token (ms) | decode tokens/s | vs PyTorch | same tokens |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name, first, rate, toks in rows:
-        print(f"| {name} | {first:.1f} | {rate:.1f} | {rate / base:.2f}x | {'yes' if toks == rows[0][3] else 'NO: ' + toks} |")
+        rows = []  # (dtype, name, first ms, tokens/s, tokens)
+        for dtype in a.dtypes.split(","):
+            rows.append((dtype, "PyTorch " + torch.__version__ + ", 1 process, 1 thread")
+                        + torch_run(weights, a, dtype))
+            for tp in map(int, a.tp.split(",")):
+                rows.append((dtype, f"deepspeed.cpp init_inference, tp {tp} ({tp} x 1 thread)")
+                            + ds_run(a.build, weights, tp, dtype, flags, a, 29900 + tp))
+    params = a.n_layer * 12 * a.n_embd ** 2 + 2 * 256 * a.n_embd + a.block_size * a.n_embd
+    print(f"GPT n_layer {a.n_layer}, n_embd {a.n_embd}, n_head {a.n_head} (~{params / 1e6:.0f} M "
+          f"parameters); batch {a.batch}, prompt {a.prompt_len}, {a.new_tokens} new tokens (greedy, "
+          f"kv-cache), best of {a.reps}\n")
+    print("| dtype | run | first token (ms) | decode tokens/s | vs PyTorch | same tokens as PyTorch |")
+    print("| --- | --- | ---: | ---: | ---: | --- |")
+    for dtype, name, first, rate, toks in rows:
+        ref = next(r for r in rows if r[0] == dtype)
+        same = "yes" if toks == ref[4] else "NO: " + toks + " vs " + ref[4]
+        print(f"| {dtype} | {name} | {first:.1f} | {rate:.1f} | {rate / ref[3]:.2f}x | {same} |")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "deepspeed/comm.h"
@@ -59,17 +61,31 @@ struct Range {
 };
 Range split_range(int64_t size, int parts, int rank, const char* what);
 
+// How a split parameter was cut from the unsplit one: along dimension `dim`, each of `parts`
+// equal blocks stacked along it (a fused q/k/v: 3) split on its own, rank r of N keeping block
+// slice r of every block, in block order. Checkpoints record it to merge the slices back.
+struct SplitDim {
+  int dim = 0;
+  int parts = 1;
+};
+
 // A layer whose parameters are (partly) split over a tensor-parallel group. The engine finds
-// these in the module tree (split_parameters below) to count norms right.
+// these in the module tree (split_parameters below) to count norms right, and checkpoints to
+// know how to merge the slices (split_dim).
 class SplitLayer {
  public:
   virtual ~SplitLayer() = default;
   // The parameters of this layer that hold a slice (a replicated bias is not among them).
   virtual std::vector<at::Tensor> split_parameters() const = 0;
+  // How `param` (one of split_parameters()) is cut.
+  virtual SplitDim split_dim(const at::Tensor& param) const = 0;
   virtual const comm::CommunicatorPtr& group() const = 0;
 };
 // Every split parameter of `module`'s tree (its SplitLayer submodules').
 std::vector<at::Tensor> split_parameters(const torch::nn::Module& module);
+// The same by name (as module.named_parameters() calls them; a parameter registered under two
+// names is listed under both), with how each is cut.
+std::vector<std::pair<std::string, SplitDim>> split_parameter_dims(const torch::nn::Module& module);
 
 struct ColumnParallelLinearOptions {
   int64_t in_features = 0;
@@ -90,6 +106,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public SplitLayer {
   // The unsplit weight's rows of this rank (fused parts included), for slicing any [out, ...].
   at::Tensor slice_rows(const at::Tensor& full) const;
   std::vector<at::Tensor> split_parameters() const override;
+  SplitDim split_dim(const at::Tensor&) const override { return {0, options_.fused_parts}; }
   const comm::CommunicatorPtr& group() const override { return group_; }
   const ColumnParallelLinearOptions& options() const { return options_; }
 
@@ -118,6 +135,7 @@ class RowParallelLinearImpl : public torch::nn::Module, public SplitLayer {
   void set_from_full(const at::Tensor& weight, const at::Tensor& bias = {});
   at::Tensor slice_columns(const at::Tensor& full) const;  // [out, in] -> [out, in / N]
   std::vector<at::Tensor> split_parameters() const override { return {weight}; }
+  SplitDim split_dim(const at::Tensor&) const override { return {1, 1}; }  // input columns
   const comm::CommunicatorPtr& group() const override { return group_; }
   const RowParallelLinearOptions& options() const { return options_; }
 
@@ -138,6 +156,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public SplitLayer {
   void set_from_full(const at::Tensor& weight);
   Range vocab_range() const { return range_; }
   std::vector<at::Tensor> split_parameters() const override { return {weight}; }
+  SplitDim split_dim(const at::Tensor&) const override { return {0, 1}; }
   const comm::CommunicatorPtr& group() const override { return group_; }
 
   at::Tensor weight;  // [V / N, C]

@@ -49,7 +49,7 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
         out.emplace_back(name, it->second);
         continue;
       }
-      at::Tensor t = reader.tensor(mf.file, e.name);
+      at::Tensor t = reader.module_tensor(mf, e.name);  // a tensor-parallel slice merged
       out.emplace_back(name, t.is_floating_point() ? t.to(torch::kFloat) : t);
     }
   return out;

@@ -13,6 +13,18 @@
 //   <tag>/mp_rank_SS_model_states.safetensors      stage SS: engine state only (no module tensors)
 //   <tag>/zero_pp_rank_D_mp_rank_SS_optim_states.safetensors   stage SS, data-parallel rank D
 //   <tag>/manifest.json                            global rank 0; partitions in global rank order
+//
+// Tensor-parallel training (tensor size T x data D) saves DeepSpeed's mp_rank layout, one model per
+// tensor-parallel rank TT, each an ordinary checkpoint of that rank's slices:
+//   <tag>/mp_rank_TT_model_states.safetensors      tensor rank TT's module tensors (its slices of
+//                                                  split parameters, replicated ones whole) +
+//                                                  engine state; by its data-parallel rank 0
+//   <tag>/zero_pp_rank_D_mp_rank_TT_optim_states.safetensors   data-parallel rank D of tensor rank
+//                                                  TT: the fragments of TT's slices (layout below)
+//   <tag>/manifest.json                            global rank 0; partitions in global rank order
+//                                                  (rank = D * T + TT) with their "tensor_rank";
+//                                                  "tensor_parallel": size, data-parallel size and
+//                                                  how every split parameter is cut (TensorSplit)
 // Parameter names are those of the stage modules ("layer_LL.<name>", "tied_<key>.<name>"), which
 // do not depend on the layout, so the fragments reshard across (S, D) as across world sizes.
 //
@@ -28,6 +40,7 @@
 // under kMetadataKey.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,6 +83,28 @@ struct PipelineFiles {
 };
 // "fp32/<name>" etc.
 std::string fragment_tensor_name(const std::string& kind, const std::string& param);
+
+// How a parameter of tensor-parallel training is cut (deepspeed::tp::SplitDim): along `dim`, each
+// of `parts` equal blocks of that dimension split in `size` equal slices on its own; rank t keeps
+// slice t of every block, stacked in block order. dim 0 of any shape, or dim 1 of a 2-D tensor.
+struct TensorSplit {
+  int dim = 0;
+  int parts = 1;
+};
+// The unsplit shape of a slice of shape `local` cut by `split` over `size` ranks.
+std::vector<int64_t> unsplit_shape(std::vector<int64_t> local, const TensorSplit& split, int size);
+// Elements [offset, offset + numel) of the flattened unsplit tensor `whole`, as runs each
+// contiguous in one rank's flattened slice: visit(rank, first element in the slice, position in
+// the range, count), in range order. Throws CheckpointError for a dim it cannot map.
+void for_each_slice_run(const std::vector<int64_t>& whole, const TensorSplit& split, int size,
+                        int64_t offset, int64_t numel,
+                        const std::function<void(int, int64_t, int64_t, int64_t)>& visit);
+// The other way: elements [offset, offset + numel) of rank `rank`'s flattened slice, as runs each
+// contiguous in the unsplit tensor: visit(first element in the unsplit tensor, position in the
+// range, count), in range order.
+void for_each_unsplit_run(const std::vector<int64_t>& whole, const TensorSplit& split, int size,
+                          int rank, int64_t offset, int64_t numel,
+                          const std::function<void(int64_t, int64_t, int64_t)>& visit);
 
 struct Fragment {
   size_t param = 0;     // index into the list of trainable parameters (registration order)

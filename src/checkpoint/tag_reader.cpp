@@ -1,6 +1,7 @@
 #include "checkpoint/tag_reader.h"
 
 #include <cctype>
+#include <set>
 
 #include "checkpoint/layout.h"
 #include "deepspeed/errors.h"
@@ -27,8 +28,27 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
     zero_stage_ = m.at("zero_stage").get<int>();
     optimizer_format_ = m.at("optimizer").at("format").get<std::string>();
     for (const auto& t : m.at("trainable"))
-      trainable_.push_back({t.at("name").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(),
-                            t.at("numel").get<int64_t>()});
+      slice_trainable_.push_back({t.at("name").get<std::string>(),
+                                  t.at("shape").get<std::vector<int64_t>>(),
+                                  t.at("numel").get<int64_t>()});
+    if (m.contains("tensor_parallel")) {
+      const auto& tp = m.at("tensor_parallel");
+      tensor_size_ = tp.at("size").get<int>();
+      if (tensor_size_ < 1 || world_size_ % tensor_size_ != 0)
+        bad("tensor_parallel.size " + std::to_string(tensor_size_) +
+            " does not divide world_size " + std::to_string(world_size_));
+      for (const auto& [name, split] : tp.at("split").items())
+        splits_[name] = {split.at("dim").get<int>(), split.at("parts").get<int>()};
+    }
+    // The unsplit view: a split parameter's shape and size times the tensor size along its dim.
+    trainable_ = slice_trainable_;
+    for (auto& t : trainable_) {
+      if (const TensorSplit* split = saved_split(t.name)) {
+        t.shape = unsplit_shape(t.shape, *split, tensor_size_);
+        t.numel *= tensor_size_;
+      }
+      unsplit_shapes_[t.name] = t.shape;
+    }
     const auto& parts = m.at("partitions");
     if (static_cast<int>(parts.size()) != world_size_)
       bad("lists " + std::to_string(parts.size()) + " partitions for world_size " +
@@ -43,9 +63,15 @@ TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::m
                                  f.value("layer", int64_t{-1})});
     else
       module_files_.push_back({model_states_file_name(), "", -1});
-    for (int r = 0; r < world_size_; ++r)
+    pieces_.resize(tensor_size_);
+    for (int r = 0; r < world_size_; ++r) {
+      const int t = parts[r].value("tensor_rank", 0);
+      if (t < 0 || t >= tensor_size_)
+        bad("partition " + std::to_string(r) + " has tensor_rank " + std::to_string(t));
       for (const auto& f : parts[r].at("fragments"))
-        pieces_[f.at(0).get<std::string>()].push_back({r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
+        pieces_[t][f.at(0).get<std::string>()].push_back(
+            {r, f.at(1).get<int64_t>(), f.at(2).get<int64_t>()});
+    }
   } catch (const nlohmann::json::exception& e) {
     bad(std::string("metadata is malformed: ") + e.what());
   }
@@ -119,11 +145,130 @@ void TagReader::read_tensor(const std::string& name, const std::string& tensor, 
   dst.copy_(saved.view(dst.sizes()));
 }
 
+const TensorSplit* TagReader::saved_split(const std::string& name) const {
+  auto it = splits_.find(name);
+  return tensor_size_ > 1 && it != splits_.end() ? &it->second : nullptr;
+}
+
+const TensorSplit* TagReader::view_split(const std::string& name) const {
+  if (view_ < 0) return nullptr;
+  if (own_view()) return saved_split(name);
+  auto it = view_splits_.find(name);
+  return it != view_splits_.end() ? &it->second : nullptr;
+}
+
+namespace {
+std::string split_str(const TensorSplit* s) {
+  return s ? "dim " + std::to_string(s->dim) + " in " + std::to_string(s->parts) + " block(s)"
+           : "not split";
+}
+}  // namespace
+
+void TagReader::view_as_tensor_rank(int size, int t,
+                                    const std::map<std::string, TensorSplit>& model_splits) {
+  if (size < 1 || t < 0 || t >= size)
+    throw CheckpointError("checkpoint '" + dir_ + "': no tensor-parallel rank " +
+                          std::to_string(t) + " in a group of " + std::to_string(size));
+  view_ = t;
+  view_size_ = size;
+  if (own_view()) {
+    trainable_ = slice_trainable_;
+    if (tensor_size_ > 1) {
+      module_files_ = {{model_states_file_name(t), "", -1}};
+      engine_file_ = model_states_file_name(t);
+    }
+    return;
+  }
+  view_splits_ = model_splits;
+  // A parameter both sides split must be cut the same way (another dim would be another
+  // architecture's layout); at size 1 every parameter is whole, whatever the model's layers.
+  std::set<std::string> names;
+  for (const auto& [name, split] : splits_) names.insert(name);
+  for (const auto& [name, split] : model_splits) names.insert(name);
+  if (size == 1) view_splits_.clear();
+  if (tensor_size_ > 1 && size > 1)
+    for (const auto& name : names) {
+      const TensorSplit* saved = saved_split(name);
+      auto it = model_splits.find(name);
+      const TensorSplit* mine = it != model_splits.end() ? &it->second : nullptr;
+      if (!saved || !mine || saved->dim != mine->dim || saved->parts != mine->parts)
+        throw CheckpointError(
+            "checkpoint '" + dir_ + "': parameter \"" + name + "\" was saved " + split_str(saved) +
+            " over tensor-parallel size " + std::to_string(tensor_size_) + ", the model cuts it " +
+            split_str(mine) + ": it cannot be resharded to size " + std::to_string(size));
+    }
+  trainable_.clear();
+  for (const auto& t0 : slice_trainable_) {
+    TrainableInfo info{t0.name, unsplit_shapes_.at(t0.name), 0};
+    if (const TensorSplit* split = view_split(info.name)) {
+      const int64_t dim = info.shape.at(split->dim);
+      if (dim % (int64_t{split->parts} * size) != 0)
+        throw CheckpointError("checkpoint '" + dir_ + "': parameter \"" + info.name + "\" has " +
+                              std::to_string(dim) + " along dim " + std::to_string(split->dim) +
+                              ", which tensor-parallel size " + std::to_string(size) +
+                              " does not divide");
+      info.shape[split->dim] /= size;
+    }
+    info.numel = 1;
+    for (int64_t d : info.shape) info.numel *= d;
+    trainable_.push_back(info);
+  }
+}
+
+std::vector<int64_t> TagReader::module_tensor_shape(const ModuleFile& f,
+                                                    const SafetensorsEntry& e) const {
+  if (own_view()) return e.shape;
+  std::vector<int64_t> shape = e.shape;
+  if (const TensorSplit* saved = saved_split(f.prefix + e.name))
+    shape = unsplit_shape(shape, *saved, tensor_size_);
+  if (const TensorSplit* split = view_split(f.prefix + e.name)) shape.at(split->dim) /= view_size_;
+  return shape;
+}
+
+at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entry) {
+  const TensorSplit* split = saved_split(f.prefix + entry);
+  if (!split) return tensor(f.file, entry);
+  // Slice t holds, of each of `parts` blocks along dim, the t-th of tensor_size_ equal pieces.
+  std::vector<at::Tensor> slices;
+  for (int t = 0; t < tensor_size_; ++t) {
+    at::Tensor slice = tensor(model_states_file_name(t), entry);
+    auto blocks = slice.sizes().vec();
+    blocks[split->dim] /= split->parts;
+    blocks.insert(blocks.begin() + split->dim, split->parts);
+    slices.push_back(slice.reshape(blocks));
+  }
+  at::Tensor whole = at::cat(slices, split->dim + 1);
+  auto shape = whole.sizes().vec();
+  shape[split->dim] *= shape[split->dim + 1];
+  shape.erase(shape.begin() + split->dim + 1);
+  return whole.reshape(shape);
+}
+
+void TagReader::read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst) {
+  const std::string name = f.prefix + entry;
+  if (own_view() || (!saved_split(name) && !view_split(name)))
+    return read_tensor(f.file, entry, dst);
+  at::Tensor whole = module_tensor(f, entry);
+  if (const TensorSplit* split = view_split(name)) {  // rank view_'s piece of every block
+    auto blocks = whole.sizes().vec();
+    blocks[split->dim] /= split->parts;
+    blocks.insert(blocks.begin() + split->dim, split->parts);
+    const int64_t per_rank = blocks[split->dim + 1] / view_size_;
+    whole = whole.reshape(blocks).narrow(split->dim + 1, view_ * per_rank, per_rank);
+  }
+  if (whole.numel() != dst.numel())
+    throw CheckpointError("checkpoint file '" + join_path(dir_, f.file) + "': tensor \"" + entry +
+                          "\" has " + std::to_string(whole.numel()) +
+                          " elements in this view, read into " + std::to_string(dst.numel()));
+  dst.copy_(whole.reshape(dst.sizes()));
+}
+
 std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offset,
                                           int64_t numel) const {
   std::vector<int> out;
-  auto it = pieces_.find(param);
-  if (it == pieces_.end()) return out;
+  const auto& pieces = pieces_.at(own_view() ? view_ : 0);
+  auto it = pieces.find(param);
+  if (it == pieces.end()) return out;
   for (const auto& p : it->second)
     if (std::min(offset + numel, p.offset + p.numel) > std::max(offset, p.offset))
       out.push_back(p.rank);
@@ -131,11 +276,13 @@ std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offs
 }
 
 template <class Visit>
-void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
-                               int64_t numel, Visit&& visit) {
-  auto it = pieces_.find(param);
-  if (it == pieces_.end())
-    throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"");
+int64_t TagReader::for_each_piece_of(int t, const std::string& kind, const std::string& param,
+                                     int64_t offset, int64_t numel, int64_t into, Visit&& visit) {
+  auto it = pieces_.at(t).find(param);
+  if (it == pieces_.at(t).end())
+    throw CheckpointError(
+        "checkpoint '" + dir_ + "' has no state for parameter \"" + param + "\"" +
+        (tensor_size_ > 1 ? " of tensor-parallel rank " + std::to_string(t) : ""));
   int64_t covered = 0;
   const std::string tensor_name = fragment_tensor_name(kind, param);
   for (const auto& p : it->second) {
@@ -148,8 +295,42 @@ void TagReader::for_each_piece(const std::string& kind, const std::string& param
                             tensor_name + "\" has " + std::to_string(e.numel()) + " " +
                             c10::toString(e.dtype) + " elements, the manifest says " +
                             std::to_string(p.numel) + " F32");
-    visit(file_name, e, lo - p.offset, lo - offset, hi - lo);
+    visit(file_name, e, lo - p.offset, into + lo - offset, hi - lo);
     covered += hi - lo;
+  }
+  return covered;
+}
+
+// The view's range -> ranges of the unsplit tensor (resharding: through the model's cut) ->
+// runs in the saved slices (through the saved cut) -> the saved fragments.
+template <class Visit>
+void TagReader::for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
+                               int64_t numel, Visit&& visit) {
+  int64_t covered = 0;
+  if (own_view()) {
+    covered = for_each_piece_of(view_, kind, param, offset, numel, 0, visit);
+  } else {
+    auto shape = unsplit_shapes_.find(param);
+    if (shape == unsplit_shapes_.end())
+      throw CheckpointError("checkpoint '" + dir_ + "' has no state for parameter \"" + param +
+                            "\"");
+    const TensorSplit* saved = saved_split(param);
+    auto unsplit_range = [&](int64_t begin, int64_t n, int64_t into) {
+      if (!saved) {
+        covered += for_each_piece_of(0, kind, param, begin, n, into, visit);
+        return;
+      }
+      for_each_slice_run(shape->second, *saved, tensor_size_, begin, n,
+                         [&](int t, int64_t local, int64_t at, int64_t m) {
+                           covered += for_each_piece_of(t, kind, param, local, m, into + at, visit);
+                         });
+    };
+    if (const TensorSplit* split = view_split(param))
+      for_each_unsplit_run(
+          shape->second, *split, view_size_, view_, offset, numel,
+          [&](int64_t begin, int64_t into, int64_t n) { unsplit_range(begin, n, into); });
+    else
+      unsplit_range(offset, numel, 0);
   }
   if (covered != numel)
     throw CheckpointError("checkpoint '" + dir_ + "': the saved fragments of \"" + param +

@@ -74,6 +74,32 @@ class TagReader {
   // Ranks whose files hold some of [offset, offset + numel) of `param`.
   std::vector<int> ranks_holding(const std::string& param, int64_t offset, int64_t numel) const;
 
+  // ---- tensor-parallel checkpoints (layout.h) ----
+  // The saved tensor-parallel size (1 for any other checkpoint) and how each split parameter is
+  // cut. By default such a checkpoint reads as the unsplit model: trainable() has unsplit shapes;
+  // read_range / check_range take ranges of the unsplit tensor and assemble them from the
+  // fragments of each tensor rank's slice (a replicated parameter from tensor rank 0's); the
+  // engine and module files are tensor rank 0's (module_tensor merges a split one).
+  int tensor_parallel_size() const { return tensor_size_; }
+  const std::map<std::string, TensorSplit>& splits() const { return splits_; }
+  // From now on reads as rank `t` of a tensor-parallel group of `size` would: trainable() has its
+  // slices' shapes, read_range / check_range take ranges of its slices. At the saved size, tensor
+  // rank t's own files (its fragments, its mp_rank file): exactly what it saved. At another size
+  // (resharding; a checkpoint without tensor parallelism is size 1), each range of the new slice
+  // is mapped onto the unsplit tensor by `model_splits` (how the loading model cuts its split
+  // parameters) and assembled from the saved slices holding it; module tensors are merged and
+  // re-cut one at a time (read_module_tensor). Throws CheckpointError naming the parameter when
+  // the model cuts a parameter otherwise than the checkpoint did, or `size` does not divide it.
+  void view_as_tensor_rank(int size, int t, const std::map<std::string, TensorSplit>& model_splits);
+  // The module file's tensor `entry`, unsplit: a split one merged in memory from every tensor
+  // rank's model file, any other read as it is.
+  at::Tensor module_tensor(const ModuleFile& f, const std::string& entry);
+  // Its shape as this view sees it (unsplit, this tensor rank's slice, or the resharded slice),
+  // from the headers.
+  std::vector<int64_t> module_tensor_shape(const ModuleFile& f, const SafetensorsEntry& e) const;
+  // Reads it as this view sees it into `dst` (converted as read_tensor does).
+  void read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst);
+
  private:
   struct Piece {
     int rank = 0;
@@ -91,6 +117,16 @@ class TagReader {
   template <class Visit>
   void for_each_piece(const std::string& kind, const std::string& param, int64_t offset,
                       int64_t numel, Visit&& visit);
+  // The same within tensor rank t's pieces; `into` is added to the range positions. Returns the
+  // elements covered.
+  template <class Visit>
+  int64_t for_each_piece_of(int t, const std::string& kind, const std::string& param,
+                            int64_t offset, int64_t numel, int64_t into, Visit&& visit);
+  // The view is one saved tensor rank's own files, read as they are.
+  bool own_view() const { return view_ >= 0 && view_size_ == tensor_size_; }
+  // How the view cuts `name` (nullptr: it is whole in the view).
+  const TensorSplit* view_split(const std::string& name) const;
+  const TensorSplit* saved_split(const std::string& name) const;
 
   FileSystem& fs_;
   std::string dir_;
@@ -103,7 +139,15 @@ class TagReader {
   std::vector<std::string> partition_files_;
   std::vector<ModuleFile> module_files_;
   std::string engine_file_;
-  std::map<std::string, std::vector<Piece>> pieces_;  // parameter -> saved fragments
+  // Per tensor rank: parameter -> saved fragments (one map when not tensor-parallel).
+  std::vector<std::map<std::string, std::vector<Piece>>> pieces_;
+  int tensor_size_ = 1;
+  int view_ = -1;  // the tensor rank viewed as; -1: the unsplit view
+  int view_size_ = 1;
+  std::map<std::string, TensorSplit> view_splits_;  // resharding: the loading model's cuts
+  std::map<std::string, std::vector<int64_t>> unsplit_shapes_;  // trainable parameters'
+  std::map<std::string, TensorSplit> splits_;
+  std::vector<TrainableInfo> slice_trainable_;  // one tensor rank's (the manifest's list)
   std::map<std::string, OpenFile> files_;
 };
 

@@ -189,13 +189,11 @@ void check_topology(const comm::Topology& t, const comm::CommunicatorPtr& given)
                       "give one of them");
 }
 
-// Tensor parallelism: the stage counts the norm of split parameters over the tensor group.
+// Tensor parallelism: the stage counts the norm of split parameters over the tensor group. Every
+// ZeRO stage partitions each tensor rank's (already split) parameters over its data-parallel group.
 void wrap_tensor_parallel(EngineState& s) {
   const int tensor = s.topology->grid().tensor_size();
   if (tensor == 1) return;
-  if (s.config.zero_optimization.stage >= 3)
-    throw ConfigError("zero_optimization.stage = 3 with tensor parallelism (tensor size " +
-                      std::to_string(tensor) + ") is not supported (stages 0, 1 and 2 are)");
   s.stage = tp::tensor_parallel_stage(std::move(s.stage), s.topology->tensor_parallel(),
                                       tp::split_parameters(*s.module));
   // Every rank of a tensor group has the same loss and norm: its rank 0 alone prints and writes

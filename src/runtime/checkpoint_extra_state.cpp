@@ -65,12 +65,11 @@ optim::ExtraState read_extra_state(TagReader& reader, const EngineState& s) {
   if (!extra) return out;
   comm::Communicator& job = job_comm(s);
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
-  const int saved_dp = reader.world_size() / reader.pipeline_stages();
   const bool same_layout = reader.world_size() == job.world_size() && reader.pipeline_stages() == stages;
   const std::string kind = extra->extra_state_kind();
   if (same_layout || reader.pipeline_stages() == stages) {
-    const int first_of_stage = (job.rank() / s.comm->world_size()) * saved_dp;
-    read_from(reader, reader.partition_file(first_of_stage), kind, "replicated", out.replicated);
+    read_from(reader, reader.partition_file(first_saved_rank_of_group(reader, s)), kind,
+              "replicated", out.replicated);
   }
   if (same_layout)
     read_from(reader, reader.partition_file(job.rank()), kind, "per_rank", out.per_rank);

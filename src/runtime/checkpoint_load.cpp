@@ -18,6 +18,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/tp.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/stage.h"
 
@@ -39,7 +40,7 @@ struct Plan {
   nlohmann::json model_meta;
   SavedEngineState engine;
   // Module parameter or buffer -> (file, tensor name in it), for those the checkpoint holds.
-  std::map<std::string, std::pair<std::string, std::string>> module_tensors;
+  std::map<std::string, std::pair<ModuleFile, std::string>> module_tensors;
   std::unique_ptr<zero::FragmentState> state;  // fragments to fill: masters (and moments)
   std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
@@ -86,11 +87,13 @@ void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& pla
                               " (pass load_module_strict=false to keep its current value)");
       continue;
     }
-    if (e->shape != shape)
-      throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) + "': tensor \"" +
-                            e->name + "\" has shape " + c10::str(c10::IntArrayRef(e->shape)) +
-                            ", the module's is " + c10::str(c10::IntArrayRef(shape)));
-    plan.module_tensors[name] = {f->file, e->name};
+    const auto saved = reader.module_tensor_shape(*f, *e);  // resharded across tensor sizes
+    if (saved != shape)
+      throw CheckpointError("checkpoint file '" + join_path(reader.dir(), f->file) +
+                            "': tensor \"" + e->name + "\" has shape " +
+                            c10::str(c10::IntArrayRef(saved)) + ", the module's is " +
+                            c10::str(c10::IntArrayRef(shape)));
+    plan.module_tensors[name] = {*f, e->name};
   }
   if (!strict) return;
   for (const auto& [file, f] : files_used)
@@ -123,23 +126,29 @@ void check_trainable(const TagReader& reader, const EngineState& s,
 void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int stage = s.config.zero_optimization.stage, world = s.comm->world_size();
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
-  const int saved_dp = reader.world_size() / reader.pipeline_stages();
+  const int saved_dp =
+      reader.world_size() / reader.pipeline_stages() / reader.tensor_parallel_size();
   const bool replicated = reader.zero_stage() == 0 && s.stage->replicated_state();
-  const bool same_stages = reader.pipeline_stages() == stages;
+  const bool same_stages =
+      reader.pipeline_stages() == stages && reader.tensor_parallel_size() == tensor_size(s);
   if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
-    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state "
-                          "saved at world size " + std::to_string(reader.world_size()) +
-                          " (pipeline stages " + std::to_string(reader.pipeline_stages()) +
-                          "), ZeRO stage " + std::to_string(reader.zero_stage()) +
+    throw CheckpointError("checkpoint '" + reader.dir() +
+                          "' holds a non-Adam optimizer's state "
+                          "saved at world size " +
+                          std::to_string(reader.world_size()) + " (pipeline stages " +
+                          std::to_string(reader.pipeline_stages()) + ", tensor-parallel size " +
+                          std::to_string(reader.tensor_parallel_size()) + "), ZeRO stage " +
+                          std::to_string(reader.zero_stage()) +
                           "; it reloads only at the same world size, pipeline and stage (or stage "
-                          "0 to stage 0), not at world size " + std::to_string(job_comm(s).world_size()) +
-                          " (pipeline stages " + std::to_string(stages) + "), stage " +
-                          std::to_string(stage) + ". Pass load_optimizer_states=false to load the "
+                          "0 to stage 0), not at world size " +
+                          std::to_string(job_comm(s).world_size()) + " (pipeline stages " +
+                          std::to_string(stages) + "), stage " + std::to_string(stage) +
+                          ". Pass load_optimizer_states=false to load the "
                           "weights alone");
-  // Stage 0 replicates the state: the file of the pipeline stage's first data-parallel rank
-  // serves every rank (ranks are pipe-major: stage = job rank / data-parallel size).
+  // Stage 0 replicates the state: the file of the group's first data-parallel rank serves every
+  // rank of it.
   const int job_rank = job_comm(s).rank();
-  const int file_rank = replicated ? (job_rank / world) * saved_dp : job_rank;
+  const int file_rank = replicated ? first_saved_rank_of_group(reader, s) : job_rank;
   at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
@@ -211,7 +220,19 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
   return e;
 }
 
+// Each rank reads the checkpoint as its tensor rank's: at the saved tensor size its own slices'
+// files (resharding across data-parallel sizes and stages as usual); at another size (a
+// checkpoint without tensor parallelism is size 1) the slices this model's layers cut, assembled
+// from the saved ones (TagReader::view_as_tensor_rank).
+void select_tensor_rank(TagReader& reader, const EngineState& s) {
+  std::map<std::string, TensorSplit> splits;
+  for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
+    splits[name] = {dim.dim, dim.parts};
+  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits);
+}
+
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
+  select_tensor_rank(reader, s);
   Plan plan;
   plan.model_meta = reader.file_metadata(reader.engine_file());
   plan_module(reader, s, o.load_module_strict, plan);
@@ -220,14 +241,17 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   const auto names = trainable_names(*s.module);
   check_trainable(reader, s, names);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
-  if (o.load_optimizer_states && s.optimizer) {
+  // An optimizer's extra state (optim/extra_state.h) is per rank's parameters: not carried
+  // across tensor sizes.
+  if (o.load_optimizer_states && s.optimizer && reader.tensor_parallel_size() == tensor_size(s)) {
     plan.load_extra_state = true;
     plan.extra_state = read_extra_state(reader, s);
   }
   // RNG states only where every rank has its saved counterpart: the same world and pipeline.
   comm::Communicator& job = job_comm(s);
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
-  if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages)
+  if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages &&
+      reader.tensor_parallel_size() == tensor_size(s))
     plan.rng_state = reader.tensor(reader.partition_file(job.rank()), "rng_state");
   return plan;
 }
@@ -259,7 +283,8 @@ void apply_module(EngineState& s, TagReader& reader, const Plan& plan) {
   const bool rank0 = s.comm->rank() == 0;
   auto read = [&](const std::string& name, const at::Tensor& dst) {
     auto it = plan.module_tensors.find(name);
-    if (it != plan.module_tensors.end()) reader.read_tensor(it->second.first, it->second.second, dst);
+    if (it != plan.module_tensors.end())
+      reader.read_module_tensor(it->second.first, it->second.second, dst);
   };
   for_each_whole_parameter(s, /*modifier_rank=*/0,
                            [&](const std::string& name, const at::Tensor& p, bool grouped) {
@@ -303,6 +328,13 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
 }
 
 }  // namespace
+
+int first_saved_rank_of_group(const TagReader& reader, const EngineState& s) {
+  if (reader.tensor_parallel_size() > 1) return tensor_rank(s);  // rank d * T + t with d = 0
+  // Ranks are pipe-major: stage = job rank / data-parallel size.
+  const int saved_dp = reader.world_size() / reader.pipeline_stages();
+  return (job_comm(s).rank() / s.comm->world_size()) * saved_dp;
+}
 
 LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& load_dir,
                                         const LoadOptions& o) {

@@ -1,4 +1,5 @@
-// save_checkpoint: every rank writes its optim-states file, rank 0 the model-states file; after
+// save_checkpoint: every rank writes its optim-states file, rank 0 the model-states file (with
+// tensor parallelism: each tensor rank's data-parallel rank 0 its mp_rank_TT file); after
 // every rank has published its file, rank 0 writes the manifest and then `latest`. Each file goes
 // through write_file_atomic (temp name, fsync, rename, fsync dir), so a save killed anywhere leaves
 // the previous checkpoint and `latest` untouched, and a tag without a manifest is never loaded.
@@ -14,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/tp.h"
 #include "partition/partition.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/adam_state_checkpoint.h"
@@ -83,7 +85,7 @@ nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& clien
       {"client_state", client_state},
       {"buffer_names", nlohmann::json::array()},
       {"dp_world_size", s.comm->world_size()},
-      {"mp_world_size", s.pipeline_files ? s.pipeline_files->stages : 1},
+      {"mp_world_size", s.pipeline_files ? s.pipeline_files->stages : tensor_size(s)},
       {"zero_stage", s.config.zero_optimization.stage},
       {"ds_version", library_version()},
       {"ds_config", s.config.raw},
@@ -203,7 +205,7 @@ void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
   if (!rank0) return walk(nullptr);
   bool walked = false;
   try {
-    write_safetensors_streamed(fs, join_path(dir, model_states_file_name()), entries,
+    write_safetensors_streamed(fs, join_path(dir, model_states_file_name(tensor_rank(s))), entries,
                                {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
                                  walked = true;
                                  walk(&w);
@@ -215,25 +217,49 @@ void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
   }
 }
 
+// Every file of a plain (or tensor-parallel) save: the model files, then the optim files in
+// global rank order (tensor-parallel: rank = data-parallel rank * tensor size + tensor rank).
+std::vector<std::string> plain_files(const EngineState& s) {
+  const int tensor = tensor_size(s), data = s.comm->world_size();
+  std::vector<std::string> files;
+  for (int t = 0; t < tensor; ++t) files.push_back(model_states_file_name(t));
+  for (int r = 0; r < data * tensor; ++r)
+    files.push_back(optim_states_file_name(r / tensor, r % tensor));
+  return files;
+}
+
+// The manifest of a plain save. Tensor-parallel: every tensor rank's data-parallel group laid its
+// slices out alike (the slices have equal shapes), so each partition's fragments are those of its
+// data-parallel rank; "tensor_parallel" says how to merge the slices (layout.h).
 nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
                                  const std::string& tag, const std::vector<std::string>& names,
                                  const std::vector<std::string>& files, const std::string& format) {
-  const int world = s.comm->world_size();
+  const int data = s.comm->world_size(), tensor = tensor_size(s);
   std::vector<int64_t> numels;
   for (const auto& p : s.trainable) numels.push_back(whole_numel(s, p));
   nlohmann::json partitions = nlohmann::json::array();
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < data * tensor; ++r) {
+    const int d = r / tensor, t = r % tensor;
     nlohmann::json frags = nlohmann::json::array();
-    for (auto& f : s.stage->fragments_of_rank(r, numels, world))
+    for (auto& f : s.stage->fragments_of_rank(d, numels, data))
       frags.push_back({names[f.param], f.offset, f.numel});
-    partitions.push_back({{"rank", r}, {"file", optim_states_file_name(r)}, {"fragments", frags}});
+    nlohmann::json part = {
+        {"rank", r}, {"file", optim_states_file_name(d, t)}, {"fragments", frags}};
+    if (tensor > 1) part["tensor_rank"] = t;
+    partitions.push_back(part);
   }
   nlohmann::json tensors = nlohmann::json::object();
   for (auto& f : files) tensors[f] = safetensors_tensor_list(fs, join_path(dir, f));
-  nlohmann::json meta = manifest_base(s, tag, format, world);
+  nlohmann::json meta = manifest_base(s, tag, format, data * tensor);
   meta["trainable"] = trainable_list(s, names);
   meta["partitions"] = partitions;
   meta["tensors"] = tensors;
+  if (tensor > 1) {
+    nlohmann::json split = nlohmann::json::object();
+    for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
+      split[name] = {{"dim", dim.dim}, {"parts", dim.parts}};
+    meta["tensor_parallel"] = {{"size", tensor}, {"data_parallel_size", data}, {"split", split}};
+  }
   return meta;
 }
 
@@ -285,8 +311,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   const std::string format = optimizer_format(s);
   const auto* pipeline = s.pipeline_files.get();
   const std::string optim_file =
-      pipeline ? optim_states_file_name(s.comm->rank(), pipeline->stage)
-               : optim_states_file_name(s.comm->rank());
+      optim_states_file_name(s.comm->rank(), pipeline ? pipeline->stage : tensor_rank(s));
   test_kill_point("start", tag);
 
   // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it
@@ -326,8 +351,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     if (pipeline) {
       meta = pipeline_manifest_metadata(s, fs, dir, tag, format, job.world_size(), files);
     } else {
-      files = {model_states_file_name()};
-      for (int r = 0; r < s.comm->world_size(); ++r) files.push_back(optim_states_file_name(r));
+      files = plain_files(s);
       meta = manifest_metadata(s, fs, dir, tag, names, files, format);
     }
     test_kill_point("before_manifest", tag);

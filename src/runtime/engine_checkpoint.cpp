@@ -7,18 +7,21 @@
 
 namespace deepspeed {
 namespace {
-// One model-states file per tensor-parallel rank (DeepSpeed's mp_rank_XX) is not written yet:
-// refuse rather than let the ranks of a group overwrite each other's slices.
-void refuse_tensor_parallel(const EngineState& s, const char* what) {
-  if (s.topology && s.topology->grid().tensor_size() > 1)
-    throw ConfigError(std::string(what) + ": checkpoints of tensor-parallel training (tensor size " +
-                      std::to_string(s.topology->grid().tensor_size()) + ") are not supported yet");
+// Tensor x pipeline parallelism would need DeepSpeed's layer_LL-model_TT files: not written yet.
+void refuse_tensor_pipeline(const EngineState& s, const char* what) {
+  if (s.pipeline_files && checkpoint::tensor_size(s) > 1)
+    throw ConfigError(std::string(what) +
+                      ": checkpoints of tensor x pipeline parallelism (tensor "
+                      "size " +
+                      std::to_string(checkpoint::tensor_size(s)) + ", " +
+                      std::to_string(s.pipeline_files->stages) +
+                      " pipeline stages) are not supported yet");
 }
 }  // namespace
 
 bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                              const nlohmann::json& client_state, bool save_latest) {
-  refuse_tensor_parallel(*state_, "save_checkpoint");
+  refuse_tensor_pipeline(*state_, "save_checkpoint");
   checkpoint::SaveOptions o;
   o.tag = tag;
   o.client_state = client_state.is_null() ? nlohmann::json::object() : client_state;
@@ -30,7 +33,7 @@ bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag
 LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std::string& tag,
                                          bool load_module_strict, bool load_optimizer_states,
                                          bool load_lr_scheduler_states, bool load_module_only) {
-  refuse_tensor_parallel(*state_, "load_checkpoint");
+  refuse_tensor_pipeline(*state_, "load_checkpoint");
   checkpoint::LoadOptions o;
   o.tag = tag;
   o.load_module_strict = load_module_strict;
@@ -41,6 +44,11 @@ LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std:
 }
 
 namespace checkpoint {
+
+int tensor_size(const EngineState& s) { return s.topology ? s.topology->grid().tensor_size() : 1; }
+int tensor_rank(const EngineState& s) {
+  return tensor_size(s) > 1 ? s.topology->tensor_parallel()->rank() : 0;
+}
 
 std::string precision_name(const Config& config) {
   if (config.bf16.enabled) return "bf16";

@@ -17,6 +17,8 @@
 namespace deepspeed {
 namespace checkpoint {
 
+class TagReader;
+
 struct SaveOptions {
   std::string tag;  // "" = "global_step<global_steps>"
   nlohmann::json client_state = nlohmann::json::object();
@@ -62,6 +64,15 @@ std::vector<std::string> trainable_names(torch::nn::Module& module);
 // error, every rank throws CheckpointError (the failing rank its own message) so no rank is left
 // waiting in a later collective. `what` names the phase. COLLECTIVE.
 void run_agreed(comm::Communicator& comm, const std::string& what, const std::function<void()>& body);
+
+// Tensor-parallel training (InitializeArgs.topology): the tensor size (1 without) and this rank's
+// tensor-parallel rank (0 without), which names its mp_rank_TT files.
+int tensor_size(const EngineState& s);
+int tensor_rank(const EngineState& s);
+// The saved rank whose optim file holds what this rank's group replicates (a libtorch optimizer
+// archive at stage 0, replicated optimizer extra state): its pipeline stage's / tensor rank's
+// data-parallel rank 0. REQUIRES: the checkpoint has this job's pipeline stages and tensor size.
+int first_saved_rank_of_group(const TagReader& reader, const EngineState& s);
 
 // Every rank that saves into one tag: the topology's world (a pipeline's stages together), else
 // the engine's communicator.

@@ -2,6 +2,7 @@
 // consumption, same values) and keeping this rank's slice.
 #include <torch/torch.h>
 
+#include <unordered_map>
 #include <unordered_set>
 
 #include "deepspeed/tp.h"
@@ -28,6 +29,21 @@ std::vector<at::Tensor> split_parameters(const torch::nn::Module& module) {
     if (const auto* layer = dynamic_cast<const SplitLayer*>(m.get()))
       for (auto& p : layer->split_parameters())
         if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+  return out;
+}
+
+std::vector<std::pair<std::string, SplitDim>> split_parameter_dims(
+    const torch::nn::Module& module) {
+  std::unordered_map<const void*, SplitDim> dims;
+  for (const auto& m : module.modules(/*include_self=*/true))
+    if (const auto* layer = dynamic_cast<const SplitLayer*>(m.get()))
+      for (auto& p : layer->split_parameters()) dims[p.unsafeGetTensorImpl()] = layer->split_dim(p);
+  // named_parameters() lists a tensor under every name it is registered with (a tied head).
+  std::vector<std::pair<std::string, SplitDim>> out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    auto it = dims.find(p.value().unsafeGetTensorImpl());
+    if (it != dims.end()) out.emplace_back(p.key(), it->second);
+  }
   return out;
 }
 

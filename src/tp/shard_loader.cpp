@@ -18,7 +18,9 @@ using checkpoint::posix_file_system;
 
 // A training checkpoint: trainable parameters from the fp32 fragments of whichever ranks saved
 // them; anything else (buffers, frozen parameters) from the module files, read whole once (they
-// are small: masks, counters) and sliced in memory.
+// are small: masks, counters) and sliced in memory. A tensor-parallel training checkpoint reads
+// as the unsplit model (TagReader's default view): ranges of a split parameter are assembled from
+// the saved slices, so any tp_size reads it.
 class CheckpointSource : public WeightSource {
  public:
   CheckpointSource(const std::string& path, const std::string& tag)
@@ -28,7 +30,8 @@ class CheckpointSource : public WeightSource {
     for (const auto& mf : reader_.module_files())
       for (const auto& e : reader_.file(mf.file).entries)
         if (!trainable_.count(mf.prefix + e.name))
-          others_[mf.prefix + e.name] = {mf.file, e.name, e.shape, at::Tensor()};
+          others_[mf.prefix + e.name] = {mf, e.name, reader_.module_tensor_shape(mf, e),
+                                         at::Tensor()};
   }
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
     if (auto it = trainable_.find(name); it != trainable_.end()) return it->second;
@@ -38,14 +41,15 @@ class CheckpointSource : public WeightSource {
   void read(const std::string& name, int64_t offset, at::Tensor dst) override {
     if (trainable_.count(name)) return reader_.read_range("fp32", name, offset, dst);
     Other& o = others_.at(name);
-    if (!o.whole.defined()) o.whole = reader_.tensor(o.file, o.entry).reshape({-1});
+    if (!o.whole.defined()) o.whole = reader_.module_tensor(o.file, o.entry).reshape({-1});
     dst.copy_(o.whole.narrow(0, offset, dst.numel()));
   }
   const std::string& path() const override { return dir_; }
 
  private:
   struct Other {
-    std::string file, entry;
+    checkpoint::ModuleFile file;
+    std::string entry;
     std::vector<int64_t> shape;
     at::Tensor whole;
   };

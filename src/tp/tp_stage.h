@@ -5,7 +5,7 @@
 //          + the replicated parameters' squares (the same on every rank of the group)
 // which is Megatron's rule (count a parameter when it is split or when tp_rank == 0), computed
 // with one data-parallel and one tensor-parallel all-reduce. Everything else is the inner
-// stage's.
+// stage's (any ZeRO stage 0-3).
 #pragma once
 #include <memory>
 #include <vector>

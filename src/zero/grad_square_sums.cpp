@@ -9,6 +9,7 @@
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
 #include "zero/stage.h"
+#include "zero/stage3/stage3.h"
 
 namespace deepspeed {
 namespace zero {
@@ -60,6 +61,26 @@ std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::
     if (p.grad().defined())
       sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] +=
           p.grad().to(torch::kDouble).pow(2).sum();
+  return to_pair(sums);
+}
+
+// Stage 3: this rank's gradient partition holds its slice of every unit, laid out as its
+// checkpoint fragments (`at`: where each lies in the partition); slices are disjoint over the
+// data-parallel group, so the sums add over it.
+std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& selected) {
+  if (grads_)
+    throw ConfigError(
+        "tensor parallelism with zero_optimization.offload_optimizer.device = nvme "
+        "at stage 3 is not supported (the gradient partition is on disk, its norm "
+        "cannot be split by parameter)");
+  const auto chosen = identities(selected);
+  std::vector<bool> split(param_index_.size());
+  for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;
+  at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
+  for (const auto& f : own_fragments())
+    sums[split.at(f.param) ? 0 : 1] +=
+        grad_partition_.narrow(0, f.at, f.numel).to(torch::kDouble).pow(2).sum();
+  ctx_.comm->all_reduce(sums)->wait();
   return to_pair(sums);
 }
 

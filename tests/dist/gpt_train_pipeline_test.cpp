@@ -98,7 +98,9 @@ TEST(GptTrainPipeline, TensorParallelStagesPrintTheLossesOfOne) {
   auto saved = gpt_train(b, 4, "--pipeline_stages 2 --tensor_parallel 2 --steps 1 --save_dir " +
                                    (b / "ck") + " --save_interval 1");
   EXPECT_FALSE(saved.ok);
-  EXPECT_NE(saved.output.find("save_checkpoint: checkpoints of tensor-parallel"), std::string::npos)
+  EXPECT_NE(saved.output.find("save_checkpoint: checkpoints of tensor x pipeline parallelism "
+                              "(tensor size 2, 2 pipeline stages)"),
+            std::string::npos)
       << saved.output;
 }
 

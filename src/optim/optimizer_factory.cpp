@@ -10,9 +10,10 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
-#include "optim/momentum_mask.h"
 #include "optim/lamb.h"
+#include "optim/momentum_mask.h"
 #include "optim/param_reader.h"
+#include "optim/self_communicating.h"
 
 namespace deepspeed {
 namespace {
@@ -200,6 +201,21 @@ void set_exp_avg_mask(torch::optim::Optimizer& optimizer, const at::Tensor& para
   if (!masks)
     throw ConfigError("set_exp_avg_mask: the optimizer is not a 1-bit optimizer (OneBitAdam, "
                       "ZeroOneAdam, OneBitLamb); only they compress momentum");
+  // 16 bits: the optimizer steps one flat fp32 master; the mask goes to the parameter's segment.
+  auto* onebit = dynamic_cast<optim::SelfCommunicatingOptimizer*>(&optimizer);
+  if (onebit && !onebit->segment_params().empty()) {
+    const auto& params = onebit->segment_params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      if (mask.sizes() != params[i].sizes())
+        throw ConfigError("set_exp_avg_mask: mask of shape " + c10::str(mask.sizes()) +
+                          " for a parameter of shape " + c10::str(params[i].sizes()));
+      masks->set_mask(i, mask.to(torch::kFloat).reshape({-1}).contiguous());
+      return;
+    }
+    throw ConfigError("set_exp_avg_mask: the tensor of shape " + c10::str(param.sizes()) +
+                      " is not one of the model's trainable parameters");
+  }
   size_t index = 0;
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) {

@@ -10,6 +10,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/adam_keys.h"
 #include "optim/lamb.h"
 #include "optim/momentum_mask.h"
 #include "optim/param_reader.h"
@@ -51,27 +52,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 AdamHyper read_adam(ParamReader& r, const std::string& type) {
   AdamHyper h;
-  h.lr = r.get_double("lr", h.lr);
-  auto betas = r.get_list("betas", {h.beta1, h.beta2}, 2);
-  h.beta1 = betas[0];
-  h.beta2 = betas[1];
-  h.eps = r.get_double("eps", h.eps);
-  h.weight_decay = r.get_double("weight_decay", h.weight_decay);
+  read_adam_keys(r, h, "FusedAdam");
   bool adam_w_mode = r.get_bool("adam_w_mode", true);
   h.adamw_mode = type == "AdamW" || adam_w_mode;  // DeepSpeed: AdamW is decoupled regardless
   h.bias_correction = r.get_bool("bias_correction", true);
   r.get_bool("torch_adam", false);    // selects torch.optim.Adam in DeepSpeed; always so here
   r.get_bool("set_grad_none", true);  // FusedAdam's zero_grad flavour; no effect here
-  if (r.get_bool("amsgrad", false)) {
-    throw ConfigError(r.path("amsgrad") +
-                      " = true is not supported (DeepSpeed's FusedAdam has "
-                      "no AMSGrad variant either)");
-  }
-  check_range(r, "lr", h.lr, 0, kInf);
-  check_range(r, "betas[0]", h.beta1, 0, 1);
-  check_range(r, "betas[1]", h.beta2, 0, 1);
-  check_range(r, "eps", h.eps, 0, kInf);
-  check_range(r, "weight_decay", h.weight_decay, 0, kInf);
   return h;
 }
 

@@ -15,10 +15,10 @@
 // own scales, as in fp32. (DeepSpeed's FP16_Optimizer gives its 1-bit Adam the flat group, one
 // scale; its 1-bit Lamb evens the sizes out with scaling_coeff for the same reason.)
 #pragma once
+#include <ATen/ATen.h>
+
 #include <utility>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 namespace deepspeed {
 namespace optim {

@@ -83,7 +83,8 @@ double FlatStage::global_grad_norm() {
   ownership_->sum_over_owners(sq);
   const double norm = std::sqrt(sq.item<double>());
   if (!gradients_stay_local() || ctx_.world_size() == 1) return norm;
-  at::Tensor overflowed = torch::full({1}, std::isfinite(norm) ? 0.0 : 1.0, ctx_.options(torch::kDouble));
+  at::Tensor overflowed =
+      torch::full({1}, std::isfinite(norm) ? 0.0 : 1.0, ctx_.options(torch::kDouble));
   ctx_.comm->all_reduce(overflowed)->wait();
   return overflowed.item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN() : norm;
 }

@@ -38,8 +38,8 @@ struct StepRecord {
   int64_t all_to_all = 0;            // compressed exchanges
   bool applied = false;              // on every rank (false if any rank skipped)
   bool applied_anywhere = false;
-  double loss_scale_spread = -1;     // max - min over ranks
-  double weight_spread = -1;         // max - min over ranks of a parameter checksum
+  double loss_scale_spread = -1;  // max - min over ranks
+  double weight_spread = -1;      // max - min over ranks of a parameter checksum
 };
 
 // A two-layer regression net with fp16 parameters that computes in fp32 (mixed_precision_test).
@@ -97,8 +97,10 @@ std::vector<StepRecord> train_gpt(const json& config, int steps) {
     models.push_back(std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32}));
   std::vector<StepRecord> out(steps);
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    auto r = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = models[comm->rank()], .config_json = config, .training_data = data, .comm = comm});
+    auto r = deepspeed::initialize<gpt::GPTImpl>({.model = models[comm->rank()],
+                                                  .config_json = config,
+                                                  .training_data = data,
+                                                  .comm = comm});
     dstest::mask_attention_key_biases(*r.engine);
     for (int s = 1; s <= steps; ++s) {
       auto batch = r.training_dataloader->next();
@@ -120,7 +122,8 @@ std::vector<StepRecord> train_mlp(const json& config, int steps, int poison_step
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(5);
     auto model = HalfMlp();
-    auto r = deepspeed::initialize<HalfMlpImpl>({.model = model.ptr(), .config_json = config, .comm = comm});
+    auto r = deepspeed::initialize<HalfMlpImpl>(
+        {.model = model.ptr(), .config_json = config, .comm = comm});
     for (int s = 1; s <= steps; ++s) {
       auto [x, y] = mlp_batch(comm->rank(), s);
       comm->reset_stats();

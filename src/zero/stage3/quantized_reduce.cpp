@@ -14,8 +14,13 @@ class QuantizedReduceWork : public comm::Work {
  public:
   QuantizedReduceWork(comm::WorkPtr inner, at::Tensor send, at::Tensor recv, at::Tensor sum,
                       at::Tensor output, int rank, int world, int bits)
-      : inner_(std::move(inner)), send_(std::move(send)), recv_(std::move(recv)),
-        sum_(std::move(sum)), output_(std::move(output)), rank_(rank), world_(world),
+      : inner_(std::move(inner)),
+        send_(std::move(send)),
+        recv_(std::move(recv)),
+        sum_(std::move(sum)),
+        output_(std::move(output)),
+        rank_(rank),
+        world_(world),
         bits_(bits) {}
 
   void wait() override {
@@ -45,8 +50,13 @@ class TwoHopWork : public comm::Work {
  public:
   TwoHopWork(comm::WorkPtr hop1, const QgzHops& hops, at::Tensor send1, at::Tensor recv1,
              at::Tensor partial, at::Tensor output, int64_t chunk)
-      : hop1_(std::move(hop1)), hops_(hops), send1_(std::move(send1)), recv1_(std::move(recv1)),
-        partial_(std::move(partial)), output_(std::move(output)), chunk_(chunk) {}
+      : hop1_(std::move(hop1)),
+        hops_(hops),
+        send1_(std::move(send1)),
+        recv1_(std::move(recv1)),
+        partial_(std::move(partial)),
+        output_(std::move(output)),
+        chunk_(chunk) {}
 
   void wait() override {
     if (!hop1_) return;
@@ -63,7 +73,8 @@ class TwoHopWork : public comm::Work {
     at::Tensor send2 = torch::zeros({nodes * bytes2}, send1_.options());
     for (int m = 0; m < nodes; ++m)
       if (m != n)
-        send2.narrow(0, m * bytes2, bytes2).copy_(comm::quantize(partial_.narrow(0, m * chunk_, chunk_), 8));
+        send2.narrow(0, m * bytes2, bytes2)
+            .copy_(comm::quantize(partial_.narrow(0, m * chunk_, chunk_), 8));
     at::Tensor recv2 = torch::empty_like(send2);
     hops_.inter->all_to_all(recv2, send2)->wait();
     at::Tensor sum = partial_.narrow(0, n * chunk_, chunk_);  // the node's exact partial
@@ -96,8 +107,8 @@ comm::WorkPtr quantized_reduce_scatter_v(comm::Communicator& comm, at::Tensor& o
                                          const at::Tensor& input,
                                          const std::vector<int64_t>& splits, int bits) {
   const int world = comm.world_size(), rank = comm.rank();
-  TORCH_CHECK(static_cast<int>(splits.size()) == world, "quantized_reduce_scatter_v: ",
-              splits.size(), " splits for world size ", world);
+  TORCH_CHECK(static_cast<int>(splits.size()) == world,
+              "quantized_reduce_scatter_v: ", splits.size(), " splits for world size ", world);
   TORCH_CHECK(output.numel() == splits[rank], "quantized_reduce_scatter_v: output of ",
               output.numel(), " elements for a split of ", splits[rank]);
   const int64_t chunk = *std::max_element(splits.begin(), splits.end());
@@ -113,7 +124,7 @@ comm::WorkPtr quantized_reduce_scatter_v(comm::Communicator& comm, at::Tensor& o
     offset += splits[r];
     if (r == rank) {
       sum.narrow(0, 0, splits[r]).copy_(segment);  // exact: it never crosses the wire
-      send.narrow(0, r * bytes, bytes).zero_();     // the chunk to itself is not read
+      send.narrow(0, r * bytes, bytes).zero_();    // the chunk to itself is not read
       continue;
     }
     padded.zero_();

@@ -63,11 +63,15 @@ void check_optimizer_combination(const Config& cfg) {
     if (stage >= 1)
       throw ConfigError(stage_key + ": the 1-bit optimizers compress the data-parallel momentum "
                         "exchange and are not compatible with ZeRO (as in DeepSpeed); use stage 0");
-    if (cfg.fp16.enabled || cfg.bf16.enabled)
+    // 1-bit Adam and 0/1 Adam step one flat fp32 master in 16 bits, as DeepSpeed's
+    // FP16_Optimizer; 1-bit Lamb needs a trust ratio per parameter (DeepSpeed gives it
+    // FP16_UnfusedOptimizer's per-parameter masters), which the flat master does not have.
+    if ((cfg.fp16.enabled || cfg.bf16.enabled) && type == "onebitlamb")
       throw ConfigError(std::string(cfg.fp16.enabled ? "fp16" : "bf16") +
                         ".enabled = true with optimizer.type \"" + cfg.optimizer->type +
-                        "\": deepspeed.cpp runs the 1-bit optimizers in fp32 only (not "
-                        "implemented for 16-bit models)");
+                        "\": deepspeed.cpp runs 1-bit Lamb in fp32 only (its per-parameter "
+                        "trust ratios over the flat 16-bit master are not implemented); "
+                        "OneBitAdam and ZeroOneAdam run in 16 bits");
   }
   if (type == "lamb") {
     if (stage == 3)

@@ -1,16 +1,27 @@
 // The per-parameter torch::optim::AdamWParamState that the optimizers of adam_moments.h keep
 // (FusedAdam's layout: step, exp_avg, exp_avg_sq), read and created in one place for Lamb and the
-// 1-bit family.
+// 1-bit family; and the AdamWOptions all of them are built with.
 #pragma once
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
+#include <tuple>
 #include <vector>
 
 #include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace optim {
+
+// The group options of FusedAdam, Lamb and the 1-bit family, from a hyper-parameter struct with
+// lr, beta1, beta2, eps and weight_decay (fused_adam.h, optimizer_params.h).
+template <class H>
+torch::optim::AdamWOptions adamw_options(const H& h) {
+  return torch::optim::AdamWOptions(h.lr)
+      .betas(std::make_tuple(h.beta1, h.beta2))
+      .eps(h.eps)
+      .weight_decay(h.weight_decay);
+}
 
 // Every parameter of every group, in order.
 inline std::vector<at::Tensor> params_of(const torch::optim::Optimizer& optimizer) {

@@ -2,24 +2,16 @@
 
 #include <torch/torch.h>
 
+#include "optim/adamw_state.h"
 #include "optim/cpu_adam.h"
 #include "optim/device_adam.h"
 #include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace optim {
-namespace {
-torch::optim::AdamWOptions options_from(const AdamHyper& h) {
-  return torch::optim::AdamWOptions(h.lr)
-      .betas(std::make_tuple(h.beta1, h.beta2))
-      .eps(h.eps)
-      .weight_decay(h.weight_decay);
-}
-}  // namespace
-
 FusedAdam::FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                              std::make_unique<torch::optim::AdamWOptions>(options_from(hyper))),
+                              std::make_unique<torch::optim::AdamWOptions>(adamw_options(hyper))),
       adamw_mode_(hyper.adamw_mode), bias_correction_(hyper.bias_correction) {}
 
 void FusedAdam::set_half_copy(const torch::Tensor& param, torch::Tensor target) {

@@ -9,18 +9,9 @@
 
 namespace deepspeed {
 namespace optim {
-namespace {
-torch::optim::AdamWOptions options_from(const LambHyper& h) {
-  return torch::optim::AdamWOptions(h.lr)
-      .betas(std::make_tuple(h.beta1, h.beta2))
-      .eps(h.eps)
-      .weight_decay(h.weight_decay);
-}
-}  // namespace
-
 Lamb::Lamb(std::vector<torch::Tensor> params, const LambHyper& hyper)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                              std::make_unique<torch::optim::AdamWOptions>(options_from(hyper))),
+                              std::make_unique<torch::optim::AdamWOptions>(adamw_options(hyper))),
       hyper_(hyper) {}
 
 void Lamb::set_fragments(std::vector<Fragment> fragments, int64_t num_params, NormSum sum) {

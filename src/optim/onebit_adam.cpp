@@ -27,7 +27,7 @@ ExtraState OneBitAdam::extra_state() const {
 
 void OneBitAdam::load_extra_state(const ExtraState& saved) {
   if (saved.per_rank.count("worker_error")) {
-    if (!compressor_) compressor_ = compressor_for(comm_, params_of(*this));
+    if (!compressor_) compressor_ = compressor_for(comm_, exchange_views(params_of(*this)));
     compressor_->restore_errors(saved);
   } else if (compressor_) {
     compressor_->reset_errors();
@@ -54,7 +54,7 @@ void OneBitAdam::compressed_step() {
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> momenta;
   if (!compressor_) {
-    compressor_ = compressor_for(comm_, params_of(*this));
+    compressor_ = compressor_for(comm_, exchange_views(params_of(*this)));
   } else if (steps() != last_step_) {
     compressor_->reset_errors();  // the Adam state was changed from outside, not by a load
   }
@@ -80,8 +80,9 @@ void OneBitAdam::compressed_step() {
       momenta.push_back(s.exp_avg());
     }
   }
-  if (comm_ && comm_->world_size() > 1) compressor_->run(momenta);  // COLLECTIVE
-  for (size_t i = 0; i < momenta.size(); ++i) apply_mask(i, momenta[i]);
+  auto views = exchange_views(momenta);  // per parameter (self_communicating.h)
+  if (comm_ && comm_->world_size() > 1) compressor_->run(views);  // COLLECTIVE
+  for (size_t i = 0; i < views.size(); ++i) apply_mask(i, views[i]);
   size_t k = 0;
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());

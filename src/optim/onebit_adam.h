@@ -16,6 +16,8 @@
 // and resharded as Adam's; the error-feedback buffers are saved per rank (extra_state.h) and
 // restored at the same world size, so a resumed run continues bit for bit. At another world size
 // they restart at zero, as DeepSpeed resets them on every load.
+// In 16 bits it steps the flat fp32 master of zero/flat_stage.h, one segment per parameter
+// (self_communicating.h), and the stage scales the gradients before the step.
 // REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage (not set_grad_scale).
 // step() is COLLECTIVE after the warm-up.
 #pragma once

@@ -10,9 +10,11 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
-#include "optim/momentum_mask.h"
+#include "optim/adam_keys.h"
 #include "optim/lamb.h"
+#include "optim/momentum_mask.h"
 #include "optim/param_reader.h"
+#include "optim/self_communicating.h"
 
 namespace deepspeed {
 namespace {
@@ -50,27 +52,12 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 AdamHyper read_adam(ParamReader& r, const std::string& type) {
   AdamHyper h;
-  h.lr = r.get_double("lr", h.lr);
-  auto betas = r.get_list("betas", {h.beta1, h.beta2}, 2);
-  h.beta1 = betas[0];
-  h.beta2 = betas[1];
-  h.eps = r.get_double("eps", h.eps);
-  h.weight_decay = r.get_double("weight_decay", h.weight_decay);
+  read_adam_keys(r, h, "FusedAdam");
   bool adam_w_mode = r.get_bool("adam_w_mode", true);
   h.adamw_mode = type == "AdamW" || adam_w_mode;  // DeepSpeed: AdamW is decoupled regardless
   h.bias_correction = r.get_bool("bias_correction", true);
   r.get_bool("torch_adam", false);    // selects torch.optim.Adam in DeepSpeed; always so here
   r.get_bool("set_grad_none", true);  // FusedAdam's zero_grad flavour; no effect here
-  if (r.get_bool("amsgrad", false)) {
-    throw ConfigError(r.path("amsgrad") +
-                      " = true is not supported (DeepSpeed's FusedAdam has "
-                      "no AMSGrad variant either)");
-  }
-  check_range(r, "lr", h.lr, 0, kInf);
-  check_range(r, "betas[0]", h.beta1, 0, 1);
-  check_range(r, "betas[1]", h.beta2, 0, 1);
-  check_range(r, "eps", h.eps, 0, kInf);
-  check_range(r, "weight_decay", h.weight_decay, 0, kInf);
   return h;
 }
 
@@ -200,6 +187,21 @@ void set_exp_avg_mask(torch::optim::Optimizer& optimizer, const at::Tensor& para
   if (!masks)
     throw ConfigError("set_exp_avg_mask: the optimizer is not a 1-bit optimizer (OneBitAdam, "
                       "ZeroOneAdam, OneBitLamb); only they compress momentum");
+  // 16 bits: the optimizer steps one flat fp32 master; the mask goes to the parameter's segment.
+  auto* onebit = dynamic_cast<optim::SelfCommunicatingOptimizer*>(&optimizer);
+  if (onebit && !onebit->segment_params().empty()) {
+    const auto& params = onebit->segment_params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      if (mask.sizes() != params[i].sizes())
+        throw ConfigError("set_exp_avg_mask: mask of shape " + c10::str(mask.sizes()) +
+                          " for a parameter of shape " + c10::str(params[i].sizes()));
+      masks->set_mask(i, mask.to(torch::kFloat).reshape({-1}).contiguous());
+      return;
+    }
+    throw ConfigError("set_exp_avg_mask: the tensor of shape " + c10::str(param.sizes()) +
+                      " is not one of the model's trainable parameters");
+  }
   size_t index = 0;
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) {

@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "deepspeed/errors.h"
+#include "optim/adam_keys.h"
 #include "optim/optimizer_params.h"
 #include "optim/param_reader.h"
 
@@ -15,23 +16,12 @@ ParamReader reader_for(const OptimizerConfig& config) {
   return ParamReader(config.params, "optimizer.params");
 }
 
-// The Adam-style keys every one of these optimizers takes.
-template <class H>
-void read_adam_keys(ParamReader& r, H& h) {
-  h.lr = r.get_double("lr", h.lr);
-  auto betas = r.get_list("betas", {h.beta1, h.beta2}, 2);
-  h.beta1 = betas[0];
-  h.beta2 = betas[1];
-  h.eps = r.get_double("eps", h.eps);
-  h.weight_decay = r.get_double("weight_decay", h.weight_decay);
-  if (r.get_bool("amsgrad", false))
-    throw ConfigError(r.path("amsgrad") + " = true is not supported (DeepSpeed's optimizers "
-                                          "of this type have no AMSGrad variant either)");
-  check_range(r, "lr", h.lr, 0, kInf);
-  check_range(r, "betas[0]", h.beta1, 0, 1);
-  check_range(r, "betas[1]", h.beta2, 0, 1);
-  check_range(r, "eps", h.eps, 0, kInf);
-  check_range(r, "weight_decay", h.weight_decay, 0, kInf);
+// REQUIRES hi >= lo for a pair of bounds (max_coeff/min_coeff, factor_max/factor_min).
+void check_not_below(const ParamReader& r, const std::string& hi_key, double hi,
+                     const std::string& lo_key, double lo) {
+  if (!(hi >= lo))
+    throw ConfigError(r.path(hi_key) + " = " + std::to_string(hi) + " is below " + r.path(lo_key) +
+                      " = " + std::to_string(lo));
 }
 
 // comm_backend_name picks NCCL, MPI or the "compressed" packbits backend in DeepSpeed; here the
@@ -54,16 +44,14 @@ std::string read_backend(ParamReader& r, const std::string& type,
 LambHyper parse_lamb_params(const OptimizerConfig& config) {
   ParamReader r = reader_for(config);
   LambHyper h;
-  read_adam_keys(r, h);
+  read_adam_keys(r, h, "FusedLamb");
   h.bias_correction = r.get_bool("bias_correction", h.bias_correction);
   h.eps_inside_sqrt = r.get_bool("eps_inside_sqrt", h.eps_inside_sqrt);
   h.max_coeff = r.get_double("max_coeff", h.max_coeff);
   h.min_coeff = r.get_double("min_coeff", h.min_coeff);
   reject_unread(r, "Lamb");
   check_range(r, "min_coeff", h.min_coeff, 0, kInf);
-  if (!(h.max_coeff >= h.min_coeff))
-    throw ConfigError(r.path("max_coeff") + " = " + std::to_string(h.max_coeff) +
-                      " is below optimizer.params.min_coeff = " + std::to_string(h.min_coeff));
+  check_not_below(r, "max_coeff", h.max_coeff, "min_coeff", h.min_coeff);
   return h;
 }
 
@@ -71,7 +59,7 @@ OneBitAdamHyper parse_onebit_adam_params(const OptimizerConfig& config,
                                          std::vector<std::string>* warnings) {
   ParamReader r = reader_for(config);
   OneBitAdamHyper h;
-  read_adam_keys(r, h);
+  read_adam_keys(r, h, "OnebitAdam");
   h.freeze_step = r.get_int("freeze_step", h.freeze_step);
   h.cuda_aware = r.get_bool("cuda_aware", h.cuda_aware);
   h.comm_backend_name = read_backend(r, "OneBitAdam", warnings);
@@ -87,7 +75,7 @@ ZeroOneAdamHyper parse_zero_one_adam_params(const OptimizerConfig& config,
                                             std::vector<std::string>* warnings) {
   ParamReader r = reader_for(config);
   ZeroOneAdamHyper h;
-  read_adam_keys(r, h);
+  read_adam_keys(r, h, "ZeroOneAdam");
   h.var_freeze_step = r.get_int("var_freeze_step", h.var_freeze_step);
   h.var_update_scaler = r.get_int("var_update_scaler", h.var_update_scaler);
   h.local_step_scaler = r.get_int("local_step_scaler", h.local_step_scaler);
@@ -108,7 +96,7 @@ OneBitLambHyper parse_onebit_lamb_params(const OptimizerConfig& config,
                                          std::vector<std::string>* warnings) {
   ParamReader r = reader_for(config);
   OneBitLambHyper h;
-  read_adam_keys(r, h);
+  read_adam_keys(r, h, "OnebitLamb");
   h.max_coeff = r.get_double("max_coeff", h.max_coeff);
   h.min_coeff = r.get_double("min_coeff", h.min_coeff);
   h.freeze_step = r.get_int("freeze_step", h.freeze_step);
@@ -128,12 +116,8 @@ OneBitLambHyper parse_onebit_lamb_params(const OptimizerConfig& config,
   check_range(r, "coeff_beta", h.coeff_beta, 0, 1);
   check_range(r, "factor_min", h.factor_min, 0, kInf);
   check_range(r, "factor_threshold", h.factor_threshold, 0, kInf);
-  if (!(h.max_coeff >= h.min_coeff))
-    throw ConfigError(r.path("max_coeff") + " = " + std::to_string(h.max_coeff) +
-                      " is below optimizer.params.min_coeff = " + std::to_string(h.min_coeff));
-  if (!(h.factor_max >= h.factor_min))
-    throw ConfigError(r.path("factor_max") + " = " + std::to_string(h.factor_max) +
-                      " is below optimizer.params.factor_min = " + std::to_string(h.factor_min));
+  check_not_below(r, "max_coeff", h.max_coeff, "min_coeff", h.min_coeff);
+  check_not_below(r, "factor_max", h.factor_max, "factor_min", h.factor_min);
   return h;
 }
 

@@ -35,8 +35,15 @@ std::vector<ZeroOneAdam::Param> ZeroOneAdam::params_with_state() {
 
 void ZeroOneAdam::compress(const std::vector<at::Tensor>& tensors) {
   if (!comm_ || comm_->world_size() == 1) return;  // the average of one rank is itself
-  if (!compressor_) compressor_ = compressor_for(comm_, tensors);
-  compressor_->run(tensors);  // COLLECTIVE
+  const auto views = exchange_views(tensors);
+  if (!compressor_) compressor_ = compressor_for(comm_, views);
+  compressor_->run(views);  // COLLECTIVE
+}
+
+// exp_avg_mask on the exchanged tensors, per parameter (a view each with segments).
+void ZeroOneAdam::apply_masks(std::vector<at::Tensor>& tensors) const {
+  auto views = exchange_views(tensors);
+  for (size_t i = 0; i < views.size(); ++i) apply_mask(i, views[i]);
 }
 
 // Phase 1, not a variance step: the momentum takes the compressed average of the gradients.
@@ -46,7 +53,7 @@ void ZeroOneAdam::compressed_gradient_step() {
   for (auto& x : params)
     grads.push_back(x.p.grad().defined() ? x.p.grad().clone() : torch::zeros_like(x.p));
   compress(grads);
-  for (size_t i = 0; i < params.size(); ++i) apply_mask(i, grads[i]);
+  apply_masks(grads);
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->step(s->step() + 1);
@@ -85,7 +92,7 @@ void ZeroOneAdam::local_step(int64_t step) {
     u_[i].mul_(denoms[i]);  // into momentum units
   }
   compress(u_);
-  for (size_t i = 0; i < u_.size(); ++i) apply_mask(i, u_[i]);
+  apply_masks(u_);
   for (size_t i = 0; i < params.size(); ++i) {
     auto& [p, s, o] = params[i];
     s->exp_avg().copy_(u_[i]).div_(-lr_sum_);
@@ -156,7 +163,7 @@ void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
   if (saved.per_rank.count("worker_error")) {
     std::vector<at::Tensor> params;
     for (auto& x : params_with_state()) params.push_back(x.p);
-    if (!compressor_) compressor_ = compressor_for(comm_, params);
+    if (!compressor_) compressor_ = compressor_for(comm_, exchange_views(params));
     compressor_->restore_errors(saved);
   }
   if (!saved.per_rank.count("local_updates")) return;

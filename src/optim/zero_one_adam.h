@@ -30,6 +30,8 @@
 // synchronised: save at a sync step when you mean to reshard (docs/config.md).
 // exp_avg_mask (momentum_mask.h) multiplies the compressed gradient average of phase 1 and the
 // exchanged local updates of phase 2.
+// In 16 bits it steps the flat fp32 master of zero/flat_stage.h, one segment per parameter
+// (self_communicating.h).
 // REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage. step() is COLLECTIVE.
 #pragma once
 #include <memory>
@@ -72,6 +74,7 @@ class ZeroOneAdam : public FusedAdam,
   };
   std::vector<Param> params_with_state();
   void compress(const std::vector<at::Tensor>& tensors);
+  void apply_masks(std::vector<at::Tensor>& tensors) const;
   void compressed_gradient_step();
   void local_step(int64_t step);
   // Replays the interval schedule up to `steps` (after a checkpoint load).

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "optim/lamb.h"
 #include "partition/partition.h"
 #include "zero/fragment_state.h"
@@ -30,6 +33,24 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   }
   shard_ = make_shard_optimizer(options.shard, *partition_, make_optimizer);
   if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get())) tell_lamb_fragments(*lamb);
+  if (auto* onebit = dynamic_cast<optim::SelfCommunicatingOptimizer*>(shard_->optimizer().get()))
+    tell_segments(*onebit);
+}
+
+// A 1-bit optimizer compresses each parameter's part of the flat master with its own scales
+// (optim/self_communicating.h). Only unpartitioned (stage 0): the config refuses them with ZeRO.
+void FlatStage::tell_segments(optim::SelfCommunicatingOptimizer& onebit) {
+  TORCH_CHECK(ownership_->parts() == 1,
+              "FlatStage: a 1-bit optimizer over partitioned (ZeRO >= 1) masters; the config "
+              "should have refused it");
+  std::vector<at::Tensor> params;
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  for (const auto& slot : flat_->slots()) {
+    params.push_back(slot.param);
+    segments.emplace_back(slot.offset, slot.numel);
+  }
+  onebit.set_segments(std::move(params), std::move(segments));
+  self_comm_ = &onebit;
 }
 
 // Lamb's trust ratio is per parameter, but this rank's partition holds fragments of parameters:
@@ -51,11 +72,21 @@ void FlatStage::tell_lamb_fragments(optim::Lamb& lamb) {
 }
 
 // An inf or NaN in any rank's gradients makes the summed square non-finite on every rank, so this
-// one all-reduce is also the overflow vote.
+// one all-reduce is also the overflow vote. Replicated (stage 0) the all-reduce of the gradients
+// already spread it, except when a 1-bit optimizer kept them local: then the norm is this rank's
+// own (as DeepSpeed's 1-bit Adam clips with it) and a one-element all-reduce counts the ranks
+// that overflowed, so that all skip the step together (DeepSpeed's CheckOverflow all-reduces its
+// overflow flag over the data-parallel group when enable_backward_allreduce is off). Without
+// the vote the ranks would step different optimizers, and the loss scales would part.
 double FlatStage::global_grad_norm() {
   at::Tensor sq = grads_->partition().to(torch::kDouble).pow(2).sum().reshape({1});
   ownership_->sum_over_owners(sq);
-  return std::sqrt(sq.item<double>());
+  const double norm = std::sqrt(sq.item<double>());
+  if (!gradients_stay_local() || ctx_.world_size() == 1) return norm;
+  at::Tensor overflowed =
+      torch::full({1}, std::isfinite(norm) ? 0.0 : 1.0, ctx_.options(torch::kDouble));
+  ctx_.comm->all_reduce(overflowed)->wait();
+  return overflowed.item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN() : norm;
 }
 
 void FlatStage::step(double grad_scale) {

@@ -11,10 +11,15 @@
 // In fp32 the partition of the parameter buffer is itself the master copy. The fused Adam writes
 // the updated master and its 16-bit rounding into the parameter buffer in one pass; the updated
 // partitions are then all-gathered back into the buffer.
+// 1-bit Adam and 0/1 Adam in 16 bits (stage 0 only; the config refuses them with ZeRO) step the
+// one flat fp32 master, as DeepSpeed's FP16_Optimizer does. While the optimizer says
+// gradients_stay_local() (optim/self_communicating.h) the boundary reduces nothing, and the fp16
+// overflow check becomes a vote across ranks (global_grad_norm).
 #pragma once
 #include <memory>
 #include <vector>
 
+#include "optim/self_communicating.h"
 #include "zero/flat_grad_reducer.h"
 #include "zero/flat_ownership.h"
 #include "zero/flat_params.h"
@@ -35,8 +40,12 @@ class FlatStage : public ZeroStage {
   FlatStage(std::vector<at::Tensor> params, const StageContext& context,
             const FlatStageOptions& options, const OptimizerFactory& make_optimizer);
 
-  void begin_backward(bool boundary) override { grads_->begin_backward(boundary); }
+  // At a boundary the gradients are reduced, unless a 1-bit optimizer keeps them local.
+  void begin_backward(bool boundary) override {
+    grads_->begin_backward(boundary && !gradients_stay_local());
+  }
   void end_backward(bool) override { grads_->end_backward(); }
+  // COLLECTIVE. Non-finite on every rank when any rank's gradients hold an inf or NaN.
   double global_grad_norm() override;
   std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
@@ -55,6 +64,8 @@ class FlatStage : public ZeroStage {
 
  private:
   void tell_lamb_fragments(optim::Lamb& lamb);
+  void tell_segments(optim::SelfCommunicatingOptimizer& onebit);
+  bool gradients_stay_local() const { return self_comm_ && self_comm_->gradients_stay_local(); }
 
   StageContext ctx_;
   std::unique_ptr<FlatParams> flat_;
@@ -62,6 +73,7 @@ class FlatStage : public ZeroStage {
   std::unique_ptr<TensorPartition> partition_;  // the owner's slice of the buffer
   std::unique_ptr<FlatGradReducer> grads_;
   std::unique_ptr<ShardOptimizer> shard_;
+  const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // the optimizer when it is one
 };
 
 }  // namespace zero

@@ -6,6 +6,7 @@
 #include "deepspeed/errors.h"
 #include "offload/swapped_shard.h"
 #include "optim/fused_adam.h"
+#include "optim/self_communicating.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/tensor_facts.h"
@@ -37,6 +38,10 @@ class InMemoryShard : public ShardOptimizer {
     }
     optimizer_ = make_optimizer({master_});
     fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+    // 1-bit Adam and 0/1 Adam are FusedAdams only for their exact-Adam steps; their compressed
+    // and local steps neither apply set_grad_scale nor write the 16-bit copy, so they get the
+    // plain path: gradients scaled before the step, the partition written after it.
+    if (dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get())) fused_ = nullptr;
     // FusedAdam writes the 16-bit rounding of each updated master straight into the partition
     // (or its pinned staging buffer), in the same pass: no separate copy-back pass.
     if (fused_ && mixed_ && resident.defined()) {

@@ -1,6 +1,9 @@
 // ZeRO++ at stage 3 (zero/stage3/zeropp_options.h), ranks as threads:
 // - the quantized collectives stay within the quantization bound of their exact counterparts;
-// - training the test GPT with each of qwZ, hpZ, qgZ alone (and all three; and in bf16) ends
+// - qgZ's two hops (int4 inside a node, int8 across) stay within their bound, with int4 bytes
+//   on the node's group;
+// - training the test GPT with each of qwZ, hpZ, qgZ alone (qgZ in one hop and in two, 2
+//   "nodes" of 2 ranks; all three; and in bf16) ends
 //   within 2% of the unquantized stage-3 loss; hpZ alone moves the same values, so it is
 //   bit-identical (with gradient accumulation too);
 // - hpZ's backward gathers run on the group communicator (2 of 4 ranks), off the world;
@@ -9,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -119,6 +123,52 @@ TEST(ZeroPPCollectives, QuantizedReduceScatterWithinTheBound) {
   });
 }
 
+// qgZ's two hops on 4 ranks as 2 nodes of 2: the sum is within the int4-then-int8 bound of the
+// exact one, the node's hop moves int4 (half a byte a value) and the cross-node hop int8, and
+// the cross-node hop carries 2 chunks where the single hop moves 4.
+TEST(ZeroPPCollectives, TwoHopQuantizedReduceScatterWithinTheBound) {
+  run_ranks(4, [](comm::CommunicatorPtr c) {
+    at::set_num_threads(1);
+    auto hops = deepspeed::zero::make_qgz_hops(*c, 2);
+    ASSERT_TRUE(hops.two_hops());
+    EXPECT_EQ(hops.intra->rank(), c->rank() % 2);  // node = consecutive ranks
+    EXPECT_EQ(hops.inter->rank(), c->rank() / 2);
+    EXPECT_FALSE(deepspeed::zero::make_qgz_hops(*c, 4).two_hops());  // one node: one hop
+    torch::manual_seed(40 + c->rank());
+    for (std::vector<int64_t> splits : std::vector<std::vector<int64_t>>{
+             {4000, 4000, 4000, 4000}, {5, 0, 9001, 7}, {0, 0, 0, 0}, {1, 17000, 3, 0}}) {
+      int64_t total = 0;
+      for (auto s : splits) total += s;
+      at::Tensor input = torch::randn({total});
+      at::Tensor exact = torch::empty({splits[c->rank()]});
+      c->reduce_scatter_v(exact, input, splits)->wait();
+      at::Tensor out = torch::empty({splits[c->rank()]});
+      hops.intra->reset_stats();
+      hops.inter->reset_stats();
+      deepspeed::zero::quantized_reduce_scatter_v(*c, hops, out, input, splits)->wait();
+      const int64_t chunk = *std::max_element(splits.begin(), splits.end());
+      if (chunk > 0) {
+        // Hop 1: to each of the 2 node ranks, 2 segments (one per node) at 4 bits.
+        EXPECT_EQ(hops.intra->stats()["all_to_all"].bytes, 2 * comm::quantized_bytes(2 * chunk, 4));
+        // (half a byte a value: chunk bytes for 2·chunk values, + the block scales and at most 3
+        // bytes of alignment)
+        EXPECT_LE(comm::quantized_bytes(2 * chunk, 4), chunk + 4 * ((2 * chunk + 7999) / 8000) + 3);
+        // Hop 2: to each of the 2 nodes, one chunk at 8 bits.
+        EXPECT_EQ(hops.inter->stats()["all_to_all"].bytes, 2 * comm::quantized_bytes(chunk, 8));
+      }
+      // Bound, with M = max |input| over ranks: each node's partial carries its one peer's int4
+      // error (<= M / 7 / 2), so the sum carries two; hop 2 adds the other node's int8 error on
+      // a partial of at most 2M (1 + 1/7): 2M·(8/7) / 127 / 2. (Measured: ~0.12 M.)
+      at::Tensor peak = input.numel() ? input.abs().max().reshape({1}) : torch::zeros({1});
+      c->all_reduce(peak, comm::ReduceOp::Max)->wait();
+      if (out.numel() == 0) continue;
+      const double m = peak.item<double>();
+      const double bound = (2 * m / 7 / 2 + 2 * m * 8 / 7 / 127 / 2) * (1 + 1e-5);
+      EXPECT_LE((exact - out).abs().max().item<double>(), bound) << splits[0] << "," << splits[1];
+    }
+  });
+}
+
 // kSteps optimizer steps at world 4 (2 micro-batches of 16 tokens per rank and step). Each flag
 // alone must end within 2% of the unquantized loss (mean of the last 10 steps and the last step).
 constexpr int kSteps = 200;
@@ -127,14 +177,35 @@ TEST(ZeroPPTraining, EachFlagAloneEndsWithin2PercentOfStage3) {
   auto reference = train(4, {}, kSteps);
   ASSERT_EQ(reference.losses.size(), static_cast<size_t>(kSteps));
   const double ref_mean = mean_of_last(reference.losses, 10);
-  const std::vector<std::pair<std::string, nlohmann::json>> cases = {
+  std::vector<std::pair<std::string, nlohmann::json>> cases = {
       {"qwZ", {{"zero_quantized_weights", true}}},
       {"qgZ", {{"zero_quantized_gradients", true}}},
       {"qwZ+hpZ+qgZ",
        {{"zero_quantized_weights", true}, {"zero_hpz_partition_size", 2},
         {"zero_quantized_gradients", true}}}};
+  // qgZ in two hops: the ranks as 2 nodes of 2 (what dsrun's LOCAL_WORLD_SIZE says on 2 hosts).
+  cases.push_back({"qgZ two hops", {{"zero_quantized_gradients", true}}});
   for (const auto& [name, flags] : cases) {
+    const bool two_hops = name == "qgZ two hops";
+    // all_to_alls by the size of their communicator (the observer is process-wide).
+    std::mutex mu;
+    std::map<int, int64_t> all_to_alls;
+    auto observer = std::make_shared<const comm::OpObserver>(
+        [&](const std::string& op, int64_t, double, int world) {
+          if (op != "all_to_all") return;
+          std::lock_guard<std::mutex> lock(mu);
+          all_to_alls[world]++;
+        });
+    comm::set_op_observer(observer);
+    if (two_hops) setenv("LOCAL_WORLD_SIZE", "2", 1);
     auto run = train(4, flags, kSteps);
+    unsetenv("LOCAL_WORLD_SIZE");
+    comm::clear_op_observer(observer);
+    if (name == "qgZ") EXPECT_GT(all_to_alls[4], 0) << name;  // one hop over the world
+    if (two_hops) {  // both hops on the groups of 2, none over the world
+      EXPECT_GT(all_to_alls[2], 0) << name;
+      EXPECT_EQ(all_to_alls[4], 0) << name;
+    }
     ASSERT_EQ(run.losses.size(), static_cast<size_t>(kSteps)) << name;
     const double mean = mean_of_last(run.losses, 10);
     std::cout << name << ": first loss " << run.losses.front() << ", last " << run.losses.back()

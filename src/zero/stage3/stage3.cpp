@@ -6,6 +6,7 @@
 
 #include <c10/util/accumulate.h>
 
+#include "comm/process_info.h"
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
 #include "zero/stage3/quantized_reduce.h"
@@ -26,6 +27,11 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
                                                   ctx_.device);
   zeropp_ = resolve_zeropp(options_.zero, ctx_.world_size());
+  // qgZ in two hops when the launcher says the ranks span nodes (LOCAL_WORLD_SIZE and its kin,
+  // comm/process_info.h). A node guess that does not match the real hosts (model parallelism
+  // reorders the data-parallel ranks) costs speed, never correctness: any grouping sums the same.
+  if (zeropp_.quantized_gradients)
+    qgz_hops_ = make_qgz_hops(*ctx_.comm, comm::local_world_size(ctx_.world_size()));
   gatherer_ = std::make_unique<UnitGatherer>(layout_, *params_, ctx_.comm, options_.zero,
                                              ctx_.device, zeropp_,
                                              make_hpz_group(*ctx_.comm, zeropp_.hpz));
@@ -148,9 +154,12 @@ void Stage3::launch(size_t index) {
   std::vector<int64_t> splits;
   for (int r = 0; r < ctx_.world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
   b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
-  b.work = zeropp_.quantized_gradients
-               ? quantized_reduce_scatter_v(*ctx_.comm, b.received, b.buffer, splits)
-               : ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+  if (!zeropp_.quantized_gradients)
+    b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+  else if (qgz_hops_.two_hops())
+    b.work = quantized_reduce_scatter_v(*ctx_.comm, qgz_hops_, b.received, b.buffer, splits);
+  else
+    b.work = quantized_reduce_scatter_v(*ctx_.comm, b.received, b.buffer, splits);
   in_flight_.push(index, [this](size_t i) { finish(i); });
 }
 

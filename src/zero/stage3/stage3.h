@@ -32,6 +32,7 @@
 #include "zero/shard_optimizer.h"
 #include "zero/stage.h"
 #include "zero/stage_options.h"
+#include "zero/stage3/quantized_reduce.h"
 #include "zero/stage3/unit_gatherer.h"
 #include "zero/stage3/unit_layout.h"
 #include "zero/stage3/zeropp_options.h"
@@ -107,6 +108,7 @@ class Stage3 : public ZeroStage {
   StageContext ctx_;
   Stage3Options options_;
   ZeroPPOptions zeropp_;  // resolved against the world size
+  QgzHops qgz_hops_;      // qgZ's two hops when the ranks span nodes (quantized_reduce.h)
   std::unordered_map<const void*, size_t> param_index_;  // TensorImpl -> index in `trainable`
   std::vector<ZeroUnitBase*> modules_;
   Stage3Layout layout_;

@@ -7,7 +7,8 @@
 //   hpZ (zero_hpz_partition_size): a secondary partition inside groups of hpz consecutive ranks
 //       (secondary_shard.h); a unit's backward gather is an all-gather inside the group.
 //   qgZ (zero_quantized_gradients): gradient buckets are reduce-scattered as an all-to-all of
-//       int8 blocks, summed in fp32 (quantized_reduce.h).
+//       int8 blocks, summed in fp32; across nodes (LOCAL_WORLD_SIZE below the world size) in two
+//       hops, int4 inside the node and int8 across (quantized_reduce.h).
 #pragma once
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"

@@ -112,8 +112,9 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)
   wte_ = register_module("wte", tp::VocabParallelEmbedding(c.vocab_size, c.n_embd, group_));
   wpe_ = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   for (int64_t i = 0; i < c.n_layer; ++i)
-    blocks_.push_back(
-        register_module("block" + std::to_string(i), std::make_shared<TPBlockImpl>(c, group_)));
+    blocks_.push_back(register_module(
+        "block" + std::to_string(i),
+        std::make_shared<deepspeed::ZeroUnit<TPBlock>>(TPBlock(c, group_))));
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
     head_ = register_module(

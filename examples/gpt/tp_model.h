@@ -8,6 +8,7 @@
 //   positions, LayerNorms, row-layer biases   replicated
 // Parameter names are GPTImpl's (block0.attn.qkv.weight, ...), so copy_from() takes each slice
 // from the unsplit model built with the same seed, and the two compute the same function.
+// Each block is a deepspeed::ZeroUnit (ZeRO-3 gathers it just before it runs).
 // Training only (no kv-cache or dropout; inference shards the plain GPT with
 // deepspeed::init_inference). With activation_checkpointing each block is a checkpoint; under
 // activation_checkpointing.partition_activations its saved input is split over the group
@@ -61,7 +62,9 @@ class TPGPTImpl : public torch::nn::Module {
   deepspeed::comm::CommunicatorPtr group_;
   deepspeed::tp::VocabParallelEmbedding wte_{nullptr};
   torch::nn::Embedding wpe_{nullptr};
-  std::vector<std::shared_ptr<TPBlockImpl>> blocks_;
+  // Each block a ZeRO-3 unit, as in GPTImpl: under stage 3 its (split) parameters are partitioned
+  // over the data-parallel group and gathered only while it runs.
+  std::vector<std::shared_ptr<deepspeed::ZeroUnit<TPBlock>>> blocks_;
   torch::nn::LayerNorm ln_f_{nullptr};
   deepspeed::tp::ColumnParallelLinear head_{nullptr};  // null when tied
 };

@@ -364,8 +364,13 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
     s.stage->refresh_masters_from_model();
   else
     s.stage->finish_load(plan.adam_step);
-  if (plan.load_extra_state)
+  if (plan.load_extra_state) {
     run_agreed(job, applying, [&] { apply_extra_state(s, plan.extra_state); });
+    // The extra state can hold this rank's own fp32 masters (0/1 Adam saved between two syncs):
+    // carry them into the 16-bit weights too. finish_load only re-writes the same values anywhere
+    // else.
+    if (!o.load_module_only) s.stage->finish_load(plan.adam_step);
+  }
   job.barrier();
   nlohmann::json client = plan.model_meta.value("client_state", nlohmann::json::object());
   return {join_path(dir, reader->engine_file()), client};

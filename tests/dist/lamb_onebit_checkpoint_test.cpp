@@ -138,20 +138,21 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, OneBitCheckpoint, ::testing::Values(0, 1, 2
                          });
 
 // In bf16 the 1-bit Adams step stage 0's flat fp32 master (zero/flat_stage.h) and compress it per
-// parameter segment: 1-bit Adam saved after its freeze and 0/1 Adam saved at a sync resume bit
-// for bit as well (masters, moments, error feedback). Not 0/1 Adam saved between two syncs: its
-// per-rank masters are restored after the 16-bit weights were written from the shared checkpoint
-// (checkpoint_load.cpp: finish_load before the extra state), so the first resumed forward uses
-// other weights; docs/config.md says to save at a sync in 16 bits.
+// parameter segment: 1-bit Adam saved after its freeze and 0/1 Adam saved at a sync or between
+// two syncs (each rank's own masters, restored with the extra state and written into the 16-bit
+// weights after it) resume bit for bit as well (masters, moments, error feedback).
 TEST(OneBitCheckpoint16Bit, Bf16ResumesBitExactAtTheSameWorldSize) {
   for (size_t i : {0u, 1u}) {
     const OneBitCase& c = one_bit_cases()[i];
     auto config = with_optimizer(0, c.optimizer);
     config["bf16"] = {{"enabled", true}};
-    auto r = save_and_resume(config, 2, config, 2, c.reshard_save_at, c.steps);
-    ASSERT_EQ(r.resumed.start_step, c.reshard_save_at) << c.name;
-    std::vector<double> tail(r.whole.losses.begin() + c.reshard_save_at, r.whole.losses.end());
-    EXPECT_EQ(r.resumed.losses, tail) << c.name;
-    EXPECT_EQ(dstest::max_abs_diff(r.resumed.weights, r.whole.weights), 0.0) << c.name;
+    for (int at : {c.reshard_save_at, c.save_at}) {
+      auto r = save_and_resume(config, 2, config, 2, at, c.steps);
+      ASSERT_EQ(r.resumed.start_step, at) << c.name;
+      std::vector<double> tail(r.whole.losses.begin() + at, r.whole.losses.end());
+      EXPECT_EQ(r.resumed.losses, tail) << c.name << " saved at step " << at;
+      EXPECT_EQ(dstest::max_abs_diff(r.resumed.weights, r.whole.weights), 0.0)
+          << c.name << " saved at step " << at;
+    }
   }
 }

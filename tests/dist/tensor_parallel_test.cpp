@@ -181,6 +181,9 @@ TEST(TensorParallelGPT, GradientsAreSlicesOfTheUnsplitModel) {
 
 struct Trained {
   std::vector<double> losses, norms;
+  // rank 0's memory_report() after the last step: parameters held, and (stage 3) what stays
+  // gathered between steps
+  int64_t parameter_bytes = 0, gathered_bytes = 0;
 };
 
 // Trains `make_model(comm, topology)`'s model at world 4 for `steps` steps (8 samples a step in
@@ -194,6 +197,8 @@ Trained train(
   const int world = 4, data = world / tensor;
   auto config = dstest::base_config(8 / data, 1, stage);
   config["gradient_clipping"] = 0.5;
+  // Partition every parameter at stage 3 (the default threshold keeps this small model's whole).
+  if (stage == 3) config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   if (bf16) config["bf16"] = {{"enabled", true}};
   auto dataset = dstest::test_text_dataset(16);
   Trained out;
@@ -217,6 +222,8 @@ Trained train(
           mine.losses.push_back(engine->last_loss());
           mine.norms.push_back(engine->get_global_grad_norm());
         }
+        mine.parameter_bytes = engine->memory_report().parameters;
+        mine.gathered_bytes = engine->memory_report().gathered_bytes;
         std::lock_guard<std::mutex> lock(mu);
         if (comm->rank() == 0) out = mine;
       },
@@ -250,9 +257,12 @@ TEST(TensorParallelTraining, TensorTimesDataEqualsStage0AtWorld4) {
   struct Layout {
     int tensor, stage;
   };
+  int64_t tp2_stage0_parameters = 0, tp2_stage3_gathered = 0;
   for (Layout l :
        {Layout{2, 0}, Layout{2, 1}, Layout{2, 2}, Layout{2, 3}, Layout{4, 1}, Layout{4, 3}}) {
     const Trained got = train<gpt::TPGPTImpl>(l.tensor, l.stage, steps, false, split);
+    if (l.tensor == 2 && l.stage == 0) tp2_stage0_parameters = got.parameter_bytes;
+    if (l.tensor == 2 && l.stage == 3) tp2_stage3_gathered = got.gathered_bytes;
     ASSERT_EQ(got.losses.size(), ref.losses.size());
     double loss_rel = 0, norm_rel = 0;
     for (int i = 0; i < steps; ++i) {
@@ -270,6 +280,14 @@ TEST(TensorParallelTraining, TensorTimesDataEqualsStage0AtWorld4) {
         "norm %.4f, final loss %.4f)\n",
         l.tensor, 4 / l.tensor, l.stage, loss_rel, norm_rel, got.norms[0], got.losses.back());
   }
+  // Stage 3 partitions each tensor rank's slices over the data group, and TPGPT's blocks are
+  // ZeRO-3 units, released after they run: between steps only the root unit (embeddings, final
+  // LayerNorm, head) stays gathered. Were the blocks not units, the whole slice would.
+  std::printf("tp 2 x dp 2 on rank 0: stage 0 parameters %lld bytes, stage 3 gathered between "
+              "steps %lld bytes\n",
+              static_cast<long long>(tp2_stage0_parameters),
+              static_cast<long long>(tp2_stage3_gathered));
+  EXPECT_LT(tp2_stage3_gathered, 0.75 * tp2_stage0_parameters);
 }
 
 // bf16 (FlatStage at every ZeRO stage, bf16 collectives in the layers): tp 2 x dp 2 follows

@@ -17,6 +17,7 @@
 #include "deepspeed/engine.h"
 #include "deepspeed/memory.h"
 #include "support/expect.h"
+#include "support/half_mlp.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 #include "util/torch_compat.h"
@@ -154,35 +155,8 @@ TEST(MixedPrecisionConfig, ClientOptimizerStepsTheFp32Masters) {
 
 namespace {
 
-// A two-layer regression net with fp16 parameters that computes in fp32 (the fp16 path of a CUDA
-// build without the Half kernels libtorch 1.13 lacks on CPU). Gradients reach the parameters in
-// fp16 through the casts.
-struct HalfMlpImpl : torch::nn::Module {
-  HalfMlpImpl() {
-    w1 = register_parameter("w1", torch::randn({32, 16}) * 0.3);
-    b1 = register_parameter("b1", torch::zeros({32}));
-    w2 = register_parameter("w2", torch::randn({4, 32}) * 0.3);
-  }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = torch::tanh(x.matmul(w1.to(torch::kFloat).t()) + b1.to(torch::kFloat));
-    auto out = h.matmul(w2.to(torch::kFloat).t());
-    return (out - y).pow(2).mean();
-  }
-  torch::Tensor w1, b1, w2;
-};
-TORCH_MODULE(HalfMlp);
-
-struct Batch {
-  torch::Tensor x, y;
-};
-// Rank- and step-specific batches from a fixed teacher.
-Batch make_batch(int rank, int64_t step) {
-  torch::manual_seed(1234);
-  auto teacher = torch::randn({16, 4});
-  torch::manual_seed(10000 + 100 * step + rank);
-  auto x = torch::randn({8, 16});
-  return {x, torch::tanh(x.matmul(teacher))};
-}
+using dstest::HalfMlp;
+using dstest::HalfMlpImpl;
 
 nlohmann::json fp16_config(int stage, nlohmann::json fp16) {
   auto c = dstest::base_config(8, 1, stage);
@@ -235,7 +209,7 @@ TEST_P(Fp16Training, DynamicScalingSkipsOverflowsAndTheLossFalls) {
     const double initial_scale = engine->loss_scale();
     std::vector<double> mine;
     for (int64_t step = 0; step < 80; ++step) {
-      auto b = make_batch(comm->rank(), step);
+      auto b = dstest::half_mlp_batch(comm->rank(), step);
       engine->backward(engine->forward(b.x, b.y));
       engine->step();
       if (engine->was_step_applied()) mine.push_back(engine->last_loss());
@@ -263,7 +237,7 @@ TEST_P(Fp16Training, InfOnOneRankSkipsTheStepEverywhereBitIdentically) {
     auto [engine, opt, loader, sched] = deepspeed::initialize<HalfMlpImpl>(
         {.model = model.ptr(), .config_json = config, .comm = comm});
     auto train_step = [&](int64_t step, bool poison) {
-      auto b = make_batch(comm->rank(), step);
+      auto b = dstest::half_mlp_batch(comm->rank(), step);
       auto loss = engine->forward(b.x, b.y);
       if (poison) loss = loss * std::numeric_limits<float>::infinity();
       engine->backward(loss);

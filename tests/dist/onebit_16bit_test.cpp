@@ -16,6 +16,7 @@
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
 #include "gpt/model.h"
+#include "support/half_mlp.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -42,29 +43,8 @@ struct StepRecord {
   double weight_spread = -1;      // max - min over ranks of a parameter checksum
 };
 
-// A two-layer regression net with fp16 parameters that computes in fp32 (mixed_precision_test).
-struct HalfMlpImpl : torch::nn::Module {
-  HalfMlpImpl() {
-    w1 = register_parameter("w1", torch::randn({32, 16}) * 0.3);
-    b1 = register_parameter("b1", torch::zeros({32}));
-    w2 = register_parameter("w2", torch::randn({4, 32}) * 0.3);
-  }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = torch::tanh(x.matmul(w1.to(torch::kFloat).t()) + b1.to(torch::kFloat));
-    return (h.matmul(w2.to(torch::kFloat).t()) - y).pow(2).mean();
-  }
-  torch::Tensor w1, b1, w2;
-};
-TORCH_MODULE(HalfMlp);
-
-// Rank- and step-specific batches from a fixed teacher.
-std::pair<torch::Tensor, torch::Tensor> mlp_batch(int rank, int64_t step) {
-  torch::manual_seed(1234);
-  auto teacher = torch::randn({16, 4});
-  torch::manual_seed(10000 + 100 * step + rank);
-  auto x = torch::randn({8, 16});
-  return {x, torch::tanh(x.matmul(teacher))};
-}
+using dstest::HalfMlp;
+using dstest::HalfMlpImpl;
 
 // One rank's view of a step, gathered to rank 0.
 void record(deepspeed::Engine& engine, deepspeed::comm::Communicator& comm,
@@ -125,7 +105,7 @@ std::vector<StepRecord> train_mlp(const json& config, int steps, int poison_step
     auto r = deepspeed::initialize<HalfMlpImpl>(
         {.model = model.ptr(), .config_json = config, .comm = comm});
     for (int s = 1; s <= steps; ++s) {
-      auto [x, y] = mlp_batch(comm->rank(), s);
+      auto [x, y] = dstest::half_mlp_batch(comm->rank(), s);
       comm->reset_stats();
       r.engine->backward(r.engine->forward(x, y));
       if (s == poison_step && comm->rank() == 1) {

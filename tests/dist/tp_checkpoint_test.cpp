@@ -20,6 +20,7 @@
 #include "gpt/model.h"
 #include "gpt/tp_model.h"
 #include "runtime/engine_checkpoint.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -266,15 +267,6 @@ TEST_F(TpCheckpoint, InferenceAtTp124FromTp2TrainingEqualsTheTrainedModel) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // Loads the tp 2 x dp 2 (ZeRO-1) checkpoint of step 10 into tp `tensor` x dp (4 / tensor), or
 // into the plain GPT at world 4 (tensor 0), at ZeRO `stage`; saves it again at once into
 // `resave` and trains on to step kSteps. Returns rank 0's losses of steps 11-20.
@@ -389,11 +381,11 @@ TEST_F(TpCheckpoint, ReshardingRefusalsNameTheParameter) {
   const auto saved = reader.splits();
   EXPECT_EQ(saved.at("block0.attn.qkv.weight").parts, 3);
   EXPECT_EQ(saved.at("block0.attn.proj.weight").dim, 1);
-  std::string e = error_of([&] { reader.view_as_tensor_rank(3, 0, saved); });
+  std::string e = dstest::message_of<std::exception>([&] { reader.view_as_tensor_rank(3, 0, saved); });
   EXPECT_NE(e.find("which tensor-parallel size 3 does not divide"), std::string::npos) << e;
   auto unfused = saved;
   unfused["block1.attn.qkv.bias"].parts = 1;
-  e = error_of(
+  e = dstest::message_of<std::exception>(
       [&] { ckpt::TagReader(ckpt::posix_file_system(), tag).view_as_tensor_rank(4, 0, unfused); });
   EXPECT_NE(
       e.find("\"block1.attn.qkv.bias\" was saved dim 0 in 3 block(s) over tensor-parallel size 2, "
@@ -414,12 +406,12 @@ TEST_F(TpCheckpoint, AMissingSliceFileIsNamed) {
     auto model = split_gpt(topology);
     auto [engine, o, l, s] = deepspeed::initialize<gpt::TPGPTImpl>(
         {.model = model, .config_json = config(2, 1), .topology = topology});
-    const std::string e = error_of([&] { engine->load_checkpoint(copy); });
+    const std::string e = dstest::message_of<std::exception>([&] { engine->load_checkpoint(copy); });
     EXPECT_NE(e.find("load_checkpoint"), std::string::npos) << e;
     if (comm->rank() == 3) EXPECT_NE(e.find(gone), std::string::npos) << e;
   });
   // Inference reads tensor rank 1's slices from it whatever its tp_size.
-  const std::string e = error_of([&] {
+  const std::string e = dstest::message_of<std::exception>([&] {
     std::shared_ptr<gpt::GPTImpl> model;
     {
       std::lock_guard<std::mutex> lock(rng_mutex);

@@ -10,6 +10,7 @@
 
 #include "deepspeed/errors.h"
 #include "gpt/generate.h"
+#include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -109,11 +110,10 @@ TEST(GptGenerate, ContinuesAPromptFromAGptTrainCheckpoint) {
              "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
              "zero_optimization": {"stage": 2}})";
   const std::string bin = dstest::bin_dir(), model = " --n_layer 2 --n_head 2 --n_embd 32 --block_size 32";
-  const std::string train = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
-                            std::to_string(free_tcp_port()) + " " + bin +
-                            "/gpt_train --deepspeed_config " + (dir / "ds_config.json") + model +
-                            " --steps 40 --save_dir " + (dir / "ck") + " --save_interval 40 > " +
-                            (dir / "train.log") + " 2>&1";
+  const std::string train = dstest::dsrun_command(
+      2, "gpt_train --deepspeed_config " + (dir / "ds_config.json") + model +
+             " --steps 40 --save_dir " + (dir / "ck") + " --save_interval 40",
+      dir / "train.log");
   ASSERT_EQ(std::system(train.c_str()), 0) << dstest::read_bytes(dir / "train.log");
   const std::string gen = bin + "/gpt_generate --load_dir " + (dir / "ck") + model +
                           " --prompt 'The ' --max_new_tokens 20 --greedy > " + (dir / "gen.log") +

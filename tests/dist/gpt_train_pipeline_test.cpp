@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -35,10 +36,9 @@ json pipeline_config(int steps_per_print) {
 
 // dsrun PROCS gpt_train on the small test GPT with `extra` flags (which include --steps).
 std::string command(const dstest::TempDir& dir, int procs, const std::string& extra) {
-  return dstest::bin_dir() + "/dsrun --num_procs " + std::to_string(procs) + " --master_port " +
-         std::to_string(free_tcp_port()) + " " + dstest::bin_dir() + "/gpt_train --deepspeed_config " +
-         (dir / "ds_config.json") + " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --threads 1 " +
-         extra;
+  return dstest::dsrun_command(procs, "gpt_train --deepspeed_config " + (dir / "ds_config.json") +
+                                          " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 "
+                                          "--threads 1 " + extra);
 }
 
 Run gpt_train(const dstest::TempDir& dir, int procs, const std::string& extra,

@@ -14,6 +14,7 @@
 #include "deepspeed/errors.h"
 #include "gpt/generate.h"
 #include "gpt/model.h"
+#include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -217,7 +218,6 @@ std::string last_line(std::string out) {
 // and gpt_generate --tensor_parallel 2 under dsrun prints the same continuation.
 TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
   dstest::TempDir dir("autotp_ck");
-  const std::string bin = dstest::bin_dir();
   const std::string model = " --n_layer 2 --n_head 4 --n_embd 32 --block_size 32";
   struct Case {
     const char* name;
@@ -230,11 +230,10 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
         "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
         "zero_optimization": {"stage": )"
                        << c.stage << "}}";
-    const std::string train = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
-                              std::to_string(free_tcp_port()) + " " + bin +
-                              "/gpt_train --deepspeed_config " + cfg + model + c.extra +
-                              " --steps 30 --save_dir " + ck + " --save_interval 30 > " +
-                              (dir / "train.log") + " 2>&1";
+    const std::string train = dstest::dsrun_command(
+        2, "gpt_train --deepspeed_config " + cfg + model + c.extra + " --steps 30 --save_dir " + ck +
+               " --save_interval 30",
+        dir / "train.log");
     ASSERT_EQ(std::system(train.c_str()), 0) << c.name << dstest::read_bytes(dir / "train.log");
 
     gpt::GPTConfig config{256, 32, 2, 4, 32};
@@ -260,11 +259,10 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
       EXPECT_EQ(gpt::generate(*split, {prompt}, 16, {}).front(), ref_tokens) << c.name;
     });
 
-    const std::string gen = "OMP_NUM_THREADS=1 " + bin + "/dsrun --num_procs 2 --master_port " +
-                            std::to_string(free_tcp_port()) + " " + bin +
-                            "/gpt_generate --tensor_parallel 2 --load_dir " + ck + model +
-                            " --prompt 'The ' --max_new_tokens 16 --greedy > " + (dir / "gen.log") +
-                            " 2>&1";
+    const std::string gen = dstest::dsrun_command(
+        2, "gpt_generate --tensor_parallel 2 --load_dir " + ck + model +
+               " --prompt 'The ' --max_new_tokens 16 --greedy",
+        dir / "gen.log");
     ASSERT_EQ(std::system(gen.c_str()), 0) << dstest::read_bytes(dir / "gen.log");
     std::string want = "The ";
     for (int64_t t : ref_tokens) want.push_back(static_cast<char>(t));

@@ -117,7 +117,9 @@ void Engine::step() try {
     // DeepSpeed: the update and the LR step are skipped, the step is still counted.
     s.stage->discard_gradients();
     ++s.skipped_steps;
-    if (s.comm->rank() == 0 && !s.loss_scaler->last_message().empty()) {
+    // Once per job, as DeepSpeed's "Rank 0" says: a pipeline's stages (and a tensor group's
+    // ranks) each have their own data-parallel rank 0, and all of them skip this step together.
+    if (s.topology->world()->rank() == 0 && !s.loss_scaler->last_message().empty()) {
       std::printf("%s\n", s.loss_scaler->last_message().c_str());
       std::fflush(stdout);
     }

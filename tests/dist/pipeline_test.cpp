@@ -324,6 +324,7 @@ TEST(Pipeline, Fp16DynamicLossScalingAgreesAcrossStages) {
     if (comm->rank() == 0) ref = mine;
   });
   std::vector<Fp16Outcome> runs(kWorld);
+  testing::internal::CaptureStdout();
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
     dp::PipelineInitializeArgs args;
     args.model = half_mlp();
@@ -344,7 +345,14 @@ TEST(Pipeline, Fp16DynamicLossScalingAgreesAcrossStages) {
     mine.scale = engine->loss_scale();
     runs[comm->rank()] = mine;
   });
+  const std::string printed = testing::internal::GetCapturedStdout();
   EXPECT_GT(ref.skipped, 0);
+  // One OVERFLOW line per skipped step for the whole job, not one per stage.
+  int64_t overflow_lines = 0;
+  for (size_t at = printed.find("OVERFLOW!"); at != std::string::npos;
+       at = printed.find("OVERFLOW!", at + 1))
+    ++overflow_lines;
+  EXPECT_EQ(overflow_lines, runs[0].skipped) << printed;
   for (int rank = 0; rank < kWorld; ++rank) {
     EXPECT_EQ(runs[rank].skipped, runs[0].skipped) << "rank " << rank;
     EXPECT_EQ(runs[rank].scale, runs[0].scale) << "rank " << rank;

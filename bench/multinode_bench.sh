@@ -12,13 +12,7 @@
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
 # Prints a markdown table (docs/benchmarks.md).
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${1:-$ROOT/build}
-source "$ROOT/tests/launcher/common.bash" "$BUILD/bin"
-source "$ROOT/tests/launcher/netns.bash"
-[ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
-netns_setup 2
-export OMP_NUM_THREADS=1
+source "$(dirname "$0")/netns_harness.bash" "${1:-}" 2
 STEPS=${STEPS:-8}
 WARMUP=2
 MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 64 --random_tokens --threads 1

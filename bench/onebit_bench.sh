@@ -15,16 +15,10 @@
 #
 #   sudo bash bench/onebit_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
 #
-# Same harness as bench/multinode_bench.sh (tests/launcher/netns.bash). Prints a markdown table
+# Same harness as bench/multinode_bench.sh (bench/netns_harness.bash). Prints a markdown table
 # (docs/benchmarks.md).
 set -uo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BUILD=${1:-$ROOT/build}
-source "$ROOT/tests/launcher/common.bash" "$BUILD/bin"
-source "$ROOT/tests/launcher/netns.bash"
-[ -x "$BIN/gpt_train" ] || fail "$BIN/gpt_train not built"
-netns_setup 2
-export OMP_NUM_THREADS=1
+source "$(dirname "$0")/netns_harness.bash" "${1:-}" 2
 STEPS=${STEPS:-8}
 WARMUP=3
 MODEL=(--n_layer 4 --n_head 8 --n_embd 512 --block_size 32 --random_tokens --threads 1

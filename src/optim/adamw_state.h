@@ -23,6 +23,14 @@ torch::optim::AdamWOptions adamw_options(const H& h) {
       .weight_decay(h.weight_decay);
 }
 
+// torch::optim's step(closure) contract: the loss the closure returns, computed with autograd on
+// (step() itself runs under NoGradGuard); undefined without a closure.
+inline at::Tensor run_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable(true);
+  return closure();
+}
+
 // Every parameter of every group, in order.
 inline std::vector<at::Tensor> params_of(const torch::optim::Optimizer& optimizer) {
   std::vector<at::Tensor> out;

@@ -24,11 +24,7 @@ void FusedAdam::set_half_copy(const torch::Tensor& param, torch::Tensor target) 
 
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {

@@ -81,11 +81,7 @@ void Lamb::fragmented_step(torch::Tensor& p, const torch::optim::AdamWOptions& o
 
 torch::Tensor Lamb::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   if (num_params_ > 0) {
     auto& group = param_groups()[0];
     auto& p = group.params()[0];

@@ -41,11 +41,7 @@ torch::Tensor OneBitAdam::step(LossClosure closure) {
     last_step_ = steps();
     return loss;
   }
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   compressed_step();
   return loss;
 }

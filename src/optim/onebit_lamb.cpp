@@ -51,11 +51,7 @@ torch::Tensor OneBitLamb::step(LossClosure closure) {
     after_warmup_step();
     return loss;
   }
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   compressed_step();
   return loss;
 }

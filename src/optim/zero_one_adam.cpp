@@ -184,11 +184,7 @@ void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
 
 torch::Tensor ZeroOneAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable(true);
-    loss = closure();
-  }
+  torch::Tensor loss = run_closure(closure);
   if (steps() != last_step_) replay_schedule(steps());  // a checkpoint was loaded
   const int64_t step = steps() + 1;
   if (frozen()) {

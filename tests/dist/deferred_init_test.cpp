@@ -30,15 +30,15 @@ const gpt::GPTConfig kWide{256, 32, 4, 4, 128};
 
 std::mutex rng_mutex;  // the rank threads share the global RNG
 
-std::shared_ptr<gpt::GPTImpl> seeded_gpt(uint64_t seed) {
+std::shared_ptr<gpt::GPTImpl> seeded_gpt(uint64_t seed, const gpt::GPTConfig& c = kWide) {
   std::lock_guard<std::mutex> lock(rng_mutex);
   torch::manual_seed(seed);
-  return std::make_shared<gpt::GPTImpl>(kWide);
+  return std::make_shared<gpt::GPTImpl>(c);
 }
 
-std::shared_ptr<gpt::GPTImpl> deferred_gpt() {
+std::shared_ptr<gpt::GPTImpl> deferred_gpt(const gpt::GPTConfig& c = kWide) {
   DeferredInit deferred;
-  return std::make_shared<gpt::GPTImpl>(kWide);
+  return std::make_shared<gpt::GPTImpl>(c);
 }
 
 void write_weights(torch::nn::Module& m, const std::string& path, const std::string& skip = "") {
@@ -108,10 +108,14 @@ torch::Tensor prompts() {
   return torch::randint(256, {2, 12}, gen, torch::kLong);
 }
 
-TEST(DeferredInit, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
+class DeferredGpt : public ::testing::TestWithParam<bool> {};  // tied embeddings or not
+
+TEST_P(DeferredGpt, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
+  gpt::GPTConfig config = kWide;
+  config.tie_embeddings = GetParam();
   dstest::TempDir dir("deferred_init");
   const std::string file = dir / "model.safetensors";
-  auto source = seeded_gpt(7);
+  auto source = seeded_gpt(7, config);
   write_weights(*source, file);
   torch::NoGradGuard no_grad;
   source->eval();
@@ -145,7 +149,7 @@ TEST(DeferredInit, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
       std::shared_ptr<deepspeed::InferenceEngine> lazy_engine, built_engine;
       {
         Counting count;
-        lazy = deferred_gpt();
+        lazy = deferred_gpt(config);
         EXPECT_TRUE(is_deferred(lazy->named_parameters()["block0.attn.qkv.weight"]));
         lazy_engine =
             deepspeed::init_inference(lazy, {.tp_size = tp, .checkpoint = file, .comm = comm});
@@ -153,7 +157,7 @@ TEST(DeferredInit, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
       }
       {
         Counting count;  // today's path: built whole at random, then sharded
-        built = seeded_gpt(1);
+        built = seeded_gpt(1, config);
         built_engine =
             deepspeed::init_inference(built, {.tp_size = tp, .checkpoint = file, .comm = comm});
         whole_peak = count.peak();
@@ -168,6 +172,8 @@ TEST(DeferredInit, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
     });
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TiedOrNot, DeferredGpt, ::testing::Bool());
 
 // The AutoTP test trees of inference_test.cpp (norms first and attention.dense a row layer by
 // name; BERT's layers with no LayerNorm child) built deferred load the whole-built values.

@@ -71,19 +71,22 @@ class PlaceholderAllocator final : public at::Allocator {
 
   void enter() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (scopes_++ == 0) {
-      fd_ = memfd_create("deepspeed-deferred-init", MFD_CLOEXEC);
-      if (fd_ < 0) {
-        --scopes_;
-        TORCH_CHECK(false, "DeferredInit: memfd_create failed: ", std::strerror(errno));
-      }
-      file_size_ = 0;
-      // Installed once per epoch; the allocator it replaced serves every other request.
+    if (scopes_ == 0) {  // the first scope of an epoch: a new file, the allocator installed
+      const int fd = memfd_create("deepspeed-deferred-init", MFD_CLOEXEC);
+      TORCH_CHECK(fd >= 0, "DeferredInit: memfd_create failed: ", std::strerror(errno));
       const auto current = c10::GetCPUAllocator();
-      if (current != this) real_ = current;
-      swap_ = tp::install_cpu_allocator(this);
+      if (current != this) real_ = current;  // serves every request but this epoch's scopes'
+      try {
+        swap_ = tp::install_cpu_allocator(this);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
       swap_.previous = real_;
+      fd_ = fd;
+      file_size_ = 0;
     }
+    ++scopes_;
   }
 
   void exit() {

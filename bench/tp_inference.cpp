@@ -94,9 +94,10 @@ int main(int argc, char** argv) try {
                                       .dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat,
                                       .checkpoint = weights,
                                       .comm = comm});
-  std::printf("tp_init_memory rank=%d tp=%d init=%s base_rss_mib=%.0f peak_rss_mib=%.0f init_s=%.2f\n",
-              comm->rank(), tensor_parallel, init.c_str(), base_rss, status_mib("VmHWM"),
-              ms_since(t_init) / 1e3);
+  std::printf(
+      "tp_init_memory rank=%d tp=%d init=%s base_rss_mib=%.0f peak_rss_mib=%.0f init_s=%.2f\n",
+      comm->rank(), tensor_parallel, init.c_str(), base_rss, status_mib("VmHWM"),
+      ms_since(t_init) / 1e3);
   std::fflush(stdout);
   auto gen = at::detail::createCPUGenerator(7);
   const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);

@@ -207,13 +207,11 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
   for (auto& item : model->named_parameters()) load(item.key(), item.value());
   for (auto& item : model->named_buffers()) load(item.key(), item.value());
 
-  // Loading replaced every tensor the checkpoint names; a placeholder left is one it could not
-  // see (e.g. registered twice under names the checkpoint lacks): refuse rather than run on garbage.
+  // A safety net: loading replaced every registered tensor or threw. A placeholder left would
+  // run as garbage, so it is refused by name.
   if (const auto name = first_placeholder(*model); !name.empty())
-    throw CheckpointError("init_inference: \"" + name + "\" is still DeferredInit placeholder "
-                          "memory after loading '" + config.checkpoint +
-                          "': the checkpoint must hold every parameter and buffer of a model "
-                          "built under inference::DeferredInit");
+    throw CheckpointError("init_inference: \"" + name + "\" is still DeferredInit placeholder " +
+                          "memory after loading '" + config.checkpoint + "'");
 
   std::vector<at::Tensor> rows;
   if (config.tp_size > 1)

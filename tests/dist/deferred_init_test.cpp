@@ -4,6 +4,8 @@
 // way, today's path before DeferredInit); logits equal the whole-built path at tp 1 and 2; the
 // AutoTP test trees (NeoX-like, BERT-like) load the same values; a missing tensor and a missing
 // checkpoint are refused by name; the allocator is put back, also after an exception.
+#include "tp/deferred_init.h"
+
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
@@ -17,7 +19,6 @@
 #include "gpt/model.h"
 #include "support/files.h"
 #include "support/ranks.h"
-#include "tp/deferred_init.h"
 
 namespace {
 using deepspeed::comm::CommunicatorPtr;

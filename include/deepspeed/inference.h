@@ -31,6 +31,11 @@
 //     }
 //     auto engine = deepspeed::init_inference(model, {.tp_size = 2, .checkpoint = dir});
 //
+// A scope rather than a builder callback that builds and shards block by block: the callback
+// would peak lower (one block) but init_inference would have to know how the model is assembled,
+// which AutoTP exists not to need; the scope works on any module tree whose constructors run
+// unchanged (docs/decisions.md, issue 19).
+//
 // C++ modules have no forward hooks, so the row layers' all-reduce lives in the function the
 // model's Linear layers must run through: deepspeed::tp::linear (below), or
 // deepspeed::zero::linear is NOT enough. The model must also derive its local head count from

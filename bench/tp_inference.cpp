@@ -7,9 +7,15 @@
 // first-token latency is the prompt's forward and the pick of its first token; tokens/s counts
 // the following tokens (batch x (new - 1)) over their time. Rank 0 prints one line
 // "tp_inference tp=N first_token_ms=X decode_tokens_per_s=Y tokens=a,b,..." (row 0's first 8).
+// Every rank prints "tp_init_memory rank=R tp=N init=I base_rss_mib=A peak_rss_mib=B init_s=C":
+// its resident set before building the model (libraries) and its high-water mark once
+// init_inference has returned (VmHWM), and the seconds building + init_inference took. --init
+// whole builds the model the ordinary way (every rank holds all of it first, then AutoTP keeps
+// its slices); --init deferred (default) builds it under deepspeed::inference::DeferredInit.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
 #include "checkpoint/safetensors.h"
 #include "deepspeed/args.h"
@@ -22,6 +28,13 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
+// A /proc/self/status field in MiB (VmRSS: now, VmHWM: the high-water mark).
+double status_mib(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;
+  return -1;
+}
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -32,7 +45,7 @@ int main(int argc, char** argv) try {
   model.block_size = 256;
   std::string weights, write_weights;
   int tensor_parallel = 1, batch = 1, prompt_len = 32, new_tokens = 64, reps = 3;
-  std::string dtype = "fp32";
+  std::string dtype = "fp32", init = "deferred";
   CLI::App app{"AutoTP generation benchmark"};
   app.add_option("--weights", weights);
   app.add_option("--write_weights", write_weights);
@@ -43,6 +56,8 @@ int main(int argc, char** argv) try {
   app.add_option("--reps", reps, "timed generations (the best is reported)");
   app.add_option("--dtype", dtype, "fp32 or bf16: the weights and activations after loading")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--init", init, "deferred (default): build under inference::DeferredInit; whole")
+      ->check(CLI::IsMember({"deferred", "whole"}));
   app.add_option("--n_layer", model.n_layer);
   app.add_option("--n_head", model.n_head);
   app.add_option("--n_embd", model.n_embd);
@@ -65,12 +80,25 @@ int main(int argc, char** argv) try {
     return 0;
   }
   auto comm = deepspeed::init_distributed();
-  auto net = std::make_shared<gpt::GPTImpl>(model);
+  const double base_rss = status_mib("VmRSS");
+  const auto t_init = Clock::now();
+  std::shared_ptr<gpt::GPTImpl> net;
+  if (init == "deferred") {
+    deepspeed::inference::DeferredInit deferred;
+    net = std::make_shared<gpt::GPTImpl>(model);
+  } else {
+    net = std::make_shared<gpt::GPTImpl>(model);
+  }
   auto engine =
       deepspeed::init_inference(net, {.tp_size = tensor_parallel,
                                       .dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat,
                                       .checkpoint = weights,
                                       .comm = comm});
+  std::printf(
+      "tp_init_memory rank=%d tp=%d init=%s base_rss_mib=%.0f peak_rss_mib=%.0f init_s=%.2f\n",
+      comm->rank(), tensor_parallel, init.c_str(), base_rss, status_mib("VmHWM"),
+      ms_since(t_init) / 1e3);
+  std::fflush(stdout);
   auto gen = at::detail::createCPUGenerator(7);
   const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);
 

@@ -5,7 +5,9 @@
 // deepspeed::init_inference, generates with a kv-cache, and prints the prompt and its
 // continuation as its last line (bytes are tokens) on rank 0.
 //   dsrun --num_procs N gpt_generate --tensor_parallel N ...   splits the blocks over N ranks
-//   (AutoTP), each rank reading only its slices of the checkpoint.
+//   (AutoTP), each rank reading only its slices of the checkpoint. The model is built in
+//   placeholder memory (deepspeed::inference::DeferredInit), so no rank ever holds all of it.
+// --load_dir may also name a ds_to_fp32 .safetensors file.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -58,7 +60,11 @@ int main(int argc, char** argv) try {
     throw deepspeed::ConfigError("gpt_generate: --dtype " + dtype + " (fp32 or bf16)");
   gpt::check_tensor_parallel(model, tensor_parallel);
   auto comm = deepspeed::init_distributed();
-  gpt::GPT net(model);
+  gpt::GPT net{nullptr};
+  {
+    deepspeed::inference::DeferredInit deferred;  // init_inference allocates this rank's slices
+    net = gpt::GPT(model);
+  }
   deepspeed::InferenceConfig config;
   config.tp_size = tensor_parallel;
   config.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;

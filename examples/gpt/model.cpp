@@ -129,7 +129,9 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
     head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
-  gpt2_init(*this);
+  // Built in placeholders for init_inference (deepspeed::inference::DeferredInit), the weights
+  // come from the checkpoint: a second pass writing every weight would only cost time.
+  if (!deepspeed::inference::DeferredInit::active()) gpt2_init(*this);
 }
 
 torch::Tensor GPTImpl::logits(const torch::Tensor& idx) {

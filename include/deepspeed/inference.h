@@ -17,6 +17,25 @@
 //                    query_key_value, Wqkv, qkv_proj) has q, k and v split each on its own.
 // Linear layers outside blocks (the LM head) and embeddings stay whole (DeepSpeed's default).
 //
+// Building the model without holding it (DeepSpeed's `with deepspeed.OnDevice(dtype,
+// device="meta")`): libtorch's C++ modules have no device argument and their constructors fill
+// every parameter at random (reset()), so a model built the ordinary way costs each rank the
+// whole model before init_inference keeps 1/tp_size of it. Build it inside an
+// inference::DeferredInit scope instead (below): its storage is placeholder memory, and
+// init_inference allocates real memory only for this rank's slices as it reads them.
+//
+//     std::shared_ptr<MyModel> model;
+//     {
+//       deepspeed::inference::DeferredInit deferred;  // this thread's CPU tensors: placeholders
+//       model = std::make_shared<MyModel>(cfg);       // any module tree, built as usual
+//     }
+//     auto engine = deepspeed::init_inference(model, {.tp_size = 2, .checkpoint = dir});
+//
+// A scope rather than a builder callback that builds and shards block by block: the callback
+// would peak lower (one block) but init_inference would have to know how the model is assembled,
+// which AutoTP exists not to need; the scope works on any module tree whose constructors run
+// unchanged (docs/decisions.md, issue 19).
+//
 // C++ modules have no forward hooks, so the row layers' all-reduce lives in the function the
 // model's Linear layers must run through: deepspeed::tp::linear (below), or
 // deepspeed::zero::linear is NOT enough. The model must also derive its local head count from
@@ -70,8 +89,47 @@ class InferenceEngine {
 // ConfigError naming the layer and sizes when tp_size does not divide a split dimension, and
 // CheckpointError naming the tensor when the checkpoint lacks one or holds it with another shape
 // (another architecture). The model's row layers communicate until the engine is destroyed.
+// A model built under inference::DeferredInit needs config.checkpoint (ConfigError naming a
+// placeholder tensor otherwise) and every registered parameter and buffer must come from it
+// (CheckpointError naming the one that does not). REQUIRES: no DeferredInit scope is alive on
+// this thread (ConfigError).
 std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Module> model,
                                                 InferenceConfig config);
+
+namespace inference {
+
+// While alive, every CPU tensor storage this thread allocates is placeholder memory: each one its
+// own virtual range, all of them mapped onto the same few physical pages (one memfd as large as
+// the largest request), so building a model of any size costs about one of its tensors. The
+// values are garbage (every tensor aliases every other), which is fine for the random init that
+// module constructors write and init_inference then replaces; it is NOT fine for construction
+// code that reads tensors it computed (indices, data-dependent shapes, item()): such a tensor,
+// and any registered buffer the checkpoint does not hold, must be computed after init_inference.
+// Unregistered member tensors built in the scope stay placeholders: init_inference cannot see
+// them. The placeholders' pages are released now and then (their page-table entries dropped) so
+// the resident set counts about two of the largest tensors, not every alias.
+//
+// Thread-safety: c10's CPU allocator is one per process. The first live scope installs a
+// routing allocator (at the installed one's priority, see tp/deferred_init.h) that gives
+// placeholders only to threads inside a scope and passes every other thread's requests to the
+// allocator it replaced; the last scope to end restores that one (also when the scope ends by
+// an exception). Scopes may nest and may live on several threads at once (ranks as threads).
+// An allocator installed by someone else while a scope is alive stays installed. Only the
+// thread's own requests count: intra-op worker threads allocate real memory.
+class DeferredInit {
+ public:
+  DeferredInit();
+  ~DeferredInit();
+  DeferredInit(const DeferredInit&) = delete;
+  DeferredInit& operator=(const DeferredInit&) = delete;
+  // Whether a scope is alive on this thread.
+  static bool active();
+};
+
+// Whether `t`'s storage is DeferredInit placeholder memory (not yet loaded by init_inference).
+bool is_deferred(const at::Tensor& t);
+
+}  // namespace inference
 
 namespace tp {
 // The Linear forward AutoTP can shard: deepspeed::zero::linear (ZeRO-3's), and for a weight

@@ -147,11 +147,29 @@ comm::CommunicatorPtr world_of(const InferenceConfig& config) {
   return comm::make_single_process_communicator();
 }
 
+// The first registered parameter or buffer still in DeferredInit placeholder memory ("" if none).
+std::string first_placeholder(torch::nn::Module& model) {
+  for (auto& item : model.named_parameters())
+    if (inference::is_deferred(item.value())) return item.key();
+  for (auto& item : model.named_buffers())
+    if (inference::is_deferred(item.value())) return item.key();
+  return "";
+}
+
 }  // namespace
 
 std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Module> model,
                                                 InferenceConfig config) {
   if (!model) throw ConfigError("init_inference: the model is null");
+  if (inference::DeferredInit::active())
+    throw ConfigError(
+        "init_inference: called inside an inference::DeferredInit scope (its tensors would be "
+        "placeholders too); end the scope once the model is built");
+  if (config.checkpoint.empty())
+    if (const auto name = first_placeholder(*model); !name.empty())
+      throw ConfigError("init_inference: \"" + name +
+                        "\" was built under inference::DeferredInit (placeholder memory, no "
+                        "values) and no checkpoint was given: set InferenceConfig::checkpoint");
   if (config.dtype != at::kFloat && config.dtype != at::kBFloat16)
     throw ConfigError("init_inference: dtype " + std::string(c10::toString(config.dtype)) +
                       " is not supported (float or bfloat16)");
@@ -188,6 +206,12 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
   };
   for (auto& item : model->named_parameters()) load(item.key(), item.value());
   for (auto& item : model->named_buffers()) load(item.key(), item.value());
+
+  // A safety net: loading replaced every registered tensor or threw. A placeholder left would
+  // run as garbage, so it is refused by name.
+  if (const auto name = first_placeholder(*model); !name.empty())
+    throw CheckpointError("init_inference: \"" + name + "\" is still DeferredInit placeholder " +
+                          "memory after loading '" + config.checkpoint + "'");
 
   std::vector<at::Tensor> rows;
   if (config.tp_size > 1)

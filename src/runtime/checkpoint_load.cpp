@@ -224,11 +224,15 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
 // files (resharding across data-parallel sizes and stages as usual); at another size (a
 // checkpoint without tensor parallelism is size 1) the slices this model's layers cut, assembled
 // from the saved ones (TagReader::view_as_tensor_rank).
+// A pipeline stage's module holds its own layers only: the cuts of the others' are not compared.
 void select_tensor_rank(TagReader& reader, const EngineState& s) {
   std::map<std::string, TensorSplit> splits;
   for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
     splits[name] = {dim.dim, dim.parts};
-  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits);
+  std::set<std::string> params;
+  for (auto& item : s.module->named_parameters()) params.insert(item.key());
+  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits,
+                             s.pipeline_files ? &params : nullptr);
 }
 
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
@@ -330,10 +334,11 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
 }  // namespace
 
 int first_saved_rank_of_group(const TagReader& reader, const EngineState& s) {
-  if (reader.tensor_parallel_size() > 1) return tensor_rank(s);  // rank d * T + t with d = 0
-  // Ranks are pipe-major: stage = job rank / data-parallel size.
-  const int saved_dp = reader.world_size() / reader.pipeline_stages();
-  return (job_comm(s).rank() / s.comm->world_size()) * saved_dp;
+  // Saved rank (stage * D + d) * T + t (comm::Grid) with d = 0, D the saved data-parallel size.
+  const int tensor = reader.tensor_parallel_size();
+  const int saved_dp = reader.world_size() / reader.pipeline_stages() / tensor;
+  const int stage = s.pipeline_files ? s.pipeline_files->stage : 0;
+  return stage * saved_dp * tensor + tensor_rank(s);
 }
 
 LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& load_dir,

@@ -69,6 +69,12 @@ void run_agreed(comm::Communicator& comm, const std::string& what, const std::fu
 // tensor-parallel rank (0 without), which names its mp_rank_TT files.
 int tensor_size(const EngineState& s);
 int tensor_rank(const EngineState& s);
+// The model-parallel rank naming this rank's mp_rank_MM / zero_pp_rank_D_mp_rank_MM files:
+// pipeline stage * tensor size + tensor rank (layout.h).
+int model_parallel_rank(const EngineState& s);
+// {"<parameter>": {"dim", "parts"}} of the module's split parameters (the manifest's
+// "tensor_parallel.split").
+nlohmann::json tensor_split_json(const EngineState& s);
 // The saved rank whose optim file holds what this rank's group replicates (a libtorch optimizer
 // archive at stage 0, replicated optimizer extra state): its pipeline stage's / tensor rank's
 // data-parallel rank 0. REQUIRES: the checkpoint has this job's pipeline stages and tensor size.

@@ -5,8 +5,8 @@
 //   at pipe 2 x tensor 2 x data 1 (ZeRO 0 and 1) and pipe 2 x tensor 2 x data 2 (ZeRO 1) that
 //   continues bit for bit: the losses and the masters and Adam moments at the end equal an
 //   uninterrupted run's;
-// - loading into another tensor size (pipe 2 x tensor 1), another pipeline (pipe 1 x tensor 2) and
-//   both (pipe 4 x tensor 1), and back: masters and moments bit-identical after each hop;
+// - loading into another tensor size (pipe 2 x tensor 1 and 4), another pipeline (pipe 1 x
+//   tensor 2) and both (pipe 4 x tensor 1), and back: masters and moments bit-identical after each hop;
 // - ds_to_fp32 and init_inference (tp 1 and 2) read it as the unsplit model;
 // - a save failing on one rank keeps the previous `latest`, which loads;
 // - a tensor size that cannot divide the saved slices is refused naming both sizes.
@@ -45,6 +45,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The tiny pipeline GPT (tied embedding and head) with 4 heads, so that tensor size 4 cuts it too.
+gpt::GPTConfig model_config() {
+  gpt::GPTConfig c = dstest::tiny_pipeline_gpt(/*tied=*/true);
+  c.n_head = 4;
+  return c;
+}
+
 struct Layout {
   int stages = 2;
   int tensor = 2;
@@ -73,7 +80,7 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
         comm, deepspeed::comm::TopologySizes{l.stages, l.tensor});
     const int data = topology->grid().data_size();
     dp::PipelineInitializeArgs args;
-    const auto c = dstest::tiny_pipeline_gpt(/*tied=*/true);
+    const auto c = model_config();
     args.model =
         l.tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
     args.model.num_stages = l.stages;
@@ -191,8 +198,8 @@ TEST(TpPipelineCheckpoint, DeepSpeedLayoutAndExactResume) {
   EXPECT_EQ(meta.at("partitions").at(7).at("tensor_rank"), 1);
 }
 
-// Saved at pipe 2 x tensor 2 x data 1 (ZeRO-1), loaded at another tensor size, another pipeline
-// and both, and from those back; each loaded engine saves again at once and the checkpoint, read
+// Saved at pipe 2 x tensor 2 x data 1 (ZeRO-1), loaded at another tensor size (1, and 4 on 8
+// ranks: each stage compares its own layers' cuts with the checkpoint's), another pipeline and both, and from those back; each loaded engine saves again at once and the checkpoint, read
 // whole, must be the original bit for bit.
 TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
   dstest::TempDir root;
@@ -209,6 +216,7 @@ TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
   const std::vector<Hop> hops = {{a, p2t1, {2, 1, 1}},
                                  {a, p1t2, {1, 2, 1}},
                                  {a, root.path() + "/p4t1", {4, 1, 0}},
+                                 {a, root.path() + "/p2t4", {2, 4, 1, 8}},
                                  {p2t1, root.path() + "/back_from_t1", {2, 2, 0}},
                                  {p1t2, root.path() + "/back_from_p1", {2, 2, 1}}};
   for (const auto& hop : hops) {
@@ -251,7 +259,7 @@ TEST(TpPipelineCheckpoint, ExportAndInferenceReadTheUnsplitModel) {
     EXPECT_TRUE(torch::equal(t, want.at(name))) << name << ": " << t.sizes();
   }
 
-  const gpt::GPTConfig config = dstest::tiny_pipeline_gpt(/*tied=*/true);
+  const gpt::GPTConfig config = model_config();
   auto whole = std::make_shared<gpt::GPTImpl>(config);
   gpt::load_weights(*whole, plain_ck);
   whole->eval();
@@ -298,7 +306,7 @@ TEST(TpPipelineCheckpoint, FailedSaveKeepsThePreviousCheckpoint) {
   train({2, 2, 1}, 1, 2, {.load_dir = dir});
 }
 
-// Tensor size 3 cannot cut what size 2 saved (the model's 2 heads, vocabulary 64): refused,
+// Tensor size 3 cannot cut what size 2 saved (the model's 4 heads, vocabulary 64): refused,
 // naming the saved size and the asked one.
 TEST(TpPipelineCheckpoint, AnUndividableTensorSizeIsRefusedNamingBothSizes) {
   dstest::TempDir root;

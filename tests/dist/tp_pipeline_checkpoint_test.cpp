@@ -1,12 +1,13 @@
 // Checkpoints of tensor x pipeline parallelism (world = pipe x data x tensor; docs/checkpoints.md,
-// "Tensor x pipeline checkpoints"), on the tiny example GPT with its embedding split by vocabulary
-// and tied to the head across the first and last stage:
+// "Tensor x pipeline checkpoints"), on the tiny example GPT with 4 heads and its embedding split by
+// vocabulary and tied to the head across the first and last stage:
 // - DeepSpeed's layer_LL-model_TT / mp_rank_MM (MM = stage * T + tensor rank) layout, and a resume
-//   at pipe 2 x tensor 2 x data 1 (ZeRO 0 and 1) and pipe 2 x tensor 2 x data 2 (ZeRO 1) that
-//   continues bit for bit: the losses and the masters and Adam moments at the end equal an
-//   uninterrupted run's;
+//   at pipe 2 x tensor 2 x data 1 (ZeRO 0 and 1) and pipe 2 x tensor 2 x data 2 (ZeRO 1, and
+//   ZeRO 2 untied) that continues bit for bit: the losses, and the masters and Adam moments at the
+//   end, equal an uninterrupted run's;
 // - loading into another tensor size (pipe 2 x tensor 1 and 4), another pipeline (pipe 1 x
-//   tensor 2) and both (pipe 4 x tensor 1), and back: masters and moments bit-identical after each hop;
+//   tensor 2) and both (pipe 4 x tensor 1), and back: masters and moments bit-identical after each
+//   hop; the weights alone (load_module_only: from the layer files) at tensor sizes 1 and 2;
 // - ds_to_fp32 and init_inference (tp 1 and 2) read it as the unsplit model;
 // - a save failing on one rank keeps the previous `latest`, which loads;
 // - a tensor size that cannot divide the saved slices is refused naming both sizes.
@@ -45,9 +46,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The tiny pipeline GPT (tied embedding and head) with 4 heads, so that tensor size 4 cuts it too.
-gpt::GPTConfig model_config() {
-  gpt::GPTConfig c = dstest::tiny_pipeline_gpt(/*tied=*/true);
+// The tiny pipeline GPT (tied embedding and head unless said otherwise) with 4 heads, so that
+// tensor size 4 cuts it too.
+gpt::GPTConfig model_config(bool tied = true) {
+  gpt::GPTConfig c = dstest::tiny_pipeline_gpt(tied);
   c.n_head = 4;
   return c;
 }
@@ -57,6 +59,7 @@ struct Layout {
   int tensor = 2;
   int zero = 1;
   int world = dstest::kPipeWorld;
+  bool tied = true;  // ZeRO-2 takes no tied layers (initialize_pipeline)
   std::string name() const {
     return "pipe " + std::to_string(stages) + " x tensor " + std::to_string(tensor) + " x data " +
            std::to_string(world / stages / tensor) + " (ZeRO-" + std::to_string(zero) + ")";
@@ -80,7 +83,7 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
         comm, deepspeed::comm::TopologySizes{l.stages, l.tensor});
     const int data = topology->grid().data_size();
     dp::PipelineInitializeArgs args;
-    const auto c = model_config();
+    const auto c = model_config(l.tied);
     args.model =
         l.tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
     args.model.num_stages = l.stages;
@@ -154,7 +157,8 @@ std::vector<double> concat(std::vector<double> a, const std::vector<double>& b) 
 
 TEST(TpPipelineCheckpoint, DeepSpeedLayoutAndExactResume) {
   dstest::TempDir root;
-  for (const Layout& l : {Layout{2, 2, 0}, Layout{2, 2, 1}, Layout{2, 2, 1, 8}}) {
+  for (const Layout& l :
+       {Layout{2, 2, 0}, Layout{2, 2, 1}, Layout{2, 2, 1, 8}, Layout{2, 2, 2, 8, false}}) {
     const std::string base = root.path() + "/" + std::to_string(l.zero) + "_" +
                              std::to_string(l.world);
     const auto uninterrupted = train(l, 0, 4, {.save_dir = base + "/whole"});

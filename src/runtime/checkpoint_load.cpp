@@ -142,7 +142,8 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
                           "; it reloads only at the same world size, pipeline and stage (or stage "
                           "0 to stage 0), not at world size " +
                           std::to_string(job_comm(s).world_size()) + " (pipeline stages " +
-                          std::to_string(stages) + "), stage " + std::to_string(stage) +
+                          std::to_string(stages) + ", tensor-parallel size " +
+                          std::to_string(tensor_size(s)) + "), stage " + std::to_string(stage) +
                           ". Pass load_optimizer_states=false to load the "
                           "weights alone");
   // Stage 0 replicates the state: the file of the group's first data-parallel rank serves every

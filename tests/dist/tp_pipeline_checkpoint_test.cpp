@@ -71,6 +71,7 @@ struct TrainOptions {
   std::string save_dir;  // save after training
   ckpt::FileSystem* rank2_fs = nullptr;  // rank 2's file system for the save (fault injection)
   bool module_only = false;  // load_module_only: the weights from the layer files alone
+  nlohmann::json config_patch = nlohmann::json::object();
 };
 
 // Trains steps [from, to) of the global batch sequence on `l` (every layout sees the same global
@@ -88,6 +89,7 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
         l.tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
     args.model.num_stages = l.stages;
     args.config_json = dstest::pipeline_config(data, l.zero);
+    args.config_json.merge_patch(o.config_patch);
     args.topology = topology;
     args.device = "cpu";
     auto engine = dp::initialize_pipeline(args);
@@ -308,6 +310,26 @@ TEST(TpPipelineCheckpoint, FailedSaveKeepsThePreviousCheckpoint) {
   EXPECT_EQ(ckpt::posix_file_system().read_file(dir + "/latest"), "global_step1");
   EXPECT_FALSE(fs::exists(dir + "/global_step2/" + ckpt::kManifestFileName));
   train({2, 2, 1}, 1, 2, {.load_dir = dir});
+}
+
+// A non-Adam optimizer's state (SGD with momentum: libtorch's archive, replicated at ZeRO-0) is read
+// by each (stage, tensor rank) from its own first data-parallel rank's file: the resume is bit for
+// bit. At another tensor size it cannot be resharded, and the refusal names both layouts.
+TEST(TpPipelineCheckpoint, NonAdamStateResumesAtTheSameLayoutOnly) {
+  dstest::TempDir root;
+  const std::string dir = root.path() + "/ck";
+  const nlohmann::json sgd = {
+      {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}, {"momentum", 0.9}}}}}};
+  const Layout l{2, 2, 0};
+  const auto uninterrupted = train(l, 0, 4, {.config_patch = sgd});
+  const auto first = train(l, 0, 2, {.save_dir = dir, .config_patch = sgd});
+  const auto rest = train(l, 2, 4, {.load_dir = dir, .config_patch = sgd});
+  EXPECT_EQ(concat(first, rest), uninterrupted);
+  const std::string e = dstest::message_of<std::exception>(
+      [&] { train({2, 1, 0}, 2, 2, {.load_dir = dir, .config_patch = sgd}); });
+  EXPECT_CONTAINS(e, "pipeline stages 2, tensor-parallel size 2");
+  EXPECT_CONTAINS(e, "pipeline stages 2, tensor-parallel size 1");
+  EXPECT_CONTAINS(e, "load_optimizer_states=false");
 }
 
 // Tensor size 3 cannot cut what size 2 saved (the model's 4 heads, vocabulary 64): refused,

@@ -3,7 +3,7 @@
 // vocabulary and tied to the head across the first and last stage:
 // - DeepSpeed's layer_LL-model_TT / mp_rank_MM (MM = stage * T + tensor rank) layout, and a resume
 //   at pipe 2 x tensor 2 x data 1 (ZeRO 0 and 1) and pipe 2 x tensor 2 x data 2 (ZeRO 1, and
-//   ZeRO 2 untied) that continues bit for bit: the losses, and the masters and Adam moments at the
+//   ZeRO 2 untied with the layer files spread over the data ranks) that continues bit for bit: the losses, and the masters and Adam moments at the
 //   end, equal an uninterrupted run's;
 // - loading into another tensor size (pipe 2 x tensor 1 and 4), another pipeline (pipe 1 x
 //   tensor 2) and both (pipe 4 x tensor 1), and back: masters and moments bit-identical after each
@@ -60,6 +60,7 @@ struct Layout {
   int zero = 1;
   int world = dstest::kPipeWorld;
   bool tied = true;  // ZeRO-2 takes no tied layers (initialize_pipeline)
+  bool spread = false;  // checkpoint.parallel_write.pipeline_stage: layer files over data ranks
   std::string name() const {
     return "pipe " + std::to_string(stages) + " x tensor " + std::to_string(tensor) + " x data " +
            std::to_string(world / stages / tensor) + " (ZeRO-" + std::to_string(zero) + ")";
@@ -90,12 +91,14 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
     args.model.num_stages = l.stages;
     args.config_json = dstest::pipeline_config(data, l.zero);
     args.config_json.merge_patch(o.config_patch);
+    if (l.spread) args.config_json["checkpoint"] = {{"parallel_write", {{"pipeline_stage", true}}}};
     args.topology = topology;
     args.device = "cpu";
     auto engine = dp::initialize_pipeline(args);
     if (!o.load_dir.empty()) {
-      EXPECT_FALSE(
-          engine->load_checkpoint(o.load_dir, "", true, true, true, o.module_only).load_path.empty());
+      const auto loaded = engine->load_checkpoint(o.load_dir, "", /*load_module_strict=*/true,
+                                                  true, true, /*load_module_only=*/o.module_only);
+      EXPECT_FALSE(loaded.load_path.empty());
       if (!o.module_only) EXPECT_EQ(engine->global_steps(), from);
     }
     const int d = topology->coordinates().data;
@@ -160,7 +163,7 @@ std::vector<double> concat(std::vector<double> a, const std::vector<double>& b) 
 TEST(TpPipelineCheckpoint, DeepSpeedLayoutAndExactResume) {
   dstest::TempDir root;
   for (const Layout& l :
-       {Layout{2, 2, 0}, Layout{2, 2, 1}, Layout{2, 2, 1, 8}, Layout{2, 2, 2, 8, false}}) {
+       {Layout{2, 2, 0}, Layout{2, 2, 1}, Layout{2, 2, 1, 8}, Layout{2, 2, 2, 8, false, true}}) {
     const std::string base = root.path() + "/" + std::to_string(l.zero) + "_" +
                              std::to_string(l.world);
     const auto uninterrupted = train(l, 0, 4, {.save_dir = base + "/whole"});
@@ -205,7 +208,8 @@ TEST(TpPipelineCheckpoint, DeepSpeedLayoutAndExactResume) {
 }
 
 // Saved at pipe 2 x tensor 2 x data 1 (ZeRO-1), loaded at another tensor size (1, and 4 on 8
-// ranks: each stage compares its own layers' cuts with the checkpoint's), another pipeline and both, and from those back; each loaded engine saves again at once and the checkpoint, read
+// ranks: each stage compares its own layers' cuts with the checkpoint's), another pipeline and
+// both, and from those back; each loaded engine saves again at once and the checkpoint, read
 // whole, must be the original bit for bit.
 TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
   dstest::TempDir root;
@@ -286,8 +290,7 @@ TEST(TpPipelineCheckpoint, ExportAndInferenceReadTheUnsplitModel) {
       const double diff = (model->logits(idx) - ref).abs().max().item<double>();
       EXPECT_LT(diff, 1e-5) << "tp " << tp;
       if (comm->rank() == 0)
-        std::printf("init_inference tp %d from a pipe 2 x tensor 2 checkpoint: logits within %.2e\n",
-                    tp, diff);
+        std::printf("init_inference tp %d from pipe 2 x tensor 2: logits within %.2e\n", tp, diff);
     });
   }
 }
@@ -312,8 +315,8 @@ TEST(TpPipelineCheckpoint, FailedSaveKeepsThePreviousCheckpoint) {
   train({2, 2, 1}, 1, 2, {.load_dir = dir});
 }
 
-// A non-Adam optimizer's state (SGD with momentum: libtorch's archive, replicated at ZeRO-0) is read
-// by each (stage, tensor rank) from its own first data-parallel rank's file: the resume is bit for
+// A non-Adam optimizer's state (SGD with momentum: libtorch's archive, replicated at ZeRO-0) is
+// read by each (stage, tensor rank) from its own first data-parallel rank's file: the resume is bit for
 // bit. At another tensor size it cannot be resharded, and the refusal names both layouts.
 TEST(TpPipelineCheckpoint, NonAdamStateResumesAtTheSameLayoutOnly) {
   dstest::TempDir root;

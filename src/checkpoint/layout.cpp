@@ -31,8 +31,13 @@ std::string optim_states_file_name(int rank, int mp_rank) {
          "_optim_states.safetensors";
 }
 
-std::string layer_file_name(int64_t layer) {
-  return "layer_" + two_digits(layer) + "-model_states.safetensors";
+std::string layer_file_name(int64_t layer, int tensor_rank) {
+  const std::string model = tensor_rank >= 0 ? "-model_" + two_digits(tensor_rank) : "";
+  return "layer_" + two_digits(layer) + model + "-model_states.safetensors";
+}
+
+std::string tensor_rank_file(const ModuleFile& f, int t) {
+  return f.layer >= 0 ? layer_file_name(f.layer, t) : model_states_file_name(t);
 }
 
 std::vector<ModuleFile> PipelineFiles::written_by(int s) const {

@@ -57,12 +57,16 @@ constexpr const char* kTorchArchive = "torch_archive";    // libtorch's own seri
 constexpr const char* kNoOptimizerState = "none";
 
 std::string library_version();
-// "mp_rank_<MM>_model_states.safetensors" (MM: two digits; the pipeline stage, else 0).
+// "mp_rank_<MM>_model_states.safetensors" (MM: two digits; the model-parallel rank: the
+// pipeline stage, the tensor rank, or stage * tensor size + tensor rank with both; else 0).
 std::string model_states_file_name(int mp_rank = 0);
-// "zero_pp_rank_<r>_mp_rank_<MM>_optim_states.safetensors": data-parallel rank r of stage MM.
+// "zero_pp_rank_<r>_mp_rank_<MM>_optim_states.safetensors": data-parallel rank r of
+// model-parallel rank MM.
 std::string optim_states_file_name(int rank, int mp_rank = 0);
-// "layer_<LL>-model_states.safetensors" (LL: at least two digits).
-std::string layer_file_name(int64_t layer);
+// "layer_<LL>-model_states.safetensors" (LL: at least two digits); with a tensor rank (>= 0, a
+// pipeline with tensor parallelism) "layer_<LL>-model_<TT>-model_states.safetensors".
+std::string layer_file_name(int64_t layer, int tensor_rank = -1);
+
 
 // A file of module tensors: tensor <name> in it is the module's <prefix><name>. A plain engine's
 // checkpoint has one, {model_states_file_name(), ""}; a pipeline's one per layer.
@@ -71,6 +75,9 @@ struct ModuleFile {
   std::string prefix;
   int64_t layer = -1;  // pipeline: the global layer index the file is named after
 };
+// Module file `f` (tensor rank 0's) as tensor rank `t` wrote it: a layer file's
+// layer_LL-model_TT, else mp_rank_TT (a tensor-parallel checkpoint without a pipeline).
+std::string tensor_rank_file(const ModuleFile& f, int t);
 
 // How a pipeline stage lays out its part of a checkpoint (set by initialize_pipeline).
 struct PipelineFiles {

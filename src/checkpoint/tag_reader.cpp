@@ -165,7 +165,8 @@ std::string split_str(const TensorSplit* s) {
 }  // namespace
 
 void TagReader::view_as_tensor_rank(int size, int t,
-                                    const std::map<std::string, TensorSplit>& model_splits) {
+                                    const std::map<std::string, TensorSplit>& model_splits,
+                                    const std::set<std::string>* model_params) {
   if (size < 1 || t < 0 || t >= size)
     throw CheckpointError("checkpoint '" + dir_ + "': no tensor-parallel rank " +
                           std::to_string(t) + " in a group of " + std::to_string(size));
@@ -174,8 +175,8 @@ void TagReader::view_as_tensor_rank(int size, int t,
   if (own_view()) {
     trainable_ = slice_trainable_;
     if (tensor_size_ > 1) {
-      module_files_ = {{model_states_file_name(t), "", -1}};
-      engine_file_ = model_states_file_name(t);
+      for (auto& f : module_files_) f.file = tensor_rank_file(f, t);
+      engine_file_ = model_states_file_name(t);  // a pipeline's: stage 0's of tensor rank t
     }
     return;
   }
@@ -188,6 +189,7 @@ void TagReader::view_as_tensor_rank(int size, int t,
   if (size == 1) view_splits_.clear();
   if (tensor_size_ > 1 && size > 1)
     for (const auto& name : names) {
+      if (model_params && !model_params->count(name)) continue;  // another pipeline stage's
       const TensorSplit* saved = saved_split(name);
       auto it = model_splits.find(name);
       const TensorSplit* mine = it != model_splits.end() ? &it->second : nullptr;
@@ -203,9 +205,12 @@ void TagReader::view_as_tensor_rank(int size, int t,
     if (const TensorSplit* split = view_split(info.name)) {
       const int64_t dim = info.shape.at(split->dim);
       if (dim % (int64_t{split->parts} * size) != 0)
-        throw CheckpointError("checkpoint '" + dir_ + "': parameter \"" + info.name + "\" has " +
-                              std::to_string(dim) + " along dim " + std::to_string(split->dim) +
-                              ", which tensor-parallel size " + std::to_string(size) +
+        throw CheckpointError("checkpoint '" + dir_ + "' (saved at tensor-parallel size " +
+                              std::to_string(tensor_size_) + ", pipeline stages " +
+                              std::to_string(pipeline_stages_) + "): parameter \"" + info.name +
+                              "\" has " + std::to_string(dim) + " along dim " +
+                              std::to_string(split->dim) + " in " + std::to_string(split->parts) +
+                              " block(s), which tensor-parallel size " + std::to_string(size) +
                               " does not divide");
       info.shape[split->dim] /= size;
     }
@@ -231,7 +236,7 @@ at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entr
   // Slice t holds, of each of `parts` blocks along dim, the t-th of tensor_size_ equal pieces.
   std::vector<at::Tensor> slices;
   for (int t = 0; t < tensor_size_; ++t) {
-    at::Tensor slice = tensor(model_states_file_name(t), entry);
+    at::Tensor slice = tensor(tensor_rank_file(f, t), entry);
     auto blocks = slice.sizes().vec();
     blocks[split->dim] /= split->parts;
     blocks.insert(blocks.begin() + split->dim, split->parts);

@@ -7,6 +7,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -90,7 +91,12 @@ class TagReader {
   // parameters) and assembled from the saved slices holding it; module tensors are merged and
   // re-cut one at a time (read_module_tensor). Throws CheckpointError naming the parameter when
   // the model cuts a parameter otherwise than the checkpoint did, or `size` does not divide it.
-  void view_as_tensor_rank(int size, int t, const std::map<std::string, TensorSplit>& model_splits);
+  // `model_params`: the loading module's parameter names (a pipeline stage holds some layers
+  // only; the others' cuts are not compared); null: every saved parameter is the model's.
+  // A pipeline's tensor-parallel checkpoint reads the same way, its layer files standing for the
+  // mp_rank_TT files (tensor_rank_file).
+  void view_as_tensor_rank(int size, int t, const std::map<std::string, TensorSplit>& model_splits,
+                           const std::set<std::string>* model_params = nullptr);
   // The module file's tensor `entry`, unsplit: a split one merged in memory from every tensor
   // rank's model file, any other read as it is.
   at::Tensor module_tensor(const ModuleFile& f, const std::string& entry);

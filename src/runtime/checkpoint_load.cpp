@@ -142,7 +142,8 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
                           "; it reloads only at the same world size, pipeline and stage (or stage "
                           "0 to stage 0), not at world size " +
                           std::to_string(job_comm(s).world_size()) + " (pipeline stages " +
-                          std::to_string(stages) + "), stage " + std::to_string(stage) +
+                          std::to_string(stages) + ", tensor-parallel size " +
+                          std::to_string(tensor_size(s)) + "), stage " + std::to_string(stage) +
                           ". Pass load_optimizer_states=false to load the "
                           "weights alone");
   // Stage 0 replicates the state: the file of the group's first data-parallel rank serves every
@@ -224,11 +225,15 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
 // files (resharding across data-parallel sizes and stages as usual); at another size (a
 // checkpoint without tensor parallelism is size 1) the slices this model's layers cut, assembled
 // from the saved ones (TagReader::view_as_tensor_rank).
+// A pipeline stage's module holds its own layers only: the cuts of the others' are not compared.
 void select_tensor_rank(TagReader& reader, const EngineState& s) {
   std::map<std::string, TensorSplit> splits;
   for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
     splits[name] = {dim.dim, dim.parts};
-  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits);
+  std::set<std::string> params;
+  for (auto& item : s.module->named_parameters()) params.insert(item.key());
+  reader.view_as_tensor_rank(tensor_size(s), tensor_rank(s), splits,
+                             s.pipeline_files ? &params : nullptr);
 }
 
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
@@ -330,10 +335,11 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
 }  // namespace
 
 int first_saved_rank_of_group(const TagReader& reader, const EngineState& s) {
-  if (reader.tensor_parallel_size() > 1) return tensor_rank(s);  // rank d * T + t with d = 0
-  // Ranks are pipe-major: stage = job rank / data-parallel size.
-  const int saved_dp = reader.world_size() / reader.pipeline_stages();
-  return (job_comm(s).rank() / s.comm->world_size()) * saved_dp;
+  // Saved rank (stage * D + d) * T + t (comm::Grid) with d = 0, D the saved data-parallel size.
+  const int tensor = reader.tensor_parallel_size();
+  const int saved_dp = reader.world_size() / reader.pipeline_stages() / tensor;
+  const int stage = s.pipeline_files ? s.pipeline_files->stage : 0;
+  return stage * saved_dp * tensor + tensor_rank(s);
 }
 
 LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& load_dir,

@@ -85,7 +85,7 @@ nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& clien
       {"client_state", client_state},
       {"buffer_names", nlohmann::json::array()},
       {"dp_world_size", s.comm->world_size()},
-      {"mp_world_size", s.pipeline_files ? s.pipeline_files->stages : tensor_size(s)},
+      {"mp_world_size", (s.pipeline_files ? s.pipeline_files->stages : 1) * tensor_size(s)},
       {"zero_stage", s.config.zero_optimization.stage},
       {"ds_version", library_version()},
       {"ds_config", s.config.raw},
@@ -146,6 +146,8 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"fragments", fragments},
                          {"trainable", trainable_list(s, names)}};
   if (!extra.meta.is_null()) meta["optimizer_extra"] = extra.meta;
+  // A pipeline stage's cuts, for the manifest of the whole pipeline (pipeline_manifest_metadata).
+  if (s.pipeline_files && tensor_size(s) > 1) meta["tensor_split"] = tensor_split_json(s);
   const std::string path = join_path(dir, file);
   write_safetensors_streamed(
       fs, path, entries, {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
@@ -162,6 +164,13 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
         if (archive.defined()) w.append(archive);
         for (const auto& t : extra.tensors) w.append(t);
       });
+}
+
+nlohmann::json tensor_split_json(const EngineState& s) {
+  nlohmann::json split = nlohmann::json::object();
+  for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
+    split[name] = {{"dim", dim.dim}, {"parts", dim.parts}};
+  return split;
 }
 
 nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
@@ -254,12 +263,9 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   meta["trainable"] = trainable_list(s, names);
   meta["partitions"] = partitions;
   meta["tensors"] = tensors;
-  if (tensor > 1) {
-    nlohmann::json split = nlohmann::json::object();
-    for (const auto& [name, dim] : tp::split_parameter_dims(*s.module))
-      split[name] = {{"dim", dim.dim}, {"parts", dim.parts}};
-    meta["tensor_parallel"] = {{"size", tensor}, {"data_parallel_size", data}, {"split", split}};
-  }
+  if (tensor > 1)
+    meta["tensor_parallel"] = {
+        {"size", tensor}, {"data_parallel_size", data}, {"split", tensor_split_json(s)}};
   return meta;
 }
 
@@ -311,7 +317,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   const std::string format = optimizer_format(s);
   const auto* pipeline = s.pipeline_files.get();
   const std::string optim_file =
-      optim_states_file_name(s.comm->rank(), pipeline ? pipeline->stage : tensor_rank(s));
+      optim_states_file_name(s.comm->rank(), model_parallel_rank(s));
   test_kill_point("start", tag);
 
   // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it

@@ -6,22 +6,9 @@
 #include "deepspeed/topology.h"
 
 namespace deepspeed {
-namespace {
-// Tensor x pipeline parallelism would need DeepSpeed's layer_LL-model_TT files: not written yet.
-void refuse_tensor_pipeline(const EngineState& s, const char* what) {
-  if (s.pipeline_files && checkpoint::tensor_size(s) > 1)
-    throw ConfigError(std::string(what) +
-                      ": checkpoints of tensor x pipeline parallelism (tensor "
-                      "size " +
-                      std::to_string(checkpoint::tensor_size(s)) + ", " +
-                      std::to_string(s.pipeline_files->stages) +
-                      " pipeline stages) are not supported yet");
-}
-}  // namespace
 
 bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag,
                              const nlohmann::json& client_state, bool save_latest) {
-  refuse_tensor_pipeline(*state_, "save_checkpoint");
   checkpoint::SaveOptions o;
   o.tag = tag;
   o.client_state = client_state.is_null() ? nlohmann::json::object() : client_state;
@@ -33,7 +20,6 @@ bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag
 LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std::string& tag,
                                          bool load_module_strict, bool load_optimizer_states,
                                          bool load_lr_scheduler_states, bool load_module_only) {
-  refuse_tensor_pipeline(*state_, "load_checkpoint");
   checkpoint::LoadOptions o;
   o.tag = tag;
   o.load_module_strict = load_module_strict;
@@ -48,6 +34,9 @@ namespace checkpoint {
 int tensor_size(const EngineState& s) { return s.topology ? s.topology->grid().tensor_size() : 1; }
 int tensor_rank(const EngineState& s) {
   return tensor_size(s) > 1 ? s.topology->tensor_parallel()->rank() : 0;
+}
+int model_parallel_rank(const EngineState& s) {
+  return (s.pipeline_files ? s.pipeline_files->stage : 0) * tensor_size(s) + tensor_rank(s);
 }
 
 std::string precision_name(const Config& config) {

@@ -69,6 +69,12 @@ void run_agreed(comm::Communicator& comm, const std::string& what, const std::fu
 // tensor-parallel rank (0 without), which names its mp_rank_TT files.
 int tensor_size(const EngineState& s);
 int tensor_rank(const EngineState& s);
+// The model-parallel rank naming this rank's mp_rank_MM / zero_pp_rank_D_mp_rank_MM files:
+// pipeline stage * tensor size + tensor rank (layout.h).
+int model_parallel_rank(const EngineState& s);
+// {"<parameter>": {"dim", "parts"}} of the module's split parameters (the manifest's
+// "tensor_parallel.split").
+nlohmann::json tensor_split_json(const EngineState& s);
 // The saved rank whose optim file holds what this rank's group replicates (a libtorch optimizer
 // archive at stage 0, replicated optimizer extra state): its pipeline stage's / tensor rank's
 // data-parallel rank 0. REQUIRES: the checkpoint has this job's pipeline stages and tensor size.
@@ -112,12 +118,15 @@ void apply_extra_state(EngineState& s, const optim::ExtraState& saved);
 // The pipeline layout (checkpoint_pipeline.cpp; layout.h describes it).
 // Writes the layer files this stage owns (spread over its data-parallel ranks when
 // checkpoint.parallel_write.pipeline_stage is on, else all by data-parallel rank 0) and, on
-// data-parallel rank 0, the stage's mp_rank_SS_model_states file with the engine state.
+// data-parallel rank 0, the stage's mp_rank_SS_model_states file with the engine state. With
+// tensor parallelism each tensor rank TT writes its slices' layer_LL-model_TT files and its
+// mp_rank_(SS * T + TT) file.
 void write_pipeline_module_files(EngineState& s, FileSystem& fs, const std::string& dir,
                                  const nlohmann::json& client_state);
 // On global rank 0 after every rank's files are published: the manifest metadata of the whole
 // pipeline, assembled from the optim files' headers (a tied parameter's fragments are listed
-// for its lowest stage only); `files` receives every file of the tag.
+// for its lowest stage only; with tensor parallelism every stage's cuts too); `files` receives
+// every file of the tag.
 nlohmann::json pipeline_manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
                                           const std::string& tag, const std::string& format,
                                           int world_size, std::vector<std::string>& files);

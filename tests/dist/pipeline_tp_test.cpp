@@ -3,8 +3,8 @@
 // norms of the same layers trained as one module with ZeRO stage 0 at world 4 (the same global
 // batch), fp32, with clipping active at every step, so a norm that counts a split parameter per
 // tensor rank, a replicated one twice or a stage's alone changes the losses. Also pipe 2 x data 2
-// through an explicit topology, tied embeddings across the first and last stage, and checkpoints
-// refused by name.
+// through an explicit topology, tied embeddings across the first and last stage, and a topology
+// that does not fit the stages refused by name. (Checkpoints: tp_pipeline_checkpoint_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -138,7 +138,7 @@ TEST(PipelineTensorParallel, PartitionedActivationCheckpoints) {
   EXPECT_GT(deepspeed::checkpointing::stats().recomputes, 0);
 }
 
-TEST(PipelineTensorParallel, CheckpointsAndMismatchedTopologyAreRefusedByName) {
+TEST(PipelineTensorParallel, MismatchedTopologyIsRefusedByName) {
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto topology =
         std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{2, 2});
@@ -155,9 +155,5 @@ TEST(PipelineTensorParallel, CheckpointsAndMismatchedTopologyAreRefusedByName) {
     } catch (const deepspeed::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("pipe size 2"), std::string::npos) << e.what();
     }
-    args.model.num_stages = 2;
-    auto engine = dp::initialize_pipeline(args);
-    EXPECT_THROW(engine->save_checkpoint("/nonexistent"), deepspeed::ConfigError);
-    EXPECT_THROW(engine->load_checkpoint("/nonexistent"), deepspeed::ConfigError);
   });
 }

@@ -300,8 +300,11 @@ TEST(OneBitLamb16Bit, Fp16InfOnOneRankSkipsTheStepAndTheStateOnEveryRank) {
 
 // freeze_step 3; saved at step 2 (warm-up) or 5 (after the freeze: fresh variance, ratio
 // averages, factors and error feedback in the extra state), resumed on 2 ranks to step 9.
+// factor_threshold 0.01 makes the per-step clamp bind, so the resumed run depends on the saved
+// last factors too (at 0.1 the factors here move less than the clamp and a lost last factor
+// would go unseen).
 TEST(OneBitLamb16Bit, Fp16CheckpointResumesBitExact) {
-  const json config = mlp_config("OneBitLamb", {{"freeze_step", 3}});
+  const json config = mlp_config("OneBitLamb", {{"freeze_step", 3}, {"factor_threshold", 0.01}});
   MlpJob whole;
   whole.config = config;
   whole.last_step = 9;

@@ -142,7 +142,9 @@ ExtraState OneBitLamb::extra_state() const {
   ExtraState out;
   out.replicated["coeff_freeze"] = torch::tensor(coeff_freeze_, torch::kDouble);
   out.replicated["last_factor"] = torch::tensor(last_factor_, torch::kDouble);
-  if (!fresh_.empty()) out.replicated["exp_avg_sq_fresh"] = concat_flat(fresh_);
+  // Per unit, so the layout is the parameters' in fp32 and in 16 bits alike (the master's
+  // alignment padding is left out): either precision loads the other's.
+  if (!fresh_.empty()) out.replicated["exp_avg_sq_fresh"] = concat_flat(exchange_views(fresh_));
   if (compressor_) compressor_->save_errors(out);
   return out;
 }
@@ -168,7 +170,7 @@ void OneBitLamb::load_extra_state(const ExtraState& saved) {
   auto fresh = saved.replicated.find("exp_avg_sq_fresh");
   if (fresh != saved.replicated.end()) {
     for (const auto& p : ps) fresh_.push_back(torch::zeros_like(p));
-    copy_from_flat(fresh->second, fresh_, "exp_avg_sq_fresh");
+    copy_from_flat(fresh->second, exchange_views(fresh_), "exp_avg_sq_fresh");
   }
   if (saved.per_rank.count("worker_error")) {
     if (!compressor_) compressor_ = compressor_for(comm_, units());

@@ -63,8 +63,9 @@ class FlatStage : public ZeroStage {
   const FlatParams& flat() const { return *flat_; }
 
  private:
-  void tell_lamb_fragments(optim::Lamb& lamb);
-  void tell_segments(optim::SelfCommunicatingOptimizer& onebit);
+  std::vector<size_t> slots_in_param_order(const std::vector<at::Tensor>& params) const;
+  void tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>& order);
+  void tell_segments(optim::SelfCommunicatingOptimizer& onebit, const std::vector<size_t>& order);
   bool gradients_stay_local() const { return self_comm_ && self_comm_->gradients_stay_local(); }
 
   StageContext ctx_;

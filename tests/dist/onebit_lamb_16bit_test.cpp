@@ -114,6 +114,7 @@ struct MlpJob {
   int first_step = 1, last_step = 8, poison_step = 0, save_at = 0;
   std::string load_dir, save_dir;
   double label_noise = 0;  // std of Gaussian noise added to the targets: a loss floor of its square
+  uint64_t noise_seed = 20000;
 };
 
 // Models and batches are drawn before the rank threads start: torch's default generator is
@@ -128,7 +129,11 @@ MlpRun train_mlp(const MlpJob& job) {
     models.push_back(HalfMlp());
     for (int s = job.first_step; s <= job.last_step; ++s)
       batches[r].push_back(dstest::half_mlp_batch(r, s));
-    for (auto& b : batches[r]) b.y = b.y + torch::randn(b.y.sizes()) * job.label_noise;
+    for (int s = job.first_step; s <= job.last_step; ++s) {
+      auto& y = batches[r][s - job.first_step].y;
+      auto gen = at::detail::createCPUGenerator(job.noise_seed + 100 * s + r);
+      y = y + torch::randn(y.sizes(), gen) * job.label_noise;
+    }
   }
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     const int rank = comm->rank();
@@ -362,29 +367,42 @@ TEST(OneBitLamb16Bit, CheckpointMovesBetweenFp16AndFp32) {
 }
 
 // Issue 18's bar on the fp16 net, as optimizer_convergence_test sets it for the GPT in fp32:
-// 200 steps, the mean loss of steps 181-200 within 5% of the uncompressed counterpart's (Lamb
-// without bias correction, as 1-bit Lamb never corrects). Noisy targets (std 0.3) give the loss a
-// floor of 0.09, so the comparison is of trained losses, not of how close to zero each gets.
-// 25% warm-up (freeze_step 50), lr 0.02. Measured: 1-bit Lamb 0.1356, Lamb 0.1329 (+2.0%);
-// Adam (lr 0.02, no bias correction) 0.1207 is printed, not asserted: on this net Lamb itself
-// ends 10% behind Adam, a gap of the trust ratio, not of the compression.
+// after 200 steps the mean loss of steps 181-200 within 5% of the uncompressed counterpart's
+// (Lamb without bias correction, as 1-bit Lamb never corrects). Noisy targets (std 0.3) give the
+// loss a floor of 0.09, so the comparison is of trained losses, not of how close to zero each
+// gets; 25% warm-up (freeze_step 50), lr 0.02. On this small net one run's gap moves with the
+// noise drawn (measured over 5 draws: -4.5% .. +5.5%, mean -0.3%), so the bar is on the mean of
+// the first 3 draws (measured: 1-bit Lamb 0.1324, Lamb 0.1328, -0.3%). Adam (lr 0.02, no bias
+// correction) is printed, not asserted: 0.1234, Lamb itself ends 7.6% behind it on this net, a
+// gap of the trust ratio, not of the compression.
 TEST(OneBitLamb16Bit, Fp16TrainsWithinFivePercentOfLambAfter200Steps) {
-  MlpJob onebit, adam, lamb;
-  onebit.config = mlp_config("OneBitLamb", {{"freeze_step", 50}});
-  adam.config = mlp_config("Adam", {{"lr", 2e-2}, {"bias_correction", false}});
-  lamb.config = mlp_config("Lamb", {{"bias_correction", false}});
-  for (MlpJob* j : {&onebit, &adam, &lamb}) {
-    j->last_step = 200;
-    j->label_noise = 0.3;
+  double onebit = 0, lamb = 0, adam = 0;
+  const int draws = 3;
+  for (int d = 0; d < draws; ++d) {
+    MlpJob jobs[3];
+    jobs[0].config = mlp_config("OneBitLamb", {{"freeze_step", 50}});
+    jobs[1].config = mlp_config("Lamb", {{"bias_correction", false}});
+    jobs[2].config = mlp_config("Adam", {{"lr", 2e-2}, {"bias_correction", false}});
+    double tail[3];
+    for (int k = 0; k < 3; ++k) {
+      jobs[k].last_step = 200;
+      jobs[k].label_noise = 0.3;
+      jobs[k].noise_seed = 20000 + 10000 * d;
+      const auto run = losses(train_mlp(jobs[k]));
+      tail[k] = dstest::tail_mean(run, 20);
+      if (k == 0) EXPECT_LT(tail[0], 0.2 * run.front()) << "draw " << d;
+    }
+    std::cout << "draw " << d << ": mean loss of steps 181-200 in fp16: 1-bit Lamb " << tail[0]
+              << ", Lamb " << tail[1] << " (" << (tail[0] - tail[1]) / tail[1] * 100
+              << "%), Adam " << tail[2] << "\n";
+    onebit += tail[0] / draws;
+    lamb += tail[1] / draws;
+    adam += tail[2] / draws;
   }
-  const auto onebit_losses = losses(train_mlp(onebit));
-  const double a = dstest::tail_mean(onebit_losses, 20);
-  const double b = dstest::tail_mean(losses(train_mlp(adam)), 20);
-  const double c = dstest::tail_mean(losses(train_mlp(lamb)), 20);
-  std::cout << "mean loss of steps 181-200 in fp16: 1-bit Lamb " << a << ", Lamb " << c << " ("
-            << (a - c) / c * 100 << "%), Adam " << b << " (" << (a - b) / b * 100 << "%)\n";
-  EXPECT_LT(std::abs(a - c) / c, 0.05);
-  EXPECT_LT(a, 0.2 * onebit_losses.front());
+  std::cout << "mean of " << draws << " draws: 1-bit Lamb " << onebit << ", Lamb " << lamb << " ("
+            << (onebit - lamb) / lamb * 100 << "%), Adam " << adam << " ("
+            << (onebit - adam) / adam * 100 << "%)\n";
+  EXPECT_LT(std::abs(onebit - lamb) / lamb, 0.05);
 }
 
 TEST(OneBitLamb16Bit, Bf16AndStaticFp16LossScaleRefusedAsDeepSpeed) {

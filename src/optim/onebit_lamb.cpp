@@ -45,8 +45,8 @@ std::vector<at::Tensor> OneBitLamb::units() const { return exchange_views(params
 void OneBitLamb::size_per_unit() {
   const size_t n = units().size();
   if (coeff_freeze_.size() == n) return;
-  TORCH_CHECK(steps() == 0, "OneBitLamb: ", n, " segments after ", steps(), " steps with ",
-              coeff_freeze_.size());
+  TORCH_CHECK(steps() == 0, "OneBitLamb: the segments changed after ", steps(),
+              " steps (ratio averages for ", coeff_freeze_.size(), " parameters, now ", n, ")");
   coeff_freeze_.assign(n, 0.0);
   last_factor_.assign(n, 1.0);
 }

@@ -63,31 +63,25 @@ void check_optimizer_combination(const Config& cfg) {
     if (stage >= 1)
       throw ConfigError(stage_key + ": the 1-bit optimizers compress the data-parallel momentum "
                         "exchange and are not compatible with ZeRO (as in DeepSpeed); use stage 0");
-    // 1-bit Adam and 0/1 Adam step one flat fp32 master in 16 bits, as DeepSpeed's
-    // FP16_Optimizer; 1-bit Lamb needs a trust ratio per parameter (DeepSpeed gives it
-    // FP16_UnfusedOptimizer's per-parameter masters), which the flat master does not have.
-    if ((cfg.fp16.enabled || cfg.bf16.enabled) && type == "onebitlamb")
-      throw ConfigError(std::string(cfg.fp16.enabled ? "fp16" : "bf16") +
-                        ".enabled = true with optimizer.type \"" + cfg.optimizer->type +
-                        "\": deepspeed.cpp runs 1-bit Lamb in fp32 only (its per-parameter "
-                        "trust ratios over the flat 16-bit master are not implemented); "
-                        "OneBitAdam and ZeroOneAdam run in 16 bits");
   }
-  if (type == "lamb") {
-    if (stage == 3)
-      throw ConfigError(stage_key + ": Lamb's trust ratio needs whole-parameter norms, which "
-                        "deepspeed.cpp computes across ZeRO partitions at stages 1-2 but not over "
-                        "stage 3's per-unit slices (not implemented); use stage 0, 1 or 2");
-    // DeepSpeed's engine asserts a dynamic loss scale for Lamb in 16 bits.
+  if (type == "lamb" && stage == 3)
+    throw ConfigError(stage_key + ": Lamb's trust ratio needs whole-parameter norms, which "
+                      "deepspeed.cpp computes across ZeRO partitions at stages 1-2 but not over "
+                      "stage 3's per-unit slices (not implemented); use stage 0, 1 or 2");
+  // DeepSpeed's engine (_do_optimizer_sanity_check) asserts a dynamic loss scale for Lamb and
+  // OneBitLamb. In fp32 that holds (fp16.loss_scale defaults to 0); bf16's scale is fixed at 1.
+  // 1-bit Lamb in fp16 steps the flat fp32 master per segment (optim/onebit_lamb.h).
+  if (type == "lamb" || type == "onebitlamb") {
     if (cfg.bf16.enabled)
       throw ConfigError("bf16.enabled = true with optimizer.type \"" + cfg.optimizer->type +
-                        "\": DeepSpeed requires dynamic loss scaling for Lamb, and bf16 has "
-                        "none (its scale is fixed at 1)");
+                        "\": DeepSpeed requires dynamic loss scaling for " + cfg.optimizer->type +
+                        ", and bf16 has none (its scale is fixed at 1); use fp16 with "
+                        "fp16.loss_scale = 0, or fp32");
     if (cfg.fp16.enabled && cfg.fp16.loss_scale != 0)
       throw ConfigError("fp16.loss_scale = " + std::to_string(cfg.fp16.loss_scale) +
                         " with optimizer.type \"" + cfg.optimizer->type +
-                        "\": DeepSpeed requires dynamic loss scaling (fp16.loss_scale = 0) for "
-                        "Lamb");
+                        "\": DeepSpeed requires dynamic loss scaling (fp16.loss_scale = 0) for " +
+                        cfg.optimizer->type);
   }
 }
 

@@ -33,12 +33,23 @@ double l2(const at::Tensor& t) { return t.to(torch::kDouble).norm().item<double>
 OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
                        comm::CommunicatorPtr comm)
     : Lamb(std::move(params), warmup_lamb(hyper)), hyper_(hyper), comm_(std::move(comm)) {
-  const size_t n = params_of(*this).size();
-  coeff_freeze_.assign(n, 0.0);
-  last_factor_.assign(n, 1.0);
+  size_per_unit();
 }
 
 int64_t OneBitLamb::steps() const { return adamw_steps(*this); }
+
+std::vector<at::Tensor> OneBitLamb::units() const { return exchange_views(params_of(*this)); }
+
+// Before the first step the values are the starting ones (0 and 1), so resizing loses nothing;
+// a size change after that would mean the segments changed under a running optimizer.
+void OneBitLamb::size_per_unit() {
+  const size_t n = units().size();
+  if (coeff_freeze_.size() == n) return;
+  TORCH_CHECK(steps() == 0, "OneBitLamb: the segments changed after ", steps(),
+              " steps (ratio averages for ", coeff_freeze_.size(), " parameters, now ", n, ")");
+  coeff_freeze_.assign(n, 0.0);
+  last_factor_.assign(n, 1.0);
+}
 
 // After the warm-up every rank must compress the same tensors, used by its graph or not.
 torch::optim::AdamWParamState& OneBitLamb::state_or_zeros(const at::Tensor& p) {
@@ -46,6 +57,7 @@ torch::optim::AdamWParamState& OneBitLamb::state_or_zeros(const at::Tensor& p) {
 }
 
 torch::Tensor OneBitLamb::step(LossClosure closure) {
+  size_per_unit();
   if (!frozen()) {
     torch::Tensor loss = Lamb::step(closure);
     after_warmup_step();
@@ -56,14 +68,16 @@ torch::Tensor OneBitLamb::step(LossClosure closure) {
   return loss;
 }
 
-// The ratios of this warm-up step feed the running average (Lamb skipped parameters without a
-// gradient, so lamb_coeffs() holds one per parameter that had one, in order); the last warm-up
-// step starts the fresh variance.
+// The ratios of this warm-up step feed the running average; the last warm-up step starts the
+// fresh variance. Over separate tensors Lamb skipped those without a gradient, so lamb_coeffs()
+// holds one per tensor that had one, in order; over segments (Lamb's fragmented step) it holds
+// one per segment, every one of them.
 void OneBitLamb::after_warmup_step() {
   const auto ps = params_of(*this);
+  const bool segmented = !segment_params().empty();
   size_t k = 0;
-  for (size_t i = 0; i < ps.size(); ++i) {
-    if (!ps[i].grad().defined()) continue;
+  for (size_t i = 0; i < coeff_freeze_.size(); ++i) {
+    if (!segmented && !ps[i].grad().defined()) continue;
     const double ratio = coeffs_.at(k++);
     if (ratio != 1.0)
       coeff_freeze_[i] = hyper_.coeff_beta * coeff_freeze_[i] + (1 - hyper_.coeff_beta) * ratio;
@@ -73,6 +87,8 @@ void OneBitLamb::after_warmup_step() {
   for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
 }
 
+// Per unit i (a parameter, or a segment of the master): m_before, m, v and fresh are the
+// matching views, so the arithmetic below is the same in fp32 and in 16 bits.
 void OneBitLamb::compressed_step() {
   torch::NoGradGuard no_grad;
   const auto ps = params_of(*this);
@@ -80,28 +96,34 @@ void OneBitLamb::compressed_step() {
     for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
   const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[0].options());
   const double beta1 = std::get<0>(o.betas()), beta2 = std::get<1>(o.betas());
-  std::vector<at::Tensor> momenta, before;
+  std::vector<at::Tensor> whole_m, whole_before, whole_v;
   for (const auto& p : ps) {
     auto& s = state_or_zeros(p);
     s.step(s.step() + 1);
-    before.push_back(s.exp_avg().clone());
+    whole_before.push_back(s.exp_avg().clone());
     s.exp_avg().mul_(beta1);
     if (p.grad().defined()) s.exp_avg().add_(p.grad(), 1 - beta1);
-    momenta.push_back(s.exp_avg());
+    whole_m.push_back(s.exp_avg());
+    whole_v.push_back(s.exp_avg_sq());
   }
+  const auto params = units(), momenta = exchange_views(whole_m),
+             before = exchange_views(whole_before), variances = exchange_views(whole_v),
+             fresh = exchange_views(fresh_);
   if (!compressor_) compressor_ = compressor_for(comm_, momenta);
   if (comm_ && comm_->world_size() > 1) compressor_->run(momenta);  // COLLECTIVE
-  for (size_t i = 0; i < momenta.size(); ++i) apply_mask(i, momenta[i]);
-  coeffs_.assign(ps.size(), 1.0);
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const at::Tensor& p = ps[i];
-    auto& s = state_or_zeros(p);
+  for (size_t i = 0; i < momenta.size(); ++i) {
+    at::Tensor m = momenta[i];
+    apply_mask(i, m);
+  }
+  coeffs_.assign(params.size(), 1.0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor p = params[i];
     at::Tensor implied = (momenta[i] - before[i] * beta1) / (1 - beta1);
-    fresh_[i].mul_(beta2).addcmul_(implied, implied, 1 - beta2);
-    at::Tensor denom = s.exp_avg_sq().sqrt().add_(o.eps());
+    fresh[i].mul_(beta2).addcmul_(implied, implied, 1 - beta2);
+    at::Tensor denom = variances[i].sqrt().add_(o.eps());
     at::Tensor prelim = momenta[i] / denom;
     at::Tensor update = o.weight_decay() > 0 ? prelim + p * o.weight_decay() : prelim;
-    double factor = (denom / (fresh_[i].sqrt() + o.eps())).max().item<double>();
+    double factor = (denom / (fresh[i].sqrt() + o.eps())).max().item<double>();
     if (o.weight_decay() > 0) {
       const double u_norm = l2(update);
       const double r = u_norm > 0 ? std::min(1.0, l2(prelim) / u_norm) : 1.0;
@@ -120,21 +142,25 @@ ExtraState OneBitLamb::extra_state() const {
   ExtraState out;
   out.replicated["coeff_freeze"] = torch::tensor(coeff_freeze_, torch::kDouble);
   out.replicated["last_factor"] = torch::tensor(last_factor_, torch::kDouble);
-  if (!fresh_.empty()) out.replicated["exp_avg_sq_fresh"] = concat_flat(fresh_);
+  // Per unit, so the layout is the parameters' in fp32 and in 16 bits alike (the master's
+  // alignment padding is left out): either precision loads the other's.
+  if (!fresh_.empty()) out.replicated["exp_avg_sq_fresh"] = concat_flat(exchange_views(fresh_));
   if (compressor_) compressor_->save_errors(out);
   return out;
 }
 
 void OneBitLamb::load_extra_state(const ExtraState& saved) {
   const auto ps = params_of(*this);
+  const size_t n = units().size();
   auto scalars = [&](const char* name, std::vector<double>& dst, double fallback) {
     auto it = saved.replicated.find(name);
     if (it == saved.replicated.end()) {
-      dst.assign(ps.size(), fallback);
+      dst.assign(n, fallback);
       return;
     }
-    TORCH_CHECK(it->second.numel() == static_cast<int64_t>(ps.size()), "saved ", name, " has ",
-                it->second.numel(), " values, this optimizer has ", ps.size(), " parameters");
+    TORCH_CHECK(it->second.numel() == static_cast<int64_t>(n), "saved ", name, " has ",
+                it->second.numel(), " values, this optimizer has ", n,
+                " parameters (segments in 16 bits)");
     at::Tensor t = it->second.to(torch::kDouble).contiguous();
     dst.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   };
@@ -144,10 +170,10 @@ void OneBitLamb::load_extra_state(const ExtraState& saved) {
   auto fresh = saved.replicated.find("exp_avg_sq_fresh");
   if (fresh != saved.replicated.end()) {
     for (const auto& p : ps) fresh_.push_back(torch::zeros_like(p));
-    copy_from_flat(fresh->second, fresh_, "exp_avg_sq_fresh");
+    copy_from_flat(fresh->second, exchange_views(fresh_), "exp_avg_sq_fresh");
   }
   if (saved.per_rank.count("worker_error")) {
-    if (!compressor_) compressor_ = compressor_for(comm_, ps);
+    if (!compressor_) compressor_ = compressor_for(comm_, units());
     compressor_->restore_errors(saved);
   } else if (compressor_) {
     compressor_->reset_errors();

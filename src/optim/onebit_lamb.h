@@ -22,6 +22,14 @@
 // Checkpoints: step, m, v as Adam's fragments; fresh variance, coeff_freeze and last_factor as
 // replicated extra state (they survive a world-size change); the error feedback per rank
 // (extra_state.h).
+// In 16 bits (fp16 with a dynamic loss scale, stage 0) it steps the flat fp32 master of
+// zero/flat_stage.h, which names one segment per model parameter (self_communicating.h) and, as
+// for Lamb, one fragment per parameter (lamb.h). Everything per tensor above is then per segment:
+// the warm-up is Lamb's fragmented step (the same code, so the same bits as "type": "Lamb",
+// "bias_correction": false in 16 bits), and the frozen phase computes each segment's factor,
+// ratio and update on views of the master, its moments and its fresh variance, and compresses
+// the momentum one segment per scale. Elements outside every segment (alignment padding) get no
+// update. A skipped fp16 step (overflow; the stage votes across ranks) never reaches step().
 // REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage. step() is COLLECTIVE
 // after the warm-up.
 #pragma once
@@ -54,7 +62,7 @@ class OneBitLamb : public Lamb,
 
   int64_t steps() const;
   bool frozen() const { return steps() >= std::max<int64_t>(hyper_.freeze_step, 1); }
-  // Per parameter (in order): the running average of warm-up ratios and the last frozen-phase
+  // Per parameter, or per segment in 16 bits (in order): the running average of warm-up ratios and the last frozen-phase
   // factor; the trust ratio applied at the last step is lamb_coeffs() (lamb.h).
   const std::vector<double>& coeff_freeze() const { return coeff_freeze_; }
   const std::vector<double>& last_factor() const { return last_factor_; }
@@ -62,6 +70,10 @@ class OneBitLamb : public Lamb,
 
  private:
   torch::optim::AdamWParamState& state_or_zeros(const at::Tensor& p);
+  // The tensors the per-parameter arithmetic runs on: the parameters, or one view per segment.
+  std::vector<at::Tensor> units() const;
+  // coeff_freeze_ / last_factor_ sized to units() (segments arrive after construction).
+  void size_per_unit();
   void after_warmup_step();
   void compressed_step();
 
@@ -69,7 +81,8 @@ class OneBitLamb : public Lamb,
   comm::CommunicatorPtr comm_;
   std::unique_ptr<CompressedAllReduce> compressor_;
   std::vector<double> coeff_freeze_, last_factor_;
-  std::vector<at::Tensor> fresh_;  // the fresh variance; empty until the warm-up ends
+  std::vector<at::Tensor> fresh_;  // per optimizer tensor: the fresh variance; empty until the
+                                   // warm-up ends
 };
 
 }  // namespace optim

@@ -32,20 +32,40 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
                                                 options.reduction, comm_dtype);
   }
   shard_ = make_shard_optimizer(options.shard, *partition_, make_optimizer);
-  if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get())) tell_lamb_fragments(*lamb);
+  const auto order = slots_in_param_order(params);
+  if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get()))
+    tell_lamb_fragments(*lamb, order);
   if (auto* onebit = dynamic_cast<optim::SelfCommunicatingOptimizer*>(shard_->optimizer().get()))
-    tell_segments(*onebit);
+    tell_segments(*onebit, order);
+}
+
+// The slots (FlatParams) in the order of the parameters the stage was given: FlatParams lays them
+// out in reverse, as backward produces their gradients, but what the optimizers keep per
+// parameter (Lamb's trust ratios, the 1-bit optimizers' segments, ratios, fresh variance and
+// error feedback, all of which checkpoints save) is in the model's order, as the fp32 stage
+// keeps it: a checkpoint then loads in either precision.
+std::vector<size_t> FlatStage::slots_in_param_order(const std::vector<at::Tensor>& params) const {
+  const auto& slots = flat_->slots();
+  std::vector<size_t> order;
+  for (const auto& p : params)
+    for (size_t k = 0; k < slots.size(); ++k)
+      if (slots[k].param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) order.push_back(k);
+  TORCH_CHECK(order.size() == slots.size(), "FlatStage: ", order.size(), " of ", slots.size(),
+              " flat slots match the stage's parameters");
+  return order;
 }
 
 // A 1-bit optimizer compresses each parameter's part of the flat master with its own scales
 // (optim/self_communicating.h). Only unpartitioned (stage 0): the config refuses them with ZeRO.
-void FlatStage::tell_segments(optim::SelfCommunicatingOptimizer& onebit) {
+void FlatStage::tell_segments(optim::SelfCommunicatingOptimizer& onebit,
+                              const std::vector<size_t>& order) {
   TORCH_CHECK(ownership_->parts() == 1,
               "FlatStage: a 1-bit optimizer over partitioned (ZeRO >= 1) masters; the config "
               "should have refused it");
   std::vector<at::Tensor> params;
   std::vector<std::pair<int64_t, int64_t>> segments;
-  for (const auto& slot : flat_->slots()) {
+  for (size_t k : order) {
+    const auto& slot = flat_->slots()[k];
     params.push_back(slot.param);
     segments.emplace_back(slot.offset, slot.numel);
   }
@@ -56,15 +76,16 @@ void FlatStage::tell_segments(optim::SelfCommunicatingOptimizer& onebit) {
 // Lamb's trust ratio is per parameter, but this rank's partition holds fragments of parameters:
 // Lamb sums its fragments' squared norms and sum_over_owners adds the other ranks' (one
 // all-reduce of 2 × parameters doubles per step; replicated stage 0 holds every parameter whole
-// and adds nothing). optim/lamb.h has the arithmetic.
-void FlatStage::tell_lamb_fragments(optim::Lamb& lamb) {
+// and adds nothing). optim/lamb.h has the arithmetic. Fragment i belongs to parameter i.
+void FlatStage::tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>& order) {
   const auto& layout = flat_->layout();
   const int64_t begin = layout.begin(ownership_->owner()), end = begin + layout.partition_numel;
   std::vector<optim::Lamb::Fragment> fragments;
   const auto& slots = flat_->slots();
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const int64_t lo = std::max(begin, slots[i].offset);
-    const int64_t hi = std::min(end, slots[i].offset + slots[i].numel);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& slot = slots[order[i]];
+    const int64_t lo = std::max(begin, slot.offset);
+    const int64_t hi = std::min(end, slot.offset + slot.numel);
     if (lo < hi) fragments.push_back({static_cast<int64_t>(i), lo - begin, hi - lo});
   }
   lamb.set_fragments(std::move(fragments), static_cast<int64_t>(slots.size()),

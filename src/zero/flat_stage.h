@@ -11,8 +11,10 @@
 // In fp32 the partition of the parameter buffer is itself the master copy. The fused Adam writes
 // the updated master and its 16-bit rounding into the parameter buffer in one pass; the updated
 // partitions are then all-gathered back into the buffer.
-// 1-bit Adam and 0/1 Adam in 16 bits (stage 0 only; the config refuses them with ZeRO) step the
-// one flat fp32 master, as DeepSpeed's FP16_Optimizer does. While the optimizer says
+// 1-bit Adam, 0/1 Adam and 1-bit Lamb in 16 bits (stage 0 only; the config refuses them with
+// ZeRO) step the one flat fp32 master, as DeepSpeed's FP16_Optimizer does for the Adams (its
+// 1-bit Lamb keeps per-parameter masters; here Lamb's fragments and the segments, both in the
+// model's parameter order, give it per-parameter views). While the optimizer says
 // gradients_stay_local() (optim/self_communicating.h) the boundary reduces nothing, and the fp16
 // overflow check becomes a vote across ranks (global_grad_norm).
 #pragma once
@@ -63,8 +65,9 @@ class FlatStage : public ZeroStage {
   const FlatParams& flat() const { return *flat_; }
 
  private:
-  void tell_lamb_fragments(optim::Lamb& lamb);
-  void tell_segments(optim::SelfCommunicatingOptimizer& onebit);
+  std::vector<size_t> slots_in_param_order(const std::vector<at::Tensor>& params) const;
+  void tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>& order);
+  void tell_segments(optim::SelfCommunicatingOptimizer& onebit, const std::vector<size_t>& order);
   bool gradients_stay_local() const { return self_comm_ && self_comm_->gradients_stay_local(); }
 
   StageContext ctx_;

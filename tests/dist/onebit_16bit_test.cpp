@@ -6,7 +6,8 @@
 //     every rank skip the step, and the loss scales stay equal (the overflow vote); 0/1 Adam
 //     goes through its phases in fp16. (fp16 runs a small MLP that computes in fp32, as
 //     mixed_precision_test does: libtorch 1.13 has no CPU Half LayerNorm for the GPT.)
-//   - 1-bit Lamb in 16 bits is refused, naming the keys.
+//   - 1-bit Lamb in bf16 is refused, naming the keys (DeepSpeed asserts a dynamic loss scale for
+//     it; fp16 1-bit Lamb: onebit_lamb_16bit_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -197,7 +198,7 @@ TEST(OneBit16Bit, Fp16ZeroOneAdamTrains) {
   EXPECT_LT(run[15].loss, 0.7 * run[0].loss);
 }
 
-TEST(OneBit16Bit, OneBitLambIn16BitsRefusedNamingTheKeys) {
+TEST(OneBit16Bit, OneBitLambInBf16RefusedNamingTheKeys) {
   json c = onebit_config("OneBitLamb", 2);
   c["bf16"] = {{"enabled", true}};
   try {

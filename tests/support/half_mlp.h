@@ -2,6 +2,7 @@
 // path of a CUDA build without the Half kernels libtorch 1.13 lacks on CPU (gradients reach the
 // parameters in fp16 through the casts). Used by the fp16 loss-scaler and 16-bit 1-bit tests.
 #pragma once
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 namespace dstest {
@@ -24,12 +25,12 @@ TORCH_MODULE(HalfMlp);
 struct HalfMlpBatch {
   torch::Tensor x, y;
 };
-// Rank- and step-specific batches of 8 from a fixed teacher.
+// Rank- and step-specific batches of 8 from a fixed teacher. Drawn from generators of its own
+// (the values torch::manual_seed with the same seeds gives): rank threads call it at once, and
+// reseeding the process-wide generator from two threads would mix their draws.
 inline HalfMlpBatch half_mlp_batch(int rank, int64_t step) {
-  torch::manual_seed(1234);
-  auto teacher = torch::randn({16, 4});
-  torch::manual_seed(10000 + 100 * step + rank);
-  auto x = torch::randn({8, 16});
+  auto teacher = torch::randn({16, 4}, at::detail::createCPUGenerator(1234));
+  auto x = torch::randn({8, 16}, at::detail::createCPUGenerator(10000 + 100 * step + rank));
   return {x, torch::tanh(x.matmul(teacher))};
 }
 

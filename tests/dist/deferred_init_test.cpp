@@ -19,6 +19,7 @@
 #include "gpt/model.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "support/expect.h"
 
 namespace {
 using deepspeed::comm::CommunicatorPtr;
@@ -252,28 +253,18 @@ TEST(DeferredInit, AutoTPTreesLoadTheWholeBuiltValues) {
   }
 }
 
-template <class E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(DeferredInit, RefusesAMissingTensorOrCheckpointByName) {
   dstest::TempDir dir("deferred_bad");
   write_weights(*seeded_gpt(7), dir / "partial.safetensors", "block2.mlp.fc.weight");
-  auto msg = error_of<deepspeed::CheckpointError>([&] {
+  auto msg = dstest::message_of<deepspeed::CheckpointError>([&] {
     deepspeed::init_inference(deferred_gpt(), {.checkpoint = dir / "partial.safetensors"});
   });
   EXPECT_NE(msg.find("has no tensor \"block2.mlp.fc.weight\""), std::string::npos) << msg;
-  msg = error_of<deepspeed::ConfigError>([&] { deepspeed::init_inference(deferred_gpt(), {}); });
+  msg = dstest::message_of<deepspeed::ConfigError>([&] { deepspeed::init_inference(deferred_gpt(), {}); });
   EXPECT_NE(msg.find("\"wte.weight\" was built under inference::DeferredInit"), std::string::npos)
       << msg;
   EXPECT_NE(msg.find("no checkpoint was given"), std::string::npos) << msg;
-  msg = error_of<deepspeed::ConfigError>([&] {
+  msg = dstest::message_of<deepspeed::ConfigError>([&] {
     DeferredInit deferred;
     deepspeed::init_inference(std::make_shared<gpt::GPTImpl>(kWide), {});
   });

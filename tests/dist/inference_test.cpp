@@ -17,6 +17,7 @@
 #include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "support/expect.h"
 
 namespace {
 using deepspeed::comm::CommunicatorPtr;
@@ -270,16 +271,6 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
   }
 }
 
-template <class E>
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(AutoTP, BadInputIsNamed) {
   dstest::TempDir dir("autotp_bad");
   auto write = [&](const std::string& name, const gpt::GPTConfig& c) {
@@ -293,7 +284,7 @@ TEST(AutoTP, BadInputIsNamed) {
   write("shallow.safetensors", {256, 32, 1, 4, 32});
   run_ranks(3, [&](CommunicatorPtr comm) {
     // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
-    auto msg = error_of<deepspeed::ConfigError>(
+    auto msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the output features (32 per q/k/v) of "
                        "column-parallel layer block0.attn.qkv"),
@@ -301,7 +292,7 @@ TEST(AutoTP, BadInputIsNamed) {
         << msg;
   });
   run_ranks(2, [&](CommunicatorPtr comm) {
-    auto msg = error_of<deepspeed::CheckpointError>([&] {
+    auto msg = dstest::message_of<deepspeed::CheckpointError>([&] {
       deepspeed::init_inference(
           seeded_gpt(kModel), {.tp_size = 2, .checkpoint = dir / "wide.safetensors", .comm = comm});
     });
@@ -309,13 +300,13 @@ TEST(AutoTP, BadInputIsNamed) {
                        "' has shape [256, 64], the model's is [256, 32]"),
               std::string::npos)
         << msg;
-    msg = error_of<deepspeed::CheckpointError>([&] {
+    msg = dstest::message_of<deepspeed::CheckpointError>([&] {
       deepspeed::init_inference(
           seeded_gpt(kModel),
           {.tp_size = 2, .checkpoint = dir / "shallow.safetensors", .comm = comm});
     });
     EXPECT_NE(msg.find("has no tensor \"block1.ln1.weight\""), std::string::npos) << msg;
-    msg = error_of<deepspeed::ConfigError>(
+    msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;
   });

@@ -49,8 +49,9 @@ std::shared_ptr<gpt::TPGPTImpl> split_gpt(const std::shared_ptr<Topology>& t) {
 
 // Clipping active, a warm-up schedule and AdamW: a resume that lost any of the norm, the LR
 // position, the moments or the data position would change the losses.
-nlohmann::json config(int tensor, int stage) {
+nlohmann::json config(int tensor, int stage, bool bf16 = false) {
   auto c = dstest::base_config(8 / (kWorld / tensor), 1, stage);
+  if (bf16) c["bf16"] = {{"enabled", true}};
   c["gradient_clipping"] = 0.5;
   c["scheduler"] = {{"type", "WarmupLR"},
                     {"params", {{"warmup_num_steps", 15}, {"warmup_max_lr", 3e-3}}}};
@@ -66,7 +67,8 @@ struct TrainedRun {
 
 // Trains tp `tensor` x dp (4 / tensor) at ZeRO `stage` up to step kSteps, saving into `save_dir`
 // after step kSaveAt, or first resuming from `load_dir`.
-TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::string& load_dir) {
+TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::string& load_dir,
+                 bool bf16 = false) {
   auto dataset = dstest::test_text_dataset(16);
   TrainedRun out;
   std::mutex mu;
@@ -77,7 +79,7 @@ TrainedRun train(int tensor, int stage, const std::string& save_dir, const std::
         auto model = split_gpt(topology);
         auto [engine, optimizer, loader, scheduler] =
             deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
-                                                   .config_json = config(tensor, stage),
+                                                   .config_json = config(tensor, stage, bf16),
                                                    .training_data = dataset,
                                                    .topology = topology});
         if (!load_dir.empty()) {
@@ -287,7 +289,7 @@ std::vector<double> load_save_and_train(deepspeed::InitializeResult<Model> r, co
 }
 
 std::vector<double> resume_resharded(int tensor, int stage, const std::string& ck,
-                                     const std::string& resave) {
+                                     const std::string& resave, bool bf16 = false) {
   auto dataset = dstest::test_text_dataset(16);
   std::vector<double> out;
   std::mutex mu;
@@ -304,7 +306,7 @@ std::vector<double> resume_resharded(int tensor, int stage, const std::string& c
           }
           losses = load_save_and_train(
               deepspeed::initialize<gpt::GPTImpl>({.model = model,
-                                                   .config_json = config(1, stage),
+                                                   .config_json = config(1, stage, bf16),
                                                    .training_data = dataset,
                                                    .comm = comm}),
               ck, resave);
@@ -313,7 +315,7 @@ std::vector<double> resume_resharded(int tensor, int stage, const std::string& c
               std::make_shared<Topology>(comm, deepspeed::comm::TopologySizes{1, tensor});
           losses = load_save_and_train(
               deepspeed::initialize<gpt::TPGPTImpl>({.model = split_gpt(topology),
-                                                     .config_json = config(tensor, stage),
+                                                     .config_json = config(tensor, stage, bf16),
                                                      .training_data = dataset,
                                                      .topology = topology}),
               ck, resave);
@@ -369,6 +371,31 @@ TEST_F(TpCheckpoint, AnotherTensorSizeReshards) {
         "within %.2e relative\n",
         t.from.c_str(), label.c_str(), worst);
   }
+}
+
+// In bf16 the checkpoint holds 16-bit model slices beside the fp32 masters: resharding tp 2 ->
+// tp 4 must carry the masters and moments bit for bit (the 16-bit copies are derived from them).
+TEST_F(TpCheckpoint, Bf16ReshardsAcrossTensorSizes) {
+  namespace ckpt = deepspeed::checkpoint;
+  const std::string ck = (*dir_) / "tp2_zero1_bf16";
+  const TrainedRun ref = train(2, 1, ck, "", /*bf16=*/true);
+  ASSERT_EQ(ref.losses.size(), size_t(kSteps));
+  ASSERT_EQ(ref.final_slices.at(0).front().scalar_type(), torch::kBFloat16);
+  const std::string resave = (*dir_) / "resharded_tp4_zero1_bf16";
+  const auto losses = resume_resharded(4, 1, ck, resave, /*bf16=*/true);
+  auto& fs = ckpt::posix_file_system();
+  for (const char* kind : {"fp32", "exp_avg", "exp_avg_sq"}) {
+    const auto want = ckpt::consolidate_trainable(fs, ck + "/global_step10", kind);
+    const auto got = ckpt::consolidate_trainable(fs, resave + "/global_step10", kind);
+    ASSERT_EQ(got.size(), want.size()) << kind;
+    for (size_t k = 0; k < want.size(); ++k)
+      EXPECT_TRUE(torch::equal(got[k].second, want[k].second)) << kind << " " << want[k].first;
+  }
+  // bf16 forward passes at another tensor size round differently; the losses stay close.
+  ASSERT_EQ(losses.size(), size_t(kSteps - kSaveAt));
+  for (int i = 0; i < kSteps - kSaveAt; ++i)
+    EXPECT_NEAR(losses[i], ref.losses[kSaveAt + i], 2e-2 * ref.losses[kSaveAt + i])
+        << "step " << kSaveAt + i + 1;
 }
 
 // What cannot be resharded is named: a tensor size that does not divide a split dimension, and a

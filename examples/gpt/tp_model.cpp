@@ -38,9 +38,23 @@ void check_tensor_parallel(const GPTConfig& c, int n) {
   if (c.n_head % n) refuse("--n_head", c.n_head);
   if (c.n_embd % n) refuse("--n_embd", c.n_embd);
   if (c.vocab_size % n) refuse("the vocabulary size", c.vocab_size);
-  if (n > 1 && c.dropout > 0)
-    throw deepspeed::ConfigError("--tensor_parallel " + std::to_string(n) +
-                                 ": the tensor-parallel GPT has no dropout (--dropout)");
+}
+
+// The residual dropout follows the row layers' all-reduce, on activations every tensor rank holds
+// whole: each rank must draw the same mask (Megatron seeds its default generator alike across a
+// tensor group for the same reason), or the replicas silently diverge. Asked once per block, on
+// its first training forward, with the default generator's state.
+void check_same_rng_state(const CommunicatorPtr& g, const at::Tensor& generator_state) {
+  const at::Tensor state = generator_state.to(at::kInt);
+  at::Tensor high = state.clone(), low = state.clone();
+  g->all_reduce(high, deepspeed::comm::ReduceOp::Max)->wait();
+  g->all_reduce(low, deepspeed::comm::ReduceOp::Min)->wait();
+  if (!torch::equal(high, low))
+    throw deepspeed::ConfigError(
+        "--dropout with --tensor_parallel " + std::to_string(g->world_size()) +
+        ": the tensor ranks' random generators differ, so their dropout masks would too; seed "
+        "every process alike (torch::manual_seed) and draw the same numbers on each before "
+        "training");
 }
 
 class TPAttentionImpl : public torch::nn::Module {
@@ -94,7 +108,8 @@ class TPMLPImpl : public torch::nn::Module {
   tp::RowParallelLinear proj_{nullptr};
 };
 
-TPBlockImpl::TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g) {
+TPBlockImpl::TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g)
+    : dropout_(c.dropout), group_(g) {
   ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   attn_ = register_module("attn", std::make_shared<TPAttentionImpl>(c, g));
   ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
@@ -102,8 +117,16 @@ TPBlockImpl::TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g) {
 }
 
 torch::Tensor TPBlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn_->forward(ln1_->forward(x));
-  return h + mlp_->forward(ln2_->forward(h));
+  const bool drop = dropout_ > 0 && is_training();
+  if (drop && !rng_checked_) {
+    check_same_rng_state(group_, at::detail::getDefaultCPUGenerator().get_state());
+    rng_checked_ = true;
+  }
+  auto dropped = [&](const torch::Tensor& t) {
+    return drop ? torch::dropout(t, dropout_, /*train=*/true) : t;
+  };
+  auto h = x + dropped(attn_->forward(ln1_->forward(x)));
+  return h + dropped(mlp_->forward(ln2_->forward(h)));
 }
 
 TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)

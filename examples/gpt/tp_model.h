@@ -9,8 +9,10 @@
 // Parameter names are GPTImpl's (block0.attn.qkv.weight, ...), so copy_from() takes each slice
 // from the unsplit model built with the same seed, and the two compute the same function.
 // Each block is a deepspeed::ZeroUnit (ZeRO-3 gathers it just before it runs).
-// Training only (no kv-cache or dropout; inference shards the plain GPT with
-// deepspeed::init_inference). With activation_checkpointing each block is a checkpoint; under
+// Training only (no kv-cache; inference shards the plain GPT with deepspeed::init_inference).
+// Residual dropout (GPTConfig::dropout) acts on the replicated activations after each row layer,
+// so every tensor rank must draw the same mask: the first training forward of each block checks
+// that the ranks' default generators agree and throws ConfigError otherwise. With activation_checkpointing each block is a checkpoint; under
 // activation_checkpointing.partition_activations its saved input is split over the group
 // (deepspeed/checkpointing.h).
 #pragma once
@@ -22,8 +24,13 @@
 namespace gpt {
 
 // Throws deepspeed::ConfigError naming the value when N does not divide n_head, n_embd or
-// vocab_size, or the configuration uses what this model lacks (dropout).
+// vocab_size.
 void check_tensor_parallel(const GPTConfig& c, int tensor_parallel);
+
+// Throws ConfigError (on every rank) unless `generator_state` (a random generator's get_state())
+// is the same on every rank of `g`: TPBlock's dropout masks must be. COLLECTIVE over g.
+void check_same_rng_state(const deepspeed::comm::CommunicatorPtr& g,
+                          const at::Tensor& generator_state);
 
 // Copies into every parameter of `split` (a module of tensor-parallel layers) its rank's slice of
 // the parameter of the same name in `full` (the unsplit module built with the same seed). Throws
@@ -40,6 +47,9 @@ class TPBlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
+  double dropout_;
+  deepspeed::comm::CommunicatorPtr group_;
+  bool rng_checked_ = false;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   std::shared_ptr<TPAttentionImpl> attn_;
   std::shared_ptr<TPMLPImpl> mlp_;

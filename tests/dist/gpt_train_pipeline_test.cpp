@@ -119,6 +119,23 @@ TEST(GptTrainPipeline, TensorParallelStagesPrintTheLossesOfOne) {
   EXPECT_EQ(got.at(3), want.at(3));
 }
 
+// --dropout with --tensor_parallel 2 (no pipeline): the residual dropout after the row layers
+// draws the unsplit GPT's masks (every tensor rank the same), so tp 2 prints the losses of one
+// process, including under activation checkpointing (the recompute draws them again); and
+// dropout did act (the losses differ from a run without it).
+TEST(GptTrainPipeline, TensorParallelDropoutDrawsTheMasksOfTheUnsplitGpt) {
+  dstest::TempDir a("gpt_tp_drop_a"), b("gpt_tp_drop_b"), c("gpt_tp_drop_c");
+  auto one = gpt_train(a, 1, "--steps 3 --dropout 0.2");
+  auto two = gpt_train(b, 2, "--steps 3 --dropout 0.2 --tensor_parallel 2 --activation_checkpointing");
+  auto plain = gpt_train(c, 1, "--steps 3");
+  ASSERT_TRUE(one.ok) << one.output;
+  ASSERT_TRUE(two.ok) << two.output;
+  ASSERT_TRUE(plain.ok) << plain.output;
+  EXPECT_EQ(step_losses(one.output).size(), 3u) << one.output;
+  EXPECT_EQ(step_losses(two.output), step_losses(one.output)) << one.output << two.output;
+  EXPECT_NE(step_losses(plain.output), step_losses(one.output)) << plain.output;
+}
+
 TEST(GptTrainPipeline, BadStageCountsNamed) {
   dstest::TempDir dir("gpt_pipe_bad");
   auto r = gpt_train(dir, 3, "--pipeline_stages 2 --steps 3");

@@ -141,6 +141,27 @@ TEST(TensorParallelLayers, IndivisibleSizesAreNamed) {
   }
 }
 
+// TPBlock's dropout needs the same mask on every tensor rank: generators that agree pass, one
+// rank's differing state is refused on both ranks (neither goes on to a collective alone).
+TEST(TensorParallelLayers, DropoutRefusesGeneratorsThatDiffer) {
+  for (bool differ : {false, true}) {
+    run_ranks(2, [&](CommunicatorPtr g) {
+      auto gen = at::detail::createCPUGenerator(differ && g->rank() == 1 ? 8 : 7);
+      std::string error;
+      try {
+        gpt::check_same_rng_state(g, gen.get_state());
+      } catch (const deepspeed::ConfigError& e) {
+        error = e.what();
+      }
+      if (differ)
+        EXPECT_NE(error.find("the tensor ranks' random generators differ"), std::string::npos)
+            << "rank " << g->rank() << ": " << error;
+      else
+        EXPECT_EQ(error, "") << "rank " << g->rank();
+    });
+  }
+}
+
 // The whole split GPT: its loss is the GPT's and every gradient is the slice of the GPT's.
 TEST(TensorParallelGPT, GradientsAreSlicesOfTheUnsplitModel) {
   for (bool tied : {false, true}) {

@@ -158,8 +158,10 @@ WorkPtr ShmAllReduce::all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc,
 
 void ShmAllReduce::complete(uint64_t seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  while (read_ < seq && error_.empty()) read_one(pending_.front());
-  if (!error_.empty()) throw CommError(error_);
+  while (read_ < seq) {  // an operation already read stays done, even if a later one failed
+    if (!error_.empty()) throw CommError(error_);
+    read_one(pending_.front());
+  }
 }
 
 void ShmAllReduce::read_one(Pending& p) {

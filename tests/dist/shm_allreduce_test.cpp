@@ -169,6 +169,7 @@ TEST(ShmAllReduce, EqualsGlooBitwiseOnTwoRanks) {
   }
   const auto cases = sweep_cases(comm::shm_allreduce_max_bytes_from_env());
   Results shm = run_cases(2, cases);
+  ASSERT_EQ(gloo.shm_limit[0], 0u);
   ASSERT_GT(shm.shm_limit[0], 0u);
   expect_same_on_every_rank(shm, cases);
   expect_matches(shm, gloo, cases, /*bitwise=*/true);
@@ -183,6 +184,8 @@ TEST(ShmAllReduce, MatchesGlooOnThreeAndFourRanks) {
       gloo = run_cases(world, cases);
     }
     Results shm = run_cases(world, cases);
+    ASSERT_EQ(gloo.shm_limit[0], 0u);
+    ASSERT_GT(shm.shm_limit[0], 0u);
     expect_same_on_every_rank(shm, cases);
     expect_matches(shm, gloo, cases, /*bitwise=*/false);
   }

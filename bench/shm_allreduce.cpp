@@ -36,8 +36,11 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k.rfind("--local_rank", 0) == 0) continue;  // dsrun passes it, as DeepSpeed's launcher does
+    if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
+    const std::string v = argv[++i];
     if (k == "--dtype") {
       a.dtype = v == "bf16" ? at::kBFloat16 : at::kFloat;
     } else if (k == "--sizes") {

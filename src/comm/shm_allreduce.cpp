@@ -1,11 +1,14 @@
 #include "comm/shm_allreduce.h"
 
+#include <linux/futex.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <type_traits>
@@ -84,6 +87,16 @@ void reduce_into(at::Tensor& out, const char* const* rows, int world, ReduceOp o
   }
 }
 
+// After changing this rank's arrived or done: wakes the peers sleeping on it, if any. seq_cst on
+// both sides (here: the counter, then waiters; the sleeper: waiters, then the counter) so that a
+// sleeper either sees the new value before sleeping or is seen and woken.
+void publish(ShmRankState& s) {
+  s.futex.fetch_add(1);
+  if (s.waiters.load() > 0)
+    ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&s.futex), FUTEX_WAKE, INT32_MAX, nullptr,
+              nullptr, 0);
+}
+
 bool reduced_here(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16 ||
          t == at::kInt || t == at::kLong;
@@ -151,6 +164,7 @@ WorkPtr ShmAllReduce::all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc,
   const at::Tensor dense = t.contiguous();
   std::memcpy(seg_->slot(seq, rank_), dense.data_ptr(), dense.numel() * dense.element_size());
   seg_->rank_state(rank_).arrived.store(seq, std::memory_order_release);
+  publish(seg_->rank_state(rank_));
   issued_ = seq;
   pending_.push_back(Pending{seq, t, op, std::move(desc), std::move(finish), start});
   return std::make_shared<ShmWork>(shared_from_this(), seq);
@@ -178,6 +192,7 @@ void ShmAllReduce::read_one(Pending& p) {
   reduce_into(out, r, world_, p.op);
   if (!out.is_same(p.tensor)) p.tensor.copy_(out);
   seg_->rank_state(rank_).done.store(p.seq, std::memory_order_release);
+  publish(seg_->rank_state(rank_));
   read_ = p.seq;
   std::function<void()> finish = std::move(p.finish);
   pending_.pop_front();
@@ -205,14 +220,15 @@ std::string ShmAllReduce::peer_gone(int peer) const {
 
 void ShmAllReduce::await_all(bool arrived, uint64_t seq, const OpDesc& desc,
                              Clock::time_point start) {
-  // Spin ~20 us (a peer already running arrives within that), yield up to 2 ms (a peer waiting
-  // for this core gets it), then sleep 50 us at a time; liveness and the deadline are checked
-  // every ms once spinning is over.
+  // Spin ~20 us (a peer already running arrives within that), yield up to 200 us (a peer
+  // waiting for this core gets it), then sleep on the late peer's futex, woken by its next
+  // publish (as a socket read wakes Gloo) or after 1 ms, when liveness and the deadline are
+  // checked.
   int behind = first_behind(arrived, seq);
   if (behind < 0) return;
   const auto wait_start = Clock::now();
   const auto spin_end = wait_start + std::chrono::microseconds(20);
-  const auto yield_end = wait_start + std::chrono::milliseconds(2);
+  const auto yield_end = wait_start + std::chrono::microseconds(200);
   auto next_check = wait_start + std::chrono::milliseconds(1);
   for (int i = 0;; ++i) {
     behind = first_behind(arrived, seq);
@@ -238,10 +254,17 @@ void ShmAllReduce::await_all(bool arrived, uint64_t seq, const OpDesc& desc,
     }
     if (now < yield_end) {
       ::sched_yield();
-    } else {
-      const timespec ts{0, 50 * 1000};
-      ::nanosleep(&ts, nullptr);
+      continue;
     }
+    ShmRankState& late = seg_->rank_state(behind);
+    const uint32_t seen = late.futex.load();
+    late.waiters.fetch_add(1);
+    if (first_behind(arrived, seq) == behind) {
+      const timespec ms{0, 1000 * 1000};
+      ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(&late.futex), FUTEX_WAIT, seen, &ms,
+                nullptr, 0);
+    }
+    late.waiters.fetch_sub(1);
   }
 }
 

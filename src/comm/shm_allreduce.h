@@ -11,8 +11,9 @@
 // Issue does not wait for the peers' data, so a handle can be waited on later (ZeRO's buckets
 // are issued before any is waited on) and a rank may send/recv between issue and wait, as with
 // Gloo; only more than `slots` operations outstanding make issue wait. Every rank reduces in the
-// same order, so all ranks hold bit-identical results. Waits spin briefly, then yield, then
-// sleep (two cores may carry four ranks: a spinning rank must not starve the one it waits for).
+// same order, so all ranks hold bit-identical results. Waits spin ~20 us, yield up to 200 us,
+// then sleep on the late peer's futex until it publishes (two cores may carry four ranks: a
+// spinning rank must not starve the one it waits for).
 //
 // Failure: a peer that exits (pid gone), closes its communicator or fails, or does not arrive
 // within the communicator's timeout, fails the operation with CommError naming the operation,

@@ -75,6 +75,8 @@ std::unique_ptr<ShmSegment> create(const std::string& name, int world, int slots
     s->done.store(0);
     s->pid.store(0);
     s->closed.store(0);
+    s->futex.store(0);
+    s->waiters.store(0);
   }
   ShmHeader& h = seg->header();
   h.world = world;

@@ -29,12 +29,16 @@ struct alignas(64) ShmHeader {
   uint64_t slot_bytes;
 };
 
-// One rank's progress, written only by that rank (closed also by no one else).
+// One rank's progress: written only by that rank, except `waiters` (its sleeping peers).
 struct alignas(64) ShmRankState {
   std::atomic<uint64_t> arrived;  // seq of the last operation whose data this rank published
   std::atomic<uint64_t> done;     // seq of the last operation this rank finished reading
   std::atomic<int32_t> pid;       // for the liveness check of a rank that stopped moving
   std::atomic<int32_t> closed;    // 1: the rank's communicator is gone or failed
+  // Bumped after every change of arrived or done; a peer that stops spinning sleeps on it (a
+  // futex on the shared mapping), counted in `waiters` so that publishing wakes only when needed.
+  std::atomic<uint32_t> futex;
+  std::atomic<int32_t> waiters;
 };
 
 // A mapped segment (unmapped on destruction; its name is already unlinked).

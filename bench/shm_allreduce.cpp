@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     time_calls(*world, t, 3);
     at::Tensor iters = at::tensor(
         {static_cast<int64_t>(std::max(3.0, a.ms / 5 * 1000 / time_calls(*gloo, t, 5)))});
-    world->broadcast(iters, 0);
+    world->broadcast(iters, 0)->wait();
     const int k = static_cast<int>(iters.item<int64_t>());
     std::vector<double> shm_us, gloo_us;
     for (int round = 0; round < 5; ++round) {

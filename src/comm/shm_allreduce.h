@@ -11,7 +11,7 @@
 // Issue does not wait for the peers' data, so a handle can be waited on later (ZeRO's buckets
 // are issued before any is waited on) and a rank may send/recv between issue and wait, as with
 // Gloo; only more than `slots` operations outstanding make issue wait. Every rank reduces in the
-// same order, so all ranks hold bit-identical results. Waits spin ~20 us, yield up to 200 us,
+// same order, so all ranks hold bit-identical results. Waits spin ~2 us, yield up to 200 us,
 // then sleep on the late peer's futex until it publishes (two cores may carry four ranks: a
 // spinning rank must not starve the one it waits for).
 //

@@ -7,11 +7,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
 #include <type_traits>
+#include <vector>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

@@ -3,14 +3,16 @@
 
     /usr/bin/python3 bench/tp_inference.py [--build build] [--n_layer 4 --n_embd 1024 --n_head 16]
                                           [--batch 1] [--prompt_len 32] [--new_tokens 64]
-                                          [--tp 1,2,4] [--dtypes fp32,bf16]
+                                          [--tp 1,2,4] [--dtypes fp32,bf16] [--shm on,off]
 
 Writes seeded weights of the example GPT to a safetensors file (bench_tp_inference
 --write_weights), and for each dtype runs PyTorch (this interpreter's torch, one thread, its own
 kv-cache loop over the same file, the weights cast to the dtype) and bench_tp_inference under
 dsrun at each tp (one thread per rank, init_inference casting to the dtype), checks whether they
 generate PyTorch's greedy tokens, and prints a markdown table of first-token latency (the prompt's
-forward) and decode tokens/s (best of --reps generations after a warm-up).
+forward) and decode tokens/s (best of --reps generations after a warm-up). --shm: for tp > 1, run
+with the shared-memory all-reduce (on, the default for ranks on one host) and/or with Gloo's
+(off: DS_SHM_ALLREDUCE=0), one row each, in the same run.
 """
 import argparse
 import json
@@ -104,12 +106,13 @@ def torch_run(weights, a, dtype):
     return best_first, best_rate, ",".join(map(str, tokens))
 
 
-def ds_run(build, weights, tp, dtype, model_flags, a, port):
+def ds_run(build, weights, tp, dtype, model_flags, a, port, shm="on"):
     cmd = [os.path.join(build, "bin", "dsrun"), "--num_procs", str(tp), "--master_port", str(port),
            os.path.join(build, "bin", "bench_tp_inference"), "--weights", weights,
            "--tensor_parallel", str(tp), "--batch", str(a.batch), "--prompt_len", str(a.prompt_len),
            "--new_tokens", str(a.new_tokens), "--reps", str(a.reps), "--dtype", dtype] + model_flags
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_DEVICE="cpu", DS_COMM_BACKEND="gloo")
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_DEVICE="cpu", DS_COMM_BACKEND="gloo",
+               DS_SHM_ALLREDUCE="1" if shm == "on" else "0")
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=1800)
     line = [l for l in out.stdout.splitlines() if "tp_inference " in l]
@@ -132,6 +135,8 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--tp", default="1,2,4", help="tensor-parallel sizes, comma-separated")
     p.add_argument("--dtypes", default="fp32", help="fp32 and/or bf16, comma-separated")
+    p.add_argument("--shm", default="on", help="tp > 1 all-reduce: on (shared memory) and/or off "
+                   "(Gloo), comma-separated")
     a = p.parse_args()
     flags = ["--n_layer", str(a.n_layer), "--n_embd", str(a.n_embd), "--n_head", str(a.n_head),
              "--block_size", str(a.block_size)]
@@ -144,8 +149,10 @@ def main():
             rows.append((dtype, "PyTorch " + torch.__version__ + ", 1 process, 1 thread")
                         + torch_run(weights, a, dtype))
             for tp in map(int, a.tp.split(",")):
-                rows.append((dtype, f"deepspeed.cpp init_inference, tp {tp} ({tp} x 1 thread)")
-                            + ds_run(a.build, weights, tp, dtype, flags, a, 29900 + tp))
+                for shm in (a.shm.split(",") if tp > 1 else ["on"]):
+                    how = "" if tp == 1 else (", shm all-reduce" if shm == "on" else ", Gloo all-reduce")
+                    rows.append((dtype, f"deepspeed.cpp init_inference, tp {tp} ({tp} x 1 thread{how})")
+                                + ds_run(a.build, weights, tp, dtype, flags, a, 29900 + tp, shm))
     params = a.n_layer * 12 * a.n_embd ** 2 + 2 * 256 * a.n_embd + a.block_size * a.n_embd
     print(f"GPT n_layer {a.n_layer}, n_embd {a.n_embd}, n_head {a.n_head} (~{params / 1e6:.0f} M "
           f"parameters); batch {a.batch}, prompt {a.prompt_len}, {a.new_tokens} new tokens (greedy, "

@@ -59,17 +59,21 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
   }
   // The latency the comms logger reports: from here to the end of the first wait().
-  if (d.has_tensor) {
-    const int64_t bytes = d.numel * static_cast<int64_t>(c10::elementSize(d.dtype));
-    finish = [finish = std::move(finish), stats = stats_, op = d.op, bytes, t0,
-              world = d.world_size] {
-      if (finish) finish();
-      const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
-      stats->add_latency(op, bytes, ms.count());
-      notify_op_observer(op, bytes, ms.count(), world);
-    };
-  }
+  finish = timed(d, t0, std::move(finish));
   return std::make_shared<GlooWork>(std::move(works), std::move(d), std::move(finish));
+}
+
+std::function<void()> CommunicatorBase::timed(const OpDesc& d,
+                                              std::chrono::steady_clock::time_point t0,
+                                              std::function<void()> finish) const {
+  if (!d.has_tensor) return finish;
+  const int64_t bytes = d.numel * static_cast<int64_t>(c10::elementSize(d.dtype));
+  return [finish = std::move(finish), stats = stats_, op = d.op, bytes, t0, world = d.world_size] {
+    if (finish) finish();
+    const std::chrono::duration<double, std::milli> ms = std::chrono::steady_clock::now() - t0;
+    stats->add_latency(op, bytes, ms.count());
+    notify_op_observer(op, bytes, ms.count(), world);
+  };
 }
 
 }  // namespace comm

@@ -44,6 +44,10 @@ class CommunicatorBase : public Communicator {
   // The same for a collective made of several c10d works.
   using StartAll = std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>;
   WorkPtr launch_all(OpDesc desc, const StartAll& start, std::function<void()> finish) const;
+  // `finish` extended to record the collective's latency from `t0` (stats and the op observer),
+  // as launch() does for its works; for collectives that are not c10d works (shared memory).
+  std::function<void()> timed(const OpDesc& d, std::chrono::steady_clock::time_point t0,
+                              std::function<void()> finish) const;
   // A collective with nothing to move (zero elements): done at once on every rank.
   static WorkPtr done() { return std::make_shared<DoneWork>(); }
 

@@ -36,6 +36,7 @@
 #include "comm/process_info.h"
 #include "comm/all_to_all.h"
 #include "comm/reduce_scatter_v.h"
+#include "comm/shm_allreduce.h"
 #include "comm/split.h"
 #include "comm/work.h"
 
@@ -48,18 +49,26 @@ class GlooCommunicator : public CommunicatorBase {
   GlooCommunicator(c10::intrusive_ptr<c10d::ProcessGroupGloo> pg,
                    c10::intrusive_ptr<c10d::Store> store,
                    std::shared_ptr<::gloo::transport::Device> device, int rank, int world,
-                   int local_rank, std::chrono::milliseconds timeout)
+                   int local_rank, std::chrono::milliseconds timeout,
+                   std::shared_ptr<ShmAllReduce> shm)
       : CommunicatorBase(rank, world, local_rank, timeout),
         pg_(std::move(pg)),
         store_(std::move(store)),
-        device_(std::move(device)) {}
+        device_(std::move(device)),
+        shm_(std::move(shm)) {}
 
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
   std::string backend() const override { return "gloo"; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     count("all_reduce", tensor);
     if (tensor.numel() == 0) return done();
+    if (shm_ && shm_->accepts(tensor)) {  // every rank decides alike: same shapes and dtypes
+      OpDesc d = describe("all_reduce", tensor);
+      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
+      return shm_->all_reduce(tensor, op, std::move(d), std::move(finish));
+    }
     at::ScalarType wire = reduce_dtype(tensor.scalar_type(), "all_reduce");
     at::Tensor staged = tensor.to(wire).contiguous();
     std::vector<at::Tensor> bufs{staged};
@@ -235,6 +244,9 @@ class GlooCommunicator : public CommunicatorBase {
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
   std::atomic<int> splits_{0};
+  // Small all-reduces when every rank is on this host (shm_allreduce.h); null otherwise or with
+  // DS_SHM_ALLREDUCE=0.
+  std::shared_ptr<ShmAllReduce> shm_;
 };
 
 // Gloo writes to peer sockets without MSG_NOSIGNAL: when a peer dies, the next write would kill
@@ -282,8 +294,9 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   auto start = std::chrono::steady_clock::now();
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    auto shm = ShmAllReduce::create(*store, rank, world_size, timeout);
     return std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank, world_size,
-                                              local_rank, timeout);
+                                              local_rank, timeout, std::move(shm));
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     throw CommError(fmt::format(
@@ -295,6 +308,11 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
 c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm) {
   if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->store();
   return {};
+}
+
+size_t shm_allreduce_limit(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->shm_limit();
+  return 0;
 }
 
 CommunicatorPtr make_gloo_communicator(c10::intrusive_ptr<c10d::Store> store, int rank,

@@ -34,5 +34,10 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
 // on), or null for any other communicator.
 c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm);
 
+// The largest all-reduce (bytes) that `comm` does through shared memory (shm_allreduce.h): 0
+// when it has no shared-memory path (not a Gloo communicator, ranks on several hosts, or
+// DS_SHM_ALLREDUCE=0). For tests and benchmarks.
+size_t shm_allreduce_limit(const Communicator& comm);
+
 }  // namespace comm
 }  // namespace deepspeed

@@ -1,0 +1,116 @@
+// All-reduce latency, shared memory vs Gloo, between ranks on this host:
+//
+//   build/bin/dsrun --num_procs 2 build/bin/bench_shm_allreduce [--dtype fp32|bf16]
+//       [--sizes 768,1024,...] (elements of a [1, C] row) [--ms 300] (time per point and path)
+//
+// The world communicator (init_distributed) has the shared-memory path, with its size limit
+// raised for this run so that every size can be measured on both paths; a sub-group of the same
+// ranks made with DS_SHM_ALLREDUCE=0 is the Gloo path. Each point alternates the two paths in
+// rounds and reports the median of the per-round means (us per call, rank 0's clock). Prints a
+// markdown table on rank 0.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "comm/gloo_communicator.h"
+#include "deepspeed/comm.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+namespace comm = deepspeed::comm;
+
+struct Args {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> sizes = {768, 1024, 4096, 16384, 65536, 262144, 1048576};
+  double ms = 300;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k.rfind("--local_rank", 0) == 0) continue;  // dsrun passes it, as DeepSpeed's launcher does
+    if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
+    const std::string v = argv[++i];
+    if (k == "--dtype") {
+      a.dtype = v == "bf16" ? at::kBFloat16 : at::kFloat;
+    } else if (k == "--sizes") {
+      a.sizes.clear();
+      std::stringstream in(v);
+      for (std::string s; std::getline(in, s, ',');) a.sizes.push_back(std::stoll(s));
+    } else if (k == "--ms") {
+      a.ms = std::stod(v);
+    } else {
+      throw std::runtime_error("unknown argument " + k);
+    }
+  }
+  return a;
+}
+
+// Mean microseconds per all_reduce over `iters` calls (a barrier first so ranks start together).
+double time_calls(comm::Communicator& c, at::Tensor& t, int iters) {
+  c.barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) c.all_reduce(t)->wait();
+  const std::chrono::duration<double, std::micro> us = Clock::now() - t0;
+  return us.count() / iters;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  at::set_num_threads(1);
+  const int64_t biggest = *std::max_element(a.sizes.begin(), a.sizes.end());
+  ::setenv("DS_SHM_ALLREDUCE_MAX_BYTES",
+           std::to_string(biggest * c10::elementSize(a.dtype)).c_str(), 1);
+  auto world = deepspeed::init_distributed();
+  ::setenv("DS_SHM_ALLREDUCE", "0", 1);
+  auto gloo = world->split(0, world->rank());
+  ::unsetenv("DS_SHM_ALLREDUCE");
+  if (comm::shm_allreduce_limit(*world) == 0) {
+    std::cerr << "the world communicator has no shared-memory path (ranks on several hosts?)\n";
+    return 1;
+  }
+  if (world->rank() == 0) {
+    std::cout << fmt::format("| elements | bytes | shm us/call | Gloo us/call | Gloo / shm |\n"
+                             "| ---: | ---: | ---: | ---: | ---: |\n");
+  }
+  for (int64_t n : a.sizes) {
+    at::Tensor t = at::ones({1, n}, a.dtype);
+    // Calibrate the iteration count on the slower path (Gloo) so a round takes ~ms/5; every rank
+    // uses rank 0's count.
+    time_calls(*gloo, t, 3);
+    time_calls(*world, t, 3);
+    at::Tensor iters = at::tensor(
+        {static_cast<int64_t>(std::max(3.0, a.ms / 5 * 1000 / time_calls(*gloo, t, 5)))});
+    world->broadcast(iters, 0)->wait();
+    const int k = static_cast<int>(iters.item<int64_t>());
+    std::vector<double> shm_us, gloo_us;
+    for (int round = 0; round < 5; ++round) {
+      shm_us.push_back(time_calls(*world, t, k));
+      gloo_us.push_back(time_calls(*gloo, t, k));
+    }
+    if (world->rank() == 0) {
+      const double s = median(shm_us), g = median(gloo_us);
+      std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.1f}x |\n", n,
+                               n * c10::elementSize(a.dtype), s, g, g / s)
+                << std::flush;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,199 @@
+#include "comm/shm_segment.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <vector>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace comm {
+namespace {
+
+constexpr uint64_t kMagic = 0x64735f73686d3031ull;  // "ds_shm01"
+// Chosen with bench/shm_allreduce.cpp (docs/benchmarks.md, "Shared-memory all-reduce").
+constexpr size_t kDefaultMaxBytes = 1 << 20;
+
+std::string bytes_str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> str_bytes(const std::string& s) {
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+std::string first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string link_target(const char* path) {
+  char buf[256] = {0};
+  ssize_t n = ::readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+}
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+size_t segment_bytes(int world, int slots, size_t slot_bytes) {
+  return sizeof(ShmHeader) + sizeof(ShmRankState) * static_cast<size_t>(world) +
+         static_cast<size_t>(slots) * static_cast<size_t>(world) * slot_bytes;
+}
+
+void* map_fd(int fd, size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// Rank 0: a fresh segment with its header and counters initialised, or null (errno-worthy
+// failures are not fatal: the group then keeps to Gloo).
+std::unique_ptr<ShmSegment> create(const std::string& name, int world, int slots,
+                                   size_t slot_bytes) {
+  const size_t bytes = segment_bytes(world, slots, slot_bytes);
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* base = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? map_fd(fd, bytes) : nullptr;
+  ::close(fd);
+  if (base == nullptr) {
+    ::shm_unlink(name.c_str());
+    return nullptr;
+  }
+  auto seg = std::make_unique<ShmSegment>(base, bytes);
+  for (int r = 0; r < world; ++r) {
+    ShmRankState* s = new (&seg->rank_state(r)) ShmRankState();
+    s->arrived.store(0);
+    s->done.store(0);
+    s->pid.store(0);
+    s->closed.store(0);
+    s->futex.store(0);
+    s->waiters.store(0);
+  }
+  ShmHeader& h = seg->header();
+  h.world = world;
+  h.slots = slots;
+  h.slot_bytes = slot_bytes;
+  std::atomic_thread_fence(std::memory_order_release);
+  h.magic = kMagic;  // last: the others check it (the store round trip orders it anyway)
+  return seg;
+}
+
+std::unique_ptr<ShmSegment> attach(const std::string& name, int world, int slots,
+                                   size_t slot_bytes) {
+  const size_t bytes = segment_bytes(world, slots, slot_bytes);
+  int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* base = ::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes
+                   ? map_fd(fd, bytes)
+                   : nullptr;
+  ::close(fd);
+  if (base == nullptr) return nullptr;
+  auto seg = std::make_unique<ShmSegment>(base, bytes);
+  const ShmHeader& h = seg->header();
+  if (h.magic != kMagic || h.world != world || h.slots != slots || h.slot_bytes != slot_bytes)
+    return nullptr;
+  return seg;
+}
+
+}  // namespace
+
+ShmSegment::~ShmSegment() { ::munmap(base_, bytes_); }
+
+char* ShmSegment::slot(uint64_t seq, int r) const {
+  const ShmHeader& h = header();
+  const size_t index = static_cast<size_t>(seq % static_cast<uint64_t>(h.slots)) *
+                           static_cast<size_t>(h.world) +
+                       static_cast<size_t>(r);
+  return static_cast<char*>(base_) + sizeof(ShmHeader) +
+         sizeof(ShmRankState) * static_cast<size_t>(h.world) + index * h.slot_bytes;
+}
+
+std::string shm_host_identity() {
+  char name[256] = {0};
+  ::gethostname(name, sizeof name - 1);
+  struct stat st {};
+  const std::string shm_dev =
+      ::stat("/dev/shm", &st) == 0 ? fmt::format("{}:{}", st.st_dev, st.st_ino) : "none";
+  return fmt::format("{} {} {} {} {} {}", name, first_line("/proc/sys/kernel/random/boot_id"),
+                     link_target("/proc/self/ns/net"), link_target("/proc/self/ns/pid"),
+                     link_target("/proc/self/ns/ipc"), shm_dev);
+}
+
+bool shm_allreduce_enabled_from_env() {
+  const char* v = std::getenv("DS_SHM_ALLREDUCE");
+  if (v == nullptr || *v == 0) return true;
+  const std::string s = v;
+  if (s == "1" || s == "true") return true;
+  if (s == "0" || s == "false") return false;
+  throw ConfigError(fmt::format(
+      "environment variable DS_SHM_ALLREDUCE='{}' must be 1/true (shared-memory all-reduce for "
+      "groups on one host, the default) or 0/false (always Gloo)", s));
+}
+
+size_t shm_allreduce_max_bytes_from_env() {
+  const char* v = std::getenv("DS_SHM_ALLREDUCE_MAX_BYTES");
+  if (v == nullptr || *v == 0) return kDefaultMaxBytes;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != 0 || n <= 0 || n > (1ll << 30))
+    throw ConfigError(fmt::format("environment variable DS_SHM_ALLREDUCE_MAX_BYTES='{}' must be "
+                                  "a number of bytes in [1, 2^30]", v));
+  return static_cast<size_t>(n);
+}
+
+std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
+                                              size_t slot_bytes) {
+  slot_bytes = round_up(slot_bytes, 64);
+  // 1. Does every rank want it, and is every rank here?
+  const bool enabled = shm_allreduce_enabled_from_env();
+  const std::string me = (enabled ? "1 " : "0 ") + shm_host_identity();
+  store.set(fmt::format("ds_shm/host/{}", rank), str_bytes(me));
+  bool local = enabled;
+  for (int r = 0; r < world && local; ++r)
+    local = r == rank || bytes_str(store.get(fmt::format("ds_shm/host/{}", r))) == me;
+  // Every rank reads the same keys, so all reach the same answer; a rank that stops reading
+  // early (not local) also stops here, before any key below is needed.
+  if (!local) return nullptr;
+
+  // 2. Rank 0 creates, the others attach and report, rank 0 unlinks.
+  std::unique_ptr<ShmSegment> seg;
+  if (rank == 0) {
+    static std::atomic<int> count{0};
+    const std::string name = fmt::format("/ds_shm_{}_{}", ::getpid(), count++);
+    seg = create(name, world, slots, slot_bytes);
+    if (seg) seg->rank_state(0).pid.store(static_cast<int32_t>(::getpid()));
+    store.set("ds_shm/name", str_bytes(seg ? name : std::string()));
+    bool all = seg != nullptr;
+    try {
+      for (int r = 1; r < world; ++r)
+        all = bytes_str(store.get(fmt::format("ds_shm/attached/{}", r))) == "1" && all;
+    } catch (...) {
+      if (seg) ::shm_unlink(name.c_str());
+      throw;
+    }
+    if (seg) ::shm_unlink(name.c_str());
+    store.set("ds_shm/ready", str_bytes(all ? "1" : "0"));
+    if (!all) seg.reset();
+  } else {
+    const std::string name = bytes_str(store.get("ds_shm/name"));
+    if (!name.empty()) seg = attach(name, world, slots, slot_bytes);
+    if (seg) seg->rank_state(rank).pid.store(static_cast<int32_t>(::getpid()));
+    store.set(fmt::format("ds_shm/attached/{}", rank), str_bytes(seg ? "1" : "0"));
+    if (bytes_str(store.get("ds_shm/ready")) != "1") seg.reset();
+  }
+  return seg;
+}
+
+}  // namespace comm
+}  // namespace deepspeed

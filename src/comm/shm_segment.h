@@ -1,0 +1,90 @@
+// The shared-memory segment of one group whose ranks all live on this host (shm_allreduce.h uses
+// it): what "on this host" means, and how the segment is created, attached and unlinked through
+// the group's rendezvous store so that nothing is left in /dev/shm.
+//
+// Layout (every part 64-byte aligned, so no two ranks' counters share a cache line):
+//   ShmHeader | ShmRankState[world] | data: slots x world x slot_bytes
+// The data slot of (operation seq, rank r) is slot (seq % slots), row r.
+#pragma once
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace deepspeed {
+namespace comm {
+
+struct alignas(64) ShmHeader {
+  uint64_t magic;
+  int32_t world;
+  int32_t slots;
+  uint64_t slot_bytes;
+};
+
+// One rank's progress: written only by that rank, except `waiters` (its sleeping peers).
+struct alignas(64) ShmRankState {
+  std::atomic<uint64_t> arrived;  // seq of the last operation whose data this rank published
+  std::atomic<uint64_t> done;     // seq of the last operation this rank finished reading
+  std::atomic<int32_t> pid;       // for the liveness check of a rank that stopped moving
+  std::atomic<int32_t> closed;    // 1: the rank's communicator is gone or failed
+  // Bumped after every change of arrived or done; a peer that stops spinning sleeps on it (a
+  // futex on the shared mapping), counted in `waiters` so that publishing wakes only when needed.
+  std::atomic<uint32_t> futex;
+  std::atomic<int32_t> waiters;
+};
+
+// A mapped segment (unmapped on destruction; its name is already unlinked).
+class ShmSegment {
+ public:
+  ShmSegment(void* base, size_t bytes) : base_(base), bytes_(bytes) {}
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  ShmHeader& header() const { return *static_cast<ShmHeader*>(base_); }
+  ShmRankState& rank_state(int r) const {
+    return reinterpret_cast<ShmRankState*>(static_cast<char*>(base_) + sizeof(ShmHeader))[r];
+  }
+  char* slot(uint64_t seq, int r) const;
+
+ private:
+  void* base_;
+  size_t bytes_;
+};
+
+// This process's host identity for deciding whether a group can share memory: hostname, boot
+// id, and the network, pid and ipc namespaces and the /dev/shm mount it sees. Ranks in separate
+// network namespaces (tests/launcher/multinode_*.sh simulates hosts that way) count as separate
+// hosts, so those tests keep testing the network.
+std::string shm_host_identity();
+
+// Whether DS_SHM_ALLREDUCE allows the shared-memory path: unset, "1" or "true" yes; "0" or
+// "false" no; anything else ConfigError naming the variable.
+bool shm_allreduce_enabled_from_env();
+
+// The largest all-reduce (bytes) the shared-memory path takes: DS_SHM_ALLREDUCE_MAX_BYTES, or
+// the default chosen by bench/shm_allreduce.cpp. ConfigError for a value that is not a positive
+// integer.
+size_t shm_allreduce_max_bytes_from_env();
+
+// Sets up the segment of a group over its rendezvous store. COLLECTIVE over the group (after the
+// Gloo group is made): every rank publishes whether it wants the shared-memory path and its host
+// identity; when all want it and all identities match, rank 0 creates /dev/shm/ds_shm_<pid>_<n>
+// (O_EXCL; its pid and a process-wide count make the name unique on the host), the others attach,
+// and rank 0 unlinks the name as soon as every rank has reported back, so a crash afterwards
+// leaves nothing behind. Returns null on every rank alike when the group is not local, any rank
+// disabled the path, or any rank failed to attach. Store waits are bounded by the store's
+// timeout; a rank that never reports makes this throw (the name is unlinked first).
+std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
+                                              size_t slot_bytes);
+
+}  // namespace comm
+}  // namespace deepspeed

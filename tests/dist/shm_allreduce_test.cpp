@@ -1,0 +1,354 @@
+// The shared-memory all-reduce (src/comm/shm_allreduce.h) that Gloo communicators use when every
+// rank is on this host: its results against the Gloo path's (the same ranks with
+// DS_SHM_ALLREDUCE=0) over sizes 0, 1, odd, at and above the size limit, every dtype and op;
+// sub-groups and concurrent groups; handles waited late and out of order; the statistics; and a
+// peer that leaves or stalls. (A peer killed with SIGKILL: tests/launcher/shm_rank_killed.sh.)
+#include <dirent.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo_communicator.h"
+#include "comm/shm_segment.h"
+#include "support/ranks.h"
+
+namespace comm = deepspeed::comm;
+using comm::CommunicatorPtr;
+using comm::ReduceOp;
+
+namespace {
+
+// Sets an environment variable for the scope of a test (between run_ranks calls: no thread
+// reads the environment meanwhile).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
+struct Case {
+  int64_t numel;
+  at::ScalarType type;
+  ReduceOp op;
+};
+
+// Rank r's input for case i: random values (normal floats, integers in [-1000, 1000]) that
+// differ between ranks and cases, the same in every run.
+at::Tensor input(const Case& c, int rank, int i) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + i);
+  if (at::isFloatingType(c.type)) return at::randn({c.numel}, gen, at::kDouble).to(c.type);
+  return at::randint(-1000, 1001, {c.numel}, gen, at::kLong).to(c.type);
+}
+
+std::vector<Case> sweep_cases(size_t limit) {
+  const std::vector<at::ScalarType> types = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16,
+                                             at::kInt,   at::kLong,   at::kShort};
+  std::vector<Case> cases;
+  for (at::ScalarType t : types)
+    for (int64_t n : {0, 1, 7, 769})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+        cases.push_back({n, t, op});
+  // At the size limit (shared memory) and one element above it (Gloo), fp32 and bf16.
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16}) {
+    const int64_t at_limit = static_cast<int64_t>(limit) / c10::elementSize(t);
+    for (int64_t n : {at_limit, at_limit + 1}) cases.push_back({n, t, ReduceOp::Sum});
+  }
+  return cases;
+}
+
+// results[rank][case] of all_reduce over `world` ranks; `shm_limit[rank]` what the communicator
+// reports.
+struct Results {
+  std::vector<std::vector<at::Tensor>> out;
+  std::vector<size_t> shm_limit;
+};
+
+Results run_cases(int world, const std::vector<Case>& cases) {
+  Results r;
+  r.out.assign(world, {});
+  r.shm_limit.assign(world, 0);
+  run_ranks(world, [&](CommunicatorPtr c) {
+    r.shm_limit[c->rank()] = comm::shm_allreduce_limit(*c);
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      at::Tensor t = input(cases[i], c->rank(), static_cast<int>(i));
+      c->all_reduce(t, cases[i].op)->wait();
+      mine.push_back(t);
+    }
+    r.out[c->rank()] = std::move(mine);
+  });
+  return r;
+}
+
+std::string describe(const Case& c) {
+  static const char* ops[] = {"sum", "max", "min", "avg"};
+  return std::string(c10::toString(c.type)) + " n=" + std::to_string(c.numel) + " " +
+         ops[static_cast<int>(c.op)];
+}
+
+void expect_same_on_every_rank(const Results& r, const std::vector<Case>& cases) {
+  for (size_t i = 0; i < cases.size(); ++i)
+    for (size_t rank = 1; rank < r.out.size(); ++rank)
+      EXPECT_TRUE(r.out[rank][i].equal(r.out[0][i])) << describe(cases[i]) << " rank " << rank;
+}
+
+// Shared-memory results vs Gloo's. `bitwise`: equal bits. Otherwise (more than two ranks, where
+// Gloo's ring adds in another order than ours, rank 0 first): integers, max and min equal; float
+// sums within the reordering bound n_ranks * eps(dtype) * sum_r |x_r| (fp16 a little more: Gloo
+// rounds to fp16 after every add, we once).
+void expect_matches(const Results& shm, const Results& gloo, const std::vector<Case>& cases,
+                    bool bitwise) {
+  const int world = static_cast<int>(shm.out.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const at::Tensor& a = shm.out[0][i];
+    const at::Tensor& b = gloo.out[0][i];
+    ASSERT_EQ(a.scalar_type(), c.type) << describe(c);
+    const bool exact = bitwise || !at::isFloatingType(c.type) || c.op == ReduceOp::Max ||
+                       c.op == ReduceOp::Min;
+    if (exact) {
+      EXPECT_TRUE(a.equal(b)) << describe(c) << ": shared memory and Gloo differ";
+      continue;
+    }
+    at::Tensor abs_sum = at::zeros({c.numel}, at::kDouble);
+    for (int r = 0; r < world; ++r) abs_sum += input(c, r, static_cast<int>(i)).to(at::kDouble).abs();
+    double eps = c.type == at::kHalf ? 2 * 9.77e-4 : c.type == at::kBFloat16 ? 7.82e-3
+               : c.type == at::kFloat ? 1.2e-7 : 2.3e-16;
+    at::Tensor bound = abs_sum * (world * eps);
+    if (c.op == ReduceOp::Avg) bound /= world;
+    at::Tensor diff = (a.to(at::kDouble) - b.to(at::kDouble)).abs();
+    EXPECT_TRUE(diff.le(bound + 1e-30).all().item<bool>())
+        << describe(c) << ": max difference " << diff.max().item<double>();
+  }
+}
+
+TEST(ShmAllReduce, OnForLocalGroupsOffWithTheSwitch) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    EXPECT_GT(comm::shm_allreduce_limit(*c), 0u) << "ranks as threads share this host";
+  });
+  ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+  run_ranks(2, [](CommunicatorPtr c) { EXPECT_EQ(comm::shm_allreduce_limit(*c), 0u); });
+}
+
+TEST(ShmAllReduce, BadSwitchValueIsNamed) {
+  ScopedEnv bad("DS_SHM_ALLREDUCE", "maybe");
+  try {
+    run_ranks(2, [](CommunicatorPtr) {}, std::chrono::seconds(5));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("DS_SHM_ALLREDUCE='maybe'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ShmAllReduce, EqualsGlooBitwiseOnTwoRanks) {
+  Results gloo;
+  {
+    ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+    gloo = run_cases(2, sweep_cases(comm::shm_allreduce_max_bytes_from_env()));
+  }
+  const auto cases = sweep_cases(comm::shm_allreduce_max_bytes_from_env());
+  Results shm = run_cases(2, cases);
+  ASSERT_EQ(gloo.shm_limit[0], 0u);
+  ASSERT_GT(shm.shm_limit[0], 0u);
+  expect_same_on_every_rank(shm, cases);
+  expect_matches(shm, gloo, cases, /*bitwise=*/true);
+}
+
+TEST(ShmAllReduce, MatchesGlooOnThreeAndFourRanks) {
+  for (int world : {3, 4}) {
+    const auto cases = sweep_cases(comm::shm_allreduce_max_bytes_from_env());
+    Results gloo;
+    {
+      ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+      gloo = run_cases(world, cases);
+    }
+    Results shm = run_cases(world, cases);
+    ASSERT_EQ(gloo.shm_limit[0], 0u);
+    ASSERT_GT(shm.shm_limit[0], 0u);
+    expect_same_on_every_rank(shm, cases);
+    expect_matches(shm, gloo, cases, /*bitwise=*/false);
+  }
+}
+
+// Tensor-parallel groups of two inside a world of four, each all-reducing on its own thread
+// while a second thread of every rank all-reduces over the world: the three segments never mix.
+TEST(ShmAllReduce, SubGroupsAndConcurrentGroups) {
+  run_ranks(4, [](CommunicatorPtr world) {
+    const int rank = world->rank();
+    CommunicatorPtr tp = world->split(rank / 2, rank);
+    ASSERT_EQ(tp->world_size(), 2);
+    EXPECT_GT(comm::shm_allreduce_limit(*tp), 0u);
+    std::thread tp_thread([&] {
+      for (int step = 0; step < 200; ++step) {
+        at::Tensor row = at::full({1, 768}, rank + step, at::kFloat);
+        tp->all_reduce(row)->wait();
+        // Ranks 2g and 2g+1: (2g + step) + (2g + 1 + step).
+        const double want = 2 * (rank / 2 * 2 + step) + 1;
+        ASSERT_TRUE(row.eq(want).all().item<bool>()) << "tp step " << step << " rank " << rank;
+      }
+    });
+    for (int step = 0; step < 200; ++step) {
+      at::Tensor v = at::full({33}, rank * 10 + step, at::kLong);
+      world->all_reduce(v)->wait();
+      ASSERT_TRUE(v.eq(60 + 4 * step).all().item<bool>()) << "world step " << step;
+    }
+    tp_thread.join();
+  });
+}
+
+// More handles outstanding than the segment has slots (ZeRO issues every bucket before waiting),
+// waited in reverse order; non-contiguous tensors are staged and copied back.
+TEST(ShmAllReduce, HandlesWaitedLateAndOutOfOrder) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    std::vector<at::Tensor> ts;
+    std::vector<comm::WorkPtr> works;
+    for (int i = 0; i < 11; ++i) {
+      ts.push_back(at::full({5 + i}, c->rank() + i, at::kFloat));
+      works.push_back(c->all_reduce(ts.back()));
+    }
+    for (int i = 10; i >= 0; --i) {
+      works[i]->wait();
+      EXPECT_TRUE(ts[i].eq(1 + 2 * i).all().item<bool>()) << "op " << i;
+    }
+    at::Tensor grid = at::arange(12, at::kFloat).view({3, 4}).add(c->rank());
+    at::Tensor column = grid.select(1, 2);  // stride 4
+    c->all_reduce(column, ReduceOp::Max)->wait();
+    EXPECT_TRUE(column.equal(at::tensor({3.f, 7.f, 11.f}))) << column;
+    EXPECT_EQ(grid[0][0].item<float>(), c->rank());  // the rest untouched
+  });
+}
+
+TEST(ShmAllReduce, StatsCountTheSameAsGloo) {
+  auto record = [] {
+    std::vector<comm::CommStats> stats(2);
+    run_ranks(2, [&](CommunicatorPtr c) {
+      c->reset_stats();
+      for (int64_t n : {0, 1, 768, 1000}) {
+        at::Tensor t = at::ones({n}, at::kFloat);
+        c->all_reduce(t)->wait();
+      }
+      at::Tensor b = at::ones({3}, at::kBFloat16);
+      c->all_reduce(b, ReduceOp::Avg)->wait();
+      stats[c->rank()] = c->stats();
+    });
+    return stats[0];
+  };
+  comm::CommStats gloo;
+  {
+    ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+    gloo = record();
+  }
+  comm::CommStats shm = record();
+  ASSERT_EQ(shm.count("all_reduce"), 1u);
+  EXPECT_EQ(shm["all_reduce"].calls, 5);
+  EXPECT_EQ(shm["all_reduce"].calls, gloo["all_reduce"].calls);
+  EXPECT_EQ(shm["all_reduce"].bytes, gloo["all_reduce"].bytes);
+  ASSERT_EQ(shm["all_reduce"].by_size.size(), gloo["all_reduce"].by_size.size());
+  for (const auto& [bytes, s] : gloo["all_reduce"].by_size)
+    EXPECT_EQ(shm["all_reduce"].by_size[bytes].calls, s.calls) << bytes << " bytes";
+}
+
+// Nothing is left in /dev/shm: names are unlinked once every rank has attached.
+TEST(ShmAllReduce, NoSegmentOutlivesSetup) {
+  auto ours = [] {
+    const std::string prefix = "ds_shm_" + std::to_string(::getpid()) + "_";
+    int n = 0;
+    if (DIR* d = ::opendir("/dev/shm")) {
+      while (dirent* e = ::readdir(d)) n += std::string(e->d_name).rfind(prefix, 0) == 0;
+      ::closedir(d);
+    }
+    return n;
+  };
+  run_ranks(4, [&](CommunicatorPtr world) {
+    CommunicatorPtr tp = world->split(world->rank() / 2, 0);
+    at::Tensor t = at::ones({4});
+    tp->all_reduce(t)->wait();
+    world->barrier();
+    EXPECT_EQ(ours(), 0);
+  });
+  EXPECT_EQ(ours(), 0);
+}
+
+// A peer whose communicator goes away (its thread ended) while the other waits for it: the
+// survivor fails at once, naming the operation and the peer, not after the timeout.
+TEST(ShmAllReduce, PeerThatLeavesFailsTheWaitingRank) {
+  std::string message;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr c) {
+        if (c->rank() == 1) return;  // leaves without its all_reduce
+        at::Tensor t = at::ones({1024});
+        try {
+          c->all_reduce(t)->wait();
+        } catch (const deepspeed::CommError& e) {
+          message = e.what();
+        }
+        // The group stays broken: the next call fails at once with the same message.
+        try {
+          c->all_reduce(t)->wait();
+          ADD_FAILURE() << "second all_reduce succeeded";
+        } catch (const deepspeed::CommError& e) {
+          EXPECT_EQ(message, e.what());
+        }
+      },
+      std::chrono::seconds(60));
+  EXPECT_NE(message.find("all_reduce of 1024 elements (float) on rank 0 of 2 failed after"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("rank 1 (pid"), std::string::npos) << message;
+  EXPECT_NE(message.find("left the group"), std::string::npos) << message;
+}
+
+// A peer that stalls past the timeout: the waiting rank's all_reduce fails after the timeout,
+// naming the operation, the timeout and the late rank.
+TEST(ShmAllReduce, StalledPeerTimesOutNamingIt) {
+  std::string message;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr c) {
+        at::Tensor t = at::ones({768});
+        if (c->rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+          try {
+            c->all_reduce(t)->wait();  // may succeed: rank 0 had published its row
+          } catch (const deepspeed::CommError&) {
+          }
+          return;
+        }
+        try {
+          c->all_reduce(t)->wait();
+        } catch (const deepspeed::CommError& e) {
+          message = e.what();
+        }
+      },
+      std::chrono::milliseconds(1000));
+  EXPECT_NE(message.find("all_reduce of 768 elements (float) on rank 0 of 2 failed after"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(timeout 1 s)"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1 (pid"), std::string::npos) << message;
+  EXPECT_NE(message.find("did not contribute in time"), std::string::npos) << message;
+}
+
+}  // namespace

@@ -25,17 +25,9 @@ namespace {
 // parameters at different places for every world size.
 const gpt::GPTConfig kModel{256, 9, 1, 2, 14};
 
-struct State {
-  ckpt::NamedTensors fp32, exp_avg, exp_avg_sq;
-  nlohmann::json meta;
-};
-
-State consolidated(const std::string& save_dir) {
-  auto& fs = ckpt::posix_file_system();
-  const std::string dir = ckpt::resolve_tag_dir(fs, save_dir);
-  return {ckpt::consolidate_trainable(fs, dir, "fp32"), ckpt::consolidate_trainable(fs, dir, "exp_avg"),
-          ckpt::consolidate_trainable(fs, dir, "exp_avg_sq"), ckpt::read_manifest(fs, dir).metadata};
-}
+// The checkpoint read whole: masters and moments per parameter, and the metadata.
+using State = dstest::ConsolidatedState;
+using dstest::consolidated_state;
 
 void expect_identical(const ckpt::NamedTensors& a, const ckpt::NamedTensors& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
@@ -64,7 +56,7 @@ TEST(CheckpointReshard, EveryWorldSizeAndStageToEveryOther) {
       save.save_dir = src;
       save.save_at_end = true;
       run_checkpoint_job(save);
-      const State want = consolidated(src);
+      const State want = consolidated_state(src);
       ASSERT_EQ(want.meta["world_size"], n);
       ASSERT_EQ(want.meta["optimizer"]["adam_step"], 3);
       for (int m = 1; m <= 4; ++m) {
@@ -82,7 +74,7 @@ TEST(CheckpointReshard, EveryWorldSizeAndStageToEveryOther) {
           ASSERT_EQ(loaded.weights.size(), want.fp32.size()) << label;
           for (size_t i = 0; i < want.fp32.size(); ++i)
             EXPECT_TRUE(torch::equal(loaded.weights[i], want.fp32[i].second)) << label << " weight " << i;
-          const State got = consolidated(dst);
+          const State got = consolidated_state(dst);
           EXPECT_EQ(got.meta["world_size"], m) << label;
           EXPECT_EQ(got.meta["zero_stage"], t) << label;
           EXPECT_EQ(got.meta["optimizer"]["adam_step"], 3) << label;
@@ -115,7 +107,7 @@ TEST(CheckpointReshard, AcrossPrecisions) {
     save.save_dir = src;
     save.save_at_end = true;
     run_checkpoint_job(save);
-    const State want = consolidated(src);
+    const State want = consolidated_state(src);
     EXPECT_EQ(want.meta["precision"], from.bf16 ? "bf16" : "fp32");
     for (Side to : {Side{4, 1, true}, Side{1, 0, false}, Side{2, 2, false}, Side{3, 0, true},
                     Side{3, 3, false}, Side{4, 3, true}}) {
@@ -134,7 +126,7 @@ TEST(CheckpointReshard, AcrossPrecisions) {
         auto expected = want.fp32[i].second.to(to.bf16 ? torch::kBFloat16 : torch::kFloat);
         EXPECT_TRUE(torch::equal(loaded.weights[i], expected)) << label << " weight " << i;
       }
-      const State got = consolidated(dst);
+      const State got = consolidated_state(dst);
       EXPECT_EQ(got.meta["optimizer"]["adam_step"], 3) << label;
       expect_identical(got.fp32, want.fp32, label + " fp32");
       expect_identical(got.exp_avg, want.exp_avg, label + " exp_avg");

@@ -19,6 +19,7 @@
 #include "gpt/model.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "support/autotp_trees.h"
 #include "support/expect.h"
 
 namespace {
@@ -177,58 +178,12 @@ TEST_P(DeferredGpt, RealBytesPerRankStayBelowTheWholeModelAndLogitsMatch) {
 
 INSTANTIATE_TEST_SUITE_P(TiedOrNot, DeferredGpt, ::testing::Bool());
 
-// The AutoTP test trees of inference_test.cpp (norms first and attention.dense a row layer by
-// name; BERT's layers with no LayerNorm child) built deferred load the whole-built values.
-struct Node : torch::nn::Module {
-  std::shared_ptr<Node> child(const std::string& name) {
-    return register_module(name, std::make_shared<Node>());
-  }
-  void linear(const std::string& name, int64_t in, int64_t out) {
-    register_module(name, torch::nn::Linear(in, out));
-  }
-  void norm(const std::string& name) {
-    register_module(name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
-  }
-};
+using dstest::TreeNode;
 
-std::shared_ptr<Node> neox_like() {
-  auto root = std::make_shared<Node>();
-  auto layer = root->child("layers")->child("0");
-  layer->norm("input_layernorm");
-  layer->norm("post_attention_layernorm");
-  auto attn = layer->child("attention");
-  attn->linear("query_key_value", 8, 24);
-  attn->linear("dense", 8, 8);
-  auto mlp = layer->child("mlp");
-  mlp->linear("dense_h_to_4h", 8, 32);
-  mlp->linear("dense_4h_to_h", 32, 8);
-  root->norm("final_layer_norm");
-  root->linear("embed_out", 8, 16);
-  return root;
-}
-
-std::shared_ptr<Node> bert_like() {
-  auto root = std::make_shared<Node>();
-  auto encoder = root->child("encoder");
-  for (const char* name : {"layer0", "layer1"}) {
-    auto l = encoder->child(name);
-    auto attention = l->child("attention");
-    auto self = attention->child("self");
-    for (const char* n : {"query", "key", "value"}) self->linear(n, 8, 8);
-    auto out = attention->child("output");
-    out->linear("dense", 8, 8);
-    out->norm("LayerNorm");
-    l->child("intermediate")->linear("dense", 8, 32);
-    auto output = l->child("output");
-    output->linear("dense", 32, 8);
-    output->norm("LayerNorm");
-  }
-  return root;
-}
-
+// The AutoTP test trees (support/autotp_trees.h) built deferred load the whole-built values.
 TEST(DeferredInit, AutoTPTreesLoadTheWholeBuiltValues) {
   dstest::TempDir dir("deferred_trees");
-  for (auto make : {&neox_like, &bert_like}) {
+  for (auto make : {&dstest::neox_like_tree, &dstest::bert_like_tree}) {
     auto source = make();
     {
       torch::NoGradGuard no_grad;
@@ -236,7 +191,7 @@ TEST(DeferredInit, AutoTPTreesLoadTheWholeBuiltValues) {
     }
     write_weights(*source, dir / "tree.safetensors");
     run_ranks(2, [&](CommunicatorPtr comm) {
-      std::shared_ptr<Node> lazy;
+      std::shared_ptr<TreeNode> lazy;
       {
         DeferredInit deferred;
         lazy = make();

@@ -17,6 +17,7 @@
 #include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
+#include "support/autotp_trees.h"
 #include "support/expect.h"
 
 namespace {
@@ -55,24 +56,12 @@ TEST(AutoTP, PlacesTheGptLikeDeepSpeed) {
   });
 }
 
-// AutoTP on module trees it was not written for: a one-layer GPT-NeoX-like model (norms
-// registered first, attention.dense a row layer by name) and a two-layer BERT-like one (no
-// LayerNorm child in a layer; intermediate.dense a column layer, the dense layers before each
-// LayerNorm rows).
-struct Node : torch::nn::Module {
-  std::shared_ptr<Node> child(const std::string& name) {
-    return register_module(name, std::make_shared<Node>());
-  }
-  void linear(const std::string& name, int64_t in, int64_t out) {
-    register_module(name, torch::nn::Linear(in, out));
-  }
-  void norm(const std::string& name) {
-    register_module(name, torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
-  }
-};
+// AutoTP on module trees it was not written for (support/autotp_trees.h: GPT-NeoX-like and
+// BERT-like).
+using dstest::TreeNode;
 
 std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> placement(
-    std::shared_ptr<Node> root) {
+    std::shared_ptr<TreeNode> root) {
   auto engine = deepspeed::init_inference(root, {.tp_size = 1});
   std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> out;
   for (const auto& s : engine->sharded()) out[s.name] = {s.kind, s.fused_parts};
@@ -81,18 +70,7 @@ std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> placement(
 
 TEST(AutoTP, PlacesNeoXAndBertLikeLayers) {
   using K = deepspeed::ShardedLinear;
-  auto neox = std::make_shared<Node>();
-  auto layer = neox->child("layers")->child("0");
-  layer->norm("input_layernorm");
-  layer->norm("post_attention_layernorm");
-  auto attn = layer->child("attention");
-  attn->linear("query_key_value", 8, 24);
-  attn->linear("dense", 8, 8);
-  auto mlp = layer->child("mlp");
-  mlp->linear("dense_h_to_4h", 8, 32);
-  mlp->linear("dense_4h_to_h", 32, 8);
-  neox->norm("final_layer_norm");
-  neox->linear("embed_out", 8, 16);
+  auto neox = dstest::neox_like_tree();
   auto got = placement(neox);
   EXPECT_EQ(got.size(), 4u);
   EXPECT_EQ(got["layers.0.attention.query_key_value"], std::make_pair(K::kColumn, 3));
@@ -101,23 +79,7 @@ TEST(AutoTP, PlacesNeoXAndBertLikeLayers) {
   EXPECT_EQ(got["layers.0.mlp.dense_4h_to_h"], std::make_pair(K::kRow, 1));
 
   // Two BERT layers: no LayerNorm is a direct child of a layer; the stack is what marks them.
-  auto bert = std::make_shared<Node>();
-  auto encoder = bert->child("encoder");
-  for (const char* name : {"layer0", "layer1"}) {
-    auto l = encoder->child(name);
-    auto attention = l->child("attention");
-    auto self = attention->child("self");
-    self->linear("query", 8, 8);
-    self->linear("key", 8, 8);
-    self->linear("value", 8, 8);
-    auto out = attention->child("output");
-    out->linear("dense", 8, 8);
-    out->norm("LayerNorm");
-    l->child("intermediate")->linear("dense", 8, 32);
-    auto output = l->child("output");
-    output->linear("dense", 32, 8);
-    output->norm("LayerNorm");
-  }
+  auto bert = dstest::bert_like_tree();
   got = placement(bert);
   EXPECT_EQ(got.size(), 12u);
   EXPECT_EQ(got["encoder.layer0.attention.self.query"].first, K::kColumn);

@@ -20,6 +20,7 @@
 #include "gpt/pipeline_model.h"
 #include "runtime/engine_checkpoint.h"
 #include "runtime/engine_state.h"
+#include "support/checkpoint_run.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
@@ -84,17 +85,9 @@ std::vector<double> train(Layout layout, int from, int to, const TrainOptions& o
   return losses;
 }
 
-struct Consolidated {
-  ckpt::NamedTensors fp32, exp_avg, exp_avg_sq;
-  nlohmann::json meta;
-};
-
-Consolidated consolidated(const std::string& save_dir) {
-  auto& fs = ckpt::posix_file_system();
-  const std::string dir = ckpt::resolve_tag_dir(fs, save_dir);
-  return {ckpt::consolidate_trainable(fs, dir, "fp32"), ckpt::consolidate_trainable(fs, dir, "exp_avg"),
-          ckpt::consolidate_trainable(fs, dir, "exp_avg_sq"), ckpt::read_manifest(fs, dir).metadata};
-}
+// The checkpoint read whole: masters and moments per parameter, and the metadata.
+using Consolidated = dstest::ConsolidatedState;
+using dstest::consolidated_state;
 
 void expect_identical(const Consolidated& a, const Consolidated& b, const std::string& what) {
   for (auto [x, y, kind] : {std::tuple{&a.fp32, &b.fp32, "fp32"},
@@ -158,7 +151,7 @@ TEST(PipelineCheckpoint, ReshardsAcrossPipelineAndDataLayouts) {
   dstest::TempDir root;
   const std::string a = root.path() + "/a";
   train({2, 1}, 0, 2, {.save_dir = a});
-  const Consolidated saved = consolidated(a);
+  const Consolidated saved = consolidated_state(a);
   ASSERT_FALSE(saved.fp32.empty());
 
   struct Hop {
@@ -171,7 +164,7 @@ TEST(PipelineCheckpoint, ReshardsAcrossPipelineAndDataLayouts) {
                                  {root.path() + "/p1d4", root.path() + "/back_from_p1", {2, 1}}};
   for (const auto& hop : hops) {
     train(hop.layout, 2, 2, {.load_dir = hop.from, .save_dir = hop.to});
-    expect_identical(saved, consolidated(hop.to),
+    expect_identical(saved, consolidated_state(hop.to),
                      hop.from + " -> pipe " + std::to_string(hop.layout.stages));
   }
 
@@ -227,7 +220,8 @@ TEST(PipelineCheckpoint, ParallelWriteGivesTheSameCheckpoint) {
   train({2, 1}, 0, 2,
         {.save_dir = root.path() + "/spread",
          .config_overrides = {{"checkpoint", {{"parallel_write", {{"pipeline_stage", true}}}}}}});
-  expect_identical(consolidated(root.path() + "/serial"), consolidated(root.path() + "/spread"),
+  expect_identical(consolidated_state(root.path() + "/serial"),
+                   consolidated_state(root.path() + "/spread"),
                    "parallel_write");
   auto& fsys = ckpt::posix_file_system();
   for (int layer = 0; layer <= 5; ++layer) {

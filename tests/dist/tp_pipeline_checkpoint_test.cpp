@@ -34,6 +34,7 @@
 #include "gpt/tp_pipeline_model.h"
 #include "runtime/engine_checkpoint.h"
 #include "runtime/engine_state.h"
+#include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
@@ -119,20 +120,9 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
   return losses;
 }
 
-// The checkpoint read whole (TagReader's unsplit view): masters and moments per parameter.
-struct Consolidated {
-  ckpt::NamedTensors fp32, exp_avg, exp_avg_sq;
-  nlohmann::json meta;
-};
-
-Consolidated consolidated(const std::string& save_dir) {
-  auto& fsys = ckpt::posix_file_system();
-  const std::string dir = ckpt::resolve_tag_dir(fsys, save_dir);
-  return {ckpt::consolidate_trainable(fsys, dir, "fp32"),
-          ckpt::consolidate_trainable(fsys, dir, "exp_avg"),
-          ckpt::consolidate_trainable(fsys, dir, "exp_avg_sq"),
-          ckpt::read_manifest(fsys, dir).metadata};
-}
+// The checkpoint read whole: masters and moments per parameter, and the metadata.
+using Consolidated = dstest::ConsolidatedState;
+using dstest::consolidated_state;
 
 // `weights_only`: the fp32 masters alone (a module-only load keeps no moments or counters).
 void expect_identical(const Consolidated& a, const Consolidated& b, const std::string& what,
@@ -171,7 +161,8 @@ TEST(TpPipelineCheckpoint, DeepSpeedLayoutAndExactResume) {
     const auto rest = train(l, 2, 4, {.load_dir = base + "/ck", .save_dir = base + "/resumed"});
     // Bit for bit: the losses, then the masters and moments the two runs end with.
     EXPECT_EQ(concat(first, rest), uninterrupted) << l.name();
-    expect_identical(consolidated(base + "/whole"), consolidated(base + "/resumed"), l.name());
+    expect_identical(consolidated_state(base + "/whole"), consolidated_state(base + "/resumed"),
+                     l.name());
     std::printf("%s: resumed losses equal, final loss %.6f\n", l.name().c_str(),
                 uninterrupted.back());
   }
@@ -215,7 +206,7 @@ TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
   dstest::TempDir root;
   const std::string a = root.path() + "/a";
   train({2, 2, 1}, 0, 2, {.save_dir = a});
-  const Consolidated saved = consolidated(a);
+  const Consolidated saved = consolidated_state(a);
   ASSERT_FALSE(saved.fp32.empty());
 
   struct Hop {
@@ -231,7 +222,7 @@ TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
                                  {p1t2, root.path() + "/back_from_p1", {2, 2, 1}}};
   for (const auto& hop : hops) {
     train(hop.layout, 2, 2, {.load_dir = hop.from, .save_dir = hop.to});
-    expect_identical(saved, consolidated(hop.to),
+    expect_identical(saved, consolidated_state(hop.to),
                      fs::path(hop.from).filename().string() + " -> " + hop.layout.name());
   }
   // load_module_only takes the weights from the layer files alone (the optimizer's fragments
@@ -239,7 +230,7 @@ TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
   for (const Layout& l : {Layout{2, 1, 1}, Layout{1, 2, 1}}) {
     const std::string to = root.path() + "/module_only_" + std::to_string(l.tensor);
     train(l, 2, 2, {.load_dir = a, .save_dir = to, .module_only = true});
-    expect_identical(saved, consolidated(to), "module only -> " + l.name(), true);
+    expect_identical(saved, consolidated_state(to), "module only -> " + l.name(), true);
   }
   // Training goes on after resharding as it would have (only summation orders differ).
   const auto uninterrupted = train({2, 2, 1}, 0, 4);

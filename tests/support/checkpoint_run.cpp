@@ -2,10 +2,22 @@
 
 #include <mutex>
 
+#include "checkpoint/consolidate.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/tag_reader.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
 namespace dstest {
+ConsolidatedState consolidated_state(const std::string& save_dir) {
+  namespace ckpt = deepspeed::checkpoint;
+  auto& fs = ckpt::posix_file_system();
+  const std::string dir = ckpt::resolve_tag_dir(fs, save_dir);
+  return {ckpt::consolidate_trainable(fs, dir, "fp32"),
+          ckpt::consolidate_trainable(fs, dir, "exp_avg"),
+          ckpt::consolidate_trainable(fs, dir, "exp_avg_sq"), ckpt::read_manifest(fs, dir).metadata};
+}
+
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed,
                                 const std::vector<std::string>& frozen) {
   at::set_num_threads(1);

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,14 @@ struct CheckpointJobResult {
 };
 
 CheckpointJobResult run_checkpoint_job(const CheckpointJob& job);
+
+// A saved checkpoint read whole (its `latest` tag under save_dir): the masters and both Adam
+// moments per parameter, consolidated across ranks and tensor slices, and the manifest metadata.
+struct ConsolidatedState {
+  std::vector<std::pair<std::string, torch::Tensor>> fp32, exp_avg, exp_avg_sq;
+  nlohmann::json meta;
+};
+ConsolidatedState consolidated_state(const std::string& save_dir);
 
 // One engine in this thread (world size 1) for tests that drive it step by step.
 struct SingleEngine {

@@ -1,0 +1,63 @@
+// Module trees AutoTP was not written for, shared by the inference tests: a
+// one-layer GPT-NeoX-like model (norms registered first, attention.dense a row
+// layer by name) and a two-layer BERT-like one (no LayerNorm child in a layer;
+// intermediate.dense a column layer, the dense layers before each LayerNorm
+// rows). Hidden size 8.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+
+namespace dstest {
+
+struct TreeNode : torch::nn::Module {
+  std::shared_ptr<TreeNode> child(const std::string &name) {
+    return register_module(name, std::make_shared<TreeNode>());
+  }
+  void linear(const std::string &name, int64_t in, int64_t out) {
+    register_module(name, torch::nn::Linear(in, out));
+  }
+  void norm(const std::string &name) {
+    register_module(name,
+                    torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
+  }
+};
+
+inline std::shared_ptr<TreeNode> neox_like_tree() {
+  auto root = std::make_shared<TreeNode>();
+  auto layer = root->child("layers")->child("0");
+  layer->norm("input_layernorm");
+  layer->norm("post_attention_layernorm");
+  auto attn = layer->child("attention");
+  attn->linear("query_key_value", 8, 24);
+  attn->linear("dense", 8, 8);
+  auto mlp = layer->child("mlp");
+  mlp->linear("dense_h_to_4h", 8, 32);
+  mlp->linear("dense_4h_to_h", 32, 8);
+  root->norm("final_layer_norm");
+  root->linear("embed_out", 8, 16);
+  return root;
+}
+
+inline std::shared_ptr<TreeNode> bert_like_tree() {
+  auto root = std::make_shared<TreeNode>();
+  auto encoder = root->child("encoder");
+  for (const char *name : {"layer0", "layer1"}) {
+    auto l = encoder->child(name);
+    auto attention = l->child("attention");
+    auto self = attention->child("self");
+    for (const char *n : {"query", "key", "value"})
+      self->linear(n, 8, 8);
+    auto out = attention->child("output");
+    out->linear("dense", 8, 8);
+    out->norm("LayerNorm");
+    l->child("intermediate")->linear("dense", 8, 32);
+    auto output = l->child("output");
+    output->linear("dense", 32, 8);
+    output->norm("LayerNorm");
+  }
+  return root;
+}
+
+} // namespace dstest

@@ -11,7 +11,8 @@ if [ ! -x "$CHECK" ] && [ ! -f "$CHECK" ]; then
   exit 0
 fi
 # Every file with code under DS_WITH_CUDA / USE_C10D_NCCL / TORCH_VERSION_MAJOR >= 2, what the
-# NCCL communicator shares with Gloo, and the GPU tests.
+# NCCL communicator shares with Gloo, what uses APIs that changed in 2.x (c10::Allocator, the
+# default generator), and the GPU tests.
 FILES=(
   src/comm/nccl_communicator.cpp
   src/comm/communicator_base.cpp
@@ -19,6 +20,9 @@ FILES=(
   src/comm/split.cpp
   src/comm/gloo_communicator.cpp
   src/comm/init.cpp
+  src/comm/shm_allreduce.cpp
+  src/comm/shm_segment.cpp
+  src/tp/deferred_init.cpp
   src/device/device.cpp
   src/device/device_memory.cpp
   src/device/out_of_memory.cpp
@@ -30,6 +34,7 @@ FILES=(
   src/util/allocation_meter.cpp
   src/monitor/wall_clock.cpp
   examples/gpt/model.cpp
+  examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
 )
 echo "check-cuda-sources: ${#FILES[@]} files against libtorch 2.11 / CUDA 13 / NCCL headers"

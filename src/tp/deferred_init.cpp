@@ -10,6 +10,7 @@
 #include "tp/deferred_init.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -61,10 +62,22 @@ void release_placeholder(void* ctx);
 // One instance, never destroyed: tensors may outlive every scope, and c10 keeps the pointer.
 class PlaceholderAllocator final : public at::Allocator {
  public:
+  // libtorch 2.x made allocate() non-const and added copy_data() (Storage clones through the
+  // allocator that made a storage: memcpy serves placeholders and real memory alike).
+#if TORCH_VERSION_MAJOR >= 2
+  at::DataPtr allocate(size_t n) override {
+    if (t_depth == 0 || n == 0) return real_.load()->allocate(n);
+    return place(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
   at::DataPtr allocate(size_t n) const override {
     if (t_depth == 0 || n == 0) return real_.load()->allocate(n);
     return const_cast<PlaceholderAllocator*>(this)->place(n);
   }
+#endif
   // Only the replaced allocator's DataPtrs may be raw-deallocated (a placeholder's context is
   // its Mapping, so raw_allocate's check refuses one inside a scope).
   at::DeleterFnPtr raw_deleter() const override { return real_.load()->raw_deleter(); }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 #include "optim/lamb.h"
 #include "partition/partition.h"
@@ -46,10 +47,12 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
 // keeps it: a checkpoint then loads in either precision.
 std::vector<size_t> FlatStage::slots_in_param_order(const std::vector<at::Tensor>& params) const {
   const auto& slots = flat_->slots();
+  std::unordered_map<const c10::TensorImpl*, size_t> slot_of;
+  for (size_t k = 0; k < slots.size(); ++k) slot_of[slots[k].param.unsafeGetTensorImpl()] = k;
   std::vector<size_t> order;
   for (const auto& p : params)
-    for (size_t k = 0; k < slots.size(); ++k)
-      if (slots[k].param.unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) order.push_back(k);
+    if (auto it = slot_of.find(p.unsafeGetTensorImpl()); it != slot_of.end())
+      order.push_back(it->second);
   TORCH_CHECK(order.size() == slots.size(), "FlatStage: ", order.size(), " of ", slots.size(),
               " flat slots match the stage's parameters");
   return order;

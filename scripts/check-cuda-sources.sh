@@ -20,6 +20,7 @@ FILES=(
   src/comm/split.cpp
   src/comm/gloo_communicator.cpp
   src/comm/init.cpp
+  src/comm/exit_order.cpp
   src/comm/shm_allreduce.cpp
   src/comm/shm_segment.cpp
   src/tp/deferred_init.cpp

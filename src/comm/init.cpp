@@ -6,6 +6,7 @@
 #include <mutex>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "comm/exit_order.h"
 #include "comm/gloo_communicator.h"
 #include "comm/nccl_communicator.h"
 #include "comm/peer_watch.h"
@@ -86,21 +87,31 @@ std::string choose_backend(const ProcessInfo& info, const InitOptions& options) 
   return ranks_here <= cuda_device_count() ? "nccl" : "gloo";
 }
 
-}  // namespace
+// The world communicator and the store it was made on (null for a single process).
+struct World {
+  c10::intrusive_ptr<c10d::Store> store;
+  CommunicatorPtr comm;
+};
 
-CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOptions& options) {
-  if (info.world_size == 1) return make_single_process_communicator();
+World make_world(const ProcessInfo& info, const InitOptions& options) {
+  if (info.world_size == 1) return {{}, make_single_process_communicator()};
   const std::string backend = choose_backend(info, options);  // a bad value fails before the rendezvous
   auto store = connect_store(info, options.timeout);
   if (backend == "nccl") {
     const c10::Device device = resolve_device("cuda", info.local_rank);
-    return make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
-                                     device.index(), options.timeout);
+    return {store, make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
+                                             device.index(), options.timeout)};
   }
   auto world = make_gloo_communicator_on(store, info.rank, info.world_size, info.local_rank,
                                          options.timeout, gloo_device_for(info.master_addr));
   start_peer_watch_for(info);
-  return world;
+  return {store, world};
+}
+
+}  // namespace
+
+CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOptions& options) {
+  return make_world(info, options).comm;
 }
 
 CommunicatorPtr init_distributed(const InitOptions& options) {
@@ -108,7 +119,18 @@ CommunicatorPtr init_distributed(const InitOptions& options) {
   if (g_world) return g_world;
   InitOptions resolved = options;
   resolved.timeout = resolve_timeout(options);
-  g_world = init_from_process_info(detect_process_info(), resolved);
+  const ProcessInfo info = detect_process_info();
+  World world = make_world(info, resolved);
+  // Once per process (not in init_from_process_info, which tests call for several ranks in one
+  // process): rank 0 must leave last (exit_order.h). At its exit it first drops the world, so that
+  // a rank still in a collective with it fails at once.
+  if (world.store) {
+    arrange_exit_order(world.store, info, resolved.timeout, [] {
+      std::lock_guard<std::mutex> lock(g_world_mu);
+      g_world.reset();
+    });
+  }
+  g_world = world.comm;
   if (comms_check_from_env()) g_world = with_comms_check(g_world);
   return g_world;
 }

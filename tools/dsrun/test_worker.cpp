@@ -6,6 +6,12 @@
 //                    only while DSRUN_RESTART_COUNT < N (default: always)
 //   hang_collective  every rank joins init_distributed() and loops all_reduce; rank --fail_rank
 //                    writes its pid to --pid_file once the loop runs (the test kill -9s it)
+//   leave_collective like hang_collective, but rank --fail_rank returns 0 from main once the loop
+//                    runs: the others, left in their all_reduce, must fail at once
+//   linger_exit      every rank joins init_distributed() and one all_reduce; rank 0 returns
+//                    --status (default 0) at once, the others return 0 after --seconds. Every rank
+//                    prints "rank R exit_ns T" from its last exit handler (the test checks that
+//                    rank 0 left last)
 //   ignore_term      ignore SIGTERM, write pid to --pid_file (if given), sleep (tests SIGKILL
 //                    escalation)
 //   sleep            sleep --seconds (default 60), writing pid to --pid_file (if given)
@@ -18,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -37,6 +44,7 @@ struct Args {
   double seconds = 60;
   int fail_attempts = 1 << 30;
   int timeout_s = 30;  // hang_collective: the collectives' timeout
+  int status = 0;      // linger_exit: rank 0's exit status
 };
 
 Args parse(int argc, char** argv) {
@@ -53,6 +61,8 @@ Args parse(int argc, char** argv) {
       a.seconds = std::atof(argv[++i]);
     else if (k == "--fail_attempts")
       a.fail_attempts = std::atoi(argv[++i]);
+    else if (k == "--status")
+      a.status = std::atoi(argv[++i]);
     else if (k == "--timeout")
       a.timeout_s = std::atoi(argv[++i]);
   }
@@ -124,7 +134,8 @@ int mode_sleep(const Args& a) {
   return 0;
 }
 
-int mode_hang_collective(const Args& a) {
+// hang_collective and leave_collective: every rank loops all_reduce of 1024 floats.
+int collective_loop(const Args& a, bool leave) {
 #ifdef DSRUN_WORKER_WITH_COMM
   try {
     deepspeed::comm::InitOptions opts;
@@ -137,6 +148,10 @@ int mode_hang_collective(const Args& a) {
       if (step == 10) {
         std::cout << "rank " << comm->rank() << " in the all_reduce loop" << std::endl;
         if (comm->rank() == a.fail_rank) write_pid(a.pid_file);
+        if (leave && comm->rank() == a.fail_rank) {
+          std::cerr << "rank " << comm->rank() << " leaves the loop with status 0" << std::endl;
+          return 0;
+        }
       }
     }
   } catch (const std::exception& e) {
@@ -145,11 +160,35 @@ int mode_hang_collective(const Args& a) {
   }
 #else
   // Without the comm library: the same shape (every rank busy until killed), no collective.
+  (void)leave;
   std::cout << "rank " << my_rank() << " in the (simulated) collective loop" << std::endl;
   if (my_rank() == a.fail_rank) write_pid(a.pid_file);
   sleep_for(a.seconds);
   return 0;
 #endif
+}
+
+void print_exit_time() {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  std::printf("rank %d exit_ns %lld\n", my_rank(), now.tv_sec * 1000000000LL + now.tv_nsec);
+  std::fflush(stdout);
+}
+
+int mode_linger_exit(const Args& a) {
+  // Registered before init_distributed, so it runs after the library's own exit handlers.
+  std::atexit(print_exit_time);
+#ifdef DSRUN_WORKER_WITH_COMM
+  deepspeed::comm::InitOptions opts;
+  opts.timeout = std::chrono::seconds(a.timeout_s);
+  auto comm = deepspeed::init_distributed(opts);
+  auto t = torch::ones({16});
+  comm->all_reduce(t)->wait();
+  std::cout << "rank " << comm->rank() << " sum " << t[0].item<float>() << std::endl;
+#endif
+  if (my_rank() == 0) return a.status;
+  sleep_for(a.seconds);
+  return 0;
 }
 
 }  // namespace
@@ -160,7 +199,9 @@ int main(int argc, char** argv) {
   if (a.mode == "exit3") return mode_exit3(a);
   if (a.mode == "ignore_term") return mode_ignore_term(a);
   if (a.mode == "sleep") return mode_sleep(a);
-  if (a.mode == "hang_collective") return mode_hang_collective(a);
+  if (a.mode == "hang_collective") return collective_loop(a, false);
+  if (a.mode == "leave_collective") return collective_loop(a, true);
+  if (a.mode == "linger_exit") return mode_linger_exit(a);
   std::cerr << "dsrun_test_worker: unknown --mode " << a.mode << std::endl;
   return 64;
 }

@@ -236,7 +236,30 @@ void select_tensor_rank(TagReader& reader, const EngineState& s) {
                              s.pipeline_files ? &params : nullptr);
 }
 
+// A pipeline's checkpoint (its module in layer files, tensors named after the pipeline's layers)
+// loaded by an engine without a pipeline, or the reverse: no tensor name can match, so say why
+// instead of naming the first tensor not found.
+void check_same_module_layout(const TagReader& reader, const EngineState& s) {
+  bool saved_layers = false;
+  for (const auto& f : reader.module_files()) saved_layers = saved_layers || f.layer >= 0;
+  const bool loading_pipeline = s.pipeline_files != nullptr;
+  if (saved_layers == loading_pipeline) return;
+  if (saved_layers)
+    throw CheckpointError(
+        "checkpoint '" + reader.dir() + "' was saved by a pipeline engine (" +
+        std::to_string(reader.pipeline_stages()) +
+        " stages; its module is in layer_LL files, named after the PipelineModule's layers), but "
+        "this engine's model is not a PipelineModule: load it into a PipelineModule of the same "
+        "layers (any number of stages), or consolidate it with ds_to_fp32");
+  throw CheckpointError("checkpoint '" + reader.dir() +
+                        "' was saved without a pipeline (its module is in " +
+                        model_states_file_name() +
+                        ", named after the plain model), but this engine runs a PipelineModule: "
+                        "load it into the plain model, or consolidate it with ds_to_fp32");
+}
+
 Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
+  check_same_module_layout(reader, s);
   select_tensor_rank(reader, s);
   Plan plan;
   plan.model_meta = reader.file_metadata(reader.engine_file());

@@ -21,6 +21,7 @@
 #include "runtime/engine_checkpoint.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
@@ -267,4 +268,29 @@ TEST(PipelineCheckpoint, MismatchedModelIsRefusedByName) {
   }
   EXPECT_NE(error.find("has shape"), std::string::npos) << error;
   EXPECT_NE(error.find("layer_"), std::string::npos) << error;
+}
+
+// A pipeline's checkpoint loaded by an engine without a pipeline, and the reverse: refused naming
+// both layouts, not the first tensor name that could not match.
+TEST(PipelineCheckpoint, PlainAndPipelineLayoutsRefuseEachOther) {
+  dstest::TempDir root;
+  const std::string pipe_dir = root.path() + "/pipe", plain_dir = root.path() + "/plain";
+  train({2, 1}, 0, 1, {.save_dir = pipe_dir});
+  dstest::CheckpointJob plain;
+  plain.config = dstest::base_config(2, 1, 1);
+  plain.model = dstest::tiny_pipeline_gpt(true);
+  plain.model.vocab_size = 256;  // run_checkpoint_job's byte-level text
+  plain.steps = 1;
+  plain.load_dir = pipe_dir;
+  std::string error = dstest::message_of<std::exception>([&] { dstest::run_checkpoint_job(plain); });
+  EXPECT_NE(error.find("was saved by a pipeline engine (2 stages"), std::string::npos) << error;
+  EXPECT_NE(error.find("is not a PipelineModule"), std::string::npos) << error;
+
+  plain.load_dir.clear();
+  plain.save_dir = plain_dir;
+  plain.save_at_end = true;
+  dstest::run_checkpoint_job(plain);
+  error = dstest::message_of<std::exception>([&] { train({2, 1}, 1, 1, {.load_dir = plain_dir}); });
+  EXPECT_NE(error.find("was saved without a pipeline"), std::string::npos) << error;
+  EXPECT_NE(error.find("runs a PipelineModule"), std::string::npos) << error;
 }

@@ -34,7 +34,8 @@ TiedLayers tie_layers(const PipelineModule& model, const Partition& partition,
                         "gradients are reduced between stages on whole gradients, which ZeRO-2 "
                         "does not keep; use zero_optimization.stage 0 or 1");
     const bool holder = owners.count(coords.pipe) > 0;
-    auto c = topology.world()->split(holder ? coords.data * tensor + coords.tensor : -1, coords.pipe);
+    auto c =
+        topology.world()->split(holder ? coords.data * tensor + coords.tensor : -1, coords.pipe);
     if (!holder) continue;
     TiedGroup g{key, c, {}};
     for (auto& p : module.tied().at(key).ptr()->parameters()) g.params.push_back(p);

@@ -30,8 +30,9 @@ struct TiedLayers {
   std::vector<at::Tensor> counted_twice;
 };
 
-// COLLECTIVE over topology.world(): one split per key spanning stages, in key order on every rank; then
-// over each group this stage holds, a broadcast of the weights from the lowest holding stage.
+// COLLECTIVE over topology.world(): one split per key spanning stages, in key order on every
+// rank; then over each group this stage holds, a broadcast of the weights from the lowest holding
+// stage.
 // Throws ConfigError for a key held by one stage only (with stages > 1) or combined with ZeRO-2.
 TiedLayers tie_layers(const PipelineModule& model, const Partition& partition,
                       const StageModuleImpl& module, const comm::Topology& topology,

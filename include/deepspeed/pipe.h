@@ -160,7 +160,7 @@ struct PipelineInitializeArgs {
 class PipelineEngine;
 std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args);
 
-struct PipelineRuntime;  // private (src/pipe/pipeline_engine.cpp)
+struct PipelineRuntime;  // private (src/pipe/pipeline_runtime.h)
 
 // The engine of one pipeline stage: an Engine over the stage's own parameters and its
 // data-parallel group (ZeRO 0-2 across the group), driven by the schedule.

@@ -226,6 +226,43 @@ TEST(Pipeline, ActivationCheckpointInterval) {
   }
 }
 
+// eval_batch over two stages with activations whose shape changes between micro-batches
+// (dynamic_shape: the shape metadata goes before every activation, not only the first): every
+// rank returns the mean micro-batch loss of the same layers as one module. Without the metadata
+// per activation the receiver would post a buffer of the first micro-batch's size.
+TEST(Pipeline, EvalBatchWithChangingShapesOnTwoStages) {
+  // Micro-batch g cut to 8 - g % 4 tokens: four sequence lengths, so four activation shapes.
+  auto micro = [](int g) {
+    auto [x, y] = pipeline_micro_batch(0, g);
+    const int64_t tokens = 8 - g % 4;
+    return dp::MicroBatch{x.slice(1, 0, tokens).contiguous(), y.slice(1, 0, tokens).contiguous()};
+  };
+  double expected = 0.0;
+  {
+    torch::NoGradGuard no_grad;
+    dp::PipelineSequentialImpl reference(gpt::gpt_pipeline(tiny_gpt(false)), 5);
+    for (int g = 0; g < kGlobalMicro; ++g) {
+      auto [x, y] = micro(g);
+      expected += reference.forward(x, y).item<double>() / kGlobalMicro;
+    }
+  }
+  std::vector<double> losses(2);
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    dp::PipelineInitializeArgs args;
+    args.model = gpt::gpt_pipeline(tiny_gpt(false));
+    args.model.num_stages = 2;
+    args.config_json = config(1, 0);  // one data rank: the 8 micro-batches all pass through
+    args.comm = comm;
+    args.device = "cpu";
+    args.dynamic_shape = true;
+    auto engine = dp::initialize_pipeline(args);
+    int m = 0;
+    losses[comm->rank()] = engine->eval_batch([&] { return micro(m++); });
+  });
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_NEAR(losses[rank], expected, dstest::kLossTol * expected) << "rank " << rank;
+}
+
 // NVMe optimizer offload under the pipeline: every stage swaps its own partition through one
 // nvme_path (stages share data-parallel ranks, so their swap files must not collide) and the
 // losses are bit-identical to the in-memory run, as without the pipeline.

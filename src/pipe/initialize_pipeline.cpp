@@ -1,0 +1,176 @@
+// initialize_pipeline(): checks the config against the model and the world, cuts the layers
+// into stages, builds this stage's layers, ties the layers shared between stages, and wraps the
+// stage's ordinary Engine state (ZeRO 0-2 over its data-parallel group) in a PipelineEngine.
+// Separate from the engine because it runs once, before any schedule, and everything it decides
+// is fixed for the engine's life.
+#include <torch/torch.h>
+
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "deepspeed/checkpointing.h"
+#include "deepspeed/topology.h"
+#include "deepspeed/tp.h"
+#include "pipe/partition_method.h"
+#include "pipe/pipe_stage.h"
+#include "pipe/pipeline_runtime.h"
+#include "runtime/engine_state.h"
+#include "tp/tp_stage.h"
+
+namespace deepspeed {
+namespace pipe {
+
+namespace {
+
+// The stage count: the module's, else the config's pipeline.stages (a number).
+int stage_count(const PipelineModule& model, const nlohmann::json& cfg) {
+  if (model.num_stages > 0) return model.num_stages;
+  if (cfg.contains("pipeline") && cfg["pipeline"].contains("stages")) {
+    const auto& v = cfg["pipeline"]["stages"];
+    if (v.is_number_integer() && v.get<int64_t>() >= 1) return static_cast<int>(v.get<int64_t>());
+    if (!(v.is_string() && v.get<std::string>() == "auto"))
+      throw ConfigError("pipeline.stages = " + v.dump() + ": expected a positive number of stages");
+  }
+  throw ConfigError("pipeline.stages: give the number of stages in the config (\"pipeline\": "
+                    "{\"stages\": N}) or in PipelineModule.num_stages");
+}
+
+nlohmann::json read_json(const PipelineInitializeArgs& args) {
+  if (args.config.empty()) return args.config_json;
+  std::ifstream in(args.config);
+  if (!in) throw ConfigError("initialize_pipeline(): cannot read config file " + args.config);
+  try {
+    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
+  } catch (const std::exception& e) {
+    throw ConfigError("initialize_pipeline(): " + args.config + ": " + e.what());
+  }
+}
+
+// Cuts the layers into stages by the partition method and builds this stage's layers (the ones
+// built to weigh them are kept). Fills rt.partition (with every stage's parameter count: one sum
+// over the pipe group, so COLLECTIVE over it) and rt.module. `print`: rank 0 prints the partition.
+void build_stage_layers(PipelineRuntime& rt, const Config& config, bool print) {
+  std::string method = rt.spec.partition_method.empty() ? config.pipeline.partition
+                                                        : rt.spec.partition_method;
+  if (method == "best") method = "parameters";
+  const uint64_t seed = config.seed;
+  std::map<size_t, torch::nn::AnyModule> built;
+  const auto weights = layer_weights(rt.spec.layers, method, seed, built);
+  rt.partition = partition_balanced(weights, rt.stages);
+  const int64_t begin = rt.partition.bounds[rt.stage], end = rt.partition.bounds[rt.stage + 1];
+  std::map<size_t, torch::nn::AnyModule> mine;
+  for (int64_t i = begin; i < end; ++i)
+    if (built.count(i)) mine[i] = built[i];
+  built.clear();  // the other stages' layers are dropped here
+  rt.module = StageModule(rt.spec.layers, begin, end, seed, std::move(mine));
+  // Trainable parameters per stage (a tied module once per stage holding it): each stage counts
+  // its own, one sum over the pipe group gathers them.
+  at::Tensor counts = torch::zeros({rt.stages}, torch::kLong);
+  for (auto& p : rt.module->parameters())
+    if (p.requires_grad()) counts[rt.stage] += p.numel();
+  if (rt.stages > 1) rt.pipe->all_reduce(counts)->wait();
+  for (int st = 0; st < rt.stages; ++st)
+    rt.partition.parameters.push_back(counts[st].item<int64_t>());
+  if (print) print_partition(rt.spec.layers, rt.partition, method);
+  const int64_t interval = rt.spec.activation_checkpoint_interval >= 0
+                               ? rt.spec.activation_checkpoint_interval
+                               : config.pipeline.activation_checkpoint_interval;
+  rt.module->set_checkpoint_interval(interval);
+}
+
+// The stage's ordinary Engine state (ZeRO 0-2 over its data-parallel group, built as
+// deepspeed::initialize builds it) with the pipeline around its ZeRO stage: the gradient norm
+// summed over the stages (PipeStage) and the per-layer checkpoint layout.
+EngineStatePtr build_stage_state(PipelineRuntime& rt, const PipelineInitializeArgs& args,
+                                 const nlohmann::json& raw,
+                                 const std::vector<at::Tensor>& counted_twice) {
+  detail::BuildInput in;
+  in.module = rt.module.ptr();
+  in.config_path = args.config;
+  in.config_json = raw;
+  in.comm = rt.topology->data_parallel();
+  in.device = args.device;
+  EngineStatePtr state = detail::build_engine_state(std::move(in));
+  state->topology = rt.topology;
+  // With tensor parallelism the stage's own norm is counted over its tensor group first
+  // (tp/tp_stage.h), then PipeStage sums the stages.
+  std::vector<at::Tensor> split;
+  if (rt.topology->grid().tensor_size() > 1) {
+    split = tp::split_parameters(*rt.module);
+    state->stage =
+        tp::tensor_parallel_stage(std::move(state->stage), rt.topology->tensor_parallel(), split);
+  }
+  state->stage = std::make_unique<PipeStage>(std::move(state->stage), rt.pipe, counted_twice,
+                                             rt.topology->tensor_parallel(), split);
+  auto files = std::make_shared<checkpoint::PipelineFiles>();
+  files->stage = rt.stage;
+  files->stages = rt.stages;
+  files->bounds = rt.partition.bounds;
+  files->all = layer_files(rt.spec.layers);
+  state->pipeline_files = std::move(files);
+  return state;
+}
+
+}  // namespace
+
+std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args) {
+  auto rt = std::make_unique<PipelineRuntime>();
+  const PipelineModule& model = args.model;
+  if (model.layers.empty()) throw ConfigError("initialize_pipeline(): the PipelineModule has no layers");
+  if (!model.loss_fn) throw ConfigError("initialize_pipeline(): the PipelineModule has no loss_fn");
+  if (args.topology && args.comm && args.comm != args.topology->world())
+    throw ConfigError(
+        "initialize_pipeline(): PipelineInitializeArgs.comm is not "
+        "PipelineInitializeArgs.topology->world(); give one of them");
+  comm::CommunicatorPtr world = args.topology   ? args.topology->world()
+                                : args.comm     ? args.comm
+                                : comm::world() ? comm::world()
+                                                : comm::make_single_process_communicator();
+  const nlohmann::json raw = read_json(args);
+  const int stages = stage_count(model, raw);
+  if (args.topology && args.topology->grid().pipe_size() != stages)
+    throw ConfigError("initialize_pipeline(): PipelineInitializeArgs.topology has pipe size " +
+                      std::to_string(args.topology->grid().pipe_size()) +
+                      " but pipeline.stages = " + std::to_string(stages));
+  const int tensor = args.topology ? args.topology->grid().tensor_size() : 1;
+  if (world->world_size() % stages != 0)
+    throw ConfigError("pipeline.stages = " + std::to_string(stages) + " does not divide the world size " +
+                      std::to_string(world->world_size()));
+  if (stages > static_cast<int>(model.layers.size()))
+    throw ConfigError("pipeline.stages = " + std::to_string(stages) + " is more than the " +
+                      std::to_string(model.layers.size()) + " layers of the PipelineModule");
+  const int dp = world->world_size() / (stages * tensor);
+  std::vector<std::string> warnings;  // printed once, by the stage engine's own parse below
+  const Config config = args.config.empty() ? parse_config(raw, dp, {}, &warnings)
+                                            : load_config(args.config, dp, {}, &warnings);
+  if (config.zero_optimization.stage >= 3)
+    throw ConfigError("zero_optimization.stage = " + std::to_string(config.zero_optimization.stage) +
+                      " cannot be combined with pipeline parallelism (pipeline.stages = " +
+                      std::to_string(stages) + "): use ZeRO stage 0, 1 or 2 with the pipeline");
+
+  rt->spec = model;
+  rt->stages = stages;
+  rt->topology = args.topology
+                     ? args.topology
+                     : std::make_shared<comm::Topology>(world, comm::TopologySizes{stages, 1});
+  // Set before the engine's configure() (which warns when partition_activations has no group).
+  if (tensor > 1) checkpointing::set_model_parallel_group(rt->topology->tensor_parallel());
+  rt->pipe = rt->topology->pipe_parallel();
+  rt->stage = rt->topology->coordinates().pipe;
+  rt->link = std::make_unique<StageLink>(rt->pipe, rt->stage, args.dynamic_shape);
+
+  build_stage_layers(*rt, config, world->rank() == 0);
+
+  // Tied groups: one split of the world per key, in key order on every rank.
+  TiedLayers tied = tie_layers(model, rt->partition, *rt->module, *rt->topology,
+                               config.zero_optimization.stage);
+  rt->tied = std::move(tied.groups);
+
+  EngineStatePtr state = build_stage_state(*rt, args, raw, tied.counted_twice);
+  return std::make_shared<PipelineEngine>(std::move(state), std::move(rt));
+}
+
+}  // namespace pipe
+}  // namespace deepspeed

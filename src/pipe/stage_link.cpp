@@ -1,0 +1,71 @@
+// StageLink: activations and gradients between neighbouring stages (stage_link.h), and the
+// shape metadata message that lets the receiver of an activation allocate it.
+#include "pipe/stage_link.h"
+
+#include <torch/torch.h>
+
+namespace deepspeed {
+namespace pipe {
+
+namespace {
+
+// Metadata message: [ndim, dtype, dims...] padded to a fixed length, so the receiver knows its
+// size without a first message.
+constexpr int64_t kMetaLen = 10;
+
+void send_meta(comm::Communicator& c, const at::Tensor& t, int dst) {
+  TORCH_CHECK(t.dim() <= kMetaLen - 2, "pipeline: activations of more than ", kMetaLen - 2,
+              " dimensions are not supported, got ", t.sizes());
+  at::Tensor meta = torch::zeros({kMetaLen}, torch::kLong);
+  meta[0] = t.dim();
+  meta[1] = static_cast<int64_t>(t.scalar_type());
+  for (int64_t i = 0; i < t.dim(); ++i) meta[2 + i] = t.size(i);
+  c.send(meta, dst)->wait();
+}
+
+void recv_meta(comm::Communicator& c, int src, std::vector<int64_t>& shape, at::ScalarType& dtype) {
+  at::Tensor meta = torch::zeros({kMetaLen}, torch::kLong);
+  c.recv(meta, src)->wait();
+  const int64_t ndim = meta[0].item<int64_t>();
+  dtype = static_cast<at::ScalarType>(meta[1].item<int64_t>());
+  shape.clear();
+  for (int64_t i = 0; i < ndim; ++i) shape.push_back(meta[2 + i].item<int64_t>());
+}
+
+}  // namespace
+
+StageLink::StageLink(comm::CommunicatorPtr pipe, int stage, bool dynamic_shape)
+    : pipe_(std::move(pipe)), stage_(stage), dynamic_shape_(dynamic_shape) {}
+
+void StageLink::send_activation(const at::Tensor& output) {
+  at::Tensor t = output.detach().contiguous();
+  if (!sent_meta_ || dynamic_shape_) {
+    send_meta(*pipe_, t, stage_ + 1);
+    sent_meta_ = true;
+  }
+  pipe_->send(t, stage_ + 1)->wait();
+}
+
+at::Tensor StageLink::recv_activation(const c10::Device& device) {
+  if (!have_recv_meta_ || dynamic_shape_) {
+    recv_meta(*pipe_, stage_ - 1, recv_shape_, recv_dtype_);
+    have_recv_meta_ = true;
+  }
+  at::Tensor t = torch::empty(recv_shape_, at::TensorOptions().dtype(recv_dtype_).device(device));
+  pipe_->recv(t, stage_ - 1)->wait();
+  return t;
+}
+
+at::Tensor StageLink::recv_grad(const at::Tensor& output) {
+  at::Tensor g = torch::empty_like(output, at::MemoryFormat::Contiguous);
+  pipe_->recv(g, stage_ + 1)->wait();
+  return g;
+}
+
+void StageLink::send_grad(const at::Tensor& grad) {
+  at::Tensor g = grad.contiguous();
+  pipe_->send(g, stage_ - 1)->wait();
+}
+
+}  // namespace pipe
+}  // namespace deepspeed

@@ -226,7 +226,7 @@ ShmAllReduce::Piece ShmAllReduce::piece(uint64_t seq) {
     const int64_t begin = static_cast<int64_t>(seq - op.first) * per_piece;
     const int64_t numel = std::min(per_piece, op.dense.numel() - begin);
     return Piece{&op, static_cast<char*>(op.dense.data_ptr()) + begin * size, numel,
-                 static_cast<size_t>(numel * size) >= share_bytes_ && world_ > 1};
+                 world_ > 2 && static_cast<size_t>(numel * size) >= share_bytes_};
   }
   throw CommError(fmt::format("shared-memory all_reduce: piece {} belongs to no pending "
                               "operation on rank {} (internal error)", seq, rank_));

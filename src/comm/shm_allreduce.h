@@ -12,7 +12,8 @@
 // Each piece goes through three steps on every rank, each published in the rank's counter:
 //   publish (arrived = seq): when every rank is done with piece seq - slots (its slot is
 //           reused), copy this rank's part of the tensor into its row.
-//   reduce  (reduced = seq; only pieces of at least share_bytes): when every rank has arrived,
+//   reduce  (reduced = seq; only pieces of at least share_bytes, and more than 2 ranks: with 2,
+//           each rank reads two rows' worth either way, measured no faster): when all arrived,
 //           reduce share `rank` of every row, in rank order, into share `rank` of this rank's
 //           own row (each rank reads 1/world of every row instead of all of it).
 //   finish  (done = seq): small piece: when every rank has arrived, reduce all rows in rank order
@@ -91,7 +92,7 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
     Pending* op;
     char* data;  // in op->dense
     int64_t numel;
-    bool shares;  // reduced in shares (at least share_bytes)
+    bool shares;  // reduced in shares (at least share_bytes, more than 2 ranks)
   };
   friend class ShmWork;
 

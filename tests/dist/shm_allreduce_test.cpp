@@ -307,9 +307,11 @@ TEST(ShmAllReduce, ManyPiecesInSharesMatchOnThreeAndFourRanks) {
 
 // Multi-piece operations of different sizes, all outstanding (more pieces than slots in each),
 // waited on in an arbitrary order from two threads, plus a non-contiguous one: exact sums.
+// Whole pieces are reduced in shares, partial last pieces of less than 2 KiB from all rows.
 TEST(ShmAllReduce, OutstandingMultiPieceOperations) {
   ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
   ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  ScopedEnv share("DS_SHM_ALLREDUCE_SHARE_BYTES", "2048");
   run_ranks(3, [](CommunicatorPtr c) {
     const int rank = c->rank();
     std::vector<at::Tensor> ts;

@@ -51,8 +51,11 @@ struct WrapType<Acc, true> {
 // Blocks of kBlock elements: each block's accumulators are complete before `out` is written, so
 // `out` may be one of the rows (a share reduced into the rank's own row), and the inner loops
 // over one row vectorize; every element still sees the same operations in the same order.
+// `half_avg_rounds_sum`: fp16 Avg as Gloo's all-reduce does it (above); false: as the
+// reduce-scatter's local reduction does it (sum in fp32, divide, round once).
 template <typename T, typename Acc>
-void reduce_rows(T* out, const char* const* rows, int world, int64_t n, ReduceOp op) {
+void reduce_rows(T* out, const char* const* rows, int world, int64_t n, ReduceOp op,
+                 bool half_avg_rounds_sum) {
   constexpr int64_t kBlock = 1024;
   Acc acc[kBlock];
   using U = typename WrapType<Acc>::type;
@@ -74,7 +77,7 @@ void reduce_rows(T* out, const char* const* rows, int world, int64_t n, ReduceOp
     T* o = out + b;
     if (op != ReduceOp::Avg) {
       for (int64_t i = 0; i < m; ++i) o[i] = static_cast<T>(acc[i]);
-    } else if constexpr (std::is_same_v<T, c10::Half>) {
+    } else if (std::is_same_v<T, c10::Half> && half_avg_rounds_sum) {
       for (int64_t i = 0; i < m; ++i)
         o[i] = static_cast<T>(static_cast<float>(static_cast<T>(acc[i])) / static_cast<float>(world));
     } else {
@@ -85,21 +88,21 @@ void reduce_rows(T* out, const char* const* rows, int world, int64_t n, ReduceOp
 
 // Reduces n elements of `type` from `rows` (each pointing at the first element) into `out`.
 void reduce_into(at::ScalarType type, void* out, const char* const* rows, int world, int64_t n,
-                 ReduceOp op) {
+                 ReduceOp op, bool half_avg_rounds_sum = true) {
   switch (type) {
     case at::kFloat:
-      return reduce_rows<float, float>(static_cast<float*>(out), rows, world, n, op);
+      return reduce_rows<float, float>(static_cast<float*>(out), rows, world, n, op, half_avg_rounds_sum);
     case at::kDouble:
-      return reduce_rows<double, double>(static_cast<double*>(out), rows, world, n, op);
+      return reduce_rows<double, double>(static_cast<double*>(out), rows, world, n, op, half_avg_rounds_sum);
     case at::kHalf:
-      return reduce_rows<c10::Half, float>(static_cast<c10::Half*>(out), rows, world, n, op);
+      return reduce_rows<c10::Half, float>(static_cast<c10::Half*>(out), rows, world, n, op, half_avg_rounds_sum);
     case at::kBFloat16:
       return reduce_rows<c10::BFloat16, float>(static_cast<c10::BFloat16*>(out), rows, world, n,
-                                               op);
+                                               op, half_avg_rounds_sum);
     case at::kInt:
-      return reduce_rows<int32_t, int32_t>(static_cast<int32_t*>(out), rows, world, n, op);
+      return reduce_rows<int32_t, int32_t>(static_cast<int32_t*>(out), rows, world, n, op, half_avg_rounds_sum);
     case at::kLong:
-      return reduce_rows<int64_t, int64_t>(static_cast<int64_t*>(out), rows, world, n, op);
+      return reduce_rows<int64_t, int64_t>(static_cast<int64_t*>(out), rows, world, n, op, half_avg_rounds_sum);
     default:
       throw CommError("shared-memory all_reduce: unexpected dtype");  // accepts() filters
   }
@@ -183,14 +186,42 @@ bool ShmAllReduce::accepts(const at::Tensor& t) const {
 
 WorkPtr ShmAllReduce::all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc,
                                  std::function<void()> finish) {
-  const auto start = Clock::now();
+  Pending p;
+  p.start = Clock::now();
+  p.tensor = t;
+  p.dense = t.is_contiguous() ? t : t.contiguous();
+  p.op = op;
+  p.desc = std::move(desc);
+  p.finish = std::move(finish);
+  return issue(std::move(p));
+}
+
+WorkPtr ShmAllReduce::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
+                                       int64_t offset, ReduceOp op, OpDesc desc,
+                                       std::function<void()> finish) {
+  Pending p;
+  p.start = Clock::now();
+  p.tensor = input;
+  p.dense = input.is_contiguous() ? input : input.contiguous();
+  p.output = output;
+  p.out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  p.lo = offset;
+  p.hi = offset + output.numel();
+  p.op = op;
+  p.desc = std::move(desc);
+  p.finish = std::move(finish);
+  return issue(std::move(p));
+}
+
+WorkPtr ShmAllReduce::issue(Pending p) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!error_.empty()) throw CommError(error_);
-  const int64_t per_piece = static_cast<int64_t>(slot_bytes_ / t.element_size());
-  const uint64_t pieces = static_cast<uint64_t>((t.numel() + per_piece - 1) / per_piece);
-  at::Tensor dense = t.is_contiguous() ? t : t.contiguous();
-  pending_.push_back(Pending{++operations_, issued_ + 1, issued_ + pieces, t, dense, op,
-                             std::move(desc), std::move(finish), start});
+  const int64_t per_piece = static_cast<int64_t>(slot_bytes_ / p.dense.element_size());
+  const uint64_t pieces = static_cast<uint64_t>((p.dense.numel() + per_piece - 1) / per_piece);
+  p.number = ++operations_;
+  p.first = issued_ + 1;
+  p.last = issued_ + pieces;
+  pending_.push_back(std::move(p));
   issued_ += pieces;
   progress(0, /*block=*/false);  // publishes into free slots at once; never waits for the peers
   return std::make_shared<ShmWork>(shared_from_this(), issued_);
@@ -225,8 +256,10 @@ ShmAllReduce::Piece ShmAllReduce::piece(uint64_t seq) {
     const int64_t per_piece = static_cast<int64_t>(slot_bytes_) / size;
     const int64_t begin = static_cast<int64_t>(seq - op.first) * per_piece;
     const int64_t numel = std::min(per_piece, op.dense.numel() - begin);
-    return Piece{&op, static_cast<char*>(op.dense.data_ptr()) + begin * size, numel,
-                 world_ > 2 && static_cast<size_t>(numel * size) >= share_bytes_};
+    const bool shares = !op.out.defined() && world_ > 2 &&
+                        static_cast<size_t>(numel * size) >= share_bytes_;
+    return Piece{&op, static_cast<char*>(op.dense.data_ptr()) + begin * size, begin, numel,
+                 shares};
   }
   throw CommError(fmt::format("shared-memory all_reduce: piece {} belongs to no pending "
                               "operation on rank {} (internal error)", seq, rank_));
@@ -290,7 +323,17 @@ bool ShmAllReduce::try_finish(bool block) {
     await_all(need, seq, seq);
   }
   const int64_t size = p.op->dense.element_size();
-  if (p.shares) {
+  if (p.op->out.defined()) {  // reduce-scatter: only the part inside this rank's segment
+    const int64_t begin = std::max(p.begin, p.op->lo);
+    const int64_t end = std::min(p.begin + p.numel, p.op->hi);
+    if (end > begin) {
+      std::vector<const char*> rows(world_);
+      for (int r = 0; r < world_; ++r) rows[r] = seg_->slot(seq, r) + (begin - p.begin) * size;
+      reduce_into(p.op->dense.scalar_type(),
+                  static_cast<char*>(p.op->out.data_ptr()) + (begin - p.op->lo) * size,
+                  rows.data(), world_, end - begin, p.op->op, /*half_avg_rounds_sum=*/false);
+    }
+  } else if (p.shares) {
     for (int r = 0; r < world_; ++r) {
       const auto [begin, end] = share(p, r);
       std::memcpy(p.data + begin * size, seg_->slot(seq, r) + begin * size, (end - begin) * size);
@@ -305,7 +348,11 @@ bool ShmAllReduce::try_finish(bool block) {
   read_ = seq;
   if (seq == p.op->last) {  // the operation is complete
     Pending& op = pending_.front();
-    if (!op.dense.is_same(op.tensor)) op.tensor.copy_(op.dense);
+    if (op.out.defined()) {
+      if (!op.out.is_same(op.output)) op.output.copy_(op.out);
+    } else if (!op.dense.is_same(op.tensor)) {
+      op.tensor.copy_(op.dense);
+    }
     std::function<void()> finish = std::move(op.finish);
     pending_.pop_front();
     if (finish) finish();
@@ -345,8 +392,8 @@ void ShmAllReduce::await_all(Step step, uint64_t seq, uint64_t seq_of_op) {
   const Pending& op = *p.op;
   const uint64_t pieces = op.last - op.first + 1;
   const std::string what =
-      pieces == 1 ? fmt::format("shared-memory all_reduce #{}", op.number)
-                  : fmt::format("shared-memory all_reduce #{} (piece {} of {})", op.number,
+      pieces == 1 ? fmt::format("shared-memory {} #{}", op.desc.op, op.number)
+                  : fmt::format("shared-memory {} #{} (piece {} of {})", op.desc.op, op.number,
                                 seq_of_op - op.first + 1, pieces);
   // What the late rank has not done yet: before ... / did not ... in time.
   const char* ing = step == Step::kArrived   ? "contributing"

@@ -75,6 +75,14 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
   // once, after the result is in `t` (latency statistics).
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc, std::function<void()> finish);
 
+  // Issues the uneven reduce-scatter of `input` (REQUIRES accepts(input), input.numel() > 0,
+  // output of input's dtype, on the CPU): this rank's `output` receives the reduction of
+  // input[offset, offset + output.numel()) over the ranks. The same pieces as an all-reduce, but
+  // a rank finishes a piece by reducing only the part inside its segment (no shares). Sum and Avg
+  // of fp16/bf16 accumulate in fp32 and round once, as the Gloo path's local reduction does.
+  WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input, int64_t offset,
+                           ReduceOp op, OpDesc desc, std::function<void()> finish);
+
  private:
   using Clock = std::chrono::steady_clock;
   enum class Step { kArrived, kReduced, kDone };  // which counter of ShmRankState
@@ -87,10 +95,17 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
     OpDesc desc;
     std::function<void()> finish;
     Clock::time_point start;
+    // Reduce-scatter only (`out` defined): this rank's segment [lo, hi) of the input, reduced into
+    // `out` (contiguous: the output itself, or a staged copy written back at the end).
+    at::Tensor output, out;
+    int64_t lo = 0, hi = 0;
   };
+  // Queues an operation of ceil(bytes / slot) pieces and takes the steps possible at once.
+  WorkPtr issue(Pending op);
   struct Piece {
     Pending* op;
     char* data;  // in op->dense
+    int64_t begin;  // its first element in op->dense
     int64_t numel;
     bool shares;  // reduced in shares (at least share_bytes, more than 2 ranks)
   };

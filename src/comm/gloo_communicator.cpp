@@ -251,8 +251,8 @@ class GlooCommunicator : public CommunicatorBase {
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
   std::atomic<int> splits_{0};
-  // Small all-reduces when every rank is on this host (shm_allreduce.h); null otherwise or with
-  // DS_SHM_ALLREDUCE=0.
+  // All-reduces and reduce_scatter_v up to its limit when every rank is on this host
+  // (shm_allreduce.h); null otherwise or with DS_SHM_ALLREDUCE=0.
   std::shared_ptr<ShmAllReduce> shm_;
 };
 

@@ -3,6 +3,9 @@
 // fp32 row over Gloo's TCP loopback costs ~1.7 ms per call on this machine; here it is a copy in,
 // one wait for the peers and a local reduce (docs/benchmarks.md, "Shared-memory all-reduce").
 //
+// The same machinery serves reduce_scatter_v (below): pieces are published alike, and a rank
+// finishes a piece by reducing only the part inside its own segment.
+//
 // Vocabulary: a **piece** is at most one slot row (slot_bytes, 1 MiB by default) of an
 // all-reduce; an all-reduce of B bytes is ceil(B / slot_bytes) pieces, numbered by `seq` (1, 2,
 // ... over the group's life; every rank issues the same all-reduces in the same order, so pieces

@@ -26,9 +26,14 @@
 // it takes whatever steps are possible at once (publishes into free slots, reduces what has
 // arrived) and wait() takes the rest, blocking; so handles can be waited on late and in any
 // order (ZeRO's buckets are all issued before any is waited on) and a rank may send/recv
-// between issue and wait, as with Gloo. Waits spin ~2 us, yield up to 200 us, then sleep on the
-// late peer's futex until it publishes (two cores may carry four ranks: a spinning rank must
-// not starve the one it waits for).
+// between issue and wait, as with Gloo. One difference from Gloo's background thread: a piece
+// moves only while some call into this group runs, so once more than `slots` pieces are
+// outstanding (an operation over 4 MiB, or several), a rank's wait() needs its peers to call in
+// too (issue or wait); a peer blocked first in another collective that this rank issues only
+// after its wait() would hang both until the timeout fails them. Ranks running the same program
+// wait in the same order, as ZeRO and the engines do. Waits spin ~2 us, yield up to 200 us, then
+// sleep on the late peer's futex until it publishes (two cores may carry four ranks: a spinning
+// rank must not starve the one it waits for).
 //
 // Failure: a peer that exits (pid gone), closes its communicator or fails, or does not arrive
 // within the communicator's timeout, fails the operation with CommError naming the operation,

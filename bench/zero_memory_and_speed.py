@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
                                                    [--stages 0,1,2,3] [--precisions fp32,bf16]
-                                                   [--micro_batch N]
+                                                   [--micro_batch N] [--shm on,large,off] [--no_memory]
 
 For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
 torch.autocast, PyTorch's own bf16 mixed precision) it runs the example GPT
@@ -12,6 +12,11 @@ twice: once for speed (plain malloc) and once for memory (MALLOC_MMAP_THRESHOLD_
 blocks go back to the OS and VmHWM shows what was really needed). Prints a markdown table:
 step time, tokens/s, model-state bytes per rank (from the engine's memory report / the tensors'
 storages) against the ZeRO formula, and peak RSS per rank (VmHWM, max over ranks).
+--shm on,large,off runs every deepspeed.cpp stage with the shared-memory all-reduce on (the
+default: all-reduces up to DS_SHM_ALLREDUCE_MAX_BYTES), on for every size (large:
+DS_SHM_ALLREDUCE_MAX_BYTES=2^30, larger ones in pieces) and off (DS_SHM_ALLREDUCE=0: every
+collective through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the memory run (its
+columns then read 0).
 """
 import argparse
 import json
@@ -53,6 +58,8 @@ def main():
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--micro_batch", type=int, default=0, help="override the config's micro-batch per rank")
+    p.add_argument("--shm", default="on", help="deepspeed.cpp runs: on, large and/or off (see above)")
+    p.add_argument("--no_memory", action="store_true", help="speed run only")
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
@@ -65,9 +72,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         runs = []
         for prec in a.precisions.split(","):
-            runs += [(f"deepspeed.cpp ZeRO-{s} {prec}", int(s), prec) for s in a.stages.split(",")]
-            runs.append((f"PyTorch DDP (Gloo) {'fp32' if prec == 'fp32' else 'bf16 autocast'}", None, prec))
-        for name, stage, prec in runs:
+            for s in a.stages.split(","):
+                for shm in a.shm.split(","):
+                    how = "" if a.shm == "on" else {"on": ", shm up to the limit", "large": ", shm any size",
+                                                    "off": ", Gloo only"}[shm]
+                    runs.append((f"deepspeed.cpp ZeRO-{s} {prec}{how}", int(s), prec, shm))
+            runs.append((f"PyTorch DDP (Gloo) {'fp32' if prec == 'fp32' else 'bf16 autocast'}", None, prec, "on"))
+        for name, stage, prec, shm in runs:
             cfg = json.loads(json.dumps(base))
             cfg["zero_optimization"]["stage"] = stage if stage is not None else 0
             cfg["steps_per_print"] = 0
@@ -92,12 +103,19 @@ def main():
             else:
                 prog = [os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", path, "--data", data]
             results = {}
-            for mode, env in (("speed", {}), ("memory", {"MALLOC_MMAP_THRESHOLD_": "65536"})):
+            modes = [("speed", {})]
+            if not a.no_memory:
+                modes.append(("memory", {"MALLOC_MMAP_THRESHOLD_": "65536"}))
+            for mode, env in modes:
                 port += 1
                 cmd = [dsrun, "--num_procs", str(a.procs), "--master_port", str(port)] + prog + model + ["--steps", str(a.steps)]
-                results[mode] = run(cmd, env)
+                shm_env = {"DS_SHM_ALLREDUCE": "0" if shm == "off" else "1"}
+                if shm == "large":
+                    shm_env["DS_SHM_ALLREDUCE_MAX_BYTES"] = str(1 << 30)
+                results[mode] = run(cmd, dict(env, **shm_env))
                 print(f"  {name} ({mode}): done", file=sys.stderr, flush=True)
-            speed, mem = results["speed"], results["memory"]
+            speed = results["speed"]
+            mem = results.get("memory", [{"model_state_bytes": 0, "peak_rss_kb": 0}])
             psi = int(speed[0]["num_params"])
             rows.append({
                 "name": name,

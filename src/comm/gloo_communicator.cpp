@@ -141,9 +141,16 @@ class GlooCommunicator : public CommunicatorBase {
   // sends only what others own — half the bytes of the all-reduce fallback.
   WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                            const std::vector<int64_t>& input_splits, ReduceOp op) override {
-    check_reduce_scatter_v(*this, output, input, input_splits);
+    const int64_t offset = check_reduce_scatter_v(*this, output, input, input_splits);
     count("reduce_scatter_v", input);
     if (input.numel() == 0) return done();  // same splits on every rank: all skip together
+    // Shared memory when every rank is here; every rank decides alike (same input shape, dtype).
+    if (shm_ && shm_->accepts(input) && output.scalar_type() == input.scalar_type() &&
+        output.device().is_cpu()) {
+      OpDesc d = describe("reduce_scatter_v", input);
+      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
+      return shm_->reduce_scatter_v(output, input, offset, op, std::move(d), std::move(finish));
+    }
     at::ScalarType type = input.scalar_type();
     at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
@@ -244,8 +251,8 @@ class GlooCommunicator : public CommunicatorBase {
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
   std::atomic<int> splits_{0};
-  // Small all-reduces when every rank is on this host (shm_allreduce.h); null otherwise or with
-  // DS_SHM_ALLREDUCE=0.
+  // All-reduces and reduce_scatter_v up to its limit when every rank is on this host
+  // (shm_allreduce.h); null otherwise or with DS_SHM_ALLREDUCE=0.
   std::shared_ptr<ShmAllReduce> shm_;
 };
 

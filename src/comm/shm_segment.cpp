@@ -21,9 +21,29 @@ namespace deepspeed {
 namespace comm {
 namespace {
 
-constexpr uint64_t kMagic = 0x64735f73686d3031ull;  // "ds_shm01"
-// Chosen with bench/shm_allreduce.cpp (docs/benchmarks.md, "Shared-memory all-reduce").
+constexpr uint64_t kMagic = 0x64735f73686d3032ull;  // "ds_shm02"
+// Chosen with bench/shm_allreduce.cpp and bench/zero_memory_and_speed.py (docs/benchmarks.md,
+// "Shared-memory all-reduce").
 constexpr size_t kDefaultMaxBytes = 1 << 20;
+// One piece: large enough that the per-piece handshake (a few us) is small against copying it
+// (~100 us), small enough that the segment (4 slots x world x this) stays a few MiB.
+constexpr size_t kDefaultSlotBytes = 1 << 20;
+// Pieces from this size on are reduced in shares (an extra handshake, less reading per rank).
+constexpr size_t kDefaultShareBytes = 256 << 10;
+
+// A byte count from environment variable `name` in [lo, hi], or `fallback` when unset.
+size_t bytes_from_env(const char* name, size_t fallback, long long lo, long long hi,
+                      const char* what) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno != 0 || *end != 0 || n < lo || n > hi)
+    throw ConfigError(fmt::format("environment variable {}='{}' must be {} in [{}, {}]", name, v,
+                                  what, lo, hi));
+  return static_cast<size_t>(n);
+}
 
 std::string bytes_str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> str_bytes(const std::string& s) {
@@ -72,6 +92,7 @@ std::unique_ptr<ShmSegment> create(const std::string& name, int world, int slots
   for (int r = 0; r < world; ++r) {
     ShmRankState* s = new (&seg->rank_state(r)) ShmRankState();
     s->arrived.store(0);
+    s->reduced.store(0);
     s->done.store(0);
     s->pid.store(0);
     s->closed.store(0);
@@ -141,23 +162,26 @@ bool shm_allreduce_enabled_from_env() {
 }
 
 size_t shm_allreduce_max_bytes_from_env() {
-  const char* v = std::getenv("DS_SHM_ALLREDUCE_MAX_BYTES");
-  if (v == nullptr || *v == 0) return kDefaultMaxBytes;
-  char* end = nullptr;
-  errno = 0;
-  const long long n = std::strtoll(v, &end, 10);
-  if (errno != 0 || *end != 0 || n <= 0 || n > (1ll << 30))
-    throw ConfigError(fmt::format("environment variable DS_SHM_ALLREDUCE_MAX_BYTES='{}' must be "
-                                  "a number of bytes in [1, 2^30]", v));
-  return static_cast<size_t>(n);
+  return bytes_from_env("DS_SHM_ALLREDUCE_MAX_BYTES", kDefaultMaxBytes, 1, 1ll << 40,
+                        "the largest all-reduce (bytes) through shared memory");
+}
+
+size_t shm_allreduce_slot_bytes_from_env() {
+  return bytes_from_env("DS_SHM_ALLREDUCE_SLOT_BYTES", kDefaultSlotBytes, 64, 1ll << 30,
+                        "the shared-memory piece size (bytes)");
+}
+
+size_t shm_allreduce_share_bytes_from_env() {
+  return bytes_from_env("DS_SHM_ALLREDUCE_SHARE_BYTES", kDefaultShareBytes, 1, 1ll << 40,
+                        "the smallest piece (bytes) reduced in shares");
 }
 
 std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
-                                              size_t slot_bytes) {
+                                              size_t slot_bytes, const std::string& settings) {
   slot_bytes = round_up(slot_bytes, 64);
-  // 1. Does every rank want it, and is every rank here?
+  // 1. Does every rank want it, with the same sizes, and is every rank here?
   const bool enabled = shm_allreduce_enabled_from_env();
-  const std::string me = (enabled ? "1 " : "0 ") + shm_host_identity();
+  const std::string me = (enabled ? "1 " : "0 ") + shm_host_identity() + " " + settings;
   store.set(fmt::format("ds_shm/host/{}", rank), str_bytes(me));
   bool local = enabled;
   for (int r = 0; r < world && local; ++r)

@@ -4,7 +4,8 @@
 //
 // Layout (every part 64-byte aligned, so no two ranks' counters share a cache line):
 //   ShmHeader | ShmRankState[world] | data: slots x world x slot_bytes
-// The data slot of (operation seq, rank r) is slot (seq % slots), row r.
+// The data slot of (piece seq, rank r) is slot (seq % slots), row r. A piece is at most
+// slot_bytes of one all-reduce (shm_allreduce.h splits larger ones).
 #pragma once
 #include <c10/util/intrusive_ptr.h>
 
@@ -31,8 +32,9 @@ struct alignas(64) ShmHeader {
 
 // One rank's progress: written only by that rank, except `waiters` (its sleeping peers).
 struct alignas(64) ShmRankState {
-  std::atomic<uint64_t> arrived;  // seq of the last operation whose data this rank published
-  std::atomic<uint64_t> done;     // seq of the last operation this rank finished reading
+  std::atomic<uint64_t> arrived;  // seq of the last piece whose data this rank published
+  std::atomic<uint64_t> reduced;  // seq of the last piece whose share this rank reduced (shares)
+  std::atomic<uint64_t> done;     // seq of the last piece this rank finished reading
   std::atomic<int32_t> pid;       // for the liveness check of a rank that stopped moving
   std::atomic<int32_t> closed;    // 1: the rank's communicator is gone or failed
   // Bumped after every change of arrived or done; a peer that stops spinning sleeps on it (a
@@ -70,21 +72,32 @@ std::string shm_host_identity();
 // "false" no; anything else ConfigError naming the variable.
 bool shm_allreduce_enabled_from_env();
 
-// The largest all-reduce (bytes) the shared-memory path takes: DS_SHM_ALLREDUCE_MAX_BYTES, or
-// the default chosen by bench/shm_allreduce.cpp. ConfigError for a value that is not a positive
-// integer.
+// The largest all-reduce (bytes) the shared-memory path takes, in pieces of at most the slot size:
+// DS_SHM_ALLREDUCE_MAX_BYTES, or the default chosen with bench/shm_allreduce.cpp and
+// bench/zero_memory_and_speed.py (docs/benchmarks.md). ConfigError for a value that is not an
+// integer in [1, 2^40].
 size_t shm_allreduce_max_bytes_from_env();
+
+// The size of one piece (one slot row, bytes): DS_SHM_ALLREDUCE_SLOT_BYTES, default 1 MiB. The
+// segment holds slots x world x this. ConfigError for a value outside [64, 2^30].
+size_t shm_allreduce_slot_bytes_from_env();
+
+// Pieces of at least this many bytes are reduced in shares, each rank its 1/world of every row
+// (shm_allreduce.h): DS_SHM_ALLREDUCE_SHARE_BYTES, default chosen with bench/shm_allreduce.cpp.
+// ConfigError for a value outside [1, 2^40] (a value above the slot size: never).
+size_t shm_allreduce_share_bytes_from_env();
 
 // Sets up the segment of a group over its rendezvous store. COLLECTIVE over the group (after the
 // Gloo group is made): every rank publishes whether it wants the shared-memory path and its host
-// identity; when all want it and all identities match, rank 0 creates /dev/shm/ds_shm_<pid>_<n>
+// identity (with `settings`, the sizes that every rank must agree on); when all want it and all
+// identities match, rank 0 creates /dev/shm/ds_shm_<pid>_<n>
 // (O_EXCL; its pid and a process-wide count make the name unique on the host), the others attach,
 // and rank 0 unlinks the name as soon as every rank has reported back, so a crash afterwards
 // leaves nothing behind. Returns null on every rank alike when the group is not local, any rank
 // disabled the path, or any rank failed to attach. Store waits are bounded by the store's
 // timeout; a rank that never reports makes this throw (the name is unlinked first).
 std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
-                                              size_t slot_bytes);
+                                              size_t slot_bytes, const std::string& settings);
 
 }  // namespace comm
 }  // namespace deepspeed

@@ -2,7 +2,9 @@
 // rank is on this host: its results against the Gloo path's (the same ranks with
 // DS_SHM_ALLREDUCE=0) over sizes 0, 1, odd, at and above the size limit, every dtype and op;
 // sub-groups and concurrent groups; handles waited late and out of order; the statistics; and a
-// peer that leaves or stalls. (A peer killed with SIGKILL: tests/launcher/shm_rank_killed.sh.)
+// peer that leaves or stalls. Tensors of many pieces (small slots, so that tests stay fast):
+// every dtype and op against Gloo, issued all before any wait, the share method against the
+// all-rows method bit for bit. (A peer killed with SIGKILL: tests/launcher/shm_rank_killed.sh.)
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -83,18 +85,23 @@ struct Results {
   std::vector<size_t> shm_limit;
 };
 
-Results run_cases(int world, const std::vector<Case>& cases) {
+// `outstanding`: every case is issued before any is waited on (as ZeRO issues its buckets), and
+// the handles are waited on in reverse order.
+Results run_cases(int world, const std::vector<Case>& cases, bool outstanding = false) {
   Results r;
   r.out.assign(world, {});
   r.shm_limit.assign(world, 0);
   run_ranks(world, [&](CommunicatorPtr c) {
     r.shm_limit[c->rank()] = comm::shm_allreduce_limit(*c);
     std::vector<at::Tensor> mine;
+    std::vector<comm::WorkPtr> works;
     for (size_t i = 0; i < cases.size(); ++i) {
       at::Tensor t = input(cases[i], c->rank(), static_cast<int>(i));
-      c->all_reduce(t, cases[i].op)->wait();
+      works.push_back(c->all_reduce(t, cases[i].op));
+      if (!outstanding) works.back()->wait();
       mine.push_back(t);
     }
+    for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
     r.out[c->rank()] = std::move(mine);
   });
   return r;
@@ -239,6 +246,171 @@ TEST(ShmAllReduce, HandlesWaitedLateAndOutOfOrder) {
   });
 }
 
+// Pieces of 4 KiB (1024 fp32): counts below, at and above one piece, odd counts that leave a
+// partial last piece, and more pieces than the segment has slots; every dtype and op.
+constexpr char kSmallSlot[] = "4096";
+
+std::vector<Case> piece_cases() {
+  std::vector<Case> cases;
+  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
+    const int64_t per_piece = 4096 / static_cast<int64_t>(c10::elementSize(t));
+    for (int64_t n : {per_piece - 1, per_piece, per_piece + 1, 3 * per_piece + 7,
+                      9 * per_piece + 13})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+        cases.push_back({n, t, op});
+  }
+  return cases;
+}
+
+TEST(ShmAllReduce, ManyPiecesEqualGlooBitwiseOnTwoRanks) {
+  ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
+  ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  const auto cases = piece_cases();
+  Results gloo;
+  {
+    ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+    gloo = run_cases(2, cases);
+  }
+  for (bool outstanding : {false, true}) {
+    Results shm = run_cases(2, cases, outstanding);
+    ASSERT_EQ(shm.shm_limit[0], 1073741824u);
+    expect_same_on_every_rank(shm, cases);
+    expect_matches(shm, gloo, cases, /*bitwise=*/true);
+  }
+}
+
+// With more than two ranks, pieces of at least DS_SHM_ALLREDUCE_SHARE_BYTES are reduced in
+// shares: the same bits as reducing all rows (each element in rank order either way), and
+// Gloo's result within the reordering bound.
+TEST(ShmAllReduce, ManyPiecesInSharesMatchOnThreeAndFourRanks) {
+  ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
+  ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  const auto cases = piece_cases();
+  for (int world : {3, 4}) {
+    Results gloo, all_rows;
+    {
+      ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+      gloo = run_cases(world, cases);
+    }
+    {
+      ScopedEnv never("DS_SHM_ALLREDUCE_SHARE_BYTES", "1073741824");
+      all_rows = run_cases(world, cases);
+    }
+    ScopedEnv always("DS_SHM_ALLREDUCE_SHARE_BYTES", "1");
+    Results shares = run_cases(world, cases, /*outstanding=*/true);
+    ASSERT_GT(shares.shm_limit[0], 0u);
+    expect_same_on_every_rank(shares, cases);
+    expect_matches(shares, all_rows, cases, /*bitwise=*/true);
+    expect_matches(shares, gloo, cases, /*bitwise=*/false);
+  }
+}
+
+// Multi-piece operations of different sizes, all outstanding (more pieces than slots in each),
+// waited on in an arbitrary order from two threads, plus a non-contiguous one: exact sums.
+// Whole pieces are reduced in shares, partial last pieces of less than 2 KiB from all rows.
+TEST(ShmAllReduce, OutstandingMultiPieceOperations) {
+  ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
+  ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  ScopedEnv share("DS_SHM_ALLREDUCE_SHARE_BYTES", "2048");
+  run_ranks(3, [](CommunicatorPtr c) {
+    const int rank = c->rank();
+    std::vector<at::Tensor> ts;
+    std::vector<comm::WorkPtr> works;
+    for (int i = 0; i < 7; ++i) {  // 1024 floats a piece: 1 to ~13 pieces each
+      ts.push_back(at::arange(1000 + 2011 * i, at::kFloat).add(rank * 1000 + i));
+      works.push_back(c->all_reduce(ts.back()));
+    }
+    at::Tensor grid = at::arange(3 * 5000, at::kLong).view({5000, 3}).add(rank);
+    at::Tensor column = grid.select(1, 1);  // stride 3, 5000 int64: 5 pieces
+    works.push_back(c->all_reduce(column, ReduceOp::Max));
+    std::thread other([&] {
+      for (int i : {5, 1, 3}) works[i]->wait();
+    });
+    for (int i : {6, 0, 7, 2, 4}) works[i]->wait();
+    other.join();
+    for (int i = 0; i < 7; ++i) {
+      // sum over r of (k + 1000 r + i) = 3k + 3000 + 3i: exact in fp32 below 2^24.
+      at::Tensor want = at::arange(1000 + 2011 * i, at::kFloat).mul(3).add(3000 + 3 * i);
+      EXPECT_TRUE(ts[i].equal(want)) << "operation " << i << " rank " << rank;
+    }
+    EXPECT_TRUE(column.equal(at::arange(5000, at::kLong).mul(3).add(1 + 2))) << "rank " << rank;
+    EXPECT_EQ(grid[0][0].item<int64_t>(), rank);  // the rest untouched
+  });
+}
+
+// reduce_scatter_v (ZeRO-2's gradient buckets) through shared memory: segments that cross piece
+// boundaries, empty ones, every dtype and op, all issued before any wait; against the Gloo path
+// (all-to-all plus a local reduction), bit for bit at 2 ranks.
+struct ScatterCase {
+  at::ScalarType type;
+  ReduceOp op;
+  std::vector<int64_t> splits;
+};
+
+std::vector<ScatterCase> scatter_cases(int world) {
+  std::vector<ScatterCase> cases;
+  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong}) {
+    const int64_t p = 4096 / static_cast<int64_t>(c10::elementSize(t));  // elements a piece
+    const std::vector<std::vector<int64_t>> patterns = {{2 * p + 3, 0, p + 1, 3 * p - 7},
+                                                        {1, 3 * p + 5, 7, 2 * p}};
+    for (const auto& pattern : patterns)
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+        cases.push_back({t, op, std::vector<int64_t>(pattern.begin(), pattern.begin() + world)});
+  }
+  return cases;
+}
+
+// out[rank][case].
+std::vector<std::vector<at::Tensor>> run_scatter(int world, const std::vector<ScatterCase>& cases) {
+  std::vector<std::vector<at::Tensor>> out(world);
+  run_ranks(world, [&](CommunicatorPtr c) {
+    std::vector<at::Tensor> mine;
+    std::vector<comm::WorkPtr> works;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const ScatterCase& sc = cases[i];
+      int64_t total = 0;
+      for (int64_t n : sc.splits) total += n;
+      at::Tensor in = input({total, sc.type, sc.op}, c->rank(), static_cast<int>(i));
+      mine.push_back(at::full({sc.splits[c->rank()]}, -7, sc.type));
+      works.push_back(c->reduce_scatter_v(mine.back(), in, sc.splits, sc.op));
+    }
+    for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
+    out[c->rank()] = std::move(mine);
+  });
+  return out;
+}
+
+TEST(ShmAllReduce, ReduceScatterVMatchesGloo) {
+  ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
+  ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  for (int world : {2, 3}) {
+    const auto cases = scatter_cases(world);
+    std::vector<std::vector<at::Tensor>> gloo;
+    {
+      ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+      gloo = run_scatter(world, cases);
+    }
+    const auto shm = run_scatter(world, cases);
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const ScatterCase& c = cases[i];
+        const std::string what = std::string(c10::toString(c.type)) + " op " +
+                                 std::to_string(static_cast<int>(c.op)) + " case " +
+                                 std::to_string(i) + " rank " + std::to_string(r) + " world " +
+                                 std::to_string(world);
+        ASSERT_EQ(shm[r][i].numel(), c.splits[r]) << what;
+        if (world == 2 || !at::isFloatingType(c.type) || c.op == ReduceOp::Max ||
+            c.op == ReduceOp::Min) {
+          EXPECT_TRUE(shm[r][i].equal(gloo[r][i])) << what;
+        } else {  // three ranks: sums may be reordered; inputs are normal, sums below ~10
+          const double tol = c.type == at::kHalf ? 1e-2 : c.type == at::kBFloat16 ? 6e-2 : 1e-5;
+          EXPECT_TRUE(at::allclose(shm[r][i].to(at::kDouble), gloo[r][i].to(at::kDouble), 0, tol))
+              << what;
+        }
+      }
+  }
+}
+
 TEST(ShmAllReduce, StatsCountTheSameAsGloo) {
   auto record = [] {
     std::vector<comm::CommStats> stats(2);
@@ -317,6 +489,30 @@ TEST(ShmAllReduce, PeerThatLeavesFailsTheWaitingRank) {
             std::string::npos)
       << message;
   EXPECT_NE(message.find("rank 1 (pid"), std::string::npos) << message;
+  EXPECT_NE(message.find("left the group"), std::string::npos) << message;
+}
+
+// The same for an operation of many pieces: the message names the operation and its piece.
+TEST(ShmAllReduce, PeerThatLeavesFailsAMultiPieceOperation) {
+  ScopedEnv slot("DS_SHM_ALLREDUCE_SLOT_BYTES", kSmallSlot);
+  ScopedEnv max("DS_SHM_ALLREDUCE_MAX_BYTES", "1073741824");
+  std::string message;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr c) {
+        if (c->rank() == 1) return;
+        at::Tensor t = at::ones({10 * 1024});  // 10 pieces
+        try {
+          c->all_reduce(t)->wait();
+        } catch (const deepspeed::CommError& e) {
+          message = e.what();
+        }
+      },
+      std::chrono::seconds(60));
+  EXPECT_NE(message.find("all_reduce of 10240 elements (float) on rank 0 of 2 failed after"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(piece 1 of 10)"), std::string::npos) << message;
   EXPECT_NE(message.find("left the group"), std::string::npos) << message;
 }
 

@@ -184,32 +184,31 @@ bool ShmAllReduce::accepts(const at::Tensor& t) const {
          static_cast<size_t>(t.numel()) * t.element_size() <= max_bytes_;
 }
 
-WorkPtr ShmAllReduce::all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc,
-                                 std::function<void()> finish) {
+ShmAllReduce::Pending ShmAllReduce::pending_for(const at::Tensor& input, ReduceOp op, OpDesc desc,
+                                                std::function<void()> finish) {
   Pending p;
   p.start = Clock::now();
-  p.tensor = t;
-  p.dense = t.is_contiguous() ? t : t.contiguous();
+  p.tensor = input;
+  p.dense = input.is_contiguous() ? input : input.contiguous();
   p.op = op;
   p.desc = std::move(desc);
   p.finish = std::move(finish);
-  return issue(std::move(p));
+  return p;
+}
+
+WorkPtr ShmAllReduce::all_reduce(at::Tensor& t, ReduceOp op, OpDesc desc,
+                                 std::function<void()> finish) {
+  return issue(pending_for(t, op, std::move(desc), std::move(finish)));
 }
 
 WorkPtr ShmAllReduce::reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                                        int64_t offset, ReduceOp op, OpDesc desc,
                                        std::function<void()> finish) {
-  Pending p;
-  p.start = Clock::now();
-  p.tensor = input;
-  p.dense = input.is_contiguous() ? input : input.contiguous();
+  Pending p = pending_for(input, op, std::move(desc), std::move(finish));
   p.output = output;
   p.out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
   p.lo = offset;
   p.hi = offset + output.numel();
-  p.op = op;
-  p.desc = std::move(desc);
-  p.finish = std::move(finish);
   return issue(std::move(p));
 }
 

@@ -108,6 +108,10 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
     at::Tensor output, out;
     int64_t lo = 0, hi = 0;
   };
+  // A pending operation on `input` with the fields every kind sets (reduce_scatter_v adds its
+  // output and segment).
+  Pending pending_for(const at::Tensor& input, ReduceOp op, OpDesc desc,
+                      std::function<void()> finish);
   // Queues an operation of ceil(bytes / slot) pieces and takes the steps possible at once.
   WorkPtr issue(Pending op);
   struct Piece {

@@ -27,6 +27,8 @@ FILES=(
   src/device/device.cpp
   src/device/device_memory.cpp
   src/device/out_of_memory.cpp
+  src/device/transfer_stream.cpp
+  src/zero/step_during_backward.cpp
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp
   src/zero/shard_optimizer.cpp

@@ -64,6 +64,9 @@ struct OffloadConfig {
   bool pipeline_write = false;       // offload_optimizer only
   bool fast_init = false;            // offload_optimizer only
   double ratio = 1.0;                // offload_optimizer only; < 1 requires stage 3
+  // offload_optimizer only, deepspeed.cpp's own: the CPU update of each gradient bucket runs
+  // during backward (unset: on when the partition is on a GPU; docs/config.md).
+  std::optional<bool> overlap_step;
   bool enabled() const { return device != "none"; }
 };
 

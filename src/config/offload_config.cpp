@@ -28,6 +28,7 @@ void read_optimizer_only(ObjectReader& r, OffloadConfig& out) {
   r.read("pipeline_write", out.pipeline_write);
   r.read("fast_init", out.fast_init);
   r.read("ratio", out.ratio);
+  r.read("overlap_step", out.overlap_step);  // deepspeed.cpp's own key
   require_in_range(r.path_of("ratio"), out.ratio, 0.0, 1.0);
 }
 

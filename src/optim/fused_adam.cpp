@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <stdexcept>
+
 #include "optim/adamw_state.h"
 #include "optim/cpu_adam.h"
 #include "optim/device_adam.h"
@@ -22,6 +24,70 @@ void FusedAdam::set_half_copy(const torch::Tensor& param, torch::Tensor target) 
   half_copies_[param.unsafeGetTensorImpl()] = std::move(target);
 }
 
+torch::optim::AdamWParamState& FusedAdam::state_of(const torch::Tensor& p) {
+  auto key = compat::optimizer_state_key(p);
+  auto it = state().find(key);
+  if (it == state().end()) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(0);
+    s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+    s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+    it = state().emplace(key, std::move(s)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+AdamStepParams FusedAdam::hyper_for(const torch::optim::AdamWOptions& o, int64_t step) const {
+  AdamStepParams hp;
+  hp.lr = static_cast<float>(o.lr());
+  hp.beta1 = static_cast<float>(std::get<0>(o.betas()));
+  hp.beta2 = static_cast<float>(std::get<1>(o.betas()));
+  hp.eps = static_cast<float>(o.eps());
+  hp.weight_decay = static_cast<float>(o.weight_decay());
+  hp.adamw_mode = adamw_mode_;
+  hp.bias_correction = bias_correction_;
+  hp.step = step;
+  hp.grad_scale = grad_scale_;
+  return hp;
+}
+
+AdamRangeStep FusedAdam::range_step_of(const torch::Tensor& p, torch::optim::AdamWParamState& s,
+                                       const AdamStepParams& hp) {
+  AdamRangeStep r;
+  r.hyper = hp;
+  r.param = p.data_ptr<float>();
+  r.exp_avg = s.exp_avg().data_ptr<float>();
+  r.exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
+  auto copy = half_copies_.find(p.unsafeGetTensorImpl());
+  if (copy != half_copies_.end()) {
+    r.half = static_cast<uint16_t*>(copy->second.data_ptr());
+    r.kind = copy->second.scalar_type() == torch::kHalf ? Half16Kind::FP16 : Half16Kind::BF16;
+  }
+  return r;
+}
+
+void AdamRangeStep::run(const float* grad, int64_t begin, int64_t n) const {
+  adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper,
+            half ? half + begin : nullptr, kind);
+}
+
+AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
+  TORCH_CHECK(param.is_cpu() && param.scalar_type() == torch::kFloat && param.is_contiguous(),
+              "FusedAdam::prepare_step needs a contiguous fp32 CPU parameter");
+  for (auto& group : param_groups()) {
+    for (auto& p : group.params()) {
+      if (!p.is_same(param)) continue;
+      auto& s = state_of(p);
+      s.step(s.step() + 1);
+      AdamRangeStep r = range_step_of(
+          p, s, hyper_for(static_cast<torch::optim::AdamWOptions&>(group.options()), s.step()));
+      grad_scale_ = 1.0f;
+      return r;
+    }
+  }
+  throw std::logic_error("FusedAdam::prepare_step: the tensor is not a parameter of this optimizer");
+}
+
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = run_closure(closure);
@@ -32,42 +98,18 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
                       p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
                   "FusedAdam needs contiguous fp32 parameters and gradients");
-      auto key = compat::optimizer_state_key(p);
-      auto it = state().find(key);
-      if (it == state().end()) {
-        auto s = std::make_unique<torch::optim::AdamWParamState>();
-        s->step(0);
-        s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-        s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-        it = state().emplace(key, std::move(s)).first;
-      }
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      auto& s = state_of(p);
       s.step(s.step() + 1);
-      AdamStepParams hp;
-      hp.lr = static_cast<float>(o.lr());
-      hp.beta1 = static_cast<float>(std::get<0>(o.betas()));
-      hp.beta2 = static_cast<float>(std::get<1>(o.betas()));
-      hp.eps = static_cast<float>(o.eps());
-      hp.weight_decay = static_cast<float>(o.weight_decay());
-      hp.adamw_mode = adamw_mode_;
-      hp.bias_correction = bias_correction_;
-      hp.step = s.step();
-      hp.grad_scale = grad_scale_;
-      uint16_t* half = nullptr;
-      Half16Kind kind = Half16Kind::BF16;
+      const AdamStepParams hp = hyper_for(o, s.step());
       auto copy = half_copies_.find(p.unsafeGetTensorImpl());
-      if (copy != half_copies_.end()) {
-        half = static_cast<uint16_t*>(copy->second.data_ptr());
-        kind = copy->second.scalar_type() == torch::kHalf ? Half16Kind::FP16 : Half16Kind::BF16;
-      }
       if (!p.is_cpu()) {
         at::Tensor target = copy != half_copies_.end() ? copy->second : at::Tensor();
         at::Tensor m = s.exp_avg(), v = s.exp_avg_sq();
         device_adam_step(p, p.grad(), m, v, hp, target);
         continue;
       }
-      adam_step(p.data_ptr<float>(), p.grad().data_ptr<float>(), s.exp_avg().data_ptr<float>(),
-                s.exp_avg_sq().data_ptr<float>(), p.numel(), hp, half, kind);
+      const AdamRangeStep r = range_step_of(p, s, hp);
+      r.run(p.grad().data_ptr<float>(), 0, p.numel());
     }
   }
   grad_scale_ = 1.0f;

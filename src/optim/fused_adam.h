@@ -15,6 +15,7 @@
 
 #include "deepspeed/optimizer.h"
 #include "optim/adam_moments.h"
+#include "optim/cpu_adam.h"
 
 namespace deepspeed {
 namespace optim {
@@ -35,6 +36,23 @@ AdamHyper uncorrected_adamw_hyper(const H& h) {
   return a;
 }
 
+// One parameter's update for one step, cut into ranges that may run at different times and on
+// other threads: ZeRO-Offload updates each bucket's range of the host master as soon as its
+// gradients are final, during backward (zero/shard_optimizer.cpp). Made by
+// FusedAdam::prepare_step, which counts the step once; run() on disjoint ranges may run
+// concurrently, and the ranges together give bit for bit what one step() gives (the update is
+// elementwise, with the same constants).
+struct AdamRangeStep {
+  AdamStepParams hyper;
+  float* param = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  uint16_t* half = nullptr;  // the 16-bit copy (set_half_copy), or null
+  Half16Kind kind = Half16Kind::BF16;
+  // Updates elements [begin, begin + n); grad[0] is element begin's fp32 gradient.
+  void run(const float* grad, int64_t begin, int64_t n) const;
+};
+
 class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
  public:
   FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper);
@@ -48,8 +66,18 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   // Mixed precision: after every update of `param` its new value is also written into `target`
   // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
+  // The next step of `param` (a contiguous fp32 CPU tensor of this optimizer), to be run in
+  // ranges: its state is created when missing and its step count advanced now, with the
+  // group's current hyperparameters and the grad scale set for this step (then reset to 1).
+  AdamRangeStep prepare_step(const torch::Tensor& param);
 
  private:
+  torch::optim::AdamWParamState& state_of(const torch::Tensor& p);
+  AdamStepParams hyper_for(const torch::optim::AdamWOptions& o, int64_t step) const;
+  // The CPU update of `p` with state `s` (and its 16-bit copy, if any).
+  AdamRangeStep range_step_of(const torch::Tensor& p, torch::optim::AdamWParamState& s,
+                              const AdamStepParams& hp);
+
   bool adamw_mode_;
   bool bias_correction_;
   float grad_scale_ = 1.0f;

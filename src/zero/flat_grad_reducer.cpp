@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "zero/gradient_scaling.h"
 #include "zero/tensor_facts.h"
 
@@ -38,9 +40,19 @@ FlatGradReducer::~FlatGradReducer() {
   for (auto& b : buckets_) wait_quietly(b.work);
 }
 
-void FlatGradReducer::start(bool reducing) {
+void FlatGradReducer::start(bool reducing, bool boundary) {
   reducing_ = reducing;
+  boundary_ = boundary;
   order_->begin();
+}
+
+void FlatGradReducer::announce_final(int64_t begin, int64_t end) {
+  if (!boundary_ || !on_final_) return;
+  const auto& layout = flat_.layout();
+  const int64_t mine = layout.begin(owner_);
+  const int64_t lo = std::max(begin, mine);
+  const int64_t hi = std::min(end, mine + layout.partition_numel);
+  if (lo < hi) on_final_(lo - mine, hi - lo);
 }
 
 void FlatGradReducer::launch_index(size_t b) {
@@ -85,7 +97,7 @@ void AllReduceBuckets::point_grads_at_buffer() {
 // Gradients accumulate over the micro-steps; only the boundary's backward reduces.
 void AllReduceBuckets::begin_backward(bool boundary) {
   point_grads_at_buffer();
-  start(boundary);
+  start(boundary, boundary);
 }
 
 at::Tensor AllReduceBuckets::range_of(const Bucket& b) {
@@ -121,6 +133,7 @@ void AllReduceBuckets::finish(Bucket& b) {
   } else if (after != 1.0) {
     range.mul_(after);
   }
+  announce_final(b.range.begin, b.range.end);
 }
 
 int64_t AllReduceBuckets::gradient_bytes() const { return storage_bytes(flat_grad_); }
@@ -139,7 +152,7 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
 }
 
 // The rank never holds a full gradient: every micro-step reduces.
-void ReduceScatterBuckets::begin_backward(bool) { start(true); }
+void ReduceScatterBuckets::begin_backward(bool boundary) { start(true, boundary); }
 
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
@@ -189,6 +202,7 @@ void ReduceScatterBuckets::finish(Bucket& b) {
     if (after != 1.0) b.received.mul_(after);
     target.add_(b.received);
   }
+  announce_final(b.range.begin, b.range.end);
   pool_.push_back(b.pooled);
   b.pooled = at::Tensor();
   b.buffer = at::Tensor();

@@ -12,6 +12,7 @@
 //       (uneven splits: each rank receives the part inside its partition) and added to the
 //       contiguous gradient partition. Every micro-step reduces.  gradient bytes: Ψ/N + buckets
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -34,6 +35,9 @@ class FlatGradReducer {
   // end_backward until zero().
   at::Tensor& partition() { return partition_; }
   virtual void zero() = 0;             // drops the gradients (after a step, or an overflow)
+  // At an accumulation boundary, `fn(begin, numel)` runs (on the backward thread) as each range
+  // of the partition becomes final, its bucket reduced: ZeRO-Offload updates it at once.
+  void on_final(std::function<void(int64_t, int64_t)> fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
   int64_t comm_buffer_bytes() const { return pool_bytes_; }
 
@@ -50,7 +54,9 @@ class FlatGradReducer {
   FlatGradReducer(const StageContext& context, FlatParams& flat, int owner,
                   const ReductionOptions& options, at::ScalarType comm_dtype, size_t max_in_flight,
                   bool hooked);
-  void start(bool reducing);
+  void start(bool reducing, bool boundary);
+  // Buffer elements [begin, end) are final: on_final gets their part of the partition.
+  void announce_final(int64_t begin, int64_t end);
   virtual void arrived(size_t slot) {}
   virtual void launch(Bucket& b) = 0;
   virtual void finish(Bucket& b) = 0;
@@ -67,6 +73,8 @@ class FlatGradReducer {
   InFlight in_flight_;
   int64_t pool_bytes_ = 0;
   bool reducing_ = false;
+  bool boundary_ = false;  // this backward ends an accumulation: what it reduces is final
+  std::function<void(int64_t, int64_t)> on_final_;
   GradientHooks hooks_;
 };
 

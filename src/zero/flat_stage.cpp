@@ -32,7 +32,13 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
     grads_ = std::make_unique<AllReduceBuckets>(ctx_, *flat_, ownership_->owner(),
                                                 options.reduction, comm_dtype);
   }
-  shard_ = make_shard_optimizer(options.shard, *partition_, make_optimizer);
+  ShardOptions shard = options.shard;
+  shard.compute_device = ctx_.device;
+  shard_ = make_shard_optimizer(shard, *partition_, make_optimizer);
+  if (shard_->steps_during_backward())
+    grads_->on_final([this](int64_t begin, int64_t numel) {
+      shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_);
+    });
   const auto order = slots_in_param_order(params);
   if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get()))
     tell_lamb_fragments(*lamb, order);

@@ -63,6 +63,8 @@ class FlatStage : public ZeroStage {
   bool replicated_state() const override { return ownership_->parts() == 1; }
 
   const FlatParams& flat() const { return *flat_; }
+  // Ranges of the partition the last step updated during backward (offload_optimizer.overlap_step).
+  size_t ranges_stepped_during_backward() const { return shard_->ranges_stepped_during_backward(); }
 
  private:
   std::vector<size_t> slots_in_param_order(const std::vector<at::Tensor>& params) const;

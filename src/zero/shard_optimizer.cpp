@@ -9,6 +9,7 @@
 #include "optim/self_communicating.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/optimizer_state_bytes.h"
+#include "zero/step_during_backward.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -23,7 +24,8 @@ namespace {
 class InMemoryShard : public ShardOptimizer {
  public:
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
-                OffloadDevice home) {
+                const ShardOptions& options) {
+    const OffloadDevice home = options.home;
     at::Tensor resident = params.resident();
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
@@ -48,10 +50,31 @@ class InMemoryShard : public ShardOptimizer {
       fused_->set_half_copy(master_, host_ ? staging_ : resident);
       half_copy_ = !host_;
     }
+    if (fused_ && resident.defined() && home == OffloadDevice::kCpu &&
+        options.overlap_step_allowed &&
+        options.overlap_step.value_or(!options.compute_device.is_cpu())) {
+      at::Tensor upload = host_ ? (staging_.defined() ? staging_ : master_) : at::Tensor();
+      during_backward_ = std::make_unique<StepDuringBackward>(
+          *fused_, master_, host_ ? grad_host_ : at::Tensor(), upload, resident.device());
+    }
+  }
+
+  bool steps_during_backward() const override { return during_backward_ != nullptr; }
+  void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) override {
+    during_backward_->take(begin, grads, params.resident());
+  }
+  size_t ranges_stepped_during_backward() const override {
+    return during_backward_ ? during_backward_->ranges_in_last_step() : 0;
   }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
+    if (during_backward_ && during_backward_->started()) {
+      TORCH_CHECK(grad_scale == 1.0, "InMemoryShard: the update ran during backward, but the "
+                  "step scales the gradients by ", grad_scale,
+                  " (overlap_step needs no clipping and no fp16 loss scale)");
+      return during_backward_->finish(grads.tensor, params.resident());
+    }
     if (host_) return offloaded_step(grads, params, grad_scale);
     // Stage 3 with offload_param "cpu" on a GPU: host masters, device gradients.
     if (grads.tensor.device() != master_.device())
@@ -113,7 +136,8 @@ class InMemoryShard : public ShardOptimizer {
   int64_t resident_bytes() const override {
     return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_)) +
            (grad_host_.defined() ? storage_bytes(grad_host_) : 0) +
-           (staging_.defined() ? storage_bytes(staging_) : 0);
+           (staging_.defined() ? storage_bytes(staging_) : 0) +
+           (during_backward_ ? during_backward_->own_bytes() : 0);
   }
 
  private:
@@ -159,6 +183,7 @@ class InMemoryShard : public ShardOptimizer {
   bool host_ = false;       // masters in pinned host memory, the partition on a GPU
   at::Tensor grad_host_;    // host_: pinned fp32 gradients of the step
   at::Tensor staging_;      // host_ and 16-bit: pinned 16-bit values on their way up
+  std::unique_ptr<StepDuringBackward> during_backward_;  // offload_optimizer.overlap_step
 };
 
 class WholeStateWindows : public StateWindows {
@@ -201,7 +226,7 @@ std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options
     case OffloadDevice::kCpu:
       break;
   }
-  return std::make_unique<InMemoryShard>(params, make_optimizer, options.home);
+  return std::make_unique<InMemoryShard>(params, make_optimizer, options);
 }
 
 }  // namespace zero

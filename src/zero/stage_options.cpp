@@ -36,6 +36,8 @@ ShardOptions shard_options(const Config& config) {
   s.buffer_count = off.buffer_count;
   s.sub_group_size = config.zero_optimization.sub_group_size;
   s.aio = config.aio;
+  s.overlap_step_allowed = !config.fp16.enabled && config.gradient_clipping <= 0.0;
+  s.overlap_step = off.overlap_step;
   return s;
 }
 

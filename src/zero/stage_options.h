@@ -3,6 +3,7 @@
 // whole Config: a part sees only the keys that concern it, already parsed into types).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include <ATen/Tensor.h>
@@ -51,6 +52,13 @@ struct ShardOptions {
   int64_t buffer_count = 4;                   // offload_optimizer.buffer_count
   int64_t sub_group_size = 1000000000;        // zero_optimization.sub_group_size
   AioConfig aio;
+  // The update may run during backward (zero/step_during_backward.h): the step will not scale
+  // the gradients (no gradient_clipping, no fp16 loss scale) nor skip (no fp16 overflow).
+  bool overlap_step_allowed = false;
+  // offload_optimizer.overlap_step: unset = on when the stage computes on a GPU; true also on
+  // the CPU; false off.
+  std::optional<bool> overlap_step;
+  c10::Device compute_device = c10::kCPU;  // set by the stage: its context's device
 };
 
 // Stages 0 (16-bit), 1 and 2 over one flat buffer (zero/flat_stage.h).

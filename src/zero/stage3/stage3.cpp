@@ -50,7 +50,9 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   for (size_t u = 1; u < layout_.units.size(); ++u)
     attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));
   make_buckets();
-  shard_ = make_shard_optimizer(options_.shard, *params_, make_optimizer);
+  ShardOptions shard = options_.shard;
+  shard.compute_device = ctx_.device;
+  shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
 }
 
 Stage3::~Stage3() {
@@ -120,6 +122,7 @@ void Stage3::allocate(GradBucket& b) {
 }
 
 void Stage3::begin_backward(bool boundary) {
+  boundary_ = boundary;
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
@@ -179,9 +182,15 @@ void Stage3::finish(size_t index) {
       grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
   }
   // The unit's gradients of this micro-step are all in: a swapped slice goes back to its file.
-  if (++unit_finished_[b.unit] == unit_buckets_[b.unit] && grads_) {
-    grad_slice(b.unit);  // opened even if this rank received nothing, so the file is written
-    grads_->close(b.unit);
+  if (++unit_finished_[b.unit] == unit_buckets_[b.unit]) {
+    if (grads_) {
+      grad_slice(b.unit);  // opened even if this rank received nothing, so the file is written
+      grads_->close(b.unit);
+    } else if (boundary_ && shard_->steps_during_backward()) {
+      // The unit's slice is final: ZeRO-Offload updates it now (zero/step_during_backward.h).
+      shard_->gradients_final(layout_.units[b.unit].partition_offset,
+                              slice_of(grad_partition_, b.unit), *params_);
+    }
   }
   bucket_bytes_ -= storage_bytes(b.buffer);
   b.buffer = at::Tensor();

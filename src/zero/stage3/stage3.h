@@ -116,6 +116,7 @@ class Stage3 : public ZeroStage {
   at::ScalarType comm_dtype_ = at::kFloat;
   // this rank's slices of every unit, in the parameter dtype
   std::unique_ptr<offload::ParamStore> params_;
+  bool boundary_ = false;  // this backward ends an accumulation: its reductions are final
   at::Tensor grad_partition_;  // this rank's averaged gradients, same layout (unless grads_)
   // offload_optimizer nvme: the gradient partition in a file
   std::unique_ptr<offload::GradStore> grads_;

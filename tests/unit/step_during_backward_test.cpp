@@ -1,0 +1,231 @@
+// ZeRO-Offload's update during backward (zero/step_during_backward.h), on CPU tensors: the ranges
+// of one FusedAdam step give bit for bit the whole step; the worker thread runs tasks in order and
+// reports the first failure; and a flat stage (1 and 2) with offload_optimizer.overlap_step
+// updates its partition while backward is still reducing, with the same parameters, moments and
+// step count as the serial step.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/errors.h"
+#include "offload/step_worker.h"
+#include "optim/fused_adam.h"
+#include "util/torch_compat.h"
+#include "zero/flat_stage.h"
+#include "zero/stage_options.h"
+
+using deepspeed::zero::FlatStage;
+using deepspeed::zero::FlatStageOptions;
+using deepspeed::zero::OffloadDevice;
+using deepspeed::zero::StageContext;
+
+namespace {
+
+torch::optim::AdamWParamState& state_of(torch::optim::Optimizer& o, const at::Tensor& p) {
+  return static_cast<torch::optim::AdamWParamState&>(
+      *o.state().at(deepspeed::compat::optimizer_state_key(p)));
+}
+
+deepspeed::AdamHyper hyper() {
+  deepspeed::AdamHyper h;
+  h.lr = 1e-2;
+  h.weight_decay = 0.1;
+  return h;
+}
+
+}  // namespace
+
+TEST(AdamRangeStep, RangesGiveTheWholeStepBitForBit) {
+  for (bool half : {false, true}) {
+    torch::manual_seed(3);
+    at::Tensor start = torch::randn({1037});
+    at::Tensor whole = start.clone(), ranged = start.clone();
+    at::Tensor whole16 = torch::empty({1037}, torch::kBFloat16), ranged16 = whole16.clone();
+    deepspeed::optim::FusedAdam a({whole}, hyper()), b({ranged}, hyper());
+    if (half) {
+      a.set_half_copy(whole, whole16);
+      b.set_half_copy(ranged, ranged16);
+    }
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor grad = torch::randn({1037});
+      whole.mutable_grad() = grad;
+      a.step();
+      auto r = b.prepare_step(ranged);
+      EXPECT_EQ(r.hyper.step, step + 1);
+      // Out of order and uneven, as buckets finish.
+      for (auto [begin, n] : {std::pair<int64_t, int64_t>{500, 537}, {0, 17}, {17, 483}})
+        r.run(grad.data_ptr<float>() + begin, begin, n);
+    }
+    EXPECT_TRUE(torch::equal(whole, ranged)) << "half " << half;
+    if (half) EXPECT_TRUE(torch::equal(whole16, ranged16));
+    EXPECT_TRUE(torch::equal(state_of(a, whole).exp_avg(), state_of(b, ranged).exp_avg()));
+    EXPECT_TRUE(torch::equal(state_of(a, whole).exp_avg_sq(), state_of(b, ranged).exp_avg_sq()));
+    EXPECT_EQ(state_of(b, ranged).step(), 3);
+  }
+}
+
+TEST(StepWorker, RunsTasksInOrderAndRethrowsTheFirstError) {
+  deepspeed::offload::StepWorker worker;
+  std::vector<int> order;
+  for (int i = 0; i < 50; ++i) worker.post([&order, i] { order.push_back(i); });
+  worker.wait();
+  ASSERT_EQ(order.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(order[i], i);
+
+  std::atomic<int> after{0};
+  worker.post([] { throw std::runtime_error("first"); });
+  worker.post([] { throw std::runtime_error("second"); });
+  worker.post([&after] { ++after; });
+  try {
+    worker.wait();
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "first");
+  }
+  EXPECT_EQ(after.load(), 0);  // dropped with the failed step
+  worker.post([&after] { ++after; });
+  worker.wait();  // usable again
+  EXPECT_EQ(after.load(), 1);
+}
+
+namespace {
+
+struct Net {
+  std::vector<at::Tensor> params;
+  explicit Net(at::ScalarType dtype) {
+    torch::manual_seed(11);
+    for (auto shape : {std::vector<int64_t>{24, 16}, {24}, {24, 24}, {24}, {5, 24}, {5}})
+      params.push_back((torch::randn(shape) * 0.3).to(dtype).requires_grad_());
+  }
+  at::Tensor loss(int step) {
+    torch::manual_seed(100 + step);
+    at::Tensor x = torch::randn({8, 16}).to(params[0].scalar_type());
+    x = torch::tanh(torch::linear(x, params[0], params[1]));
+    x = torch::tanh(torch::linear(x, params[2], params[3]));
+    return torch::linear(x, params[4], params[5]).to(torch::kFloat).pow(2).mean();
+  }
+};
+
+std::shared_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
+  return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params), hyper());
+}
+
+FlatStageOptions offload_options(bool scatter, at::ScalarType dtype, bool overlap_step) {
+  FlatStageOptions o;
+  o.param_dtype = dtype;
+  o.scatter_gradients = scatter;
+  o.reduction.bucket_numel = 200;  // several buckets
+  o.reduction.overlap = true;
+  o.shard.home = OffloadDevice::kCpu;
+  o.shard.overlap_step_allowed = true;
+  o.shard.overlap_step = overlap_step;
+  return o;
+}
+
+struct Trained {
+  std::vector<at::Tensor> params;
+  at::Tensor exp_avg;
+  size_t ranges = 0;
+  bool changed_before_step = false;
+};
+
+Trained train(bool scatter, at::ScalarType dtype, bool overlap_step) {
+  Net net(dtype);
+  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+  FlatStage stage(net.params, ctx, offload_options(scatter, dtype, overlap_step), adam);
+  Trained t;
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor before = stage.flat().buffer().clone();
+    stage.begin_backward(true);
+    net.loss(step).backward();
+    stage.end_backward(true);
+    // The worker updates the buffer without step(): wait for it to show (at most 20 s).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (overlap_step && !t.changed_before_step && std::chrono::steady_clock::now() < deadline) {
+      t.changed_before_step = !torch::equal(before, stage.flat().buffer());
+      if (!t.changed_before_step) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    stage.step(1.0);
+    t.ranges = stage.ranges_stepped_during_backward();
+  }
+  for (auto& p : net.params) t.params.push_back(p.detach().clone());
+  const auto& master = stage.optimizer()->param_groups()[0].params()[0];
+  t.exp_avg = state_of(*stage.optimizer(), master).exp_avg().clone();
+  EXPECT_EQ(state_of(*stage.optimizer(), master).step(), 3);
+  return t;
+}
+
+}  // namespace
+
+class StepDuringBackward : public ::testing::TestWithParam<std::tuple<bool, at::ScalarType>> {};
+
+TEST_P(StepDuringBackward, UpdatesBeforeTheStepAndMatchesTheSerialStep) {
+  auto [scatter, dtype] = GetParam();
+  Trained overlapped = train(scatter, dtype, true);
+  Trained serial = train(scatter, dtype, false);
+  EXPECT_TRUE(overlapped.changed_before_step) << "nothing was updated before step()";
+  EXPECT_GE(overlapped.ranges, 2u) << "the buckets were not updated one by one";
+  EXPECT_EQ(serial.ranges, 0u);
+  ASSERT_EQ(overlapped.params.size(), serial.params.size());
+  for (size_t i = 0; i < serial.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(overlapped.params[i], serial.params[i])) << "parameter " << i;
+  EXPECT_TRUE(torch::equal(overlapped.exp_avg, serial.exp_avg));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, StepDuringBackward,
+    ::testing::Combine(::testing::Bool(), ::testing::Values(at::kFloat, at::kBFloat16)),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) ? "stage2" : "stage1") +
+             (std::get<1>(info.param) == at::kFloat ? "_fp32" : "_bf16");
+    });
+
+// A step that would scale the gradients cannot follow an update that already ran unscaled.
+TEST(StepDuringBackwardErrors, AGradScaleAfterTheUpdateIsRefused) {
+  Net net(at::kFloat);
+  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+  FlatStage stage(net.params, ctx, offload_options(true, at::kFloat, true), adam);
+  stage.begin_backward(true);
+  net.loss(0).backward();
+  stage.end_backward(true);
+  try {
+    stage.step(0.5);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overlap_step"), std::string::npos) << e.what();
+  }
+}
+
+// The config decides whether the update may run during backward: not when the step would scale
+// the gradients (gradient_clipping, fp16's loss scale); the key itself is read as written.
+TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
+  auto options = [](nlohmann::json extra) {
+    nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1},
+                          {"zero_optimization",
+                           {{"stage", 2}, {"offload_optimizer", {{"device", "cpu"}}}}}};
+    doc.merge_patch(extra);
+    return deepspeed::zero::shard_options(deepspeed::parse_config(doc, 1));
+  };
+  auto plain = options({{"bf16", {{"enabled", true}}}});
+  EXPECT_TRUE(plain.overlap_step_allowed);
+  EXPECT_FALSE(plain.overlap_step.has_value());
+  EXPECT_FALSE(options({{"gradient_clipping", 1.0}}).overlap_step_allowed);
+  EXPECT_FALSE(options({{"fp16", {{"enabled", true}}}}).overlap_step_allowed);
+  auto off = options({{"zero_optimization", {{"offload_optimizer", {{"overlap_step", false}}}}}});
+  ASSERT_TRUE(off.overlap_step.has_value());
+  EXPECT_FALSE(*off.overlap_step);
+  try {
+    options({{"zero_optimization", {{"offload_optimizer", {{"overlap_step", "yes"}}}}}});
+    FAIL() << "no error";
+  } catch (const deepspeed::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.overlap_step"), std::string::npos)
+        << e.what();
+  }
+}

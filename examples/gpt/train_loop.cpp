@@ -109,7 +109,8 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         "gpt_train_report rank=%d step_ms=%.2f tokens_per_s=%.1f final_loss=%.5f "
         "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
         "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
-        "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld\n",
+        "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld "
+        "host_state_bytes=%lld\n",
         comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
         static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
         static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
@@ -117,7 +118,8 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes),
         static_cast<long long>(deepspeed::device_memory(engine->device()).allocated_peak),
         static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak),
-        static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0));
+        static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0),
+        static_cast<long long>(mem.host_bytes));
   }
   if (rank0) {
     auto mem = engine->memory_report();
@@ -131,9 +133,11 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
     if (engine->device().is_cuda()) {
       const auto gpu = deepspeed::device_memory(engine->device());
       std::printf(
-          "gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB)\n",
+          "gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB); "
+          "ZeRO states %.2f GiB on the GPU, %.2f GiB in host memory\n",
           gpu.allocated_peak / 1073741824.0, gpu.reserved_peak / 1073741824.0,
-          gpu.total / 1073741824.0);
+          gpu.total / 1073741824.0, mem.device_bytes() / 1073741824.0,
+          mem.host_bytes / 1073741824.0);
     }
     // activation_checkpointing.profile: the time spent recomputing (DeepSpeed logs it per call).
     if (deepspeed::checkpointing::options().profile)

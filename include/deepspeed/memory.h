@@ -19,8 +19,13 @@ struct MemoryReport {
   int64_t peak_gathered_numel = 0;
   int64_t gathered_bytes = 0;
   int64_t peak_gathered_bytes = 0;
+  // Of total(): the bytes in host memory; the rest is in the compute device's memory. On the
+  // CPU that is everything; on a GPU, what offload keeps on the host (ZeRO-Offload's masters,
+  // moments and pinned buffers; offload_param's partition; swap buffers).
+  int64_t host_bytes = 0;
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
   int64_t total() const { return model_states() + comm_buffers + gathered_bytes; }
+  int64_t device_bytes() const { return total() - host_bytes; }
 };
 
 // Expected model-state bytes per rank before training, like DeepSpeed's

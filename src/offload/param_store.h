@@ -80,6 +80,8 @@ class ParamStore : public zero::ParamPartition {
 
   // The in-memory part: the whole partition unless swapped().
   const at::Tensor& memory() const { return memory_; }
+  // Whether resident_bytes() is host memory (offload_param, or a CPU engine).
+  bool on_host() const { return !memory_.defined() || memory_.is_cpu(); }
   int64_t resident_bytes() const;  // memory partition + slices fetched or in flight
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }

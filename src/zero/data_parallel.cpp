@@ -145,6 +145,7 @@ MemoryReport DataParallelStage::memory() const {
   }
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
   for (auto& b : buckets_) r.comm_buffers += storage_bytes(b.flat);
+  r.host_bytes = host_share(ctx_.device, r.total());
   return r;
 }
 

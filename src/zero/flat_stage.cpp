@@ -131,6 +131,8 @@ MemoryReport FlatStage::memory() const {
   r.gradients = grads_->gradient_bytes();
   r.optimizer_states = shard_->resident_bytes();
   r.comm_buffers = grads_->comm_buffer_bytes();
+  r.host_bytes = host_share(ctx_.device, r.parameters + r.gradients + r.comm_buffers) +
+                 shard_->resident_host_bytes();
   return r;
 }
 

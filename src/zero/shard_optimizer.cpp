@@ -133,6 +133,10 @@ class InMemoryShard : public ShardOptimizer {
     if (!aliased_) master_.narrow(0, begin, values.numel()).copy_(values);
   }
 
+  int64_t resident_host_bytes() const override {
+    return master_.is_cpu() ? resident_bytes() : 0;  // the moments live beside the masters
+  }
+
   int64_t resident_bytes() const override {
     return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_)) +
            (grad_host_.defined() ? storage_bytes(grad_host_) : 0) +

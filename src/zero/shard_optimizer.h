@@ -139,6 +139,8 @@ class ShardOptimizer {
 
   // Optimizer-state bytes held in memory (masters that are not the partition, moments, buffers).
   virtual int64_t resident_bytes() const = 0;
+  // The part of resident_bytes() in host memory (all of it unless the masters are on a GPU).
+  virtual int64_t resident_host_bytes() const { return resident_bytes(); }
 };
 
 // The windows of state held whole in memory: one window of views.

@@ -15,6 +15,11 @@ inline int64_t storage_bytes(const at::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.storage().nbytes()) : 0;
 }
 
+// `bytes` if they are in host memory because `device` is the CPU, else 0 (MemoryReport::host_bytes).
+inline int64_t host_share(const c10::Device& device, int64_t bytes) {
+  return device.is_cpu() ? bytes : 0;
+}
+
 // The dtype all of `params` share: fp32, or bf16/fp16 for mixed precision. Throws ConfigError
 // naming zero_optimization.stage `stage` for mixed or other dtypes. fp32 when params is empty.
 at::ScalarType uniform_param_dtype(int stage, const std::vector<at::Tensor>& params);

@@ -40,6 +40,9 @@ TEST_P(ZeroMemory, ModelStatesMatchTheFormula) {
     EXPECT_NEAR(m.model_states(), want, 0.05 * want)
         << "stage " << stage << " world " << world << " rank " << rank << ": params "
         << m.parameters << " grads " << m.gradients << " optimizer " << m.optimizer_states;
+    // On the CPU every byte is host memory (tests/unit/stage_device_test: none on a device).
+    EXPECT_EQ(m.host_bytes, m.total()) << "stage " << stage << " rank " << rank;
+    EXPECT_EQ(m.device_bytes(), 0);
     if (stage == 2) {
       // Pool of equal-size bucket buffers: 2 in flight + 1 filling, each at most bucket + the
       // largest parameter (256 x 32 elements) of fp32.

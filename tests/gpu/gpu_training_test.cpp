@@ -108,6 +108,47 @@ std::vector<Case> all_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Stages, OneGpu, testing::ValuesIn(all_cases()), case_name);
 
+// ZeRO-Offload's update during backward (offload_optimizer.overlap_step, on by default on a GPU):
+// the ranges updated on the host thread while backward goes on, uploaded on a side stream, give
+// bit for bit the serial step's training, at stages 2 and 3 (param + optimizer offload).
+TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
+  SKIP_WITHOUT_GPU();
+  deterministic();
+  for (int stage : {2, 3}) {
+    dstest::RunSpec spec;
+    spec.backend = "nccl";
+    spec.device = "cuda";
+    spec.steps = 10;
+    spec.config = config_for(stage, true, stage == 3 ? Home::kParamAndOptimizerCpu : Home::kOptimizerCpu, "");
+    spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
+    auto serial = dstest::train_gpt(spec);
+    spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
+    auto overlapped = dstest::train_gpt(spec);
+    ASSERT_EQ(overlapped.losses, serial.losses) << "stage " << stage;
+    for (size_t i = 0; i < serial.weights.size(); ++i)
+      EXPECT_TRUE(torch::equal(overlapped.weights[i], serial.weights[i])) << "stage " << stage << " parameter " << i;
+  }
+}
+
+// Device and host bytes apart: ZeRO-2 + CPU optimizer offload at world size 1 in bf16 keeps the
+// 16-bit parameters and gradient partition on the GPU (2Ψ + 2Ψ) and the fp32 masters, moments and
+// pinned gradient/staging buffers in host memory (12Ψ + 4Ψ + 2Ψ), each within 5%.
+TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
+  SKIP_WITHOUT_GPU();
+  dstest::RunSpec spec;
+  spec.backend = "nccl";
+  spec.device = "cuda";
+  spec.steps = 2;
+  spec.config = config_for(2, true, Home::kOptimizerCpu, "");
+  auto run = dstest::train_gpt(spec);
+  const double psi = static_cast<double>(dstest::count_parameters(spec.model));
+  const auto& m = run.memory[0];
+  EXPECT_NEAR(static_cast<double>(m.parameters + m.gradients), 4 * psi, 0.05 * 4 * psi);
+  EXPECT_EQ(m.device_bytes(), m.parameters + m.gradients + m.comm_buffers + m.gathered_bytes);
+  EXPECT_EQ(m.host_bytes, m.optimizer_states);
+  EXPECT_NEAR(static_cast<double>(m.host_bytes), 18 * psi, 0.05 * 18 * psi);
+}
+
 // Two ranks sharing the one GPU (NCCL refuses that; Gloo reduces CUDA tensors): every stage
 // agrees with stage 0 at the same world size.
 TEST(TwoRanksOneGpu, StagesAgreeOverGloo) {

@@ -49,6 +49,9 @@ TEST_P(FlatStageOnTheContextDevice, EveryStageTensorIsOnIt) {
   for (auto& group : stage.optimizer()->param_groups())
     for (auto& master : group.params()) EXPECT_TRUE(master.is_meta());
   EXPECT_GT(stage.memory().gradients, 0);
+  // Nothing of it is host memory: MemoryReport counts device and host bytes apart.
+  EXPECT_EQ(stage.memory().host_bytes, 0);
+  EXPECT_EQ(stage.memory().device_bytes(), stage.memory().total());
 }
 
 INSTANTIATE_TEST_SUITE_P(Reducers, FlatStageOnTheContextDevice,

@@ -245,6 +245,10 @@ MemoryReport Stage3::memory() const {
   r.peak_gathered_numel = g.peak_numel;
   r.gathered_bytes = g.bytes;
   r.peak_gathered_bytes = g.peak_bytes;
+  // Swapped gradients and the parameter partition of offload_param live in host memory.
+  r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
+                 (grads_ ? r.gradients : host_share(ctx_.device, r.gradients)) +
+                 (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
   return r;
 }
 

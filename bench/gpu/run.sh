@@ -6,12 +6,13 @@
 #   test    ctest -L gpu, then -L unit (CAP_TEST seconds each)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
+#           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
 # Prints a table last; logs under $OUT.
 set -u
 START=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ROOT=$PWD; G=$ROOT/.gpu; B=/tmp/dsb
 STEPS=${STEPS:-"build test bench"}
-ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off ds_z2_off dscpp_z3_off ds_z3_off"}
+ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
@@ -43,6 +44,7 @@ ds_config() {  # stage, offload
   local z="\"stage\": $1, \"overlap_comm\": true, \"reduce_bucket_size\": 500000000"
   case $2 in
     opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}" ;;
+    opt_serial) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"overlap_step\": false}" ;;
     param_opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true}, \"stage3_max_live_parameters\": 1000000000, \"stage3_prefetch_bucket_size\": 50000000" ;;
   esac
   cat <<JSON
@@ -74,7 +76,9 @@ bench() {
   for r in $ROWS; do
     case $r in
       dscpp_z0) row_ours $r 0 none ;; dscpp_z1) row_ours $r 1 none ;; dscpp_z2) row_ours $r 2 none ;;
-      dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;; dscpp_z3_off) row_ours $r 3 param_opt ;;
+      dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;;
+      dscpp_z3_off) row_ours $r 3 param_opt ;;
+      dscpp_z2_off_serial) row_ours $r 2 opt_serial ;;  # the CPU Adam after backward
       ds_*off) [ -n "${JIT:-}" ] && { wait $JIT; JIT=; }; row_peer $r ;;
       *) row_peer $r ;;
     esac

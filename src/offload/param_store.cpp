@@ -31,12 +31,13 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   }
   memory_numel_ = first_file_unit_ < units ? layout_.units[first_file_unit_].partition_offset
                                            : layout_.partition_numel;
-  // offload_param "cpu"/"nvme" keep the slices in host memory, pinned when the compute device is
-  // a GPU so the gathers' host-to-device copies run at full speed; "none" keeps them on `device`.
+  // offload_param "cpu"/"nvme" keep the slices in host memory, pinned (offload_param.pin_memory)
+  // when the compute device is a GPU so the gathers' host-to-device copies run at full speed and
+  // asynchronously; "none" keeps them on `device`.
   auto memory_options = torch::TensorOptions().dtype(dtype_);
   if (config_.device == "none" || config_.device.empty())
     memory_options = memory_options.device(device);
-  else if (!device.is_cpu())
+  else if (!device.is_cpu() && config_.pin_memory)
     memory_options = memory_options.pinned_memory(true);
   memory_ = torch::zeros({memory_numel_}, memory_options);
   if (first_file_unit_ >= units) return;

@@ -104,12 +104,14 @@ void Engine::step() try {
   at::Tensor loss = s.loss_since_boundary.defined() ? s.loss_since_boundary.reshape({1})
                                                      : torch::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(s.device));
   s.comm->all_reduce(loss)->wait();
-  s.last_loss = loss.item<double>() / s.comm->world_size();
   s.loss_since_boundary = at::Tensor();
 
   // The norm of the still-scaled gradients; non-finite on every rank if any rank overflowed.
+  // Its host read is the step's one wait for the device; the loss, queued before it, is read
+  // after it, when it is already there.
   const double loss_scale = s.loss_scaler->scale();
   const double scaled_norm = s.stage->global_grad_norm();
+  s.last_loss = loss.item<double>() / s.comm->world_size();
   const bool overflow = s.config.fp16.enabled && !std::isfinite(scaled_norm);
   s.loss_scaler->update(overflow);  // may throw: dynamic scale already at min_loss_scale
   s.last_step_applied = !overflow;

@@ -18,7 +18,8 @@ namespace {
 
 // Masters and moments in memory, stepped by a torch::optim::Optimizer over one fp32 tensor: the
 // partition itself when it is fp32 and resident (`aliased`), else an fp32 copy. With the home
-// "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in pinned host memory: gradients come
+// "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in host memory (pinned with
+// offload_optimizer.pin_memory): gradients come
 // down per step, the vectorised CPU Adam updates the masters and writes their 16-bit rounding
 // into a pinned staging buffer in the same pass, and that goes up to the partition.
 class InMemoryShard : public ShardOptimizer {
@@ -26,15 +27,16 @@ class InMemoryShard : public ShardOptimizer {
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
                 const ShardOptions& options) {
     const OffloadDevice home = options.home;
+    pin_ = options.pin_memory;
     at::Tensor resident = params.resident();
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
     aliased_ = !mixed_ && resident.defined() && !host_;
     if (host_) {
-      master_ = pinned(resident.numel(), at::kFloat);
+      master_ = host_buffer(resident.numel(), at::kFloat);
       master_.copy_(resident);
-      grad_host_ = pinned(resident.numel(), at::kFloat);
-      if (mixed_) staging_ = pinned(resident.numel(), params.dtype());
+      grad_host_ = host_buffer(resident.numel(), at::kFloat);
+      if (mixed_) staging_ = host_buffer(resident.numel(), params.dtype());
     } else {
       master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
     }
@@ -55,7 +57,7 @@ class InMemoryShard : public ShardOptimizer {
         options.overlap_step.value_or(!options.compute_device.is_cpu())) {
       at::Tensor upload = host_ ? (staging_.defined() ? staging_ : master_) : at::Tensor();
       during_backward_ = std::make_unique<StepDuringBackward>(
-          *fused_, master_, host_ ? grad_host_ : at::Tensor(), upload, resident.device());
+          *fused_, master_, host_ ? grad_host_ : at::Tensor(), upload, resident.device(), pin_);
     }
   }
 
@@ -145,8 +147,8 @@ class InMemoryShard : public ShardOptimizer {
   }
 
  private:
-  static at::Tensor pinned(int64_t numel, at::ScalarType dtype) {
-    return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(true));
+  at::Tensor host_buffer(int64_t numel, at::ScalarType dtype) const {
+    return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(pin_));
   }
 
   // ZeRO-Offload's step: device gradients down into pinned fp32, the CPU Adam on the host, the
@@ -162,7 +164,7 @@ class InMemoryShard : public ShardOptimizer {
     master_.mutable_grad() = at::Tensor();
     at::Tensor target = params.resident();
     if (staging_.defined() && fused_) {
-      target.copy_(staging_, /*non_blocking=*/true);  // from pinned memory: asynchronous
+      target.copy_(staging_, /*non_blocking=*/true);  // asynchronous when pinned
     } else {
       target.copy_(master_, /*non_blocking=*/true);
     }
@@ -184,7 +186,8 @@ class InMemoryShard : public ShardOptimizer {
   bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
-  bool host_ = false;       // masters in pinned host memory, the partition on a GPU
+  bool host_ = false;       // masters in host memory, the partition on a GPU
+  bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   at::Tensor grad_host_;    // host_: pinned fp32 gradients of the step
   at::Tensor staging_;      // host_ and 16-bit: pinned 16-bit values on their way up
   std::unique_ptr<StepDuringBackward> during_backward_;  // offload_optimizer.overlap_step

@@ -34,6 +34,7 @@ ShardOptions shard_options(const Config& config) {
   s.home = offload_device(off);
   s.nvme_path = off.nvme_path;
   s.buffer_count = off.buffer_count;
+  s.pin_memory = off.pin_memory;
   s.sub_group_size = config.zero_optimization.sub_group_size;
   s.aio = config.aio;
   s.overlap_step_allowed = !config.fp16.enabled && config.gradient_clipping <= 0.0;

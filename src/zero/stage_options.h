@@ -50,6 +50,9 @@ struct ShardOptions {
   OffloadDevice home = OffloadDevice::kNone;  // offload_optimizer.device
   std::string nvme_path;                      // offload_optimizer.nvme_path
   int64_t buffer_count = 4;                   // offload_optimizer.buffer_count
+  // offload_optimizer.pin_memory: host buffers of a GPU engine page-locked (copies at full
+  // speed and asynchronous); false: pageable, as DeepSpeed (copies synchronous, slower).
+  bool pin_memory = false;
   int64_t sub_group_size = 1000000000;        // zero_optimization.sub_group_size
   AioConfig aio;
   // The update may run during backward (zero/step_during_backward.h): the step will not scale

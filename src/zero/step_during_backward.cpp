@@ -10,9 +10,10 @@ namespace zero {
 
 StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master,
                                        at::Tensor grad_host, at::Tensor upload,
-                                       c10::Device partition_device)
+                                       c10::Device partition_device, bool pin)
     : adam_(adam), master_(std::move(master)), grad_host_(std::move(grad_host)),
-      upload_(std::move(upload)), device_(partition_device), uploads_(partition_device) {
+      upload_(std::move(upload)), device_(partition_device), pin_(pin),
+      uploads_(partition_device) {
   grad_host_shared_ = grad_host_.defined();
 }
 
@@ -25,9 +26,9 @@ int64_t StepDuringBackward::own_bytes() const {
 at::Tensor StepDuringBackward::host_gradients(int64_t begin, const at::Tensor& grads,
                                               bool blocking) {
   if (grads.is_cpu()) return grads.to(at::kFloat).contiguous();
-  if (!grad_host_.defined())  // gradients on a GPU, masters on the host: one pinned landing place
+  if (!grad_host_.defined())  // gradients on a GPU, masters on the host: one landing place
     grad_host_ = at::empty({master_.numel()},
-                           at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+                           at::TensorOptions().dtype(at::kFloat).pinned_memory(pin_));
   at::Tensor slot = grad_host_.narrow(0, begin, grads.numel());
   slot.copy_(grads, /*non_blocking=*/!blocking);
   return slot;

@@ -36,8 +36,10 @@ class StepDuringBackward {
   // gradients on a GPU land (undefined: allocated when the first arrive from a GPU). `upload`:
   // with the partition on a GPU, the host values that go up (the 16-bit staging buffer, or the
   // masters); undefined when the partition is in host memory (the update writes it directly).
+  // `pin`: a gradient buffer allocated here is page-locked (offload_optimizer.pin_memory); from
+  // pageable memory the copies still work, but synchronously.
   StepDuringBackward(optim::FusedAdam& adam, at::Tensor master, at::Tensor grad_host,
-                     at::Tensor upload, c10::Device partition_device);
+                     at::Tensor upload, c10::Device partition_device, bool pin);
   ~StepDuringBackward();
 
   // Elements [begin, begin + grads.numel()) of the gradient partition are final for this step.
@@ -67,6 +69,7 @@ class StepDuringBackward {
   bool grad_host_shared_ = false;  // grad_host_ was given (the shard counts it)
   at::Tensor upload_;     // partition on a GPU only
   c10::Device device_;
+  bool pin_;
   optim::AdamRangeStep step_;
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   size_t last_ranges_ = 0;

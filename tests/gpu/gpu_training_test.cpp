@@ -11,9 +11,11 @@
 
 #include "deepspeed/device.h"
 #include "deepspeed/engine.h"
+#include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/training_run.h"
+#include "zero/shard_optimizer.h"
 
 namespace {
 
@@ -127,6 +129,28 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
     ASSERT_EQ(overlapped.losses, serial.losses) << "stage " << stage;
     for (size_t i = 0; i < serial.weights.size(); ++i)
       EXPECT_TRUE(torch::equal(overlapped.weights[i], serial.weights[i])) << "stage " << stage << " parameter " << i;
+  }
+}
+
+// offload_optimizer.pin_memory has its meaning: the host masters of a GPU partition are
+// page-locked with it and pageable without, and both train the same.
+TEST(OneGpuOffload, PinMemoryPagesLockTheHostMasters) {
+  SKIP_WITHOUT_GPU();
+  for (bool pin : {true, false}) {
+    at::Tensor values = torch::randn({1000}, torch::device(torch::kCUDA).dtype(torch::kBFloat16));
+    deepspeed::zero::TensorPartition partition(values);
+    deepspeed::zero::ShardOptions options;
+    options.home = deepspeed::zero::OffloadDevice::kCpu;
+    options.pin_memory = pin;
+    auto shard = deepspeed::zero::make_shard_optimizer(options, partition, [](std::vector<at::Tensor> p) {
+      return std::make_shared<deepspeed::optim::FusedAdam>(std::move(p), deepspeed::AdamHyper{});
+    });
+    at::Tensor master = shard->state_for_save()[0];
+    EXPECT_TRUE(master.is_cpu());
+    EXPECT_EQ(master.is_pinned(), pin);
+    shard->step({torch::ones({1000}, values.options())}, partition, 1.0);
+    // The updated masters' bf16 rounding went up into the GPU partition.
+    EXPECT_TRUE(torch::equal(values.cpu(), master.to(torch::kBFloat16)));
   }
 }
 

@@ -18,7 +18,7 @@ class PassedFence : public CopyFence {
 #ifdef DS_WITH_CUDA
 class CudaFence : public CopyFence {
  public:
-  explicit CudaFence(c10::Device device) { event_.record(c10::cuda::getCurrentCUDAStream(device.index())); }
+  explicit CudaFence(const c10::cuda::CUDAStream& stream) { event_.record(stream); }
   void wait() override { event_.synchronize(); }
 
  private:
@@ -30,7 +30,8 @@ class CudaFence : public CopyFence {
 
 std::shared_ptr<CopyFence> CopyFence::record(c10::Device device) {
 #ifdef DS_WITH_CUDA
-  if (device.is_cuda()) return std::make_shared<CudaFence>(device);
+  if (device.is_cuda())
+    return std::make_shared<CudaFence>(c10::cuda::getCurrentCUDAStream(device.index()));
 #endif
   return std::make_shared<PassedFence>();
 }
@@ -46,13 +47,14 @@ struct SideStream::Impl {
 SideStream::SideStream(c10::Device device)
     : impl_(device.is_cuda() ? std::make_unique<Impl>(device) : nullptr) {}
 
-void SideStream::copy(at::Tensor dst, const at::Tensor& src) {
+std::shared_ptr<CopyFence> SideStream::copy(at::Tensor dst, const at::Tensor& src) {
   if (!impl_) {
     dst.copy_(src);
-    return;
+    return std::make_shared<PassedFence>();
   }
   c10::cuda::CUDAStreamGuard guard(impl_->stream);
   dst.copy_(src, /*non_blocking=*/true);
+  return std::make_shared<CudaFence>(impl_->stream);
 }
 
 void SideStream::join() {
@@ -66,7 +68,10 @@ struct SideStream::Impl {};
 
 SideStream::SideStream(c10::Device) {}
 
-void SideStream::copy(at::Tensor dst, const at::Tensor& src) { dst.copy_(src); }
+std::shared_ptr<CopyFence> SideStream::copy(at::Tensor dst, const at::Tensor& src) {
+  dst.copy_(src);
+  return std::make_shared<PassedFence>();
+}
 
 void SideStream::join() {}
 #endif

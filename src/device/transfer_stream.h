@@ -32,8 +32,9 @@ class SideStream {
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
-  // dst.copy_(src), asynchronous when src is pinned host memory and dst is on the GPU.
-  void copy(at::Tensor dst, const at::Tensor& src);
+  // dst.copy_(src), asynchronous when src is pinned host memory and dst is on the GPU. The
+  // fence is passed when the copy is done (src may be reused).
+  std::shared_ptr<CopyFence> copy(at::Tensor dst, const at::Tensor& src);
   void join();
 
  private:

@@ -71,6 +71,12 @@ void AdamRangeStep::run(const float* grad, int64_t begin, int64_t n) const {
             half ? half + begin : nullptr, kind);
 }
 
+void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
+                             Half16Kind out_kind) const {
+  adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper, half_out,
+            out_kind);
+}
+
 AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
   TORCH_CHECK(param.is_cpu() && param.scalar_type() == torch::kFloat && param.is_contiguous(),
               "FusedAdam::prepare_step needs a contiguous fp32 CPU parameter");

@@ -51,6 +51,10 @@ struct AdamRangeStep {
   Half16Kind kind = Half16Kind::BF16;
   // Updates elements [begin, begin + n); grad[0] is element begin's fp32 gradient.
   void run(const float* grad, int64_t begin, int64_t n) const;
+  // The same, writing the updated values' 16-bit rounding to half_out[0..n) instead of the
+  // half copy (ZeRO-Offload's upload ring).
+  void run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
+                Half16Kind out_kind) const;
 };
 
 class FusedAdam : public torch::optim::Optimizer, public AdamMoments {

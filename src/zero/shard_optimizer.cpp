@@ -18,10 +18,12 @@ namespace {
 
 // Masters and moments in memory, stepped by a torch::optim::Optimizer over one fp32 tensor: the
 // partition itself when it is fp32 and resident (`aliased`), else an fp32 copy. With the home
-// "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in host memory (pinned with
-// offload_optimizer.pin_memory): gradients come
-// down per step, the vectorised CPU Adam updates the masters and writes their 16-bit rounding
-// into a pinned staging buffer in the same pass, and that goes up to the partition.
+// "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in host memory (page-locked with
+// offload_optimizer.pin_memory), and FusedAdam's steps go through StepDuringBackward: the
+// gradients come down in their dtype, the vectorised CPU Adam updates the masters chunk by chunk
+// and their 16-bit rounding goes up through a small ring — during backward with overlap_step,
+// else at step time. Other optimizers get the plain offloaded step (fp32 gradients down, the
+// masters up).
 class InMemoryShard : public ShardOptimizer {
  public:
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
@@ -35,8 +37,6 @@ class InMemoryShard : public ShardOptimizer {
     if (host_) {
       master_ = host_buffer(resident.numel(), at::kFloat);
       master_.copy_(resident);
-      grad_host_ = host_buffer(resident.numel(), at::kFloat);
-      if (mixed_) staging_ = host_buffer(resident.numel(), params.dtype());
     } else {
       master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
     }
@@ -46,36 +46,43 @@ class InMemoryShard : public ShardOptimizer {
     // and local steps neither apply set_grad_scale nor write the 16-bit copy, so they get the
     // plain path: gradients scaled before the step, the partition written after it.
     if (dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get())) fused_ = nullptr;
-    // FusedAdam writes the 16-bit rounding of each updated master straight into the partition
-    // (or its pinned staging buffer), in the same pass: no separate copy-back pass.
-    if (fused_ && mixed_ && resident.defined()) {
-      fused_->set_half_copy(master_, host_ ? staging_ : resident);
-      half_copy_ = !host_;
+    // FusedAdam writes the 16-bit rounding of each updated master straight into a partition in
+    // host memory, in the same pass: no separate copy-back pass.
+    if (fused_ && mixed_ && resident.defined() && !host_) {
+      fused_->set_half_copy(master_, resident);
+      half_copy_ = true;
     }
-    if (fused_ && resident.defined() && home == OffloadDevice::kCpu &&
-        options.overlap_step_allowed &&
-        options.overlap_step.value_or(!options.compute_device.is_cpu())) {
-      at::Tensor upload = host_ ? (staging_.defined() ? staging_ : master_) : at::Tensor();
-      during_backward_ = std::make_unique<StepDuringBackward>(
-          *fused_, master_, host_ ? grad_host_ : at::Tensor(), upload, resident.device(), pin_);
+    overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
+               options.overlap_step_allowed &&
+               options.overlap_step.value_or(!options.compute_device.is_cpu());
+    if (fused_ && resident.defined() && (host_ || overlap_)) {
+      StepDuringBackward::Options o;
+      o.pin = pin_;
+      o.upload = host_;
+      host_step_ = std::make_unique<StepDuringBackward>(*fused_, master_, resident.device(), o);
     }
   }
 
-  bool steps_during_backward() const override { return during_backward_ != nullptr; }
+  bool steps_during_backward() const override { return overlap_; }
   void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) override {
-    during_backward_->take(begin, grads, params.resident());
+    host_step_->take(begin, grads, params.resident());
   }
   size_t ranges_stepped_during_backward() const override {
-    return during_backward_ ? during_backward_->ranges_in_last_step() : 0;
+    return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
-    if (during_backward_ && during_backward_->started()) {
+    if (host_step_ && host_step_->started()) {
       TORCH_CHECK(grad_scale == 1.0, "InMemoryShard: the update ran during backward, but the "
                   "step scales the gradients by ", grad_scale,
                   " (overlap_step needs no clipping and no fp16 loss scale)");
-      return during_backward_->finish(grads.tensor, params.resident());
+      return host_step_->finish(grads.tensor.view({-1}), params.resident());
+    }
+    if (host_ && host_step_) {  // ZeRO-Offload's FusedAdam step, after backward
+      fused_->set_grad_scale(static_cast<float>(grad_scale));
+      host_step_->take(0, grads.tensor.view({-1}), params.resident());
+      return host_step_->finish(grads.tensor.view({-1}), params.resident());
     }
     if (host_) return offloaded_step(grads, params, grad_scale);
     // Stage 3 with offload_param "cpu" on a GPU: host masters, device gradients.
@@ -141,9 +148,7 @@ class InMemoryShard : public ShardOptimizer {
 
   int64_t resident_bytes() const override {
     return optimizer_state_bytes(*optimizer_) + (aliased_ ? 0 : storage_bytes(master_)) +
-           (grad_host_.defined() ? storage_bytes(grad_host_) : 0) +
-           (staging_.defined() ? storage_bytes(staging_) : 0) +
-           (during_backward_ ? during_backward_->own_bytes() : 0);
+           storage_bytes(grad_host_) + (host_step_ ? host_step_->host_bytes() : 0);
   }
 
  private:
@@ -151,23 +156,16 @@ class InMemoryShard : public ShardOptimizer {
     return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(pin_));
   }
 
-  // ZeRO-Offload's step: device gradients down into pinned fp32, the CPU Adam on the host, the
-  // new 16-bit (or fp32) values up into the device partition.
+  // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
+  // host memory, the optimizer on the host, the masters up into the device partition.
   void offloaded_step(const ShardGrads& grads, ParamPartition& params, double grad_scale) {
+    if (!grad_host_.defined()) grad_host_ = host_buffer(master_.numel(), at::kFloat);
     grad_host_.copy_(grads.tensor.view({-1}));  // D2H with the widening to fp32; waits for it
+    if (grad_scale != 1.0) grad_host_.mul_(grad_scale);
     master_.mutable_grad() = grad_host_;
-    if (fused_)
-      fused_->set_grad_scale(static_cast<float>(grad_scale));
-    else if (grad_scale != 1.0)
-      grad_host_.mul_(grad_scale);
     optimizer_->step();
     master_.mutable_grad() = at::Tensor();
-    at::Tensor target = params.resident();
-    if (staging_.defined() && fused_) {
-      target.copy_(staging_, /*non_blocking=*/true);  // asynchronous when pinned
-    } else {
-      target.copy_(master_, /*non_blocking=*/true);
-    }
+    params.resident().copy_(master_);
   }
 
   std::array<at::Tensor, 3> state(bool create_moments) {
@@ -188,9 +186,9 @@ class InMemoryShard : public ShardOptimizer {
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
   bool host_ = false;       // masters in host memory, the partition on a GPU
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
-  at::Tensor grad_host_;    // host_: pinned fp32 gradients of the step
-  at::Tensor staging_;      // host_ and 16-bit: pinned 16-bit values on their way up
-  std::unique_ptr<StepDuringBackward> during_backward_;  // offload_optimizer.overlap_step
+  bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
+  at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
+  std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)
 };
 
 class WholeStateWindows : public StateWindows {

@@ -5,54 +5,101 @@
 
 #include <algorithm>
 
+#include "zero/tensor_facts.h"
+
 namespace deepspeed {
 namespace zero {
 
 StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master,
-                                       at::Tensor grad_host, at::Tensor upload,
-                                       c10::Device partition_device, bool pin)
-    : adam_(adam), master_(std::move(master)), grad_host_(std::move(grad_host)),
-      upload_(std::move(upload)), device_(partition_device), pin_(pin),
-      uploads_(partition_device) {
-  grad_host_shared_ = grad_host_.defined();
+                                       c10::Device partition_device, Options options)
+    : adam_(adam), master_(std::move(master)), options_(options), uploads_(partition_device) {
+  TORCH_CHECK(options_.chunk > 0 && options_.ring_slots > 0,
+              "StepDuringBackward: chunk and ring_slots must be positive");
+  // A small partition gets chunks of a quarter of it (ring_slots of them), not a fixed size.
+  const int64_t share = (master_.numel() + options_.ring_slots - 1) / options_.ring_slots;
+  options_.chunk = std::max<int64_t>(1, std::min(options_.chunk, share));
 }
 
 StepDuringBackward::~StepDuringBackward() = default;
 
-int64_t StepDuringBackward::own_bytes() const {
-  return grad_host_.defined() && !grad_host_shared_ ? grad_host_.numel() * 4 : 0;
+int64_t StepDuringBackward::host_bytes() const {
+  int64_t bytes = storage_bytes(landing_) + storage_bytes(scratch_);
+  for (const auto& s : ring_) bytes += storage_bytes(s.values);
+  return bytes;
 }
 
 at::Tensor StepDuringBackward::host_gradients(int64_t begin, const at::Tensor& grads,
                                               bool blocking) {
-  if (grads.is_cpu()) return grads.to(at::kFloat).contiguous();
-  if (!grad_host_.defined())  // gradients on a GPU, masters on the host: one landing place
-    grad_host_ = at::empty({master_.numel()},
-                           at::TensorOptions().dtype(at::kFloat).pinned_memory(pin_));
-  at::Tensor slot = grad_host_.narrow(0, begin, grads.numel());
-  slot.copy_(grads, /*non_blocking=*/!blocking);
-  return slot;
+  if (grads.is_cpu()) return grads.contiguous();
+  if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
+    landing_ = at::empty({master_.numel()},
+                         at::TensorOptions().dtype(grads.scalar_type()).pinned_memory(options_.pin));
+  at::Tensor slice = landing_.narrow(0, begin, grads.numel());
+  slice.copy_(grads, /*non_blocking=*/!blocking);
+  return slice;
+}
+
+// One chunk: fp32 gradients (widened into the scratch when 16-bit), the update, and the new
+// values up into the partition.
+void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
+                                      const at::Tensor& partition) {
+  const int64_t n = grads.numel();
+  at::Tensor grads32 = grads;
+  if (grads.scalar_type() != at::kFloat) {
+    if (!scratch_.defined()) scratch_ = at::empty({options_.chunk}, at::kFloat);
+    grads32 = scratch_.narrow(0, 0, n);
+    grads32.copy_(grads);
+  }
+  const float* g = grads32.data_ptr<float>();
+  if (!options_.upload) {  // the partition is in host memory: the update writes it
+    step_.run(g, begin, n);
+    return;
+  }
+  at::Tensor target = partition.narrow(0, begin, n);
+  if (partition.scalar_type() == at::kFloat) {  // fp32: the masters are what goes up
+    step_.run(g, begin, n);
+    uploads_.copy(target, master_.narrow(0, begin, n));
+    return;
+  }
+  if (ring_.empty()) {
+    ring_.resize(options_.ring_slots);
+    for (auto& s : ring_)
+      s.values = at::empty({options_.chunk}, at::TensorOptions()
+                                                 .dtype(partition.scalar_type())
+                                                 .pinned_memory(options_.pin));
+  }
+  Slot& slot = ring_[next_slot_];
+  next_slot_ = (next_slot_ + 1) % ring_.size();
+  if (slot.uploaded) slot.uploaded->wait();  // its previous chunk has gone up
+  at::Tensor values = slot.values.narrow(0, 0, n);
+  step_.run_into(g, begin, n, static_cast<uint16_t*>(values.data_ptr()),
+                 partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16
+                                                      : optim::Half16Kind::BF16);
+  slot.uploaded = uploads_.copy(target, values);
 }
 
 void StepDuringBackward::update(int64_t begin, const at::Tensor& host_grads,
                                 const at::Tensor& partition) {
   const int64_t n = host_grads.numel();
-  step_.run(host_grads.data_ptr<float>(), begin, n);
-  if (upload_.defined()) uploads_.copy(partition.narrow(0, begin, n), upload_.narrow(0, begin, n));
+  for (int64_t at = 0; at < n; at += options_.chunk) {
+    const int64_t c = std::min(options_.chunk, n - at);
+    update_chunk(begin + at, host_grads.narrow(0, at, c), partition);
+  }
 }
 
 void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition) {
   torch::NoGradGuard no_grad;
   const int64_t n = grads.numel();
-  if (n == 0) return;
   TORCH_CHECK(begin >= 0 && begin + n <= master_.numel(), "StepDuringBackward: range [", begin,
               ", ", begin + n, ") outside the partition of ", master_.numel());
   if (taken_.empty()) {
-    // The step's constants, with the learning rate the scheduler set for it.
+    // The step's constants, with the learning rate the scheduler set for it (counted even for
+    // an empty partition, as a whole step() counts it).
     step_ = adam_.prepare_step(master_);
     step_.hyper.num_threads = at::get_num_threads();
   }
   taken_.emplace_back(begin, n);
+  if (n == 0) return;
   at::Tensor host_grads = host_gradients(begin, grads, /*blocking=*/false);
   auto fence = device::CopyFence::record(grads.device());
   worker_.post([this, begin, host_grads, fence, partition] {
@@ -77,6 +124,7 @@ std::vector<std::pair<int64_t, int64_t>> StepDuringBackward::gaps() const {
 
 void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& partition) {
   torch::NoGradGuard no_grad;
+  TORCH_CHECK(started(), "StepDuringBackward::finish without a range taken this step");
   try {
     worker_.wait();
   } catch (...) {

@@ -1,22 +1,31 @@
-// ZeRO-Offload's update during backward. With the fp32 masters in host memory
-// (offload_optimizer "cpu") and an update that needs nothing from the whole gradient (FusedAdam,
-// no gradient clipping, no fp16 overflow vote: ShardOptions.overlap_step), each range of the
-// gradient partition is updated as soon as the accumulation boundary's backward has made it final
-// (its bucket reduced), instead of after the whole backward:
-//   engine thread  take(): the range's gradients down into pinned fp32 host memory (on a GPU
-//                  asynchronously, on the compute stream, then a fence), a task posted;
-//   worker thread  waits for the fence, runs the vectorised CPU Adam on that range of the masters
-//                  (writing their 16-bit rounding into the pinned staging buffer in the same
-//                  pass), then uploads the range into the device partition on a side stream.
-// finish() (the engine's step) waits for the worker, updates what no bucket delivered (padding),
-// and makes the compute stream wait for the uploads. The ranges give bit for bit what one step
-// gives: the update is elementwise with the same constants.
+// ZeRO-Offload's host update: the fp32 masters and moments in host memory, the vectorised CPU
+// Adam (FusedAdam) run range by range on a worker thread. Used for every FusedAdam step of a
+// shard whose masters are on the host while the stage computes elsewhere (offload_optimizer
+// "cpu" on a GPU), and on the CPU when offload_optimizer.overlap_step asks for it.
+//
+// With overlap_step (the update needs nothing from the whole gradient: no gradient clipping, no
+// fp16 overflow vote; ShardOptions.overlap_step_allowed), each range of the gradient partition is
+// taken as soon as the accumulation boundary's backward has made it final (its bucket reduced),
+// instead of after the whole backward:
+//   engine thread  take(): the range's gradients, in their own dtype, down into host memory (on a
+//                  GPU asynchronously, on the compute stream, then a fence); a task posted;
+//   worker thread  waits for the fence; for each chunk of the range, widens the gradients to fp32
+//                  in a small scratch buffer, runs Adam on the masters, writes the chunk's 16-bit
+//                  rounding into a slot of a small ring and uploads the slot into the device
+//                  partition on a side stream (a slot is reused once its upload is done).
+// finish() (the engine's step) waits for the worker, updates what no range covered (padding),
+// and makes the compute stream wait for the uploads. Without overlap_step the shard takes the
+// whole partition at step time, then finishes: the same code, serial.
+// The ranges give bit for bit what one step gives: the update is elementwise, same constants.
+// Host bytes per parameter on a GPU in 16-bit training: masters 4 + moments 8 + gradients 2 (the
+// ZeRO floor of 12 plus the landing place); the scratch and the ring are a few chunks.
 // Why uploading early is safe: a range is final only after backward has run every node that
 // reads its parameters, and the worker waits for a fence recorded after those nodes' kernels.
-// With the partition on the CPU the same code runs with synchronous copies (tests; on a CPU-only
-// machine it is opt-in, since backward already has the cores).
+// With the partition in host memory (the CPU, or offload_param "cpu") the update writes the
+// 16-bit partition directly (FusedAdam's half copy) and nothing goes up.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -31,46 +40,55 @@ namespace zero {
 
 class StepDuringBackward {
  public:
-  // `master`: the fp32 host masters, a parameter of `adam` (with the partition on the CPU and
-  // fp32, the partition itself). `grad_host`: pinned fp32 gradients of the partition's size, where
-  // gradients on a GPU land (undefined: allocated when the first arrive from a GPU). `upload`:
-  // with the partition on a GPU, the host values that go up (the 16-bit staging buffer, or the
-  // masters); undefined when the partition is in host memory (the update writes it directly).
-  // `pin`: a gradient buffer allocated here is page-locked (offload_optimizer.pin_memory); from
-  // pageable memory the copies still work, but synchronously.
-  StepDuringBackward(optim::FusedAdam& adam, at::Tensor master, at::Tensor grad_host,
-                     at::Tensor upload, c10::Device partition_device, bool pin);
+  struct Options {
+    bool pin = false;          // host buffers page-locked (offload_optimizer.pin_memory)
+    // The partition is not in host memory: updated values go up through the ring (16-bit) or
+    // straight from the masters (fp32). False: the update writes the partition itself.
+    bool upload = false;
+    // Elements per widening / upload chunk; at most ceil(partition / ring_slots).
+    int64_t chunk = int64_t{1} << 22;
+    int ring_slots = 4;
+  };
+  // `master`: the fp32 host masters, a parameter of `adam` (with the partition in host memory
+  // and fp32, the partition itself; 16-bit in host memory: `adam` writes it as its half copy).
+  StepDuringBackward(optim::FusedAdam& adam, at::Tensor master, c10::Device partition_device,
+                     Options options);
   ~StepDuringBackward();
 
   // Elements [begin, begin + grads.numel()) of the gradient partition are final for this step.
-  // `partition`: the resident parameter partition (its range is written by the upload).
-  // REQUIRES: ranges of one step do not overlap.
+  // `partition`: the resident parameter partition. The first take() of a step reads the step's
+  // constants (learning rate, the grad scale set on `adam`). REQUIRES: ranges of one step do not
+  // overlap.
   void take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
   // Whether a range was taken since the last finish().
   bool started() const { return !taken_.empty(); }
-  // Completes the step begun by take(): `grads` is the whole gradient partition. Rethrows a
-  // worker's error.
+  // Completes the step: `grads` is the whole gradient partition. Rethrows a worker's error.
   void finish(const at::Tensor& grads, const at::Tensor& partition);
-  // Ranges the last completed step updated during backward (tests, logs).
+  // Ranges the last completed step took before finish() (tests, logs).
   size_t ranges_in_last_step() const { return last_ranges_; }
-  // Host bytes this object allocated itself (a pinned gradient buffer it was not given).
-  int64_t own_bytes() const;
+  // Host bytes held here (the gradient landing place, the scratch, the ring).
+  int64_t host_bytes() const;
 
  private:
-  // The range's fp32 host gradients: a pinned slice filled by an asynchronous copy on a GPU;
-  // the gradients themselves (widened when 16-bit) on the CPU.
+  struct Slot {
+    at::Tensor values;                          // chunk elements of the partition's dtype
+    std::shared_ptr<device::CopyFence> uploaded;  // its last upload; null when free
+  };
+  // The range's gradients in host memory, in their dtype: the gradients themselves on the CPU,
+  // else a slice of the landing buffer filled by an (asynchronous unless `blocking`) copy.
   at::Tensor host_gradients(int64_t begin, const at::Tensor& grads, bool blocking);
   void update(int64_t begin, const at::Tensor& host_grads, const at::Tensor& partition);
+  void update_chunk(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
   std::vector<std::pair<int64_t, int64_t>> gaps() const;
 
   optim::FusedAdam& adam_;
   at::Tensor master_;
-  at::Tensor grad_host_;  // gradients from a GPU land here
-  bool grad_host_shared_ = false;  // grad_host_ was given (the shard counts it)
-  at::Tensor upload_;     // partition on a GPU only
-  c10::Device device_;
-  bool pin_;
+  Options options_;
   optim::AdamRangeStep step_;
+  at::Tensor landing_;  // gradients from a GPU, the partition's size, their dtype
+  at::Tensor scratch_;  // worker: a chunk of fp32 gradients
+  std::vector<Slot> ring_;
+  size_t next_slot_ = 0;
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   size_t last_ranges_ = 0;
   device::SideStream uploads_;

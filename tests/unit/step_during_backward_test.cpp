@@ -20,6 +20,7 @@
 #include "util/torch_compat.h"
 #include "zero/flat_stage.h"
 #include "zero/stage_options.h"
+#include "zero/step_during_backward.h"
 
 using deepspeed::zero::FlatStage;
 using deepspeed::zero::FlatStageOptions;
@@ -227,5 +228,52 @@ TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
   } catch (const deepspeed::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.overlap_step"), std::string::npos)
         << e.what();
+  }
+}
+
+// The upload path (the partition not in host memory: a GPU's), run on the CPU with synchronous
+// copies: 16-bit gradients widened chunk by chunk, the 16-bit results through a ring of two
+// slots reused many times, ranges out of order and a gap left for finish(); also the serial use
+// (the whole partition taken at step time with a grad scale). Bit for bit FusedAdam's step.
+TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
+  using deepspeed::zero::StepDuringBackward;
+  for (auto dtype : {at::kBFloat16, at::kFloat}) {
+    for (bool serial : {false, true}) {
+      torch::manual_seed(5);
+      const int64_t n = 1003;
+      at::Tensor start = torch::randn({n});
+      at::Tensor master = start.clone(), reference = start.clone();
+      at::Tensor partition = start.to(dtype), reference16 = start.to(dtype);
+      deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+      if (dtype != at::kFloat) whole.set_half_copy(reference, reference16);
+      StepDuringBackward::Options o;
+      o.upload = true;
+      o.chunk = 37;  // many chunks per range
+      o.ring_slots = 2;
+      StepDuringBackward host(adam, master, torch::kCPU, o);
+      for (int step = 0; step < 3; ++step) {
+        at::Tensor grads = torch::randn({n}).to(dtype);  // the gradient partition's dtype
+        const float scale = serial ? 0.25f : 1.0f;
+        reference.mutable_grad() = grads.to(at::kFloat);
+        whole.set_grad_scale(scale);
+        whole.step();
+        if (serial) {
+          adam.set_grad_scale(scale);
+          host.take(0, grads, partition);
+        } else {
+          host.take(600, grads.narrow(0, 600, 403), partition);
+          host.take(0, grads.narrow(0, 0, 250), partition);  // [250, 600) is left to finish()
+        }
+        host.finish(grads, partition);
+        EXPECT_EQ(host.ranges_in_last_step(), serial ? 1u : 2u);
+      }
+      SCOPED_TRACE(std::string(serial ? "serial " : "ranges ") + c10::toString(dtype));
+      EXPECT_TRUE(torch::equal(master, reference));
+      EXPECT_TRUE(torch::equal(partition, dtype == at::kFloat ? reference : reference16));
+      EXPECT_TRUE(torch::equal(state_of(adam, master).exp_avg_sq(),
+                               state_of(whole, reference).exp_avg_sq()));
+      // 16-bit: the fp32 scratch and the ring (fp32 needs neither: the masters go up).
+      EXPECT_EQ(host.host_bytes(), dtype == at::kFloat ? 0 : 37 * 4 + 2 * 37 * 2);
+    }
   }
 }

@@ -51,7 +51,10 @@ class FlatStage : public ZeroStage {
   double global_grad_norm() override;
   std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
-  void discard_gradients() override { grads_->zero(); }
+  void discard_gradients() override {
+    shard_->discard_step();
+    grads_->zero();
+  }
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
   // Checkpoints: the shard's state as fragments of the owner's partition.

@@ -53,12 +53,12 @@ class InMemoryShard : public ShardOptimizer {
       half_copy_ = true;
     }
     overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
-               options.overlap_step_allowed &&
                options.overlap_step.value_or(!options.compute_device.is_cpu());
     if (fused_ && resident.defined() && (host_ || overlap_)) {
       StepDuringBackward::Options o;
       o.pin = pin_;
       o.upload = host_;
+      o.update_early = overlap_ && options.overlap_step_allowed;
       host_step_ = std::make_unique<StepDuringBackward>(*fused_, master_, resident.device(), o);
     }
   }
@@ -70,13 +70,20 @@ class InMemoryShard : public ShardOptimizer {
   size_t ranges_stepped_during_backward() const override {
     return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
+  void discard_step() override {
+    if (host_step_) host_step_->discard();
+  }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
     if (host_step_ && host_step_->started()) {
-      TORCH_CHECK(grad_scale == 1.0, "InMemoryShard: the update ran during backward, but the "
-                  "step scales the gradients by ", grad_scale,
-                  " (overlap_step needs no clipping and no fp16 loss scale)");
+      if (host_step_->updates_early()) {
+        TORCH_CHECK(grad_scale == 1.0, "InMemoryShard: the update ran during backward, but the "
+                    "step scales the gradients by ", grad_scale,
+                    " (overlap_step needs no clipping and no fp16 loss scale)");
+      } else {
+        fused_->set_grad_scale(static_cast<float>(grad_scale));
+      }
       return host_step_->finish(grads.tensor.view({-1}), params.resident());
     }
     if (host_ && host_step_) {  // ZeRO-Offload's FusedAdam step, after backward

@@ -106,10 +106,12 @@ class ShardOptimizer {
   virtual void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) = 0;
   // ZeRO-Offload's update during backward (zero/step_during_backward.h): whether the stage
   // should hand over each range of its gradient partition as soon as the boundary's backward
-  // has made it final. The next step() completes the update; its grad_scale must then be 1.
+  // has made it final. The next step() completes the update (when the ranges were already
+  // updated, its grad_scale must be 1), or discard_step() drops it (fp16 overflow).
   virtual bool steps_during_backward() const { return false; }
   virtual void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) {}
-  // How many ranges the last step updated during backward (tests, logs).
+  virtual void discard_step() {}
+  // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;

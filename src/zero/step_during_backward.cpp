@@ -92,20 +92,34 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   const int64_t n = grads.numel();
   TORCH_CHECK(begin >= 0 && begin + n <= master_.numel(), "StepDuringBackward: range [", begin,
               ", ", begin + n, ") outside the partition of ", master_.numel());
-  if (taken_.empty()) {
-    // The step's constants, with the learning rate the scheduler set for it (counted even for
-    // an empty partition, as a whole step() counts it).
-    step_ = adam_.prepare_step(master_);
-    step_.hyper.num_threads = at::get_num_threads();
-  }
+  if (taken_.empty() && options_.update_early) prepare();
   taken_.emplace_back(begin, n);
   if (n == 0) return;
   at::Tensor host_grads = host_gradients(begin, grads, /*blocking=*/false);
   auto fence = device::CopyFence::record(grads.device());
+  if (!options_.update_early) {
+    landed_.push_back({begin, host_grads, fence});
+    return;
+  }
   worker_.post([this, begin, host_grads, fence, partition] {
     fence->wait();
     update(begin, host_grads, partition);
   });
+}
+
+// The step's constants, with the learning rate the scheduler set for it and the grad scale set
+// on the optimizer (counted even for an empty partition, as a whole step() counts it).
+void StepDuringBackward::prepare() {
+  step_ = adam_.prepare_step(master_);
+  step_.hyper.num_threads = at::get_num_threads();
+}
+
+void StepDuringBackward::discard() {
+  TORCH_CHECK(!options_.update_early || taken_.empty(),
+              "StepDuringBackward::discard: ranges were already updated during backward");
+  for (auto& l : landed_) l.fence->wait();  // their copies still write the landing buffer
+  landed_.clear();
+  taken_.clear();
 }
 
 std::vector<std::pair<int64_t, int64_t>> StepDuringBackward::gaps() const {
@@ -130,6 +144,14 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
   } catch (...) {
     taken_.clear();  // the step is lost; the next one starts afresh
     throw;
+  }
+  if (!options_.update_early) {
+    prepare();
+    for (auto& l : landed_) {
+      l.fence->wait();
+      update(l.begin, l.grads, partition);
+    }
+    landed_.clear();
   }
   for (const auto& [begin, numel] : gaps())
     update(begin, host_gradients(begin, grads.narrow(0, begin, numel), /*blocking=*/true), partition);

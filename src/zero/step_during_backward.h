@@ -14,8 +14,10 @@
 //                  rounding into a slot of a small ring and uploads the slot into the device
 //                  partition on a side stream (a slot is reused once its upload is done).
 // finish() (the engine's step) waits for the worker, updates what no range covered (padding),
-// and makes the compute stream wait for the uploads. Without overlap_step the shard takes the
-// whole partition at step time, then finishes: the same code, serial.
+// and makes the compute stream wait for the uploads. When the step needs the whole gradient
+// first (clipping, fp16), overlap_step still brings each range down during backward, and
+// finish() updates them all with the scale. Without overlap_step the shard takes the whole
+// partition at step time, then finishes: the same code, serial.
 // The ranges give bit for bit what one step gives: the update is elementwise, same constants.
 // Host bytes per parameter on a GPU in 16-bit training: masters 4 + moments 8 + gradients 2 (the
 // ZeRO floor of 12 plus the landing place); the scratch and the ring are a few chunks.
@@ -48,6 +50,10 @@ class StepDuringBackward {
     // Elements per widening / upload chunk; at most ceil(partition / ring_slots).
     int64_t chunk = int64_t{1} << 22;
     int ring_slots = 4;
+    // True: each range is updated as it is taken (the step needs no whole gradient). False:
+    // taking a range only brings its gradients down; finish() updates, with the grad scale set
+    // on `adam` just before it (clipping, fp16's loss scale).
+    bool update_early = true;
   };
   // `master`: the fp32 host masters, a parameter of `adam` (with the partition in host memory
   // and fp32, the partition itself; 16-bit in host memory: `adam` writes it as its half copy).
@@ -64,6 +70,10 @@ class StepDuringBackward {
   bool started() const { return !taken_.empty(); }
   // Completes the step: `grads` is the whole gradient partition. Rethrows a worker's error.
   void finish(const at::Tensor& grads, const at::Tensor& partition);
+  // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: !update_early, or
+  // nothing taken (an early update cannot be undone).
+  void discard();
+  bool updates_early() const { return options_.update_early; }
   // Ranges the last completed step took before finish() (tests, logs).
   size_t ranges_in_last_step() const { return last_ranges_; }
   // Host bytes held here (the gradient landing place, the scratch, the ring).
@@ -89,7 +99,14 @@ class StepDuringBackward {
   at::Tensor scratch_;  // worker: a chunk of fp32 gradients
   std::vector<Slot> ring_;
   size_t next_slot_ = 0;
+  struct Landed {  // !update_early: a range's gradients on their way down
+    int64_t begin;
+    at::Tensor grads;
+    std::shared_ptr<device::CopyFence> fence;
+  };
+  void prepare();
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
+  std::vector<Landed> landed_;
   size_t last_ranges_ = 0;
   device::SideStream uploads_;
   offload::StepWorker worker_;  // last: joined first, while the buffers above still exist

@@ -198,6 +198,23 @@ TEST(CpuOffload, UpdateDuringBackwardTrainsAsTheSerialStep) {
   }
 }
 
+// With clipping the update needs the whole gradient: overlap_step then only takes the ranges
+// during backward and updates them at the step, with the clip coefficient. Same training. (fp16,
+// whose overflowed steps drop the taken ranges, has no CPU kernels for this model:
+// step_during_backward_test covers the drop.)
+TEST(CpuOffload, RangesTakenDuringBackwardWithClippingTrainAsTheSerialStep) {
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = 6;
+  s.config = dstest::base_config(2, 2, 2);
+  s.config["gradient_clipping"] = 0.05;  // clips every step
+  s.config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", false}};
+  auto serial = dstest::train_gpt(s);
+  s.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
+  auto overlapped = dstest::train_gpt(s);
+  expect_same_training(overlapped, serial);
+}
+
 TEST(NvmeParamOffloadErrors, MissingNvmePathIsNamed) {
   dstest::RunSpec s;
   s.world_size = 1;

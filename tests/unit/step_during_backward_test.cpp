@@ -118,14 +118,15 @@ std::shared_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
   return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params), hyper());
 }
 
-FlatStageOptions offload_options(bool scatter, at::ScalarType dtype, bool overlap_step) {
+FlatStageOptions offload_options(bool scatter, at::ScalarType dtype, bool overlap_step,
+                                 bool allowed = true) {
   FlatStageOptions o;
   o.param_dtype = dtype;
   o.scatter_gradients = scatter;
   o.reduction.bucket_numel = 200;  // several buckets
   o.reduction.overlap = true;
   o.shard.home = OffloadDevice::kCpu;
-  o.shard.overlap_step_allowed = true;
+  o.shard.overlap_step_allowed = allowed;
   o.shard.overlap_step = overlap_step;
   return o;
 }
@@ -137,11 +138,21 @@ struct Trained {
   bool changed_before_step = false;
 };
 
-Trained train(bool scatter, at::ScalarType dtype, bool overlap_step) {
+// `allowed` false: the step scales the gradients by `scale` (as clipping does), so ranges are
+// only taken during backward and updated at the step; the first step is discarded (as an fp16
+// overflow does).
+Trained train(bool scatter, at::ScalarType dtype, bool overlap_step, bool allowed = true,
+              double scale = 1.0) {
   Net net(dtype);
   StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
-  FlatStage stage(net.params, ctx, offload_options(scatter, dtype, overlap_step), adam);
+  FlatStage stage(net.params, ctx, offload_options(scatter, dtype, overlap_step, allowed), adam);
   Trained t;
+  if (!allowed) {
+    stage.begin_backward(true);
+    net.loss(99).backward();
+    stage.end_backward(true);
+    stage.discard_gradients();
+  }
   for (int step = 0; step < 3; ++step) {
     at::Tensor before = stage.flat().buffer().clone();
     stage.begin_backward(true);
@@ -149,11 +160,13 @@ Trained train(bool scatter, at::ScalarType dtype, bool overlap_step) {
     stage.end_backward(true);
     // The worker updates the buffer without step(): wait for it to show (at most 20 s).
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (overlap_step && !t.changed_before_step && std::chrono::steady_clock::now() < deadline) {
+    while (overlap_step && allowed && !t.changed_before_step &&
+           std::chrono::steady_clock::now() < deadline) {
       t.changed_before_step = !torch::equal(before, stage.flat().buffer());
       if (!t.changed_before_step) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    stage.step(1.0);
+    if (!allowed) t.changed_before_step = !torch::equal(before, stage.flat().buffer());
+    stage.step(scale);
     t.ranges = stage.ranges_stepped_during_backward();
   }
   for (auto& p : net.params) t.params.push_back(p.detach().clone());
@@ -175,6 +188,19 @@ TEST_P(StepDuringBackward, UpdatesBeforeTheStepAndMatchesTheSerialStep) {
   EXPECT_GE(overlapped.ranges, 2u) << "the buckets were not updated one by one";
   EXPECT_EQ(serial.ranges, 0u);
   ASSERT_EQ(overlapped.params.size(), serial.params.size());
+  for (size_t i = 0; i < serial.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(overlapped.params[i], serial.params[i])) << "parameter " << i;
+  EXPECT_TRUE(torch::equal(overlapped.exp_avg, serial.exp_avg));
+}
+
+// Clipping or fp16: overlap_step only brings the ranges down during backward; the step updates
+// them with its scale, and a discarded step (overflow) leaves nothing behind.
+TEST_P(StepDuringBackward, WithAScaledStepTakesRangesAndUpdatesAtTheStep) {
+  auto [scatter, dtype] = GetParam();
+  Trained overlapped = train(scatter, dtype, true, /*allowed=*/false, 0.5);
+  Trained serial = train(scatter, dtype, false, /*allowed=*/false, 0.5);
+  EXPECT_FALSE(overlapped.changed_before_step) << "updated before the scale was known";
+  EXPECT_GE(overlapped.ranges, 2u);
   for (size_t i = 0; i < serial.params.size(); ++i)
     EXPECT_TRUE(torch::equal(overlapped.params[i], serial.params[i])) << "parameter " << i;
   EXPECT_TRUE(torch::equal(overlapped.exp_avg, serial.exp_avg));

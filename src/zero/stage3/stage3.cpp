@@ -228,6 +228,7 @@ void Stage3::step(double grad_scale) {
 }
 
 void Stage3::discard_gradients() {
+  shard_->discard_step();
   if (grads_)
     grads_->discard();
   else

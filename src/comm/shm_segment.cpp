@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/shm_name.h"
 #include "deepspeed/errors.h"
 
 namespace deepspeed {
@@ -194,7 +195,7 @@ std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int 
   std::unique_ptr<ShmSegment> seg;
   if (rank == 0) {
     static std::atomic<int> count{0};
-    const std::string name = fmt::format("/ds_shm_{}_{}", ::getpid(), count++);
+    const std::string name = shm_segment_name(::getpid(), count++);
     seg = create(name, world, slots, slot_bytes);
     if (seg) seg->rank_state(0).pid.store(static_cast<int32_t>(::getpid()));
     store.set("ds_shm/name", str_bytes(seg ? name : std::string()));

@@ -9,6 +9,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +20,7 @@
 #include <map>
 #include <memory>
 
+#include "comm/shm_name.h"
 #include "job_signals.h"
 #include "output_pump.h"
 #include "spawn.h"
@@ -75,6 +79,7 @@ class Supervisor {
   void handle_stdin();
   std::string where(const Rank& r) const;
   void kill_survivors(const std::string& when);
+  void remove_leftover_segments();
   int alive() const;
   bool pumps_open() const;
 
@@ -111,8 +116,10 @@ int Supervisor::run() {
     supervise();
   } catch (const LaunchError& e) {
     say(e.what());
+    remove_leftover_segments();
     return 1;
   }
+  remove_leftover_segments();
   for (auto& r : ranks_)
     if (r.log_fd >= 0) ::close(r.log_fd);
   return exit_status_;
@@ -373,6 +380,26 @@ void Supervisor::kill_survivors(const std::string& when) {
     if (!r.reaped)
       say(where(r) + " is still running " + when + "; sending SIGKILL");
     ::killpg(r.pid, SIGKILL);
+  }
+}
+
+// A rank 0 killed between creating the local all-reduce's shared-memory segment and unlinking it
+// (src/comm/shm_segment.cpp) leaves the segment in /dev/shm until reboot. Every rank has exited
+// now, so whatever still carries one of their pids is left over.
+void Supervisor::remove_leftover_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (!dir) return;
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(dir)) names.push_back(e->d_name);
+  ::closedir(dir);
+  for (const auto& r : ranks_) {
+    if (r.pid <= 0) continue;
+    const std::string prefix = comm::shm_segment_prefix(r.pid).substr(1);  // without the '/'
+    for (const auto& n : names) {
+      if (n.compare(0, prefix.size(), prefix) != 0) continue;
+      if (::shm_unlink(("/" + n).c_str()) == 0)
+        say("removed the shared-memory segment /dev/shm/" + n + " left by " + where(r));
+    }
   }
 }
 

@@ -15,10 +15,16 @@
 //   ignore_term      ignore SIGTERM, write pid to --pid_file (if given), sleep (tests SIGKILL
 //                    escalation)
 //   sleep            sleep --seconds (default 60), writing pid to --pid_file (if given)
+//   shm_leak         rank 0 creates a shared-memory segment named as the local all-reduce names
+//                    them (comm/shm_name.h), prints its name and is killed by SIGKILL before it
+//                    can unlink it, as a rank killed during the all-reduce's setup; the others
+//                    sleep --seconds (dsrun must remove the segment once the job is over)
 // Unknown arguments (e.g. a marker the test greps for with pgrep) are ignored.
 // Built twice (tools/dsrun/CMakeLists.txt): dsrun_test_worker with DSRUN_WORKER_WITH_COMM (real
 // collectives), dsrun_test_worker_lite without libtorch, where hang_collective only sleeps.
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -28,6 +34,8 @@
 #include <fstream>
 #include <iostream>
 #include <string>
+
+#include "comm/shm_name.h"
 
 #ifdef DSRUN_WORKER_WITH_COMM
 #include <torch/torch.h>
@@ -191,6 +199,22 @@ int mode_linger_exit(const Args& a) {
   return 0;
 }
 
+int mode_shm_leak(const Args& a) {
+  if (my_rank() != 0) {
+    sleep_for(a.seconds);
+    return 0;
+  }
+  const std::string name = deepspeed::comm::shm_segment_name(::getpid(), 0);
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0 || ::ftruncate(fd, 4096) != 0) {
+    std::perror("shm_open");
+    return 1;
+  }
+  std::cout << "rank 0 created " << name << std::endl;
+  ::raise(SIGKILL);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -202,6 +226,7 @@ int main(int argc, char** argv) {
   if (a.mode == "hang_collective") return collective_loop(a, false);
   if (a.mode == "leave_collective") return collective_loop(a, true);
   if (a.mode == "linger_exit") return mode_linger_exit(a);
+  if (a.mode == "shm_leak") return mode_shm_leak(a);
   std::cerr << "dsrun_test_worker: unknown --mode " << a.mode << std::endl;
   return 64;
 }

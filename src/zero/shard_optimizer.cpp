@@ -73,6 +73,20 @@ class InMemoryShard : public ShardOptimizer {
   void discard_step() override {
     if (host_step_) host_step_->discard();
   }
+  void begin_boundary() override {
+    if (!host_step_ || !host_step_->started()) return;
+    const size_t ranges = host_step_->ranges_taken();
+    const bool updated = host_step_->updates_early();
+    host_step_->abandon();
+    if (updated)
+      throw Error("ZeRO-Offload: the previous accumulation boundary's backward updated " +
+                  std::to_string(ranges) +
+                  " ranges of this rank's optimizer partition, but no step completed it (that "
+                  "backward failed, or engine.step() was not called) "
+                  "(zero_optimization.offload_optimizer.overlap_step), so the optimizer state is "
+                  "partly stepped; reload the last checkpoint, or set overlap_step to false if "
+                  "failed backwards are retried");
+  }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");

@@ -111,6 +111,9 @@ class ShardOptimizer {
   virtual bool steps_during_backward() const { return false; }
   virtual void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) {}
   virtual void discard_step() {}
+  // A boundary's backward begins. Ranges still taken from an earlier one (that backward threw)
+  // are dropped; if they were already updated, this throws deepspeed::Error saying so.
+  virtual void begin_boundary() {}
   // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).

@@ -122,6 +122,16 @@ void StepDuringBackward::discard() {
   taken_.clear();
 }
 
+void StepDuringBackward::abandon() {
+  try {
+    worker_.wait();
+  } catch (...) {
+  }
+  for (auto& l : landed_) l.fence->wait();
+  landed_.clear();
+  taken_.clear();
+}
+
 std::vector<std::pair<int64_t, int64_t>> StepDuringBackward::gaps() const {
   auto ranges = taken_;
   std::sort(ranges.begin(), ranges.end());

@@ -73,7 +73,11 @@ class StepDuringBackward {
   // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: !update_early, or
   // nothing taken (an early update cannot be undone).
   void discard();
+  // After a backward that threw: waits for the worker (dropping its error) and forgets the step,
+  // whatever it already updated.
+  void abandon();
   bool updates_early() const { return options_.update_early; }
+  size_t ranges_taken() const { return taken_.size(); }
   // Ranges the last completed step took before finish() (tests, logs).
   size_t ranges_in_last_step() const { return last_ranges_; }
   // Host bytes held here (the gradient landing place, the scratch, the ring).

@@ -303,3 +303,32 @@ TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
     }
   }
 }
+
+// A boundary's backward not completed by a step (it threw, or step() was skipped): when its ranges
+// were already updated the next boundary says so, naming the key; when they were only taken
+// (clipping, fp16) they are dropped and training goes on.
+TEST(StepDuringBackwardErrors, AnUncompletedBoundaryIsNamedOrDropped) {
+  for (bool allowed : {true, false}) {
+    Net net(at::kFloat);
+    StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+    FlatStage stage(net.params, ctx, offload_options(true, at::kFloat, true, allowed), adam);
+    stage.begin_backward(true);
+    net.loss(0).backward();
+    stage.end_backward(true);  // no step
+    if (allowed) {
+      try {
+        stage.begin_backward(true);
+        FAIL() << "no error";
+      } catch (const deepspeed::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("overlap_step"), std::string::npos) << e.what();
+      }
+    } else {
+      stage.begin_backward(true);
+    }
+    if (allowed) stage.begin_backward(true);  // the state was reset: training can go on
+    net.loss(1).backward();
+    stage.end_backward(true);
+    stage.step(allowed ? 1.0 : 0.5);
+    EXPECT_GE(stage.ranges_stepped_during_backward(), 2u);
+  }
+}

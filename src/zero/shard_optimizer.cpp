@@ -52,8 +52,11 @@ class InMemoryShard : public ShardOptimizer {
       fused_->set_half_copy(master_, resident);
       half_copy_ = true;
     }
+    // From a GPU the ranges come down during backward only into page-locked memory: a copy into
+    // pageable memory blocks the host until the GPU gets there, stalling backward at every bucket.
+    const bool on_gpu = !options.compute_device.is_cpu();
     overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
-               options.overlap_step.value_or(!options.compute_device.is_cpu());
+               options.overlap_step.value_or(on_gpu) && (pin_ || !on_gpu);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
       StepDuringBackward::Options o;
       o.pin = pin_;

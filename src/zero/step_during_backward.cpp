@@ -114,12 +114,16 @@ void StepDuringBackward::prepare() {
   step_.hyper.num_threads = at::get_num_threads();
 }
 
-void StepDuringBackward::discard() {
-  TORCH_CHECK(!options_.update_early || taken_.empty(),
-              "StepDuringBackward::discard: ranges were already updated during backward");
+void StepDuringBackward::forget() {
   for (auto& l : landed_) l.fence->wait();  // their copies still write the landing buffer
   landed_.clear();
   taken_.clear();
+}
+
+void StepDuringBackward::discard() {
+  TORCH_CHECK(!options_.update_early || taken_.empty(),
+              "StepDuringBackward::discard: ranges were already updated during backward");
+  forget();
 }
 
 void StepDuringBackward::abandon() {
@@ -127,9 +131,7 @@ void StepDuringBackward::abandon() {
     worker_.wait();
   } catch (...) {
   }
-  for (auto& l : landed_) l.fence->wait();
-  landed_.clear();
-  taken_.clear();
+  forget();
 }
 
 std::vector<std::pair<int64_t, int64_t>> StepDuringBackward::gaps() const {

@@ -109,6 +109,7 @@ class StepDuringBackward {
     std::shared_ptr<device::CopyFence> fence;
   };
   void prepare();
+  void forget();  // waits for the landing copies, then drops this step's ranges
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   std::vector<Landed> landed_;
   size_t last_ranges_ = 0;

@@ -116,8 +116,7 @@ int Supervisor::run() {
     supervise();
   } catch (const LaunchError& e) {
     say(e.what());
-    remove_leftover_segments();
-    return 1;
+    return 1;  // ranks may still run: their segments are not leftovers yet
   }
   remove_leftover_segments();
   for (auto& r : ranks_)

@@ -67,6 +67,13 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
     warnings.add(zero_path + ".offload_optimizer needs ZeRO stage 1, 2 or 3; ignored at stage 0");
     zero.offload_optimizer.device = "none";
   }
+  // Copies from a GPU into pageable memory block the host, so the shard keeps the update after
+  // backward there (zero/shard_optimizer.cpp): say so instead of ignoring the key silently.
+  if (zero.offload_optimizer.device == "cpu" && zero.offload_optimizer.overlap_step.value_or(false) &&
+      !zero.offload_optimizer.pin_memory)
+    warnings.add(zero_path + ".offload_optimizer.overlap_step is true but pin_memory is false: on "
+                 "a GPU the update then runs after backward (pageable copies would stall it); "
+                 "set pin_memory true");
   if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
     throw ConfigError("config key '" + zero_path +
                       ".offload_optimizer.ratio' < 1 (partial "

@@ -245,6 +245,16 @@ TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
   EXPECT_FALSE(plain.overlap_step.has_value());
   EXPECT_FALSE(options({{"gradient_clipping", 1.0}}).overlap_step_allowed);
   EXPECT_FALSE(options({{"fp16", {{"enabled", true}}}}).overlap_step_allowed);
+  // On a GPU it needs pinned buffers: asked for without them, the config says so.
+  std::vector<std::string> warnings;
+  deepspeed::parse_config({{"train_micro_batch_size_per_gpu", 1},
+                           {"zero_optimization",
+                            {{"stage", 2},
+                             {"offload_optimizer", {{"device", "cpu"}, {"overlap_step", true}}}}}},
+                          1, {}, &warnings);
+  bool named = false;
+  for (const auto& w : warnings) named = named || w.find("overlap_step is true but pin_memory") != std::string::npos;
+  EXPECT_TRUE(named) << "no warning about overlap_step without pin_memory";
   auto off = options({{"zero_optimization", {{"offload_optimizer", {{"overlap_step", false}}}}}});
   ASSERT_TRUE(off.overlap_step.has_value());
   EXPECT_FALSE(*off.overlap_step);

@@ -115,21 +115,35 @@ TEST_P(OneBitCheckpoint, ResumesBitExactAtTheSameWorldSize) {
 
 // Saved on 2 ranks, resumed on 1 with the same global batch: the per-rank state is not handed
 // over (there is no rank to take it from), training goes on from the loaded weights and moments.
-// Measured: the resumed mean of steps 9-12 within 1-4% of the 2-rank run's; asserted: 10%.
+//   - The weights carry over exactly: the first resumed loss (before any step) is the 2-rank
+//     run's loss at that step.
+//   - The moments carry over: the next 3 steps stay below the untrained loss. A variance lost on
+//     the way (zeros under a frozen variance) steps by m/eps and the loss leaves that bound at
+//     once.
+// Not asserted: how close the resumed losses stay to the 2-rank run's. On 1 rank the compression
+// is a no-op, on 2 it is the 1-bit one, so the runs part by the compression error: their 4-step
+// means differ by 1-4% with OpenBLAS, by 7-15% with MKL (a different BLAS alone moves the 2-rank
+// mean by 5%). Nor are later steps looked at: from about step 13, 1-bit momentum divided by
+// near-eps variances (the rows of tokens never seen; DeepSpeed's exp_avg_mask exists for them)
+// sends every run of this small model, resumed or not, to losses above the untrained one.
 TEST_P(OneBitCheckpoint, AtAnotherWorldSizeThePerRankStateRestarts) {
   const OneBitCase& c = one_bit_cases()[GetParam()];
   auto saved = with_optimizer(0, c.optimizer), loaded = saved;
   loaded["train_micro_batch_size_per_gpu"] = 4;
-  const int at = c.reshard_save_at;
-  auto two_ranks = save_and_resume(saved, 2, saved, 2, at, c.steps);
-  auto r = save_and_resume(saved, 2, loaded, 1, at, c.steps);
-  ASSERT_EQ(r.resumed.losses.size(), static_cast<size_t>(c.steps - at));
+  const int at = c.reshard_save_at, steps = at + 4;
+  auto two_ranks = save_and_resume(saved, 2, saved, 2, at, steps);
+  auto r = save_and_resume(saved, 2, loaded, 1, at, steps);
+  ASSERT_EQ(r.resumed.losses.size(), static_cast<size_t>(steps - at));
   std::vector<double> tail(two_ranks.whole.losses.begin() + at, two_ranks.whole.losses.end());
-  const double resumed = dstest::tail_mean(r.resumed.losses, tail.size());
-  const double reference = dstest::tail_mean(tail, tail.size());
-  std::cout << c.name << ": mean loss after resuming on 1 rank " << resumed << ", on 2 ranks "
-            << reference << "\n";
-  EXPECT_LT(std::abs(resumed - reference) / reference, 0.10) << c.name;
+  std::cout << c.name << ": mean loss after resuming on 1 rank "
+            << dstest::tail_mean(r.resumed.losses, tail.size()) << ", on 2 ranks "
+            << dstest::tail_mean(tail, tail.size()) << "\n";
+  EXPECT_LT(std::abs(r.resumed.losses[0] - tail[0]) / tail[0], dstest::kLossTol) << c.name;
+  const double untrained = two_ranks.whole.losses.front();
+  for (size_t i = 1; i < r.resumed.losses.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(r.resumed.losses[i])) << c.name << " step " << at + i;
+    EXPECT_LT(r.resumed.losses[i], untrained) << c.name << " step " << at + i;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, OneBitCheckpoint, ::testing::Values(0, 1, 2),

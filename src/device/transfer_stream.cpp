@@ -13,15 +13,20 @@ namespace {
 class PassedFence : public CopyFence {
  public:
   void wait() override {}
+  void join_current() override {}
 };
 
 #ifdef DS_WITH_CUDA
 class CudaFence : public CopyFence {
  public:
-  explicit CudaFence(const c10::cuda::CUDAStream& stream) { event_.record(stream); }
+  explicit CudaFence(const c10::cuda::CUDAStream& stream) : device_(stream.device_index()) {
+    event_.record(stream);
+  }
   void wait() override { event_.synchronize(); }
+  void join_current() override { event_.block(c10::cuda::getCurrentCUDAStream(device_)); }
 
  private:
+  c10::DeviceIndex device_;
   at::cuda::CUDAEvent event_;
 };
 #endif
@@ -36,45 +41,60 @@ std::shared_ptr<CopyFence> CopyFence::record(c10::Device device) {
   return std::make_shared<PassedFence>();
 }
 
+// The side stream exists on a CUDA device of a CUDA build; everywhere else impl_ is null and
+// every method runs its work inline, synchronously.
 #ifdef DS_WITH_CUDA
 struct SideStream::Impl {
   explicit Impl(c10::Device d)
       : device(d), stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, d.index())) {}
+  c10::cuda::CUDAStream current() const { return c10::cuda::getCurrentCUDAStream(device.index()); }
   c10::Device device;
   c10::cuda::CUDAStream stream;
 };
 
 SideStream::SideStream(c10::Device device)
     : impl_(device.is_cuda() ? std::make_unique<Impl>(device) : nullptr) {}
-
-std::shared_ptr<CopyFence> SideStream::copy(at::Tensor dst, const at::Tensor& src) {
-  if (!impl_) {
-    dst.copy_(src);
-    return std::make_shared<PassedFence>();
-  }
-  c10::cuda::CUDAStreamGuard guard(impl_->stream);
-  dst.copy_(src, /*non_blocking=*/true);
-  return std::make_shared<CudaFence>(impl_->stream);
-}
-
-void SideStream::join() {
-  if (!impl_) return;
-  at::cuda::CUDAEvent done;
-  done.record(impl_->stream);
-  done.block(c10::cuda::getCurrentCUDAStream(impl_->device.index()));
-}
 #else
 struct SideStream::Impl {};
 
 SideStream::SideStream(c10::Device) {}
+#endif
 
 std::shared_ptr<CopyFence> SideStream::copy(at::Tensor dst, const at::Tensor& src) {
-  dst.copy_(src);
+  std::shared_ptr<CopyFence> fence;
+  run([&] {
+    dst.copy_(src, /*non_blocking=*/impl_ != nullptr);
+    fence = mark();
+  });
+  return fence;
+}
+
+void SideStream::join() { mark()->join_current(); }
+
+void SideStream::run(const std::function<void()>& work) {
+#ifdef DS_WITH_CUDA
+  if (impl_) {
+    c10::cuda::CUDAStreamGuard guard(impl_->stream);
+    return work();
+  }
+#endif
+  work();
+}
+
+std::shared_ptr<CopyFence> SideStream::mark() {
+#ifdef DS_WITH_CUDA
+  if (impl_) return std::make_shared<CudaFence>(impl_->stream);
+#endif
   return std::make_shared<PassedFence>();
 }
 
-void SideStream::join() {}
+void SideStream::used_on_current(const at::Tensor& t) {
+#ifdef DS_WITH_CUDA
+  if (impl_ && t.defined() && t.is_cuda()) t.record_stream(impl_->current());
+#else
+  (void)t;
 #endif
+}
 
 SideStream::~SideStream() = default;
 

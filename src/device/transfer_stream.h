@@ -1,10 +1,12 @@
-// Host<->device copies that overlap compute, for ZeRO-Offload's step during backward
-// (zero/step_during_backward.h). On a GPU: a fence is an event on the device's current stream
+// Host<->device copies that overlap compute: ZeRO-Offload's step during backward
+// (zero/step_during_backward.h) and ZeRO-Infinity's unit fetches (zero/stage3/unit_gatherer.h).
+// On a GPU: a fence is an event on the device's current stream
 // that a host thread can wait for, and a SideStream is a pooled CUDA stream for uploads that the
 // compute stream joins later (an event, not a device-wide sync). On the CPU, or a build without
 // CUDA, copies are synchronous and fences are already passed: the same code runs and is tested
 // on the CPU.
 #pragma once
+#include <functional>
 #include <memory>
 
 #include <ATen/Tensor.h>
@@ -20,6 +22,8 @@ class CopyFence {
   static std::shared_ptr<CopyFence> record(c10::Device device);
   virtual ~CopyFence() = default;
   virtual void wait() = 0;
+  // The device's current stream waits for this point (an event, the host goes on).
+  virtual void join_current() = 0;
 };
 
 // Copies issued here run in order on one side stream of `device`; join() makes the device's
@@ -36,6 +40,18 @@ class SideStream {
   // fence is passed when the copy is done (src may be reused).
   std::shared_ptr<CopyFence> copy(at::Tensor dst, const at::Tensor& src);
   void join();
+  // Runs `work` with the side stream current, so what it launches (copies, kernels, collectives:
+  // ProcessGroupNCCL orders its stream after the current one) queues behind the side stream's
+  // earlier work only, not behind the compute stream's. Tensors it allocates belong to the side
+  // stream's memory pool (see used_on_current).
+  void run(const std::function<void()>& work);
+  // A fence after everything issued on the side stream so far.
+  std::shared_ptr<CopyFence> mark();
+  // `t` was allocated inside run() and is now read or written by the compute stream: its memory
+  // goes back to the pool only after the compute stream's work queued before the free is done
+  // (the caching allocator's record_stream; otherwise a later side-stream allocation could
+  // reuse it under a kernel still running).
+  void used_on_current(const at::Tensor& t);
 
  private:
   struct Impl;

@@ -12,7 +12,7 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
                            c10::Device device, const ZeroPPOptions& zeropp,
                            comm::CommunicatorPtr hpz_group)
     : layout_(layout), store_(store), comm_(std::move(comm)), config_(config), device_(device),
-      zeropp_(zeropp), state_(layout.units.size()) {
+      zeropp_(zeropp), fetches_(device), state_(layout.units.size()) {
   if (hpz_group)
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
 }
@@ -56,9 +56,13 @@ void UnitGatherer::issue(int u, bool exact) {
     s.work = secondary_->gather(u, s.full);
   } else {
     s.source = store_.fetch(u);
-    s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
-    s.work = exact ? comm_->all_gather(s.full, s.source)
-                   : quantized_all_gather(*comm_, s.full, s.source);
+    if (fetch_on_side_stream(s.source)) {
+      issue_from_host(u, exact);
+    } else {
+      s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
+      s.work = exact ? comm_->all_gather(s.full, s.source)
+                     : quantized_all_gather(*comm_, s.full, s.source);
+    }
   }
   const int64_t bytes = s.full.numel() * s.full.element_size();
   stats_.bytes += bytes;
@@ -69,8 +73,44 @@ void UnitGatherer::issue(int u, bool exact) {
   }
 }
 
+// A slice in host memory (or read from the file) and a unit on the GPU. NCCL orders its
+// collective after the side stream; one rank has no collective. Gloo's CUDA path stages through
+// the host on the current stream at wait(), so it keeps the compute stream.
+bool UnitGatherer::fetch_on_side_stream(const at::Tensor& source) const {
+  if (!device_.is_cuda() || source.device() == device_) return false;
+  return comm_->world_size() == 1 || comm_->backend() == "nccl";
+}
+
+// The slice goes up into its own place in the unit's buffer, then the all-gather fills the rest
+// in place (qwZ: its int8 gather reads a separate copy). Both queue on the side stream; the
+// buffer belongs to its pool until use() hands it to the compute stream.
+void UnitGatherer::issue_from_host(int u, bool exact) {
+  auto& s = state_[u];
+  const auto& slots = layout_.units[u];
+  const int64_t part = slots.layout.partition_numel;
+  fetches_.run([&] {
+    s.full = torch::empty({slots.layout.padded_numel}, at::TensorOptions().dtype(s.source.dtype()).device(device_));
+    if (exact) {
+      at::Tensor mine = s.full.narrow(0, comm_->rank() * part, part);
+      mine.copy_(s.source.reshape({-1}), /*non_blocking=*/true);
+      s.work = comm_->world_size() == 1 ? nullptr : comm_->all_gather(s.full, mine);
+    } else {
+      at::Tensor mine = s.source.to(device_, /*non_blocking=*/true);
+      s.work = quantized_all_gather(*comm_, s.full, mine);
+    }
+    s.fetched = fetches_.mark();
+  });
+}
+
 void UnitGatherer::wait_gather(int u) {
   auto& s = state_[u];
+  if (s.fetched) {
+    s.fetched->join_current();  // the compute stream waits for this unit's fetch, nothing more
+    fetches_.used_on_current(s.full);
+    s.fetched.reset();
+    s.source = at::Tensor();
+    if (s.from_store) store_.done(u);
+  }
   if (!s.work) return;
   s.work->wait();
   s.work.reset();
@@ -219,6 +259,8 @@ void UnitGatherer::end_backward() {
     if (!in_use(u)) release(u);
   }
   if (secondary_) secondary_->drop_all();
+  // A prefetch never used may still be reading the store: the step is about to write it.
+  fetches_.mark()->wait();
   if (recording_ && !trace_.empty()) trace_valid_ = true;
   recording_ = false;
   cursor_ = 0;

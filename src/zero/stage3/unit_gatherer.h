@@ -31,12 +31,20 @@
 // before its backward keeps its secondary slice (secondary_shard.h), and its next gather is an
 // all-gather inside the hpZ group; secondaries are dropped at the unit's backward_done, at
 // end_backward and at begin_forward (the next forward gathers from the primary slices again).
+//
+// ZeRO-Infinity on a GPU (the store's slices in host memory or a file, units on the GPU, NCCL or
+// one rank): a gather from the store runs on a side stream (device/transfer_stream.h): the slice
+// goes up into its place in the unit's buffer and the all-gather runs in place there, so a
+// prefetch neither waits for the compute stream nor blocks the host; use() makes the compute
+// stream wait for that unit's fetch only. end_backward() waits on the host for every fetch, so
+// the optimizer step may write the store's slices.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "device/transfer_stream.h"
 #include "offload/param_store.h"
 #include "zero/stage3/unit_internals.h"
 #include "zero/stage3/secondary_shard.h"
@@ -88,6 +96,7 @@ class UnitGatherer : public UnitHooks {
     at::Tensor source;    // this rank's slice being sent, while in flight
     bool params_set = false;
     bool from_store = false;  // the gather in flight reads the store's slice (not a secondary)
+    std::shared_ptr<device::CopyFence> fetched;  // after its side-stream fetch, while in flight
     bool awaiting_backward = false;  // forward ran, backward not yet: a release keeps a secondary
     int active = 0;       // open forward scopes
     bool backward_pending = false;
@@ -97,6 +106,8 @@ class UnitGatherer : public UnitHooks {
   bool in_use(int u) const;
   void record(int u);
   void issue(int u, bool exact = false);  // exact: no qwZ
+  bool fetch_on_side_stream(const at::Tensor& source) const;
+  void issue_from_host(int u, bool exact);
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
@@ -112,6 +123,7 @@ class UnitGatherer : public UnitHooks {
   c10::Device device_;
   ZeroPPOptions zeropp_;
   std::unique_ptr<SecondaryShards> secondary_;  // hpZ only
+  device::SideStream fetches_;  // a stream on a GPU; inline elsewhere
   std::vector<UnitState> state_;
   GatherStats stats_;
   std::vector<int> trace_;

@@ -29,6 +29,7 @@ FILES=(
   src/device/out_of_memory.cpp
   src/device/transfer_stream.cpp
   src/zero/step_during_backward.cpp
+  src/zero/stage3/unit_gatherer.cpp
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp
   src/zero/shard_optimizer.cpp
@@ -39,6 +40,7 @@ FILES=(
   examples/gpt/model.cpp
   examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
+  bench/transfer.cpp
 )
 echo "check-cuda-sources: ${#FILES[@]} files against libtorch 2.11 / CUDA 13 / NCCL headers"
 FLAGS=(-DDS_WITH_CUDA=1 -DFMT_HEADER_ONLY=1 -I include -I src -I tests -I examples)

@@ -7,7 +7,8 @@
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
 #           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
-# Prints a table last; logs under $OUT.
+# Prints a table last (bench/gpu/table.py: every row beside its peer, the goal, the floors measured
+# in the same call); logs under $OUT.
 set -u
 START=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 ROOT=$PWD; G=$ROOT/.gpu; B=/tmp/dsb
@@ -68,7 +69,14 @@ row_peer() {
     --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
   log "row $1 rc=$?: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
 }
+floors() {  # what bounds an offloaded step, measured in this call: host memory and copy bandwidth
+  log "floors: bench_cpu_adam, bench_transfer"
+  OMP_NUM_THREADS=${OMP_THREADS:-16} timeout 120 $B/bin/bench_cpu_adam 27 3 > "$OUT/cpu_adam.log" 2>&1
+  timeout 60 $B/bin/bench_transfer 1024 5 > "$OUT/transfer.log" 2>&1
+  grep -E "^memory bandwidth|transfer_report" "$OUT/cpu_adam.log" "$OUT/transfer.log" | tee -a "$OUT/summary.txt"
+}
 bench() {
+  [[ "$ROWS" == *_off* ]] && floors
   if [[ "$ROWS" == *ds_*off* ]]; then  # DeepSpeed's cpu_adam JIT, as gpu-anchor's driver does
     (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1) &
     JIT=$!
@@ -83,6 +91,7 @@ bench() {
       *) row_peer $r ;;
     esac
   done
+  $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee "$OUT/table.md"
 }
 for s in $STEPS; do case $s in build) build ;; test) run_tests ;; bench) bench ;; esac; done
 log "total"

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The table of a bench/gpu/run.sh call: every row's step time, tokens/s, TFLOP/s (6 * params *
+tokens/s), GPU peak and host peak, host bytes of ZeRO state per parameter (the floor is 12: fp32
+master and two moments), and deepspeed.cpp's rows against their peer from the same call
+with the issue's goal beside the ratio. Then the floors measured in the same call (host memory
+bandwidth and CPU Adam rate from bench_cpu_adam, copy bandwidth from bench_transfer).
+
+usage: table.py OUT_DIR [ROW ...]   (rows: run.sh's ROWS; default: every row found)
+
+Ours come from gpt_train's `gpt_train_report` line of rank 0 in OUT_DIR/<row>.log (step time:
+the mean of the timed steps), the peers from OUT_DIR/peers.jsonl (gpu-anchor's gpt_bench.py: the
+median). A row that failed or is missing shows why instead of numbers."""
+import json
+import os
+import re
+import sys
+
+# deepspeed.cpp row -> (peer row, goal as a ratio of tokens/s), from issue 14.
+PEERS = {
+    "dscpp_z0": ("torch", 1.0), "dscpp_z1": ("torch", 1.0), "dscpp_z2": ("torch", 1.0),
+    "dscpp_z3": ("torch", 0.9), "dscpp_z2_off": ("ds_z2_off", 2.0),
+    "dscpp_z2_off_serial": ("ds_z2_off", None), "dscpp_z3_off": ("ds_z3_off", 3.0),
+}
+GIB = 2.0 ** 30
+
+
+def ours(out, row):
+    path = os.path.join(out, row + ".log")
+    if not os.path.exists(path):
+        return {"error": "no log"}
+    text = open(path, errors="replace").read()
+    m = re.search(r"^gpt_train_report rank=0 (.*)$", text, re.M)
+    if not m:
+        lines = text.strip().splitlines()
+        errors = [l for l in lines if "error" in l.lower()]
+        return {"error": (errors or lines or ["empty log"])[-1][:160]}
+    kv = dict(f.split("=", 1) for f in m.group(1).split())
+    step_s = float(kv["step_ms"]) / 1e3
+    tps = float(kv["tokens_per_s"])
+    params = int(kv["num_params"])
+    return {"step_s": step_s, "tokens_per_s": tps, "params": params,
+            "tflops": 6 * params * tps / 1e12,
+            "gpu_peak_gib": int(kv["gpu_allocated_peak"]) / GIB,
+            "host_peak_gib": int(kv["peak_rss_kb"]) * 1024 / GIB,
+            "host_state_gib": int(kv.get("host_state_bytes", 0)) / GIB}
+
+
+def peers(out):
+    found = {}
+    path = os.path.join(out, "peers.jsonl")
+    if not os.path.exists(path):
+        return found
+    for line in open(path):
+        line = line.strip()
+        if not line:
+            continue
+        r = json.loads(line)
+        if not r.get("ok"):
+            found[r["row"]] = {"error": r.get("error", "failed")[:160]}
+            continue
+        found[r["row"]] = {"step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
+                           "params": r.get("params", 0), "tflops": r["tflops_6N"],
+                           "gpu_peak_gib": r.get("gpu_peak_alloc_gib", 0.0),
+                           "host_peak_gib": r.get("host_peak_rss_gib", 0.0)}
+    return found
+
+
+def floors(out):
+    lines = []
+    for name in ("cpu_adam.log", "transfer.log"):
+        path = os.path.join(out, name)
+        if os.path.exists(path):
+            for l in open(path, errors="replace"):
+                if l.startswith(("memory bandwidth", "| deepspeed::optim::adam_step", "transfer_report")):
+                    lines.append(l.rstrip())
+    return lines
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    theirs = peers(out)
+    rows = sys.argv[2:] or sorted(
+        {f[:-4] for f in os.listdir(out) if f.startswith("dscpp_") and f.endswith(".log")} | set(theirs))
+    print("| row | params | step s | tokens/s | TFLOP/s | GPU peak GiB | host peak GiB | host B/param | vs peer | goal |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    for row in rows:
+        r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
+        if "error" in r:
+            print(f"| {row} | failed: {r['error']} | | | | | | | | |")
+            continue
+        versus, goal = "", ""
+        if row in PEERS:
+            peer, want = PEERS[row]
+            p = theirs.get(peer)
+            if p and "error" not in p and p["tokens_per_s"] > 0:
+                ratio = r["tokens_per_s"] / p["tokens_per_s"]
+                versus = f"{ratio:.2f}x {peer}"
+                if want is not None:
+                    goal = f">= {want}x: {'met' if ratio >= want else 'NOT met'}"
+            else:
+                versus = f"no {peer} row"
+        p = r["params"]
+        size = f"{p / 1e9:.2f}B" if p >= 1e8 else f"{p / 1e6:.2f}M"
+        per_param = f"{r['host_state_gib'] * GIB / p:.1f}" if r.get("host_state_gib") and p else ""
+        print(f"| {row} | {size} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | "
+              f"{r['gpu_peak_gib']:.2f} | {r['host_peak_gib']:.2f} | {per_param} | {versus} | {goal} |")
+    f = floors(out)
+    if f:
+        print("\nMeasured in the same call (floors of the offloaded rows):")
+        for l in f:
+            print("  " + l)
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,18 @@
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
 #           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
+#   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
+#           d 1600, 25 heads), micro-batch 16 of 128 tokens: ZeRO-3 and ZeRO-2 with CPU offload
+#           beside DeepSpeed's, stage 0 / PyTorch at micro-batch 16 and 1 (expected: out of memory)
+#   largest the largest model with ZeRO-2 + CPU offload into $OUT/largest (BIG_LAYERS x BIG_D,
+#           default 50 x 3584 = 7.89B, the goal is >= 7.7B; activation checkpointing, micro-batch
+#           BIG_MB=8); DeepSpeed's largest was 5.1B at 104 GiB host RSS (gpu-anchor), not rerun:
+#           at ~20 B/param it would exhaust the host
+#   Shapes: LAYERS D HEADS MB CTX; MEMCAP caps the GPU (GiB) for every row; CKPT=1 checkpoints
+#           activations in our rows; FLOORS=0 skips the floors.
+# One device call runs at most 10 minutes: split the rows so that each peer is in its row's call,
+# e.g. ROWS="torch dscpp_z2 ds_z2", then "dscpp_z2_off dscpp_z2_off_serial ds_z2_off", then
+# "dscpp_z3_off ds_z3_off"; the build in /tmp/dsb stays while the machine is warm.
 # Prints a table last (bench/gpu/table.py: every row beside its peer, the goal, the floors measured
 # in the same call); logs under $OUT.
 set -u
@@ -56,9 +68,12 @@ JSON
 }
 row_ours() {  # name stage offload
   ds_config $2 $3 > /tmp/$1.json
+  local extra=""
+  [ -n "${MEMCAP:-}" ] && extra="$extra --gpu_mem_cap_gib $MEMCAP"
+  [ "${CKPT:-0}" = 1 ] && extra="$extra --activation_checkpointing"
   env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $ROW_CAP $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
     --random_tokens --vocab_size 50304 --block_size $CTX --n_layer $LAYERS --n_embd $D --n_head $HEADS \
-    --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} > "$OUT/$1.log" 2>&1
+    --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} $extra > "$OUT/$1.log" 2>&1
   log "row $1 rc=$?: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
   grep -E "error" "$OUT/$1.log" | head -3
 }
@@ -66,7 +81,8 @@ row_peer() {
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000))
   local PP=""; [[ $1 == ds_* ]] && PP=$G/ds:$G/pylib/usr/lib/python3/dist-packages:$G/pylib
   PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 timeout $ROW_CAP $PY $G/bench/gpt_bench.py --row $1 \
-    --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
+    --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS \
+    ${MEMCAP:+--mem_cap_gib $MEMCAP} --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
   log "row $1 rc=$?: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
 }
 floors() {  # what bounds an offloaded step, measured in this call: host memory and copy bandwidth
@@ -76,7 +92,7 @@ floors() {  # what bounds an offloaded step, measured in this call: host memory 
   grep -E "^memory bandwidth|transfer_report" "$OUT/cpu_adam.log" "$OUT/transfer.log" | tee -a "$OUT/summary.txt"
 }
 bench() {
-  [[ "$ROWS" == *_off* ]] && floors
+  [[ "$ROWS" == *_off* && "${FLOORS:-1}" = 1 ]] && floors
   if [[ "$ROWS" == *ds_*off* ]]; then  # DeepSpeed's cpu_adam JIT, as gpu-anchor's driver does
     (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1) &
     JIT=$!
@@ -93,5 +109,20 @@ bench() {
   done
   $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee "$OUT/table.md"
 }
-for s in $STEPS; do case $s in build) build ;; test) run_tests ;; bench) bench ;; esac; done
+seed003() {  # in a subshell: its shape and OUT stay there
+  ( OUT=$OUT/seed003; mkdir -p "$OUT"; FLOORS=0 MEMCAP=24 LAYERS=48 D=1600 HEADS=25 MB=16 CTX=128
+    log "seed 003: 24 GiB cap, 48 x 1600, micro-batch 16 x 128"
+    ROWS="dscpp_z3_off ds_z3_off dscpp_z2_off ds_z2_off dscpp_z0 torch" bench
+    OUT=$OUT/mb1; mkdir -p "$OUT"; MB=1; log "seed 003 at micro-batch 1"
+    ROWS="dscpp_z0 torch" bench )
+}
+largest() {
+  ( OUT=$OUT/largest; mkdir -p "$OUT"; LAYERS=${BIG_LAYERS:-50} D=${BIG_D:-3584} HEADS=${BIG_HEADS:-28}
+    MB=${BIG_MB:-8} CKPT=1 FLOORS=0 BSTEPS=${BIG_STEPS:-3} ROW_CAP=${BIG_CAP:-420}
+    log "largest: $LAYERS x $D, micro-batch $MB, activation checkpointing"
+    ROWS="dscpp_z2_off" bench )
+}
+for s in $STEPS; do
+  case $s in build) build ;; test) run_tests ;; bench) bench ;; seed003) seed003 ;; largest) largest ;; esac
+done
 log "total"

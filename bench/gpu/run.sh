@@ -118,7 +118,7 @@ seed003() {  # in a subshell: its shape and OUT stay there
 }
 largest() {
   ( OUT=$OUT/largest; mkdir -p "$OUT"; LAYERS=${BIG_LAYERS:-50} D=${BIG_D:-3584} HEADS=${BIG_HEADS:-28}
-    MB=${BIG_MB:-8} CKPT=1 FLOORS=0 BSTEPS=${BIG_STEPS:-3} ROW_CAP=${BIG_CAP:-420}
+    MB=${BIG_MB:-8} CKPT=1 FLOORS=0; export SIZE_GOAL=7.7e9 BSTEPS=${BIG_STEPS:-3} ROW_CAP=${BIG_CAP:-420}
     log "largest: $LAYERS x $D, micro-batch $MB, activation checkpointing"
     ROWS="dscpp_z2_off" bench )
 }

@@ -6,6 +6,8 @@ with the issue's goal beside the ratio. Then the floors measured in the same cal
 bandwidth and CPU Adam rate from bench_cpu_adam, copy bandwidth from bench_transfer).
 
 usage: table.py OUT_DIR [ROW ...]   (rows: run.sh's ROWS; default: every row found)
+SIZE_GOAL=7.7e9 in the environment: the goal of our rows is that many parameters trained (the
+largest-model step), not a ratio.
 
 Ours come from gpt_train's `gpt_train_report` line of rank 0 in OUT_DIR/<row>.log (step time:
 the mean of the timed steps), the peers from OUT_DIR/peers.jsonl (gpu-anchor's gpt_bench.py: the
@@ -91,7 +93,10 @@ def main():
             print(f"| {row} | failed: {r['error']} | | | | | | | | |")
             continue
         versus, goal = "", ""
-        if row in PEERS:
+        size_goal = float(os.environ.get("SIZE_GOAL", "0"))
+        if size_goal and row.startswith("dscpp_"):
+            goal = f">= {size_goal / 1e9:.1f}B trained: {'met' if r['params'] >= size_goal else 'NOT met'}"
+        elif row in PEERS:
             peer, want = PEERS[row]
             p = theirs.get(peer)
             if p and "error" not in p and p["tokens_per_s"] > 0:

@@ -28,6 +28,8 @@ FILES=(
   src/device/device_memory.cpp
   src/device/out_of_memory.cpp
   src/device/transfer_stream.cpp
+  src/device/pinned_memory.cpp
+  src/offload/param_store.cpp
   src/zero/step_during_backward.cpp
   src/zero/stage3/unit_gatherer.cpp
   src/optim/device_adam.cpp

@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "device/pinned_memory.h"
 
 namespace deepspeed {
 namespace offload {
@@ -34,12 +35,12 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   // offload_param "cpu"/"nvme" keep the slices in host memory, pinned (offload_param.pin_memory)
   // when the compute device is a GPU so the gathers' host-to-device copies run at full speed and
   // asynchronously; "none" keeps them on `device`.
-  auto memory_options = torch::TensorOptions().dtype(dtype_);
-  if (config_.device == "none" || config_.device.empty())
-    memory_options = memory_options.device(device);
-  else if (!device.is_cpu() && config_.pin_memory)
-    memory_options = memory_options.pinned_memory(true);
-  memory_ = torch::zeros({memory_numel_}, memory_options);
+  if (config_.device == "none" || config_.device.empty()) {
+    memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_).device(device));
+  } else {
+    memory_ = device::host_buffer(memory_numel_, dtype_, !device.is_cpu() && config_.pin_memory);
+    memory_.zero_();
+  }
   if (first_file_unit_ >= units) return;
 
   for (int u = first_file_unit_; u < units; ++u) {
@@ -157,7 +158,7 @@ void* ParamStore::begin_group(int64_t begin, int64_t numel) {
   if (begin < memory_numel_ && !memory_.is_cpu()) {
     // Slices on a GPU: the swapped optimizer writes on the host, end_group copies them up.
     if (device_stage_.numel() < numel)
-      device_stage_ = at::empty({numel}, at::TensorOptions().dtype(dtype_).pinned_memory(true));
+      device_stage_ = device::host_buffer(numel, dtype_, /*pin=*/true);
     return device_stage_.data_ptr();
   }
   if (begin < memory_numel_) return static_cast<char*>(memory_.data_ptr()) + begin * element_size_;

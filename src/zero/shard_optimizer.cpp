@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "device/pinned_memory.h"
 #include "offload/swapped_shard.h"
 #include "optim/fused_adam.h"
 #include "optim/self_communicating.h"
@@ -177,7 +178,7 @@ class InMemoryShard : public ShardOptimizer {
 
  private:
   at::Tensor host_buffer(int64_t numel, at::ScalarType dtype) const {
-    return at::empty({numel}, at::TensorOptions().dtype(dtype).pinned_memory(pin_));
+    return device::host_buffer(numel, dtype, pin_);
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "device/pinned_memory.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -32,8 +33,7 @@ at::Tensor StepDuringBackward::host_gradients(int64_t begin, const at::Tensor& g
                                               bool blocking) {
   if (grads.is_cpu()) return grads.contiguous();
   if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
-    landing_ = at::empty({master_.numel()},
-                         at::TensorOptions().dtype(grads.scalar_type()).pinned_memory(options_.pin));
+    landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin);
   at::Tensor slice = landing_.narrow(0, begin, grads.numel());
   slice.copy_(grads, /*non_blocking=*/!blocking);
   return slice;
@@ -64,9 +64,7 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
   if (ring_.empty()) {
     ring_.resize(options_.ring_slots);
     for (auto& s : ring_)
-      s.values = at::empty({options_.chunk}, at::TensorOptions()
-                                                 .dtype(partition.scalar_type())
-                                                 .pinned_memory(options_.pin));
+      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), options_.pin);
   }
   Slot& slot = ring_[next_slot_];
   next_slot_ = (next_slot_ + 1) % ring_.size();

@@ -5,6 +5,10 @@
 
 #include <algorithm>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "device/pinned_memory.h"
 #include "zero/tensor_facts.h"
 
@@ -76,6 +80,21 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
   slot.uploaded = uploads_.copy(target, values);
 }
 
+namespace {
+
+// The worker thread's OpenMP team size, for libtorch's own parallel loops there too (the
+// widening copy): a thread's default is every core, whatever at::set_num_threads said on the
+// main thread.
+void worker_threads(int n) {
+#ifdef _OPENMP
+  omp_set_num_threads(n);
+#else
+  (void)n;
+#endif
+}
+
+}  // namespace
+
 void StepDuringBackward::update(int64_t begin, const at::Tensor& host_grads,
                                 const at::Tensor& partition) {
   const int64_t n = host_grads.numel();
@@ -101,15 +120,20 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   }
   worker_.post([this, begin, host_grads, fence, partition] {
     fence->wait();
+    worker_threads(step_.hyper.num_threads);
     update(begin, host_grads, partition);
   });
 }
 
 // The step's constants, with the learning rate the scheduler set for it and the grad scale set
 // on the optimizer (counted even for an empty partition, as a whole step() counts it).
+// Updating during a GPU's backward, the Adam's OpenMP team leaves one core to the thread that
+// launches backward's kernels: a team on every core (spinning between chunks, as libgomp does)
+// would take that thread off its core for whole time slices while the GPU waits for work.
 void StepDuringBackward::prepare() {
   step_ = adam_.prepare_step(master_);
-  step_.hyper.num_threads = at::get_num_threads();
+  const int threads = at::get_num_threads();
+  step_.hyper.num_threads = options_.upload && options_.update_early ? std::max(1, threads - 1) : threads;
 }
 
 void StepDuringBackward::forget() {

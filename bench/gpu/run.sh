@@ -17,7 +17,7 @@
 #   Shapes: LAYERS D HEADS MB CTX; MEMCAP caps the GPU (GiB) for every row; CKPT=1 checkpoints
 #           activations in our rows; FLOORS=0 skips the floors.
 # One device call runs at most 10 minutes: split the rows so that each peer is in its row's call,
-# e.g. ROWS="torch dscpp_z2 ds_z2", then "dscpp_z2_off dscpp_z2_off_serial ds_z2_off", then
+# e.g. ROWS="torch dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 ds_z2", then "dscpp_z2_off dscpp_z2_off_serial ds_z2_off", then
 # "dscpp_z3_off ds_z3_off"; the build in /tmp/dsb stays while the machine is warm.
 # Prints a table last (bench/gpu/table.py: every row beside its peer, the goal, the floors measured
 # in the same call); logs under $OUT.

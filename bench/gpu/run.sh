@@ -3,7 +3,7 @@
 # (PyTorch, DeepSpeed 0.14.5, from gpu-anchor copied to .gpu/) run in the same call on the same GPT.
 #   STEPS="build test bench" bash bench/gpu/run.sh
 #   build   configure + build this tree against the torch wheel's CUDA libtorch in /tmp/dsb
-#   test    ctest -L gpu, then -L unit (CAP_TEST seconds each)
+#   test    ctest -L gpu, -L unit, -L dist (TEST_LABELS to choose; CAP_TEST seconds each)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
 #           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
@@ -47,7 +47,7 @@ build() {
   log "build rc=$?"; grep -E "error:|undefined reference" "$OUT/build.log" | sort | uniq -c | sort -rn | head -30
 }
 run_tests() {
-  for L in gpu unit; do
+  for L in ${TEST_LABELS:-gpu unit dist}; do
     log "ctest -L $L"
     (cd $B && timeout $CAP_TEST ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40

@@ -4,6 +4,7 @@
 # same call, at 1 intra-op thread (a core left for the update thread, as a GPU leaves the host's
 # cores free) and at 2 (backward has every core). Prints a table of median step times.
 #   bash bench/offload_overlap.sh [build/bin] [repeats]
+#   BUCKET=500000000: reduce_bucket_size (default 2000000; 5e8 is DeepSpeed's usual, one bucket here)
 set -eu
 BIN=${1:-build/bin}; REPS=${2:-3}
 MODEL="--n_layer 4 --n_embd 512 --n_head 8 --block_size 128 --steps 12 --warmup 2"
@@ -12,7 +13,7 @@ for ov in true false; do
   cat > "$TMP/$ov.json" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "weight_decay": 0.1}}, "steps_per_print": 1000000,
- "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": 2000000,
+ "zero_optimization": {"stage": 2, "overlap_comm": true, "reduce_bucket_size": ${BUCKET:-2000000},
    "offload_optimizer": {"device": "cpu", "overlap_step": $ov}}}
 JSON
 done

@@ -22,19 +22,19 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
                    : make_replicated_ownership(ctx_);
   flat_ = std::make_unique<FlatParams>(params, ownership_->parts(), partition::kAlignment, ctx_.device);
   partition_ = std::make_unique<TensorPartition>(flat_->partition(ownership_->owner()).detach());
-  const auto comm_dtype = dtype_from_config(options.reduction.comm_dtype, options.param_dtype);
-  if (options.scatter_gradients) {
-    // Autograd accumulates in the parameter dtype; the scattered partition may be wider.
-    const auto grad_dtype = dtype_from_config(options.grad_accum_dtype, options.param_dtype);
-    grads_ = std::make_unique<ReduceScatterBuckets>(ctx_, *flat_, options.reduction, comm_dtype,
-                                                    grad_dtype);
-  } else {
-    grads_ = std::make_unique<AllReduceBuckets>(ctx_, *flat_, ownership_->owner(),
-                                                options.reduction, comm_dtype);
-  }
   ShardOptions shard = options.shard;
   shard.compute_device = ctx_.device;
   shard_ = make_shard_optimizer(shard, *partition_, make_optimizer);
+  const ReductionOptions reduction = reduction_for(options.reduction);
+  const auto comm_dtype = dtype_from_config(reduction.comm_dtype, options.param_dtype);
+  if (options.scatter_gradients) {
+    // Autograd accumulates in the parameter dtype; the scattered partition may be wider.
+    const auto grad_dtype = dtype_from_config(options.grad_accum_dtype, options.param_dtype);
+    grads_ = std::make_unique<ReduceScatterBuckets>(ctx_, *flat_, reduction, comm_dtype, grad_dtype);
+  } else {
+    grads_ = std::make_unique<AllReduceBuckets>(ctx_, *flat_, ownership_->owner(), reduction,
+                                                comm_dtype);
+  }
   if (shard_->steps_during_backward())
     grads_->on_final([this](int64_t begin, int64_t numel) {
       shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_);
@@ -44,6 +44,19 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
     tell_lamb_fragments(*lamb, order);
   if (auto* onebit = dynamic_cast<optim::SelfCommunicatingOptimizer*>(shard_->optimizer().get()))
     tell_segments(*onebit, order);
+}
+
+// ZeRO-Offload's update during backward starts on a range when its bucket is reduced, so the
+// bucket size sets how much update is left after backward: with DeepSpeed's usual
+// reduce_bucket_size (5e8) a 1.3B model has 3 buckets, and a third of the update would follow
+// backward. A single rank reduces nothing, so its buckets cost nothing to cut finer: there they
+// are at most 1/32 of the buffer (at least 2^16 elements). With peers, reduce_bucket_size is the
+// user's trade between message size and overlap, and stays as configured.
+ReductionOptions FlatStage::reduction_for(ReductionOptions reduction) const {
+  if (!shard_->steps_during_backward() || ctx_.world_size() != 1) return reduction;
+  const int64_t finer = std::max<int64_t>(int64_t{1} << 16, (flat_->buffer().numel() + 31) / 32);
+  reduction.bucket_numel = std::min(reduction.bucket_numel, finer);
+  return reduction;
 }
 
 // The slots (FlatParams) in the order of the parameters the stage was given: FlatParams lays them

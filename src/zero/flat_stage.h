@@ -71,6 +71,7 @@ class FlatStage : public ZeroStage {
   size_t ranges_stepped_during_backward() const { return shard_->ranges_stepped_during_backward(); }
 
  private:
+  ReductionOptions reduction_for(ReductionOptions configured) const;
   std::vector<size_t> slots_in_param_order(const std::vector<at::Tensor>& params) const;
   void tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>& order);
   void tell_segments(optim::SelfCommunicatingOptimizer& onebit, const std::vector<size_t>& order);

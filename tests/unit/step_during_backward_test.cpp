@@ -193,6 +193,32 @@ TEST_P(StepDuringBackward, UpdatesBeforeTheStepAndMatchesTheSerialStep) {
   EXPECT_TRUE(torch::equal(overlapped.exp_avg, serial.exp_avg));
 }
 
+// A single rank reduces nothing, so with the update during backward its buckets are cut finer
+// than reduce_bucket_size (at most 1/32 of the buffer, at least 2^16 elements): with DeepSpeed's
+// usual 5e8, one bucket would leave the whole update after backward. Two weights of 131k elements
+// and their biases (backward order: bias, weight, bias, weight): two buckets of 2^16 or more.
+TEST(StepDuringBackwardBuckets, OneRankCutsItsBucketsFinerThanReduceBucketSize) {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> params;
+  for (auto shape : {std::vector<int64_t>{512, 256}, {512}, {256, 512}, {256}})
+    params.push_back((torch::randn(shape) * 0.05).requires_grad_());
+  for (bool overlap : {true, false}) {
+    StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+    FlatStageOptions o = offload_options(/*scatter=*/true, at::kFloat, overlap);
+    o.reduction.bucket_numel = 500000000;
+    FlatStage stage(params, ctx, o, adam);
+    stage.begin_backward(true);
+    at::Tensor x = torch::tanh(torch::linear(torch::randn({4, 256}), params[0], params[1]));
+    torch::linear(x, params[2], params[3]).pow(2).mean().backward();
+    stage.end_backward(true);
+    stage.step(1.0);
+    if (overlap)
+      EXPECT_EQ(stage.ranges_stepped_during_backward(), 2u) << "buckets of reduce_bucket_size";
+    else
+      EXPECT_EQ(stage.ranges_stepped_during_backward(), 0u);
+  }
+}
+
 // Clipping or fp16: overlap_step only brings the ranges down during backward; the step updates
 // them with its scale, and a discarded step (overflow) leaves nothing behind.
 TEST_P(StepDuringBackward, WithAScaledStepTakesRangesAndUpdatesAtTheStep) {

@@ -195,7 +195,10 @@ void UnitGatherer::prefetch() {
       if (!state_[v].params_set) budget -= n;  // an earlier prefetch, not used yet
       continue;
     }
-    if (gathering && n <= budget && stats_.numel + n <= config_.stage3_max_live_parameters) {
+    // As DeepSpeed's coordinator: the budget is checked before a unit is added, so the unit that
+    // crosses it is still prefetched (a unit larger than the whole budget too: with the 1.3B
+    // GPT's 54M-element blocks and the usual 5e7, a stricter check would prefetch nothing).
+    if (gathering && budget > 0 && stats_.numel + n <= config_.stage3_max_live_parameters) {
       issue(v);
       budget -= n;
       continue;

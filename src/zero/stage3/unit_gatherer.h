@@ -2,8 +2,9 @@
 // trace of the first iteration, prefetching, the reuse distance and the max-live bound.
 //
 //   pre_forward(u) / pre_backward(u): gather u (wait for its prefetch if one is in flight), then
-//       prefetch the units that follow in the trace, up to stage3_prefetch_bucket_size elements,
-//       as long as the gathered elements stay <= stage3_max_live_parameters. Under parameter
+//       prefetch the units that follow in the trace while fewer than stage3_prefetch_bucket_size
+//       elements are prefetched (the unit crossing it included, as in DeepSpeed), as long as the
+//       gathered elements stay <= stage3_max_live_parameters. Under parameter
 //       offload to NVMe, the units after those start reading their slices from the swap file
 //       (ParamStore::start_fetch, up to offload_param.buffer_count), so the disk works ahead too.
 //   post_forward(u): release u, unless the trace says u is used again before more than

@@ -42,6 +42,8 @@ FILES=(
   examples/gpt/model.cpp
   examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
+  tests/dist/comm_test.cpp
+  tests/dist/deferred_init_test.cpp
   bench/transfer.cpp
 )
 echo "check-cuda-sources: ${#FILES[@]} files against libtorch 2.11 / CUDA 13 / NCCL headers"

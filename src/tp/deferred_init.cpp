@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include "deepspeed/inference.h"
+#include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace tp {
@@ -62,22 +63,15 @@ void release_placeholder(void* ctx);
 // One instance, never destroyed: tensors may outlive every scope, and c10 keeps the pointer.
 class PlaceholderAllocator final : public at::Allocator {
  public:
-  // libtorch 2.x made allocate() non-const and added copy_data() (Storage clones through the
-  // allocator that made a storage: memcpy serves placeholders and real memory alike).
-#if TORCH_VERSION_MAJOR >= 2
-  at::DataPtr allocate(size_t n) override {
-    if (t_depth == 0 || n == 0) return real_.load()->allocate(n);
-    return place(n);
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#else
-  at::DataPtr allocate(size_t n) const override {
+  at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     if (t_depth == 0 || n == 0) return real_.load()->allocate(n);
     return const_cast<PlaceholderAllocator*>(this)->place(n);
   }
-#endif
+  // libtorch >= 2.3: Storage clones through the allocator that made a storage; memcpy serves
+  // placeholders and real memory alike.
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
   // Only the replaced allocator's DataPtrs may be raw-deallocated (a placeholder's context is
   // its Mapping, so raw_allocate's check refuses one inside a scope).
   at::DeleterFnPtr raw_deleter() const override { return real_.load()->raw_deleter(); }

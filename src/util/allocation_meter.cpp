@@ -11,6 +11,7 @@
 #include <torch/version.h>
 
 #include "deepspeed/errors.h"
+#include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace util {
@@ -27,13 +28,6 @@ struct AllocationMeter::Counters {
 };
 
 namespace {
-
-// libtorch 2.3 made Allocator::allocate non-const and added copy_data.
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
-#define DS_ALLOCATE_CONST
-#else
-#define DS_ALLOCATE_CONST const
-#endif
 
 // One counted allocation: the base allocator's DataPtr, kept to free it through its own deleter.
 struct Allocation {

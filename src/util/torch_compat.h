@@ -10,6 +10,15 @@
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
+// c10::Allocator: libtorch 2.3 made allocate() non-const and added a pure virtual copy_data().
+// An allocator written once declares `c10::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override`
+// and a `copy_data(...) const` (without `override`: 1.13 has no such virtual).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define DS_ALLOCATE_CONST
+#else
+#define DS_ALLOCATE_CONST const
+#endif
+
 namespace deepspeed {
 namespace compat {
 

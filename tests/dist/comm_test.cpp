@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <string>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "support/ranks.h"
+#include "util/torch_compat.h"
 
 namespace comm = deepspeed::comm;
 using comm::CommunicatorPtr;
@@ -550,9 +552,12 @@ namespace {
 class CountingAllocator : public at::Allocator {
  public:
   explicit CountingAllocator(at::Allocator* inner) : inner_(inner) {}
-  at::DataPtr allocate(size_t n) const override {
+  at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     bytes += static_cast<int64_t>(n);
     return inner_->allocate(n);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
   }
   at::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
   mutable std::atomic<int64_t> bytes{0};

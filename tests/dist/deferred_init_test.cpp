@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "support/ranks.h"
 #include "support/autotp_trees.h"
 #include "support/expect.h"
+#include "util/torch_compat.h"
 
 namespace {
 using deepspeed::comm::CommunicatorPtr;
@@ -68,7 +70,10 @@ class CountingAllocator final : public at::Allocator {
     (void)installed;
   }
 
-  at::DataPtr allocate(size_t n) const override {
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+  at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     at::DataPtr inner = swap_.previous->allocate(n);
     if (!current || n == 0) return inner;
     const int64_t live = current->live += static_cast<int64_t>(n);

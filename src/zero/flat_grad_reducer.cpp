@@ -73,7 +73,8 @@ void FlatGradReducer::end_backward() {
 
 AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat, int owner,
                                    const ReductionOptions& options, at::ScalarType comm_dtype)
-    : FlatGradReducer(context, flat, owner, options, comm_dtype, kUnboundedInFlight,
+    : FlatGradReducer(context, flat, owner, options, comm_dtype,
+                      options.finish_buckets_early ? kMaxBucketsInFlight : kUnboundedInFlight,
                       /*hooked=*/options.overlap) {
   const auto& layout = flat_.layout();
   flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));

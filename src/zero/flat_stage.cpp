@@ -51,9 +51,12 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
 // reduce_bucket_size (5e8) a 1.3B model has 3 buckets, and a third of the update would follow
 // backward. A single rank reduces nothing, so its buckets cost nothing to cut finer: there they
 // are at most 1/32 of the buffer (at least 2^16 elements). With peers, reduce_bucket_size is the
-// user's trade between message size and overlap, and stays as configured.
+// user's trade between message size and overlap, and stays as configured. Stages 0/1 (whose
+// in-place all-reduces are otherwise all finished at the end of backward) finish them as they go.
 ReductionOptions FlatStage::reduction_for(ReductionOptions reduction) const {
-  if (!shard_->steps_during_backward() || ctx_.world_size() != 1) return reduction;
+  if (!shard_->steps_during_backward()) return reduction;
+  reduction.finish_buckets_early = true;  // stages 0/1: else every bucket finishes at the end
+  if (ctx_.world_size() != 1) return reduction;
   const int64_t finer = std::max<int64_t>(int64_t{1} << 16, (flat_->buffer().numel() + 31) / 32);
   reduction.bucket_numel = std::min(reduction.bucket_numel, finer);
   return reduction;

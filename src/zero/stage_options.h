@@ -43,6 +43,10 @@ struct ReductionOptions {
   std::string comm_dtype;            // communication_data_type: "", "fp32", "fp16", "bf16"
   bool prescale = false;             // prescale_gradients
   double predivide_factor = 1.0;     // gradient_predivide_factor
+  // Stages 0/1 finish their all-reduces as they go (at most kMaxBucketsInFlight outstanding)
+  // instead of at the end of backward: set when the offloaded update runs during backward, which
+  // starts on a bucket only once it is finished.
+  bool finish_buckets_early = false;
 };
 
 // Where the shard optimizer keeps the fp32 masters and moments (zero/shard_optimizer.h).

@@ -219,6 +219,41 @@ TEST(StepDuringBackwardBuckets, OneRankCutsItsBucketsFinerThanReduceBucketSize) 
   }
 }
 
+// Stages 0/1 all-reduce in place and used to finish every bucket at the end of backward, so their
+// update could start only there. With the update during backward they finish as they go: four
+// layers of 256 x 256 make four buckets (2^16 each at world size 1); when the first layer's
+// gradient arrives, the last layer's bucket has been finished and its update has changed the
+// buffer, before backward is over.
+TEST(StepDuringBackwardBuckets, AllReduceBucketsAreUpdatedBeforeBackwardEnds) {
+  torch::manual_seed(5);
+  std::vector<at::Tensor> params;
+  for (int layer = 0; layer < 4; ++layer) {
+    params.push_back((torch::randn({256, 256}) * 0.05).requires_grad_());
+    params.push_back(torch::zeros({256}).requires_grad_());
+  }
+  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+  FlatStage stage(params, ctx, offload_options(/*scatter=*/false, at::kFloat, true), adam);
+  const at::Tensor before = stage.flat().buffer().clone();
+  bool changed_inside_backward = false;
+  params[0].register_hook([&](const at::Tensor& grad) {  // the last gradient backward produces
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!changed_inside_backward && std::chrono::steady_clock::now() < deadline) {
+      changed_inside_backward = !torch::equal(before, stage.flat().buffer());
+      if (!changed_inside_backward) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return grad;
+  });
+  stage.begin_backward(true);
+  at::Tensor x = torch::randn({4, 256});
+  for (int layer = 0; layer < 4; ++layer)
+    x = torch::tanh(torch::linear(x, params[2 * layer], params[2 * layer + 1]));
+  x.pow(2).mean().backward();
+  stage.end_backward(true);
+  stage.step(1.0);
+  EXPECT_TRUE(changed_inside_backward) << "no bucket was updated before the end of backward";
+  EXPECT_GE(stage.ranges_stepped_during_backward(), 4u);  // a bucket each, or finer
+}
+
 // Clipping or fp16: overlap_step only brings the ranges down during backward; the step updates
 // them with its scale, and a discarded step (overflow) leaves nothing behind.
 TEST_P(StepDuringBackward, WithAScaledStepTakesRangesAndUpdatesAtTheStep) {

@@ -18,25 +18,13 @@
 #include <thread>
 #include <vector>
 
+#include "best_seconds.h"
 #include "optim/cpu_adam.h"
 
 namespace {
 
 using deepspeed::optim::AdamStepParams;
-using Clock = std::chrono::steady_clock;
 
-// Best of reps wall times of fn(), in seconds, after one untimed warm-up call.
-template <typename Fn>
-double best_seconds(int reps, Fn&& fn) {
-  fn();
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
 
 // Runs body(begin, end) over [0, n) split evenly across `threads` std::threads (the bench is
 // not built with OpenMP; the library is).

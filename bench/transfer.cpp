@@ -11,31 +11,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <string>
 
+#include "best_seconds.h"
 #include "device/transfer_stream.h"
 
-namespace {
-
-using Clock = std::chrono::steady_clock;
 using deepspeed::device::SideStream;
-
-// Best of `reps` wall times of fn() (which waits for its copies), after one untimed call.
-template <typename Fn>
-double best_seconds(int reps, Fn&& fn) {
-  fn();
-  double best = 1e30;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = Clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
-  }
-  return best;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;

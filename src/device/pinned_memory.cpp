@@ -12,6 +12,7 @@
 #include "deepspeed/errors.h"
 
 #ifdef DS_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -22,12 +23,13 @@ namespace {
 constexpr size_t kPage = 4096;
 
 #ifdef DS_WITH_CUDA
-at::Tensor registered_buffer(int64_t numel, at::ScalarType dtype) {
+at::Tensor registered_buffer(int64_t numel, at::ScalarType dtype, c10::Device device) {
+  c10::cuda::CUDAGuard guard(device);
   const size_t asked = static_cast<size_t>(numel) * c10::elementSize(dtype);
   const size_t bytes = std::max(kPage, (asked + kPage - 1) / kPage * kPage);
   void* data = nullptr;
   if (posix_memalign(&data, kPage, bytes) != 0) throw std::bad_alloc();
-  const cudaError_t err = cudaHostRegister(data, bytes, cudaHostRegisterDefault);
+  const cudaError_t err = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     std::free(data);
     cudaGetLastError();  // the error is reported here, not left for the next CUDA call
@@ -50,11 +52,12 @@ at::Tensor registered_buffer(int64_t numel, at::ScalarType dtype) {
 
 }  // namespace
 
-at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pin) {
+at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pin, c10::Device device) {
 #ifdef DS_WITH_CUDA
-  if (pin && at::hasCUDA()) return registered_buffer(numel, dtype);
+  if (pin && device.is_cuda()) return registered_buffer(numel, dtype, device);
 #else
   (void)pin;
+  (void)device;
 #endif
   return at::empty({numel}, at::TensorOptions().dtype(dtype));
 }

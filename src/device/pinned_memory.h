@@ -12,14 +12,18 @@
 #include <cstdint>
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace deepspeed {
 namespace device {
 
-// An uninitialised 1-D host tensor of `numel` elements. Page-locked when `pin` and CUDA is
-// available, pageable otherwise. Throws deepspeed::Error naming the bytes and pin_memory when the
-// driver refuses to page-lock them (the memlock limit, or not enough memory).
-at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pin);
+// An uninitialised 1-D host tensor of `numel` elements for copies to and from `device`.
+// Page-locked when `pin` and `device` is a GPU, pageable otherwise. The registration runs with
+// `device` current and is portable: a rank whose GPU is not device 0 neither creates a context on
+// device 0 nor gets memory that only device 0's context counts as pinned. Throws
+// deepspeed::Error naming the bytes and pin_memory when the driver refuses to page-lock them (the
+// memlock limit, or not enough memory).
+at::Tensor host_buffer(int64_t numel, at::ScalarType dtype, bool pin, c10::Device device);
 
 }  // namespace device
 }  // namespace deepspeed

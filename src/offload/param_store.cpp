@@ -38,7 +38,7 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   if (config_.device == "none" || config_.device.empty()) {
     memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_).device(device));
   } else {
-    memory_ = device::host_buffer(memory_numel_, dtype_, !device.is_cpu() && config_.pin_memory);
+    memory_ = device::host_buffer(memory_numel_, dtype_, config_.pin_memory, device);
     memory_.zero_();
   }
   if (first_file_unit_ >= units) return;
@@ -158,7 +158,7 @@ void* ParamStore::begin_group(int64_t begin, int64_t numel) {
   if (begin < memory_numel_ && !memory_.is_cpu()) {
     // Slices on a GPU: the swapped optimizer writes on the host, end_group copies them up.
     if (device_stage_.numel() < numel)
-      device_stage_ = device::host_buffer(numel, dtype_, /*pin=*/true);
+      device_stage_ = device::host_buffer(numel, dtype_, /*pin=*/true, memory_.device());
     return device_stage_.data_ptr();
   }
   if (begin < memory_numel_) return static_cast<char*>(memory_.data_ptr()) + begin * element_size_;

@@ -32,6 +32,7 @@ class InMemoryShard : public ShardOptimizer {
     const OffloadDevice home = options.home;
     pin_ = options.pin_memory;
     at::Tensor resident = params.resident();
+    if (resident.defined()) partition_device_ = resident.device();
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
     aliased_ = !mixed_ && resident.defined() && !host_;
@@ -178,7 +179,7 @@ class InMemoryShard : public ShardOptimizer {
 
  private:
   at::Tensor host_buffer(int64_t numel, at::ScalarType dtype) const {
-    return device::host_buffer(numel, dtype, pin_);
+    return device::host_buffer(numel, dtype, pin_, partition_device_);
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
@@ -211,6 +212,7 @@ class InMemoryShard : public ShardOptimizer {
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
   bool host_ = false;       // masters in host memory, the partition on a GPU
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
+  c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
   std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)

@@ -17,7 +17,8 @@ namespace zero {
 
 StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master,
                                        c10::Device partition_device, Options options)
-    : adam_(adam), master_(std::move(master)), options_(options), uploads_(partition_device) {
+    : adam_(adam), master_(std::move(master)), options_(options), device_(partition_device),
+      uploads_(partition_device) {
   TORCH_CHECK(options_.chunk > 0 && options_.ring_slots > 0,
               "StepDuringBackward: chunk and ring_slots must be positive");
   // A small partition gets chunks of a quarter of it (ring_slots of them), not a fixed size.
@@ -37,7 +38,7 @@ at::Tensor StepDuringBackward::host_gradients(int64_t begin, const at::Tensor& g
                                               bool blocking) {
   if (grads.is_cpu()) return grads.contiguous();
   if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
-    landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin);
+    landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin, device_);
   at::Tensor slice = landing_.narrow(0, begin, grads.numel());
   slice.copy_(grads, /*non_blocking=*/!blocking);
   return slice;
@@ -68,7 +69,7 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
   if (ring_.empty()) {
     ring_.resize(options_.ring_slots);
     for (auto& s : ring_)
-      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), options_.pin);
+      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), options_.pin, device_);
   }
   Slot& slot = ring_[next_slot_];
   next_slot_ = (next_slot_ + 1) % ring_.size();

@@ -113,6 +113,7 @@ class StepDuringBackward {
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   std::vector<Landed> landed_;
   size_t last_ranges_ = 0;
+  c10::Device device_;  // the partition's: host buffers are registered for copies to it
   device::SideStream uploads_;
   offload::StepWorker worker_;  // last: joined first, while the buffers above still exist
 };

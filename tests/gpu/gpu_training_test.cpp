@@ -142,11 +142,13 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
 TEST(OneGpuPinned, HostBuffersArePageLockedAndCopyBothWays) {
   SKIP_WITHOUT_GPU();
   const int64_t n = 3000001;
-  at::Tensor up = deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/true);
-  at::Tensor down = deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/true);
+  const c10::Device gpu(c10::kCUDA, 0);
+  at::Tensor up = deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/true, gpu);
+  at::Tensor down = deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/true, gpu);
   EXPECT_TRUE(up.is_pinned());
   EXPECT_EQ(up.numel(), n);
-  EXPECT_FALSE(deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/false).is_pinned());
+  EXPECT_FALSE(deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/false, gpu).is_pinned());
+  EXPECT_FALSE(deepspeed::device::host_buffer(n, at::kFloat, /*pin=*/true, c10::kCPU).is_pinned());
   up.copy_(torch::randn({n}));
   at::Tensor on_gpu = torch::empty({n}, torch::device(torch::kCUDA));
   deepspeed::device::SideStream side(on_gpu.device());

@@ -12,7 +12,13 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
                            c10::Device device, const ZeroPPOptions& zeropp,
                            comm::CommunicatorPtr hpz_group)
     : layout_(layout), store_(store), comm_(std::move(comm)), config_(config), device_(device),
-      zeropp_(zeropp), fetches_(device), state_(layout.units.size()) {
+      zeropp_(zeropp), fetches_(device),
+      // NCCL orders its collective after the side stream; one rank has no collective. Gloo's
+      // CUDA path stages through the host on the current stream at wait(), so it keeps the
+      // compute stream.
+      side_stream_fetches_(device.is_cuda() &&
+                           (comm_->world_size() == 1 || comm_->backend() == "nccl")),
+      state_(layout.units.size()) {
   if (hpz_group)
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
 }
@@ -56,7 +62,7 @@ void UnitGatherer::issue(int u, bool exact) {
     s.work = secondary_->gather(u, s.full);
   } else {
     s.source = store_.fetch(u);
-    if (fetch_on_side_stream(s.source)) {
+    if (side_stream_fetches_ && s.source.device() != device_) {  // host memory or a file
       issue_from_host(u, exact);
     } else {
       s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
@@ -71,14 +77,6 @@ void UnitGatherer::issue(int u, bool exact) {
     stats_.numel += s.full.numel();
     stats_.peak_numel = std::max(stats_.peak_numel, stats_.numel);
   }
-}
-
-// A slice in host memory (or read from the file) and a unit on the GPU. NCCL orders its
-// collective after the side stream; one rank has no collective. Gloo's CUDA path stages through
-// the host on the current stream at wait(), so it keeps the compute stream.
-bool UnitGatherer::fetch_on_side_stream(const at::Tensor& source) const {
-  if (!device_.is_cuda() || source.device() == device_) return false;
-  return comm_->world_size() == 1 || comm_->backend() == "nccl";
 }
 
 // The slice goes up into its own place in the unit's buffer, then the all-gather fills the rest
@@ -104,16 +102,16 @@ void UnitGatherer::issue_from_host(int u, bool exact) {
 
 void UnitGatherer::wait_gather(int u) {
   auto& s = state_[u];
+  if (!s.work && !s.fetched) return;
   if (s.fetched) {
     s.fetched->join_current();  // the compute stream waits for this unit's fetch, nothing more
     fetches_.used_on_current(s.full);
     s.fetched.reset();
-    s.source = at::Tensor();
-    if (s.from_store) store_.done(u);
   }
-  if (!s.work) return;
-  s.work->wait();
-  s.work.reset();
+  if (s.work) {
+    s.work->wait();
+    s.work.reset();
+  }
   s.source = at::Tensor();
   if (s.from_store) store_.done(u);
 }

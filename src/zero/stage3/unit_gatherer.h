@@ -107,7 +107,6 @@ class UnitGatherer : public UnitHooks {
   bool in_use(int u) const;
   void record(int u);
   void issue(int u, bool exact = false);  // exact: no qwZ
-  bool fetch_on_side_stream(const at::Tensor& source) const;
   void issue_from_host(int u, bool exact);
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
@@ -125,6 +124,7 @@ class UnitGatherer : public UnitHooks {
   ZeroPPOptions zeropp_;
   std::unique_ptr<SecondaryShards> secondary_;  // hpZ only
   device::SideStream fetches_;  // a stream on a GPU; inline elsewhere
+  const bool side_stream_fetches_;  // slices from host memory go up through fetches_
   std::vector<UnitState> state_;
   GatherStats stats_;
   std::vector<int> trace_;

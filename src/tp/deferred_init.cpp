@@ -61,16 +61,11 @@ void release_placeholder(void* ctx);
 
 // Placeholders for threads inside a scope, the replaced allocator's memory for everyone else.
 // One instance, never destroyed: tensors may outlive every scope, and c10 keeps the pointer.
-class PlaceholderAllocator final : public at::Allocator {
+class PlaceholderAllocator final : public compat::HostAllocator {
  public:
   at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     if (t_depth == 0 || n == 0) return real_.load()->allocate(n);
     return const_cast<PlaceholderAllocator*>(this)->place(n);
-  }
-  // libtorch >= 2.3: Storage clones through the allocator that made a storage; memcpy serves
-  // placeholders and real memory alike.
-  void copy_data(void* dest, const void* src, std::size_t count) const {
-    std::memcpy(dest, src, count);
   }
   // Only the replaced allocator's DataPtrs may be raw-deallocated (a placeholder's context is
   // its Mapping, so raw_allocate's check refuses one inside a scope).

@@ -62,7 +62,7 @@ void free_counted(void* data) {
   // `a.inner` frees the memory through the base allocator's deleter as it goes out of scope.
 }
 
-class CountingAllocator : public c10::Allocator {
+class CountingAllocator : public compat::HostAllocator {
  public:
   CountingAllocator(c10::Allocator* base, std::shared_ptr<AllocationMeter::Counters> counters)
       : base_(base), counters_(std::move(counters)) {}
@@ -81,10 +81,6 @@ class CountingAllocator : public c10::Allocator {
     return {data, data, &free_counted, device};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
-  // (An override in libtorch >= 2.3, where it is pure virtual; unused before.)
-  void copy_data(void* dest, const void* src, std::size_t count) const {
-    std::memcpy(dest, src, count);
-  }
 
  private:
   c10::Allocator* base_;

@@ -549,15 +549,12 @@ TEST(Split, SingleProcessSplitsIntoItself) {
 namespace {
 
 // Counts the bytes every CPU tensor allocation asks for while installed.
-class CountingAllocator : public at::Allocator {
+class CountingAllocator : public deepspeed::compat::HostAllocator {
  public:
   explicit CountingAllocator(at::Allocator* inner) : inner_(inner) {}
   at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     bytes += static_cast<int64_t>(n);
     return inner_->allocate(n);
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const {
-    std::memcpy(dest, src, count);
   }
   at::DeleterFnPtr raw_deleter() const override { return inner_->raw_deleter(); }
   mutable std::atomic<int64_t> bytes{0};

@@ -58,7 +58,7 @@ void write_weights(torch::nn::Module& m, const std::string& path, const std::str
 // inside a Counting scope. Installed over the default allocator once and for good (storages keep
 // their allocator's address, so it must outlive them); a DeferredInit scope installs its
 // placeholders above it, so placeholders never reach the count.
-class CountingAllocator final : public at::Allocator {
+class CountingAllocator final : public deepspeed::compat::HostAllocator {
  public:
   struct Counter {
     std::atomic<int64_t> live{0}, peak{0};
@@ -70,9 +70,6 @@ class CountingAllocator final : public at::Allocator {
     (void)installed;
   }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const {
-    std::memcpy(dest, src, count);
-  }
   at::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
     at::DataPtr inner = swap_.previous->allocate(n);
     if (!current || n == 0) return inner;

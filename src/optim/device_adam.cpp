@@ -16,8 +16,9 @@ namespace {
 
 // cpu_adam.h's formula, op for op, in tensor operations.
 void tensor_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
-                      const AdamStepParams& p) {
-  at::Tensor g = p.grad_scale != 1.0f ? grad * p.grad_scale : grad;
+                      const AdamStepParams& p, bool grad_is_scratch) {
+  at::Tensor g = grad;
+  if (p.grad_scale != 1.0f) g = grad_is_scratch ? grad.mul_(p.grad_scale) : grad * p.grad_scale;
   if (p.weight_decay != 0.0f) {
     if (p.adamw_mode)
       param.mul_(1.0 - static_cast<double>(p.lr) * p.weight_decay);
@@ -35,7 +36,8 @@ void tensor_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, 
 }  // namespace
 
 void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                      at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy) {
+                      at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy,
+                      bool grad_is_scratch) {
   torch::NoGradGuard no_grad;
 #if TORCH_VERSION_MAJOR >= 2
   if (p.bias_correction) {
@@ -45,9 +47,9 @@ void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
     at::Tensor step = at::full({}, static_cast<double>(p.step), on);
     c10::optional<at::Tensor> scale;
     if (p.grad_scale != 1.0f) scale = at::full({}, 1.0 / static_cast<double>(p.grad_scale), on);
-    // grads is mutable in the kernel's signature (it unscales in place); a view keeps ours intact
-    // only when no scale is applied, so scaled gradients are unscaled into a copy.
-    at::Tensor g = scale ? grad.clone() : grad;
+    // grads is mutable in the kernel's signature (it unscales in place): scaled gradients the
+    // caller still reads are unscaled into a copy (4 bytes per element of the partition).
+    at::Tensor g = scale && !grad_is_scratch ? grad.clone() : grad;
     if (p.adamw_mode)
       at::_fused_adamw_({param}, {g}, {exp_avg}, {exp_avg_sq}, {}, {step}, p.lr, p.beta1, p.beta2,
                         p.weight_decay, p.eps, /*amsgrad=*/false, /*maximize=*/false, scale,
@@ -60,7 +62,7 @@ void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
     return;
   }
 #endif
-  tensor_adam_step(param, grad, exp_avg, exp_avg_sq, p);
+  tensor_adam_step(param, grad, exp_avg, exp_avg_sq, p, grad_is_scratch);
   if (half_copy.defined()) half_copy.copy_(param.view(half_copy.sizes()));
 }
 

@@ -13,9 +13,11 @@ namespace optim {
 
 // Updates param, exp_avg, exp_avg_sq in place (all fp32, contiguous, one device); the gradient
 // is multiplied by p.grad_scale first. When `half_copy` is defined (bf16/fp16, same numel), the
-// updated param is also written there.
+// updated param is also written there. `grad_is_scratch`: with a grad scale the gradient may be
+// left scaled (the fused kernel unscales in place); otherwise it is not modified.
 void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                      at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy);
+                      at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy,
+                      bool grad_is_scratch = false);
 
 }  // namespace optim
 }  // namespace deepspeed

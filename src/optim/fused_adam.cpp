@@ -88,6 +88,7 @@ AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
       AdamRangeStep r = range_step_of(
           p, s, hyper_for(static_cast<torch::optim::AdamWOptions&>(group.options()), s.step()));
       grad_scale_ = 1.0f;
+      grads_are_scratch_ = false;
       return r;
     }
   }
@@ -111,7 +112,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       if (!p.is_cpu()) {
         at::Tensor target = copy != half_copies_.end() ? copy->second : at::Tensor();
         at::Tensor m = s.exp_avg(), v = s.exp_avg_sq();
-        device_adam_step(p, p.grad(), m, v, hp, target);
+        device_adam_step(p, p.grad(), m, v, hp, target, grads_are_scratch_);
         continue;
       }
       const AdamRangeStep r = range_step_of(p, s, hp);
@@ -119,6 +120,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     }
   }
   grad_scale_ = 1.0f;
+  grads_are_scratch_ = false;
   return loss;
 }
 

@@ -66,7 +66,12 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
 
   // For the next step() only: gradients are multiplied by `scale` inside the kernel (1/loss_scale
   // times the clip coefficient), which spares a separate pass over the gradients.
-  void set_grad_scale(float scale) { grad_scale_ = scale; }
+  // `grads_are_scratch`: the caller does not read the gradients after the step, so on a GPU
+  // libtorch's fused kernel may unscale them in place instead of in a copy of them.
+  void set_grad_scale(float scale, bool grads_are_scratch = false) {
+    grad_scale_ = scale;
+    grads_are_scratch_ = grads_are_scratch;
+  }
   // Mixed precision: after every update of `param` its new value is also written into `target`
   // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
@@ -85,6 +90,7 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   bool adamw_mode_;
   bool bias_correction_;
   float grad_scale_ = 1.0f;
+  bool grads_are_scratch_ = false;
   std::unordered_map<const void*, torch::Tensor> half_copies_;  // by param TensorImpl
 };
 

@@ -121,11 +121,18 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
       hp.grad_scale = scale;
       deepspeed::optim::adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(),
                                   v.data_ptr<float>(), n, hp);
+      auto p3 = p2.clone(), m3 = m2.clone(), v3 = v2.clone(), g3 = g.clone();
+      const auto g_before = g.clone();
       deepspeed::optim::device_adam_step(p2, g, m2, v2, hp, half);
       EXPECT_LE((p - p2).abs().max().item<double>(), 1e-6) << "adamw " << adamw << " scale " << scale;
       EXPECT_LE((m - m2).abs().max().item<double>(), 1e-6);
       EXPECT_LE((v - v2).abs().max().item<double>(), 1e-7);
       EXPECT_TRUE(torch::equal(half, p2.to(torch::kBFloat16))) << "the 16-bit copy";
+      EXPECT_TRUE(torch::equal(g, g_before)) << "a gradient the caller keeps is not modified";
+      // A scratch gradient may be scaled in place: the update is the same.
+      deepspeed::optim::device_adam_step(p3, g3, m3, v3, hp, at::Tensor(),
+                                         /*grad_is_scratch=*/true);
+      EXPECT_TRUE(torch::equal(p3, p2) && torch::equal(m3, m2) && torch::equal(v3, v2));
     }
   }
 }

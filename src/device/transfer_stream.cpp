@@ -71,6 +71,16 @@ std::shared_ptr<CopyFence> SideStream::copy(at::Tensor dst, const at::Tensor& sr
 
 void SideStream::join() { mark()->join_current(); }
 
+void SideStream::follow_current() {
+#ifdef DS_WITH_CUDA
+  if (impl_) {
+    at::cuda::CUDAEvent produced;
+    produced.record(impl_->current());
+    produced.block(impl_->stream);
+  }
+#endif
+}
+
 void SideStream::run(const std::function<void()>& work) {
 #ifdef DS_WITH_CUDA
   if (impl_) {

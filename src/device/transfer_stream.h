@@ -40,6 +40,10 @@ class SideStream {
   // fence is passed when the copy is done (src may be reused).
   std::shared_ptr<CopyFence> copy(at::Tensor dst, const at::Tensor& src);
   void join();
+  // Work issued on the side stream from now on starts only after what the device's current
+  // stream has issued so far (an event, the host goes on): a download of values the compute
+  // stream is still producing.
+  void follow_current();
   // Runs `work` with the side stream current, so what it launches (copies, kernels, collectives:
   // ProcessGroupNCCL orders its stream after the current one) queues behind the side stream's
   // earlier work only, not behind the compute stream's. Tensors it allocates belong to the side

@@ -64,7 +64,8 @@ class InMemoryShard : public ShardOptimizer {
       o.pin = pin_;
       o.upload = host_;
       o.update_early = overlap_ && options.overlap_step_allowed;
-      host_step_ = std::make_unique<StepDuringBackward>(*fused_, master_, resident.device(), o);
+      host_step_ =
+          std::make_unique<StepDuringBackward>(*fused_, master_, options.compute_device, o);
     }
   }
 
@@ -128,8 +129,8 @@ class InMemoryShard : public ShardOptimizer {
     at::Tensor grad32 = grads.tensor.to(torch::kFloat);
     if (grad32.data_ptr() == grads.tensor.data_ptr()) grad32 = grad32.clone();
     master_.mutable_grad() = grad32;
-    if (fused_)
-      fused_->set_grad_scale(static_cast<float>(grad_scale));
+    if (fused_)  // grad32 is this step's own copy
+      fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
     else if (grad_scale != 1.0)
       grad32.mul_(grad_scale);
     optimizer_->step();

@@ -16,9 +16,9 @@ namespace deepspeed {
 namespace zero {
 
 StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master,
-                                       c10::Device partition_device, Options options)
-    : adam_(adam), master_(std::move(master)), options_(options), device_(partition_device),
-      uploads_(partition_device) {
+                                       c10::Device compute_device, Options options)
+    : adam_(adam), master_(std::move(master)), options_(options), device_(compute_device),
+      downloads_(compute_device), uploads_(compute_device) {
   TORCH_CHECK(options_.chunk > 0 && options_.ring_slots > 0,
               "StepDuringBackward: chunk and ring_slots must be positive");
   // A small partition gets chunks of a quarter of it (ring_slots of them), not a fixed size.
@@ -34,14 +34,18 @@ int64_t StepDuringBackward::host_bytes() const {
   return bytes;
 }
 
-at::Tensor StepDuringBackward::host_gradients(int64_t begin, const at::Tensor& grads,
-                                              bool blocking) {
-  if (grads.is_cpu()) return grads.contiguous();
+// On a GPU the copy runs on the download stream once the compute stream has produced the
+// gradients (their bucket's reduction was joined to it): backward's next kernels do not queue
+// behind a transfer of the whole range. `grads` is a slice of the stage's gradient partition,
+// which nothing frees or rewrites before finish()/forget() waited for the fence.
+StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const at::Tensor& grads) {
+  if (grads.is_cpu()) return {grads.contiguous(), device::CopyFence::record(grads.device())};
   if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
     landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin, device_);
   at::Tensor slice = landing_.narrow(0, begin, grads.numel());
-  slice.copy_(grads, /*non_blocking=*/!blocking);
-  return slice;
+  downloads_.follow_current();
+  auto fence = downloads_.copy(slice, grads);
+  return {slice, fence};
 }
 
 // One chunk: fp32 gradients (widened into the scratch when 16-bit), the update, and the new
@@ -113,16 +117,15 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   if (taken_.empty() && options_.update_early) prepare();
   taken_.emplace_back(begin, n);
   if (n == 0) return;
-  at::Tensor host_grads = host_gradients(begin, grads, /*blocking=*/false);
-  auto fence = device::CopyFence::record(grads.device());
+  Download down = download(begin, grads);
   if (!options_.update_early) {
-    landed_.push_back({begin, host_grads, fence});
+    landed_.push_back({begin, down});
     return;
   }
-  worker_.post([this, begin, host_grads, fence, partition] {
-    fence->wait();
+  worker_.post([this, begin, down, partition] {
+    down.fence->wait();
     worker_threads(step_.hyper.num_threads);
-    update(begin, host_grads, partition);
+    update(begin, down.grads, partition);
   });
 }
 
@@ -138,7 +141,7 @@ void StepDuringBackward::prepare() {
 }
 
 void StepDuringBackward::forget() {
-  for (auto& l : landed_) l.fence->wait();  // their copies still write the landing buffer
+  for (auto& l : landed_) l.down.fence->wait();  // their copies still write the landing buffer
   landed_.clear();
   taken_.clear();
 }
@@ -183,13 +186,16 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
   if (!options_.update_early) {
     prepare();
     for (auto& l : landed_) {
-      l.fence->wait();
-      update(l.begin, l.grads, partition);
+      l.down.fence->wait();
+      update(l.begin, l.down.grads, partition);
     }
     landed_.clear();
   }
-  for (const auto& [begin, numel] : gaps())
-    update(begin, host_gradients(begin, grads.narrow(0, begin, numel), /*blocking=*/true), partition);
+  for (const auto& [begin, numel] : gaps()) {
+    Download down = download(begin, grads.narrow(0, begin, numel));
+    down.fence->wait();
+    update(begin, down.grads, partition);
+  }
   uploads_.join();
   last_ranges_ = taken_.size();
   taken_.clear();

@@ -8,7 +8,8 @@
 // taken as soon as the accumulation boundary's backward has made it final (its bucket reduced),
 // instead of after the whole backward:
 //   engine thread  take(): the range's gradients, in their own dtype, down into host memory (on a
-//                  GPU asynchronously, on the compute stream, then a fence); a task posted;
+//                  GPU asynchronously, on a download stream that follows the compute stream,
+//                  with a fence); a task posted;
 //   worker thread  waits for the fence; for each chunk of the range, widens the gradients to fp32
 //                  in a small scratch buffer, runs Adam on the masters, writes the chunk's 16-bit
 //                  rounding into a slot of a small ring and uploads the slot into the device
@@ -57,7 +58,9 @@ class StepDuringBackward {
   };
   // `master`: the fp32 host masters, a parameter of `adam` (with the partition in host memory
   // and fp32, the partition itself; 16-bit in host memory: `adam` writes it as its half copy).
-  StepDuringBackward(optim::FusedAdam& adam, at::Tensor master, c10::Device partition_device,
+  // `compute_device`: where the gradients are (and the partition, unless it is in host memory):
+  // the host buffers are page-locked for copies with it and the copies use its streams.
+  StepDuringBackward(optim::FusedAdam& adam, at::Tensor master, c10::Device compute_device,
                      Options options);
   ~StepDuringBackward();
 
@@ -88,9 +91,14 @@ class StepDuringBackward {
     at::Tensor values;                          // chunk elements of the partition's dtype
     std::shared_ptr<device::CopyFence> uploaded;  // its last upload; null when free
   };
-  // The range's gradients in host memory, in their dtype: the gradients themselves on the CPU,
-  // else a slice of the landing buffer filled by an (asynchronous unless `blocking`) copy.
-  at::Tensor host_gradients(int64_t begin, const at::Tensor& grads, bool blocking);
+  // A range's gradients in host memory, in their dtype: the gradients themselves on the CPU,
+  // else a slice of the landing buffer, filled by an asynchronous copy; usable once the fence
+  // is passed.
+  struct Download {
+    at::Tensor grads;
+    std::shared_ptr<device::CopyFence> fence;
+  };
+  Download download(int64_t begin, const at::Tensor& grads);
   void update(int64_t begin, const at::Tensor& host_grads, const at::Tensor& partition);
   void update_chunk(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
   std::vector<std::pair<int64_t, int64_t>> gaps() const;
@@ -105,15 +113,15 @@ class StepDuringBackward {
   size_t next_slot_ = 0;
   struct Landed {  // !update_early: a range's gradients on their way down
     int64_t begin;
-    at::Tensor grads;
-    std::shared_ptr<device::CopyFence> fence;
+    Download down;
   };
   void prepare();
   void forget();  // waits for the landing copies, then drops this step's ranges
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   std::vector<Landed> landed_;
   size_t last_ranges_ = 0;
-  c10::Device device_;  // the partition's: host buffers are registered for copies to it
+  c10::Device device_;  // the compute device: host buffers are registered for copies with it
+  device::SideStream downloads_;  // gradients down, behind the compute stream's reduction
   device::SideStream uploads_;
   offload::StepWorker worker_;  // last: joined first, while the buffers above still exist
 };

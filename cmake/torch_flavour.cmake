@@ -4,7 +4,8 @@
 #     TORCH_DIR (environment or -DTORCH_DIR=), either the folder holding share/cmake/Torch (the
 #     wheel's `torch` package folder, the archive's `libtorch`) or share/cmake itself
 #     (python3 -c 'import torch; print(torch.utils.cmake_prefix_path)').
-# Sets DS_TORCH_MAJOR, DS_WITH_CUDA, and the targets ds_fmt (fmt, whichever copy is usable) and
+# Sets DS_TORCH_MAJOR, DS_WITH_CUDA, DS_NCCL_HEADERS (CUDA: where nccl.h is), and the targets
+# ds_fmt (fmt, whichever copy is usable) and
 # ds_link_order (link options every program needs).
 if(NOT TORCH_DIR AND DEFINED ENV{TORCH_DIR})
   set(TORCH_DIR $ENV{TORCH_DIR})
@@ -47,6 +48,26 @@ if(NOT EXISTS "${TORCH_INSTALL_PREFIX}/include/gloo/algorithm.h")
             "-DDS_GLOO_INCLUDE_DIR=<a Gloo source tree of the libtorch's version>")
   endif()
   set(DS_GLOO_INCLUDE_DIR ${DS_GLOO_HEADERS} CACHE PATH "" FORCE)
+endif()
+
+# NCCL: ProcessGroupNCCL.hpp (torch_cuda's USE_C10D_NCCL) includes <nccl.h>, which is neither in
+# the wheel's torch/include nor in the CUDA toolkit: the wheel's NCCL is the nvidia-nccl package
+# beside torch (site-packages/nvidia/<nccl|cu13>/include), the archive's is a system NCCL. The
+# header must be the NCCL libtorch was built with (its Options embed ncclConfig_t). Without it the
+# NCCL communicator is compiled out, loudly: NCCL is then refused at init_distributed().
+set(DS_NCCL_INCLUDE_DIR "" CACHE PATH "folder holding nccl.h (the NCCL of the CUDA libtorch)")
+if(DS_WITH_CUDA)
+  file(GLOB DS_NCCL_HINTS "${DS_TORCH_PREFIX}/../nvidia/*/include")
+  find_path(DS_NCCL_HEADERS nccl.h
+            HINTS ${DS_NCCL_INCLUDE_DIR} $ENV{NCCL_INCLUDE_DIR} ${DS_NCCL_HINTS} $ENV{CUDA_HOME}/include)
+  if(DS_NCCL_HEADERS)
+    message(STATUS "deepspeed.cpp: nccl.h from ${DS_NCCL_HEADERS}")
+  else()
+    message(WARNING "deepspeed.cpp: CUDA libtorch, but no nccl.h found (looked in "
+            "DS_NCCL_INCLUDE_DIR, $NCCL_INCLUDE_DIR, ${DS_TORCH_PREFIX}/../nvidia/*/include): the "
+            "NCCL communicator is left out and ranks communicate over Gloo. Pass "
+            "-DDS_NCCL_INCLUDE_DIR=<folder with nccl.h> to build it.")
+  endif()
 endif()
 
 # libtorch 2.x's libtorch.so exports its own statically linked copies of libstdc++'s

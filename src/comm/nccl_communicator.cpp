@@ -210,15 +210,16 @@ CommunicatorPtr make_nccl_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   }
 }
 
-#else  // no NCCL in this libtorch
+#else  // no NCCL in this libtorch, or no nccl.h at configure time
 
 bool nccl_built() { return false; }
 
 CommunicatorPtr make_nccl_communicator_on(c10::intrusive_ptr<c10d::Store>, int rank, int world_size,
                                           int, int, std::chrono::milliseconds) {
   throw CommError(fmt::format(
-      "rank {} of {}: the nccl backend needs a libtorch with CUDA (this build has none): use "
-      "\"gloo\" (DS_COMM_BACKEND=gloo) or build against a CUDA libtorch (docs/gpu.md)",
+      "rank {} of {}: this build has no NCCL communicator (a libtorch without CUDA, or nccl.h "
+      "was not found at configure time: DS_NCCL_INCLUDE_DIR): use \"gloo\" "
+      "(DS_COMM_BACKEND=gloo) or build against a CUDA libtorch with its nccl.h (docs/gpu.md)",
       rank, world_size));
 }
 

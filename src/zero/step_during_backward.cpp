@@ -26,7 +26,16 @@ StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master
   options_.chunk = std::max<int64_t>(1, std::min(options_.chunk, share));
 }
 
-StepDuringBackward::~StepDuringBackward() = default;
+// The buffers go back to the host allocator (unregistered) only after no copy reads or writes
+// them: a step abandoned mid-way (a failed backward, a forward-only end) may leave some queued.
+StepDuringBackward::~StepDuringBackward() {
+  try {
+    worker_.wait();
+  } catch (...) {
+  }
+  downloads_.mark()->wait();
+  uploads_.mark()->wait();
+}
 
 int64_t StepDuringBackward::host_bytes() const {
   int64_t bytes = storage_bytes(landing_) + storage_bytes(scratch_);

@@ -23,6 +23,8 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
 }
 
+UnitGatherer::~UnitGatherer() { fetches_.mark()->wait(); }
+
 GatherStats UnitGatherer::stats() const {
   GatherStats g = stats_;
   g.secondary_bytes = secondary_ ? secondary_->bytes() : 0;

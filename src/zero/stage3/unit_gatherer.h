@@ -72,6 +72,9 @@ class UnitGatherer : public UnitHooks {
   UnitGatherer(const Stage3Layout& layout, offload::ParamStore& store, comm::CommunicatorPtr comm,
                const ZeroConfig& config, c10::Device device = c10::kCPU,
                const ZeroPPOptions& zeropp = {}, comm::CommunicatorPtr hpz_group = nullptr);
+  // Waits on the host for fetches still reading the store's slices (a prefetch never used): the
+  // store (pinned host memory, freed after this object) must not go while a copy reads it.
+  ~UnitGatherer();
 
   void pre_forward(int unit) override;
   void post_forward(int unit) override;

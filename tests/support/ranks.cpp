@@ -1,6 +1,8 @@
 #include "support/ranks.h"
 
 #include <ATen/Parallel.h>
+#include <c10/core/AutogradState.h>
+#include <torch/version.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -70,6 +72,12 @@ void run_ranks(int world_size, const std::function<void(deepspeed::comm::Communi
   for (int rank = 0; rank < world_size; ++rank) {
     threads.emplace_back([&, rank] {
       at::set_num_threads(1);
+#if TORCH_VERSION_MAJOR >= 2
+      // Ranks that share a process share libtorch's autograd thread for a GPU: one rank's
+      // gradient hook waiting in a collective there would keep the other rank's backward (and so
+      // its side of that collective) from running. Each rank runs its backward on its own thread.
+      c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
+#endif
       // Outlives the catch: a failing rank records its exception before its group closes and
       // the other ranks' (consequent) errors follow.
       comm::CommunicatorPtr c;

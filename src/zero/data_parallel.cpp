@@ -119,7 +119,7 @@ double DataParallelStage::global_grad_norm() {
   // Summed as one tensor so there is a single host sync, not one per parameter.
   at::Tensor sq = torch::zeros({}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
-    if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+    if (p.grad().defined()) sq += sum_of_squares(p.grad());
   return std::sqrt(sq.item<double>());
 }
 

@@ -125,7 +125,7 @@ void FlatStage::tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>
 // overflow flag over the data-parallel group when enable_backward_allreduce is off). Without
 // the vote the ranks would step different optimizers, and the loss scales would part.
 double FlatStage::global_grad_norm() {
-  at::Tensor sq = grads_->partition().to(torch::kDouble).pow(2).sum().reshape({1});
+  at::Tensor sq = sum_of_squares(grads_->partition()).reshape({1});
   ownership_->sum_over_owners(sq);
   const double norm = std::sqrt(sq.item<double>());
   if (!gradients_stay_local() || ctx_.world_size() == 1) return norm;

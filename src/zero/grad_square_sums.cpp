@@ -10,6 +10,7 @@
 #include "zero/flat_stage.h"
 #include "zero/stage.h"
 #include "zero/stage3/stage3.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace zero {
@@ -47,7 +48,7 @@ std::array<double, 2> FlatStage::grad_square_sums(const std::vector<at::Tensor>&
     const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
     if (lo >= hi) continue;
     const int which = chosen.count(slot.param.unsafeGetTensorImpl()) ? 0 : 1;
-    sums[which] += grads.narrow(0, lo - begin, hi - lo).to(torch::kDouble).pow(2).sum();
+    sums[which] += sum_of_squares(grads.narrow(0, lo - begin, hi - lo));
   }
   ownership_->sum_over_owners(sums);
   return to_pair(sums);
@@ -59,8 +60,7 @@ std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
     if (p.grad().defined())
-      sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] +=
-          p.grad().to(torch::kDouble).pow(2).sum();
+      sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] += sum_of_squares(p.grad());
   return to_pair(sums);
 }
 
@@ -78,8 +78,7 @@ std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& se
   for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
   for (const auto& f : own_fragments())
-    sums[split.at(f.param) ? 0 : 1] +=
-        grad_partition_.narrow(0, f.at, f.numel).to(torch::kDouble).pow(2).sum();
+    sums[split.at(f.param) ? 0 : 1] += sum_of_squares(grad_partition_.narrow(0, f.at, f.numel));
   ctx_.comm->all_reduce(sums)->wait();
   return to_pair(sums);
 }

@@ -1,5 +1,5 @@
 // Small facts about tensors that every ZeRO stage needs: the bytes a tensor really holds, the one
-// dtype a parameter group trains in, and a dtype named in the config.
+// dtype a parameter group trains in, a dtype named in the config, and a gradient's sum of squares.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,6 +26,10 @@ at::ScalarType uniform_param_dtype(int stage, const std::vector<at::Tensor>& par
 
 // "fp32" / "fp16" / "bf16" (as config/precision_config normalises them); "" gives `fallback`.
 at::ScalarType dtype_from_config(const std::string& configured, at::ScalarType fallback);
+
+// The sum of t's squared elements in fp64, as a 0-dim fp64 tensor on t's device (no host sync). Summed a chunk at a time: widening a whole gradient partition to fp64 would hold 16
+// bytes per element at once (the widened copy and its square), the largest transient of a step.
+at::Tensor sum_of_squares(const at::Tensor& t);
 
 }  // namespace zero
 }  // namespace deepspeed

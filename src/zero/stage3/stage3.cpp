@@ -208,16 +208,10 @@ void Stage3::end_backward(bool) {
 }
 
 // One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
-// Squares are summed in fp64 a chunk at a time: a whole-partition fp64 copy would be the largest
-// transient of the step (8 bytes per element).
 double Stage3::global_grad_norm() {
-  constexpr int64_t kChunk = 1 << 18;
   at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
   if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
-  for (int64_t c = 0; grad_partition_.defined() && c < grad_partition_.numel(); c += kChunk) {
-    auto part = grad_partition_.narrow(0, c, std::min(kChunk, grad_partition_.numel() - c));
-    sq += part.to(torch::kDouble).pow(2).sum();
-  }
+  if (grad_partition_.defined()) sq += sum_of_squares(grad_partition_);
   ctx_.comm->all_reduce(sq)->wait();
   return std::sqrt(sq.item<double>());
 }

@@ -20,6 +20,10 @@ int cuda_device_count();
 // rank. Throws ConfigError naming the value when it is not one of those, or asks for a GPU that
 // this build or machine does not have.
 c10::Device resolve_device(const std::string& requested, int local_rank);
+// Makes a GPU `device` the calling thread's current one (DeepSpeed's torch.cuda.set_device(
+// local_rank)), so that what libtorch and the driver do on "the current GPU" (a context, a
+// stream, an unqualified allocation) happens on this rank's GPU, not on GPU 0. No-op for the CPU.
+void use_device(c10::Device device);
 
 }  // namespace deepspeed
 

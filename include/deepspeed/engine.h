@@ -175,8 +175,12 @@ class Engine {
   decltype(auto) cast_input(T&& arg) const {
     if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
       // Tensor arguments follow the model to its device (a batch from the DataLoader is on the
-      // host), as DeepSpeed users do with .to(engine.device).
-      at::Tensor t = arg.defined() && arg.device() != device_ ? arg.to(device_) : at::Tensor(arg);
+      // host), as DeepSpeed users do with .to(engine.device). Non-blocking: from pageable memory
+      // the driver has staged the batch when the copy returns, and a blocking copy would make
+      // the host wait for the GPU to finish the previous step before queueing this forward.
+      at::Tensor t = arg.defined() && arg.device() != device_
+                         ? arg.to(device_, /*non_blocking=*/true)
+                         : at::Tensor(arg);
       if (auto_cast_inputs_ && t.is_floating_point()) return at::Tensor(t.to(at::kHalf));
       return t;
     } else {

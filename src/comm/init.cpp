@@ -99,6 +99,7 @@ World make_world(const ProcessInfo& info, const InitOptions& options) {
   auto store = connect_store(info, options.timeout);
   if (backend == "nccl") {
     const c10::Device device = resolve_device("cuda", info.local_rank);
+    use_device(device);  // before NCCL's communicator opens a context
     return {store, make_nccl_communicator_on(store, info.rank, info.world_size, info.local_rank,
                                              device.index(), options.timeout)};
   }

@@ -6,6 +6,10 @@
 
 #include "deepspeed/errors.h"
 
+#ifdef DS_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace deepspeed {
 
 int cuda_device_count() { return static_cast<int>(torch::cuda::device_count()); }
@@ -49,6 +53,14 @@ c10::Device resolve_device(const std::string& requested, int local_rank) {
   }
   throw ConfigError("device \"" + want + "\" is not one of \"auto\", \"cpu\", \"cuda\", "
                     "\"cuda:N\"" + (requested.empty() || requested == "auto" ? " (from DS_DEVICE)" : ""));
+}
+
+void use_device(c10::Device device) {
+#ifdef DS_WITH_CUDA
+  if (device.is_cuda() && device.has_index()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
 }
 
 }  // namespace deepspeed

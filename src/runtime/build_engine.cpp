@@ -49,6 +49,7 @@ c10::Device choose_device(const std::string& requested, comm::Communicator& comm
     throw ConfigError("device \"" + device.str() + "\": the communicator is NCCL, which moves GPU "
                       "tensors only; train on \"cuda\" or initialise with the gloo backend "
                       "(DS_COMM_BACKEND=gloo)");
+  use_device(device);
   return device;
 }
 

@@ -80,6 +80,8 @@ row_ours() {  # name stage offload
 row_peer() {
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000))
   local PP=""; [[ $1 == ds_* ]] && PP=$G/ds:$G/pylib/usr/lib/python3/dist-packages:$G/pylib
+  # DeepSpeed 0.14.5 imports distutils, gone from Python 3.12: gpu-anchor's shim, as its driver does.
+  [[ $1 == ds_* ]] && ! $PY -c 'import distutils.spawn' 2>/dev/null && PP=$PP:$G/pycompat
   PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 timeout $ROW_CAP $PY $G/bench/gpt_bench.py --row $1 \
     --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS \
     ${MEMCAP:+--mem_cap_gib $MEMCAP} --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
@@ -122,7 +124,18 @@ largest() {
     log "largest: $LAYERS x $D, micro-batch $MB, activation checkpointing"
     ROWS="dscpp_z2_off" bench )
 }
+# The machine goes back after ~30 s idle, and /tmp/dsb with it: a step that finds no build makes
+# what it needs first (the benchmark steps only gpt_train and the two floor programs).
+ensure_built() {
+  [ -x $B/bin/gpt_train ] && [ -f $B/build.ninja ] && return 0
+  log "no build in $B (a fresh machine): building ${*:-all}"
+  BUILD_TARGETS="$*" build
+}
 for s in $STEPS; do
-  case $s in build) build ;; test) run_tests ;; bench) bench ;; seed003) seed003 ;; largest) largest ;; esac
+  case $s in
+    build) build ;;
+    test) ensure_built; run_tests ;;
+    bench|seed003|largest) ensure_built gpt_train bench_cpu_adam bench_transfer; $s ;;
+  esac
 done
 log "total"

@@ -6,10 +6,10 @@
 #include "deepspeed/errors.h"
 
 #ifdef DS_WITH_CUDA
-#include <ATen/Context.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <torch/version.h>
+
+#include "device/cuda_init.h"
 #endif
 
 namespace deepspeed {
@@ -18,23 +18,12 @@ namespace deepspeed {
 namespace {
 namespace alloc = c10::cuda::CUDACachingAllocator;
 constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-
-// The caching allocator sizes its per-device tables when CUDA is first initialised, which a
-// program does implicitly with its first CUDA tensor; before that its statistics and memory
-// fraction calls refuse the device ("did you call init?"). A cap is set before any tensor.
-void init_cuda() {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
-  at::globalContext().lazyInitDevice(c10::kCUDA);
-#else
-  at::globalContext().lazyInitCUDA();
-#endif
-}
 }  // namespace
 
 DeviceMemory device_memory(c10::Device device) {
   DeviceMemory m;
   if (!device.is_cuda()) return m;
-  init_cuda();
+  device::init_cuda();
   const auto index = device.has_index() ? device.index() : 0;
   const auto stats = alloc::getDeviceStats(index);
   m.allocated = stats.allocated_bytes[kAll].current;
@@ -46,7 +35,7 @@ DeviceMemory device_memory(c10::Device device) {
 
 void reset_device_memory_peaks(c10::Device device) {
   if (!device.is_cuda()) return;
-  init_cuda();
+  device::init_cuda();
   alloc::resetPeakStats(device.has_index() ? device.index() : 0);
 }
 

@@ -14,6 +14,8 @@
 #ifdef DS_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
+
+#include "device/cuda_init.h"
 #endif
 
 namespace deepspeed {
@@ -24,6 +26,7 @@ constexpr size_t kPage = 4096;
 
 #ifdef DS_WITH_CUDA
 at::Tensor registered_buffer(int64_t numel, at::ScalarType dtype, c10::Device device) {
+  init_cuda();  // else libtorch's is_pinned() (and its pinned-copy bookkeeping) does not see it
   c10::cuda::CUDAGuard guard(device);
   const size_t asked = static_cast<size_t>(numel) * c10::elementSize(dtype);
   const size_t bytes = std::max(kPage, (asked + kPage - 1) / kPage * kPage);

@@ -30,6 +30,7 @@ void backward_loss(EngineState& s, const at::Tensor& loss) {
 double batch_loss(EngineState& s, comm::Communicator& pipe, int stages, bool last_stage,
                   bool train, at::Tensor eval_loss_sum) {
   const int64_t gas = s.config.gradient_accumulation_steps;
+  s.settle_figures();
   double loss = s.last_loss;
   if (!train) {
     s.comm->all_reduce(eval_loss_sum)->wait();

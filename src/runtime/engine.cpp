@@ -107,12 +107,18 @@ void Engine::step() try {
   s.loss_since_boundary = at::Tensor();
 
   // The norm of the still-scaled gradients; non-finite on every rank if any rank overflowed.
-  // Its host read is the step's one wait for the device; the loss, queued before it, is read
-  // after it, when it is already there.
+  // Read here only when the step needs its value (fp16's overflow vote, clipping): that read is
+  // the step's one wait for the device, and the loss, queued before it, is read after it, when
+  // it is already there. Otherwise both stay on the device until asked for (settle_figures).
   const double loss_scale = s.loss_scaler->scale();
-  const double scaled_norm = s.stage->global_grad_norm();
-  s.last_loss = loss.item<double>() / s.comm->world_size();
+  s.pending = {loss, s.stage->global_grad_norm_tensor(), loss_scale};
+  const bool needs_norm = s.config.fp16.enabled || s.config.gradient_clipping > 0.0;
+  const double scaled_norm = needs_norm ? s.pending.scaled_norm.item<double>() : 0.0;
   const bool overflow = s.config.fp16.enabled && !std::isfinite(scaled_norm);
+  if (needs_norm) {
+    s.last_loss = loss.item<double>() / s.comm->world_size();
+    s.pending = {};
+  }
   s.loss_scaler->update(overflow);  // may throw: dynamic scale already at min_loss_scale
   s.last_step_applied = !overflow;
   if (overflow) {
@@ -126,7 +132,7 @@ void Engine::step() try {
       std::fflush(stdout);
     }
   } else {
-    s.last_grad_norm = scaled_norm / loss_scale;
+    if (needs_norm) s.last_grad_norm = scaled_norm / loss_scale;
     // DeepSpeed/PyTorch clipping: coefficient max_norm / (norm + 1e-6), applied only when < 1.
     // Un-scaling and clipping are one multiplication inside the optimizer step.
     double grad_scale = 1.0 / loss_scale;
@@ -140,11 +146,14 @@ void Engine::step() try {
   ++s.global_steps;
   s.global_samples += s.config.train_batch_size;
   ++s.micro_steps;
+  const bool writer = s.log_steps && s.comm->rank() == 0;
+  const int64_t every = s.config.steps_per_print;
+  if (writer && ((every > 0 && s.global_steps % every == 0) || s.monitor->monitor()->enabled()))
+    s.settle_figures();  // this step's line or events show them
   StepLogLine line{s.global_steps, s.last_loss, get_lr(), s.last_grad_norm,
                    s.config.train_batch_size, s.skipped_steps,
                    s.config.fp16.enabled ? s.loss_scaler->scale() : 0.0};
   timers.stop(Phase::kStep);
-  const bool writer = s.log_steps && s.comm->rank() == 0;
   s.log.on_step(line, s.config.steps_per_print, writer);
   s.monitor->on_step({s.global_steps, s.global_samples, s.last_loss,
                       line.lr.empty() ? 0.0 : line.lr[0], s.loss_scaler->scale(),
@@ -171,10 +180,16 @@ int64_t Engine::global_steps() const { return state_->global_steps; }
 int64_t Engine::global_samples() const { return state_->global_samples; }
 int64_t Engine::micro_steps() const { return state_->micro_steps; }
 int64_t Engine::skipped_steps() const { return state_->skipped_steps; }
-double Engine::get_global_grad_norm() const { return state_->last_grad_norm; }
+double Engine::get_global_grad_norm() const {
+  state_->settle_figures();
+  return state_->last_grad_norm;
+}
 bool Engine::was_step_applied() const { return state_->last_step_applied; }
 double Engine::loss_scale() const { return state_->loss_scaler->scale(); }
-double Engine::last_loss() const { return state_->last_loss; }
+double Engine::last_loss() const {
+  state_->settle_figures();
+  return state_->last_loss;
+}
 torch::nn::Module& Engine::module() { return *state_->module; }
 const Config& Engine::config() const { return state_->config; }
 comm::CommunicatorPtr Engine::communicator() const { return state_->comm; }

@@ -44,6 +44,22 @@ struct EngineState {
   double last_grad_norm = 0.0;
   bool last_step_applied = false;
   double last_loss = std::numeric_limits<double>::quiet_NaN();
+  // A step that needs neither value (no clipping, no fp16 vote) leaves its loss and gradient norm
+  // on the device, unread: reading them would make the host wait for the GPU at every step.
+  // settle_figures() reads them into last_loss / last_grad_norm when something asks (the
+  // getters, the steps_per_print line, a monitor, the pipeline's batch loss).
+  struct PendingFigures {
+    at::Tensor loss_sum;     // the all-reduced sum of the ranks' losses
+    at::Tensor scaled_norm;  // the gradient norm before un-scaling
+    double loss_scale = 1.0;
+  } pending;
+  void settle_figures() {
+    if (pending.loss_sum.defined())
+      last_loss = pending.loss_sum.item<double>() / comm->world_size();
+    if (pending.scaled_norm.defined())
+      last_grad_norm = pending.scaled_norm.item<double>() / pending.loss_scale;
+    pending = {};
+  }
   at::Tensor loss_since_boundary;  // sum of the GAS-scaled micro losses since the last step
   ThroughputLog log;
   // Monitors, wall_clock_breakdown timers and the comms logger (src/monitor/training_monitor.h).

@@ -113,15 +113,17 @@ void DataParallelStage::give_unused_parameters_zero_gradients() {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
 }
 
-double DataParallelStage::global_grad_norm() {
+at::Tensor DataParallelStage::global_grad_norm_tensor() {
   // After the all-reduce every rank holds the same averaged gradients: the local norm is global.
   // (With gradients_stay_local() it is this rank's own norm, as in DeepSpeed's 1-bit Adam.)
   // Summed as one tensor so there is a single host sync, not one per parameter.
-  at::Tensor sq = torch::zeros({}, ctx_.options(torch::kDouble));
+  at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
     if (p.grad().defined()) sq += sum_of_squares(p.grad());
-  return std::sqrt(sq.item<double>());
+  return sq.sqrt_();
 }
+
+double DataParallelStage::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void DataParallelStage::step(double grad_scale) {
   if (grad_scale != 1.0)

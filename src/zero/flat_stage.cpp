@@ -124,11 +124,19 @@ void FlatStage::tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>
 // that overflowed, so that all skip the step together (DeepSpeed's CheckOverflow all-reduces its
 // overflow flag over the data-parallel group when enable_backward_allreduce is off). Without
 // the vote the ranks would step different optimizers, and the loss scales would part.
+at::Tensor FlatStage::global_grad_norm_tensor() {
+  if (gradients_stay_local() && ctx_.world_size() > 1) return ZeroStage::global_grad_norm_tensor();
+  at::Tensor sq = sum_of_squares(grads_->partition()).reshape({1});
+  ownership_->sum_over_owners(sq);
+  return sq.sqrt_();
+}
+
 double FlatStage::global_grad_norm() {
+  if (!gradients_stay_local() || ctx_.world_size() == 1)
+    return global_grad_norm_tensor().item<double>();
   at::Tensor sq = sum_of_squares(grads_->partition()).reshape({1});
   ownership_->sum_over_owners(sq);
   const double norm = std::sqrt(sq.item<double>());
-  if (!gradients_stay_local() || ctx_.world_size() == 1) return norm;
   at::Tensor overflowed =
       torch::full({1}, std::isfinite(norm) ? 0.0 : 1.0, ctx_.options(torch::kDouble));
   ctx_.comm->all_reduce(overflowed)->wait();

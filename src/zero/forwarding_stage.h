@@ -19,6 +19,8 @@ class ForwardingStage : public ZeroStage {
   void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
   void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   double global_grad_norm() override { return inner_->global_grad_norm(); }
+  // (global_grad_norm_tensor is not forwarded: a wrapper that changes the norm overrides
+  // global_grad_norm, and the base's tensor reads that.)
   void step(double grad_scale) override { inner_->step(grad_scale); }
   void discard_gradients() override { inner_->discard_gradients(); }
   MemoryReport memory() const override { return inner_->memory(); }

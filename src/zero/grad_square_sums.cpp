@@ -1,6 +1,7 @@
 // ZeroStage::grad_square_sums: the squared gradient norm cut in two by parameter, for tensor
 // parallelism (tp/tp_stage.h), where a split parameter's pieces are summed over the
-// tensor-parallel group and a replicated parameter is counted once.
+// tensor-parallel group and a replicated parameter is counted once. And the base's
+// global_grad_norm_tensor, for the stages that can only give the norm as a value.
 #include <torch/torch.h>
 
 #include <unordered_set>
@@ -28,6 +29,10 @@ std::array<double, 2> to_pair(const at::Tensor& sums) {
 }
 
 }  // namespace
+
+at::Tensor ZeroStage::global_grad_norm_tensor() {
+  return torch::full({1}, global_grad_norm(), torch::kDouble);
+}
 
 std::array<double, 2> ZeroStage::grad_square_sums(const std::vector<at::Tensor>&) {
   throw ConfigError(

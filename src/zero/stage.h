@@ -66,6 +66,11 @@ class ZeroStage {
   virtual void end_backward(bool boundary) = 0;
   // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
   virtual double global_grad_norm() = 0;
+  // The same norm as a one-element fp64 tensor, on the stage's device and not yet waited for: the
+  // engine reads its value only when the step needs it (clipping, fp16's overflow vote), so a
+  // GPU step otherwise has no host wait. By default global_grad_norm()'s value, read now.
+  // COLLECTIVE.
+  virtual at::Tensor global_grad_norm_tensor();
   // Scales gradients by grad_scale (clipping), runs the optimizer, leaves every rank with the
   // updated parameters, and clears gradients. COLLECTIVE.
   virtual void step(double grad_scale) = 0;

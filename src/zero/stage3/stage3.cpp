@@ -208,13 +208,15 @@ void Stage3::end_backward(bool) {
 }
 
 // One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
-double Stage3::global_grad_norm() {
+at::Tensor Stage3::global_grad_norm_tensor() {
   at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
   if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
   if (grad_partition_.defined()) sq += sum_of_squares(grad_partition_);
   ctx_.comm->all_reduce(sq)->wait();
-  return std::sqrt(sq.item<double>());
+  return sq.sqrt_();
 }
+
+double Stage3::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void Stage3::step(double grad_scale) {
   shard_->step({grad_partition_, grad_source()}, *params_, grad_scale);

@@ -25,6 +25,7 @@ FILES=(
   src/comm/shm_segment.cpp
   src/tp/deferred_init.cpp
   src/device/device.cpp
+  src/runtime/build_engine.cpp
   src/device/device_memory.cpp
   src/device/out_of_memory.cpp
   src/device/transfer_stream.cpp
@@ -35,6 +36,7 @@ FILES=(
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp
   src/zero/shard_optimizer.cpp
+  src/zero/tensor_facts.cpp
   src/activation/checkpoint_function.cpp
   src/activation/rng_state.cpp
   src/util/allocation_meter.cpp
@@ -42,6 +44,8 @@ FILES=(
   examples/gpt/model.cpp
   examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
+  tests/support/ranks.cpp
+  tests/unit/device_test.cpp
   tests/dist/comm_test.cpp
   tests/dist/deferred_init_test.cpp
   bench/transfer.cpp

@@ -74,7 +74,9 @@ row_ours() {  # name stage offload
   env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $ROW_CAP $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
     --random_tokens --vocab_size 50304 --block_size $CTX --n_layer $LAYERS --n_embd $D --n_head $HEADS \
     --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} $extra > "$OUT/$1.log" 2>&1
-  log "row $1 rc=$?: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
+  local rc=$?
+  [ $rc = 124 ] && echo "gpt_train: error: timed out after ${ROW_CAP}s (ROW_CAP)" >> "$OUT/$1.log"
+  log "row $1 rc=$rc: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
   grep -E "error" "$OUT/$1.log" | head -3
 }
 row_peer() {

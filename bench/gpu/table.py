@@ -90,7 +90,8 @@ def main():
     for row in rows:
         r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
         if "error" in r:
-            print(f"| {row} | failed: {r['error']} | | | | | | | | |")
+            reason = " ".join(r["error"].replace("|", "/").split())  # one table cell
+            print(f"| {row} | failed: {reason} | | | | | | | | |")
             continue
         versus, goal = "", ""
         size_goal = float(os.environ.get("SIZE_GOAL", "0"))

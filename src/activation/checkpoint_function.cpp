@@ -155,7 +155,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       if (saved->partitioned[i])
         t = gather_partitions(t, saved->shapes[i], *saved->group, saved->devices[i]);
       if (t.defined()) {
-        t = t.device() == saved->devices[i] ? t.detach() : t.to(saved->devices[i]);
+        // From pinned host memory (cpu_checkpointing) the copy up is asynchronous: the recompute
+        // queues behind it on the same stream, and the host does not wait for the GPU here.
+        t = t.device() == saved->devices[i] ? t.detach()
+                                             : t.to(saved->devices[i], /*non_blocking=*/true);
         if (saved->needs_grad[i]) t.requires_grad_(true);
       }
       inputs.push_back(t);

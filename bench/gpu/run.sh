@@ -37,6 +37,7 @@ export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 build() {
+  BUILD_TRIED=1
   log "configure against $TORCH_DIR"
   cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR="$TORCH_DIR" \
     -DDS_GLOO_INCLUDE_DIR=$G/deps/gloo-src -DURING_INCLUDE_DIR=$G/deps/usr/include \
@@ -133,6 +134,7 @@ largest() {
 # what it needs first (the benchmark steps only gpt_train and the two floor programs).
 ensure_built() {
   [ -x $B/bin/gpt_train ] && [ -f $B/build.ninja ] && return 0
+  [ -n "${BUILD_TRIED:-}" ] && return 0  # this call built already (and failed): not twice
   log "no build in $B (a fresh machine): building ${*:-all}"
   BUILD_TARGETS="$*" build
 }

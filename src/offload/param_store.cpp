@@ -20,7 +20,8 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
       dtype_(dtype),
       element_size_(c10::elementSize(dtype)),
       config_(zero.offload_param),
-      first_file_unit_(static_cast<int>(layout.units.size())) {
+      first_file_unit_(static_cast<int>(layout.units.size())),
+      device_(device) {
   const int units = static_cast<int>(layout_.units.size());
   if (config_.device == "nvme") {
     // The root (always gathered) and a prefix of units up to max_in_cpu elements stay in memory.
@@ -45,6 +46,7 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
 
   for (int u = first_file_unit_; u < units; ++u) {
     const int64_t n = layout_.units[u].layout.partition_numel;
+    pool_numel_ = std::max(pool_numel_, n);
     if (n > config_.buffer_size)
       throw ConfigError(fmt::format(
           "zero_optimization.offload_param.buffer_size is {} elements, smaller than this rank's "
@@ -52,6 +54,7 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
           config_.buffer_size, u, n, n));
   }
   file_ = UnitFileLayout(layout_, first_file_unit_, element_size_);
+  pin_ = config_.pin_memory && device.is_cuda();
   if (config_.buffer_count < 1)
     throw ConfigError(fmt::format("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
                                   config_.buffer_count));
@@ -69,22 +72,44 @@ ParamStore::~ParamStore() {
     queue_->wait_all();
   } catch (...) {
   }
+  for (auto& f : free_)
+    if (f.readers) f.readers->wait();
   fetched_.clear();
   fd_.reset();
   ::unlink(path_.c_str());
+}
+
+// A free pool buffer (waiting for a copy that may still read it), a new one while fewer than
+// buffer_count exist, else a one-off of the slice's size (fetch() past the prefetch bound).
+// Page-aligned either way, for O_DIRECT.
+ParamStore::Fetch ParamStore::start_read(int unit) {
+  const int64_t n = layout_.units[unit].layout.partition_numel;
+  Fetch f;
+  if (!free_.empty()) {
+    FreeBuffer b = std::move(free_.back());
+    free_.pop_back();
+    if (b.readers) b.readers->wait();
+    f.buffer = std::move(b.buffer);
+    f.pooled = true;
+  } else if (pooled_ < config_.buffer_count) {
+    f.buffer = pin_ ? device::host_buffer(pool_numel_, dtype_, /*pin=*/true, device_)
+                    : aligned_tensor(pool_numel_, dtype_);
+    ++pooled_;
+    f.pooled = true;
+  } else {
+    f.buffer = aligned_tensor(n, dtype_);
+  }
+  f.slice = f.buffer.narrow(0, 0, n);
+  if (n > 0)
+    f.ticket = queue_->read(*fd_, file_.unit_offset(unit), f.slice.data_ptr(), file_.slice_bytes(unit));
+  return f;
 }
 
 at::Tensor ParamStore::fetch(int unit) {
   const auto& slots = layout_.units[unit];
   if (in_memory(unit)) return memory_.narrow(0, slots.partition_offset, slots.layout.partition_numel);
   auto it = fetched_.find(unit);
-  if (it == fetched_.end()) {
-    Fetch f;
-    f.slice = aligned_tensor(slots.layout.partition_numel, dtype_);
-    if (f.slice.numel() > 0)
-      f.ticket = queue_->read(*fd_, file_.unit_offset(unit), f.slice.data_ptr(), file_.slice_bytes(unit));
-    it = fetched_.emplace(unit, std::move(f)).first;
-  }
+  if (it == fetched_.end()) it = fetched_.emplace(unit, start_read(unit)).first;
   if (it->second.ticket >= 0) {
     queue_->wait(it->second.ticket);
     it->second.ticket = -1;
@@ -95,18 +120,19 @@ at::Tensor ParamStore::fetch(int unit) {
 bool ParamStore::start_fetch(int unit) {
   if (in_memory(unit) || fetched_.count(unit)) return true;
   if (static_cast<int64_t>(fetched_.size()) >= config_.buffer_count) return false;
-  Fetch f;
-  f.slice = aligned_tensor(layout_.units[unit].layout.partition_numel, dtype_);
-  if (f.slice.numel() > 0)
-    f.ticket = queue_->read(*fd_, file_.unit_offset(unit), f.slice.data_ptr(), file_.slice_bytes(unit));
-  fetched_.emplace(unit, std::move(f));
+  fetched_.emplace(unit, start_read(unit));
   return true;
 }
 
-void ParamStore::done(int unit) {
+void ParamStore::done(int unit, std::shared_ptr<device::CopyFence> readers) {
   auto it = fetched_.find(unit);
   if (it == fetched_.end()) return;
-  if (it->second.ticket >= 0) queue_->wait(it->second.ticket);
+  Fetch& f = it->second;
+  if (f.ticket >= 0) queue_->wait(f.ticket);
+  if (f.pooled)
+    free_.push_back({std::move(f.buffer), std::move(readers)});
+  else if (readers)
+    readers->wait();  // a one-off is freed now
   fetched_.erase(it);
 }
 
@@ -188,8 +214,9 @@ void ParamStore::finish() {
 }
 
 int64_t ParamStore::resident_bytes() const {
-  int64_t total = memory_numel_ * element_size_;
-  for (auto& [u, f] : fetched_) total += f.slice.numel() * element_size_;
+  int64_t total = memory_numel_ * element_size_ + pooled_ * pool_numel_ * element_size_;
+  for (auto& [u, f] : fetched_)
+    if (!f.pooled) total += f.slice.numel() * element_size_;
   return total;
 }
 

@@ -8,7 +8,11 @@
 //       order); every later unit's slice lives in a file under nvme_path, at a 4096-byte aligned
 //       offset, and is read through io_uring (O_DIRECT) into a buffer when the unit is gathered.
 //       start_fetch() reads ahead (prefetch), with at most buffer_count slices in memory at once;
-//       a slice larger than buffer_size elements is a ConfigError.
+//       a slice larger than buffer_size elements is a ConfigError. The buffers are a pool of
+//       buffer_count, each the size of the largest file slice, made as first needed and kept (as
+//       DeepSpeed's parameter swapper keeps its buffers): page-locked with pin_memory on a GPU,
+//       so a unit's upload from one is asynchronous. A buffer whose slice a copy may still be
+//       reading (done() with that copy's fence) is reused only once the fence has passed.
 //
 // The store is also the ParamSink of the swapped optimizer: each sub-group's updated 16-bit
 // values are written straight back to their place (memory, or the file through two staging
@@ -26,6 +30,7 @@
 #include <ATen/Tensor.h>
 
 #include "deepspeed/config.h"
+#include "device/transfer_stream.h"
 #include "offload/aio_queue.h"
 #include "offload/aligned_buffer.h"
 #include "offload/swapped_adam.h"
@@ -54,7 +59,9 @@ class ParamStore : public zero::ParamPartition {
   // Begins reading `unit`'s slice if it lives in the file, is not read yet, and fewer than
   // buffer_count slices are in memory. Returns false when it could not start for that last reason.
   bool start_fetch(int unit);
-  void done(int unit);
+  // The slice fetched for `unit` is no longer needed. `readers`: a copy that may still read it
+  // (an upload on a side stream); its buffer is not written again before that has passed.
+  void done(int unit, std::shared_ptr<device::CopyFence> readers = nullptr);
 
   // Replaces `unit`'s slice (whole). Synchronous.
   void write(int unit, const at::Tensor& slice);
@@ -82,15 +89,22 @@ class ParamStore : public zero::ParamPartition {
   const at::Tensor& memory() const { return memory_; }
   // Whether resident_bytes() is host memory (offload_param, or a CPU engine).
   bool on_host() const { return !memory_.defined() || memory_.is_cpu(); }
-  int64_t resident_bytes() const;  // memory partition + slices fetched or in flight
+  int64_t resident_bytes() const;  // memory partition + the slice buffers held
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
 
  private:
   struct Fetch {
-    at::Tensor slice;
+    at::Tensor buffer;  // a pool buffer, or (fetch() beyond buffer_count) a one-off
+    at::Tensor slice;   // the unit's elements at its start
+    bool pooled = false;
     offload::AioQueue::Ticket ticket = -1;  // the read, until waited for
   };
+  struct FreeBuffer {
+    at::Tensor buffer;
+    std::shared_ptr<device::CopyFence> readers;  // null: nothing reads it
+  };
+  Fetch start_read(int unit);  // a buffer for the unit's slice, its read begun
   const Stage3Layout& layout_;
   at::ScalarType dtype_;
   int64_t element_size_;
@@ -104,6 +118,11 @@ class ParamStore : public zero::ParamPartition {
   std::unique_ptr<offload::DirectFile> fd_;
   std::unique_ptr<offload::AioQueue> queue_;
   std::map<int, Fetch> fetched_;
+  std::vector<FreeBuffer> free_;  // pool buffers not holding a fetched slice
+  int pooled_ = 0;                // pool buffers made (at most buffer_count)
+  int64_t pool_numel_ = 0;        // elements per pool buffer: the largest file slice
+  bool pin_ = false;              // pool buffers page-locked for copies to device_
+  c10::Device device_;
   // Sub-group output staging for file units (two, so one's write overlaps the next update).
   offload::AlignedBuffer staging_[2];
   offload::AioQueue::Ticket staging_write_[2] = {-1, -1};

@@ -69,12 +69,51 @@ TEST(ParamStore, PrefetchIsBoundedByBufferCount) {
   EXPECT_TRUE(store.start_fetch(1));
   EXPECT_TRUE(store.start_fetch(2));
   EXPECT_FALSE(store.start_fetch(3)) << "a third buffer with buffer_count 2";
-  EXPECT_EQ(store.resident_bytes(), memory + (5000 + 9000) * 4);
+  // Two pool buffers, each the size of the largest file slice (unit 2's 9000 elements).
+  EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4);
   store.done(1);
   EXPECT_TRUE(store.start_fetch(3));
   store.done(2);
   store.done(3);
-  EXPECT_EQ(store.resident_bytes(), memory);
+  EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4) << "the pool is kept";
+}
+
+// A copy's fence, as a GPU upload on a side stream would give: counts the waits for it.
+struct CountedFence : deepspeed::device::CopyFence {
+  int waits = 0;
+  void wait() override { ++waits; }
+  void join_current() override {}
+};
+
+// A buffer handed back with a copy still reading it is reused only after waiting for that copy;
+// past buffer_count, fetch() reads into a one-off, freed (after its readers) at done().
+TEST(ParamStore, SliceBuffersAreReusedOnlyAfterTheirReaders) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kFloat, zero("nvme", dir.path(), 0), dstest::small_aio());
+  const int64_t memory = store.resident_bytes();
+  at::Tensor all = torch::randn({L.partition_numel});
+  store.write_all(all);
+  auto want = [&](int u) {
+    return all.narrow(0, L.units[u].partition_offset, L.units[u].layout.partition_numel);
+  };
+  void* first = store.fetch(1).data_ptr();
+  auto upload = std::make_shared<CountedFence>();
+  store.done(1, upload);
+  EXPECT_EQ(upload->waits, 0) << "done() does not wait";
+  at::Tensor two = store.fetch(2);
+  EXPECT_EQ(upload->waits, 1) << "the buffer's reader is waited for before the read into it";
+  EXPECT_EQ(two.data_ptr(), first) << "the pool buffer is reused";
+  EXPECT_TRUE(torch::equal(two, want(2)));
+  EXPECT_TRUE(torch::equal(store.fetch(3), want(3)));  // the second pool buffer
+  EXPECT_TRUE(torch::equal(store.fetch(1), want(1)));  // a one-off: both pool buffers are held
+  EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4 + 5000 * 4);
+  auto late = std::make_shared<CountedFence>();
+  store.done(1, late);
+  EXPECT_EQ(late->waits, 1) << "a one-off is freed only after its readers";
+  store.done(2);
+  store.done(3);
+  EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4);
 }
 
 TEST(ParamStore, SinkWritesEachSubGroupInPlace) {

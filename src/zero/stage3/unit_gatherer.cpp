@@ -105,17 +105,19 @@ void UnitGatherer::issue_from_host(int u, bool exact) {
 void UnitGatherer::wait_gather(int u) {
   auto& s = state_[u];
   if (!s.work && !s.fetched) return;
-  if (s.fetched) {
-    s.fetched->join_current();  // the compute stream waits for this unit's fetch, nothing more
+  std::shared_ptr<device::CopyFence> upload = std::move(s.fetched);
+  if (upload) {
+    upload->join_current();  // the compute stream waits for this unit's fetch, nothing more
     fetches_.used_on_current(s.full);
-    s.fetched.reset();
   }
   if (s.work) {
     s.work->wait();
     s.work.reset();
   }
   s.source = at::Tensor();
-  if (s.from_store) store_.done(u);
+  // The store's buffer may still be read by the upload (the host did not wait for it): the store
+  // reuses it only once that has passed.
+  if (s.from_store) store_.done(u, std::move(upload));
 }
 
 void UnitGatherer::use(int u, bool exact) {

@@ -15,9 +15,11 @@
 #include "deepspeed/engine.h"
 #include "device/pinned_memory.h"
 #include "device/transfer_stream.h"
+#include "offload/param_store.h"
 #include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/stage3_layouts.h"
 #include "support/training_run.h"
 #include "zero/shard_optimizer.h"
 
@@ -155,6 +157,36 @@ TEST(OneGpuPinned, HostBuffersArePageLockedAndCopyBothWays) {
   side.copy(on_gpu, up)->wait();
   side.copy(down, on_gpu)->wait();
   EXPECT_TRUE(torch::equal(up, down));
+}
+
+// ZeRO-Infinity's parameter slices from NVMe land in page-locked buffers with pin_memory (so a
+// unit's upload is asynchronous), pageable without; the upload brings the file's values.
+TEST(OneGpuPinned, NvmeParameterSlicesArePageLocked) {
+  SKIP_WITHOUT_GPU();
+  const c10::Device gpu(c10::kCUDA, 0);
+  const auto layout = dstest::one_rank_layout({10, 5000, 9000, 3});
+  for (bool pin : {true, false}) {
+    dstest::TempDir dir("gpu_nvme_params", dstest::TempDir::Base::kDisk);
+    deepspeed::ZeroConfig zero;
+    zero.stage = 3;
+    zero.offload_param.device = "nvme";
+    zero.offload_param.nvme_path = dir.path();
+    zero.offload_param.max_in_cpu = 0;
+    zero.offload_param.buffer_count = 2;
+    zero.offload_param.buffer_size = 10000;
+    zero.offload_param.pin_memory = pin;
+    deepspeed::offload::ParamStore store(layout, at::kBFloat16, zero, dstest::small_aio(), gpu);
+    at::Tensor all = torch::randn({layout.partition_numel}).to(at::kBFloat16);
+    store.write_all(all);
+    at::Tensor slice = store.fetch(2);
+    EXPECT_EQ(slice.is_pinned(), pin);
+    at::Tensor on_gpu = torch::empty({slice.numel()}, torch::device(gpu).dtype(at::kBFloat16));
+    deepspeed::device::SideStream side(gpu);
+    auto uploaded = side.copy(on_gpu, slice);
+    store.done(2, uploaded);
+    uploaded->wait();
+    EXPECT_TRUE(torch::equal(on_gpu.cpu(), all.narrow(0, layout.units[2].partition_offset, 9000)));
+  }
 }
 
 // offload_optimizer.pin_memory has its meaning: the host masters of a GPU partition are

@@ -58,8 +58,15 @@ endif()
 set(DS_NCCL_INCLUDE_DIR "" CACHE PATH "folder holding nccl.h (the NCCL of the CUDA libtorch)")
 if(DS_WITH_CUDA)
   file(GLOB DS_NCCL_HINTS "${DS_TORCH_PREFIX}/../nvidia/*/include")
+  # Searched afresh at every configure (TORCH_DIR or DS_NCCL_INCLUDE_DIR may have changed), the
+  # named and the wheel's folders before any default path (a conda or system nccl.h of another
+  # version would not match libtorch's).
+  unset(DS_NCCL_HEADERS CACHE)
   find_path(DS_NCCL_HEADERS nccl.h
-            HINTS ${DS_NCCL_INCLUDE_DIR} $ENV{NCCL_INCLUDE_DIR} ${DS_NCCL_HINTS} $ENV{CUDA_HOME}/include)
+            PATHS ${DS_NCCL_INCLUDE_DIR} $ENV{NCCL_INCLUDE_DIR} ${DS_NCCL_HINTS} NO_DEFAULT_PATH)
+  if(NOT DS_NCCL_HEADERS)
+    find_path(DS_NCCL_HEADERS nccl.h HINTS $ENV{CUDA_HOME}/include)
+  endif()
   if(DS_NCCL_HEADERS)
     message(STATUS "deepspeed.cpp: nccl.h from ${DS_NCCL_HEADERS}")
   else()

@@ -72,29 +72,33 @@ ParamStore::~ParamStore() {
     queue_->wait_all();
   } catch (...) {
   }
-  for (auto& f : free_)
-    if (f.readers) f.readers->wait();
+  for (auto& f : free_) {
+    try {
+      if (f.readers) f.readers->wait();
+    } catch (...) {
+    }
+  }
   fetched_.clear();
   fd_.reset();
   ::unlink(path_.c_str());
 }
 
-// A free pool buffer (waiting for a copy that may still read it), a new one while fewer than
-// buffer_count exist, else a one-off of the slice's size (fetch() past the prefetch bound).
-// Page-aligned either way, for O_DIRECT.
+// A new pool buffer while fewer than buffer_count exist, else the free one handed back longest
+// ago (its copy the likeliest to be done; waited for if not), else a one-off of the slice's size
+// (fetch() past the prefetch bound). Page-aligned either way, for O_DIRECT.
 ParamStore::Fetch ParamStore::start_read(int unit) {
   const int64_t n = layout_.units[unit].layout.partition_numel;
   Fetch f;
-  if (!free_.empty()) {
-    FreeBuffer b = std::move(free_.back());
-    free_.pop_back();
-    if (b.readers) b.readers->wait();
-    f.buffer = std::move(b.buffer);
-    f.pooled = true;
-  } else if (pooled_ < config_.buffer_count) {
+  if (pooled_ < config_.buffer_count) {
     f.buffer = pin_ ? device::host_buffer(pool_numel_, dtype_, /*pin=*/true, device_)
                     : aligned_tensor(pool_numel_, dtype_);
     ++pooled_;
+    f.pooled = true;
+  } else if (!free_.empty()) {
+    FreeBuffer b = std::move(free_.front());
+    free_.erase(free_.begin());
+    if (b.readers) b.readers->wait();
+    f.buffer = std::move(b.buffer);
     f.pooled = true;
   } else {
     f.buffer = aligned_tensor(n, dtype_);

@@ -33,8 +33,11 @@ StepDuringBackward::~StepDuringBackward() {
     worker_.wait();
   } catch (...) {
   }
-  downloads_.mark()->wait();
-  uploads_.mark()->wait();
+  try {  // a sticky CUDA error throws here too: a destructor must not
+    downloads_.mark()->wait();
+    uploads_.mark()->wait();
+  } catch (...) {
+  }
 }
 
 int64_t StepDuringBackward::host_bytes() const {

@@ -33,8 +33,8 @@ at::ScalarType dtype_from_config(const std::string& configured, at::ScalarType f
 // Chunks of 2^18 elements on the CPU (the widened chunk stays in cache); on a GPU 2^24 (256 MiB
 // of transients), so a billion-element partition is ~60 chunks, not thousands of launches.
 at::Tensor sum_of_squares(const at::Tensor& t) {
+  if (!t.defined()) return at::zeros({}, at::kDouble);
   at::Tensor sum = at::zeros({}, t.options().dtype(at::kDouble));
-  if (!t.defined()) return sum;
   const int64_t chunk = t.is_cpu() ? int64_t{1} << 18 : int64_t{1} << 24;
   const at::Tensor flat = t.reshape({-1});
   const int64_t n = flat.numel();

@@ -98,14 +98,14 @@ TEST(ParamStore, SliceBuffersAreReusedOnlyAfterTheirReaders) {
     return all.narrow(0, L.units[u].partition_offset, L.units[u].layout.partition_numel);
   };
   void* first = store.fetch(1).data_ptr();
+  EXPECT_TRUE(torch::equal(store.fetch(2), want(2)));  // the second pool buffer: the pool is full
   auto upload = std::make_shared<CountedFence>();
   store.done(1, upload);
   EXPECT_EQ(upload->waits, 0) << "done() does not wait";
-  at::Tensor two = store.fetch(2);
+  at::Tensor three = store.fetch(3);
   EXPECT_EQ(upload->waits, 1) << "the buffer's reader is waited for before the read into it";
-  EXPECT_EQ(two.data_ptr(), first) << "the pool buffer is reused";
-  EXPECT_TRUE(torch::equal(two, want(2)));
-  EXPECT_TRUE(torch::equal(store.fetch(3), want(3)));  // the second pool buffer
+  EXPECT_EQ(three.data_ptr(), first) << "the pool buffer is reused";
+  EXPECT_TRUE(torch::equal(three, want(3)));
   EXPECT_TRUE(torch::equal(store.fetch(1), want(1)));  // a one-off: both pool buffers are held
   EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4 + 5000 * 4);
   auto late = std::make_shared<CountedFence>();

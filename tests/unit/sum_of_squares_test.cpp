@@ -25,6 +25,7 @@ TEST(SumOfSquares, EqualsTheWholeTensorSumInFp64) {
     EXPECT_NEAR(sum.item<double>(), whole, 1e-12 * whole) << c10::toString(dtype);
   }
   EXPECT_EQ(sum_of_squares(torch::empty({0})).item<double>(), 0.0);
+  EXPECT_EQ(sum_of_squares(at::Tensor()).item<double>(), 0.0);  // no gradient at all
   EXPECT_EQ(sum_of_squares(torch::ones({3, 4})).item<double>(), 12.0);  // not only 1-D
 }
 

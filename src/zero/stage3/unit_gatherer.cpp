@@ -23,7 +23,12 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
 }
 
-UnitGatherer::~UnitGatherer() { fetches_.mark()->wait(); }
+UnitGatherer::~UnitGatherer() {
+  try {  // a sticky CUDA error throws here too: a destructor must not
+    fetches_.mark()->wait();
+  } catch (...) {
+  }
+}
 
 GatherStats UnitGatherer::stats() const {
   GatherStats g = stats_;

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "zero/tensor_facts.h"
 
 namespace deepspeed {
 namespace offload {
@@ -124,12 +125,7 @@ void GradStore::close(int unit) {
   Io io{it->second.slice, -1};
   open_.erase(it);
   if (io.buffer.numel() == 0) return;
-  if (boundary_) {  // in chunks: a whole-slice fp64 copy would be 4x the slice
-    constexpr int64_t kChunk = 1 << 18;
-    const int64_t n = io.buffer.numel();
-    for (int64_t c = 0; c < n; c += kChunk)
-      squared_norm_ += io.buffer.narrow(0, c, std::min(kChunk, n - c)).to(torch::kDouble).pow(2).sum().item<double>();
-  }
+  if (boundary_) squared_norm_ += zero::sum_of_squares(io.buffer).item<double>();
   io.ticket = queue_->write(*fd_, file_.unit_offset(unit), io.buffer.data_ptr(), file_.slice_bytes(unit));
   writing_.push_back(std::move(io));
   while (writing_.size() > kMaxWritesInFlight) {

@@ -32,6 +32,9 @@ FILES=(
   src/device/pinned_memory.cpp
   src/offload/param_store.cpp
   src/zero/step_during_backward.cpp
+  src/zero/host_grad_partition.cpp
+  src/zero/flat_grad_reducer.cpp
+  src/zero/stage3/stage3.cpp
   src/zero/stage3/unit_gatherer.cpp
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp

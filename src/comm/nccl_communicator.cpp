@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include "comm/all_to_all.h"
 #include "comm/communicator_base.h"
 #include "comm/local_reduce.h"
 #include "comm/reduce_scatter_v.h"
@@ -109,6 +110,20 @@ class NcclCommunicator : public CommunicatorBase {
                     output.copy_(reduce_chunks(recv.view({world, mine}), op, world)
                                      .view(output.sizes()));
                   });
+  }
+
+  // Even all-to-all (1-bit Adam's compressed rows, ZeRO++'s qgZ): one NCCL all-to-all, not the
+  // base's all-gather of world_size times the bytes.
+  WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input) override {
+    check_all_to_all(*this, output, input);
+    count("all_to_all", input);
+    if (input.numel() == 0) return done();
+    at::Tensor out = on_device(output).view({-1});
+    at::Tensor in = on_device(input.contiguous()).view({-1});
+    std::vector<int64_t> equal_splits;  // empty: world_size equal chunks
+    return launch(describe("all_to_all", input),
+                  [&] { return pg_->alltoall_base(out, in, equal_splits, equal_splits); },
+                  copy_back(output, out));
   }
 
   WorkPtr send(at::Tensor& tensor, int dst, int tag) override {

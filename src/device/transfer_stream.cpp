@@ -106,6 +106,14 @@ void SideStream::used_on_current(const at::Tensor& t) {
 #endif
 }
 
+void SideStream::reads(const at::Tensor& t) {
+#ifdef DS_WITH_CUDA
+  if (impl_ && t.defined() && t.is_cuda()) t.record_stream(impl_->stream);
+#else
+  (void)t;
+#endif
+}
+
 SideStream::~SideStream() = default;
 
 }  // namespace device

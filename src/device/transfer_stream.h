@@ -56,6 +56,9 @@ class SideStream {
   // (the caching allocator's record_stream; otherwise a later side-stream allocation could
   // reuse it under a kernel still running).
   void used_on_current(const at::Tensor& t);
+  // The other way round: `t` belongs to the compute stream and work issued here reads it; its
+  // memory is reused only after that work is done (record_stream on the side stream).
+  void reads(const at::Tensor& t);
 
  private:
   struct Impl;

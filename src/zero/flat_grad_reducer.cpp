@@ -46,13 +46,19 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
   order_->begin();
 }
 
-void FlatGradReducer::announce_final(int64_t begin, int64_t end) {
+void FlatGradReducer::announce_final(int64_t begin, int64_t end,
+                                     std::shared_ptr<device::CopyFence> ready) {
   if (!boundary_ || !on_final_) return;
   const auto& layout = flat_.layout();
   const int64_t mine = layout.begin(owner_);
   const int64_t lo = std::max(begin, mine);
   const int64_t hi = std::min(end, mine + layout.partition_numel);
-  if (lo < hi) on_final_(lo - mine, hi - lo);
+  if (lo < hi) on_final_(lo - mine, hi - lo, std::move(ready));
+}
+
+at::Tensor FlatGradReducer::squared_norm() {
+  if (host_) return host_->squared_norm();
+  return sum_of_squares(partition_).reshape({1});
 }
 
 void FlatGradReducer::launch_index(size_t b) {
@@ -67,6 +73,7 @@ void FlatGradReducer::end_backward() {
   // hook never fired (its gradient is zeros).
   order_->launch_rest([this](size_t b) { launch_index(b); });
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+  if (host_) host_->end_micro_step();
 }
 
 // ---- all-reduce at the boundary (stages 0, 1) ------------------------------------------------
@@ -143,17 +150,34 @@ int64_t AllReduceBuckets::gradient_bytes() const { return storage_bytes(flat_gra
 
 ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatParams& flat,
                                            const ReductionOptions& options,
-                                           at::ScalarType comm_dtype, at::ScalarType grad_dtype)
+                                           at::ScalarType comm_dtype, at::ScalarType grad_dtype,
+                                           bool host_partition, bool pin)
     : FlatGradReducer(context, flat, context.rank(), options, comm_dtype,
                       options.overlap ? kMaxBucketsInFlight : 0,
                       /*hooked=*/true) {  // every gradient is caught as it is produced, to free it
-  partition_ = torch::zeros({flat_.layout().partition_numel}, ctx_.options(grad_dtype));
+  const int64_t numel = flat_.layout().partition_numel;
+  if (host_partition) {
+    host_ = std::make_unique<HostGradPartition>(numel, grad_dtype, ctx_.device, pin);
+    partition_ = host_->tensor();
+  } else {
+    partition_ = torch::zeros({numel}, ctx_.options(grad_dtype));
+  }
   for (auto& b : buckets_)
     max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
 }
 
 // The rank never holds a full gradient: every micro-step reduces.
-void ReduceScatterBuckets::begin_backward(bool boundary) { start(true, boundary); }
+void ReduceScatterBuckets::begin_backward(bool boundary) {
+  if (host_) host_->begin_micro_step(boundary);
+  start(true, boundary);
+}
+
+void ReduceScatterBuckets::zero() {
+  if (host_)
+    host_->clear();  // the next micro-step overwrites it
+  else
+    partition_.zero_();
+}
 
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
@@ -196,14 +220,17 @@ void ReduceScatterBuckets::finish(Bucket& b) {
   b.work.reset();
   const double after = gradient_scaling(options_, ctx_.world_size()).after_reduce;
   const auto& layout = flat_.layout();
+  std::shared_ptr<device::CopyFence> ready;
   if (b.received.numel() > 0) {
     const int64_t mine = layout.begin(owner_);
     const int64_t first = std::max(b.range.begin, mine) - mine;
-    auto target = partition_.narrow(0, first, b.received.numel());
     if (after != 1.0) b.received.mul_(after);
-    target.add_(b.received);
+    if (host_)
+      ready = host_->accumulate(first, b.received);
+    else
+      partition_.narrow(0, first, b.received.numel()).add_(b.received);
   }
-  announce_final(b.range.begin, b.range.end);
+  announce_final(b.range.begin, b.range.end, std::move(ready));
   pool_.push_back(b.pooled);
   b.pooled = at::Tensor();
   b.buffer = at::Tensor();

@@ -11,6 +11,9 @@
 //       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
 //       (uneven splits: each rank receives the part inside its partition) and added to the
 //       contiguous gradient partition. Every micro-step reduces.  gradient bytes: Ψ/N + buckets
+//       With ZeRO-Offload's host update (ShardOptimizer::gradients_in_host_memory) the partition
+//       is in host memory and the reduced buckets go down into it (host_grad_partition.h): on the
+//       device only the buckets.
 #pragma once
 #include <functional>
 #include <memory>
@@ -19,6 +22,7 @@
 #include "zero/bucket_order.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_hooks.h"
+#include "zero/host_grad_partition.h"
 #include "zero/in_flight.h"
 #include "zero/stage_options.h"
 
@@ -32,13 +36,22 @@ class FlatGradReducer {
   virtual void begin_backward(bool boundary) = 0;
   void end_backward();
   // This rank's averaged gradients (its partition of the buffer), valid after a boundary's
-  // end_backward until zero().
+  // end_backward until zero() (in host memory: once settle() returned).
   at::Tensor& partition() { return partition_; }
+  // Host readers of partition() first wait for its downloads (nothing to wait for on the device).
+  void settle() {
+    if (host_) host_->wait();
+  }
+  // The partition's sum of squares: fp64 [1] on the device, a fresh tensor.
+  at::Tensor squared_norm();
   virtual void zero() = 0;             // drops the gradients (after a step, or an overflow)
-  // At an accumulation boundary, `fn(begin, numel)` runs (on the backward thread) as each range
-  // of the partition becomes final, its bucket reduced: ZeRO-Offload updates it at once.
-  void on_final(std::function<void(int64_t, int64_t)> fn) { on_final_ = std::move(fn); }
+  // At an accumulation boundary, `fn(begin, numel, ready)` runs (on the backward thread) as each
+  // range of the partition becomes final, its bucket reduced: ZeRO-Offload updates it at once.
+  // `ready`: with the partition in host memory, the fence of its download (else null).
+  using OnFinal = std::function<void(int64_t, int64_t, std::shared_ptr<device::CopyFence>)>;
+  void on_final(OnFinal fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
+  bool gradients_on_host() const { return host_ != nullptr; }
   int64_t comm_buffer_bytes() const { return pool_bytes_; }
 
  protected:
@@ -56,7 +69,8 @@ class FlatGradReducer {
                   bool hooked);
   void start(bool reducing, bool boundary);
   // Buffer elements [begin, end) are final: on_final gets their part of the partition.
-  void announce_final(int64_t begin, int64_t end);
+  void announce_final(int64_t begin, int64_t end,
+                      std::shared_ptr<device::CopyFence> ready = nullptr);
   virtual void arrived(size_t slot) {}
   virtual void launch(Bucket& b) = 0;
   virtual void finish(Bucket& b) = 0;
@@ -74,7 +88,8 @@ class FlatGradReducer {
   int64_t pool_bytes_ = 0;
   bool reducing_ = false;
   bool boundary_ = false;  // this backward ends an accumulation: what it reduces is final
-  std::function<void(int64_t, int64_t)> on_final_;
+  OnFinal on_final_;
+  std::unique_ptr<HostGradPartition> host_;  // the partition, when in host memory
   GradientHooks hooks_;
 };
 
@@ -97,10 +112,12 @@ class AllReduceBuckets : public FlatGradReducer {
 class ReduceScatterBuckets : public FlatGradReducer {
  public:
   // `grad_dtype`: the partition's dtype (grad_accum_dtype, may be wider than the parameters').
+  // `host_partition`: the partition in host memory (page-locked with `pin`).
   ReduceScatterBuckets(const StageContext& context, FlatParams& flat, const ReductionOptions& options,
-                       at::ScalarType comm_dtype, at::ScalarType grad_dtype);
+                       at::ScalarType comm_dtype, at::ScalarType grad_dtype, bool host_partition,
+                       bool pin);
   void begin_backward(bool boundary) override;
-  void zero() override { partition_.zero_(); }
+  void zero() override;
   int64_t gradient_bytes() const override;
 
  private:

@@ -30,14 +30,17 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   if (options.scatter_gradients) {
     // Autograd accumulates in the parameter dtype; the scattered partition may be wider.
     const auto grad_dtype = dtype_from_config(options.grad_accum_dtype, options.param_dtype);
-    grads_ = std::make_unique<ReduceScatterBuckets>(ctx_, *flat_, reduction, comm_dtype, grad_dtype);
+    grads_ = std::make_unique<ReduceScatterBuckets>(ctx_, *flat_, reduction, comm_dtype, grad_dtype,
+                                                    shard_->gradients_in_host_memory(),
+                                                    options.shard.pin_memory);
   } else {
     grads_ = std::make_unique<AllReduceBuckets>(ctx_, *flat_, ownership_->owner(), reduction,
                                                 comm_dtype);
   }
   if (shard_->steps_during_backward())
-    grads_->on_final([this](int64_t begin, int64_t numel) {
-      shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_);
+    grads_->on_final([this](int64_t begin, int64_t numel, std::shared_ptr<device::CopyFence> ready) {
+      shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_,
+                              std::move(ready));
     });
   const auto order = slots_in_param_order(params);
   if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get()))
@@ -126,7 +129,7 @@ void FlatStage::tell_lamb_fragments(optim::Lamb& lamb, const std::vector<size_t>
 // the vote the ranks would step different optimizers, and the loss scales would part.
 at::Tensor FlatStage::global_grad_norm_tensor() {
   if (gradients_stay_local() && ctx_.world_size() > 1) return ZeroStage::global_grad_norm_tensor();
-  at::Tensor sq = sum_of_squares(grads_->partition()).reshape({1});
+  at::Tensor sq = grads_->squared_norm();
   ownership_->sum_over_owners(sq);
   return sq.sqrt_();
 }
@@ -134,7 +137,7 @@ at::Tensor FlatStage::global_grad_norm_tensor() {
 double FlatStage::global_grad_norm() {
   if (!gradients_stay_local() || ctx_.world_size() == 1)
     return global_grad_norm_tensor().item<double>();
-  at::Tensor sq = sum_of_squares(grads_->partition()).reshape({1});
+  at::Tensor sq = grads_->squared_norm();
   ownership_->sum_over_owners(sq);
   const double norm = std::sqrt(sq.item<double>());
   at::Tensor overflowed =
@@ -144,6 +147,7 @@ double FlatStage::global_grad_norm() {
 }
 
 void FlatStage::step(double grad_scale) {
+  grads_->settle();
   shard_->step({grads_->partition()}, *partition_, grad_scale);
   ownership_->share_updates(*flat_);
   grads_->zero();
@@ -155,7 +159,8 @@ MemoryReport FlatStage::memory() const {
   r.gradients = grads_->gradient_bytes();
   r.optimizer_states = shard_->resident_bytes();
   r.comm_buffers = grads_->comm_buffer_bytes();
-  r.host_bytes = host_share(ctx_.device, r.parameters + r.gradients + r.comm_buffers) +
+  r.host_bytes = host_share(ctx_.device, r.parameters + r.comm_buffers) +
+                 (grads_->gradients_on_host() ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  shard_->resident_host_bytes();
   return r;
 }

@@ -48,6 +48,7 @@ std::array<double, 2> FlatStage::grad_square_sums(const std::vector<at::Tensor>&
   const auto& layout = flat_->layout();
   const int64_t begin = layout.begin(ownership_->owner()), end = begin + layout.partition_numel;
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
+  grads_->settle();
   const at::Tensor& grads = grads_->partition();
   for (const auto& slot : flat_->slots()) {
     const int64_t lo = std::max(begin, slot.offset), hi = std::min(end, slot.offset + slot.numel);
@@ -82,6 +83,7 @@ std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& se
   std::vector<bool> split(param_index_.size());
   for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
+  if (host_grads_) host_grads_->wait();
   for (const auto& f : own_fragments())
     sums[split.at(f.param) ? 0 : 1] += sum_of_squares(grad_partition_.narrow(0, f.at, f.numel));
   ctx_.comm->all_reduce(sums)->wait();

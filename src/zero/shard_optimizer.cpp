@@ -57,6 +57,7 @@ class InMemoryShard : public ShardOptimizer {
     // From a GPU the ranges come down during backward only into page-locked memory: a copy into
     // pageable memory blocks the host until the GPU gets there, stalling backward at every bucket.
     const bool on_gpu = !options.compute_device.is_cpu();
+    on_gpu_ = on_gpu;
     overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
                options.overlap_step.value_or(on_gpu) && (pin_ || !on_gpu);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
@@ -70,9 +71,13 @@ class InMemoryShard : public ShardOptimizer {
   }
 
   bool steps_during_backward() const override { return overlap_; }
-  void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) override {
-    host_step_->take(begin, grads, params.resident());
+  void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params,
+                       std::shared_ptr<device::CopyFence> ready) override {
+    host_step_->take(begin, grads, params.resident(), std::move(ready));
   }
+  // From a GPU only into page-locked memory: each bucket's copy into pageable memory would block
+  // backward until the GPU got there (as overlap_ is refused without pin_memory).
+  bool gradients_in_host_memory() const override { return host_step_ && (pin_ || !on_gpu_); }
   size_t ranges_stepped_during_backward() const override {
     return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
@@ -215,6 +220,7 @@ class InMemoryShard : public ShardOptimizer {
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
+  bool on_gpu_ = false;     // the stage computes on a GPU
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
   std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)
 };

@@ -27,6 +27,9 @@
 #include "zero/stage_options.h"
 
 namespace deepspeed {
+namespace device {
+class CopyFence;
+}
 namespace zero {
 
 using OptimizerFactory =
@@ -109,7 +112,13 @@ class ShardOptimizer {
   // has made it final. The next step() completes the update (when the ranges were already
   // updated, its grad_scale must be 1), or discard_step() drops it (fp16 overflow).
   virtual bool steps_during_backward() const { return false; }
-  virtual void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params) {}
+  // `ready`: gradients kept in host memory (gradients_in_host_memory()) are there once it passed.
+  virtual void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params,
+                               std::shared_ptr<device::CopyFence> ready) {}
+  // Whether the update reads the gradients in host memory (ZeRO-Offload's FusedAdam step): the
+  // reduce-scatter stages then keep their gradient partition there (zero/host_grad_partition.h),
+  // not on the device.
+  virtual bool gradients_in_host_memory() const { return false; }
   virtual void discard_step() {}
   // A boundary's backward begins. Ranges still taken from an earlier one (that backward threw)
   // are dropped; if they were already updated, this throws deepspeed::Error saying so.

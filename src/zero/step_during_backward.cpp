@@ -50,8 +50,10 @@ int64_t StepDuringBackward::host_bytes() const {
 // gradients (their bucket's reduction was joined to it): backward's next kernels do not queue
 // behind a transfer of the whole range. `grads` is a slice of the stage's gradient partition,
 // which nothing frees or rewrites before finish()/forget() waited for the fence.
-StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const at::Tensor& grads) {
-  if (grads.is_cpu()) return {grads.contiguous(), device::CopyFence::record(grads.device())};
+StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const at::Tensor& grads,
+                                                          std::shared_ptr<device::CopyFence> ready) {
+  if (grads.is_cpu())
+    return {grads.contiguous(), ready ? std::move(ready) : device::CopyFence::record(grads.device())};
   if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
     landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin, device_);
   at::Tensor slice = landing_.narrow(0, begin, grads.numel());
@@ -121,7 +123,8 @@ void StepDuringBackward::update(int64_t begin, const at::Tensor& host_grads,
   }
 }
 
-void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition) {
+void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition,
+                              std::shared_ptr<device::CopyFence> ready) {
   torch::NoGradGuard no_grad;
   const int64_t n = grads.numel();
   TORCH_CHECK(begin >= 0 && begin + n <= master_.numel(), "StepDuringBackward: range [", begin,
@@ -129,7 +132,7 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   if (taken_.empty() && options_.update_early) prepare();
   taken_.emplace_back(begin, n);
   if (n == 0) return;
-  Download down = download(begin, grads);
+  Download down = download(begin, grads, std::move(ready));
   if (!options_.update_early) {
     landed_.push_back({begin, down});
     return;

@@ -9,7 +9,9 @@
 // instead of after the whole backward:
 //   engine thread  take(): the range's gradients, in their own dtype, down into host memory (on a
 //                  GPU asynchronously, on a download stream that follows the compute stream,
-//                  with a fence); a task posted;
+//                  with a fence; stages 2 and 3 keep the partition in host memory already,
+//                  zero/host_grad_partition.h, and hand over their download's fence instead); a
+//                  task posted;
 //   worker thread  waits for the fence; for each chunk of the range, widens the gradients to fp32
 //                  in a small scratch buffer, runs Adam on the masters, writes the chunk's 16-bit
 //                  rounding into a slot of a small ring and uploads the slot into the device
@@ -21,7 +23,8 @@
 // partition at step time, then finishes: the same code, serial.
 // The ranges give bit for bit what one step gives: the update is elementwise, same constants.
 // Host bytes per parameter on a GPU in 16-bit training: masters 4 + moments 8 + gradients 2 (the
-// ZeRO floor of 12 plus the landing place); the scratch and the ring are a few chunks.
+// ZeRO floor of 12 plus the gradients' place: the stage's host partition at stages 2 and 3, the
+// landing buffer here at stage 1); the scratch and the ring are a few chunks.
 // Why uploading early is safe: a range is final only after backward has run every node that
 // reads its parameters, and the worker waits for a fence recorded after those nodes' kernels.
 // With the partition in host memory (the CPU, or offload_param "cpu") the update writes the
@@ -66,9 +69,11 @@ class StepDuringBackward {
 
   // Elements [begin, begin + grads.numel()) of the gradient partition are final for this step.
   // `partition`: the resident parameter partition. The first take() of a step reads the step's
-  // constants (learning rate, the grad scale set on `adam`). REQUIRES: ranges of one step do not
-  // overlap.
-  void take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
+  // constants (learning rate, the grad scale set on `adam`). `ready`: for gradients already in
+  // host memory (zero/host_grad_partition.h), a fence after which their values are there (null:
+  // they are). REQUIRES: ranges of one step do not overlap.
+  void take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition,
+            std::shared_ptr<device::CopyFence> ready = nullptr);
   // Whether a range was taken since the last finish().
   bool started() const { return !taken_.empty(); }
   // Completes the step: `grads` is the whole gradient partition. Rethrows a worker's error.
@@ -98,7 +103,8 @@ class StepDuringBackward {
     at::Tensor grads;
     std::shared_ptr<device::CopyFence> fence;
   };
-  Download download(int64_t begin, const at::Tensor& grads);
+  Download download(int64_t begin, const at::Tensor& grads,
+                    std::shared_ptr<device::CopyFence> ready = nullptr);
   void update(int64_t begin, const at::Tensor& host_grads, const at::Tensor& partition);
   void update_chunk(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
   std::vector<std::pair<int64_t, int64_t>> gaps() const;

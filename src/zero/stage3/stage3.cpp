@@ -39,20 +39,26 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   // may hold persistent parameters of units restored just before.
   for (size_t u = 1; u < layout_.units.size(); ++u) partition_unit(static_cast<int>(u));
   partition_unit(0);
+  ShardOptions shard = options_.shard;
+  shard.compute_device = ctx_.device;
+  shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
   // After the zero::Init slices are gone (a model bigger than RAM needs the room). A swapped
-  // optimizer swaps the gradients too, as DeepSpeed does.
-  if (options_.shard.home == OffloadDevice::kNvme)
+  // optimizer swaps the gradients too, as DeepSpeed does; ZeRO-Offload's host update reads them
+  // in host memory, where they then accumulate (no device partition).
+  if (options_.shard.home == OffloadDevice::kNvme) {
     grads_ = std::make_unique<offload::GradStore>(layout_, param_dtype_, options_.shard.nvme_path,
                                                   options_.aio);
-  else
+  } else if (shard_->gradients_in_host_memory()) {
+    host_grads_ = std::make_unique<HostGradPartition>(layout_.partition_numel, param_dtype_,
+                                                      ctx_.device, options_.shard.pin_memory);
+    grad_partition_ = host_grads_->tensor();
+  } else {
     grad_partition_ = torch::zeros({layout_.partition_numel}, ctx_.options(param_dtype_));
+  }
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));
   make_buckets();
-  ShardOptions shard = options_.shard;
-  shard.compute_device = ctx_.device;
-  shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
 }
 
 Stage3::~Stage3() {
@@ -128,6 +134,7 @@ void Stage3::begin_backward(bool boundary) {
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
   if (grads_) grads_->begin_micro_step(boundary);
+  if (host_grads_) host_grads_->begin_micro_step(boundary);
 }
 
 // The parameter's gradient moves into its bucket and is freed at once.
@@ -179,6 +186,8 @@ void Stage3::finish(size_t index) {
     if (after != 1.0) b.received.mul_(after);
     if (grads_)  // no zero-filled slice first: see GradStore
       grads_->accumulate(b.unit, first, b.received);
+    else if (host_grads_)
+      host_grads_->accumulate(layout_.units[b.unit].partition_offset + first, b.received);
     else
       grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
   }
@@ -190,7 +199,8 @@ void Stage3::finish(size_t index) {
     } else if (boundary_ && shard_->steps_during_backward()) {
       // The unit's slice is final: ZeRO-Offload updates it now (zero/step_during_backward.h).
       shard_->gradients_final(layout_.units[b.unit].partition_offset,
-                              slice_of(grad_partition_, b.unit), *params_);
+                              slice_of(grad_partition_, b.unit), *params_,
+                              host_grads_ ? host_grads_->written() : nullptr);
     }
   }
   bucket_bytes_ -= storage_bytes(b.buffer);
@@ -204,6 +214,7 @@ void Stage3::end_backward(bool) {
     if (!buckets_[b].launched) launch(b);
   in_flight_.drain([this](size_t i) { finish(i); });
   if (grads_) grads_->end_micro_step();
+  if (host_grads_) host_grads_->end_micro_step();
   gatherer_->end_backward();
 }
 
@@ -211,7 +222,10 @@ void Stage3::end_backward(bool) {
 at::Tensor Stage3::global_grad_norm_tensor() {
   at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
   if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
-  if (grad_partition_.defined()) sq += sum_of_squares(grad_partition_);
+  if (host_grads_)
+    sq += host_grads_->squared_norm();  // summed as the buckets came down
+  else if (grad_partition_.defined())
+    sq += sum_of_squares(grad_partition_);
   ctx_.comm->all_reduce(sq)->wait();
   return sq.sqrt_();
 }
@@ -219,6 +233,7 @@ at::Tensor Stage3::global_grad_norm_tensor() {
 double Stage3::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void Stage3::step(double grad_scale) {
+  if (host_grads_) host_grads_->wait();
   shard_->step({grad_partition_, grad_source()}, *params_, grad_scale);
   gatherer_->regather_root();
   discard_gradients();
@@ -228,6 +243,8 @@ void Stage3::discard_gradients() {
   shard_->discard_step();
   if (grads_)
     grads_->discard();
+  else if (host_grads_)
+    host_grads_->clear();  // the next micro-step overwrites it
   else
     grad_partition_.zero_();
 }
@@ -243,9 +260,10 @@ MemoryReport Stage3::memory() const {
   r.peak_gathered_numel = g.peak_numel;
   r.gathered_bytes = g.bytes;
   r.peak_gathered_bytes = g.peak_bytes;
-  // Swapped gradients and the parameter partition of offload_param live in host memory.
+  // Swapped or offloaded gradients and the parameter partition of offload_param live in host
+  // memory.
   r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
-                 (grads_ ? r.gradients : host_share(ctx_.device, r.gradients)) +
+                 (grads_ || host_grads_ ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
   return r;
 }

@@ -17,7 +17,8 @@
 // 16-bit copy); only the root unit is gathered again.
 // The partition lives in a ParamStore (memory, or a swap file under offload_param nvme: ZeRO-
 // Infinity); the fp32 masters and moments in the shard optimizer (zero/shard_optimizer.h: memory,
-// or a file under offload_optimizer nvme, and then the gradient partition in a GradStore file too).
+// or a file under offload_optimizer nvme, and then the gradient partition in a GradStore file too;
+// under offload_optimizer cpu with FusedAdam, in host memory: zero/host_grad_partition.h).
 #pragma once
 #include <array>
 #include <deque>
@@ -28,6 +29,7 @@
 #include "offload/grad_store.h"
 #include "offload/param_store.h"
 #include "zero/gradient_hooks.h"
+#include "zero/host_grad_partition.h"
 #include "zero/in_flight.h"
 #include "zero/shard_optimizer.h"
 #include "zero/stage.h"
@@ -121,6 +123,9 @@ class Stage3 : public ZeroStage {
   at::Tensor grad_partition_;  // this rank's averaged gradients, same layout (unless grads_)
   // offload_optimizer nvme: the gradient partition in a file
   std::unique_ptr<offload::GradStore> grads_;
+  // ZeRO-Offload's host update: grad_partition_ is this, in host memory (declared before shard_,
+  // whose update thread reads it, so it is destroyed after)
+  std::unique_ptr<HostGradPartition> host_grads_;
   at::Tensor grad_slice(int u);       // where unit u's reduced gradients accumulate
   std::vector<int> unit_buckets_;     // per unit: its buckets
   std::vector<int> unit_finished_;    // per unit: buckets reduced this micro-step

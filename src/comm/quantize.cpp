@@ -110,23 +110,93 @@ void dequantize_blocks(const uint8_t* q, const float* scales, int64_t n, int bit
 }
 
 at::Tensor quantize(const at::Tensor& x, int bits, int64_t block) {
-  const at::Tensor v = x.detach().reshape({-1}).to(torch::kCPU, torch::kFloat).contiguous();
+  if (!x.device().is_cpu()) return quantize_by_tensor_ops(x, bits, block);
+  const at::Tensor v = x.detach().reshape({-1}).to(torch::kFloat).contiguous();
   const int64_t n = v.numel();
   at::Tensor wire = torch::empty({quantized_bytes(n, bits, block)}, torch::kUInt8);
   uint8_t* base = wire.data_ptr<uint8_t>();
+  const int64_t packed = bits == 8 ? n : (n + 1) / 2;
+  std::fill(base + packed, base + payload_bytes(n, bits), uint8_t{0});  // the same bytes everywhere
   quantize_blocks(v.data_ptr<float>(), n, bits, block, base,
                   reinterpret_cast<float*>(base + payload_bytes(n, bits)));
-  return x.device().is_cpu() ? wire : wire.to(x.device());
+  return wire;
 }
 
-void dequantize(const at::Tensor& wire, at::Tensor& out, int bits, int64_t block, bool add) {
-  const int64_t n = out.numel();
-  const at::Tensor w = wire.to(torch::kCPU).contiguous();
+namespace {
+
+void check_wire(const at::Tensor& w, int64_t n, int bits, int64_t block) {
   if (w.scalar_type() != torch::kUInt8 || w.numel() != quantized_bytes(n, bits, block))
     throw std::invalid_argument("dequantize: wire form of " + std::to_string(w.numel()) +
                                 " bytes for " + std::to_string(n) + " values of " +
                                 std::to_string(bits) + " bits (expected " +
                                 std::to_string(quantized_bytes(n, bits, block)) + " uint8)");
+}
+
+}  // namespace
+
+// The kernels' arithmetic in tensor operations, step for step: scale = max|x| / qmax and its
+// reciprocal as true divisions by tensors (a division by a scalar may become a multiplication by
+// its reciprocal), x * inv, +-0.5, truncation, clamp: the same IEEE float operations, so the
+// same bytes on any device.
+at::Tensor quantize_by_tensor_ops(const at::Tensor& x, int bits, int64_t block) {
+  const int qmax = qmax_of(bits);
+  check_block(bits, block);
+  const at::Tensor v = x.detach().reshape({-1}).to(torch::kFloat);
+  const int64_t n = v.numel();
+  const int64_t nb = blocks_of(n, block);
+  at::Tensor blocks = torch::zeros({nb * block}, v.options());
+  blocks.narrow(0, 0, n).copy_(v);
+  blocks = blocks.view({nb, block});
+  at::Tensor scales = blocks.abs().amax({1}) / torch::full({nb}, static_cast<float>(qmax), v.options());
+  at::Tensor inv = torch::where(scales > 0, torch::ones_like(scales) / scales, torch::zeros_like(scales));
+  at::Tensor q = blocks * inv.unsqueeze(1);
+  q = (q + torch::where(q >= 0, torch::full_like(q, 0.5f), torch::full_like(q, -0.5f))).trunc_();
+  q = q.clamp_(-qmax, qmax).reshape({-1}).narrow(0, 0, n).to(torch::kInt);
+  at::Tensor wire = torch::zeros({quantized_bytes(n, bits, block)}, v.options().dtype(torch::kUInt8));
+  if (bits == 8) {
+    wire.narrow(0, 0, n).copy_(q.to(torch::kChar).view(torch::kUInt8));
+  } else {
+    at::Tensor nibbles = torch::full({(n + 1) / 2 * 2}, 8, q.options());  // an odd tail pairs with 8
+    nibbles.narrow(0, 0, n).add_(q);
+    at::Tensor pairs = nibbles.view({-1, 2});
+    at::Tensor bytes = pairs.select(1, 0).bitwise_or(pairs.select(1, 1) * 16);
+    wire.narrow(0, 0, bytes.numel()).copy_(bytes.to(torch::kUInt8));
+  }
+  wire.narrow(0, payload_bytes(n, bits), 4 * nb).view(torch::kFloat).copy_(scales);
+  return wire;
+}
+
+void dequantize_by_tensor_ops(const at::Tensor& wire, at::Tensor& out, int bits, int64_t block,
+                              bool add) {
+  qmax_of(bits);
+  check_block(bits, block);
+  const int64_t n = out.numel();
+  const at::Tensor w = wire.to(out.device()).contiguous();
+  check_wire(w, n, bits, block);
+  const int64_t nb = blocks_of(n, block);
+  at::Tensor q;
+  if (bits == 8) {
+    q = w.narrow(0, 0, n).view(torch::kChar).to(torch::kFloat);
+  } else {
+    at::Tensor bytes = w.narrow(0, 0, (n + 1) / 2).to(torch::kInt);
+    at::Tensor lo = bytes.bitwise_and(15) - 8, hi = torch::div(bytes, 16, "floor") - 8;
+    q = torch::stack({lo, hi}, 1).reshape({-1}).narrow(0, 0, n).to(torch::kFloat);
+  }
+  at::Tensor scales = w.narrow(0, payload_bytes(n, bits), 4 * nb).view(torch::kFloat);
+  at::Tensor values =
+      q * scales.unsqueeze(1).expand({nb, block}).reshape({-1}).narrow(0, 0, n);
+  at::Tensor flat = out.view({-1});
+  if (add)
+    flat.add_(values);
+  else
+    flat.copy_(values);
+}
+
+void dequantize(const at::Tensor& wire, at::Tensor& out, int bits, int64_t block, bool add) {
+  if (!out.is_cpu()) return dequantize_by_tensor_ops(wire, out, bits, block, add);
+  const int64_t n = out.numel();
+  const at::Tensor w = wire.to(torch::kCPU).contiguous();
+  check_wire(w, n, bits, block);
   const bool direct = !add && out.is_cpu() && out.scalar_type() == torch::kFloat &&
                       out.is_contiguous();
   at::Tensor values = direct ? out : torch::empty({n}, torch::kFloat);

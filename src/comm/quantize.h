@@ -32,13 +32,20 @@ void quantize_blocks(const float* x, int64_t n, int bits, int64_t block, uint8_t
 void dequantize_blocks(const uint8_t* q, const float* scales, int64_t n, int bits, int64_t block,
                        float* out);
 
-// The wire form of `x` (any floating dtype, converted to fp32 first; flattened), on x's device
-// (the kernels run on the CPU: a CUDA tensor makes a round trip through host memory).
+// The wire form of `x` (any floating dtype, converted to fp32 first; flattened), on x's device:
+// the kernels above on the CPU, quantize_by_tensor_ops on a GPU (no round trip through host
+// memory, no host wait). The same bytes either way.
 at::Tensor quantize(const at::Tensor& x, int bits, int64_t block = kQuantBlock);
 // Decodes `wire` (quantized_bytes(out.numel(), bits, block) bytes) into `out` (contiguous, any
-// floating dtype). add = true adds the values to out instead (qgZ sums the received chunks).
+// floating dtype), on out's device. add = true adds the values to out instead (qgZ sums the
+// received chunks).
 void dequantize(const at::Tensor& wire, at::Tensor& out, int bits, int64_t block = kQuantBlock,
                 bool add = false);
+// The same two in tensor operations on the tensors' device (what a GPU runs; on the CPU the
+// tests compare them with the kernels byte for byte). The wire goes to out's device first.
+at::Tensor quantize_by_tensor_ops(const at::Tensor& x, int bits, int64_t block = kQuantBlock);
+void dequantize_by_tensor_ops(const at::Tensor& wire, at::Tensor& out, int bits,
+                              int64_t block = kQuantBlock, bool add = false);
 
 }  // namespace comm
 }  // namespace deepspeed

@@ -66,6 +66,15 @@ nlohmann::json config_for(int stage, bool bf16, Home home, const std::string& nv
   return c;
 }
 
+// World size 1 on the GPU over NCCL, for `steps` steps.
+dstest::RunSpec one_gpu_run(int steps) {
+  dstest::RunSpec spec;
+  spec.backend = "nccl";
+  spec.device = "cuda";
+  spec.steps = steps;
+  return spec;
+}
+
 dstest::RunResult train_on_gpu(int stage, bool bf16, Home home, int world = 1) {
   dstest::TempDir nvme("ds_gpu_nvme", dstest::TempDir::Base::kDisk);
   dstest::RunSpec spec;
@@ -125,10 +134,7 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   SKIP_WITHOUT_GPU();
   deterministic();
   for (int stage : {2, 3}) {
-    dstest::RunSpec spec;
-    spec.backend = "nccl";
-    spec.device = "cuda";
-    spec.steps = 10;
+    dstest::RunSpec spec = one_gpu_run(10);
     spec.config = config_for(stage, true, stage == 3 ? Home::kParamAndOptimizerCpu : Home::kOptimizerCpu, "");
     spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
     auto serial = dstest::train_gpt(spec);
@@ -148,10 +154,7 @@ TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
   SKIP_WITHOUT_GPU();
   deterministic();
   for (int stage : {2, 3}) {
-    dstest::RunSpec spec;
-    spec.backend = "nccl";
-    spec.device = "cuda";
-    spec.steps = 6;
+    dstest::RunSpec spec = one_gpu_run(6);
     spec.config = dstest::base_config(/*micro_batch=*/2, /*accumulation=*/3, stage);
     spec.config["gradient_clipping"] = 0.05;
     auto plain = dstest::train_gpt(spec);
@@ -245,10 +248,7 @@ TEST(OneGpuOffload, PinMemoryPagesLockTheHostMasters) {
 // (4c + 8c bytes, c = min(2^22, Ψ/4) elements), each within 5%.
 TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
   SKIP_WITHOUT_GPU();
-  dstest::RunSpec spec;
-  spec.backend = "nccl";
-  spec.device = "cuda";
-  spec.steps = 2;
+  dstest::RunSpec spec = one_gpu_run(2);
   spec.config = config_for(2, true, Home::kOptimizerCpu, "");
   auto run = dstest::train_gpt(spec);
   const double psi = static_cast<double>(dstest::count_parameters(spec.model));
@@ -335,10 +335,7 @@ TEST(OneGpuNccl, AllToAllRunsOnNccl) {
 TEST(OneGpuMemory, OutOfMemoryIsReportedInWords) {
   SKIP_WITHOUT_GPU();
   deepspeed::cap_device_memory(c10::Device(c10::kCUDA, 0), 256LL << 20);
-  dstest::RunSpec spec;
-  spec.backend = "nccl";
-  spec.device = "cuda";
-  spec.steps = 1;
+  dstest::RunSpec spec = one_gpu_run(1);
   spec.model = gpt::GPTConfig{256, 64, 4, 4, 1024};  // ~50M parameters: 0.8 GB of Adam state
   spec.config = config_for(1, false, Home::kNone, "");
   try {

@@ -20,26 +20,27 @@ void reduce(HostGradPartition& p, const at::Tensor& values) {
   p.accumulate(6, values.narrow(0, 6, 4))->wait();
 }
 
+// One micro-step's backward: both buckets reduced.
+void micro_step(HostGradPartition& p, const at::Tensor& values, bool boundary) {
+  p.begin_micro_step(boundary);
+  reduce(p, values);
+  p.end_micro_step();
+}
+
 TEST(HostGradPartition, FirstMicroStepWritesLaterOnesAdd) {
   HostGradPartition p(10, torch::kFloat, torch::kCPU, /*pin=*/false);
   EXPECT_TRUE(p.tensor().is_cpu());
   EXPECT_TRUE(torch::equal(p.tensor(), torch::zeros({10})));  // zeros before any backward
   auto a = torch::randn({10}), b = torch::randn({10}), c = torch::randn({10});
 
-  p.begin_micro_step(false);
-  reduce(p, a);
-  p.end_micro_step();
-  p.begin_micro_step(true);
-  reduce(p, b);
-  p.end_micro_step();
+  micro_step(p, a, false);
+  micro_step(p, b, true);
   EXPECT_TRUE(torch::allclose(p.tensor(), a + b));
   EXPECT_NEAR(p.squared_norm().item<double>(), squares(a + b), 1e-9);
 
   // After the step: the next accumulation overwrites what is there (no zeroing pass needed).
   p.clear();
-  p.begin_micro_step(true);
-  reduce(p, c);
-  p.end_micro_step();
+  micro_step(p, c, true);
   EXPECT_TRUE(torch::equal(p.tensor(), c));
   // Only the last boundary's values count: not a+b's, and not summed over steps.
   EXPECT_NEAR(p.squared_norm().item<double>(), squares(c), 1e-9);
@@ -49,9 +50,7 @@ TEST(HostGradPartition, FirstMicroStepWritesLaterOnesAdd) {
 TEST(HostGradPartition, SquaresAreTheBoundarysFinalValues) {
   HostGradPartition p(10, torch::kFloat, torch::kCPU, false);
   auto a = torch::ones({10}) * 3;
-  p.begin_micro_step(false);
-  reduce(p, a);
-  p.end_micro_step();
+  micro_step(p, a, false);
   EXPECT_EQ(p.squared_norm().item<double>(), 0.0);  // no boundary yet
   p.begin_micro_step(true);
   auto b = torch::ones({10});
@@ -69,12 +68,8 @@ TEST(HostGradPartition, SquaresAreTheBoundarysFinalValues) {
 TEST(HostGradPartition, AddsInThePartitionsDtype) {
   HostGradPartition p(10, torch::kFloat, torch::kCPU, false);
   auto a = torch::randn({10}).to(torch::kBFloat16), b = torch::randn({10}).to(torch::kBFloat16);
-  p.begin_micro_step(false);
-  reduce(p, a);
-  p.end_micro_step();
-  p.begin_micro_step(true);
-  reduce(p, b);
-  p.end_micro_step();
+  micro_step(p, a, false);
+  micro_step(p, b, true);
   EXPECT_EQ(p.tensor().scalar_type(), torch::kFloat);
   EXPECT_TRUE(torch::equal(p.tensor(), a.to(torch::kFloat) + b.to(torch::kFloat)));
 }
@@ -85,15 +80,11 @@ TEST(HostGradPartition, AddsInThePartitionsDtype) {
 TEST(HostGradPartition, AFailedFirstMicroStepLeavesNoEarlierGradients) {
   HostGradPartition p(10, torch::kFloat, torch::kCPU, false);
   auto old = torch::full({10}, 5.0f), part = torch::ones({6}), next = torch::randn({10});
-  p.begin_micro_step(true);
-  reduce(p, old);
-  p.end_micro_step();
+  micro_step(p, old, true);
   p.clear();
   p.begin_micro_step(true);
   p.accumulate(0, part)->wait();  // ...and backward throws: no end_micro_step()
-  p.begin_micro_step(true);
-  reduce(p, next);
-  p.end_micro_step();
+  micro_step(p, next, true);
   auto expected = next.clone();
   expected.narrow(0, 0, 6).add_(part);
   EXPECT_TRUE(torch::allclose(p.tensor(), expected));

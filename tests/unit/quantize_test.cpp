@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 
 #include "comm/quantize.h"
 #include "deepspeed/config.h"
@@ -89,6 +90,40 @@ TEST(Quantize, AddAccumulatesAndOtherDtypesConvert) {
   EXPECT_LE((half.to(torch::kFloat) - x).abs().max().item<double>(), 0.05);
   at::Tensor wrong = torch::empty({50});  // (99 would pad to the same 100 bytes)
   EXPECT_THROW(dequantize(quantize(x, 8), wrong, 8), std::invalid_argument);
+}
+
+// What a GPU runs (tensor operations on the tensors' device, no host round trip) writes the
+// kernels' bytes and decodes to their values, bit for bit: int8 and int4, several blocks with
+// very different scales, an all-zero block, odd lengths, 16-bit input and output, and add.
+TEST(Quantize, TensorOperationsGiveTheKernelsBytesAndValues) {
+  using deepspeed::comm::dequantize_by_tensor_ops;
+  using deepspeed::comm::quantize_by_tensor_ops;
+  torch::manual_seed(11);
+  for (int bits : {8, 4}) {
+    for (int64_t n : {1, 7, 64, 1001, 20011}) {
+      for (int64_t block : {2, 64, 8000}) {
+        at::Tensor x = torch::randn({n}) * torch::logspace(-3, 2, n);
+        if (n > 200) x.narrow(0, 64, 128).zero_();  // whole blocks of zeros at block 64
+        for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+          const std::string what = std::to_string(bits) + " bits, n " + std::to_string(n) +
+                                   ", block " + std::to_string(block);
+          at::Tensor wire = quantize(x.to(dtype), bits, block);
+          ASSERT_TRUE(torch::equal(quantize_by_tensor_ops(x.to(dtype), bits, block), wire)) << what;
+          at::Tensor kernel = torch::empty({n}, dtype), ops = torch::empty({n}, dtype);
+          dequantize(wire, kernel, bits, block);
+          dequantize_by_tensor_ops(wire, ops, bits, block);
+          EXPECT_TRUE(torch::equal(ops, kernel)) << what;
+          at::Tensor kernel_sum = torch::ones({n}, dtype), ops_sum = torch::ones({n}, dtype);
+          dequantize(wire, kernel_sum, bits, block, /*add=*/true);
+          dequantize_by_tensor_ops(wire, ops_sum, bits, block, /*add=*/true);
+          EXPECT_TRUE(torch::equal(ops_sum, kernel_sum)) << what;
+        }
+      }
+    }
+  }
+  at::Tensor wrong = torch::empty({50});
+  EXPECT_THROW(dequantize_by_tensor_ops(quantize(torch::ones({100}), 8), wrong, 8),
+               std::invalid_argument);
 }
 
 namespace {

@@ -150,7 +150,7 @@ at::Tensor quantize_by_tensor_ops(const at::Tensor& x, int bits, int64_t block) 
   at::Tensor scales = blocks.abs().amax({1}) / torch::full({nb}, static_cast<float>(qmax), v.options());
   at::Tensor inv = torch::where(scales > 0, torch::ones_like(scales) / scales, torch::zeros_like(scales));
   at::Tensor q = blocks * inv.unsqueeze(1);
-  q = (q + torch::where(q >= 0, torch::full_like(q, 0.5f), torch::full_like(q, -0.5f))).trunc_();
+  q.add_(q.sign().mul_(0.5f)).trunc_();  // +-0.5 then truncation (a zero stays zero either way)
   q = q.clamp_(-qmax, qmax).reshape({-1}).narrow(0, 0, n).to(torch::kInt);
   at::Tensor wire = torch::zeros({quantized_bytes(n, bits, block)}, v.options().dtype(torch::kUInt8));
   if (bits == 8) {

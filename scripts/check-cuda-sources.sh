@@ -33,6 +33,7 @@ FILES=(
   src/offload/param_store.cpp
   src/zero/step_during_backward.cpp
   src/zero/host_grad_partition.cpp
+  src/zero/grad_partition.cpp
   src/comm/quantize.cpp
   src/zero/flat_grad_reducer.cpp
   src/zero/stage3/stage3.cpp

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "util/ranges.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -82,15 +83,9 @@ GradStore::Open& GradStore::acquire_slice(int unit) {
 // The elements of a fresh slice no accumulate wrote become zeros.
 void GradStore::zero_uncovered(Open& o) {
   if (!o.fresh) return;
-  std::sort(o.covered.begin(), o.covered.end());
-  int64_t at = 0;
-  for (auto [first, n] : o.covered) {
-    TORCH_CHECK(first >= at, "GradStore: overlapping accumulations into a fresh slice at element ",
-                first, " (the buckets of a unit must be disjoint)");
-    if (first > at) o.slice.narrow(0, at, first - at).zero_();
-    at = first + n;
-  }
-  if (at < o.slice.numel()) o.slice.narrow(0, at, o.slice.numel() - at).zero_();
+  // Overlapping accumulations into a fresh slice would mean a unit's buckets are not disjoint.
+  for (const auto& [first, n] : uncovered(o.covered, o.slice.numel(), "GradStore"))
+    o.slice.narrow(0, first, n).zero_();
   o.fresh = false;
   o.covered.clear();
 }

@@ -56,11 +56,6 @@ void FlatGradReducer::announce_final(int64_t begin, int64_t end,
   if (lo < hi) on_final_(lo - mine, hi - lo, std::move(ready));
 }
 
-at::Tensor FlatGradReducer::squared_norm() {
-  if (host_) return host_->squared_norm();
-  return sum_of_squares(partition_).reshape({1});
-}
-
 void FlatGradReducer::launch_index(size_t b) {
   launch(buckets_[b]);
   in_flight_.push(b, [this](size_t i) { finish(buckets_[i]); });
@@ -73,7 +68,7 @@ void FlatGradReducer::end_backward() {
   // hook never fired (its gradient is zeros).
   order_->launch_rest([this](size_t b) { launch_index(b); });
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
-  if (host_) host_->end_micro_step();
+  partition_->end_micro_step();
 }
 
 // ---- all-reduce at the boundary (stages 0, 1) ------------------------------------------------
@@ -85,7 +80,8 @@ AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat
                       /*hooked=*/options.overlap) {
   const auto& layout = flat_.layout();
   flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));
-  partition_ = flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel);
+  partition_ = std::make_unique<DeviceGradPartition>(
+      flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel));
   point_grads_at_buffer();
 }
 
@@ -155,29 +151,19 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
     : FlatGradReducer(context, flat, context.rank(), options, comm_dtype,
                       options.overlap ? kMaxBucketsInFlight : 0,
                       /*hooked=*/true) {  // every gradient is caught as it is produced, to free it
-  const int64_t numel = flat_.layout().partition_numel;
-  if (host_partition) {
-    host_ = std::make_unique<HostGradPartition>(numel, grad_dtype, ctx_.device, pin);
-    partition_ = host_->tensor();
-  } else {
-    partition_ = torch::zeros({numel}, ctx_.options(grad_dtype));
-  }
+  partition_ = make_grad_partition(flat_.layout().partition_numel, grad_dtype, ctx_.device,
+                                   host_partition, pin);
   for (auto& b : buckets_)
     max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
 }
 
 // The rank never holds a full gradient: every micro-step reduces.
 void ReduceScatterBuckets::begin_backward(bool boundary) {
-  if (host_) host_->begin_micro_step(boundary);
+  partition_->begin_micro_step(boundary);
   start(true, boundary);
 }
 
-void ReduceScatterBuckets::zero() {
-  if (host_)
-    host_->clear();  // the next micro-step overwrites it
-  else
-    partition_.zero_();
-}
+void ReduceScatterBuckets::zero() { partition_->clear(); }
 
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
@@ -225,10 +211,7 @@ void ReduceScatterBuckets::finish(Bucket& b) {
     const int64_t mine = layout.begin(owner_);
     const int64_t first = std::max(b.range.begin, mine) - mine;
     if (after != 1.0) b.received.mul_(after);
-    if (host_)
-      ready = host_->accumulate(first, b.received);
-    else
-      partition_.narrow(0, first, b.received.numel()).add_(b.received);
+    ready = partition_->accumulate(first, b.received);
   }
   announce_final(b.range.begin, b.range.end, std::move(ready));
   pool_.push_back(b.pooled);
@@ -237,7 +220,7 @@ void ReduceScatterBuckets::finish(Bucket& b) {
   b.received = at::Tensor();
 }
 
-int64_t ReduceScatterBuckets::gradient_bytes() const { return storage_bytes(partition_); }
+int64_t ReduceScatterBuckets::gradient_bytes() const { return partition_->bytes(); }
 
 }  // namespace zero
 }  // namespace deepspeed

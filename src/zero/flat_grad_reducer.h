@@ -22,7 +22,7 @@
 #include "zero/bucket_order.h"
 #include "zero/flat_params.h"
 #include "zero/gradient_hooks.h"
-#include "zero/host_grad_partition.h"
+#include "zero/grad_partition.h"
 #include "zero/in_flight.h"
 #include "zero/stage_options.h"
 
@@ -37,13 +37,11 @@ class FlatGradReducer {
   void end_backward();
   // This rank's averaged gradients (its partition of the buffer), valid after a boundary's
   // end_backward until zero() (in host memory: once settle() returned).
-  at::Tensor& partition() { return partition_; }
+  const at::Tensor& partition() const { return partition_->tensor(); }
   // Host readers of partition() first wait for its downloads (nothing to wait for on the device).
-  void settle() {
-    if (host_) host_->wait();
-  }
+  void settle() { partition_->wait(); }
   // The partition's sum of squares: fp64 [1] on the device, a fresh tensor.
-  at::Tensor squared_norm();
+  at::Tensor squared_norm() { return partition_->squared_norm(); }
   virtual void zero() = 0;             // drops the gradients (after a step, or an overflow)
   // At an accumulation boundary, `fn(begin, numel, ready)` runs (on the backward thread) as each
   // range of the partition becomes final, its bucket reduced: ZeRO-Offload updates it at once.
@@ -51,7 +49,7 @@ class FlatGradReducer {
   using OnFinal = std::function<void(int64_t, int64_t, std::shared_ptr<device::CopyFence>)>;
   void on_final(OnFinal fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
-  bool gradients_on_host() const { return host_ != nullptr; }
+  bool gradients_on_host() const { return partition_->in_host_memory(); }
   int64_t comm_buffer_bytes() const { return pool_bytes_; }
 
  protected:
@@ -81,7 +79,7 @@ class FlatGradReducer {
   const int owner_;  // the partition this rank owns: its rank, or 0 when unpartitioned
   ReductionOptions options_;
   at::ScalarType comm_dtype_;  // gradients travel in this dtype
-  at::Tensor partition_;
+  std::unique_ptr<GradPartition> partition_;
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
   InFlight in_flight_;
@@ -89,7 +87,6 @@ class FlatGradReducer {
   bool reducing_ = false;
   bool boundary_ = false;  // this backward ends an accumulation: what it reduces is final
   OnFinal on_final_;
-  std::unique_ptr<HostGradPartition> host_;  // the partition, when in host memory
   GradientHooks hooks_;
 };
 
@@ -112,7 +109,7 @@ class AllReduceBuckets : public FlatGradReducer {
 class ReduceScatterBuckets : public FlatGradReducer {
  public:
   // `grad_dtype`: the partition's dtype (grad_accum_dtype, may be wider than the parameters').
-  // `host_partition`: the partition in host memory (page-locked with `pin`).
+  // `host_partition`: the partition in host memory (page-locked with `pin`): grad_partition.h.
   ReduceScatterBuckets(const StageContext& context, FlatParams& flat, const ReductionOptions& options,
                        at::ScalarType comm_dtype, at::ScalarType grad_dtype, bool host_partition,
                        bool pin);

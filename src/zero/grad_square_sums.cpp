@@ -83,9 +83,10 @@ std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& se
   std::vector<bool> split(param_index_.size());
   for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
-  if (host_grads_) host_grads_->wait();
+  grad_partition_->wait();
+  const at::Tensor& grads = grad_partition_->tensor();
   for (const auto& f : own_fragments())
-    sums[split.at(f.param) ? 0 : 1] += sum_of_squares(grad_partition_.narrow(0, f.at, f.numel));
+    sums[split.at(f.param) ? 0 : 1] += sum_of_squares(grads.narrow(0, f.at, f.numel));
   ctx_.comm->all_reduce(sums)->wait();
   return to_pair(sums);
 }

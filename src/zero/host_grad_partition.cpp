@@ -2,8 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
-
 #include "device/pinned_memory.h"
 #include "zero/tensor_facts.h"
 
@@ -32,13 +30,8 @@ void HostGradPartition::begin_micro_step(bool boundary) {
   // would be in a device partition.
   if (in_micro_step_ && overwrite_) {
     wait();
-    std::sort(overwritten_.begin(), overwritten_.end());
-    int64_t at = 0;
-    for (const auto& [begin, numel] : overwritten_) {
-      if (begin > at) host_.narrow(0, at, begin - at).zero_();
-      at = std::max(at, begin + numel);
-    }
-    if (at < host_.numel()) host_.narrow(0, at, host_.numel() - at).zero_();
+    for (const auto& [begin, numel] : uncovered(overwritten_, host_.numel(), "HostGradPartition"))
+      host_.narrow(0, begin, numel).zero_();
   }
   overwritten_.clear();
   overwrite_ = cleared_;
@@ -100,8 +93,6 @@ void HostGradPartition::clear() {
   cleared_ = true;
   in_micro_step_ = false;
 }
-
-int64_t HostGradPartition::bytes() const { return storage_bytes(host_); }
 
 }  // namespace zero
 }  // namespace deepspeed

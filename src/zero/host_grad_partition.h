@@ -21,44 +21,40 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <vector>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "device/transfer_stream.h"
+#include "util/ranges.h"
+#include "zero/grad_partition.h"
 
 namespace deepspeed {
 namespace zero {
 
-class HostGradPartition {
+class HostGradPartition final : public GradPartition {
  public:
   // `numel` elements of `dtype` in host memory, page-locked for copies with `device` when `pin`
   // (offload_optimizer.pin_memory).
   HostGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device, bool pin);
-  ~HostGradPartition();  // waits for copies still writing the buffer
+  ~HostGradPartition() override;  // waits for copies still writing the buffer
 
-  // The partition. Complete once wait() returned, or a range once its fence has passed.
-  const at::Tensor& tensor() const { return host_; }
-  // Around every backward (every micro-step). A boundary restarts the sum of squares.
-  void begin_micro_step(bool boundary);
-  void end_micro_step() { in_micro_step_ = false; }
-  // `reduced` (this micro-step's averaged gradients of elements [begin, begin + numel), on the
-  // device, produced by work queued on its current stream) goes into the partition. The fence
-  // passes once the host holds the result.
-  std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced);
-  // A fence after everything accumulated so far.
-  std::shared_ptr<device::CopyFence> written() { return downloads_.mark(); }
-  // The boundary's sum of squared final gradients: fp64 [1] on the device, a fresh tensor ready
-  // for the compute stream (no host wait).
-  at::Tensor squared_norm();
-  // For host readers of the whole partition (the step, tensor parallelism's norm split): waits
-  // for every copy issued so far.
-  void wait();
-  // After a step or a discarded one: the next micro-step writes instead of adding.
-  void clear();
-  int64_t bytes() const;
+  const at::Tensor& tensor() const override { return host_; }
+  // A boundary restarts the sum of squares.
+  void begin_micro_step(bool boundary) override;
+  void end_micro_step() override { in_micro_step_ = false; }
+  // The fence passes once the host holds the result.
+  std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced) override;
+  std::shared_ptr<device::CopyFence> written() override { return downloads_.mark(); }
+  // The boundary's sum of squared final values, accumulated on the device as the buckets came
+  // down: ready for the compute stream (no host wait, no pass over host memory).
+  at::Tensor squared_norm() override;
+  // Waits for every copy issued so far.
+  void wait() override;
+  // The next micro-step writes instead of adding: no zeroing pass over host memory.
+  void clear() override;
+  bool in_host_memory() const override { return true; }
 
  private:
   at::Tensor host_;
@@ -71,7 +67,7 @@ class HostGradPartition {
   bool in_micro_step_ = false;  // still set at the next begin: the backward between threw
   // The ranges an overwriting micro-step has written so far: if its backward throws, the rest
   // still holds an earlier step's gradients and is zeroed at the next begin.
-  std::vector<std::pair<int64_t, int64_t>> overwritten_;
+  std::vector<ElementRange> overwritten_;
 };
 
 }  // namespace zero

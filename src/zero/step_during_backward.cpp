@@ -10,6 +10,7 @@
 #endif
 
 #include "device/pinned_memory.h"
+#include "util/ranges.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -175,20 +176,6 @@ void StepDuringBackward::abandon() {
   forget();
 }
 
-std::vector<std::pair<int64_t, int64_t>> StepDuringBackward::gaps() const {
-  auto ranges = taken_;
-  std::sort(ranges.begin(), ranges.end());
-  std::vector<std::pair<int64_t, int64_t>> out;
-  int64_t at = 0;
-  for (const auto& [begin, numel] : ranges) {
-    TORCH_CHECK(begin >= at, "StepDuringBackward: ranges overlap at element ", begin);
-    if (begin > at) out.emplace_back(at, begin - at);
-    at = begin + numel;
-  }
-  if (at < master_.numel()) out.emplace_back(at, master_.numel() - at);
-  return out;
-}
-
 void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& partition) {
   torch::NoGradGuard no_grad;
   TORCH_CHECK(started(), "StepDuringBackward::finish without a range taken this step");
@@ -206,7 +193,7 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
     }
     landed_.clear();
   }
-  for (const auto& [begin, numel] : gaps()) {
+  for (const auto& [begin, numel] : uncovered(taken_, master_.numel(), "StepDuringBackward")) {
     Download down = download(begin, grads.narrow(0, begin, numel));
     down.fence->wait();
     update(begin, down.grads, partition);

@@ -107,7 +107,6 @@ class StepDuringBackward {
                     std::shared_ptr<device::CopyFence> ready = nullptr);
   void update(int64_t begin, const at::Tensor& host_grads, const at::Tensor& partition);
   void update_chunk(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
-  std::vector<std::pair<int64_t, int64_t>> gaps() const;
 
   optim::FusedAdam& adam_;
   at::Tensor master_;

@@ -48,12 +48,10 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   if (options_.shard.home == OffloadDevice::kNvme) {
     grads_ = std::make_unique<offload::GradStore>(layout_, param_dtype_, options_.shard.nvme_path,
                                                   options_.aio);
-  } else if (shard_->gradients_in_host_memory()) {
-    host_grads_ = std::make_unique<HostGradPartition>(layout_.partition_numel, param_dtype_,
-                                                      ctx_.device, options_.shard.pin_memory);
-    grad_partition_ = host_grads_->tensor();
   } else {
-    grad_partition_ = torch::zeros({layout_.partition_numel}, ctx_.options(param_dtype_));
+    grad_partition_ = make_grad_partition(layout_.partition_numel, param_dtype_, ctx_.device,
+                                          shard_->gradients_in_host_memory(),
+                                          options_.shard.pin_memory);
   }
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
@@ -94,8 +92,6 @@ void Stage3::partition_unit(int u) {
   params_->write(u, mine);
 }
 
-at::Tensor Stage3::grad_slice(int u) { return grads_ ? grads_->open(u) : slice_of(grad_partition_, u); }
-
 void Stage3::make_buckets() {
   const int64_t size = options_.reduction.bucket_numel;
   bucket_of_.resize(layout_.units.size());
@@ -133,8 +129,10 @@ void Stage3::begin_backward(bool boundary) {
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
-  if (grads_) grads_->begin_micro_step(boundary);
-  if (host_grads_) host_grads_->begin_micro_step(boundary);
+  if (grads_)
+    grads_->begin_micro_step(boundary);
+  else
+    grad_partition_->begin_micro_step(boundary);
 }
 
 // The parameter's gradient moves into its bucket and is freed at once.
@@ -186,21 +184,19 @@ void Stage3::finish(size_t index) {
     if (after != 1.0) b.received.mul_(after);
     if (grads_)  // no zero-filled slice first: see GradStore
       grads_->accumulate(b.unit, first, b.received);
-    else if (host_grads_)
-      host_grads_->accumulate(layout_.units[b.unit].partition_offset + first, b.received);
     else
-      grad_slice(b.unit).narrow(0, first, b.received.numel()).add_(b.received);
+      grad_partition_->accumulate(layout_.units[b.unit].partition_offset + first, b.received);
   }
   // The unit's gradients of this micro-step are all in: a swapped slice goes back to its file.
   if (++unit_finished_[b.unit] == unit_buckets_[b.unit]) {
     if (grads_) {
-      grad_slice(b.unit);  // opened even if this rank received nothing, so the file is written
+      grads_->open(b.unit);  // even if this rank received nothing, so the file is written
       grads_->close(b.unit);
     } else if (boundary_ && shard_->steps_during_backward()) {
       // The unit's slice is final: ZeRO-Offload updates it now (zero/step_during_backward.h).
       shard_->gradients_final(layout_.units[b.unit].partition_offset,
-                              slice_of(grad_partition_, b.unit), *params_,
-                              host_grads_ ? host_grads_->written() : nullptr);
+                              slice_of(grad_partition_->tensor(), b.unit), *params_,
+                              grad_partition_->written());
     }
   }
   bucket_bytes_ -= storage_bytes(b.buffer);
@@ -213,19 +209,20 @@ void Stage3::end_backward(bool) {
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].launched) launch(b);
   in_flight_.drain([this](size_t i) { finish(i); });
-  if (grads_) grads_->end_micro_step();
-  if (host_grads_) host_grads_->end_micro_step();
+  if (grads_)
+    grads_->end_micro_step();
+  else
+    grad_partition_->end_micro_step();
   gatherer_->end_backward();
 }
 
 // One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
 at::Tensor Stage3::global_grad_norm_tensor() {
   at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
-  if (grads_) sq += grads_->squared_norm();  // summed as the swapped slices were closed
-  if (host_grads_)
-    sq += host_grads_->squared_norm();  // summed as the buckets came down
-  else if (grad_partition_.defined())
-    sq += sum_of_squares(grad_partition_);
+  if (grads_)
+    sq += grads_->squared_norm();  // summed as the swapped slices were closed
+  else
+    sq += grad_partition_->squared_norm();
   ctx_.comm->all_reduce(sq)->wait();
   return sq.sqrt_();
 }
@@ -233,8 +230,12 @@ at::Tensor Stage3::global_grad_norm_tensor() {
 double Stage3::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void Stage3::step(double grad_scale) {
-  if (host_grads_) host_grads_->wait();
-  shard_->step({grad_partition_, grad_source()}, *params_, grad_scale);
+  at::Tensor grads;  // in memory; else the optimizer reads them from grad_source()
+  if (grad_partition_) {
+    grad_partition_->wait();
+    grads = grad_partition_->tensor();
+  }
+  shard_->step({grads, grad_source()}, *params_, grad_scale);
   gatherer_->regather_root();
   discard_gradients();
 }
@@ -243,16 +244,14 @@ void Stage3::discard_gradients() {
   shard_->discard_step();
   if (grads_)
     grads_->discard();
-  else if (host_grads_)
-    host_grads_->clear();  // the next micro-step overwrites it
   else
-    grad_partition_.zero_();
+    grad_partition_->clear();
 }
 
 MemoryReport Stage3::memory() const {
   MemoryReport r;
   r.parameters = params_->resident_bytes();
-  r.gradients = grads_ ? grads_->peak_resident_bytes() : storage_bytes(grad_partition_);
+  r.gradients = grads_ ? grads_->peak_resident_bytes() : grad_partition_->bytes();
   r.optimizer_states = shard_->resident_bytes();  // a swapped shard: its buffers, the rest is on disk
   r.comm_buffers = peak_bucket_bytes_;
   auto g = gatherer_->stats();
@@ -263,7 +262,8 @@ MemoryReport Stage3::memory() const {
   // Swapped or offloaded gradients and the parameter partition of offload_param live in host
   // memory.
   r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
-                 (grads_ || host_grads_ ? r.gradients : host_share(ctx_.device, r.gradients)) +
+                 (grads_ || grad_partition_->in_host_memory() ? r.gradients
+                                                              : host_share(ctx_.device, r.gradients)) +
                  (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
   return r;
 }

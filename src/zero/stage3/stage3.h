@@ -29,7 +29,7 @@
 #include "offload/grad_store.h"
 #include "offload/param_store.h"
 #include "zero/gradient_hooks.h"
-#include "zero/host_grad_partition.h"
+#include "zero/grad_partition.h"
 #include "zero/in_flight.h"
 #include "zero/shard_optimizer.h"
 #include "zero/stage.h"
@@ -120,13 +120,12 @@ class Stage3 : public ZeroStage {
   // this rank's slices of every unit, in the parameter dtype
   std::unique_ptr<offload::ParamStore> params_;
   bool boundary_ = false;  // this backward ends an accumulation: its reductions are final
-  at::Tensor grad_partition_;  // this rank's averaged gradients, same layout (unless grads_)
-  // offload_optimizer nvme: the gradient partition in a file
+  // this rank's averaged gradients, laid out as params_ (on the device, or under ZeRO-Offload's
+  // host update in host memory: zero/grad_partition.h); declared before shard_, whose update
+  // thread reads it, so it is destroyed after. Null when grads_ holds them.
+  std::unique_ptr<GradPartition> grad_partition_;
+  // offload_optimizer nvme: the gradient partition in a file, unit slice by unit slice
   std::unique_ptr<offload::GradStore> grads_;
-  // ZeRO-Offload's host update: grad_partition_ is this, in host memory (declared before shard_,
-  // whose update thread reads it, so it is destroyed after)
-  std::unique_ptr<HostGradPartition> host_grads_;
-  at::Tensor grad_slice(int u);       // where unit u's reduced gradients accumulate
   std::vector<int> unit_buckets_;     // per unit: its buckets
   std::vector<int> unit_finished_;    // per unit: buckets reduced this micro-step
   std::unique_ptr<ShardOptimizer> shard_;  // fp32 masters and moments, wherever they live

@@ -1,0 +1,74 @@
+// This rank's gradient partition: where a reducing stage puts each reduced bucket, and what the
+// optimizer step (and the gradient norm) reads. Two homes:
+//   DeviceGradPartition  a tensor on the compute device; a bucket is added into its place in
+//                        stream order, so nothing has to be waited for (stages 0-3, and the
+//                        all-reduce stages' view of their full gradient buffer)
+//   HostGradPartition    ZeRO-Offload's partition in host memory, filled by downloads on a side
+//                        stream (zero/host_grad_partition.h)
+// The stages talk to this interface only, so neither knows which home it has; stage 3's swapped
+// gradients (offload/grad_store.h) are unit slices in a file and stay a separate path.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "device/transfer_stream.h"
+
+namespace deepspeed {
+namespace zero {
+
+class GradPartition {
+ public:
+  virtual ~GradPartition() = default;
+
+  // The partition. Complete once wait() returned, or a range once its fence has passed.
+  virtual const at::Tensor& tensor() const = 0;
+  // Around every backward (every micro-step). `boundary`: it ends the accumulation.
+  virtual void begin_micro_step(bool boundary) {}
+  virtual void end_micro_step() {}
+  // `reduced` (this micro-step's averaged gradients of elements [begin, begin + numel), produced
+  // by work queued on the device's current stream) is added into the partition. The fence passes
+  // once the result is readable from the host; null when readers in stream order need no fence.
+  virtual std::shared_ptr<device::CopyFence> accumulate(int64_t begin,
+                                                        const at::Tensor& reduced) = 0;
+  // A fence after everything accumulated so far (null: nothing to wait for).
+  virtual std::shared_ptr<device::CopyFence> written() { return nullptr; }
+  // After a boundary's backward: the sum of squares of the partition's (final) values, fp64 [1]
+  // on the compute device, a fresh tensor.
+  virtual at::Tensor squared_norm() = 0;
+  // For host readers of the whole partition (the step, tensor parallelism's norm split).
+  virtual void wait() {}
+  // The gradients are dropped (after a step, or a discarded one).
+  virtual void clear() = 0;
+  // Where the bytes count in a MemoryReport: host memory regardless of the compute device.
+  virtual bool in_host_memory() const = 0;
+  int64_t bytes() const;
+};
+
+class DeviceGradPartition final : public GradPartition {
+ public:
+  // Owns `numel` zeros of `dtype` on `device`.
+  DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device);
+  // Adopts `buffer` (a view of a larger gradient buffer: the all-reduce stages).
+  explicit DeviceGradPartition(at::Tensor buffer) : tensor_(std::move(buffer)) {}
+
+  const at::Tensor& tensor() const override { return tensor_; }
+  std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced) override;
+  at::Tensor squared_norm() override;
+  void clear() override;
+  bool in_host_memory() const override { return false; }
+
+ private:
+  at::Tensor tensor_;
+};
+
+// Host memory (page-locked with `pin`) when the update reads the gradients there
+// (ShardOptimizer::gradients_in_host_memory), else the compute device.
+std::unique_ptr<GradPartition> make_grad_partition(int64_t numel, at::ScalarType dtype,
+                                                   c10::Device device, bool in_host_memory,
+                                                   bool pin);
+
+}  // namespace zero
+}  // namespace deepspeed

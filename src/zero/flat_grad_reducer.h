@@ -50,7 +50,8 @@ class FlatGradReducer {
   void on_final(OnFinal fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
   bool gradients_on_host() const { return partition_->in_host_memory(); }
-  int64_t comm_buffer_bytes() const { return pool_bytes_; }
+  // The bucket pool and the partition's transfer temporaries (peaks).
+  int64_t comm_buffer_bytes() const { return pool_bytes_ + partition_->device_temporary_bytes(); }
 
  protected:
   struct Bucket {

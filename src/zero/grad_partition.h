@@ -44,6 +44,9 @@ class GradPartition {
   virtual void clear() = 0;
   // Where the bytes count in a MemoryReport: host memory regardless of the compute device.
   virtual bool in_host_memory() const = 0;
+  // The most compute-device memory its transfers have held at once beyond the partition (the
+  // host home's bucket-sized temporaries on a GPU): counted with the communication buffers.
+  virtual int64_t device_temporary_bytes() const { return 0; }
   int64_t bytes() const;
 };
 

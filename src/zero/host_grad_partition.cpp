@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "device/pinned_memory.h"
 #include "zero/tensor_facts.h"
 
@@ -65,11 +67,17 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
       final_values = place;
     } else if (overwrite_) {
       place.copy_(flat, /*non_blocking=*/true);
-      final_values = flat.scalar_type() == host_.scalar_type() ? flat : flat.to(host_.scalar_type());
+      // The squares of the values as the partition holds them (a narrower partition rounds).
+      final_values = flat;
+      if (boundary_ && flat.scalar_type() != host_.scalar_type()) {
+        final_values = flat.to(host_.scalar_type());
+        note_temporary(final_values);
+      }
     } else {
       // Up, add, down, in the partition's dtype (as a device partition adds): a bucket-sized
       // temporary on the GPU, never the partition.
       at::Tensor sum = at::empty({n}, flat.options().dtype(host_.scalar_type()));
+      note_temporary(sum);
       sum.copy_(place, /*non_blocking=*/true);
       sum.add_(flat);
       place.copy_(sum, /*non_blocking=*/true);
@@ -84,6 +92,12 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
 at::Tensor HostGradPartition::squared_norm() {
   downloads_.join();
   return squares_.clone();
+}
+
+// One at a time: each is released as its lambda ends, and the caching allocator hands the block
+// to the next one on the same stream.
+void HostGradPartition::note_temporary(const at::Tensor& t) {
+  peak_temporary_bytes_ = std::max(peak_temporary_bytes_, storage_bytes(t));
 }
 
 void HostGradPartition::wait() { downloads_.mark()->wait(); }

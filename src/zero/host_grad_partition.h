@@ -55,8 +55,10 @@ class HostGradPartition final : public GradPartition {
   // The next micro-step writes instead of adding: no zeroing pass over host memory.
   void clear() override;
   bool in_host_memory() const override { return true; }
+  int64_t device_temporary_bytes() const override { return peak_temporary_bytes_; }
 
  private:
+  void note_temporary(const at::Tensor& t);
   at::Tensor host_;
   at::Tensor squares_;  // fp64 [1] on the device, written on the download stream only
   c10::Device device_;
@@ -68,6 +70,7 @@ class HostGradPartition final : public GradPartition {
   // The ranges an overwriting micro-step has written so far: if its backward throws, the rest
   // still holds an earlier step's gradients and is zeroed at the next begin.
   std::vector<ElementRange> overwritten_;
+  int64_t peak_temporary_bytes_ = 0;  // the largest bucket-sized temporary on the GPU so far
 };
 
 }  // namespace zero

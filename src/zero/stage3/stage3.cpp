@@ -253,7 +253,8 @@ MemoryReport Stage3::memory() const {
   r.parameters = params_->resident_bytes();
   r.gradients = grads_ ? grads_->peak_resident_bytes() : grad_partition_->bytes();
   r.optimizer_states = shard_->resident_bytes();  // a swapped shard: its buffers, the rest is on disk
-  r.comm_buffers = peak_bucket_bytes_;
+  r.comm_buffers =  // the buckets, and what the partition's transfers held beside them
+      peak_bucket_bytes_ + (grad_partition_ ? grad_partition_->device_temporary_bytes() : 0);
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;
   r.peak_gathered_numel = g.peak_numel;

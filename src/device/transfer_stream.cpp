@@ -22,7 +22,12 @@ class CudaFence : public CopyFence {
   explicit CudaFence(const c10::cuda::CUDAStream& stream) : device_(stream.device_index()) {
     event_.record(stream);
   }
-  void wait() override { event_.synchronize(); }
+  // On the event's device: the waiting thread (the offloaded update's worker) may never have
+  // chosen one, and a CUDA call there would otherwise open a context on cuda:0.
+  void wait() override {
+    c10::cuda::CUDAGuard guard(device_);
+    event_.synchronize();
+  }
   void join_current() override { event_.block(c10::cuda::getCurrentCUDAStream(device_)); }
 
  private:

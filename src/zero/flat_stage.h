@@ -44,7 +44,7 @@ class FlatStage : public ZeroStage {
 
   // At a boundary the gradients are reduced, unless a 1-bit optimizer keeps them local.
   void begin_backward(bool boundary) override {
-    if (boundary) shard_->begin_boundary();
+    shard_->begin_backward();
     grads_->begin_backward(boundary && !gradients_stay_local());
   }
   void end_backward(bool) override { grads_->end_backward(); }

@@ -84,7 +84,7 @@ class InMemoryShard : public ShardOptimizer {
   void discard_step() override {
     if (host_step_) host_step_->discard();
   }
-  void begin_boundary() override {
+  void begin_backward() override {
     if (!host_step_ || !host_step_->started()) return;
     const size_t ranges = host_step_->ranges_taken();
     const bool updated = host_step_->updates_early();

@@ -120,9 +120,11 @@ class ShardOptimizer {
   // not on the device.
   virtual bool gradients_in_host_memory() const { return false; }
   virtual void discard_step() {}
-  // A boundary's backward begins. Ranges still taken from an earlier one (that backward threw)
-  // are dropped; if they were already updated, this throws deepspeed::Error saying so.
-  virtual void begin_boundary() {}
+  // A backward begins (every micro-step). Ranges still taken from an earlier boundary's backward
+  // (it threw, or no step followed) are dropped once the update thread has stopped, so it cannot
+  // race the new micro-step's gradients and forward; if they were already updated, this throws
+  // deepspeed::Error saying so.
+  virtual void begin_backward() {}
   // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).

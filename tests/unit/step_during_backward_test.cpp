@@ -293,6 +293,26 @@ TEST(StepDuringBackwardErrors, AGradScaleAfterTheUpdateIsRefused) {
   }
 }
 
+// A boundary's backward that updated ranges and was not followed by a step leaves the optimizer
+// partly stepped: the next backward says so, whether or not it ends an accumulation (the update
+// thread must not run on into a new micro-step).
+TEST(StepDuringBackwardErrors, ABackwardAfterAPartlyDoneStepIsRefused) {
+  for (bool next_is_boundary : {false, true}) {
+    Net net(at::kFloat);
+    StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+    FlatStage stage(net.params, ctx, offload_options(true, at::kFloat, true), adam);
+    stage.begin_backward(true);
+    net.loss(0).backward();
+    stage.end_backward(true);
+    try {
+      stage.begin_backward(next_is_boundary);
+      FAIL() << "no error; boundary " << next_is_boundary;
+    } catch (const deepspeed::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("partly stepped"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The config decides whether the update may run during backward: not when the step would scale
 // the gradients (gradient_clipping, fp16's loss scale); the key itself is read as written.
 TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {

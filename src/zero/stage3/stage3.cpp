@@ -124,7 +124,7 @@ void Stage3::allocate(GradBucket& b) {
 }
 
 void Stage3::begin_backward(bool boundary) {
-  if (boundary) shard_->begin_boundary();
+  shard_->begin_backward();
   boundary_ = boundary;
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);

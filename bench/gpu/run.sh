@@ -4,6 +4,8 @@
 #   STEPS="build test bench" bash bench/gpu/run.sh
 #   build   configure + build this tree against the torch wheel's CUDA libtorch in /tmp/dsb
 #   test    ctest -L gpu, -L unit, -L dist (TEST_LABELS to choose; CAP_TEST seconds each)
+#   pack    the built programs into $OUT/dsb.tgz; carried back as .gpu-build/dsb.tgz, a later call
+#           on a fresh machine unpacks them instead of building (see pack() below)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
 #           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
@@ -18,7 +20,7 @@
 #           activations in our rows; FLOORS=0 skips the floors.
 # One device call runs at most 10 minutes: split the rows so that each peer is in its row's call,
 # e.g. ROWS="torch dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 ds_z2", then "dscpp_z2_off dscpp_z2_off_serial ds_z2_off", then
-# "dscpp_z3_off ds_z3_off"; the build in /tmp/dsb stays while the machine is warm.
+# "dscpp_z3_off ds_z3_off"; the build in /tmp/dsb stays only while the machine is warm (~30 s).
 # Prints a table last (bench/gpu/table.py: every row beside its peer, the goal, the floors measured
 # in the same call); logs under $OUT.
 set -u
@@ -33,7 +35,8 @@ PY=$(command -v python3)
 TORCH_DIR=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 NV_LIB=$($PY -c 'import nvidia, os; p=os.path.join(list(nvidia.__path__)[0], "cu13", "lib"); print(p if os.path.isdir(p) else "")' 2>/dev/null)
 [ -n "$NV_LIB" ] && export LD_LIBRARY_PATH=$NV_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0
+NVCC=$(command -v nvcc); export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")")}
+export TORCH_CUDA_ARCH_LIST=9.0
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 build() {
@@ -43,6 +46,9 @@ build() {
     -DDS_GLOO_INCLUDE_DIR=$G/deps/gloo-src -DURING_INCLUDE_DIR=$G/deps/usr/include \
     -DURING_LIBRARY=$G/deps/usr/lib/x86_64-linux-gnu/liburing.a -DCMAKE_CUDA_COMPILER=$(command -v nvcc) \
     -DCUDAToolkit_ROOT=$CUDA_HOME -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$OUT/build.log" 2>&1 || { log "configure failed"; tail -30 "$OUT/build.log"; return 1; }
+  # What the configure chose (libtorch, CUDA, NCCL, fmt, protobuf) and any warning: build.log
+  # itself may not come back.
+  grep -E "^-- (deepspeed.cpp|TensorBoard)|CMake Warning" -A1 "$OUT/build.log" | head -20
   log "build ${BUILD_TARGETS:-all}"
   timeout ${BUILD_CAP:-330} ninja -C $B -j16 -k 0 ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
   log "build rc=$?"; grep -E "error:|undefined reference" "$OUT/build.log" | sort | uniq -c | sort -rn | head -30
@@ -56,6 +62,13 @@ run_tests() {
       log "build for -L $L rc=$?"
     fi
     log "ctest -L $L"
+    if [ ! -f $B/build.ninja ] && [ "$L" = gpu ] && [ -x $B/bin/gpu_training_test ]; then
+      # Unpacked programs, no ctest files: the one gpu executable, every case in one process.
+      (cd $B && timeout $CAP_TEST env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 \
+         bin/gpu_training_test) > "$OUT/ctest_$L.log" 2>&1
+      grep -E "PASSED|FAILED  \]|SKIPPED  \]" "$OUT/ctest_$L.log" | head -40
+      continue
+    fi
     (cd $B && timeout $CAP_TEST ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
   done
@@ -138,19 +151,41 @@ largest() {
 }
 # The machine goes back after ~30 s idle, and /tmp/dsb with it: a step that finds no build makes
 # what it needs first (the benchmark steps only gpt_train and the two floor programs).
-ensure_built() {
-  [ -x $B/bin/gpt_train ] && [ -f $B/build.ninja ] && return 0
+ensure_built() {  # the programs a step runs (none named: everything, with ctest's files)
+  local missing=""; for t in ${*:-gpt_train}; do [ -x $B/bin/$t ] || missing="$missing $t"; done
+  [ -z "$missing" ] && { [ $# -gt 0 ] || [ -f $B/build.ninja ]; } && return 0
   [ -n "${BUILD_TRIED:-}" ] && return 0  # this call built already (and failed): not twice
+  if [ -f $B/build.ninja ] && [ $# -gt 0 ]; then
+    log "building$missing"; timeout ${BUILD_CAP:-330} ninja -C $B -j16 $missing >> "$OUT/build.log" 2>&1
+    return 0
+  fi
   log "no build in $B (a fresh machine): building ${*:-all}"
   BUILD_TARGETS="$*" build
 }
+# pack: the built programs (and DeepSpeed's JIT-built cpu_adam) into $OUT/dsb.tgz, ~10 MB. Bring
+# it back, copy it to .gpu-build/dsb.tgz (ignored) and carry .gpu-build: a later call on a fresh
+# machine unpacks it into /tmp/dsb (the programs' RUNPATH) instead of building again.
+PACKED="lib/libdeepspeed_cpp.so bin/gpt_train bin/bench_cpu_adam bin/bench_transfer bin/gpu_training_test"
+pack() {
+  local have=""; for f in $PACKED; do [ -f $B/$f ] && have="$have dsb/$f"; done
+  tar czf "$OUT/dsb.tgz" -C /tmp $have $( [ -d /tmp/ds_ext ] && echo ds_ext ) && log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
+}
+if [ -f "$ROOT/.gpu-build/dsb.tgz" ] && [ ! -x $B/bin/gpt_train ]; then
+  tar xzf "$ROOT/.gpu-build/dsb.tgz" -C /tmp && log "unpacked .gpu-build/dsb.tgz into $B (and /tmp/ds_ext)"
+fi
 for s in $STEPS; do
   case $s in
     build) build ;;
-    test) ensure_built; run_tests ;;
+    pack) pack ;;
+    test) if [ "${TEST_LABELS:-}" = gpu ]; then ensure_built gpu_training_test; else ensure_built; fi
+          run_tests ;;
     bench|seed003|largest) ensure_built gpt_train bench_cpu_adam bench_transfer; $s ;;
   esac
 done
 log "total"
-# Every file under $OUT in one archive as well: the device tool brings back a limited number.
-tar czf /tmp/run_out.tgz -C "$OUT" . 2>/dev/null && mv /tmp/run_out.tgz "$OUT/all.tgz"
+# Every file under $OUT in one archive: the device tool brings back at most 8 files. Kept beside
+# it: the summary, the table and the packed build.
+tar czf /tmp/run_out.tgz --exclude=./dsb.tgz -C "$OUT" . 2>/dev/null && {
+  find "$OUT" -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name table.md ! -name dsb.tgz -exec rm -rf {} +
+  mv /tmp/run_out.tgz "$OUT/all.tgz"
+}

@@ -255,7 +255,10 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
   const auto& m = run.memory[0];
   EXPECT_NEAR(static_cast<double>(m.parameters), 2 * psi, 0.05 * 2 * psi);
   EXPECT_EQ(m.device_bytes(), m.parameters + m.comm_buffers + m.gathered_bytes);
-  EXPECT_LT(static_cast<double>(m.comm_buffers), 0.25 * psi);  // buckets, not a partition
+  // Buckets, not a partition: the pool of equal bf16 buffers, 2 in flight + 1 filling, each at
+  // most reduce_bucket_size (2000) + the largest parameter (256 x 32) elements, as
+  // tests/dist/zero_memory_test checks on the CPU. (This model is small: Ψ itself is ~42k.)
+  EXPECT_LE(m.comm_buffers, 3 * (2000 + 256 * 32) * 2);
   EXPECT_NEAR(static_cast<double>(m.gradients), 2 * psi, 0.05 * 2 * psi);
   EXPECT_EQ(m.host_bytes, m.optimizer_states + m.gradients);
   const double chunk = std::min(4194304.0, std::ceil(psi / 4));

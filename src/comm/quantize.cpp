@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -34,15 +35,25 @@ int64_t payload_bytes(int64_t n, int bits) {
 
 int64_t blocks_of(int64_t n, int64_t block) { return (n + block - 1) / block; }
 
+// max|x| / qmax, and NaN if the block holds a NaN (std::max would skip it), as the tensor
+// operations' amax gives: the whole block then dequantizes to NaN, so an overflow in a quantized
+// gradient still reaches fp16's overflow vote. An inf gives an inf scale: NaN after dequantizing.
 float block_scale(const float* x, int64_t n, int qmax) {
   float m = 0.f;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
-  return m / static_cast<float>(qmax);
+  int nan = 0;
+#pragma omp simd reduction(max : m) reduction(| : nan)
+  for (int64_t i = 0; i < n; ++i) {
+    m = std::max(m, std::fabs(x[i]));
+    nan |= x[i] != x[i];
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m / static_cast<float>(qmax);
 }
 
-// Nearest integer (halves away from zero), clamped: branch-free, so the loops vectorise.
+// Nearest integer (halves away from zero), clamped: branch-free, so the loops vectorise. A NaN
+// (a non-finite block's values times a zero reciprocal) becomes 0 before the cast, which would be
+// undefined for it.
 inline int32_t round_clamp(float v, int qmax) {
+  v = v == v ? v : 0.f;
   v = v >= 0.f ? v + 0.5f : v - 0.5f;
   const int32_t q = static_cast<int32_t>(v);
   return std::min(std::max(q, -qmax), qmax);
@@ -151,7 +162,8 @@ at::Tensor quantize_by_tensor_ops(const at::Tensor& x, int bits, int64_t block) 
   at::Tensor inv = torch::where(scales > 0, torch::ones_like(scales) / scales, torch::zeros_like(scales));
   at::Tensor q = blocks * inv.unsqueeze(1);
   q.add_(q.sign().mul_(0.5f)).trunc_();  // +-0.5 then truncation (a zero stays zero either way)
-  q = q.clamp_(-qmax, qmax).reshape({-1}).narrow(0, 0, n).to(torch::kInt);
+  // A NaN (a non-finite block) becomes 0, as in round_clamp.
+  q = q.clamp_(-qmax, qmax).nan_to_num_(0.0).reshape({-1}).narrow(0, 0, n).to(torch::kInt);
   at::Tensor wire = torch::zeros({quantized_bytes(n, bits, block)}, v.options().dtype(torch::kUInt8));
   if (bits == 8) {
     wire.narrow(0, 0, n).copy_(q.to(torch::kChar).view(torch::kUInt8));

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "comm/quantize.h"
@@ -124,6 +125,38 @@ TEST(Quantize, TensorOperationsGiveTheKernelsBytesAndValues) {
   at::Tensor wrong = torch::empty({50});
   EXPECT_THROW(dequantize_by_tensor_ops(quantize(torch::ones({100}), 8), wrong, 8),
                std::invalid_argument);
+}
+
+// A NaN or inf in a block (an fp16 overflow in a gradient) makes the whole block NaN after the
+// round trip, on the CPU kernels and the tensor operations alike and with the same bytes, so
+// qgZ's quantized reduction cannot hide an overflow from the loss scaler; other blocks keep
+// their values.
+TEST(Quantize, ANonFiniteValueMakesItsBlockNaN) {
+  using deepspeed::comm::dequantize_by_tensor_ops;
+  using deepspeed::comm::quantize_by_tensor_ops;
+  for (int bits : {8, 4}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity()}) {
+      at::Tensor x = torch::linspace(-1, 1, 40);
+      x[13] = bad;  // block [8, 16) of 8
+      at::Tensor wire = quantize(x, bits, 8);
+      EXPECT_TRUE(torch::equal(quantize_by_tensor_ops(x, bits, 8), wire)) << bits << " bits, " << bad;
+      for (bool ops : {false, true}) {
+        at::Tensor out = torch::empty({40});
+        if (ops)
+          dequantize_by_tensor_ops(wire, out, bits, 8);
+        else
+          dequantize(wire, out, bits, 8);
+        const std::string what = std::to_string(bits) + " bits, " + std::to_string(bad) +
+                                 (ops ? ", tensor ops" : ", kernels");
+        EXPECT_TRUE(out.narrow(0, 8, 8).isnan().all().item<bool>()) << what;
+        at::Tensor rest = torch::cat({out.narrow(0, 0, 8), out.narrow(0, 16, 24)});
+        EXPECT_TRUE(rest.isfinite().all().item<bool>()) << what;
+        at::Tensor want = torch::cat({x.narrow(0, 0, 8), x.narrow(0, 16, 24)});
+        EXPECT_LE((rest - want).abs().max().item<float>(), bits == 8 ? 0.01f : 0.1f) << what;
+      }
+    }
+  }
 }
 
 namespace {

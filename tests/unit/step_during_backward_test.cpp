@@ -277,16 +277,23 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) == at::kFloat ? "_fp32" : "_bf16");
     });
 
+// Stage 2 with overlap_step after a boundary's backward, which updated its ranges: no step yet.
+struct AfterBoundaryBackward {
+  Net net{at::kFloat};
+  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
+  FlatStage stage{net.params, ctx, offload_options(true, at::kFloat, true), adam};
+  AfterBoundaryBackward() {
+    stage.begin_backward(true);
+    net.loss(0).backward();
+    stage.end_backward(true);
+  }
+};
+
 // A step that would scale the gradients cannot follow an update that already ran unscaled.
 TEST(StepDuringBackwardErrors, AGradScaleAfterTheUpdateIsRefused) {
-  Net net(at::kFloat);
-  StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
-  FlatStage stage(net.params, ctx, offload_options(true, at::kFloat, true), adam);
-  stage.begin_backward(true);
-  net.loss(0).backward();
-  stage.end_backward(true);
+  AfterBoundaryBackward run;
   try {
-    stage.step(0.5);
+    run.stage.step(0.5);
     FAIL() << "no error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("overlap_step"), std::string::npos) << e.what();
@@ -298,14 +305,9 @@ TEST(StepDuringBackwardErrors, AGradScaleAfterTheUpdateIsRefused) {
 // thread must not run on into a new micro-step).
 TEST(StepDuringBackwardErrors, ABackwardAfterAPartlyDoneStepIsRefused) {
   for (bool next_is_boundary : {false, true}) {
-    Net net(at::kFloat);
-    StageContext ctx{deepspeed::comm::make_single_process_communicator(), torch::kCPU};
-    FlatStage stage(net.params, ctx, offload_options(true, at::kFloat, true), adam);
-    stage.begin_backward(true);
-    net.loss(0).backward();
-    stage.end_backward(true);
+    AfterBoundaryBackward run;
     try {
-      stage.begin_backward(next_is_boundary);
+      run.stage.begin_backward(next_is_boundary);
       FAIL() << "no error; boundary " << next_is_boundary;
     } catch (const deepspeed::Error& e) {
       EXPECT_NE(std::string(e.what()).find("partly stepped"), std::string::npos) << e.what();

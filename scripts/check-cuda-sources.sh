@@ -38,6 +38,7 @@ FILES=(
   src/zero/flat_grad_reducer.cpp
   src/zero/stage3/stage3.cpp
   src/zero/stage3/unit_gatherer.cpp
+  src/zero/stage3/quantized_gather.cpp
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp
   src/zero/shard_optimizer.cpp

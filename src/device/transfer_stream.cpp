@@ -103,12 +103,16 @@ std::shared_ptr<CopyFence> SideStream::mark() {
   return std::make_shared<PassedFence>();
 }
 
-void SideStream::used_on_current(const at::Tensor& t) {
+void hold_until_current_stream(const at::Tensor& t) {
 #ifdef DS_WITH_CUDA
-  if (impl_ && t.defined() && t.is_cuda()) t.record_stream(impl_->current());
+  if (t.defined() && t.is_cuda()) t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
 #else
   (void)t;
 #endif
+}
+
+void SideStream::used_on_current(const at::Tensor& t) {
+  if (impl_) hold_until_current_stream(t);
 }
 
 void SideStream::reads(const at::Tensor& t) {

@@ -26,6 +26,13 @@ class CopyFence {
   virtual void join_current() = 0;
 };
 
+// A GPU tensor that the device's current stream has work queued on (reading or writing it) but
+// that was allocated on another stream (a side stream's fetch, a collective's output): its
+// memory goes back to its pool only after that work is done (the caching allocator's
+// record_stream), so the allocating stream cannot reuse it under a kernel still running. A CPU
+// tensor needs nothing.
+void hold_until_current_stream(const at::Tensor& t);
+
 // Copies issued here run in order on one side stream of `device`; join() makes the device's
 // current stream wait for all of them. copy() may be called from any thread, but from one at a
 // time. REQUIRES: what a copy overwrites is no longer read by work still queued on the compute

@@ -192,6 +192,44 @@ TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
   });
 }
 
+// ZeRO++ qwZ gathers units as int8 blocks; a unit gathered that way (here: by a forward, kept for
+// its backward under DeepSpeed's default reuse distance) is gathered again exactly when
+// gathered_parameters pins it, so a modifier rank's scope shows, and writes back into the
+// masters, the true values, not their int8 rounding.
+TEST(Stage3Access, AModifierRankSeesExactValuesAfterAQuantizedForward) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(5);
+    auto model = std::make_shared<ProbeModelImpl>();
+    auto config = dstest::base_config(dstest::kBatch, 1, 3);
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    config["zero_optimization"]["zero_quantized_weights"] = true;
+    auto engine = deepspeed::initialize<ProbeModelImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto& probe_w = model->probe->inner()->fc->weight;
+    auto first = dstest::token_batch(comm->rank(), 0);  // records the units' order
+    engine->backward(engine->forward(first.idx, first.targets));
+    engine->step();
+    torch::Tensor exact;
+    {
+      auto scope = engine->gathered_parameters({model->probe});
+      exact = probe_w.detach().clone();
+    }
+    auto b = dstest::token_batch(comm->rank(), 1);
+    auto loss = engine->forward(b.idx, b.targets);
+    ASSERT_GT(storage_nbytes(probe_w), 0) << "the probe's unit is not kept for its backward";
+    EXPECT_FALSE(torch::equal(probe_w, exact)) << "the forward's gather was not quantized";
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/1);
+      EXPECT_TRUE(torch::equal(probe_w, exact));
+    }
+    {
+      auto scope = engine->gathered_parameters({model->probe});
+      EXPECT_TRUE(torch::equal(probe_w, exact)) << "the masters took the int8 rounding";
+    }
+  });
+}
+
 TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(40 + comm->rank());  // differing values: Init must agree on rank 0's

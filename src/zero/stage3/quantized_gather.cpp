@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "comm/quantize.h"
+#include "device/transfer_stream.h"
 
 namespace deepspeed {
 namespace zero {
@@ -27,6 +28,11 @@ class QuantizedGatherWork : public comm::Work {
       at::Tensor part = full_.narrow(0, r * n, n);
       comm::dequantize(wires_.narrow(0, r * bytes, bytes), part, kBits);
     }
+    // Issued from a side stream (a unit fetched from host memory), the wire forms belong to its
+    // pool, while the collective's end and the dequantize above are ordered on this stream: they
+    // are freed only once this stream is past them, else the next fetch could reuse them early.
+    device::hold_until_current_stream(wire_);
+    device::hold_until_current_stream(wires_);
     wire_ = wires_ = at::Tensor();
   }
 

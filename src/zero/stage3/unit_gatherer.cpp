@@ -64,6 +64,8 @@ void UnitGatherer::issue(int u, bool exact) {
   const bool secondary = !exact && secondary_ && secondary_->has(u);
   exact = exact || u == 0 || !zeropp_.quantized_weights;
   s.from_store = !secondary;
+  // A secondary holds what an earlier gather brought: exact only without qwZ.
+  s.exact = secondary ? !zeropp_.quantized_weights : exact;
   if (secondary) {
     s.full = torch::empty({slots.layout.padded_numel}, at::TensorOptions().dtype(store_.dtype()).device(device_));
     s.work = secondary_->gather(u, s.full);
@@ -277,6 +279,9 @@ void UnitGatherer::end_backward() {
 }
 
 void UnitGatherer::pin(int u) {
+  // A pinned unit shows its exact values (a modifier rank's edits become the masters): one
+  // gathered through qwZ (prefetched, or awaiting its backward) is dropped and gathered again.
+  if (gathered(u) && !state_[u].exact && !in_use(u)) release(u);
   state_[u].pins++;
   use(u, /*exact=*/true);
 }

@@ -100,6 +100,7 @@ class UnitGatherer : public UnitHooks {
     at::Tensor source;    // this rank's slice being sent, while in flight
     bool params_set = false;
     bool from_store = false;  // the gather in flight reads the store's slice (not a secondary)
+    bool exact = false;       // the buffer holds the partition's values, not qwZ's int8 rounding
     std::shared_ptr<device::CopyFence> fetched;  // after its side-stream fetch, while in flight
     bool awaiting_backward = false;  // forward ran, backward not yet: a release keeps a secondary
     int active = 0;       // open forward scopes

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "comm/communicator_base.h"
+#include "comm/single_process.h"
 #include "comm/work.h"
 
 namespace deepspeed {
@@ -11,7 +12,8 @@ namespace {
 
 class SingleProcessCommunicator : public CommunicatorBase {
  public:
-  SingleProcessCommunicator() : CommunicatorBase(0, 1, 0, std::chrono::minutes(30)) {}
+  explicit SingleProcessCommunicator(int local_rank)
+      : CommunicatorBase(0, 1, local_rank, std::chrono::minutes(30)) {}
   std::string backend() const override { return "single"; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp) override {
@@ -41,7 +43,7 @@ class SingleProcessCommunicator : public CommunicatorBase {
   // The only rank is alone in any group it joins.
   CommunicatorPtr split(int color, int) override {
     if (color < 0) return nullptr;
-    return std::make_shared<SingleProcessCommunicator>();
+    return std::make_shared<SingleProcessCommunicator>(local_rank_);
   }
 
  private:
@@ -54,8 +56,10 @@ class SingleProcessCommunicator : public CommunicatorBase {
 
 }  // namespace
 
-CommunicatorPtr make_single_process_communicator() {
-  return std::make_shared<SingleProcessCommunicator>();
+CommunicatorPtr make_single_process_communicator() { return make_single_process_communicator(0); }
+
+CommunicatorPtr make_single_process_communicator(int local_rank) {
+  return std::make_shared<SingleProcessCommunicator>(local_rank);
 }
 
 }  // namespace comm

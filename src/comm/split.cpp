@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <set>
 
+#include "comm/single_process.h"
+
 namespace deepspeed {
 namespace comm {
 
@@ -46,7 +48,7 @@ CommunicatorPtr split_over_store(Communicator& comm, int seq, int color, int key
   if (color < 0) return nullptr;
   const std::vector<int> members = split_members(color_key, color);
   const int sub_world = static_cast<int>(members.size());
-  if (sub_world == 1) return make_single_process_communicator();
+  if (sub_world == 1) return make_single_process_communicator(comm.local_rank());
   // Groups of one split differ by color, successive splits by seq: each rendezvous has its own
   // keys, under the parent's prefix (so nested splits stay apart too).
   return make(fmt::format("split{}/{}", seq, color), index_in(members, comm.rank()), sub_world);

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "comm/single_process.h"
+
 namespace deepspeed {
 namespace comm {
 namespace {
@@ -11,7 +13,7 @@ namespace {
 // coordinate along the axis, so sub-rank = coordinate).
 CommunicatorPtr axis_group(const CommunicatorPtr& world, int axis_size, int color, int key) {
   if (axis_size == world->world_size()) return world;
-  if (axis_size == 1) return make_single_process_communicator();
+  if (axis_size == 1) return make_single_process_communicator(world->local_rank());
   return world->split(color, key);
 }
 

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+
+#include "deepspeed/errors.h"
 
 namespace deepspeed {
 namespace optim {
@@ -69,6 +72,16 @@ void CompressedAllReduce::restore_errors(const ExtraState& saved) {
               server->second.sizes(), ", this optimizer's is ", server_error_.sizes());
   worker_error_.copy_(worker->second);
   server_error_.copy_(server->second);
+}
+
+std::vector<at::Tensor> host_parameters(std::vector<at::Tensor> params, const char* type) {
+  for (const auto& p : params)
+    if (!p.is_cpu())
+      throw ConfigError(std::string("optimizer.type \"") + type + "\" runs on the CPU only here (its "
+                        "update and 1-bit compressed all-reduce are host loops), but a parameter "
+                        "is on " + p.device().str() + ": train on the CPU, or use Adam/AdamW or "
+                        "Lamb on a GPU");
+  return params;
 }
 
 std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,

@@ -67,6 +67,11 @@ class CompressedAllReduce {
   at::Tensor worker_error_, server_error_;
 };
 
+// The 1-bit optimizers' parameters, checked to be in host memory: their update and compressed
+// all-reduce are host loops over the tensors' data. Throws ConfigError naming optimizer.type
+// `type` and the device otherwise (a GPU run: use Adam/AdamW or Lamb there).
+std::vector<at::Tensor> host_parameters(std::vector<at::Tensor> params, const char* type);
+
 // A compressor for `tensors`' sizes (created on an optimizer's first compressed step, or when a
 // checkpoint's error feedback is restored before it).
 std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,

@@ -13,7 +13,8 @@ namespace optim {
 
 OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
                        comm::CommunicatorPtr comm)
-    : FusedAdam(std::move(params), uncorrected_adamw_hyper(hyper)),
+    : FusedAdam(host_parameters(std::move(params), "OneBitAdam"),
+                uncorrected_adamw_hyper(hyper)),
       hyper_(hyper),
       comm_(std::move(comm)) {}
 

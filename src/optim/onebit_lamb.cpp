@@ -32,7 +32,9 @@ double l2(const at::Tensor& t) { return t.to(torch::kDouble).norm().item<double>
 
 OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
                        comm::CommunicatorPtr comm)
-    : Lamb(std::move(params), warmup_lamb(hyper)), hyper_(hyper), comm_(std::move(comm)) {
+    : Lamb(host_parameters(std::move(params), "OneBitLamb"), warmup_lamb(hyper)),
+      hyper_(hyper),
+      comm_(std::move(comm)) {
   size_per_unit();
 }
 

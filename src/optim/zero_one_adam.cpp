@@ -13,7 +13,9 @@ namespace optim {
 
 ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
                          comm::CommunicatorPtr comm)
-    : FusedAdam(std::move(params), uncorrected_adamw_hyper(hyper)), hyper_(hyper),
+    : FusedAdam(host_parameters(std::move(params), "ZeroOneAdam"),
+                uncorrected_adamw_hyper(hyper)),
+      hyper_(hyper),
       comm_(std::move(comm)) {}
 
 int64_t ZeroOneAdam::steps() const { return adamw_steps(*this); }

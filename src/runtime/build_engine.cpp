@@ -2,6 +2,7 @@
 // data loader. Every choice (stage, optimizer) is made here once.
 #include <torch/torch.h>
 
+#include <functional>
 #include <unordered_set>
 
 #include "deepspeed/checkpointing.h"
@@ -229,10 +230,23 @@ EngineStatePtr build_engine_state(BuildInput in) {
   // Monitors first: a bad tensorboard/csv_monitor output_path fails before any real work.
   s->monitor = std::make_shared<monitor::TrainingMonitor>(s->config, s->comm, s->device);
 
-  if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
-  // DeepSpeed moves the module to its device in initialize(); so do we (after the cast, so the
-  // 32-bit copy never lands on the GPU).
-  if (s->device != c10::Device(c10::kCPU)) s->module->to(s->device);
+  // An out-of-memory on the device is reported in words, naming what was being built.
+  const auto reporting_oom = [&s](const char* where, const std::function<void()>& work) {
+    try {
+      work();
+    } catch (const c10::Error& e) {
+      if (auto oom = out_of_memory_message(e.what_without_backtrace(), where,
+                                           s->config.zero_optimization.stage, s->device))
+        throw Error(*oom);
+      throw;
+    }
+  };
+  reporting_oom("initialize() moving the model to its device", [&] {
+    if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
+    // DeepSpeed moves the module to its device in initialize(); so do we (after the cast, so
+    // the 32-bit copy never lands on the GPU).
+    if (s->device != c10::Device(c10::kCPU)) s->module->to(s->device);
+  });
   // A tied parameter (embedding = head) appears once per name: train it once.
   std::unordered_set<const void*> seen;
   for (auto& p : s->module->parameters())
@@ -240,17 +254,9 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   broadcast_from_rank0(*s->module, *s->comm);
 
-  try {
-    build_stage(*s, in.optimizer);
-  } catch (const c10::Error& e) {
-    // Building a stage allocates its partitions, buckets and optimizer state on the device.
-    if (auto oom = out_of_memory_message(
-            e.what_without_backtrace(),
-            "initialize() building the stage's partitions, buckets and optimizer state",
-            s->config.zero_optimization.stage, s->device))
-      throw Error(*oom);
-    throw;
-  }
+  // Building a stage allocates its partitions, buckets and optimizer state on the device.
+  reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
+                [&] { build_stage(*s, in.optimizer); });
   wrap_tensor_parallel(*s);
   s->loss_scaler =
       precision::make_loss_scaler(s->config.fp16, s->config.zero_optimization.stage >= 1);

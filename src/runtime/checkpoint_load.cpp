@@ -349,7 +349,13 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
   if (plan.state) apply_fragments(reader, trainable_names(*s.module), plan);
   if (!plan.optimizer_archive.empty()) {
     torch::serialize::InputArchive archive;
-    archive.load_from(plan.optimizer_archive.data(), plan.optimizer_archive.size());
+    // Onto the device of the optimizer's parameters (a GPU's state saved for a CPU run, rank 0's
+    // cuda:0 state read by every rank, or the reverse): the archive alone would restore each
+    // tensor where it was saved from.
+    c10::optional<c10::Device> device;
+    for (auto& group : s.optimizer->param_groups())
+      if (!device && !group.params().empty()) device = group.params().front().device();
+    archive.load_from(plan.optimizer_archive.data(), plan.optimizer_archive.size(), device);
     s.optimizer->load(archive);
   }
   if (!o.load_module_only) apply_engine_state(s, plan, o);

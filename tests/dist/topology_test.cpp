@@ -89,6 +89,9 @@ TEST(Topology, DefaultDataParallelIsTheWorld) {
     EXPECT_EQ(topo.pipe_parallel()->world_size(), 1);
     EXPECT_EQ(topo.tensor_parallel()->world_size(), 1);
     EXPECT_EQ(topo.coordinates().data, world->rank());
+    // A group of one keeps the job's local rank: it chooses the rank's GPU.
+    EXPECT_EQ(topo.pipe_parallel()->local_rank(), world->local_rank());
+    EXPECT_EQ(topo.tensor_parallel()->local_rank(), world->local_rank());
   });
 }
 
@@ -112,6 +115,8 @@ void check_topology(int world_size, comm::TopologySizes sizes) {
       EXPECT_EQ(a.comm->rank(), a.coordinate);
       EXPECT_EQ(a.members[a.coordinate], r);
       EXPECT_EQ(sum_of_world_ranks(*a.comm, r), sum(a.members)) << "rank " << r;
+      // Every group keeps the job's local rank (cuda:<local_rank>), a group of one included.
+      EXPECT_EQ(a.comm->local_rank(), world->local_rank()) << "rank " << r;
     }
   });
 }
@@ -119,3 +124,6 @@ void check_topology(int world_size, comm::TopologySizes sizes) {
 TEST(Topology, PipeTwoByDataTwo) { check_topology(4, {/*pipe=*/2, /*tensor=*/1}); }
 TEST(Topology, DataTwoByTensorTwo) { check_topology(4, {/*pipe=*/1, /*tensor=*/2}); }
 TEST(Topology, PipeTwoByDataTwoByTensorTwo) { check_topology(8, {/*pipe=*/2, /*tensor=*/2}); }
+// Data-parallel size 1: the engine's group is a group of one.
+TEST(Topology, TensorTwoAlone) { check_topology(2, {/*pipe=*/1, /*tensor=*/2}); }
+TEST(Topology, PipeTwoByTensorTwo) { check_topology(4, {/*pipe=*/2, /*tensor=*/2}); }

@@ -63,14 +63,18 @@ void Lamb::fragmented_step(torch::Tensor& p, const torch::optim::AdamWOptions& o
   auto& s = state_of(p);
   s.step(s.step() + 1);
   torch::Tensor u = moments_and_update(p, p.grad(), s, o);
-  // squares[0][i] = Σ p², squares[1][i] = Σ u² over this rank's fragments of parameter i.
-  torch::Tensor squares = torch::zeros({2, num_params_}, torch::kDouble);
-  auto sq = squares.accessor<double, 2>();
+  // squares[0][i] = Σ p², squares[1][i] = Σ u² over this rank's fragments of parameter i,
+  // summed on p's device: on a GPU one host read per step (below), not two per fragment.
+  torch::Tensor squares = torch::zeros({2, num_params_}, p.options().dtype(torch::kDouble));
   for (const auto& f : fragments_) {
-    sq[0][f.param] += p.narrow(0, f.begin, f.numel).to(torch::kDouble).pow(2).sum().item<double>();
-    sq[1][f.param] += u.narrow(0, f.begin, f.numel).to(torch::kDouble).pow(2).sum().item<double>();
+    squares.select(0, 0).narrow(0, f.param, 1).add_(
+        p.narrow(0, f.begin, f.numel).to(torch::kDouble).pow(2).sum());
+    squares.select(0, 1).narrow(0, f.param, 1).add_(
+        u.narrow(0, f.begin, f.numel).to(torch::kDouble).pow(2).sum());
   }
   if (sum_) sum_(squares);  // COLLECTIVE: whole-parameter sums on every rank
+  squares = squares.cpu();
+  auto sq = squares.accessor<double, 2>();
   coeffs_.assign(num_params_, 1.0);
   for (int64_t i = 0; i < num_params_; ++i)
     coeffs_[i] = clamp_ratio(std::sqrt(sq[0][i]), std::sqrt(sq[1][i]));

@@ -31,8 +31,13 @@ void HostGradPartition::begin_micro_step(bool boundary) {
   // earlier step's gradients and is zeroed; the failed micro-step's part is then added to, as it
   // would be in a device partition.
   if (in_micro_step_ && overwrite_) {
+    // Taken first: should the ranges overlap (a bug upstream, reported), the next begin starts
+    // clean instead of throwing again.
+    const std::vector<ElementRange> written = std::move(overwritten_);
+    overwritten_.clear();
+    in_micro_step_ = false;
     wait();
-    for (const auto& [begin, numel] : uncovered(overwritten_, host_.numel(), "HostGradPartition"))
+    for (const auto& [begin, numel] : uncovered(written, host_.numel(), "HostGradPartition"))
       host_.narrow(0, begin, numel).zero_();
   }
   overwritten_.clear();

@@ -31,6 +31,7 @@ FILES=(
   src/device/transfer_stream.cpp
   src/device/pinned_memory.cpp
   src/offload/param_store.cpp
+  src/offload/grad_store.cpp
   src/zero/step_during_backward.cpp
   src/zero/host_grad_partition.cpp
   src/zero/grad_partition.cpp
@@ -38,6 +39,7 @@ FILES=(
   src/zero/flat_grad_reducer.cpp
   src/zero/stage3/stage3.cpp
   src/zero/stage3/unit_gatherer.cpp
+  src/zero/stage3/unit_gradients.cpp
   src/zero/stage3/quantized_gather.cpp
   src/optim/device_adam.cpp
   src/optim/fused_adam.cpp

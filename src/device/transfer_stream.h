@@ -22,6 +22,8 @@ class CopyFence {
   static std::shared_ptr<CopyFence> record(c10::Device device);
   virtual ~CopyFence() = default;
   virtual void wait() = 0;
+  // Whether the work issued before it has finished, without waiting.
+  virtual bool passed() = 0;
   // The device's current stream waits for this point (an event, the host goes on).
   virtual void join_current() = 0;
 };

@@ -16,15 +16,42 @@ namespace offload {
 namespace {
 // Closed slices whose writes may be in flight at once (beyond them, close() waits).
 constexpr size_t kMaxWritesInFlight = 2;
+// Buckets on their way down from the GPU beyond which the host waits for the oldest: each holds a
+// bucket-sized page-locked buffer.
+constexpr size_t kMaxDownloadsPending = 4;
 // Freed buffers kept for reuse. One: a buffer is freed (its write done, its sub-group updated)
 // just before the next one is needed, so a single spare replaces the allocation without adding
 // to the peak; the spare is dropped when a micro-step or a step ends.
 constexpr size_t kMaxPooled = 1;
 }  // namespace
 
+GradStore::Downloader GradStore::stream_downloader(c10::Device device) {
+  if (device.is_cpu())
+    return [](const at::Tensor& reduced) {
+      return Download{reduced, device::CopyFence::record(c10::kCPU)};
+    };
+  auto stream = std::make_shared<device::SideStream>(device);
+  return [stream](const at::Tensor& reduced) {
+    if (reduced.is_cpu()) return Download{reduced, device::CopyFence::record(c10::kCPU)};
+    const at::Tensor flat = reduced.reshape({-1});
+    // Bucket-sized and short-lived: the caching host allocator's blocks are reused at once
+    // (its rounding up wastes little here, unlike for the long-lived buffers of pinned_memory.h).
+    Download d{at::empty({flat.numel()}, flat.options().device(c10::kCPU).pinned_memory(true)),
+               nullptr};
+    stream->follow_current();  // the reduction producing it is queued on the compute stream
+    stream->reads(flat);
+    stream->run([&] {
+      d.host.copy_(flat, /*non_blocking=*/true);
+      d.fence = stream->mark();
+    });
+    return d;
+  };
+}
+
 GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
-                     const AioConfig& aio)
-    : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)) {
+                     const AioConfig& aio, Downloader download)
+    : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)),
+      download_(std::move(download)) {
   path_ = offload::unique_swap_path(dir, "zero_optimization.offload_optimizer.nvme_path", "gradient_swap");
   fd_ = offload::DirectFile::create(path_);
   queue_ = std::make_unique<offload::AioQueue>(
@@ -34,6 +61,7 @@ GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std
 
 GradStore::~GradStore() {
   try {
+    drop_downloads();
     queue_->wait_all();
   } catch (...) {
   }
@@ -90,9 +118,50 @@ void GradStore::zero_uncovered(Open& o) {
   o.covered.clear();
 }
 
-void GradStore::accumulate(int unit, int64_t first, const at::Tensor& device_received) {
-  // Swapped gradients accumulate in host memory; a GPU's reduced bucket comes down first.
-  const at::Tensor received = device_received.is_cpu() ? device_received : device_received.cpu();
+void GradStore::accumulate(int unit, int64_t first, const at::Tensor& reduced) {
+  Pending p{unit, first, download_(reduced)};
+  p.copy = !p.download.host.is_same(reduced);
+  pending_.push_back(std::move(p));
+  pending_of_[unit]++;
+  note_resident();
+  apply_downloads(/*wait_all=*/false);
+}
+
+void GradStore::unit_complete(int unit) {
+  if (pending_of_[unit] > 0) {
+    completing_.insert(unit);
+    return apply_downloads(/*wait_all=*/false);
+  }
+  open(unit);
+  close(unit);
+}
+
+void GradStore::apply_downloads(bool wait_all) {
+  while (!pending_.empty()) {
+    Pending& p = pending_.front();
+    if (!wait_all && pending_.size() <= kMaxDownloadsPending && !p.download.fence->passed()) return;
+    p.download.fence->wait();
+    Pending arrived = std::move(p);
+    pending_.pop_front();
+    const int unit = arrived.unit;
+    add_into_slice(unit, arrived.first, arrived.download.host);
+    if (--pending_of_[unit] == 0 && completing_.erase(unit)) {
+      open(unit);
+      close(unit);
+    }
+  }
+}
+
+// A failed backward, or discard(): no download is added, but none may still be writing its
+// buffer when it is freed.
+void GradStore::drop_downloads() {
+  for (auto& p : pending_) p.download.fence->wait();
+  pending_.clear();
+  pending_of_.clear();
+  completing_.clear();
+}
+
+void GradStore::add_into_slice(int unit, int64_t first, const at::Tensor& received) {
   Open& o = acquire_slice(unit);
   const int64_t n = received.numel();
   if (n == 0) return;
@@ -131,7 +200,8 @@ void GradStore::close(int unit) {
 }
 
 void GradStore::end_micro_step() {
-  TORCH_CHECK(open_.empty(), "GradStore: ", open_.size(), " unit(s) still open at the end of backward");
+  apply_downloads(/*wait_all=*/true);
+  TORCH_CHECK(completing_.empty() && open_.empty(), "GradStore: ", open_.size(), " unit(s) still open at the end of backward");
   for (auto& io : writing_) {
     queue_->wait(io.ticket);
     recycle(std::move(io.buffer));
@@ -142,6 +212,7 @@ void GradStore::end_micro_step() {
 }
 
 void GradStore::discard() {
+  drop_downloads();
   for (auto& [begin, io] : reading_) {
     if (io.ticket >= 0) queue_->wait(io.ticket);
     recycle(std::move(io.buffer));
@@ -184,6 +255,8 @@ int64_t GradStore::resident_bytes() const {
   for (auto& [u, o] : open_) total += o.slice.numel() * o.slice.element_size();
   for (auto& io : writing_) total += io.buffer.numel() * io.buffer.element_size();
   for (auto& [b, io] : reading_) total += io.buffer.numel() * io.buffer.element_size();
+  for (auto& p : pending_)  // a host tensor handed in as it is belongs to the caller
+    if (p.copy) total += p.download.host.numel() * p.download.host.element_size();
   return total;
 }
 

@@ -1,24 +1,35 @@
 // Stage 3's gradient partition in a swap file (ZeRO-Infinity: with offload_optimizer.device =
 // "nvme" the gradients go to the optimizer's folder, as DeepSpeed swaps them with the states).
 //
-// During backward each unit's slice is accumulated in memory only while its buckets are being
-// reduced: accumulate(u, first, received) adds a bucket's reduced part to it, open(u) gives it
-// (zeros on the first micro-step after a step, else the sum so far read back from the file),
-// close(u) writes it back (asynchronously) and frees it. On the first micro-step after a step the
-// slice is not zero-filled first: each element's first accumulate writes 0 + received (so a -0
-// becomes +0 exactly as before) and only elements no bucket covered are zeroed, at open or close.
+// During backward each unit's slice is accumulated in host memory only while its buckets are being
+// reduced: accumulate(u, first, reduced) adds a bucket's reduced part to it, unit_complete(u)
+// says every bucket of u is in, and the slice is written back (asynchronously) and freed. A slice
+// is zeros on the first micro-step after a step, else the sum so far read back from the file. On
+// the first micro-step after a step the slice is not zero-filled first: each element's first
+// accumulate writes 0 + received (so a -0 becomes +0 exactly as before) and only elements no
+// bucket covered are zeroed, at close.
+//
+// A bucket reduced on a GPU comes down without stopping the host: it is copied into page-locked
+// memory on a download stream (a Download, whose fence passes once it is there), and added into
+// its slice once that fence has passed, which each later call checks without waiting. Only when
+// more than a few downloads are pending, or at the end of the micro-step, does the host wait. A
+// unit completes when its last download has been added. On the CPU the bucket is added at once.
+//
 // A freed slice or read buffer is kept as a spare until the next one of the same size is needed
 // (usually at once), instead of a fresh allocation (and its page faults) per unit per micro-step;
 // the spare is dropped at the end of each micro-step and step, so it adds nothing to the peak.
 // On the boundary micro-step close() also adds the slice's squares to the gradient norm, so the
 // step needs no second pass over the file. The optimizer then reads the gradients sub-group by sub-group
-// (offload::GradSource), ahead of its update. Resident: the open slices and the reads in flight.
+// (offload::GradSource), ahead of its update. Resident: the open slices, the downloads pending and
+// the reads and writes in flight.
 //
 // Not thread-safe: every call comes from the thread running the engine.
 #pragma once
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +37,7 @@
 #include <ATen/Tensor.h>
 
 #include "deepspeed/config.h"
+#include "device/transfer_stream.h"
 #include "offload/aio_queue.h"
 #include "offload/swapped_adam.h"
 #include "offload/unit_file.h"
@@ -36,18 +48,35 @@ namespace offload {
 
 class GradStore : public offload::GradSource {
  public:
-  // dir: offload_optimizer.nvme_path (IOError naming it unless it exists).
+  // A reduced bucket's values in host memory, readable once `fence` has passed.
+  struct Download {
+    at::Tensor host;
+    std::shared_ptr<device::CopyFence> fence;
+  };
+  using Downloader = std::function<Download(const at::Tensor& reduced)>;
+  // Host tensors as they are (a passed fence); a GPU's into page-locked memory on a download
+  // stream that first waits for the compute stream (which produced them).
+  static Downloader stream_downloader(c10::Device device);
+
+  // dir: offload_optimizer.nvme_path (IOError naming it unless it exists). `download`: how a
+  // reduced bucket reaches host memory (stream_downloader(device); tests hold fences back).
   GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
-            const AioConfig& aio);
+            const AioConfig& aio, Downloader download = stream_downloader(c10::kCPU));
   ~GradStore() override;
 
   void begin_micro_step(bool boundary);
-  // Elements [first, first + received.numel()) of unit u's slice += received (any float dtype).
+  // Elements [first, first + reduced.numel()) of unit u's slice += reduced (any float dtype, on
+  // the host or the compute device), once it has come down.
   // REQUIRES: within a micro-step, the ranges of one unit do not overlap (a unit's buckets).
-  void accumulate(int unit, int64_t first, const at::Tensor& received);
+  void accumulate(int unit, int64_t first, const at::Tensor& reduced);
+  // Every bucket of unit u has been accumulated this micro-step: its slice goes back to the file
+  // (even if this rank received nothing, so the file is written) once the last has come down.
+  void unit_complete(int unit);
+  // The slice of unit u, to add to directly (the host arithmetic of accumulate), and its return.
   at::Tensor open(int unit);
   void close(int unit);
-  // The micro-step's writes are on disk; the file now holds the accumulated gradients.
+  // The micro-step's downloads are added and its writes are on disk; the file now holds the
+  // accumulated gradients.
   void end_micro_step();
   double squared_norm() const { return squared_norm_; }  // of the last boundary micro-step
   void discard();  // the accumulated gradients are dropped (after a step, or an overflow)
@@ -68,6 +97,12 @@ class GradStore : public offload::GradSource {
     at::Tensor buffer;
     offload::AioQueue::Ticket ticket = -1;
   };
+  struct Pending {
+    int unit = 0;
+    int64_t first = 0;
+    Download download;
+    bool copy = false;  // download.host is a copy (else the caller's tensor)
+  };
   // A slice being accumulated. `fresh`: the first micro-step after a step, the buffer not
   // zeroed; `covered` lists the element ranges written so far (the rest is garbage).
   struct Open {
@@ -76,6 +111,10 @@ class GradStore : public offload::GradSource {
     std::vector<std::pair<int64_t, int64_t>> covered;
   };
   Open& acquire_slice(int unit);
+  void add_into_slice(int unit, int64_t first, const at::Tensor& host_values);
+  // Adds the pending downloads in order: those already there, or (`wait_all`) every one.
+  void apply_downloads(bool wait_all);
+  void drop_downloads();
   void zero_uncovered(Open& open);
   at::Tensor take_buffer(int64_t numel);
   void recycle(at::Tensor buffer);
@@ -87,6 +126,10 @@ class GradStore : public offload::GradSource {
   std::string path_;
   std::unique_ptr<offload::DirectFile> fd_;
   std::unique_ptr<offload::AioQueue> queue_;
+  Downloader download_;
+  std::deque<Pending> pending_;       // downloads not yet added, in the order they were queued
+  std::map<int, int> pending_of_;     // unit -> its downloads in pending_
+  std::set<int> completing_;          // units complete but for a pending download
   bool boundary_ = true;
   bool accumulated_ = false;  // the file holds this step's gradients of earlier micro-steps
   double squared_norm_ = 0;

@@ -38,32 +38,31 @@ class PipeStage : public zero::ForwardingStage {
   // COLLECTIVE over the data-parallel group, the tensor group (when given) and the pipe group:
   //   norm^2 = sum over stages of (this stage's norm^2 over data and tensor ranks
   //                                - its tied parameters another stage counts)
-  double global_grad_norm() override {
-    const double n = inner().global_grad_norm();
-    double twice = 0.0, twice_split = 0.0;
+  // On the device, not read (as the inner stage's): the engine reads it when the step needs it.
+  at::Tensor global_grad_norm_tensor() override {
+    const at::Tensor n = inner().global_grad_norm_tensor();
+    at::Tensor twice = torch::zeros({1}, n.options()), twice_split = torch::zeros({1}, n.options());
     for (auto& p : counted_twice_) twice += square(p);
     for (auto& p : counted_twice_split_) twice_split += square(p);
-    if (tensor_ && tensor_->world_size() > 1 && !counted_twice_split_.empty()) {
-      at::Tensor t = torch::full({1}, twice_split, torch::kDouble);
-      tensor_->all_reduce(t)->wait();
-      twice_split = t.item<double>();
-    }
-    double sq = n * n - twice - twice_split;
-    if (pipe_->world_size() > 1) {
-      at::Tensor t = torch::full({1}, sq, torch::kDouble);
-      pipe_->all_reduce(t)->wait();
-      sq = t.item<double>();
-    }
+    if (tensor_ && tensor_->world_size() > 1 && !counted_twice_split_.empty())
+      tensor_->all_reduce(twice_split)->wait();
+    at::Tensor sq = n * n - twice - twice_split;
+    if (pipe_->world_size() > 1) pipe_->all_reduce(sq)->wait();
     // An overflow anywhere (inf, or NaN from inf - inf above) must stay non-finite on every
-    // stage: the engine skips the step on a non-finite norm. (std::max(0.0, NaN) is 0.0, which
-    // once turned fp16 overflows into applied NaN steps.)
-    if (!std::isfinite(sq)) return std::numeric_limits<double>::infinity();
-    return std::sqrt(std::max(0.0, sq));  // >= 0 up to rounding of the tied subtraction
+    // stage: the engine skips the step on a non-finite norm (a clamp to 0 once turned fp16
+    // overflows into applied NaN steps). A negative is rounding of the tied subtraction.
+    return at::where(sq < 0, torch::zeros_like(sq), sq).sqrt_();
+  }
+  double global_grad_norm() override {
+    const double norm = global_grad_norm_tensor().item<double>();
+    return std::isfinite(norm) ? norm : std::numeric_limits<double>::infinity();
   }
 
  private:
-  static double square(const at::Tensor& p) {
-    return p.grad().defined() ? p.grad().to(torch::kDouble).pow(2).sum().item<double>() : 0.0;
+  // 0-dim (a CPU zero adds to a device tensor too).
+  static at::Tensor square(const at::Tensor& p) {
+    return p.grad().defined() ? p.grad().to(torch::kDouble).pow(2).sum()
+                              : torch::zeros({}, torch::kDouble);
   }
   comm::CommunicatorPtr pipe_, tensor_;
   std::vector<at::Tensor> counted_twice_, counted_twice_split_;

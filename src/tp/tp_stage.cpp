@@ -17,15 +17,18 @@ class TensorParallelStage : public zero::ForwardingStage {
                       std::vector<at::Tensor> split)
       : ForwardingStage(std::move(inner)), group_(std::move(group)), split_(std::move(split)) {}
 
-  // COLLECTIVE over the data-parallel group, then the tensor-parallel group.
-  double global_grad_norm() override {
-    const auto sums = inner().grad_square_sums(split_);
-    at::Tensor split_sq = torch::full({1}, sums[0], torch::kDouble);
+  // COLLECTIVE over the data-parallel group, then the tensor-parallel group. On the device, not
+  // read: the engine reads it only when the step needs it (clipping, fp16's overflow vote). A
+  // non-finite square anywhere stays non-finite on every rank: the overflow vote.
+  at::Tensor global_grad_norm_tensor() override {
+    const at::Tensor sums = inner().grad_square_sums(split_);
+    at::Tensor split_sq = sums.narrow(0, 0, 1).clone();
     if (group_->world_size() > 1) group_->all_reduce(split_sq)->wait();
-    const double sq = split_sq.item<double>() + sums[1];
-    // A non-finite square anywhere stays non-finite on every rank: the fp16 overflow vote.
-    if (!std::isfinite(sq)) return std::numeric_limits<double>::infinity();
-    return std::sqrt(sq);
+    return split_sq.add_(sums.narrow(0, 1, 1)).sqrt_();
+  }
+  double global_grad_norm() override {
+    const double norm = global_grad_norm_tensor().item<double>();
+    return std::isfinite(norm) ? norm : std::numeric_limits<double>::infinity();
   }
 
  private:

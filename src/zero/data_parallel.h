@@ -31,7 +31,7 @@ class DataParallelStage : public ZeroStage {
   void end_backward(bool boundary) override;
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
-  std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
+  at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
   void discard_gradients() override;
   MemoryReport memory() const override;

@@ -51,7 +51,7 @@ class FlatStage : public ZeroStage {
   // COLLECTIVE. Non-finite on every rank when any rank's gradients hold an inf or NaN.
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
-  std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
+  at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
   void discard_gradients() override {
     shard_->discard_step();

@@ -19,8 +19,9 @@ class ForwardingStage : public ZeroStage {
   void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
   void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   double global_grad_norm() override { return inner_->global_grad_norm(); }
-  // (global_grad_norm_tensor is not forwarded: a wrapper that changes the norm overrides
-  // global_grad_norm, and the base's tensor reads that.)
+  // A wrapper that changes the norm overrides both (the tensor keeps a GPU step free of host
+  // waits; the value is read from it).
+  at::Tensor global_grad_norm_tensor() override { return inner_->global_grad_norm_tensor(); }
   void step(double grad_scale) override { inner_->step(grad_scale); }
   void discard_gradients() override { inner_->discard_gradients(); }
   MemoryReport memory() const override { return inner_->memory(); }
@@ -46,7 +47,7 @@ class ForwardingStage : public ZeroStage {
   std::function<void()> gather_group(int group, std::optional<int> modifier_rank) override {
     return inner_->gather_group(group, modifier_rank);
   }
-  std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override {
+  at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override {
     return inner_->grad_square_sums(selected);
   }
   void before_forward() override { inner_->before_forward(); }

@@ -23,18 +23,13 @@ std::unordered_set<const void*> identities(const std::vector<at::Tensor>& params
   return out;
 }
 
-std::array<double, 2> to_pair(const at::Tensor& sums) {
-  auto s = sums.to(torch::kCPU);
-  return {s[0].item<double>(), s[1].item<double>()};
-}
-
 }  // namespace
 
 at::Tensor ZeroStage::global_grad_norm_tensor() {
   return torch::full({1}, global_grad_norm(), torch::kDouble);
 }
 
-std::array<double, 2> ZeroStage::grad_square_sums(const std::vector<at::Tensor>&) {
+at::Tensor ZeroStage::grad_square_sums(const std::vector<at::Tensor>&) {
   throw ConfigError(
       "tensor parallelism: this ZeRO stage cannot split its gradient norm by "
       "parameter (zero_optimization.stage 0, 1 or 2 can)");
@@ -43,7 +38,7 @@ std::array<double, 2> ZeroStage::grad_square_sums(const std::vector<at::Tensor>&
 // The owner's gradient partition is a slice of the flat buffer: each parameter's part of it is
 // the overlap of its slot with the partition. Partitions are disjoint, so the sums add over the
 // data-parallel group.
-std::array<double, 2> FlatStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
+at::Tensor FlatStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
   const auto chosen = identities(selected);
   const auto& layout = flat_->layout();
   const int64_t begin = layout.begin(ownership_->owner()), end = begin + layout.partition_numel;
@@ -57,24 +52,25 @@ std::array<double, 2> FlatStage::grad_square_sums(const std::vector<at::Tensor>&
     sums[which] += sum_of_squares(grads.narrow(0, lo - begin, hi - lo));
   }
   ownership_->sum_over_owners(sums);
-  return to_pair(sums);
+  return sums;
 }
 
 // Every rank holds the averaged gradients whole: the local sums are the group's.
-std::array<double, 2> DataParallelStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
+at::Tensor DataParallelStage::grad_square_sums(const std::vector<at::Tensor>& selected) {
   const auto chosen = identities(selected);
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
   for (auto& p : params_)
     if (p.grad().defined())
       sums[chosen.count(p.unsafeGetTensorImpl()) ? 0 : 1] += sum_of_squares(p.grad());
-  return to_pair(sums);
+  return sums;
 }
 
 // Stage 3: this rank's gradient partition holds its slice of every unit, laid out as its
 // checkpoint fragments (`at`: where each lies in the partition); slices are disjoint over the
 // data-parallel group, so the sums add over it.
-std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& selected) {
-  if (grads_)
+at::Tensor Stage3::grad_square_sums(const std::vector<at::Tensor>& selected) {
+  const ShardGrads partition = grads_->for_step();
+  if (!partition.tensor.defined())
     throw ConfigError(
         "tensor parallelism with zero_optimization.offload_optimizer.device = nvme "
         "at stage 3 is not supported (the gradient partition is on disk, its norm "
@@ -83,12 +79,11 @@ std::array<double, 2> Stage3::grad_square_sums(const std::vector<at::Tensor>& se
   std::vector<bool> split(param_index_.size());
   for (const auto& [impl, index] : param_index_) split.at(index) = chosen.count(impl) > 0;
   at::Tensor sums = torch::zeros({2}, ctx_.options(torch::kDouble));
-  grad_partition_->wait();
-  const at::Tensor& grads = grad_partition_->tensor();
+  const at::Tensor& grads = partition.tensor;
   for (const auto& f : own_fragments())
     sums[split.at(f.param) ? 0 : 1] += sum_of_squares(grads.narrow(0, f.at, f.numel));
   ctx_.comm->all_reduce(sums)->wait();
-  return to_pair(sums);
+  return sums;
 }
 
 }  // namespace zero

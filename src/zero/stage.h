@@ -118,9 +118,10 @@ class ZeroStage {
   // Tensor parallelism (tp/tp_stage.h counts a split parameter once per tensor-parallel rank
   // and a replicated one once): {sum of squares of the reduced gradients of the parameters in
   // `selected` (by identity), the same over all other parameters}, each summed over the
-  // data-parallel group, identical on every rank. One reduction. COLLECTIVE. The default throws
-  // ConfigError (a stage whose gradients cannot be told apart by parameter).
-  virtual std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected);
+  // data-parallel group, identical on every rank: fp64 [2] on the stage's device, not waited for
+  // (as global_grad_norm_tensor). One reduction. COLLECTIVE. The default throws ConfigError (a
+  // stage whose gradients cannot be told apart by parameter).
+  virtual at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected);
   // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
   virtual void before_forward() {}
   // Makes the full parameters of `modules` (all when empty) present and writable until the

@@ -84,3 +84,92 @@ TEST(GradStoreErrors, MissingFolderNamesTheKey) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.nvme_path"), std::string::npos) << e.what();
   }
 }
+
+namespace {
+
+// A download's fence that the test lets pass; a wait() before that is the host blocking (counted),
+// after which the copy counts as done.
+struct HeldFence : deepspeed::device::CopyFence {
+  bool released = false;
+  int* blocking_waits;
+  explicit HeldFence(int* counter) : blocking_waits(counter) {}
+  void wait() override {
+    if (!released) ++*blocking_waits;
+    released = true;
+  }
+  bool passed() override { return released; }
+  void join_current() override {}
+};
+
+// Downloads as a GPU's would arrive: a copy of the bucket, its fence held until released.
+struct HeldDownloads {
+  int blocking_waits = 0;
+  std::vector<std::shared_ptr<HeldFence>> fences;
+  GradStore::Downloader downloader() {
+    return [this](const at::Tensor& reduced) {
+      fences.push_back(std::make_shared<HeldFence>(&blocking_waits));
+      return GradStore::Download{reduced.clone(), fences.back()};
+    };
+  }
+  void release(size_t i) { fences.at(i)->released = true; }
+};
+
+}  // namespace
+
+// A bucket still on its way down is added once its fence has passed, found by a later call
+// without waiting; its unit goes back to the file only after its last bucket is added, even when
+// the stage says the unit is complete before that.
+TEST(GradStore, DownloadsStillComingDownAreAddedLaterWithoutBlocking) {
+  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  HeldDownloads downloads;
+  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader());
+  at::Tensor g = torch::randn({L.partition_numel});
+  auto part = [&](int u, int64_t first, int64_t n) {
+    return g.narrow(0, L.units[u].partition_offset + first, n);
+  };
+  for (int step = 0; step < 2; ++step) {  // the second runs through the file (accumulated)
+    const size_t base = downloads.fences.size();
+    store.begin_micro_step(step == 1);
+    store.accumulate(2, 0, part(2, 0, 4000));
+    store.accumulate(2, 4000, part(2, 4000, 5000));
+    store.unit_complete(2);  // both buckets still coming down
+    const int64_t pending = store.resident_bytes();
+    EXPECT_GE(pending, 9000 * 4) << "the downloads pending are resident";
+    downloads.release(base);
+    store.accumulate(1, 0, part(1, 0, 5000));  // adds unit 2's first bucket on the way
+    store.unit_complete(1);
+    downloads.release(base + 1);
+    downloads.release(base + 2);
+    store.accumulate(0, 0, part(0, 0, 10));
+    store.unit_complete(0);
+    EXPECT_EQ(downloads.blocking_waits, 0) << "the host waited for a download";
+    store.end_micro_step();
+    EXPECT_EQ(downloads.blocking_waits, 1) << "end_micro_step waits for the last one";
+    downloads.blocking_waits = 0;
+  }
+  at::Tensor sum = g + g;
+  EXPECT_TRUE(torch::equal(read_back(store, L), sum));
+  EXPECT_NEAR(store.squared_norm(), sum.to(torch::kDouble).pow(2).sum().item<double>(), 1e-6);
+  EXPECT_EQ(store.resident_bytes(), 0);
+}
+
+// Beyond four downloads pending the host waits for the oldest, so their page-locked buffers stay
+// bounded however far behind the GPU is.
+TEST(GradStore, AtMostFourDownloadsArePending) {
+  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  HeldDownloads downloads;
+  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader());
+  store.begin_micro_step(true);
+  for (int k = 0; k < 6; ++k) store.accumulate(2, 1000 * k, torch::ones({1000}));
+  EXPECT_EQ(downloads.blocking_waits, 2);
+  EXPECT_EQ(store.resident_bytes(), 9000 * 4 + 4 * 1000 * 4) << "the slice and four downloads";
+  store.unit_complete(2);
+  store.unit_complete(1);
+  store.unit_complete(0);
+  store.end_micro_step();
+  at::Tensor want = torch::zeros({L.units[2].layout.partition_numel});
+  want.narrow(0, 0, 6000).fill_(1);
+  EXPECT_TRUE(torch::equal(read_back(store, L).narrow(0, L.units[2].partition_offset, 9000), want));
+}

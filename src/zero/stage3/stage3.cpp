@@ -42,17 +42,9 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   ShardOptions shard = options_.shard;
   shard.compute_device = ctx_.device;
   shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
-  // After the zero::Init slices are gone (a model bigger than RAM needs the room). A swapped
-  // optimizer swaps the gradients too, as DeepSpeed does; ZeRO-Offload's host update reads them
-  // in host memory, where they then accumulate (no device partition).
-  if (options_.shard.home == OffloadDevice::kNvme) {
-    grads_ = std::make_unique<offload::GradStore>(layout_, param_dtype_, options_.shard.nvme_path,
-                                                  options_.aio);
-  } else {
-    grad_partition_ = make_grad_partition(layout_.partition_numel, param_dtype_, ctx_.device,
-                                          shard_->gradients_in_host_memory(),
-                                          options_.shard.pin_memory);
-  }
+  // After the zero::Init slices are gone (a model bigger than RAM needs the room).
+  grads_ = make_unit_gradients(layout_, param_dtype_, options_.shard, options_.aio, ctx_.device,
+                               *shard_, *params_);
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));
@@ -63,11 +55,6 @@ Stage3::~Stage3() {
   hooks_.clear();
   for (auto* m : modules_) attach_unit(*m, nullptr, -1);
   for (auto& b : buckets_) wait_quietly(b.work);
-}
-
-at::Tensor Stage3::slice_of(const at::Tensor& buffer, int u) const {
-  const auto& slots = layout_.units[u];
-  return buffer.narrow(0, slots.partition_offset, slots.layout.partition_numel);
 }
 
 // Copies this rank's slice of unit u into the partition buffer, hooks its parameters' gradients
@@ -129,10 +116,7 @@ void Stage3::begin_backward(bool boundary) {
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
-  if (grads_)
-    grads_->begin_micro_step(boundary);
-  else
-    grad_partition_->begin_micro_step(boundary);
+  grads_->begin_micro_step(boundary);
 }
 
 // The parameter's gradient moves into its bucket and is freed at once.
@@ -182,23 +166,11 @@ void Stage3::finish(size_t index) {
     const int rank = ctx_.rank();
     const int64_t first = std::max(b.begin, L.begin(rank)) - L.begin(rank);
     if (after != 1.0) b.received.mul_(after);
-    if (grads_)  // no zero-filled slice first: see GradStore
-      grads_->accumulate(b.unit, first, b.received);
-    else
-      grad_partition_->accumulate(layout_.units[b.unit].partition_offset + first, b.received);
+    grads_->accumulate(b.unit, first, b.received);
   }
-  // The unit's gradients of this micro-step are all in: a swapped slice goes back to its file.
-  if (++unit_finished_[b.unit] == unit_buckets_[b.unit]) {
-    if (grads_) {
-      grads_->open(b.unit);  // even if this rank received nothing, so the file is written
-      grads_->close(b.unit);
-    } else if (boundary_ && shard_->steps_during_backward()) {
-      // The unit's slice is final: ZeRO-Offload updates it now (zero/step_during_backward.h).
-      shard_->gradients_final(layout_.units[b.unit].partition_offset,
-                              slice_of(grad_partition_->tensor(), b.unit), *params_,
-                              grad_partition_->written());
-    }
-  }
+  // The unit's gradients of this micro-step are all in (a swapped slice goes back to its file,
+  // an offloaded update may start on it).
+  if (++unit_finished_[b.unit] == unit_buckets_[b.unit]) grads_->unit_complete(b.unit);
   bucket_bytes_ -= storage_bytes(b.buffer);
   b.buffer = at::Tensor();
   b.received = at::Tensor();
@@ -209,20 +181,13 @@ void Stage3::end_backward(bool) {
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].launched) launch(b);
   in_flight_.drain([this](size_t i) { finish(i); });
-  if (grads_)
-    grads_->end_micro_step();
-  else
-    grad_partition_->end_micro_step();
+  grads_->end_micro_step();
   gatherer_->end_backward();
 }
 
 // One all-reduce of the partitions' summed squares: also the fp16 overflow vote.
 at::Tensor Stage3::global_grad_norm_tensor() {
-  at::Tensor sq = torch::zeros({1}, ctx_.options(torch::kDouble));
-  if (grads_)
-    sq += grads_->squared_norm();  // summed as the swapped slices were closed
-  else
-    sq += grad_partition_->squared_norm();
+  at::Tensor sq = grads_->squared_norm();
   ctx_.comm->all_reduce(sq)->wait();
   return sq.sqrt_();
 }
@@ -230,31 +195,23 @@ at::Tensor Stage3::global_grad_norm_tensor() {
 double Stage3::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void Stage3::step(double grad_scale) {
-  at::Tensor grads;  // in memory; else the optimizer reads them from grad_source()
-  if (grad_partition_) {
-    grad_partition_->wait();
-    grads = grad_partition_->tensor();
-  }
-  shard_->step({grads, grad_source()}, *params_, grad_scale);
+  shard_->step(grads_->for_step(), *params_, grad_scale);
   gatherer_->regather_root();
   discard_gradients();
 }
 
 void Stage3::discard_gradients() {
   shard_->discard_step();
-  if (grads_)
-    grads_->discard();
-  else
-    grad_partition_->clear();
+  grads_->clear();
 }
 
 MemoryReport Stage3::memory() const {
   MemoryReport r;
   r.parameters = params_->resident_bytes();
-  r.gradients = grads_ ? grads_->peak_resident_bytes() : grad_partition_->bytes();
+  r.gradients = grads_->bytes();
   r.optimizer_states = shard_->resident_bytes();  // a swapped shard: its buffers, the rest is on disk
   r.comm_buffers =  // the buckets, and what the partition's transfers held beside them
-      peak_bucket_bytes_ + (grad_partition_ ? grad_partition_->device_temporary_bytes() : 0);
+      peak_bucket_bytes_ + grads_->device_temporary_bytes();
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;
   r.peak_gathered_numel = g.peak_numel;
@@ -263,8 +220,7 @@ MemoryReport Stage3::memory() const {
   // Swapped or offloaded gradients and the parameter partition of offload_param live in host
   // memory.
   r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
-                 (grads_ || grad_partition_->in_host_memory() ? r.gradients
-                                                              : host_share(ctx_.device, r.gradients)) +
+                 (grads_->in_host_memory() ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
   return r;
 }

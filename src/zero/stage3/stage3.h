@@ -17,8 +17,8 @@
 // 16-bit copy); only the root unit is gathered again.
 // The partition lives in a ParamStore (memory, or a swap file under offload_param nvme: ZeRO-
 // Infinity); the fp32 masters and moments in the shard optimizer (zero/shard_optimizer.h: memory,
-// or a file under offload_optimizer nvme, and then the gradient partition in a GradStore file too;
-// under offload_optimizer cpu with FusedAdam, in host memory: zero/host_grad_partition.h).
+// or a file under offload_optimizer nvme); the gradients where the shard's update reads them
+// (zero/stage3/unit_gradients.h).
 #pragma once
 #include <array>
 #include <deque>
@@ -26,16 +26,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "offload/grad_store.h"
 #include "offload/param_store.h"
 #include "zero/gradient_hooks.h"
-#include "zero/grad_partition.h"
 #include "zero/in_flight.h"
 #include "zero/shard_optimizer.h"
 #include "zero/stage.h"
 #include "zero/stage_options.h"
 #include "zero/stage3/quantized_reduce.h"
 #include "zero/stage3/unit_gatherer.h"
+#include "zero/stage3/unit_gradients.h"
 #include "zero/stage3/unit_layout.h"
 #include "zero/stage3/zeropp_options.h"
 
@@ -56,7 +55,7 @@ class Stage3 : public ZeroStage {
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   // Tensor parallelism (tp/tp_stage.h): defined in zero/grad_square_sums.cpp.
-  std::array<double, 2> grad_square_sums(const std::vector<at::Tensor>& selected) override;
+  at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override;
   void step(double grad_scale) override;
   void discard_gradients() override;
   MemoryReport memory() const override;
@@ -97,8 +96,6 @@ class Stage3 : public ZeroStage {
   void launch(size_t b);
   void finish(size_t b);
   void allocate(GradBucket& b);
-  at::Tensor slice_of(const at::Tensor& buffer, int u) const;
-  offload::GradSource* grad_source() { return grads_.get(); }
 
   // This rank's checkpoint fragments, with where they lie in its partition.
   std::vector<StateFragment> own_fragments() const;
@@ -120,12 +117,10 @@ class Stage3 : public ZeroStage {
   // this rank's slices of every unit, in the parameter dtype
   std::unique_ptr<offload::ParamStore> params_;
   bool boundary_ = false;  // this backward ends an accumulation: its reductions are final
-  // this rank's averaged gradients, laid out as params_ (on the device, or under ZeRO-Offload's
-  // host update in host memory: zero/grad_partition.h); declared before shard_, whose update
-  // thread reads it, so it is destroyed after. Null when grads_ holds them.
-  std::unique_ptr<GradPartition> grad_partition_;
-  // offload_optimizer nvme: the gradient partition in a file, unit slice by unit slice
-  std::unique_ptr<offload::GradStore> grads_;
+  // this rank's averaged gradients, laid out as params_ (unit_gradients.h: in memory, or in a
+  // file under offload_optimizer nvme); declared before shard_, whose update thread reads them,
+  // so they are destroyed after
+  std::unique_ptr<UnitGradients> grads_;
   std::vector<int> unit_buckets_;     // per unit: its buckets
   std::vector<int> unit_finished_;    // per unit: buckets reduced this micro-step
   std::unique_ptr<ShardOptimizer> shard_;  // fp32 masters and moments, wherever they live

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
 #include <thread>
 
 #include <mutex>
@@ -21,12 +23,14 @@ using deepspeed::ZeroUnit;
 struct ProbeImpl : torch::nn::Module {
   ProbeImpl() { fc = register_module("fc", torch::nn::Linear(dstest::kWidth, dstest::kWidth)); }
   torch::Tensor forward(const torch::Tensor& x) {
+    if (during_forward) during_forward();
     seen_numel = fc->weight.numel();
     seen = c10::weak_intrusive_ptr<c10::StorageImpl>(
         c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(fc->weight.storage().unsafeGetStorageImpl()));
     return x + deepspeed::zero::linear(x, fc->weight, fc->bias);
   }
   torch::nn::Linear fc{nullptr};
+  std::function<void()> during_forward;  // runs first, with the unit gathered for its forward
   int64_t seen_numel = 0;
   c10::weak_intrusive_ptr<c10::StorageImpl> seen{c10::intrusive_ptr<c10::StorageImpl>()};
 };
@@ -223,6 +227,44 @@ TEST(Stage3Access, AModifierRankSeesExactValuesAfterAQuantizedForward) {
       auto scope = engine->gathered_parameters(/*modifier_rank=*/1);
       EXPECT_TRUE(torch::equal(probe_w, exact));
     }
+    {
+      auto scope = engine->gathered_parameters({model->probe});
+      EXPECT_TRUE(torch::equal(probe_w, exact)) << "the masters took the int8 rounding";
+    }
+  });
+}
+
+// The same when the pin comes while the unit is in use: a modifier-rank scope opened inside the
+// unit's own (quantized) forward shows and writes back the exact values, and the backward that
+// follows still runs.
+TEST(Stage3Access, AModifierRankInsideAQuantizedForwardWritesExactValues) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(5);
+    auto model = std::make_shared<ProbeModelImpl>();
+    auto config = dstest::base_config(dstest::kBatch, 1, 3);
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    config["zero_optimization"]["zero_quantized_weights"] = true;
+    auto engine = deepspeed::initialize<ProbeModelImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto& probe_w = model->probe->inner()->fc->weight;
+    torch::Tensor exact, quantized, inside;
+    {
+      auto scope = engine->gathered_parameters({model->probe});
+      exact = probe_w.detach().clone();
+    }
+    model->probe->inner()->during_forward = [&] {
+      quantized = probe_w.detach().clone();
+      auto scope = engine->gathered_parameters({model->probe}, /*modifier_rank=*/1);
+      inside = probe_w.detach().clone();
+    };
+    auto b = dstest::token_batch(comm->rank(), 0);
+    auto loss = engine->forward(b.idx, b.targets);
+    model->probe->inner()->during_forward = nullptr;
+    EXPECT_FALSE(torch::equal(quantized, exact)) << "the forward's gather was not quantized";
+    EXPECT_TRUE(torch::equal(inside, exact)) << "the scope showed the int8 rounding";
+    engine->backward(loss);
+    EXPECT_TRUE(std::isfinite(loss.item<double>()));
     {
       auto scope = engine->gathered_parameters({model->probe});
       EXPECT_TRUE(torch::equal(probe_w, exact)) << "the masters took the int8 rounding";

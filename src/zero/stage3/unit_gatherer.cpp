@@ -158,6 +158,11 @@ void UnitGatherer::release(int u) {
   torch::NoGradGuard no_grad;
   if (s.params_set)
     for (auto p : layout_.units[u].params) p.set_data(torch::empty({0}, p.options()));
+  forget_buffer(u);
+}
+
+void UnitGatherer::forget_buffer(int u) {
+  auto& s = state_[u];
   stats_.bytes -= s.full.numel() * s.full.element_size();
   stats_.numel -= s.full.numel();
   s.full = at::Tensor();
@@ -280,8 +285,18 @@ void UnitGatherer::end_backward() {
 
 void UnitGatherer::pin(int u) {
   // A pinned unit shows its exact values (a modifier rank's edits become the masters): one
-  // gathered through qwZ (prefetched, or awaiting its backward) is dropped and gathered again.
-  if (gathered(u) && !state_[u].exact && !in_use(u)) release(u);
+  // gathered through qwZ (prefetched, awaiting its backward, or in use by the forward or
+  // backward running now) is gathered again exactly. A unit in use keeps its parameters until
+  // use() points them at the new buffer; what autograd saved of the old values keeps their
+  // storage until its backward has used them.
+  if (gathered(u) && !state_[u].exact) {
+    if (in_use(u)) {
+      wait_gather(u);
+      forget_buffer(u);
+    } else {
+      release(u);
+    }
+  }
   state_[u].pins++;
   use(u, /*exact=*/true);
 }

@@ -10,6 +10,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/monitor.h"
 #include "monitor/csv_writer.h"
+#include "monitor/no_protobuf.h"
 #include "monitor/tensorboard_writer.h"
 
 namespace deepspeed {
@@ -51,10 +52,9 @@ class MonitorMaster : public Monitor {
     if (config.tensorboard.enabled) {
 #ifndef DS_WITH_PROTOBUF
       throw ConfigError(
-          "config key 'tensorboard.enabled' is true, but this build of deepspeed.cpp has no "
-          "protobuf (install libprotobuf-dev and protobuf-compiler and reconfigure), so it "
-          "cannot write TensorBoard event files; use \"csv_monitor\" or set tensorboard.enabled "
-          "to false");
+          std::string("config key 'tensorboard.enabled' is true, but this build of "
+                      "deepspeed.cpp cannot write TensorBoard event files: ") +
+          kNoProtobufReason + "; use \"csv_monitor\" or set tensorboard.enabled to false");
 #endif
       tensorboard_ =
           std::make_unique<TensorBoardWriter>(prepare_log_dir(config.tensorboard, "tensorboard"));

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "monitor/append_file.h"
+#include "monitor/no_protobuf.h"
 #include "monitor/tfrecord.h"
 #ifdef DS_WITH_PROTOBUF
 #include "tensorboard_event.pb.h"
@@ -67,8 +68,8 @@ void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t
 #else  // built without protobuf: make_monitor refuses tensorboard.enabled before we get here
 
 void TensorBoardWriter::open() {
-  throw Error("TensorBoard event files need protobuf: this build has none (install "
-              "libprotobuf-dev and protobuf-compiler and reconfigure)");
+  throw Error(std::string("TensorBoard event files need protobuf, and this build has none: ") +
+              kNoProtobufReason);
 }
 void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) { open(); }
 

@@ -169,6 +169,24 @@ TEST(ZeroPPCollectives, TwoHopQuantizedReduceScatterWithinTheBound) {
   });
 }
 
+// qwZ's int8 wire forms (this rank's slice and every rank's) are memory too: while a gather is in
+// flight they count with the gathered units, so the peak is above the same schedule's exact
+// gathers by about one block's wires (blocks differ a little in padding), and none are left once
+// the gathers are done.
+TEST(ZeroPPMemory, QuantizedGathersCountTheirWireForms) {
+  auto plain = train(2, {}, 2);
+  auto qwz = train(2, {{"zero_quantized_weights", true}}, 2);
+  const int64_t wires = deepspeed::zero::quantized_gather_wire_bytes(kBlock / 2, 2);
+  for (int r = 0; r < 2; ++r) {
+    const auto &p = plain.memory.at(r), &q = qwz.memory.at(r);
+    std::cout << "rank " << r << ": peak gathered bytes " << p.peak_gathered_bytes << " exact, "
+              << q.peak_gathered_bytes << " qwZ (one block's wires: " << wires << ")\n";
+    EXPECT_GE(q.peak_gathered_bytes, p.peak_gathered_bytes + wires * 9 / 10);
+    EXPECT_LE(q.peak_gathered_bytes, p.peak_gathered_bytes + 2 * wires);
+    EXPECT_EQ(q.gathered_bytes, p.gathered_bytes) << "wire bytes left after their gathers";
+  }
+}
+
 // kSteps optimizer steps at world 4 (2 micro-batches of 16 tokens per rank and step). Each flag
 // alone must end within 2% of the unquantized loss (mean of the last 10 steps and the last step).
 constexpr int kSteps = 200;

@@ -46,6 +46,10 @@ class QuantizedGatherWork : public comm::Work {
 
 }  // namespace
 
+int64_t quantized_gather_wire_bytes(int64_t slice_numel, int world_size) {
+  return (world_size + 1) * comm::quantized_bytes(slice_numel, kBits);
+}
+
 comm::WorkPtr quantized_all_gather(comm::Communicator& comm, at::Tensor& full,
                                    const at::Tensor& slice) {
   const int world = comm.world_size();

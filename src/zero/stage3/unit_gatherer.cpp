@@ -79,7 +79,11 @@ void UnitGatherer::issue(int u, bool exact) {
                      : quantized_all_gather(*comm_, s.full, s.source);
     }
   }
-  const int64_t bytes = s.full.numel() * s.full.element_size();
+  // qwZ: this rank's slice in int8 blocks and every rank's, held until the gather is waited for.
+  s.wire_bytes = !secondary && !exact && s.work
+                     ? quantized_gather_wire_bytes(slots.layout.partition_numel, comm_->world_size())
+                     : 0;
+  const int64_t bytes = s.full.numel() * s.full.element_size() + s.wire_bytes;
   stats_.bytes += bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
   if (u != 0) {
@@ -121,6 +125,8 @@ void UnitGatherer::wait_gather(int u) {
     s.work->wait();
     s.work.reset();
   }
+  stats_.bytes -= s.wire_bytes;
+  s.wire_bytes = 0;
   s.source = at::Tensor();
   // The store's buffer may still be read by the upload (the host did not wait for it): the store
   // reuses it only once that has passed.

@@ -58,7 +58,8 @@ namespace zero {
 struct GatherStats {
   int64_t numel = 0;        // elements of units 1..U gathered now (what max-live bounds)
   int64_t peak_numel = 0;
-  int64_t bytes = 0;        // bytes of all gathered buffers, root included
+  int64_t bytes = 0;        // bytes of all gathered buffers, root included, and of qwZ's int8
+                            // wire forms while their gather is in flight
   int64_t peak_bytes = 0;
   int64_t secondary_bytes = 0;  // hpZ secondary slices held now (included in bytes)
 };
@@ -101,6 +102,7 @@ class UnitGatherer : public UnitHooks {
     bool params_set = false;
     bool from_store = false;  // the gather in flight reads the store's slice (not a secondary)
     bool exact = false;       // the buffer holds the partition's values, not qwZ's int8 rounding
+    int64_t wire_bytes = 0;   // qwZ's wire forms (this rank's and everyone's) while in flight
     std::shared_ptr<device::CopyFence> fetched;  // after its side-stream fetch, while in flight
     bool awaiting_backward = false;  // forward ran, backward not yet: a release keeps a secondary
     int active = 0;       // open forward scopes

@@ -36,6 +36,7 @@ GradStore::Downloader GradStore::stream_downloader(c10::Device device) {
     const at::Tensor flat = reduced.reshape({-1});
     // Bucket-sized and short-lived: the caching host allocator's blocks are reused at once
     // (its rounding up wastes little here, unlike for the long-lived buffers of pinned_memory.h).
+    // Page-locked whatever pin_memory says: into pageable memory the copy would block the host.
     Download d{at::empty({flat.numel()}, flat.options().device(c10::kCPU).pinned_memory(true)),
                nullptr};
     stream->follow_current();  // the reduction producing it is queued on the compute stream
@@ -72,6 +73,16 @@ GradStore::~GradStore() {
 }
 
 void GradStore::begin_micro_step(bool boundary) {
+  // The last backward threw midway: its downloads and open slices are dropped (their buckets
+  // are lost, as a failed pass's are), and its writes finish before a slice is read again. Units
+  // it closed stay in the file: added to, as a device partition would be.
+  if (in_micro_step_) {
+    drop_downloads();
+    for (auto& io : writing_) queue_->wait(io.ticket);
+    writing_.clear();
+    open_.clear();
+  }
+  in_micro_step_ = true;
   boundary_ = boundary;
   if (boundary_) squared_norm_ = 0;
 }
@@ -141,10 +152,9 @@ void GradStore::apply_downloads(bool wait_all) {
     Pending& p = pending_.front();
     if (!wait_all && pending_.size() <= kMaxDownloadsPending && !p.download.fence->passed()) return;
     p.download.fence->wait();
-    Pending arrived = std::move(p);
+    const int unit = p.unit;
+    add_into_slice(unit, p.first, p.download.host);  // counted resident until added
     pending_.pop_front();
-    const int unit = arrived.unit;
-    add_into_slice(unit, arrived.first, arrived.download.host);
     if (--pending_of_[unit] == 0 && completing_.erase(unit)) {
       open(unit);
       close(unit);
@@ -201,7 +211,8 @@ void GradStore::close(int unit) {
 
 void GradStore::end_micro_step() {
   apply_downloads(/*wait_all=*/true);
-  TORCH_CHECK(completing_.empty() && open_.empty(), "GradStore: ", open_.size(), " unit(s) still open at the end of backward");
+  TORCH_CHECK(completing_.empty() && open_.empty(), "GradStore: ", open_.size() + completing_.size(),
+              " unit(s) still open at the end of backward");
   for (auto& io : writing_) {
     queue_->wait(io.ticket);
     recycle(std::move(io.buffer));
@@ -209,6 +220,7 @@ void GradStore::end_micro_step() {
   writing_.clear();
   pool_.clear();  // forward and the optimizer step need the memory more than a spare
   accumulated_ = true;
+  in_micro_step_ = false;
 }
 
 void GradStore::discard() {

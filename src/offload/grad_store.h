@@ -132,6 +132,7 @@ class GradStore : public offload::GradSource {
   std::set<int> completing_;          // units complete but for a pending download
   bool boundary_ = true;
   bool accumulated_ = false;  // the file holds this step's gradients of earlier micro-steps
+  bool in_micro_step_ = false;  // between begin_micro_step and end_micro_step
   double squared_norm_ = 0;
   std::map<int, Open> open_;           // unit -> slice being accumulated
   std::deque<at::Tensor> pool_;        // freed buffers, oldest first

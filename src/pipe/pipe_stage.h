@@ -42,16 +42,19 @@ class PipeStage : public zero::ForwardingStage {
   at::Tensor global_grad_norm_tensor() override {
     const at::Tensor n = inner().global_grad_norm_tensor();
     at::Tensor twice = torch::zeros({1}, n.options()), twice_split = torch::zeros({1}, n.options());
-    for (auto& p : counted_twice_) twice += square(p);
-    for (auto& p : counted_twice_split_) twice_split += square(p);
+    // (`n` is on the host where a 1-bit optimizer's vote made it: its squares go there.)
+    for (auto& p : counted_twice_) twice += square(p).to(n.device());
+    for (auto& p : counted_twice_split_) twice_split += square(p).to(n.device());
     if (tensor_ && tensor_->world_size() > 1 && !counted_twice_split_.empty())
       tensor_->all_reduce(twice_split)->wait();
     at::Tensor sq = n * n - twice - twice_split;
     if (pipe_->world_size() > 1) pipe_->all_reduce(sq)->wait();
-    // An overflow anywhere (inf, or NaN from inf - inf above) must stay non-finite on every
-    // stage: the engine skips the step on a non-finite norm (a clamp to 0 once turned fp16
-    // overflows into applied NaN steps). A negative is rounding of the tied subtraction.
-    return at::where(sq < 0, torch::zeros_like(sq), sq).sqrt_();
+    // An overflow anywhere (inf, or NaN from inf - inf above) becomes inf on every stage: the
+    // engine skips the step on a non-finite norm (a clamp to 0 once turned fp16 overflows into
+    // applied NaN steps). A negative is rounding of the tied subtraction.
+    return at::where(sq.isfinite(), sq.clamp_min(0),
+                     torch::full_like(sq, std::numeric_limits<double>::infinity()))
+        .sqrt_();
   }
   double global_grad_norm() override {
     const double norm = global_grad_norm_tensor().item<double>();

@@ -196,6 +196,18 @@ TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
   });
 }
 
+namespace {
+// Stage 3 with qwZ (every unit gathered as int8 blocks) over the probe model.
+auto quantized_weights_engine(std::shared_ptr<ProbeModelImpl> model,
+                              deepspeed::comm::CommunicatorPtr comm) {
+  auto config = dstest::base_config(dstest::kBatch, 1, 3);
+  config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  config["zero_optimization"]["zero_quantized_weights"] = true;
+  return deepspeed::initialize<ProbeModelImpl>({.model = model, .config_json = config, .comm = comm})
+      .engine;
+}
+}  // namespace
+
 // ZeRO++ qwZ gathers units as int8 blocks; a unit gathered that way (here: by a forward, kept for
 // its backward under DeepSpeed's default reuse distance) is gathered again exactly when
 // gathered_parameters pins it, so a modifier rank's scope shows, and writes back into the
@@ -204,12 +216,7 @@ TEST(Stage3Access, AModifierRankSeesExactValuesAfterAQuantizedForward) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(5);
     auto model = std::make_shared<ProbeModelImpl>();
-    auto config = dstest::base_config(dstest::kBatch, 1, 3);
-    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
-    config["zero_optimization"]["zero_quantized_weights"] = true;
-    auto engine = deepspeed::initialize<ProbeModelImpl>(
-                      {.model = model, .config_json = config, .comm = comm})
-                      .engine;
+    auto engine = quantized_weights_engine(model, comm);
     auto& probe_w = model->probe->inner()->fc->weight;
     auto first = dstest::token_batch(comm->rank(), 0);  // records the units' order
     engine->backward(engine->forward(first.idx, first.targets));
@@ -241,12 +248,7 @@ TEST(Stage3Access, AModifierRankInsideAQuantizedForwardWritesExactValues) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(5);
     auto model = std::make_shared<ProbeModelImpl>();
-    auto config = dstest::base_config(dstest::kBatch, 1, 3);
-    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
-    config["zero_optimization"]["zero_quantized_weights"] = true;
-    auto engine = deepspeed::initialize<ProbeModelImpl>(
-                      {.model = model, .config_json = config, .comm = comm})
-                      .engine;
+    auto engine = quantized_weights_engine(model, comm);
     auto& probe_w = model->probe->inner()->fc->weight;
     torch::Tensor exact, quantized, inside;
     {

@@ -114,16 +114,21 @@ struct HeldDownloads {
   void release(size_t i) { fences.at(i)->released = true; }
 };
 
+// A store whose downloads the test holds back.
+class GradStoreDownloads : public ::testing::Test {
+ protected:
+  dstest::TempDir dir{"grad_store_test", dstest::TempDir::Base::kDisk};
+  const Stage3Layout L = layout();
+  HeldDownloads downloads;
+  GradStore store{L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader()};
+};
+
 }  // namespace
 
 // A bucket still on its way down is added once its fence has passed, found by a later call
 // without waiting; its unit goes back to the file only after its last bucket is added, even when
 // the stage says the unit is complete before that.
-TEST(GradStore, DownloadsStillComingDownAreAddedLaterWithoutBlocking) {
-  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
-  const Stage3Layout L = layout();
-  HeldDownloads downloads;
-  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader());
+TEST_F(GradStoreDownloads, StillComingDownAreAddedLaterWithoutBlocking) {
   at::Tensor g = torch::randn({L.partition_numel});
   auto part = [&](int u, int64_t first, int64_t n) {
     return g.narrow(0, L.units[u].partition_offset + first, n);
@@ -156,11 +161,7 @@ TEST(GradStore, DownloadsStillComingDownAreAddedLaterWithoutBlocking) {
 
 // Beyond four downloads pending the host waits for the oldest, so their page-locked buffers stay
 // bounded however far behind the GPU is.
-TEST(GradStore, AtMostFourDownloadsArePending) {
-  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
-  const Stage3Layout L = layout();
-  HeldDownloads downloads;
-  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader());
+TEST_F(GradStoreDownloads, AtMostFourArePending) {
   store.begin_micro_step(true);
   for (int k = 0; k < 6; ++k) store.accumulate(2, 1000 * k, torch::ones({1000}));
   EXPECT_EQ(downloads.blocking_waits, 2);
@@ -172,4 +173,25 @@ TEST(GradStore, AtMostFourDownloadsArePending) {
   at::Tensor want = torch::zeros({L.units[2].layout.partition_numel});
   want.narrow(0, 0, 6000).fill_(1);
   EXPECT_TRUE(torch::equal(read_back(store, L).narrow(0, L.units[2].partition_offset, 9000), want));
+}
+
+// A backward that throws midway leaves a download pending and a slice open: the next micro-step
+// drops them (the failed pass's buckets are lost) instead of adding them into its gradients.
+TEST_F(GradStoreDownloads, AFailedBackwardsAndItsSlicesAreDroppedAtTheNextMicroStep) {
+  store.begin_micro_step(true);
+  store.accumulate(2, 0, torch::full({4000}, 5.0));
+  downloads.release(0);
+  store.accumulate(1, 0, torch::full({5000}, 7.0));  // adds unit 2's part: its slice is open
+  // ... and the backward throws here.
+  at::Tensor g = torch::randn({L.partition_numel});
+  store.begin_micro_step(true);
+  for (int u = 2; u >= 0; --u) {
+    const int64_t n = L.units[u].layout.partition_numel;
+    store.accumulate(u, 0, g.narrow(0, L.units[u].partition_offset, n));
+    downloads.release(downloads.fences.size() - 1);
+    store.unit_complete(u);
+  }
+  store.end_micro_step();
+  EXPECT_TRUE(torch::equal(read_back(store, L), g));
+  EXPECT_NEAR(store.squared_norm(), g.to(torch::kDouble).pow(2).sum().item<double>(), 1e-6);
 }

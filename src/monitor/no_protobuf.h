@@ -13,7 +13,8 @@ inline constexpr const char* kNoProtobufReason =
     "and reconfigure";
 #else
 inline constexpr const char* kNoProtobufReason =
-    "no protobuf was found (install libprotobuf-dev and protobuf-compiler and reconfigure)";
+    "protobuf or its compiler was not found (install libprotobuf-dev and protobuf-compiler and "
+    "reconfigure)";
 #endif
 
 }  // namespace monitor

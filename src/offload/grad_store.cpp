@@ -61,8 +61,13 @@ GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std
 }
 
 GradStore::~GradStore() {
+  // Each on its own: a download's fence that throws (a sticky CUDA error) must not skip the wait
+  // for the reads and writes still in flight into writing_'s and reading_'s buffers, freed below.
   try {
     drop_downloads();
+  } catch (...) {
+  }
+  try {
     queue_->wait_all();
   } catch (...) {
   }
@@ -73,14 +78,16 @@ GradStore::~GradStore() {
 }
 
 void GradStore::begin_micro_step(bool boundary) {
-  // The last backward threw midway: its downloads and open slices are dropped (their buckets
-  // are lost, as a failed pass's are), and its writes finish before a slice is read again. Units
-  // it closed stay in the file: added to, as a device partition would be.
+  // The last backward threw midway. Its buckets stay in the gradients, as they would in a device
+  // partition (and in PyTorch's .grad): the downloads still coming are added, every slice it
+  // opened goes to the file, and this micro-step adds to them.
   if (in_micro_step_) {
-    drop_downloads();
-    for (auto& io : writing_) queue_->wait(io.ticket);
-    writing_.clear();
-    open_.clear();
+    apply_downloads(/*wait_all=*/true);
+    std::vector<int> still_open;
+    for (const auto& kv : open_) still_open.push_back(kv.first);
+    for (int unit : still_open) close(unit);
+    completing_.clear();
+    finish_writes();
   }
   in_micro_step_ = true;
   boundary_ = boundary;
@@ -109,7 +116,7 @@ GradStore::Open& GradStore::acquire_slice(int unit) {
   const int64_t n = layout_.units[unit].layout.partition_numel;
   Open o;
   o.slice = take_buffer(n);
-  if (accumulated_ && n > 0)
+  if ((accumulated_ || in_file_.count(unit)) && n > 0)
     queue_->wait(
         queue_->read(*fd_, file_.unit_offset(unit), o.slice.data_ptr(), file_.slice_bytes(unit)));
   else
@@ -132,6 +139,8 @@ void GradStore::zero_uncovered(Open& o) {
 void GradStore::accumulate(int unit, int64_t first, const at::Tensor& reduced) {
   Pending p{unit, first, download_(reduced)};
   p.copy = !p.download.host.is_same(reduced);
+  // A GPU's bucket stays allocated until its download has read it (record_stream).
+  if (!reduced.device().is_cpu()) p.device_bytes = reduced.numel() * reduced.element_size();
   pending_.push_back(std::move(p));
   pending_of_[unit]++;
   note_resident();
@@ -162,13 +171,21 @@ void GradStore::apply_downloads(bool wait_all) {
   }
 }
 
-// A failed backward, or discard(): no download is added, but none may still be writing its
+// discard() and the destructor: no download is added, but none may still be writing its
 // buffer when it is freed.
 void GradStore::drop_downloads() {
   for (auto& p : pending_) p.download.fence->wait();
   pending_.clear();
   pending_of_.clear();
   completing_.clear();
+}
+
+void GradStore::finish_writes() {
+  for (auto& io : writing_) {
+    queue_->wait(io.ticket);
+    recycle(std::move(io.buffer));
+  }
+  writing_.clear();
 }
 
 void GradStore::add_into_slice(int unit, int64_t first, const at::Tensor& received) {
@@ -198,6 +215,7 @@ void GradStore::close(int unit) {
   zero_uncovered(it->second);
   Io io{it->second.slice, -1};
   open_.erase(it);
+  if (!accumulated_) in_file_.insert(unit);
   if (io.buffer.numel() == 0) return;
   if (boundary_) squared_norm_ += zero::sum_of_squares(io.buffer).item<double>();
   io.ticket = queue_->write(*fd_, file_.unit_offset(unit), io.buffer.data_ptr(), file_.slice_bytes(unit));
@@ -213,13 +231,10 @@ void GradStore::end_micro_step() {
   apply_downloads(/*wait_all=*/true);
   TORCH_CHECK(completing_.empty() && open_.empty(), "GradStore: ", open_.size() + completing_.size(),
               " unit(s) still open at the end of backward");
-  for (auto& io : writing_) {
-    queue_->wait(io.ticket);
-    recycle(std::move(io.buffer));
-  }
-  writing_.clear();
+  finish_writes();
   pool_.clear();  // forward and the optimizer step need the memory more than a spare
   accumulated_ = true;
+  in_file_.clear();
   in_micro_step_ = false;
 }
 
@@ -233,6 +248,7 @@ void GradStore::discard() {
   open_.clear();
   pool_.clear();
   accumulated_ = false;
+  in_file_.clear();
 }
 
 void GradStore::prefetch(int64_t begin, int64_t numel) {
@@ -272,13 +288,22 @@ int64_t GradStore::resident_bytes() const {
   return total;
 }
 
+int64_t GradStore::pending_device_bytes() const {
+  int64_t total = 0;
+  for (auto& p : pending_) total += p.device_bytes;
+  return total;
+}
+
 int64_t GradStore::pooled_bytes() const {
   int64_t total = 0;
   for (auto& t : pool_) total += t.numel() * t.element_size();
   return total;
 }
 
-void GradStore::note_resident() { peak_resident_ = std::max(peak_resident_, resident_bytes()); }
+void GradStore::note_resident() {
+  peak_resident_ = std::max(peak_resident_, resident_bytes());
+  peak_pending_device_ = std::max(peak_pending_device_, pending_device_bytes());
+}
 
 }  // namespace offload
 }  // namespace deepspeed

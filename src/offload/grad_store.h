@@ -86,8 +86,14 @@ class GradStore : public offload::GradSource {
   at::Tensor get(int64_t begin, int64_t numel) override;
   void release(int64_t begin, int64_t numel) override;
 
-  int64_t resident_bytes() const;  // open slices, writes and reads in flight (not the pool)
+  // Open slices, writes and reads in flight, and the host copies of downloads not yet added
+  // (not the pool).
+  int64_t resident_bytes() const;
   int64_t peak_resident_bytes() const { return peak_resident_; }
+  // The buckets on the compute device that downloads still coming down keep allocated (the
+  // host waits beyond four pending), now and at most.
+  int64_t pending_device_bytes() const;
+  int64_t peak_pending_device_bytes() const { return peak_pending_device_; }
   int64_t pooled_bytes() const;    // a freed buffer kept for reuse
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
@@ -102,6 +108,7 @@ class GradStore : public offload::GradSource {
     int64_t first = 0;
     Download download;
     bool copy = false;  // download.host is a copy (else the caller's tensor)
+    int64_t device_bytes = 0;  // the bucket on the compute device that the copy reads
   };
   // A slice being accumulated. `fresh`: the first micro-step after a step, the buffer not
   // zeroed; `covered` lists the element ranges written so far (the rest is garbage).
@@ -115,6 +122,7 @@ class GradStore : public offload::GradSource {
   // Adds the pending downloads in order: those already there, or (`wait_all`) every one.
   void apply_downloads(bool wait_all);
   void drop_downloads();
+  void finish_writes();  // waits for the closed slices' writes, their buffers back to the pool
   void zero_uncovered(Open& open);
   at::Tensor take_buffer(int64_t numel);
   void recycle(at::Tensor buffer);
@@ -132,6 +140,7 @@ class GradStore : public offload::GradSource {
   std::set<int> completing_;          // units complete but for a pending download
   bool boundary_ = true;
   bool accumulated_ = false;  // the file holds this step's gradients of earlier micro-steps
+  std::set<int> in_file_;     // else: units a failed first micro-step wrote there all the same
   bool in_micro_step_ = false;  // between begin_micro_step and end_micro_step
   double squared_norm_ = 0;
   std::map<int, Open> open_;           // unit -> slice being accumulated
@@ -139,6 +148,7 @@ class GradStore : public offload::GradSource {
   std::deque<Io> writing_;             // closed slices on their way to the file
   std::map<int64_t, Io> reading_;      // sub-group begin -> its gradients (optimizer step)
   int64_t peak_resident_ = 0;
+  int64_t peak_pending_device_ = 0;
 };
 
 }  // namespace offload

@@ -3,6 +3,7 @@
 // tensor x data parallelism gives stage 0's losses.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 
 #include "deepspeed/deepspeed.h"
@@ -343,6 +344,41 @@ TEST(TensorParallelTraining, Bf16FollowsStage0Bf16) {
               worst);
   EXPECT_LT(worst, 1e-3);  // measured 9.5e-5
   EXPECT_LT(got.losses.back(), got.losses.front());
+}
+
+// A NaN gradient makes the norm inf on every rank, as the pipeline's norm and global_grad_norm()
+// say, not NaN: with clipping the coefficient is then 0, not a NaN written into the weights.
+TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
+  const gpt::GPTConfig c{256, 16, 2, 4, 32};
+  auto config = dstest::base_config(8, 1, 0);
+  config["gradient_clipping"] = 0.5;
+  auto dataset = dstest::test_text_dataset(16);
+  std::vector<double> norms(2, 0.0);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, 2});
+        std::shared_ptr<gpt::TPGPTImpl> model;
+        {
+          std::lock_guard<std::mutex> lock(rng_mutex);
+          torch::manual_seed(7);
+          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
+        }
+        auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::TPGPTImpl>(
+            {.model = model, .config_json = config, .training_data = dataset, .topology = topology});
+        auto batch = loader->next();
+        engine->backward(engine->forward(batch.data, batch.target));
+        {
+          torch::NoGradGuard no_grad;
+          model->parameters().front().mutable_grad().view({-1})[0] = std::nan("");
+        }
+        engine->step();
+        norms[comm->rank()] = engine->get_global_grad_norm();
+      },
+      std::chrono::seconds(60));
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_TRUE(std::isinf(norms[rank])) << "rank " << rank << ": " << norms[rank];
 }
 
 // (Checkpoints of tensor-parallel training: tests/dist/tp_checkpoint_test.cpp.)

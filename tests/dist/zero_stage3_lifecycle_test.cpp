@@ -255,16 +255,23 @@ TEST(Stage3Access, AModifierRankInsideAQuantizedForwardWritesExactValues) {
       auto scope = engine->gathered_parameters({model->probe});
       exact = probe_w.detach().clone();
     }
+    // In elements: the byte counts also hold qwZ's wire forms, whose earlier peak could hide it.
+    int64_t gathered_before = 0, peak_after = 0, probe_numel = 0;
     model->probe->inner()->during_forward = [&] {
       quantized = probe_w.detach().clone();
+      gathered_before = engine->memory_report().gathered_numel;
+      probe_numel = probe_w.numel() + model->probe->inner()->fc->bias.numel();
       auto scope = engine->gathered_parameters({model->probe}, /*modifier_rank=*/1);
       inside = probe_w.detach().clone();
+      peak_after = engine->memory_report().peak_gathered_numel;
     };
     auto b = dstest::token_batch(comm->rank(), 0);
     auto loss = engine->forward(b.idx, b.targets);
     model->probe->inner()->during_forward = nullptr;
     EXPECT_FALSE(torch::equal(quantized, exact)) << "the forward's gather was not quantized";
     EXPECT_TRUE(torch::equal(inside, exact)) << "the scope showed the int8 rounding";
+    EXPECT_GE(peak_after, gathered_before + probe_numel)
+        << "the exact gather ran while the parameters still held the quantized buffer: both count";
     engine->backward(loss);
     EXPECT_TRUE(std::isfinite(loss.item<double>()));
     {

@@ -101,14 +101,16 @@ struct HeldFence : deepspeed::device::CopyFence {
   void join_current() override {}
 };
 
-// Downloads as a GPU's would arrive: a copy of the bucket, its fence held until released.
+// Downloads as a GPU's would arrive: a copy of the bucket, its fence held until released. A meta
+// tensor stands in for a bucket on a GPU: it comes down as ones.
 struct HeldDownloads {
   int blocking_waits = 0;
   std::vector<std::shared_ptr<HeldFence>> fences;
   GradStore::Downloader downloader() {
     return [this](const at::Tensor& reduced) {
       fences.push_back(std::make_shared<HeldFence>(&blocking_waits));
-      return GradStore::Download{reduced.clone(), fences.back()};
+      at::Tensor host = reduced.is_meta() ? torch::ones({reduced.numel()}) : reduced.clone();
+      return GradStore::Download{host, fences.back()};
     };
   }
   void release(size_t i) { fences.at(i)->released = true; }
@@ -175,13 +177,15 @@ TEST_F(GradStoreDownloads, AtMostFourArePending) {
   EXPECT_TRUE(torch::equal(read_back(store, L).narrow(0, L.units[2].partition_offset, 9000), want));
 }
 
-// A backward that throws midway leaves a download pending and a slice open: the next micro-step
-// drops them (the failed pass's buckets are lost) instead of adding them into its gradients.
-TEST_F(GradStoreDownloads, AFailedBackwardsAndItsSlicesAreDroppedAtTheNextMicroStep) {
+// A first micro-step's backward that throws midway, after unit 2 went to the file and while unit
+// 1's bucket is still coming down: the next micro-step adds to both buckets, as a device partition
+// (and PyTorch's .grad) would, instead of dropping them or writing over unit 2.
+TEST_F(GradStoreDownloads, AFailedBackwardsBucketsStayInTheGradients) {
   store.begin_micro_step(true);
   store.accumulate(2, 0, torch::full({4000}, 5.0));
   downloads.release(0);
-  store.accumulate(1, 0, torch::full({5000}, 7.0));  // adds unit 2's part: its slice is open
+  store.unit_complete(2);  // to the file
+  store.accumulate(1, 0, torch::full({5000}, 7.0));  // still coming down
   // ... and the backward throws here.
   at::Tensor g = torch::randn({L.partition_numel});
   store.begin_micro_step(true);
@@ -192,6 +196,33 @@ TEST_F(GradStoreDownloads, AFailedBackwardsAndItsSlicesAreDroppedAtTheNextMicroS
     store.unit_complete(u);
   }
   store.end_micro_step();
-  EXPECT_TRUE(torch::equal(read_back(store, L), g));
-  EXPECT_NEAR(store.squared_norm(), g.to(torch::kDouble).pow(2).sum().item<double>(), 1e-6);
+  at::Tensor want = g.clone();
+  want.narrow(0, L.units[2].partition_offset, 4000).add_(5.0);
+  want.narrow(0, L.units[1].partition_offset, 5000).add_(7.0);
+  EXPECT_TRUE(torch::equal(read_back(store, L), want));
+  EXPECT_NEAR(store.squared_norm(), want.to(torch::kDouble).pow(2).sum().item<double>(), 1e-6)
+      << "the boundary's norm is of what the optimizer reads";
+  EXPECT_EQ(store.resident_bytes(), 0);
+}
+
+// A GPU's bucket stays allocated until its download has read it: those bytes are the store's
+// device temporaries (the MemoryReport's communication buffers), at most while four are pending.
+TEST_F(GradStoreDownloads, BucketsOnADeviceCountUntilTheirDownloadHasRead) {
+  const auto on_device = torch::TensorOptions().device(torch::kMeta);
+  store.begin_micro_step(true);
+  store.accumulate(2, 0, torch::empty({4000}, on_device));
+  store.accumulate(2, 4000, torch::empty({5000}, on_device));
+  EXPECT_EQ(store.pending_device_bytes(), 9000 * 4);
+  downloads.release(0);
+  store.unit_complete(2);  // adds the first; the second is still coming down
+  EXPECT_EQ(store.pending_device_bytes(), 5000 * 4);
+  downloads.release(1);
+  store.unit_complete(1);
+  store.unit_complete(0);
+  store.end_micro_step();
+  EXPECT_EQ(store.pending_device_bytes(), 0);
+  EXPECT_EQ(store.peak_pending_device_bytes(), 9000 * 4);
+  at::Tensor want = torch::zeros({L.partition_numel});
+  want.narrow(0, L.units[2].partition_offset, 9000).fill_(1);
+  EXPECT_TRUE(torch::equal(read_back(store, L), want));
 }

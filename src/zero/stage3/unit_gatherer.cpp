@@ -292,18 +292,26 @@ void UnitGatherer::end_backward() {
 void UnitGatherer::pin(int u) {
   // A pinned unit shows its exact values (a modifier rank's edits become the masters): one
   // gathered through qwZ (prefetched, awaiting its backward, or in use by the forward or
-  // backward running now) is gathered again exactly. A unit in use keeps its parameters until
-  // use() points them at the new buffer; what autograd saved of the old values keeps their
-  // storage until its backward has used them.
-  if (gathered(u) && !state_[u].exact) {
-    if (in_use(u)) {
-      wait_gather(u);
-      forget_buffer(u);
-    } else {
-      release(u);
-    }
+  // backward running now) is gathered again exactly.
+  auto& s = state_[u];
+  if (gathered(u) && !s.exact && in_use(u)) {
+    // Its parameters point at the quantized buffer until use() points them at the exact one, so
+    // both are live meanwhile and both count (peak, max-live room). Autograd saved the
+    // parameters themselves (ZeroLinear saves the leaf), so a backward of what ran before the
+    // pin reads the exact values too, and the old buffer goes once nothing points at it.
+    wait_gather(u);
+    const int64_t old_bytes = s.full.numel() * s.full.element_size(), old_numel = s.full.numel();
+    at::Tensor quantized = std::move(s.full);
+    s.full = at::Tensor();
+    s.params_set = false;
+    s.pins++;
+    use(u, /*exact=*/true);
+    stats_.bytes -= old_bytes;
+    stats_.numel -= old_numel;
+    return;
   }
-  state_[u].pins++;
+  if (gathered(u) && !s.exact) release(u);
+  s.pins++;
   use(u, /*exact=*/true);
 }
 

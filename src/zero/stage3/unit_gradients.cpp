@@ -71,7 +71,7 @@ class SwappedGradients final : public UnitGradients {
   void clear() override { store_.discard(); }
   int64_t bytes() const override { return store_.peak_resident_bytes(); }
   bool in_host_memory() const override { return true; }
-  int64_t device_temporary_bytes() const override { return 0; }
+  int64_t device_temporary_bytes() const override { return store_.peak_pending_device_bytes(); }
 
  private:
   c10::Device device_;

@@ -38,8 +38,9 @@ class UnitGradients {
   // The gradients are dropped (after a step, or a discarded one).
   virtual void clear() = 0;
 
-  // For the MemoryReport: the gradients' bytes (resident ones only when swapped), whether they
-  // are in host memory, and the compute-device temporaries their transfers held at most.
+  // For the MemoryReport: the gradients' bytes (when swapped: the most resident at once),
+  // whether they are in host memory, and the compute-device temporaries their transfers held at
+  // most.
   virtual int64_t bytes() const = 0;
   virtual bool in_host_memory() const = 0;
   virtual int64_t device_temporary_bytes() const = 0;

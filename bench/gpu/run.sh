@@ -18,9 +18,9 @@
 #           at ~20 B/param it would exhaust the host
 #   Shapes: LAYERS D HEADS MB CTX; MEMCAP caps the GPU (GiB) for every row; CKPT=1 checkpoints
 #           activations in our rows; FLOORS=0 skips the floors.
-# One device call runs at most 10 minutes: split the rows so that each peer is in its row's call,
-# e.g. ROWS="torch dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 ds_z2", then "dscpp_z2_off dscpp_z2_off_serial ds_z2_off", then
-# "dscpp_z3_off ds_z3_off"; the build in /tmp/dsb stays only while the machine is warm (~30 s).
+# One device call runs at most 10 minutes and a session has 15 in all: build the pack on the CPU
+# machine first (bench/gpu/cross_pack.sh), give each call a BUDGET_S, keep each peer in its row's
+# call; docs/gpu.md "Still to run" has the calls. /tmp/dsb stays only while the machine is warm.
 # Prints a table last (bench/gpu/table.py: every row beside its peer, the goal, the floors measured
 # in the same call); logs under $OUT.
 set -u
@@ -38,9 +38,17 @@ NV_LIB=$($PY -c 'import nvidia, os; p=os.path.join(list(nvidia.__path__)[0], "cu
 NVCC=$(command -v nvcc); export CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "${NVCC:-/usr/local/cuda/bin/nvcc}")")}
 export TORCH_CUDA_ARCH_LIST=9.0
 log() { echo "[$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/summary.txt"; }
+# BUDGET_S: this call's seconds (set it below the device call's timeout_s). Every test run and row
+# is cut to what is left, less 20 s for the table and the archive, and a row that would have less
+# than MIN_ROW_S is skipped, saying so: a call stopped by the device tool's limit would bring back
+# only 8 loose files and no table.
+BUDGET_S=${BUDGET_S:-0}
+left() { if [ "$BUDGET_S" -gt 0 ]; then echo $(( BUDGET_S - 20 - ($(date +%s) - START) )); else echo 99999; fi; }
+cap() { local l; l=$(left); if [ "$l" -lt "$1" ]; then echo $(( l > 1 ? l : 1 )); else echo "$1"; fi; }
 
 build() {
   BUILD_TRIED=1
+  rm -f $B/cross_built  # what this builds is the device's own
   log "configure against $TORCH_DIR"
   cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR="$TORCH_DIR" \
     -DDS_GLOO_INCLUDE_DIR=$G/deps/gloo-src -DURING_INCLUDE_DIR=$G/deps/usr/include \
@@ -50,27 +58,28 @@ build() {
   # itself may not come back.
   grep -E "^-- (deepspeed.cpp|TensorBoard)|CMake Warning" -A1 "$OUT/build.log" | head -20
   log "build ${BUILD_TARGETS:-all}"
-  timeout ${BUILD_CAP:-330} ninja -C $B -j16 -k 0 ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
+  timeout $(cap ${BUILD_CAP:-330}) ninja -C $B -j16 -k 0 ${BUILD_TARGETS:-} >> "$OUT/build.log" 2>&1
   log "build rc=$?"; grep -E "error:|undefined reference" "$OUT/build.log" | sort | uniq -c | sort -rn | head -30
 }
 run_tests() {
   for L in ${TEST_LABELS:-gpu unit dist}; do
+    if [ "$(left)" -lt 30 ]; then log "ctest -L $L skipped: $(left) s left of BUDGET_S"; continue; fi
     # What the label needs, if an earlier call built less (BUILD_TARGETS): ninja is incremental.
     local need=""; [ "$L" = gpu ] && need=gpu_training_test
     if [ -f $B/build.ninja ]; then
-      timeout ${BUILD_CAP:-330} ninja -C $B -j16 -k 0 $need >> "$OUT/build.log" 2>&1
+      timeout $(cap ${BUILD_CAP:-330}) ninja -C $B -j16 -k 0 $need >> "$OUT/build.log" 2>&1
       log "build for -L $L rc=$?"
     fi
     log "ctest -L $L"
     if [ ! -f $B/build.ninja ] && [ "$L" = gpu ] && [ -x $B/bin/gpu_training_test ]; then
       # Unpacked programs, no ctest files: the one gpu executable, every case in one process.
-      (cd $B && timeout ${CAP_GPU_TEST:-300} env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT \
+      (cd $B && timeout $(cap ${CAP_GPU_TEST:-300}) env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT \
          OMP_NUM_THREADS=1 bin/gpu_training_test) > "$OUT/ctest_$L.log" 2>&1
       log "gpu_training_test rc=$? (124: stopped at CAP_GPU_TEST)"
       grep -E "PASSED|FAILED  \]|\[  SKIPPED \]" "$OUT/ctest_$L.log" | head -40
       continue
     fi
-    (cd $B && timeout $CAP_TEST ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
+    (cd $B && timeout $(cap $CAP_TEST) ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
   done
 }
@@ -92,11 +101,11 @@ row_ours() {  # name stage offload
   local extra=""
   [ -n "${MEMCAP:-}" ] && extra="$extra --gpu_mem_cap_gib $MEMCAP"
   [ "${CKPT:-0}" = 1 ] && extra="$extra --activation_checkpointing"
-  env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $ROW_CAP $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
+  env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $(cap $ROW_CAP) $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
     --random_tokens --vocab_size 50304 --block_size $CTX --n_layer $LAYERS --n_embd $D --n_head $HEADS \
     --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} $extra > "$OUT/$1.log" 2>&1
   local rc=$?
-  [ $rc = 124 ] && echo "gpt_train: error: timed out after ${ROW_CAP}s (ROW_CAP)" >> "$OUT/$1.log"
+  [ $rc = 124 ] && echo "gpt_train: error: timed out after $(cap $ROW_CAP)s (ROW_CAP, BUDGET_S)" >> "$OUT/$1.log"
   log "row $1 rc=$rc: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
   grep -E "error" "$OUT/$1.log" | head -3
 }
@@ -105,27 +114,43 @@ row_peer() {
   local PP=""; [[ $1 == ds_* ]] && PP=$G/ds:$G/pylib/usr/lib/python3/dist-packages:$G/pylib
   # DeepSpeed 0.14.5 imports distutils, gone from Python 3.12: gpu-anchor's shim, as its driver does.
   [[ $1 == ds_* ]] && ! $PY -c 'import distutils.spawn' 2>/dev/null && PP=$PP:$G/pycompat
-  PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 timeout $ROW_CAP $PY $G/bench/gpt_bench.py --row $1 \
+  PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 timeout $(cap $ROW_CAP) $PY $G/bench/gpt_bench.py --row $1 \
     --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS \
     ${MEMCAP:+--mem_cap_gib $MEMCAP} --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
   log "row $1 rc=$?: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
 }
+# DeepSpeed's cpu_adam JIT (~50 s, as gpu-anchor's driver builds it), started as early as the
+# call knows an offload row of DeepSpeed's will run: it builds while the GPU tests run. A marker
+# file, not a pid, says it is done: seed003 waits for it from a subshell.
+start_jit() {
+  [ -f /tmp/ds_jit.done ] || [ -n "${JIT_STARTED:-}" ] && return 0
+  JIT_STARTED=1; mkdir -p "$OUT/jit"
+  (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1; touch /tmp/ds_jit.done) &
+  log "cpu_adam JIT started in the background"
+}
+wait_jit() {
+  [ -n "${JIT_STARTED:-}" ] || return 0
+  local waited=0 most; most=$(cap 180)
+  while [ ! -f /tmp/ds_jit.done ] && [ $waited -lt "$most" ]; do sleep 1; waited=$((waited + 1)); done
+  [ $waited -gt 0 ] && log "waited ${waited}s for the cpu_adam JIT"
+  return 0
+}
 floors() {  # what bounds an offloaded step, measured in this call: host memory and copy bandwidth
   log "floors: bench_cpu_adam, bench_transfer"
-  OMP_NUM_THREADS=${OMP_THREADS:-16} timeout 120 $B/bin/bench_cpu_adam 27 3 > "$OUT/cpu_adam.log" 2>&1
-  timeout 60 $B/bin/bench_transfer 1024 5 > "$OUT/transfer.log" 2>&1
+  OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $(cap 120) $B/bin/bench_cpu_adam 27 3 > "$OUT/cpu_adam.log" 2>&1
+  timeout $(cap 60) $B/bin/bench_transfer 1024 5 > "$OUT/transfer.log" 2>&1
   grep -E "^memory bandwidth|transfer_report" "$OUT/cpu_adam.log" "$OUT/transfer.log" | tee -a "$OUT/summary.txt"
 }
 bench() {
   [[ "$ROWS" == *_off* && "${FLOORS:-1}" = 1 ]] && floors
-  if [[ "$ROWS" == *ds_*off* ]]; then  # DeepSpeed's cpu_adam JIT, as gpu-anchor's driver does
-    (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1) &
-    JIT=$!
-  fi
+  [[ "$ROWS" == *ds_*off* ]] && start_jit
   for r in $ROWS; do
+    if [ "$(left)" -lt "${MIN_ROW_S:-45}" ]; then
+      echo "$r $(left) s left of BUDGET_S" >> "$OUT/skipped.txt"; log "row $r skipped: $(left) s left of BUDGET_S"; continue
+    fi
     # Our rows and DeepSpeed's offload rows run with no compiler beside them: the CPU Adam (and
     # the thread launching kernels) would share the cores with the cpu_adam JIT build.
-    if [[ $r == dscpp_* || $r == ds_*off ]] && [ -n "${JIT:-}" ]; then wait $JIT; JIT=; fi
+    if [[ $r == dscpp_* || $r == ds_*off ]]; then wait_jit; fi
     case $r in
       dscpp_z0) row_ours $r 0 none ;; dscpp_z1) row_ours $r 1 none ;; dscpp_z2) row_ours $r 2 none ;;
       dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;;
@@ -157,7 +182,7 @@ ensure_built() {  # the programs a step runs (none named: everything, with ctest
   [ -z "$missing" ] && { [ $# -gt 0 ] || [ -f $B/build.ninja ]; } && return 0
   [ -n "${BUILD_TRIED:-}" ] && return 0  # this call built already (and failed): not twice
   if [ -f $B/build.ninja ] && [ $# -gt 0 ]; then
-    log "building$missing"; timeout ${BUILD_CAP:-330} ninja -C $B -j16 $missing >> "$OUT/build.log" 2>&1
+    log "building$missing"; timeout $(cap ${BUILD_CAP:-330}) ninja -C $B -j16 $missing >> "$OUT/build.log" 2>&1
     return 0
   fi
   log "no build in $B (a fresh machine): building ${*:-all}"
@@ -165,29 +190,38 @@ ensure_built() {  # the programs a step runs (none named: everything, with ctest
 }
 # pack: the built programs (and DeepSpeed's JIT-built cpu_adam) into $OUT/dsb.tgz, ~10 MB. Bring
 # it back, copy it to .gpu-build/dsb.tgz (ignored) and carry .gpu-build: a later call on a fresh
-# machine unpacks it into /tmp/dsb (the programs' RUNPATH) instead of building again.
-# A pack is used only for the sources it was built from (a stamp of their contents: the copy on
-# the device may have no .git); after a fix, the next call builds again.
-PACKED="lib/libdeepspeed_cpp.so bin/gpt_train bin/bench_cpu_adam bin/bench_transfer bin/gpu_training_test"
-source_stamp() {
-  (cd "$ROOT" && find src include tests examples cmake CMakeLists.txt bench -type f \
-     ! -name '*.sh' ! -name '*.py' ! -name '*.md' -print0 | sort -z | xargs -0 cat | sha1sum | cut -c1-40)
-}
+# machine unpacks it into /tmp/dsb instead of building again (bench/gpu/pack.sh; a pack is used
+# only for the sources it was built from). bench/gpu/cross_pack.sh builds the same pack on the
+# CPU machine, so that even the first call needs no build.
+source "$ROOT/bench/gpu/pack.sh"
 pack() {
-  local have=""; for f in $PACKED; do [ -f $B/$f ] && have="$have dsb/$f"; done
-  source_stamp > $B/source.stamp
-  tar czf "$OUT/dsb.tgz" -C /tmp dsb/source.stamp $have $( [ -d /tmp/ds_ext ] && echo ds_ext ) &&
-    log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
+  local have; have=$(pack_build "$ROOT" $B "$OUT/dsb.tgz" ds_ext) && log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
+}
+# A cross-built pack (bench/gpu/cross_pack.sh) was linked against stub libraries in
+# /tmp/torch211/lib, its RUNPATH: that folder becomes the wheel's torch/lib. Its programs were
+# linked with -z now, so a symbol the wheel lacks fails the load here, at once.
+use_cross_built() {
+  mkdir -p /tmp/torch211 && ln -sfn "$TORCH_DIR/lib" /tmp/torch211/lib
+  local p err
+  for p in "gpt_train --help" "gpu_training_test --gtest_list_tests"; do
+    if ! err=$($B/bin/$p 2>&1 > /dev/null); then
+      log "the cross-built $p does not run here: $(echo "$err" | head -3 | cut -c1-300); building instead"
+      rm -rf $B; return 1
+    fi
+  done
+  log "the cross-built programs load against $TORCH_DIR/lib ($(head -1 $B/cross_built))"
 }
 if [ -f "$ROOT/.gpu-build/dsb.tgz" ] && [ ! -x $B/bin/gpt_train ]; then
   packed_stamp=$(tar xzf "$ROOT/.gpu-build/dsb.tgz" -O dsb/source.stamp 2>/dev/null)
-  if [ "$packed_stamp" = "$(source_stamp)" ]; then
+  if [ "$packed_stamp" = "$(source_stamp "$ROOT")" ]; then
     tar xzf "$ROOT/.gpu-build/dsb.tgz" -C /tmp && log "unpacked .gpu-build/dsb.tgz into $B (and /tmp/ds_ext)"
+    [ -f $B/cross_built ] && use_cross_built
   else
     log "the pack in .gpu-build was built from other sources: building again"
     mkdir -p /tmp/ds_ext && tar xzf "$ROOT/.gpu-build/dsb.tgz" -C /tmp ds_ext 2>/dev/null  # DeepSpeed's JIT is still good
   fi
 fi
+[[ " $STEPS " == *" seed003 "* || ( " $STEPS " == *" bench "* && "$ROWS" == *ds_*off* ) ]] && start_jit
 for s in $STEPS; do
   case $s in
     build) build ;;

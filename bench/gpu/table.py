@@ -87,7 +87,15 @@ def main():
         {f[:-4] for f in os.listdir(out) if f.startswith("dscpp_") and f.endswith(".log")} | set(theirs))
     print("| row | params | step s | tokens/s | TFLOP/s | GPU peak GiB | host peak GiB | host B/param | vs peer | goal |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    skipped = {}  # run.sh's BUDGET_S: rows it did not start, and why
+    if os.path.exists(os.path.join(out, "skipped.txt")):
+        for line in open(os.path.join(out, "skipped.txt")):
+            name, _, why = line.strip().partition(" ")
+            skipped[name] = why
     for row in rows:
+        if row in skipped:
+            print(f"| {row} | skipped: {skipped[row]} | | | | | | | | |")
+            continue
         r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
         if "error" in r:
             reason = " ".join(r["error"].replace("|", "/").split())  # one table cell

@@ -82,11 +82,11 @@ void GradStore::begin_micro_step(bool boundary) {
   // partition (and in PyTorch's .grad): the downloads still coming are added, every slice it
   // opened goes to the file, and this micro-step adds to them.
   if (in_micro_step_) {
+    boundary_ = false;  // its squares are not the norm of anything: this micro-step's will be
     apply_downloads(/*wait_all=*/true);
     std::vector<int> still_open;
     for (const auto& kv : open_) still_open.push_back(kv.first);
     for (int unit : still_open) close(unit);
-    completing_.clear();
     finish_writes();
   }
   in_micro_step_ = true;
@@ -215,10 +215,13 @@ void GradStore::close(int unit) {
   zero_uncovered(it->second);
   Io io{it->second.slice, -1};
   open_.erase(it);
-  if (!accumulated_) in_file_.insert(unit);
-  if (io.buffer.numel() == 0) return;
+  if (io.buffer.numel() == 0) {
+    if (!accumulated_) in_file_.insert(unit);
+    return;
+  }
   if (boundary_) squared_norm_ += zero::sum_of_squares(io.buffer).item<double>();
   io.ticket = queue_->write(*fd_, file_.unit_offset(unit), io.buffer.data_ptr(), file_.slice_bytes(unit));
+  if (!accumulated_) in_file_.insert(unit);  // (a write that fails later is an IOError then)
   writing_.push_back(std::move(io));
   while (writing_.size() > kMaxWritesInFlight) {
     queue_->wait(writing_.front().ticket);

@@ -305,7 +305,17 @@ void UnitGatherer::pin(int u) {
     s.full = at::Tensor();
     s.params_set = false;
     s.pins++;
-    use(u, /*exact=*/true);
+    try {
+      use(u, /*exact=*/true);
+    } catch (...) {  // (out of memory, likeliest with both live): the unit as it was
+      forget_buffer(u);  // what the exact gather had counted, if it got that far
+      s.pins--;
+      s.full = std::move(quantized);
+      s.exact = false;
+      s.work = {};
+      s.params_set = true;
+      throw;
+    }
     stats_.bytes -= old_bytes;
     stats_.numel -= old_numel;
     return;

@@ -2,6 +2,9 @@
 # Builds the GPU pack on this CPU-only machine, so that a GPU session spends its device minutes
 # (15 in all) on tests and benchmarks instead of a build:
 #   bash bench/gpu/cross_pack.sh        ->  .gpu-build/dsb.tgz (carry .gpu and .gpu-build)
+#   ALL=1 bash bench/gpu/cross_pack.sh  ->  the same with every program of the tree (the unit and
+#                                           dist tests, dsrun, the tools), for run.sh's
+#                                           STEPS=test TEST_LABELS="unit dist" without a build
 # The programs of bench/gpu/pack.sh are compiled against the GPU machine's libtorch 2.11 + CUDA 13
 # + NCCL headers (../shared/tools/libtorch2-headers) and this machine's CUDA 13 toolkit, in /tmp/dsb
 # as on the device. libtorch's shared libraries are not here: the programs are linked against stub
@@ -23,6 +26,7 @@ G=$SHARED/tools/gpu-anchor
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 JOBS=${JOBS:-$(nproc)}
 TARGETS="gpt_train bench_cpu_adam bench_transfer gpu_training_test"
+[ "${ALL:-0}" = 1 ] && TARGETS=all
 STUB_LIBS="c10 c10_cuda torch torch_cpu torch_cuda torch_nvshmem"
 source "$ROOT/bench/gpu/pack.sh"
 say() { echo "cross_pack: $*"; }
@@ -58,7 +62,7 @@ configure() {
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--no-demangle -Wl,-z,now" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-z,now" > $B.configure.log 2>&1 ||
     { tail -30 $B.configure.log; fail "configure failed (log: $B.configure.log)"; }
-  grep -E "^-- deepspeed.cpp" $B.configure.log
+  grep -E "^-- deepspeed.cpp" $B.configure.log || true
 }
 
 # The symbols the programs take from libtorch: the library's unversioned undefined symbols (what
@@ -93,7 +97,11 @@ stub_assembly() {  # $1: symbols, $2: thread-locals -> assembly on stdout
 }
 
 T0=$(date +%s)
-rm -rf $B; make_stubs ""
+STAMP=$(source_stamp "$ROOT")  # of the sources as the build starts
+# An earlier cross build's objects are reused (ninja is incremental; the stubs change, so every
+# program is linked again); anything else in /tmp/dsb is not.
+grep -qs "TORCH_DIR:PATH=$P\$" $B/CMakeCache.txt || rm -rf $B
+make_stubs ""
 say "configure against the libtorch 2.11 headers (stub libraries in $P/lib)"
 configure
 say "compile (the library first; the executables' first link fails on purpose: it lists their needs)"
@@ -108,13 +116,15 @@ stub_assembly $B.symbols $B.tls > $P/stub_torch.s
 make_stubs $P/stub_torch.s
 ninja -C $B -j"$JOBS" $TARGETS > $B.link2.log 2>&1 || { grep -E "error|undefined" $B.link2.log | head -20; fail "link against the stubs failed (log: $B.link2.log)"; }
 
+[ "${ALL:-0}" = 1 ] && PACKED="lib/libdeepspeed_cpp.so $(cd $B && echo bin/*)"
 # Copy relocations would size libtorch's variables by the stubs' (wrong) sizes.
 for f in $PACKED; do
-  if readelf -rW $B/$f | grep -q R_X86_64_COPY; then fail "$f has copy relocations: build it -fPIC"; fi
+  copies=$(readelf -rW $B/$f | grep -c R_X86_64_COPY || true)
+  [ "$copies" = 0 ] || fail "$f has $copies copy relocations: build it -fPIC"
 done
 say "NEEDED of gpu_training_test: $(readelf -dW $B/bin/gpu_training_test | awk '/NEEDED/ {gsub(/[][]/, "", $5); printf "%s ", $5}')"
 { echo "libtorch headers: $(cat "$SHARED"/tools/libtorch2-headers/torch211_include.tar.xz | sha1sum | cut -c1-12)"
   echo "compiler: $(c++ --version | head -1)"; echo "cuda: $($CUDA/bin/nvcc --version | tail -1)"; } > $B/cross_built
 mkdir -p "$ROOT/.gpu-build"
 have=$(pack_build "$ROOT" $B "$ROOT/.gpu-build/dsb.tgz")
-say "packed:$have into .gpu-build/dsb.tgz ($(du -h "$ROOT/.gpu-build/dsb.tgz" | cut -f1), $(( $(date +%s) - T0 )) s)"
+say "packed:$(echo $have | wc -w) programs${ALL:+ (ALL=1)}: $(echo $have | cut -c1-200) into .gpu-build/dsb.tgz ($(du -h "$ROOT/.gpu-build/dsb.tgz" | cut -f1), $(( $(date +%s) - T0 )) s)"

@@ -79,8 +79,29 @@ run_tests() {
       grep -E "PASSED|FAILED  \]|\[  SKIPPED \]" "$OUT/ctest_$L.log" | head -40
       continue
     fi
-    (cd $B && timeout $(cap $CAP_TEST) ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
+    if [ ! -f $B/build.ninja ] && [ -f $B/cross_built ]; then run_unpacked "$L"; continue; fi
+    local label_cap=$CAP_TEST; [ "$L" = gpu ] && label_cap=${CAP_GPU_TEST:-300}
+    (cd $B && timeout $(cap $label_cap) ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
+  done
+}
+# A label's test programs from a pack (ALL=1 bench/gpu/cross_pack.sh), without ctest's files: each
+# as ctest would run it (tests/CMakeLists.txt: the CPU path, Gloo), TEST_J at a time, each under
+# CAP_TEST. Logs in $OUT/<label>/.
+run_unpacked() {
+  local L=$1 dir="$OUT/$1" names each
+  mkdir -p "$dir"; : > "$dir/results"
+  names=$(cd "$ROOT/tests/$L" && ls *_test.cpp | sed 's/\.cpp$//')
+  each=$(cap $CAP_TEST)
+  echo "$names" | xargs -P "${TEST_J:-12}" -I{} bash -c "
+    [ -x $B/bin/{} ] || { echo '{} missing' >> $dir/results; exit 0; }
+    cd $B && timeout $each env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 DS_DEVICE=cpu \
+      DS_COMM_BACKEND=gloo bin/{} > $dir/{}.log 2>&1
+    echo \"{} rc=\$?\" >> $dir/results"
+  local bad; bad=$(grep -v ' rc=0$' "$dir/results" | tr '\n' ' ')
+  log "-L $L, the packed programs: $(grep -c ' rc=0$' "$dir/results") of $(echo $names | wc -w) passed${bad:+; not: $bad}"
+  for t in $(grep -v ' rc=0$' "$dir/results" | cut -d' ' -f1); do
+    grep -E "Failure|FAILED  \]|error" "$dir/$t.log" | head -4
   done
 }
 ds_config() {  # stage, offload
@@ -101,11 +122,12 @@ row_ours() {  # name stage offload
   local extra=""
   [ -n "${MEMCAP:-}" ] && extra="$extra --gpu_mem_cap_gib $MEMCAP"
   [ "${CKPT:-0}" = 1 ] && extra="$extra --activation_checkpointing"
-  env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $(cap $ROW_CAP) $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
+  local row_cap; row_cap=$(cap $ROW_CAP)
+  env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $row_cap $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
     --random_tokens --vocab_size 50304 --block_size $CTX --n_layer $LAYERS --n_embd $D --n_head $HEADS \
     --no_bias --tie_embeddings --gelu_tanh --steps $((BSTEPS + WARM)) --warmup $WARM --threads ${OMP_THREADS:-16} $extra > "$OUT/$1.log" 2>&1
   local rc=$?
-  [ $rc = 124 ] && echo "gpt_train: error: timed out after $(cap $ROW_CAP)s (ROW_CAP, BUDGET_S)" >> "$OUT/$1.log"
+  [ $rc = 124 ] && echo "gpt_train: error: timed out after ${row_cap}s (ROW_CAP, BUDGET_S)" >> "$OUT/$1.log"
   log "row $1 rc=$rc: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
   grep -E "error" "$OUT/$1.log" | head -3
 }
@@ -125,8 +147,17 @@ row_peer() {
 start_jit() {
   [ -f /tmp/ds_jit.done ] || [ -n "${JIT_STARTED:-}" ] && return 0
   JIT_STARTED=1; mkdir -p "$OUT/jit"
-  (STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh > /dev/null 2>&1; touch /tmp/ds_jit.done) &
+  # In a session of its own, so that the end of the call can stop it and all it started (a JIT
+  # still running would change files under $OUT while they are archived).
+  setsid bash -c "STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh; touch /tmp/ds_jit.done" \
+    > /dev/null 2>&1 < /dev/null &
+  JIT_PID=$!
   log "cpu_adam JIT started in the background"
+}
+stop_jit() {
+  if [ -n "${JIT_PID:-}" ] && [ ! -f /tmp/ds_jit.done ]; then
+    kill -- -"$JIT_PID" 2> /dev/null; log "stopped the unfinished cpu_adam JIT"
+  fi
 }
 wait_jit() {
   [ -n "${JIT_STARTED:-}" ] || return 0
@@ -136,6 +167,7 @@ wait_jit() {
   return 0
 }
 floors() {  # what bounds an offloaded step, measured in this call: host memory and copy bandwidth
+  if [ "$(left)" -lt 120 ]; then log "floors skipped: $(left) s left of BUDGET_S"; return; fi
   log "floors: bench_cpu_adam, bench_transfer"
   OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $(cap 120) $B/bin/bench_cpu_adam 27 3 > "$OUT/cpu_adam.log" 2>&1
   timeout $(cap 60) $B/bin/bench_transfer 1024 5 > "$OUT/transfer.log" 2>&1
@@ -145,12 +177,12 @@ bench() {
   [[ "$ROWS" == *_off* && "${FLOORS:-1}" = 1 ]] && floors
   [[ "$ROWS" == *ds_*off* ]] && start_jit
   for r in $ROWS; do
-    if [ "$(left)" -lt "${MIN_ROW_S:-45}" ]; then
-      echo "$r $(left) s left of BUDGET_S" >> "$OUT/skipped.txt"; log "row $r skipped: $(left) s left of BUDGET_S"; continue
-    fi
     # Our rows and DeepSpeed's offload rows run with no compiler beside them: the CPU Adam (and
     # the thread launching kernels) would share the cores with the cpu_adam JIT build.
     if [[ $r == dscpp_* || $r == ds_*off ]]; then wait_jit; fi
+    if [ "$(left)" -lt "${MIN_ROW_S:-60}" ]; then
+      echo "$r $(left) s left of BUDGET_S" >> "$OUT/skipped.txt"; log "row $r skipped: $(left) s left of BUDGET_S"; continue
+    fi
     case $r in
       dscpp_z0) row_ours $r 0 none ;; dscpp_z1) row_ours $r 1 none ;; dscpp_z2) row_ours $r 2 none ;;
       dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;;
@@ -185,8 +217,11 @@ ensure_built() {  # the programs a step runs (none named: everything, with ctest
     log "building$missing"; timeout $(cap ${BUILD_CAP:-330}) ninja -C $B -j16 $missing >> "$OUT/build.log" 2>&1
     return 0
   fi
-  log "no build in $B (a fresh machine): building ${*:-all}"
-  BUILD_TARGETS="$*" build
+  # A fresh machine (or cross-built programs that did not load): a step that names programs gets
+  # every program of the pack, so that the later steps and `pack` find theirs.
+  local targets; targets=$(for f in $PACKED; do case $f in bin/*) printf '%s ' "${f#bin/}" ;; esac; done)
+  log "no build in $B: building ${*:+$targets}${*:-all}"
+  if [ $# -gt 0 ]; then BUILD_TARGETS="$targets" build; else BUILD_TARGETS="" build; fi
 }
 # pack: the built programs (and DeepSpeed's JIT-built cpu_adam) into $OUT/dsb.tgz, ~10 MB. Bring
 # it back, copy it to .gpu-build/dsb.tgz (ignored) and carry .gpu-build: a later call on a fresh
@@ -194,8 +229,10 @@ ensure_built() {  # the programs a step runs (none named: everything, with ctest
 # only for the sources it was built from). bench/gpu/cross_pack.sh builds the same pack on the
 # CPU machine, so that even the first call needs no build.
 source "$ROOT/bench/gpu/pack.sh"
-pack() {
-  local have; have=$(pack_build "$ROOT" $B "$OUT/dsb.tgz" ds_ext) && log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
+pack() {  # DeepSpeed's JIT folder only when complete (a half-built one holds a lock that hangs)
+  wait_jit
+  local jit=ds_ext; [ -n "${JIT_STARTED:-}" ] && [ ! -f /tmp/ds_jit.done ] && jit=""
+  local have; have=$(pack_build "$ROOT" $B "$OUT/dsb.tgz" $jit) && log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
 }
 # A cross-built pack (bench/gpu/cross_pack.sh) was linked against stub libraries in
 # /tmp/torch211/lib, its RUNPATH: that folder becomes the wheel's torch/lib. Its programs were
@@ -204,14 +241,14 @@ use_cross_built() {
   mkdir -p /tmp/torch211 && ln -sfn "$TORCH_DIR/lib" /tmp/torch211/lib
   local p err
   for p in "gpt_train --help" "gpu_training_test --gtest_list_tests"; do
-    if ! err=$($B/bin/$p 2>&1 > /dev/null); then
+    if ! err=$(timeout 60 $B/bin/$p 2>&1 > /dev/null); then
       log "the cross-built $p does not run here: $(echo "$err" | head -3 | cut -c1-300); building instead"
       rm -rf $B; return 1
     fi
   done
   log "the cross-built programs load against $TORCH_DIR/lib ($(head -1 $B/cross_built))"
 }
-if [ -f "$ROOT/.gpu-build/dsb.tgz" ] && [ ! -x $B/bin/gpt_train ]; then
+if [ -f "$ROOT/.gpu-build/dsb.tgz" ] && [ ! -x $B/bin/gpt_train ] && [ ! -f $B/build.ninja ]; then
   packed_stamp=$(tar xzf "$ROOT/.gpu-build/dsb.tgz" -O dsb/source.stamp 2>/dev/null)
   if [ "$packed_stamp" = "$(source_stamp "$ROOT")" ]; then
     tar xzf "$ROOT/.gpu-build/dsb.tgz" -C /tmp && log "unpacked .gpu-build/dsb.tgz into $B (and /tmp/ds_ext)"
@@ -226,11 +263,14 @@ for s in $STEPS; do
   case $s in
     build) build ;;
     pack) pack ;;
-    test) if [ "${TEST_LABELS:-}" = gpu ]; then ensure_built gpu_training_test; else ensure_built; fi
+    test) if [ "${TEST_LABELS:-}" = gpu ]; then ensure_built gpu_training_test
+          elif [ -f $B/cross_built ] && [ -x $B/bin/dsrun ]; then :  # every program packed (ALL=1)
+          else ensure_built; fi
           run_tests ;;
     bench|seed003|largest) ensure_built gpt_train bench_cpu_adam bench_transfer; $s ;;
   esac
 done
+stop_jit
 log "total"
 # Every file under $OUT in one archive: the device tool brings back at most 8 files. Kept beside
 # it: the summary, the table and the packed build.

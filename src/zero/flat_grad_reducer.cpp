@@ -46,6 +46,14 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
   order_->begin();
 }
 
+void FlatGradReducer::recover_abandoned() {
+  if (!reducing_) return;
+  reducing_ = false;
+  boundary_ = false;  // nothing of the failed pass goes to the offloaded update
+  in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+  drop_unlaunched();
+}
+
 void FlatGradReducer::announce_final(int64_t begin, int64_t end,
                                      std::shared_ptr<device::CopyFence> ready) {
   if (!boundary_ || !on_final_) return;
@@ -100,6 +108,7 @@ void AllReduceBuckets::point_grads_at_buffer() {
 
 // Gradients accumulate over the micro-steps; only the boundary's backward reduces.
 void AllReduceBuckets::begin_backward(bool boundary) {
+  recover_abandoned();
   point_grads_at_buffer();
   start(boundary, boundary);
 }
@@ -159,11 +168,20 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
 
 // The rank never holds a full gradient: every micro-step reduces.
 void ReduceScatterBuckets::begin_backward(bool boundary) {
+  recover_abandoned();  // before the partition's own recovery, which the finished buckets reach
   partition_->begin_micro_step(boundary);
   start(true, boundary);
 }
 
 void ReduceScatterBuckets::zero() { partition_->clear(); }
+
+void ReduceScatterBuckets::drop_unlaunched() {
+  for (auto& b : buckets_)
+    if (b.pooled.defined()) {
+      pool_.push_back(b.pooled);
+      b.pooled = b.buffer = b.received = at::Tensor();
+    }
+}
 
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void ReduceScatterBuckets::borrow_buffer(Bucket& b) {

@@ -67,6 +67,12 @@ class FlatGradReducer {
                   const ReductionOptions& options, at::ScalarType comm_dtype, size_t max_in_flight,
                   bool hooked);
   void start(bool reducing, bool boundary);
+  // Before a backward: if the last one threw midway, its launched buckets are finished (every
+  // rank launched them in the same order; their sums stay in the gradients, as a device buffer
+  // keeps what a failed backward wrote) with no range announced final, and the buckets it filled
+  // but did not launch are dropped (launching one now would need every rank's part).
+  void recover_abandoned();
+  virtual void drop_unlaunched() {}
   // Buffer elements [begin, end) are final: on_final gets their part of the partition.
   void announce_final(int64_t begin, int64_t end,
                       std::shared_ptr<device::CopyFence> ready = nullptr);
@@ -117,6 +123,7 @@ class ReduceScatterBuckets : public FlatGradReducer {
   void begin_backward(bool boundary) override;
   void zero() override;
   int64_t gradient_bytes() const override;
+  void drop_unlaunched() override;
 
  private:
   void arrived(size_t slot) override;

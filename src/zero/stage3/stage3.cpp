@@ -112,6 +112,8 @@ void Stage3::allocate(GradBucket& b) {
 
 void Stage3::begin_backward(bool boundary) {
   shard_->begin_backward();
+  if (in_backward_) recover_abandoned();
+  in_backward_ = true;
   boundary_ = boundary;
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
@@ -170,7 +172,9 @@ void Stage3::finish(size_t index) {
   }
   // The unit's gradients of this micro-step are all in (a swapped slice goes back to its file,
   // an offloaded update may start on it).
-  if (++unit_finished_[b.unit] == unit_buckets_[b.unit]) grads_->unit_complete(b.unit);
+  // (Not while recovering from a failed backward: nothing of it goes to the offloaded update.)
+  if (++unit_finished_[b.unit] == unit_buckets_[b.unit] && !recovering_)
+    grads_->unit_complete(b.unit);
   bucket_bytes_ -= storage_bytes(b.buffer);
   b.buffer = at::Tensor();
   b.received = at::Tensor();
@@ -182,6 +186,23 @@ void Stage3::end_backward(bool) {
     if (!buckets_[b].launched) launch(b);
   in_flight_.drain([this](size_t i) { finish(i); });
   grads_->end_micro_step();
+  gatherer_->end_backward();
+  in_backward_ = false;
+}
+
+// The last backward threw midway. Its launched buckets are finished (every rank launched them in
+// the same order; their sums reach the gradients, whose own recovery keeps them, as a device
+// buffer keeps what a failed backward wrote); the buckets it filled but did not launch are
+// dropped (launching one now would need every rank's part); the units it gathered go back.
+void Stage3::recover_abandoned() {
+  recovering_ = true;
+  in_flight_.drain([this](size_t i) { finish(i); });
+  recovering_ = false;
+  for (auto& b : buckets_)
+    if (b.buffer.defined()) {
+      bucket_bytes_ -= storage_bytes(b.buffer);
+      b.buffer = b.received = at::Tensor();
+    }
   gatherer_->end_backward();
 }
 

@@ -96,6 +96,7 @@ class Stage3 : public ZeroStage {
   void launch(size_t b);
   void finish(size_t b);
   void allocate(GradBucket& b);
+  void recover_abandoned();
 
   // This rank's checkpoint fragments, with where they lie in its partition.
   std::vector<StateFragment> own_fragments() const;
@@ -117,6 +118,8 @@ class Stage3 : public ZeroStage {
   // this rank's slices of every unit, in the parameter dtype
   std::unique_ptr<offload::ParamStore> params_;
   bool boundary_ = false;  // this backward ends an accumulation: its reductions are final
+  bool in_backward_ = false;  // between begin_backward and end_backward: still set, it threw
+  bool recovering_ = false;   // finishing what a failed backward left in flight
   // this rank's averaged gradients, laid out as params_ (unit_gradients.h: in memory, or in a
   // file under offload_optimizer nvme); declared before shard_, whose update thread reads them,
   // so they are destroyed after

@@ -100,7 +100,7 @@ T0=$(date +%s)
 STAMP=$(source_stamp "$ROOT")  # of the sources as the build starts
 # An earlier cross build's objects are reused (ninja is incremental; the stubs change, so every
 # program is linked again); anything else in /tmp/dsb is not.
-grep -qs "TORCH_DIR:PATH=$P\$" $B/CMakeCache.txt || rm -rf $B
+grep -qs "^TORCH_DIR:[A-Z]*=$P\$" $B/CMakeCache.txt || rm -rf $B
 make_stubs ""
 say "configure against the libtorch 2.11 headers (stub libraries in $P/lib)"
 configure

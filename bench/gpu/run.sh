@@ -25,7 +25,9 @@
 # in the same call); logs under $OUT.
 set -u
 START=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-ROOT=$PWD; G=$ROOT/.gpu; B=/tmp/dsb
+# DSB: the build folder, /tmp/dsb (the programs' RUNPATH and the pack's layout name it); another
+# only for tests/tools/gpu_run.sh, which runs this script with stand-in programs.
+ROOT=$PWD; G=$ROOT/.gpu; B=${DSB:-/tmp/dsb}; JIT_DONE=$B.jit_done
 STEPS=${STEPS:-"build test bench"}
 ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
@@ -145,24 +147,24 @@ row_peer() {
 # call knows an offload row of DeepSpeed's will run: it builds while the GPU tests run. A marker
 # file, not a pid, says it is done: seed003 waits for it from a subshell.
 start_jit() {
-  [ -f /tmp/ds_jit.done ] || [ -n "${JIT_STARTED:-}" ] && return 0
+  [ -f $JIT_DONE ] || [ -n "${JIT_STARTED:-}" ] && return 0
   JIT_STARTED=1; mkdir -p "$OUT/jit"
   # In a session of its own, so that the end of the call can stop it and all it started (a JIT
   # still running would change files under $OUT while they are archived).
-  setsid bash -c "STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh; touch /tmp/ds_jit.done" \
+  setsid bash -c "STEPS=none FORCE_JIT=1 OUT=$OUT/jit bash $G/run_device.sh; touch '$JIT_DONE'" \
     > /dev/null 2>&1 < /dev/null &
   JIT_PID=$!
   log "cpu_adam JIT started in the background"
 }
 stop_jit() {
-  if [ -n "${JIT_PID:-}" ] && [ ! -f /tmp/ds_jit.done ]; then
+  if [ -n "${JIT_PID:-}" ] && [ ! -f $JIT_DONE ]; then
     kill -- -"$JIT_PID" 2> /dev/null; log "stopped the unfinished cpu_adam JIT"
   fi
 }
 wait_jit() {
   [ -n "${JIT_STARTED:-}" ] || return 0
   local waited=0 most; most=$(cap 180)
-  while [ ! -f /tmp/ds_jit.done ] && [ $waited -lt "$most" ]; do sleep 1; waited=$((waited + 1)); done
+  while [ ! -f $JIT_DONE ] && [ $waited -lt "$most" ]; do sleep 1; waited=$((waited + 1)); done
   [ $waited -gt 0 ] && log "waited ${waited}s for the cpu_adam JIT"
   return 0
 }
@@ -231,7 +233,7 @@ ensure_built() {  # the programs a step runs (none named: everything, with ctest
 source "$ROOT/bench/gpu/pack.sh"
 pack() {  # DeepSpeed's JIT folder only when complete (a half-built one holds a lock that hangs)
   wait_jit
-  local jit=ds_ext; [ -n "${JIT_STARTED:-}" ] && [ ! -f /tmp/ds_jit.done ] && jit=""
+  local jit=ds_ext; [ -n "${JIT_STARTED:-}" ] && [ ! -f $JIT_DONE ] && jit=""
   local have; have=$(pack_build "$ROOT" $B "$OUT/dsb.tgz" $jit) && log "packed:$have $(du -h "$OUT/dsb.tgz" | cut -f1)"
 }
 # A cross-built pack (bench/gpu/cross_pack.sh) was linked against stub libraries in

@@ -65,10 +65,6 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
   at::Tensor scaled = loss;
   if (s.config.gradient_accumulation_steps > 1) scaled = loss / s.config.gradient_accumulation_steps;
-  at::Tensor detached = scaled.detach().to(torch::kDouble);
-  s.loss_since_boundary =
-      s.loss_since_boundary.defined() ? s.loss_since_boundary + detached : detached;
-
   // fp16: the loss is multiplied by the loss scale (in fp32) so small gradients survive in fp16;
   // the step divides it out again. bf16/fp32: the scale is 1 and nothing changes.
   at::Tensor to_differentiate = scaled;
@@ -83,6 +79,11 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
   timers.start(Phase::kBackwardReduce);
   s.stage->end_backward(boundary);
   timers.stop(Phase::kBackwardReduce);
+  // Counted once its backward went through: a micro-step whose backward threw (and is retried,
+  // or skipped) is not part of the step's mean loss.
+  at::Tensor detached = scaled.detach().to(torch::kDouble);
+  s.loss_since_boundary =
+      s.loss_since_boundary.defined() ? s.loss_since_boundary + detached : detached;
   timers.stop(Phase::kBackward);
   return scaled;
 } catch (const c10::Error& e) {

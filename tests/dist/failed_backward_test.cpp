@@ -25,7 +25,7 @@ TEST_P(FailedBackward, TrainingGoesOnAfterABackwardThatThrewMidway) {
     torch::manual_seed(11 + r);
     models.push_back(std::make_shared<dstest::OuterModelImpl>());
   }
-  std::vector<std::vector<double>> losses(2);
+  std::vector<std::vector<double>> losses(2), forward_losses(2);
   std::mutex mu;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     const int rank = comm->rank();
@@ -40,7 +40,7 @@ TEST_P(FailedBackward, TrainingGoesOnAfterABackwardThatThrewMidway) {
       if (fail) throw std::runtime_error("injected failure in backward");
       return g;
     });
-    std::vector<double> mine;
+    std::vector<double> mine, forwards;
     for (int64_t micro = 0; micro < 5; ++micro) {
       auto b = dstest::token_batch(rank, micro);
       fail = micro == 1;
@@ -49,17 +49,24 @@ TEST_P(FailedBackward, TrainingGoesOnAfterABackwardThatThrewMidway) {
         EXPECT_ANY_THROW(engine->backward(loss));
         continue;
       }
+      forwards.push_back(loss.item<double>());
       engine->backward(loss);
       engine->step();
       mine.push_back(engine->last_loss());
     }
     std::lock_guard<std::mutex> lock(mu);
     losses[rank] = mine;
+    forward_losses[rank] = forwards;
   });
   ASSERT_EQ(losses[0].size(), 4u);
   EXPECT_EQ(losses[0], losses[1]) << "the ranks parted";
   for (double l : losses[0]) EXPECT_TRUE(std::isfinite(l));
   EXPECT_LT(losses[0].back(), losses[0].front());
+  // Each step's loss is the ranks' mean of its own micro-step: the failed one's is not in it.
+  for (size_t i = 0; i < losses[0].size(); ++i)
+    EXPECT_NEAR(losses[0][i], (forward_losses[0][i] + forward_losses[1][i]) / 2,
+                1e-6 * std::abs(losses[0][i]))
+        << "step " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, FailedBackward, ::testing::Values(0, 1, 2, 3),

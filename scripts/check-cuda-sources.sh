@@ -30,6 +30,7 @@ FILES=(
   src/device/out_of_memory.cpp
   src/device/transfer_stream.cpp
   src/device/pinned_memory.cpp
+  src/device/download.cpp
   src/offload/param_store.cpp
   src/offload/grad_store.cpp
   src/zero/step_during_backward.cpp

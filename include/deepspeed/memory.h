@@ -12,6 +12,9 @@ struct MemoryReport {
   int64_t gradients = 0;         // gradient storage
   int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
   int64_t comm_buffers = 0;      // bucket / gather buffers (stage 3: peak gradient buckets)
+  // Of comm_buffers, in host memory on a GPU: page-locked copies of gradient buckets on their way
+  // into a pageable offloaded partition (peak). Also counted in host_bytes.
+  int64_t host_comm_buffers = 0;
   // ZeRO stage 3's gathered working set, beside model_states(): the full parameters gathered now
   // and the high-water mark since initialize(). *_numel: units only (what
   // stage3_max_live_parameters bounds); *_bytes: every gathered buffer, the root unit included.

@@ -25,30 +25,6 @@ constexpr size_t kMaxDownloadsPending = 4;
 constexpr size_t kMaxPooled = 1;
 }  // namespace
 
-GradStore::Downloader GradStore::stream_downloader(c10::Device device) {
-  if (device.is_cpu())
-    return [](const at::Tensor& reduced) {
-      return Download{reduced, device::CopyFence::record(c10::kCPU)};
-    };
-  auto stream = std::make_shared<device::SideStream>(device);
-  return [stream](const at::Tensor& reduced) {
-    if (reduced.is_cpu()) return Download{reduced, device::CopyFence::record(c10::kCPU)};
-    const at::Tensor flat = reduced.reshape({-1});
-    // Bucket-sized and short-lived: the caching host allocator's blocks are reused at once
-    // (its rounding up wastes little here, unlike for the long-lived buffers of pinned_memory.h).
-    // Page-locked whatever pin_memory says: into pageable memory the copy would block the host.
-    Download d{at::empty({flat.numel()}, flat.options().device(c10::kCPU).pinned_memory(true)),
-               nullptr};
-    stream->follow_current();  // the reduction producing it is queued on the compute stream
-    stream->reads(flat);
-    stream->run([&] {
-      d.host.copy_(flat, /*non_blocking=*/true);
-      d.fence = stream->mark();
-    });
-    return d;
-  };
-}
-
 GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
                      const AioConfig& aio, Downloader download)
     : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)),

@@ -37,7 +37,7 @@
 #include <ATen/Tensor.h>
 
 #include "deepspeed/config.h"
-#include "device/transfer_stream.h"
+#include "device/download.h"
 #include "offload/aio_queue.h"
 #include "offload/swapped_adam.h"
 #include "offload/unit_file.h"
@@ -48,15 +48,11 @@ namespace offload {
 
 class GradStore : public offload::GradSource {
  public:
-  // A reduced bucket's values in host memory, readable once `fence` has passed.
-  struct Download {
-    at::Tensor host;
-    std::shared_ptr<device::CopyFence> fence;
-  };
-  using Downloader = std::function<Download(const at::Tensor& reduced)>;
-  // Host tensors as they are (a passed fence); a GPU's into page-locked memory on a download
-  // stream that first waits for the compute stream (which produced them).
-  static Downloader stream_downloader(c10::Device device);
+  using Download = device::Download;
+  using Downloader = device::Downloader;
+  static Downloader stream_downloader(c10::Device device) {
+    return device::stream_downloader(device);
+  }
 
   // dir: offload_optimizer.nvme_path (IOError naming it unless it exists). `download`: how a
   // reduced bucket reaches host memory (stream_downloader(device); tests hold fences back).

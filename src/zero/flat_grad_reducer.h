@@ -50,8 +50,12 @@ class FlatGradReducer {
   void on_final(OnFinal fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
   bool gradients_on_host() const { return partition_->in_host_memory(); }
-  // The bucket pool and the partition's transfer temporaries (peaks).
-  int64_t comm_buffer_bytes() const { return pool_bytes_ + partition_->device_temporary_bytes(); }
+  // The bucket pool and the partition's transfer temporaries (peaks), and of them those in host
+  // memory (a pageable host partition's page-locked copies).
+  int64_t comm_buffer_bytes() const {
+    return pool_bytes_ + partition_->device_temporary_bytes() + host_comm_buffer_bytes();
+  }
+  int64_t host_comm_buffer_bytes() const { return partition_->host_temporary_bytes(); }
 
  protected:
   struct Bucket {

@@ -159,7 +159,9 @@ MemoryReport FlatStage::memory() const {
   r.gradients = grads_->gradient_bytes();
   r.optimizer_states = shard_->resident_bytes();
   r.comm_buffers = grads_->comm_buffer_bytes();
+  r.host_comm_buffers = grads_->host_comm_buffer_bytes();
   r.host_bytes = host_share(ctx_.device, r.parameters + r.comm_buffers) +
+                 (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
                  (grads_->gradients_on_host() ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  shard_->resident_host_bytes();
   return r;

@@ -29,7 +29,10 @@ void DeviceGradPartition::clear() { tensor_.zero_(); }
 std::unique_ptr<GradPartition> make_grad_partition(int64_t numel, at::ScalarType dtype,
                                                    c10::Device device, bool in_host_memory,
                                                    bool pin) {
-  if (in_host_memory) return std::make_unique<HostGradPartition>(numel, dtype, device, pin);
+  if (in_host_memory)
+    return std::make_unique<HostGradPartition>(
+        numel, dtype, device, pin,
+        pin || device.is_cpu() ? nullptr : device::stream_downloader(device));
   return std::make_unique<DeviceGradPartition>(numel, dtype, device);
 }
 

@@ -30,7 +30,8 @@ class GradPartition {
   virtual void end_micro_step() {}
   // `reduced` (this micro-step's averaged gradients of elements [begin, begin + numel), produced
   // by work queued on the device's current stream) is added into the partition. The fence passes
-  // once the result is readable from the host; null when readers in stream order need no fence.
+  // once the result is readable from the host; null when readers in stream order need no fence,
+  // or (a pageable host home) when only wait() makes the values readable.
   virtual std::shared_ptr<device::CopyFence> accumulate(int64_t begin,
                                                         const at::Tensor& reduced) = 0;
   // A fence after everything accumulated so far (null: nothing to wait for).
@@ -47,6 +48,8 @@ class GradPartition {
   // The most compute-device memory its transfers have held at once beyond the partition (the
   // host home's bucket-sized temporaries on a GPU): counted with the communication buffers.
   virtual int64_t device_temporary_bytes() const { return 0; }
+  // The same in host memory (a pageable host home's page-locked bucket copies).
+  virtual int64_t host_temporary_bytes() const { return 0; }
   int64_t bytes() const;
 };
 
@@ -67,7 +70,8 @@ class DeviceGradPartition final : public GradPartition {
   at::Tensor tensor_;
 };
 
-// Host memory (page-locked with `pin`) when the update reads the gradients there
+// Host memory (page-locked with `pin`; on a GPU without it, pageable and filled through
+// page-locked copies) when the update reads the gradients there
 // (ShardOptimizer::gradients_in_host_memory), else the compute device.
 std::unique_ptr<GradPartition> make_grad_partition(int64_t numel, at::ScalarType dtype,
                                                    c10::Device device, bool in_host_memory,

@@ -9,11 +9,16 @@
 
 namespace deepspeed {
 namespace zero {
+namespace {
+// Staged copies pending beyond which the host waits for the oldest (each is a bucket-sized
+// page-locked copy, and its bucket on the GPU stays allocated until the copy has read it).
+constexpr size_t kMaxStagedPending = 4;
+}  // namespace
 
 // Zeroed once: a partition read before any backward (a norm asked for early) holds zeros.
 HostGradPartition::HostGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
-                                     bool pin)
-    : device_(device), downloads_(device) {
+                                     bool pin, device::Downloader staged)
+    : device_(device), downloads_(device), staged_download_(std::move(staged)) {
   host_ = device::host_buffer(numel, dtype, pin, device);
   host_.zero_();
   squares_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
@@ -27,6 +32,9 @@ HostGradPartition::~HostGradPartition() {
 }
 
 void HostGradPartition::begin_micro_step(bool boundary) {
+  // The last micro-step's staged copies go in first (in order, before this one's, and before a
+  // boundary restarts the squares they may add to): by now they have usually arrived.
+  if (staged_download_) apply_staged(/*wait_all=*/true);
   // The last backward threw after overwriting part of the partition: the rest still holds an
   // earlier step's gradients and is zeroed; the failed micro-step's part is then added to, as it
   // would be in a device partition.
@@ -46,6 +54,7 @@ void HostGradPartition::begin_micro_step(bool boundary) {
   boundary_ = boundary;
   in_micro_step_ = true;
   if (boundary) {
+    host_squares_ = 0;
     downloads_.follow_current();  // the last boundary's squared_norm() copy has been read
     downloads_.run([&] { squares_.zero_(); });
   }
@@ -58,9 +67,13 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
               ", ", begin + n, ") outside the partition of ", host_.numel());
   at::Tensor place = host_.narrow(0, begin, n);
   at::Tensor flat = reduced.reshape({-1});
+  if (overwrite_) overwritten_.emplace_back(begin, n);
+  if (staged_download_) {
+    stage(begin, flat);
+    return nullptr;
+  }
   downloads_.follow_current();  // the bucket's reduction is queued on the compute stream
   downloads_.reads(flat);
-  if (overwrite_) overwritten_.emplace_back(begin, n);
   std::shared_ptr<device::CopyFence> fence;
   downloads_.run([&] {
     at::Tensor final_values;
@@ -94,9 +107,72 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
   return fence;
 }
 
+// Pageable: the bucket comes down into a page-locked copy. An overwrite's final values are the
+// bucket's own, so a boundary sums their squares on the GPU as the direct path does; an add's
+// exist only once the host has added, so it sums them there.
+void HostGradPartition::stage(int64_t begin, const at::Tensor& flat) {
+  if (boundary_ && overwrite_) {
+    downloads_.follow_current();
+    downloads_.reads(flat);
+    downloads_.run([&] {
+      at::Tensor final_values = flat;
+      if (flat.scalar_type() != host_.scalar_type()) {
+        final_values = flat.to(host_.scalar_type());
+        note_temporary(final_values);
+      }
+      squares_ += sum_of_squares(final_values);
+    });
+  }
+  Staged s;
+  s.begin = begin;
+  s.download = staged_download_(flat);
+  s.overwrite = overwrite_;
+  s.count_squares = boundary_ && !overwrite_;
+  s.device_bytes = flat.is_cpu() ? 0 : storage_bytes(flat);
+  s.host_bytes = s.download.host.is_same(flat) ? 0 : storage_bytes(s.download.host);
+  staged_.push_back(std::move(s));
+  int64_t device_bytes = 0, host_bytes = 0;
+  for (const auto& p : staged_) {
+    if (!p.download.fence->passed()) device_bytes += p.device_bytes;  // else the GPU freed it
+    host_bytes += p.host_bytes;
+  }
+  peak_staged_device_bytes_ = std::max(peak_staged_device_bytes_, device_bytes);
+  peak_staged_host_bytes_ = std::max(peak_staged_host_bytes_, host_bytes);
+  apply_staged(/*wait_all=*/false);
+}
+
+void HostGradPartition::apply_staged(bool wait_all) {
+  while (!staged_.empty()) {
+    Staged& s = staged_.front();
+    if (!wait_all && staged_.size() <= kMaxStagedPending && !s.download.fence->passed()) return;
+    s.download.fence->wait();
+    at::Tensor place = host_.narrow(0, s.begin, s.download.host.numel());
+    if (s.overwrite)
+      place.copy_(s.download.host);
+    else
+      place.add_(s.download.host);
+    if (s.count_squares) host_squares_ += sum_of_squares(place).item<double>();
+    staged_.pop_front();
+  }
+}
+
+std::shared_ptr<device::CopyFence> HostGradPartition::written() {
+  TORCH_CHECK(!staged_download_, "HostGradPartition: a pageable partition's values are readable "
+              "only after wait(), there is no fence to wait on (the update during backward needs "
+              "pin_memory)");
+  return downloads_.mark();
+}
+
 at::Tensor HostGradPartition::squared_norm() {
+  if (staged_download_) apply_staged(/*wait_all=*/true);  // the adds' squares are the host's
   downloads_.join();
-  return squares_.clone();
+  at::Tensor squares = squares_.clone();
+  if (host_squares_ != 0) squares += host_squares_;
+  return squares;
+}
+
+int64_t HostGradPartition::device_temporary_bytes() const {
+  return peak_temporary_bytes_ + peak_staged_device_bytes_;  // at most: they may meet
 }
 
 // One at a time: each is released as its lambda ends, and the caching allocator hands the block
@@ -105,9 +181,15 @@ void HostGradPartition::note_temporary(const at::Tensor& t) {
   peak_temporary_bytes_ = std::max(peak_temporary_bytes_, storage_bytes(t));
 }
 
-void HostGradPartition::wait() { downloads_.mark()->wait(); }
+void HostGradPartition::wait() {
+  apply_staged(/*wait_all=*/true);
+  downloads_.mark()->wait();
+}
 
+// The gradients are dropped: copies still pending are too (the caching host allocator keeps
+// their page-locked blocks until the copies into them are done).
 void HostGradPartition::clear() {
+  staged_.clear();
   overwritten_.clear();
   cleared_ = true;
   in_micro_step_ = false;

@@ -18,14 +18,28 @@
 // produced the bucket; accumulate() returns a fence after which the host values are there, and
 // the offloaded update waits for that fence on its own thread. On the CPU the same code runs
 // synchronously (a SideStream on the CPU is inline), which is how the CPU suite tests it.
+//
+// Pageable (a GPU without pin_memory, DeepSpeed's default): a copy into pageable memory would
+// block the host until the GPU reached the bucket, at every bucket of backward, so each bucket
+// comes down into a page-locked copy instead (device/download.h) and the host writes or adds it
+// into its place once that copy has arrived, checked without waiting at each later bucket; the
+// host waits only beyond four copies pending, and in wait(). The GPU still holds no partition,
+// only the buckets; the host holds the pageable partition and up to five bucket-sized page-locked
+// copies. A later micro-step's add runs on the host, and so does the sum of squares of the values
+// it produced (the boundary's overwrites are summed on the GPU as above). The values are
+// readable only after wait(): accumulate() and written() give no fence, so the update during
+// backward (which waits on those fences on its own thread) is not offered without pin_memory
+// (ShardOptimizer).
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "device/download.h"
 #include "device/transfer_stream.h"
 #include "util/ranges.h"
 #include "zero/grad_partition.h"
@@ -36,17 +50,20 @@ namespace zero {
 class HostGradPartition final : public GradPartition {
  public:
   // `numel` elements of `dtype` in host memory, page-locked for copies with `device` when `pin`
-  // (offload_optimizer.pin_memory).
-  HostGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device, bool pin);
+  // (offload_optimizer.pin_memory). `staged`: how buckets come down into a pageable partition
+  // (device::stream_downloader on a GPU without pin; tests hold its fences back); null: straight
+  // into the partition.
+  HostGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device, bool pin,
+                    device::Downloader staged = nullptr);
   ~HostGradPartition() override;  // waits for copies still writing the buffer
 
   const at::Tensor& tensor() const override { return host_; }
   // A boundary restarts the sum of squares.
   void begin_micro_step(bool boundary) override;
   void end_micro_step() override { in_micro_step_ = false; }
-  // The fence passes once the host holds the result.
+  // The fence passes once the host holds the result (staged: null, see above).
   std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced) override;
-  std::shared_ptr<device::CopyFence> written() override { return downloads_.mark(); }
+  std::shared_ptr<device::CopyFence> written() override;
   // The boundary's sum of squared final values, accumulated on the device as the buckets came
   // down: ready for the compute stream (no host wait, no pass over host memory).
   at::Tensor squared_norm() override;
@@ -55,9 +72,26 @@ class HostGradPartition final : public GradPartition {
   // The next micro-step writes instead of adding: no zeroing pass over host memory.
   void clear() override;
   bool in_host_memory() const override { return true; }
-  int64_t device_temporary_bytes() const override { return peak_temporary_bytes_; }
+  int64_t device_temporary_bytes() const override;
+  // The bytes asked for: libtorch's caching host allocator rounds each copy up to a power of two
+  // and keeps the blocks for reuse.
+  int64_t host_temporary_bytes() const override { return peak_staged_host_bytes_; }
+  // Staged copies not yet in the partition (0 when not staged).
+  size_t copies_pending() const { return staged_.size(); }
 
  private:
+  // A bucket's page-locked copy on its way into the partition (pageable only).
+  struct Staged {
+    int64_t begin = 0;
+    device::Download download;
+    bool overwrite = false;      // the first micro-step since clear(): written, not added
+    bool count_squares = false;  // a boundary's add: its result's squares are summed on the host
+    int64_t device_bytes = 0;    // the bucket on the GPU that the copy still reads
+    int64_t host_bytes = 0;      // the copy (0: the bucket itself, already in host memory)
+  };
+  void stage(int64_t begin, const at::Tensor& flat);
+  // Writes or adds the staged copies in order: those arrived, or (`wait_all`) every one.
+  void apply_staged(bool wait_all);
   void note_temporary(const at::Tensor& t);
   at::Tensor host_;
   at::Tensor squares_;  // fp64 [1] on the device, written on the download stream only
@@ -71,6 +105,11 @@ class HostGradPartition final : public GradPartition {
   // still holds an earlier step's gradients and is zeroed at the next begin.
   std::vector<ElementRange> overwritten_;
   int64_t peak_temporary_bytes_ = 0;  // the largest bucket-sized temporary on the GPU so far
+  device::Downloader staged_download_;  // set: the partition is pageable, buckets come staged
+  std::deque<Staged> staged_;
+  double host_squares_ = 0;  // the boundary's squares summed on the host (staged adds)
+  int64_t peak_staged_device_bytes_ = 0;
+  int64_t peak_staged_host_bytes_ = 0;
 };
 
 }  // namespace zero

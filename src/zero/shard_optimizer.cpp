@@ -54,10 +54,15 @@ class InMemoryShard : public ShardOptimizer {
       fused_->set_half_copy(master_, resident);
       half_copy_ = true;
     }
-    // From a GPU the ranges come down during backward only into page-locked memory: a copy into
-    // pageable memory blocks the host until the GPU gets there, stalling backward at every bucket.
+    // The update during backward needs pin_memory on a GPU: it waits on each range's copy on its
+    // own thread, and a pageable partition's values are there only once the engine's thread has
+    // put them in (zero/host_grad_partition.h); the 16-bit ring's uploads from pageable memory
+    // would also block.
     const bool on_gpu = !options.compute_device.is_cpu();
-    on_gpu_ = on_gpu;
+    // Stage 3 with offload_param "cpu": the partition and the masters are both in host memory,
+    // so the step reads its gradients there, with or without the update during backward.
+    offload_param_on_gpu_ =
+        home == OffloadDevice::kCpu && on_gpu && resident.defined() && resident.is_cpu();
     overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
                options.overlap_step.value_or(on_gpu) && (pin_ || !on_gpu);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
@@ -75,9 +80,14 @@ class InMemoryShard : public ShardOptimizer {
                        std::shared_ptr<device::CopyFence> ready) override {
     host_step_->take(begin, grads, params.resident(), std::move(ready));
   }
-  // From a GPU only into page-locked memory: each bucket's copy into pageable memory would block
-  // backward until the GPU got there (as overlap_ is refused without pin_memory).
-  bool gradients_in_host_memory() const override { return host_step_ && (pin_ || !on_gpu_); }
+  // Whenever FusedAdam's update runs on the host, or the whole partition is there (offload_param):
+  // the GPU keeps only the buckets (ZeRO-Offload's 2Ψ of parameters). Without pin_memory each
+  // bucket comes down through a page-locked copy into the pageable partition
+  // (zero/host_grad_partition.h): a copy straight into pageable memory would block backward
+  // until the GPU got there, at every bucket.
+  bool gradients_in_host_memory() const override {
+    return host_step_ != nullptr || offload_param_on_gpu_;
+  }
   size_t ranges_stepped_during_backward() const override {
     return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
@@ -220,7 +230,7 @@ class InMemoryShard : public ShardOptimizer {
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
-  bool on_gpu_ = false;     // the stage computes on a GPU
+  bool offload_param_on_gpu_ = false;  // offload_param "cpu" on a GPU: all of it on the host
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
   std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)
 };

@@ -149,7 +149,9 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
 // With accumulation the offloaded gradient partition (host memory) is added to on the GPU a
 // bucket at a time (up, add, down on the download stream): over 3 micro-steps, with clipping
 // (the norm summed on the GPU as the buckets come down), stages 2 and 3 train as without offload
-// within the CPU-Adam tolerance, and the gradients are counted in host memory.
+// within the CPU-Adam tolerance, and the gradients are counted in host memory. Without
+// pin_memory (DeepSpeed's default) the partition is pageable: the buckets come down through
+// page-locked copies, the host adds, and the GPU still holds no gradient partition.
 TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
   SKIP_WITHOUT_GPU();
   deterministic();
@@ -158,13 +160,22 @@ TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
     spec.config = dstest::base_config(/*micro_batch=*/2, /*accumulation=*/3, stage);
     spec.config["gradient_clipping"] = 0.05;
     auto plain = dstest::train_gpt(spec);
-    spec.config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
-    if (stage == 3) spec.config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
-    auto offloaded = dstest::train_gpt(spec);
-    EXPECT_LE(dstest::max_loss_rel_diff(offloaded, plain), 1e-5) << "stage " << stage;
-    const auto& m = offloaded.memory[0];
-    EXPECT_EQ(m.device_bytes(), m.parameters * (stage == 3 ? 0 : 1) + m.comm_buffers + m.gathered_bytes)
-        << "stage " << stage;
+    for (bool pin : {true, false}) {
+      spec.config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", pin}};
+      if (stage == 3) spec.config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+      auto offloaded = dstest::train_gpt(spec);
+      EXPECT_LE(dstest::max_loss_rel_diff(offloaded, plain), 1e-5) << "stage " << stage << " pin " << pin;
+      const auto& m = offloaded.memory[0];
+      // On the GPU: the 16-bit parameters (none at stage 3, offload_param), the buckets and the
+      // gathered units; no gradient partition. Pageable, the buckets' page-locked copies are
+      // communication buffers in host memory.
+      EXPECT_EQ(m.host_comm_buffers > 0, !pin) << "stage " << stage << " pin " << pin;
+      EXPECT_EQ(m.device_bytes(), m.parameters * (stage == 3 ? 0 : 1) + m.comm_buffers -
+                                      m.host_comm_buffers + m.gathered_bytes)
+          << "stage " << stage << " pin " << pin;
+      EXPECT_GE(m.host_bytes, m.gradients + m.optimizer_states + m.host_comm_buffers)
+          << "stage " << stage << " pin " << pin;
+    }
   }
 }
 

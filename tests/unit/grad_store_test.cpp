@@ -12,6 +12,7 @@
 #include "deepspeed/errors.h"
 #include "offload/grad_store.h"
 #include "support/files.h"
+#include "support/held_downloads.h"
 #include "support/stage3_layouts.h"
 
 namespace fs = std::filesystem;
@@ -87,34 +88,7 @@ TEST(GradStoreErrors, MissingFolderNamesTheKey) {
 
 namespace {
 
-// A download's fence that the test lets pass; a wait() before that is the host blocking (counted),
-// after which the copy counts as done.
-struct HeldFence : deepspeed::device::CopyFence {
-  bool released = false;
-  int* blocking_waits;
-  explicit HeldFence(int* counter) : blocking_waits(counter) {}
-  void wait() override {
-    if (!released) ++*blocking_waits;
-    released = true;
-  }
-  bool passed() override { return released; }
-  void join_current() override {}
-};
-
-// Downloads as a GPU's would arrive: a copy of the bucket, its fence held until released. A meta
-// tensor stands in for a bucket on a GPU: it comes down as ones.
-struct HeldDownloads {
-  int blocking_waits = 0;
-  std::vector<std::shared_ptr<HeldFence>> fences;
-  GradStore::Downloader downloader() {
-    return [this](const at::Tensor& reduced) {
-      fences.push_back(std::make_shared<HeldFence>(&blocking_waits));
-      at::Tensor host = reduced.is_meta() ? torch::ones({reduced.numel()}) : reduced.clone();
-      return GradStore::Download{host, fences.back()};
-    };
-  }
-  void release(size_t i) { fences.at(i)->released = true; }
-};
+using dstest::HeldDownloads;
 
 // A store whose downloads the test holds back.
 class GradStoreDownloads : public ::testing::Test {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/held_downloads.h"
 #include "zero/host_grad_partition.h"
 
 namespace {
@@ -15,9 +16,10 @@ using deepspeed::zero::HostGradPartition;
 double squares(const at::Tensor& t) { return t.to(torch::kDouble).pow(2).sum().item<double>(); }
 
 // Two buckets that tile a partition of 10: [0, 6) and [6, 10).
+// (A pageable partition gives no fence: its values are there after wait().)
 void reduce(HostGradPartition& p, const at::Tensor& values) {
-  p.accumulate(0, values.narrow(0, 0, 6))->wait();
-  p.accumulate(6, values.narrow(0, 6, 4))->wait();
+  for (auto [begin, numel] : {std::pair<int64_t, int64_t>{0, 6}, {6, 4}})
+    if (auto fence = p.accumulate(begin, values.narrow(0, begin, numel))) fence->wait();
 }
 
 // One micro-step's backward: both buckets reduced.
@@ -109,3 +111,133 @@ TEST(HostGradPartition, RangesOutsideThePartitionAreRefused) {
 }
 
 }  // namespace
+
+// ---- pageable (a GPU without pin_memory): buckets come down into page-locked copies ----------
+
+using dstest::HeldDownloads;
+
+class PageableHostGradPartition : public ::testing::Test {
+ protected:
+  HeldDownloads downloads;
+  HostGradPartition p{10, torch::kFloat, torch::kCPU, /*pin=*/false, downloads.downloader()};
+};
+
+// A bucket goes in once its copy has arrived, found by a later call without waiting; wait() puts
+// in the rest.
+TEST_F(PageableHostGradPartition, BucketsGoInOnceTheirCopyArrivedWithoutWaiting) {
+  auto a = torch::randn({10});
+  p.begin_micro_step(false);
+  EXPECT_EQ(p.accumulate(0, a.narrow(0, 0, 6)), nullptr);  // no fence: wait() makes it readable
+  EXPECT_EQ(p.copies_pending(), 1u);
+  EXPECT_TRUE(torch::equal(p.tensor(), torch::zeros({10})));  // still on its way
+  downloads.release(0);
+  p.accumulate(6, a.narrow(0, 6, 4));
+  EXPECT_EQ(p.copies_pending(), 1u);  // the first went in, found passed
+  EXPECT_TRUE(torch::equal(p.tensor().narrow(0, 0, 6), a.narrow(0, 0, 6)));
+  EXPECT_EQ(downloads.blocking_waits, 0);
+  p.end_micro_step();
+  p.wait();
+  EXPECT_EQ(downloads.blocking_waits, 1);  // the second had not arrived
+  EXPECT_EQ(p.copies_pending(), 0u);
+  EXPECT_TRUE(torch::equal(p.tensor(), a));
+}
+
+// The same results as the direct path: the first micro-step writes, later ones add, and the
+// boundary's squares are those of the final values (an add's summed on the host).
+TEST_F(PageableHostGradPartition, WritesThenAddsAndCountsTheFinalValuesSquares) {
+  auto a = torch::randn({10}), b = torch::randn({10}), c = torch::randn({10});
+  micro_step(p, a, false);
+  micro_step(p, b, true);
+  EXPECT_NEAR(p.squared_norm().item<double>(), squares(a + b), 1e-9);
+  EXPECT_TRUE(torch::allclose(p.tensor(), a + b));
+  p.clear();
+  micro_step(p, c, true);  // the boundary's overwrites: squares summed as they come down
+  EXPECT_NEAR(p.squared_norm().item<double>(), squares(c), 1e-9);
+  EXPECT_TRUE(torch::equal(p.tensor(), c));
+}
+
+// The host waits only beyond four copies pending, for the oldest.
+TEST_F(PageableHostGradPartition, TheHostWaitsOnlyBeyondFourPending) {
+  p.begin_micro_step(false);
+  for (int i = 0; i < 5; ++i) p.accumulate(2 * i, torch::full({2}, float(i + 1)));
+  EXPECT_EQ(downloads.blocking_waits, 1);
+  EXPECT_EQ(p.copies_pending(), 4u);
+  p.wait();
+  EXPECT_TRUE(torch::equal(p.tensor(), torch::arange(1, 6).repeat_interleave(2).to(torch::kFloat)));
+}
+
+// A copy still pending at the next micro-step goes in before it (in order: the next adds to it),
+// and a failed first micro-step leaves no earlier gradients, as in the direct path.
+TEST_F(PageableHostGradPartition, AFailedFirstMicroStepLeavesNoEarlierGradients) {
+  auto old = torch::full({10}, 5.0f), part = torch::ones({6}), next = torch::randn({10});
+  micro_step(p, old, true);
+  p.wait();
+  p.clear();
+  p.begin_micro_step(true);
+  p.accumulate(0, part);  // ...and backward throws: no end_micro_step(), the copy still held
+  micro_step(p, next, true);
+  p.wait();
+  auto expected = next.clone();
+  expected.narrow(0, 0, 6).add_(part);
+  EXPECT_TRUE(torch::allclose(p.tensor(), expected));
+}
+
+// The copies count as temporaries: the page-locked ones in host memory, and the buckets on the GPU
+// that they still read (a meta tensor stands in for a GPU bucket).
+TEST_F(PageableHostGradPartition, PendingCopiesAndTheirBucketsCount) {
+  p.begin_micro_step(false);
+  for (int i = 0; i < 3; ++i) p.accumulate(2 * i, torch::empty({2}, torch::device(torch::kMeta)));
+  EXPECT_EQ(p.host_temporary_bytes(), 3 * 2 * 4);
+  EXPECT_EQ(p.device_temporary_bytes(), 3 * 2 * 4);
+  p.wait();
+  EXPECT_TRUE(torch::equal(p.tensor().narrow(0, 0, 6), torch::ones({6})));
+  EXPECT_EQ(p.host_temporary_bytes(), 3 * 2 * 4);  // peaks
+}
+
+// No fence to give: the update during backward, which waits on one, needs pin_memory.
+TEST_F(PageableHostGradPartition, HasNoFenceForTheUpdateDuringBackward) {
+  EXPECT_THROW(p.written(), c10::Error);
+}
+
+// A boundary's backward that threw with an add still on its way: the add goes in before the retry
+// restarts the squares, so only the retry's final values count.
+TEST_F(PageableHostGradPartition, AFailedBoundarysPendingAddIsNotInTheRetrysNorm) {
+  auto a = torch::randn({10}), part = torch::ones({6}), b = torch::randn({10});
+  micro_step(p, a, false);
+  p.begin_micro_step(true);
+  p.accumulate(0, part);  // ...and backward throws, the copy still held
+  micro_step(p, b, true);
+  auto expected = a.clone();  // the order the partition adds in
+  expected.narrow(0, 0, 6).add_(part);
+  expected += b;
+  EXPECT_NEAR(p.squared_norm().item<double>(), squares(expected), 1e-9);
+  EXPECT_TRUE(torch::allclose(p.tensor(), expected));
+}
+
+// A wider partition takes 16-bit buckets through the copies too: written, then added, in its own
+// dtype, and the boundary's squares are those of its values.
+TEST(PageableHostGradPartitionDtypes, WritesAndAddsInThePartitionsDtype) {
+  HeldDownloads downloads;
+  HostGradPartition p(10, torch::kFloat, torch::kCPU, /*pin=*/false, downloads.downloader());
+  auto a = torch::randn({10}).to(torch::kBFloat16), b = torch::randn({10}).to(torch::kBFloat16);
+  micro_step(p, a, true);
+  EXPECT_NEAR(p.squared_norm().item<double>(), squares(a.to(torch::kFloat)), 1e-9);
+  micro_step(p, b, true);
+  const auto sum = a.to(torch::kFloat) + b.to(torch::kFloat);
+  EXPECT_NEAR(p.squared_norm().item<double>(), squares(sum), 1e-9);
+  EXPECT_TRUE(torch::equal(p.tensor(), sum));
+}
+
+// Dropped gradients (after a step, or a discarded one) take their copies still pending with them:
+// none lands in the next accumulation.
+TEST_F(PageableHostGradPartition, ClearDropsTheCopiesStillPending) {
+  auto stale = torch::full({10}, 7.0f), next = torch::randn({10});
+  p.begin_micro_step(true);
+  reduce(p, stale);
+  EXPECT_EQ(p.copies_pending(), 2u);
+  p.clear();
+  EXPECT_EQ(p.copies_pending(), 0u);
+  micro_step(p, next, true);
+  p.wait();
+  EXPECT_TRUE(torch::equal(p.tensor(), next));
+}

@@ -231,8 +231,9 @@ MemoryReport Stage3::memory() const {
   r.parameters = params_->resident_bytes();
   r.gradients = grads_->bytes();
   r.optimizer_states = shard_->resident_bytes();  // a swapped shard: its buffers, the rest is on disk
+  r.host_comm_buffers = grads_->host_temporary_bytes();
   r.comm_buffers =  // the buckets, and what the partition's transfers held beside them
-      peak_bucket_bytes_ + grads_->device_temporary_bytes();
+      peak_bucket_bytes_ + grads_->device_temporary_bytes() + r.host_comm_buffers;
   auto g = gatherer_->stats();
   r.gathered_numel = g.numel;
   r.peak_gathered_numel = g.peak_numel;
@@ -241,6 +242,7 @@ MemoryReport Stage3::memory() const {
   // Swapped or offloaded gradients and the parameter partition of offload_param live in host
   // memory.
   r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
+                 (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
                  (grads_->in_host_memory() ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
   return r;

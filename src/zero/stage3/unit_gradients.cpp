@@ -41,6 +41,7 @@ class GradientsInMemory final : public UnitGradients {
   int64_t bytes() const override { return partition_->bytes(); }
   bool in_host_memory() const override { return partition_->in_host_memory(); }
   int64_t device_temporary_bytes() const override { return partition_->device_temporary_bytes(); }
+  int64_t host_temporary_bytes() const override { return partition_->host_temporary_bytes(); }
 
  private:
   const Stage3Layout& layout_;

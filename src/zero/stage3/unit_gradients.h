@@ -44,6 +44,9 @@ class UnitGradients {
   virtual int64_t bytes() const = 0;
   virtual bool in_host_memory() const = 0;
   virtual int64_t device_temporary_bytes() const = 0;
+  // The same in host memory (a pageable host partition's page-locked copies; the swapped
+  // gradients count theirs in bytes()).
+  virtual int64_t host_temporary_bytes() const { return 0; }
 };
 
 // Swapped under offload_optimizer nvme (`options.home`), else in memory: in host memory when the

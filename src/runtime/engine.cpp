@@ -56,6 +56,18 @@ void Engine::report_torch_error(const char* phase, const c10::Error& error) cons
   throw Error(where);
 }
 
+namespace {
+// A backward that threw gives back what the stage holds for it now (ZeroStage::abandon_backward),
+// so a retry has that memory. Its own failure (a collective the failed pass launched) is left to
+// the next begin_backward, which detects the failed pass again: the user sees the first error.
+void abandon_quietly(zero::ZeroStage& stage) noexcept {
+  try {
+    stage.abandon_backward();
+  } catch (...) {
+  }
+}
+}  // namespace
+
 // backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
 // hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
@@ -73,12 +85,17 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
 
   const bool boundary = is_gradient_accumulation_boundary();
   s.stage->begin_backward(boundary);
-  timers.start(Phase::kBackwardInner);
-  to_differentiate.backward();
-  timers.stop(Phase::kBackwardInner);
-  timers.start(Phase::kBackwardReduce);
-  s.stage->end_backward(boundary);
-  timers.stop(Phase::kBackwardReduce);
+  try {
+    timers.start(Phase::kBackwardInner);
+    to_differentiate.backward();
+    timers.stop(Phase::kBackwardInner);
+    timers.start(Phase::kBackwardReduce);
+    s.stage->end_backward(boundary);
+    timers.stop(Phase::kBackwardReduce);
+  } catch (...) {  // anything: a user's hook may throw what it likes
+    abandon_quietly(*s.stage);
+    throw;
+  }
   // Counted once its backward went through: a micro-step whose backward threw (and is retried,
   // or skipped) is not part of the step's mean loss.
   at::Tensor detached = scaled.detach().to(torch::kDouble);

@@ -59,6 +59,11 @@ void DataParallelStage::begin_backward(bool boundary) {
   order_->begin();
 }
 
+void DataParallelStage::abandon_backward() {
+  in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+  reducing_ = false;
+}
+
 // Copies the bucket's gradients into its flat buffer (pre-scaled) and starts the sum.
 // A parameter that got no gradient this step contributes zeros: every rank must send the
 // same bucket layout whatever its own graph used.

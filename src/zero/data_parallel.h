@@ -29,6 +29,7 @@ class DataParallelStage : public ZeroStage {
 
   void begin_backward(bool boundary) override;
   void end_backward(bool boundary) override;
+  void abandon_backward() override;
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override;

@@ -35,6 +35,8 @@ class FlatGradReducer {
   // Around loss.backward(); COLLECTIVE at a boundary (and every micro-step for the scatterer).
   virtual void begin_backward(bool boundary) = 0;
   void end_backward();
+  // The backward since begin_backward threw: recover_abandoned() now (ZeroStage::abandon_backward).
+  void abandon_backward() { recover_abandoned(); }
   // This rank's averaged gradients (its partition of the buffer), valid after a boundary's
   // end_backward until zero() (in host memory: once settle() returned).
   const at::Tensor& partition() const { return partition_->tensor(); }

@@ -48,6 +48,7 @@ class FlatStage : public ZeroStage {
     grads_->begin_backward(boundary && !gradients_stay_local());
   }
   void end_backward(bool) override { grads_->end_backward(); }
+  void abandon_backward() override { grads_->abandon_backward(); }
   // COLLECTIVE. Non-finite on every rank when any rank's gradients hold an inf or NaN.
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;

@@ -64,6 +64,13 @@ class ZeroStage {
   // gradients must be reduced across ranks before step(). COLLECTIVE when boundary.
   virtual void begin_backward(bool boundary) = 0;
   virtual void end_backward(bool boundary) = 0;
+  // The backward since begin_backward threw (a hook, an out-of-memory): finish the reductions it
+  // launched (every rank launched them; their sums stay in the gradients, as PyTorch's .grad
+  // keeps what a failed backward computed) and give back what it holds (buckets, gathered
+  // units) now, so a retry, with a smaller micro-batch say, has that memory. The next
+  // begin_backward also detects a failed backward, for callers that drive a stage directly.
+  // Local, but waits for collectives already launched.
+  virtual void abandon_backward() {}
   // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
   virtual double global_grad_norm() = 0;
   // The same norm as a one-element fp64 tensor, on the stage's device and not yet waited for: the

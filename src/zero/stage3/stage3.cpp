@@ -190,6 +190,13 @@ void Stage3::end_backward(bool) {
   in_backward_ = false;
 }
 
+// ZeroStage::abandon_backward: what the next begin_backward would do, now.
+void Stage3::abandon_backward() {
+  if (!in_backward_) return;
+  recover_abandoned();
+  in_backward_ = false;  // (if the recovery threw, the next begin_backward tries again)
+}
+
 // The last backward threw midway. Its launched buckets are finished (every rank launched them in
 // the same order; their sums reach the gradients, whose own recovery keeps them, as a device
 // buffer keeps what a failed backward wrote); the buckets it filled but did not launch are

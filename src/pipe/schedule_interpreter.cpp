@@ -11,6 +11,7 @@
 #include "pipe/pipeline_loss.h"
 #include "pipe/pipeline_runtime.h"
 #include "runtime/engine_state.h"
+#include "zero/abandon_backward.h"
 
 namespace deepspeed {
 namespace pipe {
@@ -27,6 +28,9 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   auto& rt = *rt_;
   const int64_t gas = s.config.gradient_accumulation_steps;
   const bool first = rt.stage == 0, last = rt.stage == rt.stages - 1;
+  // A batch is a whole accumulation: nothing of a batch that threw midway counts in this one's
+  // mean loss.
+  if (train) s.loss_since_boundary = at::Tensor();
   std::vector<Buffer> bufs(schedule.num_buffers);
   at::Tensor eval_loss = torch::zeros({1}, torch::kDouble);
   StageLink& link = *rt.link;
@@ -90,11 +94,16 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           // boundary anyway.
           const bool boundary = in.micro_batch == gas - 1;
           if (boundary) s.stage->begin_backward(true);
-          if (last)
-            backward_loss(s, b.loss);
-          else
-            torch::autograd::backward({b.output}, {b.grad_output});
-          if (boundary) s.stage->end_backward(true);
+          try {
+            if (last)
+              backward_loss(s, b.loss);
+            else
+              torch::autograd::backward({b.output}, {b.grad_output});
+            if (boundary) s.stage->end_backward(true);
+          } catch (...) {
+            if (boundary) zero::abandon_backward_quietly(*s.stage);
+            throw;
+          }
           b.output = at::Tensor();
           b.grad_output = at::Tensor();
           b.loss = at::Tensor();

@@ -8,6 +8,7 @@
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
+#include "zero/abandon_backward.h"
 
 namespace deepspeed {
 
@@ -56,18 +57,6 @@ void Engine::report_torch_error(const char* phase, const c10::Error& error) cons
   throw Error(where);
 }
 
-namespace {
-// A backward that threw gives back what the stage holds for it now (ZeroStage::abandon_backward),
-// so a retry has that memory. Its own failure (a collective the failed pass launched) is left to
-// the next begin_backward, which detects the failed pass again: the user sees the first error.
-void abandon_quietly(zero::ZeroStage& stage) noexcept {
-  try {
-    stage.abandon_backward();
-  } catch (...) {
-  }
-}
-}  // namespace
-
 // backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
 // hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
@@ -93,7 +82,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
     s.stage->end_backward(boundary);
     timers.stop(Phase::kBackwardReduce);
   } catch (...) {  // anything: a user's hook may throw what it likes
-    abandon_quietly(*s.stage);
+    zero::abandon_backward_quietly(*s.stage);
     throw;
   }
   // Counted once its backward went through: a micro-step whose backward threw (and is retried,

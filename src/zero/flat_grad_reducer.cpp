@@ -46,8 +46,10 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
   order_->begin();
 }
 
+// Whatever threw: the backward, end_backward midway (an out-of-memory in a bucket's conversion,
+// a collective's wait), or an earlier recovery. After a pass that completed there is nothing in
+// flight and nothing lent, so both steps do nothing.
 void FlatGradReducer::recover_abandoned() {
-  if (!reducing_) return;
   reducing_ = false;
   boundary_ = false;  // nothing of the failed pass goes to the offloaded update
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
@@ -71,11 +73,11 @@ void FlatGradReducer::launch_index(size_t b) {
 
 void FlatGradReducer::end_backward() {
   if (!reducing_) return;
-  reducing_ = false;
   // Buckets not launched yet: no hooks (no overlap), or a parameter unused by this graph whose
   // hook never fired (its gradient is zeros).
   order_->launch_rest([this](size_t b) { launch_index(b); });
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+  reducing_ = false;
   partition_->end_micro_step();
 }
 

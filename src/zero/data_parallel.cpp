@@ -54,7 +54,7 @@ void DataParallelStage::begin_backward(bool boundary) {
   // The last backward threw midway: the sums it launched are finished (every rank launched them
   // in the same order), their averages left in .grad as PyTorch leaves what a failed backward
   // computed; a new sum of the same bucket would be queued behind a stale entry.
-  in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
+  abandon_backward();
   reducing_ = boundary && !hooks_.empty() && !gradients_stay_local();
   order_->begin();
 }

@@ -49,7 +49,7 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
 // Whatever threw: the backward, end_backward midway (an out-of-memory in a bucket's conversion,
 // a collective's wait), or an earlier recovery. After a pass that completed there is nothing in
 // flight and nothing lent, so both steps do nothing.
-void FlatGradReducer::recover_abandoned() {
+void FlatGradReducer::abandon_backward() {
   reducing_ = false;
   boundary_ = false;  // nothing of the failed pass goes to the offloaded update
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
@@ -110,7 +110,7 @@ void AllReduceBuckets::point_grads_at_buffer() {
 
 // Gradients accumulate over the micro-steps; only the boundary's backward reduces.
 void AllReduceBuckets::begin_backward(bool boundary) {
-  recover_abandoned();
+  abandon_backward();
   point_grads_at_buffer();
   start(boundary, boundary);
 }
@@ -170,7 +170,7 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
 
 // The rank never holds a full gradient: every micro-step reduces.
 void ReduceScatterBuckets::begin_backward(bool boundary) {
-  recover_abandoned();  // before the partition's own recovery, which the finished buckets reach
+  abandon_backward();  // before the partition's own recovery, which the finished buckets reach
   partition_->begin_micro_step(boundary);
   start(true, boundary);
 }

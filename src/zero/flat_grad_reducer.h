@@ -35,8 +35,14 @@ class FlatGradReducer {
   // Around loss.backward(); COLLECTIVE at a boundary (and every micro-step for the scatterer).
   virtual void begin_backward(bool boundary) = 0;
   void end_backward();
-  // The backward since begin_backward threw: recover_abandoned() now (ZeroStage::abandon_backward).
-  void abandon_backward() { recover_abandoned(); }
+  // Before a backward: if the last one threw midway, its launched buckets are finished (every
+  // rank launched them in the same order; their sums stay in the gradients, as a device buffer
+  // keeps what a failed backward wrote) with no range announced final, and the buckets it filled
+  // but did not launch are dropped (launching one now would need every rank's part).
+  // Called by the stage on a failed backward (ZeroStage::abandon_backward) and by every
+  // begin_backward (a no-op after a pass that completed).
+  void abandon_backward();
+
   // This rank's averaged gradients (its partition of the buffer), valid after a boundary's
   // end_backward until zero() (in host memory: once settle() returned).
   const at::Tensor& partition() const { return partition_->tensor(); }
@@ -73,11 +79,6 @@ class FlatGradReducer {
                   const ReductionOptions& options, at::ScalarType comm_dtype, size_t max_in_flight,
                   bool hooked);
   void start(bool reducing, bool boundary);
-  // Before a backward: if the last one threw midway, its launched buckets are finished (every
-  // rank launched them in the same order; their sums stay in the gradients, as a device buffer
-  // keeps what a failed backward wrote) with no range announced final, and the buckets it filled
-  // but did not launch are dropped (launching one now would need every rank's part).
-  void recover_abandoned();
   virtual void drop_unlaunched() {}
   // Buffer elements [begin, end) are final: on_final gets their part of the partition.
   void announce_final(int64_t begin, int64_t end,

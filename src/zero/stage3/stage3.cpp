@@ -112,7 +112,7 @@ void Stage3::allocate(GradBucket& b) {
 
 void Stage3::begin_backward(bool boundary) {
   shard_->begin_backward();
-  if (in_backward_) recover_abandoned();
+  abandon_backward();  // the last backward threw: nothing of it is left for this one
   in_backward_ = true;
   boundary_ = boundary;
   for (auto& b : buckets_) b.arrived = 0, b.launched = false;

@@ -16,9 +16,6 @@ namespace offload {
 namespace {
 // Closed slices whose writes may be in flight at once (beyond them, close() waits).
 constexpr size_t kMaxWritesInFlight = 2;
-// Buckets on their way down from the GPU beyond which the host waits for the oldest: each holds a
-// bucket-sized page-locked buffer.
-constexpr size_t kMaxDownloadsPending = 4;
 // Freed buffers kept for reuse. One: a buffer is freed (its write done, its sub-group updated)
 // just before the next one is needed, so a single spare replaces the allocation without adding
 // to the peak; the spare is dropped when a micro-step or a step ends.
@@ -28,7 +25,7 @@ constexpr size_t kMaxPooled = 1;
 GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
                      const AioConfig& aio, Downloader download)
     : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)),
-      download_(std::move(download)) {
+      downloads_(std::move(download)) {
   path_ = offload::unique_swap_path(dir, "zero_optimization.offload_optimizer.nvme_path", "gradient_swap");
   fd_ = offload::DirectFile::create(path_);
   queue_ = std::make_unique<offload::AioQueue>(
@@ -113,11 +110,7 @@ void GradStore::zero_uncovered(Open& o) {
 }
 
 void GradStore::accumulate(int unit, int64_t first, const at::Tensor& reduced) {
-  Pending p{unit, first, download_(reduced)};
-  p.copy = !p.download.host.is_same(reduced);
-  // A GPU's bucket stays allocated until its download has read it (record_stream).
-  if (!reduced.device().is_cpu()) p.device_bytes = reduced.numel() * reduced.element_size();
-  pending_.push_back(std::move(p));
+  downloads_.push(reduced, SlicePlace{unit, first});
   pending_of_[unit]++;
   note_resident();
   apply_downloads(/*wait_all=*/false);
@@ -132,26 +125,22 @@ void GradStore::unit_complete(int unit) {
   close(unit);
 }
 
+// A unit whose last download this adds, and that unit_complete() found waiting for it, goes to
+// the file at once (its slice freed before the next one opens).
 void GradStore::apply_downloads(bool wait_all) {
-  while (!pending_.empty()) {
-    Pending& p = pending_.front();
-    if (!wait_all && pending_.size() <= kMaxDownloadsPending && !p.download.fence->passed()) return;
-    p.download.fence->wait();
-    const int unit = p.unit;
-    add_into_slice(unit, p.first, p.download.host);  // counted resident until added
-    pending_.pop_front();
-    if (--pending_of_[unit] == 0 && completing_.erase(unit)) {
-      open(unit);
-      close(unit);
+  downloads_.apply(wait_all, [&](const at::Tensor& values, const SlicePlace& to) {
+    add_into_slice(to.unit, to.first, values);  // counted resident until added
+    if (--pending_of_[to.unit] == 0 && completing_.erase(to.unit)) {
+      open(to.unit);
+      close(to.unit);
     }
-  }
+  });
 }
 
 // discard() and the destructor: no download is added, but none may still be writing its
 // buffer when it is freed.
 void GradStore::drop_downloads() {
-  for (auto& p : pending_) p.download.fence->wait();
-  pending_.clear();
+  downloads_.drop();
   pending_of_.clear();
   completing_.clear();
 }
@@ -262,16 +251,10 @@ int64_t GradStore::resident_bytes() const {
   for (auto& [u, o] : open_) total += o.slice.numel() * o.slice.element_size();
   for (auto& io : writing_) total += io.buffer.numel() * io.buffer.element_size();
   for (auto& [b, io] : reading_) total += io.buffer.numel() * io.buffer.element_size();
-  for (auto& p : pending_)  // a host tensor handed in as it is belongs to the caller
-    if (p.copy) total += p.download.host.numel() * p.download.host.element_size();
-  return total;
+  return total + downloads_.host_bytes();
 }
 
-int64_t GradStore::pending_device_bytes() const {
-  int64_t total = 0;
-  for (auto& p : pending_) total += p.device_bytes;
-  return total;
-}
+int64_t GradStore::pending_device_bytes() const { return downloads_.device_bytes(); }
 
 int64_t GradStore::pooled_bytes() const {
   int64_t total = 0;
@@ -281,7 +264,6 @@ int64_t GradStore::pooled_bytes() const {
 
 void GradStore::note_resident() {
   peak_resident_ = std::max(peak_resident_, resident_bytes());
-  peak_pending_device_ = std::max(peak_pending_device_, pending_device_bytes());
 }
 
 }  // namespace offload

@@ -38,6 +38,7 @@
 
 #include "deepspeed/config.h"
 #include "device/download.h"
+#include "device/download_queue.h"
 #include "offload/aio_queue.h"
 #include "offload/swapped_adam.h"
 #include "offload/unit_file.h"
@@ -89,7 +90,7 @@ class GradStore : public offload::GradSource {
   // The buckets on the compute device that downloads still coming down keep allocated (the
   // host waits beyond four pending), now and at most.
   int64_t pending_device_bytes() const;
-  int64_t peak_pending_device_bytes() const { return peak_pending_device_; }
+  int64_t peak_pending_device_bytes() const { return downloads_.peak_device_bytes(); }
   int64_t pooled_bytes() const;    // a freed buffer kept for reuse
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
@@ -99,12 +100,10 @@ class GradStore : public offload::GradSource {
     at::Tensor buffer;
     offload::AioQueue::Ticket ticket = -1;
   };
-  struct Pending {
+  // Where a bucket's download goes: elements [first, ...) of the unit's slice.
+  struct SlicePlace {
     int unit = 0;
     int64_t first = 0;
-    Download download;
-    bool copy = false;  // download.host is a copy (else the caller's tensor)
-    int64_t device_bytes = 0;  // the bucket on the compute device that the copy reads
   };
   // A slice being accumulated. `fresh`: the first micro-step after a step, the buffer not
   // zeroed; `covered` lists the element ranges written so far (the rest is garbage).
@@ -130,9 +129,8 @@ class GradStore : public offload::GradSource {
   std::string path_;
   std::unique_ptr<offload::DirectFile> fd_;
   std::unique_ptr<offload::AioQueue> queue_;
-  Downloader download_;
-  std::deque<Pending> pending_;       // downloads not yet added, in the order they were queued
-  std::map<int, int> pending_of_;     // unit -> its downloads in pending_
+  device::DownloadQueue<SlicePlace> downloads_;  // not yet added, in the order they were queued
+  std::map<int, int> pending_of_;     // unit -> its downloads in downloads_
   std::set<int> completing_;          // units complete but for a pending download
   bool boundary_ = true;
   bool accumulated_ = false;  // the file holds this step's gradients of earlier micro-steps
@@ -144,7 +142,6 @@ class GradStore : public offload::GradSource {
   std::deque<Io> writing_;             // closed slices on their way to the file
   std::map<int64_t, Io> reading_;      // sub-group begin -> its gradients (optimizer step)
   int64_t peak_resident_ = 0;
-  int64_t peak_pending_device_ = 0;
 };
 
 }  // namespace offload

@@ -9,16 +9,11 @@
 
 namespace deepspeed {
 namespace zero {
-namespace {
-// Staged copies pending beyond which the host waits for the oldest (each is a bucket-sized
-// page-locked copy, and its bucket on the GPU stays allocated until the copy has read it).
-constexpr size_t kMaxStagedPending = 4;
-}  // namespace
-
 // Zeroed once: a partition read before any backward (a norm asked for early) holds zeros.
 HostGradPartition::HostGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
                                      bool pin, device::Downloader staged)
-    : device_(device), downloads_(device), staged_download_(std::move(staged)) {
+    : device_(device), downloads_(device) {
+  if (staged) staged_.emplace(std::move(staged));
   host_ = device::host_buffer(numel, dtype, pin, device);
   host_.zero_();
   squares_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
@@ -34,7 +29,7 @@ HostGradPartition::~HostGradPartition() {
 void HostGradPartition::begin_micro_step(bool boundary) {
   // The last micro-step's staged copies go in first (in order, before this one's, and before a
   // boundary restarts the squares they may add to): by now they have usually arrived.
-  if (staged_download_) apply_staged(/*wait_all=*/true);
+  if (staged_) apply_staged(/*wait_all=*/true);
   // The last backward threw after overwriting part of the partition: the rest still holds an
   // earlier step's gradients and is zeroed; the failed micro-step's part is then added to, as it
   // would be in a device partition.
@@ -68,7 +63,7 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
   at::Tensor place = host_.narrow(0, begin, n);
   at::Tensor flat = reduced.reshape({-1});
   if (overwrite_) overwritten_.emplace_back(begin, n);
-  if (staged_download_) {
+  if (staged_) {
     stage(begin, flat);
     return nullptr;
   }
@@ -123,48 +118,30 @@ void HostGradPartition::stage(int64_t begin, const at::Tensor& flat) {
       squares_ += sum_of_squares(final_values);
     });
   }
-  Staged s;
-  s.begin = begin;
-  s.download = staged_download_(flat);
-  s.overwrite = overwrite_;
-  s.count_squares = boundary_ && !overwrite_;
-  s.device_bytes = flat.is_cpu() ? 0 : storage_bytes(flat);
-  s.host_bytes = s.download.host.is_same(flat) ? 0 : storage_bytes(s.download.host);
-  staged_.push_back(std::move(s));
-  int64_t device_bytes = 0, host_bytes = 0;
-  for (const auto& p : staged_) {
-    if (!p.download.fence->passed()) device_bytes += p.device_bytes;  // else the GPU freed it
-    host_bytes += p.host_bytes;
-  }
-  peak_staged_device_bytes_ = std::max(peak_staged_device_bytes_, device_bytes);
-  peak_staged_host_bytes_ = std::max(peak_staged_host_bytes_, host_bytes);
+  staged_->push(flat, StagedPlace{begin, overwrite_, boundary_ && !overwrite_});
   apply_staged(/*wait_all=*/false);
 }
 
 void HostGradPartition::apply_staged(bool wait_all) {
-  while (!staged_.empty()) {
-    Staged& s = staged_.front();
-    if (!wait_all && staged_.size() <= kMaxStagedPending && !s.download.fence->passed()) return;
-    s.download.fence->wait();
-    at::Tensor place = host_.narrow(0, s.begin, s.download.host.numel());
-    if (s.overwrite)
-      place.copy_(s.download.host);
+  staged_->apply(wait_all, [&](const at::Tensor& values, const StagedPlace& to) {
+    at::Tensor place = host_.narrow(0, to.begin, values.numel());
+    if (to.overwrite)
+      place.copy_(values);
     else
-      place.add_(s.download.host);
-    if (s.count_squares) host_squares_ += sum_of_squares(place).item<double>();
-    staged_.pop_front();
-  }
+      place.add_(values);
+    if (to.count_squares) host_squares_ += sum_of_squares(place).item<double>();
+  });
 }
 
 std::shared_ptr<device::CopyFence> HostGradPartition::written() {
-  TORCH_CHECK(!staged_download_, "HostGradPartition: a pageable partition's values are readable "
+  TORCH_CHECK(!staged_, "HostGradPartition: a pageable partition's values are readable "
               "only after wait(), there is no fence to wait on (the update during backward needs "
               "pin_memory)");
   return downloads_.mark();
 }
 
 at::Tensor HostGradPartition::squared_norm() {
-  if (staged_download_) apply_staged(/*wait_all=*/true);  // the adds' squares are the host's
+  if (staged_) apply_staged(/*wait_all=*/true);  // the adds' squares are the host's
   downloads_.join();
   at::Tensor squares = squares_.clone();
   if (host_squares_ != 0) squares += host_squares_;
@@ -172,7 +149,8 @@ at::Tensor HostGradPartition::squared_norm() {
 }
 
 int64_t HostGradPartition::device_temporary_bytes() const {
-  return peak_temporary_bytes_ + peak_staged_device_bytes_;  // at most: they may meet
+  // At most: they may meet.
+  return peak_temporary_bytes_ + (staged_ ? staged_->peak_device_bytes() : 0);
 }
 
 // One at a time: each is released as its lambda ends, and the caching allocator hands the block
@@ -182,14 +160,14 @@ void HostGradPartition::note_temporary(const at::Tensor& t) {
 }
 
 void HostGradPartition::wait() {
-  apply_staged(/*wait_all=*/true);
+  if (staged_) apply_staged(/*wait_all=*/true);
   downloads_.mark()->wait();
 }
 
 // The gradients are dropped: copies still pending are too (the caching host allocator keeps
 // their page-locked blocks until the copies into them are done).
 void HostGradPartition::clear() {
-  staged_.clear();
+  if (staged_) staged_->clear();
   overwritten_.clear();
   cleared_ = true;
   in_micro_step_ = false;

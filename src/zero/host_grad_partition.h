@@ -32,14 +32,15 @@
 // (ShardOptimizer).
 #pragma once
 #include <cstdint>
-#include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
 #include "device/download.h"
+#include "device/download_queue.h"
 #include "device/transfer_stream.h"
 #include "util/ranges.h"
 #include "zero/grad_partition.h"
@@ -75,19 +76,18 @@ class HostGradPartition final : public GradPartition {
   int64_t device_temporary_bytes() const override;
   // The bytes asked for: libtorch's caching host allocator rounds each copy up to a power of two
   // and keeps the blocks for reuse.
-  int64_t host_temporary_bytes() const override { return peak_staged_host_bytes_; }
+  int64_t host_temporary_bytes() const override {
+    return staged_ ? staged_->peak_host_bytes() : 0;
+  }
   // Staged copies not yet in the partition (0 when not staged).
-  size_t copies_pending() const { return staged_.size(); }
+  size_t copies_pending() const { return staged_ ? staged_->size() : 0; }
 
  private:
-  // A bucket's page-locked copy on its way into the partition (pageable only).
-  struct Staged {
+  // Where a bucket's page-locked copy goes in the partition, and how (pageable only).
+  struct StagedPlace {
     int64_t begin = 0;
-    device::Download download;
     bool overwrite = false;      // the first micro-step since clear(): written, not added
     bool count_squares = false;  // a boundary's add: its result's squares are summed on the host
-    int64_t device_bytes = 0;    // the bucket on the GPU that the copy still reads
-    int64_t host_bytes = 0;      // the copy (0: the bucket itself, already in host memory)
   };
   void stage(int64_t begin, const at::Tensor& flat);
   // Writes or adds the staged copies in order: those arrived, or (`wait_all`) every one.
@@ -105,11 +105,9 @@ class HostGradPartition final : public GradPartition {
   // still holds an earlier step's gradients and is zeroed at the next begin.
   std::vector<ElementRange> overwritten_;
   int64_t peak_temporary_bytes_ = 0;  // the largest bucket-sized temporary on the GPU so far
-  device::Downloader staged_download_;  // set: the partition is pageable, buckets come staged
-  std::deque<Staged> staged_;
+  // Set: the partition is pageable, buckets come staged.
+  std::optional<device::DownloadQueue<StagedPlace>> staged_;
   double host_squares_ = 0;  // the boundary's squares summed on the host (staged adds)
-  int64_t peak_staged_device_bytes_ = 0;
-  int64_t peak_staged_host_bytes_ = 0;
 };
 
 }  // namespace zero

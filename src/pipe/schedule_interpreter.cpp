@@ -21,6 +21,25 @@ namespace {
 struct Buffer {
   at::Tensor input, output, labels, grad_output, loss;
 };
+
+// A training batch that threw midway leaves nothing of itself in the gradients: a batch is
+// retried whole (train_batch again), so what its finished micro-batches accumulated in .grad,
+// and what a failed boundary backward reduced into the stage's partition, would otherwise count
+// twice. In place, because stage 1's .grad are views of its flat buffer. The stage's own refusal
+// stays: a boundary backward that already updated offloaded optimizer ranges (overlap_step) is
+// reported at the next backward.
+void forget_failed_batch(zero::ZeroStage& stage, StageModule& module, int& held) noexcept {
+  held = 0;  // the failed batch's activations are gone with its buffers
+  try {
+    stage.discard_gradients();
+  } catch (...) {
+  }
+  try {
+    for (auto& p : module->parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  } catch (...) {
+  }
+}
 }  // namespace
 
 double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, bool train) try {
@@ -41,108 +60,114 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
 
-  for (const auto& tick : schedule.steps) {
-    for (const Instruction& in : tick) {
-      switch (in.op) {
-        case Op::LoadMicroBatch: {
-          MicroBatch mb = data();
-          if (first) bufs[in.buffer].input = mb.first.to(s.device);
-          if (last) bufs[in.buffer].labels = mb.second.to(s.device);
-          break;
-        }
-        case Op::RecvActivation: {
-          at::Tensor t = link.recv_activation(s.device);
-          if (train && t.is_floating_point()) t.requires_grad_(true);
-          bufs[in.buffer].input = t;
-          break;
-        }
-        case Op::ForwardPass: {
-          const auto t0 = Clock::now();
-          Buffer& b = bufs[in.buffer];
-          at::Tensor out = rt.module->forward(b.input);
-          if (last) {
-            b.loss = micro_batch_loss(rt.spec.loss_fn, out, b.labels);
-            if (!train) {
-              eval_loss += b.loss.detach().to(torch::kDouble).cpu().reshape({1});
-              b = Buffer();
+  try {  // the batch's instructions
+    for (const auto& tick : schedule.steps) {
+      for (const Instruction& in : tick) {
+        switch (in.op) {
+          case Op::LoadMicroBatch: {
+            MicroBatch mb = data();
+            if (first) bufs[in.buffer].input = mb.first.to(s.device);
+            if (last) bufs[in.buffer].labels = mb.second.to(s.device);
+            break;
+          }
+          case Op::RecvActivation: {
+            at::Tensor t = link.recv_activation(s.device);
+            if (train && t.is_floating_point()) t.requires_grad_(true);
+            bufs[in.buffer].input = t;
+            break;
+          }
+          case Op::ForwardPass: {
+            const auto t0 = Clock::now();
+            Buffer& b = bufs[in.buffer];
+            at::Tensor out = rt.module->forward(b.input);
+            if (last) {
+              b.loss = micro_batch_loss(rt.spec.loss_fn, out, b.labels);
+              if (!train) {
+                eval_loss += b.loss.detach().to(torch::kDouble).cpu().reshape({1});
+                b = Buffer();
+              }
+            } else {
+              b.output = out;
             }
-          } else {
-            b.output = out;
+            if (train) rt.max_held = std::max(rt.max_held, ++rt.held);
+            compute_s += seconds_since(t0);
+            break;
           }
-          if (train) rt.max_held = std::max(rt.max_held, ++rt.held);
-          compute_s += seconds_since(t0);
-          break;
-        }
-        case Op::SendActivation: {
-          Buffer& b = bufs[in.buffer];
-          link.send_activation(b.output);
-          if (!train) b = Buffer();
-          break;
-        }
-        case Op::RecvGrad: {
-          Buffer& b = bufs[in.buffer];
-          b.grad_output = link.recv_grad(b.output);
-          break;
-        }
-        case Op::BackwardPass: {
-          const auto t0 = Clock::now();
-          Buffer& b = bufs[in.buffer];
-          // Only the batch's last backward goes through the ZeRO stage: before it, autograd
-          // accumulates into the parameters' .grad, and the boundary backward reduces the sum
-          // once (ZeRO-2 included: one reduce-scatter per batch, not one per micro-batch, which
-          // is what made DeepSpeed refuse ZeRO-2 with a pipeline). Stages 0-1 reduce only at the
-          // boundary anyway.
-          const bool boundary = in.micro_batch == gas - 1;
-          if (boundary) s.stage->begin_backward(true);
-          try {
-            if (last)
-              backward_loss(s, b.loss);
-            else
-              torch::autograd::backward({b.output}, {b.grad_output});
-            if (boundary) s.stage->end_backward(true);
-          } catch (...) {
-            if (boundary) zero::abandon_backward_quietly(*s.stage);
-            throw;
+          case Op::SendActivation: {
+            Buffer& b = bufs[in.buffer];
+            link.send_activation(b.output);
+            if (!train) b = Buffer();
+            break;
           }
-          b.output = at::Tensor();
-          b.grad_output = at::Tensor();
-          b.loss = at::Tensor();
-          --rt.held;
-          compute_s += seconds_since(t0);
-          break;
-        }
-        case Op::SendGrad: {
-          Buffer& b = bufs[in.buffer];
-          at::Tensor g = b.input.grad();
-          TORCH_CHECK(g.defined(), "pipeline: stage ", rt.stage, " got no gradient for its input of "
-                      "micro-batch ", in.micro_batch, " (is the activation used?)");
-          link.send_grad(g);
-          b = Buffer();
-          break;
-        }
-        case Op::ReduceTiedGrads: {
-          // After the data-parallel reduction (inside the boundary backward), see tied_layers.h.
-          const auto t0 = Clock::now();
-          reduce_tied_grads(rt.tied);
-          step_s += seconds_since(t0);
-          break;
-        }
-        case Op::ReduceGrads:
-          break;  // done by the ZeRO stage inside the boundary micro-batch's backward
-        case Op::OptimizerStep: {
-          // Engine::step() applies the update at the accumulation boundary; the micro-steps of
-          // this batch are counted first.
-          s.micro_steps += gas - 1;
-          // The other stages would print a loss they do not have; the tensor ranks of the last
-          // stage all have it: their rank 0 prints.
-          s.log_steps = last && rt.topology->coordinates().tensor == 0;
-          const auto t0 = Clock::now();
-          Engine::step();
-          step_s += seconds_since(t0);
-          break;
+          case Op::RecvGrad: {
+            Buffer& b = bufs[in.buffer];
+            b.grad_output = link.recv_grad(b.output);
+            break;
+          }
+          case Op::BackwardPass: {
+            const auto t0 = Clock::now();
+            Buffer& b = bufs[in.buffer];
+            // Only the batch's last backward goes through the ZeRO stage: before it, autograd
+            // accumulates into the parameters' .grad, and the boundary backward reduces the sum
+            // once (ZeRO-2 included: one reduce-scatter per batch, not one per micro-batch, which
+            // is what made DeepSpeed refuse ZeRO-2 with a pipeline). Stages 0-1 reduce only at the
+            // boundary anyway.
+            const bool boundary = in.micro_batch == gas - 1;
+            if (boundary) s.stage->begin_backward(true);
+            try {
+              if (last)
+                backward_loss(s, b.loss);
+              else
+                torch::autograd::backward({b.output}, {b.grad_output});
+              if (boundary) s.stage->end_backward(true);
+            } catch (...) {
+              if (boundary) zero::abandon_backward_quietly(*s.stage);
+              throw;
+            }
+            b.output = at::Tensor();
+            b.grad_output = at::Tensor();
+            b.loss = at::Tensor();
+            --rt.held;
+            compute_s += seconds_since(t0);
+            break;
+          }
+          case Op::SendGrad: {
+            Buffer& b = bufs[in.buffer];
+            at::Tensor g = b.input.grad();
+            TORCH_CHECK(g.defined(), "pipeline: stage ", rt.stage,
+                        " got no gradient for its input of micro-batch ", in.micro_batch,
+                        " (is the activation used?)");
+            link.send_grad(g);
+            b = Buffer();
+            break;
+          }
+          case Op::ReduceTiedGrads: {
+            // After the data-parallel reduction (inside the boundary backward), see tied_layers.h.
+            const auto t0 = Clock::now();
+            reduce_tied_grads(rt.tied);
+            step_s += seconds_since(t0);
+            break;
+          }
+          case Op::ReduceGrads:
+            break;  // done by the ZeRO stage inside the boundary micro-batch's backward
+          case Op::OptimizerStep: {
+            // Engine::step() applies the update at the accumulation boundary; the micro-steps of
+            // this batch are counted first.
+            s.micro_steps += gas - 1;
+            // The other stages would print a loss they do not have; the tensor ranks of the last
+            // stage all have it: their rank 0 prints.
+            s.log_steps = last && rt.topology->coordinates().tensor == 0;
+            const auto t0 = Clock::now();
+            Engine::step();
+            step_s += seconds_since(t0);
+            break;
+          }
         }
       }
     }
+  } catch (...) {
+    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
+    throw;
   }
 
   const double loss = batch_loss(s, *rt.pipe, rt.stages, last, train, eval_loss);

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <optional>
+#include <stdexcept>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -273,6 +275,76 @@ TEST(Pipeline, NvmeOptimizerOffloadMatchesInMemory) {
   cfg["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir.path()}};
   auto swapped = pipeline_run(2, cfg, false, 4);
   for (int rank = 0; rank < kWorld; ++rank) EXPECT_EQ(swapped.losses[rank], in_memory.losses[rank]);
+}
+
+// A training batch that throws midway is retried whole, so it must leave nothing of itself in
+// the gradients: neither the .grad its finished micro-batches accumulated, nor what its boundary
+// backward had reduced into the ZeRO stage's partition before throwing. Pipe 1 x data 4 (every
+// rank fails at the same point, so no transfer is left out of step), ZeRO 0-2: the run with batch
+// 1 failing once and retried trains exactly as the run without the failure.
+namespace {
+enum class BatchFailure { kLoadingTheLastMicroBatch, kInTheBoundaryBackward };
+
+std::vector<double> losses_with_a_failed_batch(int zero_stage, std::optional<BatchFailure> fail) {
+  constexpr int kFailingBatch = 1;
+  const int gas = kGlobalMicro / kWorld;
+  std::vector<double> losses;
+  std::mutex mu;
+  run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
+    // Set when the boundary micro-batch of the failing attempt is loaded: its backward throws
+    // midway, in a pass-through layer between the blocks.
+    bool arm_backward = false;
+    dp::PipelineInitializeArgs args;
+    args.model = gpt::gpt_pipeline(tiny_gpt(false));
+    args.model.layers.insert(
+        args.model.layers.begin() + 3, dp::Lambda("throws_in_backward", [&](const at::Tensor& x) {
+          if (arm_backward && x.requires_grad()) {
+            arm_backward = false;
+            x.register_hook([](const at::Tensor&) -> at::Tensor {
+              throw std::runtime_error("injected failure in the boundary backward");
+            });
+          }
+          return x;
+        }));
+    args.model.num_stages = 1;
+    args.config_json = config(kWorld, zero_stage);
+    args.comm = comm;
+    args.device = "cpu";
+    auto engine = dp::initialize_pipeline(args);
+    std::vector<double> mine;
+    for (int k = 0; k < kSteps; ++k) {
+      const bool failing = fail && k == kFailingBatch;
+      int m = 0;
+      auto data = [&] {
+        if (failing && m == gas - 1) {
+          if (*fail == BatchFailure::kLoadingTheLastMicroBatch)
+            throw std::runtime_error("injected failure loading a micro-batch");
+          arm_backward = true;
+        }
+        return pipeline_micro_batch(k, (m++) * kWorld + comm->rank());
+      };
+      if (failing) EXPECT_ANY_THROW(engine->train_batch(data));
+      m = 0;
+      arm_backward = false;
+      mine.push_back(engine->train_batch([&] {
+        return pipeline_micro_batch(k, (m++) * kWorld + comm->rank());
+      }));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm->rank() == 0) losses = mine;
+  });
+  return losses;
+}
+}  // namespace
+
+TEST(Pipeline, AFailedBatchLeavesNothingInTheGradientsOfItsRetry) {
+  for (int stage : {0, 1, 2}) {
+    const auto clean = losses_with_a_failed_batch(stage, std::nullopt);
+    ASSERT_EQ(clean.size(), static_cast<size_t>(kSteps));
+    for (auto fail : {BatchFailure::kLoadingTheLastMicroBatch, BatchFailure::kInTheBoundaryBackward})
+      EXPECT_EQ(losses_with_a_failed_batch(stage, fail), clean)
+          << "stage " << stage << ", failure " << static_cast<int>(fail);
+  }
 }
 
 TEST(Pipeline, Bf16Trains) {

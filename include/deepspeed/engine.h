@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -166,9 +167,13 @@ class Engine {
   void before_forward();
   void after_forward();
   // Rethrows a libtorch error raised in `phase` (forward, backward, step) as deepspeed::Error:
-  // "rank R, <phase>: <what_without_backtrace()>". With fp16 on a CPU operator that has no Half
+  // "rank R, <phase>: <what_without_backtrace()>". An out-of-memory in words (what was being
+  // allocated, the bytes asked, what to try). With fp16 on a CPU operator that has no Half
   // kernel, a ConfigError naming fp16.enabled and suggesting bf16 instead.
   [[noreturn]] void report_torch_error(const char* phase, const c10::Error& error) const;
+  // The same error, made but not thrown: the backward builds it before its clean-up, so that an
+  // out-of-memory report says what the failed pass held.
+  std::exception_ptr translate_torch_error(const char* phase, const c10::Error& error) const;
   // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
   bool auto_cast_inputs() const { return auto_cast_inputs_; }
   template <class T>

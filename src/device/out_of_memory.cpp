@@ -1,35 +1,123 @@
 #include "device/out_of_memory.h"
 
 #include <cstdio>
+#include <exception>
+#include <mutex>
 
 #include "deepspeed/device.h"
 
 namespace deepspeed {
+namespace {
+
+// Process-wide, not per thread: on a GPU autograd runs the stages' hooks (bucket and unit
+// allocations among them) on its own device thread, while the engine reports on the caller's.
+// One engine per process; ranks run as threads of one process (tests) share it.
+std::mutex failed_allocation_mutex;
+std::string failed_allocation;
+
+// In GiB, or MiB below one.
+std::string gib(double bytes) {
+  char text[32];
+  if (bytes < 1073741824.0)
+    std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+  else
+    std::snprintf(text, sizeof text, "%.2f GiB", bytes / 1073741824.0);
+  return text;
+}
+
+// The part of libtorch's message that says what was asked. CUDA's caching allocator: its first
+// sentence ("CUDA out of memory. Tried to allocate 2.00 GiB"; the rest is allocator tuning
+// advice). The CPU allocator: "you tried to allocate N bytes".
+std::string bytes_asked(const std::string& message) {
+  const std::string cpu = "you tried to allocate ";
+  if (auto at = message.find(cpu); at != std::string::npos) {
+    try {
+      return "tried to allocate " + gib(std::stod(message.substr(at + cpu.size())));
+    } catch (const std::exception&) {
+    }
+  }
+  std::string asked = message;
+  if (auto cut = asked.find(" of which"); cut != std::string::npos) asked = asked.substr(0, cut);
+  return asked;
+}
+
+// What frees the memory that ran out. Offloading to "cpu" moves GPU bytes into host memory:
+// for host memory it is "nvme" that helps.
+std::string hint(int zero_stage, c10::Device device, bool gpu) {
+  const std::string offload = gpu ? "\"cpu\"" : "\"nvme\"";
+  std::string h = zero_stage < 3 ? "a higher zero_optimization.stage, \"offload_optimizer\": "
+                                   "{\"device\": " + offload + "}"
+                                 : "\"offload_param\" and \"offload_optimizer\" to " +
+                                       std::string(gpu ? "\"cpu\" or \"nvme\"" : "\"nvme\"") +
+                                       ", lower stage3_max_live_parameters / "
+                                       "stage3_prefetch_bucket_size";
+  h += ", or a smaller train_micro_batch_size_per_gpu";
+  if (!gpu && device.is_cuda()) h += " (or fewer processes per host)";
+  return h;
+}
+
+}  // namespace
+
+AllocatingFor::AllocatingFor(const char* what, int64_t index, int64_t numel,
+                             int64_t element_size) noexcept
+    : what_(what), index_(index), numel_(numel), element_size_(element_size),
+      exceptions_(std::uncaught_exceptions()) {}
+
+AllocatingFor::~AllocatingFor() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  try {
+    std::string named = what_;
+    if (index_ >= 0) named += " " + std::to_string(index_);
+    named += " (" + std::to_string(numel_) + " elements, " +
+             gib(static_cast<double>(numel_) * element_size_) + ")";
+    std::lock_guard<std::mutex> lock(failed_allocation_mutex);
+    // Only the innermost scope an exception leaves: it is the one that names the buffer.
+    if (failed_allocation.empty()) failed_allocation = std::move(named);
+  } catch (...) {  // out of memory for the words too: the report goes without them
+  }
+}
+
+std::string take_failed_allocation() {
+  std::lock_guard<std::mutex> lock(failed_allocation_mutex);
+  std::string taken = std::move(failed_allocation);
+  failed_allocation.clear();
+  return taken;
+}
+
+void forget_failed_allocation() {
+  std::lock_guard<std::mutex> lock(failed_allocation_mutex);
+  failed_allocation.clear();
+}
 
 std::optional<std::string> out_of_memory_message(const std::string& libtorch_message,
                                                  const std::string& where, int zero_stage,
-                                                 c10::Device device) {
-  if (libtorch_message.find("out of memory") == std::string::npos) return std::nullopt;
-  // libtorch's first sentence names the bytes asked ("Tried to allocate 2.00 GiB"); the rest
-  // (allocator tuning advice) is kept short.
-  std::string asked = libtorch_message;
-  if (auto cut = asked.find(" of which"); cut != std::string::npos) asked = asked.substr(0, cut);
-  const auto mem = device_memory(device);
-  char held[96] = "";
-  if (device.is_cuda())
-    std::snprintf(held, sizeof held, "; tensors held %.2f GiB, peak %.2f GiB, of %.2f GiB",
-                  mem.allocated / 1073741824.0, mem.allocated_peak / 1073741824.0,
-                  mem.total / 1073741824.0);
-  const char* hint =
-      zero_stage < 3
-          ? "a higher zero_optimization.stage, \"offload_optimizer\": {\"device\": \"cpu\"}, or a "
-            "smaller train_micro_batch_size_per_gpu"
-          : "\"offload_param\" and \"offload_optimizer\" to \"cpu\" or \"nvme\", lower "
-            "stage3_max_live_parameters / stage3_prefetch_bucket_size, or a smaller "
-            "train_micro_batch_size_per_gpu";
-  return "out of " + std::string(device.is_cuda() ? "GPU" : "host") + " memory on " +
-         device.str() + " in " + where + " (zero stage " + std::to_string(zero_stage) + "): " +
-         asked + held + ". Try " + hint;
+                                                 c10::Device device, const std::string& allocating,
+                                                 const char* phase_tensors) {
+  const bool host = libtorch_message.find("can't allocate memory") != std::string::npos;
+  if (!host && libtorch_message.find("out of memory") == std::string::npos) return std::nullopt;
+  // CUDA's caching allocator says "CUDA out of memory"; a bare "CUDA error: out of memory" comes
+  // from a CUDA call outside it, page-locked host memory (pin_memory) among them.
+  const bool gpu = !host && device.is_cuda() &&
+                   libtorch_message.find("CUDA out of memory") != std::string::npos;
+  const std::string memory = gpu    ? "GPU memory on " + device.str()
+                             : host ? std::string("host memory")
+                             : device.is_cuda()
+                                 ? "GPU or page-locked host memory on " + device.str()
+                                 : std::string("memory");
+  std::string held;
+  if (gpu) {
+    const auto mem = device_memory(device);
+    held = "; tensors held " + gib(mem.allocated) + ", peak " + gib(mem.allocated_peak) +
+           ", of " + gib(mem.total);
+  }
+  std::string what;
+  if (!allocating.empty())
+    what = " while allocating " + allocating;
+  else if (phase_tensors)
+    what = " (in no buffer deepspeed names: most likely the model's " +
+           std::string(phase_tensors) + ")";
+  return "out of " + memory + " in " + where + what + " (zero stage " + std::to_string(zero_stage) + "): " +
+         bytes_asked(libtorch_message) + held + ". Try " + hint(zero_stage, device, gpu);
 }
 
 }  // namespace deepspeed

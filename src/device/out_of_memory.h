@@ -1,7 +1,10 @@
 // An allocator's out-of-memory turned into words a DeepSpeed user can act on: where it happened
-// (rank, phase, ZeRO stage, device), what was asked (libtorch's own "Tried to allocate ..."), and
-// what to try, instead of a CUDA stack.
+// (rank, phase, ZeRO stage, device), what was being allocated (the buffer deepspeed was making,
+// named by the AllocatingFor scope around it, or else the model's own tensors), what was asked
+// (libtorch's "Tried to allocate ..." or the CPU allocator's byte count), and what to try,
+// instead of a CUDA stack.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -9,9 +12,40 @@
 
 namespace deepspeed {
 
-// The message to throw when `libtorch_message` reports an out-of-memory; nullopt otherwise.
+// Names a buffer deepspeed is about to allocate (a gathered unit, a gradient bucket), for the
+// report: when an exception leaves the scope, the innermost scope it leaves is recorded (for the
+// process: on a GPU the stages' hooks run on autograd's device thread) until the report takes
+// it. Costs nothing unless something throws. Keep it around the allocation alone, so that it
+// names only what that allocation asked for.
+class AllocatingFor {
+ public:
+  // `what`: a string literal ("stage 3's gathered parameters of unit"); `index` >= 0 is printed
+  // after it; `numel` elements of `element_size` bytes.
+  AllocatingFor(const char* what, int64_t index, int64_t numel, int64_t element_size) noexcept;
+  ~AllocatingFor();
+  AllocatingFor(const AllocatingFor&) = delete;
+  AllocatingFor& operator=(const AllocatingFor&) = delete;
+
+ private:
+  const char* what_;
+  int64_t index_, numel_, element_size_;
+  int exceptions_;  // in flight when the scope began: more at its end means one is leaving it
+};
+
+// What the scope left by the last exception was allocating, then forgotten; ""
+// when none was. forget_failed_allocation() drops a record nothing reported (each engine call
+// starts with it, so an old failure that was caught and handled is never named).
+std::string take_failed_allocation();
+void forget_failed_allocation();
+
+// The message to throw when `libtorch_message` reports an out-of-memory (libtorch's CUDA
+// caching allocator, a page-locked host allocation, the CPU allocator); nullopt otherwise.
+// `allocating`: take_failed_allocation() ("" if deepspeed was allocating nothing of its own: the
+// model's tensors then, whose kind `phase_tensors` names, e.g. "activations").
 std::optional<std::string> out_of_memory_message(const std::string& libtorch_message,
                                                  const std::string& where, int zero_stage,
-                                                 c10::Device device);
+                                                 c10::Device device,
+                                                 const std::string& allocating = "",
+                                                 const char* phase_tensors = nullptr);
 
 }  // namespace deepspeed

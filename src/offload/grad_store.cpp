@@ -57,6 +57,9 @@ void GradStore::begin_micro_step(bool boundary) {
   if (in_micro_step_) {
     boundary_ = false;  // its squares are not the norm of anything: this micro-step's will be
     apply_downloads(/*wait_all=*/true);
+    // None is pending now: a unit still waiting to complete lost its last add to an error.
+    pending_of_.clear();
+    completing_.clear();
     std::vector<int> still_open;
     for (const auto& kv : open_) still_open.push_back(kv.first);
     for (int unit : still_open) close(unit);
@@ -129,8 +132,10 @@ void GradStore::unit_complete(int unit) {
 // the file at once (its slice freed before the next one opens).
 void GradStore::apply_downloads(bool wait_all) {
   downloads_.apply(wait_all, [&](const at::Tensor& values, const SlicePlace& to) {
+    // Counted off first: a download whose add throws has left the queue all the same.
+    const bool last = --pending_of_[to.unit] == 0;
     add_into_slice(to.unit, to.first, values);  // counted resident until added
-    if (--pending_of_[to.unit] == 0 && completing_.erase(to.unit)) {
+    if (last && completing_.erase(to.unit)) {
       open(to.unit);
       close(to.unit);
     }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "device/out_of_memory.h"
 #include "pipe/pipeline_loss.h"
 #include "pipe/pipeline_runtime.h"
 #include "runtime/engine_state.h"
@@ -28,7 +29,12 @@ struct Buffer {
 // twice. In place, because stage 1's .grad are views of its flat buffer. The stage's own refusal
 // stays: a boundary backward that already updated offloaded optimizer ranges (overlap_step) is
 // reported at the next backward.
-void forget_failed_batch(zero::ZeroStage& stage, StageModule& module, int& held) noexcept {
+// The micro-steps go back to the batch's start: a step that threw counted the batch's first
+// gas - 1 (OptimizerStep below) but completed nothing, and the retry counts them again.
+void forget_failed_batch(EngineState& s, StageModule& module, int64_t micro_steps_at_start,
+                         int& held) noexcept {
+  zero::ZeroStage& stage = *s.stage;
+  s.micro_steps = micro_steps_at_start;
   held = 0;  // the failed batch's activations are gone with its buffers
   try {
     stage.discard_gradients();
@@ -50,6 +56,9 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   // A batch is a whole accumulation: nothing of a batch that threw midway counts in this one's
   // mean loss.
   if (train) s.loss_since_boundary = at::Tensor();
+  forget_failed_allocation();  // an out-of-memory report names only this batch's
+  const int64_t micro_steps_at_start = s.micro_steps;
+  const char* phase = train ? "train_batch" : "eval_batch";
   std::vector<Buffer> bufs(schedule.num_buffers);
   at::Tensor eval_loss = torch::zeros({1}, torch::kDouble);
   StageLink& link = *rt.link;
@@ -120,6 +129,11 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
               else
                 torch::autograd::backward({b.output}, {b.grad_output});
               if (boundary) s.stage->end_backward(true);
+            } catch (const c10::Error& e) {
+              // Reported as the failure left memory: the clean-up frees what the pass held.
+              const std::exception_ptr reported = translate_torch_error(phase, e);
+              if (boundary) zero::abandon_backward_quietly(*s.stage);
+              std::rethrow_exception(reported);
             } catch (...) {
               if (boundary) zero::abandon_backward_quietly(*s.stage);
               throw;
@@ -165,8 +179,12 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
         }
       }
     }
+  } catch (const c10::Error& e) {
+    const std::exception_ptr reported = translate_torch_error(phase, e);
+    if (train) forget_failed_batch(s, rt.module, micro_steps_at_start, rt.held);
+    std::rethrow_exception(reported);
   } catch (...) {
-    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
+    if (train) forget_failed_batch(s, rt.module, micro_steps_at_start, rt.held);
     throw;
   }
 
@@ -177,7 +195,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   }
   return loss;
 } catch (const c10::Error& e) {
-  report_torch_error(train ? "train_batch" : "eval_batch", e);
+  report_torch_error(train ? "train_batch" : "eval_batch", e);  // outside the instructions
 }
 
 }  // namespace pipe

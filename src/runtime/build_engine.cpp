@@ -232,11 +232,13 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   // An out-of-memory on the device is reported in words, naming what was being built.
   const auto reporting_oom = [&s](const char* where, const std::function<void()>& work) {
+    forget_failed_allocation();
     try {
       work();
     } catch (const c10::Error& e) {
       if (auto oom = out_of_memory_message(e.what_without_backtrace(), where,
-                                           s->config.zero_optimization.stage, s->device))
+                                           s->config.zero_optimization.stage, s->device,
+                                           take_failed_allocation()))
         throw Error(*oom);
       throw;
     }

@@ -25,6 +25,7 @@ Engine::~Engine() = default;
 using monitor::Phase;
 
 void Engine::before_forward() {
+  forget_failed_allocation();
   state_->monitor->timers().start(Phase::kForward);
   state_->monitor->before_forward(state_->global_steps);  // flops profiler at its step
   state_->stage->before_forward();
@@ -39,27 +40,39 @@ bool Engine::is_gradient_accumulation_boundary() const {
 }
 
 void Engine::report_torch_error(const char* phase, const c10::Error& error) const {
+  std::rethrow_exception(translate_torch_error(phase, error));
+}
+
+std::exception_ptr Engine::translate_torch_error(const char* phase, const c10::Error& error) const {
   const std::string message = error.what_without_backtrace();
   const std::string where =
       "rank " + std::to_string(state_->comm->rank()) + ", " + phase + ": " + message;
+  // With no named buffer of deepspeed's being allocated, what ran out is most likely the model's.
+  const std::string p = phase;
+  const char* model_tensors = p == "forward"    ? "activations"
+                              : p == "backward" ? "activations' gradients"
+                              : p == "step"     ? nullptr
+                                                : "activations or their gradients";
   if (auto oom = out_of_memory_message(
           message, "rank " + std::to_string(state_->comm->rank()) + "'s " + phase,
-          state_->config.zero_optimization.stage, state_->device))
-    throw Error(*oom);
+          state_->config.zero_optimization.stage, state_->device, take_failed_allocation(),
+          model_tensors))
+    return std::make_exception_ptr(Error(*oom));
   // libtorch 1.13's CPU kernels lack Half for layer norm, matmul and others; bf16 has them all.
   // On CUDA fp16 runs natively: there a Half error is the model's, reported as any other.
   if (state_->device.is_cpu() && state_->config.fp16.enabled &&
       message.find("'Half'") != std::string::npos)
-    throw ConfigError(
+    return std::make_exception_ptr(ConfigError(
         "fp16.enabled: the model uses an operator that this libtorch has no CPU fp16 (Half) "
         "kernel for (" + where + "); use \"bf16\": {\"enabled\": true} instead (CPU bf16 kernels "
-        "exist for every operator) or train in fp32");
-  throw Error(where);
+        "exist for every operator) or train in fp32"));
+  return std::make_exception_ptr(Error(where));
 }
 
 // backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
 // hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
+  forget_failed_allocation();
   auto& s = *state_;
   auto& timers = s.monitor->timers();
   timers.start(Phase::kBackward);
@@ -81,6 +94,11 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
     timers.start(Phase::kBackwardReduce);
     s.stage->end_backward(boundary);
     timers.stop(Phase::kBackwardReduce);
+  } catch (const c10::Error& e) {
+    // Reported as the failure left memory: the clean-up frees what the failed pass held.
+    const std::exception_ptr reported = translate_torch_error("backward", e);
+    zero::abandon_backward_quietly(*s.stage);
+    std::rethrow_exception(reported);
   } catch (...) {  // anything: a user's hook may throw what it likes
     zero::abandon_backward_quietly(*s.stage);
     throw;
@@ -97,6 +115,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
 }
 
 void Engine::step() try {
+  forget_failed_allocation();
   auto& s = *state_;
   auto& timers = s.monitor->timers();
   timers.start(Phase::kStep);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "device/out_of_memory.h"
 #include "zero/gradient_scaling.h"
 #include "zero/tensor_facts.h"
 
@@ -188,6 +189,8 @@ void ReduceScatterBuckets::drop_unlaunched() {
 // Lends the bucket a zeroed pool buffer; parameters that get no gradient stay zeros.
 void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
   if (pool_.empty()) {
+    AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, max_bucket_numel_,
+                         c10::elementSize(comm_dtype_));
     pool_.push_back(torch::empty({max_bucket_numel_}, ctx_.options(comm_dtype_)));
     pool_bytes_ += storage_bytes(pool_.back());
   }

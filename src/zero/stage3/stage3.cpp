@@ -7,6 +7,7 @@
 #include <c10/util/accumulate.h>
 
 #include "comm/process_info.h"
+#include "device/out_of_memory.h"
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
 #include "zero/stage3/quantized_reduce.h"
@@ -105,6 +106,8 @@ void Stage3::make_buckets() {
 }
 
 void Stage3::allocate(GradBucket& b) {
+  AllocatingFor naming("stage 3's gradient bucket of unit", b.unit, b.end - b.begin,
+                       c10::elementSize(comm_dtype_));
   b.buffer = torch::zeros({b.end - b.begin}, ctx_.options(comm_dtype_));
   bucket_bytes_ += storage_bytes(b.buffer);
   peak_bucket_bytes_ = std::max(peak_bucket_bytes_, bucket_bytes_);
@@ -148,7 +151,11 @@ void Stage3::launch(size_t index) {
   const auto& L = layout_.units[b.unit].layout;
   std::vector<int64_t> splits;
   for (int r = 0; r < ctx_.world_size(); ++r) splits.push_back(L.overlap(r, b.begin, b.end));
-  b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
+  {
+    AllocatingFor naming("stage 3's reduced gradient slice of unit", b.unit, splits[ctx_.rank()],
+                         b.buffer.element_size());
+    b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
+  }
   if (!zeropp_.quantized_gradients)
     b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
   else if (qgz_hops_.two_hops())

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "device/out_of_memory.h"
 #include "zero/stage3/quantized_gather.h"
 
 namespace deepspeed {
@@ -56,6 +57,14 @@ void UnitGatherer::record(int u) {
   if (recording_) trace_.push_back(u);
 }
 
+// Unit u's whole buffer, named for an out-of-memory report.
+at::Tensor UnitGatherer::gathered_buffer(int u, const at::TensorOptions& options) const {
+  const int64_t numel = layout_.units[u].layout.padded_numel;
+  AllocatingFor naming("stage 3's gathered parameters of unit", u, numel,
+                       c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  return torch::empty({numel}, options);
+}
+
 // Where the unit comes from: its hpZ secondary slices (inside the group), or every rank's
 // primary slice (int8 blocks under qwZ unless `exact`).
 void UnitGatherer::issue(int u, bool exact) {
@@ -67,14 +76,14 @@ void UnitGatherer::issue(int u, bool exact) {
   // A secondary holds what an earlier gather brought: exact only without qwZ.
   s.exact = secondary ? !zeropp_.quantized_weights : exact;
   if (secondary) {
-    s.full = torch::empty({slots.layout.padded_numel}, at::TensorOptions().dtype(store_.dtype()).device(device_));
+    s.full = gathered_buffer(u, at::TensorOptions().dtype(store_.dtype()).device(device_));
     s.work = secondary_->gather(u, s.full);
   } else {
     s.source = store_.fetch(u);
     if (side_stream_fetches_ && s.source.device() != device_) {  // host memory or a file
       issue_from_host(u, exact);
     } else {
-      s.full = torch::empty({slots.layout.padded_numel}, s.source.options().device(device_).pinned_memory(false));
+      s.full = gathered_buffer(u, s.source.options().device(device_).pinned_memory(false));
       s.work = exact ? comm_->all_gather(s.full, s.source)
                      : quantized_all_gather(*comm_, s.full, s.source);
     }
@@ -100,7 +109,7 @@ void UnitGatherer::issue_from_host(int u, bool exact) {
   const auto& slots = layout_.units[u];
   const int64_t part = slots.layout.partition_numel;
   fetches_.run([&] {
-    s.full = torch::empty({slots.layout.padded_numel}, at::TensorOptions().dtype(s.source.dtype()).device(device_));
+    s.full = gathered_buffer(u, at::TensorOptions().dtype(s.source.dtype()).device(device_));
     if (exact) {
       at::Tensor mine = s.full.narrow(0, comm_->rank() * part, part);
       mine.copy_(s.source.reshape({-1}), /*non_blocking=*/true);

@@ -117,6 +117,7 @@ class UnitGatherer : public UnitHooks {
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
+  at::Tensor gathered_buffer(int u, const at::TensorOptions& options) const;
   void forget_buffer(int u);  // the buffer is no longer the unit's (its parameters are not touched)
   void make_room(int64_t numel, int gathering);
   void prefetch();

@@ -1,0 +1,136 @@
+// An out-of-memory reaches the user in words: which memory ran out, in which rank and phase, what
+// was being allocated (deepspeed's own buffer, named by the AllocatingFor scope around it, or
+// else the model's tensors), the bytes asked and what to try; never a libtorch stack. On the CPU
+// through a wrapper of libtorch's allocator that fails past a size with the CPU allocator's own
+// error (a real request too large could succeed under memory overcommit); the CUDA messages are
+// tests/gpu's.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <stdexcept>
+
+#include "deepspeed/deepspeed.h"
+#include "device/out_of_memory.h"
+#include "support/expect.h"
+#include "support/failing_cpu_allocator.h"
+
+namespace {
+using deepspeed::AllocatingFor;
+using deepspeed::out_of_memory_message;
+using deepspeed::take_failed_allocation;
+
+constexpr size_t kLimit = 1 << 20;  // allocations of 1 MiB or more fail while armed
+constexpr int64_t kTooMany = int64_t{1} << 21;  // floats: 8 MiB
+
+// The allocation of kTooMany floats fails: returns libtorch's message.
+std::string cpu_allocator_failure() {
+  dstest::FailingCpuAllocatorScope failing(kLimit);
+  failing->arm();
+  try {
+    (void)torch::empty({kTooMany});
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  ADD_FAILURE() << "the 8 MiB allocation succeeded";
+  return "";
+}
+
+TEST(OutOfMemory, TheCpuAllocatorsFailureIsHostMemoryWithTheBytesAsked) {
+  auto msg = out_of_memory_message(cpu_allocator_failure(), "rank 0's backward", 2, c10::kCPU);
+  ASSERT_TRUE(msg.has_value());
+  EXPECT_CONTAINS(*msg, "out of host memory in rank 0's backward (zero stage 2)");
+  EXPECT_CONTAINS(*msg, "tried to allocate 8.0 MiB");
+  EXPECT_CONTAINS(*msg, "\"nvme\"") << "for host memory, offloading to \"cpu\" is no help";
+  EXPECT_FALSE(out_of_memory_message("size mismatch", "rank 0's step", 2, c10::kCPU));
+}
+
+TEST(OutOfMemory, TheInnermostScopeAnExceptionLeavesNamesTheBuffer) {
+  deepspeed::forget_failed_allocation();
+  {
+    dstest::FailingCpuAllocatorScope failing(kLimit);
+    failing->arm();
+    try {
+      AllocatingFor outer("stage 3's gradient bucket of unit", 7, 10, 4);
+      AllocatingFor inner("stage 3's gathered parameters of unit", 3, 3 << 20, 2);
+      (void)torch::empty({kTooMany});
+    } catch (const c10::Error&) {
+    }
+  }
+  EXPECT_EQ(take_failed_allocation(), "stage 3's gathered parameters of unit 3 (3145728 elements, "
+                                      "6.0 MiB)");
+  EXPECT_EQ(take_failed_allocation(), "") << "taken once";
+  { AllocatingFor quiet("a gradient bucket", -1, 1, 4); }
+  EXPECT_EQ(take_failed_allocation(), "") << "a scope left without an exception names nothing";
+  try {
+    AllocatingFor bucket("a gradient bucket", -1, 1, 4);
+    throw std::runtime_error("not memory");
+  } catch (const std::runtime_error&) {
+  }
+  deepspeed::forget_failed_allocation();
+  EXPECT_EQ(take_failed_allocation(), "") << "each engine call forgets what none reported";
+}
+
+// A tiny flat model of two layers whose one gradient bucket (both layers, 3.7 MiB) is the only
+// allocation of 3 MiB or more during backward.
+struct TwoLayersImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwoLayersImpl() {
+    a = register_module("a", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
+    b = register_module("b", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
+};
+
+auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage) {
+  nlohmann::json config = {{"train_micro_batch_size_per_gpu", 2},
+                           {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
+                           {"zero_optimization", {{"stage", stage}}}};
+  return deepspeed::initialize<TwoLayersImpl>({.model = model, .config_json = config}).engine;
+}
+
+TEST(OutOfMemory, InTheBackwardNamingTheGradientBucketBeingAllocated) {
+  auto model = std::make_shared<TwoLayersImpl>();
+  auto engine = two_layer_engine(model, 2);
+  dstest::FailingCpuAllocatorScope failing(3 << 20);
+  auto loss = engine->forward(torch::randn({2, 700}));
+  failing->arm();
+  try {
+    engine->backward(loss);
+    FAIL() << "the bucket's allocation did not fail";
+  } catch (const deepspeed::Error& e) {
+    failing->disarm();
+    const std::string msg = e.what();
+    EXPECT_CONTAINS(msg, "out of host memory in rank 0's backward while allocating a gradient "
+                         "bucket (reduce_bucket_size) (980000 elements, 3.7 MiB)");
+    EXPECT_CONTAINS(msg, "(zero stage 2)");
+    EXPECT_EQ(msg.find("frame #"), std::string::npos) << msg;
+  }
+  failing->disarm();
+  // The failed pass gave its buffers back: the same step trains once memory is there.
+  engine->backward(engine->forward(torch::randn({2, 700})));
+  engine->step();
+}
+
+TEST(OutOfMemory, InTheModelsOwnTensorsSaysSo) {
+  auto model = std::make_shared<TwoLayersImpl>();
+  auto engine = two_layer_engine(model, 1);
+  dstest::FailingCpuAllocatorScope failing(kLimit);
+  model->a->weight.register_hook([&failing](const at::Tensor& g) {
+    failing->arm();
+    (void)torch::empty({kTooMany});  // the model's own backward asking for too much
+    return g;
+  });
+  try {
+    engine->backward(engine->forward(torch::randn({2, 700})));
+    FAIL() << "the 8 MiB allocation succeeded";
+  } catch (const deepspeed::Error& e) {
+    failing->disarm();
+    const std::string msg = e.what();
+    EXPECT_CONTAINS(msg, "out of host memory in rank 0's backward (in no buffer deepspeed names: "
+                         "most likely the model's activations' gradients) (zero stage 1): tried "
+                         "to allocate 8.0 MiB");
+    EXPECT_EQ(msg.find("while allocating"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace

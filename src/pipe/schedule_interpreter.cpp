@@ -29,12 +29,7 @@ struct Buffer {
 // twice. In place, because stage 1's .grad are views of its flat buffer. The stage's own refusal
 // stays: a boundary backward that already updated offloaded optimizer ranges (overlap_step) is
 // reported at the next backward.
-// The micro-steps go back to the batch's start: a step that threw counted the batch's first
-// gas - 1 (OptimizerStep below) but completed nothing, and the retry counts them again.
-void forget_failed_batch(EngineState& s, StageModule& module, int64_t micro_steps_at_start,
-                         int& held) noexcept {
-  zero::ZeroStage& stage = *s.stage;
-  s.micro_steps = micro_steps_at_start;
+void forget_failed_batch(zero::ZeroStage& stage, StageModule& module, int& held) noexcept {
   held = 0;  // the failed batch's activations are gone with its buffers
   try {
     stage.discard_gradients();
@@ -57,7 +52,6 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   // mean loss.
   if (train) s.loss_since_boundary = at::Tensor();
   forget_failed_allocation();  // an out-of-memory report names only this batch's
-  const int64_t micro_steps_at_start = s.micro_steps;
   const char* phase = train ? "train_batch" : "eval_batch";
   std::vector<Buffer> bufs(schedule.num_buffers);
   at::Tensor eval_loss = torch::zeros({1}, torch::kDouble);
@@ -167,12 +161,19 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
           case Op::OptimizerStep: {
             // Engine::step() applies the update at the accumulation boundary; the micro-steps of
             // this batch are counted first.
-            s.micro_steps += gas - 1;
+            const int64_t counted = s.micro_steps += gas - 1;
             // The other stages would print a loss they do not have; the tensor ranks of the last
             // stage all have it: their rank 0 prints.
             s.log_steps = last && rt.topology->coordinates().tensor == 0;
             const auto t0 = Clock::now();
-            Engine::step();
+            try {
+              Engine::step();
+            } catch (...) {
+              // A step that threw before completing counted nothing: the retry counts the batch
+              // again. (One that completed and then failed, writing its log, keeps its count.)
+              if (s.micro_steps == counted) s.micro_steps -= gas - 1;
+              throw;
+            }
             step_s += seconds_since(t0);
             break;
           }
@@ -181,10 +182,10 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
     }
   } catch (const c10::Error& e) {
     const std::exception_ptr reported = translate_torch_error(phase, e);
-    if (train) forget_failed_batch(s, rt.module, micro_steps_at_start, rt.held);
+    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
     std::rethrow_exception(reported);
   } catch (...) {
-    if (train) forget_failed_batch(s, rt.module, micro_steps_at_start, rt.held);
+    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
     throw;
   }
 

@@ -6,6 +6,7 @@
 // micro-batches, and the clipping norm is summed per stage).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -500,6 +501,35 @@ std::string init_error(int stages, nlohmann::json cfg, gpt::GPTConfig model, int
   return message;
 }
 }  // namespace
+
+// A step that throws before completing (here: an fp16 overflow with the loss scale already at
+// min_loss_scale) counts none of the batch's micro-steps, so a retried batch ends on the
+// accumulation boundary again. Before, the batch's first gas - 1 stayed counted and every later
+// batch ended off the boundary: it never stepped again.
+TEST(PipelineErrors, AStepThatThrewCountsNoMicroStep) {
+  run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
+    dp::PipelineInitializeArgs args;
+    args.model = half_mlp();
+    args.model.num_stages = 1;
+    args.config_json = fp16_config(kWorld);
+    args.config_json["fp16"]["min_loss_scale"] = std::pow(2.0, 32);  // 2^32 overflows in fp16
+    args.config_json["fp16"]["hysteresis"] = 1;  // the first overflow lowers the scale
+    args.comm = comm;
+    args.device = "cpu";
+    auto engine = dp::initialize_pipeline(args);
+    ASSERT_GT(engine->gradient_accumulation_steps(), 1);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      int m = 0;
+      try {
+        engine->train_batch([&] { return regression_batch(0, (m++) * kWorld + comm->rank()); });
+        ADD_FAILURE() << "the overflow at the minimum loss scale went through";
+      } catch (const deepspeed::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("already at minimum"), std::string::npos) << e.what();
+      }
+      EXPECT_EQ(engine->micro_steps(), 0) << "attempt " << attempt;
+    }
+  });
+}
 
 TEST(PipelineErrors, WorldNotDivisibleByStages) {
   auto cfg = config(1, 0);

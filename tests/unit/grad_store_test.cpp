@@ -179,6 +179,33 @@ TEST_F(GradStoreDownloads, AFailedBackwardsBucketsStayInTheGradients) {
   EXPECT_EQ(store.resident_bytes(), 0);
 }
 
+// A download whose add throws (here: the read of its unit's earlier sum from a file truncated
+// under the job) still counts as added for its unit: once the file is back, the next micro-step
+// completes every unit. Before, the unit kept waiting for that download forever and every later
+// micro-step ended with units still open.
+TEST_F(GradStoreDownloads, ADownloadWhoseAddFailedLeavesNoUnitWaiting) {
+  const auto add_one_micro_step = [&](bool boundary) {
+    store.begin_micro_step(boundary);
+    for (int u = 2; u >= 0; --u) {
+      store.accumulate(u, 0, torch::ones({L.units[u].layout.partition_numel}));
+      downloads.release(downloads.fences.size() - 1);
+      store.unit_complete(u);
+    }
+    store.end_micro_step();
+  };
+  add_one_micro_step(false);  // in the file: the next micro-step reads each unit back
+  const auto bytes = fs::file_size(store.path());
+  ASSERT_EQ(::truncate(store.path().c_str(), 0), 0);
+  store.begin_micro_step(true);
+  store.accumulate(2, 0, torch::ones({4000}));
+  downloads.release(downloads.fences.size() - 1);
+  EXPECT_THROW(store.unit_complete(2), deepspeed::IOError);  // its add reads unit 2 back
+  // ... the backward threw; the file comes back (its contents lost: zeros) and training goes on.
+  ASSERT_EQ(::truncate(store.path().c_str(), static_cast<off_t>(bytes)), 0);
+  add_one_micro_step(true);
+  EXPECT_EQ(store.resident_bytes(), 0);
+}
+
 // A GPU's bucket stays allocated until its download has read it: those bytes are the store's
 // device temporaries (the MemoryReport's communication buffers), at most while four are pending.
 TEST_F(GradStoreDownloads, BucketsOnADeviceCountUntilTheirDownloadHasRead) {

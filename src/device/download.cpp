@@ -2,6 +2,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include "device/out_of_memory.h"
+
 namespace deepspeed {
 namespace device {
 
@@ -17,8 +19,12 @@ Downloader stream_downloader(c10::Device device) {
     // The caching host allocator's rounding up wastes little on these (unlike on the long-lived
     // buffers of pinned_memory.h), and it keeps a block until the copies using it are done.
     // Page-locked whatever pin_memory says: into pageable memory the copy would block the host.
-    Download d{at::empty({flat.numel()}, flat.options().device(c10::kCPU).pinned_memory(true)),
-               nullptr};
+    Download d;
+    {
+      AllocatingFor naming("a page-locked copy of a reduced gradient bucket", -1, flat.numel(),
+                           flat.element_size());
+      d.host = at::empty({flat.numel()}, flat.options().device(c10::kCPU).pinned_memory(true));
+    }
     stream->follow_current();  // the reduction producing it is queued on the compute stream
     stream->reads(flat);
     stream->run([&] {

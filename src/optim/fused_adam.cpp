@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "device/out_of_memory.h"
 #include "optim/adamw_state.h"
 #include "optim/cpu_adam.h"
 #include "optim/device_adam.h"
@@ -30,6 +31,8 @@ torch::optim::AdamWParamState& FusedAdam::state_of(const torch::Tensor& p) {
   if (it == state().end()) {
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(0);
+    AllocatingFor naming("Adam's moments (exp_avg and exp_avg_sq, each)", -1, p.numel(),
+                         p.element_size());
     s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
     s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
     it = state().emplace(key, std::move(s)).first;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "device/out_of_memory.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/tensor_facts.h"
@@ -69,6 +70,8 @@ void DataParallelStage::abandon_backward() {
 // same bucket layout whatever its own graph used.
 void DataParallelStage::launch(Bucket& b) {
   if (!b.flat.defined())
+    AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, b.numel,
+                         c10::elementSize(b.dtype));
     b.flat = torch::empty({b.numel}, ctx_.options(b.dtype));
   const double before = gradient_scaling(options_.reduction, ctx_.world_size()).before_reduce;
   int64_t offset = 0;

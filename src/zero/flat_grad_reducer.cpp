@@ -90,6 +90,8 @@ AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat
                       options.finish_buckets_early ? kMaxBucketsInFlight : kUnboundedInFlight,
                       /*hooked=*/options.overlap) {
   const auto& layout = flat_.layout();
+  AllocatingFor naming("stage 1's gradients (every parameter's, flat)", -1, layout.padded_numel,
+                       flat_.buffer().element_size());
   flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));
   partition_ = std::make_unique<DeviceGradPartition>(
       flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel));
@@ -127,6 +129,8 @@ void AllReduceBuckets::launch(Bucket& b) {
   const double before = gradient_scaling(options_, ctx_.world_size(), fp16_sum).before_reduce;
   auto range = range_of(b);
   if (comm_dtype_ != range.scalar_type()) {
+    AllocatingFor naming("a gradient bucket in communication_data_type", -1, range.numel(),
+                         c10::elementSize(comm_dtype_));
     b.wire = range.to(comm_dtype_);
     if (before != 1.0) b.wire.mul_(before);
     b.work = ctx_.comm->all_reduce(b.wire);

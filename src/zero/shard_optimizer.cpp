@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "device/out_of_memory.h"
 #include "device/pinned_memory.h"
 #include "offload/swapped_shard.h"
 #include "optim/fused_adam.h"
@@ -36,11 +37,15 @@ class InMemoryShard : public ShardOptimizer {
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
     aliased_ = !mixed_ && resident.defined() && !host_;
-    if (host_) {
-      master_ = host_buffer(resident.numel(), at::kFloat);
-      master_.copy_(resident);
-    } else {
-      master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+    {
+      AllocatingFor naming("the fp32 master weights of this rank's partition", -1, params.numel(),
+                           4);
+      if (host_) {
+        master_ = host_buffer(resident.numel(), at::kFloat);
+        master_.copy_(resident);
+      } else {
+        master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+      }
     }
     optimizer_ = make_optimizer({master_});
     fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());

@@ -81,9 +81,10 @@ struct TwoLayersImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
 };
 
-auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage) {
+auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage,
+                      const std::string& optimizer = "SGD") {
   nlohmann::json config = {{"train_micro_batch_size_per_gpu", 2},
-                           {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
+                           {"optimizer", {{"type", optimizer}, {"params", {{"lr", 0.1}}}}},
                            {"zero_optimization", {{"stage", stage}}}};
   return deepspeed::initialize<TwoLayersImpl>({.model = model, .config_json = config}).engine;
 }
@@ -130,6 +131,25 @@ TEST(OutOfMemory, InTheModelsOwnTensorsSaysSo) {
                          "most likely the model's activations' gradients) (zero stage 1): tried "
                          "to allocate 8.0 MiB");
     EXPECT_EQ(msg.find("while allocating"), std::string::npos) << msg;
+  }
+}
+
+// Adam's moments come into being at the first step: the report names them, with the partition's
+// size (stage 1 at world 1: both layers, 3.7 MiB each; the norm's chunks before them are 2 MiB).
+TEST(OutOfMemory, AtTheFirstStepNamingAdamsMoments) {
+  auto model = std::make_shared<TwoLayersImpl>();
+  auto engine = two_layer_engine(model, 1, "Adam");
+  engine->backward(engine->forward(torch::randn({2, 700})));
+  dstest::FailingCpuAllocatorScope failing(3 << 20);
+  failing->arm();
+  try {
+    engine->step();
+    FAIL() << "the moments' allocation did not fail";
+  } catch (const deepspeed::Error& e) {
+    failing->disarm();
+    EXPECT_CONTAINS(std::string(e.what()),
+                    "out of host memory in rank 0's step while allocating Adam's moments "
+                    "(exp_avg and exp_avg_sq, each) (980000 elements, 3.7 MiB) (zero stage 1)");
   }
 }
 

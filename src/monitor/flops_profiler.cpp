@@ -16,7 +16,7 @@
 #include "deepspeed/errors.h"
 #include "monitor/flop_formulas.h"
 #include "monitor/flops_profiler_impl.h"
-#include "zero/stage3/unit_internals.h"
+#include "zero/stage3/full_parameter_sizes.h"
 
 namespace deepspeed {
 namespace profiling {
@@ -44,28 +44,6 @@ std::string extra_of(const torch::nn::Module& m) {
   return s.substr(open + 1, close - open - 1);
 }
 
-// Full parameter sizes (ZeRO-3 keeps only a slice, or nothing, in a released parameter): the
-// shapes a unit's owner recorded, as count_parameters() reads them.
-std::unordered_map<const c10::TensorImpl*, int64_t> full_numels(const torch::nn::Module& root) {
-  std::unordered_map<const c10::TensorImpl*, int64_t> out;
-  auto visit = [&](const torch::nn::Module& m) {
-    const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
-    if (!unit) return;
-    if (auto* hooks = detail::ZeroUnitAccess::hooks(*unit)) {
-      const auto& slots = hooks->unit_slots(detail::ZeroUnitAccess::id(*unit));
-      for (size_t i = 0; i < slots.params.size(); ++i)
-        out.emplace(slots.params[i].unsafeGetTensorImpl(), c10::multiply_integers(slots.shapes[i]));
-    } else if (const auto* shard = zero::init_shard(*unit)) {
-      for (size_t i = 0; i < shard->params.size(); ++i)
-        out.emplace(shard->params[i].unsafeGetTensorImpl(),
-                    c10::multiply_integers(shard->shapes[i]));
-    }
-  };
-  visit(root);
-  for (const auto& m : root.modules(/*include_self=*/false)) visit(*m);
-  return out;
-}
-
 // The profiler recording on this thread (RecordFunction callbacks are plain function pointers).
 thread_local FlopsProfiler::Impl* t_active = nullptr;
 
@@ -85,7 +63,7 @@ void FlopsProfiler::Impl::build_tree() {
   nodes.clear();
   owner_by_impl.clear();
   ranges.clear();
-  const auto numels = full_numels(*model);
+  const auto numels = zero::partitioned_parameter_numels(*model);
   std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&,
                      const std::string&, int, int)>
       add = [&](const std::shared_ptr<torch::nn::Module>& m, const std::string& name,

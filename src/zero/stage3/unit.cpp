@@ -8,6 +8,7 @@
 
 #include "deepspeed/zero_init.h"
 #include "deepspeed/zero_unit.h"
+#include "zero/stage3/full_parameter_sizes.h"
 #include "zero/stage3/unit_internals.h"
 
 namespace deepspeed {
@@ -91,27 +92,42 @@ at::Tensor ZeroUnitBase::attach_output(const at::Tensor& out) const {
   return PreBackwardGather::apply(out, reinterpret_cast<int64_t>(hooks_), id_);
 }
 
-int64_t count_parameters(const torch::nn::Module& module) {
-  std::unordered_set<const c10::TensorImpl*> seen;
-  int64_t total = 0;
-  auto count = [&](const at::Tensor& p, const std::vector<int64_t>& shape) {
-    if (seen.insert(p.unsafeGetTensorImpl()).second) total += c10::multiply_integers(shape);
-  };
-  // A unit's partitioned parameters first, at the shapes their owner recorded: the attached
-  // engine (its layout) or zero::Init (the shard). Whatever is left is whole.
+namespace zero {
+
+std::unordered_map<const c10::TensorImpl*, int64_t> partitioned_parameter_numels(
+    const torch::nn::Module& root) {
+  std::unordered_map<const c10::TensorImpl*, int64_t> out;
   auto visit = [&](const torch::nn::Module& m) {
     const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
     if (!unit) return;
+    auto add = [&](const std::vector<at::Tensor>& params,
+                   const std::vector<std::vector<int64_t>>& shapes) {
+      for (size_t i = 0; i < params.size(); ++i)
+        out.emplace(params[i].unsafeGetTensorImpl(), c10::multiply_integers(shapes[i]));
+    };
     if (auto* hooks = detail::ZeroUnitAccess::hooks(*unit)) {
       const auto& slots = hooks->unit_slots(detail::ZeroUnitAccess::id(*unit));
-      for (size_t i = 0; i < slots.params.size(); ++i) count(slots.params[i], slots.shapes[i]);
-    } else if (const auto* shard = zero::init_shard(*unit)) {
-      for (size_t i = 0; i < shard->params.size(); ++i) count(shard->params[i], shard->shapes[i]);
+      add(slots.params, slots.shapes);
+    } else if (const auto* shard = init_shard(*unit)) {
+      add(shard->params, shard->shapes);
     }
   };
-  visit(module);
-  for (const auto& m : module.modules(/*include_self=*/false)) visit(*m);
-  for (const auto& p : module.parameters()) count(p, p.sizes().vec());
+  visit(root);
+  for (const auto& m : root.modules(/*include_self=*/false)) visit(*m);
+  return out;
+}
+
+}  // namespace zero
+
+// A unit's partitioned parameters at the shapes their owner recorded; whatever is left is whole.
+int64_t count_parameters(const torch::nn::Module& module) {
+  const auto partitioned = zero::partitioned_parameter_numels(module);
+  int64_t total = 0;
+  for (const auto& [impl, numel] : partitioned) total += numel;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : module.parameters())
+    if (!partitioned.count(p.unsafeGetTensorImpl()) && seen.insert(p.unsafeGetTensorImpl()).second)
+      total += p.numel();
   return total;
 }
 

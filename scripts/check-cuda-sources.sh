@@ -55,6 +55,7 @@ FILES=(
   tests/gpu/gpu_training_test.cpp
   tests/support/ranks.cpp
   tests/unit/device_test.cpp
+  tests/unit/out_of_memory_test.cpp
   tests/dist/comm_test.cpp
   tests/dist/deferred_init_test.cpp
   bench/transfer.cpp

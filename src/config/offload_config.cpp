@@ -67,13 +67,14 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
     warnings.add(zero_path + ".offload_optimizer needs ZeRO stage 1, 2 or 3; ignored at stage 0");
     zero.offload_optimizer.device = "none";
   }
-  // Copies from a GPU into pageable memory block the host, so the shard keeps the update after
-  // backward there (zero/shard_optimizer.cpp): say so instead of ignoring the key silently.
+  // Stage 1's gradients would come down from a GPU into pageable memory on the engine's thread,
+  // so the shard keeps its update after backward there (zero/shard_optimizer.cpp): say so
+  // instead of ignoring the key silently. Stages 2 and 3 stage their copies and overlap either way.
   if (zero.offload_optimizer.device == "cpu" && zero.offload_optimizer.overlap_step.value_or(false) &&
-      !zero.offload_optimizer.pin_memory)
+      !zero.offload_optimizer.pin_memory && zero.stage == 1)
     warnings.add(zero_path + ".offload_optimizer.overlap_step is true but pin_memory is false: on "
-                 "a GPU the update then runs after backward (pageable copies would stall it); "
-                 "set pin_memory true");
+                 "a GPU, ZeRO stage 1 then runs the update after backward (pageable copies would "
+                 "stall it); set pin_memory true, or use stage 2");
   if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
     throw ConfigError("config key '" + zero_path +
                       ".offload_optimizer.ratio' < 1 (partial "

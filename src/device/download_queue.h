@@ -78,6 +78,12 @@ class DownloadQueue {
     for (auto& p : dropped) p.download.fence->wait();
   }
 
+  // f(place) for each copy still pending, oldest first.
+  template <class F>
+  void for_each_pending(F&& f) {
+    for (auto& p : pending_) f(p.place);
+  }
+
   bool empty() const { return pending_.empty(); }
   size_t size() const { return pending_.size(); }
   // The host copies pending (not a host tensor handed in as it is, which is the caller's).

@@ -43,6 +43,38 @@ class CudaFence : public CopyFence {
 
 }  // namespace
 
+HostFence::HostFence() : owner_(std::this_thread::get_id()) {}
+
+void HostFence::signal() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    signalled_ = true;
+  }
+  changed_.notify_all();
+}
+
+void HostFence::cancel() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cancelled_ = true;
+  }
+  changed_.notify_all();
+}
+
+void HostFence::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  TORCH_CHECK(signalled_ || cancelled_ || std::this_thread::get_id() != owner_,
+              "HostFence: waited for on the thread that passes it, where it would never pass");
+  changed_.wait(lock, [&] { return signalled_ || cancelled_; });
+  TORCH_CHECK(signalled_, "HostFence: the values this waited for were dropped (a failed "
+              "backward)");
+}
+
+bool HostFence::passed() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return signalled_;
+}
+
 std::shared_ptr<CopyFence> CopyFence::record(c10::Device device) {
 #ifdef DS_WITH_CUDA
   if (device.is_cuda())

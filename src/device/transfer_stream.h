@@ -6,8 +6,11 @@
 // CUDA, copies are synchronous and fences are already passed: the same code runs and is tested
 // on the CPU.
 #pragma once
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
@@ -26,6 +29,31 @@ class CopyFence {
   virtual bool passed() = 0;
   // The device's current stream waits for this point (an event, the host goes on).
   virtual void join_current() = 0;
+  // Nobody will complete what this fence waits for (a failed backward dropped it): waiters are
+  // woken and throw. A fence that completes by itself (a device's event) ignores it.
+  virtual void cancel() {}
+};
+
+// A fence that a host thread passes by hand: for values that the engine's thread puts into host
+// memory itself (a pageable gradient partition, zero/host_grad_partition.h) while another thread
+// (the update during backward) waits for them. Thread-safe. The device has nothing to wait for.
+class HostFence : public CopyFence {
+ public:
+  HostFence();  // the thread creating it is the one that passes it
+  void signal();  // the values are there
+  void cancel() override;
+  // Throws c10::Error once cancelled (unless signalled first), and at once on the thread that
+  // passes it: there it would wait for ever.
+  void wait() override;
+  bool passed() override;
+  void join_current() override {}
+
+ private:
+  std::thread::id owner_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool signalled_ = false;
+  bool cancelled_ = false;
 };
 
 // A GPU tensor that the device's current stream has work queued on (reading or writing it) but

@@ -24,6 +24,7 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   partition_ = std::make_unique<TensorPartition>(flat_->partition(ownership_->owner()).detach());
   ShardOptions shard = options.shard;
   shard.compute_device = ctx_.device;
+  shard.reduces_into_partition = options.scatter_gradients;
   shard_ = make_shard_optimizer(shard, *partition_, make_optimizer);
   const ReductionOptions reduction = reduction_for(options.reduction);
   const auto comm_dtype = dtype_from_config(reduction.comm_dtype, options.param_dtype);

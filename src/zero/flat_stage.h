@@ -70,7 +70,9 @@ class FlatStage : public ZeroStage {
 
   const FlatParams& flat() const { return *flat_; }
   // Ranges of the partition the last step updated during backward (offload_optimizer.overlap_step).
-  size_t ranges_stepped_during_backward() const { return shard_->ranges_stepped_during_backward(); }
+  size_t ranges_stepped_during_backward() const override {
+    return shard_->ranges_stepped_during_backward();
+  }
 
  private:
   ReductionOptions reduction_for(ReductionOptions configured) const;

@@ -19,6 +19,9 @@ class ForwardingStage : public ZeroStage {
   void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
   void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   void abandon_backward() override { inner_->abandon_backward(); }
+  size_t ranges_stepped_during_backward() const override {
+    return inner_->ranges_stepped_during_backward();
+  }
   double global_grad_norm() override { return inner_->global_grad_norm(); }
   // A wrapper that changes the norm overrides both (the tensor keeps a GPU step free of host
   // waits; the value is read from it).

@@ -24,6 +24,7 @@ HostGradPartition::~HostGradPartition() {
     wait();
   } catch (...) {
   }
+  if (staged_) staged_->for_each_pending([](StagedPlace& p) { p.in_place->cancel(); });
 }
 
 void HostGradPartition::begin_micro_step(bool boundary) {
@@ -63,10 +64,7 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
   at::Tensor place = host_.narrow(0, begin, n);
   at::Tensor flat = reduced.reshape({-1});
   if (overwrite_) overwritten_.emplace_back(begin, n);
-  if (staged_) {
-    stage(begin, flat);
-    return nullptr;
-  }
+  if (staged_) return stage(begin, flat);
   downloads_.follow_current();  // the bucket's reduction is queued on the compute stream
   downloads_.reads(flat);
   std::shared_ptr<device::CopyFence> fence;
@@ -105,7 +103,8 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
 // Pageable: the bucket comes down into a page-locked copy. An overwrite's final values are the
 // bucket's own, so a boundary sums their squares on the GPU as the direct path does; an add's
 // exist only once the host has added, so it sums them there.
-void HostGradPartition::stage(int64_t begin, const at::Tensor& flat) {
+std::shared_ptr<device::CopyFence> HostGradPartition::stage(int64_t begin,
+                                                             const at::Tensor& flat) {
   if (boundary_ && overwrite_) {
     downloads_.follow_current();
     downloads_.reads(flat);
@@ -118,25 +117,39 @@ void HostGradPartition::stage(int64_t begin, const at::Tensor& flat) {
       squares_ += sum_of_squares(final_values);
     });
   }
-  staged_->push(flat, StagedPlace{begin, overwrite_, boundary_ && !overwrite_});
+  auto in_place = std::make_shared<device::HostFence>();
+  staged_->push(flat, StagedPlace{begin, overwrite_, boundary_ && !overwrite_, in_place});
+  last_staged_ = in_place;
   apply_staged(/*wait_all=*/false);
+  return in_place;
 }
 
 void HostGradPartition::apply_staged(bool wait_all) {
   staged_->apply(wait_all, [&](const at::Tensor& values, const StagedPlace& to) {
-    at::Tensor place = host_.narrow(0, to.begin, values.numel());
-    if (to.overwrite)
-      place.copy_(values);
-    else
-      place.add_(values);
-    if (to.count_squares) host_squares_ += sum_of_squares(place).item<double>();
+    try {
+      at::Tensor place = host_.narrow(0, to.begin, values.numel());
+      if (to.overwrite)
+        place.copy_(values);
+      else
+        place.add_(values);
+      if (to.count_squares) host_squares_ += sum_of_squares(place).item<double>();
+    } catch (...) {
+      to.in_place->cancel();  // never put in: a waiter must not wait for ever
+      throw;
+    }
+    to.in_place->signal();
   });
 }
 
+// Staged: the copies go in in order, so the newest one's fence covers every copy so far (those
+// already in, and the boundary squares' work on the download stream, need no wait).
 std::shared_ptr<device::CopyFence> HostGradPartition::written() {
-  TORCH_CHECK(!staged_, "HostGradPartition: a pageable partition's values are readable "
-              "only after wait(), there is no fence to wait on (the update during backward needs "
-              "pin_memory)");
+  if (staged_) {
+    if (!staged_->empty() && last_staged_) return last_staged_;
+    auto done = std::make_shared<device::HostFence>();
+    done->signal();
+    return done;
+  }
   return downloads_.mark();
 }
 
@@ -167,7 +180,11 @@ void HostGradPartition::wait() {
 // The gradients are dropped: copies still pending are too (the caching host allocator keeps
 // their page-locked blocks until the copies into them are done).
 void HostGradPartition::clear() {
-  if (staged_) staged_->clear();
+  if (staged_) {
+    staged_->for_each_pending([](StagedPlace& p) { p.in_place->cancel(); });
+    staged_->clear();
+    last_staged_.reset();
+  }
   overwritten_.clear();
   cleared_ = true;
   in_micro_step_ = false;

@@ -26,10 +26,10 @@
 // host waits only beyond four copies pending, and in wait(). The GPU still holds no partition,
 // only the buckets; the host holds the pageable partition and up to five bucket-sized page-locked
 // copies. A later micro-step's add runs on the host, and so does the sum of squares of the values
-// it produced (the boundary's overwrites are summed on the GPU as above). The values are
-// readable only after wait(): accumulate() and written() give no fence, so the update during
-// backward (which waits on those fences on its own thread) is not offered without pin_memory
-// (ShardOptimizer).
+// it produced (the boundary's overwrites are summed on the GPU as above). The fence accumulate()
+// and written() give is a device::HostFence that the engine's thread passes when it has put the
+// copy in: the update during backward waits on it from its own thread. clear() cancels the
+// fences of copies it drops, so no waiter is left hanging after a failed backward.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -62,7 +62,7 @@ class HostGradPartition final : public GradPartition {
   // A boundary restarts the sum of squares.
   void begin_micro_step(bool boundary) override;
   void end_micro_step() override { in_micro_step_ = false; }
-  // The fence passes once the host holds the result (staged: null, see above).
+  // The fence passes once the host holds the result (staged: once this thread put it in).
   std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced) override;
   std::shared_ptr<device::CopyFence> written() override;
   // The boundary's sum of squared final values, accumulated on the device as the buckets came
@@ -88,8 +88,9 @@ class HostGradPartition final : public GradPartition {
     int64_t begin = 0;
     bool overwrite = false;      // the first micro-step since clear(): written, not added
     bool count_squares = false;  // a boundary's add: its result's squares are summed on the host
+    std::shared_ptr<device::HostFence> in_place;  // passed once the copy is in the partition
   };
-  void stage(int64_t begin, const at::Tensor& flat);
+  std::shared_ptr<device::CopyFence> stage(int64_t begin, const at::Tensor& flat);
   // Writes or adds the staged copies in order: those arrived, or (`wait_all`) every one.
   void apply_staged(bool wait_all);
   void note_temporary(const at::Tensor& t);
@@ -107,6 +108,7 @@ class HostGradPartition final : public GradPartition {
   int64_t peak_temporary_bytes_ = 0;  // the largest bucket-sized temporary on the GPU so far
   // Set: the partition is pageable, buckets come staged.
   std::optional<device::DownloadQueue<StagedPlace>> staged_;
+  std::shared_ptr<device::HostFence> last_staged_;  // the newest copy's fence (written())
   double host_squares_ = 0;  // the boundary's squares summed on the host (staged adds)
 };
 

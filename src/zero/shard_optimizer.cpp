@@ -59,17 +59,19 @@ class InMemoryShard : public ShardOptimizer {
       fused_->set_half_copy(master_, resident);
       half_copy_ = true;
     }
-    // The update during backward needs pin_memory on a GPU: it waits on each range's copy on its
-    // own thread, and a pageable partition's values are there only once the engine's thread has
-    // put them in (zero/host_grad_partition.h); the 16-bit ring's uploads from pageable memory
-    // would also block.
+    // The update during backward waits on each range's fence on its own thread. Stages 2 and 3
+    // give one whether their host partition is page-locked or not (pageable: the engine's thread
+    // passes it once it has put the copy in, zero/host_grad_partition.h). Stage 1's gradients
+    // stay on the GPU and would come down on the engine's thread into the landing buffer, which
+    // only pin_memory makes asynchronous.
     const bool on_gpu = !options.compute_device.is_cpu();
     // Stage 3 with offload_param "cpu": the partition and the masters are both in host memory,
     // so the step reads its gradients there, with or without the update during backward.
     offload_param_on_gpu_ =
         home == OffloadDevice::kCpu && on_gpu && resident.defined() && resident.is_cpu();
     overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
-               options.overlap_step.value_or(on_gpu) && (pin_ || !on_gpu);
+               options.overlap_step.value_or(on_gpu) &&
+               (pin_ || !on_gpu || options.reduces_into_partition);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
       StepDuringBackward::Options o;
       o.pin = pin_;

@@ -71,6 +71,9 @@ class ZeroStage {
   // begin_backward also detects a failed backward, for callers that drive a stage directly.
   // Local, but waits for collectives already launched.
   virtual void abandon_backward() {}
+  // Ranges of the partition the last step updated during backward (offload_optimizer
+  // .overlap_step); 0 where the update runs at the step. Local.
+  virtual size_t ranges_stepped_during_backward() const { return 0; }
   // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
   virtual double global_grad_norm() = 0;
   // The same norm as a one-element fp64 tensor, on the stage's device and not yet waited for: the

@@ -66,6 +66,11 @@ struct ShardOptions {
   // the CPU; false off.
   std::optional<bool> overlap_step;
   c10::Device compute_device = c10::kCPU;  // set by the stage: its context's device
+  // Set by the stage: it reduces each bucket into a gradient partition (stages 2 and 3), which
+  // the shard's gradients_in_host_memory() puts in host memory, with a fence per range even when
+  // pageable (zero/host_grad_partition.h). False: the gradients stay on the compute device until
+  // the shard brings them down (stage 1).
+  bool reduces_into_partition = false;
 };
 
 // Stages 0 (16-bit), 1 and 2 over one flat buffer (zero/flat_stage.h).

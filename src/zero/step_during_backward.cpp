@@ -30,6 +30,7 @@ StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master
 // The buffers go back to the host allocator (unregistered) only after no copy reads or writes
 // them: a step abandoned mid-way (a failed backward, a forward-only end) may leave some queued.
 StepDuringBackward::~StepDuringBackward() {
+  for (auto& fence : awaited_) fence->cancel();  // a range whose values will not come now
   try {
     worker_.wait();
   } catch (...) {
@@ -85,10 +86,13 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
     uploads_.copy(target, master_.narrow(0, begin, n));
     return;
   }
+  // Page-locked whatever pin_memory says (ring_slots chunks: 32 MiB at the defaults in 16 bits):
+  // an upload from pageable memory would hold this thread until the upload stream had caught up,
+  // at every chunk.
   if (ring_.empty()) {
     ring_.resize(options_.ring_slots);
     for (auto& s : ring_)
-      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), options_.pin, device_);
+      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), /*pin=*/true, device_);
   }
   Slot& slot = ring_[next_slot_];
   next_slot_ = (next_slot_ + 1) % ring_.size();
@@ -134,6 +138,7 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   taken_.emplace_back(begin, n);
   if (n == 0) return;
   Download down = download(begin, grads, std::move(ready));
+  awaited_.push_back(down.fence);
   if (!options_.update_early) {
     landed_.push_back({begin, down});
     return;
@@ -157,9 +162,15 @@ void StepDuringBackward::prepare() {
 }
 
 void StepDuringBackward::forget() {
-  for (auto& l : landed_) l.down.fence->wait();  // their copies still write the landing buffer
+  for (auto& l : landed_) {
+    try {
+      l.down.fence->wait();  // their copies still write the landing buffer
+    } catch (...) {  // cancelled (its values never came), or the device failed
+    }
+  }
   landed_.clear();
   taken_.clear();
+  awaited_.clear();
 }
 
 void StepDuringBackward::discard() {
@@ -169,6 +180,7 @@ void StepDuringBackward::discard() {
 }
 
 void StepDuringBackward::abandon() {
+  for (auto& fence : awaited_) fence->cancel();
   try {
     worker_.wait();
   } catch (...) {
@@ -183,6 +195,7 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
     worker_.wait();
   } catch (...) {
     taken_.clear();  // the step is lost; the next one starts afresh
+    awaited_.clear();
     throw;
   }
   if (!options_.update_early) {
@@ -201,6 +214,7 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
   uploads_.join();
   last_ranges_ = taken_.size();
   taken_.clear();
+  awaited_.clear();
 }
 
 }  // namespace zero

@@ -47,7 +47,7 @@ namespace zero {
 class StepDuringBackward {
  public:
   struct Options {
-    bool pin = false;          // host buffers page-locked (offload_optimizer.pin_memory)
+    bool pin = false;  // the landing buffer page-locked (pin_memory); the upload ring always is
     // The partition is not in host memory: updated values go up through the ring (16-bit) or
     // straight from the masters (fp32). False: the update writes the partition itself.
     bool upload = false;
@@ -81,8 +81,9 @@ class StepDuringBackward {
   // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: !update_early, or
   // nothing taken (an early update cannot be undone).
   void discard();
-  // After a backward that threw: waits for the worker (dropping its error) and forgets the step,
-  // whatever it already updated.
+  // After a backward that threw: cancels the fences of the ranges taken (a range whose values
+  // will never come is not waited for), waits for the worker (dropping its error) and forgets the
+  // step, whatever it already updated.
   void abandon();
   bool updates_early() const { return options_.update_early; }
   size_t ranges_taken() const { return taken_.size(); }
@@ -124,6 +125,9 @@ class StepDuringBackward {
   void forget();  // waits for the landing copies, then drops this step's ranges
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   std::vector<Landed> landed_;
+  // The fences of the ranges taken this step: abandon() cancels them (a host-passed fence of a
+  // copy a failed backward dropped would keep the worker, and so abandon(), waiting for ever).
+  std::vector<std::shared_ptr<device::CopyFence>> awaited_;
   size_t last_ranges_ = 0;
   c10::Device device_;  // the compute device: host buffers are registered for copies with it
   device::SideStream downloads_;  // gradients down, behind the compute stream's reduction

@@ -19,6 +19,7 @@
 #include "device/transfer_stream.h"
 #include "offload/param_store.h"
 #include "optim/fused_adam.h"
+#include "runtime/engine_state.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/stage3_layouts.h"
@@ -129,20 +130,31 @@ INSTANTIATE_TEST_SUITE_P(Stages, OneGpu, testing::ValuesIn(all_cases()), case_na
 
 // ZeRO-Offload's update during backward (offload_optimizer.overlap_step, on by default on a GPU):
 // the ranges updated on the host thread while backward goes on, uploaded on a side stream, give
-// bit for bit the serial step's training, at stages 2 and 3 (param + optimizer offload).
+// bit for bit the serial step's training, at stages 2 and 3 (param + optimizer offload), with
+// page-locked buffers and without (pageable: each range's fence is passed by the engine's thread
+// once it has put the bucket's staged copy in), and ranges really were updated during backward.
 TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   SKIP_WITHOUT_GPU();
   deterministic();
   for (int stage : {2, 3}) {
-    dstest::RunSpec spec = one_gpu_run(10);
-    spec.config = config_for(stage, true, stage == 3 ? Home::kParamAndOptimizerCpu : Home::kOptimizerCpu, "");
-    spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
-    auto serial = dstest::train_gpt(spec);
-    spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
-    auto overlapped = dstest::train_gpt(spec);
-    ASSERT_EQ(overlapped.losses, serial.losses) << "stage " << stage;
-    for (size_t i = 0; i < serial.weights.size(); ++i)
-      EXPECT_TRUE(torch::equal(overlapped.weights[i], serial.weights[i])) << "stage " << stage << " parameter " << i;
+    for (bool pin : {true, false}) {
+      dstest::RunSpec spec = one_gpu_run(10);
+      spec.config = config_for(stage, true, stage == 3 ? Home::kParamAndOptimizerCpu : Home::kOptimizerCpu, "");
+      spec.config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin;
+      spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
+      auto serial = dstest::train_gpt(spec);
+      spec.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
+      size_t ranges = 0;
+      spec.after_training = [&](deepspeed::Engine& engine) {
+        ranges = deepspeed::state_of(engine).stage->ranges_stepped_during_backward();
+      };
+      auto overlapped = dstest::train_gpt(spec);
+      EXPECT_GT(ranges, 0u) << "stage " << stage << " pin " << pin << ": no range updated during backward";
+      ASSERT_EQ(overlapped.losses, serial.losses) << "stage " << stage << " pin " << pin;
+      for (size_t i = 0; i < serial.weights.size(); ++i)
+        EXPECT_TRUE(torch::equal(overlapped.weights[i], serial.weights[i]))
+            << "stage " << stage << " pin " << pin << " parameter " << i;
+    }
   }
 }
 

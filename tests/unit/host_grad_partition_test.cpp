@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <thread>
+
 #include "support/held_downloads.h"
 #include "zero/host_grad_partition.h"
 
@@ -17,9 +20,11 @@ double squares(const at::Tensor& t) { return t.to(torch::kDouble).pow(2).sum().i
 
 // Two buckets that tile a partition of 10: [0, 6) and [6, 10).
 // (A pageable partition gives no fence: its values are there after wait().)
+// (On the CPU a direct copy is done when accumulate returns; a staged one is put in by a later
+// call on this thread, so this thread never waits on its fence.)
 void reduce(HostGradPartition& p, const at::Tensor& values) {
   for (auto [begin, numel] : {std::pair<int64_t, int64_t>{0, 6}, {6, 4}})
-    if (auto fence = p.accumulate(begin, values.narrow(0, begin, numel))) fence->wait();
+    p.accumulate(begin, values.narrow(0, begin, numel));
 }
 
 // One micro-step's backward: both buckets reduced.
@@ -127,12 +132,15 @@ class PageableHostGradPartition : public ::testing::Test {
 TEST_F(PageableHostGradPartition, BucketsGoInOnceTheirCopyArrivedWithoutWaiting) {
   auto a = torch::randn({10});
   p.begin_micro_step(false);
-  EXPECT_EQ(p.accumulate(0, a.narrow(0, 0, 6)), nullptr);  // no fence: wait() makes it readable
+  auto first = p.accumulate(0, a.narrow(0, 0, 6));
+  ASSERT_NE(first, nullptr);
+  EXPECT_FALSE(first->passed()) << "passed before the copy is in the partition";
   EXPECT_EQ(p.copies_pending(), 1u);
   EXPECT_TRUE(torch::equal(p.tensor(), torch::zeros({10})));  // still on its way
   downloads.release(0);
   p.accumulate(6, a.narrow(0, 6, 4));
   EXPECT_EQ(p.copies_pending(), 1u);  // the first went in, found passed
+  EXPECT_TRUE(first->passed());
   EXPECT_TRUE(torch::equal(p.tensor().narrow(0, 0, 6), a.narrow(0, 0, 6)));
   EXPECT_EQ(downloads.blocking_waits, 0);
   p.end_micro_step();
@@ -194,9 +202,39 @@ TEST_F(PageableHostGradPartition, PendingCopiesAndTheirBucketsCount) {
   EXPECT_EQ(p.host_temporary_bytes(), 3 * 2 * 4);  // peaks
 }
 
-// No fence to give: the update during backward, which waits on one, needs pin_memory.
-TEST_F(PageableHostGradPartition, HasNoFenceForTheUpdateDuringBackward) {
-  EXPECT_THROW(p.written(), c10::Error);
+// The update during backward waits on another thread for a range's values: the fence the
+// partition gives passes once this thread has put the copy in (written(): every copy so far),
+// and a copy that clear() drops cancels its fence, so that waiter is not left hanging.
+TEST_F(PageableHostGradPartition, FencesPassOnceTheCopyIsInAndDroppedOnesCancel) {
+  EXPECT_TRUE(p.written()->passed()) << "nothing pending";
+  p.begin_micro_step(true);
+  auto a = p.accumulate(0, torch::ones({4}));
+  auto b = p.accumulate(4, torch::ones({6}));
+  auto all = p.written();
+  std::atomic<bool> woke{false};
+  std::thread waiter([&] {
+    all->wait();
+    woke = true;
+  });
+  downloads.release(0);
+  p.accumulate(10, torch::ones({0}));  // a later bucket: puts in the arrived copy
+  EXPECT_TRUE(a->passed());
+  EXPECT_FALSE(b->passed());
+  EXPECT_FALSE(woke.load());
+  EXPECT_THROW(b->wait(), c10::Error) << "this thread passes it: waiting here would never end";
+  p.end_micro_step();
+  p.wait();  // puts in the rest: the waiter wakes
+  waiter.join();
+  EXPECT_TRUE(woke.load());
+  EXPECT_TRUE(torch::equal(p.tensor(), torch::ones({10})));
+
+  p.clear();
+  p.begin_micro_step(true);
+  auto dropped = p.accumulate(0, torch::ones({4}));
+  std::thread cancelled([&] { EXPECT_THROW(dropped->wait(), c10::Error); });
+  p.clear();  // the backward failed: the copy will never be put in
+  cancelled.join();
+  EXPECT_FALSE(dropped->passed());
 }
 
 // A boundary's backward that threw with an add still on its way: the add goes in before the retry

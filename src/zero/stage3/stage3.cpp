@@ -42,6 +42,7 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   partition_unit(0);
   ShardOptions shard = options_.shard;
   shard.compute_device = ctx_.device;
+  shard.reduces_into_partition = true;
   shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
   // After the zero::Init slices are gone (a model bigger than RAM needs the room).
   grads_ = make_unit_gradients(layout_, param_dtype_, options_.shard, options_.aio, ctx_.device,

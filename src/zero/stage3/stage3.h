@@ -53,6 +53,9 @@ class Stage3 : public ZeroStage {
   void begin_backward(bool boundary) override;
   void end_backward(bool boundary) override;
   void abandon_backward() override;
+  size_t ranges_stepped_during_backward() const override {
+    return shard_->ranges_stepped_during_backward();
+  }
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   // Tensor parallelism (tp/tp_stage.h): defined in zero/grad_square_sums.cpp.

@@ -6,8 +6,9 @@
 // pageable share it (offload/grad_store.h, zero/host_grad_partition.h); each says what applying a
 // copy means (its `Place`: where the copy goes, and how) and what else it tracks around it.
 //
-// In order, because a later copy may add to what an earlier one wrote. Not thread-safe: every
-// call comes from the thread running the engine.
+// In order, because a later copy may add to what an earlier one wrote. Not thread-safe: calls
+// come one at a time (on a GPU from autograd's device thread during backward, where the stages'
+// hooks run, and from the user's thread after it; backward() returning orders the two).
 #pragma once
 #include <algorithm>
 #include <cstdint>

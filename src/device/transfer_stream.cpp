@@ -43,8 +43,6 @@ class CudaFence : public CopyFence {
 
 }  // namespace
 
-HostFence::HostFence() : owner_(std::this_thread::get_id()) {}
-
 void HostFence::signal() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -63,8 +61,6 @@ void HostFence::cancel() {
 
 void HostFence::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
-  TORCH_CHECK(signalled_ || cancelled_ || std::this_thread::get_id() != owner_,
-              "HostFence: waited for on the thread that passes it, where it would never pass");
   changed_.wait(lock, [&] { return signalled_ || cancelled_; });
   TORCH_CHECK(signalled_, "HostFence: the values this waited for were dropped (a failed "
               "backward)");

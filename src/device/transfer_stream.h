@@ -10,7 +10,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
@@ -37,19 +36,18 @@ class CopyFence {
 // A fence that a host thread passes by hand: for values that the engine's thread puts into host
 // memory itself (a pageable gradient partition, zero/host_grad_partition.h) while another thread
 // (the update during backward) waits for them. Thread-safe. The device has nothing to wait for.
+//
+// Whoever passes it must not wait on it: on a GPU that is two threads in turn (autograd's device
+// thread puts copies in during backward, the user's thread after it), so no owner can be checked.
 class HostFence : public CopyFence {
  public:
-  HostFence();  // the thread creating it is the one that passes it
   void signal();  // the values are there
   void cancel() override;
-  // Throws c10::Error once cancelled (unless signalled first), and at once on the thread that
-  // passes it: there it would wait for ever.
-  void wait() override;
+  void wait() override;  // throws c10::Error once cancelled (unless signalled first)
   bool passed() override;
   void join_current() override {}
 
  private:
-  std::thread::id owner_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool signalled_ = false;

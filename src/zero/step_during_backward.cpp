@@ -161,7 +161,11 @@ void StepDuringBackward::prepare() {
   step_.hyper.num_threads = options_.upload && options_.update_early ? std::max(1, threads - 1) : threads;
 }
 
+// Cancelled first: a range whose values a host thread was to put in (a pageable partition's
+// HostFence) may never get them now, and waiting below would then never end. A device's fence
+// ignores it, and is waited for: its copy still writes the landing buffer.
 void StepDuringBackward::forget() {
+  for (auto& fence : awaited_) fence->cancel();
   for (auto& l : landed_) {
     try {
       l.down.fence->wait();  // their copies still write the landing buffer
@@ -180,7 +184,7 @@ void StepDuringBackward::discard() {
 }
 
 void StepDuringBackward::abandon() {
-  for (auto& fence : awaited_) fence->cancel();
+  for (auto& fence : awaited_) fence->cancel();  // before the worker, which may wait on them
   try {
     worker_.wait();
   } catch (...) {

@@ -132,7 +132,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, OneGpu, testing::ValuesIn(all_cases()), case_na
 // the ranges updated on the host thread while backward goes on, uploaded on a side stream, give
 // bit for bit the serial step's training, at stages 2 and 3 (param + optimizer offload), with
 // page-locked buffers and without (pageable: each range's fence is passed by the engine's thread
-// once it has put the bucket's staged copy in), and ranges really were updated during backward.
+// once it has put the bucket's staged copy in), and the ranges were handed to the update during
+// backward (the overlap is on; how much of the update it hides is the benchmark's to measure).
 TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   SKIP_WITHOUT_GPU();
   deterministic();
@@ -149,7 +150,7 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
         ranges = deepspeed::state_of(engine).stage->ranges_stepped_during_backward();
       };
       auto overlapped = dstest::train_gpt(spec);
-      EXPECT_GT(ranges, 0u) << "stage " << stage << " pin " << pin << ": no range updated during backward";
+      EXPECT_GT(ranges, 0u) << "stage " << stage << " pin " << pin << ": no range taken during backward";
       ASSERT_EQ(overlapped.losses, serial.losses) << "stage " << stage << " pin " << pin;
       for (size_t i = 0; i < serial.weights.size(); ++i)
         EXPECT_TRUE(torch::equal(overlapped.weights[i], serial.weights[i]))

@@ -221,7 +221,6 @@ TEST_F(PageableHostGradPartition, FencesPassOnceTheCopyIsInAndDroppedOnesCancel)
   EXPECT_TRUE(a->passed());
   EXPECT_FALSE(b->passed());
   EXPECT_FALSE(woke.load());
-  EXPECT_THROW(b->wait(), c10::Error) << "this thread passes it: waiting here would never end";
   p.end_micro_step();
   p.wait();  // puts in the rest: the waiter wakes
   waiter.join();

@@ -426,6 +426,16 @@ TEST(StepDuringBackwardErrors, AbandonDoesNotWaitForValuesThatWillNeverCome) {
   EXPECT_FALSE(host.started());
   EXPECT_FALSE(torch::equal(master.narrow(0, 0, 50), start.narrow(0, 0, 50)));
   EXPECT_TRUE(torch::equal(master.narrow(0, 50, 50), start.narrow(0, 50, 50)));
+
+  // The same when the ranges were only taken (clipping, fp16: updated at the step) and the step
+  // is dropped: discard() waits for device copies into its landing buffer, not for values that
+  // will never come (a pipeline batch that failed after its boundary backward drops them so).
+  StepDuringBackward::Options at_step;
+  at_step.update_early = false;
+  StepDuringBackward taken(adam, master, torch::kCPU, at_step);
+  taken.take(0, grads.narrow(0, 0, 50), master, std::make_shared<HostFence>());
+  taken.discard();  // returns (a hang here fails the test at its timeout)
+  EXPECT_FALSE(taken.started());
 }
 
 // A boundary's backward not completed by a step (it threw, or step() was skipped): when its ranges

@@ -135,6 +135,13 @@ void HostGradPartition::apply_staged(bool wait_all) {
       if (to.count_squares) host_squares_ += sum_of_squares(place).item<double>();
     } catch (...) {
       to.in_place->cancel();  // never put in: a waiter must not wait for ever
+      // Nor written: the range still holds an earlier step's gradients, which a retry's
+      // recovery zeroes only where nothing was written.
+      if (to.overwrite) {
+        const ElementRange range{to.begin, values.numel()};
+        overwritten_.erase(std::remove(overwritten_.begin(), overwritten_.end(), range),
+                           overwritten_.end());
+      }
       throw;
     }
     to.in_place->signal();

@@ -190,6 +190,32 @@ TEST_F(PageableHostGradPartition, AFailedFirstMicroStepLeavesNoEarlierGradients)
   EXPECT_TRUE(torch::allclose(p.tensor(), expected));
 }
 
+// A copy whose write throws (here: its values are not readable) was never written: a retry of the
+// first micro-step finds that range holding an earlier step's gradients and zeroes it, as any
+// range the failed micro-step did not write.
+TEST(PageableHostGradPartitionErrors, ACopyThatFailedToGoInCountsAsNotWritten) {
+  bool unreadable = false;
+  HostGradPartition p{10, torch::kFloat, torch::kCPU, /*pin=*/false,
+                      [&](const at::Tensor& reduced) {
+                        auto arrived = std::make_shared<deepspeed::device::HostFence>();
+                        arrived->signal();
+                        at::Tensor host = unreadable ? torch::empty({reduced.numel()}, torch::kMeta)
+                                                     : reduced.clone();
+                        return deepspeed::device::Download{host, arrived};
+                      }};
+  micro_step(p, torch::full({10}, 5.0f), true);
+  p.wait();
+  p.clear();
+  p.begin_micro_step(true);
+  unreadable = true;
+  EXPECT_ANY_THROW(p.accumulate(0, torch::ones({6})));  // its write fails: the backward throws
+  unreadable = false;
+  auto next = torch::randn({10});
+  micro_step(p, next, true);
+  p.wait();
+  EXPECT_TRUE(torch::equal(p.tensor(), next)) << "the old 5s stayed in the failed copy's range";
+}
+
 // The copies count as temporaries: the page-locked ones in host memory, and the buckets on the GPU
 // that they still read (a meta tensor stands in for a GPU bucket).
 TEST_F(PageableHostGradPartition, PendingCopiesAndTheirBucketsCount) {

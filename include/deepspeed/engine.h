@@ -171,9 +171,13 @@ class Engine {
   // allocated, the bytes asked, what to try). With fp16 on a CPU operator that has no Half
   // kernel, a ConfigError naming fp16.enabled and suggesting bf16 instead.
   [[noreturn]] void report_torch_error(const char* phase, const c10::Error& error) const;
-  // The same error, made but not thrown: the backward builds it before its clean-up, so that an
-  // out-of-memory report says what the failed pass held.
+  // The same error, made but not thrown.
   std::exception_ptr translate_torch_error(const char* phase, const c10::Error& error) const;
+  // Inside a catch block: runs `clean_up` (which must not throw), then rethrows what was caught,
+  // a libtorch error as report_torch_error words it. The words come first, so that an
+  // out-of-memory report says what the failed pass held before the clean-up frees it.
+  [[noreturn]] void rethrow_after_clean_up(const char* phase,
+                                           const std::function<void()>& clean_up) const;
   // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
   bool auto_cast_inputs() const { return auto_cast_inputs_; }
   template <class T>

@@ -123,14 +123,10 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
               else
                 torch::autograd::backward({b.output}, {b.grad_output});
               if (boundary) s.stage->end_backward(true);
-            } catch (const c10::Error& e) {
-              // Reported as the failure left memory: the clean-up frees what the pass held.
-              const std::exception_ptr reported = translate_torch_error(phase, e);
-              if (boundary) zero::abandon_backward_quietly(*s.stage);
-              std::rethrow_exception(reported);
             } catch (...) {
-              if (boundary) zero::abandon_backward_quietly(*s.stage);
-              throw;
+              rethrow_after_clean_up(phase, [&] {
+                if (boundary) zero::abandon_backward_quietly(*s.stage);
+              });
             }
             b.output = at::Tensor();
             b.grad_output = at::Tensor();
@@ -180,13 +176,10 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
         }
       }
     }
-  } catch (const c10::Error& e) {
-    const std::exception_ptr reported = translate_torch_error(phase, e);
-    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
-    std::rethrow_exception(reported);
   } catch (...) {
-    if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
-    throw;
+    rethrow_after_clean_up(phase, [&] {
+      if (train) forget_failed_batch(*s.stage, rt.module, rt.held);
+    });
   }
 
   const double loss = batch_loss(s, *rt.pipe, rt.stages, last, train, eval_loss);

@@ -69,6 +69,19 @@ std::exception_ptr Engine::translate_torch_error(const char* phase, const c10::E
   return std::make_exception_ptr(Error(where));
 }
 
+void Engine::rethrow_after_clean_up(const char* phase,
+                                    const std::function<void()>& clean_up) const {
+  std::exception_ptr reported = std::current_exception();
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    reported = translate_torch_error(phase, e);
+  } catch (...) {  // anything else (a user's hook may throw what it likes) goes on as it is
+  }
+  clean_up();
+  std::rethrow_exception(reported);
+}
+
 // backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
 // hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) try {
@@ -94,14 +107,8 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
     timers.start(Phase::kBackwardReduce);
     s.stage->end_backward(boundary);
     timers.stop(Phase::kBackwardReduce);
-  } catch (const c10::Error& e) {
-    // Reported as the failure left memory: the clean-up frees what the failed pass held.
-    const std::exception_ptr reported = translate_torch_error("backward", e);
-    zero::abandon_backward_quietly(*s.stage);
-    std::rethrow_exception(reported);
-  } catch (...) {  // anything: a user's hook may throw what it likes
-    zero::abandon_backward_quietly(*s.stage);
-    throw;
+  } catch (...) {
+    rethrow_after_clean_up("backward", [&] { zero::abandon_backward_quietly(*s.stage); });
   }
   // Counted once its backward went through: a micro-step whose backward threw (and is retried,
   // or skipped) is not part of the step's mean loss.

@@ -24,6 +24,11 @@ HostGradPartition::~HostGradPartition() {
     wait();
   } catch (...) {
   }
+  cancel_pending();
+}
+
+// The staged copies pending will not be put in: whoever waits for them is woken (and throws).
+void HostGradPartition::cancel_pending() {
   if (staged_) staged_->for_each_pending([](StagedPlace& p) { p.in_place->cancel(); });
 }
 
@@ -188,7 +193,7 @@ void HostGradPartition::wait() {
 // their page-locked blocks until the copies into them are done).
 void HostGradPartition::clear() {
   if (staged_) {
-    staged_->for_each_pending([](StagedPlace& p) { p.in_place->cancel(); });
+    cancel_pending();
     staged_->clear();
     last_staged_.reset();
   }

@@ -93,6 +93,7 @@ class HostGradPartition final : public GradPartition {
   std::shared_ptr<device::CopyFence> stage(int64_t begin, const at::Tensor& flat);
   // Writes or adds the staged copies in order: those arrived, or (`wait_all`) every one.
   void apply_staged(bool wait_all);
+  void cancel_pending();
   void note_temporary(const at::Tensor& t);
   at::Tensor host_;
   at::Tensor squares_;  // fp64 [1] on the device, written on the download stream only

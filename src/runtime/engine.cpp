@@ -24,8 +24,18 @@ Engine::~Engine() = default;
 
 using monitor::Phase;
 
+void refuse_during_half_done_step(const EngineState& s, const std::string& what) {
+  if (!s.stage || !s.stage->update_begun_during_backward()) return;
+  throw Error(what + " between an accumulation boundary's backward and engine.step(): ZeRO-Offload's "
+              "update during backward (zero_optimization.offload_optimizer.overlap_step) has "
+              "already updated part of rank " + std::to_string(s.comm->rank()) +
+              "'s optimizer state and parameters, so it would see half of a step; call "
+              "engine.step() first (or set overlap_step to false)");
+}
+
 void Engine::before_forward() {
   forget_failed_allocation();
+  refuse_during_half_done_step(*state_, "forward");
   state_->monitor->timers().start(Phase::kForward);
   state_->monitor->before_forward(state_->global_steps);  // flops profiler at its step
   state_->stage->before_forward();
@@ -269,6 +279,7 @@ GatheredParameters Engine::gathered_parameters(std::optional<int> modifier_rank)
 GatheredParameters Engine::gathered_parameters(
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
     std::optional<int> modifier_rank) {
+  refuse_during_half_done_step(*state_, "gathered_parameters");
   return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
 }
 
@@ -277,6 +288,7 @@ GatheredParameters Engine::gathered_parameters(
 // only root-unit parameters itself (always gathered), so it is copied directly and its children
 // visited.
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
+  refuse_during_half_done_step(*state_, "consolidated_state_dict");
   auto& model = *state_->module;
   const bool keep = state_->comm->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> out;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "checkpoint/layout.h"
@@ -82,5 +83,12 @@ struct EngineAccess {
 }  // namespace detail
 
 inline EngineState& state_of(Engine& engine) { return detail::EngineAccess::state(engine); }
+
+// Throws deepspeed::Error when `what` (a forward, a checkpoint's save or load, a look at the whole
+// parameters) comes between an accumulation boundary's backward and engine.step() while
+// ZeRO-Offload's update during backward has already updated part of the optimizer partition:
+// it would read or overwrite half of a step (and race the update's thread). Local; every rank
+// of the job is in the same state.
+void refuse_during_half_done_step(const EngineState& s, const std::string& what);
 
 }  // namespace deepspeed

@@ -69,10 +69,11 @@ void DataParallelStage::abandon_backward() {
 // A parameter that got no gradient this step contributes zeros: every rank must send the
 // same bucket layout whatever its own graph used.
 void DataParallelStage::launch(Bucket& b) {
-  if (!b.flat.defined())
+  if (!b.flat.defined()) {
     AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, b.numel,
                          c10::elementSize(b.dtype));
     b.flat = torch::empty({b.numel}, ctx_.options(b.dtype));
+  }
   const double before = gradient_scaling(options_.reduction, ctx_.world_size()).before_reduce;
   int64_t offset = 0;
   for (size_t k : b.params) {

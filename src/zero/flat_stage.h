@@ -73,6 +73,9 @@ class FlatStage : public ZeroStage {
   size_t ranges_stepped_during_backward() const override {
     return shard_->ranges_stepped_during_backward();
   }
+  bool update_begun_during_backward() const override {
+    return shard_->update_begun_during_backward();
+  }
 
  private:
   ReductionOptions reduction_for(ReductionOptions configured) const;

@@ -22,6 +22,9 @@ class ForwardingStage : public ZeroStage {
   size_t ranges_stepped_during_backward() const override {
     return inner_->ranges_stepped_during_backward();
   }
+  bool update_begun_during_backward() const override {
+    return inner_->update_begun_during_backward();
+  }
   double global_grad_norm() override { return inner_->global_grad_norm(); }
   // A wrapper that changes the norm overrides both (the tensor keeps a GPU step free of host
   // waits; the value is read from it).

@@ -98,6 +98,9 @@ class InMemoryShard : public ShardOptimizer {
   size_t ranges_stepped_during_backward() const override {
     return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
+  bool update_begun_during_backward() const override {
+    return host_step_ && host_step_->started() && host_step_->updates_early();
+  }
   void discard_step() override {
     if (host_step_) host_step_->discard();
   }

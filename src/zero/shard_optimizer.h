@@ -127,6 +127,8 @@ class ShardOptimizer {
   virtual void begin_backward() {}
   // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }
+  // Ranges were updated during the boundary's backward and no step() has completed them.
+  virtual bool update_begun_during_backward() const { return false; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
 

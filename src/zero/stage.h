@@ -74,6 +74,10 @@ class ZeroStage {
   // Ranges of the partition the last step updated during backward (offload_optimizer
   // .overlap_step); 0 where the update runs at the step. Local.
   virtual size_t ranges_stepped_during_backward() const { return 0; }
+  // Whether the last boundary's backward has already updated ranges of the optimizer partition
+  // (and their parameters) that no step() has completed yet: until step(), reading or writing
+  // the masters, the moments or the parameters would see half of a step. Local.
+  virtual bool update_begun_during_backward() const { return false; }
   // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
   virtual double global_grad_norm() = 0;
   // The same norm as a one-element fp64 tensor, on the stage's device and not yet waited for: the

@@ -19,7 +19,7 @@ namespace zero {
 StepDuringBackward::StepDuringBackward(optim::FusedAdam& adam, at::Tensor master,
                                        c10::Device compute_device, Options options)
     : adam_(adam), master_(std::move(master)), options_(options), device_(compute_device),
-      downloads_(compute_device), uploads_(compute_device) {
+      downloads_(compute_device), uploads_(compute_device), threads_(at::get_num_threads()) {
   TORCH_CHECK(options_.chunk > 0 && options_.ring_slots > 0,
               "StepDuringBackward: chunk and ring_slots must be positive");
   // A small partition gets chunks of a quarter of it (ring_slots of them), not a fixed size.
@@ -157,8 +157,8 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
 // would take that thread off its core for whole time slices while the GPU waits for work.
 void StepDuringBackward::prepare() {
   step_ = adam_.prepare_step(master_);
-  const int threads = at::get_num_threads();
-  step_.hyper.num_threads = options_.upload && options_.update_early ? std::max(1, threads - 1) : threads;
+  step_.hyper.num_threads =
+      options_.upload && options_.update_early ? std::max(1, threads_ - 1) : threads_;
 }
 
 // Cancelled first: a range whose values a host thread was to put in (a pageable partition's
@@ -216,6 +216,7 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
     update(begin, down.grads, partition);
   }
   uploads_.join();
+  threads_ = at::get_num_threads();  // the caller's thread: the user's setting, for the next step
   last_ranges_ = taken_.size();
   taken_.clear();
   awaited_.clear();

@@ -132,6 +132,9 @@ class StepDuringBackward {
   c10::Device device_;  // the compute device: host buffers are registered for copies with it
   device::SideStream downloads_;  // gradients down, behind the compute stream's reduction
   device::SideStream uploads_;
+  // The Adam's team size: read on the engine's thread (construction, finish()), never in take(),
+  // which on a GPU runs on autograd's device thread, whose OpenMP default is every core.
+  int threads_;
   offload::StepWorker worker_;  // last: joined first, while the buffers above still exist
 };
 

@@ -10,6 +10,8 @@
 #include <stdexcept>
 
 #include "deepspeed/deepspeed.h"
+#include "support/expect.h"
+#include "support/failing_cpu_allocator.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 
@@ -72,6 +74,64 @@ TEST_P(FailedBackward, TrainingGoesOnAfterABackwardThatThrewMidway) {
     EXPECT_NEAR(losses[0][i], (forward_losses[0][i] + forward_losses[1][i]) / 2,
                 1e-6 * std::abs(losses[0][i]))
         << "step " << i;
+}
+
+// Two layers of 700 x 700: their one gradient bucket (3.7 MiB) is the only allocation of 3 MiB or
+// more in a backward.
+struct TwoLayersImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwoLayersImpl() {
+    a = register_module("a", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
+    b = register_module("b", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
+};
+
+// Stage 0's gradient bucket (at one rank it has none, so this takes two): an out-of-memory while
+// it is first allocated names it, training goes on, and once allocated it is kept from one
+// backward to the next.
+TEST(FailedBackward, StageZerosBucketIsNamedWhenItsAllocationFails) {
+  at::set_num_threads(1);
+  dstest::FailingCpuAllocatorScope failing(3 << 20);
+  nlohmann::json config = {{"train_micro_batch_size_per_gpu", 2},
+                           {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.1}}}}},
+                           {"zero_optimization", {{"stage", 0}}}};
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(3);
+    auto model = std::make_shared<TwoLayersImpl>();
+    auto engine = deepspeed::initialize<TwoLayersImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto loss = engine->forward(torch::randn({2, 700}));
+    comm->barrier();
+    if (comm->rank() == 0) failing->arm();
+    comm->barrier();
+    try {
+      engine->backward(loss);
+    } catch (const deepspeed::Error& e) {
+      messages[comm->rank()] = e.what();
+    }
+    comm->barrier();
+    if (comm->rank() == 0) failing->disarm();
+    comm->barrier();
+    for (int step = 0; step < 2; ++step) {
+      // Once allocated, the bucket serves every later backward: with large allocations failing
+      // again, the second step allocates nothing of that size.
+      comm->barrier();
+      if (comm->rank() == 0 && step == 1) failing->arm();
+      comm->barrier();
+      engine->backward(engine->forward(torch::randn({2, 700})));
+      engine->step();
+      comm->barrier();
+      if (comm->rank() == 0) failing->disarm();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(messages[r], "rank " + std::to_string(r) + "'s backward while allocating a "
+                                 "gradient bucket (reduce_bucket_size) (980000 elements, 3.7 MiB)");
+    EXPECT_CONTAINS(messages[r], "(zero stage 0)");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, FailedBackward, ::testing::Values(0, 1, 2, 3),

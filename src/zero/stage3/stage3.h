@@ -56,6 +56,9 @@ class Stage3 : public ZeroStage {
   size_t ranges_stepped_during_backward() const override {
     return shard_->ranges_stepped_during_backward();
   }
+  bool update_begun_during_backward() const override {
+    return shard_->update_begun_during_backward();
+  }
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   // Tensor parallelism (tp/tp_stage.h): defined in zero/grad_square_sums.cpp.

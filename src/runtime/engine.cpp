@@ -162,11 +162,13 @@ void Engine::step() try {
     s.last_loss = loss.item<double>() / s.comm->world_size();
     s.pending = {};
   }
-  s.loss_scaler->update(overflow);  // may throw: dynamic scale already at min_loss_scale
-  s.last_step_applied = !overflow;
+  // The loss scaler counts the step only once the stage has applied or dropped it: a stage step
+  // that throws (and a pipeline batch that is retried) must not count twice in its window.
+  s.last_step_applied = false;
   if (overflow) {
     // DeepSpeed: the update and the LR step are skipped, the step is still counted.
     s.stage->discard_gradients();
+    s.loss_scaler->update(true);  // may throw: dynamic scale already at min_loss_scale
     ++s.skipped_steps;
     // Once per job, as DeepSpeed's "Rank 0" says: a pipeline's stages (and a tensor group's
     // ranks) each have their own data-parallel rank 0, and all of them skip this step together.
@@ -184,6 +186,8 @@ void Engine::step() try {
       if (coef < 1.0) grad_scale *= coef;
     }
     s.stage->step(grad_scale);
+    s.loss_scaler->update(false);
+    s.last_step_applied = true;
     if (s.scheduler) s.scheduler->step();
   }
   ++s.global_steps;

@@ -292,3 +292,45 @@ TEST(Fp16Config, AutoCastCastsFloatingInputsOnly) {
     EXPECT_EQ(model->seen_ids, torch::kLong);
   }
 }
+
+namespace {
+// libtorch's SGD whose first step fails (a step that throws after the overflow vote: an
+// out-of-memory in the update, say).
+struct FailsOnceSgd : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+  bool failed = false;
+  torch::Tensor step(LossClosure closure) override {
+    if (!failed) {
+      failed = true;
+      TORCH_CHECK(false, "simulated failure in the update");
+    }
+    return torch::optim::SGD::step(std::move(closure));
+  }
+};
+}  // namespace
+
+// The dynamic loss scaler counts a step once the stage has applied it: a step that threw in the
+// update and is called again counts once in loss_scale_window (before, the scale doubled a step
+// early).
+TEST(Fp16LossScaler, AStepThatThrewInTheUpdateCountsOnceInTheScaleWindow) {
+  at::set_num_threads(1);
+  torch::manual_seed(5);
+  auto model = HalfMlp();
+  auto config = fp16_config(1, {{"initial_scale_power", 8}, {"loss_scale_window", 2}});
+  config.erase("optimizer");
+  auto sgd = std::make_shared<FailsOnceSgd>(model->parameters(), torch::optim::SGDOptions(1e-2));
+  auto engine = deepspeed::initialize<HalfMlpImpl>(
+                    {.model = model.ptr(), .config_json = config, .optimizer = sgd})
+                    .engine;
+  auto b = dstest::half_mlp_batch(0, 0);
+  engine->backward(engine->forward(b.x, b.y));
+  EXPECT_THROW(engine->step(), deepspeed::Error);
+  EXPECT_EQ(engine->loss_scale(), 256.0);
+  engine->step();  // the same gradients, applied now
+  EXPECT_TRUE(engine->was_step_applied());
+  EXPECT_EQ(engine->loss_scale(), 256.0) << "the failed attempt was counted in the window";
+  b = dstest::half_mlp_batch(0, 1);
+  engine->backward(engine->forward(b.x, b.y));
+  engine->step();
+  EXPECT_EQ(engine->loss_scale(), 512.0) << "two applied steps fill a window of 2";
+}

@@ -144,10 +144,12 @@ void Engine::step() try {
   TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
                            "or pass one to initialize())");
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
-  at::Tensor loss = s.loss_since_boundary.defined() ? s.loss_since_boundary.reshape({1})
-                                                     : torch::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(s.device));
+  // Reduced in a copy, and the sum dropped only once the step went through: a step called again
+  // after it threw reports the same loss.
+  at::Tensor loss = s.loss_since_boundary.defined()
+                        ? s.loss_since_boundary.reshape({1}).clone()
+                        : torch::zeros({1}, at::TensorOptions().dtype(at::kDouble).device(s.device));
   s.comm->all_reduce(loss)->wait();
-  s.loss_since_boundary = at::Tensor();
 
   // The norm of the still-scaled gradients; non-finite on every rank if any rank overflowed.
   // Read here only when the step needs its value (fp16's overflow vote, clipping): that read is
@@ -168,6 +170,7 @@ void Engine::step() try {
   if (overflow) {
     // DeepSpeed: the update and the LR step are skipped, the step is still counted.
     s.stage->discard_gradients();
+    s.loss_since_boundary = at::Tensor();
     s.loss_scaler->update(true);  // may throw: dynamic scale already at min_loss_scale
     ++s.skipped_steps;
     // Once per job, as DeepSpeed's "Rank 0" says: a pipeline's stages (and a tensor group's
@@ -186,6 +189,7 @@ void Engine::step() try {
       if (coef < 1.0) grad_scale *= coef;
     }
     s.stage->step(grad_scale);
+    s.loss_since_boundary = at::Tensor();
     s.loss_scaler->update(false);
     s.last_step_applied = true;
     if (s.scheduler) s.scheduler->step();

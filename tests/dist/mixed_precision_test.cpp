@@ -311,7 +311,7 @@ struct FailsOnceSgd : torch::optim::SGD {
 
 // The dynamic loss scaler counts a step once the stage has applied it: a step that threw in the
 // update and is called again counts once in loss_scale_window (before, the scale doubled a step
-// early).
+// early), and reports its micro-step's loss (before, 0: the first attempt had dropped it).
 TEST(Fp16LossScaler, AStepThatThrewInTheUpdateCountsOnceInTheScaleWindow) {
   at::set_num_threads(1);
   torch::manual_seed(5);
@@ -323,11 +323,13 @@ TEST(Fp16LossScaler, AStepThatThrewInTheUpdateCountsOnceInTheScaleWindow) {
                     {.model = model.ptr(), .config_json = config, .optimizer = sgd})
                     .engine;
   auto b = dstest::half_mlp_batch(0, 0);
+  const double forward_loss = engine->forward(b.x, b.y).item<double>();
   engine->backward(engine->forward(b.x, b.y));
   EXPECT_THROW(engine->step(), deepspeed::Error);
   EXPECT_EQ(engine->loss_scale(), 256.0);
   engine->step();  // the same gradients, applied now
   EXPECT_TRUE(engine->was_step_applied());
+  EXPECT_NEAR(engine->last_loss(), forward_loss, 1e-6) << "the retried step lost its loss";
   EXPECT_EQ(engine->loss_scale(), 256.0) << "the failed attempt was counted in the window";
   b = dstest::half_mlp_batch(0, 1);
   engine->backward(engine->forward(b.x, b.y));

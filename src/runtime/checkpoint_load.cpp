@@ -400,6 +400,9 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
     s.stage->refresh_masters_from_model();
   else
     s.stage->finish_load(plan.adam_step);
+  // A checkpoint is the state at a step: gradients accumulated since (a failed backward's among
+  // them) belong to no step of it, as the micro-steps' loss sum does not.
+  s.stage->discard_gradients();
   if (plan.load_extra_state) {
     run_agreed(job, applying, [&] { apply_extra_state(s, plan.extra_state); });
     // The extra state can hold this rank's own fp32 masters (0/1 Adam saved between two syncs):

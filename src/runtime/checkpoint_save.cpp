@@ -325,6 +325,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   std::unique_ptr<zero::FragmentState> state;
   run_agreed(job, "save_checkpoint '" + dir + "': preparing the folder", [&] {
     refuse_during_half_done_step(s, "save_checkpoint");
+    refuse_to_save_a_lost_step(s);
     state = s.stage->state_to_save();
     check_fragments_match_layout(s, *state);
     if (!rank0) return;

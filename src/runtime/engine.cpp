@@ -33,6 +33,15 @@ void refuse_during_half_done_step(const EngineState& s, const std::string& what)
               "engine.step() first (or set overlap_step to false)");
 }
 
+void refuse_to_save_a_lost_step(const EngineState& s) {
+  if (!s.stage || !s.stage->step_lost()) return;
+  throw Error("save_checkpoint: rank " + std::to_string(s.comm->rank()) + "'s optimizer state is "
+              "partly stepped: a boundary's backward (or its step) failed after ZeRO-Offload's "
+              "update during backward (zero_optimization.offload_optimizer.overlap_step) had "
+              "updated part of it, and a checkpoint of it would keep half a step; load the last "
+              "checkpoint instead");
+}
+
 void Engine::before_forward() {
   forget_failed_allocation();
   refuse_during_half_done_step(*state_, "forward");

@@ -90,5 +90,8 @@ inline EngineState& state_of(Engine& engine) { return detail::EngineAccess::stat
 // it would read or overwrite half of a step (and race the update's thread). Local; every rank
 // of the job is in the same state.
 void refuse_during_half_done_step(const EngineState& s, const std::string& what);
+// Throws deepspeed::Error when a step the update during backward had begun was never completed
+// (ZeroStage::step_lost): a checkpoint saved now would keep a partly stepped optimizer state.
+void refuse_to_save_a_lost_step(const EngineState& s);
 
 }  // namespace deepspeed

@@ -90,8 +90,9 @@ AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat
                       options.finish_buckets_early ? kMaxBucketsInFlight : kUnboundedInFlight,
                       /*hooked=*/options.overlap) {
   const auto& layout = flat_.layout();
-  AllocatingFor naming("stage 1's gradients (every parameter's, flat)", -1, layout.padded_numel,
-                       flat_.buffer().element_size());
+  // Stage 1, and stage 0 in 16 bits: the report names the stage beside it.
+  AllocatingFor naming("the flat gradients of every parameter (all-reduced at the boundary)", -1,
+                       layout.padded_numel, flat_.buffer().element_size());
   flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));
   partition_ = std::make_unique<DeviceGradPartition>(
       flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel));

@@ -43,12 +43,20 @@ class FlatStage : public ZeroStage {
             const FlatStageOptions& options, const OptimizerFactory& make_optimizer);
 
   // At a boundary the gradients are reduced, unless a 1-bit optimizer keeps them local.
+  // The shard first: an update still running from an earlier boundary stops before the gradients'
+  // recovery touches what it reads. Ranges that recovery finishes (a failed pass's buckets) are
+  // refused until this backward has begun.
   void begin_backward(bool boundary) override {
     shard_->begin_backward();
+    shard_->abandon_step();
     grads_->begin_backward(boundary && !gradients_stay_local());
+    shard_->accept_ranges();
   }
   void end_backward(bool) override { grads_->end_backward(); }
-  void abandon_backward() override { grads_->abandon_backward(); }
+  void abandon_backward() override {
+    shard_->abandon_step();
+    grads_->abandon_backward();
+  }
   // COLLECTIVE. Non-finite on every rank when any rank's gradients hold an inf or NaN.
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
@@ -76,6 +84,7 @@ class FlatStage : public ZeroStage {
   bool update_begun_during_backward() const override {
     return shard_->update_begun_during_backward();
   }
+  bool step_lost() const override { return shard_->step_lost(); }
 
  private:
   ReductionOptions reduction_for(ReductionOptions configured) const;

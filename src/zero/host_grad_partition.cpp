@@ -68,7 +68,8 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
               ", ", begin + n, ") outside the partition of ", host_.numel());
   at::Tensor place = host_.narrow(0, begin, n);
   at::Tensor flat = reduced.reshape({-1});
-  if (overwrite_) overwritten_.emplace_back(begin, n);
+  // A range counts as written once its copy is in (here) or put in (apply_staged): one that
+  // failed on the way still holds an earlier step's gradients, which a retry's recovery zeroes.
   if (staged_) return stage(begin, flat);
   downloads_.follow_current();  // the bucket's reduction is queued on the compute stream
   downloads_.reads(flat);
@@ -102,6 +103,7 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
     if (boundary_) squares_ += sum_of_squares(final_values);
     fence = downloads_.mark();
   });
+  if (overwrite_) overwritten_.emplace_back(begin, n);
   return fence;
 }
 
@@ -140,15 +142,18 @@ void HostGradPartition::apply_staged(bool wait_all) {
       if (to.count_squares) host_squares_ += sum_of_squares(place).item<double>();
     } catch (...) {
       to.in_place->cancel();  // never put in: a waiter must not wait for ever
-      // Nor written: the range still holds an earlier step's gradients, which a retry's
-      // recovery zeroes only where nothing was written.
+      // Nor written (not in overwritten_): the range may still hold an earlier step's gradients.
+      // Zeroed here too, as a retry's recovery would, for a failure after the micro-step ended
+      // (in wait() or squared_norm()), which no recovery follows.
       if (to.overwrite) {
-        const ElementRange range{to.begin, values.numel()};
-        overwritten_.erase(std::remove(overwritten_.begin(), overwritten_.end(), range),
-                           overwritten_.end());
+        try {
+          host_.narrow(0, to.begin, values.numel()).zero_();
+        } catch (...) {
+        }
       }
       throw;
     }
+    if (to.overwrite) overwritten_.emplace_back(to.begin, values.numel());
     to.in_place->signal();
   });
 }

@@ -85,8 +85,15 @@ class InMemoryShard : public ShardOptimizer {
   bool steps_during_backward() const override { return overlap_; }
   void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params,
                        std::shared_ptr<device::CopyFence> ready) override {
+    if (refusing_ranges_) return;  // a failed pass's buckets, finished while it is abandoned
     host_step_->take(begin, grads, params.resident(), std::move(ready));
   }
+  void abandon_step() override {
+    refusing_ranges_ = true;
+    if (host_step_) host_step_->abandon();
+  }
+  void accept_ranges() override { refusing_ranges_ = false; }
+  bool step_lost() const override { return host_step_ && host_step_->lost() > 0; }
   // Whenever FusedAdam's update runs on the host, or the whole partition is there (offload_param):
   // the GPU keeps only the buckets (ZeRO-Offload's 2Ψ of parameters). Without pin_memory each
   // bucket comes down through a page-locked copy into the pageable partition
@@ -104,23 +111,20 @@ class InMemoryShard : public ShardOptimizer {
   void discard_step() override {
     if (host_step_) host_step_->discard();
   }
+  // Said once, by the next backward (its error is the acknowledgement; training may go on from
+  // there), and by every step() until then.
   void begin_backward() override {
-    if (!host_step_ || !host_step_->started()) return;
-    const size_t ranges = host_step_->ranges_taken();
-    const bool updated = host_step_->updates_early();
-    host_step_->abandon();
-    if (updated)
-      throw Error("ZeRO-Offload: the previous accumulation boundary's backward updated " +
-                  std::to_string(ranges) +
-                  " ranges of this rank's optimizer partition, but no step completed it (that "
-                  "backward failed, or engine.step() was not called) "
-                  "(zero_optimization.offload_optimizer.overlap_step), so the optimizer state is "
-                  "partly stepped; reload the last checkpoint, or set overlap_step to false if "
-                  "failed backwards are retried");
+    if (!host_step_) return;
+    if (host_step_->started()) host_step_->abandon();  // engine.step() was not called
+    if (!host_step_->lost()) return;
+    const std::string message = partly_stepped("the next backward");
+    host_step_->forget_lost();
+    throw Error(message);
   }
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
+    if (host_step_ && host_step_->lost()) throw Error(partly_stepped("engine.step()"));
     if (host_step_ && host_step_->started()) {
       if (host_step_->updates_early()) {
         TORCH_CHECK(grad_scale == 1.0, "InMemoryShard: the update ran during backward, but the "
@@ -178,6 +182,7 @@ class InMemoryShard : public ShardOptimizer {
 
   void finish_load(int64_t adam_step, ParamPartition& params) override {
     torch::NoGradGuard no_grad;
+    if (host_step_) host_step_->forget_lost();  // the loaded state replaces the partly stepped one
     set_fused_adam_step(*optimizer_, master_, adam_step);
     if (!aliased_) params.write_all(master_.to(params.dtype()));
   }
@@ -186,6 +191,7 @@ class InMemoryShard : public ShardOptimizer {
 
   void refresh_masters(ParamPartition& params) override {
     torch::NoGradGuard no_grad;
+    if (host_step_) host_step_->forget_lost();
     if (!aliased_) master_.copy_(params.read_all());
   }
 
@@ -206,6 +212,15 @@ class InMemoryShard : public ShardOptimizer {
  private:
   at::Tensor host_buffer(int64_t numel, at::ScalarType dtype) const {
     return device::host_buffer(numel, dtype, pin_, partition_device_);
+  }
+
+  std::string partly_stepped(const std::string& who) const {
+    return "ZeRO-Offload: " + who + " finds this rank's optimizer partition partly stepped: an "
+           "accumulation boundary's backward updated " + std::to_string(host_step_->lost()) +
+           " of its ranges during backward (zero_optimization.offload_optimizer.overlap_step), "
+           "but no step completed them (that backward or its step failed, or engine.step() was "
+           "not called after it); reload the last checkpoint (load_checkpoint), or set "
+           "overlap_step to false if failed backwards are retried";
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
@@ -243,6 +258,7 @@ class InMemoryShard : public ShardOptimizer {
   bool offload_param_on_gpu_ = false;  // offload_param "cpu" on a GPU: all of it on the host
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
   std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)
+  bool refusing_ranges_ = false;  // between abandon_step() and accept_ranges()
 };
 
 class WholeStateWindows : public StateWindows {

@@ -125,6 +125,15 @@ class ShardOptimizer {
   // race the new micro-step's gradients and forward; if they were already updated, this throws
   // deepspeed::Error saying so.
   virtual void begin_backward() {}
+  // The stage's backward threw: the update during backward stops (the worker and its uploads
+  // are waited for; a step it already counted is lost, step_lost()), and ranges the failed pass
+  // still finishes are ignored until accept_ranges() (the next backward has begun).
+  virtual void abandon_step() {}
+  virtual void accept_ranges() {}
+  // A step counted and partly updated during backward was never completed: step() and the next
+  // begin_backward throw deepspeed::Error saying so (the backward once, clearing it); a load
+  // (finish_load, refresh_masters) clears it.
+  virtual bool step_lost() const { return false; }
   // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }
   // Ranges were updated during the boundary's backward and no step() has completed them.

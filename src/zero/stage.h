@@ -78,6 +78,10 @@ class ZeroStage {
   // (and their parameters) that no step() has completed yet: until step(), reading or writing
   // the masters, the moments or the parameters would see half of a step. Local.
   virtual bool update_begun_during_backward() const { return false; }
+  // A step the update during backward had begun was never completed (its backward or its step
+  // failed): the optimizer state is partly stepped until a checkpoint is loaded. step() and the
+  // next backward say so. Local.
+  virtual bool step_lost() const { return false; }
   // L2 norm of the averaged gradients over the whole model, identical on every rank. COLLECTIVE.
   virtual double global_grad_norm() = 0;
   // The same norm as a one-element fp64 tensor, on the stage's device and not yet waited for: the

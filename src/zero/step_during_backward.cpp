@@ -69,9 +69,9 @@ StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const a
 void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
                                       const at::Tensor& partition) {
   const int64_t n = grads.numel();
+  reserve(grads.scalar_type(), partition);  // done already on the engine's thread: a no-op
   at::Tensor grads32 = grads;
   if (grads.scalar_type() != at::kFloat) {
-    if (!scratch_.defined()) scratch_ = at::empty({options_.chunk}, at::kFloat);
     grads32 = scratch_.narrow(0, 0, n);
     grads32.copy_(grads);
   }
@@ -86,14 +86,6 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
     uploads_.copy(target, master_.narrow(0, begin, n));
     return;
   }
-  // Page-locked whatever pin_memory says (ring_slots chunks: 32 MiB at the defaults in 16 bits):
-  // an upload from pageable memory would hold this thread until the upload stream had caught up,
-  // at every chunk.
-  if (ring_.empty()) {
-    ring_.resize(options_.ring_slots);
-    for (auto& s : ring_)
-      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), /*pin=*/true, device_);
-  }
   Slot& slot = ring_[next_slot_];
   next_slot_ = (next_slot_ + 1) % ring_.size();
   if (slot.uploaded) slot.uploaded->wait();  // its previous chunk has gone up
@@ -102,6 +94,23 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
                  partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16
                                                       : optim::Half16Kind::BF16);
   slot.uploaded = uploads_.copy(target, values);
+}
+
+// The scratch and the ring, allocated before the step is counted (prepare()) and before any range
+// is posted, on the engine's thread: an out-of-memory there fails the backward (or the step) with
+// nothing of the optimizer state changed, so a retry is clean.
+void StepDuringBackward::reserve(at::ScalarType grad_dtype, const at::Tensor& partition) {
+  if (grad_dtype != at::kFloat && !scratch_.defined())
+    scratch_ = at::empty({options_.chunk}, at::kFloat);
+  // Page-locked whatever pin_memory says (ring_slots chunks: 32 MiB at the defaults in 16 bits):
+  // an upload from pageable memory would hold the worker until the upload stream had caught up,
+  // at every chunk.
+  if (options_.upload && partition.scalar_type() != at::kFloat && ring_.empty()) {
+    std::vector<Slot> ring(options_.ring_slots);
+    for (auto& s : ring)
+      s.values = device::host_buffer(options_.chunk, partition.scalar_type(), /*pin=*/true, device_);
+    ring_ = std::move(ring);
+  }
 }
 
 namespace {
@@ -134,10 +143,18 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   const int64_t n = grads.numel();
   TORCH_CHECK(begin >= 0 && begin + n <= master_.numel(), "StepDuringBackward: range [", begin,
               ", ", begin + n, ") outside the partition of ", master_.numel());
-  if (taken_.empty() && options_.update_early) prepare();
-  taken_.emplace_back(begin, n);
-  if (n == 0) return;
+  if (n == 0) {
+    taken_.emplace_back(begin, n);
+    return;
+  }
+  // What can fail (the landing buffer, the scratch, the ring) comes before the step is counted
+  // and the range recorded: a take that throws leaves the step as it was.
   Download down = download(begin, grads, std::move(ready));
+  if (options_.update_early) {
+    reserve(grads.scalar_type(), partition);
+    if (!prepared_) prepare();
+  }
+  taken_.emplace_back(begin, n);
   awaited_.push_back(down.fence);
   if (!options_.update_early) {
     landed_.push_back({begin, down});
@@ -157,6 +174,7 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
 // would take that thread off its core for whole time slices while the GPU waits for work.
 void StepDuringBackward::prepare() {
   step_ = adam_.prepare_step(master_);
+  prepared_ = true;
   step_.hyper.num_threads =
       options_.upload && options_.update_early ? std::max(1, threads_ - 1) : threads_;
 }
@@ -175,51 +193,77 @@ void StepDuringBackward::forget() {
   landed_.clear();
   taken_.clear();
   awaited_.clear();
+  prepared_ = false;
+}
+
+// The step was counted and (some of) its ranges may be updated: it cannot be completed or undone.
+void StepDuringBackward::lose() {
+  lost_ = std::max<size_t>(1, taken_.size());
+  forget();
 }
 
 void StepDuringBackward::discard() {
-  TORCH_CHECK(!options_.update_early || taken_.empty(),
+  TORCH_CHECK(!prepared_,
               "StepDuringBackward::discard: ranges were already updated during backward");
   forget();
 }
 
 void StepDuringBackward::abandon() {
+  if (taken_.empty() && !prepared_) return;  // nothing of a step here (finish() joined its uploads)
   for (auto& fence : awaited_) fence->cancel();  // before the worker, which may wait on them
   try {
     worker_.wait();
   } catch (...) {
   }
-  forget();
+  try {  // the uploads already queued land before whatever the compute stream does next
+    uploads_.join();
+  } catch (...) {
+  }
+  if (prepared_)
+    lose();
+  else
+    forget();
 }
 
+// Two halves. First what can fail with nothing changed (a worker's error aside): the downloads
+// of what no range covered, the fences, the buffers. A throw there keeps the step whole, and
+// finish() may be called again. Then the step is counted (prepare(), unless the first range did)
+// and the updates run: a throw from there on loses the step (lost()).
 void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& partition) {
   torch::NoGradGuard no_grad;
   TORCH_CHECK(started(), "StepDuringBackward::finish without a range taken this step");
   try {
     worker_.wait();
   } catch (...) {
-    taken_.clear();  // the step is lost; the next one starts afresh
-    awaited_.clear();
+    lose();
     throw;
   }
-  if (!options_.update_early) {
-    prepare();
-    for (auto& l : landed_) {
-      l.down.fence->wait();
-      update(l.begin, l.down.grads, partition);
-    }
-    landed_.clear();
+  std::vector<Landed> rest;  // what no range covered (padding; the whole partition when serial)
+  try {
+    for (const auto& [begin, numel] : uncovered(taken_, master_.numel(), "StepDuringBackward"))
+      rest.push_back({begin, download(begin, grads.narrow(0, begin, numel))});
+    for (auto& l : landed_) l.down.fence->wait();
+    for (auto& r : rest) r.down.fence->wait();
+    reserve(grads.scalar_type(), partition);
+  } catch (...) {
+    if (prepared_) lose();  // the early updates ran: the step cannot be completed
+    throw;
   }
-  for (const auto& [begin, numel] : uncovered(taken_, master_.numel(), "StepDuringBackward")) {
-    Download down = download(begin, grads.narrow(0, begin, numel));
-    down.fence->wait();
-    update(begin, down.grads, partition);
+  try {
+    if (!prepared_) prepare();
+    for (auto& l : landed_) update(l.begin, l.down.grads, partition);
+    for (auto& r : rest) update(r.begin, r.down.grads, partition);
+    uploads_.join();
+  } catch (...) {
+    lose();
+    throw;
   }
-  uploads_.join();
   threads_ = at::get_num_threads();  // the caller's thread: the user's setting, for the next step
   last_ranges_ = taken_.size();
+  landed_.clear();
   taken_.clear();
   awaited_.clear();
+  prepared_ = false;
 }
 
 }  // namespace zero

@@ -69,22 +69,31 @@ class StepDuringBackward {
 
   // Elements [begin, begin + grads.numel()) of the gradient partition are final for this step.
   // `partition`: the resident parameter partition. The first take() of a step reads the step's
-  // constants (learning rate, the grad scale set on `adam`). `ready`: for gradients already in
-  // host memory (zero/host_grad_partition.h), a fence after which their values are there (null:
-  // they are). REQUIRES: ranges of one step do not overlap.
+  // constants (learning rate, the grad scale set on `adam`) and, with update_early, counts the
+  // step. `ready`: for gradients already in host memory (zero/host_grad_partition.h), a fence
+  // after which their values are there (null: they are). A take() that throws (an out-of-memory
+  // for the landing buffer or the ring) records nothing. REQUIRES: ranges of one step do not
+  // overlap.
   void take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition,
             std::shared_ptr<device::CopyFence> ready = nullptr);
   // Whether a range was taken since the last finish().
   bool started() const { return !taken_.empty(); }
-  // Completes the step: `grads` is the whole gradient partition. Rethrows a worker's error.
+  // Completes the step: `grads` is the whole gradient partition. Rethrows a worker's error. A
+  // throw before the step was counted keeps the step (finish() may be called again); after it,
+  // the step is lost().
   void finish(const at::Tensor& grads, const at::Tensor& partition);
-  // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: !update_early, or
-  // nothing taken (an early update cannot be undone).
+  // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: nothing updated yet
+  // (!update_early, or nothing taken): an early update cannot be undone.
   void discard();
   // After a backward that threw: cancels the fences of the ranges taken (a range whose values
-  // will never come is not waited for), waits for the worker (dropping its error) and forgets the
-  // step, whatever it already updated.
+  // will never come is not waited for), waits for the worker (dropping its error) and for the
+  // uploads it queued, and forgets the step. If the step was already counted and ranges updated,
+  // it is lost().
   void abandon();
+  // Ranges of a step that was counted and partly updated but never completed (abandoned, or its
+  // update failed): the optimizer state is partly stepped. 0: none. Until forget_lost().
+  size_t lost() const { return lost_; }
+  void forget_lost() { lost_ = 0; }
   bool updates_early() const { return options_.update_early; }
   size_t ranges_taken() const { return taken_.size(); }
   // Ranges the last completed step took before finish() (tests, logs).
@@ -121,14 +130,18 @@ class StepDuringBackward {
     int64_t begin;
     Download down;
   };
-  void prepare();
+  void prepare();  // counts the step (FusedAdam's step + 1) and reads its constants
+  void reserve(at::ScalarType grad_dtype, const at::Tensor& partition);  // scratch and ring
   void forget();  // waits for the landing copies, then drops this step's ranges
+  void lose();    // forget(), remembering the step as lost()
   std::vector<std::pair<int64_t, int64_t>> taken_;  // (begin, numel) this step
   std::vector<Landed> landed_;
   // The fences of the ranges taken this step: abandon() cancels them (a host-passed fence of a
   // copy a failed backward dropped would keep the worker, and so abandon(), waiting for ever).
   std::vector<std::shared_ptr<device::CopyFence>> awaited_;
   size_t last_ranges_ = 0;
+  bool prepared_ = false;  // this step was counted: from here on it can only complete or be lost
+  size_t lost_ = 0;
   c10::Device device_;  // the compute device: host buffers are registered for copies with it
   device::SideStream downloads_;  // gradients down, behind the compute stream's reduction
   device::SideStream uploads_;

@@ -96,3 +96,69 @@ TEST(HalfDoneStep, SaveLoadForwardAndWholeParametersWaitForTheStep) {
   ASSERT_EQ(refused.size(), plain.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(refused[i], plain[i])) << i;
 }
+
+// A boundary backward that fails after the update during backward had begun leaves the optimizer
+// partly stepped, and no step can complete it. The engine then refuses to step or to save that
+// state, saying to load a checkpoint; a forward (nothing runs any more) and the load are allowed,
+// and after the load training goes on exactly as if the failed pass had never run.
+TEST(HalfDoneStep, AFailedBackwardAfterTheUpdateBeganIsRepairedOnlyByALoad) {
+  dstest::TempDir dir;
+  auto batch = [](int step) {
+    torch::manual_seed(1000 + step);
+    return torch::randint(0, kModel.vocab_size, {2, kModel.block_size}, torch::kLong);
+  };
+  auto plain = train(true, [](auto&, int) {});
+
+  at::set_num_threads(1);
+  torch::manual_seed(7);
+  auto model = std::make_shared<gpt::GPTImpl>(kModel);
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model,
+                                                .config_json = offload_config(true)});
+  auto& engine = *r.engine;
+  auto& stage = *deepspeed::state_of(engine).stage;
+  bool fail = false;
+  // The position embedding's gradient is among the last of backward: later layers' ranges have
+  // been updated by then.
+  model->named_parameters()["wpe.weight"].register_hook([&fail](const at::Tensor& g) {
+    if (fail) throw std::runtime_error("injected failure late in backward");
+    return g;
+  });
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor x = batch(step);
+    engine.backward(engine.forward(x, x));
+    engine.step();
+  }
+  engine.save_checkpoint(dir.path(), "before");
+
+  at::Tensor x = batch(2);
+  fail = true;
+  EXPECT_ANY_THROW(engine.backward(engine.forward(x, x)));
+  fail = false;
+  ASSERT_TRUE(stage.step_lost()) << "no range was updated before the failure";
+  EXPECT_FALSE(stage.update_begun_during_backward()) << "the update still runs after the failure";
+  engine.forward(x, x);  // allowed: nothing races it now
+  for (auto what : {"engine.step()", "save_checkpoint"}) {
+    try {
+      if (std::string(what) == "engine.step()")
+        engine.step();
+      else
+        engine.save_checkpoint(dir.path(), "half");
+      ADD_FAILURE() << what << " of a partly stepped state went through";
+    } catch (const deepspeed::Error& e) {
+      EXPECT_CONTAINS(std::string(e.what()), "partly stepped");
+      EXPECT_CONTAINS(std::string(e.what()), "load");
+      EXPECT_CONTAINS(std::string(e.what()), "overlap_step");
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "half"));
+  engine.load_checkpoint(dir.path(), "before");
+  EXPECT_FALSE(stage.step_lost());
+  for (int step = 2; step < 4; ++step) {
+    at::Tensor xs = batch(step);
+    engine.backward(engine.forward(xs, xs));
+    engine.step();
+  }
+  auto weights = model->parameters();
+  ASSERT_EQ(weights.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(weights[i], plain[i])) << i;
+}

@@ -216,6 +216,57 @@ TEST(PageableHostGradPartitionErrors, ACopyThatFailedToGoInCountsAsNotWritten) {
   EXPECT_TRUE(torch::equal(p.tensor(), next)) << "the old 5s stayed in the failed copy's range";
 }
 
+// The page-locked copy itself can fail (out of page-locked memory): the range was never written
+// either, and the retry zeroes it.
+TEST(PageableHostGradPartitionErrors, ACopyThatCouldNotBeMadeCountsAsNotWritten) {
+  bool fail = false;
+  HostGradPartition p{10, torch::kFloat, torch::kCPU, /*pin=*/false,
+                      [&](const at::Tensor& reduced) {
+                        TORCH_CHECK(!fail, "CUDA out of memory (page-locked host memory)");
+                        auto arrived = std::make_shared<deepspeed::device::HostFence>();
+                        arrived->signal();
+                        return deepspeed::device::Download{reduced.clone(), arrived};
+                      }};
+  micro_step(p, torch::full({10}, 5.0f), true);
+  p.wait();
+  p.clear();
+  p.begin_micro_step(true);
+  fail = true;
+  EXPECT_ANY_THROW(p.accumulate(0, torch::ones({6})));
+  fail = false;
+  auto next = torch::randn({10});
+  micro_step(p, next, true);
+  p.wait();
+  EXPECT_TRUE(torch::equal(p.tensor(), next)) << "the old 5s stayed in the failed copy's range";
+}
+
+// A copy that fails to go in after its micro-step ended (in wait() or squared_norm(), which no
+// recovery follows) leaves its range zeroed, not holding an earlier step's gradients.
+TEST(PageableHostGradPartitionErrors, ACopyThatFailedAfterTheMicroStepLeavesItsRangeZero) {
+  HeldDownloads held;
+  bool unreadable = false;
+  auto downloader = held.downloader();
+  HostGradPartition p{10, torch::kFloat, torch::kCPU, /*pin=*/false,
+                      [&](const at::Tensor& reduced) {
+                        auto d = downloader(reduced);
+                        if (unreadable) d.host = torch::empty({reduced.numel()}, torch::kMeta);
+                        return d;
+                      }};
+  p.begin_micro_step(true);
+  p.accumulate(0, torch::full({10}, 5.0f));
+  p.end_micro_step();
+  p.wait();
+  p.clear();
+  p.begin_micro_step(true);
+  unreadable = true;
+  p.accumulate(0, torch::ones({6}));  // its copy has not arrived: held
+  unreadable = false;
+  p.end_micro_step();
+  EXPECT_ANY_THROW(p.wait());
+  EXPECT_TRUE(torch::equal(p.tensor().narrow(0, 0, 6), torch::zeros({6})))
+      << p.tensor().narrow(0, 0, 6);
+}
+
 // The copies count as temporaries: the page-locked ones in host memory, and the buckets on the GPU
 // that they still read (a meta tensor stands in for a GPU bucket).
 TEST_F(PageableHostGradPartition, PendingCopiesAndTheirBucketsCount) {

@@ -16,6 +16,7 @@
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
 #include "offload/step_worker.h"
+#include "support/failing_cpu_allocator.h"
 #include "optim/fused_adam.h"
 #include "util/torch_compat.h"
 #include "zero/flat_stage.h"
@@ -424,6 +425,7 @@ TEST(StepDuringBackwardErrors, AbandonDoesNotWaitForValuesThatWillNeverCome) {
   host.take(50, grads.narrow(0, 50, 50), master, never);  // the worker waits for it
   host.abandon();  // returns (a hang here fails the test at its timeout)
   EXPECT_FALSE(host.started());
+  EXPECT_EQ(host.lost(), 2u) << "a range was updated: the step can neither complete nor be undone";
   EXPECT_FALSE(torch::equal(master.narrow(0, 0, 50), start.narrow(0, 0, 50)));
   EXPECT_TRUE(torch::equal(master.narrow(0, 50, 50), start.narrow(0, 50, 50)));
 
@@ -464,5 +466,50 @@ TEST(StepDuringBackwardErrors, AnUncompletedBoundaryIsNamedOrDropped) {
     stage.end_backward(true);
     stage.step(allowed ? 1.0 : 0.5);
     EXPECT_GE(stage.ranges_stepped_during_backward(), 2u);
+  }
+}
+
+// An out-of-memory for the update's buffers (the fp32 scratch here; on a GPU also the landing
+// buffer and the page-locked ring) comes before the step is counted: a take() that throws records
+// nothing, a finish() that throws keeps the step for a retry, and the step then completed is the
+// one clean step (counted once: bias correction at step 1, not 2).
+TEST(StepDuringBackwardErrors, AFailedAllocationLeavesTheStepAsItWas) {
+  using deepspeed::zero::StepDuringBackward;
+  for (bool early : {true, false}) {
+    SCOPED_TRACE(early ? "updated during backward" : "updated at the step");
+    const int64_t n = 4096;  // chunks of 1024: a 4 KiB scratch
+    torch::manual_seed(9);
+    at::Tensor start = torch::randn({n});
+    at::Tensor master = start.clone(), reference = start.clone();
+    at::Tensor partition = start.to(at::kBFloat16), reference16 = partition.clone();
+    deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+    adam.set_half_copy(master, partition);
+    whole.set_half_copy(reference, reference16);
+    at::Tensor grads = torch::randn({n}).to(at::kBFloat16);
+    reference.mutable_grad() = grads.to(at::kFloat);
+    whole.step();
+
+    StepDuringBackward::Options o;
+    o.update_early = early;
+    StepDuringBackward host(adam, master, torch::kCPU, o);
+    dstest::FailingCpuAllocatorScope failing(2048);
+    failing->arm();
+    if (early) {
+      EXPECT_THROW(host.take(0, grads.narrow(0, 0, n / 2), partition), c10::Error);
+      EXPECT_FALSE(host.started());
+    } else {
+      host.take(0, grads.narrow(0, 0, n / 2), partition);  // only recorded: nothing allocated
+      EXPECT_THROW(host.finish(grads, partition), c10::Error);
+      EXPECT_TRUE(host.started()) << "the step was dropped instead of kept for a retry";
+    }
+    failing->disarm();
+    EXPECT_EQ(host.lost(), 0u);
+    EXPECT_TRUE(torch::equal(master, start)) << "a failed allocation changed the masters";
+    if (early) host.take(0, grads.narrow(0, 0, n / 2), partition);
+    host.take(n / 2, grads.narrow(0, n / 2, n / 2), partition);
+    host.finish(grads, partition);
+    EXPECT_TRUE(torch::equal(master, reference));
+    EXPECT_TRUE(torch::equal(partition, reference16));
+    EXPECT_EQ(state_of(adam, master).step(), 1);
   }
 }

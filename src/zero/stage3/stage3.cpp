@@ -116,6 +116,7 @@ void Stage3::allocate(GradBucket& b) {
 
 void Stage3::begin_backward(bool boundary) {
   shard_->begin_backward();
+  shard_->abandon_step();  // stops an earlier boundary's update; refuses the recovery's ranges
   abandon_backward();  // the last backward threw: nothing of it is left for this one
   in_backward_ = true;
   boundary_ = boundary;
@@ -123,6 +124,7 @@ void Stage3::begin_backward(bool boundary) {
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
   grads_->begin_micro_step(boundary);
+  shard_->accept_ranges();
 }
 
 // The parameter's gradient moves into its bucket and is freed at once.
@@ -201,6 +203,7 @@ void Stage3::end_backward(bool) {
 // ZeroStage::abandon_backward: what the next begin_backward would do, now.
 void Stage3::abandon_backward() {
   if (!in_backward_) return;
+  shard_->abandon_step();  // before the recovery, which touches what the update reads
   recover_abandoned();
   in_backward_ = false;  // (if the recovery threw, the next begin_backward tries again)
 }

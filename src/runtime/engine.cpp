@@ -173,14 +173,16 @@ void Engine::step() try {
     s.last_loss = loss.item<double>() / s.comm->world_size();
     s.pending = {};
   }
-  // The loss scaler counts the step only once the stage has applied or dropped it: a stage step
-  // that throws (and a pipeline batch that is retried) must not count twice in its window.
+  // The loss scaler counts an applied step only once the stage has applied it: a stage step that
+  // throws (and a pipeline batch that is retried) must not count twice in its window.
   s.last_step_applied = false;
   if (overflow) {
     // DeepSpeed: the update and the LR step are skipped, the step is still counted.
+    // The scaler first: at min_loss_scale it throws with nothing changed, and a step() called
+    // again finds the same overflow (not zeroed gradients to step with).
+    s.loss_scaler->update(true);
     s.stage->discard_gradients();
     s.loss_since_boundary = at::Tensor();
-    s.loss_scaler->update(true);  // may throw: dynamic scale already at min_loss_scale
     ++s.skipped_steps;
     // Once per job, as DeepSpeed's "Rank 0" says: a pipeline's stages (and a tensor group's
     // ranks) each have their own data-parallel rank 0, and all of them skip this step together.

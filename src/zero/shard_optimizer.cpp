@@ -108,8 +108,15 @@ class InMemoryShard : public ShardOptimizer {
   bool update_begun_during_backward() const override {
     return host_step_ && host_step_->started() && host_step_->updates_early();
   }
+  // Ranges already updated cannot be dropped: the step is abandoned instead (lost, and said so by
+  // the next step() or backward), so the worker stops before the gradients are zeroed under it
+  // (a pipeline batch that failed after its boundary backward).
   void discard_step() override {
-    if (host_step_) host_step_->discard();
+    if (!host_step_) return;
+    if (host_step_->started() && host_step_->updates_early())
+      host_step_->abandon();
+    else
+      host_step_->discard();
   }
   // Said once, by the next backward (its error is the acknowledgement; training may go on from
   // there), and by every step() until then.
@@ -182,7 +189,9 @@ class InMemoryShard : public ShardOptimizer {
 
   void finish_load(int64_t adam_step, ParamPartition& params) override {
     torch::NoGradGuard no_grad;
-    if (host_step_) host_step_->forget_lost();  // the loaded state replaces the partly stepped one
+    // The loaded masters, moments and step count replace the partly stepped ones; a load of the
+    // weights alone (adam_step < 0) leaves the moments half a step on.
+    if (host_step_ && adam_step >= 0) host_step_->forget_lost();
     set_fused_adam_step(*optimizer_, master_, adam_step);
     if (!aliased_) params.write_all(master_.to(params.dtype()));
   }
@@ -191,7 +200,6 @@ class InMemoryShard : public ShardOptimizer {
 
   void refresh_masters(ParamPartition& params) override {
     torch::NoGradGuard no_grad;
-    if (host_step_) host_step_->forget_lost();
     if (!aliased_) master_.copy_(params.read_all());
   }
 
@@ -215,12 +223,17 @@ class InMemoryShard : public ShardOptimizer {
   }
 
   std::string partly_stepped(const std::string& who) const {
-    return "ZeRO-Offload: " + who + " finds this rank's optimizer partition partly stepped: an "
-           "accumulation boundary's backward updated " + std::to_string(host_step_->lost()) +
+    const std::string head = "ZeRO-Offload: " + who + " finds this rank's optimizer partition "
+                             "partly stepped: ";
+    if (!host_step_->updates_early())
+      return head + "the CPU Adam's step failed after it had begun updating it; reload the last "
+                    "checkpoint (load_checkpoint with its optimizer states)";
+    return head + "an accumulation boundary's backward updated " +
+           std::to_string(host_step_->lost()) +
            " of its ranges during backward (zero_optimization.offload_optimizer.overlap_step), "
            "but no step completed them (that backward or its step failed, or engine.step() was "
-           "not called after it); reload the last checkpoint (load_checkpoint), or set "
-           "overlap_step to false if failed backwards are retried";
+           "not called after it); reload the last checkpoint (load_checkpoint with its optimizer "
+           "states), or set overlap_step to false if failed backwards are retried";
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32

@@ -199,6 +199,10 @@ void StepDuringBackward::forget() {
 // The step was counted and (some of) its ranges may be updated: it cannot be completed or undone.
 void StepDuringBackward::lose() {
   lost_ = std::max<size_t>(1, taken_.size());
+  try {  // the uploads already queued land before whatever the compute stream does next
+    uploads_.join();
+  } catch (...) {
+  }
   forget();
 }
 
@@ -215,12 +219,8 @@ void StepDuringBackward::abandon() {
     worker_.wait();
   } catch (...) {
   }
-  try {  // the uploads already queued land before whatever the compute stream does next
-    uploads_.join();
-  } catch (...) {
-  }
   if (prepared_)
-    lose();
+    lose();  // joins the uploads too
   else
     forget();
 }

@@ -151,6 +151,11 @@ TEST(HalfDoneStep, AFailedBackwardAfterTheUpdateBeganIsRepairedOnlyByALoad) {
     }
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "half"));
+  // The weights alone do not repair it: the moments and Adam's step count stay half a step on.
+  engine.load_checkpoint(dir.path(), "before", /*load_module_strict=*/true,
+                         /*load_optimizer_states=*/false);
+  EXPECT_TRUE(stage.step_lost()) << "a weights-only load cleared the lost step";
+  EXPECT_THROW(engine.save_checkpoint(dir.path(), "half"), deepspeed::CheckpointError);
   engine.load_checkpoint(dir.path(), "before");
   EXPECT_FALSE(stage.step_lost());
   for (int step = 2; step < 4; ++step) {

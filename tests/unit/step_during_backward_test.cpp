@@ -316,6 +316,22 @@ TEST(StepDuringBackwardErrors, ABackwardAfterAPartlyDoneStepIsRefused) {
   }
 }
 
+// Dropping a step whose ranges were already updated (a pipeline batch that failed after its
+// boundary backward) cannot undo them: the step is abandoned (the update stops before the
+// gradients are zeroed under it) and lost, so step() refuses it until a load.
+TEST(StepDuringBackwardErrors, DroppingAStepAlreadyUpdatedLosesIt) {
+  AfterBoundaryBackward run;
+  run.stage.discard_gradients();  // no throw: the gradients are dropped
+  EXPECT_TRUE(run.stage.step_lost());
+  EXPECT_FALSE(run.stage.update_begun_during_backward()) << "the update still runs";
+  try {
+    run.stage.step(1.0);
+    FAIL() << "a lost step was stepped";
+  } catch (const deepspeed::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("partly stepped"), std::string::npos) << e.what();
+  }
+}
+
 // The config decides whether the update may run during backward: not when the step would scale
 // the gradients (gradient_clipping, fp16's loss scale); the key itself is read as written.
 TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {

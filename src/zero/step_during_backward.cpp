@@ -81,18 +81,24 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
     return;
   }
   at::Tensor target = partition.narrow(0, begin, n);
-  if (partition.scalar_type() == at::kFloat) {  // fp32: the masters are what goes up
+  const bool fp32 = partition.scalar_type() == at::kFloat;
+  if (fp32) {  // the masters are what goes up
     step_.run(g, begin, n);
-    uploads_.copy(target, master_.narrow(0, begin, n));
-    return;
+    if (options_.pin) {  // page-locked: straight from them
+      uploads_.copy(target, master_.narrow(0, begin, n));
+      return;
+    }
   }
   Slot& slot = ring_[next_slot_];
   next_slot_ = (next_slot_ + 1) % ring_.size();
   if (slot.uploaded) slot.uploaded->wait();  // its previous chunk has gone up
   at::Tensor values = slot.values.narrow(0, 0, n);
-  step_.run_into(g, begin, n, static_cast<uint16_t*>(values.data_ptr()),
-                 partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16
-                                                      : optim::Half16Kind::BF16);
+  if (fp32)
+    values.copy_(master_.narrow(0, begin, n));
+  else
+    step_.run_into(g, begin, n, static_cast<uint16_t*>(values.data_ptr()),
+                   partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16
+                                                        : optim::Half16Kind::BF16);
   slot.uploaded = uploads_.copy(target, values);
 }
 
@@ -104,8 +110,10 @@ void StepDuringBackward::reserve(at::ScalarType grad_dtype, const at::Tensor& pa
     scratch_ = at::empty({options_.chunk}, at::kFloat);
   // Page-locked whatever pin_memory says (ring_slots chunks: 32 MiB at the defaults in 16 bits):
   // an upload from pageable memory would hold the worker until the upload stream had caught up,
-  // at every chunk.
-  if (options_.upload && partition.scalar_type() != at::kFloat && ring_.empty()) {
+  // at every chunk. fp32 needs it only when the masters themselves are pageable: a chunk is then
+  // copied into a slot (a host memcpy) and goes up from there.
+  const bool needs_ring = partition.scalar_type() != at::kFloat || !options_.pin;
+  if (options_.upload && needs_ring && ring_.empty()) {
     std::vector<Slot> ring(options_.ring_slots);
     for (auto& s : ring)
       s.values = device::host_buffer(options_.chunk, partition.scalar_type(), /*pin=*/true, device_);

@@ -47,7 +47,9 @@ namespace zero {
 class StepDuringBackward {
  public:
   struct Options {
-    bool pin = false;  // the landing buffer page-locked (pin_memory); the upload ring always is
+    // pin_memory: the landing buffer page-locked, and the fp32 masters (which then go up without
+    // the ring). The upload ring always is.
+    bool pin = false;
     // The partition is not in host memory: updated values go up through the ring (16-bit) or
     // straight from the masters (fp32). False: the update writes the partition itself.
     bool upload = false;

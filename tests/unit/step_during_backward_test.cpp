@@ -382,7 +382,8 @@ TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
 // (the whole partition taken at step time with a grad scale). Bit for bit FusedAdam's step.
 TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
   using deepspeed::zero::StepDuringBackward;
-  for (auto dtype : {at::kBFloat16, at::kFloat}) {
+  for (auto [dtype, pin] : {std::pair{at::kBFloat16, false}, std::pair{at::kFloat, false},
+                            std::pair{at::kFloat, true}}) {
     for (bool serial : {false, true}) {
       torch::manual_seed(5);
       const int64_t n = 1003;
@@ -393,6 +394,7 @@ TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
       if (dtype != at::kFloat) whole.set_half_copy(reference, reference16);
       StepDuringBackward::Options o;
       o.upload = true;
+      o.pin = pin;  // fp32: the masters page-locked go up as they are, else through the ring
       o.chunk = 37;  // many chunks per range
       o.ring_slots = 2;
       StepDuringBackward host(adam, master, torch::kCPU, o);
@@ -412,13 +414,15 @@ TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
         host.finish(grads, partition);
         EXPECT_EQ(host.ranges_in_last_step(), serial ? 1u : 2u);
       }
-      SCOPED_TRACE(std::string(serial ? "serial " : "ranges ") + c10::toString(dtype));
+      SCOPED_TRACE(std::string(serial ? "serial " : "ranges ") + c10::toString(dtype) +
+                   (pin ? " pinned" : ""));
       EXPECT_TRUE(torch::equal(master, reference));
       EXPECT_TRUE(torch::equal(partition, dtype == at::kFloat ? reference : reference16));
       EXPECT_TRUE(torch::equal(state_of(adam, master).exp_avg_sq(),
                                state_of(whole, reference).exp_avg_sq()));
-      // 16-bit: the fp32 scratch and the ring (fp32 needs neither: the masters go up).
-      EXPECT_EQ(host.host_bytes(), dtype == at::kFloat ? 0 : 37 * 4 + 2 * 37 * 2);
+      // 16-bit: the fp32 scratch and the ring; fp32: the ring unless the masters are page-locked.
+      const int64_t bytes = dtype == at::kFloat ? (pin ? 0 : 2 * 37 * 4) : 37 * 4 + 2 * 37 * 2;
+      EXPECT_EQ(host.host_bytes(), bytes);
     }
   }
 }

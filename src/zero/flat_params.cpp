@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "device/out_of_memory.h"
+
 namespace deepspeed {
 namespace zero {
 
@@ -11,7 +13,11 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, int world_size, in
   for (auto& p : params) total += p.numel();
   layout_ = make_partition_layout(total, world_size, alignment);
   auto dtype = params.empty() ? torch::kFloat : params.front().scalar_type();
-  buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
+  {
+    AllocatingFor naming("the flat parameters (every trainable parameter's, one buffer)", -1,
+                         layout_.padded_numel, c10::elementSize(dtype));
+    buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
+  }
   torch::NoGradGuard no_grad;
   int64_t offset = 0;
   for (size_t k = params.size(); k-- > 0;) {

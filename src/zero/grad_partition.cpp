@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "device/out_of_memory.h"
 #include "zero/host_grad_partition.h"
 #include "zero/tensor_facts.h"
 
@@ -10,8 +11,10 @@ namespace zero {
 
 int64_t GradPartition::bytes() const { return storage_bytes(tensor()); }
 
-DeviceGradPartition::DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device)
-    : tensor_(torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device))) {}
+DeviceGradPartition::DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device) {
+  AllocatingFor naming("this rank's gradient partition", -1, numel, c10::elementSize(dtype));
+  tensor_ = torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device));
+}
 
 std::shared_ptr<device::CopyFence> DeviceGradPartition::accumulate(int64_t begin,
                                                                    const at::Tensor& reduced) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "device/out_of_memory.h"
 #include "device/pinned_memory.h"
 #include "zero/tensor_facts.h"
 
@@ -14,7 +15,11 @@ HostGradPartition::HostGradPartition(int64_t numel, at::ScalarType dtype, c10::D
                                      bool pin, device::Downloader staged)
     : device_(device), downloads_(device) {
   if (staged) staged_.emplace(std::move(staged));
-  host_ = device::host_buffer(numel, dtype, pin, device);
+  {
+    AllocatingFor naming("this rank's gradient partition in host memory", -1, numel,
+                         c10::elementSize(dtype));
+    host_ = device::host_buffer(numel, dtype, pin, device);
+  }
   host_.zero_();
   squares_ = torch::zeros({1}, torch::TensorOptions().dtype(torch::kDouble).device(device));
 }
@@ -93,7 +98,12 @@ std::shared_ptr<device::CopyFence> HostGradPartition::accumulate(int64_t begin,
     } else {
       // Up, add, down, in the partition's dtype (as a device partition adds): a bucket-sized
       // temporary on the GPU, never the partition.
-      at::Tensor sum = at::empty({n}, flat.options().dtype(host_.scalar_type()));
+      at::Tensor sum;
+      {
+        AllocatingFor naming("a bucket's sum with the host gradient partition's range, on the GPU",
+                             -1, n, host_.element_size());
+        sum = at::empty({n}, flat.options().dtype(host_.scalar_type()));
+      }
       note_temporary(sum);
       sum.copy_(place, /*non_blocking=*/true);
       sum.add_(flat);

@@ -9,6 +9,7 @@
 #include <omp.h>
 #endif
 
+#include "device/out_of_memory.h"
 #include "device/pinned_memory.h"
 #include "util/ranges.h"
 #include "zero/tensor_facts.h"
@@ -56,8 +57,11 @@ StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const a
                                                           std::shared_ptr<device::CopyFence> ready) {
   if (grads.is_cpu())
     return {grads.contiguous(), ready ? std::move(ready) : device::CopyFence::record(grads.device())};
-  if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type())
+  if (!landing_.defined() || landing_.scalar_type() != grads.scalar_type()) {
+    AllocatingFor naming("ZeRO-Offload's landing buffer for the gradients in host memory", -1,
+                         master_.numel(), c10::elementSize(grads.scalar_type()));
     landing_ = device::host_buffer(master_.numel(), grads.scalar_type(), options_.pin, device_);
+  }
   at::Tensor slice = landing_.narrow(0, begin, grads.numel());
   downloads_.follow_current();
   auto fence = downloads_.copy(slice, grads);
@@ -115,6 +119,8 @@ void StepDuringBackward::reserve(at::ScalarType grad_dtype, const at::Tensor& pa
   const bool needs_ring = partition.scalar_type() != at::kFloat || !options_.pin;
   if (options_.upload && needs_ring && ring_.empty()) {
     std::vector<Slot> ring(options_.ring_slots);
+    AllocatingFor naming("ZeRO-Offload's page-locked upload ring (each slot)", -1, options_.chunk,
+                         c10::elementSize(partition.scalar_type()));
     for (auto& s : ring)
       s.values = device::host_buffer(options_.chunk, partition.scalar_type(), /*pin=*/true, device_);
     ring_ = std::move(ring);

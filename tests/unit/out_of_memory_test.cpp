@@ -153,4 +153,22 @@ TEST(OutOfMemory, AtTheFirstStepNamingAdamsMoments) {
   }
 }
 
+
+// At initialize the stage's own buffers are named too: here the flat parameters of stage 2 (both
+// layers, 3.7 MiB), the first buffer the size of the model it allocates.
+TEST(OutOfMemory, AtInitializeNamingTheFlatParameters) {
+  auto model = std::make_shared<TwoLayersImpl>();
+  dstest::FailingCpuAllocatorScope failing(3 << 20);
+  failing->arm();
+  try {
+    two_layer_engine(model, 2);
+    FAIL() << "the flat parameters' allocation did not fail";
+  } catch (const deepspeed::Error& e) {
+    failing->disarm();
+    EXPECT_CONTAINS(std::string(e.what()),
+                    "while allocating the flat parameters (every trainable parameter's, one "
+                    "buffer) (980000 elements, 3.7 MiB)");
+  }
+}
+
 }  // namespace

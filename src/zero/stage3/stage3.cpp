@@ -67,7 +67,12 @@ void Stage3::partition_unit(int u) {
   torch::NoGradGuard no_grad;
   const auto& L = slots.layout;
   const int rank = ctx_.rank();
-  at::Tensor mine = torch::zeros({L.partition_numel}, ctx_.options(param_dtype_));
+  at::Tensor mine;
+  {
+    AllocatingFor naming("stage 3's partition of unit", u, L.partition_numel,
+                         c10::elementSize(param_dtype_));
+    mine = torch::zeros({L.partition_numel}, ctx_.options(param_dtype_));
+  }
   for (size_t i = 0; i < slots.params.size(); ++i) {
     at::Tensor p = slots.params[i];
     TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,

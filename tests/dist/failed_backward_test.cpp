@@ -12,6 +12,7 @@
 #include "deepspeed/deepspeed.h"
 #include "support/expect.h"
 #include "support/failing_cpu_allocator.h"
+#include "support/two_layers.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 
@@ -76,16 +77,7 @@ TEST_P(FailedBackward, TrainingGoesOnAfterABackwardThatThrewMidway) {
         << "step " << i;
 }
 
-// Two layers of 700 x 700: their one gradient bucket (3.7 MiB) is the only allocation of 3 MiB or
-// more in a backward.
-struct TwoLayersImpl : torch::nn::Module {
-  torch::nn::Linear a{nullptr}, b{nullptr};
-  TwoLayersImpl() {
-    a = register_module("a", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
-    b = register_module("b", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
-  }
-  torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
-};
+using dstest::TwoLayersImpl;
 
 // Stage 0's gradient bucket (at one rank it has none, so this takes two): an out-of-memory while
 // it is first allocated names it, training goes on, and once allocated it is kept from one

@@ -13,6 +13,7 @@
 #include "device/out_of_memory.h"
 #include "support/expect.h"
 #include "support/failing_cpu_allocator.h"
+#include "support/two_layers.h"
 
 namespace {
 using deepspeed::AllocatingFor;
@@ -70,16 +71,7 @@ TEST(OutOfMemory, TheInnermostScopeAnExceptionLeavesNamesTheBuffer) {
   EXPECT_EQ(take_failed_allocation(), "") << "each engine call forgets what none reported";
 }
 
-// A tiny flat model of two layers whose one gradient bucket (both layers, 3.7 MiB) is the only
-// allocation of 3 MiB or more during backward.
-struct TwoLayersImpl : torch::nn::Module {
-  torch::nn::Linear a{nullptr}, b{nullptr};
-  TwoLayersImpl() {
-    a = register_module("a", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
-    b = register_module("b", torch::nn::Linear(torch::nn::LinearOptions(700, 700).bias(false)));
-  }
-  torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
-};
+using dstest::TwoLayersImpl;
 
 auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage,
                       const std::string& optimizer = "SGD") {

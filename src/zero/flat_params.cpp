@@ -16,7 +16,8 @@ FlatParams::FlatParams(const std::vector<at::Tensor>& params, int world_size, in
   {
     AllocatingFor naming("the flat parameters (every trainable parameter's, one buffer)", -1,
                          layout_.padded_numel, c10::elementSize(dtype));
-    buffer_ = torch::zeros({layout_.padded_numel}, torch::TensorOptions().dtype(dtype).device(device));
+    buffer_ = torch::zeros({layout_.padded_numel},
+                           torch::TensorOptions().dtype(dtype).device(device));
   }
   torch::NoGradGuard no_grad;
   int64_t offset = 0;

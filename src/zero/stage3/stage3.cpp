@@ -283,7 +283,16 @@ std::function<void()> Stage3::gather_for_access(
     for (auto& p : layout_.units[u].params) take = take || wanted.count(p.unsafeGetTensorImpl());
     if (take && !layout_.units[u].params.empty()) units.push_back(static_cast<int>(u));
   }
-  for (int u : units) gatherer_->pin(u);
+  // A pin that throws (an out-of-memory, likeliest when gathering the whole model) unpins those
+  // before it: a unit left pinned would never be released, nor regathered after a step.
+  for (size_t k = 0; k < units.size(); ++k) {
+    try {
+      gatherer_->pin(units[k]);
+    } catch (...) {
+      for (size_t j = 0; j < k; ++j) gatherer_->unpin(units[j]);
+      throw;
+    }
+  }
   return [this, units, modifier_rank] { release_units(units, modifier_rank); };
 }
 

@@ -67,7 +67,31 @@ at::Tensor UnitGatherer::gathered_buffer(int u, const at::TensorOptions& options
 
 // Where the unit comes from: its hpZ secondary slices (inside the group), or every rank's
 // primary slice (int8 blocks under qwZ unless `exact`).
+// A throw anywhere in it (an out-of-memory for the buffer, the upload, qwZ's blocks; a failed
+// collective) leaves u not gathered: a buffer half filled must not look gathered to the next
+// use(), and the stats count only what completed.
 void UnitGatherer::issue(int u, bool exact) {
+  try {
+    issue_unguarded(u, exact);
+  } catch (...) {
+    auto& s = state_[u];
+    if (s.from_store && s.source.defined()) {
+      try {  // the store's buffer goes back once the copies queued from it have passed
+        store_.done(u, fetches_.mark());
+      } catch (...) {
+      }
+    }
+    s.source = at::Tensor();
+    s.full = at::Tensor();
+    s.work = {};
+    s.fetched.reset();
+    s.wire_bytes = 0;
+    s.params_set = false;
+    throw;
+  }
+}
+
+void UnitGatherer::issue_unguarded(int u, bool exact) {
   auto& s = state_[u];
   const auto& slots = layout_.units[u];
   const bool secondary = !exact && secondary_ && secondary_->has(u);
@@ -253,12 +277,20 @@ void UnitGatherer::begin_forward() {
   prefetch();  // the first units' gathers overlap whatever runs before them (the embeddings)
 }
 
+// The forward scope (ZeroUnit's ForwardScope) opens only if this returns: a throw here (an
+// out-of-memory gathering u or a prefetch) gets no post_forward, so it undoes its own count.
+// Else u would count as in use for ever: never released, never regathered after a step.
 void UnitGatherer::pre_forward(int u) {
   record(u);
   state_[u].active++;
   state_[u].awaiting_backward = true;
-  use(u);
-  prefetch();
+  try {
+    use(u);
+    prefetch();
+  } catch (...) {
+    state_[u].active--;
+    throw;
+  }
 }
 
 void UnitGatherer::post_forward(int u) {
@@ -331,7 +363,12 @@ void UnitGatherer::pin(int u) {
   }
   if (gathered(u) && !s.exact) release(u);
   s.pins++;
-  use(u, /*exact=*/true);
+  try {
+    use(u, /*exact=*/true);
+  } catch (...) {
+    unpin(u);  // a unit pinned for ever would never be released, nor regathered after a step
+    throw;
+  }
 }
 
 void UnitGatherer::unpin(int u) {

@@ -112,7 +112,8 @@ class UnitGatherer : public UnitHooks {
   bool gathered(int u) const { return state_[u].full.defined(); }
   bool in_use(int u) const;
   void record(int u);
-  void issue(int u, bool exact = false);  // exact: no qwZ
+  void issue(int u, bool exact = false);  // exact: no qwZ. A throw leaves u not gathered
+  void issue_unguarded(int u, bool exact);
   void issue_from_host(int u, bool exact);
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer

@@ -151,11 +151,30 @@ void GradStore::drop_downloads() {
 }
 
 void GradStore::finish_writes() {
-  for (auto& io : writing_) {
+  while (!writing_.empty()) wait_oldest_write();
+}
+
+// A failed write leaves the file without that unit's gradients: the accumulation is incomplete,
+// and get() says so until discard() (an fp16 overflow's drop, or a load) starts a new one.
+void GradStore::wait_oldest_write() {
+  Io io = std::move(writing_.front());
+  writing_.pop_front();
+  try {
     queue_->wait(io.ticket);
+  } catch (const std::exception& e) {
+    if (write_failed_.empty()) write_failed_ = e.what();
     recycle(std::move(io.buffer));
+    throw;
   }
-  writing_.clear();
+  recycle(std::move(io.buffer));
+}
+
+void GradStore::check_no_failed_write() const {
+  if (!write_failed_.empty())
+    throw IOError("gradient swap file '" + path_ + "': a write failed earlier (" + write_failed_ +
+                  "), so this accumulation's gradients in it are incomplete and no step can use "
+                  "them; free space on offload_optimizer.nvme_path and load the last checkpoint "
+                  "(load_checkpoint drops them)");
 }
 
 void GradStore::add_into_slice(int unit, int64_t first, const at::Tensor& received) {
@@ -193,11 +212,7 @@ void GradStore::close(int unit) {
   io.ticket = queue_->write(*fd_, file_.unit_offset(unit), io.buffer.data_ptr(), file_.slice_bytes(unit));
   if (!accumulated_) in_file_.insert(unit);  // (a write that fails later is an IOError then)
   writing_.push_back(std::move(io));
-  while (writing_.size() > kMaxWritesInFlight) {
-    queue_->wait(writing_.front().ticket);
-    recycle(std::move(writing_.front().buffer));
-    writing_.pop_front();
-  }
+  while (writing_.size() > kMaxWritesInFlight) wait_oldest_write();
 }
 
 void GradStore::end_micro_step() {
@@ -213,6 +228,13 @@ void GradStore::end_micro_step() {
 
 void GradStore::discard() {
   drop_downloads();
+  while (!writing_.empty()) {
+    try {
+      wait_oldest_write();
+    } catch (...) {  // dropped with the rest
+    }
+  }
+  write_failed_.clear();
   for (auto& [begin, io] : reading_) {
     if (io.ticket >= 0) queue_->wait(io.ticket);
     recycle(std::move(io.buffer));
@@ -233,11 +255,19 @@ void GradStore::prefetch(int64_t begin, int64_t numel) {
 }
 
 at::Tensor GradStore::get(int64_t begin, int64_t numel) {
+  check_no_failed_write();  // (a failed end_micro_step also left accumulated_ unset: zeros)
   if (!accumulated_) return torch::zeros({numel}, torch::TensorOptions().dtype(dtype_));
   prefetch(begin, numel);
-  Io& io = reading_.at(begin);
+  auto it = reading_.find(begin);
+  Io& io = it->second;
   if (io.ticket >= 0) {
-    queue_->wait(io.ticket);
+    try {
+      queue_->wait(io.ticket);
+    } catch (...) {  // the next get() reads it again, not what the failed read left
+      recycle(std::move(io.buffer));
+      reading_.erase(it);
+      throw;
+    }
     io.ticket = -1;
   }
   return io.buffer;
@@ -246,9 +276,10 @@ at::Tensor GradStore::get(int64_t begin, int64_t numel) {
 void GradStore::release(int64_t begin, int64_t) {
   auto it = reading_.find(begin);
   if (it == reading_.end()) return;
-  if (it->second.ticket >= 0) queue_->wait(it->second.ticket);
-  recycle(std::move(it->second.buffer));
-  reading_.erase(it);
+  Io io = std::move(it->second);
+  reading_.erase(it);  // first: a read that failed is read again by the next get()
+  if (io.ticket >= 0) queue_->wait(io.ticket);
+  recycle(std::move(io.buffer));
 }
 
 int64_t GradStore::resident_bytes() const {

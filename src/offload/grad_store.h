@@ -118,6 +118,8 @@ class GradStore : public offload::GradSource {
   void apply_downloads(bool wait_all);
   void drop_downloads();
   void finish_writes();  // waits for the closed slices' writes, their buffers back to the pool
+  void wait_oldest_write();  // a failure is remembered in write_failed_
+  void check_no_failed_write() const;
   void zero_uncovered(Open& open);
   at::Tensor take_buffer(int64_t numel);
   void recycle(at::Tensor buffer);
@@ -137,6 +139,7 @@ class GradStore : public offload::GradSource {
   std::set<int> in_file_;     // else: units a failed first micro-step wrote there all the same
   bool in_micro_step_ = false;  // between begin_micro_step and end_micro_step
   double squared_norm_ = 0;
+  std::string write_failed_;  // a slice's write failed: the accumulation is incomplete
   std::map<int, Open> open_;           // unit -> slice being accumulated
   std::deque<at::Tensor> pool_;        // freed buffers, oldest first
   std::deque<Io> writing_;             // closed slices on their way to the file

@@ -115,10 +115,23 @@ at::Tensor ParamStore::fetch(int unit) {
   auto it = fetched_.find(unit);
   if (it == fetched_.end()) it = fetched_.emplace(unit, start_read(unit)).first;
   if (it->second.ticket >= 0) {
-    queue_->wait(it->second.ticket);
+    try {
+      queue_->wait(it->second.ticket);
+    } catch (...) {
+      drop_failed(it);  // the next fetch reads it again, not the half-read buffer
+      throw;
+    }
     it->second.ticket = -1;
   }
   return it->second.slice;
+}
+
+// A read that failed: its buffer goes back to the pool (nothing reads it) and the unit counts as
+// not fetched. The queue forgets a ticket once it has reported it, so an entry kept would hand
+// out what the failed read left in the buffer.
+void ParamStore::drop_failed(std::map<int, Fetch>::iterator it) {
+  if (it->second.pooled) free_.push_back({std::move(it->second.buffer), nullptr});
+  fetched_.erase(it);
 }
 
 bool ParamStore::start_fetch(int unit) {
@@ -132,7 +145,14 @@ void ParamStore::done(int unit, std::shared_ptr<device::CopyFence> readers) {
   auto it = fetched_.find(unit);
   if (it == fetched_.end()) return;
   Fetch& f = it->second;
-  if (f.ticket >= 0) queue_->wait(f.ticket);
+  if (f.ticket >= 0) {
+    try {
+      queue_->wait(f.ticket);
+    } catch (...) {
+      drop_failed(it);
+      throw;
+    }
+  }
   if (f.pooled)
     free_.push_back({std::move(f.buffer), std::move(readers)});
   else if (readers)

@@ -105,6 +105,7 @@ class ParamStore : public zero::ParamPartition {
     std::shared_ptr<device::CopyFence> readers;  // null: nothing reads it
   };
   Fetch start_read(int unit);  // a buffer for the unit's slice, its read begun
+  void drop_failed(std::map<int, Fetch>::iterator it);
   const Stage3Layout& layout_;
   at::ScalarType dtype_;
   int64_t element_size_;

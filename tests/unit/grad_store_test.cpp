@@ -3,6 +3,8 @@
 // discard() starts over from zero, and a file truncated under the job is an IOError naming it.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -68,6 +70,7 @@ TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   const Stage3Layout L = layout();
   GradStore store(L, torch::kBFloat16, dir.path(), dstest::small_aio());
   micro_step(store, L, torch::ones({L.partition_numel}), true);
+  const std::string whole = dstest::read_bytes(store.path());
   ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
   try {
     read_back(store, L);
@@ -75,6 +78,43 @@ TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   } catch (const deepspeed::IOError& e) {
     EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
   }
+  // A read that failed is read again by the next get() (before, it returned what the failed
+  // read had left in the buffer).
+  dstest::write_bytes(store.path(), whole);
+  EXPECT_TRUE(torch::equal(read_back(store, L), torch::ones({L.partition_numel})));
+}
+
+// A slice whose write failed (here: past RLIMIT_FSIZE, as on a full disk) leaves the file without
+// that unit's gradients: the optimizer's reads then say so, until discard() starts a new
+// accumulation. Before, the next wait forgot the failure and the step read the incomplete file.
+TEST(GradStoreErrors, AFailedWriteMakesTheAccumulationRefusedUntilDiscard) {
+  dstest::TempDir dir("grad_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  GradStore store(L, torch::kFloat, dir.path(), dstest::small_aio());
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4096;  // the first slice's place only
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  try {
+    micro_step(store, L, torch::ones({L.partition_numel}), true);
+    ADD_FAILURE() << "no write failed";
+  } catch (const deepspeed::IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, old_handler);
+  try {
+    read_back(store, L);
+    FAIL() << "the incomplete gradients were read";
+  } catch (const deepspeed::IOError& e) {
+    EXPECT_NE(std::string(e.what()).find("a write failed earlier"), std::string::npos) << e.what();
+  }
+  store.discard();
+  at::Tensor b = torch::randn({L.partition_numel});
+  micro_step(store, L, b, true);
+  EXPECT_TRUE(torch::equal(read_back(store, L), b));
 }
 
 TEST(GradStoreErrors, MissingFolderNamesTheKey) {

@@ -48,7 +48,6 @@ class FlatStage : public ZeroStage {
   // refused until this backward has begun.
   void begin_backward(bool boundary) override {
     shard_->begin_backward();
-    shard_->abandon_step();
     grads_->begin_backward(boundary && !gradients_stay_local());
     shard_->accept_ranges();
   }

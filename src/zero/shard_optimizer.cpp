@@ -121,9 +121,8 @@ class InMemoryShard : public ShardOptimizer {
   // Said once, by the next backward (its error is the acknowledgement; training may go on from
   // there), and by every step() until then.
   void begin_backward() override {
-    if (!host_step_) return;
-    if (host_step_->started()) host_step_->abandon();  // engine.step() was not called
-    if (!host_step_->lost()) return;
+    abandon_step();  // an update engine.step() did not complete stops; ranges wait for accept
+    if (!host_step_ || !host_step_->lost()) return;
     const std::string message = partly_stepped("the next backward");
     host_step_->forget_lost();
     throw Error(message);

@@ -120,10 +120,11 @@ class ShardOptimizer {
   // not on the device.
   virtual bool gradients_in_host_memory() const { return false; }
   virtual void discard_step() {}
-  // A backward begins (every micro-step). Ranges still taken from an earlier boundary's backward
-  // (it threw, or no step followed) are dropped once the update thread has stopped, so it cannot
-  // race the new micro-step's gradients and forward; if they were already updated, this throws
-  // deepspeed::Error saying so.
+  // A backward begins (every micro-step), as abandon_step(): ranges still taken from an earlier
+  // boundary's backward (it threw, or no step followed) are dropped once the update thread has
+  // stopped, so it cannot race the new micro-step's gradients and forward, and the ranges a
+  // failed pass's recovery still finishes are ignored until accept_ranges(). If a step is lost,
+  // this throws deepspeed::Error saying so (once).
   virtual void begin_backward() {}
   // The stage's backward threw: the update during backward stops (the worker and its uploads
   // are waited for; a step it already counted is lost, step_lost()), and ranges the failed pass
@@ -131,8 +132,8 @@ class ShardOptimizer {
   virtual void abandon_step() {}
   virtual void accept_ranges() {}
   // A step counted and partly updated during backward was never completed: step() and the next
-  // begin_backward throw deepspeed::Error saying so (the backward once, clearing it); a load
-  // (finish_load, refresh_masters) clears it.
+  // begin_backward throw deepspeed::Error saying so (the backward once, clearing it); a load of
+  // the optimizer states (finish_load) clears it.
   virtual bool step_lost() const { return false; }
   // How many ranges the last step took during backward (tests, logs).
   virtual size_t ranges_stepped_during_backward() const { return 0; }

@@ -28,25 +28,40 @@ json offload_config(bool overlap_step) {
   return config;
 }
 
-// Four steps on fixed batches; `between(engine, step)` runs after each step's backward.
-std::vector<at::Tensor> train(
-    bool overlap_step,
-    const std::function<void(deepspeed::ModelEngine<gpt::GPTImpl>&, int)>& between) {
+// Step `step`'s batch, the same in every run.
+at::Tensor batch(int step) {
+  torch::manual_seed(1000 + step);
+  return torch::randint(0, kModel.vocab_size, {2, kModel.block_size}, torch::kLong);
+}
+
+// The model (seeded alike in every run) and its engine under CPU optimizer offload.
+struct OffloadRun {
+  std::shared_ptr<gpt::GPTImpl> model;
+  std::shared_ptr<deepspeed::ModelEngine<gpt::GPTImpl>> engine;
+};
+OffloadRun start(bool overlap_step) {
   at::set_num_threads(1);
   torch::manual_seed(7);
   auto model = std::make_shared<gpt::GPTImpl>(kModel);
   auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model,
                                                 .config_json = offload_config(overlap_step)});
-  auto& engine = *r.engine;
+  return {model, r.engine};
+}
+
+// Four steps on fixed batches; `between(engine, step)` runs after each step's backward.
+std::vector<at::Tensor> train(
+    bool overlap_step,
+    const std::function<void(deepspeed::ModelEngine<gpt::GPTImpl>&, int)>& between) {
+  auto run = start(overlap_step);
+  auto& engine = *run.engine;
   for (int step = 0; step < 4; ++step) {
-    torch::manual_seed(1000 + step);
-    at::Tensor x = torch::randint(0, kModel.vocab_size, {2, kModel.block_size}, torch::kLong);
+    at::Tensor x = batch(step);
     engine.backward(engine.forward(x, x));
     between(engine, step);
     engine.step();
   }
   std::vector<at::Tensor> weights;
-  for (auto& p : model->parameters()) weights.push_back(p.detach().clone());
+  for (auto& p : run.model->parameters()) weights.push_back(p.detach().clone());
   return weights;
 }
 
@@ -84,8 +99,7 @@ TEST(HalfDoneStep, SaveLoadForwardAndWholeParametersWaitForTheStep) {
         [&] { engine.save_checkpoint(dir.path(), "half"); }, "save_checkpoint");
     expect_refused<deepspeed::CheckpointError>(
         [&] { engine.load_checkpoint(dir.path(), "serial"); }, "load_checkpoint");
-    torch::manual_seed(5);
-    at::Tensor x = torch::randint(0, kModel.vocab_size, {2, kModel.block_size}, torch::kLong);
+    at::Tensor x = batch(5);
     expect_refused<deepspeed::Error>([&] { engine.forward(x, x); }, "forward");
     expect_refused<deepspeed::Error>([&] { engine.consolidated_state_dict(); },
                                      "consolidated_state_dict");
@@ -103,18 +117,11 @@ TEST(HalfDoneStep, SaveLoadForwardAndWholeParametersWaitForTheStep) {
 // and after the load training goes on exactly as if the failed pass had never run.
 TEST(HalfDoneStep, AFailedBackwardAfterTheUpdateBeganIsRepairedOnlyByALoad) {
   dstest::TempDir dir;
-  auto batch = [](int step) {
-    torch::manual_seed(1000 + step);
-    return torch::randint(0, kModel.vocab_size, {2, kModel.block_size}, torch::kLong);
-  };
   auto plain = train(true, [](auto&, int) {});
 
-  at::set_num_threads(1);
-  torch::manual_seed(7);
-  auto model = std::make_shared<gpt::GPTImpl>(kModel);
-  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model,
-                                                .config_json = offload_config(true)});
-  auto& engine = *r.engine;
+  auto run = start(true);
+  auto& model = run.model;
+  auto& engine = *run.engine;
   auto& stage = *deepspeed::state_of(engine).stage;
   bool fail = false;
   // The position embedding's gradient is among the last of backward: later layers' ranges have

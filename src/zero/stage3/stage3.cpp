@@ -120,8 +120,7 @@ void Stage3::allocate(GradBucket& b) {
 }
 
 void Stage3::begin_backward(bool boundary) {
-  shard_->begin_backward();
-  shard_->abandon_step();  // stops an earlier boundary's update; refuses the recovery's ranges
+  shard_->begin_backward();  // stops an earlier boundary's update; refuses the recovery's ranges
   abandon_backward();  // the last backward threw: nothing of it is left for this one
   in_backward_ = true;
   boundary_ = boundary;

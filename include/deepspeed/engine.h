@@ -164,8 +164,34 @@ class Engine {
 
  protected:
   explicit Engine(EngineStatePtr state);
+  // One engine call that may issue collectives (forward, backward, step, a pipeline batch, a
+  // checkpoint, a gather), for the job's failure board (src/comm/failure_board.h). The outermost
+  // scope first settles a failure this rank posted before (it throws CommError when the ranks
+  // stopped at different collectives, or when this rank's job cannot continue). failed(), in a
+  // catch block, posts the failure in flight, if the call had issued collectives: a peer waiting
+  // for one this rank will not issue then fails at once instead of at the timeout.
+  class CallScope {
+   public:
+    CallScope(Engine& engine, const char* call);
+    ~CallScope();
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+    void failed() noexcept;
+
+   private:
+    EngineState& state_;
+    const char* call_;
+    bool outermost_ = false;
+    bool posted_ = false;
+    uint64_t issued_ = 0;  // the board's count at the start
+    int posts_ = 0;
+  };
   void before_forward();
   void after_forward();
+  // The bodies of backward(), step() and consolidated_state_dict(), inside their CallScope.
+  at::Tensor backward_in(const at::Tensor& loss, CallScope& call);
+  void step_in();
+  std::vector<std::pair<std::string, at::Tensor>> consolidated_state_dict_in();
   // Rethrows a libtorch error raised in `phase` (forward, backward, step) as deepspeed::Error:
   // "rank R, <phase>: <what_without_backtrace()>". An out-of-memory in words (what was being
   // allocated, the bytes asked, what to try). With fp16 on a CPU operator that has no Half
@@ -218,13 +244,18 @@ class ModelEngine : public Engine {
   // and the phase, with libtorch's message but not its C++ stack frames (report_torch_error).
   template <class... Args>
   auto forward(Args&&... args) {
+    CallScope call(*this, "forward");
     before_forward();
     try {
       auto out = model_->forward(cast_input(std::forward<Args>(args))...);
       after_forward();
       return out;
     } catch (const c10::Error& e) {
+      call.failed();
       report_torch_error("forward", e);
+    } catch (...) {
+      call.failed();
+      throw;
     }
   }
   template <class... Args>

@@ -61,6 +61,7 @@ class CheckedCommunicator : public Communicator {
   CommStats stats() const override { return inner_->stats(); }
   std::string backend() const override { return inner_->backend(); }
   void reset_stats() override { inner_->reset_stats(); }
+  const Communicator& inner() const { return *inner_; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override;
   WorkPtr broadcast(at::Tensor& tensor, int root) override;

@@ -30,7 +30,36 @@ void CommunicatorBase::check_peer(const char* op, int peer) const {
   }
 }
 
+void CommunicatorBase::watch_with(std::shared_ptr<FailureBoard> board, const std::string& name) {
+  board_ = std::move(board);
+  channel_ = board_->channel(name);
+  sends_to_.assign(world_size_, -1);
+  receives_from_.assign(world_size_, -1);
+  // Made now, not at first use: a member that never sent still reports its count (0), so that
+  // settling compares it with what its peer received.
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    sends_to_[peer] = board_->channel(fmt::format("{}:{}>{}", name, rank_, peer));
+    receives_from_[peer] = board_->channel(fmt::format("{}:{}>{}", name, peer, rank_));
+  }
+}
+
+OpDesc CommunicatorBase::describe_p2p(const char* op, const at::Tensor& t, int peer,
+                                      bool sending) const {
+  OpDesc d = describe_unnumbered(op, t);
+  // Numbered, so that settling compares what was sent with what was received, but not watched:
+  // Gloo's send and receive works end for good when a timed wait runs out.
+  if (board_) board_->issue(sending ? sends_to_[peer] : receives_from_[peer]);
+  return d;
+}
+
 OpDesc CommunicatorBase::describe(const char* op, const at::Tensor& t) const {
+  OpDesc d = describe_unnumbered(op, t);
+  if (board_) d.position = OpPosition{board_, channel_, board_->issue(channel_)};
+  return d;
+}
+
+OpDesc CommunicatorBase::describe_unnumbered(const char* op, const at::Tensor& t) const {
   OpDesc d;
   d.op = op;
   d.has_tensor = t.defined();

@@ -5,7 +5,11 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "comm/failure_board.h"
 #include "comm/stats.h"
 #include "comm/work.h"
 #include "deepspeed/comm.h"
@@ -25,6 +29,12 @@ class CommunicatorBase : public Communicator {
   CommStats stats() const override { return stats_->snapshot(); }
   void reset_stats() override { stats_->reset(); }
 
+  // Numbers this communicator's operations on `board` (failure_board.h): its collectives on
+  // channel `name`, its point-to-point messages on "<name>:<from>><to>". Every member passes the
+  // same name. Called once, before the first operation.
+  void watch_with(std::shared_ptr<FailureBoard> board, const std::string& name);
+  const std::shared_ptr<FailureBoard>& failure_board() const { return board_; }
+
  protected:
   // Counts the call; `t` is the tensor whose bytes this rank contributes.
   void count(const char* op, const at::Tensor& t) {
@@ -35,7 +45,10 @@ class CommunicatorBase : public Communicator {
   void check_peer(const char* op, int peer) const;
 
   // What a collective on `t` is, for failure messages (t undefined: a barrier).
+  // Numbers the operation when watched: call it once per operation actually issued.
   OpDesc describe(const char* op, const at::Tensor& t) const;
+  // The same for a send to (`sending`) or a receive from `peer`.
+  OpDesc describe_p2p(const char* op, const at::Tensor& t, int peer, bool sending) const;
   // Starts a c10d collective and wraps it in a Work whose wait() runs `finish`. A backend can
   // fail already at the start (Gloo: a pair closed by an earlier timeout); that reads like a
   // failure in wait(), as CommError naming the collective.
@@ -58,6 +71,13 @@ class CommunicatorBase : public Communicator {
   // Shared with the Work handles, which record each collective's latency when it completes (a
   // handle may be waited on after the communicator is gone).
   std::shared_ptr<StatsRecorder> stats_ = std::make_shared<StatsRecorder>();
+
+ private:
+  OpDesc describe_unnumbered(const char* op, const at::Tensor& t) const;
+
+  std::shared_ptr<FailureBoard> board_;  // null: not watched
+  int channel_ = -1;
+  std::vector<int> sends_to_, receives_from_;  // channels by peer
 };
 
 }  // namespace comm

@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "comm/checked_communicator.h"
 #include "comm/communicator_base.h"
 #include "comm/dtypes.h"
 #include "comm/local_reduce.h"
@@ -57,7 +58,19 @@ class GlooCommunicator : public CommunicatorBase {
         device_(std::move(device)),
         shm_(std::move(shm)) {}
 
+  // A group whose job cannot continue (failure_board.h) has Gloo work queued that will never
+  // finish: its ProcessGroupGloo's destructor would wait for it until Gloo's timeout, so the
+  // process could not leave. It is left to the process's end instead.
+  ~GlooCommunicator() override {
+    if (failure_board() && failure_board()->broken()) (void)pg_.release();
+  }
+
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+  // Its channel on the job's failure board; its sub-groups are named under it.
+  void watch_as(std::shared_ptr<FailureBoard> board, std::string channel) {
+    channel_name_ = std::move(channel);
+    watch_with(std::move(board), channel_name_);
+  }
   size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
   std::string backend() const override { return "gloo"; }
 
@@ -192,7 +205,7 @@ class GlooCommunicator : public CommunicatorBase {
     at::Tensor host = tensor.is_cuda() ? tensor.cpu() : tensor;
     std::vector<at::Tensor> bufs{bits_view(host, bits_dtype(tensor.scalar_type(), "send"))};
     auto start = [&] { return pg_->send(bufs, dst, tag); };
-    return launch(describe("send", tensor), start, [bufs] {});  // keeps a staged copy alive
+    return launch(describe_p2p("send", tensor, dst, true), start, [bufs] {});  // keeps a staged copy alive
   }
 
   WorkPtr recv(at::Tensor& tensor, int src, int tag) override {
@@ -203,13 +216,13 @@ class GlooCommunicator : public CommunicatorBase {
       at::Tensor host = at::empty(tensor.sizes(), tensor.options().device(at::kCPU));
       std::vector<at::Tensor> bufs{bits_view(host, bits_dtype(tensor.scalar_type(), "recv"))};
       auto start = [&] { return pg_->recv(bufs, src, tag); };
-      return launch(describe("recv", tensor), start,
+      return launch(describe_p2p("recv", tensor, src, false), start,
                     [tensor, host]() mutable { tensor.copy_(host); });
     }
     at::Tensor staged = bits_view(tensor, bits_dtype(tensor.scalar_type(), "recv"));
     std::vector<at::Tensor> bufs{staged};
     auto start = [&] { return pg_->recv(bufs, src, tag); };
-    return launch(describe("recv", tensor), start, copy_back(tensor, staged));
+    return launch(describe_p2p("recv", tensor, src, false), start, copy_back(tensor, staged));
   }
 
   void barrier() override {
@@ -222,9 +235,11 @@ class GlooCommunicator : public CommunicatorBase {
   CommunicatorPtr split(int color, int key) override {
     return split_over_store(*this, splits_++, color, key,
                             [&](const std::string& prefix, int sub_rank, int sub_world) {
-                              return make_gloo_communicator_on(
+                              auto sub = make_gloo_communicator_on(
                                   c10::make_intrusive<c10d::PrefixStore>(prefix, store_), sub_rank,
-                                  sub_world, local_rank_, timeout_, device_);
+                                  sub_world, local_rank_, timeout_, device_, failure_board(),
+                                  channel_name_ + "/" + prefix);
+                              return sub;
                             });
   }
 
@@ -248,6 +263,7 @@ class GlooCommunicator : public CommunicatorBase {
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+  std::string channel_name_;  // on the failure board: "w", "w/split0/1", ...
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
   std::atomic<int> splits_{0};
@@ -291,6 +307,18 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
                                           int world_size, int local_rank,
                                           std::chrono::milliseconds timeout,
                                           std::shared_ptr<::gloo::transport::Device> device) {
+  // A root group: the job's failure board lives in its store, and its sub-groups share it.
+  auto board = std::make_shared<FailureBoard>(store, rank, world_size, timeout);
+  return make_gloo_communicator_on(std::move(store), rank, world_size, local_rank, timeout,
+                                   std::move(device), std::move(board), "w");
+}
+
+CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                          int world_size, int local_rank,
+                                          std::chrono::milliseconds timeout,
+                                          std::shared_ptr<::gloo::transport::Device> device,
+                                          std::shared_ptr<FailureBoard> board,
+                                          std::string channel) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw CommError(
         fmt::format("Gloo group setup: rank {} is not in [0, world_size {})", rank, world_size));
@@ -302,8 +330,10 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
     auto shm = ShmAllReduce::create(*store, rank, world_size, timeout);
-    return std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank, world_size,
-                                              local_rank, timeout, std::move(shm));
+    auto comm = std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank,
+                                                   world_size, local_rank, timeout, std::move(shm));
+    comm->watch_as(std::move(board), std::move(channel));
+    return comm;
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     throw CommError(fmt::format(
@@ -315,6 +345,13 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
 c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm) {
   if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->store();
   return {};
+}
+
+std::shared_ptr<FailureBoard> failure_board_of(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->failure_board();
+  if (auto* checked = dynamic_cast<const CheckedCommunicator*>(&comm))
+    return failure_board_of(checked->inner());
+  return nullptr;
 }
 
 size_t shm_allreduce_limit(const Communicator& comm) {

@@ -18,6 +18,8 @@ class Device;
 namespace deepspeed {
 namespace comm {
 
+class FailureBoard;
+
 // The Gloo transport device for a job whose store lives at `master_addr`: GLOO_SOCKET_IFNAME if
 // set (as torch.distributed does), the loopback device for 127.x/localhost jobs, else the device
 // on the local address that routes to master_addr (local_address_towards in process_info.h).
@@ -33,6 +35,18 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
 // The rendezvous store of a Gloo communicator (what its sub-groups and the desync checker build
 // on), or null for any other communicator.
 c10::intrusive_ptr<c10d::Store> store_of(const Communicator& comm);
+
+// A sub-group: numbered on the root's failure board under channel `channel`.
+CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                          int world_size, int local_rank,
+                                          std::chrono::milliseconds timeout,
+                                          std::shared_ptr<::gloo::transport::Device> device,
+                                          std::shared_ptr<FailureBoard> board,
+                                          std::string channel);
+
+// The failure board (failure_board.h) that `comm`'s operations are numbered on, seen through the
+// desync checker; null for communicators without one (world size 1, NCCL, test doubles).
+std::shared_ptr<FailureBoard> failure_board_of(const Communicator& comm);
 
 // The largest all-reduce (bytes) that `comm` does through shared memory (shm_allreduce.h): 0
 // when it has no shared-memory path (not a Gloo communicator, ranks on several hosts, or

@@ -405,6 +405,9 @@ void ShmAllReduce::await_all(Step step, uint64_t seq, uint64_t seq_of_op) {
   const auto spin_end = wait_start + std::chrono::microseconds(2);
   const auto yield_end = wait_start + std::chrono::microseconds(200);
   auto next_check = wait_start + std::chrono::milliseconds(1);
+  // After a slice, and then every 0.1 s: has a peer posted that it failed before issuing this
+  // operation (failure_board.h)? Then it never will.
+  auto next_board_check = wait_start + kFailureCheckSlice;
   for (int i = 0;; ++i) {
     behind = first_behind(step, seq);
     if (behind < 0) return;
@@ -423,6 +426,12 @@ void ShmAllReduce::await_all(Step step, uint64_t seq, uint64_t seq_of_op) {
         fail(op.desc, op.start,
              fmt::format("{}: rank {} (pid {}) did not {} in time", what, behind,
                          seg_->rank_state(behind).pid.load(), inf));
+      const OpPosition& pos = op.desc.position;
+      if (pos.board && now >= next_board_check) {
+        next_board_check = now + std::chrono::milliseconds(100);
+        const std::string why = pos.board->why_stuck(pos.channel, pos.index);
+        if (!why.empty()) fail(op.desc, op.start, fmt::format("{}: {}", what, why));
+      }
     }
     if (now < yield_end) {
       ::sched_yield();

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <exception>
+#include <stdexcept>
 
 #include "comm/dtypes.h"
 #include "comm/peer_watch.h"
@@ -41,12 +42,35 @@ GlooWork::GlooWork(std::vector<c10::intrusive_ptr<c10d::Work>> works, OpDesc des
       finish_(std::move(finish)),
       start_(std::chrono::steady_clock::now()) {}
 
+namespace {
+
+// c10d::Work::wait(timeout) throws "Operation timed out!" and leaves the work as it was when the
+// slice ends first; a finished work (done or failed) reports isCompleted().
+void wait_watching(c10d::Work& work, const OpPosition& pos) {
+  if (!pos.board) {
+    work.wait();
+    return;
+  }
+  for (;;) {
+    try {
+      work.wait(kFailureCheckSlice);
+      return;
+    } catch (...) {
+      if (work.isCompleted()) throw;
+    }
+    const std::string why = pos.board->why_stuck(pos.channel, pos.index);
+    if (!why.empty()) throw std::runtime_error(why);
+  }
+}
+
+}  // namespace
+
 void GlooWork::wait() {
   if (!error_.empty()) throw CommError(error_);
   if (done_) return;
   try {
     // Gloo enforces the group's timeout on every transfer, so an unbounded wait here still ends.
-    for (auto& w : works_) w->wait();
+    for (auto& w : works_) wait_watching(*w, desc_.position);
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
     error_ = failure_message(desc_, elapsed.count(), current_exception_message()) +

@@ -9,6 +9,7 @@
 #include <vector>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "comm/failure_board.h"
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
@@ -24,6 +25,10 @@ struct OpDesc {
   int rank = 0;
   int world_size = 1;
   std::chrono::milliseconds timeout{0};
+  // Its place on its channel (failure_board.h). With a board, a wait that outlasts a slice asks
+  // it whether a failed peer will never join; without (world size 1, NCCL, point-to-point, whose
+  // Gloo works cannot be waited on in slices), the wait is bounded by the timeout alone.
+  OpPosition position;
 };
 
 // "<desc> failed after 2.0 s (timeout 2 s): <cause>".
@@ -41,7 +46,9 @@ class DoneWork : public Work {
 // Wraps c10d works (one, or several that make one collective, e.g. all_gather's per-rank
 // broadcasts): wait() waits for each, turns the first failure into CommError and then runs
 // `finish` (copying a converted or staged result back into the caller's tensor). wait() may be
-// called again: it returns at once, or rethrows the same failure.
+// called again: it returns at once, or rethrows the same failure. With a failure board, each
+// work is waited on in slices, and a peer's posted failure that abandons this operation fails
+// it at the end of a slice (the Gloo work itself stays queued: the group is not reused).
 class GlooWork : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, OpDesc desc, std::function<void()> finish);

@@ -35,10 +35,17 @@ Schedule PipelineEngine::schedule() const {
 }
 
 double PipelineEngine::train_batch(const DataIterator& data) {
-  return run(schedule(), data, /*train=*/true);
+  CallScope call(*this, "train_batch");
+  try {
+    return run(schedule(), data, /*train=*/true);
+  } catch (...) {
+    call.failed();
+    throw;
+  }
 }
 
 double PipelineEngine::eval_batch(const DataIterator& data) {
+  CallScope call(*this, "eval_batch");
   torch::NoGradGuard no_grad;
   rt_->module->eval();
   double loss = 0.0;
@@ -47,6 +54,7 @@ double PipelineEngine::eval_batch(const DataIterator& data) {
                                   rt_->stage),
                data, /*train=*/false);
   } catch (...) {
+    call.failed();
     rt_->module->train();
     throw;
   }

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdio>
 
+#include "comm/failure_board.h"
+#include "comm/gloo_communicator.h"
+#include "comm/work.h"
 #include "deepspeed/zero_unit.h"
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
@@ -23,6 +26,37 @@ Engine::Engine(EngineStatePtr state)
 Engine::~Engine() = default;
 
 using monitor::Phase;
+
+Engine::CallScope::CallScope(Engine& engine, const char* call)
+    : state_(*engine.state_), call_(call) {
+  auto& s = state_;
+  if (!s.failure_board_found) {  // every group of the job shares its world's board
+    s.failure_board = comm::failure_board_of(s.topology ? *s.topology->world() : *s.comm);
+    s.failure_board_found = true;
+  }
+  if (s.calls_open++ > 0 || !s.failure_board) return;
+  outermost_ = true;
+  try {
+    s.failure_board->settle(call);
+  } catch (...) {
+    --s.calls_open;
+    throw;
+  }
+  issued_ = s.failure_board->issued_total();
+  posts_ = s.failure_board->own_posts();
+}
+
+Engine::CallScope::~CallScope() { --state_.calls_open; }
+
+void Engine::CallScope::failed() noexcept {
+  if (!outermost_ || posted_) return;
+  auto& board = *state_.failure_board;
+  posted_ = true;
+  // A call that issued nothing left the ranks' collectives matched: its retry issues them as the
+  // failed call would have.
+  if (board.issued_total() == issued_ || board.own_posts() != posts_) return;
+  board.post(call_, comm::current_exception_message());
+}
 
 void refuse_during_half_done_step(const EngineState& s, const std::string& what) {
   if (!s.stage || !s.stage->update_begun_during_backward()) return;
@@ -103,7 +137,17 @@ void Engine::rethrow_after_clean_up(const char* phase,
 
 // backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
 // hooks and collectives included) reaches the user through report_torch_error.
-at::Tensor Engine::backward(const at::Tensor& loss) try {
+at::Tensor Engine::backward(const at::Tensor& loss) {
+  CallScope call(*this, "backward");
+  try {
+    return backward_in(loss, call);
+  } catch (...) {
+    call.failed();
+    throw;
+  }
+}
+
+at::Tensor Engine::backward_in(const at::Tensor& loss, CallScope& call) try {
   forget_failed_allocation();
   auto& s = *state_;
   auto& timers = s.monitor->timers();
@@ -127,6 +171,9 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
     s.stage->end_backward(boundary);
     timers.stop(Phase::kBackwardReduce);
   } catch (...) {
+    // Posted before the clean-up, which waits for this pass's reductions: a peer blocked in one
+    // this rank did not issue would otherwise keep this rank waiting too.
+    call.failed();
     rethrow_after_clean_up("backward", [&] { zero::abandon_backward_quietly(*s.stage); });
   }
   // Counted once its backward went through: a micro-step whose backward threw (and is retried,
@@ -140,7 +187,17 @@ at::Tensor Engine::backward(const at::Tensor& loss) try {
   report_torch_error("backward", e);
 }
 
-void Engine::step() try {
+void Engine::step() {
+  CallScope call(*this, "step");
+  try {
+    step_in();
+  } catch (...) {
+    call.failed();
+    throw;
+  }
+}
+
+void Engine::step_in() try {
   forget_failed_allocation();
   auto& s = *state_;
   auto& timers = s.monitor->timers();
@@ -298,8 +355,14 @@ GatheredParameters Engine::gathered_parameters(std::optional<int> modifier_rank)
 GatheredParameters Engine::gathered_parameters(
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
     std::optional<int> modifier_rank) {
+  CallScope call(*this, "gathered_parameters");
   refuse_during_half_done_step(*state_, "gathered_parameters");
-  return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
+  try {
+    return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
+  } catch (...) {
+    call.failed();
+    throw;
+  }
 }
 
 // Walks the module tree in named_parameters() order; a unit (or a leaf module) is gathered as a
@@ -307,6 +370,16 @@ GatheredParameters Engine::gathered_parameters(
 // only root-unit parameters itself (always gathered), so it is copied directly and its children
 // visited.
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
+  CallScope call(*this, "consolidated_state_dict");
+  try {
+    return consolidated_state_dict_in();
+  } catch (...) {
+    call.failed();
+    throw;
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict_in() {
   refuse_during_half_done_step(*state_, "consolidated_state_dict");
   auto& model = *state_->module;
   const bool keep = state_->comm->rank() == 0;

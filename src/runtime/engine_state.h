@@ -20,6 +20,9 @@ namespace deepspeed {
 namespace monitor {
 class TrainingMonitor;
 }  // namespace monitor
+namespace comm {
+class FailureBoard;
+}  // namespace comm
 
 struct EngineState {
   Config config;
@@ -72,6 +75,11 @@ struct EngineState {
   // A pipeline stage's checkpoint layout (per-layer files; set by initialize_pipeline). Null: one
   // model-states file.
   std::shared_ptr<const checkpoint::PipelineFiles> pipeline_files;
+  // The job's failure board (comm/failure_board.h; null at world size 1, with NCCL and with test
+  // doubles), found at the first engine call, and how many Engine::CallScopes are open.
+  std::shared_ptr<comm::FailureBoard> failure_board;
+  bool failure_board_found = false;
+  int calls_open = 0;
 };
 
 namespace detail {

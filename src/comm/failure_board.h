@@ -1,0 +1,136 @@
+// What a rank whose engine call failed tells the others, so that a failure on one rank ends the
+// job at once instead of leaving its peers waiting until the communication timeout.
+//
+// The problem: when only rank 1's backward throws (an out-of-memory, a user's hook), rank 0 waits
+// in bucket collectives that rank 1 will not join. If rank 1 then retries, its new collectives
+// meet rank 0's old ones out of order. Gloo pairs them by sequence number, so they either wait
+// for ever or, worse, add tensors that do not belong together.
+//
+// What the board does:
+// - Every collective of a Gloo communicator (and each direction of its point-to-point traffic)
+//   is numbered on a **channel**: one per communicator, named alike on every member ("w" for the
+//   world, "w/split0/1" for a sub-group, "w:0>1" for rank 0's sends to rank 1).
+// - A rank whose engine call failed after it had issued collectives **posts** to the job's
+//   rendezvous store: the call, its error and how many operations it had issued on each channel
+//   (its fingerprint).
+// - A wait that has not completed after a slice (0.5 s) reads the posts. A peer that posted and
+//   had not issued this operation never will, so the wait throws CommError naming that peer's
+//   error. This rank's call then fails and posts too.
+// - Before the failed rank issues anything again (its next engine call), it **settles**: it
+//   waits until every rank has posted as often as it has. If every channel's members stopped at
+//   the same operation, every rank failed at the same point (every rank ran out of memory in the
+//   same layer, say), nothing is pending, and training goes on. Otherwise the job cannot continue:
+//   every rank's next call throws, naming the first failure and where the ranks parted.
+//
+// Store keys, under the root communicator's store: "ds_fail/n" (how many posts), "ds_fail/<i>"
+// (post i: "<rank> <call>\n<channel>=<count> ...\n<message>"). The store is read only by a wait
+// that has outlasted its slice or by a settling rank, at most once per 0.2 s: nothing on the path
+// of a collective that completes.
+//
+// Thread-safety: every method may be called from any thread (the communicator's callers and its
+// waits); one mutex guards the state, and store calls are made outside it.
+#pragma once
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace deepspeed {
+namespace comm {
+
+class FailureBoard;
+
+// Where one operation stands: its channel and its 0-based number there.
+struct OpPosition {
+  std::shared_ptr<FailureBoard> board;  // null: no board (world size 1, NCCL, test doubles)
+  int channel = -1;
+  uint64_t index = 0;
+};
+
+// How long a wait runs before it first reads the board, and between reads.
+constexpr std::chrono::milliseconds kFailureCheckSlice{500};
+
+class FailureBoard {
+ public:
+  // `store`: the job's rendezvous store (the root communicator's). `rank`, `world_size`: in that
+  // root communicator. `timeout`: how long settle() waits for the others' posts.
+  FailureBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+               std::chrono::milliseconds timeout);
+
+  // A channel, made on first use; its count starts at 0. Every member names it alike.
+  int channel(const std::string& name);
+  // Numbers the next operation of `channel` (counts it as issued).
+  uint64_t issue(int channel);
+  // Operations issued on every channel together: a call that did not change it issued nothing.
+  uint64_t issued_total() const;
+
+  // Called by a wait for `pos` that has not completed after a slice: why it never will (a peer
+  // posted that it failed before issuing it), or "" (keep waiting). Non-empty marks the job
+  // broken. May read the store (rate-limited).
+  std::string why_stuck(int channel, uint64_t index);
+
+  // This rank's `call` failed with `message` after issuing collectives: posts it with this
+  // rank's fingerprint. Never throws (a store that cannot be reached is reported by the waits).
+  void post(const std::string& call, const std::string& message) noexcept;
+  // Posts made by this rank (a caller compares before and after a call).
+  int own_posts() const;
+
+  // Before this rank issues collectives again. Returns at once when it has nothing unsettled;
+  // else waits (up to the timeout) until every rank posted as often, then returns if they all
+  // stopped at the same operation on every channel, and throws CommError otherwise (and from
+  // then on at every call). `call`: what is about to run, for the message.
+  void settle(const std::string& call);
+
+  // True once this rank learned that the job cannot go on (a wait found its operation
+  // abandoned, or settle found the ranks parted). Its communicators then skip the orderly
+  // shutdown of their Gloo groups, which would wait for operations that can never finish.
+  bool broken() const;
+
+ private:
+  struct Post {
+    int rank = -1;
+    std::string call;
+    std::map<std::string, uint64_t> counts;  // the fingerprint
+    std::string message;
+  };
+
+  // Reads posts not seen yet; at most every 0.2 s unless `force`. Never under mu_.
+  void refresh(bool force);
+  std::string fingerprint_locked() const;
+  static bool parse(const std::string& text, Post& out);
+  // Posts beyond the settled ones, latest per rank. Under mu_.
+  std::vector<const Post*> unsettled_locked() const;
+  // Where the unsettled posts disagree ("" when they agree); every rank has posted `round` times.
+  std::string disagreement_locked() const;
+  std::string describe_locked(const Post& p) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  const int rank_, world_size_;
+  const std::chrono::milliseconds timeout_;
+
+  mutable std::mutex mu_;
+  std::vector<std::string> names_;          // channel index -> name
+  std::map<std::string, int> index_of_;     // name -> channel index
+  std::vector<uint64_t> counts_;            // channel index -> operations issued
+  uint64_t total_ = 0;
+  std::vector<Post> posts_;                 // every post read, in store order
+  std::vector<int> rounds_;                 // per rank: its posts read
+  int settled_rounds_ = 0;                  // rounds every rank agreed on
+  int own_posts_ = 0;
+  bool broken_ = false;
+  std::string broken_reason_;
+  std::chrono::steady_clock::time_point last_refresh_{};
+  std::mutex refresh_mu_;                   // one reader of the store at a time
+};
+
+}  // namespace comm
+}  // namespace deepspeed

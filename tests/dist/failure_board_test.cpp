@@ -1,0 +1,191 @@
+// The failure board (src/comm/failure_board.h) over two ranks as threads: a collective that a
+// failed peer will never join fails as soon as the peer posts, naming the peer's error (not at
+// the timeout); one it did issue is waited for; ranks that failed at the same operation go on;
+// ranks that stopped at different ones are told the job cannot continue. On both paths of an
+// all-reduce: Gloo (above the shared-memory limit) and shared memory.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "comm/failure_board.h"
+#include "comm/gloo_communicator.h"
+#include "deepspeed/comm.h"
+#include "support/expect.h"
+#include "support/ranks.h"
+
+namespace {
+
+using deepspeed::CommError;
+using deepspeed::comm::CommunicatorPtr;
+using deepspeed::comm::failure_board_of;
+
+// Long enough that a test passing on the timeout would say "timed out", not the peer's error.
+constexpr std::chrono::seconds kTimeout{60};
+
+class FailureBoardPaths : public ::testing::TestWithParam<int64_t> {};
+
+at::Tensor ones(int64_t numel) { return torch::ones({numel}); }
+
+TEST_P(FailureBoardPaths, ACollectiveAFailedPeerDidNotIssueFailsNamingItsError) {
+  const int64_t numel = GetParam();
+  std::string waited, settled;
+  bool broken0 = false, broken1 = false;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto board = failure_board_of(*comm);
+        ASSERT_TRUE(board);
+        at::Tensor t = ones(numel);
+        comm->all_reduce(t)->wait();  // both ranks: operation 1 of the world group
+        if (comm->rank() == 1) {
+          board->post("backward", "injected failure in a hook");
+          try {
+            board->settle("step");
+          } catch (const CommError& e) {
+            settled = e.what();
+          }
+          broken1 = board->broken();
+          return;
+        }
+        try {
+          comm->all_reduce(t)->wait();  // operation 2: rank 1 will never issue it
+        } catch (const CommError& e) {
+          waited = e.what();
+        }
+        board->post("backward", waited);  // what the engine does when the call fails
+        broken0 = board->broken();
+      },
+      kTimeout);
+  EXPECT_CONTAINS(waited, "rank 1's backward failed (injected failure in a hook)");
+  EXPECT_CONTAINS(waited, "after it had issued 1 operations on the world group, and this one is "
+                          "number 2 there");
+  EXPECT_TRUE(waited.find("timed out") == std::string::npos) << waited;
+  EXPECT_CONTAINS(settled, "step on rank 1 of 2: the job cannot continue after rank");
+  EXPECT_CONTAINS(settled, "on the world group, rank 0 had issued 2 operations and rank 1 1");
+  EXPECT_TRUE(broken0);
+  EXPECT_TRUE(broken1);
+}
+
+TEST_P(FailureBoardPaths, ACollectiveTheFailedPeerIssuedIsWaitedFor) {
+  const int64_t numel = GetParam();
+  std::vector<float> sums(2);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto board = failure_board_of(*comm);
+        at::Tensor t = ones(numel);
+        auto work = comm->all_reduce(t);
+        if (comm->rank() == 1) {
+          board->post("backward", "failed after launching its bucket");
+          // Rank 0's wait outlasts a few slices, reading the post each time.
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        }
+        work->wait();
+        sums[comm->rank()] = t[numel - 1].item<float>();
+        EXPECT_FALSE(board->broken());
+      },
+      kTimeout);
+  EXPECT_EQ(sums[0], 2.0f);
+  EXPECT_EQ(sums[1], 2.0f);
+}
+
+TEST_P(FailureBoardPaths, ASlowPeerIsWaitedForAcrossSlices) {
+  const int64_t numel = GetParam();
+  std::vector<float> sums(2);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1300));
+        at::Tensor t = torch::arange(numel, torch::kFloat);
+        comm->all_reduce(t)->wait();
+        sums[comm->rank()] = t[numel - 1].item<float>();
+      },
+      kTimeout);
+  EXPECT_EQ(sums[0], 2.0f * static_cast<float>(numel - 1));
+  EXPECT_EQ(sums[1], sums[0]);
+}
+
+TEST_P(FailureBoardPaths, RanksThatFailedAtTheSameOperationGoOn) {
+  const int64_t numel = GetParam();
+  std::vector<float> sums(2);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto board = failure_board_of(*comm);
+        at::Tensor t = ones(numel);
+        comm->all_reduce(t)->wait();
+        board->post("backward", "out of memory on every rank");
+        board->settle("backward");  // returns: both stopped after operation 1
+        EXPECT_FALSE(board->broken());
+        at::Tensor again = ones(numel);
+        comm->all_reduce(again)->wait();
+        sums[comm->rank()] = again[0].item<float>();
+        board->settle("step");  // nothing unsettled: at once
+      },
+      kTimeout);
+  EXPECT_EQ(sums[0], 2.0f);
+  EXPECT_EQ(sums[1], 2.0f);
+}
+
+// 16 floats: shared memory; 2^19 floats (2 MiB): over the 1 MiB limit, through Gloo.
+INSTANTIATE_TEST_SUITE_P(Paths, FailureBoardPaths, ::testing::Values(16, 1 << 19),
+                         [](const auto& info) {
+                           return info.param == 16 ? std::string("shared_memory")
+                                                   : std::string("gloo");
+                         });
+
+TEST(FailureBoard, ASubGroupsCollectiveNamesTheSubGroup) {
+  std::string waited;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto group = comm->split(0, comm->rank());
+        auto board = failure_board_of(*group);
+        ASSERT_EQ(board, failure_board_of(*comm)) << "one board per job";
+        if (comm->rank() == 1) {
+          board->post("forward", "injected");
+          // Kept until rank 0 has posted too: a group closed now would fail rank 0's wait with
+          // "connection closed" first.
+          EXPECT_THROW(board->settle("forward"), CommError);
+          return;
+        }
+        at::Tensor t = ones(1 << 19);
+        try {
+          group->all_reduce(t)->wait();
+        } catch (const CommError& e) {
+          waited = e.what();
+        }
+        board->post("forward", waited);
+      },
+      kTimeout);
+  EXPECT_CONTAINS(waited, "rank 1's forward failed (injected) after it had issued 0 operations on "
+                          "sub-group w/split0/0");
+}
+
+// Point-to-point messages are numbered too (not watched: Gloo's send and receive works end for
+// good when a timed wait runs out): a message sent but never received parts the ranks.
+TEST(FailureBoard, AMessageSentButNotReceivedPartsTheRanks) {
+  std::vector<std::string> settled(2);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto board = failure_board_of(*comm);
+        at::Tensor t = ones(4);
+        if (comm->rank() == 0) comm->send(t, 1);  // not waited for: rank 1 never receives it
+        board->post("train_batch", "injected");
+        try {
+          board->settle("train_batch");
+        } catch (const CommError& e) {
+          settled[comm->rank()] = e.what();
+        }
+      },
+      kTimeout);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_CONTAINS(settled[r], "on rank 0's messages to rank 1 (w), rank 0 had issued 1 "
+                                "operations and rank 1 0");
+}
+
+}  // namespace

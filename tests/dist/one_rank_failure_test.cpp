@@ -1,0 +1,128 @@
+// A failure on one rank of two (a gradient hook that throws on rank 1 only; an out-of-memory on
+// one rank does the same). Before the failure board, rank 0 waited for the buckets rank 1 never
+// reduced until the communication timeout, and a retry on rank 1 met rank 0's old collectives.
+// Now rank 0's call fails as soon as rank 1 has posted, naming rank 1's error, and every later
+// call on either rank says that the job cannot continue. A failure that issued no collective (a
+// forward at stages 0-2) is retried on its rank alone, and training goes on.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
+
+#include "deepspeed/deepspeed.h"
+#include "support/expect.h"
+#include "support/ranks.h"
+#include "support/stage3_models.h"
+
+namespace {
+
+using dstest::OuterModelImpl;
+
+// Long enough that a test passing on the timeout would say so in its messages.
+constexpr std::chrono::seconds kTimeout{60};
+
+class OneRankFailure : public ::testing::TestWithParam<int> {};
+
+// Made here, not in the rank threads, which would share the global generator.
+std::vector<std::shared_ptr<OuterModelImpl>> make_models() {
+  torch::manual_seed(11);
+  return {std::make_shared<OuterModelImpl>(), std::make_shared<OuterModelImpl>()};
+}
+
+TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
+  const int stage = GetParam();
+  auto config = dstest::stage3_test_config(stage);  // buckets of 2000 elements, overlap_comm
+  at::set_num_threads(1);
+  std::vector<std::string> first(2), retried(2);
+  auto models = make_models();
+  run_ranks(
+      2,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        const int rank = comm->rank();
+        auto& model = models[rank];
+        auto engine = deepspeed::initialize<OuterModelImpl>(
+                          {.model = model, .config_json = config, .comm = comm})
+                          .engine;
+        // The first layer's gradient comes last but for the embedding's: the later layers'
+        // buckets are already launched when it throws.
+        bool fail = false;
+        model->named_parameters()["layers.0.fc.weight"].register_hook([&](const at::Tensor& g) {
+          if (fail) throw std::runtime_error("injected failure on rank 1");
+          return g;
+        });
+        for (int64_t micro = 0; micro < 2; ++micro) {
+          auto b = dstest::token_batch(rank, micro);
+          fail = micro == 1 && rank == 1;
+          auto loss = engine->forward(b.idx, b.targets);
+          try {
+            engine->backward(loss);
+            engine->step();
+          } catch (const std::exception& e) {
+            first[rank] = e.what();
+            break;
+          }
+        }
+        // The retry a program catching an out-of-memory would make, on either rank.
+        try {
+          auto b = dstest::token_batch(rank, 1);
+          engine->backward(engine->forward(b.idx, b.targets));
+        } catch (const std::exception& e) {
+          retried[rank] = e.what();
+        }
+      },
+      kTimeout);
+  EXPECT_CONTAINS(first[1], "injected failure on rank 1");
+  EXPECT_CONTAINS(first[0], "rank 1's backward failed (");
+  EXPECT_CONTAINS(first[0], "injected failure on rank 1");
+  EXPECT_CONTAINS(first[0], "so it will never join it; the job cannot continue");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(retried[r], "forward on rank " + std::to_string(r) + " of 2: ");
+    EXPECT_CONTAINS(retried[r], "the job cannot continue");
+    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
+  }
+}
+
+// Stage 3's forward gathers units (collectives), so a forward that throws there posts; at stages
+// 0-2 it issues none, and its rank alone retries it.
+class ForwardRetry : public ::testing::TestWithParam<int> {};
+
+TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {
+  const int stage = GetParam();
+  auto config = dstest::stage3_test_config(stage);
+  at::set_num_threads(1);
+  std::vector<std::vector<double>> losses(2);
+  std::mutex mu;
+  for (const bool inject : {false, true}) {
+    auto models = make_models();
+    run_ranks(
+        2,
+        [&](deepspeed::comm::CommunicatorPtr comm) {
+          const int rank = comm->rank();
+          auto& model = models[rank];
+          auto engine = deepspeed::initialize<OuterModelImpl>(
+                            {.model = model, .config_json = config, .comm = comm})
+                            .engine;
+          std::vector<double> mine;
+          for (int64_t micro = 0; micro < 3; ++micro) {
+            auto b = dstest::token_batch(rank, micro);
+            if (inject && rank == 1 && micro == 1)
+              EXPECT_ANY_THROW(engine->forward(b.idx, b.targets.narrow(1, 0, 1)));  // bad shape
+            engine->backward(engine->forward(b.idx, b.targets));
+            engine->step();
+            mine.push_back(engine->last_loss());
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          if (!inject) losses[rank] = mine;
+          else EXPECT_EQ(mine, losses[rank]) << "rank " << rank;
+        },
+        kTimeout);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, OneRankFailure, ::testing::Values(0, 1, 2, 3),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Stages, ForwardRetry, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+}  // namespace

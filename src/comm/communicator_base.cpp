@@ -47,9 +47,10 @@ void CommunicatorBase::watch_with(std::shared_ptr<FailureBoard> board, const std
 OpDesc CommunicatorBase::describe_p2p(const char* op, const at::Tensor& t, int peer,
                                       bool sending) const {
   OpDesc d = describe_unnumbered(op, t);
-  // Numbered, so that settling compares what was sent with what was received, but not watched:
-  // Gloo's send and receive works end for good when a timed wait runs out.
-  if (board_) board_->issue(sending ? sends_to_[peer] : receives_from_[peer]);
+  if (!board_) return d;
+  const int channel = sending ? sends_to_[peer] : receives_from_[peer];
+  d.position = OpPosition{board_, channel, board_->issue(channel)};
+  d.position.blocking = true;  // see OpPosition
   return d;
 }
 

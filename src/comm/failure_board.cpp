@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "comm/peer_watch.h"
 #include "deepspeed/errors.h"
@@ -96,6 +97,67 @@ void FailureBoard::post(const std::string& call, const std::string& message) noe
     store_->set(kPostKey + std::to_string(i), bytes(text));
   } catch (...) {
     // The store is gone (rank 0's host): the peers' waits fail on their own.
+  }
+}
+
+struct WatchedWait {
+  c10::intrusive_ptr<c10d::Work> work;
+  int channel = -1;
+  uint64_t index = 0;
+  std::chrono::steady_clock::time_point since;
+  std::string reason;  // set when the watcher aborted it
+};
+
+std::shared_ptr<WatchedWait> FailureBoard::watch(c10::intrusive_ptr<c10d::Work> work,
+                                                 const OpPosition& pos) {
+  auto wait = std::make_shared<WatchedWait>();
+  wait->work = std::move(work);
+  wait->channel = pos.channel;
+  wait->index = pos.index;
+  wait->since = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  watched_.push_back(wait);
+  if (!watcher_running_) {
+    watcher_running_ = true;
+    std::thread(watch_loop, std::weak_ptr<FailureBoard>(shared_from_this())).detach();
+  }
+  return wait;
+}
+
+std::string FailureBoard::unwatch(const std::shared_ptr<WatchedWait>& wait) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = watched_.begin(); it != watched_.end(); ++it) {
+    if (*it != wait) continue;
+    watched_.erase(it);
+    break;
+  }
+  return wait->reason;
+}
+
+void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
+  for (;;) {
+    std::this_thread::sleep_for(kFailureCheckSlice / 2);
+    auto board = weak.lock();
+    if (!board) return;
+    std::vector<std::shared_ptr<WatchedWait>> due;
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(board->mu_);
+      for (auto& w : board->watched_)
+        if (w->reason.empty() && now - w->since >= kFailureCheckSlice) due.push_back(w);
+    }
+    for (auto& w : due) {
+      std::string why = board->why_stuck(w->channel, w->index);
+      if (why.empty()) continue;
+      {
+        std::lock_guard<std::mutex> lock(board->mu_);
+        w->reason = std::move(why);
+      }
+      try {
+        w->work->abort();  // the blocked wait returns false
+      } catch (...) {
+      }
+    }
   }
 }
 

@@ -42,6 +42,7 @@
 
 namespace c10d {
 class Store;
+class Work;
 }
 
 namespace deepspeed {
@@ -54,12 +55,19 @@ struct OpPosition {
   std::shared_ptr<FailureBoard> board;  // null: no board (world size 1, NCCL, test doubles)
   int channel = -1;
   uint64_t index = 0;
+  // Point-to-point: Gloo's send and receive works end for good (and signal every pair of the
+  // group) when a timed wait runs out, so they are waited on whole while the board's watcher
+  // thread asks why_stuck for them and aborts the ones that never will complete.
+  bool blocking = false;
 };
+
+// One blocking wait under the watcher's eye (FailureBoard::watch).
+struct WatchedWait;
 
 // How long a wait runs before it first reads the board, and between reads.
 constexpr std::chrono::milliseconds kFailureCheckSlice{500};
 
-class FailureBoard {
+class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
  public:
   // `store`: the job's rendezvous store (the root communicator's). `rank`, `world_size`: in that
   // root communicator. `timeout`: how long settle() waits for the others' posts.
@@ -77,6 +85,13 @@ class FailureBoard {
   // posted that it failed before issuing it), or "" (keep waiting). Non-empty marks the job
   // broken. May read the store (rate-limited).
   std::string why_stuck(int channel, uint64_t index);
+
+  // A blocking wait on `work` (at `pos`) begins: the watcher thread (started on first use) asks
+  // why_stuck for it every slice and, when it never will complete, records why and aborts it.
+  // unwatch() when the wait returns; then `reason` of the result says why it was aborted ("" if
+  // it was not).
+  std::shared_ptr<WatchedWait> watch(c10::intrusive_ptr<c10d::Work> work, const OpPosition& pos);
+  std::string unwatch(const std::shared_ptr<WatchedWait>& wait);
 
   // This rank's `call` failed with `message` after issuing collectives: posts it with this
   // rank's fingerprint. Never throws (a store that cannot be reached is reported by the waits).
@@ -129,6 +144,10 @@ class FailureBoard {
   bool broken_ = false;
   std::string broken_reason_;
   std::chrono::steady_clock::time_point last_refresh_{};
+  std::vector<std::shared_ptr<WatchedWait>> watched_;  // blocking waits now running
+  bool watcher_running_ = false;
+  // The watcher thread's loop: holds the board only weakly, and ends with it.
+  static void watch_loop(std::weak_ptr<FailureBoard> weak);
   std::mutex refresh_mu_;                   // one reader of the store at a time
 };
 

@@ -46,9 +46,24 @@ namespace {
 
 // c10d::Work::wait(timeout) throws "Operation timed out!" and leaves the work as it was when the
 // slice ends first; a finished work (done or failed) reports isCompleted().
-void wait_watching(c10d::Work& work, const OpPosition& pos) {
+void wait_watching(const c10::intrusive_ptr<c10d::Work>& handle, const OpPosition& pos) {
+  c10d::Work& work = *handle;
   if (!pos.board) {
     work.wait();
+    return;
+  }
+  if (pos.blocking) {  // point-to-point: whole, under the watcher's eye
+    auto watched = pos.board->watch(handle, pos);
+    bool completed = false;
+    try {
+      completed = work.wait();
+    } catch (...) {
+      pos.board->unwatch(watched);
+      throw;
+    }
+    const std::string why = pos.board->unwatch(watched);
+    if (!why.empty()) throw std::runtime_error(why);
+    if (!completed) throw std::runtime_error("the transfer was aborted");
     return;
   }
   for (;;) {
@@ -70,7 +85,7 @@ void GlooWork::wait() {
   if (done_) return;
   try {
     // Gloo enforces the group's timeout on every transfer, so an unbounded wait here still ends.
-    for (auto& w : works_) wait_watching(*w, desc_.position);
+    for (auto& w : works_) wait_watching(w, desc_.position);
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_;
     error_ = failure_message(desc_, elapsed.count(), current_exception_message()) +

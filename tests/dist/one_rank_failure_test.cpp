@@ -11,7 +11,10 @@
 #include <stdexcept>
 
 #include "deepspeed/deepspeed.h"
+#include "deepspeed/pipe.h"
+#include "gpt/pipeline_model.h"
 #include "support/expect.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 
@@ -117,6 +120,51 @@ TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {
           else EXPECT_EQ(mine, losses[rank]) << "rank " << rank;
         },
         kTimeout);
+  }
+}
+
+// Two pipeline stages: the last one fails loading its labels midway through a batch, so the
+// first waits for a gradient (a point-to-point receive) that will never come. It is aborted as
+// soon as the last stage has posted, naming its error; neither stage's next batch runs.
+TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
+  std::vector<std::string> first(2), retried(2);
+  run_ranks(
+      2,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        namespace dp = deepspeed::pipe;
+        dp::PipelineInitializeArgs args;
+        args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false));
+        args.model.num_stages = 2;
+        args.config_json = dstest::pipeline_config(1, 0);
+        args.comm = comm;
+        args.device = "cpu";
+        auto engine = dp::initialize_pipeline(args);
+        int m = 0;
+        auto data = [&] {
+          if (comm->rank() == 1 && m == 3) throw std::runtime_error("injected failure loading labels");
+          return dstest::pipeline_micro_batch(0, m++);
+        };
+        try {
+          engine->train_batch(data);
+        } catch (const std::exception& e) {
+          first[comm->rank()] = e.what();
+        }
+        m = 0;
+        try {
+          engine->train_batch([&] { return dstest::pipeline_micro_batch(0, m++); });
+        } catch (const std::exception& e) {
+          retried[comm->rank()] = e.what();
+        }
+      },
+      kTimeout);
+  EXPECT_CONTAINS(first[1], "injected failure loading labels");
+  EXPECT_CONTAINS(first[0], "rank 1's train_batch failed (");
+  EXPECT_CONTAINS(first[0], "injected failure loading labels");
+  EXPECT_CONTAINS(first[0], "messages to rank 0");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(retried[r], "train_batch on rank " + std::to_string(r) + " of 2: ");
+    EXPECT_CONTAINS(retried[r], "the job cannot continue");
+    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
   }
 }
 

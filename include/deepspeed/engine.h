@@ -189,7 +189,7 @@ class Engine {
   void before_forward();
   void after_forward();
   // The bodies of backward(), step() and consolidated_state_dict(), inside their CallScope.
-  at::Tensor backward_in(const at::Tensor& loss, CallScope& call);
+  at::Tensor backward_in(const at::Tensor& loss);
   void step_in();
   std::vector<std::pair<std::string, at::Tensor>> consolidated_state_dict_in();
   // Rethrows a libtorch error raised in `phase` (forward, backward, step) as deepspeed::Error:
@@ -201,7 +201,9 @@ class Engine {
   std::exception_ptr translate_torch_error(const char* phase, const c10::Error& error) const;
   // Inside a catch block: runs `clean_up` (which must not throw), then rethrows what was caught,
   // a libtorch error as report_torch_error words it. The words come first, so that an
-  // out-of-memory report says what the failed pass held before the clean-up frees it.
+  // out-of-memory report says what the failed pass held before the clean-up frees it. Before
+  // both, the open CallScope posts the failure: the clean-up waits for the failed pass's
+  // collectives, and a peer blocked in one this rank did not issue must learn first.
   [[noreturn]] void rethrow_after_clean_up(const char* phase,
                                            const std::function<void()>& clean_up) const;
   // fp16.auto_cast: floating-point tensor arguments of forward() are cast to fp16 (others pass).
@@ -245,8 +247,8 @@ class ModelEngine : public Engine {
   template <class... Args>
   auto forward(Args&&... args) {
     CallScope call(*this, "forward");
-    before_forward();
     try {
+      before_forward();  // stage 3 prefetches its first units here (collectives)
       auto out = model_->forward(cast_input(std::forward<Args>(args))...);
       after_forward();
       return out;

@@ -49,14 +49,18 @@ OpDesc CommunicatorBase::describe_p2p(const char* op, const at::Tensor& t, int p
   OpDesc d = describe_unnumbered(op, t);
   if (!board_) return d;
   const int channel = sending ? sends_to_[peer] : receives_from_[peer];
-  d.position = OpPosition{board_, channel, board_->issue(channel)};
+  d.position = board_->issue(channel);
+  d.position.board = board_;
   d.position.blocking = true;  // see OpPosition
   return d;
 }
 
 OpDesc CommunicatorBase::describe(const char* op, const at::Tensor& t) const {
   OpDesc d = describe_unnumbered(op, t);
-  if (board_) d.position = OpPosition{board_, channel_, board_->issue(channel_)};
+  if (board_) {
+    d.position = board_->issue(channel_);
+    d.position.board = board_;
+  }
   return d;
 }
 

@@ -16,23 +16,29 @@ namespace comm {
 namespace {
 
 const std::string kCountKey = "ds_fail/n";
-const std::string kPostKey = "ds_fail/";
+std::string post_key(int rank, size_t k) { return fmt::format("ds_fail/{}/{}", rank, k); }
+std::string ending_key(int rank) { return fmt::format("ds_fail/{}/end", rank); }
 constexpr std::chrono::milliseconds kRefreshEvery{200};
 
 std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 // "w" -> "the world group", "w/split0/1" -> "sub-group w/split0/1", "w:0>1" -> "rank 0's
-// messages to rank 1 (w)".
+// messages to rank 1", "w/split0/1:0>1" -> "member 0's messages to member 1 of sub-group ...".
 std::string channel_words(const std::string& name) {
   const auto colon = name.find(':');
   if (colon != std::string::npos) {
-    const std::string pair = name.substr(colon + 1);
+    const std::string group = name.substr(0, colon), pair = name.substr(colon + 1);
     const auto arrow = pair.find('>');
-    return fmt::format("rank {}'s messages to rank {} ({})", pair.substr(0, arrow),
-                       pair.substr(arrow + 1), name.substr(0, colon));
+    if (group == "w")
+      return fmt::format("rank {}'s messages to rank {}", pair.substr(0, arrow),
+                         pair.substr(arrow + 1));
+    return fmt::format("member {}'s messages to member {} of sub-group {}", pair.substr(0, arrow),
+                       pair.substr(arrow + 1), group);
   }
   return name == "w" ? "the world group" : "sub-group " + name;
 }
+
+std::string operations(uint64_t n) { return fmt::format("{} operation{}", n, n == 1 ? "" : "s"); }
 
 }  // namespace
 
@@ -42,7 +48,8 @@ FailureBoard::FailureBoard(c10::intrusive_ptr<c10d::Store> store, int rank, int 
       rank_(rank),
       world_size_(world_size),
       timeout_(timeout),
-      rounds_(world_size, 0) {}
+      posts_(world_size),
+      endings_(world_size) {}
 
 int FailureBoard::channel(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -55,10 +62,14 @@ int FailureBoard::channel(const std::string& name) {
   return index;
 }
 
-uint64_t FailureBoard::issue(int channel) {
+OpPosition FailureBoard::issue(int channel) {
   std::lock_guard<std::mutex> lock(mu_);
   ++total_;
-  return counts_.at(channel)++;
+  OpPosition pos;
+  pos.channel = channel;
+  pos.index = counts_.at(channel)++;
+  pos.epoch = own_posts_;
+  return pos;
 }
 
 uint64_t FailureBoard::issued_total() const {
@@ -86,24 +97,31 @@ std::string FailureBoard::fingerprint_locked() const {
 void FailureBoard::post(const std::string& call, const std::string& message) noexcept {
   try {
     std::string text;
+    int k = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
       text = fmt::format("{} {}\n{}\n{}", rank_, call, fingerprint_locked(), message);
-      ++own_posts_;
+      k = ++own_posts_;
     }
-    // The number first, then the post: a reader that finds the number ahead of its post reads
-    // it at its next refresh.
-    const int64_t i = store_->add(kCountKey, 1);
-    store_->set(kPostKey + std::to_string(i), bytes(text));
+    // The post first, then the counter that tells the readers to look.
+    store_->set(post_key(rank_, k), bytes(text));
+    store_->add(kCountKey, 1);
   } catch (...) {
     // The store is gone (rank 0's host): the peers' waits fail on their own.
   }
 }
 
+void FailureBoard::post_ending(const std::string& reason) noexcept {
+  try {
+    store_->set(ending_key(rank_), bytes(reason));
+    store_->add(kCountKey, 1);
+  } catch (...) {
+  }
+}
+
 struct WatchedWait {
   c10::intrusive_ptr<c10d::Work> work;
-  int channel = -1;
-  uint64_t index = 0;
+  OpPosition pos;  // without its board (the watcher holds the board weakly)
   std::chrono::steady_clock::time_point since;
   std::string reason;  // set when the watcher aborted it
 };
@@ -112,8 +130,8 @@ std::shared_ptr<WatchedWait> FailureBoard::watch(c10::intrusive_ptr<c10d::Work> 
                                                  const OpPosition& pos) {
   auto wait = std::make_shared<WatchedWait>();
   wait->work = std::move(work);
-  wait->channel = pos.channel;
-  wait->index = pos.index;
+  wait->pos = pos;
+  wait->pos.board = nullptr;
   wait->since = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   watched_.push_back(wait);
@@ -147,7 +165,7 @@ void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
         if (w->reason.empty() && now - w->since >= kFailureCheckSlice) due.push_back(w);
     }
     for (auto& w : due) {
-      std::string why = board->why_stuck(w->channel, w->index);
+      std::string why = board->why_stuck(w->pos);
       if (why.empty()) continue;
       {
         std::lock_guard<std::mutex> lock(board->mu_);
@@ -171,7 +189,11 @@ bool FailureBoard::parse(const std::string& text, Post& out) {
   for (std::string item; c >> item;) {
     const auto eq = item.rfind('=');
     if (eq == std::string::npos) return false;
-    out.counts[item.substr(0, eq)] = std::stoull(item.substr(eq + 1));
+    try {
+      out.counts[item.substr(0, eq)] = std::stoull(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      return false;
+    }
   }
   std::ostringstream rest;
   rest << in.rdbuf();
@@ -181,49 +203,58 @@ bool FailureBoard::parse(const std::string& text, Post& out) {
 
 void FailureBoard::refresh(bool force) {
   std::lock_guard<std::mutex> one_reader(refresh_mu_);
-  size_t read = 0;
+  std::vector<size_t> have(world_size_);
+  std::vector<bool> ended(world_size_);
+  uint64_t seen = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     if (!force && now - last_refresh_ < kRefreshEvery) return;
     last_refresh_ = now;
-    read = posts_.size();
+    for (int r = 0; r < world_size_; ++r) {
+      have[r] = posts_[r].size();
+      ended[r] = !endings_[r].empty();
+    }
+    seen = seen_;
   }
-  std::vector<Post> fresh;
+  std::vector<std::vector<Post>> fresh(world_size_);
+  std::vector<std::string> endings(world_size_);
+  uint64_t counter = seen;
   try {
-    const int64_t n = store_->add(kCountKey, 0);
-    for (int64_t i = static_cast<int64_t>(read) + 1; i <= n; ++i) {
-      const std::string key = kPostKey + std::to_string(i);
-      if (!store_->check({key})) break;  // numbered but not written yet
-      const auto value = store_->get(key);
-      Post p;
-      if (!parse(std::string(value.begin(), value.end()), p) || p.rank < 0 ||
-          p.rank >= world_size_)
-        p = Post{};  // unreadable: kept in its place, counted for nobody
-      fresh.push_back(std::move(p));
+    counter = static_cast<uint64_t>(store_->add(kCountKey, 0));
+    if (counter != seen) {
+      for (int r = 0; r < world_size_; ++r) {
+        for (size_t k = have[r] + 1;; ++k) {
+          const std::string key = post_key(r, k);
+          if (!store_->check({key})) break;
+          const auto value = store_->get(key);
+          Post p;
+          if (!parse(std::string(value.begin(), value.end()), p)) {
+            p = Post{};  // unreadable: it still counts as that rank's post
+            p.call = "call";
+            p.message = "(its post could not be read)";
+          }
+          p.rank = r;
+          fresh[r].push_back(std::move(p));
+        }
+        if (!ended[r] && store_->check({ending_key(r)})) {
+          const auto value = store_->get(ending_key(r));
+          endings[r] = std::string(value.begin(), value.end());
+          if (endings[r].empty()) endings[r] = "(no reason given)";
+        }
+      }
     }
   } catch (...) {
-    // The store cannot be reached: what was read stays, and the wait goes on.
+    return;  // the store cannot be reached: what was read stays, and the wait goes on
   }
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& p : fresh) {
-    if (p.rank >= 0) ++rounds_[p.rank];
-    posts_.push_back(std::move(p));
+  seen_ = counter;
+  for (int r = 0; r < world_size_; ++r) {
+    for (auto& p : fresh[r]) posts_[r].push_back(std::move(p));
+    if (!endings[r].empty()) endings_[r] = endings[r];
   }
 }
 
-std::vector<const FailureBoard::Post*> FailureBoard::unsettled_locked() const {
-  std::vector<const Post*> latest(world_size_, nullptr);
-  std::vector<int> seen(world_size_, 0);
-  for (const Post& p : posts_) {
-    if (p.rank < 0) continue;
-    if (++seen[p.rank] > settled_rounds_) latest[p.rank] = &p;
-  }
-  std::vector<const Post*> out;
-  for (const Post* p : latest)
-    if (p) out.push_back(p);
-  return out;
-}
 
 std::string FailureBoard::describe_locked(const Post& p) const {
   std::string message = p.message;
@@ -231,40 +262,66 @@ std::string FailureBoard::describe_locked(const Post& p) const {
   return fmt::format("rank {}'s {} failed ({})", p.rank, p.call, message);
 }
 
-std::string FailureBoard::why_stuck(int channel, uint64_t index) {
-  refresh(false);
-  std::lock_guard<std::mutex> lock(mu_);
-  if (broken_) return broken_reason_;
-  const std::string& name = names_.at(channel);
-  for (const Post* p : unsettled_locked()) {
-    if (p->rank == rank_) continue;
-    auto it = p->counts.find(name);
-    if (it == p->counts.end() || it->second > index) continue;  // not a member, or it issued it
-    broken_ = true;
-    broken_reason_ = fmt::format(
-        "{} after it had issued {} operations on {}, and this one is number {} there, so it "
-        "will never join it; the job cannot continue (restart it, from the last checkpoint)",
-        describe_locked(*p), it->second, channel_words(name), index + 1);
-    return broken_reason_;
-  }
-  return "";
+std::string FailureBoard::break_locked(std::string reason) {
+  broken_ = true;
+  broken_reason_ = std::move(reason);
+  return broken_reason_;
 }
 
-std::string FailureBoard::disagreement_locked() const {
-  const auto posts = unsettled_locked();
+std::string FailureBoard::why_stuck(const OpPosition& pos) {
+  refresh(false);
+  std::string ending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return broken_reason_;
+    for (int p = 0; p < world_size_; ++p) {
+      if (p == rank_ || endings_[p].empty()) continue;
+      ending = break_locked(fmt::format("rank {} found that the job cannot continue: {}", p,
+                                        endings_[p]));
+      return ending;
+    }
+    const std::string& name = names_.at(pos.channel);
+    for (int p = 0; p < world_size_; ++p) {
+      // The peer's failure number epoch + 1: one that this rank had not matched when it issued
+      // the operation. Earlier ones are matched by this rank's own, which settling compares.
+      if (p == rank_ || static_cast<int>(posts_[p].size()) <= pos.epoch) continue;
+      const Post& post = posts_[p][pos.epoch];
+      auto it = post.counts.find(name);
+      if (it == post.counts.end() || it->second > pos.index) continue;  // not a member, or issued
+      ending = break_locked(fmt::format(
+          "{} after it had issued {} on {}, and this one is number {} there, so it will never "
+          "join it; the job cannot continue (restart it, from the last checkpoint)",
+          describe_locked(post), operations(it->second), channel_words(name), pos.index + 1));
+      break;
+    }
+  }
+  if (!ending.empty()) post_ending(ending);
+  return ending;
+}
+
+std::string FailureBoard::disagreement_locked(int round) const {
   std::map<std::string, std::vector<std::pair<int, uint64_t>>> by_channel;
-  for (const Post* p : posts)
-    for (const auto& kv : p->counts) by_channel[kv.first].emplace_back(p->rank, kv.second);
+  for (int r = 0; r < world_size_; ++r)
+    for (const auto& kv : posts_[r][round - 1].counts) by_channel[kv.first].emplace_back(r, kv.second);
   for (const auto& kv : by_channel) {
     const auto& counts = kv.second;
     for (const auto& rc : counts) {
       if (rc.second == counts.front().second) continue;
-      return fmt::format("on {}, rank {} had issued {} operations and rank {} {}",
-                         channel_words(kv.first), counts.front().first, counts.front().second,
-                         rc.first, rc.second);
+      return fmt::format("on {}, rank {} had issued {} and rank {} {}", channel_words(kv.first),
+                         counts.front().first, operations(counts.front().second), rc.first,
+                         rc.second);
     }
   }
   return "";
+}
+
+const FailureBoard::Post& FailureBoard::cause_locked(int round) const {
+  // A rank whose wait found its peer gone says so in its message: name the other one.
+  for (int r = 0; r < world_size_; ++r) {
+    const Post& p = posts_[r][round - 1];
+    if (p.message.find("the job cannot continue") == std::string::npos) return p;
+  }
+  return posts_[0][round - 1];
 }
 
 void FailureBoard::settle(const std::string& call) {
@@ -281,35 +338,41 @@ void FailureBoard::settle(const std::string& call) {
   for (bool first = true;; first = false) {
     if (!first) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     refresh(/*force=*/true);
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<int> missing;
-    for (int r = 0; r < world_size_; ++r)
-      if (rounds_[r] < target) missing.push_back(r);
-    if (missing.empty()) {
-      const std::string parted = disagreement_locked();
-      if (parted.empty()) {
-        settled_rounds_ = target;  // every rank failed at the same operation: nothing pending
-        return;
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<int> missing;
+      for (int r = 0; r < world_size_; ++r) {
+        if (r != rank_ && !endings_[r].empty()) {
+          reason = fmt::format("rank {} found that the job cannot continue: {}", r, endings_[r]);
+          break;
+        }
+        if (static_cast<int>(posts_[r].size()) < target) missing.push_back(r);
       }
-      const auto posts = unsettled_locked();
-      broken_ = true;
-      broken_reason_ = fmt::format(
-          "the job cannot continue after {}: the ranks stopped at different collectives ({}), "
-          "so their next ones would not match; restart it (from the last checkpoint)",
-          describe_locked(*posts.front()), parted);
-    } else {
-      const std::string silent = peer_watch_report();
-      if (std::chrono::steady_clock::now() < deadline && silent.empty()) continue;
-      std::string names;
-      for (int r : missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", r);
-      broken_ = true;
-      broken_reason_ = fmt::format(
-          "the job cannot continue after this rank's failure: rank(s) {} did not report where "
-          "they stopped within {:g} s{}; restart it (from the last checkpoint)",
-          names, timeout_.count() / 1000.0, silent);
+      if (reason.empty() && missing.empty()) {
+        const std::string parted = disagreement_locked(target);
+        if (parted.empty()) {
+          settled_rounds_ = target;  // every rank failed at the same operation: nothing pending
+          return;
+        }
+        reason = fmt::format(
+            "the job cannot continue after {}: the ranks stopped at different collectives ({}), "
+            "so their next ones would not match; restart it (from the last checkpoint)",
+            describe_locked(cause_locked(target)), parted);
+      } else if (reason.empty()) {
+        const std::string silent = peer_watch_report();
+        if (std::chrono::steady_clock::now() < deadline && silent.empty()) continue;
+        std::string names;
+        for (int r : missing) names += fmt::format("{}{}", names.empty() ? "" : ", ", r);
+        reason = fmt::format(
+            "the job cannot continue after this rank's failure: rank(s) {} did not report where "
+            "they stopped within {:g} s{}; restart it (from the last checkpoint)",
+            names, timeout_.count() / 1000.0, silent);
+      }
+      break_locked(reason);
     }
-    throw CommError(fmt::format("{} on rank {} of {}: {}", call, rank_, world_size_,
-                                broken_reason_));
+    post_ending(reason);  // a peer waiting in an operation this rank will not issue learns now
+    throw CommError(fmt::format("{} on rank {} of {}: {}", call, rank_, world_size_, reason));
   }
 }
 

@@ -22,10 +22,12 @@
 //   same layer, say), nothing is pending, and training goes on. Otherwise the job cannot continue:
 //   every rank's next call throws, naming the first failure and where the ranks parted.
 //
-// Store keys, under the root communicator's store: "ds_fail/n" (how many posts), "ds_fail/<i>"
-// (post i: "<rank> <call>\n<channel>=<count> ...\n<message>"). The store is read only by a wait
-// that has outlasted its slice or by a settling rank, at most once per 0.2 s: nothing on the path
-// of a collective that completes.
+// Store keys, under the root communicator's store: "ds_fail/<rank>/<k>" (that rank's k-th post:
+// "<rank> <call>\n<channel>=<count> ...\n<message>"), "ds_fail/<rank>/end" (why that rank found
+// that the job cannot continue) and "ds_fail/n" (bumped after every post: a reader scans the
+// ranks' keys only when it moved). The store is read only by a wait that has outlasted its slice
+// or by a settling rank, at most once per 0.2 s: nothing on the path of a collective that
+// completes.
 //
 // Thread-safety: every method may be called from any thread (the communicator's callers and its
 // waits); one mutex guards the state, and store calls are made outside it.
@@ -55,6 +57,7 @@ struct OpPosition {
   std::shared_ptr<FailureBoard> board;  // null: no board (world size 1, NCCL, test doubles)
   int channel = -1;
   uint64_t index = 0;
+  int epoch = 0;  // this rank's posts when it issued the operation
   // Point-to-point: Gloo's send and receive works end for good (and signal every pair of the
   // group) when a timed wait runs out, so they are waited on whole while the board's watcher
   // thread asks why_stuck for them and aborts the ones that never will complete.
@@ -76,15 +79,17 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
 
   // A channel, made on first use; its count starts at 0. Every member names it alike.
   int channel(const std::string& name);
-  // Numbers the next operation of `channel` (counts it as issued).
-  uint64_t issue(int channel);
+  // Numbers the next operation of `channel` (counts it as issued): its position.
+  OpPosition issue(int channel);
   // Operations issued on every channel together: a call that did not change it issued nothing.
   uint64_t issued_total() const;
 
-  // Called by a wait for `pos` that has not completed after a slice: why it never will (a peer
-  // posted that it failed before issuing it), or "" (keep waiting). Non-empty marks the job
-  // broken. May read the store (rate-limited).
-  std::string why_stuck(int channel, uint64_t index);
+  // Called by a wait for `pos` that has not completed after a slice: why it never will, or ""
+  // (keep waiting). It never will when a peer posted a failure beyond the ones this rank had
+  // when it issued the operation (the peer's post number pos.epoch + 1) and had not issued it
+  // then, or when a rank found that the job cannot continue. Non-empty marks the job broken.
+  // May read the store (rate-limited).
+  std::string why_stuck(const OpPosition& pos);
 
   // A blocking wait on `work` (at `pos`) begins: the watcher thread (started on first use) asks
   // why_stuck for it every slice and, when it never will complete, records why and aborts it.
@@ -122,10 +127,14 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   void refresh(bool force);
   std::string fingerprint_locked() const;
   static bool parse(const std::string& text, Post& out);
-  // Posts beyond the settled ones, latest per rank. Under mu_.
-  std::vector<const Post*> unsettled_locked() const;
-  // Where the unsettled posts disagree ("" when they agree); every rank has posted `round` times.
-  std::string disagreement_locked() const;
+  // Where the ranks' posts number `round` disagree ("" when they agree). Under mu_.
+  std::string disagreement_locked(int round) const;
+  // The failure to name for round `round`: one that is not a consequence of another's.
+  const Post& cause_locked(int round) const;
+  // Marks the job broken for `reason` and tells the others (the rank's ending key). Under mu_;
+  // the store call is made after it is released, by the caller, through the returned text.
+  std::string break_locked(std::string reason);
+  void post_ending(const std::string& reason) noexcept;
   std::string describe_locked(const Post& p) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -137,8 +146,9 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   std::map<std::string, int> index_of_;     // name -> channel index
   std::vector<uint64_t> counts_;            // channel index -> operations issued
   uint64_t total_ = 0;
-  std::vector<Post> posts_;                 // every post read, in store order
-  std::vector<int> rounds_;                 // per rank: its posts read
+  std::vector<std::vector<Post>> posts_;   // per rank: its posts read, in order (rounds)
+  std::vector<std::string> endings_;        // per rank: why it found the job cannot continue
+  uint64_t seen_ = 0;                       // the post counter at the last scan
   int settled_rounds_ = 0;                  // rounds every rank agreed on
   int own_posts_ = 0;
   bool broken_ = false;

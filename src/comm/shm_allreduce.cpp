@@ -429,7 +429,7 @@ void ShmAllReduce::await_all(Step step, uint64_t seq, uint64_t seq_of_op) {
       const OpPosition& pos = op.desc.position;
       if (pos.board && now >= next_board_check) {
         next_board_check = now + std::chrono::milliseconds(100);
-        const std::string why = pos.board->why_stuck(pos.channel, pos.index);
+        const std::string why = pos.board->why_stuck(pos);
         if (!why.empty()) fail(op.desc, op.start, fmt::format("{}: {}", what, why));
       }
     }

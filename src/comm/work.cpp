@@ -71,9 +71,14 @@ void wait_watching(const c10::intrusive_ptr<c10d::Work>& handle, const OpPositio
       work.wait(kFailureCheckSlice);
       return;
     } catch (...) {
-      if (work.isCompleted()) throw;
+      // Completed meanwhile (the timeout's exception takes a while to build): waited on again,
+      // it returns, or throws the collective's own failure.
+      if (work.isCompleted()) {
+        work.wait();
+        return;
+      }
     }
-    const std::string why = pos.board->why_stuck(pos.channel, pos.index);
+    const std::string why = pos.board->why_stuck(pos);
     if (!why.empty()) throw std::runtime_error(why);
   }
 }

@@ -44,9 +44,13 @@ Engine::CallScope::CallScope(Engine& engine, const char* call)
   }
   issued_ = s.failure_board->issued_total();
   posts_ = s.failure_board->own_posts();
+  s.post_current_failure = [this] { failed(); };
 }
 
-Engine::CallScope::~CallScope() { --state_.calls_open; }
+Engine::CallScope::~CallScope() {
+  --state_.calls_open;
+  if (outermost_) state_.post_current_failure = nullptr;
+}
 
 void Engine::CallScope::failed() noexcept {
   if (!outermost_ || posted_) return;
@@ -124,6 +128,7 @@ std::exception_ptr Engine::translate_torch_error(const char* phase, const c10::E
 
 void Engine::rethrow_after_clean_up(const char* phase,
                                     const std::function<void()>& clean_up) const {
+  if (state_->post_current_failure) state_->post_current_failure();
   std::exception_ptr reported = std::current_exception();
   try {
     throw;
@@ -140,14 +145,14 @@ void Engine::rethrow_after_clean_up(const char* phase,
 at::Tensor Engine::backward(const at::Tensor& loss) {
   CallScope call(*this, "backward");
   try {
-    return backward_in(loss, call);
+    return backward_in(loss);
   } catch (...) {
     call.failed();
     throw;
   }
 }
 
-at::Tensor Engine::backward_in(const at::Tensor& loss, CallScope& call) try {
+at::Tensor Engine::backward_in(const at::Tensor& loss) try {
   forget_failed_allocation();
   auto& s = *state_;
   auto& timers = s.monitor->timers();
@@ -171,9 +176,6 @@ at::Tensor Engine::backward_in(const at::Tensor& loss, CallScope& call) try {
     s.stage->end_backward(boundary);
     timers.stop(Phase::kBackwardReduce);
   } catch (...) {
-    // Posted before the clean-up, which waits for this pass's reductions: a peer blocked in one
-    // this rank did not issue would otherwise keep this rank waiting too.
-    call.failed();
     rethrow_after_clean_up("backward", [&] { zero::abandon_backward_quietly(*s.stage); });
   }
   // Counted once its backward went through: a micro-step whose backward threw (and is retried,

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <c10/core/Device.h>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -80,6 +81,8 @@ struct EngineState {
   std::shared_ptr<comm::FailureBoard> failure_board;
   bool failure_board_found = false;
   int calls_open = 0;
+  // The outermost open CallScope's failed(), for rethrow_after_clean_up; empty outside a call.
+  std::function<void()> post_current_failure;
 };
 
 namespace detail {

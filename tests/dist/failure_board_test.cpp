@@ -60,11 +60,12 @@ TEST_P(FailureBoardPaths, ACollectiveAFailedPeerDidNotIssueFailsNamingItsError) 
       },
       kTimeout);
   EXPECT_CONTAINS(waited, "rank 1's backward failed (injected failure in a hook)");
-  EXPECT_CONTAINS(waited, "after it had issued 1 operations on the world group, and this one is "
+  EXPECT_CONTAINS(waited, "after it had issued 1 operation on the world group, and this one is "
                           "number 2 there");
   EXPECT_TRUE(waited.find("timed out") == std::string::npos) << waited;
-  EXPECT_CONTAINS(settled, "step on rank 1 of 2: the job cannot continue after rank");
-  EXPECT_CONTAINS(settled, "on the world group, rank 0 had issued 2 operations and rank 1 1");
+  // Rank 0's wait told everyone at once (its ending key), before its own post.
+  EXPECT_CONTAINS(settled, "step on rank 1 of 2: rank 0 found that the job cannot continue: "
+                           "rank 1's backward failed (injected failure in a hook)");
   EXPECT_TRUE(broken0);
   EXPECT_TRUE(broken1);
 }
@@ -130,6 +131,37 @@ TEST_P(FailureBoardPaths, RanksThatFailedAtTheSameOperationGoOn) {
   EXPECT_EQ(sums[1], 2.0f);
 }
 
+// Every rank fails at the same point; rank 0 settles, retries (launching a collective it does
+// not wait for, as a bucket) and fails again before rank 1 has even settled the first round.
+// Each round is compared with the same round of the others, so both go on.
+TEST_P(FailureBoardPaths, AFastRankFailingTwiceIsComparedRoundByRound) {
+  const int64_t numel = GetParam();
+  std::vector<float> sums(2);
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto board = failure_board_of(*comm);
+        at::Tensor t = ones(numel);
+        comm->all_reduce(t)->wait();
+        board->post("backward", "out of memory");
+        at::Tensor bucket = ones(numel);
+        deepspeed::comm::WorkPtr launched;
+        if (comm->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        board->settle("backward");  // rank 1: round 1 against rank 0's first post, not its second
+        launched = comm->all_reduce(bucket);
+        board->post("backward", "out of memory again");
+        board->settle("backward");  // round 2
+        launched->wait();
+        at::Tensor again = ones(numel);
+        comm->all_reduce(again)->wait();
+        sums[comm->rank()] = again[0].item<float>();
+        EXPECT_FALSE(board->broken());
+      },
+      kTimeout);
+  EXPECT_EQ(sums[0], 2.0f);
+  EXPECT_EQ(sums[1], 2.0f);
+}
+
 // 16 floats: shared memory; 2^19 floats (2 MiB): over the 1 MiB limit, through Gloo.
 INSTANTIATE_TEST_SUITE_P(Paths, FailureBoardPaths, ::testing::Values(16, 1 << 19),
                          [](const auto& info) {
@@ -184,8 +216,8 @@ TEST(FailureBoard, AMessageSentButNotReceivedPartsTheRanks) {
       },
       kTimeout);
   for (int r = 0; r < 2; ++r)
-    EXPECT_CONTAINS(settled[r], "on rank 0's messages to rank 1 (w), rank 0 had issued 1 "
-                                "operations and rank 1 0");
+    EXPECT_CONTAINS(settled[r], "on rank 0's messages to rank 1, rank 0 had issued 1 operation "
+                                "and rank 1 0");
 }
 
 }  // namespace

@@ -33,6 +33,13 @@ std::vector<std::shared_ptr<OuterModelImpl>> make_models() {
   return {std::make_shared<OuterModelImpl>(), std::make_shared<OuterModelImpl>()};
 }
 
+auto engine_for(const std::shared_ptr<OuterModelImpl>& model, const nlohmann::json& config,
+                deepspeed::comm::CommunicatorPtr comm) {
+  return deepspeed::initialize<OuterModelImpl>(
+             {.model = model, .config_json = config, .comm = std::move(comm)})
+      .engine;
+}
+
 TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
   const int stage = GetParam();
   auto config = dstest::stage3_test_config(stage);  // buckets of 2000 elements, overlap_comm
@@ -44,9 +51,7 @@ TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
       [&](deepspeed::comm::CommunicatorPtr comm) {
         const int rank = comm->rank();
         auto& model = models[rank];
-        auto engine = deepspeed::initialize<OuterModelImpl>(
-                          {.model = model, .config_json = config, .comm = comm})
-                          .engine;
+        auto engine = engine_for(model, config, comm);
         // The first layer's gradient comes last but for the embedding's: the later layers'
         // buckets are already launched when it throws.
         bool fail = false;
@@ -88,6 +93,42 @@ TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
 
 // Stage 3's forward gathers units (collectives), so a forward that throws there posts; at stages
 // 0-2 it issues none, and its rank alone retries it.
+// Stage 3's forward gathers its units: one that throws on one rank (here at its loss, after
+// every unit was gathered and released) has issued collectives, so its peer, already in
+// backward, fails at once, and neither goes on.
+TEST(OneRankFailure, AStageThreeForwardThatThrewEndsTheJob) {
+  auto config = dstest::stage3_test_config(3);
+  at::set_num_threads(1);
+  std::vector<std::string> first(2), retried(2);
+  auto models = make_models();
+  run_ranks(
+      2,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        const int rank = comm->rank();
+        auto engine = engine_for(models[rank], config, comm);
+        auto b = dstest::token_batch(rank, 0);
+        try {
+          auto targets = rank == 1 ? b.targets.narrow(1, 0, 1) : b.targets;  // bad shape
+          engine->backward(engine->forward(b.idx, targets));
+          engine->step();
+        } catch (const std::exception& e) {
+          first[rank] = e.what();
+        }
+        try {
+          engine->backward(engine->forward(b.idx, b.targets));
+        } catch (const std::exception& e) {
+          retried[rank] = e.what();
+        }
+      },
+      kTimeout);
+  EXPECT_CONTAINS(first[0], "rank 1's forward failed (");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(retried[r], "forward on rank " + std::to_string(r) + " of 2: ");
+    EXPECT_CONTAINS(retried[r], "the job cannot continue");
+    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
+  }
+}
+
 class ForwardRetry : public ::testing::TestWithParam<int> {};
 
 TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {
@@ -102,10 +143,7 @@ TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {
         2,
         [&](deepspeed::comm::CommunicatorPtr comm) {
           const int rank = comm->rank();
-          auto& model = models[rank];
-          auto engine = deepspeed::initialize<OuterModelImpl>(
-                            {.model = model, .config_json = config, .comm = comm})
-                            .engine;
+          auto engine = engine_for(models[rank], config, comm);
           std::vector<double> mine;
           for (int64_t micro = 0; micro < 3; ++micro) {
             auto b = dstest::token_batch(rank, micro);

@@ -47,7 +47,7 @@ void CommunicatorBase::watch_with(std::shared_ptr<FailureBoard> board, const std
 OpDesc CommunicatorBase::describe_p2p(const char* op, const at::Tensor& t, int peer,
                                       bool sending) const {
   OpDesc d = describe_unnumbered(op, t);
-  if (!board_) return d;
+  if (!board_ || peer == rank_) return d;  // to itself: no channel (Gloo refuses it anyway)
   const int channel = sending ? sends_to_[peer] : receives_from_[peer];
   d.position = board_->issue(channel);
   d.position.board = board_;

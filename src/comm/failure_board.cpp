@@ -101,10 +101,15 @@ void FailureBoard::post(const std::string& call, const std::string& message) noe
     {
       std::lock_guard<std::mutex> lock(mu_);
       text = fmt::format("{} {}\n{}\n{}", rank_, call, fingerprint_locked(), message);
-      k = ++own_posts_;
+      k = own_posts_ + 1;
     }
-    // The post first, then the counter that tells the readers to look.
+    // The post first, then the counter that tells the readers to look. Counted as this rank's
+    // only once written: a missing key k would hide every later one.
     store_->set(post_key(rank_, k), bytes(text));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      own_posts_ = k;
+    }
     store_->add(kCountKey, 1);
   } catch (...) {
     // The store is gone (rank 0's host): the peers' waits fail on their own.
@@ -134,11 +139,13 @@ std::shared_ptr<WatchedWait> FailureBoard::watch(c10::intrusive_ptr<c10d::Work> 
   wait->pos.board = nullptr;
   wait->since = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  watched_.push_back(wait);
   if (!watcher_running_) {
+    // Started before anything is recorded: a thread that cannot start leaves the wait to the
+    // timeout, as without a board.
+    std::thread(watch_loop, weak_from_this()).detach();
     watcher_running_ = true;
-    std::thread(watch_loop, std::weak_ptr<FailureBoard>(shared_from_this())).detach();
   }
+  watched_.push_back(wait);
   return wait;
 }
 
@@ -169,6 +176,9 @@ void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
       if (why.empty()) continue;
       {
         std::lock_guard<std::mutex> lock(board->mu_);
+        bool still_waiting = false;
+        for (auto& v : board->watched_) still_waiting = still_waiting || v == w;
+        if (!still_waiting) continue;  // it returned meanwhile
         w->reason = std::move(why);
       }
       try {
@@ -202,7 +212,14 @@ bool FailureBoard::parse(const std::string& text, Post& out) {
 }
 
 void FailureBoard::refresh(bool force) {
-  std::lock_guard<std::mutex> one_reader(refresh_mu_);
+  // One reader at a time; a wait does not queue behind another thread's read (a store that
+  // stopped answering would hold it past its slice): it uses what was read.
+  std::unique_lock<std::mutex> one_reader(refresh_mu_, std::defer_lock);
+  if (force) {
+    one_reader.lock();
+  } else if (!one_reader.try_lock()) {
+    return;
+  }
   std::vector<size_t> have(world_size_);
   std::vector<bool> ended(world_size_);
   uint64_t seen = 0;

@@ -26,8 +26,8 @@ struct OpDesc {
   int world_size = 1;
   std::chrono::milliseconds timeout{0};
   // Its place on its channel (failure_board.h). With a board, a wait that outlasts a slice asks
-  // it whether a failed peer will never join; without (world size 1, NCCL, point-to-point, whose
-  // Gloo works cannot be waited on in slices), the wait is bounded by the timeout alone.
+  // it whether a failed peer will never join (point-to-point: the board's watcher asks, and
+  // aborts the wait); without (world size 1, NCCL), the wait is bounded by the timeout alone.
   OpPosition position;
 };
 

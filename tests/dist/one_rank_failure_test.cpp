@@ -91,8 +91,6 @@ TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
   }
 }
 
-// Stage 3's forward gathers units (collectives), so a forward that throws there posts; at stages
-// 0-2 it issues none, and its rank alone retries it.
 // Stage 3's forward gathers its units: one that throws on one rank (here at its loss, after
 // every unit was gathered and released) has issued collectives, so its peer, already in
 // backward, fails at once, and neither goes on.
@@ -129,6 +127,8 @@ TEST(OneRankFailure, AStageThreeForwardThatThrewEndsTheJob) {
   }
 }
 
+// Stage 3's forward gathers units (collectives), so a forward that throws there posts; at stages
+// 0-2 it issues none, and its rank alone retries it.
 class ForwardRetry : public ::testing::TestWithParam<int> {};
 
 TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {

@@ -186,6 +186,17 @@ class Engine {
     uint64_t issued_ = 0;  // the board's count at the start
     int posts_ = 0;
   };
+  // Runs `body` as the engine call `call`: inside its CallScope, posting what escapes it.
+  template <class Body>
+  decltype(auto) in_call(const char* call, Body&& body) {
+    CallScope scope(*this, call);
+    try {
+      return body();
+    } catch (...) {
+      scope.failed();
+      throw;
+    }
+  }
   void before_forward();
   void after_forward();
   // The bodies of backward(), step() and consolidated_state_dict(), inside their CallScope.

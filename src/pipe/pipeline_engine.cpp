@@ -35,31 +35,25 @@ Schedule PipelineEngine::schedule() const {
 }
 
 double PipelineEngine::train_batch(const DataIterator& data) {
-  CallScope call(*this, "train_batch");
-  try {
-    return run(schedule(), data, /*train=*/true);
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  return in_call("train_batch", [&] { return run(schedule(), data, /*train=*/true); });
 }
 
 double PipelineEngine::eval_batch(const DataIterator& data) {
-  CallScope call(*this, "eval_batch");
-  torch::NoGradGuard no_grad;
-  rt_->module->eval();
-  double loss = 0.0;
-  try {
-    loss = run(inference_schedule(static_cast<int>(gradient_accumulation_steps()), rt_->stages,
-                                  rt_->stage),
-               data, /*train=*/false);
-  } catch (...) {
-    call.failed();
+  return in_call("eval_batch", [&] {
+    torch::NoGradGuard no_grad;
+    rt_->module->eval();
+    double loss = 0.0;
+    try {
+      loss = run(inference_schedule(static_cast<int>(gradient_accumulation_steps()), rt_->stages,
+                                    rt_->stage),
+                 data, /*train=*/false);
+    } catch (...) {
+      rt_->module->train();
+      throw;
+    }
     rt_->module->train();
-    throw;
-  }
-  rt_->module->train();
-  return loss;
+    return loss;
+  });
 }
 
 }  // namespace pipe

@@ -140,16 +140,10 @@ void Engine::rethrow_after_clean_up(const char* phase,
   std::rethrow_exception(reported);
 }
 
-// backward() and step() are function-try-blocks: a libtorch error anywhere in them (the stage's
-// hooks and collectives included) reaches the user through report_torch_error.
+// backward_in() and step_in() are function-try-blocks: a libtorch error anywhere in them (the
+// stage's hooks and collectives included) reaches the user through report_torch_error.
 at::Tensor Engine::backward(const at::Tensor& loss) {
-  CallScope call(*this, "backward");
-  try {
-    return backward_in(loss);
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  return in_call("backward", [&] { return backward_in(loss); });
 }
 
 at::Tensor Engine::backward_in(const at::Tensor& loss) try {
@@ -190,13 +184,7 @@ at::Tensor Engine::backward_in(const at::Tensor& loss) try {
 }
 
 void Engine::step() {
-  CallScope call(*this, "step");
-  try {
-    step_in();
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  in_call("step", [&] { step_in(); });
 }
 
 void Engine::step_in() try {
@@ -357,14 +345,10 @@ GatheredParameters Engine::gathered_parameters(std::optional<int> modifier_rank)
 GatheredParameters Engine::gathered_parameters(
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
     std::optional<int> modifier_rank) {
-  CallScope call(*this, "gathered_parameters");
-  refuse_during_half_done_step(*state_, "gathered_parameters");
-  try {
+  return in_call("gathered_parameters", [&] {
+    refuse_during_half_done_step(*state_, "gathered_parameters");
     return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  });
 }
 
 // Walks the module tree in named_parameters() order; a unit (or a leaf module) is gathered as a
@@ -372,13 +356,7 @@ GatheredParameters Engine::gathered_parameters(
 // only root-unit parameters itself (always gathered), so it is copied directly and its children
 // visited.
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict() {
-  CallScope call(*this, "consolidated_state_dict");
-  try {
-    return consolidated_state_dict_in();
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  return in_call("consolidated_state_dict", [&] { return consolidated_state_dict_in(); });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict_in() {

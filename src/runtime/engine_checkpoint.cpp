@@ -13,13 +13,9 @@ bool Engine::save_checkpoint(const std::string& save_dir, const std::string& tag
   o.tag = tag;
   o.client_state = client_state.is_null() ? nlohmann::json::object() : client_state;
   o.save_latest = save_latest;
-  CallScope call(*this, "save_checkpoint");
-  try {
+  in_call("save_checkpoint", [&] {
     checkpoint::save_engine_checkpoint(*state_, checkpoint::posix_file_system(), save_dir, o);
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  });
   return true;
 }
 
@@ -32,14 +28,10 @@ LoadedCheckpoint Engine::load_checkpoint(const std::string& load_dir, const std:
   o.load_optimizer_states = load_optimizer_states;
   o.load_lr_scheduler_states = load_lr_scheduler_states;
   o.load_module_only = load_module_only;
-  CallScope call(*this, "load_checkpoint");
-  try {
+  return in_call("load_checkpoint", [&] {
     return checkpoint::load_engine_checkpoint(*state_, checkpoint::posix_file_system(), load_dir,
                                               o);
-  } catch (...) {
-    call.failed();
-    throw;
-  }
+  });
 }
 
 namespace checkpoint {

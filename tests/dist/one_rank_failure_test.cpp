@@ -33,6 +33,17 @@ std::vector<std::shared_ptr<OuterModelImpl>> make_models() {
   return {std::make_shared<OuterModelImpl>(), std::make_shared<OuterModelImpl>()};
 }
 
+// After a one-rank failure: no rank's message is a timeout, and each rank's retried `call` says
+// that the job cannot continue.
+void expect_the_job_ended(const std::vector<std::string>& first,
+                          const std::vector<std::string>& retried, const std::string& call) {
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_CONTAINS(retried[r], call + " on rank " + std::to_string(r) + " of 2: ");
+    EXPECT_CONTAINS(retried[r], "the job cannot continue");
+    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
+  }
+}
+
 auto engine_for(const std::shared_ptr<OuterModelImpl>& model, const nlohmann::json& config,
                 deepspeed::comm::CommunicatorPtr comm) {
   return deepspeed::initialize<OuterModelImpl>(
@@ -84,11 +95,7 @@ TEST_P(OneRankFailure, ItsPeerFailsAtOnceAndNeitherGoesOn) {
   EXPECT_CONTAINS(first[0], "rank 1's backward failed (");
   EXPECT_CONTAINS(first[0], "injected failure on rank 1");
   EXPECT_CONTAINS(first[0], "so it will never join it; the job cannot continue");
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_CONTAINS(retried[r], "forward on rank " + std::to_string(r) + " of 2: ");
-    EXPECT_CONTAINS(retried[r], "the job cannot continue");
-    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
-  }
+  expect_the_job_ended(first, retried, "forward");
 }
 
 // Stage 3's forward gathers its units: one that throws on one rank (here at its loss, after
@@ -120,11 +127,7 @@ TEST(OneRankFailure, AStageThreeForwardThatThrewEndsTheJob) {
       },
       kTimeout);
   EXPECT_CONTAINS(first[0], "rank 1's forward failed (");
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_CONTAINS(retried[r], "forward on rank " + std::to_string(r) + " of 2: ");
-    EXPECT_CONTAINS(retried[r], "the job cannot continue");
-    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
-  }
+  expect_the_job_ended(first, retried, "forward");
 }
 
 // Stage 3's forward gathers units (collectives), so a forward that throws there posts; at stages
@@ -199,11 +202,7 @@ TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
   EXPECT_CONTAINS(first[0], "rank 1's train_batch failed (");
   EXPECT_CONTAINS(first[0], "injected failure loading labels");
   EXPECT_CONTAINS(first[0], "messages to rank 0");
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_CONTAINS(retried[r], "train_batch on rank " + std::to_string(r) + " of 2: ");
-    EXPECT_CONTAINS(retried[r], "the job cannot continue");
-    EXPECT_TRUE(first[r].find("timed out") == std::string::npos) << first[r];
-  }
+  expect_the_job_ended(first, retried, "train_batch");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, OneRankFailure, ::testing::Values(0, 1, 2, 3),

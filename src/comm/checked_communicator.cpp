@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/dtypes.h"
+#include "comm/failure_board.h"
+#include "comm/gloo_communicator.h"
 #include "comm/gloo_communicator.h"
 
 namespace deepspeed {
@@ -124,8 +126,19 @@ std::vector<CallDesc> CheckedCommunicator::gather_calls(const CallDesc& mine) {
   for (int r = 0; r < w; ++r)
     if (r != me) others.push_back(key(mine.seq, r));
   const auto start = std::chrono::steady_clock::now();
+  auto next_board_check = start + kFailureCheckSlice;
   for (Poll poll; !store_->check(others); poll.pause()) {
-    const auto waited = std::chrono::steady_clock::now() - start;
+    const auto now = std::chrono::steady_clock::now();
+    // A peer whose engine call failed before this collective will never post it
+    // (failure_board.h): say so now, not at the timeout.
+    if (now >= next_board_check) {
+      next_board_check = now + kFailureCheckSlice;
+      const std::string why = why_next_collective_is_stuck(*inner_);
+      if (!why.empty())
+        throw CommError(fmt::format("comms_check on rank {} of {}: rank {} issued {}: {}", me, w,
+                                    me, mine.str(), why));
+    }
+    const auto waited = now - start;
     if (waited < timeout()) continue;
     std::string missing;
     for (int r = 0; r < w; ++r) {

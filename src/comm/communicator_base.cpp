@@ -44,6 +44,13 @@ void CommunicatorBase::watch_with(std::shared_ptr<FailureBoard> board, const std
   }
 }
 
+OpPosition CommunicatorBase::next_position() const {
+  if (!board_) return {};
+  OpPosition pos = board_->peek(channel_);
+  pos.board = board_;
+  return pos;
+}
+
 OpDesc CommunicatorBase::describe_p2p(const char* op, const at::Tensor& t, int peer,
                                       bool sending) const {
   OpDesc d = describe_unnumbered(op, t);

@@ -34,6 +34,8 @@ class CommunicatorBase : public Communicator {
   // same name. Called once, before the first operation.
   void watch_with(std::shared_ptr<FailureBoard> board, const std::string& name);
   const std::shared_ptr<FailureBoard>& failure_board() const { return board_; }
+  // Where this communicator's next collective will stand (no board: an empty position).
+  OpPosition next_position() const;
 
  protected:
   // Counts the call; `t` is the tensor whose bytes this rank contributes.

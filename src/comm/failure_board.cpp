@@ -72,6 +72,15 @@ OpPosition FailureBoard::issue(int channel) {
   return pos;
 }
 
+OpPosition FailureBoard::peek(int channel) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  OpPosition pos;
+  pos.channel = channel;
+  pos.index = counts_.at(channel);
+  pos.epoch = own_posts_;
+  return pos;
+}
+
 uint64_t FailureBoard::issued_total() const {
   std::lock_guard<std::mutex> lock(mu_);
   return total_;

@@ -81,6 +81,8 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   int channel(const std::string& name);
   // Numbers the next operation of `channel` (counts it as issued): its position.
   OpPosition issue(int channel);
+  // The position the next operation of `channel` will have (nothing counted).
+  OpPosition peek(int channel) const;
   // Operations issued on every channel together: a call that did not change it issued nothing.
   uint64_t issued_total() const;
 

@@ -354,6 +354,13 @@ std::shared_ptr<FailureBoard> failure_board_of(const Communicator& comm) {
   return nullptr;
 }
 
+std::string why_next_collective_is_stuck(const Communicator& comm) {
+  auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm);
+  if (!gloo) return "";
+  const OpPosition pos = gloo->next_position();
+  return pos.board ? pos.board->why_stuck(pos) : "";
+}
+
 size_t shm_allreduce_limit(const Communicator& comm) {
   if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->shm_limit();
   return 0;

@@ -48,6 +48,10 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
 // desync checker; null for communicators without one (world size 1, NCCL, test doubles).
 std::shared_ptr<FailureBoard> failure_board_of(const Communicator& comm);
 
+// Why `comm`'s next collective would never complete (FailureBoard::why_stuck), or "" (also
+// without a board). For waits that come before the collective: the desync checker's.
+std::string why_next_collective_is_stuck(const Communicator& comm);
+
 // The largest all-reduce (bytes) that `comm` does through shared memory (shm_allreduce.h): 0
 // when it has no shared-memory path (not a Gloo communicator, ranks on several hosts, or
 // DS_SHM_ALLREDUCE=0). For tests and benchmarks.

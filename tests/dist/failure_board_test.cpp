@@ -197,6 +197,35 @@ TEST(FailureBoard, ASubGroupsCollectiveNamesTheSubGroup) {
                           "sub-group w/split0/0");
 }
 
+// With the desync checker (comms_check) on, a rank waits for its peers' description of the next
+// collective before issuing it: a failed peer's post ends that wait too, not the timeout.
+TEST(FailureBoard, TheDesyncCheckersWaitEndsOnAPeersFailure) {
+  std::string waited;
+  run_ranks(
+      2,
+      [&](CommunicatorPtr plain) {
+        auto comm = deepspeed::comm::with_comms_check(plain);
+        auto board = failure_board_of(*comm);
+        ASSERT_EQ(board, failure_board_of(*plain)) << "seen through the checker";
+        at::Tensor t = ones(16);
+        comm->all_reduce(t)->wait();
+        if (comm->rank() == 1) {
+          board->post("backward", "injected");
+          EXPECT_THROW(board->settle("backward"), CommError);  // kept until rank 0 has posted
+          return;
+        }
+        try {
+          comm->all_reduce(t)->wait();
+        } catch (const CommError& e) {
+          waited = e.what();
+        }
+        board->post("backward", waited);
+      },
+      kTimeout);
+  EXPECT_CONTAINS(waited, "comms_check on rank 0 of 2: rank 0 issued all_reduce");
+  EXPECT_CONTAINS(waited, "rank 1's backward failed (injected) after it had issued 1 operation");
+}
+
 // Point-to-point messages are numbered too (not watched: Gloo's send and receive works end for
 // good when a timed wait runs out): a message sent but never received parts the ranks.
 TEST(FailureBoard, AMessageSentButNotReceivedPartsTheRanks) {

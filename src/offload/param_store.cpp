@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -123,7 +124,24 @@ at::Tensor ParamStore::fetch(int unit) {
     }
     it->second.ticket = -1;
   }
+  it->second.held = true;
   return it->second.slice;
+}
+
+void ParamStore::take_back_held(const char* what, int only) {
+  auto held = [&] {
+    for (auto& [u, f] : fetched_)
+      if (f.held && (only < 0 || u == only)) return u;
+    return -1;
+  };
+  if (held() < 0) return;
+  if (hand_back_) hand_back_();
+  const int u = held();
+  if (u >= 0)
+    throw std::logic_error(fmt::format(
+        "ParamStore::{}: the slice of unit {} is still held (fetched, and done() not called): its "
+        "buffer may still be read by a gather or an upload, so the store cannot recycle it",
+        what, u));
 }
 
 // A read that failed: its buffer goes back to the pool (nothing reads it) and the unit counts as
@@ -145,6 +163,7 @@ void ParamStore::done(int unit, std::shared_ptr<device::CopyFence> readers) {
   auto it = fetched_.find(unit);
   if (it == fetched_.end()) return;
   Fetch& f = it->second;
+  f.held = false;
   if (f.ticket >= 0) {
     try {
       queue_->wait(f.ticket);
@@ -170,6 +189,7 @@ void ParamStore::write(int unit, const at::Tensor& slice) {
     return;
   }
   if (slice.numel() == 0) return;
+  take_back_held("write", unit);
   done(unit);  // a fetched copy would now be stale
   at::Tensor staged = aligned_tensor(slice.numel(), dtype_);
   staged.copy_(slice.reshape({-1}));
@@ -178,6 +198,7 @@ void ParamStore::write(int unit, const at::Tensor& slice) {
 
 at::Tensor ParamStore::read_all() {
   if (!swapped()) return memory_.clone();
+  take_back_held("read_all", /*only=*/-1);
   at::Tensor all = torch::empty({layout_.partition_numel}, torch::TensorOptions().dtype(dtype_));
   all.narrow(0, 0, memory_numel_).copy_(memory_);
   for (int u = first_file_unit_; u < static_cast<int>(layout_.units.size()); ++u) {
@@ -227,7 +248,15 @@ void ParamStore::end_group(int64_t begin, int64_t numel) {
     memory_.narrow(0, begin, numel).copy_(device_stage_.narrow(0, 0, numel));
   if (begin < memory_numel_) return;
   const int s = staging_next_;
-  done(file_.unit_at(begin));  // a copy fetched before the step would now be stale
+  // A copy fetched before the step would now be stale. Nothing holds one here (the step comes
+  // after end_backward, which hands every gather's slice back); this thread may not be the
+  // engine's, so a held slice is an error, not a hand-back.
+  const int unit = file_.unit_at(begin);
+  auto it = fetched_.find(unit);
+  if (it != fetched_.end() && it->second.held)
+    throw std::logic_error(fmt::format(
+        "ParamStore::end_group: the slice of unit {} is still held while the step writes it", unit));
+  done(unit);
   staging_write_[s] = queue_->write(*fd_, file_.offset_of(begin), staging_[s].data(), file_.bytes_for(numel));
   staging_next_ = 1 - s;
 }

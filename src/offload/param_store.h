@@ -21,6 +21,7 @@
 //
 // Not thread-safe: every call comes from the thread running the engine.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,7 +55,7 @@ class ParamStore : public zero::ParamPartition {
 
   // This rank's slice of `unit`: a view of the memory partition, or a buffer holding what the
   // file has (waiting for the read start_fetch began, if any). The buffer stays counted against
-  // buffer_count until done(unit).
+  // buffer_count, and *held* by the caller, until done(unit).
   at::Tensor fetch(int unit);
   // Begins reading `unit`'s slice if it lives in the file, is not read yet, and fewer than
   // buffer_count slices are in memory. Returns false when it could not start for that last reason.
@@ -62,6 +63,14 @@ class ParamStore : public zero::ParamPartition {
   // The slice fetched for `unit` is no longer needed. `readers`: a copy that may still read it
   // (an upload on a side stream); its buffer is not written again before that has passed.
   void done(int unit, std::shared_ptr<device::CopyFence> readers = nullptr);
+
+  // Who fetches slices and hands them back later (the gatherer: a gather in flight reads its
+  // slice) gives the store a way to make it hand back every slice it holds, with the fences of
+  // the copies still reading them. The store calls it before read_all, write or write_all
+  // (checkpoints, the step, a modifier rank's edits) touch a held slice: those recycle a fetched
+  // slice's buffer, and taking over a held one would hand out a buffer that a gather or an upload
+  // still reads. Called on the engine's thread; null to unset.
+  void set_hand_back(std::function<void()> hand_back) { hand_back_ = std::move(hand_back); }
 
   // Replaces `unit`'s slice (whole). Synchronous.
   void write(int unit, const at::Tensor& slice);
@@ -98,6 +107,7 @@ class ParamStore : public zero::ParamPartition {
     at::Tensor buffer;  // a pool buffer, or (fetch() beyond buffer_count) a one-off
     at::Tensor slice;   // the unit's elements at its start
     bool pooled = false;
+    bool held = false;  // fetch() handed it out and done() has not come back for it
     offload::AioQueue::Ticket ticket = -1;  // the read, until waited for
   };
   struct FreeBuffer {
@@ -106,6 +116,10 @@ class ParamStore : public zero::ParamPartition {
   };
   Fetch start_read(int unit);  // a buffer for the unit's slice, its read begun
   void drop_failed(std::map<int, Fetch>::iterator it);
+  // Before the store recycles the fetched slice of unit `only` (-1: of every unit) itself: if it
+  // is held, every holder hands its slices back; one still held then (a holder that did not
+  // set_hand_back) is a logic_error naming `what`.
+  void take_back_held(const char* what, int only);
   const Stage3Layout& layout_;
   at::ScalarType dtype_;
   int64_t element_size_;
@@ -119,6 +133,7 @@ class ParamStore : public zero::ParamPartition {
   std::unique_ptr<offload::DirectFile> fd_;
   std::unique_ptr<offload::AioQueue> queue_;
   std::map<int, Fetch> fetched_;
+  std::function<void()> hand_back_;
   std::vector<FreeBuffer> free_;  // pool buffers not holding a fetched slice
   int pooled_ = 0;                // pool buffers made (at most buffer_count)
   int64_t pool_numel_ = 0;        // elements per pool buffer: the largest file slice

@@ -11,8 +11,11 @@
 #include <filesystem>
 
 #include "deepspeed/errors.h"
+#include "deepspeed/deepspeed.h"
 #include "support/checkpoint_run.h"
 #include "support/files.h"
+#include "support/ranks.h"
+#include "support/stage3_models.h"
 #include "support/training_run.h"
 
 namespace {
@@ -152,6 +155,60 @@ INSTANTIATE_TEST_SUITE_P(
              "_max_in_cpu" + std::to_string(info.param.max_in_cpu) +
              (info.param.prefetch_bucket == 1 ? "_read_ahead" : "");
     });
+
+// An eval-only forward leaves gathers in flight (prefetched for the backward that never comes),
+// each holding its slice buffer of the parameter swap file; a checkpoint load after it writes
+// every unit's slice, with one pool buffer to recycle. The load must resume exactly as one
+// without the eval forward. (Today the load's own per-unit gathers wait for those gathers before
+// it writes; the store's hand-back, param_store_test's AHeldSliceIsHandedBack..., is what keeps
+// that true if the order changes.)
+TEST(NvmeParamOffload, ALoadAfterAnEvalForwardResumesAsWithoutIt) {
+  dstest::TempDir params, ckpt;
+  auto config = param_nvme_config(dstest::stage3_test_config(3), params.path(), 0);
+  config["zero_optimization"]["offload_param"]["buffer_count"] = 1;  // recycling at every read
+  torch::manual_seed(11);
+  const auto start = std::make_shared<dstest::OuterModelImpl>();
+  std::vector<double> resumed[2];  // [eval forward before the load]
+  for (bool eval : {false, true}) {
+    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      const int rank = comm->rank();
+      auto model = std::make_shared<dstest::OuterModelImpl>();
+      {
+        torch::NoGradGuard no_grad;
+        auto from = start->parameters();
+        auto to = model->parameters();
+        for (size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+      }
+      auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                        {.model = model, .config_json = config, .comm = comm})
+                        .engine;
+      auto train_step = [&](int64_t step) {
+        auto b = dstest::token_batch(rank, step);
+        auto loss = engine->forward(b.idx, b.targets);
+        engine->backward(loss);
+        engine->step();
+        return loss.item<double>();
+      };
+      train_step(0);  // the trace: later forwards prefetch
+      if (!eval) engine->save_checkpoint(ckpt.path(), "one");
+      comm->barrier();
+      train_step(1);
+      if (eval) {
+        torch::NoGradGuard no_grad;
+        auto b = dstest::token_batch(rank, 7);
+        engine->forward(b.idx, b.targets);
+      }
+      engine->load_checkpoint(ckpt.path(), "one");
+      for (int64_t step = 1; step < 4; ++step) {
+        const double loss = train_step(step);
+        if (rank == 0) resumed[eval].push_back(loss);
+      }
+    });
+  }
+  ASSERT_EQ(resumed[true].size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[true][i], resumed[false][i]) << "step " << i + 2;
+  EXPECT_TRUE(std::filesystem::is_empty(params.path())) << "parameter swap files left behind";
+}
 
 // On this CPU-only build "cpu" offload keeps the states where they already are: it must train
 // exactly as without offload (and must not be rejected) at stages 2 and 3.

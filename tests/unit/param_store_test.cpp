@@ -8,6 +8,10 @@
 
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -115,6 +119,58 @@ TEST(ParamStore, SliceBuffersAreReusedOnlyAfterTheirReaders) {
   store.done(2);
   store.done(3);
   EXPECT_EQ(store.resident_bytes(), memory + 2 * 9000 * 4);
+}
+
+// A slice fetched and not handed back (a gather in flight reads it; on a GPU, an upload) is never
+// recycled by the store's own reads and writes: before read_all or write touches it, the store
+// has its holder hand it back (set_hand_back), and without a holder that can, it refuses, naming
+// the unit. Before, read_all gave the held buffer to the next unit's read.
+TEST(ParamStore, AHeldSliceIsHandedBackBeforeTheStoreRecyclesIt) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  auto config = zero("nvme", dir.path(), 0);
+  config.offload_param.buffer_count = 1;  // one pool buffer: a recycled one is the held one
+  ParamStore store(L, torch::kFloat, config, dstest::small_aio());
+  at::Tensor all = torch::randn({L.partition_numel});
+  store.write_all(all);
+  auto want = [&](int u) {
+    return all.narrow(0, L.units[u].partition_offset, L.units[u].layout.partition_numel);
+  };
+  at::Tensor held = store.fetch(2);  // the pool buffer
+  ASSERT_TRUE(torch::equal(held, want(2)));
+
+  try {
+    store.read_all();
+    ADD_FAILURE() << "read_all recycled a held slice";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("unit 2 is still held"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(store.write(2, torch::zeros({9000})), std::logic_error);
+  at::Tensor three = torch::full({3}, 5.0);
+  store.write(3, three);  // another unit's slice: the held one is not touched
+  all.narrow(0, L.units[3].partition_offset, 3).copy_(three);
+  EXPECT_TRUE(torch::equal(held, want(2))) << "the held buffer was written";
+
+  int hand_backs = 0;
+  std::vector<int> holding = {2};
+  auto upload = std::make_shared<CountedFence>();
+  store.set_hand_back([&] {  // as the gatherer's: each gather in flight hands its slice back
+    ++hand_backs;
+    for (int u : holding) store.done(u, upload);
+    holding.clear();
+  });
+  EXPECT_TRUE(torch::equal(store.read_all(), all));
+  EXPECT_EQ(hand_backs, 1);
+  EXPECT_EQ(upload->waits, 1) << "the pool buffer is reused only after the holder's copy";
+  EXPECT_TRUE(torch::equal(store.read_all(), all));
+  EXPECT_EQ(hand_backs, 1) << "nothing held: no hand-back";
+
+  held = store.fetch(1);
+  holding = {1};
+  at::Tensor one = torch::full({5000}, 2.0);
+  store.write(1, one);  // the holder hands it back first
+  EXPECT_EQ(hand_backs, 2);
+  EXPECT_TRUE(torch::equal(store.fetch(1), one));
 }
 
 TEST(ParamStore, SinkWritesEachSubGroupInPlace) {

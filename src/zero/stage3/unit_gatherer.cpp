@@ -22,9 +22,13 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
       state_(layout.units.size()) {
   if (hpz_group)
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
+  // A gather prefetched and never used (an eval-only forward's) still holds its store slice when
+  // a checkpoint or a step reads or writes the store as a whole.
+  store_.set_hand_back([this] { hand_back_store_slices(); });
 }
 
 UnitGatherer::~UnitGatherer() {
+  store_.set_hand_back(nullptr);
   try {  // a sticky CUDA error throws here too: a destructor must not
     fetches_.mark()->wait();
   } catch (...) {
@@ -148,7 +152,7 @@ void UnitGatherer::issue_from_host(int u, bool exact) {
 
 void UnitGatherer::wait_gather(int u) {
   auto& s = state_[u];
-  if (!s.work && !s.fetched) return;
+  if (!s.work && !s.fetched && !s.source.defined()) return;
   std::shared_ptr<device::CopyFence> upload = std::move(s.fetched);
   if (upload) {
     upload->join_current();  // the compute stream waits for this unit's fetch, nothing more
@@ -164,6 +168,13 @@ void UnitGatherer::wait_gather(int u) {
   // The store's buffer may still be read by the upload (the host did not wait for it): the store
   // reuses it only once that has passed.
   if (s.from_store) store_.done(u, std::move(upload));
+}
+
+// Every rank reaches this at the same point (the store's whole reads and writes come from the
+// same engine call on every rank), with the same gathers in flight: waiting completes them.
+void UnitGatherer::hand_back_store_slices() {
+  for (size_t u = 0; u < state_.size(); ++u)
+    if (state_[u].from_store && state_[u].source.defined()) wait_gather(static_cast<int>(u));
 }
 
 void UnitGatherer::use(int u, bool exact) {

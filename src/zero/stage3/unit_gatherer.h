@@ -75,6 +75,7 @@ class UnitGatherer : public UnitHooks {
                const ZeroPPOptions& zeropp = {}, comm::CommunicatorPtr hpz_group = nullptr);
   // Waits on the host for fetches still reading the store's slices (a prefetch never used): the
   // store (pinned host memory, freed after this object) must not go while a copy reads it.
+  // Unsets the store's hand-back.
   ~UnitGatherer();
 
   void pre_forward(int unit) override;
@@ -116,6 +117,9 @@ class UnitGatherer : public UnitHooks {
   void issue_unguarded(int u, bool exact);
   void issue_from_host(int u, bool exact);
   void wait_gather(int u);  // the all_gather in flight, if any, is complete
+  // The store's hand-back (ParamStore::set_hand_back): every gather in flight that reads a store
+  // slice is waited for, which gives the slice back with its upload's fence.
+  void hand_back_store_slices();
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
   at::Tensor gathered_buffer(int u, const at::TensorOptions& options) const;

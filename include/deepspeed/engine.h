@@ -165,8 +165,8 @@ class Engine {
  protected:
   explicit Engine(EngineStatePtr state);
   // One engine call that may issue collectives (forward, backward, step, a pipeline batch, a
-  // checkpoint, a gather), for the job's failure board (src/comm/failure_board.h). The outermost
-  // scope first settles a failure this rank posted before (it throws CommError when the ranks
+  // checkpoint, a gather or the end of its scope), for the job's failure board
+  // (src/comm/failure_board.h). The outermost scope first settles a failure this rank posted before (it throws CommError when the ranks
   // stopped at different collectives, or when this rank's job cannot continue). failed(), in a
   // catch block, posts the failure in flight, if the call had issued collectives: a peer waiting
   // for one this rank will not issue then fails at once instead of at the timeout.

@@ -203,7 +203,9 @@ bool FailureBoard::parse(const std::string& text, Post& out) {
   std::string head, counts;
   if (!std::getline(in, head) || !std::getline(in, counts)) return false;
   std::istringstream h(head);
-  if (!(h >> out.rank >> out.call)) return false;
+  if (!(h >> out.rank)) return false;
+  std::getline(h >> std::ws, out.call);  // the rest of the line: a call's name may have spaces
+  if (out.call.empty()) return false;
   std::istringstream c(counts);
   for (std::string item; c >> item;) {
     const auto eq = item.rfind('=');

@@ -347,7 +347,12 @@ GatheredParameters Engine::gathered_parameters(
     std::optional<int> modifier_rank) {
   return in_call("gathered_parameters", [&] {
     refuse_during_half_done_step(*state_, "gathered_parameters");
-    return GatheredParameters(state_->stage->gather_for_access(modules, modifier_rank));
+    // The release is collective too (a modifier rank's broadcast, its writes to the partition):
+    // one that fails on one rank posts, so its peers' next collective ends at once, naming it.
+    return GatheredParameters(
+        [this, release = state_->stage->gather_for_access(modules, modifier_rank)] {
+          in_call("gathered_parameters (release)", release);
+        });
   });
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <stdexcept>
 
@@ -14,6 +15,7 @@
 #include "deepspeed/pipe.h"
 #include "gpt/pipeline_model.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
@@ -203,6 +205,50 @@ TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
   EXPECT_CONTAINS(first[0], "injected failure loading labels");
   EXPECT_CONTAINS(first[0], "messages to rank 0");
   expect_the_job_ended(first, retried, "train_batch");
+}
+
+// The end of a gathered_parameters scope with a modifier rank is collective: unit by unit, the
+// modifier's values are broadcast and become the masters. Rank 1's swapped optimizer state is cut
+// short under it, so its release fails reading the first unit's masters, after that unit's
+// broadcast; rank 0, already in the next unit's broadcast, fails at once, naming rank 1's error
+// (before the release was an engine call, it waited until the timeout).
+TEST(OneRankFailure, AGatheredParametersReleaseThatFailsOnOneRankEndsItsPeersWait) {
+  at::set_num_threads(1);
+  std::vector<std::string> first(2), retried(2);
+  dstest::TempDir swap[2];
+  auto models = make_models();
+  run_ranks(
+      2,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        const int rank = comm->rank();
+        auto config = dstest::stage3_test_config(3);
+        config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
+                                                            {"nvme_path", swap[rank].path()}};
+        config["zero_optimization"]["sub_group_size"] = 1000;
+        auto engine = engine_for(models[rank], config, comm);
+        auto b = dstest::token_batch(rank, 0);
+        engine->backward(engine->forward(b.idx, b.targets));
+        engine->step();
+        auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+        if (rank == 1)
+          for (auto& f : std::filesystem::directory_iterator(swap[rank].path()))
+            std::filesystem::resize_file(f.path(), 0);
+        try {
+          scope.release();
+        } catch (const std::exception& e) {
+          first[rank] = e.what();
+        }
+        try {
+          engine->backward(engine->forward(b.idx, b.targets));
+        } catch (const std::exception& e) {
+          retried[rank] = e.what();
+        }
+      },
+      kTimeout);
+  EXPECT_CONTAINS(first[1], swap[1].path());
+  EXPECT_CONTAINS(first[0], "rank 1's gathered_parameters (release) failed (");
+  EXPECT_CONTAINS(first[0], swap[1].path());
+  expect_the_job_ended(first, retried, "forward");
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, OneRankFailure, ::testing::Values(0, 1, 2, 3),

@@ -96,6 +96,7 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
   try {
     works = start();
   } catch (...) {
+    withdraw(d);
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
   }

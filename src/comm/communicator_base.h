@@ -51,9 +51,14 @@ class CommunicatorBase : public Communicator {
   OpDesc describe(const char* op, const at::Tensor& t) const;
   // The same for a send to (`sending`) or a receive from `peer`.
   OpDesc describe_p2p(const char* op, const at::Tensor& t, int peer, bool sending) const;
+  // An operation described (numbered) whose start threw: never issued, so its number is taken
+  // back (FailureBoard::withdraw). Every path that starts a described operation calls it.
+  static void withdraw(const OpDesc& d) {
+    if (d.position.board) d.position.board->withdraw(d.position);
+  }
   // Starts a c10d collective and wraps it in a Work whose wait() runs `finish`. A backend can
   // fail already at the start (Gloo: a pair closed by an earlier timeout); that reads like a
-  // failure in wait(), as CommError naming the collective.
+  // failure in wait(), as CommError naming the collective, and the operation is withdrawn.
   using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
   WorkPtr launch(OpDesc desc, const Start& start, std::function<void()> finish) const;
   // The same for a collective made of several c10d works.

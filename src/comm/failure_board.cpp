@@ -72,6 +72,13 @@ OpPosition FailureBoard::issue(int channel) {
   return pos;
 }
 
+void FailureBoard::withdraw(const OpPosition& pos) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pos.channel < 0 || counts_.at(pos.channel) != pos.index + 1) return;
+  --counts_[pos.channel];
+  --total_;
+}
+
 OpPosition FailureBoard::peek(int channel) const {
   std::lock_guard<std::mutex> lock(mu_);
   OpPosition pos;

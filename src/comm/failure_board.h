@@ -81,6 +81,12 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   int channel(const std::string& name);
   // Numbers the next operation of `channel` (counts it as issued): its position.
   OpPosition issue(int channel);
+  // The operation at `pos` was numbered but never queued (its start threw: Gloo's pair already
+  // closed, an allocation): its number is taken back, so a peer waiting in it learns that this
+  // rank never issued it, and settling does not take this rank for one that did. Only the
+  // channel's last number can be taken back; after another thread numbered the next one, it
+  // stays counted (and the peers wait for it until the timeout).
+  void withdraw(const OpPosition& pos);
   // The position the next operation of `channel` will have (nothing counted).
   OpPosition peek(int channel) const;
   // Operations issued on every channel together: a call that did not change it issued nothing.

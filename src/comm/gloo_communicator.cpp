@@ -72,6 +72,19 @@ class GlooCommunicator : public CommunicatorBase {
     watch_with(std::move(board), channel_name_);
   }
   size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
+  // The shared-memory path's start (launch() for c10d works): an operation it refused (its group
+  // already failed, an allocation) is withdrawn. One it refused after publishing part of it is
+  // withdrawn too: its peers then fail, and the job ends, which is what a half-issued operation
+  // needs.
+  template <class Issue>
+  static WorkPtr withdrawn_if_thrown(const OpDesc& d, Issue&& issue) {
+    try {
+      return issue();
+    } catch (...) {
+      withdraw(d);
+      throw;
+    }
+  }
   std::string backend() const override { return "gloo"; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
@@ -80,7 +93,8 @@ class GlooCommunicator : public CommunicatorBase {
     if (shm_ && shm_->accepts(tensor)) {  // every rank decides alike: same shapes and dtypes
       OpDesc d = describe("all_reduce", tensor);
       auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
-      return shm_->all_reduce(tensor, op, std::move(d), std::move(finish));
+      return withdrawn_if_thrown(d,
+                                 [&] { return shm_->all_reduce(tensor, op, d, std::move(finish)); });
     }
     at::ScalarType wire = reduce_dtype(tensor.scalar_type(), "all_reduce");
     at::Tensor staged = tensor.to(wire).contiguous();
@@ -162,7 +176,8 @@ class GlooCommunicator : public CommunicatorBase {
         output.device().is_cpu()) {
       OpDesc d = describe("reduce_scatter_v", input);
       auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
-      return shm_->reduce_scatter_v(output, input, offset, op, std::move(d), std::move(finish));
+      return withdrawn_if_thrown(
+          d, [&] { return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish)); });
     }
     at::ScalarType type = input.scalar_type();
     at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");

@@ -8,12 +8,14 @@
 #include <chrono>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
 #include "deepspeed/comm.h"
 #include "support/expect.h"
+#include "support/fake_communicator.h"
 #include "support/ranks.h"
 
 namespace {
@@ -247,6 +249,47 @@ TEST(FailureBoard, AMessageSentButNotReceivedPartsTheRanks) {
   for (int r = 0; r < 2; ++r)
     EXPECT_CONTAINS(settled[r], "on rank 0's messages to rank 1, rank 0 had issued 1 operation "
                                 "and rank 1 0");
+}
+
+// A communicator whose next operation fails to start (Gloo refuses to queue it: its pair
+// closed by an earlier timeout), numbered on a board as the Gloo communicator numbers its own.
+class FailingToStart : public dstest::FakeCommunicator {
+ public:
+  FailingToStart(int rank, std::shared_ptr<deepspeed::comm::FailureBoard> board)
+      : FakeCommunicator(rank, 2) {
+    watch_with(std::move(board), "w");
+  }
+  deepspeed::comm::WorkPtr all_reduce_that_fails_to_start(const at::Tensor& t) {
+    return launch(
+        describe("all_reduce", t),
+        []() -> c10::intrusive_ptr<c10d::Work> { throw std::runtime_error("pair closed"); },
+        nullptr);
+  }
+};
+
+// An operation numbered and then refused at its start was never issued: its number is taken
+// back, so the rank's post shows that it stopped before it, and a peer waiting in it fails at
+// once. Before, it counted as issued, and the peer waited until the timeout.
+TEST(FailureBoard, AnOperationThatFailedToStartIsNotCountedAsIssued) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto board0 = std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
+  auto board1 = std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
+  FailingToStart rank1(1, board1);
+  EXPECT_THROW(rank1.all_reduce_that_fails_to_start(ones(4)), CommError);
+  EXPECT_EQ(board1->issued_total(), 0u);
+  board1->post("backward", "injected");
+
+  auto waiting = board0->issue(board0->channel("w"));  // rank 0's all-reduce, number 1
+  waiting.board = board0;
+  EXPECT_CONTAINS(board0->why_stuck(waiting),
+                  "rank 1's backward failed (injected) after it had issued 0 operations");
+
+  // Taken back only while it is the channel's last number.
+  const int w = board1->channel("w");
+  auto first = board1->issue(w);
+  board1->issue(w);
+  board1->withdraw(first);
+  EXPECT_EQ(board1->issued_total(), 2u);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "device/out_of_memory.h"
 
+#include <atomic>
 #include <cstdio>
 #include <exception>
 #include <mutex>
+#include <thread>
 
 #include "deepspeed/device.h"
 
@@ -14,6 +16,8 @@ namespace {
 // One engine per process; ranks run as threads of one process (tests) share it.
 std::mutex failed_allocation_mutex;
 std::string failed_allocation;
+std::thread::id failed_allocation_thread;      // whose unwinding made the record
+std::atomic<bool> failed_allocation_kept{false};  // a record is there (read without the lock)
 
 // In GiB, or MiB below one.
 std::string gib(double bytes) {
@@ -61,7 +65,20 @@ std::string hint(int zero_stage, c10::Device device, bool gpu) {
 AllocatingFor::AllocatingFor(const char* what, int64_t index, int64_t numel,
                              int64_t element_size) noexcept
     : what_(what), index_(index), numel_(numel), element_size_(element_size),
-      exceptions_(std::uncaught_exceptions()) {}
+      exceptions_(std::uncaught_exceptions()) {
+  // A record this thread made, with no exception in flight in it now nor being handled: that
+  // exception was caught and handled without a report (a clean-up's error swallowed, say). Left,
+  // it would name its buffer in the report of a later out-of-memory (the innermost scope's
+  // record is kept). Inside a catch block (a clean-up before a rethrow) the record may be the
+  // caught exception's, still to be reported; another thread's may be on its way to a report
+  // (autograd's device thread hands its error to the caller's): those stay.
+  if (exceptions_ > 0 || !failed_allocation_kept.load(std::memory_order_relaxed)) return;
+  if (std::current_exception()) return;
+  std::lock_guard<std::mutex> lock(failed_allocation_mutex);
+  if (failed_allocation_thread != std::this_thread::get_id()) return;
+  failed_allocation.clear();
+  failed_allocation_kept = false;
+}
 
 AllocatingFor::~AllocatingFor() {
   if (std::uncaught_exceptions() <= exceptions_) return;
@@ -72,7 +89,11 @@ AllocatingFor::~AllocatingFor() {
              gib(static_cast<double>(numel_) * element_size_) + ")";
     std::lock_guard<std::mutex> lock(failed_allocation_mutex);
     // Only the innermost scope an exception leaves: it is the one that names the buffer.
-    if (failed_allocation.empty()) failed_allocation = std::move(named);
+    if (failed_allocation.empty()) {
+      failed_allocation = std::move(named);
+      failed_allocation_thread = std::this_thread::get_id();
+      failed_allocation_kept = true;
+    }
   } catch (...) {  // out of memory for the words too: the report goes without them
   }
 }
@@ -81,12 +102,14 @@ std::string take_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
   std::string taken = std::move(failed_allocation);
   failed_allocation.clear();
+  failed_allocation_kept = false;
   return taken;
 }
 
 void forget_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
   failed_allocation.clear();
+  failed_allocation_kept = false;
 }
 
 std::optional<std::string> out_of_memory_message(const std::string& libtorch_message,

@@ -15,8 +15,9 @@ namespace deepspeed {
 // Names a buffer deepspeed is about to allocate (a gathered unit, a gradient bucket), for the
 // report: when an exception leaves the scope, the innermost scope it leaves is recorded (for the
 // process: on a GPU the stages' hooks run on autograd's device thread) until the report takes
-// it. Costs nothing unless something throws. Keep it around the allocation alone, so that it
-// names only what that allocation asked for.
+// it, or until this thread opens another scope outside any catch block (the exception was then
+// handled without a report). Costs an atomic load unless something throws. Keep it around the
+// allocation alone, so that it names only what that allocation asked for.
 class AllocatingFor {
  public:
   // `what`: a string literal ("stage 3's gathered parameters of unit"); `index` >= 0 is printed

@@ -71,6 +71,39 @@ TEST(OutOfMemory, TheInnermostScopeAnExceptionLeavesNamesTheBuffer) {
   EXPECT_EQ(take_failed_allocation(), "") << "each engine call forgets what none reported";
 }
 
+// Within one engine call: a scope left by an exception that was caught and handled (a clean-up's
+// error swallowed) must not name its buffer in a later out-of-memory's report. The next scope
+// this thread opens outside any handler drops that record; one opened inside the handler (a
+// clean-up before the rethrow) keeps it for the report on its way.
+TEST(OutOfMemory, AScopeLeftByAHandledExceptionNamesNothingLater) {
+  deepspeed::forget_failed_allocation();
+  auto leave_by_exception = [](const char* what) {
+    AllocatingFor scope(what, -1, 1, 4);
+    throw std::runtime_error("not memory");
+  };
+  try {
+    leave_by_exception("a swallowed bucket");
+  } catch (const std::runtime_error&) {
+  }
+  {
+    dstest::FailingCpuAllocatorScope failing(kLimit);
+    failing->arm();
+    try {
+      AllocatingFor unit("stage 3's gathered parameters of unit", 5, 3 << 20, 2);
+      (void)torch::empty({kTooMany});
+    } catch (const c10::Error&) {
+    }
+  }
+  EXPECT_EQ(take_failed_allocation(), "stage 3's gathered parameters of unit 5 (3145728 elements, "
+                                      "6.0 MiB)");
+  try {
+    leave_by_exception("the failed bucket");
+  } catch (const std::runtime_error&) {
+    AllocatingFor clean_up("a clean-up's buffer", -1, 1, 4);  // inside the handler
+  }
+  EXPECT_EQ(take_failed_allocation(), "the failed bucket (1 elements, 0.0 MiB)");
+}
+
 using dstest::TwoLayersImpl;
 
 auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage,

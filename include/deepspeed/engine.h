@@ -47,7 +47,7 @@ struct EngineAccess;
 
 // A scope in which ZeRO-3's partitioned parameters are whole (DeepSpeed's GatheredParameters).
 // Its end (destructor or release()) is COLLECTIVE: it re-partitions the parameters, keeping the
-// modifier rank's edits. Edit parameters in place (under torch::NoGradGuard), not with set_data.
+// modifier rank's edits. It is an engine call, so end it before the engine is destroyed. Edit parameters in place (under torch::NoGradGuard), not with set_data.
 // Stages 0-2 hold whole parameters already: the scope does nothing there.
 class GatheredParameters {
  public:
@@ -166,10 +166,11 @@ class Engine {
   explicit Engine(EngineStatePtr state);
   // One engine call that may issue collectives (forward, backward, step, a pipeline batch, a
   // checkpoint, a gather or the end of its scope), for the job's failure board
-  // (src/comm/failure_board.h). The outermost scope first settles a failure this rank posted before (it throws CommError when the ranks
-  // stopped at different collectives, or when this rank's job cannot continue). failed(), in a
-  // catch block, posts the failure in flight, if the call had issued collectives: a peer waiting
-  // for one this rank will not issue then fails at once instead of at the timeout.
+  // (src/comm/failure_board.h). The outermost scope first settles a failure this rank posted
+  // before (it throws CommError when the ranks stopped at different collectives, or when this
+  // rank's job cannot continue). failed(), in a catch block, posts the failure in flight, if the
+  // call had issued (or tried to issue) collectives: a peer waiting for one this rank will not
+  // issue then fails at once instead of at the timeout.
   class CallScope {
    public:
     CallScope(Engine& engine, const char* call);
@@ -183,7 +184,7 @@ class Engine {
     const char* call_;
     bool outermost_ = false;
     bool posted_ = false;
-    uint64_t issued_ = 0;  // the board's count at the start
+    uint64_t numbered_ = 0;  // the board's count at the start
     int posts_ = 0;
   };
   // Runs `body` as the engine call `call`: inside its CallScope, posting what escapes it.

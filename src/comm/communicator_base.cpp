@@ -84,9 +84,8 @@ OpDesc CommunicatorBase::describe_unnumbered(const char* op, const at::Tensor& t
 }
 
 WorkPtr CommunicatorBase::launch(OpDesc d, const Start& start, std::function<void()> finish) const {
-  return launch_all(
-      std::move(d), [&] { return std::vector<c10::intrusive_ptr<c10d::Work>>{start()}; },
-      std::move(finish));
+  auto one = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) { works.push_back(start()); };
+  return launch_all(std::move(d), one, std::move(finish));
 }
 
 WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
@@ -94,9 +93,16 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
   auto t0 = std::chrono::steady_clock::now();
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   try {
-    works = start();
+    start(works);
   } catch (...) {
-    withdraw(d);
+    if (works.empty()) {
+      withdraw(d);
+    } else if (d.position.board) {
+      d.position.board->end_job(fmt::format(
+          "its {} on rank {} of {} was queued in part ({} of its works) when the next one was "
+          "refused ({}), so its peers' sequence of collectives no longer matches its own",
+          d.op, d.rank, d.world_size, works.size(), current_exception_message()));
+    }
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));
   }

@@ -52,7 +52,7 @@ class CommunicatorBase : public Communicator {
   // The same for a send to (`sending`) or a receive from `peer`.
   OpDesc describe_p2p(const char* op, const at::Tensor& t, int peer, bool sending) const;
   // An operation described (numbered) whose start threw: never issued, so its number is taken
-  // back (FailureBoard::withdraw). Every path that starts a described operation calls it.
+  // back (FailureBoard::withdraw). launch()/launch_all() and the shared-memory paths call it.
   static void withdraw(const OpDesc& d) {
     if (d.position.board) d.position.board->withdraw(d.position);
   }
@@ -61,8 +61,10 @@ class CommunicatorBase : public Communicator {
   // failure in wait(), as CommError naming the collective, and the operation is withdrawn.
   using Start = std::function<c10::intrusive_ptr<c10d::Work>()>;
   WorkPtr launch(OpDesc desc, const Start& start, std::function<void()> finish) const;
-  // The same for a collective made of several c10d works.
-  using StartAll = std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>;
+  // The same for a collective made of several c10d works, which `start` appends as it queues
+  // them: one refused after others were queued is in part issued, which ends the job
+  // (FailureBoard::end_job), where one refused whole is withdrawn.
+  using StartAll = std::function<void(std::vector<c10::intrusive_ptr<c10d::Work>>& works)>;
   WorkPtr launch_all(OpDesc desc, const StartAll& start, std::function<void()> finish) const;
   // `finish` extended to record the collective's latency from `t0` (stats and the op observer),
   // as launch() does for its works; for collectives that are not c10d works (shared memory).

@@ -64,7 +64,7 @@ int FailureBoard::channel(const std::string& name) {
 
 OpPosition FailureBoard::issue(int channel) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++total_;
+  ++numbered_;
   OpPosition pos;
   pos.channel = channel;
   pos.index = counts_.at(channel)++;
@@ -76,7 +76,6 @@ void FailureBoard::withdraw(const OpPosition& pos) {
   std::lock_guard<std::mutex> lock(mu_);
   if (pos.channel < 0 || counts_.at(pos.channel) != pos.index + 1) return;
   --counts_[pos.channel];
-  --total_;
 }
 
 OpPosition FailureBoard::peek(int channel) const {
@@ -88,9 +87,9 @@ OpPosition FailureBoard::peek(int channel) const {
   return pos;
 }
 
-uint64_t FailureBoard::issued_total() const {
+uint64_t FailureBoard::numbered_total() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return total_;
+  return numbered_;
 }
 
 int FailureBoard::own_posts() const {
@@ -130,6 +129,17 @@ void FailureBoard::post(const std::string& call, const std::string& message) noe
   } catch (...) {
     // The store is gone (rank 0's host): the peers' waits fail on their own.
   }
+}
+
+void FailureBoard::end_job(const std::string& reason) noexcept {
+  try {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    break_locked(fmt::format("rank {} found that the job cannot continue: {}", rank_, reason));
+  } catch (...) {
+    return;
+  }
+  post_ending(reason);  // the readers say whose it is
 }
 
 void FailureBoard::post_ending(const std::string& reason) noexcept {

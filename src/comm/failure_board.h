@@ -82,15 +82,16 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   // Numbers the next operation of `channel` (counts it as issued): its position.
   OpPosition issue(int channel);
   // The operation at `pos` was numbered but never queued (its start threw: Gloo's pair already
-  // closed, an allocation): its number is taken back, so a peer waiting in it learns that this
-  // rank never issued it, and settling does not take this rank for one that did. Only the
-  // channel's last number can be taken back; after another thread numbered the next one, it
-  // stays counted (and the peers wait for it until the timeout).
+  // closed, an allocation): its number is taken back, so a peer waiting in it learns from this
+  // rank's post that it never issued it, and settling does not take this rank for one that did.
+  // Only the channel's last number can be taken back; after another thread numbered the next
+  // one, it stays counted (and the peers wait for it until the timeout).
   void withdraw(const OpPosition& pos);
   // The position the next operation of `channel` will have (nothing counted).
   OpPosition peek(int channel) const;
-  // Operations issued on every channel together: a call that did not change it issued nothing.
-  uint64_t issued_total() const;
+  // Operations numbered on every channel together, withdrawn ones included: a call that did not
+  // change it neither issued nor tried to issue anything (so it has nothing to post).
+  uint64_t numbered_total() const;
 
   // Called by a wait for `pos` that has not completed after a slice: why it never will, or ""
   // (keep waiting). It never will when a peer posted a failure beyond the ones this rank had
@@ -122,6 +123,10 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   // abandoned, or settle found the ranks parted). Its communicators then skip the orderly
   // shutdown of their Gloo groups, which would wait for operations that can never finish.
   bool broken() const;
+  // This rank knows that the job cannot continue (an operation queued in part: its ranks' Gloo
+  // sequences no longer match): marks it broken and tells the others, whose waits then fail at
+  // once and whose next settle throws. Never throws.
+  void end_job(const std::string& reason) noexcept;
 
  private:
   struct Post {
@@ -153,7 +158,7 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   std::vector<std::string> names_;          // channel index -> name
   std::map<std::string, int> index_of_;     // name -> channel index
   std::vector<uint64_t> counts_;            // channel index -> operations issued
-  uint64_t total_ = 0;
+  uint64_t numbered_ = 0;  // never decreases (withdraw() leaves it)
   std::vector<std::vector<Post>> posts_;   // per rank: its posts read, in order (rounds)
   std::vector<std::string> endings_;        // per rank: why it found the job cannot continue
   uint64_t seen_ = 0;                       // the post counter at the last scan

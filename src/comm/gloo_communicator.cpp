@@ -73,9 +73,9 @@ class GlooCommunicator : public CommunicatorBase {
   }
   size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
   // The shared-memory path's start (launch() for c10d works): an operation it refused (its group
-  // already failed, an allocation) is withdrawn. One it refused after publishing part of it is
-  // withdrawn too: its peers then fail, and the job ends, which is what a half-issued operation
-  // needs.
+  // already failed, an allocation) is withdrawn. One refused after publishing part of it was
+  // refused because the group failed (progress() throws only then), which fails every later
+  // operation of the group on every rank too.
   template <class Issue>
   static WorkPtr withdrawn_if_thrown(const OpDesc& d, Issue&& issue) {
     try {
@@ -133,14 +133,12 @@ class GlooCommunicator : public CommunicatorBase {
     copy_into_slice(flat.narrow(0, rank_ * n, n), bits_view(input, wire).view({-1}));
     std::vector<std::vector<at::Tensor>> bufs(world_size_);
     for (int r = 0; r < world_size_; ++r) bufs[r].push_back(flat.narrow(0, r * n, n));
-    auto start = [&] {
-      std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
       for (int r = 0; r < world_size_; ++r) {
         c10d::BroadcastOptions opts;
         opts.rootRank = r;
         works.push_back(pg_->broadcast(bufs[r], opts));
       }
-      return works;
     };
     return launch_all(describe("all_gather", input), start, copy_back(output, flat));
   }

@@ -248,9 +248,9 @@ void ParamStore::end_group(int64_t begin, int64_t numel) {
     memory_.narrow(0, begin, numel).copy_(device_stage_.narrow(0, 0, numel));
   if (begin < memory_numel_) return;
   const int s = staging_next_;
-  // A copy fetched before the step would now be stale. Nothing holds one here (the step comes
-  // after end_backward, which hands every gather's slice back); this thread may not be the
-  // engine's, so a held slice is an error, not a hand-back.
+  // A copy fetched before the step would now be stale. Nothing holds one here: the stage's
+  // step began with UnitGatherer::before_store_changes(). The step is half done at this point,
+  // so a held slice is a logic_error here rather than a hand-back in the middle of it.
   const int unit = file_.unit_at(begin);
   auto it = fetched_.find(unit);
   if (it != fetched_.end() && it->second.held)

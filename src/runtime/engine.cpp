@@ -42,7 +42,7 @@ Engine::CallScope::CallScope(Engine& engine, const char* call)
     --s.calls_open;
     throw;
   }
-  issued_ = s.failure_board->issued_total();
+  numbered_ = s.failure_board->numbered_total();
   posts_ = s.failure_board->own_posts();
   s.post_current_failure = [this] { failed(); };
 }
@@ -57,8 +57,9 @@ void Engine::CallScope::failed() noexcept {
   auto& board = *state_.failure_board;
   posted_ = true;
   // A call that issued nothing left the ranks' collectives matched: its retry issues them as the
-  // failed call would have.
-  if (board.issued_total() == issued_ || board.own_posts() != posts_) return;
+  // failed call would have. One that tried and withdrew an operation whose start threw posts: a
+  // peer may be waiting in it already.
+  if (board.numbered_total() == numbered_ || board.own_posts() != posts_) return;
   board.post(call_, comm::current_exception_message());
 }
 

@@ -265,6 +265,14 @@ class FailingToStart : public dstest::FakeCommunicator {
         []() -> c10::intrusive_ptr<c10d::Work> { throw std::runtime_error("pair closed"); },
         nullptr);
   }
+  // An all-gather of broadcasts whose second one is refused after the first was queued.
+  deepspeed::comm::WorkPtr all_gather_that_fails_halfway(const at::Tensor& t) {
+    auto start = [](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+      works.push_back(c10::make_intrusive<c10d::Work>());
+      throw std::runtime_error("pair closed");
+    };
+    return launch_all(describe("all_gather", t), start, nullptr);
+  }
 };
 
 // An operation numbered and then refused at its start was never issued: its number is taken
@@ -276,7 +284,8 @@ TEST(FailureBoard, AnOperationThatFailedToStartIsNotCountedAsIssued) {
   auto board1 = std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
   FailingToStart rank1(1, board1);
   EXPECT_THROW(rank1.all_reduce_that_fails_to_start(ones(4)), CommError);
-  EXPECT_EQ(board1->issued_total(), 0u);
+  EXPECT_EQ(board1->peek(board1->channel("w")).index, 0u) << "its number was taken back";
+  EXPECT_EQ(board1->numbered_total(), 1u) << "the call tried: it has a failure to post";
   board1->post("backward", "injected");
 
   auto waiting = board0->issue(board0->channel("w"));  // rank 0's all-reduce, number 1
@@ -289,7 +298,24 @@ TEST(FailureBoard, AnOperationThatFailedToStartIsNotCountedAsIssued) {
   auto first = board1->issue(w);
   board1->issue(w);
   board1->withdraw(first);
-  EXPECT_EQ(board1->issued_total(), 2u);
+  EXPECT_EQ(board1->peek(w).index, 2u);
+}
+
+// One refused after part of it was queued cannot be taken back (its ranks' Gloo sequences no
+// longer match): the job ends, and a peer's wait says why at once.
+TEST(FailureBoard, AnOperationQueuedInPartEndsTheJob) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto board0 = std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
+  auto board1 = std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
+  FailingToStart rank1(1, board1);
+  EXPECT_THROW(rank1.all_gather_that_fails_halfway(ones(4)), CommError);
+  EXPECT_TRUE(board1->broken());
+  auto waiting = board0->issue(board0->channel("w"));
+  waiting.board = board0;
+  EXPECT_CONTAINS(board0->why_stuck(waiting),
+                  "rank 1 found that the job cannot continue: its all_gather on rank 1 of 2 was "
+                  "queued in part (1 of its works) when the next one was refused (pair closed)");
+  EXPECT_THROW(board1->settle("forward"), CommError);
 }
 
 }  // namespace

@@ -157,18 +157,29 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // An eval-only forward leaves gathers in flight (prefetched for the backward that never comes),
-// each holding its slice buffer of the parameter swap file; a checkpoint load after it writes
-// every unit's slice, with one pool buffer to recycle. The load must resume exactly as one
-// without the eval forward. (Today the load's own per-unit gathers wait for those gathers before
-// it writes; the store's hand-back, param_store_test's AHeldSliceIsHandedBack..., is what keeps
-// that true if the order changes.)
-TEST(NvmeParamOffload, ALoadAfterAnEvalForwardResumesAsWithoutIt) {
-  dstest::TempDir params, ckpt;
-  auto config = param_nvme_config(dstest::stage3_test_config(3), params.path(), 0);
-  config["zero_optimization"]["offload_param"]["buffer_count"] = 1;  // recycling at every read
+// each holding its slice buffer of the parameter swap file when the store is in a file, and
+// their gathered copies. Between backward and step, the step then writes every slice (one pool
+// buffer to recycle) and must not leave those copies stale; before a checkpoint load, the load
+// writes them. Either must go on exactly as without the eval forward: the weights seen through
+// gathered_parameters after it and the losses of the steps that follow.
+enum class EvalBefore { kStep, kLoad };
+enum class Swap { kNone, kParams, kParamsAndOptimizer };
+
+class EvalForward : public ::testing::TestWithParam<std::tuple<EvalBefore, Swap>> {};
+
+TEST_P(EvalForward, ChangesNothing) {
+  const auto [before, swap] = GetParam();
+  dstest::TempDir params, optim, ckpt;
+  auto config = dstest::stage3_test_config(3);
+  if (swap != Swap::kNone) {
+    config = param_nvme_config(config, params.path(), 0);
+    config["zero_optimization"]["offload_param"]["buffer_count"] = 1;  // recycling at every read
+  }
+  if (swap == Swap::kParamsAndOptimizer) config = nvme_config(config, optim.path(), 3000, 3);
   torch::manual_seed(11);
   const auto start = std::make_shared<dstest::OuterModelImpl>();
-  std::vector<double> resumed[2];  // [eval forward before the load]
+  std::vector<double> losses[2];          // [eval forward], rank 0's
+  std::vector<torch::Tensor> weights[2];  // after the step or the load, rank 0's
   for (bool eval : {false, true}) {
     run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
       const int rank = comm->rank();
@@ -182,33 +193,59 @@ TEST(NvmeParamOffload, ALoadAfterAnEvalForwardResumesAsWithoutIt) {
       auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
                         {.model = model, .config_json = config, .comm = comm})
                         .engine;
-      auto train_step = [&](int64_t step) {
-        auto b = dstest::token_batch(rank, step);
-        auto loss = engine->forward(b.idx, b.targets);
-        engine->backward(loss);
-        engine->step();
-        return loss.item<double>();
-      };
-      train_step(0);  // the trace: later forwards prefetch
-      if (!eval) engine->save_checkpoint(ckpt.path(), "one");
-      comm->barrier();
-      train_step(1);
-      if (eval) {
+      auto eval_forward = [&] {
+        if (!eval) return;
         torch::NoGradGuard no_grad;
         auto b = dstest::token_batch(rank, 7);
         engine->forward(b.idx, b.targets);
+      };
+      auto train_step = [&](int64_t step, bool eval_before_step) {
+        auto b = dstest::token_batch(rank, step);
+        auto loss = engine->forward(b.idx, b.targets);
+        engine->backward(loss);
+        if (eval_before_step) eval_forward();
+        engine->step();
+        return loss.item<double>();
+      };
+      train_step(0, false);  // the trace: later forwards prefetch
+      if (before == EvalBefore::kLoad && !eval) engine->save_checkpoint(ckpt.path(), "one");
+      comm->barrier();
+      train_step(1, before == EvalBefore::kStep);
+      if (before == EvalBefore::kLoad) {
+        eval_forward();
+        engine->load_checkpoint(ckpt.path(), "one");
       }
-      engine->load_checkpoint(ckpt.path(), "one");
-      for (int64_t step = 1; step < 4; ++step) {
-        const double loss = train_step(step);
-        if (rank == 0) resumed[eval].push_back(loss);
+      {
+        auto whole = engine->gathered_parameters();
+        if (rank == 0)
+          for (auto& p : model->parameters()) weights[eval].push_back(p.detach().clone());
+      }
+      for (int64_t step = 2; step < 4; ++step) {
+        const double loss = train_step(step, false);
+        if (rank == 0) losses[eval].push_back(loss);
       }
     });
   }
-  ASSERT_EQ(resumed[true].size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed[true][i], resumed[false][i]) << "step " << i + 2;
+  ASSERT_EQ(weights[true].size(), weights[false].size());
+  for (size_t i = 0; i < weights[true].size(); ++i)
+    EXPECT_TRUE(torch::equal(weights[true][i], weights[false][i])) << "parameter " << i;
+  ASSERT_EQ(losses[true].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(losses[true][i], losses[false][i]) << "step " << i + 3;
   EXPECT_TRUE(std::filesystem::is_empty(params.path())) << "parameter swap files left behind";
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Stage3, EvalForward,
+    ::testing::Combine(::testing::Values(EvalBefore::kStep, EvalBefore::kLoad),
+                       ::testing::Values(Swap::kNone, Swap::kParams, Swap::kParamsAndOptimizer)),
+    [](const auto& info) {
+      const EvalBefore before = std::get<0>(info.param);
+      const Swap swap = std::get<1>(info.param);
+      return std::string(before == EvalBefore::kStep ? "BeforeTheStep" : "BeforeALoad") +
+             (swap == Swap::kNone            ? "_InMemory"
+              : swap == Swap::kParams        ? "_ParamsInAFile"
+                                             : "_ParamsAndOptimizerInFiles");
+    });
 
 // On this CPU-only build "cpu" offload keeps the states where they already are: it must train
 // exactly as without offload (and must not be rejected) at stages 2 and 3.

@@ -238,6 +238,7 @@ at::Tensor Stage3::global_grad_norm_tensor() {
 double Stage3::global_grad_norm() { return global_grad_norm_tensor().item<double>(); }
 
 void Stage3::step(double grad_scale) {
+  gatherer_->before_store_changes();
   shard_->step(grads_->for_step(), *params_, grad_scale);
   gatherer_->regather_root();
   discard_gradients();

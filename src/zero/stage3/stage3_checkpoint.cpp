@@ -98,6 +98,7 @@ std::function<void()> Stage3::gather_group(int unit, std::optional<int> modifier
 }
 
 void Stage3::finish_load(int64_t adam_step) {
+  gatherer_->before_store_changes();
   shard_->finish_load(adam_step, *params_);
   gatherer_->regather_root();
 }

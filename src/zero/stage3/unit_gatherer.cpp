@@ -22,8 +22,8 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
       state_(layout.units.size()) {
   if (hpz_group)
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
-  // A gather prefetched and never used (an eval-only forward's) still holds its store slice when
-  // a checkpoint or a step reads or writes the store as a whole.
+  // A unit gathered and in use (pinned) may still hold its store slice when the store is read or
+  // written as a whole; before_store_changes() has released the others by then.
   store_.set_hand_back([this] { hand_back_store_slices(); });
 }
 
@@ -339,6 +339,13 @@ void UnitGatherer::end_backward() {
   if (recording_ && !trace_.empty()) trace_valid_ = true;
   recording_ = false;
   cursor_ = 0;
+}
+
+void UnitGatherer::before_store_changes() {
+  for (int u = 1; u < static_cast<int>(state_.size()); ++u)
+    if (!in_use(u)) release(u);
+  hand_back_store_slices();
+  fetches_.mark()->wait();  // a read-ahead upload never used may still read a slice
 }
 
 void UnitGatherer::pin(int u) {

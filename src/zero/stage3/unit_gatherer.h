@@ -37,8 +37,8 @@
 // one rank): a gather from the store runs on a side stream (device/transfer_stream.h): the slice
 // goes up into its place in the unit's buffer and the all-gather runs in place there, so a
 // prefetch neither waits for the compute stream nor blocks the host; use() makes the compute
-// stream wait for that unit's fetch only. end_backward() waits on the host for every fetch, so
-// the optimizer step may write the store's slices.
+// stream wait for that unit's fetch only. end_backward() and before_store_changes() wait on the
+// host for every fetch, so the optimizer step may write the store's slices.
 #pragma once
 #include <memory>
 #include <vector>
@@ -86,6 +86,12 @@ class UnitGatherer : public UnitHooks {
   void begin_forward();
   void backward_done(int unit);
   void end_backward();
+  // The store's slices are about to change (the optimizer step, a checkpoint load): every unit
+  // gathered and not in use is released (its copy would be stale, and a gather in flight reads a
+  // store slice), as end_backward does; one in use (pinned) hands its store slice back. An
+  // eval-only forward between backward and step leaves such units (prefetched for a backward
+  // that never comes). COLLECTIVE only in waiting for gathers every rank issued alike.
+  void before_store_changes();
   // Keeps the unit gathered until unpin (gathering it now if needed). COLLECTIVE when it gathers.
   void pin(int unit);
   void unpin(int unit);

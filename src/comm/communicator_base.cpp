@@ -84,7 +84,10 @@ OpDesc CommunicatorBase::describe_unnumbered(const char* op, const at::Tensor& t
 }
 
 WorkPtr CommunicatorBase::launch(OpDesc d, const Start& start, std::function<void()> finish) const {
-  auto one = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) { works.push_back(start()); };
+  auto one = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+    works.reserve(1);  // so that a work queued is a work counted (push_back cannot throw)
+    works.push_back(start());
+  };
   return launch_all(std::move(d), one, std::move(finish));
 }
 
@@ -98,10 +101,16 @@ WorkPtr CommunicatorBase::launch_all(OpDesc d, const StartAll& start,
     if (works.empty()) {
       withdraw(d);
     } else if (d.position.board) {
-      d.position.board->end_job(fmt::format(
-          "its {} on rank {} of {} was queued in part ({} of its works) when the next one was "
-          "refused ({}), so its peers' sequence of collectives no longer matches its own",
-          d.op, d.rank, d.world_size, works.size(), current_exception_message()));
+      std::string why = "an operation was queued in part; restart the job";
+      try {
+        why = fmt::format(
+            "its {} (member {} of {} of its group) was queued in part ({} of its works) when the "
+            "next one was refused ({}), so its peers' sequence of collectives no longer matches "
+            "its own; restart it (from the last checkpoint)",
+            d.op, d.rank, d.world_size, works.size(), current_exception_message());
+      } catch (...) {  // out of memory for the words: the job ends all the same
+      }
+      d.position.board->end_job(why);
     }
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - t0;
     throw CommError(failure_message(d, elapsed.count(), current_exception_message()));

@@ -134,6 +134,7 @@ class GlooCommunicator : public CommunicatorBase {
     std::vector<std::vector<at::Tensor>> bufs(world_size_);
     for (int r = 0; r < world_size_; ++r) bufs[r].push_back(flat.narrow(0, r * n, n));
     auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+      works.reserve(world_size_);  // a broadcast queued is a broadcast counted
       for (int r = 0; r < world_size_; ++r) {
         c10d::BroadcastOptions opts;
         opts.rootRank = r;

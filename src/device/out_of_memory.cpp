@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -11,12 +12,18 @@
 namespace deepspeed {
 namespace {
 
-// Process-wide, not per thread: on a GPU autograd runs the stages' hooks (bucket and unit
-// allocations among them) on its own device thread, while the engine reports on the caller's.
-// One engine per process; ranks run as threads of one process (tests) share it.
+// Kept per thread and taken process-wide: on a GPU autograd runs the stages' hooks (bucket and
+// unit allocations among them) on its own device thread, while the engine reports on the
+// caller's. A thread's record is the innermost scope its exception left; the report takes the
+// newest of all threads' (the failure it is reporting) and forgets the rest. One engine per
+// process; ranks run as threads of one process (tests) share it.
+struct FailedAllocation {
+  std::string named;
+  uint64_t order = 0;  // when it was made, process-wide
+};
 std::mutex failed_allocation_mutex;
-std::string failed_allocation;
-std::thread::id failed_allocation_thread;      // whose unwinding made the record
+std::map<std::thread::id, FailedAllocation> failed_allocations;
+uint64_t failed_allocations_made = 0;
 std::atomic<bool> failed_allocation_kept{false};  // a record is there (read without the lock)
 
 // In GiB, or MiB below one.
@@ -66,18 +73,17 @@ AllocatingFor::AllocatingFor(const char* what, int64_t index, int64_t numel,
                              int64_t element_size) noexcept
     : what_(what), index_(index), numel_(numel), element_size_(element_size),
       exceptions_(std::uncaught_exceptions()) {
-  // A record this thread made, with no exception in flight in it now nor being handled: that
+  // This thread's record, with no exception in flight in it now nor being handled: that
   // exception was caught and handled without a report (a clean-up's error swallowed, say). Left,
-  // it would name its buffer in the report of a later out-of-memory (the innermost scope's
-  // record is kept). Inside a catch block (a clean-up before a rethrow) the record may be the
-  // caught exception's, still to be reported; another thread's may be on its way to a report
-  // (autograd's device thread hands its error to the caller's): those stay.
+  // it would keep this thread's next failed allocation out of the record (the innermost scope's
+  // is kept), and could be the newest when a report comes. Inside a catch block (a clean-up
+  // before a rethrow) it may be the caught exception's, still to be reported: it stays, as other
+  // threads' do (autograd's device thread hands its error to the caller's).
   if (exceptions_ > 0 || !failed_allocation_kept.load(std::memory_order_relaxed)) return;
   if (std::current_exception()) return;
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
-  if (failed_allocation_thread != std::this_thread::get_id()) return;
-  failed_allocation.clear();
-  failed_allocation_kept = false;
+  failed_allocations.erase(std::this_thread::get_id());
+  failed_allocation_kept = !failed_allocations.empty();
 }
 
 AllocatingFor::~AllocatingFor() {
@@ -89,9 +95,9 @@ AllocatingFor::~AllocatingFor() {
              gib(static_cast<double>(numel_) * element_size_) + ")";
     std::lock_guard<std::mutex> lock(failed_allocation_mutex);
     // Only the innermost scope an exception leaves: it is the one that names the buffer.
-    if (failed_allocation.empty()) {
-      failed_allocation = std::move(named);
-      failed_allocation_thread = std::this_thread::get_id();
+    auto [it, made] = failed_allocations.try_emplace(std::this_thread::get_id());
+    if (made) {
+      it->second = {std::move(named), ++failed_allocations_made};
       failed_allocation_kept = true;
     }
   } catch (...) {  // out of memory for the words too: the report goes without them
@@ -100,15 +106,18 @@ AllocatingFor::~AllocatingFor() {
 
 std::string take_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
-  std::string taken = std::move(failed_allocation);
-  failed_allocation.clear();
+  std::string taken;
+  uint64_t newest = 0;
+  for (auto& [thread, record] : failed_allocations)
+    if (record.order > newest) newest = record.order, taken = std::move(record.named);
+  failed_allocations.clear();
   failed_allocation_kept = false;
   return taken;
 }
 
 void forget_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
-  failed_allocation.clear();
+  failed_allocations.clear();
   failed_allocation_kept = false;
 }
 

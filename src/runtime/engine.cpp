@@ -200,6 +200,12 @@ void Engine::step_in() try {
   }
   TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
                            "or pass one to initialize())");
+  // Before any collective: every rank has the same scopes open, so every rank refuses alike.
+  if (s.stage->gathered_scope_open())
+    throw Error("engine.step() inside a gathered_parameters scope on rank " +
+                std::to_string(s.comm->rank()) +
+                ": end the scope first (its copies of the parameters would be stale after the "
+                "step, and a modifier rank's scope would write them back over it)");
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   // Reduced in a copy, and the sum dropped only once the step went through: a step called again
   // after it threw reports the same loss.

@@ -25,6 +25,7 @@ class ForwardingStage : public ZeroStage {
   bool update_begun_during_backward() const override {
     return inner_->update_begun_during_backward();
   }
+  bool gathered_scope_open() const override { return inner_->gathered_scope_open(); }
   bool step_lost() const override { return inner_->step_lost(); }
   double global_grad_norm() override { return inner_->global_grad_norm(); }
   // A wrapper that changes the norm overrides both (the tensor keeps a GPU step free of host

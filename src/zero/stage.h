@@ -78,6 +78,10 @@ class ZeroStage {
   // (and their parameters) that no step() has completed yet: until step(), reading or writing
   // the masters, the moments or the parameters would see half of a step. Local.
   virtual bool update_begun_during_backward() const { return false; }
+  // Whether a gathered_parameters scope is open (stage 3's units pinned whole): a step now would
+  // leave the scope's copies stale, and its end would write them back over the step. Local
+  // (every rank opens and ends the scopes alike).
+  virtual bool gathered_scope_open() const { return false; }
   // A step the update during backward had begun was never completed (its backward or its step
   // failed): the optimizer state is partly stepped until a checkpoint is loaded. step() and the
   // next backward say so. Local.

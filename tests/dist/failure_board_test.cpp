@@ -310,11 +310,13 @@ TEST(FailureBoard, AnOperationQueuedInPartEndsTheJob) {
   FailingToStart rank1(1, board1);
   EXPECT_THROW(rank1.all_gather_that_fails_halfway(ones(4)), CommError);
   EXPECT_TRUE(board1->broken());
+  EXPECT_EQ(board1->peek(board1->channel("w")).index, 1u) << "it stays counted";
   auto waiting = board0->issue(board0->channel("w"));
   waiting.board = board0;
   EXPECT_CONTAINS(board0->why_stuck(waiting),
-                  "rank 1 found that the job cannot continue: its all_gather on rank 1 of 2 was "
-                  "queued in part (1 of its works) when the next one was refused (pair closed)");
+                  "rank 1 found that the job cannot continue: its all_gather (member 1 of 2 of its "
+                  "group) was queued in part (1 of its works) when the next one was refused "
+                  "(pair closed)");
   EXPECT_THROW(board1->settle("forward"), CommError);
 }
 

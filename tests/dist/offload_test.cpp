@@ -163,7 +163,9 @@ INSTANTIATE_TEST_SUITE_P(
 // writes them. Either must go on exactly as without the eval forward: the weights seen through
 // gathered_parameters after it and the losses of the steps that follow.
 enum class EvalBefore { kStep, kLoad };
-enum class Swap { kNone, kParams, kParamsAndOptimizer };
+// kZeroPP: in memory, with qwZ and hpZ (groups of 2 of 4 ranks: the secondaries of a backward
+// that is not coming).
+enum class Swap { kNone, kZeroPP, kParams, kParamsAndOptimizer };
 
 class EvalForward : public ::testing::TestWithParam<std::tuple<EvalBefore, Swap>> {};
 
@@ -176,12 +178,17 @@ TEST_P(EvalForward, ChangesNothing) {
     config["zero_optimization"]["offload_param"]["buffer_count"] = 1;  // recycling at every read
   }
   if (swap == Swap::kParamsAndOptimizer) config = nvme_config(config, optim.path(), 3000, 3);
+  if (swap == Swap::kZeroPP) {
+    config["zero_optimization"]["zero_quantized_weights"] = true;
+    config["zero_optimization"]["zero_hpz_partition_size"] = 2;
+  }
+  const int world = swap == Swap::kZeroPP ? 4 : 2;
   torch::manual_seed(11);
   const auto start = std::make_shared<dstest::OuterModelImpl>();
   std::vector<double> losses[2];          // [eval forward], rank 0's
   std::vector<torch::Tensor> weights[2];  // after the step or the load, rank 0's
   for (bool eval : {false, true}) {
-    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
       const int rank = comm->rank();
       auto model = std::make_shared<dstest::OuterModelImpl>();
       {
@@ -237,14 +244,16 @@ TEST_P(EvalForward, ChangesNothing) {
 INSTANTIATE_TEST_SUITE_P(
     Stage3, EvalForward,
     ::testing::Combine(::testing::Values(EvalBefore::kStep, EvalBefore::kLoad),
-                       ::testing::Values(Swap::kNone, Swap::kParams, Swap::kParamsAndOptimizer)),
+                       ::testing::Values(Swap::kNone, Swap::kZeroPP, Swap::kParams,
+                                         Swap::kParamsAndOptimizer)),
     [](const auto& info) {
       const EvalBefore before = std::get<0>(info.param);
       const Swap swap = std::get<1>(info.param);
       return std::string(before == EvalBefore::kStep ? "BeforeTheStep" : "BeforeALoad") +
-             (swap == Swap::kNone            ? "_InMemory"
-              : swap == Swap::kParams        ? "_ParamsInAFile"
-                                             : "_ParamsAndOptimizerInFiles");
+             (swap == Swap::kNone     ? "_InMemory"
+              : swap == Swap::kZeroPP ? "_InMemoryWithQwzAndHpz"
+              : swap == Swap::kParams ? "_ParamsInAFile"
+                                      : "_ParamsAndOptimizerInFiles");
     });
 
 // On this CPU-only build "cpu" offload keeps the states where they already are: it must train

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "deepspeed/zero_init.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 #include "support/training_run.h"
@@ -147,6 +148,34 @@ TEST(Stage3Prefetch, NextBlockIsGatheredAheadOnlyWhenTheBucketAllowsIt) {
     EXPECT_EQ(r.memory[0].peak_gathered_numel, prefetch == 0 ? block : 2 * block)
         << "prefetch " << prefetch;
   }
+}
+
+// A step inside a gathered_parameters scope would leave the scope's copies stale, and a modifier
+// rank's scope would write them back over the step: it is refused on every rank before any
+// collective, and the scope's end and the step after it go on as usual.
+TEST(Stage3Access, AStepInsideAScopeIsRefused) {
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    auto b = dstest::token_batch(comm->rank(), 0);
+    engine->backward(engine->forward(b.idx, b.targets));
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+      try {
+        engine->step();
+        ADD_FAILURE() << "step inside a gathered_parameters scope";
+      } catch (const deepspeed::Error& e) {
+        EXPECT_CONTAINS(e.what(), "engine.step() inside a gathered_parameters scope on rank " +
+                                      std::to_string(comm->rank()));
+      }
+    }
+    engine->step();
+    engine->backward(engine->forward(b.idx, b.targets));
+    engine->step();
+    EXPECT_TRUE(std::isfinite(engine->last_loss()));
+  });
 }
 
 TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {

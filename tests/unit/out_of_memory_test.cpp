@@ -5,9 +5,11 @@
 // error (a real request too large could succeed under memory overcommit); the CUDA messages are
 // tests/gpu's.
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
 
 #include <stdexcept>
+#include <thread>
 
 #include "deepspeed/deepspeed.h"
 #include "device/out_of_memory.h"
@@ -102,6 +104,21 @@ TEST(OutOfMemory, AScopeLeftByAHandledExceptionNamesNothingLater) {
     AllocatingFor clean_up("a clean-up's buffer", -1, 1, 4);  // inside the handler
   }
   EXPECT_EQ(take_failed_allocation(), "the failed bucket (1 elements, 0.0 MiB)");
+
+  // Another thread's record, from an exception handled there (autograd's device thread, say),
+  // does not keep this thread's later one out: the report names the newest.
+  std::thread([&] {
+    try {
+      leave_by_exception("another thread's bucket");
+    } catch (const std::runtime_error&) {
+    }
+  }).join();
+  try {
+    leave_by_exception("this thread's unit");
+  } catch (const std::runtime_error&) {
+    EXPECT_EQ(take_failed_allocation(), "this thread's unit (1 elements, 0.0 MiB)");
+  }
+  EXPECT_EQ(take_failed_allocation(), "") << "taken with the others";
 }
 
 using dstest::TwoLayersImpl;

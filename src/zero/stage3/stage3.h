@@ -60,6 +60,7 @@ class Stage3 : public ZeroStage {
     return shard_->update_begun_during_backward();
   }
   bool step_lost() const override { return shard_->step_lost(); }
+  bool gathered_scope_open() const override { return gatherer_->pinned(); }
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   // Tensor parallelism (tp/tp_stage.h): defined in zero/grad_square_sums.cpp.

@@ -342,8 +342,14 @@ void UnitGatherer::end_backward() {
 }
 
 void UnitGatherer::before_store_changes() {
-  for (int u = 1; u < static_cast<int>(state_.size()); ++u)
-    if (!in_use(u)) release(u);
+  // As end_backward: the backward an eval forward's units await is not coming, so no release
+  // keeps an hpZ secondary (whose values the change would make stale too).
+  for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
+    if (in_use(u)) continue;
+    state_[u].awaiting_backward = false;
+    release(u);
+  }
+  if (secondary_) secondary_->drop_all();
   hand_back_store_slices();
   fetches_.mark()->wait();  // a read-ahead upload never used may still read a slice
 }
@@ -387,6 +393,12 @@ void UnitGatherer::pin(int u) {
     unpin(u);  // a unit pinned for ever would never be released, nor regathered after a step
     throw;
   }
+}
+
+bool UnitGatherer::pinned() const {
+  for (const auto& s : state_)
+    if (s.pins > 0) return true;
+  return false;
 }
 
 void UnitGatherer::unpin(int u) {

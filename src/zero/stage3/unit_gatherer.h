@@ -95,6 +95,7 @@ class UnitGatherer : public UnitHooks {
   // Keeps the unit gathered until unpin (gathering it now if needed). COLLECTIVE when it gathers.
   void pin(int unit);
   void unpin(int unit);
+  bool pinned() const;  // any unit
   // Root: write the root's slice of every rank into its gathered buffer (after the optimizer
   // step). COLLECTIVE.
   void regather_root();

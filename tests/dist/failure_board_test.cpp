@@ -275,22 +275,33 @@ class FailingToStart : public dstest::FakeCommunicator {
   }
 };
 
+// Two ranks' boards over one in-process store, without communicators: rank 1 fails to start
+// an operation (FailingToStart), rank 0 asks why its own next operation on "w" is stuck.
+struct TwoBoards {
+  c10::intrusive_ptr<c10d::HashStore> store = c10::make_intrusive<c10d::HashStore>();
+  std::shared_ptr<deepspeed::comm::FailureBoard> board0 =
+      std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
+  std::shared_ptr<deepspeed::comm::FailureBoard> board1 =
+      std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
+  FailingToStart rank1{1, board1};
+  std::string why_rank0_is_stuck() {
+    auto waiting = board0->issue(board0->channel("w"));
+    waiting.board = board0;
+    return board0->why_stuck(waiting);
+  }
+};
+
 // An operation numbered and then refused at its start was never issued: its number is taken
 // back, so the rank's post shows that it stopped before it, and a peer waiting in it fails at
 // once. Before, it counted as issued, and the peer waited until the timeout.
 TEST(FailureBoard, AnOperationThatFailedToStartIsNotCountedAsIssued) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto board0 = std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
-  auto board1 = std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
-  FailingToStart rank1(1, board1);
-  EXPECT_THROW(rank1.all_reduce_that_fails_to_start(ones(4)), CommError);
+  TwoBoards ranks;
+  auto& board1 = ranks.board1;
+  EXPECT_THROW(ranks.rank1.all_reduce_that_fails_to_start(ones(4)), CommError);
   EXPECT_EQ(board1->peek(board1->channel("w")).index, 0u) << "its number was taken back";
   EXPECT_EQ(board1->numbered_total(), 1u) << "the call tried: it has a failure to post";
   board1->post("backward", "injected");
-
-  auto waiting = board0->issue(board0->channel("w"));  // rank 0's all-reduce, number 1
-  waiting.board = board0;
-  EXPECT_CONTAINS(board0->why_stuck(waiting),
+  EXPECT_CONTAINS(ranks.why_rank0_is_stuck(),  // rank 0's all-reduce, number 1
                   "rank 1's backward failed (injected) after it had issued 0 operations");
 
   // Taken back only while it is the channel's last number.
@@ -304,16 +315,12 @@ TEST(FailureBoard, AnOperationThatFailedToStartIsNotCountedAsIssued) {
 // One refused after part of it was queued cannot be taken back (its ranks' Gloo sequences no
 // longer match): the job ends, and a peer's wait says why at once.
 TEST(FailureBoard, AnOperationQueuedInPartEndsTheJob) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  auto board0 = std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
-  auto board1 = std::make_shared<deepspeed::comm::FailureBoard>(store, 1, 2, kTimeout);
-  FailingToStart rank1(1, board1);
-  EXPECT_THROW(rank1.all_gather_that_fails_halfway(ones(4)), CommError);
+  TwoBoards ranks;
+  auto& board1 = ranks.board1;
+  EXPECT_THROW(ranks.rank1.all_gather_that_fails_halfway(ones(4)), CommError);
   EXPECT_TRUE(board1->broken());
   EXPECT_EQ(board1->peek(board1->channel("w")).index, 1u) << "it stays counted";
-  auto waiting = board0->issue(board0->channel("w"));
-  waiting.board = board0;
-  EXPECT_CONTAINS(board0->why_stuck(waiting),
+  EXPECT_CONTAINS(ranks.why_rank0_is_stuck(),
                   "rank 1 found that the job cannot continue: its all_gather (member 1 of 2 of its "
                   "group) was queued in part (1 of its works) when the next one was refused "
                   "(pair closed)");

@@ -97,6 +97,11 @@ int FailureBoard::own_posts() const {
   return own_posts_;
 }
 
+bool FailureBoard::watcher_running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return watcher_running_;
+}
+
 bool FailureBoard::broken() const {
   std::lock_guard<std::mutex> lock(mu_);
   return broken_;
@@ -186,6 +191,11 @@ std::string FailureBoard::unwatch(const std::shared_ptr<WatchedWait>& wait) {
 }
 
 void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
+  // A thread that has watched nothing for this long ends; the next blocking wait starts another
+  // (a thread costs tens of microseconds to start; a pipeline's stages wait on messages every
+  // micro-batch, so it ends only in pauses: evaluation, a checkpoint, the end of training).
+  constexpr auto kIdleEnd = 4 * kFailureCheckSlice;
+  auto busy = std::chrono::steady_clock::now();
   for (;;) {
     std::this_thread::sleep_for(kFailureCheckSlice / 2);
     auto board = weak.lock();
@@ -194,6 +204,12 @@ void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
     const auto now = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(board->mu_);
+      if (!board->watched_.empty()) {
+        busy = now;
+      } else if (now - busy >= kIdleEnd) {
+        board->watcher_running_ = false;  // watch() starts a new one, under the same lock
+        return;
+      }
       for (auto& w : board->watched_)
         if (w->reason.empty() && now - w->since >= kFailureCheckSlice) due.push_back(w);
     }

@@ -100,7 +100,8 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   // May read the store (rate-limited).
   std::string why_stuck(const OpPosition& pos);
 
-  // A blocking wait on `work` (at `pos`) begins: the watcher thread (started on first use) asks
+  // A blocking wait on `work` (at `pos`) begins: the watcher thread (started on first use, ended
+  // after 2 s with nothing to watch) asks
   // why_stuck for it every slice and, when it never will complete, records why and aborts it.
   // unwatch() when the wait returns; then `reason` of the result says why it was aborted ("" if
   // it was not).
@@ -127,6 +128,8 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   // sequences no longer match): marks it broken and tells the others, whose waits then fail at
   // once and whose next settle throws. Never throws.
   void end_job(const std::string& reason) noexcept;
+  // Whether the watcher thread runs (it ends after 2 s with nothing to watch).
+  bool watcher_running() const;
 
  private:
   struct Post {

@@ -251,6 +251,25 @@ TEST(FailureBoard, AMessageSentButNotReceivedPartsTheRanks) {
                                 "and rank 1 0");
 }
 
+// The watcher thread of blocking waits ends once it has had nothing to watch for a while (it
+// woke every 0.25 s for as long as the board lived), and the next blocking wait starts it again.
+TEST(FailureBoard, TheWatcherThreadEndsWhenIdleAndComesBack) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto board = std::make_shared<deepspeed::comm::FailureBoard>(store, 0, 2, kTimeout);
+  auto watch_once = [&] {
+    auto work = c10::make_intrusive<c10d::Work>();
+    board->unwatch(board->watch(work, board->peek(board->channel("w"))));
+  };
+  watch_once();
+  EXPECT_TRUE(board->watcher_running());
+  const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+  while (board->watcher_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(board->watcher_running()) << "still running after " << kTimeout.count() << " s";
+  watch_once();
+  EXPECT_TRUE(board->watcher_running());
+}
+
 // A communicator whose next operation fails to start (Gloo refuses to queue it: its pair
 // closed by an earlier timeout), numbered on a board as the Gloo communicator numbers its own.
 class FailingToStart : public dstest::FakeCommunicator {

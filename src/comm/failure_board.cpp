@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -172,10 +174,14 @@ std::shared_ptr<WatchedWait> FailureBoard::watch(c10::intrusive_ptr<c10d::Work> 
   std::lock_guard<std::mutex> lock(mu_);
   if (!watcher_running_) {
     // Started before anything is recorded: a thread that cannot start leaves the wait to the
-    // timeout, as without a board.
-    std::thread(watch_loop, weak_from_this()).detach();
-    watcher_running_ = true;
+    // timeout, as without a board (the next wait tries again).
+    try {
+      std::thread(watch_loop, weak_from_this()).detach();
+      watcher_running_ = true;
+    } catch (const std::system_error&) {
+    }
   }
+  last_watch_ = wait->since;
   watched_.push_back(wait);
   return wait;
 }
@@ -194,6 +200,7 @@ void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
   // A thread that has watched nothing for this long ends; the next blocking wait starts another
   // (a thread costs tens of microseconds to start; a pipeline's stages wait on messages every
   // micro-batch, so it ends only in pauses: evaluation, a checkpoint, the end of training).
+  // Busy: a wait running at a poll, or one begun since (most are shorter than a poll).
   constexpr auto kIdleEnd = 4 * kFailureCheckSlice;
   auto busy = std::chrono::steady_clock::now();
   for (;;) {
@@ -204,9 +211,9 @@ void FailureBoard::watch_loop(std::weak_ptr<FailureBoard> weak) {
     const auto now = std::chrono::steady_clock::now();
     {
       std::lock_guard<std::mutex> lock(board->mu_);
-      if (!board->watched_.empty()) {
-        busy = now;
-      } else if (now - busy >= kIdleEnd) {
+      if (!board->watched_.empty()) busy = now;
+      busy = std::max(busy, board->last_watch_);  // waits shorter than a poll count too
+      if (board->watched_.empty() && now - busy >= kIdleEnd) {
         board->watcher_running_ = false;  // watch() starts a new one, under the same lock
         return;
       }

@@ -172,6 +172,7 @@ class FailureBoard : public std::enable_shared_from_this<FailureBoard> {
   std::chrono::steady_clock::time_point last_refresh_{};
   std::vector<std::shared_ptr<WatchedWait>> watched_;  // blocking waits now running
   bool watcher_running_ = false;
+  std::chrono::steady_clock::time_point last_watch_{};  // the latest watch()
   // The watcher thread's loop: holds the board only weakly, and ends with it.
   static void watch_loop(std::weak_ptr<FailureBoard> weak);
   std::mutex refresh_mu_;                   // one reader of the store at a time

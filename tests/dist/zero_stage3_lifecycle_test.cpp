@@ -12,6 +12,7 @@
 
 #include "deepspeed/zero_init.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 #include "support/training_run.h"
@@ -150,19 +151,27 @@ TEST(Stage3Prefetch, NextBlockIsGatheredAheadOnlyWhenTheBucketAllowsIt) {
   }
 }
 
-// A step inside a gathered_parameters scope would leave the scope's copies stale, and a modifier
-// rank's scope would write them back over the step: it is refused on every rank before any
-// collective, and the scope's end and the step after it go on as usual.
+// A step or a checkpoint load inside a gathered_parameters scope would leave the scope's copies
+// stale, and a modifier rank's scope would write them back over it: both are refused on every
+// rank before any collective, and the scope's end and the step after it go on as usual.
 TEST(Stage3Access, AStepInsideAScopeIsRefused) {
+  dstest::TempDir ckpt;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto model = std::make_shared<dstest::OuterModelImpl>();
     auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
                       {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
                       .engine;
     auto b = dstest::token_batch(comm->rank(), 0);
+    engine->save_checkpoint(ckpt.path(), "start");
     engine->backward(engine->forward(b.idx, b.targets));
     {
       auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+      try {
+        engine->load_checkpoint(ckpt.path(), "start");
+        ADD_FAILURE() << "load_checkpoint inside a gathered_parameters scope";
+      } catch (const deepspeed::Error& e) {
+        EXPECT_CONTAINS(e.what(), "load_checkpoint inside a gathered_parameters scope on rank ");
+      }
       try {
         engine->step();
         ADD_FAILURE() << "step inside a gathered_parameters scope";

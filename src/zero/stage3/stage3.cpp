@@ -299,16 +299,30 @@ std::function<void()> Stage3::gather_for_access(
 void Stage3::release_units(const std::vector<int>& units, std::optional<int> modifier_rank) {
   torch::NoGradGuard no_grad;
   const int rank = ctx_.rank();
-  for (int u : units) {
-    if (modifier_rank) {  // the edits become the masters
-      at::Tensor full = gatherer_->full(u);
-      ctx_.comm->broadcast(full, *modifier_rank)->wait();
-      const auto& L = layout_.units[u].layout;
-      at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
-      params_->write(u, mine);
-      shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
+  size_t k = 0;
+  try {
+    for (; k < units.size(); ++k) {
+      const int u = units[k];
+      if (modifier_rank) {  // the edits become the masters
+        at::Tensor full = gatherer_->full(u);
+        ctx_.comm->broadcast(full, *modifier_rank)->wait();
+        const auto& L = layout_.units[u].layout;
+        at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
+        params_->write(u, mine);
+        shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
+      }
+      gatherer_->unpin(u);
     }
-    gatherer_->unpin(u);
+  } catch (...) {
+    // The scope has ended (its release runs once): the units not unpinned yet are unpinned
+    // without their edits, so that none stays pinned, and so whole, for ever.
+    for (; k < units.size(); ++k) {
+      try {
+        gatherer_->unpin(units[k]);
+      } catch (...) {
+      }
+    }
+    throw;
   }
 }
 

@@ -187,6 +187,37 @@ TEST(Stage3Access, AStepInsideAScopeIsRefused) {
   });
 }
 
+// With the update during backward (ZeRO-Offload's overlap_step), a boundary backward inside a
+// scope would begin a step that step() could not finish until the scope ends, and the end of a
+// modifier rank's scope would race with it: the backward is refused before anything starts.
+TEST(Stage3Access, ABoundaryBackwardThatWouldStepInsideAScopeIsRefused) {
+  auto config = dstest::stage3_test_config(3);
+  config["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto b = dstest::token_batch(comm->rank(), 0);
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+      auto loss = engine->forward(b.idx, b.targets);
+      try {
+        engine->backward(loss);
+        ADD_FAILURE() << "a boundary backward stepping inside a gathered_parameters scope";
+      } catch (const deepspeed::Error& e) {
+        EXPECT_CONTAINS(e.what(), "inside a gathered_parameters scope on rank " +
+                                      std::to_string(comm->rank()));
+        EXPECT_CONTAINS(e.what(), "overlap_step");
+      }
+    }
+    engine->backward(engine->forward(b.idx, b.targets));
+    engine->step();
+    EXPECT_TRUE(std::isfinite(engine->last_loss()));
+  });
+}
+
 TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(3 + comm->rank());

@@ -7,6 +7,7 @@
 #include <c10/util/accumulate.h>
 
 #include "comm/process_info.h"
+#include "deepspeed/errors.h"
 #include "device/out_of_memory.h"
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
@@ -120,6 +121,15 @@ void Stage3::allocate(GradBucket& b) {
 }
 
 void Stage3::begin_backward(bool boundary) {
+  // The update during backward would begin a step that step() (refused inside the scope) could
+  // not finish, and that the end of a modifier rank's scope would race with. Every rank has the
+  // same scopes open and the same settings: every rank refuses here, before anything started.
+  if (boundary && shard_->steps_during_backward() && gatherer_->pinned())
+    throw Error(
+        "engine.backward() at an accumulation boundary inside a gathered_parameters scope on "
+        "rank " + std::to_string(ctx_.rank()) + ": with zero_optimization.offload_optimizer."
+        "overlap_step the optimizer step begins during backward, and step() cannot run until the "
+        "scope ends; end the scope first");
   shard_->begin_backward();  // stops an earlier boundary's update; refuses the recovery's ranges
   abandon_backward();  // the last backward threw: nothing of it is left for this one
   in_backward_ = true;

@@ -47,7 +47,8 @@ struct EngineAccess;
 
 // A scope in which ZeRO-3's partitioned parameters are whole (DeepSpeed's GatheredParameters).
 // Its end (destructor or release()) is COLLECTIVE: it re-partitions the parameters, keeping the
-// modifier rank's edits. It is an engine call, so end it before the engine is destroyed. Edit parameters in place (under torch::NoGradGuard), not with set_data.
+// modifier rank's edits. It is an engine call, so end it before the engine is destroyed. Edit
+// parameters in place (under torch::NoGradGuard), not with set_data.
 // Stages 0-2 hold whole parameters already: the scope does nothing there.
 class GatheredParameters {
  public:

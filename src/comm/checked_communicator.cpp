@@ -13,7 +13,6 @@
 #include "comm/dtypes.h"
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
-#include "comm/gloo_communicator.h"
 
 namespace deepspeed {
 namespace comm {

@@ -389,11 +389,7 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   Plan plan;
   run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
     refuse_during_half_done_step(s, "load_checkpoint");
-    // The scope's copies would keep the values from before the load, and a modifier rank's
-    // scope would write them back over it (as for step()).
-    if (s.stage->gathered_scope_open())
-      throw Error("load_checkpoint inside a gathered_parameters scope on rank " +
-                  std::to_string(s.comm->rank()) + ": end the scope first");
+    refuse_inside_gathered_scope(s, "load_checkpoint");
     reader = std::make_unique<TagReader>(fs, dir);
     plan = make_plan(*reader, s, o);
   });

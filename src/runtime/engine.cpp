@@ -63,6 +63,14 @@ void Engine::CallScope::failed() noexcept {
   board.post(call_, comm::current_exception_message());
 }
 
+void refuse_inside_gathered_scope(const EngineState& s, const std::string& what) {
+  if (!s.stage || !s.stage->gathered_scope_open()) return;
+  throw Error(what + " inside a gathered_parameters scope on rank " +
+              std::to_string(s.comm->rank()) +
+              ": end the scope first (its copies of the parameters would be stale after it, and "
+              "a modifier rank's scope would write them back over it)");
+}
+
 void refuse_during_half_done_step(const EngineState& s, const std::string& what) {
   if (!s.stage || !s.stage->update_begun_during_backward()) return;
   throw Error(what + " between an accumulation boundary's backward and engine.step(): ZeRO-Offload's "
@@ -200,12 +208,7 @@ void Engine::step_in() try {
   }
   TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
                            "or pass one to initialize())");
-  // Before any collective: every rank has the same scopes open, so every rank refuses alike.
-  if (s.stage->gathered_scope_open())
-    throw Error("engine.step() inside a gathered_parameters scope on rank " +
-                std::to_string(s.comm->rank()) +
-                ": end the scope first (its copies of the parameters would be stale after the "
-                "step, and a modifier rank's scope would write them back over it)");
+  refuse_inside_gathered_scope(s, "engine.step()");
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   // Reduced in a copy, and the sum dropped only once the step went through: a step called again
   // after it threw reports the same loss.

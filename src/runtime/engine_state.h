@@ -101,6 +101,10 @@ inline EngineState& state_of(Engine& engine) { return detail::EngineAccess::stat
 // it would read or overwrite half of a step (and race the update's thread). Local; every rank
 // of the job is in the same state.
 void refuse_during_half_done_step(const EngineState& s, const std::string& what);
+// `what` (a step, a checkpoint load) inside an open gathered_parameters scope: its copies of the
+// parameters would be stale after it, and a modifier rank's scope would write them back over it.
+// Every rank has the same scopes open, so every rank refuses alike; call before any collective.
+void refuse_inside_gathered_scope(const EngineState& s, const std::string& what);
 // Throws deepspeed::Error when a step the update during backward had begun was never completed
 // (ZeroStage::step_lost): a checkpoint saved now would keep a partly stepped optimizer state.
 void refuse_to_save_a_lost_step(const EngineState& s);

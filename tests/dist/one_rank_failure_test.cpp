@@ -233,16 +233,9 @@ TEST(OneRankFailure, AGatheredParametersReleaseThatFailsOnOneRankEndsItsPeersWai
         if (rank == 1)
           for (auto& f : std::filesystem::directory_iterator(swap[rank].path()))
             std::filesystem::resize_file(f.path(), 0);
-        try {
-          scope.release();
-        } catch (const std::exception& e) {
-          first[rank] = e.what();
-        }
-        try {
-          engine->backward(engine->forward(b.idx, b.targets));
-        } catch (const std::exception& e) {
-          retried[rank] = e.what();
-        }
+        first[rank] = dstest::message_of<std::exception>([&] { scope.release(); });
+        retried[rank] = dstest::message_of<std::exception>(
+            [&] { engine->backward(engine->forward(b.idx, b.targets)); });
       },
       kTimeout);
   EXPECT_CONTAINS(first[1], swap[1].path());

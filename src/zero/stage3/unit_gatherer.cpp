@@ -275,11 +275,7 @@ void UnitGatherer::prefetch() {
 
 void UnitGatherer::begin_forward() {
   // Nothing from a previous forward (an eval pass, kept for a reuse that never came) stays.
-  for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
-    state_[u].awaiting_backward = false;
-    if (!in_use(u)) release(u);
-  }
-  if (secondary_) secondary_->drop_all();
+  release_idle_units();
   cursor_ = 0;
   if (!trace_valid_) {
     trace_.clear();
@@ -328,12 +324,8 @@ void UnitGatherer::backward_done(int u) {
 }
 
 void UnitGatherer::end_backward() {
-  for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
-    state_[u].backward_pending = false;
-    state_[u].awaiting_backward = false;
-    if (!in_use(u)) release(u);
-  }
-  if (secondary_) secondary_->drop_all();
+  for (auto& s : state_) s.backward_pending = false;
+  release_idle_units();
   // A prefetch never used may still be reading the store: the step is about to write it.
   fetches_.mark()->wait();
   if (recording_ && !trace_.empty()) trace_valid_ = true;
@@ -341,15 +333,20 @@ void UnitGatherer::end_backward() {
   cursor_ = 0;
 }
 
-void UnitGatherer::before_store_changes() {
-  // As end_backward: the backward an eval forward's units await is not coming, so no release
-  // keeps an hpZ secondary (whose values the change would make stale too).
+// Every unit not in use goes, and no unit awaits a backward any more, so no release keeps an hpZ
+// secondary (the hpZ secondaries go too): the forward, backward or store change that comes next
+// would make them stale. At begin_forward, end_backward and before_store_changes.
+void UnitGatherer::release_idle_units() {
   for (int u = 1; u < static_cast<int>(state_.size()); ++u) {
-    if (in_use(u)) continue;
     state_[u].awaiting_backward = false;
-    release(u);
+    if (!in_use(u)) release(u);
   }
   if (secondary_) secondary_->drop_all();
+}
+
+void UnitGatherer::before_store_changes() {
+  // As end_backward: the backward an eval forward's units await is not coming.
+  release_idle_units();
   hand_back_store_slices();
   fetches_.mark()->wait();  // a read-ahead upload never used may still read a slice
 }

@@ -129,6 +129,7 @@ class UnitGatherer : public UnitHooks {
   void hand_back_store_slices();
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
+  void release_idle_units();  // every unit not in use, and the hpZ secondaries
   at::Tensor gathered_buffer(int u, const at::TensorOptions& options) const;
   void forget_buffer(int u);  // the buffer is no longer the unit's (its parameters are not touched)
   void make_room(int64_t numel, int gathering);

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <new>
 #include <system_error>
+
+#include <c10/util/Exception.h>
 
 #include "deepspeed/errors.h"
 
@@ -73,6 +76,15 @@ void FileSystem::write_file_atomic(const std::string& path,
     throw IOError("writing '" + path + "' failed, previous contents (if any) kept: " + e.what());
   } catch (const Error&) {
     // `fill` refused (e.g. a bad tensor): nothing was published.
+    if (!renamed) remove_quietly(*this, tmp);
+    throw;
+  } catch (const c10::Error&) {
+    // libtorch failed inside `fill` (an out-of-memory preparing a piece): the same. Anything
+    // else (the tests' SimulatedCrash: "the process died here") leaves the temporary file, as a
+    // killed process would; remove_stale_temp_files collects it.
+    if (!renamed) remove_quietly(*this, tmp);
+    throw;
+  } catch (const std::bad_alloc&) {
     if (!renamed) remove_quietly(*this, tmp);
     throw;
   }

@@ -9,12 +9,33 @@
 namespace deepspeed {
 namespace checkpoint {
 
+namespace {
+
+// A file of Python DeepSpeed's layout in `dir` (its engine's "*_model_states.pt" or
+// "*_optim_states.pt"), or "" when there is none.
+std::string python_deepspeed_file(FileSystem& fs, const std::string& dir) {
+  const auto ends_with = [](const std::string& name, const std::string& end) {
+    return name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
+  };
+  for (const auto& name : fs.list_dir(dir))
+    if (ends_with(name, "_model_states.pt") || ends_with(name, "_optim_states.pt")) return name;
+  return "";
+}
+
+}  // namespace
+
 TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::move(tag_dir)) {
   const std::string manifest_path = join_path(dir_, kManifestFileName);
   if (!fs_.exists(dir_)) throw CheckpointError("checkpoint folder '" + dir_ + "' does not exist");
-  if (!fs_.exists(manifest_path))
+  if (!fs_.exists(manifest_path)) {
+    const std::string pickle = python_deepspeed_file(fs_, dir_);
+    if (!pickle.empty())
+      throw CheckpointError("checkpoint '" + dir_ + "' was written by Python DeepSpeed ('" +
+                            pickle + "' is a torch.save pickle), which this library does not "
+                            "read; export its weights to safetensors to load them into the model");
     throw CheckpointError("checkpoint '" + dir_ + "' is incomplete: '" + manifest_path +
                           "' is missing (the save did not finish)");
+  }
   manifest_ = read_manifest(fs_, dir_);
   const auto& m = manifest_.metadata;
   try {

@@ -211,7 +211,13 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
     e.global_samples = m.at("global_samples").get<int64_t>();
     e.micro_steps = m.at("micro_steps").get<int64_t>();
     e.skipped_steps = m.at("skipped_steps").get<int64_t>();
-    if (!m.at("loss_scaler").is_null()) e.loss_scaler = precision::loss_scaler_from_state_dict(m.at("loss_scaler"));
+    // The saved scaler is fp16's state; every other precision saves a static 1. Taken across
+    // precisions it would replace an fp16 engine's dynamic scaler by a static 1 (its gradients
+    // underflow) or give a bf16/fp32 engine a growing scale nothing checks for overflow. So it is
+    // taken only from an fp16 checkpoint into an fp16 engine; otherwise the engine keeps its own.
+    const auto saved_precision = reader.manifest().metadata.value("precision", std::string());
+    if (!m.at("loss_scaler").is_null() && saved_precision == "fp16" && s.config.fp16.enabled)
+      e.loss_scaler = precision::loss_scaler_from_state_dict(m.at("loss_scaler"));
     e.lr_scheduler = m.at("lr_scheduler");
     if (s.loader && !m.at("data_sampler").is_null()) e.loader = resumed_loader_state(m.at("data_sampler"), s);
   } catch (const nlohmann::json::exception& err) {

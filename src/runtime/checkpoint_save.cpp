@@ -6,6 +6,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 
@@ -26,10 +28,17 @@ namespace checkpoint {
 namespace {
 
 void check_tag(const std::string& tag) {
+  // `latest` is read back with its surrounding whitespace trimmed (as DeepSpeed's strip()), so
+  // a tag with whitespace at either end, or a control character, could be saved but not loaded.
+  const auto unreadable = [](unsigned char c) { return std::iscntrl(c) != 0; };
+  const bool padded = !tag.empty() && (std::isspace(static_cast<unsigned char>(tag.front())) ||
+                                       std::isspace(static_cast<unsigned char>(tag.back())));
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
-      is_temp_file_name(tag) || tag == kLatestFileName)
+      is_temp_file_name(tag) || tag == kLatestFileName || padded ||
+      std::any_of(tag.begin(), tag.end(), unreadable))
     throw CheckpointError("save_checkpoint: tag \"" + tag +
-                          "\" is not a valid folder name (no '/', not '.', '..' or 'latest')");
+                          "\" is not a valid folder name (no '/', not '.', '..' or 'latest', no "
+                          "whitespace at either end, no control characters)");
 }
 
 at::Tensor rng_state() {

@@ -17,6 +17,7 @@
 #include "deepspeed/engine.h"
 #include "deepspeed/memory.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/half_mlp.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -335,4 +336,55 @@ TEST(Fp16LossScaler, AStepThatThrewInTheUpdateCountsOnceInTheScaleWindow) {
   engine->backward(engine->forward(b.x, b.y));
   engine->step();
   EXPECT_EQ(engine->loss_scale(), 512.0) << "two applied steps fill a window of 2";
+}
+
+namespace {
+
+std::shared_ptr<deepspeed::ModelEngine<HalfMlpImpl>> half_mlp_engine(const nlohmann::json& config) {
+  torch::manual_seed(5);
+  return deepspeed::initialize<HalfMlpImpl>({.model = HalfMlp().ptr(), .config_json = config})
+      .engine;
+}
+
+void train_half_mlp(deepspeed::ModelEngine<HalfMlpImpl>& engine, int steps) {
+  for (int i = 0; i < steps; ++i) {
+    auto b = dstest::half_mlp_batch(0, i);
+    engine.backward(engine.forward(b.x, b.y));
+    engine.step();
+  }
+}
+
+}  // namespace
+
+// The saved loss scaler is fp16's state: it is taken only from an fp16 checkpoint into an fp16
+// engine. Before, a bf16/fp32 checkpoint's static 1 replaced an fp16 engine's dynamic scaler (its
+// gradients underflow), and an fp16 checkpoint gave a bf16 engine a scale that kept growing.
+TEST(Fp16LossScaler, ACheckpointOfAnotherPrecisionLeavesTheEngineItsOwnScaler) {
+  at::set_num_threads(1);
+  dstest::TempDir dir;
+  auto fp16 = [](int power) {
+    return fp16_config(1, {{"initial_scale_power", power}, {"loss_scale_window", 1}});
+  };
+  auto fp32 = dstest::base_config(8, 1, 1);
+  auto bf16 = fp32;
+  bf16["bf16"] = {{"enabled", true}};
+
+  auto from_fp32 = half_mlp_engine(fp32);
+  train_half_mlp(*from_fp32, 1);
+  from_fp32->save_checkpoint(dir / "fp32");
+  auto into_fp16 = half_mlp_engine(fp16(8));
+  into_fp16->load_checkpoint(dir / "fp32");
+  EXPECT_EQ(into_fp16->loss_scale(), 256.0) << "an fp32 checkpoint replaced the dynamic scaler";
+
+  auto from_fp16 = half_mlp_engine(fp16(8));
+  train_half_mlp(*from_fp16, 2);  // a window of 1: the scale doubles after each applied step
+  const double grown = from_fp16->loss_scale();
+  ASSERT_GT(grown, 256.0);
+  from_fp16->save_checkpoint(dir / "fp16");
+  auto into_bf16 = half_mlp_engine(bf16);
+  into_bf16->load_checkpoint(dir / "fp16");
+  EXPECT_EQ(into_bf16->loss_scale(), 1.0) << "an fp16 checkpoint gave a bf16 engine its scale";
+  auto into_other_fp16 = half_mlp_engine(fp16(4));
+  into_other_fp16->load_checkpoint(dir / "fp16");
+  EXPECT_EQ(into_other_fp16->loss_scale(), grown) << "fp16 into fp16 resumes the saved scale";
 }

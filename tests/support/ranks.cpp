@@ -10,10 +10,12 @@
 
 #include <atomic>
 #include <exception>
+#include <iostream>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <vector>
@@ -22,20 +24,44 @@ namespace dstest {
 
 namespace {
 
-// Keeps the first exception of several threads.
+// Keeps the first exception of several threads, and what every other thread threw: when ranks
+// fail together, the first recorded is not always the cause (a rank whose group setup fails
+// closes its connections while unwinding, before its catch runs, so its peer's "connection
+// closed" can be recorded first). The others go to stderr, beside the test's failure.
 class FirstError {
  public:
-  void record(std::exception_ptr e) {
+  void record(int who, std::exception_ptr e) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!first_) first_ = e;
+    if (!first_) {
+      first_ = e;
+      first_who_ = who;
+    } else {
+      later_.emplace_back(who, e);
+    }
   }
-  void rethrow() const {
-    if (first_) std::rethrow_exception(first_);
+  void rethrow(const char* what_threw) const {
+    if (!first_) return;
+    for (const auto& [who, e] : later_) {
+      std::cerr << "[run_ranks] " << what_threw << " " << who << " also failed (after "
+                << what_threw << " " << first_who_ << "): " << message_of(e) << "\n";
+    }
+    std::rethrow_exception(first_);
   }
 
  private:
+  static std::string message_of(std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    } catch (...) {
+      return "a non-std exception";
+    }
+  }
   std::mutex mu_;
   std::exception_ptr first_;
+  int first_who_ = -1;
+  std::vector<std::pair<int, std::exception_ptr>> later_;
 };
 
 void join_all(std::vector<std::thread>& threads) {
@@ -52,12 +78,12 @@ void run_threads(int n, const std::function<void(int)>& body) {
       try {
         body(i);
       } catch (...) {
-        error.record(std::current_exception());
+        error.record(i, std::current_exception());
       }
     });
   }
   join_all(threads);
-  error.rethrow();
+  error.rethrow("thread");
 }
 
 void run_ranks(int world_size, const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
@@ -91,12 +117,12 @@ void run_ranks(int world_size, const std::function<void(deepspeed::comm::Communi
         }
         body(c);
       } catch (...) {
-        error.record(std::current_exception());
+        error.record(rank, std::current_exception());
       }
     });
   }
   join_all(threads);
-  error.rethrow();
+  error.rethrow("rank");
 }
 
 int free_tcp_port() {

@@ -187,6 +187,34 @@ TEST(CheckpointRefusal, CorruptedTruncatedIncompleteOrMismatched) {
   EXPECT_TRUE(bit_identical(victim.weights(), e.weights()));
 }
 
+// `latest` is read back trimmed (as DeepSpeed's strip()): a tag with whitespace at an end would
+// be saved and then not found, so it is refused at the save, before anything is written.
+TEST(CheckpointRefusal, ATagThatLatestCannotNameIsRefusedAtTheSave) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(), kSmall);
+  e.train(1);
+  for (const std::string tag : {"best ", " best", "best\n", "be\tst"}) {
+    auto msg = message_of([&] { e.engine->save_checkpoint(dir.path(), tag); });
+    EXPECT_NE(msg.find("not a valid folder name"), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+  e.engine->save_checkpoint(dir.path(), "best run");  // inner spaces are fine
+  EXPECT_EQ(load_fresh(dir.path()).first, 1);
+}
+
+// A folder of Python DeepSpeed's (torch.save pickles, no manifest) is named as such, not as an
+// unfinished save of ours.
+TEST(CheckpointRefusal, APythonDeepSpeedCheckpointIsNamedAsSuch) {
+  dstest::TempDir dir;
+  fs::create_directories(dir / "global_step1");
+  dstest::write_bytes(dir / "latest", "global_step1");
+  dstest::write_bytes(dir / "global_step1/mp_rank_00_model_states.pt", "PK\x03\x04");
+  auto fresh = make_single_engine(config(), kSmall, 3);
+  auto msg = message_of([&] { fresh.engine->load_checkpoint(dir.path()); });
+  EXPECT_NE(msg.find("Python DeepSpeed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("mp_rank_00_model_states.pt"), std::string::npos) << msg;
+}
+
 TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
   dstest::TempDir dir;
   auto sgd = config(1);

@@ -102,6 +102,21 @@ TEST_F(FileSystemTest, AtomicWriteCreatesAndReplacesWithoutLeavingTempFiles) {
   EXPECT_EQ(names(), (std::vector<std::string>{"a.bin", "empty"}));
 }
 
+// A failure of another kind inside `fill` (libtorch's c10::Error: an out-of-memory preparing a
+// piece) removes the temporary file too; before, only IOError and deepspeed::Error did.
+TEST_F(FileSystemTest, AnyFailureWhileFillingRemovesTheTemporaryFile) {
+  FileSystem& fs = posix_file_system();
+  fs.write_file_atomic(path("a.bin"), "first version");
+  EXPECT_THROW(fs.write_file_atomic(path("a.bin"),
+                                    [](WritableFile& f) {
+                                      f.append("x", 1);
+                                      TORCH_CHECK(false, "out of memory preparing a piece");
+                                    }),
+               c10::Error);
+  EXPECT_EQ(fs.read_file(path("a.bin")), "first version");
+  EXPECT_EQ(names(), (std::vector<std::string>{"a.bin"}));
+}
+
 TEST_F(FileSystemTest, DirectoriesListingAndRemoval) {
   FileSystem& fs = posix_file_system();
   fs.make_dirs(path("x/y/z"));

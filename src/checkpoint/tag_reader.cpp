@@ -4,6 +4,7 @@
 #include <set>
 
 #include "checkpoint/layout.h"
+#include "checkpoint/tag_replacement.h"
 #include "deepspeed/errors.h"
 
 namespace deepspeed {
@@ -24,7 +25,8 @@ std::string python_deepspeed_file(FileSystem& fs, const std::string& dir) {
 
 }  // namespace
 
-TagReader::TagReader(FileSystem& fs, std::string tag_dir) : fs_(fs), dir_(std::move(tag_dir)) {
+TagReader::TagReader(FileSystem& fs, const std::string& tag_dir)
+    : fs_(fs), dir_(tag_dir_to_read(fs, tag_dir)) {
   const std::string manifest_path = join_path(dir_, kManifestFileName);
   if (!fs_.exists(dir_)) throw CheckpointError("checkpoint folder '" + dir_ + "' does not exist");
   if (!fs_.exists(manifest_path)) {

@@ -32,8 +32,9 @@ struct TrainableInfo {
 class TagReader {
  public:
   // Reads tag_dir/manifest.json and checks its format. Throws CheckpointError naming the file
-  // (a missing manifest means the save never completed).
-  TagReader(FileSystem& fs, std::string tag_dir);
+  // (a missing manifest means the save never completed). A tag whose re-save died halfway
+  // through its swap is read from its complete replacement (tag_replacement.h).
+  TagReader(FileSystem& fs, const std::string& tag_dir);
 
   const std::string& dir() const { return dir_; }
   const Manifest& manifest() const { return manifest_; }

@@ -3,6 +3,8 @@
 // every rank has published its file, rank 0 writes the manifest and then `latest`. Each file goes
 // through write_file_atomic (temp name, fsync, rename, fsync dir), so a save killed anywhere leaves
 // the previous checkpoint and `latest` untouched, and a tag without a manifest is never loaded.
+// Saving again under a tag that holds a complete checkpoint writes beside it and swaps the new
+// save in once complete (checkpoint/tag_replacement.h), so the old one survives a failed re-save.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -16,6 +18,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
+#include "checkpoint/tag_replacement.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/tp.h"
 #include "partition/partition.h"
@@ -34,11 +37,12 @@ void check_tag(const std::string& tag) {
   const bool padded = !tag.empty() && (std::isspace(static_cast<unsigned char>(tag.front())) ||
                                        std::isspace(static_cast<unsigned char>(tag.back())));
   if (tag.empty() || tag == "." || tag == ".." || tag.find('/') != std::string::npos ||
-      is_temp_file_name(tag) || tag == kLatestFileName || padded ||
+      is_temp_file_name(tag) || is_replacement_name(tag) || tag == kLatestFileName || padded ||
       std::any_of(tag.begin(), tag.end(), unreadable))
     throw CheckpointError("save_checkpoint: tag \"" + tag +
-                          "\" is not a valid folder name (no '/', not '.', '..' or 'latest', no "
-                          "whitespace at either end, no control characters)");
+                          "\" is not a valid folder name (no '/', not '.', '..' or 'latest', not "
+                          "ending in .replacing or .replaced, no whitespace at either end, no "
+                          "control characters)");
 }
 
 at::Tensor rng_state() {
@@ -329,8 +333,10 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
       optim_states_file_name(s.comm->rank(), model_parallel_rank(s));
   test_kill_point("start", tag);
 
-  // Re-saving an existing tag: its manifest goes first, so a crash in between leaves it
-  // recognisably incomplete rather than a mix of old and new files.
+  // Re-saving a tag that holds a complete checkpoint: the new save goes into its `.replacing`
+  // folder and is swapped in once complete, so a save that fails or dies loses nothing
+  // (tag_replacement.h). Rank 0 decides and creates the folder; after this agreed phase every
+  // rank sees which it is.
   std::unique_ptr<zero::FragmentState> state;
   run_agreed(job, "save_checkpoint '" + dir + "': preparing the folder", [&] {
     refuse_during_half_done_step(s, "save_checkpoint");
@@ -338,17 +344,16 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     state = s.stage->state_to_save();
     check_fragments_match_layout(s, *state);
     if (!rank0) return;
-    fs.make_dirs(dir);
-    const std::string manifest = join_path(dir, kManifestFileName);
-    if (fs.exists(manifest)) {
-      fs.remove(manifest);
-      fs.sync_dir(dir);
-    }
-    fs.remove_stale_temp_files(dir);
+    finish_interrupted_replacement(fs, dir);
+    const std::string target = holds_complete_checkpoint(fs, dir) ? replacing_dir(dir) : dir;
+    fs.make_dirs(target);
+    fs.remove_stale_temp_files(target);
   });
+  const bool replacing = fs.exists(replacing_dir(dir));
+  const std::string into = replacing ? replacing_dir(dir) : dir;
   run_agreed(job, "save_checkpoint '" + dir + "': writing the rank files", [&] {
     test_kill_point("before_optim_file", tag);
-    write_optim_file(s, *state, fs, dir, optim_file, names, format);
+    write_optim_file(s, *state, fs, into, optim_file, names, format);
     state.reset();
     test_kill_point("after_optim_file", tag);
   });
@@ -356,9 +361,9 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   run_agreed(job, "save_checkpoint '" + dir + "': writing the module file", [&] {
     if (rank0) test_kill_point("before_model_file", tag);
     if (pipeline)
-      write_pipeline_module_files(s, fs, dir, o.client_state);
+      write_pipeline_module_files(s, fs, into, o.client_state);
     else
-      write_model_file(s, fs, dir, o.client_state);
+      write_model_file(s, fs, into, o.client_state);
     if (rank0) test_kill_point("after_model_file", tag);
   });
   run_agreed(job, "save_checkpoint '" + dir + "': publishing", [&] {
@@ -366,15 +371,26 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     std::vector<std::string> files;
     nlohmann::json meta;
     if (pipeline) {
-      meta = pipeline_manifest_metadata(s, fs, dir, tag, format, job.world_size(), files);
+      meta = pipeline_manifest_metadata(s, fs, into, tag, format, job.world_size(), files);
     } else {
       files = plain_files(s);
-      meta = manifest_metadata(s, fs, dir, tag, names, files, format);
+      meta = manifest_metadata(s, fs, into, tag, names, files, format);
     }
     test_kill_point("before_manifest", tag);
-    write_manifest(fs, dir, make_manifest(fs, dir, files, meta));
+    write_manifest(fs, into, make_manifest(fs, into, files, meta));
+    if (replacing) {
+      test_kill_point("before_swap", tag);
+      swap_in_replacement(fs, dir);
+    }
     test_kill_point("before_latest", tag);
-    if (o.save_latest) fs.write_file_atomic(join_path(save_dir, kLatestFileName), tag);
+    if (o.save_latest) {
+      try {
+        fs.write_file_atomic(join_path(save_dir, kLatestFileName), tag);
+      } catch (const IOError& e) {
+        throw IOError("checkpoint '" + dir + "' is complete, but 'latest' was not updated: " +
+                      e.what());
+      }
+    }
     test_kill_point("after_latest", tag);
   });
   return dir;

@@ -263,35 +263,64 @@ TEST(CheckpointFaults, DiskFullFailsClearlyAndLosesNothing) {
 
 // The save of step 4 dies at the K-th call of each file operation (optionally followed by a
 // power cut that drops unsynced data and renames). Always: `latest` names a complete checkpoint
-// and loading it gives exactly its weights; step 4 is either refused or complete.
-class CheckpointCrash : public ::testing::TestWithParam<bool> {};
+// and loading it gives exactly its weights; step 4 is either refused or complete. Re-saving a tag
+// (`resave`: "best" holds step 2, step 4 is saved as "best" again) goes through the tag's
+// replacement folder: then "best" always loads, as step 2 or step 4, never refused, and the next
+// save of "best" completes whatever the dead one left.
+class CheckpointCrash : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
-  const bool power_cut = GetParam();
+  const auto [power_cut, resave] = GetParam();
   dstest::TempDir dir;
   auto e = make_single_engine(config(), kSmall);
   e.train(2);
-  e.engine->save_checkpoint(dir.path());
+  const std::string old_tag = resave ? "best" : "global_step2";
+  const std::string new_tag = resave ? "best" : "global_step4";
+  e.engine->save_checkpoint(dir.path(), old_tag);
+  fs::copy(dir / old_tag, dir / "pristine");
   const auto at2 = e.weights();
   e.train(2);
   const auto at4 = e.weights();
   ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
-  ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir / "probe", {});
+  ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir.path(), {.tag = new_tag});
+  auto restore_step2 = [&] {
+    for (const auto& name : {new_tag, new_tag + ".replacing", new_tag + ".replaced"})
+      fs::remove_all(dir / name);
+    fs::remove_all(dir / old_tag);
+    fs::copy(dir / "pristine", dir / old_tag);
+    dstest::write_bytes(dir / "latest", old_tag);
+  };
   int cases = 0;
   for (auto op : {ckpt::FsOp::kMakeDirs, ckpt::FsOp::kCreate, ckpt::FsOp::kWrite, ckpt::FsOp::kSync,
                   ckpt::FsOp::kClose, ckpt::FsOp::kRename, ckpt::FsOp::kSyncDir, ckpt::FsOp::kRemove}) {
+    restore_step2();
+    counter.reset();
+    ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir.path(), {.tag = new_tag});
     const int calls = counter.calls(op);
     for (int nth = 1; nth <= calls; nth += std::max(1, calls / 12)) {
       const std::string where = std::string(ckpt::fs_op_name(op)) + " #" + std::to_string(nth);
-      fs::remove_all(dir / "global_step4");
-      dstest::write_bytes(dir / "latest", "global_step2");
+      restore_step2();
       ckpt::FaultInjectingFileSystem crashing(ckpt::posix_file_system());
       crashing.crash_at(op, nth);
-      EXPECT_THROW(ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), crashing, dir.path(), {}),
+      EXPECT_THROW(ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), crashing, dir.path(),
+                                                {.tag = new_tag}),
                    ckpt::SimulatedCrash) << where;
       if (power_cut) crashing.simulate_power_loss();
       const std::string tag = latest(dir.path());
-      ASSERT_TRUE(tag == "global_step2" || tag == "global_step4") << where << ": latest " << tag;
+      ASSERT_TRUE(tag == old_tag || tag == new_tag) << where << ": latest " << tag;
+      if (resave) {
+        auto [step, weights] = load_fresh(dir.path());
+        ASSERT_TRUE(step == 2 || step == 4) << where;
+        EXPECT_TRUE(bit_identical(weights, step == 2 ? at2 : at4)) << where;
+        // The next save of the tag finishes or discards what the dead one left.
+        ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), ckpt::posix_file_system(),
+                                     dir.path(), {.tag = new_tag});
+        EXPECT_TRUE(bit_identical(load_fresh(dir.path()).second, at4)) << where;
+        EXPECT_FALSE(fs::exists(dir / "best.replacing")) << where;
+        EXPECT_FALSE(fs::exists(dir / "best.replaced")) << where;
+        ++cases;
+        continue;
+      }
       auto [step, weights] = load_fresh(dir.path());
       EXPECT_EQ("global_step" + std::to_string(step), tag) << where;
       EXPECT_TRUE(bit_identical(weights, tag == "global_step2" ? at2 : at4)) << where;
@@ -307,8 +336,46 @@ TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
   EXPECT_GT(cases, 20);
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoint, CheckpointCrash, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "ThenPowerCut" : "ProcessKilled"; });
+INSTANTIATE_TEST_SUITE_P(Checkpoint, CheckpointCrash,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "ThenPowerCut" : "ProcessKilled") +
+                                  (std::get<1>(info.param) ? "ReSavingATag" : "");
+                         });
+
+// Saving a tag again that fails (a full disk) leaves the tag's previous checkpoint loadable; before,
+// the re-save removed its manifest first and then wrote over its files, so `latest` named a tag
+// that was refused as incomplete.
+TEST(CheckpointFaults, AFailedReSaveOfATagKeepsItsPreviousCheckpoint) {
+  dstest::TempDir dir;
+  auto e = make_single_engine(config(), kSmall);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path(), "best");
+  const auto at2 = e.weights();
+  e.train(2);
+  ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
+  ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir / "probe", {});
+  const int writes = counter.calls(ckpt::FsOp::kWrite);
+  // The last write is `latest`'s, after the swap: the new save is then complete under the tag.
+  for (int nth : {1, writes / 2, writes - 1, writes}) {
+    ckpt::FaultInjectingFileSystem full(ckpt::posix_file_system());
+    full.fail_at(ckpt::FsOp::kWrite, nth, ENOSPC);
+    auto msg = message_of([&] {
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), full, dir.path(), {.tag = "best"});
+    });
+    EXPECT_NE(msg.find("No space left on device"), std::string::npos) << "write " << nth << ": " << msg;
+    EXPECT_EQ(latest(dir.path()), "best");
+    auto [step, weights] = load_fresh(dir.path());
+    const bool swapped = nth == writes;
+    EXPECT_EQ(step, swapped ? 4 : 2) << "write " << nth;
+    EXPECT_TRUE(bit_identical(weights, swapped ? e.weights() : at2)) << "write " << nth;
+    if (swapped) EXPECT_NE(msg.find("is complete, but 'latest' was not updated"), std::string::npos) << msg;
+  }
+  e.engine->save_checkpoint(dir.path(), "best");
+  EXPECT_TRUE(bit_identical(load_fresh(dir.path()).second, e.weights()));
+  EXPECT_FALSE(fs::exists(dir / "best.replacing"));
+  EXPECT_FALSE(fs::exists(dir / "best.replaced"));
+}
 
 TEST(CheckpointLayout, PartitionFragmentsCoverEveryParameterOnce) {
   std::vector<int64_t> numels = {7, 1, 130, 33, 0, 64};

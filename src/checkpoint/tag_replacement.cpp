@@ -1,0 +1,69 @@
+#include "checkpoint/tag_replacement.h"
+
+#include "checkpoint/manifest.h"
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace checkpoint {
+namespace {
+
+constexpr const char* kReplacingSuffix = ".replacing";
+constexpr const char* kReplacedSuffix = ".replaced";
+
+bool ends_with(const std::string& s, const std::string& end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+}  // namespace
+
+std::string replacing_dir(const std::string& tag_dir) { return tag_dir + kReplacingSuffix; }
+std::string replaced_dir(const std::string& tag_dir) { return tag_dir + kReplacedSuffix; }
+
+bool is_replacement_name(const std::string& tag) {
+  return ends_with(tag, kReplacingSuffix) || ends_with(tag, kReplacedSuffix);
+}
+
+bool holds_complete_checkpoint(FileSystem& fs, const std::string& tag_dir) {
+  return fs.exists(join_path(tag_dir, kManifestFileName));
+}
+
+bool remove_checkpoint_folder(FileSystem& fs, const std::string& dir) {
+  if (!fs.exists(dir)) return false;
+  for (const auto& name : fs.list_dir(dir)) fs.remove(join_path(dir, name));
+  fs.remove(dir);
+  return true;
+}
+
+void finish_interrupted_replacement(FileSystem& fs, const std::string& tag_dir) {
+  const std::string parent = parent_dir(tag_dir);
+  const std::string fresh = replacing_dir(tag_dir);
+  if (!fs.exists(tag_dir) && holds_complete_checkpoint(fs, fresh)) {
+    fs.rename(fresh, tag_dir);  // the dying save had removed the old copy from the tag already
+    fs.sync_dir(parent);
+  }
+  const bool removed_fresh = remove_checkpoint_folder(fs, fresh);
+  const bool removed_old = remove_checkpoint_folder(fs, replaced_dir(tag_dir));
+  if (removed_fresh || removed_old) fs.sync_dir(parent);
+}
+
+void swap_in_replacement(FileSystem& fs, const std::string& tag_dir) {
+  const std::string parent = parent_dir(tag_dir);
+  const std::string old = replaced_dir(tag_dir);
+  fs.rename(tag_dir, old);
+  fs.rename(replacing_dir(tag_dir), tag_dir);
+  fs.sync_dir(parent);
+  try {
+    remove_checkpoint_folder(fs, old);
+  } catch (const IOError&) {
+    // The new copy is in place; the old one is collected by the next save of this tag.
+  }
+}
+
+std::string tag_dir_to_read(FileSystem& fs, const std::string& tag_dir) {
+  if (fs.exists(tag_dir)) return tag_dir;
+  const std::string fresh = replacing_dir(tag_dir);
+  return holds_complete_checkpoint(fs, fresh) ? fresh : tag_dir;
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

@@ -5,6 +5,7 @@
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/tag_reader.h"
+#include "checkpoint/tag_replacement.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/zero_to_fp32.h"
 
@@ -19,7 +20,7 @@ std::string resolve_tag_dir(FileSystem& fs, const std::string& path, const std::
     throw CheckpointError("'" + path + "' is neither a checkpoint tag folder (no " +
                           kManifestFileName + ") nor a save folder with a '" + kLatestFileName +
                           "' file; name the tag");
-  return join_path(path, t);
+  return tag_dir_to_read(fs, join_path(path, t));
 }
 
 NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, const std::string& kind) {

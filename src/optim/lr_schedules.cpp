@@ -46,6 +46,12 @@ double WarmupCosineLR::ratio(int64_t t) const {
     double g = warmup_fraction(t, warmup_num_steps, warmup_type);
     return warmup_min_ratio + g * (1.0 - warmup_min_ratio);
   }
+  if (total_num_steps == warmup_num_steps) {
+    throw ConfigError("WarmupCosineLR: step " + std::to_string(t + 1) + " is past " + total_key +
+                      " = warmup_num_steps = " + std::to_string(total_num_steps) +
+                      ", where the cosine phase has no length (DeepSpeed divides by zero here); "
+                      "raise total_num_steps to train longer");
+  }
   double real_last_step = static_cast<double>(t - warmup_num_steps + 1);
   double real_total_steps = static_cast<double>(total_num_steps - warmup_num_steps);
   double cos_part = (1 + std::cos(kPi * real_last_step / real_total_steps)) / 2;
@@ -165,12 +171,9 @@ std::unique_ptr<Schedule> parse_warmup_cosine(ParamReader& r, const std::vector<
   s->warmup_num_steps = read_warmup_steps(r);
   s->cos_min_ratio = r.get_double("cos_min_ratio", 0.0001);
   s->warmup_type = read_warmup_type(r, w);
-  // DeepSpeed divides by T - W in the cosine phase; equal values would be a division by zero.
-  if (s->total_num_steps == s->warmup_num_steps) {
-    throw ConfigError(r.path("total_num_steps") + " (" + std::to_string(s->total_num_steps) +
-                      ") must differ from warmup_num_steps (" +
-                      std::to_string(s->warmup_num_steps) + ", after clamping to >= 2)");
-  }
+  // T == W is accepted, as DeepSpeed does: steps 1..T are all warm-up. Past them DeepSpeed divides
+  // by T - W = 0; ratio() refuses that step instead, naming the keys.
+  s->total_key = r.path("total_num_steps");
   warn_short_total(r, s->total_num_steps, s->warmup_num_steps, w);
   return s;
 }

@@ -60,7 +60,8 @@ struct WarmupDecayLR : WarmupLR {
 // Init writes [0.0]: only the first group's lr (DeepSpeed's quirk).
 struct WarmupCosineLR : Schedule {
   std::vector<double> org_lr;       // the optimizer's lr per group at construction
-  int64_t total_num_steps = 0;      // T. REQUIRES: T != W
+  int64_t total_num_steps = 0;      // T >= W or the warm-up never ends; T == W: a step past T throws
+  std::string total_key = "scheduler.params.total_num_steps";  // for that error
   double warmup_min_ratio = 0.0;    // r0
   int64_t warmup_num_steps = 1000;  // W, >= 2
   double cos_min_ratio = 0.0001;    // c

@@ -189,12 +189,12 @@ void DynamicLossScaler::load_state_dict(const nlohmann::json& state) {
 
 // ---- factories ----------------------------------------------------------------------------------
 
-std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, bool zero_enabled) {
+std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, Fp16Wrapper wrapper) {
   if (!fp16.enabled) return std::make_unique<StaticLossScaler>(1.0);
   if (fp16.loss_scale > 0) return std::make_unique<StaticLossScaler>(fp16.loss_scale);
   const double configured = std::ldexp(1.0, fp16.initial_scale_power);
   const bool given = fp16.dynamic_keys_given;
-  if (zero_enabled) {
+  if (wrapper == Fp16Wrapper::kZero) {
     if (!given) {
       return std::make_unique<DynamicLossScaler>(std::ldexp(1.0, 32), 1000, 1.0, 1, false);
     }
@@ -202,9 +202,11 @@ std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, bool zero_e
                                                fp16.min_loss_scale, fp16.hysteresis,
                                                fp16.consecutive_hysteresis);
   }
-  // FP16_Optimizer takes its initial scale from initial_scale_power either way (default 16).
+  // FP16_Optimizer takes its initial scale from initial_scale_power either way (default 16);
+  // FP16_UnfusedOptimizer's own default floor is 0.25 where FP16_Optimizer's is 1.
+  const double default_min = wrapper == Fp16Wrapper::kUnfused ? 0.25 : 1.0;
   return std::make_unique<DynamicLossScaler>(configured, given ? fp16.loss_scale_window : 1000,
-                                             given ? fp16.min_loss_scale : 1.0, 1, false,
+                                             given ? fp16.min_loss_scale : default_min, 1, false,
                                              ScaleRule::kFp16Optimizer);
 }
 

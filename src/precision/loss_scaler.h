@@ -100,16 +100,23 @@ class DynamicLossScaler final : public LossScaler {
   int cur_hysteresis_;
 };
 
+// The optimizer wrapper DeepSpeed's engine builds for fp16 (_configure_fp16_optimizer): each
+// has its own scaler defaults.
+enum class Fp16Wrapper {
+  kZero,      // ZeRO stage >= 1
+  kFused,     // no ZeRO, FP16_Optimizer: FusedAdam (Adam/AdamW without torch_adam), 1-bit Adams
+  kUnfused,   // no ZeRO, FP16_UnfusedOptimizer: every other optimizer, a client's included
+};
+
 // The scaler DeepSpeed would build for this fp16 block:
-//   fp16.loss_scale > 0                → static scale;
-//   dynamic, zero_enabled (stage >= 1) → kZero with the five fp16 keys if any was written
-//                                        (dynamic_keys_given), else 2^32, window 1000, min 1,
-//                                        hysteresis 1;
-//   dynamic, no ZeRO                   → kFp16Optimizer with 2^initial_scale_power, window and
-//                                        min if any key was written, else 2^16, 1000, 1
-//                                        (hysteresis is not supported on that path).
+//   fp16.loss_scale > 0   → static scale;
+//   dynamic, kZero        → kZero with the five fp16 keys if any was written
+//                           (dynamic_keys_given), else 2^32, window 1000, min 1, hysteresis 1;
+//   dynamic, no ZeRO      → kFp16Optimizer with 2^initial_scale_power, window and min if any key
+//                           was written, else 2^16, 1000 and min 1 (kFused) or 0.25 (kUnfused)
+//                           (hysteresis is not supported on that path).
 // fp16 disabled (fp32 or bf16): a static scale of 1, so the engine's step reads the same.
-std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, bool zero_enabled);
+std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, Fp16Wrapper wrapper);
 
 // A scaler of whichever kind `state` was saved from (DeepSpeed restores the pickled scaler
 // object itself, so the checkpoint's kind and settings win over the config's).

@@ -2,6 +2,7 @@
 // data loader. Every choice (stage, optimizer) is made here once.
 #include <torch/torch.h>
 
+#include <cctype>
 #include <functional>
 #include <unordered_set>
 
@@ -178,6 +179,22 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
   s.optimizer = s.stage->optimizer();
 }
 
+// DeepSpeed's fp16 wrapper without ZeRO: FP16_Optimizer for its FusedAdam (Adam/AdamW unless
+// params.torch_adam) and the 1-bit Adams, FP16_UnfusedOptimizer for any other optimizer (a
+// client's included). Only their loss scalers' defaults differ here.
+precision::Fp16Wrapper fp16_wrapper_for(const Config& config, bool client_optimizer) {
+  if (config.zero_optimization.stage >= 1) return precision::Fp16Wrapper::kZero;
+  if (client_optimizer || !config.optimizer) return precision::Fp16Wrapper::kUnfused;
+  std::string type = config.optimizer->type;
+  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto& params = config.optimizer->params;
+  const bool torch_adam = params.contains("torch_adam") && params.at("torch_adam").is_boolean() &&
+                          params.at("torch_adam").get<bool>();
+  const bool fused = ((type == "adam" || type == "adamw") && !torch_adam) ||
+                     type == "onebitadam" || type == "zerooneadam";
+  return fused ? precision::Fp16Wrapper::kFused : precision::Fp16Wrapper::kUnfused;
+}
+
 }  // namespace
 
 // InitializeArgs.topology (tensor parallelism): checked against the rest of the arguments.
@@ -260,8 +277,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
                 [&] { build_stage(*s, in.optimizer); });
   wrap_tensor_parallel(*s);
-  s->loss_scaler =
-      precision::make_loss_scaler(s->config.fp16, s->config.zero_optimization.stage >= 1);
+  s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
+                                               fp16_wrapper_for(s->config, in.optimizer != nullptr));
 
   if (in.lr_scheduler) {
     s->scheduler = in.lr_scheduler(s->optimizer);

@@ -303,7 +303,8 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   s.micro_steps = e.micro_steps;
   s.skipped_steps = e.skipped_steps;
   s.loss_since_boundary = at::Tensor();
-  if (e.loss_scaler) s.loss_scaler = std::move(e.loss_scaler);
+  // DeepSpeed keeps the scaler in the optimizer's state: without it the engine keeps its own.
+  if (e.loss_scaler && o.load_optimizer_states) s.loss_scaler = std::move(e.loss_scaler);
   if (o.load_lr_scheduler_states && s.scheduler && !e.lr_scheduler.is_null())
     s.scheduler->load_state_dict(e.lr_scheduler);
   if (e.loader) s.loader->load_state(*e.loader);
@@ -419,7 +420,7 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   }
   job.barrier();
   nlohmann::json client = plan.model_meta.value("client_state", nlohmann::json::object());
-  return {join_path(dir, reader->engine_file()), client};
+  return {join_path(reader->dir(), reader->engine_file()), client};
 }
 
 }  // namespace checkpoint

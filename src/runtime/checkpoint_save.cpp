@@ -338,6 +338,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   // (tag_replacement.h). Rank 0 decides and creates the folder; after this agreed phase every
   // rank sees which it is.
   std::unique_ptr<zero::FragmentState> state;
+  bool replacing = false;  // rank 0's decision
   run_agreed(job, "save_checkpoint '" + dir + "': preparing the folder", [&] {
     refuse_during_half_done_step(s, "save_checkpoint");
     refuse_to_save_a_lost_step(s);
@@ -345,11 +346,16 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     check_fragments_match_layout(s, *state);
     if (!rank0) return;
     finish_interrupted_replacement(fs, dir);
-    const std::string target = holds_complete_checkpoint(fs, dir) ? replacing_dir(dir) : dir;
+    replacing = holds_complete_checkpoint(fs, dir);
+    const std::string target = replacing ? replacing_dir(dir) : dir;
     fs.make_dirs(target);
     fs.remove_stale_temp_files(target);
   });
-  const bool replacing = fs.exists(replacing_dir(dir));
+  // Every rank takes rank 0's decision, not its own look at the folder: a shared file system
+  // may still show another node what was there before rank 0 created the replacement.
+  at::Tensor decision = torch::full({1}, replacing ? 1.0f : 0.0f);
+  if (job.world_size() > 1) job.all_reduce(decision, comm::ReduceOp::Max)->wait();
+  replacing = decision.item<float>() > 0;
   const std::string into = replacing ? replacing_dir(dir) : dir;
   run_agreed(job, "save_checkpoint '" + dir + "': writing the rank files", [&] {
     test_kill_point("before_optim_file", tag);

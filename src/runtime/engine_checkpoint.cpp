@@ -67,6 +67,10 @@ void run_agreed(comm::Communicator& comm, const std::string& what, const std::fu
     error = e.what_without_backtrace();
   } catch (const nlohmann::json::exception& e) {
     error = std::string("malformed checkpoint metadata: ") + e.what();
+  } catch (const std::bad_alloc&) {
+    // Out of host memory on this rank: the others must still hear of it, or they would wait in
+    // the vote below until the communicator's timeout.
+    error = "out of host memory (std::bad_alloc)";
   }
   at::Tensor failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
   if (comm.world_size() > 1) comm.all_reduce(failed, comm::ReduceOp::Max)->wait();

@@ -44,7 +44,7 @@ class CheckpointSource : public WeightSource {
     if (!o.whole.defined()) o.whole = reader_.module_tensor(o.file, o.entry).reshape({-1});
     dst.copy_(o.whole.narrow(0, offset, dst.numel()));
   }
-  const std::string& path() const override { return dir_; }
+  const std::string& path() const override { return reader_.dir(); }
 
  private:
   struct Other {

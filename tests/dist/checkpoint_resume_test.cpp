@@ -140,3 +140,35 @@ TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
   EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "good");
   EXPECT_FALSE(std::filesystem::exists(dir / "bad/manifest.json"));
 }
+
+// Saving again under a tag whose re-save fails on one rank keeps the tag's previous checkpoint
+// (every rank wrote into the tag's replacement folder, which is never swapped in); before, the
+// re-save removed the tag's manifest first and `latest` named a tag refused as incomplete.
+TEST(CheckpointFaults, OneRankDiskFullDuringAReSaveKeepsTheTag) {
+  namespace ckpt = deepspeed::checkpoint;
+  dstest::TempDir dir;
+  auto data = dstest::test_text_dataset(16);
+  std::vector<std::string> errors(2);
+  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(1);
+    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+    auto r = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = model, .config_json = dstest::base_config(2, 1, 2), .training_data = data, .comm = comm});
+    r.engine->save_checkpoint(dir.path(), "best");
+    ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
+    if (comm->rank() == 1) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
+    try {
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir.path(), {.tag = "best"});
+    } catch (const deepspeed::CheckpointError& e) {
+      errors[comm->rank()] = e.what();
+    }
+    EXPECT_NO_THROW(r.engine->load_checkpoint(dir.path())) << "rank " << comm->rank();
+    r.engine->save_checkpoint(dir.path(), "best");  // the next re-save completes
+    EXPECT_NO_THROW(r.engine->load_checkpoint(dir.path())) << "rank " << comm->rank();
+  });
+  EXPECT_NE(errors[1].find("No space left on device"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("best.replacing"), std::string::npos) << errors[1];
+  EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "best");
+  EXPECT_FALSE(std::filesystem::exists(dir / "best.replacing"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "best.replaced"));
+}

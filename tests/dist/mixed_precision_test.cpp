@@ -16,6 +16,8 @@
 
 #include "deepspeed/engine.h"
 #include "deepspeed/memory.h"
+#include "precision/loss_scaler.h"
+#include "runtime/engine_state.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/half_mlp.h"
@@ -387,4 +389,39 @@ TEST(Fp16LossScaler, ACheckpointOfAnotherPrecisionLeavesTheEngineItsOwnScaler) {
   auto into_other_fp16 = half_mlp_engine(fp16(4));
   into_other_fp16->load_checkpoint(dir / "fp16");
   EXPECT_EQ(into_other_fp16->loss_scale(), grown) << "fp16 into fp16 resumes the saved scale";
+  // DeepSpeed keeps the scaler in the optimizer's state: loading without it keeps the engine's.
+  auto weights_only = half_mlp_engine(fp16(4));
+  weights_only->load_checkpoint(dir / "fp16", "", true, /*load_optimizer_states=*/false);
+  EXPECT_EQ(weights_only->loss_scale(), 16.0) << "the scaler came without the optimizer state";
+}
+
+// Without ZeRO, DeepSpeed wraps FusedAdam (Adam/AdamW) and the 1-bit Adams in FP16_Optimizer
+// (default floor 1) and every other optimizer in FP16_UnfusedOptimizer (default floor 0.25).
+TEST(Fp16LossScaler, StageZeroFloorFollowsTheOptimizerWrapper) {
+  at::set_num_threads(1);
+  auto min_scale_of = [](nlohmann::json config, std::shared_ptr<torch::optim::Optimizer> client = {},
+                         HalfMlp model = HalfMlp()) {
+    auto engine = deepspeed::initialize<HalfMlpImpl>(
+                      {.model = model.ptr(), .config_json = config, .optimizer = client})
+                      .engine;
+    auto& scaler = dynamic_cast<deepspeed::precision::DynamicLossScaler&>(
+        *deepspeed::state_of(*engine).loss_scaler);
+    return scaler.min_scale();
+  };
+  auto with = [](nlohmann::json optimizer) {
+    auto c = fp16_config(0, nlohmann::json::object());
+    c["optimizer"] = std::move(optimizer);
+    return c;
+  };
+  EXPECT_EQ(min_scale_of(with({{"type", "Adam"}, {"params", {{"lr", 1e-3}}}})), 1.0);
+  EXPECT_EQ(min_scale_of(with({{"type", "AdamW"}, {"params", {{"lr", 1e-3}}}})), 1.0);
+  EXPECT_EQ(min_scale_of(with({{"type", "SGD"}, {"params", {{"lr", 1e-3}}}})), 0.25);
+  EXPECT_EQ(min_scale_of(with({{"type", "Adam"}, {"params", {{"lr", 1e-3}, {"torch_adam", true}}}})),
+            0.25);
+  HalfMlp model;
+  auto client_config = with({{"type", "Adam"}});
+  client_config.erase("optimizer");
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-2));
+  EXPECT_EQ(min_scale_of(client_config, sgd, model), 0.25);
+  EXPECT_EQ(min_scale_of(fp16_config(1, nlohmann::json::object())), 1.0) << "ZeRO's own default";
 }

@@ -283,11 +283,13 @@ TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
   const auto at4 = e.weights();
   ckpt::FaultInjectingFileSystem counter(ckpt::posix_file_system());
   ckpt::save_engine_checkpoint(deepspeed::state_of(*e.engine), counter, dir.path(), {.tag = new_tag});
+  // A file of the user's in the re-saved tag survives whatever happens to the save.
   auto restore_step2 = [&] {
     for (const auto& name : {new_tag, new_tag + ".replacing", new_tag + ".replaced"})
       fs::remove_all(dir / name);
     fs::remove_all(dir / old_tag);
     fs::copy(dir / "pristine", dir / old_tag);
+    if (resave) dstest::write_bytes(dir / (old_tag + "/notes.txt"), "kept");
     dstest::write_bytes(dir / "latest", old_tag);
   };
   int cases = 0;
@@ -318,6 +320,7 @@ TEST_P(CheckpointCrash, AtEveryFileOperationThePreviousCheckpointSurvives) {
         EXPECT_TRUE(bit_identical(load_fresh(dir.path()).second, at4)) << where;
         EXPECT_FALSE(fs::exists(dir / "best.replacing")) << where;
         EXPECT_FALSE(fs::exists(dir / "best.replaced")) << where;
+        EXPECT_TRUE(fs::exists(dir / "best/notes.txt")) << where;
         ++cases;
         continue;
       }

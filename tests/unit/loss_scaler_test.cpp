@@ -20,6 +20,7 @@ using deepspeed::precision::DynamicLossScaler;
 using deepspeed::precision::has_inf_or_nan;
 using deepspeed::precision::loss_scaler_from_state_dict;
 using deepspeed::precision::LossScaler;
+using deepspeed::precision::Fp16Wrapper;
 using deepspeed::precision::make_loss_scaler;
 using deepspeed::precision::ScaleRule;
 using deepspeed::precision::StaticLossScaler;
@@ -215,8 +216,8 @@ TEST(Factory, PositiveLossScaleIsStatic) {
   Fp16Config c = fp16_on();
   c.loss_scale = 128;
   c.dynamic_keys_given = true;  // ignored: a static scale wins
-  for (bool zero : {false, true}) {
-    auto s = make_loss_scaler(c, zero);
+  for (auto wrapper : {Fp16Wrapper::kZero, Fp16Wrapper::kFused, Fp16Wrapper::kUnfused}) {
+    auto s = make_loss_scaler(c, wrapper);
     EXPECT_FALSE(s->dynamic());
     EXPECT_EQ(s->scale(), 128);
   }
@@ -224,7 +225,7 @@ TEST(Factory, PositiveLossScaleIsStatic) {
 
 TEST(Factory, ZeroWithoutKeysUsesItsOwnDefaults) {
   Fp16Config c = fp16_on();  // struct defaults (hysteresis 2, power 16) must NOT reach the scaler
-  expect_dynamic(*make_loss_scaler(c, true), std::ldexp(1.0, 32), 1000, 1, 1, false,
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kZero), std::ldexp(1.0, 32), 1000, 1, 1, false,
                  ScaleRule::kZero);
 }
 
@@ -236,11 +237,17 @@ TEST(Factory, ZeroWithKeysUsesThem) {
   c.min_loss_scale = 0.5;
   c.hysteresis = 3;
   c.consecutive_hysteresis = true;
-  expect_dynamic(*make_loss_scaler(c, true), 256, 50, 0.5, 3, true, ScaleRule::kZero);
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kZero), 256, 50, 0.5, 3, true, ScaleRule::kZero);
 }
 
 TEST(Factory, NoZeroWithoutKeysIsFp16OptimizerDefaults) {
-  expect_dynamic(*make_loss_scaler(fp16_on(), false), 65536, 1000, 1, 1, false,
+  expect_dynamic(*make_loss_scaler(fp16_on(), Fp16Wrapper::kFused), 65536, 1000, 1, 1, false,
+                 ScaleRule::kFp16Optimizer);
+}
+
+// FP16_UnfusedOptimizer (SGD, Adagrad, Lamb, a client optimizer, torch_adam) floors at 0.25.
+TEST(Factory, NoZeroUnfusedWithoutKeysFloorsAtAQuarter) {
+  expect_dynamic(*make_loss_scaler(fp16_on(), Fp16Wrapper::kUnfused), 65536, 1000, 0.25, 1, false,
                  ScaleRule::kFp16Optimizer);
 }
 
@@ -252,11 +259,11 @@ TEST(Factory, NoZeroWithKeysTakesScaleWindowMinButNoHysteresis) {
   c.min_loss_scale = 4;
   c.hysteresis = 3;
   c.consecutive_hysteresis = true;
-  expect_dynamic(*make_loss_scaler(c, false), 1024, 20, 4, 1, false, ScaleRule::kFp16Optimizer);
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kUnfused), 1024, 20, 4, 1, false, ScaleRule::kFp16Optimizer);
 }
 
 TEST(Factory, Fp16OffIsScaleOne) {
-  auto s = make_loss_scaler(Fp16Config{}, true);
+  auto s = make_loss_scaler(Fp16Config{}, Fp16Wrapper::kZero);
   EXPECT_FALSE(s->dynamic());
   EXPECT_EQ(s->scale(), 1);
 }

@@ -272,6 +272,14 @@ at::Tensor TagReader::module_tensor(const ModuleFile& f, const std::string& entr
   return whole.reshape(shape);
 }
 
+void TagReader::check_module_tensor_sources(const ModuleFile& f, const std::string& entry) {
+  if (own_view() || !saved_split(f.prefix + entry)) {
+    this->entry(f.file, entry);  // read from this one file (whole, or re-cut in memory)
+    return;
+  }
+  for (int t = 0; t < tensor_size_; ++t) this->entry(tensor_rank_file(f, t), entry);
+}
+
 void TagReader::read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst) {
   const std::string name = f.prefix + entry;
   if (own_view() || (!saved_split(name) && !view_split(name)))

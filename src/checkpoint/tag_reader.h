@@ -106,6 +106,11 @@ class TagReader {
   std::vector<int64_t> module_tensor_shape(const ModuleFile& f, const SafetensorsEntry& e) const;
   // Reads it as this view sees it into `dst` (converted as read_tensor does).
   void read_module_tensor(const ModuleFile& f, const std::string& entry, at::Tensor dst);
+  // Opens, and so verifies against the manifest, every file read_module_tensor will read for
+  // `entry` (a resharded split tensor draws on every tensor rank's file), and checks each holds
+  // it: a load checks all it reads before it changes anything. Throws CheckpointError naming the
+  // file.
+  void check_module_tensor_sources(const ModuleFile& f, const std::string& entry);
 
  private:
   struct Piece {

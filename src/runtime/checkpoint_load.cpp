@@ -93,6 +93,7 @@ void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& pla
                             "': tensor \"" + e->name + "\" has shape " +
                             c10::str(c10::IntArrayRef(saved)) + ", the module's is " +
                             c10::str(c10::IntArrayRef(shape)));
+    reader.check_module_tensor_sources(*f, e->name);
     plan.module_tensors[name] = {*f, e->name};
   }
   if (!strict) return;

@@ -449,6 +449,39 @@ TEST_F(TpCheckpoint, AMissingSliceFileIsNamed) {
   EXPECT_NE(e.find(gone), std::string::npos) << e;
 }
 
+// Loaded at another tensor size, a split tensor is assembled from every tensor rank's model
+// file: a damaged one of them is refused while the load checks, naming it, before any weight
+// changes. Before, only tensor rank 0's files were checked and the damage showed while applying
+// ("the engine may be partly loaded").
+TEST_F(TpCheckpoint, ADamagedSliceOfAnotherTensorRankIsRefusedBeforeAnythingChanges) {
+  uninterrupted(2, 1);
+  const std::string copy = (*dir_) / "damaged";
+  std::filesystem::copy((*dir_) / name(2, 1), copy, std::filesystem::copy_options::recursive);
+  const std::string damaged = "mp_rank_01_model_states.safetensors";
+  const std::string path = copy + "/global_step10/" + damaged;
+  std::string bytes = dstest::read_bytes(path);
+  bytes[bytes.size() - 8] ^= 0x20;
+  dstest::write_bytes(path, bytes);
+  run_ranks(kWorld, [&](CommunicatorPtr comm) {
+    std::shared_ptr<gpt::GPTImpl> model;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      torch::manual_seed(1234);
+      model = std::make_shared<gpt::GPTImpl>(kModel);
+    }
+    auto r = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = model, .config_json = config(1, 1), .comm = comm});
+    std::vector<torch::Tensor> before;
+    for (auto& p : r.engine->module().parameters()) before.push_back(p.detach().clone());
+    const std::string e = dstest::message_of<std::exception>([&] { r.engine->load_checkpoint(copy); });
+    EXPECT_NE(e.find(damaged), std::string::npos) << e;
+    EXPECT_EQ(e.find("partly loaded"), std::string::npos) << e;
+    size_t i = 0;
+    for (auto& p : r.engine->module().parameters())
+      EXPECT_TRUE(torch::equal(p, before[i++])) << "parameter " << i << " changed";
+  });
+}
+
 // The crash safety of every save (docs/checkpoints.md) holds for the per-tensor-rank files: a
 // full disk while tensor rank 1's data-parallel rank 1 writes fails every rank, names the file,
 // publishes nothing, and the previous checkpoint stays `latest` and loads.

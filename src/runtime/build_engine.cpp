@@ -289,7 +289,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
   if (s->training_data) {
     s->loader = std::make_shared<DataLoader>(
         s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
-        s->comm->world_size(), s->config.seed, /*shuffle=*/true, /*drop_last=*/true);
+        s->comm->world_size(), s->config.seed, /*shuffle=*/true, s->config.dataloader_drop_last);
   }
   const auto& grid = s->topology->grid();
   EngineState* raw = s.get();

@@ -29,7 +29,7 @@ namespace {
 // The engine counters and state objects of the model-states file, parsed (and so validated) in
 // phase 1.
 struct SavedEngineState {
-  int64_t global_steps = 0, global_samples = 0, micro_steps = 0, skipped_steps = 0;
+  int64_t global_steps = 0, global_samples = 0, skipped_steps = 0;
   std::unique_ptr<precision::LossScaler> loss_scaler;  // null: none saved
   nlohmann::json lr_scheduler;                         // null: none saved
   std::optional<LoaderState> loader;
@@ -196,7 +196,7 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
 }
 
 // Same world size and micro batch: the exact position. Otherwise the same number of samples
-// consumed in the epoch, rounded down to whole steps of the new job.
+// consumed in the epoch, rounded down to whole micro-batches of the new job.
 LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState& s) {
   LoaderState ls{saved.at("epoch").get<int64_t>(), saved.at("batch_in_epoch").get<int64_t>()};
   const int64_t old_step = saved.at("micro_batch_size").get<int64_t>() * saved.at("world_size").get<int64_t>();
@@ -210,7 +210,6 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
   try {
     e.global_steps = m.at("global_steps").get<int64_t>();
     e.global_samples = m.at("global_samples").get<int64_t>();
-    e.micro_steps = m.at("micro_steps").get<int64_t>();
     e.skipped_steps = m.at("skipped_steps").get<int64_t>();
     // The saved scaler is fp16's state; every other precision saves a static 1. Taken across
     // precisions it would replace an fp16 engine's dynamic scaler by a static 1 (its gradients
@@ -301,7 +300,10 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   auto& e = plan.engine;
   s.global_steps = e.global_steps;
   s.global_samples = e.global_samples;
-  s.micro_steps = e.micro_steps;
+  // At this job's first boundary, not the saved count: another accumulation (the same batch at
+  // another world size) would put the first boundary elsewhere, and the gradients of a step
+  // saved halfway are not in the checkpoint anyway. DeepSpeed restarts the count at 0.
+  s.micro_steps = e.global_steps * s.config.gradient_accumulation_steps;
   s.skipped_steps = e.skipped_steps;
   s.loss_since_boundary = at::Tensor();
   // DeepSpeed keeps the scaler in the optimizer's state: without it the engine keeps its own.

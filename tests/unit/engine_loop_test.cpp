@@ -1,0 +1,81 @@
+// The training loop's bookkeeping as DeepSpeed users rely on it: was_step_applied between
+// accumulation boundaries, where the first boundary falls after a resume with another
+// accumulation, the loader's last partial micro-batch (dataloader_drop_last), and the 1/GAS
+// scaling of a 16-bit loss.
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "support/checkpoint_run.h"
+#include "support/files.h"
+#include "support/training_run.h"
+
+using dstest::make_single_engine;
+
+namespace {
+
+const gpt::GPTConfig kModel{256, 8, 1, 2, 16};
+
+// One forward, backward and step on the engine's own loader.
+void micro_step(dstest::SingleEngine& e) {
+  auto batch = e.loader->next();
+  e.engine->backward(e.engine->forward(batch.data, batch.target));
+  e.engine->step();
+}
+
+}  // namespace
+
+// DeepSpeed's step() assumes "not applied" until a boundary applies it; before, the previous
+// boundary's true stayed until the next boundary.
+TEST(EngineLoop, WasStepAppliedIsFalseBetweenBoundaries) {
+  auto e = make_single_engine(dstest::base_config(2, 2, 1), kModel);
+  for (int i = 1; i <= 4; ++i) {
+    micro_step(e);
+    EXPECT_EQ(e.engine->was_step_applied(), i % 2 == 0) << "micro-step " << i;
+  }
+}
+
+// Saved after 3 steps of 2 micro-batches, resumed with 4 micro-batches per step (the same batch
+// on fewer ranks): the first resumed step takes 4 micro-batches. Before, the saved micro-step
+// count (6) put the first boundary after 2.
+TEST(EngineLoop, AResumeWithAnotherAccumulationStartsAtAWholeStep) {
+  dstest::TempDir dir;
+  auto saved = make_single_engine(dstest::base_config(2, 2, 1), kModel);
+  saved.train(3);
+  saved.engine->save_checkpoint(dir.path());
+  auto resumed = make_single_engine(dstest::base_config(1, 4, 1), kModel);
+  resumed.engine->load_checkpoint(dir.path());
+  ASSERT_EQ(resumed.engine->global_steps(), 3);
+  int micro_batches = 0;
+  while (resumed.engine->global_steps() == 3) {
+    micro_step(resumed);
+    ++micro_batches;
+  }
+  EXPECT_EQ(micro_batches, 4);
+}
+
+// DeepSpeed's default keeps the last, partial micro-batch of an epoch (its DataLoader's
+// drop_last is dataloader_drop_last, false unless given). Before, it was always dropped.
+TEST(EngineLoop, DataloaderDropLastDecidesTheLastPartialMicroBatch) {
+  auto keep = make_single_engine(dstest::base_config(3, 1, 0), kModel);
+  const int64_t samples = dstest::test_text_dataset(kModel.block_size)->size();
+  ASSERT_NE(samples % 3, 0) << "the test needs a partial last micro-batch";
+  EXPECT_EQ(keep.loader->batches_per_epoch(), (samples + 2) / 3);
+  auto config = dstest::base_config(3, 1, 0);
+  config["dataloader_drop_last"] = true;
+  auto drop = make_single_engine(config, kModel);
+  EXPECT_EQ(drop.loader->batches_per_epoch(), samples / 3);
+}
+
+// A bf16 loss is divided by the accumulation in fp32 (DeepSpeed: loss.float()): bf16(1/3) is
+// 0.2% off, in every gradient of the step.
+TEST(EngineLoop, AccumulationScalesA16BitLossInFp32) {
+  auto config = dstest::base_config(2, 3, 0);
+  config["bf16"] = {{"enabled", true}};
+  auto e = make_single_engine(config, kModel);
+  auto batch = e.loader->next();
+  at::Tensor loss = e.engine->forward(batch.data, batch.target).to(at::kBFloat16);
+  at::Tensor scaled = e.engine->backward(loss);
+  EXPECT_EQ(scaled.scalar_type(), at::kFloat);
+  EXPECT_EQ(scaled.item<float>(), loss.item<float>() / 3.0f);
+}

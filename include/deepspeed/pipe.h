@@ -98,6 +98,9 @@ struct Partition {
 // Cuts `weights` (one per layer) into `stages` contiguous non-empty parts minimising the largest
 // part's sum. Throws ConfigError when stages > layers.
 Partition partition_balanced(const std::vector<int64_t>& weights, int stages);
+// partition_method "uniform": equal layer counts, the remainder one layer each to the first
+// stages (DeepSpeed's partition_uniform: 7 layers over 3 stages are 3, 2, 2).
+Partition partition_uniform(int64_t layers, int stages);
 
 // The whole PipelineModule as one module on one rank, with the same initial weights as the
 // pipeline (layers seeded from `seed` + index): forward(inputs, labels) = loss_fn(layers(inputs),

@@ -52,13 +52,14 @@ nlohmann::json read_json(const PipelineInitializeArgs& args) {
 // built to weigh them are kept). Fills rt.partition (with every stage's parameter count: one sum
 // over the pipe group, so COLLECTIVE over it) and rt.module. `print`: rank 0 prints the partition.
 void build_stage_layers(PipelineRuntime& rt, const Config& config, bool print) {
-  std::string method = rt.spec.partition_method.empty() ? config.pipeline.partition
-                                                        : rt.spec.partition_method;
-  if (method == "best") method = "parameters";
+  const std::string method = normalized_partition_method(
+      rt.spec.partition_method.empty() ? config.pipeline.partition : rt.spec.partition_method);
   const uint64_t seed = config.seed;
   std::map<size_t, torch::nn::AnyModule> built;
   const auto weights = layer_weights(rt.spec.layers, method, seed, built);
-  rt.partition = partition_balanced(weights, rt.stages);
+  rt.partition = method == "uniform"
+                     ? partition_uniform(static_cast<int64_t>(weights.size()), rt.stages)
+                     : partition_balanced(weights, rt.stages);
   const int64_t begin = rt.partition.bounds[rt.stage], end = rt.partition.bounds[rt.stage + 1];
   std::map<size_t, torch::nn::AnyModule> mine;
   for (int64_t i = begin; i < end; ++i)
@@ -169,6 +170,14 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   rt->tied = std::move(tied.groups);
 
   EngineStatePtr state = build_stage_state(*rt, args, raw, tied.counted_twice);
+  // Tied gradients are summed between stages after the backward's reduction: an optimizer that
+  // takes its ranges during that reduction would update with each stage's own part (the tied
+  // copies drift apart). Every rank refuses alike (the same config).
+  if (!rt->tied.empty() && state->stage->steps_during_backward())
+    throw ConfigError("a PipelineModule with TiedLayerSpec and "
+                      "zero_optimization.offload_optimizer.overlap_step (on by default on a GPU): "
+                      "the optimizer would update tied parameters before their gradients are "
+                      "summed across stages; set overlap_step to false");
   return std::make_shared<PipelineEngine>(std::move(state), std::move(rt));
 }
 

@@ -44,5 +44,17 @@ Partition partition_balanced(const std::vector<int64_t>& weights, int stages) {
   return p;
 }
 
+Partition partition_uniform(int64_t layers, int stages) {
+  if (stages < 1) throw ConfigError("pipeline: num_stages = " + std::to_string(stages) + " must be >= 1");
+  if (stages > layers)
+    throw ConfigError("pipeline: num_stages = " + std::to_string(stages) + " is more than the " +
+                      std::to_string(layers) + " layers of the PipelineModule (each stage needs a layer)");
+  Partition p;
+  p.bounds.assign(stages + 1, 0);
+  const int64_t chunk = layers / stages, extra = layers % stages;
+  for (int k = 1; k <= stages; ++k) p.bounds[k] = p.bounds[k - 1] + chunk + (k <= extra ? 1 : 0);
+  return p;
+}
+
 }  // namespace pipe
 }  // namespace deepspeed

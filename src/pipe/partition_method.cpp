@@ -2,6 +2,7 @@
 // (partition_method.h).
 #include "pipe/partition_method.h"
 
+#include <cctype>
 #include <cstdio>
 #include <regex>
 
@@ -22,6 +23,13 @@ int64_t trainable_numel(const torch::nn::AnyModule& m) {
 }
 
 }  // namespace
+
+std::string normalized_partition_method(const std::string& method) {
+  std::string lowered = method;
+  for (auto& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lowered.rfind("type:", 0) == 0) return "type:" + method.substr(5);
+  return lowered == "best" ? "parameters" : lowered;
+}
 
 // Per-layer weights for the partition method, and the layers built to count them.
 std::vector<int64_t> layer_weights(const std::vector<LayerSpec>& specs, const std::string& method,

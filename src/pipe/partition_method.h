@@ -15,6 +15,10 @@
 namespace deepspeed {
 namespace pipe {
 
+// The method as layer_weights reads it: names are case-insensitive (DeepSpeed lowers them; a
+// "type:" regex keeps its case), "best" is "parameters".
+std::string normalized_partition_method(const std::string& method);
+
 // Per-layer weights for `method`; the layers it built to count them (every layer but for
 // "uniform", a tied key's module once, under each of its indices) go into `built`. Throws
 // ConfigError for an unknown method, a bad regular expression, or a "type:" that matches no layer.

@@ -77,6 +77,7 @@ class FlatStage : public ZeroStage {
 
   const FlatParams& flat() const { return *flat_; }
   // Ranges of the partition the last step updated during backward (offload_optimizer.overlap_step).
+  bool steps_during_backward() const override { return shard_->steps_during_backward(); }
   size_t ranges_stepped_during_backward() const override {
     return shard_->ranges_stepped_during_backward();
   }

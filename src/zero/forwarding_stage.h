@@ -19,6 +19,7 @@ class ForwardingStage : public ZeroStage {
   void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
   void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   void abandon_backward() override { inner_->abandon_backward(); }
+  bool steps_during_backward() const override { return inner_->steps_during_backward(); }
   size_t ranges_stepped_during_backward() const override {
     return inner_->ranges_stepped_during_backward();
   }

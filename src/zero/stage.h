@@ -74,6 +74,10 @@ class ZeroStage {
   // Ranges of the partition the last step updated during backward (offload_optimizer
   // .overlap_step); 0 where the update runs at the step. Local.
   virtual size_t ranges_stepped_during_backward() const { return 0; }
+  // Whether the boundary backward hands reduced gradient ranges to the optimizer as they are
+  // final (offload_optimizer.overlap_step): anything that changes gradients after the reduction
+  // (a pipeline's tied-gradient sum) would come too late for them. Local.
+  virtual bool steps_during_backward() const { return false; }
   // Whether the last boundary's backward has already updated ranges of the optimizer partition
   // (and their parameters) that no step() has completed yet: until step(), reading or writing
   // the masters, the moments or the parameters would see half of a step. Local.

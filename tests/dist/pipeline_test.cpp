@@ -572,6 +572,19 @@ TEST(PipelineErrors, TiedLayerOnOneStageOnly) {
   EXPECT_NE(message.find("stage 0"), std::string::npos) << message;
 }
 
+// Tied gradients are summed between stages after the backward's reduction; an offloaded
+// optimizer that takes its ranges during that reduction (overlap_step) would update each stage's
+// copy with its own part and the copies would drift apart: refused. Without overlap_step it trains.
+TEST(PipelineErrors, TiedLayersWithTheOffloadedUpdateDuringBackwardAreRefused) {
+  auto cfg = config(2, 1);
+  cfg["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+  auto msg = init_error(2, cfg, tiny_gpt(true));
+  EXPECT_NE(msg.find("TiedLayerSpec"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("overlap_step"), std::string::npos) << msg;
+  cfg["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
+  EXPECT_EQ(init_error(2, cfg, tiny_gpt(true)), "");
+}
+
 TEST(PipelineErrors, ZeroThreeRefusedNamingBothKeys) {
   auto msg = init_error(2, config(2, 3), tiny_gpt(false));
   EXPECT_NE(msg.find("zero_optimization.stage = 3"), std::string::npos) << msg;

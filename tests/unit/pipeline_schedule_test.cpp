@@ -7,6 +7,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
+#include "pipe/partition_method.h"
 
 namespace dp = deepspeed::pipe;
 using dp::Op;
@@ -139,6 +140,22 @@ TEST(PipelineSchedule, InferenceByHand) {
       {Op::LoadMicroBatch, 0, 0}, {Op::RecvActivation, 0, 0}, {Op::ForwardPass, 0, 0}};
   EXPECT_EQ(s1.steps[1], t1);
   EXPECT_EQ(dp::to_string(s1.steps[1][2]), "ForwardPass(buffer=0, mb=0)");
+}
+
+// "uniform" as DeepSpeed's partition_uniform: the remainder goes to the first stages.
+TEST(PipelinePartition, UniformGivesTheRemainderToTheFirstStages) {
+  EXPECT_EQ(dp::partition_uniform(7, 3).bounds, (std::vector<int64_t>{0, 3, 5, 7}));
+  EXPECT_EQ(dp::partition_uniform(10, 4).bounds, (std::vector<int64_t>{0, 3, 6, 8, 10}));
+  EXPECT_EQ(dp::partition_uniform(4, 4).bounds, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(dp::partition_uniform(6, 1).bounds, (std::vector<int64_t>{0, 6}));
+  EXPECT_THROW(dp::partition_uniform(2, 3), deepspeed::ConfigError);
+}
+
+TEST(PipelinePartition, MethodNamesAreCaseInsensitiveButNotTheirRegex) {
+  EXPECT_EQ(dp::normalized_partition_method("Uniform"), "uniform");
+  EXPECT_EQ(dp::normalized_partition_method("PARAMETERS"), "parameters");
+  EXPECT_EQ(dp::normalized_partition_method("Best"), "parameters");
+  EXPECT_EQ(dp::normalized_partition_method("Type:TransformerBlock"), "type:TransformerBlock");
 }
 
 TEST(PipelinePartition, BalancedByWeight) {

@@ -172,9 +172,12 @@ class Engine {
   // rank's job cannot continue). failed(), in a catch block, posts the failure in flight, if the
   // call had issued (or tried to issue) collectives: a peer waiting for one this rank will not
   // issue then fails at once instead of at the timeout.
+  // `peers_wait_at_once`: other ranks are already blocked on this call's first transfer (a
+  // pipeline batch: the next stage waits for this one's activations), so a failure before it
+  // issued anything posts too; a retry would not find them where it left them.
   class CallScope {
    public:
-    CallScope(Engine& engine, const char* call);
+    CallScope(Engine& engine, const char* call, bool peers_wait_at_once = false);
     ~CallScope();
     CallScope(const CallScope&) = delete;
     CallScope& operator=(const CallScope&) = delete;
@@ -183,6 +186,7 @@ class Engine {
    private:
     EngineState& state_;
     const char* call_;
+    bool peers_wait_at_once_ = false;
     bool outermost_ = false;
     bool posted_ = false;
     uint64_t numbered_ = 0;  // the board's count at the start
@@ -190,8 +194,8 @@ class Engine {
   };
   // Runs `body` as the engine call `call`: inside its CallScope, posting what escapes it.
   template <class Body>
-  decltype(auto) in_call(const char* call, Body&& body) {
-    CallScope scope(*this, call);
+  decltype(auto) in_call(const char* call, Body&& body, bool peers_wait_at_once = false) {
+    CallScope scope(*this, call, peers_wait_at_once);
     try {
       return body();
     } catch (...) {

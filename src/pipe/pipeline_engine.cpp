@@ -35,7 +35,9 @@ Schedule PipelineEngine::schedule() const {
 }
 
 double PipelineEngine::train_batch(const DataIterator& data) {
-  return in_call("train_batch", [&] { return run(schedule(), data, /*train=*/true); });
+  // With more than one stage the neighbours block on this stage's first transfer at once.
+  return in_call("train_batch", [&] { return run(schedule(), data, /*train=*/true); },
+                 /*peers_wait_at_once=*/rt_->stages > 1);
 }
 
 double PipelineEngine::eval_batch(const DataIterator& data) {
@@ -53,7 +55,7 @@ double PipelineEngine::eval_batch(const DataIterator& data) {
     }
     rt_->module->train();
     return loss;
-  });
+  }, /*peers_wait_at_once=*/rt_->stages > 1);
 }
 
 }  // namespace pipe

@@ -27,8 +27,8 @@ Engine::~Engine() = default;
 
 using monitor::Phase;
 
-Engine::CallScope::CallScope(Engine& engine, const char* call)
-    : state_(*engine.state_), call_(call) {
+Engine::CallScope::CallScope(Engine& engine, const char* call, bool peers_wait_at_once)
+    : state_(*engine.state_), call_(call), peers_wait_at_once_(peers_wait_at_once) {
   auto& s = state_;
   if (!s.failure_board_found) {  // every group of the job shares its world's board
     s.failure_board = comm::failure_board_of(s.topology ? *s.topology->world() : *s.comm);
@@ -59,7 +59,8 @@ void Engine::CallScope::failed() noexcept {
   // A call that issued nothing left the ranks' collectives matched: its retry issues them as the
   // failed call would have. One that tried and withdrew an operation whose start threw posts: a
   // peer may be waiting in it already.
-  if (board.numbered_total() == numbered_ || board.own_posts() != posts_) return;
+  const bool issued = board.numbered_total() != numbered_;
+  if ((!issued && !peers_wait_at_once_) || board.own_posts() != posts_) return;
   board.post(call_, comm::current_exception_message());
 }
 

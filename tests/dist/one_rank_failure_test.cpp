@@ -207,6 +207,46 @@ TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
   expect_the_job_ended(first, retried, "train_batch");
 }
 
+// The first stage fails on its first micro-batch (a finite data iterator at its end), before it
+// sent anything: the next stage, already waiting for that activation, fails at once naming the
+// error (before, a call that had issued nothing did not post, and it waited until the timeout).
+TEST(OneRankFailure, APipelineStageFailingBeforeItsFirstTransferEndsItsNeighboursWait) {
+  std::vector<std::string> first(2), retried(2);
+  run_ranks(
+      2,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        namespace dp = deepspeed::pipe;
+        dp::PipelineInitializeArgs args;
+        args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false));
+        args.model.num_stages = 2;
+        args.config_json = dstest::pipeline_config(1, 0);
+        args.comm = comm;
+        args.device = "cpu";
+        auto engine = dp::initialize_pipeline(args);
+        int m = 0;
+        auto data = [&] {
+          if (comm->rank() == 0) throw std::runtime_error("injected end of the data");
+          return dstest::pipeline_micro_batch(0, m++);
+        };
+        try {
+          engine->train_batch(data);
+        } catch (const std::exception& e) {
+          first[comm->rank()] = e.what();
+        }
+        m = 0;
+        try {
+          engine->train_batch([&] { return dstest::pipeline_micro_batch(0, m++); });
+        } catch (const std::exception& e) {
+          retried[comm->rank()] = e.what();
+        }
+      },
+      kTimeout);
+  EXPECT_CONTAINS(first[0], "injected end of the data");
+  EXPECT_CONTAINS(first[1], "rank 0's train_batch failed (");
+  EXPECT_CONTAINS(first[1], "injected end of the data");
+  expect_the_job_ended(first, retried, "train_batch");
+}
+
 // The end of a gathered_parameters scope with a modifier rank is collective: unit by unit, the
 // modifier's values are broadcast and become the masters. Rank 1's swapped optimizer state is cut
 // short under it, so its release fails reading the first unit's masters, after that unit's

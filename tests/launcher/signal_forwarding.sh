@@ -1,6 +1,8 @@
-# SIGTERM and SIGINT sent to dsrun reach every rank; dsrun exits 128+signal and leaves nothing
-# running. If dsrun itself is SIGKILLed, its ranks die with it (parent-death signal).
+# SIGTERM, SIGINT, SIGHUP (terminal or ssh session closed) and SIGQUIT sent to dsrun reach every
+# rank; dsrun exits 128+signal and leaves nothing running. If dsrun itself is SIGKILLed, its ranks
+# die with it (parent-death signal). Under nohup, SIGHUP stays ignored by dsrun and its ranks.
 source "$(dirname "$0")/common.bash" "$1"
+ulimit -c 0  # the ranks SIGQUIT kills write no core files
 
 start_sleepers() {  # NAME: 3 ranks that sleep; returns once all three are running
   local name=$1
@@ -21,7 +23,7 @@ wait_exit() {  # bounded wait for DSRUN_PID; sets RC
   RC=$?
 }
 
-for sig in TERM INT; do
+for sig in TERM INT HUP QUIT; do
   start_sleepers $sig
   kill -$sig $DSRUN_PID
   wait_exit
@@ -31,6 +33,25 @@ for sig in TERM INT; do
   expect_absent "$TMP/$sig.err" "sending SIGKILL"  # the sleepers obey the forwarded signal
   no_leftovers
 done
+
+# `nohup dsrun ... &` (SIGHUP ignored on entry) outlives the session: a SIGHUP to dsrun or to a
+# rank changes nothing and the job completes normally. (Before: dsrun caught SIGHUP anyway and
+# stopped the job with exit status 129.)
+nohup "$DSRUN" --num_procs 2 --master_port "$(free_port)" "$WORKER" --mode sleep --seconds 8 \
+  --pid_file "$TMP/nohup.pid" --marker "$MARKER" >"$TMP/nohup.out" 2>"$TMP/nohup.err" &
+DSRUN_PID=$!
+wait_for 2 "sleeping" "$TMP/nohup.out"
+RANK_PID=$(cat "$TMP/nohup.pid")  # the rank that wrote it last
+kill -HUP $DSRUN_PID
+kill -HUP "$RANK_PID"
+sleep 0.5
+# Both still there: the HUPs landed while the job ran (it sleeps 8 s), and changed nothing.
+kill -0 $DSRUN_PID 2>/dev/null || fail "nohup dsrun: dsrun ended right after SIGHUP"
+kill -0 "$RANK_PID" 2>/dev/null || fail "nohup dsrun: the rank ended right after SIGHUP"
+wait_exit
+[ $RC -eq 0 ] || fail "nohup dsrun: SIGHUP ended the job (exit status $RC, expected 0)"
+expect_absent "$TMP/nohup.err" "received SIGHUP"
+no_leftovers
 
 start_sleepers parentkill
 kill -9 $DSRUN_PID

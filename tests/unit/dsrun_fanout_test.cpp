@@ -2,6 +2,7 @@
 // .deepspeed_env, shell quoting, and the exact ssh / pdsh / mpirun / srun command lines.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -46,6 +47,36 @@ TEST(DsrunFanout, DeepSpeedEnvLines) {
             "f line 1 '1A=2': expected KEY=VALUE with KEY a variable name");
   EXPECT_EQ(merge_env({{"A", "1"}, {"B", "2"}}, {{"B", "3"}, {"C", "4"}}),
             (EnvList{{"A", "1"}, {"B", "3"}, {"C", "4"}}));
+}
+
+// Which .deepspeed_env files are read (DeepSpeed's os.path.join(path, NAME) for path in ~, .): an
+// absolute DS_ENV_FILE is used as it is; any other name, or relative path, is looked up in HOME,
+// then the cwd, even when it is a file as given.
+TEST(DsrunFanout, DeepSpeedEnvFilePaths) {
+  std::vector<std::string> files;
+  auto is_file = [&](const std::string& p) {
+    return std::find(files.begin(), files.end(), p) != files.end();
+  };
+  files = {"/h/.deepspeed_env", "/w/.deepspeed_env"};
+  EXPECT_EQ(deepspeed_env_paths("", "/h", "/w", is_file),
+            (Argv{"/h/.deepspeed_env", "/w/.deepspeed_env"}));
+  EXPECT_EQ(deepspeed_env_paths("", "/w", "/w", is_file), (Argv{"/w/.deepspeed_env"}));
+  EXPECT_EQ(deepspeed_env_paths("", "", "/w", is_file), (Argv{"/w/.deepspeed_env"}));
+  files = {"/etc/job.env", "/h/.deepspeed_env", "/h/my_env"};
+  EXPECT_EQ(deepspeed_env_paths("/etc/job.env", "/h", "/w", is_file), (Argv{"/etc/job.env"}));
+  EXPECT_EQ(deepspeed_env_paths("my_env", "/h", "/w", is_file), (Argv{"/h/my_env"}));
+  // A relative name that is a file as given (here: in the cwd) is still looked up in HOME first,
+  // then the cwd (it was once read alone, dropping HOME's).
+  files = {"my_env", "/w/my_env", "/h/my_env"};
+  EXPECT_EQ(deepspeed_env_paths("my_env", "/h", "/w", is_file), (Argv{"/h/my_env", "/w/my_env"}));
+  files = {"conf/job.env", "/w/conf/job.env", "/h/conf/job.env", "/h/conf/other.env"};
+  EXPECT_EQ(deepspeed_env_paths("conf/job.env", "/h", "/w", is_file),
+            (Argv{"/h/conf/job.env", "/w/conf/job.env"}));
+  EXPECT_EQ(deepspeed_env_paths("conf/other.env", "/h", "/w", is_file),
+            (Argv{"/h/conf/other.env"}));
+  EXPECT_EQ(what_of([&] { deepspeed_env_paths("/etc/typo.env", "/h", "/w", is_file); }),
+            "DS_ENV_FILE=/etc/typo.env is not a file (an absolute DS_ENV_FILE is read as it is)");
+  EXPECT_EQ(deepspeed_env_paths("missing_env", "/h", "/w", is_file), Argv{});
 }
 
 TEST(DsrunFanout, ShellQuoteAndSplit) {

@@ -50,6 +50,38 @@ TEST(DsrunWorld, BadHostfileLinesAreNamed) {
             std::string::npos);
 }
 
+// OpenMPI-style lines (DeepSpeed's runner reads them with re.search(r'^(\S+)\s+slots=(\d+)')):
+// words after slots=N are ignored; slots=N must still come right after the host.
+TEST(DsrunWorld, HostfileWordsAfterSlotsAreIgnored) {
+  Resources r = parse_hostfile("localhost slots=2 max_slots=2\nworker-1 slots=1 anything else\n",
+                               "hosts");
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].slots, (std::vector<int>{0, 1}));
+  EXPECT_EQ(r[1].slots, (std::vector<int>{0}));
+  EXPECT_NE(what_of([] { parse_hostfile("a max_slots=2 slots=2\n", "hosts"); })
+                .find("expected slots=N after the host name"),
+            std::string::npos);
+  EXPECT_NE(what_of([] { parse_hostfile("a slots=x max_slots=2\n", "hosts"); })
+                .find("slots must be a whole number"),
+            std::string::npos);
+  EXPECT_NE(what_of([] { parse_hostfile("a\n", "hosts"); }).find("expected 'HOST slots=N'"),
+            std::string::npos);
+}
+
+// Without a hostfile the pool is {localhost: slots}, and the selection works on it as on a
+// hostfile's (DeepSpeed's `--include localhost:0,1`, `--num_nodes 1`).
+TEST(DsrunWorld, LocalPoolWithoutHostfile) {
+  Resources pool = local_pool(4);
+  ASSERT_EQ(pool.size(), 1u);
+  EXPECT_EQ(pool[0].host, "localhost");
+  EXPECT_EQ(pool[0].slots, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(encode_world(select_resources(pool, "localhost:1,3", "", -1, -1)), "localhost:1,3");
+  EXPECT_EQ(encode_world(select_resources(pool, "", "localhost:0", 1, -1)), "localhost:1,2,3");
+  EXPECT_EQ(encode_world(select_resources(pool, "localhost", "", -1, 2)), "localhost:0,1");
+  EXPECT_EQ(what_of([&] { select_resources(pool, "worker-1", "", -1, -1, "the pool"); }),
+            "--include 'worker-1': host worker-1 is not in the pool (localhost)");
+}
+
 TEST(DsrunWorld, IncludeAndExclude) {
   Resources pool = parse_hostfile(kHostfile, "hosts");
   Resources inc = include_only(pool, "worker-0:1@worker-1", "--include");

@@ -74,6 +74,27 @@ EnvList parse_deepspeed_env(const std::string& text, const std::string& path) {
   return out;
 }
 
+std::vector<std::string> deepspeed_env_paths(const std::string& ds_env_file,
+                                             const std::string& home, const std::string& cwd,
+                                             const std::function<bool(const std::string&)>& is_file) {
+  // DeepSpeed's runner reads os.path.join(path, NAME) for path in (~, .): an absolute NAME is
+  // that file (once here), anything else is looked up under both.
+  if (!ds_env_file.empty() && ds_env_file[0] == '/') {
+    if (!is_file(ds_env_file))
+      throw LaunchError("DS_ENV_FILE=" + ds_env_file +
+                        " is not a file (an absolute DS_ENV_FILE is read as it is)");
+    return {ds_env_file};
+  }
+  const std::string name = ds_env_file.empty() ? ".deepspeed_env" : ds_env_file;
+  std::vector<std::string> paths;
+  for (const std::string& dir : {home, cwd}) {
+    if (dir.empty()) continue;
+    std::string path = dir + "/" + name;
+    if (is_file(path) && (paths.empty() || paths.back() != path)) paths.push_back(path);
+  }
+  return paths;
+}
+
 EnvList merge_env(EnvList base, const EnvList& extra) {
   for (const auto& kv : extra) {
     auto it = std::find_if(base.begin(), base.end(),

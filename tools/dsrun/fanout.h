@@ -7,6 +7,7 @@
 // themselves (no agent), as DeepSpeed's OpenMPI and Slurm runners do; the ranks then read
 // OMPI_COMM_WORLD_* / SLURM_* (src/comm/process_info.cpp).
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,17 @@ EnvList forwarded_environment(const char* const* environ_list);
 // `#` comment lines skipped. Throws LaunchError naming `path` and the line when it has no '=' or
 // the key is not a shell variable name.
 EnvList parse_deepspeed_env(const std::string& text, const std::string& path);
+
+// The .deepspeed_env files to read, in order (a later file's keys win), as DeepSpeed's runner finds
+// them (os.path.join(path, NAME) for path in ~ and .). `ds_env_file` is DS_ENV_FILE ("" when
+// unset). An absolute path: that file alone. Otherwise NAME (DS_ENV_FILE, a bare name or a
+// relative path, default ".deepspeed_env") in `home` (when not empty), then in `cwd`, those that
+// exist (`is_file`); a relative NAME is not taken as relative to the process's working directory
+// on its own. Throws LaunchError naming DS_ENV_FILE when it is an absolute path that is not a
+// file: a typo there would otherwise silently drop the environment it was meant to carry.
+std::vector<std::string> deepspeed_env_paths(const std::string& ds_env_file,
+                                             const std::string& home, const std::string& cwd,
+                                             const std::function<bool(const std::string&)>& is_file);
 
 // `base` with `extra` appended, a key of `extra` replacing the same key of `base` (in place).
 EnvList merge_env(EnvList base, const EnvList& extra);

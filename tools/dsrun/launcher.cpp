@@ -48,8 +48,8 @@ struct Rank {
 
   bool failed() const { return !WIFEXITED(status) || WEXITSTATUS(status) != 0; }
   void drain() {
-    if (out) out->pump();
-    if (err) err->pump();
+    if (out) out->drain();
+    if (err) err->drain();
   }
 };
 
@@ -63,14 +63,14 @@ std::string timestamp() {
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& options) : opt_(options) {}
-  int run();
-  bool interrupted() const { return interrupted_; }
+  JobOutcome run();
 
  private:
   void prepare();  // checks that need no process; throws LaunchError
   RankCommand command_for(int rank) const;
   void start_ranks();
   void supervise();
+  void finish();
   int poll_timeout_ms(Clock::time_point now) const;
   void handle_wakeups();
   void reap();
@@ -94,15 +94,15 @@ class Supervisor {
   bool stdin_open_ = false;  // watched (--watch_stdin) and not yet at EOF
   Clock::time_point drain_deadline_;
   int exit_status_ = 0;
-  bool interrupted_ = false;  // dsrun itself got SIGINT/SIGTERM (no restart then)
+  bool interrupted_ = false;  // dsrun itself got a stop signal (no restart then)
 };
 
-int Supervisor::run() {
+JobOutcome Supervisor::run() {
   try {
     prepare();
   } catch (const LaunchError& e) {
     say(e.what());
-    return 2;
+    return {2, /*started=*/false, false};
   }
   try {
     SignalScope signals;
@@ -114,14 +114,17 @@ int Supervisor::run() {
       begin_shutdown(SIGTERM);
     }
     supervise();
+    // Still inside the scope: the sweep's messages are queued like the rest, so a stuck stderr
+    // holds dsrun at most as long as finish() allows.
+    remove_leftover_segments();
+    finish();
   } catch (const LaunchError& e) {
     say(e.what());
-    return 1;  // ranks may still run: their segments are not leftovers yet
+    return {1, true, interrupted_};  // ranks may still run: their segments are not leftovers yet
   }
-  remove_leftover_segments();
   for (auto& r : ranks_)
     if (r.log_fd >= 0) ::close(r.log_fd);
-  return exit_status_;
+  return {exit_status_, true, interrupted_};
 }
 
 void Supervisor::prepare() {
@@ -240,34 +243,44 @@ void Supervisor::supervise() {
       }
       if (!pumps_open() || now >= drain_deadline_) break;
     }
+    // Each turn does bounded work (one read per ready pipe, a bounded write per writable output),
+    // so reaping, timers and signals are looked at again soon however much the ranks print.
     std::vector<pollfd> fds = {{wake_fd(), POLLIN, 0}};
-    std::vector<LinePump*> pumps = {nullptr};
-    if (stdin_open_) {
-      fds.push_back({0, POLLIN, 0});
-      pumps.push_back(nullptr);
-    }
+    const bool watch_stdin = stdin_open_;
+    if (watch_stdin) fds.push_back({0, POLLIN, 0});
+    const size_t first_pump = fds.size();
+    std::vector<LinePump*> pumps;
     for (auto& r : ranks_)
       for (LinePump* p : {r.out.get(), r.err.get()})
-        if (p && p->is_open()) {
+        if (p && p->wants_input()) {
           fds.push_back({p->fd(), POLLIN, 0});
           pumps.push_back(p);
         }
+    const size_t first_sink = fds.size();
+    OutputSink::add_polls(&fds);
     int n = ::poll(fds.data(), fds.size(), poll_timeout_ms(now));
     if (n < 0 && errno != EINTR) throw LaunchError(std::string("poll: ") + ::strerror(errno));
     if (n <= 0) continue;
     if (fds[0].revents) handle_wakeups();
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      if (pumps[i] == nullptr)
-        handle_stdin();
-      else
-        pumps[i]->pump();
-    }
+    if (watch_stdin && fds[1].revents) handle_stdin();
+    for (size_t i = 0; i < pumps.size(); ++i)
+      if (fds[first_pump + i].revents) pumps[i]->pump();
+    OutputSink::write_polled(fds.data() + first_sink, fds.size() - first_sink);
   }
   for (auto& r : ranks_) {
     if (r.out) r.out->close_and_flush();
     if (r.err) r.err->close_and_flush();
   }
+}
+
+// Every rank is gone: what is still queued for dsrun's stdout/stderr is written out. A job that
+// dsrun was told to stop waits for its reader at most the kill grace; another stop signal ends
+// the wait at once. A stop signal that came after the loop's last look counts as in the loop.
+void Supervisor::finish() {
+  int sig = finish_output(interrupted_ ? opt_.kill_grace_s : -1);
+  if (sig == 0) return;
+  if (!interrupted_) exit_status_ = 128 + sig;
+  interrupted_ = true;
 }
 
 int Supervisor::poll_timeout_ms(Clock::time_point now) const {
@@ -288,16 +301,20 @@ void Supervisor::handle_wakeups() {
   while ((n = ::read(wake_fd(), buf, sizeof buf)) > 0) {
     for (ssize_t i = 0; i < n; ++i) {
       int sig = buf[i];
-      if (sig == SIGCHLD) continue;  // reap() runs on every loop iteration
+      if (!is_stop_signal(sig)) continue;  // SIGCHLD: reap() runs on every loop iteration
+      // Whatever the state (even while stopping the ranks after a failure), a stop signal means
+      // the user wants the job over: no --max_restarts restart, and the exit status says so.
+      const bool first = !interrupted_;
+      if (first) exit_status_ = 128 + sig;
+      interrupted_ = true;
       if (!shutting_down_) {
         say(std::string("received ") + signal_name(sig) + "; forwarding it to the " +
             std::to_string(alive()) + " running ranks");
-        exit_status_ = 128 + sig;
-        interrupted_ = true;
         begin_shutdown(sig);
       } else if (!killed_ && alive() > 0) {
-        say(std::string("received ") + signal_name(sig) + " again; killing the ranks now");
-        kill_survivors("after a second signal to dsrun");
+        say(std::string("received ") + signal_name(sig) +
+            (first ? " while stopping the job" : " again") + "; killing the ranks now");
+        kill_survivors(std::string("after ") + signal_name(sig) + " to dsrun");
       }
     }
   }
@@ -404,12 +421,7 @@ void Supervisor::remove_leftover_segments() {
 
 }  // namespace
 
-int run_job(const LaunchOptions& options, bool* interrupted) {
-  Supervisor job(options);
-  int status = job.run();
-  if (interrupted) *interrupted = job.interrupted();
-  return status;
-}
+JobOutcome run_job(const LaunchOptions& options) { return Supervisor(options).run(); }
 
 }  // namespace launcher
 }  // namespace deepspeed

@@ -4,8 +4,11 @@
 // Exit status of run_job() (dsrun's own exit status):
 //   0        every rank exited 0
 //   S        the first failing rank exited with status S (non-zero)
-//   128+N    the first failing rank was killed by signal N, or dsrun received signal N
-//   2        nothing was started: bad option, port in use, program missing (message on stderr)
+//   128+N    the first failing rank was killed by signal N, or dsrun received signal N (INT,
+//            TERM, HUP, QUIT: forwarded to every rank's process group), also after a rank
+//            failed (the signal then wins: JobOutcome::interrupted)
+//   2        nothing was started: bad option, port in use, program missing (message on stderr);
+//            a rank's own exit status 2 is reported as 2 too (JobOutcome::started tells them apart)
 //   129      (agent mode, --watch_stdin) the launcher went away: stdin reached EOF
 //   1        the launcher itself failed (fork, pipe)
 #pragma once
@@ -40,11 +43,18 @@ struct LaunchOptions {
   int restart_count = 0;             // DSRUN_RESTART_COUNT for the ranks
 };
 
-// Runs the job to completion and returns dsrun's exit status (see above). Installs SIGINT/SIGTERM/
-// SIGCHLD handlers for its duration. Call from a single-threaded process, once at a time.
-// *interrupted (if given) tells whether dsrun itself was signalled (SIGINT/SIGTERM), which
-// --max_restarts does not restart.
-int run_job(const LaunchOptions& options, bool* interrupted = nullptr);
+// How one attempt of a job ended.
+struct JobOutcome {
+  int exit_status = 0;       // dsrun's exit status (see above)
+  bool started = true;       // false: dsrun's own error before anything started (a bad option,
+                             // a missing program: exit status 2), which a restart would repeat
+  bool interrupted = false;  // dsrun itself got a stop signal (SIGINT/SIGTERM/SIGHUP/SIGQUIT),
+                             // which --max_restarts does not restart
+};
+
+// Runs the job to completion. Installs the SignalScope handlers for its duration. Call from a
+// single-threaded process, once at a time.
+JobOutcome run_job(const LaunchOptions& options);
 
 }  // namespace launcher
 }  // namespace deepspeed

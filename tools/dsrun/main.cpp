@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -99,16 +100,68 @@ void add_options(CLI::App& app, Cli& c) {
   app.add_flag("--preflight", c.preflight, "(internal) check PROGRAM and the port on this host");
 }
 
-// Restarts `attempt` up to max_restarts times while it fails, unless dsrun itself was interrupted.
+// Restarts `attempt` (count -> JobOutcome) up to max_restarts times while the job fails, unless
+// nothing started (dsrun's own error: it would only repeat) or dsrun itself was interrupted.
+// A rank's exit status is not a sign of either: a rank may exit 2 like dsrun's usage error.
 template <typename Attempt>
 int with_restarts(int max_restarts, Attempt attempt) {
   for (int count = 0;; ++count) {
-    bool interrupted = false;
-    int status = attempt(count, &interrupted);
-    if (status == 0 || status == kUsageError || interrupted || count >= max_restarts) return status;
-    say("the job failed (exit status " + std::to_string(status) + "); restarting it (restart " +
-        std::to_string(count + 1) + " of " + std::to_string(max_restarts) + ")");
+    JobOutcome job = attempt(count);
+    if (job.exit_status == 0 || !job.started || job.interrupted || count >= max_restarts)
+      return job.exit_status;
+    say("the job failed (exit status " + std::to_string(job.exit_status) +
+        "); restarting it (restart " + std::to_string(count + 1) + " of " +
+        std::to_string(max_restarts) + ")");
   }
+}
+
+// Runs the job on this machine: num_procs ranks, or one per slot (CUDA_VISIBLE_DEVICES = the
+// slot ids, as DeepSpeed's launch.py sets them) when slots are given.
+int run_here(const Cli& c, const std::vector<int>& slots) {
+  return with_restarts(c.max_restarts, [&](int count) {
+    LaunchOptions o = c.local;
+    if (!slots.empty()) o.num_procs = static_cast<int>(slots.size());
+    o.node.slots = slots;
+    o.restart_count = count;
+    return run_job(o);
+  });
+}
+
+// No hostfile: DeepSpeed's runner uses the pool {localhost: device count}; --num_nodes 1 and
+// --include/--exclude apply to it. The pool has at least --num_procs slots (a CPU build may start
+// more ranks than cores).
+// --include/--exclude name device indices, which the ranks get as CUDA_VISIBLE_DEVICES; with
+// the variable already set to anything but 0,1,..,n-1, index k is not entry k (DeepSpeed's
+// runner has this trap, its issue #662): refused rather than run on the devices the user hid.
+void refuse_renumbered_devices() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible || !*visible) return;
+  std::string identity;
+  for (int k = 0, n = local_slot_count(); k < n; ++k)
+    identity += (k ? "," : "") + std::to_string(k);
+  if (identity == visible) return;
+  throw LaunchError(std::string("--include/--exclude select devices by index, but "
+                                "CUDA_VISIBLE_DEVICES=") + visible +
+                    " already chooses and renumbers them; unset it (the selection then sets it "
+                    "for the ranks) or drop the selection");
+}
+
+int run_without_hostfile(const Cli& c, bool procs_given) {
+  if (c.num_nodes > 1)
+    throw LaunchError("--num_nodes " + std::to_string(c.num_nodes) +
+                      " needs a --hostfile listing the hosts (there is no " + kDefaultHostfile +
+                      "); without one dsrun runs on this machine only");
+  if (c.force_multi)
+    throw LaunchError(std::string("--force_multi needs a --hostfile (there is no ") +
+                      kDefaultHostfile + ")");
+  if (c.include.empty() && c.exclude.empty()) return run_here(c, {});
+  refuse_renumbered_devices();
+  int slots = local_slot_count();
+  if (procs_given) slots = std::max(slots, c.local.num_procs);
+  Resources world = select_resources(local_pool(slots), c.include, c.exclude, c.num_nodes,
+                                     procs_given ? c.local.num_procs : -1,
+                                     "the pool without a hostfile");
+  return run_here(c, world[0].slots);
 }
 
 int run_agent(Cli& c) {
@@ -117,7 +170,7 @@ int run_agent(Cli& c) {
   o.num_procs = p.local_size;
   o.node = {p.host, p.node_rank, p.num_nodes, p.first_rank, p.world_size, p.slots};
   o.check_port = p.node_rank == 0;  // the rendezvous store runs on node 0
-  return run_job(o);
+  return run_job(o).exit_status;
 }
 
 std::vector<std::string> agent_flags(const Cli& c, const CLI::App& app) {
@@ -137,29 +190,13 @@ int run_launcher(Cli& c, const CLI::App& app) {
   struct stat st;
   if (hostfile.empty() && ::stat(kDefaultHostfile, &st) == 0) hostfile = kDefaultHostfile;
   const bool procs_given = app.count("--num_procs") || app.count("--num_gpus");
-  if (hostfile.empty()) {
-    if (!c.include.empty() || !c.exclude.empty() || c.num_nodes > 0 || c.force_multi)
-      throw LaunchError("--include/--exclude/--num_nodes/--force_multi need a --hostfile (no " +
-                        std::string(kDefaultHostfile) + " here)");
-    return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
-      LaunchOptions o = c.local;
-      o.restart_count = count;
-      return run_job(o, interrupted);
-    });
-  }
+  if (hostfile.empty()) return run_without_hostfile(c, procs_given);
   Resources world = select_resources(read_hostfile(hostfile), c.include, c.exclude, c.num_nodes,
                                      procs_given ? c.local.num_procs : -1);
   Backend backend = parse_backend(c.launcher);
   if (world.size() == 1 && !c.force_multi && backend != Backend::kOpenMpi &&
       backend != Backend::kSlurm) {
-    // One host: DeepSpeed runs launch.py right here, without ssh.
-    return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
-      LaunchOptions o = c.local;
-      o.num_procs = static_cast<int>(world[0].slots.size());
-      o.node.slots = world[0].slots;
-      o.restart_count = count;
-      return run_job(o, interrupted);
-    });
+    return run_here(c, world[0].slots);  // one host: DeepSpeed runs launch.py here, no ssh
   }
   MultiNodeOptions m;
   m.world = world;
@@ -173,9 +210,9 @@ int run_launcher(Cli& c, const CLI::App& app) {
   m.agent_flags = agent_flags(c, app);
   m.command = c.local.command;
   prepare_hosts(m);
-  return with_restarts(c.max_restarts, [&](int count, bool* interrupted) {
+  return with_restarts(c.max_restarts, [&](int count) {
     m.restart_count = count;
-    return run_multinode(m, interrupted);
+    return run_multinode(m);
   });
 }
 

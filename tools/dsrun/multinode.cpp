@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -180,19 +181,21 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
   return c.out;
 }
 
-// DeepSpeed's runner: lines of ~/.deepspeed_env, then ./.deepspeed_env (DS_ENV_FILE renames the
-// file), are exported to every node after the forwarded variables, the later file winning.
+bool is_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// DeepSpeed's runner: the lines of the .deepspeed_env files (deepspeed_env_paths()) are exported
+// to every node after the forwarded variables.
 EnvList deepspeed_env_files() {
-  const char* name_env = std::getenv("DS_ENV_FILE");
-  std::string name = name_env && *name_env ? name_env : ".deepspeed_env";
-  std::vector<std::string> paths;
-  if (const char* home = std::getenv("HOME")) paths.push_back(std::string(home) + "/" + name);
-  paths.push_back(current_dir() + "/" + name);
-  if (paths.size() == 2 && paths[0] == paths[1]) paths.pop_back();
+  const char* ds_env_file = std::getenv("DS_ENV_FILE");
+  const char* home = std::getenv("HOME");
   EnvList out;
-  for (const auto& path : paths) {
+  for (const auto& path : deepspeed_env_paths(ds_env_file ? ds_env_file : "", home ? home : "",
+                                              current_dir(), is_file)) {
     std::ifstream in(path);
-    if (!in) continue;
+    if (!in) throw LaunchError("cannot read " + path + ": " + ::strerror(errno));
     std::stringstream text;
     text << in.rdbuf();
     out = merge_env(out, parse_deepspeed_env(text.str(), path));
@@ -265,7 +268,7 @@ class Fanout {
   ~Fanout() {
     if (!mpi_hostfile_.empty()) ::unlink(mpi_hostfile_.c_str());
   }
-  int run(bool* interrupted);
+  JobOutcome run();
 
  private:
   std::vector<std::pair<std::string, std::vector<std::string>>> commands();
@@ -372,8 +375,14 @@ void Fanout::start(const std::string& label, const std::vector<std::string>& arg
   for (int fd : {in[0], out[1], err[1]}) ::close(fd);
 }
 
-int Fanout::run(bool* interrupted) {
-  auto cmds = commands();
+JobOutcome Fanout::run() {
+  std::vector<std::pair<std::string, std::vector<std::string>>> cmds;
+  try {
+    cmds = commands();
+  } catch (const LaunchError& e) {
+    say(e.what());
+    return {2, /*started=*/false, false};  // e.g. srun cannot carry a value: nothing to retry
+  }
   std::map<std::string, std::string> extra;
   if (opt_.backend == Backend::kPdsh) {
     const char* user = std::getenv("PDSH_SSH_ARGS_APPEND");
@@ -390,8 +399,14 @@ int Fanout::run(bool* interrupted) {
     teardown();
   }
   supervise();
-  if (interrupted) *interrupted = interrupted_;
-  return exit_status_;
+  if (int sig = finish_output(interrupted_ ? opt_.kill_grace_s : -1)) {  // as launcher.cpp
+    if (!interrupted_) exit_status_ = 128 + sig;
+    interrupted_ = true;
+  }
+  // srun/pdsh/mpirun missing here: the same error again on a restart.
+  const bool started = std::any_of(children_.begin(), children_.end(),
+                                   [](const Child& c) { return c.pid > 0; });
+  return {exit_status_, started, interrupted_};
 }
 
 void Fanout::supervise() {
@@ -420,14 +435,17 @@ void Fanout::supervise() {
       for (const auto& c : children_) open = open || c.out->is_open() || c.err->is_open();
       if (!open || now >= drain_deadline) break;
     }
+    // Bounded work per turn, as in the single-node supervisor (launcher.cpp).
     std::vector<pollfd> fds = {{wake_fd(), POLLIN, 0}};
-    std::vector<LinePump*> pumps = {nullptr};
+    std::vector<LinePump*> pumps;
     for (auto& c : children_)
       for (LinePump* p : {c.out.get(), c.err.get()})
-        if (p && p->is_open()) {
+        if (p && p->wants_input()) {
           fds.push_back({p->fd(), POLLIN, 0});
           pumps.push_back(p);
         }
+    const size_t first_sink = fds.size();
+    OutputSink::add_polls(&fds);
     int timeout = 200;  // reap() also runs on this tick: SIGCHLD wakes us sooner
     int n = ::poll(fds.data(), fds.size(), timeout);
     if (n <= 0) continue;
@@ -436,19 +454,22 @@ void Fanout::supervise() {
       ssize_t got;
       while ((got = ::read(wake_fd(), buf, sizeof buf)) > 0)
         for (ssize_t i = 0; i < got; ++i) {
-          if (buf[i] == SIGCHLD) continue;
+          if (!is_stop_signal(buf[i])) continue;
+          // As in launcher.cpp: any stop signal, even during a teardown after a failure, ends
+          // the job for good (no --max_restarts restart) and sets the exit status.
+          if (!interrupted_) exit_status_ = 128 + buf[i];
+          interrupted_ = true;
           if (!tearing_down_) {
             say(std::string("received ") + signal_name(buf[i]) + "; stopping the job on every node");
-            exit_status_ = 128 + buf[i];
-            interrupted_ = true;
             teardown();
           } else {
-            next_kill_ = Clock::now();  // a second signal: escalate now
+            next_kill_ = Clock::now();  // a signal during the teardown: escalate now
           }
         }
     }
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) pumps[i]->pump();
+    for (size_t i = 0; i < pumps.size(); ++i)
+      if (fds[1 + i].revents) pumps[i]->pump();
+    OutputSink::write_polled(fds.data() + first_sink, fds.size() - first_sink);
   }
   for (auto& c : children_) {
     c.out->close_and_flush();
@@ -465,8 +486,8 @@ void Fanout::reap() {
     if (got == 0 || (got < 0 && errno == EINTR)) continue;
     c.reaped = true;
     c.status = got == c.pid ? status : 0;
-    c.out->pump();
-    c.err->pump();
+    c.out->drain();
+    c.err->drain();
     bool failed = !WIFEXITED(c.status) || WEXITSTATUS(c.status) != 0;
     if (failed && !tearing_down_) {
       report(c);
@@ -520,12 +541,12 @@ void Fanout::teardown() {
 
 }  // namespace
 
-int run_multinode(const MultiNodeOptions& options, bool* interrupted) {
+JobOutcome run_multinode(const MultiNodeOptions& options) {
   try {
-    return Fanout(options).run(interrupted);
+    return Fanout(options).run();
   } catch (const LaunchError& e) {
     say(e.what());
-    return 1;
+    return {1, true, false};
   }
 }
 

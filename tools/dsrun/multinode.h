@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fanout.h"
+#include "launcher.h"  // JobOutcome
 #include "world.h"
 
 namespace deepspeed {
@@ -42,10 +43,10 @@ struct MultiNodeOptions {
 // master_addr when empty. Throws LaunchError naming the host and what is wrong.
 void prepare_hosts(MultiNodeOptions& options);
 
-// Runs one attempt of the job; returns dsrun's exit status (as run_job: 0, the failing rank's
-// status, 128+signal; 2 for a problem found before anything started). *interrupted: dsrun itself
-// got SIGINT/SIGTERM.
-int run_multinode(const MultiNodeOptions& options, bool* interrupted);
+// Runs one attempt of the job (as run_job: exit status 0, the failing node's status, 128+signal;
+// 2 and started=false for a problem found before anything started; interrupted: dsrun itself got
+// a stop signal).
+JobOutcome run_multinode(const MultiNodeOptions& options);
 
 // `dsrun --preflight [--master_addr A] [--master_port P] PROGRAM`, run on each host over ssh by
 // prepare_hosts(): checks PROGRAM (and, on node 0, the port), prints "dsrun-preflight addr=IP"

@@ -1,6 +1,7 @@
 #include "spawn.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -15,6 +16,7 @@
 #endif
 
 #include <cstdlib>
+#include <cstring>
 
 namespace deepspeed {
 namespace launcher {
@@ -113,6 +115,32 @@ int available_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+int local_slot_count() {
+  // What torch.cuda.device_count() would say, without loading CUDA: CUDA_VISIBLE_DEVICES' entries
+  // when it is set, else the GPU device files.
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    int n = 0;
+    for (const char* p = visible; *p != '\0';) {
+      const char* end = std::strchr(p, ',');
+      size_t len = end ? static_cast<size_t>(end - p) : std::strlen(p);
+      if (len > 0) ++n;
+      p += len + (end ? 1 : 0);
+    }
+    if (n > 0) return n;
+  } else if (DIR* dev = ::opendir("/dev")) {
+    int n = 0;
+    while (const dirent* e = ::readdir(dev)) {
+      const char* name = e->d_name;
+      if (std::strncmp(name, "nvidia", 6) == 0 && name[6] != '\0' &&
+          std::strspn(name + 6, "0123456789") == std::strlen(name + 6))
+        ++n;
+    }
+    ::closedir(dev);
+    if (n > 0) return n;
+  }
+  return available_cpus();
+}
+
 std::vector<std::string> merge_environment(const char* const* base,
                                            const std::map<std::string, std::string>& overrides) {
   std::vector<std::string> env;
@@ -143,10 +171,19 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher_pid) ::_exit(126);
 #endif
-  // dsrun blocks and ignores some signals; the program starts with the defaults.
+  // dsrun blocks and ignores some signals; the program starts with the defaults. Not SIGHUP:
+  // dsrun catches it (exec resets that) unless it was ignored on entry (`nohup dsrun`), and then
+  // the ranks must ignore it too, as they would under nohup themselves.
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
-  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE, SIGHUP}) ::sigaction(sig, &dfl, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::sigaction(sig, &dfl, nullptr);
+  // Caught ones go back to the default now, not at exec: until then dsrun's handler would write
+  // into its wake pipe, which this child still holds.
+  for (int sig : {SIGHUP, SIGQUIT}) {
+    struct sigaction current {};
+    if (::sigaction(sig, nullptr, &current) == 0 && current.sa_handler != SIG_IGN)
+      ::sigaction(sig, &dfl, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);

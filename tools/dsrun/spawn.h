@@ -28,6 +28,11 @@ void check_port_free(const std::string& addr, int port);
 // CPUs this process may run on (its affinity mask), at least 1.
 int available_cpus();
 
+// This machine's slots when there is no hostfile (DeepSpeed's pool {localhost: device count}):
+// its GPUs (the entries of CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN), else its CPUs
+// (available_cpus()), since ranks of a CPU build run on CPU cores. At least 1.
+int local_slot_count();
+
 // `base` (KEY=VALUE strings) with each of `overrides` replacing or adding its key.
 std::vector<std::string> merge_environment(const char* const* base,
                                            const std::map<std::string, std::string>& overrides);

@@ -106,12 +106,13 @@ const NodeSpec* find_spec(const std::vector<NodeSpec>& specs, const std::string&
 }
 
 void check_hosts_exist(const Resources& pool, const std::vector<NodeSpec>& specs,
-                       const std::string& flag, const std::string& spec) {
+                       const std::string& flag, const std::string& spec,
+                       const std::string& pool_name) {
   for (const auto& s : specs) {
     const HostSlots* h = find_host(pool, s.host);
     if (h == nullptr)
-      throw LaunchError(flag + " '" + spec + "': host " + s.host + " is not in the hostfile (" +
-                        known_hosts(pool) + ")");
+      throw LaunchError(flag + " '" + spec + "': host " + s.host + " is not in " + pool_name +
+                        " (" + known_hosts(pool) + ")");
     check_slots_exist(*h, s, flag, spec);
   }
 }
@@ -129,11 +130,12 @@ Resources parse_hostfile(const std::string& text, const std::string& path) {
       return LaunchError("hostfile " + path + " line " + std::to_string(line_no) + " '" +
                          trim(raw) + "': " + why);
     };
+    // Words after slots=N (OpenMPI's max_slots=N, ...) are ignored, as DeepSpeed's
+    // re.search(r'^(\S+)\s+slots=(\d+)', line) does: one hostfile can serve both.
     std::istringstream words(line);
-    std::string host, slots_word, extra;
-    words >> host >> slots_word >> extra;
-    if (slots_word.empty() || !extra.empty())
-      throw bad("expected 'HOST slots=N'");
+    std::string host, slots_word;
+    words >> host >> slots_word;
+    if (slots_word.empty()) throw bad("expected 'HOST slots=N'");
     if (!valid_host_name(host)) throw bad("'" + host + "' is not a host name");
     if (slots_word.rfind("slots=", 0) != 0) throw bad("expected slots=N after the host name");
     long n = whole_number(slots_word.substr(6));
@@ -156,9 +158,16 @@ Resources read_hostfile(const std::string& path) {
   return pool;
 }
 
-Resources include_only(const Resources& pool, const std::string& spec, const std::string& flag) {
+Resources local_pool(int slots) {
+  HostSlots h{"localhost", {}};
+  for (int i = 0; i < slots; ++i) h.slots.push_back(i);
+  return {h};
+}
+
+Resources include_only(const Resources& pool, const std::string& spec, const std::string& flag,
+                       const std::string& pool_name) {
   std::vector<NodeSpec> specs = parse_spec(spec, flag);
-  check_hosts_exist(pool, specs, flag, spec);
+  check_hosts_exist(pool, specs, flag, spec, pool_name);
   Resources out;
   for (const auto& h : pool) {
     const NodeSpec* s = find_spec(specs, h.host);
@@ -172,9 +181,10 @@ Resources include_only(const Resources& pool, const std::string& spec, const std
   return out;
 }
 
-Resources exclude(const Resources& pool, const std::string& spec, const std::string& flag) {
+Resources exclude(const Resources& pool, const std::string& spec, const std::string& flag,
+                  const std::string& pool_name) {
   std::vector<NodeSpec> specs = parse_spec(spec, flag);
-  check_hosts_exist(pool, specs, flag, spec);
+  check_hosts_exist(pool, specs, flag, spec, pool_name);
   Resources out;
   for (const auto& h : pool) {
     const NodeSpec* s = find_spec(specs, h.host);
@@ -189,12 +199,13 @@ Resources exclude(const Resources& pool, const std::string& spec, const std::str
 }
 
 Resources select_resources(const Resources& pool, const std::string& include,
-                           const std::string& exclude_spec, int num_nodes, int num_procs) {
+                           const std::string& exclude_spec, int num_nodes, int num_procs,
+                           const std::string& pool_name) {
   if (!include.empty() && !exclude_spec.empty())
     throw LaunchError("--include and --exclude cannot be used together");
   Resources world = pool;
-  if (!include.empty()) world = include_only(world, include, "--include");
-  if (!exclude_spec.empty()) world = exclude(world, exclude_spec, "--exclude");
+  if (!include.empty()) world = include_only(world, include, "--include", pool_name);
+  if (!exclude_spec.empty()) world = exclude(world, exclude_spec, "--exclude", pool_name);
   if (world.empty()) throw LaunchError("no hosts are left after --exclude " + exclude_spec);
   if (num_nodes > 0) {
     if (num_nodes > static_cast<int>(world.size()))

@@ -17,24 +17,33 @@ struct HostSlots {
 // In hostfile order: that order numbers the nodes and so the global ranks.
 using Resources = std::vector<HostSlots>;
 
-// Parses hostfile text: lines `HOST slots=N`, `#` comments, blank lines. Throws LaunchError
-// naming `path`, the line number and the line for a malformed line, slots < 1 or a repeated host.
+// Parses hostfile text: lines `HOST slots=N [ignored words...]`, `#` comments, blank lines.
+// Throws LaunchError naming `path`, the line number and the line for a line without slots=N right
+// after the host, slots < 1 or a repeated host.
 Resources parse_hostfile(const std::string& text, const std::string& path);
 // Reads and parses the file; throws LaunchError naming it when it cannot be read or is empty.
 Resources read_hostfile(const std::string& path);
 
+// The pool when there is no hostfile (DeepSpeed's {localhost: device count}): host "localhost"
+// with slots 0 .. slots-1.
+Resources local_pool(int slots);
+
 // `NAME[:SLOT[,SLOT...]][@NAME...]` (DeepSpeed's --include/--exclude syntax) against `pool`.
 // include keeps only what it names (a host without slots: all of its slots), in pool order;
 // exclude removes what it names (a host without slots: the whole host). `flag` ("--include") is
-// used in errors, which name an unknown host or slot, a malformed spec or a repeated host.
-Resources include_only(const Resources& pool, const std::string& spec, const std::string& flag);
-Resources exclude(const Resources& pool, const std::string& spec, const std::string& flag);
+// used in errors, which name an unknown host or slot, a malformed spec or a repeated host;
+// `pool_name` says where the hosts come from ("host X is not in the hostfile (A, B)").
+Resources include_only(const Resources& pool, const std::string& spec, const std::string& flag,
+                       const std::string& pool_name = "the hostfile");
+Resources exclude(const Resources& pool, const std::string& spec, const std::string& flag,
+                  const std::string& pool_name = "the hostfile");
 
 // The whole selection as DeepSpeed's runner does it: include or exclude (not both), then the first
 // num_nodes hosts (<= 0: all), then the first num_procs slots of each (<= 0: all). Throws
 // LaunchError when nothing is left, or num_nodes / num_procs asks for more than there is.
 Resources select_resources(const Resources& pool, const std::string& include,
-                           const std::string& exclude_spec, int num_nodes, int num_procs);
+                           const std::string& exclude_spec, int num_nodes, int num_procs,
+                           const std::string& pool_name = "the hostfile");
 
 // World info for the agents: "HOST:S,S@HOST:S" (the --include syntax, so it is readable in `ps`).
 std::string encode_world(const Resources& world);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <functional>
 
 #include "checkpoint/fault_injecting_file_system.h"
 #include "checkpoint/tag_reader.h"
@@ -110,12 +111,18 @@ TEST(CheckpointTag, DifferentTagsAcrossRanksFail) {
   EXPECT_FALSE(std::filesystem::exists(dir / "ck"));
 }
 
-// A full disk on one rank only: every rank throws (no rank waits forever in a later collective),
-// the failing rank names the errno, nothing is published and `latest` keeps naming the last
-// complete checkpoint.
-TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
+namespace {
+
+using EngineOnRank = std::function<void(deepspeed::Engine&, int rank)>;
+
+// Two ranks of ZeRO-2 on the test GPT: each saves `first`, then `second` through a file system
+// whose first write fails (ENOSPC) on rank 1 only, then runs `then`. Returns what each rank's
+// second save threw.
+std::vector<std::string> save_with_a_full_disk_on_rank_one(const std::string& dir,
+                                                           const std::string& first,
+                                                           const std::string& second,
+                                                           const EngineOnRank& then = {}) {
   namespace ckpt = deepspeed::checkpoint;
-  dstest::TempDir dir;
   auto data = dstest::test_text_dataset(16);
   std::vector<std::string> errors(2);
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
@@ -123,17 +130,28 @@ TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
     auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
     auto r = deepspeed::initialize<gpt::GPTImpl>(
         {.model = model, .config_json = dstest::base_config(2, 1, 2), .training_data = data, .comm = comm});
-    r.engine->save_checkpoint(dir.path(), "good");
+    r.engine->save_checkpoint(dir, first);
     ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
     if (comm->rank() == 1) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
-    ckpt::SaveOptions o;
-    o.tag = "bad";
     try {
-      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir.path(), o);
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir, {.tag = second});
     } catch (const deepspeed::CheckpointError& e) {
       errors[comm->rank()] = e.what();
     }
+    if (then) then(*r.engine, comm->rank());
   });
+  return errors;
+}
+
+}  // namespace
+
+// A full disk on one rank only: every rank throws (no rank waits forever in a later collective),
+// the failing rank names the errno, nothing is published and `latest` keeps naming the last
+// complete checkpoint.
+TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
+  namespace ckpt = deepspeed::checkpoint;
+  dstest::TempDir dir;
+  const auto errors = save_with_a_full_disk_on_rank_one(dir.path(), "good", "bad");
   EXPECT_NE(errors[0].find("another rank"), std::string::npos) << errors[0];
   EXPECT_NE(errors[1].find("No space left on device"), std::string::npos) << errors[1];
   EXPECT_NE(errors[1].find("zero_pp_rank_1_mp_rank_00_optim_states"), std::string::npos) << errors[1];
@@ -147,25 +165,12 @@ TEST(CheckpointFaults, OneRankDiskFullFailsEveryRank) {
 TEST(CheckpointFaults, OneRankDiskFullDuringAReSaveKeepsTheTag) {
   namespace ckpt = deepspeed::checkpoint;
   dstest::TempDir dir;
-  auto data = dstest::test_text_dataset(16);
-  std::vector<std::string> errors(2);
-  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(1);
-    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-    auto r = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = model, .config_json = dstest::base_config(2, 1, 2), .training_data = data, .comm = comm});
-    r.engine->save_checkpoint(dir.path(), "best");
-    ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
-    if (comm->rank() == 1) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
-    try {
-      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir.path(), {.tag = "best"});
-    } catch (const deepspeed::CheckpointError& e) {
-      errors[comm->rank()] = e.what();
-    }
-    EXPECT_NO_THROW(r.engine->load_checkpoint(dir.path())) << "rank " << comm->rank();
-    r.engine->save_checkpoint(dir.path(), "best");  // the next re-save completes
-    EXPECT_NO_THROW(r.engine->load_checkpoint(dir.path())) << "rank " << comm->rank();
-  });
+  const auto errors = save_with_a_full_disk_on_rank_one(
+      dir.path(), "best", "best", [&](deepspeed::Engine& engine, int rank) {
+        EXPECT_NO_THROW(engine.load_checkpoint(dir.path())) << "rank " << rank;
+        engine.save_checkpoint(dir.path(), "best");  // the next re-save completes
+        EXPECT_NO_THROW(engine.load_checkpoint(dir.path())) << "rank " << rank;
+      });
   EXPECT_NE(errors[1].find("No space left on device"), std::string::npos) << errors[1];
   EXPECT_NE(errors[1].find("best.replacing"), std::string::npos) << errors[1];
   EXPECT_EQ(ckpt::read_latest_tag(ckpt::posix_file_system(), dir.path()), "best");

@@ -166,11 +166,16 @@ TEST_P(ForwardRetry, AForwardThatIssuedNothingIsRetriedOnItsRankAlone) {
   }
 }
 
-// Two pipeline stages: the last one fails loading its labels midway through a batch, so the
-// first waits for a gradient (a point-to-point receive) that will never come. It is aborted as
-// soon as the last stage has posted, naming its error; neither stage's next batch runs.
-TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
-  std::vector<std::string> first(2), retried(2);
+namespace {
+
+// Two pipeline stages train a batch whose data iterator throws `what` on rank `failing_rank` at
+// its micro-batch `at`, then a second batch: what each rank's first and second calls threw.
+struct TwoBatches {
+  std::vector<std::string> first = std::vector<std::string>(2);
+  std::vector<std::string> retried = std::vector<std::string>(2);
+};
+TwoBatches pipeline_batches_failing(int failing_rank, int at, const std::string& what) {
+  TwoBatches out;
   run_ranks(
       2,
       [&](deepspeed::comm::CommunicatorPtr comm) {
@@ -184,22 +189,32 @@ TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
         auto engine = dp::initialize_pipeline(args);
         int m = 0;
         auto data = [&] {
-          if (comm->rank() == 1 && m == 3) throw std::runtime_error("injected failure loading labels");
+          if (comm->rank() == failing_rank && m == at) throw std::runtime_error(what);
           return dstest::pipeline_micro_batch(0, m++);
         };
         try {
           engine->train_batch(data);
         } catch (const std::exception& e) {
-          first[comm->rank()] = e.what();
+          out.first[comm->rank()] = e.what();
         }
         m = 0;
         try {
           engine->train_batch([&] { return dstest::pipeline_micro_batch(0, m++); });
         } catch (const std::exception& e) {
-          retried[comm->rank()] = e.what();
+          out.retried[comm->rank()] = e.what();
         }
       },
       kTimeout);
+  return out;
+}
+
+}  // namespace
+
+// Two pipeline stages: the last one fails loading its labels midway through a batch, so the
+// first waits for a gradient (a point-to-point receive) that will never come. It is aborted as
+// soon as the last stage has posted, naming its error; neither stage's next batch runs.
+TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
+  const auto [first, retried] = pipeline_batches_failing(1, 3, "injected failure loading labels");
   EXPECT_CONTAINS(first[1], "injected failure loading labels");
   EXPECT_CONTAINS(first[0], "rank 1's train_batch failed (");
   EXPECT_CONTAINS(first[0], "injected failure loading labels");
@@ -211,36 +226,7 @@ TEST(OneRankFailure, APipelineStageWaitingForAFailedStageFailsAtOnce) {
 // sent anything: the next stage, already waiting for that activation, fails at once naming the
 // error (before, a call that had issued nothing did not post, and it waited until the timeout).
 TEST(OneRankFailure, APipelineStageFailingBeforeItsFirstTransferEndsItsNeighboursWait) {
-  std::vector<std::string> first(2), retried(2);
-  run_ranks(
-      2,
-      [&](deepspeed::comm::CommunicatorPtr comm) {
-        namespace dp = deepspeed::pipe;
-        dp::PipelineInitializeArgs args;
-        args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false));
-        args.model.num_stages = 2;
-        args.config_json = dstest::pipeline_config(1, 0);
-        args.comm = comm;
-        args.device = "cpu";
-        auto engine = dp::initialize_pipeline(args);
-        int m = 0;
-        auto data = [&] {
-          if (comm->rank() == 0) throw std::runtime_error("injected end of the data");
-          return dstest::pipeline_micro_batch(0, m++);
-        };
-        try {
-          engine->train_batch(data);
-        } catch (const std::exception& e) {
-          first[comm->rank()] = e.what();
-        }
-        m = 0;
-        try {
-          engine->train_batch([&] { return dstest::pipeline_micro_batch(0, m++); });
-        } catch (const std::exception& e) {
-          retried[comm->rank()] = e.what();
-        }
-      },
-      kTimeout);
+  const auto [first, retried] = pipeline_batches_failing(0, 0, "injected end of the data");
   EXPECT_CONTAINS(first[0], "injected end of the data");
   EXPECT_CONTAINS(first[1], "rank 0's train_batch failed (");
   EXPECT_CONTAINS(first[1], "injected end of the data");

@@ -57,6 +57,20 @@ wait_for() {
   fail "timed out waiting for $n lines with '$text' in $file"
 }
 
+# wait_gone PID WHAT [SECONDS]: bounded wait (default 30 s) for a background dsrun to exit; sets RC
+# to its exit status. A dsrun still running then fails the test naming WHAT, instead of hanging
+# until ctest's timeout.
+wait_gone() {
+  local pid=$1 what=$2 limit=${3:-30} i
+  for ((i = 0; i < limit * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$pid" 2>/dev/null && fail "$what: dsrun still running after $limit s"
+  wait "$pid"
+  RC=$?
+}
+
 # no_leftovers: every process carrying MARKER is gone (allowing a moment for the kernel to reap).
 no_leftovers() {
   local i

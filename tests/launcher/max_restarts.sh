@@ -33,27 +33,9 @@ expect_absent "$TMP/missing.err" "restarting"
 DSRUN_PID=$!
 wait_for 1 "sleeping" "$TMP/term.out"
 kill -TERM $DSRUN_PID
-for ((i = 0; i < 300; i++)); do
-  kill -0 $DSRUN_PID 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 $DSRUN_PID 2>/dev/null && fail "dsrun did not exit within 30 s of SIGTERM"
-wait $DSRUN_PID
-RC=$?
+wait_gone $DSRUN_PID "SIGTERM"
 [ $RC -eq 143 ] || fail "SIGTERM: dsrun exited $RC, expected 143"
 expect_absent "$TMP/term.err" "restarting"
-
-# wait_gone PID WHAT: bounded wait for a background dsrun; sets RC.
-wait_gone() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    kill -0 "$1" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$1" 2>/dev/null && fail "$2: dsrun did not exit within 20 s of SIGINT"
-  wait "$1"
-  RC=$?
-}
 
 # Ctrl-C while dsrun is stopping a failed job (rank 0 exited 4, rank 1 ignores SIGTERM, a long
 # kill grace): the ranks are killed and the job is not restarted; exit status 130. (Before: the

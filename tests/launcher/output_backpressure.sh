@@ -80,13 +80,7 @@ stuck_sigterm() {
   wait_for 1 "ready" "$TMP/$name.err"
   wait_file "$TMP/$name.stopped" "$name: the flood did not reach the reader (2 MiB)"
   kill -TERM $dsrun
-  for ((i = 0; i < 300; i++)); do
-    kill -0 $dsrun 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 $dsrun 2>/dev/null && fail "$name: SIGTERM did not end a dsrun whose stdout is stuck (30 s)"
-  wait $dsrun
-  RC=$?
+  wait_gone $dsrun "$name: SIGTERM to a dsrun whose stdout is stuck"
   [ $RC -eq 143 ] || fail "$name: SIGTERM with stdout stuck: dsrun exited $RC, expected 143"
   expect_contains "$TMP/$name.err" "$message"
   kill $reader 2>/dev/null
@@ -126,13 +120,7 @@ RANK0_PID=$(sed -n 's/^\[rank 0\] rank 0 pid //p' "$TMP/sweep.out")
 [ -e "/dev/shm/ds_shm_${RANK0_PID}_0" ] || fail "sweep: rank 0 made no segment"
 wait_file "$TMP/sweep.stopped" "sweep: the flood did not reach the stderr reader (1 MiB)"
 kill -TERM $DSRUN_PID
-for ((i = 0; i < 300; i++)); do
-  kill -0 $DSRUN_PID 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 $DSRUN_PID 2>/dev/null && fail "sweep: dsrun hung on its stuck stderr (30 s after SIGTERM)"
-wait $DSRUN_PID
-RC=$?
+wait_gone $DSRUN_PID "sweep: SIGTERM to a dsrun whose stderr is stuck"
 [ $RC -eq 143 ] || fail "sweep: dsrun exited $RC, expected 143"
 if [ -e "/dev/shm/ds_shm_${RANK0_PID}_0" ]; then
   rm -f "/dev/shm/ds_shm_${RANK0_PID}_0"

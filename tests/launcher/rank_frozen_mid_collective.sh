@@ -17,13 +17,7 @@ done
 VICTIM=$(cat "$TMP/rank1.pid")
 kill -STOP "$VICTIM" || fail "could not stop rank 1 (pid $VICTIM)"
 
-for ((i = 0; i < 300; i++)); do
-  kill -0 $DSRUN_PID 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 $DSRUN_PID 2>/dev/null && fail "dsrun still running 30 s after rank 1 was frozen"
-wait $DSRUN_PID
-RC=$?
+wait_gone $DSRUN_PID "rank 1 frozen"
 [ $RC -ne 0 ] || fail "dsrun exited 0 with a frozen rank"
 grep -qE "all_reduce of 1024 elements \(float\) on rank [02] of 3 failed after [0-9.]+ s \(timeout 6 s\)" \
   "$TMP/frozen.err" || fail "no named timeout of the all_reduce"

@@ -16,13 +16,7 @@ VICTIM=$(cat "$TMP/rank1.pid")
 kill -9 "$VICTIM" || fail "could not kill rank 1 (pid $VICTIM)"
 
 # Bounded wait for dsrun (grace is short; a hang fails here instead of at ctest's timeout).
-for ((i = 0; i < 300; i++)); do
-  kill -0 $DSRUN_PID 2>/dev/null || break
-  sleep 0.1
-done
-kill -0 $DSRUN_PID 2>/dev/null && fail "dsrun still running 30 s after rank 1 was killed"
-wait $DSRUN_PID
-RC=$?
+wait_gone $DSRUN_PID "rank 1 killed"
 [ $RC -eq 137 ] || fail "dsrun exited $RC, expected 137 (128 + SIGKILL)"
 expect_contains "$TMP/kill.err" "dsrun: rank 1 (pid $VICTIM) was killed by signal 9 (SIGKILL)"
 no_leftovers

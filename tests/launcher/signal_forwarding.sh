@@ -12,21 +12,10 @@ start_sleepers() {  # NAME: 3 ranks that sleep; returns once all three are runni
   wait_for 3 "sleeping" "$TMP/$name.out"
 }
 
-wait_exit() {  # bounded wait for DSRUN_PID; sets RC
-  local i
-  for ((i = 0; i < 200; i++)); do
-    kill -0 $DSRUN_PID 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 $DSRUN_PID 2>/dev/null && fail "dsrun did not exit within 20 s of the signal"
-  wait $DSRUN_PID
-  RC=$?
-}
-
 for sig in TERM INT HUP QUIT; do
   start_sleepers $sig
   kill -$sig $DSRUN_PID
-  wait_exit
+  wait_gone $DSRUN_PID "SIG$sig to dsrun"
   want=$(( 128 + $(kill -l $sig) ))
   [ $RC -eq $want ] || fail "SIG$sig: dsrun exited $RC, expected $want"
   expect_contains "$TMP/$sig.err" "dsrun: received SIG$sig; forwarding it to the 3 running ranks"
@@ -48,7 +37,7 @@ sleep 0.5
 # Both still there: the HUPs landed while the job ran (it sleeps 8 s), and changed nothing.
 kill -0 $DSRUN_PID 2>/dev/null || fail "nohup dsrun: dsrun ended right after SIGHUP"
 kill -0 "$RANK_PID" 2>/dev/null || fail "nohup dsrun: the rank ended right after SIGHUP"
-wait_exit
+wait_gone $DSRUN_PID "nohup dsrun"
 [ $RC -eq 0 ] || fail "nohup dsrun: SIGHUP ended the job (exit status $RC, expected 0)"
 expect_absent "$TMP/nohup.err" "received SIGHUP"
 no_leftovers

@@ -174,7 +174,9 @@ class Engine {
   // issue then fails at once instead of at the timeout.
   // `peers_wait_at_once`: other ranks are already blocked on this call's first transfer (a
   // pipeline batch: the next stage waits for this one's activations), so a failure before it
-  // issued anything posts too; a retry would not find them where it left them.
+  // issued anything posts too, and they fail at once instead of at the timeout. (A fail-fast
+  // choice: a retry on this rank alone could still have met them. When every rank fails alike,
+  // settle finds them in agreement and a retry goes on.)
   class CallScope {
    public:
     CallScope(Engine& engine, const char* call, bool peers_wait_at_once = false);

@@ -56,6 +56,10 @@ class LRScheduler {
   virtual std::string name() const = 0;
   // One optimizer step: t += 1, then writes the lr (and momentum) for t into the target.
   virtual void step() = 0;
+  // Throws ConfigError, changing nothing, when the next step() would (a schedule past its end,
+  // e.g. WarmupCosineLR whose total equals its warm-up). The engine asks before it applies an
+  // update, so a step the schedule cannot take is refused whole, not after the weights changed.
+  virtual void check_next_step() const {}
   // The lr of every group as last written (read back from the target), like get_last_lr().
   virtual std::vector<double> get_lr() const = 0;
   // beta1 (or SGD momentum) of every group as last written; empty when momentum is not cycled.

@@ -27,9 +27,12 @@ class ScheduledLR : public LRScheduler {
   std::string name() const override { return schedule_->name(); }
 
   void step() override {
+    check_next_step();
     ++t_;
     apply();
   }
+
+  void check_next_step() const override { (void)schedule_->lr_at(t_ + 1); }
 
   std::vector<double> get_lr() const override {
     std::vector<double> out;

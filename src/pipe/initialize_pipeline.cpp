@@ -167,13 +167,15 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   // Tied groups: one split of the world per key, in key order on every rank.
   TiedLayers tied = tie_layers(model, rt->partition, *rt->module, *rt->topology,
                                config.zero_optimization.stage);
+  const bool tied_across_stages = tied.spans_stages;
   rt->tied = std::move(tied.groups);
 
   EngineStatePtr state = build_stage_state(*rt, args, raw, tied.counted_twice);
   // Tied gradients are summed between stages after the backward's reduction: an optimizer that
   // takes its ranges during that reduction would update with each stage's own part (the tied
-  // copies drift apart). Every rank refuses alike (the same config).
-  if (!rt->tied.empty() && state->stage->steps_during_backward())
+  // copies drift apart). Every rank refuses alike: the same config, and whether a key spans
+  // stages is known to every stage, also one in the middle holding none.
+  if (tied_across_stages && state->stage->steps_during_backward())
     throw ConfigError("a PipelineModule with TiedLayerSpec and "
                       "zero_optimization.offload_optimizer.overlap_step (on by default on a GPU): "
                       "the optimizer would update tied parameters before their gradients are "

@@ -18,7 +18,7 @@ void backward_loss(EngineState& s, const at::Tensor& loss) {
   const int64_t gas = s.config.gradient_accumulation_steps;
   // As Engine::backward: the loss divided by the accumulation steps, times the fp16 loss scale
   // (1 otherwise); the batch loss is accumulated for step().
-  at::Tensor scaled = gas > 1 ? loss / static_cast<double>(gas) : loss;
+  at::Tensor scaled = divided_by_accumulation(loss, gas);
   at::Tensor detached = scaled.detach().to(torch::kDouble).reshape({});
   s.loss_since_boundary =
       s.loss_since_boundary.defined() ? s.loss_since_boundary + detached : detached;

@@ -29,6 +29,7 @@ TiedLayers tie_layers(const PipelineModule& model, const Partition& partition,
                         std::to_string(*owners.begin()) +
                         "; a tied layer must span stages (use a LayerSpec, or another partition)");
     if (owners.size() < 2) continue;
+    tied.spans_stages = true;
     if (zero_stage == 2)
       throw ConfigError("TiedLayerSpec \"" + key + "\" with zero_optimization.stage = 2: tied "
                         "gradients are reduced between stages on whole gradients, which ZeRO-2 "

@@ -25,6 +25,9 @@ struct TiedGroup {
 
 struct TiedLayers {
   std::vector<TiedGroup> groups;  // the keys this stage holds, in key order
+  // Whether any key spans stages: the same on every rank (a middle stage may hold none of them),
+  // so a refusal that depends on it is taken by every rank alike.
+  bool spans_stages = false;
   // Trainable tied parameters whose gradient norm a lower stage counts already (PipeStage
   // subtracts them).
   std::vector<at::Tensor> counted_twice;

@@ -64,6 +64,12 @@ void Engine::CallScope::failed() noexcept {
   board.post(call_, comm::current_exception_message());
 }
 
+at::Tensor divided_by_accumulation(const at::Tensor& loss, int64_t accumulation_steps) {
+  if (accumulation_steps <= 1) return loss;
+  const bool reduced = loss.scalar_type() == at::kBFloat16 || loss.scalar_type() == at::kHalf;
+  return (reduced ? loss.to(at::kFloat) : loss) / static_cast<double>(accumulation_steps);
+}
+
 void refuse_inside_gathered_scope(const EngineState& s, const std::string& what) {
   if (!s.stage || !s.stage->gathered_scope_open()) return;
   throw Error(what + " inside a gathered_parameters scope on rank " +
@@ -162,12 +168,7 @@ at::Tensor Engine::backward_in(const at::Tensor& loss) try {
   auto& timers = s.monitor->timers();
   timers.start(Phase::kBackward);
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
-  at::Tensor scaled = loss;
-  // In fp32 as DeepSpeed (loss.float()): 1/3 in bf16 is 0.2% off, in every gradient of the step.
-  if (s.config.gradient_accumulation_steps > 1) {
-    const bool reduced = loss.scalar_type() == at::kBFloat16 || loss.scalar_type() == at::kHalf;
-    scaled = (reduced ? loss.to(at::kFloat) : loss) / s.config.gradient_accumulation_steps;
-  }
+  at::Tensor scaled = divided_by_accumulation(loss, s.config.gradient_accumulation_steps);
   // fp16: the loss is multiplied by the loss scale (in fp32) so small gradients survive in fp16;
   // the step divides it out again. bf16/fp32: the scale is 1 and nothing changes.
   at::Tensor to_differentiate = scaled;
@@ -254,6 +255,8 @@ void Engine::step_in() try {
       std::fflush(stdout);
     }
   } else {
+    // A step the schedule cannot take is refused before the update, so nothing has changed.
+    if (s.scheduler) s.scheduler->check_next_step();
     if (needs_norm) s.last_grad_norm = scaled_norm / loss_scale;
     // DeepSpeed/PyTorch clipping: coefficient max_norm / (norm + 1e-6), applied only when < 1.
     // Un-scaling and clipping are one multiplication inside the optimizer step.

@@ -108,5 +108,9 @@ void refuse_inside_gathered_scope(const EngineState& s, const std::string& what)
 // Throws deepspeed::Error when a step the update during backward had begun was never completed
 // (ZeroStage::step_lost): a checkpoint saved now would keep a partly stepped optimizer state.
 void refuse_to_save_a_lost_step(const EngineState& s);
+// A micro-step's loss divided by the accumulation steps (the engine's backward and a pipeline's
+// last stage): a 16-bit loss in fp32, as DeepSpeed's loss.float() (bf16(1/3) is 0.2% off, in every
+// gradient of the step).
+at::Tensor divided_by_accumulation(const at::Tensor& loss, int64_t accumulation_steps);
 
 }  // namespace deepspeed

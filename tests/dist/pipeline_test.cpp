@@ -19,6 +19,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
 #include "gpt/pipeline_model.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
@@ -583,6 +584,22 @@ TEST(PipelineErrors, TiedLayersWithTheOffloadedUpdateDuringBackwardAreRefused) {
   EXPECT_NE(msg.find("overlap_step"), std::string::npos) << msg;
   cfg["zero_optimization"]["offload_optimizer"]["overlap_step"] = false;
   EXPECT_EQ(init_error(2, cfg, tiny_gpt(true)), "");
+  // Three stages: the middle one holds no tied layer and refuses too (else it would wait for its
+  // neighbours' first transfer until the timeout).
+  auto three = config(1, 1);
+  three["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+  std::vector<std::string> refused(3);
+  run_ranks(3, [&](deepspeed::comm::CommunicatorPtr comm) {
+    dp::PipelineInitializeArgs args;
+    args.model = gpt::gpt_pipeline(tiny_gpt(true));
+    args.model.num_stages = 3;
+    args.config_json = three;
+    args.comm = comm;
+    args.device = "cpu";
+    refused[comm->rank()] = dstest::message_of<deepspeed::ConfigError>(
+        [&] { dp::initialize_pipeline(args); });
+  }, std::chrono::seconds(20));
+  for (int r = 0; r < 3; ++r) EXPECT_CONTAINS(refused[r], "overlap_step") << "rank " << r;
 }
 
 TEST(PipelineErrors, ZeroThreeRefusedNamingBothKeys) {

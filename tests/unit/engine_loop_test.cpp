@@ -6,7 +6,9 @@
 
 #include <torch/torch.h>
 
+#include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/training_run.h"
 
@@ -78,4 +80,31 @@ TEST(EngineLoop, AccumulationScalesA16BitLossInFp32) {
   at::Tensor scaled = e.engine->backward(loss);
   EXPECT_EQ(scaled.scalar_type(), at::kFloat);
   EXPECT_EQ(scaled.item<float>(), loss.item<float>() / 3.0f);
+}
+
+// The pipeline's last stage divides its loss the same way (the shared helper).
+TEST(EngineLoop, TheAccumulationDividesA16BitLossInFp32) {
+  const at::Tensor loss = torch::full({}, 2.0, at::kBFloat16);
+  const at::Tensor scaled = deepspeed::divided_by_accumulation(loss, 3);
+  EXPECT_EQ(scaled.scalar_type(), at::kFloat);
+  EXPECT_EQ(scaled.item<float>(), 2.0f / 3.0f);
+  EXPECT_TRUE(deepspeed::divided_by_accumulation(loss, 1).is_same(loss));
+}
+
+// A schedule that cannot take the next step (WarmupCosineLR whose total equals its warm-up) is
+// refused before the update: the weights and counters are as before the call. Before, the update
+// was applied and the scheduler threw after it.
+TEST(EngineLoop, AStepTheScheduleCannotTakeIsRefusedBeforeTheUpdate) {
+  auto config = dstest::base_config(2, 1, 1);
+  config["scheduler"] = {{"type", "WarmupCosineLR"},
+                         {"params", {{"total_num_steps", 2}, {"warmup_num_steps", 2}}}};
+  auto e = make_single_engine(config, kModel);
+  micro_step(e);
+  micro_step(e);
+  const auto before = e.weights();
+  auto batch = e.loader->next();
+  e.engine->backward(e.engine->forward(batch.data, batch.target));
+  EXPECT_THROW(e.engine->step(), deepspeed::ConfigError);
+  EXPECT_EQ(e.engine->global_steps(), 2);
+  EXPECT_TRUE(dstest::bit_identical(e.weights(), before));
 }

@@ -209,9 +209,19 @@ pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd, int in_fd) {
   std::vector<char*> argv = c_strings(cmd.argv);
   std::vector<char*> envp = c_strings(cmd.env);
   pid_t launcher_pid = ::getpid();
+  // Every signal blocked across the fork: until the child has put the default dispositions back
+  // (exec_child), dsrun's handlers are installed in it too, and one run there would write into
+  // dsrun's wake pipe, which the child still holds: a SIGTERM that dsrun sent to the starting
+  // rank would read as dsrun's own (seen under load). Blocked, it stays pending and acts once the
+  // child has unblocked it with the defaults in place.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &old);
   pid_t pid = ::fork();
-  if (pid < 0) throw LaunchError(std::string("fork failed: ") + ::strerror(errno));
   if (pid == 0) exec_child(cmd, argv.data(), envp.data(), in_fd, out_fd, err_fd, launcher_pid);
+  const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) throw LaunchError(std::string("fork failed: ") + ::strerror(fork_errno));
   // Also set the group here: the supervisor may signal the group before the child runs setpgid.
   ::setpgid(pid, pid);
   return pid;

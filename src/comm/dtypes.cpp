@@ -3,10 +3,9 @@
 #include <c10/core/ScalarType.h>
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <cctype>
 
 #include "deepspeed/errors.h"
+#include "util/ascii.h"
 
 namespace deepspeed {
 namespace comm {
@@ -69,10 +68,7 @@ at::Tensor bits_view(const at::Tensor& t, at::ScalarType wire) {
 }
 
 std::string dtype_name(at::ScalarType type) {
-  std::string name = c10::toString(type);
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return name;
+  return ascii_lower(c10::toString(type));
 }
 
 }  // namespace comm

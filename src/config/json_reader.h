@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <vector>
+#include "util/ascii.h"
 
 namespace deepspeed::config {
 
@@ -42,9 +43,6 @@ int64_t to_int64(const json& value, const std::string& path);
 double to_double(const json& value, const std::string& path);
 bool to_bool(const json& value, const std::string& path);
 std::string to_string(const json& value, const std::string& path);
-
-// ASCII lower case, for values matched case-insensitively ("CPU", "Fail", "BFloat16").
-std::string ascii_lower(std::string s);
 
 // Range checks after reading; `path` names the key in errors.
 void require_at_least(const std::string& path, double value, double min);

@@ -1,6 +1,5 @@
 // "optimizer" and "scheduler" blocks. Their params stay JSON: src/optim turns them into typed
 // hyper-parameters and names bad keys there; here only the shape and DeepSpeed's own rules.
-#include <cctype>
 
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
@@ -43,18 +42,11 @@ void read_optimizer(ObjectReader& top, Config& cfg) {
   cfg.optimizer = std::move(opt);
 }
 
-namespace {
-std::string lowercase(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-}  // namespace
-
 // What DeepSpeed's engine refuses (its _configure_optimizer / _configure_fp16_optimizer asserts),
 // named with both keys; plus what deepspeed.cpp does not build (said so).
 void check_optimizer_combination(const Config& cfg) {
   if (!cfg.optimizer) return;
-  const std::string type = lowercase(cfg.optimizer->type);
+  const std::string type = ascii_lower(cfg.optimizer->type);
   const int stage = cfg.zero_optimization.stage;
   const std::string stage_key =
       "zero_optimization.stage = " + std::to_string(stage) + " with optimizer.type \"" +

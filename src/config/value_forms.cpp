@@ -1,6 +1,5 @@
 // Conversions of single JSON values to typed values, accepting the spellings real configs use.
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -58,12 +57,6 @@ std::string format_number(double v) {
 }
 
 }  // namespace
-
-std::string ascii_lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return s;
-}
 
 std::string join_path(const std::string& prefix, const std::string& key) {
   return prefix.empty() ? key : prefix + "." + key;

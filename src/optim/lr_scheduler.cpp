@@ -11,7 +11,6 @@ namespace deepspeed {
 namespace optim {
 namespace {
 
-
 class ScheduledLR : public LRScheduler {
  public:
   ScheduledLR(std::unique_ptr<Schedule> schedule, std::shared_ptr<LRTarget> target, int64_t t,
@@ -26,10 +25,10 @@ class ScheduledLR : public LRScheduler {
 
   std::string name() const override { return schedule_->name(); }
 
+  // The values for t + 1 are computed before t moves: a schedule that throws leaves t as it was.
   void step() override {
-    check_next_step();
+    write_lr_and_betas(t_ + 1);
     ++t_;
-    apply();
   }
 
   void check_next_step() const override { (void)schedule_->lr_at(t_ + 1); }
@@ -60,7 +59,7 @@ class ScheduledLR : public LRScheduler {
     }
     t_ = it->get<int64_t>();
     if (t_ >= 0) {
-      apply();
+      write_lr_and_betas(t_);
     } else {
       write_lr(schedule_->initial_lr());
       if (cycle_betas_) write_betas(schedule_->initial_betas());
@@ -82,9 +81,12 @@ class ScheduledLR : public LRScheduler {
     return false;
   }
 
-  void apply() {
-    write_lr(schedule_->lr_at(t_));
-    if (cycle_betas_) write_betas(schedule_->betas_at(t_));
+  // Computes both before writing either, so a throw leaves the target untouched.
+  void write_lr_and_betas(int64_t t) {
+    auto lrs = schedule_->lr_at(t);
+    auto betas = cycle_betas_ ? schedule_->betas_at(t) : std::vector<Betas>{};
+    write_lr(lrs);
+    if (cycle_betas_) write_betas(betas);
   }
 
   // zip() semantics: a shorter list writes only the first groups.

@@ -1,12 +1,12 @@
 #include "optim/lr_schedules.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <functional>
 
 #include "deepspeed/errors.h"
 #include "optim/param_reader.h"
+#include "util/ascii.h"
 
 namespace deepspeed::optim {
 namespace {
@@ -228,14 +228,9 @@ const std::vector<std::pair<std::string, Parser>>& parsers() {
   return table;
 }
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 const Parser& find_parser(const std::string& type) {
   for (const auto& [name, parser] : parsers()) {
-    if (lower(name) == lower(type)) return parser;
+    if (ascii_lower(name) == ascii_lower(type)) return parser;
   }
   std::string names;
   for (const auto& n : schedule_names()) names += (names.empty() ? "" : ", ") + n;

@@ -4,7 +4,6 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
-#include <cctype>
 #include <limits>
 #include <sstream>
 
@@ -15,6 +14,7 @@
 #include "optim/momentum_mask.h"
 #include "optim/param_reader.h"
 #include "optim/self_communicating.h"
+#include "util/ascii.h"
 
 namespace deepspeed {
 namespace {
@@ -28,11 +28,6 @@ const std::vector<std::string> kSupported = {"Adam",       "AdamW",       "SGD",
                                              "OneBitLamb"};
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
 const std::vector<std::string> kNotImplemented = {"Lion", "MuAdam", "MuAdamW", "MuSGD"};
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;
@@ -126,10 +121,10 @@ std::vector<std::string> supported_optimizers() { return kSupported; }
 
 std::string canonical_optimizer_type(const std::string& type) {
   for (const auto& name : kSupported) {
-    if (lower(name) == lower(type)) return name;
+    if (ascii_lower(name) == ascii_lower(type)) return name;
   }
   for (const auto& name : kNotImplemented) {
-    if (lower(name) == lower(type)) {
+    if (ascii_lower(name) == ascii_lower(type)) {
       throw ConfigError("optimizer.type: \"" + type +
                         "\" is not implemented in deepspeed.cpp; "
                         "supported: " +

@@ -2,12 +2,12 @@
 // (partition_method.h).
 #include "pipe/partition_method.h"
 
-#include <cctype>
 #include <cstdio>
 #include <regex>
 
 #include "deepspeed/errors.h"
 #include "pipe/stage_module.h"
+#include "util/ascii.h"
 
 namespace deepspeed {
 namespace pipe {
@@ -25,8 +25,7 @@ int64_t trainable_numel(const torch::nn::AnyModule& m) {
 }  // namespace
 
 std::string normalized_partition_method(const std::string& method) {
-  std::string lowered = method;
-  for (auto& c : lowered) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lowered = ascii_lower(method);
   if (lowered.rfind("type:", 0) == 0) return "type:" + method.substr(5);
   return lowered == "best" ? "parameters" : lowered;
 }

@@ -2,7 +2,6 @@
 // data loader. Every choice (stage, optimizer) is made here once.
 #include <torch/torch.h>
 
-#include <cctype>
 #include <functional>
 #include <unordered_set>
 
@@ -25,6 +24,7 @@
 #include "zero/stage3/stage3.h"
 #include "zero/stage_options.h"
 #include "zero/tensor_facts.h"
+#include "util/ascii.h"
 
 namespace deepspeed {
 namespace detail {
@@ -185,8 +185,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
 precision::Fp16Wrapper fp16_wrapper_for(const Config& config, bool client_optimizer) {
   if (config.zero_optimization.stage >= 1) return precision::Fp16Wrapper::kZero;
   if (client_optimizer || !config.optimizer) return precision::Fp16Wrapper::kUnfused;
-  std::string type = config.optimizer->type;
-  for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string type = ascii_lower(config.optimizer->type);
   const auto& params = config.optimizer->params;
   const bool torch_adam = params.contains("torch_adam") && params.at("torch_adam").is_boolean() &&
                           params.at("torch_adam").get<bool>();

@@ -23,6 +23,7 @@
 #include "job_signals.h"
 #include "output_pump.h"
 #include "spawn.h"
+#include "util/ascii.h"
 
 extern char** environ;
 
@@ -38,11 +39,6 @@ constexpr auto kTeardownSlack = std::chrono::seconds(5);
 // How long a host check over ssh may take in all (ssh's ConnectTimeout is 10 s).
 constexpr auto kPreflightLimit = std::chrono::seconds(20);
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string self_path() {
   char buf[4096];
@@ -206,7 +202,7 @@ EnvList deepspeed_env_files() {
 }  // namespace
 
 Backend parse_backend(const std::string& name) {
-  std::string n = lower(name);
+  std::string n = ascii_lower(name);
   if (n == "ssh") return Backend::kSsh;
   if (n == "pdsh") return Backend::kPdsh;
   if (n == "openmpi" || n == "mpirun") return Backend::kOpenMpi;

@@ -59,6 +59,9 @@ void FileSystem::write_file_atomic(const std::string& path,
                                    const std::function<void(WritableFile&)>& fill) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   bool renamed = false;
+  auto discard_unpublished = [&] {
+    if (!renamed) remove_quietly(*this, tmp);
+  };
   try {
     auto file = create_file(tmp);
     fill(*file);
@@ -76,18 +79,18 @@ void FileSystem::write_file_atomic(const std::string& path,
     throw IOError("writing '" + path + "' failed, previous contents (if any) kept: " + e.what());
   } catch (const Error&) {
     // `fill` refused (e.g. a bad tensor): nothing was published.
-    if (!renamed) remove_quietly(*this, tmp);
+    discard_unpublished();
     throw;
   } catch (const c10::Error&) {
-    // libtorch failed inside `fill` (an out-of-memory preparing a piece): the same. Anything
-    // else (the tests' SimulatedCrash: "the process died here") leaves the temporary file, as a
-    // killed process would; remove_stale_temp_files collects it.
-    if (!renamed) remove_quietly(*this, tmp);
+    // libtorch failed inside `fill` (an out-of-memory preparing a piece): the same.
+    discard_unpublished();
     throw;
   } catch (const std::bad_alloc&) {
-    if (!renamed) remove_quietly(*this, tmp);
+    discard_unpublished();
     throw;
   }
+  // Anything else (the tests' SimulatedCrash: "the process died here") leaves the temporary file,
+  // as a killed process would; remove_stale_temp_files collects it.
 }
 
 std::string FileSystem::read_file(const std::string& path) {

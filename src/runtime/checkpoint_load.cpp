@@ -310,7 +310,10 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   if (e.loss_scaler && o.load_optimizer_states) s.loss_scaler = std::move(e.loss_scaler);
   if (o.load_lr_scheduler_states && s.scheduler && !e.lr_scheduler.is_null())
     s.scheduler->load_state_dict(e.lr_scheduler);
-  if (e.loader) s.loader->load_state(*e.loader);
+  if (e.loader) {
+    s.loader->load_state(*e.loader);
+    s.loader_at_boundary = s.loader->state();
+  }
   if (plan.rng_state.defined()) set_rng_state(plan.rng_state);
 }
 

@@ -77,7 +77,7 @@ std::string optimizer_archive(torch::optim::Optimizer& optimizer) {
 
 nlohmann::json loader_state(const EngineState& s) {
   if (!s.loader) return nullptr;
-  auto ls = s.loader->state();
+  const LoaderState& ls = s.loader_at_boundary;
   return {{"epoch", ls.epoch},
           {"batch_in_epoch", ls.batch_in_epoch},
           {"micro_batch_size", s.config.train_micro_batch_size_per_gpu},

@@ -273,6 +273,7 @@ void Engine::step_in() try {
   }
   ++s.global_steps;
   s.global_samples += s.config.train_batch_size;
+  if (s.loader) s.loader_at_boundary = s.loader->state();
   ++s.micro_steps;
   const bool writer = s.log_steps && s.comm->rank() == 0;
   const int64_t every = s.config.steps_per_print;

@@ -41,6 +41,10 @@ struct EngineState {
   std::unique_ptr<precision::LossScaler> loss_scaler;
   std::shared_ptr<Dataset> training_data;
   std::shared_ptr<DataLoader> loader;
+  // The loader's position when the last optimizer step ended (or the job started or loaded): a
+  // checkpoint saved between boundaries saves this one, since its partial accumulation is not in
+  // the checkpoint and the resumed job must train those micro-batches again.
+  LoaderState loader_at_boundary;
 
   int64_t global_steps = 0;
   int64_t global_samples = 0;

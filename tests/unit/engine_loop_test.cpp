@@ -56,6 +56,29 @@ TEST(EngineLoop, AResumeWithAnotherAccumulationStartsAtAWholeStep) {
   EXPECT_EQ(micro_batches, 4);
 }
 
+// Saved after 6 micro-batches of an accumulation of 4 (step 1 plus half of step 2), resumed: the
+// resumed job trains micro-batches 4-7 as its step 2 (the two already seen are not in the
+// checkpoint, so it sees them again) and its weights after step 3 are the uninterrupted run's.
+// Before, the loader resumed at batch 6: batches 4-5 were never trained and every later step
+// took [4k+2, 4k+6).
+TEST(EngineLoop, ASaveBetweenBoundariesResumesAtTheStepsFirstMicroBatch) {
+  dstest::TempDir dir;
+  const auto config = dstest::base_config(2, 4, 1);
+  auto straight = make_single_engine(config, kModel);
+  straight.train(3);
+  auto saved = make_single_engine(config, kModel);
+  for (int i = 0; i < 6; ++i) micro_step(saved);
+  ASSERT_EQ(saved.engine->global_steps(), 1);
+  saved.engine->save_checkpoint(dir.path());
+  auto resumed = make_single_engine(config, kModel, /*seed=*/8);  // other initial weights
+  resumed.engine->load_checkpoint(dir.path());
+  EXPECT_EQ(resumed.loader->state().batch_in_epoch, 4);
+  while (resumed.engine->global_steps() < 3) micro_step(resumed);
+  const auto want = straight.weights(), got = resumed.weights();
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "weight " << i;
+}
+
 // DeepSpeed's default keeps the last, partial micro-batch of an epoch (its DataLoader's
 // drop_last is dataloader_drop_last, false unless given). Before, it was always dropped.
 TEST(EngineLoop, DataloaderDropLastDecidesTheLastPartialMicroBatch) {

@@ -140,11 +140,16 @@ double FlatStage::global_grad_norm() {
     return global_grad_norm_tensor().item<double>();
   at::Tensor sq = grads_->squared_norm();
   ownership_->sum_over_owners(sq);
-  const double norm = std::sqrt(sq.item<double>());
-  at::Tensor overflowed =
-      torch::full({1}, std::isfinite(norm) ? 0.0 : 1.0, ctx_.options(torch::kDouble));
+  return agreed_across_data_ranks(sq.sqrt_()).item<double>();
+}
+
+// The vote: the number of ranks whose norm is not finite, summed; any makes every rank's NaN.
+at::Tensor FlatStage::agreed_across_data_ranks(at::Tensor norm) {
+  if (!gradients_stay_local() || ctx_.world_size() == 1) return norm;
+  at::Tensor overflowed = norm.isfinite().logical_not().to(torch::kDouble);
   ctx_.comm->all_reduce(overflowed)->wait();
-  return overflowed.item<double>() > 0 ? std::numeric_limits<double>::quiet_NaN() : norm;
+  return at::where(overflowed > 0,
+                   torch::full_like(norm, std::numeric_limits<double>::quiet_NaN()), norm);
 }
 
 void FlatStage::step(double grad_scale) {

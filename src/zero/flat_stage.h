@@ -60,6 +60,7 @@ class FlatStage : public ZeroStage {
   double global_grad_norm() override;
   at::Tensor global_grad_norm_tensor() override;
   at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override;
+  at::Tensor agreed_across_data_ranks(at::Tensor norm) override;
   void step(double grad_scale) override;
   void discard_gradients() override {
     shard_->discard_step();

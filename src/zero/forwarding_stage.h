@@ -57,6 +57,9 @@ class ForwardingStage : public ZeroStage {
   std::function<void()> gather_group(int group, std::optional<int> modifier_rank) override {
     return inner_->gather_group(group, modifier_rank);
   }
+  at::Tensor agreed_across_data_ranks(at::Tensor norm) override {
+    return inner_->agreed_across_data_ranks(std::move(norm));
+  }
   at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected) override {
     return inner_->grad_square_sums(selected);
   }

@@ -148,6 +148,13 @@ class ZeroStage {
   // (as global_grad_norm_tensor). One reduction. COLLECTIVE. The default throws ConfigError (a
   // stage whose gradients cannot be told apart by parameter).
   virtual at::Tensor grad_square_sums(const std::vector<at::Tensor>& selected);
+  // A norm computed from grad_square_sums as every data-parallel rank must see it. Where the
+  // ranks' gradients stay local (a 1-bit optimizer past its warm-up: FlatStage) each rank's norm
+  // is its own, and a non-finite one on any rank must become non-finite on all (fp16's overflow
+  // vote: they skip the step together, else they step different optimizers and their next
+  // collectives part): COLLECTIVE over the data-parallel group then. Elsewhere the reduced
+  // gradients already agree: `norm` as given. fp64 [1] on the stage's device, not waited for.
+  virtual at::Tensor agreed_across_data_ranks(at::Tensor norm) { return norm; }
   // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
   virtual void before_forward() {}
   // Makes the full parameters of `modules` (all when empty) present and writable until the

@@ -16,6 +16,7 @@
 
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/topology.h"
 #include "gpt/model.h"
 #include "support/half_mlp.h"
 #include "support/ranks.h"
@@ -122,6 +123,39 @@ std::vector<StepRecord> train_mlp(const json& config, int steps, int poison_step
   return out;
 }
 
+// train_mlp at tensor 2 x data 2 (4 ranks; the MLP has no split layer, so every parameter is
+// replicated over the tensor group): before step `poison_step` both ranks of data-parallel rank 1
+// put an inf into a gradient. `rec` is seen by global rank 0 and summarises all four ranks.
+std::vector<StepRecord> train_mlp_tensor_parallel(const json& config, int steps, int poison_step) {
+  std::vector<StepRecord> out(steps);
+  dstest::run_ranks(
+      4,
+      [&](deepspeed::comm::CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, 2});
+        const int data_rank = topology->data_parallel()->rank();
+        torch::manual_seed(5);
+        auto model = HalfMlp();
+        auto r = deepspeed::initialize<HalfMlpImpl>(
+            {.model = model.ptr(), .config_json = config, .topology = topology});
+        for (int s = 1; s <= steps; ++s) {
+          auto [x, y] = dstest::half_mlp_batch(data_rank, s);
+          comm->reset_stats();
+          r.engine->backward(r.engine->forward(x, y));
+          if (s == poison_step && data_rank == 1) {
+            torch::NoGradGuard no_grad;
+            model->w1.grad().view({-1})[0].fill_(std::numeric_limits<float>::infinity());
+          }
+          r.engine->step();
+          StepRecord rec;
+          record(*r.engine, *comm, *model, rec);
+          if (comm->rank() == 0) out[s - 1] = rec;
+        }
+      },
+      std::chrono::seconds(60));
+  return out;
+}
+
 json mlp_config(const std::string& type, int freeze_step) {
   json c = onebit_config(type, freeze_step);
   c["train_micro_batch_size_per_gpu"] = 8;
@@ -179,6 +213,21 @@ TEST(OneBit16Bit, Fp16InfOnOneRankSkipsTheStepOnEveryRank) {
   }
   EXPECT_EQ(run[3].all_to_all, 0);  // the skipped step exchanged nothing
   EXPECT_EQ(run[4].all_to_all, 1);
+}
+
+// The same with tensor parallelism: its stage counts the norm from the inner stage's square sums,
+// and before the vote went through it each data-parallel rank decided alone (the poisoned ones
+// skipped, the others stepped into the compressed exchange: scales parted, collectives crossed).
+TEST(OneBit16Bit, Fp16InfOnOneDataRankSkipsTheStepOnEveryRankWithTensorParallelism) {
+  json c = mlp_config("OneBitAdam", 2);
+  auto run = train_mlp_tensor_parallel(c, 6, 4);
+  for (int s = 1; s <= 6; ++s) {
+    const auto& r = run[s - 1];
+    EXPECT_EQ(r.applied, s != 4) << "step " << s;
+    EXPECT_EQ(r.applied_anywhere, s != 4) << "step " << s;
+    EXPECT_EQ(r.loss_scale_spread, 0.0) << "step " << s;
+    EXPECT_EQ(r.weight_spread, 0.0) << "step " << s;
+  }
 }
 
 // 0/1 Adam in fp16 trains through its phases (variance steps, compressed-gradient steps, local

@@ -49,14 +49,14 @@ float block_scale(const float* x, int64_t n, int qmax) {
   return nan ? std::numeric_limits<float>::quiet_NaN() : m / static_cast<float>(qmax);
 }
 
-// Nearest integer (halves away from zero), clamped: branch-free, so the loops vectorise. A NaN
-// (a non-finite block's values times a zero reciprocal) becomes 0 before the cast, which would be
-// undefined for it.
+// Nearest integer (halves away from zero), clamped: branch-free, so the loops vectorise. Clamped
+// as a float, before the cast, which is undefined for what does not fit an int32 (a NaN, a non-
+// finite block's values times a zero reciprocal, becomes 0).
 inline int32_t round_clamp(float v, int qmax) {
   v = v == v ? v : 0.f;
   v = v >= 0.f ? v + 0.5f : v - 0.5f;
-  const int32_t q = static_cast<int32_t>(v);
-  return std::min(std::max(q, -qmax), qmax);
+  const float limit = static_cast<float>(qmax);
+  return static_cast<int32_t>(std::min(std::max(v, -limit), limit));
 }
 
 }  // namespace
@@ -66,6 +66,31 @@ int64_t quantized_bytes(int64_t numel, int bits, int64_t block) {
   check_block(bits, block);
   return payload_bytes(numel, bits) + 4 * blocks_of(numel, block);
 }
+
+namespace {
+
+// One block into its bytes; `scaled(x)` maps a value to quantization steps. A template, so each
+// caller's loop vectorises with its own arithmetic and no per-element branch.
+template <typename Scaled>
+void quantize_block(const float* xb, int64_t len, int bits, int qmax, uint8_t* qb,
+                    Scaled scaled) {
+  if (bits == 8) {
+    int8_t* out = reinterpret_cast<int8_t*>(qb);
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) out[i] = static_cast<int8_t>(round_clamp(scaled(xb[i]), qmax));
+    return;
+  }
+  const int64_t pairs = len / 2;
+#pragma omp simd
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t lo = round_clamp(scaled(xb[2 * p]), qmax) + 8;
+    const int32_t hi = round_clamp(scaled(xb[2 * p + 1]), qmax) + 8;
+    qb[p] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+  if (len % 2) qb[pairs] = static_cast<uint8_t>((round_clamp(scaled(xb[len - 1]), qmax) + 8) | (8 << 4));
+}
+
+}  // namespace
 
 void quantize_blocks(const float* x, int64_t n, int bits, int64_t block, uint8_t* q,
                      float* scales) {
@@ -77,21 +102,13 @@ void quantize_blocks(const float* x, int64_t n, int bits, int64_t block, uint8_t
     const float s = block_scale(xb, len, qmax);
     scales[b] = s;
     const float inv = s > 0.f ? 1.f / s : 0.f;
-    if (bits == 8) {
-      int8_t* qb = reinterpret_cast<int8_t*>(q) + start;
-#pragma omp simd
-      for (int64_t i = 0; i < len; ++i) qb[i] = static_cast<int8_t>(round_clamp(xb[i] * inv, qmax));
-      continue;
-    }
-    uint8_t* qb = q + start / 2;
-    const int64_t pairs = len / 2;
-#pragma omp simd
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int32_t lo = round_clamp(xb[2 * p] * inv, qmax) + 8;
-      const int32_t hi = round_clamp(xb[2 * p + 1] * inv, qmax) + 8;
-      qb[p] = static_cast<uint8_t>(lo | (hi << 4));
-    }
-    if (len % 2) qb[pairs] = static_cast<uint8_t>((round_clamp(xb[len - 1] * inv, qmax) + 8) | (8 << 4));
+    uint8_t* qb = bits == 8 ? q + start : q + start / 2;
+    // A block whose max|x| < qmax * FLT_MIN (~1e-39 at 4 bits) has a subnormal scale whose
+    // reciprocal overflows to inf: its values are divided by the scale instead.
+    if (std::isinf(inv))
+      quantize_block(xb, len, bits, qmax, qb, [s](float v) { return v / s; });
+    else
+      quantize_block(xb, len, bits, qmax, qb, [inv](float v) { return v * inv; });
   }
 }
 
@@ -160,7 +177,8 @@ at::Tensor quantize_by_tensor_ops(const at::Tensor& x, int bits, int64_t block) 
   blocks = blocks.view({nb, block});
   at::Tensor scales = blocks.abs().amax({1}) / torch::full({nb}, static_cast<float>(qmax), v.options());
   at::Tensor inv = torch::where(scales > 0, torch::ones_like(scales) / scales, torch::zeros_like(scales));
-  at::Tensor q = blocks * inv.unsqueeze(1);
+  at::Tensor q = torch::where(inv.isinf().unsqueeze(1), blocks / scales.unsqueeze(1),
+                              blocks * inv.unsqueeze(1));  // a subnormal scale: as the kernels
   q.add_(q.sign().mul_(0.5f)).trunc_();  // +-0.5 then truncation (a zero stays zero either way)
   // A NaN (a non-finite block) becomes 0, as in round_clamp.
   q = q.clamp_(-qmax, qmax).nan_to_num_(0.0).reshape({-1}).narrow(0, 0, n).to(torch::kInt);

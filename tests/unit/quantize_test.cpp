@@ -159,6 +159,24 @@ TEST(Quantize, ANonFiniteValueMakesItsBlockNaN) {
   }
 }
 
+// A block whose max|x| is below qmax * FLT_MIN (here 1e-37) has a subnormal scale whose
+// reciprocal is inf: its values are divided by the scale, and the round trip gives them back
+// within half a step, as any block. Before, x * inf cast to int32 (undefined) gave INT_MIN on
+// x86: every value, positive ones too, came back as -max, and the kernels' bytes differed from
+// the tensor operations'.
+TEST(Quantize, AValueBelowTheSmallestNormalScaleKeepsItsSign) {
+  using deepspeed::comm::quantize_by_tensor_ops;
+  for (int bits : {8, 4}) {
+    at::Tensor x = torch::tensor({1e-37f, -1e-37f, 5e-38f, 0.f, -2e-38f, 1e-37f, 0.f, -1e-37f});
+    at::Tensor wire = quantize(x, bits, 8);
+    EXPECT_TRUE(torch::equal(quantize_by_tensor_ops(x, bits, 8), wire)) << bits << " bits";
+    at::Tensor out = torch::empty({8});
+    dequantize(wire, out, bits, 8);
+    EXPECT_TRUE(torch::equal(out.sign(), x.sign())) << bits << " bits: " << out;
+    EXPECT_LE((out - x).abs().max().item<float>(), 0.5f * 1e-37f / (bits == 8 ? 127 : 7)) << out;
+  }
+}
+
 namespace {
 deepspeed::Config parse(const nlohmann::json& zero, std::vector<std::string>* warnings = nullptr) {
   nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}, {"zero_optimization", zero}};

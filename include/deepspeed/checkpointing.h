@@ -8,11 +8,19 @@
 // Memory: only the segment's inputs are kept (in host memory with cpu_checkpointing on a GPU
 // build); time: the segment's forward runs twice (DeepSpeed's rule of thumb: ~33% more compute
 // when every block is checkpointed).
-// Exactness: the recomputation runs with the random-number state the first run started with (CPU
-// generator, and the current CUDA device's on CUDA builds), so dropout masks are identical and the
-// gradients are bit-identical to a run without checkpointing.
+// Exactness: the recomputation runs with the random-number state the first run started with (the
+// CPU generator, the generator of each GPU the inputs live on and, on a machine with a GPU, that of
+// the current CUDA device), so dropout masks are identical, and under the first run's autocast
+// settings (CPU and CUDA: enabled, dtype, cast cache), so it computes in the same precision even
+// when backward runs outside the autocast region: the gradients are bit-identical to a run without
+// checkpointing.
 // The segment must be a function of its tensor inputs and of parameters it reaches itself (they get
 // their gradients through the recomputation); outputs that do not require grad pass through.
+// Inputs must not change in place, as with PyTorch's checkpoint: a segment that modifies one of its
+// inputs in place throws deepspeed::Error when it returns (its recomputation would apply the change
+// twice), and an input modified in place after the checkpoint, before backward reaches it, makes
+// that backward throw deepspeed::Error naming the input ("modified by an inplace operation"); the
+// same whether inputs are saved as they are, as host copies or as partitions.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -32,7 +40,7 @@ using Segment = std::function<std::vector<at::Tensor>(const std::vector<at::Tens
 
 // Runs `segment(inputs)` under no_grad and returns its outputs joined to the autograd graph; the
 // backward of those outputs re-runs the segment with grad enabled and back-propagates through it.
-// Outside grad mode (evaluation) it is a plain call.
+// Outside grad mode (evaluation) it is a plain call (and nothing above is checked).
 std::vector<at::Tensor> checkpoint(const Segment& segment, const std::vector<at::Tensor>& inputs);
 // One tensor in, one out.
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& segment,

@@ -3,9 +3,11 @@
 // backward re-runs it with grad enabled, under the random-number state of the first run, and
 // back-propagates the incoming gradients through the recomputed graph (a nested backward, which
 // also fills the gradients of the parameters the segment uses, firing ZeRO's gradient hooks as a
-// plain backward would). With partition_activations and a model-parallel group, each rank keeps
-// 1/N of every replicated input between forward and backward, and the group all-gathers them
-// before the recomputation (Megatron's / DeepSpeed's partitioned activation checkpoints).
+// plain backward would). The recomputation also re-enters the first run's autocast settings, and
+// inputs changed in place since the checkpoint are refused (as PyTorch's saved tensors are). With
+// partition_activations and a model-parallel group, each rank keeps 1/N of every replicated input
+// between forward and backward, and the group all-gathers them before the recomputation
+// (Megatron's / DeepSpeed's partitioned activation checkpoints).
 #include <chrono>
 #include <string>
 
@@ -15,6 +17,7 @@
 #include <c10/core/GradMode.h>
 #include <torch/cuda.h>
 
+#include "activation/autocast_state.h"
 #include "activation/checkpointing_options.h"
 #include "activation/rng_state.h"
 #include "deepspeed/checkpointing.h"
@@ -45,12 +48,18 @@ struct SavedSegment : torch::CustomClassHolder {
   std::vector<at::Tensor> inputs;     // detached; host copies with cpu_checkpointing
   std::vector<c10::Device> devices;   // where each input lives in the model
   std::vector<bool> needs_grad;       // whether each input wanted a gradient
+  // Each input's version counter as the caller's tensor has it (shared with its views and its
+  // detached aliases; not its storage, so copies stay the only bytes held) and its value when the
+  // checkpoint was made: a change means the input was modified in place since.
+  std::vector<c10::VariableVersion> versions;
+  std::vector<uint32_t> versions_at_checkpoint;
   // partition_activations: the group the inputs marked in `partitioned` are split over, and
   // their whole shapes (inputs[i] then holds this rank's slice of the flattened input).
   comm::CommunicatorPtr group;
   std::vector<bool> partitioned;
   std::vector<std::vector<int64_t>> shapes;
   RngState rng;
+  AutocastState autocast;
   int64_t bytes = 0;
   bool counted = false;   // on_saved accepted it (it may refuse: number_checkpoints)
   bool released = false;
@@ -62,7 +71,56 @@ struct SavedSegment : torch::CustomClassHolder {
     if (counted) detail::on_released(bytes);
   }
   ~SavedSegment() override { release(); }
+
+  // The input (by index) whose version moved since the checkpoint, or -1. Undefined and inference
+  // tensors have no counter and are not checked.
+  int64_t changed_input() const {
+    for (size_t i = 0; i < versions.size(); ++i)
+      if (versions[i].enabled() && versions[i].current_version() != versions_at_checkpoint[i])
+        return static_cast<int64_t>(i);
+    return -1;
+  }
 };
+
+// Records each input's version counter, before the segment runs.
+void record_versions(SavedSegment& saved, const std::vector<at::Tensor>& inputs) {
+  for (const auto& t : inputs) {
+    c10::VariableVersion v = t.defined() ? t.unsafeGetTensorImpl()->version_counter()
+                                         : c10::VariableVersion(c10::VariableVersion::DISABLED);
+    saved.versions_at_checkpoint.push_back(v.enabled() ? v.current_version() : 0);
+    saved.versions.push_back(std::move(v));
+  }
+}
+
+// A segment that modifies an input in place would do it again in its recomputation, on the saved
+// input (the same tensor, or a copy taken before the first run): the recomputation would then
+// start from twice-modified values. PyTorch's checkpoint fails at backward there; this fails at
+// once, and the same way whether the saved input is the tensor or a copy.
+void check_segment_left_inputs_alone(const SavedSegment& saved) {
+  const int64_t i = saved.changed_input();
+  if (i < 0) return;
+  throw Error("activation checkpointing: the checkpointed segment modified its input " +
+              std::to_string(i) +
+              " in place (a checkpointed segment must not modify its inputs in place: its "
+              "recomputation in backward would apply the change a second time); modify a "
+              "clone of the input instead");
+}
+
+// An input changed in place after the checkpoint was made: the recomputation would start from the
+// changed values (or, for a saved copy, from values the caller's tensor no longer holds). PyTorch's
+// saved tensors fail the same way ("modified by an inplace operation"). Checked on every rank
+// before any collective, so a partitioned checkpoint fails on all ranks instead of hanging.
+void check_inputs_unchanged(const SavedSegment& saved) {
+  const int64_t i = saved.changed_input();
+  if (i < 0) return;
+  throw Error("activation checkpointing: input " + std::to_string(i) +
+              " of a checkpointed segment was modified by an inplace operation after the "
+              "checkpoint (its version is " +
+              std::to_string(saved.versions[i].current_version()) + ", expected " +
+              std::to_string(saved.versions_at_checkpoint[i]) +
+              "); the recomputation in backward needs the values the segment first ran on: "
+              "modify a clone instead, or change the tensor before the checkpoint");
+}
 
 // The saved copy of one input: the tensor itself (detached) or, with cpu_checkpointing, a copy in
 // pinned host memory when it lives on a GPU. On the CPU build there is nothing to move.
@@ -119,6 +177,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
     const auto start = Clock::now();
     saved->rng = RngState::capture(saved->devices);
+    saved->autocast = AutocastState::capture();
+    record_versions(*saved, real);
     comm::CommunicatorPtr group = model_parallel_group();
     if (opts.partition_activations && group && group->world_size() > 1) saved->group = group;
     for (const auto& t : real) {
@@ -132,6 +192,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     detail::on_saved(saved->bytes);
     saved->counted = true;
     std::vector<at::Tensor> outputs = (*segment)(real);
+    check_segment_left_inputs_alone(*saved);
     if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
     if (opts.profile) detail::add_forward_time(seconds_since(start));
     ctx->saved_data["segment"] = c10::IValue::make_capsule(saved);
@@ -145,6 +206,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       throw Error(
           "activation checkpointing: backward ran twice through a checkpointed segment (its saved "
           "inputs are freed after the first recomputation; retain_graph is not supported)");
+    check_inputs_unchanged(*saved);
     const Options opts = options();
     if (opts.synchronize_checkpoint_boundary) synchronize_devices(saved->devices);
     const auto start = Clock::now();
@@ -165,7 +227,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     std::vector<at::Tensor> outputs;
     {
-      RngStateScope rng(saved->rng, saved->devices);
+      RngStateScope rng(saved->rng);
+      AutocastScope autocast(saved->autocast);
       c10::AutoGradMode grad(true);
       outputs = saved->segment(inputs);
     }

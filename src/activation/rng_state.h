@@ -12,20 +12,28 @@ namespace checkpointing {
 
 class RngState {
  public:
-  // The CPU generator's state, and that of each CUDA device among `devices`.
+  // The CPU generator's state, that of each CUDA device among `devices`, and that of the current
+  // CUDA device when the process has a GPU (what DeepSpeed saves: a segment may move CPU inputs to
+  // the GPU and draw there).
   static RngState capture(const std::vector<c10::Device>& devices);
   // Sets every captured generator back to its captured state.
   void restore() const;
+  // The devices whose generators were captured.
+  std::vector<c10::Device> devices() const;
+
+  using States = std::vector<std::pair<c10::Device, at::Tensor>>;
 
  private:
-  std::vector<std::pair<c10::Device, at::Tensor>> states_;
+  friend class RngStateScope;  // captures the entry states of exactly the saved devices
+  States states_;
 };
 
-// Restores `saved` for the scope and puts back the states found on entry when it ends (so the
-// recomputation does not disturb the random numbers the rest of backward and later steps draw).
+// Restores `saved` for the scope and puts back the states its generators had on entry when it ends
+// (so the recomputation does not disturb the random numbers the rest of backward and later steps
+// draw).
 class RngStateScope {
  public:
-  RngStateScope(const RngState& saved, const std::vector<c10::Device>& devices);
+  explicit RngStateScope(const RngState& saved);
   ~RngStateScope();
   RngStateScope(const RngStateScope&) = delete;
   RngStateScope& operator=(const RngStateScope&) = delete;

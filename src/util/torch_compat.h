@@ -8,6 +8,7 @@
 #include <utility>
 
 #include <ATen/Tensor.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/Allocator.h>
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -55,6 +56,39 @@ Key optimizer_state_key(const at::Tensor& param) {
 // libtorch 2.x has the fused multi-tensor Adam(W) kernels (at::_fused_adam_/_fused_adamw_, CUDA
 // and CPU) and scaled_dot_product_attention; 1.13 has neither.
 constexpr bool kHasFusedAdamOp = TORCH_VERSION_MAJOR >= 2;
+
+// Autocast's per-device switches. libtorch >= 2.4 takes the device type (at::autocast::
+// is_autocast_enabled(kCPU), get_autocast_dtype(kCPU), ...; the older names are deprecated there);
+// 1.13 (to 2.3) has one function per device: is_cpu_enabled / get_autocast_cpu_dtype for the CPU
+// and is_enabled / get_autocast_gpu_dtype for CUDA. Only the CPU and CUDA are asked for here.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocast_enabled(c10::DeviceType d) { return at::autocast::is_autocast_enabled(d); }
+inline void set_autocast_enabled(c10::DeviceType d, bool on) {
+  at::autocast::set_autocast_enabled(d, on);
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return at::autocast::get_autocast_dtype(d);
+}
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
+  at::autocast::set_autocast_dtype(d, t);
+}
+#else
+inline bool autocast_enabled(c10::DeviceType d) {
+  return d == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+}
+inline void set_autocast_enabled(c10::DeviceType d, bool on) {
+  if (d == c10::kCPU) at::autocast::set_cpu_enabled(on);
+  else at::autocast::set_enabled(on);
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType d) {
+  return d == c10::kCPU ? at::autocast::get_autocast_cpu_dtype()
+                        : at::autocast::get_autocast_gpu_dtype();
+}
+inline void set_autocast_dtype(c10::DeviceType d, at::ScalarType t) {
+  if (d == c10::kCPU) at::autocast::set_autocast_cpu_dtype(t);
+  else at::autocast::set_autocast_gpu_dtype(t);
+}
+#endif
 
 }  // namespace compat
 }  // namespace deepspeed

@@ -2,13 +2,17 @@
 // topology) each rank keeps 1/N of a checkpointed block's input and the group all-gathers it before
 // the recomputation. gpt::TPGPT at tensor 2 trains to the same losses and weights with and without
 // partitioning (and without checkpointing), while the bytes of saved inputs halve; with
-// cpu_checkpointing too; without a tensor group the checkpoints stay whole.
+// cpu_checkpointing too; without a tensor group the checkpoints stay whole; in-place changes of a
+// partitioned input are refused as for a whole one.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <mutex>
+#include <string>
 
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/deepspeed.h"
+#include "deepspeed/errors.h"
 #include "gpt/model.h"
 #include "gpt/tp_model.h"
 #include "support/ranks.h"
@@ -132,4 +136,39 @@ TEST(PartitionActivations, ExplicitGroupSplitsAnOddSizedInput) {
     ckpt::set_model_parallel_group(nullptr);
   });
   ckpt::configure(ckpt::Options{});
+}
+
+// A partitioned input is saved as a copy (this rank's slice), so a change in place no longer
+// reaches what the recomputation reads; it is refused all the same, as for a checkpoint kept
+// whole (one behaviour whatever the config): after the checkpoint at backward, on every rank and
+// before the all-gather (no rank left waiting in it); by the segment itself at forward.
+TEST(PartitionActivations, InPlaceChangesOfAPartitionedInputAreRefusedOnEveryRank) {
+  ckpt::Options o;
+  o.partition_activations = true;
+  ckpt::configure(o);
+  std::atomic<int> after{0}, inside{0};
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    ckpt::set_model_parallel_group(comm);
+    auto x = torch::arange(8, torch::kFloat).requires_grad_(true);
+    auto h = x * 2;
+    auto y = ckpt::checkpoint([](const torch::Tensor& t) { return t.sin(); }, h);
+    h.add_(1);
+    try {
+      y.sum().backward();
+    } catch (const deepspeed::Error& e) {
+      if (std::string(e.what()).find("modified by an inplace operation") != std::string::npos)
+        ++after;
+    }
+    auto w = torch::ones({8}, torch::requires_grad());
+    auto z = torch::ones({8});
+    try {
+      ckpt::checkpoint([w](const torch::Tensor& t) { return t.mul_(3) * w; }, z);
+    } catch (const deepspeed::Error& e) {
+      if (std::string(e.what()).find("must not modify its inputs") != std::string::npos) ++inside;
+    }
+    ckpt::set_model_parallel_group(nullptr);
+  });
+  ckpt::configure(ckpt::Options{});
+  EXPECT_EQ(after.load(), 2);
+  EXPECT_EQ(inside.load(), 2);
 }

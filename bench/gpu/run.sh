@@ -32,6 +32,7 @@ STEPS=${STEPS:-"build test bench"}
 ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
+GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test"  # tests/gpu
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 PY=$(command -v python3)
 TORCH_DIR=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -67,17 +68,21 @@ run_tests() {
   for L in ${TEST_LABELS:-gpu unit dist}; do
     if [ "$(left)" -lt 30 ]; then log "ctest -L $L skipped: $(left) s left of BUDGET_S"; continue; fi
     # What the label needs, if an earlier call built less (BUILD_TARGETS): ninja is incremental.
-    local need=""; [ "$L" = gpu ] && need=gpu_training_test
+    local need=""; [ "$L" = gpu ] && need="$GPU_TEST_PROGRAMS"
     if [ -f $B/build.ninja ]; then
       timeout $(cap ${BUILD_CAP:-330}) ninja -C $B -j16 -k 0 $need >> "$OUT/build.log" 2>&1
       log "build for -L $L rc=$?"
     fi
     log "ctest -L $L"
     if [ ! -f $B/build.ninja ] && [ "$L" = gpu ] && [ -x $B/bin/gpu_training_test ]; then
-      # Unpacked programs, no ctest files: the one gpu executable, every case in one process.
-      (cd $B && timeout $(cap ${CAP_GPU_TEST:-300}) env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT \
-         OMP_NUM_THREADS=1 bin/gpu_training_test) > "$OUT/ctest_$L.log" 2>&1
-      log "gpu_training_test rc=$? (124: stopped at CAP_GPU_TEST)"
+      # Unpacked programs, no ctest files: each gpu executable, every case in one process.
+      : > "$OUT/ctest_$L.log"
+      for prog in $GPU_TEST_PROGRAMS; do
+        [ -x $B/bin/$prog ] || { log "$prog not in the pack"; continue; }
+        (cd $B && timeout $(cap ${CAP_GPU_TEST:-300}) env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT \
+           OMP_NUM_THREADS=1 bin/$prog) >> "$OUT/ctest_$L.log" 2>&1
+        log "$prog rc=$? (124: stopped at CAP_GPU_TEST)"
+      done
       grep -E "PASSED|FAILED  \]|\[  SKIPPED \]" "$OUT/ctest_$L.log" | head -40
       continue
     fi
@@ -265,7 +270,7 @@ for s in $STEPS; do
   case $s in
     build) build ;;
     pack) pack ;;
-    test) if [ "${TEST_LABELS:-}" = gpu ]; then ensure_built gpu_training_test
+    test) if [ "${TEST_LABELS:-}" = gpu ]; then ensure_built $GPU_TEST_PROGRAMS
           elif [ -f $B/cross_built ] && [ -x $B/bin/dsrun ]; then :  # every program packed (ALL=1)
           else ensure_built; fi
           run_tests ;;

@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
   double us = 0;
   {
     dm::TrainingMonitor monitor(c, deepspeed::comm::make_single_process_communicator(),
-                                c10::kCPU);
+                                c10::kCPU, /*writer=*/true);
     dm::StepRecord r;
     r.samples_per_step = 16;
     const auto t0 = std::chrono::steady_clock::now();

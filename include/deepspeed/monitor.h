@@ -1,8 +1,9 @@
 // Training monitors (DeepSpeed's deepspeed.monitor): scalar events written to TensorBoard event
 // files ("tensorboard" block) and CSV files ("csv_monitor" block), as DeepSpeed writes them.
 //
-// The engine writes, on the rank that logs the step line (data-parallel rank 0; under a pipeline,
-// the last stage's), at every optimizer step, with the global sample count as x-axis:
+// The engine writes, on the job's one reporting rank (global rank 0, as DeepSpeed; under a
+// pipeline the last stage's first rank, the one that has the loss), at every optimizer step, with
+// the global sample count as x-axis (train_loss's the count before the step, as DeepSpeed's):
 //   Train/Samples/train_loss, Train/Samples/lr, Train/Samples/loss_scale (fp16 only),
 //   Train/Samples/elapsed_time_ms_* (wall_clock_breakdown), and Train/Samples/grad_norm,
 //   step_time_ms, samples_per_second (docs/monitoring.md lists them all).
@@ -43,7 +44,8 @@ class Monitor {
 };
 
 // The monitors `config` enables. `writer` says whether this process writes (the engine passes
-// true on its logging rank); on the others, and when no block is enabled, the monitor is disabled.
+// true on its reporting rank only); on the others, and when no block is enabled, the monitor is
+// disabled.
 // Creates <output_path>/<job_name>/ for each enabled monitor; throws ConfigError naming the key
 // (e.g. 'tensorboard.output_path') and the path when it cannot be created or written.
 // Builds without protobuf (DS_WITH_PROTOBUF unset) refuse tensorboard.enabled with a ConfigError.

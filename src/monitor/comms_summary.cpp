@@ -17,14 +17,6 @@ bool gathers(const std::string& name) {
   return op == "all_gather" || op == "reduce_scatter" || op == "reduce_scatter_v";
 }
 
-// DeepSpeed's message size from the bytes our stats recorded for one call.
-double deepspeed_size(const std::string& name, int64_t recorded, int world_size) {
-  const std::string op = kind_of(name);
-  if (op == "reduce_scatter" || op == "reduce_scatter_v")
-    return static_cast<double>(recorded) / world_size;
-  return static_cast<double>(recorded);
-}
-
 std::string pad(const std::string& s, size_t width = 20) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
@@ -55,6 +47,9 @@ std::pair<double, double> bandwidth_gbps(const std::string& op, double size, dou
   if (kind_of(op) == "all_reduce") {
     algbw = 2.0 * size / ms;
     busbw = size / ms * (2.0 * (n - 1.0) / n);
+  } else if (kind_of(op) == "all_to_all") {
+    algbw = size / ms;
+    busbw = algbw * ((n - 1.0) / n);
   } else if (gathers(op)) {
     algbw = size * n / ms;
     busbw = algbw * ((n - 1.0) / n);
@@ -66,10 +61,8 @@ std::pair<double, double> bandwidth_gbps(const std::string& op, double size, dou
 }
 
 std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size) {
-  const double size = deepspeed_size(op, bytes, world_size);
-  const auto [algbw, busbw] = bandwidth_gbps(op, size, ms, world_size);
-  return "comm op: " + op + " | time (ms): " + fixed2(ms) +
-         " | msg size: " + convert_size(static_cast<int64_t>(size)) +
+  const auto [algbw, busbw] = bandwidth_gbps(op, static_cast<double>(bytes), ms, world_size);
+  return "comm op: " + op + " | time (ms): " + fixed2(ms) + " | msg size: " + convert_size(bytes) +
          " | algbw (Gbps): " + fixed2(algbw) + " | busbw (Gbps): " + fixed2(busbw);
 }
 
@@ -83,10 +76,9 @@ std::string comms_summary_table(const comm::CommStats& stats, int world_size,
     if (!prof_ops.empty() && !prof_ops.count(op)) continue;
     out += op + "\n";
     for (const auto& [bytes, sz] : s.by_size) {
-      const double size = deepspeed_size(op, bytes, world_size);
       const double avg = sz.calls ? sz.total_ms / sz.calls : 0.0;
-      const auto [algbw, busbw] = bandwidth_gbps(op, size, avg, world_size);
-      out += pad("") + pad(convert_size(static_cast<int64_t>(size))) +
+      const auto [algbw, busbw] = bandwidth_gbps(op, static_cast<double>(bytes), avg, world_size);
+      out += pad("") + pad(convert_size(bytes)) +
              pad(std::to_string(sz.calls)) + pad(fixed2(sz.total_ms)) + pad(fixed2(avg)) +
              pad(fixed2(algbw)) + pad(fixed2(busbw)) + "\n";
     }

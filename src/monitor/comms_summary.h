@@ -1,17 +1,21 @@
 // comms_logger: DeepSpeed's deepspeed.comm.log_summary() table and verbose lines, from the
 // communicator's per-op, per-message-size statistics (comm::CommStats).
 //
-// Message size is DeepSpeed's: the bytes of the per-rank buffer the op is named after — the
-// tensor for all_reduce/broadcast/send/recv, the input of all_gather, the output of
-// reduce_scatter (our stats record reduce_scatter's whole input; it is divided by the world
-// size here). Bandwidths follow DeepSpeed's calc_bw_log, in Gbps, from the mean latency:
+// Message size is DeepSpeed's: the bytes of the tensor deepspeed.comm takes its size from, which
+// is what our stats record — the tensor of all_reduce/broadcast/send/recv, the input of
+// all_gather, all_to_all and reduce_scatter(_v) (for a reduce-scatter that is the whole input,
+// n times the output). Bandwidths follow DeepSpeed's calc_bw_log, in Gbps, from the mean latency:
 //   all_reduce:        algbw = 2·size/t      busbw = size/t · 2(n−1)/n
+//   all_to_all:        algbw = size/t        busbw = size/t · (n−1)/n
 //   all_gather, reduce_scatter(_v): algbw = n·size/t   busbw = algbw · (n−1)/n
 //   broadcast, send, recv: algbw = busbw = size/t
+// For a reduce-scatter DeepSpeed's n·size counts the whole input n times over: its algbw and
+// busbw (and so ours, kept equal to them so that the two tables compare) are n times
+// nccl-tests' figures for the same operation (input/t and input/t · (n−1)/n).
 // Latency is from launch to the end of the first wait() (DeepSpeed times each op
 // synchronously; an op overlapped with compute reads longer here). DeepSpeed's averages trim 10%
-// outliers; these are plain means. `debug` (caller names in op names) is not provided: C++ has no
-// cheap caller frames.
+// outliers; these are plain means. comms_logger.debug's caller names are the engine phases
+// (training_monitor.cpp).
 #pragma once
 #include <set>
 #include <string>
@@ -27,16 +31,18 @@ std::string convert_size(int64_t bytes);
 
 // The table: a header row, then per op its name and one row per message size (ascending):
 // size, count, total latency (ms), average latency (ms), algbw (Gbps), busbw (Gbps).
-// `prof_ops` non-empty: only those ops (comms_logger.prof_all false).
+// `prof_ops` non-empty: only those ops (comms_logger.prof_all false; our names, see
+// comm_op_names.h).
 std::string comms_summary_table(const comm::CommStats& stats, int world_size,
                                 const std::set<std::string>& prof_ops = {});
 
 // comms_logger.verbose: DeepSpeed's line for one completed collective (`bytes` as our stats
-// record it), e.g. "comm op: all_reduce | time (ms): 0.12 | msg size: 4.0 KB | algbw (Gbps): 0.53 |
+// record it, DeepSpeed's message size), e.g. "comm op: all_reduce | time (ms): 0.12 | msg size: 4.0 KB | algbw (Gbps): 0.53 |
 // busbw (Gbps): 0.27".
 std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size);
 
-// (algbw, busbw) in Gbps of one op of `size` DeepSpeed bytes taking `ms` milliseconds.
+// (algbw, busbw) in Gbps of one op of `size` bytes (DeepSpeed's message size) taking `ms`
+// milliseconds.
 std::pair<double, double> bandwidth_gbps(const std::string& op, double size, double ms,
                                          int world_size);
 

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "deepspeed/device.h"
+#include "monitor/comm_op_names.h"
 #include "monitor/comms_summary.h"
 #include "monitor/memory_usage.h"
 
@@ -9,14 +11,21 @@ namespace deepspeed {
 namespace monitor {
 namespace {
 
-// comms_logger.prof_ops (validated by the config reader; kept in the raw document).
+// comms_logger.prof_ops (validated by the config reader, which warns of a name that selects
+// nothing; kept in the raw document) as our names: DeepSpeed's select ours. A name that selects
+// nothing stays in the set, so that a list of such names shows no op (not every op).
 std::set<std::string> prof_ops_of(const Config& config) {
   std::set<std::string> ops;
   const auto& raw = config.raw;
   if (!config.comms_logger.prof_all && raw.is_object() && raw.contains("comms_logger")) {
     const auto& block = raw.at("comms_logger");
     if (block.is_object() && block.contains("prof_ops") && block.at("prof_ops").is_array())
-      for (const auto& op : block.at("prof_ops")) ops.insert(op.get<std::string>());
+      for (const auto& entry : block.at("prof_ops")) {
+        const std::string name = entry.get<std::string>();
+        const std::set<std::string> named = recorded_ops_named(name);
+        if (named.empty()) ops.insert(name);
+        ops.insert(named.begin(), named.end());
+      }
   }
   return ops;
 }
@@ -42,24 +51,40 @@ comm::CommStats since(comm::CommStats now, const comm::CommStats& before) {
 }  // namespace
 
 TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr comm,
-                                 c10::Device device)
+                                 c10::Device device, bool writer)
     : config_(config),
       comm_(std::move(comm)),
-      monitor_(make_monitor(config, comm_->rank() == 0)),
+      writer_(writer),
+      monitor_(make_monitor(config, writer)),
       timers_(config.wall_clock_breakdown, device),
       device_(device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
-      last_step_end_(std::chrono::steady_clock::now()),
       gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
-  const auto& cl = config.comms_logger;
-  if (cl.enabled && (cl.verbose || cl.debug) && comm_->rank() == 0) {
+  observe_ops(writer_);
+}
+
+void TrainingMonitor::observe_ops(bool on) {
+  const auto& cl = config_.comms_logger;
+  if (on && !verbose_ && cl.enabled && (cl.verbose || cl.debug)) {
     verbose_ = std::make_shared<const comm::OpObserver>(
         [this](const std::string& op, int64_t bytes, double ms, int world) {
           observe(op, bytes, ms, world);
         });
     comm::set_op_observer(verbose_);
+  } else if (!on && verbose_) {
+    comm::clear_op_observer(verbose_);
+    verbose_ = nullptr;
   }
+}
+
+void TrainingMonitor::as_pipeline_stage(bool writer) {
+  pipeline_ = true;
+  profiler_.reset();
+  if (writer == writer_) return;
+  writer_ = writer;
+  monitor_ = make_monitor(config_, writer);
+  observe_ops(writer);
 }
 
 // DeepSpeed's debug names an op after the Python function that issued it; the C++ counterpart is
@@ -90,31 +115,42 @@ TrainingMonitor::~TrainingMonitor() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[deepspeed] monitor: %s\n", e.what());
   }
-  if (config_.comms_logger.enabled) comms_summary(/*print=*/comm_->rank() == 0);
+  if (config_.comms_logger.enabled) comms_summary(/*print=*/true);
 }
 
 std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   const auto now = std::chrono::steady_clock::now();
-  const double step_ms = std::chrono::duration<double, std::milli>(now - last_step_end_).count();
+  // The first step counts from the start of training (its first forward, a pipeline's first
+  // train_batch), not from the engine's construction; a step with neither before it (a user's
+  // own forward and backward outside the timers) has no start to count from and no rate.
+  std::optional<double> step_ms;
+  if (!last_step_end_) last_step_end_ = timers_.training_start();
+  if (last_step_end_)
+    step_ms = std::chrono::duration<double, std::milli>(now - *last_step_end_).count();
   last_step_end_ = now;
   const int64_t x = step.global_samples;
+  // DeepSpeed's engine writes train_loss in backward(), before the step adds its samples; its
+  // pipeline's train_batch after the step.
+  const int64_t loss_x = pipeline_ ? x : x - step.samples_per_step;
   std::vector<Event> events = {
-      {"Train/Samples/train_loss", step.loss, x},
+      {"Train/Samples/train_loss", step.loss, loss_x},
       {"Train/Samples/lr", step.lr, x},
   };
   if (step.fp16) events.push_back({"Train/Samples/loss_scale", step.loss_scale, x});
   events.push_back({"Train/Samples/grad_norm", step.grad_norm, x});
-  events.push_back({"Train/Samples/step_time_ms", step_ms, x});
-  if (step_ms > 0)
-    events.push_back({"Train/Samples/samples_per_second", step.samples_per_step * 1e3 / step_ms, x});
+  if (step_ms) events.push_back({"Train/Samples/step_time_ms", *step_ms, x});
+  if (step_ms && *step_ms > 0)
+    events.push_back(
+        {"Train/Samples/samples_per_second", step.samples_per_step * 1e3 / *step_ms, x});
   if (gather_timer_) events.push_back({"Train/Samples/elapsed_time_ms_gather", gather_last_ms_, x});
-  if (timers_.enabled()) {
-    const auto ms = timers_.last_step_ms();
-    for (int i = 0; i < kPhaseCount; ++i)
+  // Only the phases this step timed (a pipeline's: `step`), as the printed lines show them.
+  const auto ms = timers_.last_step_ms();
+  const auto timed = timers_.last_step_timed();
+  for (int i = 0; i < kPhaseCount; ++i)
+    if (timed[i])
       events.push_back({std::string("Train/Samples/elapsed_time_ms_") +
                             phase_event_name(static_cast<Phase>(i)),
                         ms[i], x});
-  }
   return events;
 }
 
@@ -128,7 +164,7 @@ double TrainingMonitor::all_gather_ms() const {
 
 void TrainingMonitor::attach(EngineFacts facts) {
   facts_ = std::move(facts);
-  if (config_.flops_profiler.enabled && comm_->rank() == 0 && facts_.module)
+  if (config_.flops_profiler.enabled && writer_ && !pipeline_ && facts_.module)
     profiler_ = std::make_unique<profiling::FlopsProfiler>(facts_.module);
 }
 
@@ -175,9 +211,12 @@ std::string TrainingMonitor::see_memory_usage(const std::string& message, bool p
   const MemoryReport states = facts_.memory ? facts_.memory() : MemoryReport{};
   std::string text;
   for (const auto& line : memory_usage_lines(message, states, device_)) text += line + "\n";
-  if (print) {
+  if (print && writer_) {
     std::fputs(text.c_str(), stdout);
     std::fflush(stdout);
+    // DeepSpeed's see_memory_usage ends with reset_peak_memory_stats() (on the rank that
+    // printed): each report's Max_MA / Max_CA are the peaks since the one before.
+    if (device_.is_cuda()) reset_device_memory_peaks(device_);
   }
   return text;
 }
@@ -198,6 +237,7 @@ void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
   const bool memory_now = step.global_steps == 1 ||
                           (config_.memory_breakdown && config_.steps_per_print > 0 &&
                            step.global_steps % config_.steps_per_print == 0);
+  writer = writer && writer_;
   if (memory_now && writer)
     see_memory_usage("[Rank " + std::to_string(comm_->rank()) + "] memory after step " +
                          std::to_string(step.global_steps),
@@ -231,10 +271,10 @@ std::string TrainingMonitor::comms_summary(bool print) const {
   // debug: the observer's counts by caller (already filtered by prof_ops); otherwise the
   // communicator's own.
   const std::string table =
-      config_.comms_logger.debug && comm_->rank() == 0
+      config_.comms_logger.debug && writer_
           ? comms_summary_table(debug, comm_->world_size(), {})
           : comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(), prof_ops_);
-  if (print) {
+  if (print && writer_) {
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);
   }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,16 +47,31 @@ struct EngineFacts {
 
 class TrainingMonitor {
  public:
-  // `comm`: the engine's data-parallel communicator (its rank 0 writes the monitors and prints).
-  // Creates the monitors' directories now, so a bad output_path fails in initialize().
-  TrainingMonitor(const Config& config, comm::CommunicatorPtr comm, c10::Device device);
+  // `comm`: the engine's data-parallel communicator (the comms table is its collectives').
+  // `writer`: whether this rank is the job's one reporting rank, global rank 0 as in DeepSpeed
+  // (a data-parallel rank 0 is not enough: with tensor parallelism every tensor rank is one of
+  // its group, with a pipeline every stage's first rank). Only it writes the monitors, prints the
+  // timer, memory and comms lines and runs the flops profiler; a pipeline's is chosen by
+  // as_pipeline_stage(). Creates the monitors' directories now (on the writer), so a bad
+  // output_path fails in initialize().
+  TrainingMonitor(const Config& config, comm::CommunicatorPtr comm, c10::Device device,
+                  bool writer);
   ~TrainingMonitor();  // flushes the monitors; prints the comms summary when comms_logger is on
+
+  // This engine is a pipeline stage (initialize_pipeline, before any step): `writer` replaces the
+  // constructor's. The pipeline's writer is the last stage's first rank, the only one that knows
+  // the loss when the step's events are written (DeepSpeed's global rank 0 is sent it first), and
+  // its train_loss is written at the global sample count after the step, as DeepSpeed's
+  // train_batch writes it. A pipeline is not flops-profiled.
+  void as_pipeline_stage(bool writer);
+  bool writer() const { return writer_; }
 
   WallClockTimers& timers() { return timers_; }
   std::shared_ptr<Monitor> monitor() const { return monitor_; }
 
-  // After every optimizer step. `writer`: whether this rank writes (the engine's logging rank).
-  // Sends the step's events; every steps_per_print steps prints the timer lines and flushes.
+  // After every optimizer step. `writer`: whether the engine logs this step here (it is this
+  // rank's writer() in every layout; both must hold). Sends the step's events; every
+  // steps_per_print steps prints the timer lines and flushes.
   void on_step(const StepRecord& step, bool writer);
 
   // Once the stage is built (initialize()): the model for the flops profiler, the model states
@@ -67,7 +83,8 @@ class TrainingMonitor {
   void before_forward(int64_t global_steps);
   void after_forward();
   // DeepSpeed's see_memory_usage lines (memory_usage.h) with this rank's model states; printed
-  // when `print`. Returned in any case.
+  // when `print` on the writer, which then, as DeepSpeed, resets the GPU allocator's peaks: the
+  // next lines' Max_MA / Max_CA are the peaks since these. Returned in any case.
   std::string see_memory_usage(const std::string& message, bool print) const;
 
   // From now on the comms_logger counts (initialize() calls it when the engine is built, so its
@@ -77,7 +94,7 @@ class TrainingMonitor {
     gather_seen_ms_ = all_gather_ms();
     debug_counting_.store(true);
   }
-  // The comms_logger table (empty when comms_logger is off); printed when `print`.
+  // The comms_logger table (empty when comms_logger is off); printed when `print` on the writer.
   std::string comms_summary(bool print) const;
 
  private:
@@ -86,12 +103,17 @@ class TrainingMonitor {
   double all_gather_ms() const;
   void print_flops_profile(const StepRecord& step);
 
+  // The comms_logger.verbose / .debug observer, on the writer only.
+  void observe_ops(bool on);
+
   Config config_;
   comm::CommunicatorPtr comm_;
+  bool writer_;
+  bool pipeline_ = false;  // as_pipeline_stage() was called
   std::shared_ptr<Monitor> monitor_;
   WallClockTimers timers_;
   c10::Device device_;
-  std::set<std::string> prof_ops_;
+  std::set<std::string> prof_ops_;  // our names (comm_op_names.h); empty: every op
   comm::CommStats baseline_;  // the communicator's stats when the engine was built
   // comms_logger.verbose / .debug on the printing rank: told of each completed collective, prints
   // it (verbose) and counts it under "<op> | [Caller Func: <engine phase>]" (debug).
@@ -100,7 +122,9 @@ class TrainingMonitor {
   mutable std::mutex debug_mu_;
   comm::CommStats debug_stats_;  // comms_logger.debug: the collectives by caller
   std::atomic<bool> debug_counting_{false};  // from mark_comms_start() on, as the plain table
-  std::chrono::steady_clock::time_point last_step_end_;
+  // The end of the last optimizer step (step_time_ms); before the first, the start of training
+  // (WallClockTimers::training_start()).
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
   EngineFacts facts_;
   // flops_profiler.enabled on the printing rank; null elsewhere.
   std::unique_ptr<profiling::FlopsProfiler> profiler_;

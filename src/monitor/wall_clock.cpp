@@ -52,6 +52,7 @@ void WallClockTimers::stop_slow(Phase p) {
   const std::chrono::duration<double, std::milli> ms = Clock::now() - started_[i];
   running_[i] = false;
   this_step_[i] += ms.count();
+  this_timed_[i] = true;
   interval_sum_[i] += ms.count();
   interval_micro_[i] += 1;
 }
@@ -59,7 +60,9 @@ void WallClockTimers::stop_slow(Phase p) {
 void WallClockTimers::end_optimizer_step() {
   if (!enabled_) return;
   last_step_ = this_step_;
+  last_timed_ = this_timed_;
   this_step_.fill(0.0);
+  this_timed_.fill(false);
   ++interval_steps_;
 }
 

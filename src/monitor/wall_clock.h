@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,7 @@ class WallClockTimers {
   bool enabled() const { return enabled_; }
 
   void start(Phase p) {
+    if (!training_start_) begin_training();
     current_.store(static_cast<int>(p), std::memory_order_relaxed);
     if (enabled_) start_slow(p);
   }
@@ -61,6 +63,22 @@ class WallClockTimers {
 
   // Milliseconds each phase took in the last optimizer step (all its micro-steps).
   std::array<double, kPhaseCount> last_step_ms() const { return last_step_; }
+  // Whether each phase was timed in the last optimizer step: a pipeline's train_batch times only
+  // `step` (it runs its forward and backward passes itself), so its other phases read 0 there
+  // without having taken 0 ms. All false when the timers are off.
+  std::array<bool, kPhaseCount> last_step_timed() const { return last_timed_; }
+
+  // Where training began: the first start() of any phase, or an earlier begin_training() (a
+  // pipeline's train_batch, whose forward passes come before its first timed phase). The
+  // throughput figures' first interval starts here, not at the engine's construction, so what
+  // came in between (load_checkpoint, building the data) is not counted as training time.
+  // Tracked whether or not the timers are on; unset before either call.
+  void begin_training() {
+    if (!training_start_) training_start_ = std::chrono::steady_clock::now();
+  }
+  std::optional<std::chrono::steady_clock::time_point> training_start() const {
+    return training_start_;
+  }
   // DeepSpeed's two lines, averaged over the interval since the previous call (micro timers per
   // micro-step, global timers per optimizer step), then the interval is reset:
   //   time (ms) | fwd_microstep: 1.23 | bwd_microstep: ... | step_microstep: 0.45
@@ -81,6 +99,9 @@ class WallClockTimers {
   std::array<bool, kPhaseCount> running_{};
   std::array<double, kPhaseCount> this_step_{};      // global timers, current optimizer step
   std::array<double, kPhaseCount> last_step_{};      // global timers, previous optimizer step
+  std::array<bool, kPhaseCount> this_timed_{};       // phases stopped in the current step
+  std::array<bool, kPhaseCount> last_timed_{};       // ... in the previous step
+  std::optional<Clock::time_point> training_start_;
   std::array<double, kPhaseCount> interval_sum_{};   // sum over the print interval
   std::array<int64_t, kPhaseCount> interval_micro_{};  // micro-steps timed per phase
   int64_t interval_steps_ = 0;                        // optimizer steps in the interval

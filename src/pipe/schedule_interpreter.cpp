@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "device/out_of_memory.h"
+#include "monitor/training_monitor.h"
 #include "pipe/pipeline_loss.h"
 #include "pipe/pipeline_runtime.h"
 #include "runtime/engine_state.h"
@@ -51,6 +52,7 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
   // A batch is a whole accumulation: nothing of a batch that threw midway counts in this one's
   // mean loss.
   if (train) s.loss_since_boundary = at::Tensor();
+  if (train) s.monitor->timers().begin_training();  // the throughput figures count from here
   forget_failed_allocation();  // an out-of-memory report names only this batch's
   const char* phase = train ? "train_batch" : "eval_batch";
   std::vector<Buffer> bufs(schedule.num_buffers);

@@ -21,7 +21,9 @@ Engine::Engine(EngineStatePtr state)
     : state_(std::move(state)),
       auto_cast_inputs_(state_->config.fp16.enabled && state_->config.fp16.auto_cast),
       device_(state_->device) {
-  state_->log.start();
+  // The step line's first samples/s counts from where training began, not from here.
+  state_->log.start_from(
+      [monitor = state_->monitor.get()] { return monitor->timers().training_start(); });
 }
 Engine::~Engine() = default;
 

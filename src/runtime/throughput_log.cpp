@@ -8,10 +8,15 @@ namespace deepspeed {
 void ThroughputLog::on_step(const StepLogLine& line, int64_t every, bool print) {
   const int64_t step = line.step;
   const auto& lr = line.lr;
-  ++steps_since_print_;
+  if (!last_ && training_start_) last_ = training_start_();
+  if (last_) {
+    ++steps_since_print_;
+  } else {
+    last_ = Clock::now();  // no known start: this step is not counted
+  }
   if (every <= 0 || step % every != 0) return;
-  auto now = std::chrono::steady_clock::now();
-  double seconds = std::chrono::duration<double>(now - last_).count();
+  auto now = Clock::now();
+  double seconds = std::chrono::duration<double>(now - *last_).count();
   double rate = seconds > 0 ? steps_since_print_ * line.samples_per_step / seconds : 0.0;
   last_ = now;
   steps_since_print_ = 0;

@@ -1,10 +1,14 @@
 // Rank 0's progress line every steps_per_print optimizer steps:
 //   [deepspeed] step=100 skipped=0 loss=2.3101 lr=[0.001] grad_norm=0.81 samples/s=412.3
 // (fp16 adds loss_scale=65536).
-// samples/s covers the steps since the previous line (all ranks' samples).
+// samples/s covers the steps since the previous line (all ranks' samples); the first line's
+// interval starts where training began (the engine's first forward, a pipeline's first
+// train_batch), not at the engine's construction, so a load_checkpoint in between is not counted.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 namespace deepspeed {
@@ -21,12 +25,20 @@ struct StepLogLine {
 
 class ThroughputLog {
  public:
-  void start() { last_ = std::chrono::steady_clock::now(); }
+  using Clock = std::chrono::steady_clock;
+  // Where training began, asked at the first step (the engine passes its wall-clock timers'
+  // training_start()); nullopt: not known, and the first step, which has no start, is left out
+  // of the first line's rate.
+  using TrainingStart = std::function<std::optional<Clock::time_point>()>;
+  void start_from(TrainingStart training_start) { training_start_ = std::move(training_start); }
   // Called at each optimizer step; prints when step % every == 0 and print is true.
   void on_step(const StepLogLine& line, int64_t every, bool print);
+  // The start of the interval the next line's samples/s covers (nullopt before the first step).
+  std::optional<Clock::time_point> interval_start() const { return last_; }
 
  private:
-  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+  TrainingStart training_start_;
+  std::optional<Clock::time_point> last_;
   int64_t steps_since_print_ = 0;
 };
 

@@ -113,8 +113,12 @@ TEST(MonitorEngine, CsvAndEventFilesHoldTheEnginesValues) {
   ASSERT_EQ(loss.size(), seen.size());
   ASSERT_EQ(lr.size(), seen.size());
   ASSERT_EQ(norm.size(), seen.size());
+  // train_loss at the sample count before the step (DeepSpeed writes it in backward()); the
+  // others after it.
+  const int64_t batch = seen[0].samples;
   for (size_t i = 0; i < seen.size(); ++i) {
-    EXPECT_EQ(loss[i].first, seen[i].samples);
+    EXPECT_EQ(loss[i].first, seen[i].samples - batch);
+    EXPECT_EQ(lr[i].first, seen[i].samples);
     EXPECT_EQ(loss[i].second, dm::python_float_repr(seen[i].loss)) << "step " << i + 1;
     EXPECT_EQ(lr[i].second, dm::python_float_repr(seen[i].lr)) << "step " << i + 1;
     EXPECT_EQ(norm[i].second, dm::python_float_repr(seen[i].grad_norm)) << "step " << i + 1;
@@ -142,7 +146,9 @@ TEST(MonitorEngine, CsvAndEventFilesHoldTheEnginesValues) {
   auto as_float32 = [](double v) { return dm::python_float_repr(static_cast<float>(v)); };
   for (size_t i = 0; i < seen.size(); ++i) {
     const std::string step = std::to_string(seen[i].samples);
-    EXPECT_EQ(tb_loss[i], "scalar Train/Samples/train_loss " + step + " " + as_float32(seen[i].loss));
+    const std::string before = std::to_string(seen[i].samples - batch);
+    EXPECT_EQ(tb_loss[i],
+              "scalar Train/Samples/train_loss " + before + " " + as_float32(seen[i].loss));
     EXPECT_EQ(tb_lr[i], "scalar Train/Samples/lr " + step + " " + as_float32(seen[i].lr));
   }
   EXPECT_EQ(scalars("Train/Samples/elapsed_time_ms_step").size(), seen.size());

@@ -94,6 +94,22 @@ TEST(FlopsProfiler, MatmulChainIsTheSumOfItsProducts) {
   EXPECT_EQ(names, (std::vector<std::string>{"aten::matmul", "aten::mm", "aten::bmm"}));
 }
 
+// einsum has no formula (DeepSpeed's counts torch.einsum itself; libtorch's C++ einsum is not one
+// counted operator): what it runs is counted, here the batched product it becomes.
+TEST(FlopsProfiler, EinsumCountsTheProductItRuns) {
+  torch::NoGradGuard no_grad;
+  Chain chain;
+  FlopsProfiler prof(chain.ptr());
+  prof.start_profile();
+  torch::einsum("bij,bjk->bik", {torch::randn({2, 3, 4}), torch::randn({2, 4, 5})});
+  prof.stop_profile();
+  std::vector<std::string> names;
+  for (const auto& op : prof.counted_ops()) names.push_back(op.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::bmm"}));
+  EXPECT_EQ(prof.get_total_macs(), 2 * 3 * 4 * 5);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 4 * 5);
+}
+
 // The GPT's attention by hand: B batch, T tokens, C channels, h heads.
 int64_t attention_flops(int64_t B, int64_t T, int64_t C, int64_t h) {
   return 2 * B * T * C * 3 * C  // qkv projection

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <regex>
 
+#include "deepspeed/device.h"
 #include "deepspeed/engine.h"
 #include "gpt/model.h"
+#include "monitor/training_monitor.h"
 #include "support/expect.h"
 #include "support/training_run.h"
 
@@ -55,6 +57,25 @@ TEST(MemoryUsage, FirstStepAndOnDemandLinesMatchTheMemoryReport) {
   EXPECT_GE(peak, rss);
   EXPECT_GE(peak, mb(rep.model_states()));
   EXPECT_EQ(r.engine->see_memory_usage("not forced", /*force=*/false), "");
+}
+
+// As DeepSpeed's see_memory_usage, each report resets the GPU allocator's peaks: Max_MA is the
+// peak since the previous report. GPU only (the CPU line has no resettable peak).
+TEST(MemoryUsage, EachReportResetsTheGpuPeaks) {
+  if (!deepspeed::cuda_available()) GTEST_SKIP() << "SKIPPED: no CUDA device";
+  const c10::Device gpu(c10::kCUDA, 0);
+  deepspeed::Config config;
+  deepspeed::monitor::TrainingMonitor m(
+      config, deepspeed::comm::make_single_process_communicator(), gpu, /*writer=*/true);
+  {
+    auto big = torch::empty({512LL << 20}, torch::TensorOptions().dtype(torch::kByte).device(gpu));
+  }  // 0.5 GB allocated and freed
+  testing::internal::CaptureStdout();
+  const std::string first = m.see_memory_usage("first", /*print=*/true);
+  const std::string second = m.see_memory_usage("second", /*print=*/true);
+  testing::internal::GetCapturedStdout();
+  EXPECT_GE(figure(first, "Max_MA"), 0.5) << first;
+  EXPECT_LT(figure(second, "Max_MA"), 0.5) << second;
 }
 
 }  // namespace

@@ -187,6 +187,14 @@ TEST(CommsSummary, SizesAndBandwidthsAreDeepSpeeds) {
   auto [ag_alg, ag_bus] = dm::bandwidth_gbps("all_gather", mb, 1.0, 4);
   EXPECT_DOUBLE_EQ(ag_alg, 32.0);
   EXPECT_DOUBLE_EQ(ag_bus, 24.0);
+  // all_to_all (DeepSpeed's all_to_all_single): algbw = size/t, busbw = size/t·(n−1)/n.
+  auto [aa_alg, aa_bus] = dm::bandwidth_gbps("all_to_all", mb, 1.0, 4);
+  EXPECT_DOUBLE_EQ(aa_alg, 8.0);
+  EXPECT_DOUBLE_EQ(aa_bus, 6.0);
+  // reduce_scatter(_v): `size` is the whole input, multiplied by n as DeepSpeed does.
+  auto [rs_alg, rs_bus] = dm::bandwidth_gbps("reduce_scatter_v", mb, 1.0, 4);
+  EXPECT_DOUBLE_EQ(rs_alg, 32.0);
+  EXPECT_DOUBLE_EQ(rs_bus, 24.0);
   auto [bc_alg, bc_bus] = dm::bandwidth_gbps("broadcast", mb, 2.0, 4);
   EXPECT_DOUBLE_EQ(bc_alg, 4.0);
   EXPECT_DOUBLE_EQ(bc_bus, 4.0);
@@ -198,7 +206,7 @@ TEST(CommsSummary, TableHasOneRowPerOpAndSize) {
   ar.by_size[1024] = {3, 6.0, 3.0};
   ar.by_size[8] = {1, 0.5, 0.5};
   auto& rs = stats["reduce_scatter"];
-  rs.by_size[4096] = {2, 4.0, 2.0};  // recorded: the whole input; shown: input / world size
+  rs.by_size[4096] = {2, 4.0, 2.0};  // the whole input, as DeepSpeed's reduce_scatter_tensor row
   stats["barrier"].calls = 5;        // no sized calls: no rows
   const std::string t = dm::comms_summary_table(stats, 2);
   const auto lines = dstest::lines_starting(t, "");
@@ -208,7 +216,7 @@ TEST(CommsSummary, TableHasOneRowPerOpAndSize) {
   EXPECT_CONTAINS(lines[2], "8.0 B");  // ascending sizes
   EXPECT_CONTAINS(lines[3], "1.0 KB              3                   6.00                2.00");
   EXPECT_EQ(lines[4], "reduce_scatter");
-  EXPECT_CONTAINS(lines[5], "2.0 KB              2                   4.00                2.00");
+  EXPECT_CONTAINS(lines[5], "4.0 KB              2                   4.00                2.00");
   EXPECT_EQ(dm::comms_summary_table(stats, 2, {"reduce_scatter"}).find("all_reduce"),
             std::string::npos);
 }
@@ -253,7 +261,7 @@ TEST(TrainingMonitor, WritesDeepSpeedsEventsAndFlushesEveryStepsPerPrint) {
   c.steps_per_print = 2;
   auto comm = deepspeed::comm::make_single_process_communicator();
   {
-    dm::TrainingMonitor m(c, comm, c10::kCPU);
+    dm::TrainingMonitor m(c, comm, c10::kCPU, /*writer=*/true);
     dm::StepRecord r;
     r.fp16 = true;
     r.samples_per_step = 32;
@@ -271,28 +279,39 @@ TEST(TrainingMonitor, WritesDeepSpeedsEventsAndFlushesEveryStepsPerPrint) {
       EXPECT_EQ(flushed, step >= 2) << "step " << step;
     }
   }  // the rest at destruction
+  // train_loss at the sample count before the step, as DeepSpeed writes it in backward(); lr and
+  // loss_scale after it, as DeepSpeed's step() writes them.
   EXPECT_EQ(dstest::read_bytes(dir / "job/Train_Samples_train_loss.csv"),
-            "step,train_loss\r\n32,3.0\r\n64,2.0\r\n96,1.0\r\n");
+            "step,train_loss\r\n0,3.0\r\n32,2.0\r\n64,1.0\r\n");
   EXPECT_EQ(dstest::read_bytes(dir / "job/Train_Samples_loss_scale.csv"),
             "step,loss_scale\r\n32,65536.0\r\n64,32768.0\r\n96,21845.333333333332\r\n");
   EXPECT_EQ(dstest::read_bytes(dir / "job/Train_Samples_lr.csv"),
             "step,lr\r\n32,0.001\r\n64,0.002\r\n96,0.003\r\n");
-  for (const char* name : {"grad_norm", "step_time_ms", "samples_per_second",
-                           "elapsed_time_ms_forward", "elapsed_time_ms_backward",
-                           "elapsed_time_ms_backward_inner", "elapsed_time_ms_backward_allreduce",
-                           "elapsed_time_ms_step"})
-    EXPECT_EQ(::access((dir / ("job/Train_Samples_" + std::string(name) + ".csv")).c_str(), R_OK), 0)
-        << name;
+  auto exists = [&](const std::string& name) {
+    return ::access((dir / ("job/Train_Samples_" + name + ".csv")).c_str(), R_OK) == 0;
+  };
+  for (const char* name :
+       {"grad_norm", "step_time_ms", "samples_per_second", "elapsed_time_ms_forward"})
+    EXPECT_TRUE(exists(name)) << name;
+  // Only the phases that were timed have events (a pipeline times only `step`): no zeros
+  // standing for phases that did not run under the timers.
+  for (const char* name : {"elapsed_time_ms_backward", "elapsed_time_ms_backward_inner",
+                           "elapsed_time_ms_backward_allreduce", "elapsed_time_ms_step"})
+    EXPECT_FALSE(exists(name)) << name;
+  EXPECT_EQ(dstest::read_bytes(dir / "job/Train_Samples_elapsed_time_ms_forward.csv")
+                .rfind("step,elapsed_time_ms_forward\r\n32,", 0),
+            0u);
 }
 
 TEST(CommsSummary, VerboseLineIsDeepSpeeds) {
   EXPECT_EQ(dm::verbose_line("all_reduce", 1000000, 1.0, 4),
             "comm op: all_reduce | time (ms): 1.00 | msg size: 976.56 KB | algbw (Gbps): 16.00 | "
             "busbw (Gbps): 12.00");
-  // reduce_scatter: our stats hold the whole input; DeepSpeed's size is the output.
+  // reduce_scatter: DeepSpeed's size is the whole input (deepspeed.comm's `tensor` argument of
+  // reduce_scatter_tensor), and calc_bw_log multiplies it by n: algbw 2·4096 B / 2 ms.
   EXPECT_EQ(dm::verbose_line("reduce_scatter", 4096, 2.0, 2),
-            "comm op: reduce_scatter | time (ms): 2.00 | msg size: 2.0 KB | algbw (Gbps): 0.02 | "
-            "busbw (Gbps): 0.01");
+            "comm op: reduce_scatter | time (ms): 2.00 | msg size: 4.0 KB | algbw (Gbps): 0.03 | "
+            "busbw (Gbps): 0.02");
 }
 
 // The monitor blocks' bad values reach the user from parse_config / initialize(), naming them.

@@ -340,6 +340,10 @@ struct BuildInput {
   ConfigOverrides overrides;
   std::string device = "auto";
   std::shared_ptr<comm::Topology> topology;
+  // A pipeline stage holding tied layers sums their parameters' .grad between stages after the
+  // reduction: stages 0/1 then keep .grad as views of their gradient buffer, in the parameters'
+  // dtype (a wider grad_accum_dtype is not taken there).
+  bool tied_gradients_in_params = false;
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);

@@ -43,7 +43,7 @@ void DataParallelStage::build_buckets(int64_t bucket_size) {
     const auto& p = params_[k];
     bool fits = !buckets_.empty() && buckets_.back().dtype == p.scalar_type() &&
                 buckets_.back().numel < bucket_size;
-    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, nullptr});
+    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, {}, nullptr});
     buckets_.back().params.push_back(k);
     buckets_.back().numel += p.numel();
     bucket_of_param[k] = buckets_.size() - 1;
@@ -74,7 +74,11 @@ void DataParallelStage::launch(Bucket& b) {
                          c10::elementSize(b.dtype));
     b.flat = torch::empty({b.numel}, ctx_.options(b.dtype));
   }
-  const double before = gradient_scaling(options_.reduction, ctx_.world_size()).before_reduce;
+  // communication_data_type: the bucket travels (and is summed) in it, as DeepSpeed's
+  // allreduce_bucket converts it. Gloo sums fp16 in fp16: the mean is then taken first.
+  const auto comm_dtype = dtype_from_config(options_.reduction.comm_dtype, b.dtype);
+  const double before =
+      gradient_scaling(options_.reduction, ctx_.world_size(), comm_dtype == at::kHalf).before_reduce;
   int64_t offset = 0;
   for (size_t k : b.params) {
     auto& p = params_[k];
@@ -86,13 +90,25 @@ void DataParallelStage::launch(Bucket& b) {
     if (before != 1.0) slice.mul_(before);
     offset += p.numel();
   }
+  if (comm_dtype != b.dtype) {
+    AllocatingFor naming("a gradient bucket in communication_data_type", -1, b.numel,
+                         c10::elementSize(comm_dtype));
+    b.wire = b.flat.to(comm_dtype);
+    b.work = ctx_.comm->all_reduce(b.wire);
+    return;
+  }
   b.work = ctx_.comm->all_reduce(b.flat);
 }
 
 void DataParallelStage::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(options_.reduction, ctx_.world_size()).after_reduce;
+  const bool fp16_sum = b.wire.defined() && b.wire.scalar_type() == at::kHalf;
+  if (b.wire.defined()) {
+    b.flat.copy_(b.wire);
+    b.wire = at::Tensor();
+  }
+  const double after = gradient_scaling(options_.reduction, ctx_.world_size(), fp16_sum).after_reduce;
   if (after != 1.0) b.flat.mul_(after);
   int64_t offset = 0;
   for (size_t k : b.params) {

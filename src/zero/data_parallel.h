@@ -51,6 +51,7 @@ class DataParallelStage : public ZeroStage {
     int64_t numel = 0;
     at::ScalarType dtype;
     at::Tensor flat;             // reduction buffer, allocated on first use
+    at::Tensor wire;             // `flat` in communication_data_type while it travels
     comm::WorkPtr work;
   };
   void build_buckets(int64_t bucket_size);

@@ -15,9 +15,9 @@ namespace zero {
 
 FlatGradReducer::FlatGradReducer(const StageContext& context, FlatParams& flat, int owner,
                                  const ReductionOptions& options, at::ScalarType comm_dtype,
-                                 size_t max_in_flight, bool hooked)
+                                 size_t max_in_flight, bool hooked, bool launch_from_hooks)
     : ctx_(context), flat_(flat), owner_(owner), options_(options), comm_dtype_(comm_dtype),
-      in_flight_(max_in_flight) {
+      in_flight_(max_in_flight), launch_from_hooks_(launch_from_hooks) {
   for (auto& range : make_bucket_ranges(flat_, options_.bucket_numel)) {
     Bucket bucket;
     bucket.range = range;
@@ -30,9 +30,10 @@ FlatGradReducer::FlatGradReducer(const StageContext& context, FlatParams& flat, 
   if (hooked)
     for (size_t s = 0; s < flat_.slots().size(); ++s)
       hooks_.add(flat_.slots()[s].param, [this, s] {
-        if (!reducing_) return;
+        if (!catching_) return;
         arrived(s);
-        order_->mark_ready(s, [this](size_t b) { launch_index(b); });
+        if (reducing_ && launch_from_hooks_)
+          order_->mark_ready(s, [this](size_t b) { launch_index(b); });
       });
 }
 
@@ -42,6 +43,7 @@ FlatGradReducer::~FlatGradReducer() {
 }
 
 void FlatGradReducer::start(bool reducing, bool boundary) {
+  catching_ = true;
   reducing_ = reducing;
   boundary_ = boundary;
   order_->begin();
@@ -51,6 +53,7 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
 // a collective's wait), or an earlier recovery. After a pass that completed there is nothing in
 // flight and nothing lent, so both steps do nothing.
 void FlatGradReducer::abandon_backward() {
+  catching_ = false;
   reducing_ = false;
   boundary_ = false;  // nothing of the failed pass goes to the offloaded update
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
@@ -73,6 +76,7 @@ void FlatGradReducer::launch_index(size_t b) {
 }
 
 void FlatGradReducer::end_backward() {
+  catching_ = false;
   if (!reducing_) return;
   // Buckets not launched yet: no hooks (no overlap), or a parameter unused by this graph whose
   // hook never fired (its gradient is zeros).
@@ -85,15 +89,18 @@ void FlatGradReducer::end_backward() {
 // ---- all-reduce at the boundary (stages 0, 1) ------------------------------------------------
 
 AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat, int owner,
-                                   const ReductionOptions& options, at::ScalarType comm_dtype)
+                                   const ReductionOptions& options, at::ScalarType comm_dtype,
+                                   at::ScalarType grad_dtype)
     : FlatGradReducer(context, flat, owner, options, comm_dtype,
                       options.finish_buckets_early ? kMaxBucketsInFlight : kUnboundedInFlight,
-                      /*hooked=*/options.overlap) {
+                      /*hooked=*/options.overlap || grad_dtype != flat.buffer().scalar_type(),
+                      /*launch_from_hooks=*/options.overlap),
+      wider_(grad_dtype != flat.buffer().scalar_type()) {
   const auto& layout = flat_.layout();
   // Stage 1, and stage 0 in 16 bits: the report names the stage beside it.
   AllocatingFor naming("the flat gradients of every parameter (all-reduced at the boundary)", -1,
-                       layout.padded_numel, flat_.buffer().element_size());
-  flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(flat_.buffer().scalar_type()));
+                       layout.padded_numel, c10::elementSize(grad_dtype));
+  flat_grad_ = torch::zeros({layout.padded_numel}, ctx_.options(grad_dtype));
   partition_ = std::make_unique<DeviceGradPartition>(
       flat_grad_.narrow(0, layout.begin(owner_), layout.partition_numel));
   point_grads_at_buffer();
@@ -101,7 +108,12 @@ AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat
 
 // .grad of each parameter is its slice of flat_grad_, so autograd accumulates in place.
 // Re-done before each backward in case the user reset the gradients (module.zero_grad()).
+// In a wider buffer a .grad left from outside a backward the engine ran is added in instead.
 void AllReduceBuckets::point_grads_at_buffer() {
+  if (wider_) {
+    for (size_t s = 0; s < flat_.slots().size(); ++s) take_grad(s);
+    return;
+  }
   for (auto& slot : flat_.slots()) {
     auto view = flat_grad_.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
     auto& g = slot.param.mutable_grad();
@@ -110,6 +122,20 @@ void AllReduceBuckets::point_grads_at_buffer() {
       g = view;
     }
   }
+}
+
+// A wider buffer: the parameter's fresh gradient is added into its slice (in the buffer's dtype,
+// as DeepSpeed's BF16_Optimizer adds each micro-step's bf16 gradient into its fp32 one) and freed.
+void AllReduceBuckets::arrived(size_t slot) {
+  if (wider_) take_grad(slot);
+}
+
+void AllReduceBuckets::take_grad(size_t slot_index) {
+  const auto& slot = flat_.slots()[slot_index];
+  auto& g = slot.param.mutable_grad();
+  if (!g.defined()) return;
+  flat_grad_.narrow(0, slot.offset, slot.numel).add_(g.reshape({-1}));
+  g = at::Tensor();
 }
 
 // Gradients accumulate over the micro-steps; only the boundary's backward reduces.

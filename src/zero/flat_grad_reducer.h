@@ -3,10 +3,12 @@
 // partition. Buckets are contiguous runs of the buffer (make_bucket_ranges), launched strictly in
 // order on every rank (BucketOrder) and finished through the shared InFlight queue.
 //
-//   AllReduceBuckets (stages 0, 1): the parameters' .grad are views of one full gradient buffer,
-//       so autograd accumulates in place over micro-steps; at the accumulation boundary each
-//       bucket is all-reduced in place (in communication_data_type when it differs). The
-//       partition is a view of the buffer.                     gradient bytes: 2 or 4 Ψ
+//   AllReduceBuckets (stages 0, 1): one full gradient buffer accumulates the micro-steps; at the
+//       accumulation boundary each bucket is all-reduced in place (in communication_data_type
+//       when it differs). The partition is a view of the buffer. In the parameter dtype the
+//       parameters' .grad are views of it, so autograd accumulates in place; in a wider
+//       grad_accum_dtype (bf16 stage 0's fp32, as DeepSpeed's BF16_Optimizer) each gradient is
+//       added into it as autograd produces it and freed.       gradient bytes: 2 or 4 Ψ
 //   ReduceScatterBuckets (stage 2): no full gradient buffer. As backward produces a parameter's
 //       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
 //       (uneven splits: each rank receives the part inside its partition) and added to the
@@ -74,10 +76,11 @@ class FlatGradReducer {
     at::Tensor wire;      // all-reduce: the bucket converted to communication_data_type
     comm::WorkPtr work;
   };
-  // `hooked`: catch every gradient as autograd produces it (overlap, or to free it at once).
+  // `hooked`: catch every gradient as autograd produces it (overlap, or to take it at once);
+  // `launch_from_hooks`: a bucket whose gradients all arrived is launched then (overlap).
   FlatGradReducer(const StageContext& context, FlatParams& flat, int owner,
                   const ReductionOptions& options, at::ScalarType comm_dtype, size_t max_in_flight,
-                  bool hooked);
+                  bool hooked, bool launch_from_hooks = true);
   void start(bool reducing, bool boundary);
   virtual void drop_unlaunched() {}
   // Buffer elements [begin, end) are final: on_final gets their part of the partition.
@@ -98,7 +101,9 @@ class FlatGradReducer {
   std::unique_ptr<BucketOrder> order_;
   InFlight in_flight_;
   int64_t pool_bytes_ = 0;
+  bool catching_ = false;  // between begin_backward and end_backward: arrived() takes gradients
   bool reducing_ = false;
+  bool launch_from_hooks_ = true;
   bool boundary_ = false;  // this backward ends an accumulation: what it reduces is final
   OnFinal on_final_;
   GradientHooks hooks_;
@@ -106,18 +111,23 @@ class FlatGradReducer {
 
 class AllReduceBuckets : public FlatGradReducer {
  public:
+  // `grad_dtype`: the buffer's dtype, where the micro-steps accumulate (grad_accum_dtype).
   AllReduceBuckets(const StageContext& context, FlatParams& flat, int owner,
-                   const ReductionOptions& options, at::ScalarType comm_dtype);
+                   const ReductionOptions& options, at::ScalarType comm_dtype,
+                   at::ScalarType grad_dtype);
   void begin_backward(bool boundary) override;
   void zero() override { flat_grad_.zero_(); }
   int64_t gradient_bytes() const override;
 
  private:
+  void arrived(size_t slot) override;
   void launch(Bucket& b) override;
   void finish(Bucket& b) override;
   void point_grads_at_buffer();
+  void take_grad(size_t slot);
   at::Tensor range_of(const Bucket& b);
-  at::Tensor flat_grad_;  // the full gradient buffer, in the parameter dtype
+  at::Tensor flat_grad_;  // the full gradient buffer, in the accumulation dtype
+  bool wider_ = false;    // flat_grad_ is not in the parameter dtype: .grad are not its views
 };
 
 class ReduceScatterBuckets : public FlatGradReducer {

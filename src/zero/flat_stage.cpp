@@ -35,8 +35,17 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
                                                     shard_->gradients_in_host_memory(),
                                                     options.shard.pin_memory);
   } else {
+    // Stages 0/1: the full buffer accumulates the micro-steps, in grad_accum_dtype. One
+    // micro-step sums nothing (its gradients widened and narrowed again are the same values), so
+    // without accumulation the buffer stays in the parameters' dtype, unless the gradients also
+    // travel wider (the wider buffer then keeps the sum's precision).
+    const bool wider_matters =
+        options.accumulation_steps > 1 || comm_dtype != options.param_dtype;
+    const auto grad_dtype = wider_matters
+                                ? dtype_from_config(options.grad_accum_dtype, options.param_dtype)
+                                : options.param_dtype;
     grads_ = std::make_unique<AllReduceBuckets>(ctx_, *flat_, ownership_->owner(), reduction,
-                                                comm_dtype);
+                                                comm_dtype, grad_dtype);
   }
   if (shard_->steps_during_backward())
     grads_->on_final([this](int64_t begin, int64_t numel, std::shared_ptr<device::CopyFence> ready) {

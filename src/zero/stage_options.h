@@ -82,7 +82,10 @@ struct FlatStageOptions {
   // true: reduce-scatter every micro-step into a gradient partition (stage 2); false: all-reduce
   // a full gradient buffer at the accumulation boundary (stages 0, 1).
   bool scatter_gradients = false;
-  std::string grad_accum_dtype;         // stage 2's gradient partition dtype ("" = parameters')
+  // Where the micro-steps accumulate ("" = the parameters' dtype): stage 2's gradient partition,
+  // stages 0/1's full gradient buffer (build_engine.cpp resolves DeepSpeed's default).
+  std::string grad_accum_dtype;
+  int64_t accumulation_steps = 1;  // gradient_accumulation_steps
   int64_t allgather_bucket_numel = 500000000;  // zero_optimization.allgather_bucket_size
   ReductionOptions reduction;
   ShardOptions shard;
@@ -92,6 +95,7 @@ struct FlatStageOptions {
 // zero_optimization keys they document.
 struct Stage3Options {
   at::ScalarType param_dtype = at::kFloat;  // every trainable parameter's (checked by the builder)
+  std::string grad_accum_dtype;  // the gradient partition's dtype ("" = the parameters')
   ZeroConfig zero;
   AioConfig aio;
   ReductionOptions reduction;

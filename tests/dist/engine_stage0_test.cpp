@@ -8,6 +8,9 @@
 // real bug (a missed or doubled average, a lost bucket) moves weights by whole steps.
 #include <gtest/gtest.h>
 
+#include "deepspeed/deepspeed.h"
+#include "gpt/model.h"
+#include "support/ranks.h"
 #include "support/training_run.h"
 
 using dstest::base_config;
@@ -94,4 +97,32 @@ TEST(Stage0, PredivideAndPrescaleStillAverageOnce) {
     auto dist = train_gpt(s);
     EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol) << extra.dump();
   }
+}
+
+// communication_data_type at stage 0 in fp32: the gradients travel and are summed in bf16, as
+// DeepSpeed's allreduce_bucket converts them (half the bytes), and the averaged gradients are
+// bf16 sums (halved exactly). Before, the key was read but stage 0 reduced in fp32.
+TEST(Stage0, CommunicationDataTypeIsTheGradientsWireDtype) {
+  std::vector<int64_t> bytes(2, 0);
+  for (std::string dtype : {"fp32", "bf16"}) {
+    auto config = dstest::base_config(2, 1, 0);
+    config["communication_data_type"] = dtype;
+    auto data = dstest::test_text_dataset(16);
+    dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      torch::manual_seed(7);
+      auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+      auto r = deepspeed::initialize<gpt::GPTImpl>(
+          {.model = model, .config_json = config, .training_data = data, .comm = comm});
+      auto batch = r.training_dataloader->next();
+      comm->reset_stats();
+      r.engine->backward(r.engine->forward(batch.data, batch.target));
+      if (comm->rank() != 0) return;
+      for (auto& [op, st] : comm->stats())
+        if (op == "all_reduce") bytes[dtype == "bf16"] = st.bytes;
+      if (dtype != "bf16") return;
+      for (auto& p : model->parameters())
+        EXPECT_TRUE(torch::equal(p.grad(), p.grad().to(torch::kBFloat16).to(torch::kFloat)));
+    });
+  }
+  EXPECT_EQ(bytes[1] * 2, bytes[0]) << "fp32 " << bytes[0] << " bytes, bf16 " << bytes[1];
 }

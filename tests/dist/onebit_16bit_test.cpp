@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <utility>
 
 #include "deepspeed/config.h"
@@ -134,8 +135,15 @@ std::vector<StepRecord> train_mlp_tensor_parallel(const json& config, int steps,
         auto topology = std::make_shared<deepspeed::comm::Topology>(
             comm, deepspeed::comm::TopologySizes{1, 2});
         const int data_rank = topology->data_parallel()->rank();
-        torch::manual_seed(5);
-        auto model = HalfMlp();
+        // The rank threads share the global generator: seeded draws one rank at a time, so the
+        // tensor ranks' replicated weights are equal (initialize broadcasts only over data).
+        HalfMlp model{nullptr};
+        {
+          static std::mutex rng_mutex;
+          std::lock_guard<std::mutex> lock(rng_mutex);
+          torch::manual_seed(5);
+          model = HalfMlp();
+        }
         auto r = deepspeed::initialize<HalfMlpImpl>(
             {.model = model.ptr(), .config_json = config, .topology = topology});
         for (int s = 1; s <= steps; ++s) {

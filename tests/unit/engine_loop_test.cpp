@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
@@ -77,6 +79,75 @@ TEST(EngineLoop, ASaveBetweenBoundariesResumesAtTheStepsFirstMicroBatch) {
   const auto want = straight.weights(), got = resumed.weights();
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::equal(want[i], got[i])) << "weight " << i;
+}
+
+// The norm of a bf16 model's gradients summed over `batches` as `accumulate` sums them: each
+// micro-step's bf16 gradient (of loss / GAS, in fp32 as the engine divides it) added into an
+// fp32 sum, or into a bf16 one. With `all_reduced` the sum is then rounded to bf16, as stages
+// 0/1 send it at the boundary in bf16 (communication_data_type's default; DeepSpeed rounds it so
+// too, at any world size); stages 2/3 reduce each micro-step's bf16 gradient before adding it.
+double reference_norm(const std::vector<deepspeed::Batch>& batches, at::ScalarType accumulate,
+                      bool all_reduced = true) {
+  torch::manual_seed(7);  // make_single_engine's seed: the engine's initial weights
+  auto model = std::make_shared<gpt::GPTImpl>(kModel);
+  model->to(at::kBFloat16);
+  std::vector<at::Tensor> sums;
+  for (auto& p : model->parameters()) sums.push_back(torch::zeros_like(p, accumulate));
+  for (const auto& batch : batches) {
+    at::Tensor loss = model->forward(batch.data, batch.target);
+    (loss.to(at::kFloat) / static_cast<double>(batches.size())).backward();
+    auto params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      sums[i].add_(params[i].grad());
+      params[i].mutable_grad() = at::Tensor();
+    }
+  }
+  double sq = 0;
+  for (auto& g : sums)
+    sq += (all_reduced ? g.to(at::kBFloat16) : g).to(at::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
+
+// bf16 without ZeRO accumulates its micro-steps in fp32, as DeepSpeed's BF16_Optimizer (its
+// default grad_accum_dtype there); data_types.grad_accum_dtype = "bf16" keeps them in bf16.
+// Before, stages 0/1 always summed in the parameters' dtype, whatever the key said.
+TEST(EngineLoop, Bf16WithoutZeroAccumulatesInFp32) {
+  for (std::string dtype : {"", "bf16"}) {
+    auto config = dstest::base_config(2, 4, 0);
+    config["bf16"] = {{"enabled", true}};
+    if (!dtype.empty()) config["data_types"] = {{"grad_accum_dtype", dtype}};
+    auto e = make_single_engine(config, kModel);
+    std::vector<deepspeed::Batch> batches;
+    for (int i = 0; i < 4; ++i) {
+      batches.push_back(e.loader->next());
+      e.engine->backward(e.engine->forward(batches.back().data, batches.back().target));
+      e.engine->step();
+    }
+    const double fp32_sum = reference_norm(batches, at::kFloat);
+    const double bf16_sum = reference_norm(batches, at::kBFloat16);
+    ASSERT_GT(std::abs(fp32_sum - bf16_sum), 1e-6 * fp32_sum) << "the test cannot tell them apart";
+    const double want = dtype.empty() ? fp32_sum : bf16_sum;
+    EXPECT_NEAR(e.engine->get_global_grad_norm(), want, 1e-9 * want) << "grad_accum_dtype '" << dtype << "'";
+  }
+}
+
+// The same key at stages 1 and 3 (DeepSpeed: fp32 at stage 1 selects its BF16_Optimizer; stage 3
+// allocates its gradient partition in it). Before, both summed in bf16.
+TEST(EngineLoop, GradAccumDtypeIsTakenAtStagesOneAndThree) {
+  for (int stage : {1, 3}) {
+    auto config = dstest::base_config(2, 4, stage);
+    config["bf16"] = {{"enabled", true}};
+    config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    auto e = make_single_engine(config, kModel);
+    std::vector<deepspeed::Batch> batches;
+    for (int i = 0; i < 4; ++i) {
+      batches.push_back(e.loader->next());
+      e.engine->backward(e.engine->forward(batches.back().data, batches.back().target));
+      e.engine->step();
+    }
+    const double want = reference_norm(batches, at::kFloat, /*all_reduced=*/stage == 1);
+    EXPECT_NEAR(e.engine->get_global_grad_norm(), want, 1e-9 * want) << "stage " << stage;
+  }
 }
 
 // DeepSpeed's default keeps the last, partial micro-batch of an epoch (its DataLoader's

@@ -117,6 +117,7 @@ struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   bool contiguous_memory_optimization = false;
+  // Sizes the contiguous buffer: used (and must be >= 1) only with contiguous_memory_optimization.
   std::optional<int64_t> number_checkpoints;
   bool synchronize_checkpoint_boundary = false;
   bool profile = false;
@@ -189,7 +190,8 @@ struct Config {
   CheckpointConfig checkpoint;
   CommsLoggerConfig comms_logger;
 
-  double gradient_clipping = 0.0;          // global-norm clip; 0 disables (DeepSpeed code default)
+  double gradient_clipping = 0.0;  // global-norm clip when > 0; 0 or < 0 disables (DeepSpeed's)
+  // Both refused at ZeRO stage 2 with zero_optimization.reduce_scatter, as DeepSpeed asserts.
   bool prescale_gradients = false;         // divide by DP before the all-reduce
   double gradient_predivide_factor = 1.0;  // post-scale mode: x1/f before, xf/DP after
   std::string communication_data_type;     // "", "fp32", "fp16", "bf16" ("" = gradient dtype)

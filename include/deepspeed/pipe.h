@@ -155,6 +155,10 @@ struct PipelineInitializeArgs {
   // built over topology->tensor_parallel()). Its pipe size must be the stage count and its world
   // `comm` (when given). Null: pipe x data over `comm`, built here.
   std::shared_ptr<comm::Topology> topology;
+  // The trainer's values (batch sizes, learning rate, ...): fill "auto" keys by Hugging Face's
+  // rules, as InitializeArgs.overrides does (docs/config.md, "auto" values). The batch sizes are
+  // per data-parallel rank of a stage.
+  ConfigOverrides overrides;
   std::string device = "auto";
   // Shapes of activations are sent once (first micro-batch); true: before every micro-batch.
   bool dynamic_shape = false;

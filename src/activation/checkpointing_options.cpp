@@ -37,9 +37,13 @@ void configure(const Options& options) {
     throw ConfigError(
         "activation_checkpointing.contiguous_memory_optimization needs "
         "activation_checkpointing.number_checkpoints (the number of checkpoints a forward holds)");
-  if (options.number_checkpoints && *options.number_checkpoints <= 0)
-    throw ConfigError("activation_checkpointing.number_checkpoints must be positive, got " +
-                      std::to_string(*options.number_checkpoints));
+  // The count sizes DeepSpeed's contiguous buffer and is read nowhere else: without
+  // contiguous_memory_optimization any value (0 included) is ignored, as there.
+  if (options.contiguous_memory_optimization && *options.number_checkpoints <= 0)
+    throw ConfigError(
+        "activation_checkpointing.number_checkpoints must be positive with "
+        "activation_checkpointing.contiguous_memory_optimization, got " +
+        std::to_string(*options.number_checkpoints));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (options.partition_activations && !has_partition_group() && !r.warned_partition) {

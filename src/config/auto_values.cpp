@@ -43,10 +43,11 @@ void reject_unresolved_auto(const json& doc) {
   for (const auto& p : found) list += (list.empty() ? "" : ", ") + p;
   throw ConfigError(
       "config keys set to \"auto\" need a value: " + list +
-      ". \"auto\" is filled from the values given to initialize() (ConfigOverrides: the batch "
-      "sizes, learning_rate, betas, eps, weight_decay, gradient_clipping, fp16, bf16, "
-      "warmup_steps, total_steps, hidden_size), as the Hugging Face integration fills it from the "
-      "trainer's arguments; pass the value there, or write the number or setting in the config");
+      ". \"auto\" is filled from the values given to initialize() or initialize_pipeline() "
+      "(their `overrides`, a ConfigOverrides: the batch sizes, learning_rate, betas, eps, "
+      "weight_decay, gradient_clipping, fp16, bf16, warmup_steps, total_steps, hidden_size), as "
+      "the Hugging Face integration fills it from the trainer's arguments; pass the value there, "
+      "or write the number or setting in the config");
 }
 
 }  // namespace deepspeed::config

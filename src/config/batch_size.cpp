@@ -154,8 +154,8 @@ std::vector<std::string> read_batch_sizes(ObjectReader& top, int dp_world_size,
     std::string names;
     for (const auto& k : unfilled_auto) names += (names.empty() ? "" : ", ") + k;
     throw ConfigError(std::string(e.what()) + ". Keys set to \"auto\" (" + names +
-                      ") need their value from initialize() (ConfigOverrides) or a number in "
-                      "the config");
+                      ") need their value from initialize() or initialize_pipeline() (their "
+                      "`overrides`, a ConfigOverrides) or a number in the config");
   }
   cfg.train_batch_size = resolved.train_batch_size;
   cfg.train_micro_batch_size_per_gpu = resolved.train_micro_batch_size_per_gpu;

@@ -42,6 +42,9 @@ void read_unprovided_blocks(ObjectReader& top);
 // Top-level scalars (clipping, steps_per_print, seed, ...) and the recognised blocks that are
 // kept only in raw (top_level.cpp).
 void read_top_level_scalars(ObjectReader& top, Config& cfg);
+// prescale_gradients / gradient_predivide_factor against ZeRO-2's reduce_scatter, refused as
+// DeepSpeed asserts. Runs after zero_optimization and the top-level scalars were read.
+void check_gradient_scaling(const Config& cfg);
 void accept_recognised_blocks(ObjectReader& top);
 // True for top-level blocks stored only in raw, whose contents are not checked.
 bool is_raw_only_block(const std::string& key);

@@ -4,6 +4,7 @@
 
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
+#include "monitor/comm_op_names.h"
 
 namespace deepspeed::config {
 namespace {
@@ -41,10 +42,17 @@ void read_activation_checkpointing(ObjectReader& top, ActivationCheckpointingCon
   r.read("partition_activations", ac.partition_activations);
   r.read("cpu_checkpointing", ac.cpu_checkpointing);
   r.read("contiguous_memory_optimization", ac.contiguous_memory_optimization);
-  // Some configs write false for "no count"; DeepSpeed treats it as None.
+  // Some configs write false for "no count"; DeepSpeed treats it as None. The count sizes
+  // DeepSpeed's contiguous checkpoint buffer and is read nowhere else: without
+  // contiguous_memory_optimization any count (0 too) is ignored; with it, it must be >= 1.
   if (const json* v = r.find("number_checkpoints"); v && !(v->is_boolean() && !v->get<bool>())) {
     ac.number_checkpoints = to_int64(*v, r.path_of("number_checkpoints"));
     require_at_least(r.path_of("number_checkpoints"), *ac.number_checkpoints, 0);
+    if (ac.contiguous_memory_optimization && *ac.number_checkpoints < 1) {
+      fail(r.path_of("number_checkpoints"), *v,
+           "a count >= 1 with " + r.path_of("contiguous_memory_optimization") +
+               " (the number of checkpoints a forward holds)");
+    }
   }
   r.read("synchronize_checkpoint_boundary", ac.synchronize_checkpoint_boundary);
   r.read("profile", ac.profile);
@@ -124,7 +132,11 @@ void read_comms_logger(ObjectReader& top, CommsLoggerConfig& cl) {
   if (const json* v = r.find("prof_ops")) {
     if (!v->is_array()) fail(r.path_of("prof_ops"), *v, "a list of collective names");
     for (size_t i = 0; i < v->size(); ++i) {
-      to_string((*v)[i], r.path_of("prof_ops") + "[" + std::to_string(i) + "]");
+      const std::string path = r.path_of("prof_ops") + "[" + std::to_string(i) + "]";
+      const std::string name = to_string((*v)[i], path);
+      // DeepSpeed's names select ours (monitor/comm_op_names.h); one that selects nothing warns.
+      if (monitor::recorded_ops_named(name).empty())
+        r.warnings().add(monitor::prof_op_selects_nothing(path, name));
     }
   }
   r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed

@@ -120,6 +120,12 @@ AutoFillResult fill_auto_values(json& doc, const ConfigOverrides& over) {
   f.match("fp16.enabled", over.fp16, "fp16");
   f.match("bf16.enabled", over.bf16, "bf16");
   f.match("bfloat16.enabled", over.bf16, "bf16");
+  // HF: amp.enabled = (fp16_backend == "apex"). No trainer here runs apex (deepspeed.cpp has no
+  // apex, and an enabled amp block is refused), so "auto" is false whatever the overrides say;
+  // fp16 from the trainer is PyTorch's native AMP, filled into fp16.enabled above. HF's
+  // amp.opt_level (fp16_opt_level) has no ConfigOverrides field: with amp off it is unused and is
+  // left as written (amp is kept only in raw, so its "auto" is not refused).
+  f.only("amp.enabled", std::optional<bool>(false));
 
   // HF derives these from the model's hidden size. It fills the stage3_* keys at stage 3 only
   // (below stage 3 DeepSpeed then drops the "auto" and uses its default); here they are filled at

@@ -4,7 +4,7 @@
 // Value forms accepted everywhere (DeepSpeed configs are hand-written and often generated):
 //   integers: 500000000, 5e8, 5.0e8 (a double with no fraction), "5e8", "500000000";
 //   reals:    1, 1.0, 1e-3, "1e-3";
-//   booleans: true/false, "true"/"false" (any case);
+//   booleans: true/false, "true"/"false" (any case), the integers 1/0;
 //   null:     the key keeps its default, as if it were absent.
 #pragma once
 #include <cstdint>
@@ -37,6 +37,12 @@ std::string describe(const json& value);
 
 // Throws ConfigError: "config key '<path>' has value <v>; expected <expected>".
 [[noreturn]] void fail(const std::string& path, const json& value, const std::string& expected);
+
+// The boolean a value stands for by the forms above; nullopt for anything else. Shared with the
+// optimizer's ParamReader, so every boolean of the config is read by one rule.
+std::optional<bool> boolean_value(const json& value);
+// What boolean_value accepts, for "expected ..." in errors.
+extern const char* const kBooleanExpected;
 
 // Conversions of one value; `path` names the key in errors.
 int64_t to_int64(const json& value, const std::string& path);

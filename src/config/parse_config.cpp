@@ -36,6 +36,7 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
   config::read_feature_blocks(top, cfg);
   config::read_unprovided_blocks(top);
   config::read_top_level_scalars(top, cfg);
+  config::check_gradient_scaling(cfg);
   config::accept_recognised_blocks(top);
   top.finish();
   apply_implied_settings(cfg);

@@ -1,8 +1,10 @@
 // Top-level scalar keys, and the top-level blocks DeepSpeed knows that deepspeed.cpp keeps only
 // in Config::raw (their features are not provided; they are accepted so real configs load).
 #include <set>
+#include <sstream>
 
 #include "config/blocks.h"
+#include "deepspeed/errors.h"
 
 namespace deepspeed::config {
 namespace {
@@ -30,6 +32,20 @@ const std::set<std::string>& raw_only_blocks() {
   return kBlocks;
 }
 
+// DeepSpeed 0.16 reads "seq_parallel_comm_data_type"; later releases read
+// "seq_parallel_communication_data_type", the spelling DeepSpeed's own format string for the key
+// has always shown. Both are the same setting; the two at once are ambiguous.
+void read_seq_parallel_dtype(ObjectReader& top) {
+  const char* kNames[] = {"seq_parallel_comm_data_type", "seq_parallel_communication_data_type"};
+  if (top.has(kNames[0]) && top.has(kNames[1])) {
+    throw ConfigError(std::string("config keys '") + kNames[0] + "' and '" + kNames[1] +
+                      "' are the same setting; give only one");
+  }
+  for (const char* key : kNames) {
+    if (const json* v = top.find(key)) normalise_dtype(*v, key);
+  }
+}
+
 // Legacy or niche scalars: type-checked, otherwise unused.
 void read_unused_scalars(ObjectReader& top) {
   bool flag = false;
@@ -41,9 +57,7 @@ void read_unused_scalars(ObjectReader& top) {
   for (const char* k : {"vocabulary_size", "sequence_parallel_size", "data_parallel_size"}) {
     top.read_count(k, count);
   }
-  if (const json* v = top.find("seq_parallel_comm_data_type")) {
-    normalise_dtype(*v, "seq_parallel_comm_data_type");
-  }
+  read_seq_parallel_dtype(top);
   // Only meaningful with the legacy boolean "zero_optimization" form (read there).
   top.read_count("allgather_size", count);
 }
@@ -57,8 +71,9 @@ void accept_recognised_blocks(ObjectReader& top) {
 }
 
 void read_top_level_scalars(ObjectReader& top, Config& cfg) {
+  // Any real: DeepSpeed clips only when it is > 0, so 0 and negative values (-1 in some configs)
+  // are off, as in engine.cpp.
   top.read("gradient_clipping", cfg.gradient_clipping);
-  require_at_least("gradient_clipping", cfg.gradient_clipping, 0);
   top.read("prescale_gradients", cfg.prescale_gradients);
   top.read("gradient_predivide_factor", cfg.gradient_predivide_factor);
   require_positive("gradient_predivide_factor", cfg.gradient_predivide_factor);
@@ -74,6 +89,30 @@ void read_top_level_scalars(ObjectReader& top, Config& cfg) {
   require_positive("comm_timeout_seconds", static_cast<double>(cfg.comm_timeout_seconds));
   top.read("comms_check", cfg.comms_check);
   read_unused_scalars(top);
+}
+
+void check_gradient_scaling(const Config& cfg) {
+  const ZeroConfig& z = cfg.zero_optimization;
+  // DeepSpeed's ZeRO-1/2 optimizer asserts both when `reduce_scatter and partition_gradients`,
+  // i.e. at stage 2 with reduce_scatter on ("... is not yet supported with ZeRO-2 with reduce
+  // scatter enabled"). Stages 0, 1 and 3 scale as asked.
+  if (z.stage != 2 || !z.reduce_scatter) return;
+  auto refuse = [](const std::string& key, const std::string& value, const char* deepspeed_needs) {
+    const std::string advice =
+        "; set zero_optimization.reduce_scatter to false, or drop '" + key + "'";
+    throw ConfigError("config key '" + key + "' is " + value +
+                      " with ZeRO stage 2 and 'zero_optimization.reduce_scatter' true (the "
+                      "default): DeepSpeed's ZeRO-2 refuses the combination (it needs " +
+                      deepspeed_needs + " with reduce_scatter)" + advice);
+  };
+  if (cfg.prescale_gradients) {
+    refuse("prescale_gradients", "true", "post-scaled gradients");
+  }
+  if (cfg.gradient_predivide_factor != 1.0) {
+    std::ostringstream factor;
+    factor << cfg.gradient_predivide_factor;
+    refuse("gradient_predivide_factor", factor.str(), "gradient_predivide_factor 1.0");
+  }
 }
 
 }  // namespace deepspeed::config

@@ -101,14 +101,29 @@ double to_double(const json& value, const std::string& path) {
   fail(path, value, kNumberExpected);
 }
 
-bool to_bool(const json& value, const std::string& path) {
+// The integers 1 and 0 too: DeepSpeed's plain-dict blocks test a value's truth (1 is on) and its
+// pydantic blocks take 0 and 1 as booleans. Any other number (2, 0.5) is more likely a value
+// written under the wrong key, so it stays an error.
+std::optional<bool> boolean_value(const json& value) {
   if (value.is_boolean()) return value.get<bool>();
+  if (value.is_number_integer()) {
+    if (value == 1) return true;
+    if (value == 0) return false;
+  }
   if (value.is_string()) {
     std::string s = ascii_lower(trim(value.get<std::string>()));
     if (s == "true") return true;
     if (s == "false") return false;
   }
-  fail(path, value, "a boolean (true, false, \"true\" or \"false\")");
+  return std::nullopt;
+}
+
+const char* const kBooleanExpected =
+    "a boolean (true, false, \"true\" or \"false\" in any case, 1 or 0)";
+
+bool to_bool(const json& value, const std::string& path) {
+  if (auto b = boolean_value(value)) return *b;
+  fail(path, value, kBooleanExpected);
 }
 
 std::string to_string(const json& value, const std::string& path) {

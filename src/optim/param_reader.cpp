@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "config/json_reader.h"
 #include "deepspeed/errors.h"
 
 namespace deepspeed::optim {
@@ -98,13 +99,10 @@ int64_t ParamReader::req_int(const std::string& key, const std::string& why) {
 bool ParamReader::get_bool(const std::string& key, bool def) {
   const auto* v = find(key);
   if (!v) return def;
-  if (v->is_boolean()) return v->get<bool>();
-  if (v->is_string()) {
-    const auto& s = v->get_ref<const std::string&>();
-    if (s == "true" || s == "True") return true;
-    if (s == "false" || s == "False") return false;
-  }
-  bad_type(path(key), *v, "true or false");
+  // The config's one rule for booleans (config/json_reader.h), so "TRUE" or 1 reads the same in
+  // "optimizer.params" as in "fp16".
+  if (auto b = config::boolean_value(*v)) return *b;
+  bad_type(path(key), *v, config::kBooleanExpected);
 }
 
 std::string ParamReader::get_string(const std::string& key, const std::string& def) {

@@ -2,8 +2,9 @@
 // (e.g. "scheduler.params.total_num_steps") and a record of which keys were read, so the caller
 // can report the keys nobody asked for.
 //
-// Accepted spellings follow config.h: numbers as 5e8 or "5e8", booleans as true or "true". The
-// string "auto" is rejected with a message saying it must be resolved before this point.
+// Accepted spellings follow config.h: numbers as 5e8 or "5e8"; booleans by the config's one rule
+// (config/json_reader.h: true, "true" in any case, 1). The string "auto" is rejected with a
+// message saying it must be resolved before this point.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -13,6 +13,7 @@
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/topology.h"
 #include "deepspeed/tp.h"
+#include "monitor/training_monitor.h"
 #include "pipe/partition_method.h"
 #include "pipe/pipe_stage.h"
 #include "pipe/pipeline_runtime.h"
@@ -92,7 +93,9 @@ EngineStatePtr build_stage_state(PipelineRuntime& rt, const PipelineInitializeAr
   in.config_path = args.config;
   in.config_json = raw;
   in.comm = rt.topology->data_parallel();
+  in.overrides = args.overrides;
   in.device = args.device;
+  in.tied_gradients_in_params = !rt.tied.empty();
   EngineStatePtr state = detail::build_engine_state(std::move(in));
   state->topology = rt.topology;
   // With tensor parallelism the stage's own norm is counted over its tensor group first
@@ -111,6 +114,9 @@ EngineStatePtr build_stage_state(PipelineRuntime& rt, const PipelineInitializeAr
   files->bounds = rt.partition.bounds;
   files->all = layer_files(rt.spec.layers);
   state->pipeline_files = std::move(files);
+  // The monitors are written where the step line is printed: the last stage knows the loss.
+  const comm::Coordinates at = rt.topology->coordinates();
+  state->monitor->as_pipeline_stage(rt.stage == rt.stages - 1 && at.data == 0 && at.tensor == 0);
   return state;
 }
 
@@ -144,8 +150,9 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
                       std::to_string(model.layers.size()) + " layers of the PipelineModule");
   const int dp = world->world_size() / (stages * tensor);
   std::vector<std::string> warnings;  // printed once, by the stage engine's own parse below
-  const Config config = args.config.empty() ? parse_config(raw, dp, {}, &warnings)
-                                            : load_config(args.config, dp, {}, &warnings);
+  const Config config = args.config.empty()
+                            ? parse_config(raw, dp, args.overrides, &warnings)
+                            : load_config(args.config, dp, args.overrides, &warnings);
   if (config.zero_optimization.stage >= 3)
     throw ConfigError("zero_optimization.stage = " + std::to_string(config.zero_optimization.stage) +
                       " cannot be combined with pipeline parallelism (pipeline.stages = " +

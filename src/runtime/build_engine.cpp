@@ -17,6 +17,7 @@
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
 #include "optim/onebit_lamb.h"
+#include "optim/param_reader.h"
 #include "optim/zero_one_adam.h"
 #include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
@@ -108,14 +109,30 @@ void cast_module(torch::nn::Module& module, at::ScalarType dtype) {
     if (b.is_floating_point() && b.scalar_type() != dtype) b.set_data(b.to(dtype));
 }
 
+// data_types.grad_accum_dtype, where the micro-steps accumulate. Unset, DeepSpeed's default: the
+// model's dtype, except bf16 without ZeRO, which accumulates in fp32 (its BF16_Optimizer).
+std::string grad_accum_dtype(const Config& config, int stage) {
+  if (!config.grad_accum_dtype.empty()) return config.grad_accum_dtype;
+  return stage == 0 && config.bf16.enabled ? "fp32" : "";
+}
+
 zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
-                                          at::ScalarType param_dtype) {
+                                          at::ScalarType param_dtype, bool tied_gradients_in_params) {
   zero::FlatStageOptions o;
   o.param_dtype = param_dtype;
   o.partitioned = stage >= 1;
   o.scatter_gradients = stage >= 2;
-  // DeepSpeed honours grad_accum_dtype where a gradient partition accumulates.
-  if (o.scatter_gradients) o.grad_accum_dtype = config.grad_accum_dtype;
+  o.accumulation_steps = config.gradient_accumulation_steps;
+  o.grad_accum_dtype = grad_accum_dtype(config, stage);
+  if (tied_gradients_in_params && !o.scatter_gradients) {
+    if (zero::dtype_from_config(config.grad_accum_dtype, param_dtype) != param_dtype)
+      std::fprintf(stderr,
+                   "[deepspeed] warning: data_types.grad_accum_dtype = %s is not taken on a "
+                   "pipeline stage holding tied layers at zero_optimization.stage %d: its "
+                   "gradients accumulate in the parameters' dtype\n",
+                   config.grad_accum_dtype.c_str(), stage);
+    o.grad_accum_dtype.clear();
+  }
   o.allgather_bucket_numel = config.zero_optimization.allgather_bucket_size;
   o.reduction = zero::reduction_options(config);
   o.shard = zero::shard_options(config);
@@ -125,6 +142,7 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
 zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dtype) {
   zero::Stage3Options o;
   o.param_dtype = param_dtype;
+  o.grad_accum_dtype = config.grad_accum_dtype;
   o.zero = config.zero_optimization;
   o.aio = config.aio;
   o.reduction = zero::reduction_options(config);
@@ -141,7 +159,8 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
 //   stage 3           Stage3: per-unit slices gathered and released, reduce-scatter per unit
 // A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard
 // optimizer builds it over the fp32 partition (zero/client_optimizer.h).
-void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer) {
+void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer,
+                 bool tied_gradients_in_params) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
@@ -161,7 +180,8 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     case 2: {
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       s.stage = std::make_unique<zero::FlatStage>(s.trainable, context,
-                                                  flat_stage_options(s.config, stage, dtype),
+                                                  flat_stage_options(s.config, stage, dtype,
+                                                                     tied_gradients_in_params),
                                                   make_optimizer);
       break;
     }
@@ -186,11 +206,12 @@ precision::Fp16Wrapper fp16_wrapper_for(const Config& config, bool client_optimi
   if (config.zero_optimization.stage >= 1) return precision::Fp16Wrapper::kZero;
   if (client_optimizer || !config.optimizer) return precision::Fp16Wrapper::kUnfused;
   const std::string type = ascii_lower(config.optimizer->type);
-  const auto& params = config.optimizer->params;
-  const bool torch_adam = params.contains("torch_adam") && params.at("torch_adam").is_boolean() &&
-                          params.at("torch_adam").get<bool>();
-  const bool fused = ((type == "adam" || type == "adamw") && !torch_adam) ||
-                     type == "onebitadam" || type == "zerooneadam";
+  bool fused = type == "onebitadam" || type == "zerooneadam";
+  if (type == "adam" || type == "adamw") {
+    // Read as the optimizer factory reads it ("true", 1, ...): one rule, so both agree.
+    optim::ParamReader params(config.optimizer->params, "optimizer.params");
+    fused = !params.get_bool("torch_adam", false);
+  }
   return fused ? precision::Fp16Wrapper::kFused : precision::Fp16Wrapper::kUnfused;
 }
 
@@ -244,7 +265,9 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->module = in.module;
   s->device = choose_device(in.device, *s->comm);
   // Monitors first: a bad tensorboard/csv_monitor output_path fails before any real work.
-  s->monitor = std::make_shared<monitor::TrainingMonitor>(s->config, s->comm, s->device);
+  // Global rank 0 reports (a pipeline stage's engine is told its part by initialize_pipeline).
+  s->monitor = std::make_shared<monitor::TrainingMonitor>(s->config, s->comm, s->device,
+                                                          s->topology->world()->rank() == 0);
 
   // An out-of-memory on the device is reported in words, naming what was being built.
   const auto reporting_oom = [&s](const char* where, const std::function<void()>& work) {
@@ -274,7 +297,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   // Building a stage allocates its partitions, buckets and optimizer state on the device.
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
-                [&] { build_stage(*s, in.optimizer); });
+                [&] { build_stage(*s, in.optimizer, in.tied_gradients_in_params); });
   wrap_tensor_parallel(*s);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));

@@ -206,3 +206,24 @@ TEST(AutoFill, BadHiddenSizeIsNamed) {
   o.hidden_size = 0;
   EXPECT_NE(error_of(json::parse(kHfZero2), o).find("hidden_size = 0"), std::string::npos);
 }
+
+// HF's documented apex block: HF fills amp.enabled with (fp16_backend == "apex"), false unless the
+// trainer runs apex, which deepspeed.cpp does not offer. So "auto" is false here, with no
+// override needed; amp.opt_level is then unused and stays as written. amp.enabled true is still
+// refused (config_policy_test).
+TEST(AutoFill, AmpEnabledAutoIsOffAsHfFillsIt) {
+  json doc = {{"train_batch_size", 8}, {"amp", {{"enabled", "auto"}, {"opt_level", "auto"}}}};
+  for (const ConfigOverrides& o : {ConfigOverrides{}, trainer()}) {
+    Config c = parse_config(doc, 1, o);
+    EXPECT_EQ(c.raw["amp"]["enabled"], false);
+    std::map<std::string, json> reported(c.auto_filled.begin(), c.auto_filled.end());
+    EXPECT_EQ(reported["amp.enabled"], false);
+  }
+  // fp16 from the trainer is PyTorch's native AMP (HF's "amp" backend), not apex.
+  ConfigOverrides fp16;
+  fp16.fp16 = true;
+  doc["fp16"] = {{"enabled", "auto"}};
+  Config c = parse_config(doc, 1, fp16);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.raw["amp"]["enabled"], false);
+}

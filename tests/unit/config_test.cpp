@@ -479,6 +479,35 @@ TEST(ConfigValueForms, BooleansAsStrings) {
   EXPECT_FALSE(c.prescale_gradients);
 }
 
+// DeepSpeed's plain-dict blocks test a value's truth (1 is on) and its pydantic blocks take 0 and 1
+// as booleans: both integers read as booleans everywhere, lenient and strict blocks alike.
+TEST(ConfigValueForms, BooleansAsOneAndZero) {
+  Config c = parse_config(with({{"fp16", {{"enabled", 1}}},
+                                {"prescale_gradients", 0},
+                                {"zero_optimization", {{"overlap_comm", 1}, {"reduce_scatter", 0}}},
+                                {"wandb", {{"enabled", 0}}},
+                                {"amp", {{"enabled", 0}}}}),
+                          1);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_FALSE(c.prescale_gradients);
+  EXPECT_TRUE(c.zero_optimization.overlap_comm);
+  EXPECT_FALSE(c.zero_optimization.reduce_scatter);
+  EXPECT_CONTAINS(error_of(with({{"amp", {{"enabled", 1}}}})), "'amp.enabled' is true");
+  // Any case, as the strings were read before.
+  EXPECT_TRUE(parse_config(with({{"fp16", {{"enabled", "TRUE"}}}}), 1).fp16.enabled);
+}
+
+// Other numbers are more likely a value written under the wrong key: still errors naming it.
+TEST(ConfigErrors, NumbersOtherThanOneAndZeroForBooleans) {
+  for (json bad : {json(2), json(-1), json(0.5), json(1.0), json("1")}) {
+    std::string msg = error_of(with({{"fp16", {{"enabled", bad}}}}));
+    EXPECT_CONTAINS(msg, "'fp16.enabled' has value " + bad.dump() + "; expected a boolean");
+    EXPECT_CONTAINS(msg, "1 or 0");
+  }
+  EXPECT_CONTAINS(error_of(with({{"zero_optimization", {{"overlap_comm", 2}}}})),
+                  "'zero_optimization.overlap_comm' has value 2");
+}
+
 TEST(ConfigValueForms, RealsAsStrings) {
   Config c =
       parse_config(with({{"gradient_clipping", "1e-1"}, {"fp16", {{"loss_scale", 128}}}}), 1);
@@ -527,7 +556,6 @@ TEST(ConfigErrors, NegativeBucketSize) {
 }
 
 TEST(ConfigErrors, OtherRanges) {
-  EXPECT_CONTAINS(error_of(with({{"gradient_clipping", -1}})), "'gradient_clipping'");
   EXPECT_CONTAINS(error_of(with({{"comm_timeout_seconds", 0}})), "'comm_timeout_seconds'");
   EXPECT_CONTAINS(error_of(with({{"fp16", {{"hysteresis", 0}}}})), "'fp16.hysteresis'");
   EXPECT_CONTAINS(error_of(with({{"seed", -3}})), "'seed'");
@@ -624,6 +652,64 @@ TEST(ConfigErrors, AliasAndNameTogether) {
   EXPECT_CONTAINS(
       error_of(with({{"bf16", {{"enabled", true}}}, {"bfloat16", {{"enabled", true}}}})),
       "'bf16' and 'bfloat16'");
+}
+
+// DeepSpeed 0.16 reads "seq_parallel_comm_data_type"; later releases (and the format string
+// DeepSpeed shows for the key) spell it "seq_parallel_communication_data_type". Both load.
+TEST(ConfigTopLevel, SequenceParallelDtypeUnderEitherName) {
+  for (const char* key : {"seq_parallel_comm_data_type", "seq_parallel_communication_data_type"}) {
+    std::vector<std::string> warnings;
+    parse_config(with({{key, "bf16"}}), 1, {}, &warnings);
+    EXPECT_TRUE(warnings.empty()) << key << ": " << (warnings.empty() ? "" : warnings[0]);
+    EXPECT_CONTAINS(error_of(with({{key, "int8"}})), std::string("config key '") + key + "'");
+  }
+  EXPECT_CONTAINS(error_of(with({{"seq_parallel_comm_data_type", "fp32"},
+                                 {"seq_parallel_communication_data_type", "fp32"}})),
+                  "give only one");
+}
+
+// DeepSpeed clips only when gradient_clipping > 0 (engine: `if self.gradient_clipping() > 0`), so
+// a negative value, which some configs write for "off", is off.
+TEST(ConfigTopLevel, NegativeGradientClippingIsOff) {
+  Config c = parse_config(with({{"gradient_clipping", -1.0}}), 1);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, -1.0);
+  EXPECT_FALSE(c.gradient_clipping > 0.0);
+}
+
+// ZeRO-2 with reduce_scatter (the default): DeepSpeed's stage_1_and_2.py asserts
+// gradient_predivide_factor == 1.0 and postscale_gradients (not prescale_gradients) when
+// `reduce_scatter and partition_gradients` (stage 2). Refused here when the config is read.
+TEST(ConfigErrors, PrescaleOrPredivideWithStageTwoReduceScatter) {
+  for (json extra :
+       {json{{"prescale_gradients", true}}, json{{"gradient_predivide_factor", 2.0}}}) {
+    json zero2 = with({{"zero_optimization", {{"stage", 2}}}});
+    zero2.merge_patch(extra);
+    std::string msg = error_of(zero2);
+    EXPECT_CONTAINS(msg, extra.begin().key());
+    EXPECT_CONTAINS(msg, "zero_optimization.reduce_scatter");
+    EXPECT_CONTAINS(msg, "set zero_optimization.reduce_scatter to false");
+    zero2["zero_optimization"]["reduce_scatter"] = false;
+    EXPECT_NO_THROW(parse_config(zero2, 1)) << zero2.dump();
+    // Stages 0 and 1 scale as asked (DeepSpeed asserts only where gradients are partitioned).
+    for (int stage : {0, 1}) {
+      json other = with({{"zero_optimization", {{"stage", stage}}}});
+      other.merge_patch(extra);
+      EXPECT_NO_THROW(parse_config(other, 1)) << other.dump();
+    }
+  }
+}
+
+// number_checkpoints sizes DeepSpeed's contiguous checkpoint buffer and is read nowhere else
+// (default None): without contiguous_memory_optimization any count, 0 included, is accepted (and
+// initialize() takes it: tests/unit/config_engine_test.cpp); with it the count must be positive.
+TEST(ConfigFeatureBlocks, NumberCheckpointsMattersOnlyWithContiguousMemory) {
+  Config c = parse_config(with({{"activation_checkpointing", {{"number_checkpoints", 0}}}}), 1);
+  EXPECT_EQ(c.activation_checkpointing.number_checkpoints, 0);
+  std::string msg =
+      error_of(with({{"activation_checkpointing",
+                      {{"contiguous_memory_optimization", true}, {"number_checkpoints", 0}}}}));
+  EXPECT_CONTAINS(msg, "'activation_checkpointing.number_checkpoints' has value 0");
+  EXPECT_CONTAINS(msg, "contiguous_memory_optimization");
 }
 
 // ---- warnings ---------------------------------------------------------------------------------

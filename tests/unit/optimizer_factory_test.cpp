@@ -171,6 +171,23 @@ TEST(OptimizerFactory, NumbersAsStrings) {
   EXPECT_DOUBLE_EQ(options_of<torch::optim::AdamOptions>(*opt).lr(), 1e-2);
 }
 
+// Optimizer and scheduler booleans are read by the config's one rule (config/json_reader.h):
+// true/false, "true"/"false" in any case, 1/0; other numbers and words name the key.
+TEST(OptimizerFactory, BooleansReadLikeEveryConfigBoolean) {
+  auto adamw_mode = [](json v) {
+    return deepspeed::parse_adam_params({"Adam", {{"adam_w_mode", std::move(v)}}}).adamw_mode;
+  };
+  for (json off : {json(false), json("false"), json("FALSE"), json(" False "), json(0)})
+    EXPECT_FALSE(adamw_mode(off)) << off.dump();
+  for (json on : {json(true), json("TRUE"), json("tRuE"), json(1)})
+    EXPECT_TRUE(adamw_mode(on)) << on.dump();
+  for (json bad : {json(2), json(0.5), json(1.0), json("yes")}) {
+    auto msg = error_of([&] { adamw_mode(bad); });
+    EXPECT_NE(msg.find("optimizer.params.adam_w_mode"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("1 or 0"), std::string::npos) << msg;
+  }
+}
+
 // ---- errors ----
 
 TEST(OptimizerFactoryErrors, UnknownTypeListsSupportedTypes) {

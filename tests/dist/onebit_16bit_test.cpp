@@ -98,42 +98,17 @@ std::vector<StepRecord> train_gpt(const json& config, int steps) {
   return out;
 }
 
-// The fp16 MLP for `steps` steps on 2 ranks; before step `poison_step` (1-based; 0: never) rank
-// 1 puts an inf into one of its gradients, after its backward.
-std::vector<StepRecord> train_mlp(const json& config, int steps, int poison_step) {
-  std::vector<StepRecord> out(steps);
-  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(5);
-    auto model = HalfMlp();
-    auto r = deepspeed::initialize<HalfMlpImpl>(
-        {.model = model.ptr(), .config_json = config, .comm = comm});
-    for (int s = 1; s <= steps; ++s) {
-      auto [x, y] = dstest::half_mlp_batch(comm->rank(), s);
-      comm->reset_stats();
-      r.engine->backward(r.engine->forward(x, y));
-      if (s == poison_step && comm->rank() == 1) {
-        torch::NoGradGuard no_grad;
-        model->w1.grad().view({-1})[0].fill_(std::numeric_limits<float>::infinity());
-      }
-      r.engine->step();
-      StepRecord rec;
-      record(*r.engine, *comm, *model, rec);
-      if (comm->rank() == 0) out[s - 1] = rec;
-    }
-  });
-  return out;
-}
-
-// train_mlp at tensor 2 x data 2 (4 ranks; the MLP has no split layer, so every parameter is
-// replicated over the tensor group): before step `poison_step` both ranks of data-parallel rank 1
-// put an inf into a gradient. `rec` is seen by global rank 0 and summarises all four ranks.
-std::vector<StepRecord> train_mlp_tensor_parallel(const json& config, int steps, int poison_step) {
+// The fp16 MLP for `steps` steps on 2 data-parallel ranks, times `tensor` (every parameter is
+// then replicated over the tensor group: the MLP has no split layer); before step `poison_step`
+// (1-based; 0: never) the ranks of data-parallel rank 1 put an inf into one of their gradients,
+// after their backward. `rec` is seen by global rank 0 and summarises every rank.
+std::vector<StepRecord> train_mlp(const json& config, int steps, int poison_step, int tensor = 1) {
   std::vector<StepRecord> out(steps);
   dstest::run_ranks(
-      4,
+      2 * tensor,
       [&](deepspeed::comm::CommunicatorPtr comm) {
         auto topology = std::make_shared<deepspeed::comm::Topology>(
-            comm, deepspeed::comm::TopologySizes{1, 2});
+            comm, deepspeed::comm::TopologySizes{1, tensor});
         const int data_rank = topology->data_parallel()->rank();
         // The rank threads share the global generator: seeded draws one rank at a time, so the
         // tensor ranks' replicated weights are equal (initialize broadcasts only over data).
@@ -228,7 +203,7 @@ TEST(OneBit16Bit, Fp16InfOnOneRankSkipsTheStepOnEveryRank) {
 // skipped, the others stepped into the compressed exchange: scales parted, collectives crossed).
 TEST(OneBit16Bit, Fp16InfOnOneDataRankSkipsTheStepOnEveryRankWithTensorParallelism) {
   json c = mlp_config("OneBitAdam", 2);
-  auto run = train_mlp_tensor_parallel(c, 6, 4);
+  auto run = train_mlp(c, 6, 4, /*tensor=*/2);
   for (int s = 1; s <= 6; ++s) {
     const auto& r = run[s - 1];
     EXPECT_EQ(r.applied, s != 4) << "step " << s;

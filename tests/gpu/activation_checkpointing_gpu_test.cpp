@@ -14,18 +14,12 @@
 #include "deepspeed/device.h"
 #include "deepspeed/errors.h"
 #include "util/torch_compat.h"
+#include "support/gpu_skip.h"
 
 namespace ckpt = deepspeed::checkpointing;
 namespace compat = deepspeed::compat;
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                    \
-  do {                                                                                        \
-    if (!deepspeed::cuda_available())                                                         \
-      GTEST_SKIP() << "no GPU: this libtorch has no CUDA or no GPU is visible (the CUDA path " \
-                      "is tested on a GPU machine, docs/gpu.md)";                             \
-  } while (0)
 
 class GpuCheckpointing : public ::testing::Test {
  protected:

@@ -25,15 +25,9 @@
 #include "support/stage3_layouts.h"
 #include "support/training_run.h"
 #include "zero/shard_optimizer.h"
+#include "support/gpu_skip.h"
 
 namespace {
-
-#define SKIP_WITHOUT_GPU()                                                                    \
-  do {                                                                                        \
-    if (!deepspeed::cuda_available())                                                         \
-      GTEST_SKIP() << "no GPU: this libtorch has no CUDA or no GPU is visible (the CUDA path " \
-                      "is tested on a GPU machine, docs/gpu.md)";                             \
-  } while (0)
 
 // Deterministic kernels (the embedding's backward, cuBLAS) so that two runs differ only where
 // their arithmetic differs.

@@ -27,6 +27,17 @@ void micro_step(dstest::SingleEngine& e) {
   e.engine->step();
 }
 
+// `n` micro-steps on the engine's loader; the batches they took.
+std::vector<deepspeed::Batch> micro_steps(dstest::SingleEngine& e, int n) {
+  std::vector<deepspeed::Batch> batches;
+  for (int i = 0; i < n; ++i) {
+    batches.push_back(e.loader->next());
+    e.engine->backward(e.engine->forward(batches.back().data, batches.back().target));
+    e.engine->step();
+  }
+  return batches;
+}
+
 }  // namespace
 
 // DeepSpeed's step() assumes "not applied" until a boundary applies it; before, the previous
@@ -117,12 +128,7 @@ TEST(EngineLoop, Bf16WithoutZeroAccumulatesInFp32) {
     config["bf16"] = {{"enabled", true}};
     if (!dtype.empty()) config["data_types"] = {{"grad_accum_dtype", dtype}};
     auto e = make_single_engine(config, kModel);
-    std::vector<deepspeed::Batch> batches;
-    for (int i = 0; i < 4; ++i) {
-      batches.push_back(e.loader->next());
-      e.engine->backward(e.engine->forward(batches.back().data, batches.back().target));
-      e.engine->step();
-    }
+    const auto batches = micro_steps(e, 4);
     const double fp32_sum = reference_norm(batches, at::kFloat);
     const double bf16_sum = reference_norm(batches, at::kBFloat16);
     ASSERT_GT(std::abs(fp32_sum - bf16_sum), 1e-6 * fp32_sum) << "the test cannot tell them apart";
@@ -139,12 +145,7 @@ TEST(EngineLoop, GradAccumDtypeIsTakenAtStagesOneAndThree) {
     config["bf16"] = {{"enabled", true}};
     config["data_types"] = {{"grad_accum_dtype", "fp32"}};
     auto e = make_single_engine(config, kModel);
-    std::vector<deepspeed::Batch> batches;
-    for (int i = 0; i < 4; ++i) {
-      batches.push_back(e.loader->next());
-      e.engine->backward(e.engine->forward(batches.back().data, batches.back().target));
-      e.engine->step();
-    }
+    const auto batches = micro_steps(e, 4);
     const double want = reference_norm(batches, at::kFloat, /*all_reduced=*/stage == 1);
     EXPECT_NEAR(e.engine->get_global_grad_norm(), want, 1e-9 * want) << "stage " << stage;
   }

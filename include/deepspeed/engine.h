@@ -124,13 +124,15 @@ class Engine {
   std::shared_ptr<monitor::Monitor> monitor() const;
   // DeepSpeed's deepspeed.comm.log_summary(): per collective kind and message size, the count,
   // total and average latency and the algorithmic and bus bandwidth of this rank's collectives
-  // since the engine was built. Printed on data-parallel rank 0 and returned (on every rank).
+  // since the engine was built. Printed on the job's reporting rank (global rank 0; a pipeline's
+  // last stage) and returned (on every rank).
   // Empty unless comms_logger.enabled. Not collective. Also printed when the engine is destroyed.
   std::string comms_summary() const;
   // DeepSpeed's see_memory_usage(message, force), with this rank's model states: the message,
   // the device's allocated/peak figures (GPU), the machine's used memory, the model states by kind
-  // (memory_report(), in MB) and the process's RSS and peak RSS. Printed on data-parallel rank 0
-  // and returned (on every rank); nothing when !force, as DeepSpeed. Not collective.
+  // (memory_report(), in MB) and the process's RSS and peak RSS. Printed on the reporting rank
+  // (which then resets the GPU peaks, as DeepSpeed) and returned (on every rank); nothing when
+  // !force, as DeepSpeed. Not collective.
   std::string see_memory_usage(const std::string& message, bool force = true) const;
 
   // ---- checkpoints (docs/checkpoints.md) ----
@@ -340,10 +342,10 @@ struct BuildInput {
   ConfigOverrides overrides;
   std::string device = "auto";
   std::shared_ptr<comm::Topology> topology;
-  // A pipeline stage holding tied layers sums their parameters' .grad between stages after the
-  // reduction: stages 0/1 then keep .grad as views of their gradient buffer, in the parameters'
-  // dtype (a wider grad_accum_dtype is not taken there).
-  bool tied_gradients_in_params = false;
+  // A pipeline stage: its micro-batches before the last accumulate in the parameters' .grad, and
+  // tied layers are summed there between stages, so stages 0/1 keep .grad as views of their
+  // gradient buffer, in the parameters' dtype (a wider grad_accum_dtype is not taken there).
+  bool pipeline_stage = false;
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);

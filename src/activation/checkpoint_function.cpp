@@ -94,8 +94,10 @@ void record_versions(SavedSegment& saved, const std::vector<at::Tensor>& inputs)
 
 // A segment that modifies an input in place would do it again in its recomputation, on the saved
 // input (the same tensor, or a copy taken before the first run): the recomputation would then
-// start from twice-modified values. PyTorch's checkpoint fails at backward there; this fails at
-// once, and the same way whether the saved input is the tensor or a copy.
+// start from twice-modified values. DeepSpeed's (and PyTorch's reentrant) checkpoint save the
+// inputs after the first run and recompute silently from them, right only for an idempotent
+// change (relu_); this refuses every in-place change of an input, at once, and the same way
+// whether the saved input is the tensor or a copy.
 void check_segment_left_inputs_alone(const SavedSegment& saved) {
   const int64_t i = saved.changed_input();
   if (i < 0) return;

@@ -95,7 +95,7 @@ EngineStatePtr build_stage_state(PipelineRuntime& rt, const PipelineInitializeAr
   in.comm = rt.topology->data_parallel();
   in.overrides = args.overrides;
   in.device = args.device;
-  in.tied_gradients_in_params = !rt.tied.empty();
+  in.pipeline_stage = true;
   EngineStatePtr state = detail::build_engine_state(std::move(in));
   state->topology = rt.topology;
   // With tensor parallelism the stage's own norm is counted over its tensor group first

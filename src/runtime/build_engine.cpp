@@ -110,26 +110,38 @@ void cast_module(torch::nn::Module& module, at::ScalarType dtype) {
 }
 
 // data_types.grad_accum_dtype, where the micro-steps accumulate. Unset, DeepSpeed's default: the
-// model's dtype, except bf16 without ZeRO, which accumulates in fp32 (its BF16_Optimizer).
-std::string grad_accum_dtype(const Config& config, int stage) {
-  if (!config.grad_accum_dtype.empty()) return config.grad_accum_dtype;
+// model's dtype, except bf16 without ZeRO, which accumulates in fp32 (its BF16_Optimizer). A
+// dtype narrower than the parameters' (bf16 for an fp32 model) is refused: the fp32 update reads
+// fp32 gradients.
+std::string grad_accum_dtype(const Config& config, int stage, at::ScalarType param_dtype) {
+  if (!config.grad_accum_dtype.empty()) {
+    const auto dtype = zero::dtype_from_config(config.grad_accum_dtype, param_dtype);
+    if (c10::elementSize(dtype) < c10::elementSize(param_dtype))
+      throw ConfigError("data_types.grad_accum_dtype = \"" + config.grad_accum_dtype +
+                        "\" is narrower than the model's " + c10::toString(param_dtype) +
+                        " parameters; use fp32, or train in 16 bits (bf16/fp16.enabled)");
+    return config.grad_accum_dtype;
+  }
   return stage == 0 && config.bf16.enabled ? "fp32" : "";
 }
 
 zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
-                                          at::ScalarType param_dtype, bool tied_gradients_in_params) {
+                                          at::ScalarType param_dtype, bool pipeline_stage) {
   zero::FlatStageOptions o;
   o.param_dtype = param_dtype;
   o.partitioned = stage >= 1;
   o.scatter_gradients = stage >= 2;
   o.accumulation_steps = config.gradient_accumulation_steps;
-  o.grad_accum_dtype = grad_accum_dtype(config, stage);
-  if (tied_gradients_in_params && !o.scatter_gradients) {
+  o.grad_accum_dtype = grad_accum_dtype(config, stage, param_dtype);
+  // A pipeline runs only its batch's last backward through the stage: the micro-batches before
+  // it accumulate in the parameters' .grad (pipe/schedule_interpreter.cpp), and tied layers are
+  // summed there between stages. Stages 0/1 keep .grad as views of their buffer then.
+  if (pipeline_stage && !o.scatter_gradients) {
     if (zero::dtype_from_config(config.grad_accum_dtype, param_dtype) != param_dtype)
       std::fprintf(stderr,
-                   "[deepspeed] warning: data_types.grad_accum_dtype = %s is not taken on a "
-                   "pipeline stage holding tied layers at zero_optimization.stage %d: its "
-                   "gradients accumulate in the parameters' dtype\n",
+                   "[deepspeed] warning: data_types.grad_accum_dtype = %s is not taken by a "
+                   "pipeline at zero_optimization.stage %d: its micro-batches accumulate in the "
+                   "parameters' dtype\n",
                    config.grad_accum_dtype.c_str(), stage);
     o.grad_accum_dtype.clear();
   }
@@ -142,7 +154,7 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
 zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dtype) {
   zero::Stage3Options o;
   o.param_dtype = param_dtype;
-  o.grad_accum_dtype = config.grad_accum_dtype;
+  o.grad_accum_dtype = grad_accum_dtype(config, 3, param_dtype);
   o.zero = config.zero_optimization;
   o.aio = config.aio;
   o.reduction = zero::reduction_options(config);
@@ -160,11 +172,14 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
 // A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard
 // optimizer builds it over the fp32 partition (zero/client_optimizer.h).
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer,
-                 bool tied_gradients_in_params) {
+                 bool pipeline_stage) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
   if (stage < 1 && !mixed) {
+    // (Accumulates in autograd's .grad; the key is only checked: nothing is wider than fp32.)
+    grad_accum_dtype(s.config, stage,
+                     s.trainable.empty() ? at::kFloat : s.trainable.front().scalar_type());
     s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config, s.comm)(s.trainable);
     const zero::DataParallelOptions options{zero::reduction_options(s.config)};
     s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, s.optimizer);
@@ -181,7 +196,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       s.stage = std::make_unique<zero::FlatStage>(s.trainable, context,
                                                   flat_stage_options(s.config, stage, dtype,
-                                                                     tied_gradients_in_params),
+                                                                     pipeline_stage),
                                                   make_optimizer);
       break;
     }
@@ -297,7 +312,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   // Building a stage allocates its partitions, buckets and optimizer state on the device.
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
-                [&] { build_stage(*s, in.optimizer, in.tied_gradients_in_params); });
+                [&] { build_stage(*s, in.optimizer, in.pipeline_stage); });
   wrap_tensor_parallel(*s);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));

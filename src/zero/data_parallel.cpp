@@ -103,7 +103,7 @@ void DataParallelStage::launch(Bucket& b) {
 void DataParallelStage::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
-  const bool fp16_sum = b.wire.defined() && b.wire.scalar_type() == at::kHalf;
+  const bool fp16_sum = dtype_from_config(options_.reduction.comm_dtype, b.dtype) == at::kHalf;
   if (b.wire.defined()) {
     b.flat.copy_(b.wire);
     b.wire = at::Tensor();

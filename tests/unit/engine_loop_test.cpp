@@ -203,3 +203,16 @@ TEST(EngineLoop, AStepTheScheduleCannotTakeIsRefusedBeforeTheUpdate) {
   EXPECT_EQ(e.engine->global_steps(), 2);
   EXPECT_TRUE(dstest::bit_identical(e.weights(), before));
 }
+
+// A grad_accum_dtype narrower than an fp32 model's parameters is refused at initialize(), naming
+// the key, at every stage (before, stage 2 failed inside the first step's fused Adam, and the
+// other stages ignored it).
+TEST(EngineLoop, AGradAccumDtypeNarrowerThanTheModelIsRefused) {
+  for (int stage : {0, 1, 2, 3}) {
+    auto config = dstest::base_config(2, 4, stage);
+    config["data_types"] = {{"grad_accum_dtype", "bf16"}};
+    const std::string message = dstest::message_of<deepspeed::ConfigError>(
+        [&] { make_single_engine(config, kModel); });
+    EXPECT_CONTAINS(message, "data_types.grad_accum_dtype") << "stage " << stage;
+  }
+}

@@ -4,7 +4,10 @@
 // order its gradient hooks fire in — the property that keeps ranks from deadlocking.
 #pragma once
 #include <cstddef>
+#include <string>
 #include <vector>
+
+#include "deepspeed/errors.h"
 
 namespace deepspeed {
 namespace zero {
@@ -13,7 +16,8 @@ class BucketOrder {
  public:
   // bucket_of[i]: the bucket of parameter i. REQUIRES: every bucket index < num_buckets.
   BucketOrder(std::vector<size_t> bucket_of, size_t num_buckets)
-      : bucket_of_(std::move(bucket_of)), size_(num_buckets, 0), ready_(num_buckets, 0) {
+      : bucket_of_(std::move(bucket_of)), size_(num_buckets, 0), ready_(num_buckets, 0),
+        marked_(bucket_of_.size(), false) {
     for (size_t b : bucket_of_) ++size_[b];
   }
   size_t bucket_of(size_t param) const { return bucket_of_[param]; }
@@ -21,10 +25,23 @@ class BucketOrder {
   void begin() {
     next_ = 0;
     ready_.assign(ready_.size(), 0);
+    marked_.assign(marked_.size(), false);
   }
   // Parameter i's gradient is ready: launch(b) for each bucket that is now launchable, in order.
+  // A second gradient for it in the same backward (a parameter shared by two activation-
+  // checkpointed segments: each recomputation runs a backward of its own) may come after its
+  // bucket went out, and would be lost or counted as another parameter's: refused, as DeepSpeed
+  // refuses it ("Gradient computed twice for this partition").
   template <class Launch>
   void mark_ready(size_t param, Launch&& launch) {
+    if (marked_[param])
+      throw Error("parameter #" + std::to_string(param) +
+                  " of the ZeRO stage got its gradient twice in one backward (a parameter "
+                  "shared by two activation-checkpointed segments: each recomputation runs its "
+                  "own backward), after its gradient bucket may already have been reduced. "
+                  "DeepSpeed refuses this too; set zero_optimization.overlap_comm to false at "
+                  "stage 0 or 1, or keep a shared parameter inside one checkpointed segment");
+    marked_[param] = true;
     ++ready_[bucket_of_[param]];
     while (next_ < size_.size() && ready_[next_] == size_[next_]) launch(next_++);
   }
@@ -39,6 +56,7 @@ class BucketOrder {
   std::vector<size_t> bucket_of_;
   std::vector<size_t> size_;
   std::vector<size_t> ready_;
+  std::vector<bool> marked_;  // this backward's parameters whose gradient arrived
   size_t next_ = 0;
 };
 

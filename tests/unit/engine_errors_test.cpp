@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/deepspeed.h"
 #include "gpt/model.h"
 #include "support/expect.h"
@@ -107,4 +108,34 @@ TEST(EngineErrors, StepErrorNamesRankAndPhase) {
     EXPECT_CONTAINS(msg, "simulated optimizer failure");
     expect_no_stack_frames(msg);
   }
+}
+
+namespace {
+// One Linear applied in two activation-checkpointed segments: each recomputation runs a backward
+// of its own, so the Linear's gradient arrives twice in one engine backward.
+struct SharedTwiceImpl : torch::nn::Module {
+  torch::nn::Linear lin{nullptr};
+  SharedTwiceImpl() { lin = register_module("lin", torch::nn::Linear(4, 4)); }
+  torch::Tensor forward(torch::Tensor x, torch::Tensor y) {
+    auto segment = [this](const torch::Tensor& t) { return torch::tanh(lin->forward(t)); };
+    auto h = deepspeed::checkpointing::checkpoint(segment, x);
+    h = deepspeed::checkpointing::checkpoint(segment, h);
+    return (h - y).pow(2).mean();
+  }
+};
+}  // namespace
+
+// At stage 2 every gradient goes into its bucket as it arrives: the second arrival overwrote
+// the first (a silently lost gradient). DeepSpeed refuses it; so does this, naming the cause.
+TEST(EngineErrors, AParameterSharedByTwoCheckpointedSegmentsIsRefusedAtStageTwo) {
+  json config = tiny_config();
+  config["zero_optimization"] = {{"stage", 2}};
+  config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.1}}}};
+  auto model = std::make_shared<SharedTwiceImpl>();
+  auto r = deepspeed::initialize<SharedTwiceImpl>({.model = model, .config_json = config});
+  auto x = torch::randn({2, 4}, torch::requires_grad()), y = torch::randn({2, 4});
+  const std::string msg = dstest::message_of<deepspeed::Error>(
+      [&] { r.engine->backward(r.engine->forward(x, y)); });
+  EXPECT_CONTAINS(msg, "twice in one backward");
+  EXPECT_CONTAINS(msg, "checkpointed");
 }

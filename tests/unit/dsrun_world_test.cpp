@@ -50,6 +50,14 @@ TEST(DsrunWorld, BadHostfileLinesAreNamed) {
             std::string::npos);
 }
 
+// DeepSpeed's hostfile regex takes user@host; here '@' separates --include hosts, so the refusal
+// says where the user name goes instead.
+TEST(DsrunWorld, AUserAtHostLineSaysWhereTheUserGoes) {
+  std::string e = what_of([] { parse_hostfile("setup@10.0.0.7 slots=2\n", "hosts"); });
+  EXPECT_NE(e.find("hosts line 1"), std::string::npos) << e;
+  EXPECT_NE(e.find("~/.ssh/config (Host 10.0.0.7 / User setup)"), std::string::npos) << e;
+}
+
 // OpenMPI-style lines (DeepSpeed's runner reads them with re.search(r'^(\S+)\s+slots=(\d+)')):
 // words after slots=N are ignored; slots=N must still come right after the host.
 TEST(DsrunWorld, HostfileWordsAfterSlotsAreIgnored) {

@@ -100,6 +100,23 @@ void add_options(CLI::App& app, Cli& c) {
   app.add_flag("--preflight", c.preflight, "(internal) check PROGRAM and the port on this host");
 }
 
+// DeepSpeed launcher flags a user may carry over, with what to do instead; null for others.
+const char* unsupported_deepspeed_flag(const std::string& arg) {
+  const std::string flag = arg.substr(0, arg.find('='));
+  if (flag == "--autotuning") return "run the job with each config yourself";
+  if (flag == "--elastic_training" || flag == "--min_elastic_nodes" ||
+      flag == "--max_elastic_nodes")
+    return "elastic training is not offered; --max_restarts restarts the whole job";
+  if (flag == "--save_pid") return "dsrun's own pid is the job's ($! in the shell)";
+  if (flag == "--no_ssh")
+    return "run 'dsrun --node_rank K --world_info W PROGRAM' on each node (docs/launcher.md)";
+  if (flag == "--module" || flag == "-m" || flag == "--no_python")
+    return "PROGRAM is an executable, not a Python script";
+  if (flag == "--bind_cores_to_rank" || flag == "--bind_core_list")
+    return "no numactl binding; OMP_NUM_THREADS is set per rank";
+  return nullptr;
+}
+
 // Restarts `attempt` (count -> JobOutcome) up to max_restarts times while the job fails, unless
 // nothing started (dsrun's own error: it would only repeat) or dsrun itself was interrupted.
 // A rank's exit status is not a sign of either: a rank may exit 2 like dsrun's usage error.
@@ -245,8 +262,12 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (options.command.front().rfind("-", 0) == 0) {
-    std::fprintf(stderr, "dsrun: unknown option '%s' (PROGRAM must come after dsrun's options)\n",
-                 options.command.front().c_str());
+    const std::string& flag = options.command.front();
+    if (const char* why = unsupported_deepspeed_flag(flag))
+      std::fprintf(stderr, "dsrun: DeepSpeed's %s is not supported: %s\n", flag.c_str(), why);
+    else
+      std::fprintf(stderr, "dsrun: unknown option '%s' (PROGRAM must come after dsrun's options)\n",
+                   flag.c_str());
     return kUsageError;
   }
   if (c.preflight)

@@ -136,6 +136,12 @@ Resources parse_hostfile(const std::string& text, const std::string& path) {
     std::string host, slots_word;
     words >> host >> slots_word;
     if (slots_word.empty()) throw bad("expected 'HOST slots=N'");
+    // DeepSpeed's regex takes 'user@host' too; here '@' separates hosts in --include/--exclude,
+    // so a user name would make those ambiguous: it belongs in ~/.ssh/config.
+    if (host.find('@') != std::string::npos)
+      throw bad("'" + host + "': user@host is not accepted (an '@' separates hosts in " +
+                "--include/--exclude); set the user in ~/.ssh/config (Host " +
+                host.substr(host.find('@') + 1) + " / User " + host.substr(0, host.find('@')) + ")");
     if (!valid_host_name(host)) throw bad("'" + host + "' is not a host name");
     if (slots_word.rfind("slots=", 0) != 0) throw bad("expected slots=N after the host name");
     long n = whole_number(slots_word.substr(6));

@@ -5,6 +5,8 @@
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
 #include "monitor/comm_op_names.h"
+#include "offload/aio_queue.h"
+#include "offload/aligned_buffer.h"
 
 namespace deepspeed::config {
 namespace {
@@ -32,7 +34,14 @@ void read_aio(ObjectReader& top, AioConfig& aio) {
   // DeepSpeed 0.16.5 reads aio with dict lookups; we check it strictly all the same: these keys
   // size the NVMe swap I/O, and a misspelt one would silently run with the default.
   r.finish(UnknownKeys::kError);
-  require_positive(r.path_of("block_size"), static_cast<double>(aio.block_size));
+  // One block is one direct (O_DIRECT) read or write: page-aligned, and within what one
+  // io_uring request can carry (the kernel cuts a request at 0x7ffff000 bytes; a larger block
+  // would fail at the first swap as a short read).
+  if (aio.block_size <= 0 || aio.block_size % offload::kDirectIoAlignment != 0 ||
+      aio.block_size > offload::kMaxAioBlockSize)
+    fail(r.path_of("block_size"), aio.block_size,
+         "a positive multiple of " + std::to_string(offload::kDirectIoAlignment) +
+             " bytes, at most " + std::to_string(offload::kMaxAioBlockSize) + " (1 GiB)");
   require_positive(r.path_of("queue_depth"), static_cast<double>(aio.queue_depth));
   require_positive(r.path_of(threads), static_cast<double>(aio.intra_op_parallelism));
 }

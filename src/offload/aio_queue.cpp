@@ -17,39 +17,65 @@
 
 namespace deepspeed::offload {
 
-std::string unique_swap_path(const std::string& dir, const std::string& config_key,
-                             const std::string& prefix) {
-  struct stat st;
-  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw IOError(fmt::format("{} '{}' is not an existing directory", config_key, dir));
-  static std::atomic<int> counter{0};
-  return fmt::format("{}/{}.{}.{}.bin", dir, prefix, ::getpid(), counter++);
+namespace {
+
+// open(2) with O_DIRECT, or without it where the file system refuses it (tmpfs: EINVAL). -1 with
+// errno set on failure.
+int open_direct(const std::string& path, int flags, bool& direct) {
+  int fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
+  direct = true;
+  if (fd < 0 && errno == EINVAL) {
+    fd = ::open(path.c_str(), flags, 0600);
+    direct = false;
+  }
+  return fd;
 }
+
+constexpr int kCreateFlags = O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC;
+
+}  // namespace
+
 struct AioQueue::Ring {
   io_uring ring;
 };
 
-std::unique_ptr<DirectFile> DirectFile::create(const std::string& path) {
-  int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC;
-  int fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
-  bool direct = true;
-  if (fd < 0 && errno == EINVAL) {  // the file system has no direct I/O (tmpfs)
-    fd = ::open(path.c_str(), flags, 0600);
-    direct = false;
+std::unique_ptr<DirectFile> create_swap_file(const std::string& dir, const std::string& config_key,
+                                             const std::string& prefix) {
+  struct stat st;
+  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IOError(fmt::format("{} '{}' is not an existing directory", config_key, dir));
+  static std::atomic<int> counter{0};
+  // A name already taken (another job that reuses this pid and nvme_path, or a file left by an
+  // older build) is skipped: O_EXCL never opens it.
+  for (int tries = 0;; ++tries) {
+    const std::string path = fmt::format("{}/{}.{}.{}.bin", dir, prefix, ::getpid(), counter++);
+    bool direct;
+    const int fd = open_direct(path, kCreateFlags, direct);
+    if (fd < 0 && errno == EEXIST && tries < 1000) continue;
+    if (fd < 0)
+      throw IOError(fmt::format("cannot create swap file '{}' ({} '{}'): {}", path, config_key,
+                                dir, std::strerror(errno)));
+    auto file = std::unique_ptr<DirectFile>(new DirectFile(path, fd, direct));
+    // From here on every access goes through the descriptor: without a name, the file's space
+    // is the kernel's to free when it is closed, however the process ends.
+    if (::unlink(path.c_str()) != 0)
+      throw IOError(fmt::format("cannot unlink the new swap file '{}' ({} '{}'): {}", path,
+                                config_key, dir, std::strerror(errno)));
+    return file;
   }
+}
+
+std::unique_ptr<DirectFile> DirectFile::create(const std::string& path) {
+  bool direct;
+  const int fd = open_direct(path, kCreateFlags, direct);
   if (fd < 0)
     throw IOError(fmt::format("cannot create swap file '{}': {}", path, std::strerror(errno)));
   return std::unique_ptr<DirectFile>(new DirectFile(path, fd, direct));
 }
 
 std::unique_ptr<DirectFile> DirectFile::open_existing(const std::string& path) {
-  int flags = O_RDWR | O_CLOEXEC;
-  int fd = ::open(path.c_str(), flags | O_DIRECT);
-  bool direct = true;
-  if (fd < 0 && errno == EINVAL) {
-    fd = ::open(path.c_str(), flags);
-    direct = false;
-  }
+  bool direct;
+  const int fd = open_direct(path, O_RDWR | O_CLOEXEC, direct);
   if (fd < 0)
     throw IOError(fmt::format("cannot open swap file '{}': {}", path, std::strerror(errno)));
   return std::unique_ptr<DirectFile>(new DirectFile(path, fd, direct));
@@ -71,9 +97,11 @@ int64_t DirectFile::size() const {
 }
 
 AioQueue::AioQueue(AioOptions options) : options_(options), ring_(std::make_unique<Ring>()) {
-  if (options_.block_size <= 0 || options_.block_size % kDirectIoAlignment != 0)
-    throw ConfigError(fmt::format("aio.block_size must be a positive multiple of {} bytes, got {}",
-                                  kDirectIoAlignment, options_.block_size));
+  if (options_.block_size <= 0 || options_.block_size % kDirectIoAlignment != 0 ||
+      options_.block_size > kMaxAioBlockSize)
+    throw ConfigError(fmt::format("aio.block_size must be a positive multiple of {} bytes, at "
+                                  "most {}, got {}",
+                                  kDirectIoAlignment, kMaxAioBlockSize, options_.block_size));
   if (options_.queue_depth < 1)
     throw ConfigError(fmt::format("aio.queue_depth must be >= 1, got {}", options_.queue_depth));
   int rc = io_uring_queue_init(static_cast<unsigned>(options_.queue_depth), &ring_->ring, 0);

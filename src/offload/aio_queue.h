@@ -19,35 +19,47 @@
 
 namespace deepspeed::offload {
 
+// The largest aio.block_size: one piece is one io_uring read or write, whose length is 32 bits
+// and which the kernel cuts at 0x7ffff000 bytes (a larger piece would come back short).
+constexpr int64_t kMaxAioBlockSize = int64_t{1} << 30;
+
 struct AioOptions {
-  int64_t block_size = 1 << 20;  // aio.block_size: bytes per submitted piece
+  int64_t block_size = 1 << 20;  // aio.block_size: bytes per submitted piece (multiple of 4096,
+                                 // at most kMaxAioBlockSize)
   int queue_depth = 8;           // aio.queue_depth: pieces in flight
 };
 
 class AioQueue;
+class DirectFile;
 
-// A new file name "<dir>/<prefix>.<pid>.<n>.bin" for one swap file. Throws IOError naming
-// `config_key` and `dir` unless dir is an existing directory.
-std::string unique_swap_path(const std::string& dir, const std::string& config_key,
-                             const std::string& prefix);
+// A new swap file for direct I/O, "<dir>/<prefix>.<pid>.<n>.bin", created exclusively (O_EXCL:
+// a file of that name, another job's, is never opened; the next n is tried) and unlinked at
+// once: the open descriptor alone holds the data, so the kernel frees it whenever the file is
+// closed, also when the process is killed or a constructor throws; nothing is ever left in
+// `dir`. The name stays the file's path() for messages. Throws IOError naming `config_key` and
+// `dir` unless dir is an existing directory, and naming the path if it cannot be created.
+std::unique_ptr<DirectFile> create_swap_file(const std::string& dir, const std::string& config_key,
+                                             const std::string& prefix);
 
 // A file opened for direct I/O. REQUIRES for reads/writes: buffer, offset and length aligned to
 // kDirectIoAlignment (aligned_buffer.h).
 class DirectFile {
  public:
-  // Creates (truncates) or opens `path`. Throws IOError naming the path.
+  // Creates `path`, which must not exist (O_EXCL). Throws IOError naming the path.
   static std::unique_ptr<DirectFile> create(const std::string& path);
   static std::unique_ptr<DirectFile> open_existing(const std::string& path);
   // Sets the file's length (a sparse file: disk space is taken as it is written). Throws IOError
   // naming the path and the bytes.
   void resize(int64_t bytes);
   ~DirectFile();
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return path_; }  // (a swap file's: unlinked)
   int fd() const { return fd_; }
   bool direct() const { return direct_; }
   int64_t size() const;  // current length in bytes
 
  private:
+  friend std::unique_ptr<DirectFile> create_swap_file(const std::string&, const std::string&,
+                                                      const std::string&);
   DirectFile(std::string path, int fd, bool direct) : path_(std::move(path)), fd_(fd), direct_(direct) {}
   std::string path_;
   int fd_;

@@ -26,8 +26,9 @@ GradStore::GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std
                      const AioConfig& aio, Downloader download)
     : layout_(layout), dtype_(dtype), file_(layout, 0, c10::elementSize(dtype)),
       downloads_(std::move(download)) {
-  path_ = offload::unique_swap_path(dir, "zero_optimization.offload_optimizer.nvme_path", "gradient_swap");
-  fd_ = offload::DirectFile::create(path_);
+  fd_ = offload::create_swap_file(dir, "zero_optimization.offload_optimizer.nvme_path",
+                                  "gradient_swap");
+  path_ = fd_->path();
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
   fd_->resize(file_.file_bytes());
@@ -47,7 +48,6 @@ GradStore::~GradStore() {
   writing_.clear();
   reading_.clear();
   fd_.reset();
-  ::unlink(path_.c_str());
 }
 
 void GradStore::begin_micro_step(bool boundary) {

@@ -59,9 +59,9 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   if (config_.buffer_count < 1)
     throw ConfigError(fmt::format("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
                                   config_.buffer_count));
-  path_ = offload::unique_swap_path(config_.nvme_path, "zero_optimization.offload_param.nvme_path",
-                                    "param_swap");
-  fd_ = offload::DirectFile::create(path_);
+  fd_ = offload::create_swap_file(config_.nvme_path, "zero_optimization.offload_param.nvme_path",
+                                  "param_swap");
+  path_ = fd_->path();
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
   fd_->resize(file_.file_bytes());
@@ -81,7 +81,6 @@ ParamStore::~ParamStore() {
   }
   fetched_.clear();
   fd_.reset();
-  ::unlink(path_.c_str());
 }
 
 // A new pool buffer while fewer than buffer_count exist, else the free one handed back longest

@@ -1,7 +1,5 @@
 #include "offload/swapped_adam.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cstring>
 
@@ -36,8 +34,8 @@ SwappedAdam::SwappedAdam(int64_t numel, const GroupSource& initial_master, SwapO
   if (options_.buffer_count < 1)
     throw ConfigError(fmt::format("offload_optimizer.buffer_count must be >= 1, got {}",
                                   options_.buffer_count));
-  path_ = unique_swap_path(options_.dir, "offload_optimizer.nvme_path", "optimizer_swap");
-  file_ = DirectFile::create(path_);
+  file_ = create_swap_file(options_.dir, "offload_optimizer.nvme_path", "optimizer_swap");
+  path_ = file_->path();
   make_groups();
   const int buffers = static_cast<int>(std::min<int64_t>(options_.buffer_count, groups_.size()));
   int64_t max_bytes = 0, max_numel = 0;
@@ -82,8 +80,6 @@ SwappedAdam::~SwappedAdam() {
     queue_.wait_all();
   } catch (...) {
   }
-  file_.reset();
-  ::unlink(path_.c_str());
 }
 
 int64_t SwappedAdam::resident_bytes() const {
@@ -125,6 +121,7 @@ class TensorGrads : public GradSource {
 
 void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
                        const optim::AdamStepParams& hp) {
+  groups_updated_ = 0;  // (as the checks below may throw)
   TORCH_CHECK(param_out.numel() == numel_ && param_out.is_contiguous(),
               "SwappedAdam::step: param_out must be contiguous with ", numel_, " elements");
   TensorSink sink(param_out);
@@ -133,6 +130,7 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
 
 void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
                        const optim::AdamStepParams& hp) {
+  groups_updated_ = 0;
   TORCH_CHECK(grad.numel() == numel_, "SwappedAdam::step: grad must have ", numel_, " elements");
   TensorGrads grads(grad);
   step(grads, sink, out_dtype, hp);
@@ -140,6 +138,7 @@ void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType o
 
 void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
                        const optim::AdamStepParams& hp) {
+  groups_updated_ = 0;
   TORCH_CHECK(out_dtype == torch::kFloat || out_dtype == torch::kBFloat16 || out_dtype == torch::kHalf,
               "SwappedAdam::step: output dtype must be fp32, bf16 or fp16");
   const int64_t G = static_cast<int64_t>(groups_.size());
@@ -180,7 +179,9 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
       TORCH_CHECK(grad.numel() == g.numel, "SwappedAdam::step: the gradient source gave ",
                   grad.numel(), " elements for a sub-group of ", g.numel);
       const float* gptr;
-      if (grad.scalar_type() == torch::kFloat && grad.is_contiguous()) {
+      // Read in place only in host memory: stages 1 and 2 keep the gradient partition on the
+      // compute device (a GPU) when the optimizer is swapped; the copy brings it down.
+      if (grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.is_cpu()) {
         gptr = grad.data_ptr<float>();
       } else {
         at::from_blob(grad_scratch_.data(), {g.numel}, torch::kFloat).copy_(grad);
@@ -188,6 +189,7 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
       }
       void* out = sink.begin_group(g.begin, g.numel);
       uint16_t* half = fp32_out ? nullptr : static_cast<uint16_t*>(out);
+      ++groups_updated_;  // from here the parameters and the buffer hold the new values
       optim::adam_step(master, gptr, master + stride, master + 2 * stride, g.numel, hp, half, kind);
       if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
       sink.end_group(g.begin, g.numel);

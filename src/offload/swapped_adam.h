@@ -7,9 +7,11 @@
 // being updated (buffer_count >= 3 gives that full overlap; 2 overlaps only the read):
 //     wait read k -> update k (vectorised Adam, 16-bit copy written into the model) -> write k
 //     -> wait write of the sub-group that last used the next buffer -> read k + buffer_count - 1
-// Resident memory: buffer_count * 12 * sub_group_size bytes, whatever the partition size.
+// Resident memory: buffer_count * 12 * sub_group_size bytes (each buffer a whole sub-group's
+// state), plus 4 * sub_group_size for one widened gradient, whatever the partition size.
 //
-// Not thread-safe. Files are removed when the object is destroyed.
+// Not thread-safe. The file has no name in the folder (create_swap_file): its space goes back
+// when the object is destroyed, or however the process ends.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -117,6 +119,10 @@ class SwappedAdam {
   int64_t file_bytes() const;       // bytes of state on disk
   bool direct_io() const;
   const SwapStats& stats() const { return stats_; }
+  // Sub-groups the last step() updated (its parameters' output, and the state it writes back).
+  // After a step() that threw: 0 means the state and the parameters are still the step's
+  // starting point (a retry is clean); more, that the step was left half done.
+  int64_t groups_updated() const { return groups_updated_; }
   const std::string& path() const { return path_; }
 
  private:
@@ -139,6 +145,7 @@ class SwappedAdam {
   std::vector<AlignedBuffer> ring_;
   AlignedBuffer grad_scratch_;  // one sub-group of widened gradient
   int64_t group_in_buffer_ = -1;  // read_group's sub-group in ring_[0], -1 when none
+  int64_t groups_updated_ = 0;
   SwapStats stats_;
 };
 

@@ -49,11 +49,34 @@ SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartiti
 
 void SwappedShard::step(const zero::ShardGrads& grads, zero::ParamPartition& params,
                         double grad_scale) {
-  const auto hp = step_params(*options_, ++steps_, grad_scale);
-  if (grads.source)
-    adam_->step(*grads.source, params, params.dtype(), hp);
-  else
-    adam_->step(grads.tensor, params, params.dtype(), hp);
+  if (lost_)
+    throw Error("engine.step(): this rank's swapped optimizer state (offload_optimizer.nvme_path, "
+                "file '" + adam_->path() + "') is partly stepped: an earlier step failed after "
+                "updating part of it (" + lost_reason_ + "); load the last checkpoint with its "
+                "optimizer states (load_checkpoint)");
+  const auto hp = step_params(*options_, steps_ + 1, grad_scale);
+  try {
+    if (grads.source)
+      adam_->step(*grads.source, params, params.dtype(), hp);
+    else
+      adam_->step(grads.tensor, params, params.dtype(), hp);
+  } catch (...) {
+    // A retry would apply the updated sub-groups' step twice, a checkpoint would keep half a
+    // step (docs/decisions.md, "Failures that must not turn into stale or half-read values").
+    if (adam_->groups_updated() > 0) {
+      lost_ = true;
+      lost_reason_ = "an exception that is not a std::exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        lost_reason_ = e.what();
+      } catch (...) {
+      }
+      ++steps_;  // those sub-groups are a step on
+    }
+    throw;
+  }
+  ++steps_;
 }
 
 std::array<at::Tensor, 3> SwappedShard::state_for_load(bool) {
@@ -108,7 +131,11 @@ void SwappedShard::finish_load(int64_t adam_step, zero::ParamPartition& params) 
   auto& [master, exp_avg, exp_avg_sq] = loading_;
   if (master.defined()) adam_->write_state(master, exp_avg, exp_avg_sq);  // state_for_load's
   loading_ = {};
-  if (adam_step >= 0) steps_ = adam_step;  // < 0: masters alone were loaded
+  if (adam_step >= 0) {  // < 0: masters alone were loaded (the moments stay half a step on)
+    steps_ = adam_step;
+    lost_ = false;
+    lost_reason_.clear();
+  }
   adam_->write_masters(params, params.dtype());
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <array>
 #include <memory>
+#include <string>
 
 #include <torch/optim/optimizer.h>
 
@@ -22,7 +23,14 @@ class SwappedShard : public zero::ShardOptimizer {
   SwappedShard(const zero::ShardOptions& options, zero::ParamPartition& params,
                const zero::OptimizerFactory& make_optimizer);
 
+  // A step that throws (a short read or write, the gradient store's refusal, an out-of-memory)
+  // after it had updated a sub-group leaves the state partly stepped, some sub-groups on the new
+  // values and the rest on the old: step_lost() says so, and this step(), every step() after it
+  // and save_checkpoint throw until finish_load (a checkpoint's optimizer states) replaces the
+  // state. One that throws before updating any sub-group leaves everything, the step count
+  // too, as it was: a retry is clean.
   void step(const zero::ShardGrads& grads, zero::ParamPartition& params, double grad_scale) override;
+  bool step_lost() const override { return lost_; }
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return options_; }
   // The whole state in memory (tests); checkpoints use the windows.
   std::array<at::Tensor, 3> state_for_save() override { return adam_->read_state(); }
@@ -48,6 +56,8 @@ class SwappedShard : public zero::ShardOptimizer {
   std::shared_ptr<torch::optim::Optimizer> options_;  // param-group options, no state
   std::unique_ptr<SwappedAdam> adam_;
   int64_t steps_ = 0;  // Adam's step count (bias correction); checkpoints save it
+  bool lost_ = false;  // the state is partly stepped (a step failed midway)
+  std::string lost_reason_;  // that step's error
   // While a checkpoint loads: the state the fragments write into, written back by finish_load.
   std::array<at::Tensor, 3> loading_;
 };

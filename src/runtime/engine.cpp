@@ -93,9 +93,10 @@ void refuse_to_save_a_lost_step(const EngineState& s) {
   if (!s.stage || !s.stage->step_lost()) return;
   throw Error("save_checkpoint: rank " + std::to_string(s.comm->rank()) + "'s optimizer state is "
               "partly stepped: a boundary's backward (or its step) failed after ZeRO-Offload's "
-              "update during backward (zero_optimization.offload_optimizer.overlap_step) had "
-              "updated part of it, and a checkpoint of it would keep half a step; load the last "
-              "checkpoint instead");
+              "update during backward (zero_optimization.offload_optimizer.overlap_step), or a "
+              "step of the optimizer swapped to offload_optimizer.nvme_path, had updated part of "
+              "it, and a checkpoint of it would keep half a step; load the last checkpoint "
+              "instead");
 }
 
 void Engine::before_forward() {

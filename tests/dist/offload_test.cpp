@@ -8,12 +8,17 @@
 // exactly. I/O problems must stop the job with an error naming the path.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "deepspeed/errors.h"
 #include "deepspeed/deepspeed.h"
+#include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
 #include "support/files.h"
+#include "support/swap_files.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 #include "support/training_run.h"
@@ -106,6 +111,48 @@ TEST(NvmeOptimizerOffloadErrors, MissingNvmePathIsNamed) {
   } catch (const deepspeed::IOError& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent/nvme/swap"), std::string::npos) << e.what();
   }
+}
+
+// A step of the swapped optimizer that fails once it has updated some sub-groups (the state file
+// cut short under the job) leaves the state partly stepped. engine.step() called again (the
+// engine's retry) would step those sub-groups twice, and a checkpoint would keep half a step:
+// both are refused, naming the cause, until load_checkpoint brings back a whole state; training
+// then goes on.
+TEST(NvmeOptimizerOffloadErrors, AStepThatFailsPartwayIsRefusedUntilALoad) {
+  dstest::TempDir swap, ckpt;
+  auto e =
+      dstest::make_single_engine(nvme_config(dstest::base_config(2, 1, 1), swap.path(), 3000, 3));
+  auto& engine = *e.engine;
+  e.train(1);
+  engine.save_checkpoint(ckpt.path(), "one");
+  const auto saved = e.weights();
+
+  const auto file = dstest::unlinked_files_in(swap.path());
+  ASSERT_EQ(file.size(), 1u) << "stage 1 swaps the optimizer state alone";
+  const std::string whole = dstest::read_bytes(file[0]);
+  auto batch = e.loader->next();
+  engine.backward(engine.forward(batch.data, batch.target));
+  ASSERT_EQ(::truncate(file[0].c_str(), static_cast<off_t>(whole.size() / 2)), 0);
+  EXPECT_THROW(engine.step(), deepspeed::IOError);
+  dstest::write_bytes(file[0], whole);
+  ASSERT_TRUE(deepspeed::state_of(engine).stage->step_lost());
+
+  const std::string retried = dstest::message_of<deepspeed::Error>([&] { engine.step(); });
+  EXPECT_CONTAINS(retried, "partly stepped");
+  EXPECT_CONTAINS(retried, "offload_optimizer.nvme_path");
+  const std::string saving =
+      dstest::message_of<deepspeed::Error>([&] { engine.save_checkpoint(ckpt.path(), "half"); });
+  EXPECT_CONTAINS(saving, "partly stepped");
+  EXPECT_CONTAINS(saving, "nvme_path");
+  EXPECT_FALSE(std::filesystem::exists(ckpt / "half")) << "a refused save wrote its folder";
+
+  engine.load_checkpoint(ckpt.path(), "one");
+  EXPECT_FALSE(deepspeed::state_of(engine).stage->step_lost());
+  const auto loaded = e.weights();
+  for (size_t i = 0; i < saved.size(); ++i)
+    EXPECT_TRUE(torch::equal(loaded[i], saved[i])) << "parameter " << i;
+  EXPECT_NO_THROW(e.train(1));
+  EXPECT_NO_THROW(engine.save_checkpoint(ckpt.path(), "two"));
 }
 
 // offload_param nvme, with and without the optimizer swapped too, every unit in the file

@@ -19,6 +19,7 @@
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
+#include "support/swap_files.h"
 
 namespace {
 
@@ -256,9 +257,13 @@ TEST(OneRankFailure, AGatheredParametersReleaseThatFailsOnOneRankEndsItsPeersWai
         engine->backward(engine->forward(b.idx, b.targets));
         engine->step();
         auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
-        if (rank == 1)
-          for (auto& f : std::filesystem::directory_iterator(swap[rank].path()))
-            std::filesystem::resize_file(f.path(), 0);
+        if (rank == 0) {  // an edit of every unit: only what changed is written into the masters
+          torch::NoGradGuard no_grad;
+          for (auto& p : models[rank]->parameters()) p.add_(0.01);
+        }
+        if (rank == 1)  // the swap files are unlinked: reached through their descriptors
+          for (auto& f : dstest::unlinked_files_in(swap[rank].path()))
+            std::filesystem::resize_file(f, 0);
         first[rank] = dstest::message_of<std::exception>([&] { scope.release(); });
         retried[rank] = dstest::message_of<std::exception>(
             [&] { engine->backward(engine->forward(b.idx, b.targets)); });

@@ -575,6 +575,18 @@ TEST(ConfigErrors, Fp16AndBf16Together) {
   EXPECT_CONTAINS(msg, "bf16.enabled");
 }
 
+// One aio block is one O_DIRECT request: page-aligned, and at most 1 GiB (the kernel cuts one
+// read or write at 0x7ffff000 bytes; 2 GiB failed at the first swap as a "short read").
+TEST(ConfigErrors, AioBlockSizeIsAlignedAndAtMostOneGiB) {
+  for (int64_t bad : {int64_t{0}, int64_t{1000}, int64_t{1} << 31, (int64_t{1} << 30) + 4096}) {
+    const std::string msg = error_of(with({{"aio", {{"block_size", bad}}}}));
+    EXPECT_CONTAINS(msg, "'aio.block_size' has value " + std::to_string(bad));
+    EXPECT_CONTAINS(msg, "multiple of 4096");
+  }
+  EXPECT_EQ(parse_config(with({{"aio", {{"block_size", int64_t{1} << 30}}}}), 1).aio.block_size,
+            int64_t{1} << 30);
+}
+
 TEST(ConfigErrors, NvmeWithoutPath) {
   json zero = {{"stage", 3}, {"offload_param", {{"device", "nvme"}}}};
   EXPECT_CONTAINS(error_of(with({{"zero_optimization", zero}})),

@@ -16,6 +16,7 @@
 #include "support/files.h"
 #include "support/held_downloads.h"
 #include "support/stage3_layouts.h"
+#include "support/swap_files.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::GradStore;
@@ -70,8 +71,10 @@ TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   const Stage3Layout L = layout();
   GradStore store(L, torch::kBFloat16, dir.path(), dstest::small_aio());
   micro_step(store, L, torch::ones({L.partition_numel}), true);
-  const std::string whole = dstest::read_bytes(store.path());
-  ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
+  const auto file = dstest::unlinked_files_in(dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  const std::string whole = dstest::read_bytes(file[0]);
+  ASSERT_EQ(::truncate(file[0].c_str(), 4096), 0);
   try {
     read_back(store, L);
     FAIL() << "expected IOError";
@@ -80,7 +83,7 @@ TEST(GradStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   }
   // A read that failed is read again by the next get() (before, it returned what the failed
   // read had left in the buffer).
-  dstest::write_bytes(store.path(), whole);
+  dstest::write_bytes(file[0], whole);
   EXPECT_TRUE(torch::equal(read_back(store, L), torch::ones({L.partition_numel})));
 }
 
@@ -234,14 +237,16 @@ TEST_F(GradStoreDownloads, ADownloadWhoseAddFailedLeavesNoUnitWaiting) {
     store.end_micro_step();
   };
   add_one_micro_step(false);  // in the file: the next micro-step reads each unit back
-  const auto bytes = fs::file_size(store.path());
-  ASSERT_EQ(::truncate(store.path().c_str(), 0), 0);
+  const auto file = dstest::unlinked_files_in(dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  const auto bytes = fs::file_size(file[0]);
+  ASSERT_EQ(::truncate(file[0].c_str(), 0), 0);
   store.begin_micro_step(true);
   store.accumulate(2, 0, torch::ones({4000}));
   downloads.release(downloads.fences.size() - 1);
   EXPECT_THROW(store.unit_complete(2), deepspeed::IOError);  // its add reads unit 2 back
   // ... the backward threw; the file comes back (its contents lost: zeros) and training goes on.
-  ASSERT_EQ(::truncate(store.path().c_str(), static_cast<off_t>(bytes)), 0);
+  ASSERT_EQ(::truncate(file[0].c_str(), static_cast<off_t>(bytes)), 0);
   add_one_micro_step(true);
   EXPECT_EQ(store.resident_bytes(), 0);
 }

@@ -20,6 +20,7 @@
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/stage3_layouts.h"
+#include "support/swap_files.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::ParamStore;
@@ -207,8 +208,10 @@ TEST(ParamStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   const Stage3Layout L = layout();
   ParamStore store(L, torch::kFloat, zero("nvme", dir.path(), 0), dstest::small_aio());
   store.write_all(torch::ones({L.partition_numel}));
-  const std::string whole = dstest::read_bytes(store.path());
-  ASSERT_EQ(::truncate(store.path().c_str(), 4096), 0);
+  const auto file = dstest::unlinked_files_in(dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  const std::string whole = dstest::read_bytes(file[0]);
+  ASSERT_EQ(::truncate(file[0].c_str(), 4096), 0);
   try {
     store.fetch(2);
     FAIL() << "expected IOError";
@@ -217,7 +220,7 @@ TEST(ParamStoreErrors, FileTruncatedUnderTheJobIsAnIOErrorNamingIt) {
   }
   // The failed read is not remembered as fetched: once the file is whole again, the unit is
   // read again (before, the half-read buffer was handed out as its slice).
-  dstest::write_bytes(store.path(), whole);
+  dstest::write_bytes(file[0], whole);
   EXPECT_TRUE(torch::equal(store.fetch(2), torch::ones({9000})));
 }
 
@@ -233,4 +236,17 @@ TEST(ParamStoreErrors, SliceLargerThanBufferSizeNamesTheKey) {
     EXPECT_NE(std::string(e.what()).find("9000"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// A store whose construction fails once its swap file exists (here: the I/O queue refuses its
+// settings) leaves nothing in the folder: no destructor runs for it, but the file was unlinked
+// when it was created.
+TEST(ParamStoreErrors, AStoreThatFailsToStartLeavesNoFile) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  auto aio = dstest::small_aio();
+  aio.block_size = 1000;  // not a multiple of 4096: the I/O queue refuses it (the config earlier)
+  EXPECT_THROW(ParamStore(layout(), torch::kFloat, zero("nvme", dir.path(), 0), aio),
+               deepspeed::ConfigError);
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "the failed store left its swap file";
+  EXPECT_TRUE(dstest::unlinked_files_in(dir.path()).empty()) << "the file is still open";
 }

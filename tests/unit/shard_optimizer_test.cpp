@@ -1,15 +1,21 @@
 // The shard optimizer's homes (memory, "cpu" offload, NVMe) run through one test body: the same
 // gradients must give bit for bit the same partition, masters and moments whatever the home, in
 // fp32 and bf16; a checkpoint taken from one home loads into another and training continues
-// identically; parameters edited outside the optimizer become the masters.
+// identically; parameters edited outside the optimizer become the masters; a swapped step that
+// fails partway is refused until a load, one that fails before updating anything can be retried.
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <filesystem>
 
 #include <torch/torch.h>
 
+#include "deepspeed/errors.h"
 #include "optim/fused_adam.h"
+#include "support/expect.h"
 #include "support/files.h"
+#include "support/swap_files.h"
 #include "zero/shard_optimizer.h"
 
 namespace fs = std::filesystem;
@@ -156,4 +162,74 @@ TEST(ShardOptimizer, NvmeHomeRefusesAnOptimizerItCannotSwap) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.device"), std::string::npos) << e.what();
   }
+}
+
+// A swapped step that fails once it has updated a sub-group (here: the state file cut short
+// under the job, sub-groups 0 and 1 readable, 2 not) leaves some sub-groups a step on and the rest
+// not: the shard says so, refuses every step until a load of the optimizer states (a retry would
+// step sub-groups 0 and 1 twice), and a load of the weights alone does not repair it. After the
+// load, training goes on exactly as if the failed step had never run.
+TEST(SwappedShard, AStepThatFailsAfterUpdatingASubGroupIsLostUntilALoad) {
+  SwapDir dir;
+  const Trained reference = train(OffloadDevice::kNone, at::kFloat, 2, dir.path);
+  torch::manual_seed(7);
+  at::Tensor values = torch::randn({kNumel});
+  TensorPartition partition(values);
+  auto shard = deepspeed::zero::make_shard_optimizer(home(OffloadDevice::kNvme, dir.path),
+                                                     partition, adamw());
+  shard->step(ShardGrads{gradient(0, at::kFloat)}, partition, 1.0);
+  const auto saved = copies(shard->state_for_save());
+
+  const auto file = dstest::unlinked_files_in(dir.dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  const std::string whole = dstest::read_bytes(file[0]);
+  ASSERT_EQ(::truncate(file[0].c_str(), static_cast<off_t>(whole.size() / 2)), 0);
+  EXPECT_THROW(shard->step(ShardGrads{gradient(1, at::kFloat)}, partition, 0.5),
+               deepspeed::IOError);
+  EXPECT_TRUE(shard->step_lost());
+  dstest::write_bytes(file[0], whole);  // the disk is back: the state is still half stepped
+  const std::string again = dstest::message_of<deepspeed::Error>(
+      [&] { shard->step(ShardGrads{gradient(1, at::kFloat)}, partition, 0.5); });
+  EXPECT_CONTAINS(again, "partly stepped");
+  EXPECT_CONTAINS(again, "load_checkpoint");
+  EXPECT_CONTAINS(again, "offload_optimizer.nvme_path");
+
+  auto load = [&](int64_t adam_step) {
+    auto state = shard->state_for_load(/*create_moments=*/true);
+    for (int i = 0; i < 3; ++i) state[i].copy_(saved[i]);
+    shard->finish_load(adam_step, partition);
+  };
+  load(-1);  // the weights alone
+  EXPECT_TRUE(shard->step_lost()) << "a load without the optimizer states repaired the step";
+  load(1);
+  EXPECT_FALSE(shard->step_lost());
+  shard->step(ShardGrads{gradient(1, at::kFloat)}, partition, 0.5);
+  EXPECT_EQ(shard->adam_step(), 2);
+  expect_same({values.clone(), copies(shard->state_for_save())}, reference);
+}
+
+// A swapped step that fails before it has updated anything (the first read fails) changes
+// nothing, the step count included: once the file is back, the retry is the step.
+TEST(SwappedShard, AStepThatFailsBeforeUpdatingAnythingCanBeRetried) {
+  SwapDir dir;
+  const Trained reference = train(OffloadDevice::kNone, at::kFloat, 1, dir.path);
+  torch::manual_seed(7);
+  at::Tensor values = torch::randn({kNumel});
+  const at::Tensor before = values.clone();
+  TensorPartition partition(values);
+  auto shard = deepspeed::zero::make_shard_optimizer(home(OffloadDevice::kNvme, dir.path),
+                                                     partition, adamw());
+  const auto file = dstest::unlinked_files_in(dir.dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  const std::string whole = dstest::read_bytes(file[0]);
+  ASSERT_EQ(::truncate(file[0].c_str(), 0), 0);
+  EXPECT_THROW(shard->step(ShardGrads{gradient(0, at::kFloat)}, partition, 1.0),
+               deepspeed::IOError);
+  EXPECT_FALSE(shard->step_lost());
+  EXPECT_EQ(shard->adam_step(), 0);
+  EXPECT_TRUE(torch::equal(values, before));
+  dstest::write_bytes(file[0], whole);
+  shard->step(ShardGrads{gradient(0, at::kFloat)}, partition, 1.0);
+  EXPECT_EQ(shard->adam_step(), 1);
+  expect_same({values.clone(), copies(shard->state_for_save())}, reference);
 }

@@ -13,7 +13,9 @@
 
 #include "deepspeed/errors.h"
 #include "offload/swapped_adam.h"
+#include "support/expect.h"
 #include "support/files.h"
+#include "support/swap_files.h"
 
 namespace fs = std::filesystem;
 using deepspeed::offload::SwapOptions;
@@ -107,14 +109,43 @@ TEST(SwappedAdam, StateRoundTripsThroughWriteAndRead) {
   EXPECT_TRUE(torch::equal(s[0], a) && torch::equal(s[1], b) && torch::equal(s[2], c));
 }
 
-TEST(SwappedAdam, FilesAreRemovedWithTheOptimizer) {
+// The swap file is unlinked as soon as it is created: the folder holds nothing to clean up after
+// a crash or a kill, while the open file holds the whole state until the optimizer goes.
+TEST(SwappedAdam, TheSwapFileHasNoNameInTheFolder) {
   dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   {
     SwappedAdam swapped(torch::ones({100}), options(dir.path(), 64, 2));
-    EXPECT_TRUE(fs::exists(swapped.path()));
-    EXPECT_GE(static_cast<int64_t>(fs::file_size(swapped.path())), swapped.file_bytes());
+    EXPECT_TRUE(fs::is_empty(dir.path()));
+    EXPECT_FALSE(fs::exists(swapped.path()));
+    const auto open = dstest::unlinked_files_in(dir.path());
+    ASSERT_EQ(open.size(), 1u);
+    EXPECT_GE(static_cast<int64_t>(fs::file_size(open[0])), swapped.file_bytes());
+    EXPECT_CONTAINS(swapped.path(), dir.path() + "/optimizer_swap.");  // for messages
   }
-  EXPECT_TRUE(fs::is_empty(dir.path()));
+  EXPECT_TRUE(dstest::unlinked_files_in(dir.path()).empty()) << "the file is still open";
+}
+
+// A name already in the folder (another job's file: a pid is reused across machines and time)
+// is skipped, never truncated or written.
+TEST(SwappedAdam, AnotherFileWithItsNameIsLeftAlone) {
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
+  const std::string theirs = "another job's state";
+  // The names this process would take next (its counter starts at 0, and this test binary
+  // creates far fewer than 200 swap files).
+  for (int n = 0; n < 200; ++n)
+    dstest::write_bytes(dir / ("optimizer_swap." + std::to_string(::getpid()) + "." +
+                               std::to_string(n) + ".bin"),
+                        theirs);
+  {
+    SwappedAdam swapped(torch::ones({100}), options(dir.path(), 64, 2));
+    EXPECT_EQ(dstest::unlinked_files_in(dir.path()).size(), 1u);
+  }
+  size_t files = 0;
+  for (const auto& f : fs::directory_iterator(dir.path())) {
+    EXPECT_EQ(dstest::read_bytes(f.path()), theirs) << f.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 200u);
 }
 
 TEST(SwappedAdamErrors, MissingNvmePathIsNamed) {
@@ -131,7 +162,9 @@ TEST(SwappedAdamErrors, FileTruncatedUnderTheJobStopsTheStepNamingTheFile) {
   dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   const int64_t n = 20000;
   SwappedAdam swapped(torch::ones({n}), options(dir.path(), 4096, 3));
-  ASSERT_EQ(::truncate(swapped.path().c_str(), swapped.file_bytes() / 2), 0);
+  const auto file = dstest::unlinked_files_in(dir.path());
+  ASSERT_EQ(file.size(), 1u);
+  ASSERT_EQ(::truncate(file[0].c_str(), swapped.file_bytes() / 2), 0);
   at::Tensor out = torch::zeros({n});
   try {
     swapped.step(torch::ones({n}), out, hyper(1));
@@ -163,6 +196,9 @@ TEST(SwappedAdamErrors, WriteFailureIsAnIOErrorNamingTheFile) {
   std::signal(SIGXFSZ, previous);
   ASSERT_FALSE(what.empty()) << "a write past the size limit did not fail";
   EXPECT_NE(what.find(dir.path()), std::string::npos) << what;
+  // The constructor threw: no destructor ran, and the partly written file went all the same.
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "the failed optimizer left its swap file";
+  EXPECT_TRUE(dstest::unlinked_files_in(dir.path()).empty()) << "the file is still open";
 }
 
 TEST(SwappedAdamErrors, BadSettingsNameTheKey) {

@@ -37,10 +37,37 @@ NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, c
   return out;
 }
 
+namespace {
+
+// Every model-states file's "shared_params" ({alias: first name}; a pipeline has one file per
+// stage), merged. A checkpoint saved before they were recorded has none.
+std::map<std::string, std::string> shared_params(TagReader& reader) {
+  std::map<std::string, std::string> out;
+  const std::string tail = "_model_states.safetensors";
+  for (const auto& [file, entry] : reader.manifest().files) {
+    if (file.rfind("mp_rank_", 0) != 0 || file.size() < tail.size() ||
+        file.compare(file.size() - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const auto meta = reader.file_metadata(file);
+    const auto shared = meta.value("shared_params", nlohmann::json::object());
+    for (auto it = shared.begin(); it != shared.end(); ++it)
+      out[it.key()] = it.value().get<std::string>();
+  }
+  return out;
+}
+
+}  // namespace
+
 NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
   auto trainable = consolidate_trainable(fs, tag_dir, "fp32");
   std::map<std::string, at::Tensor> fp32(trainable.begin(), trainable.end());
   TagReader reader(fs, tag_dir);
+  // A tied parameter's master is saved once, under its first name: its other names take it too
+  // (as zero_to_fp32 copies shared_params), not their rounded 16-bit copy in the module file.
+  for (const auto& [alias, owner] : shared_params(reader)) {
+    auto it = fp32.find(owner);
+    if (it != fp32.end()) fp32.emplace(alias, it->second);
+  }
   NamedTensors out;
   for (const auto& mf : reader.module_files())
     for (const auto& e : reader.file(mf.file).entries) {

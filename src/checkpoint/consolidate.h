@@ -19,9 +19,10 @@ std::string resolve_tag_dir(FileSystem& fs, const std::string& path, const std::
 // in registration order. Every file read is verified against the manifest first.
 NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, const std::string& kind);
 
-// The full module state in fp32: trainable parameters from the fp32 masters, frozen parameters
-// and buffers from the model-states file (floating ones converted to fp32, others unchanged), in
-// the module's order (parameters, then buffers).
+// The full module state in fp32: trainable parameters from the fp32 masters (every name of a
+// tied one, the model-states file's "shared_params", from its one master), frozen parameters and
+// buffers from the model-states file (floating ones converted to fp32, others unchanged), in the
+// module's order (parameters, then buffers).
 NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir);
 
 }  // namespace checkpoint

@@ -49,6 +49,12 @@ struct Plan {
   optim::ExtraState extra_state;  // the optimizer's own (extra_state.h); handed back last
   bool load_extra_state = false;
   bool fragments = false;  // masters came from fragments: finish_load must run
+  // Trainable parameters the checkpoint holds no optimizer state for (frozen when saved, or new),
+  // accepted under load_optimizer_states=false or load_module_strict=false: their fragments are
+  // not read; their masters are taken from the module's weights once it is loaded (its saved
+  // 16-bit value, or its current one when the checkpoint lacks it), as DeepSpeed rebuilds every
+  // master under load_optimizer_states=false.
+  std::set<std::string> masters_from_module;
 };
 
 // Name -> whole shape of every parameter and buffer of the module.
@@ -105,21 +111,33 @@ void plan_module(TagReader& reader, const EngineState& s, bool strict, Plan& pla
                               "ignore)");
 }
 
-void check_trainable(const TagReader& reader, const EngineState& s,
-                     const std::vector<std::string>& names) {
+// Every trainable parameter the checkpoint holds state for must have its element count. One it
+// holds none for is refused, unless `allow_missing`: then it is returned, for its master to be
+// taken from the module (Plan::masters_from_module).
+std::set<std::string> check_trainable(const TagReader& reader, const EngineState& s,
+                                      const std::vector<std::string>& names, bool allow_missing) {
   std::map<std::string, const TrainableInfo*> saved;
   for (const auto& t : reader.trainable()) saved[t.name] = &t;
+  std::set<std::string> missing;
   for (size_t k = 0; k < names.size(); ++k) {
     auto it = saved.find(names[k]);
+    if (it == saved.end() && allow_missing) {
+      missing.insert(names[k]);
+      continue;
+    }
     if (it == saved.end())
       throw CheckpointError("checkpoint '" + reader.dir() + "' has no optimizer state for trainable "
-                            "parameter \"" + names[k] + "\" (was it frozen when saved?)");
+                            "parameter \"" + names[k] + "\" (was it frozen when saved, or is it "
+                            "new?); pass load_optimizer_states=false to take its fp32 master from "
+                            "the loaded weights (load_module_strict=false too if the checkpoint "
+                            "lacks its weights)");
     if (it->second->numel != whole_numel(s, s.trainable[k]))
       throw CheckpointError("checkpoint '" + reader.dir() + "': parameter \"" + names[k] +
                             "\" has " + std::to_string(it->second->numel) +
                             " elements, the module's has " +
                             std::to_string(whole_numel(s, s.trainable[k])));
   }
+  return missing;
 }
 
 // A libtorch optimizer's own archive holds whole per-rank state: usable where the saved and the
@@ -163,8 +181,9 @@ void plan_fragments(TagReader& reader, EngineState& s, const std::vector<std::st
   plan.state_kinds = moments ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
                              : std::vector<std::string>{"fp32"};
   for (const auto& f : plan.state->fragments())
-    for (const auto& kind : plan.state_kinds)
-      reader.check_range(kind, names.at(f.param), f.offset, f.numel);
+    if (!plan.masters_from_module.count(names.at(f.param)))
+      for (const auto& kind : plan.state_kinds)
+        reader.check_range(kind, names.at(f.param), f.offset, f.numel);
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -191,6 +210,11 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state but "
                           "this engine runs Adam; pass load_optimizer_states=false to load the "
                           "weights alone");
+  if (!plan.masters_from_module.empty())
+    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state, "
+                          "which does not cover trainable parameter \"" +
+                          *plan.masters_from_module.begin() +
+                          "\"; pass load_optimizer_states=false to load the weights alone");
   plan_fragments(reader, s, names, false, plan);
   plan_torch_archive(reader, s, plan);
 }
@@ -272,12 +296,14 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   plan_module(reader, s, o.load_module_strict, plan);
   if (o.load_module_only) return plan;
   plan.engine = parse_engine_state(reader, plan.model_meta, s);
-  const auto names = trainable_names(*s.module);
-  check_trainable(reader, s, names);
+  const auto& names = s.trainable_names;
+  plan.masters_from_module =
+      check_trainable(reader, s, names, !o.load_optimizer_states || !o.load_module_strict);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
   // An optimizer's extra state (optim/extra_state.h) is per rank's parameters: not carried
-  // across tensor sizes.
-  if (o.load_optimizer_states && s.optimizer && reader.tensor_parallel_size() == tensor_size(s)) {
+  // across tensor sizes, nor to a model that trains parameters the checkpoint did not.
+  if (o.load_optimizer_states && s.optimizer && reader.tensor_parallel_size() == tensor_size(s) &&
+      plan.masters_from_module.empty()) {
     plan.load_extra_state = true;
     plan.extra_state = read_extra_state(reader, s);
   }
@@ -342,6 +368,7 @@ void apply_fragments(TagReader& reader, const std::vector<std::string>& names, P
   for (size_t i = 0; i < state.fragments().size(); ++i) {
     const auto& f = state.fragments()[i];
     const std::string& name = names.at(f.param);
+    if (plan.masters_from_module.count(name)) continue;  // refreshed from the module (apply_rest)
     for (auto [offset, numel] : state.pieces(i)) {
       const auto views = state.piece(i, offset, numel);
       for (size_t k = 0; k < plan.state_kinds.size(); ++k) {
@@ -359,7 +386,11 @@ void apply_fragments(TagReader& reader, const std::vector<std::string>& names, P
 // fp32 masters come from the optimizer files, not from the rounded 16-bit module copy.
 void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions& o) {
   torch::NoGradGuard no_grad;
-  if (plan.state) apply_fragments(reader, trainable_names(*s.module), plan);
+  // Every master from the module first, then the saved ones over it: what stays is the module's
+  // for the parameters the checkpoint holds no state for. (A window the fragments touch is read
+  // whole before it is written: zero/shard_optimizer.h.)
+  if (plan.state && !plan.masters_from_module.empty()) s.stage->refresh_masters_from_model();
+  if (plan.state) apply_fragments(reader, s.trainable_names, plan);
   if (!plan.optimizer_archive.empty()) {
     torch::serialize::InputArchive archive;
     // Onto the device of the optimizer's parameters (a GPU's state saved for a CPU run, rank 0's

@@ -97,6 +97,7 @@ nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& clien
       {"data_sampler", loader_state(s)},
       {"client_state", client_state},
       {"buffer_names", nlohmann::json::array()},
+      {"shared_params", shared_params_json(s)},
       {"dp_world_size", s.comm->world_size()},
       {"mp_world_size", (s.pipeline_files ? s.pipeline_files->stages : 1) * tensor_size(s)},
       {"zero_stage", s.config.zero_optimization.stage},
@@ -200,43 +201,55 @@ nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const
           {"partition_alignment", partition::kAlignment}};
 }
 
+void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
+                        const SafetensorsMetadata& metadata, bool writer, bool frozen_parameters) {
+  std::vector<SafetensorsEntry> entries;
+  std::vector<bool> kept;  // per named_parameters() entry, the order of the walk
+  for (auto& item : s.module->named_parameters()) {
+    kept.push_back(frozen_parameters || item.value().requires_grad());
+    if (kept.back())
+      entries.push_back(
+          {item.key(), item.value().scalar_type(), s.stage->whole_shape(item.value())});
+  }
+  std::vector<at::Tensor> buffers;
+  for (auto& item : s.module->named_buffers()) {
+    entries.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
+    buffers.push_back(item.value().detach());
+  }
+  auto walk = [&](SafetensorsWriter* w) {
+    size_t i = 0;
+    for_each_whole_parameter(s, std::nullopt, [&](const std::string&, const at::Tensor& p, bool) {
+      if (w && kept[i]) w->append(p.to(at::kCPU).contiguous());
+      ++i;
+    });
+  };
+  if (!writer) return walk(nullptr);
+  bool walked = false;
+  try {
+    write_safetensors_streamed(fs, path, entries, metadata, [&](SafetensorsWriter& w) {
+      walked = true;
+      walk(&w);
+      for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
+    });
+  } catch (...) {
+    if (!walked) walk(nullptr);  // the file could not be created: still match the others' gathers
+    throw;
+  }
+}
+
 namespace {
 
 // The module file: parameters (whole: stage 3 gathers one unit at a time) and buffers. Rank 0
 // writes; every rank walks the parameters, as the gathers are collective.
 void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
                       const nlohmann::json& client_state) {
-  const bool rank0 = s.comm->rank() == 0;
-  std::vector<SafetensorsEntry> entries;
-  std::vector<at::Tensor> buffers;
-  nlohmann::json buffer_names = nlohmann::json::array();
-  for (auto& item : s.module->named_parameters())
-    entries.push_back({item.key(), item.value().scalar_type(), s.stage->whole_shape(item.value())});
-  for (auto& item : s.module->named_buffers()) {
-    entries.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
-    buffers.push_back(item.value().detach());
-    buffer_names.push_back(item.key());
-  }
   nlohmann::json meta = engine_metadata(s, client_state);
+  nlohmann::json buffer_names = nlohmann::json::array();
+  for (auto& item : s.module->named_buffers()) buffer_names.push_back(item.key());
   meta["buffer_names"] = buffer_names;
-  auto walk = [&](SafetensorsWriter* w) {
-    for_each_whole_parameter(s, std::nullopt, [&](const std::string&, const at::Tensor& p, bool) {
-      if (w) w->append(p.to(at::kCPU).contiguous());
-    });
-  };
-  if (!rank0) return walk(nullptr);
-  bool walked = false;
-  try {
-    write_safetensors_streamed(fs, join_path(dir, model_states_file_name(tensor_rank(s))), entries,
-                               {{kMetadataKey, meta.dump()}}, [&](SafetensorsWriter& w) {
-                                 walked = true;
-                                 walk(&w);
-                                 for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
-                               });
-  } catch (...) {
-    if (!walked) walk(nullptr);  // the file could not be created: still match the others' gathers
-    throw;
-  }
+  write_whole_module(s, fs, join_path(dir, model_states_file_name(tensor_rank(s))),
+                     {{kMetadataKey, meta.dump()}}, s.comm->rank() == 0,
+                     /*frozen_parameters=*/true);
 }
 
 // Every file of a plain (or tensor-parallel) save: the model files, then the optim files in
@@ -326,7 +339,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   validate_tag(s, job, tag);
   const std::string dir = join_path(save_dir, tag);
   const bool rank0 = job.rank() == 0;
-  const auto names = trainable_names(*s.module);
+  const auto& names = s.trainable_names;
   const std::string format = optimizer_format(s);
   const auto* pipeline = s.pipeline_files.get();
   const std::string optim_file =

@@ -50,11 +50,10 @@ std::string precision_name(const Config& config) {
   return "fp32";
 }
 
-std::vector<std::string> trainable_names(torch::nn::Module& module) {
-  std::vector<std::string> names;
-  for (auto& item : module.named_parameters())
-    if (item.value().requires_grad()) names.push_back(item.key());
-  return names;
+nlohmann::json shared_params_json(const EngineState& s) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [alias, owner] : s.shared_params) out[alias] = owner;
+  return out;
 }
 
 void run_agreed(comm::Communicator& comm, const std::string& what, const std::function<void()>& body) {

@@ -53,13 +53,27 @@ void for_each_whole_parameter(
     EngineState& s, std::optional<int> modifier_rank,
     const std::function<void(const std::string&, const at::Tensor&, bool grouped)>& visit);
 
+// `path` (written atomically by `writer`): the module's parameters whole, in named_parameters()
+// order (frozen ones only with `frozen_parameters`; a tied one under each of its names), then
+// its buffers, each in its own dtype, with `metadata`. Every rank walks the parameters (the
+// stage-3 gathers are collective), also when the writer cannot create the file. COLLECTIVE.
+void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
+                        const SafetensorsMetadata& metadata, bool writer, bool frozen_parameters);
+
+// DeepSpeed's save_16bit_model (Engine::save_16bit_model). Returns false, writing nothing, at
+// stage 3 without stage3_gather_16bit_weights_on_model_save. COLLECTIVE.
+bool save_16bit_model(EngineState& s, FileSystem& fs, const std::string& save_dir,
+                      const std::string& save_filename, bool exclude_frozen_parameters);
+
 // A trainable parameter's element count when whole (stage 3 keeps released ones empty).
 int64_t whole_numel(const EngineState& s, const at::Tensor& param);
 
 // Shared by save and load.
 std::string precision_name(const Config& config);
-// Trainable parameter names in registration order (the order of EngineState::trainable).
-std::vector<std::string> trainable_names(torch::nn::Module& module);
+// Trainable parameters go by EngineState::trainable_names (a tied one once, under its first
+// name); its other names are EngineState::shared_params, saved as the model-states file's
+// "shared_params" ({alias: first name}, as DeepSpeed's) for consolidation to fill them from.
+nlohmann::json shared_params_json(const EngineState& s);
 // Runs `body` on every rank, then agrees: if any rank threw a deepspeed::Error, c10::Error or JSON
 // error, every rank throws CheckpointError (the failing rank its own message) so no rank is left
 // waiting in a later collective. `what` names the phase. COLLECTIVE.

@@ -33,7 +33,14 @@ struct EngineState {
   // here; a CUDA engine gives its device.
   c10::Device device = c10::kCPU;
   std::shared_ptr<torch::nn::Module> module;
-  std::vector<at::Tensor> trainable;  // parameters with requires_grad, in registration order
+  // Parameters with requires_grad, in registration order, each once: a tied parameter (embedding
+  // = head) under the first name named_parameters() gives it. trainable_names[k] names
+  // trainable[k] (the checkpoint's fragments and masters go by these names).
+  std::vector<at::Tensor> trainable;
+  std::vector<std::string> trainable_names;
+  // Every later name of a parameter registered under several (alias -> first name, trainable or
+  // frozen): DeepSpeed's shared_params, saved in the model-states file's metadata.
+  std::vector<std::pair<std::string, std::string>> shared_params;
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::shared_ptr<LRScheduler> scheduler;
   std::unique_ptr<zero::ZeroStage> stage;

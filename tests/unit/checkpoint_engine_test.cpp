@@ -117,12 +117,72 @@ TEST(CheckpointLayout, FrozenParametersRoundTrip) {
   auto fresh = make_single_engine(config(2), kSmall, 8, frozen);
   fresh.engine->load_checkpoint(dir.path());
   EXPECT_TRUE(bit_identical(fresh.weights(), e.weights()));
-  // Loading into a model where it is trainable: no optimizer state for it, refused by name.
+  // Loading into a model where it is trainable: no optimizer state for it, refused by name,
+  // saying how to load it.
   auto unfrozen = make_single_engine(config(2), kSmall, 8);
   auto msg = message_of([&] { unfrozen.engine->load_checkpoint(dir.path()); });
-  EXPECT_NE(msg.find("wpe.weight"), std::string::npos) << msg;
+  EXPECT_CONTAINS(msg, "wpe.weight");
+  EXPECT_CONTAINS(msg, "load_optimizer_states=false");
   EXPECT_NO_THROW(unfrozen.engine->load_checkpoint(dir.path(), "", true, true, true, /*load_module_only=*/true));
   EXPECT_TRUE(bit_identical(unfrozen.weights(), e.weights()));
+  // Without the optimizer states its master is taken from the loaded weights (DeepSpeed rebuilds
+  // every master so), and the others' from the checkpoint.
+  auto rebuilt = make_single_engine(config(2), kSmall, 8);
+  EXPECT_NO_THROW(
+      rebuilt.engine->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
+  EXPECT_TRUE(bit_identical(rebuilt.weights(), e.weights()));
+}
+
+// The same in bf16, where the masters are not the module's weights: a master left as it was
+// (the fresh model's) would replace the loaded weight when the load ends. With
+// load_module_strict=false the optimizer states of the others load too.
+TEST(CheckpointLayout, UnfrozenParameterTakesItsMasterFromTheLoadedWeights) {
+  dstest::TempDir dir;
+  auto cfg = config(2);
+  cfg["bf16"] = {{"enabled", true}};
+  auto e = make_single_engine(cfg, kSmall, 7, {"wpe.weight"});
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+  for (bool strict : {true, false}) {
+    SCOPED_TRACE(strict ? "load_optimizer_states=false" : "load_module_strict=false");
+    auto unfrozen = make_single_engine(cfg, kSmall, 8);
+    EXPECT_NO_THROW(unfrozen.engine->load_checkpoint(dir.path(), "", strict,
+                                                     /*load_optimizer_states=*/!strict));
+    EXPECT_TRUE(bit_identical(unfrozen.weights(), e.weights()));
+    EXPECT_EQ(unfrozen.engine->global_steps(), 2);
+    unfrozen.train(1);  // the masters of every parameter are there to step
+  }
+}
+
+// A trainable parameter the checkpoint lacks entirely (a new head): strict refuses it by name;
+// load_module_strict=false keeps its value and loads the rest, optimizer states included.
+TEST(CheckpointLayout, ExtraTrainableParameterLoadsWhenNotStrict) {
+  dstest::TempDir dir;
+  auto cfg = config(2);
+  cfg["bf16"] = {{"enabled", true}};
+  auto e = make_single_engine(cfg, kSmall, 7);
+  e.train(2);
+  e.engine->save_checkpoint(dir.path());
+
+  at::set_num_threads(1);
+  torch::manual_seed(8);
+  auto model = std::make_shared<gpt::GPTImpl>(kSmall);
+  model->register_parameter("extra", torch::full({5}, 0.25));
+  auto fresh = deepspeed::initialize<gpt::GPTImpl>(
+                   {.model = model, .config_json = cfg,
+                    .comm = deepspeed::comm::make_single_process_communicator()})
+                   .engine;
+  auto msg = message_of([&] { fresh->load_checkpoint(dir.path()); });
+  EXPECT_CONTAINS(msg, "\"extra\"");
+  EXPECT_CONTAINS(msg, "load_module_strict=false");
+  EXPECT_NO_THROW(fresh->load_checkpoint(dir.path(), "", /*load_module_strict=*/false));
+  EXPECT_EQ(fresh->global_steps(), 2);
+  std::vector<torch::Tensor> loaded;
+  for (auto& item : model->named_parameters())
+    if (item.key() != "extra") loaded.push_back(item.value().detach().clone());
+  EXPECT_TRUE(bit_identical(loaded, e.weights()));
+  EXPECT_TRUE(torch::equal(model->named_parameters()["extra"].to(torch::kFloat),
+                           torch::full({5}, 0.25)));
 }
 
 // The CPU generator continues from where it was at the save (dropout masks, sampling...).

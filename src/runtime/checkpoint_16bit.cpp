@@ -1,0 +1,85 @@
+// save_16bit_model: the module's weights alone, whole, in one safetensors file (DeepSpeed's
+// engine.save_16bit_model writes a torch.save pickle, pytorch_model.bin by default; a pickle is
+// not written here, so the default name is model.safetensors, which transformers also reads).
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "deepspeed/errors.h"
+#include "runtime/engine_checkpoint.h"
+
+namespace deepspeed {
+
+bool Engine::save_16bit_model(const std::string& save_dir, const std::string& save_filename,
+                              bool exclude_frozen_parameters) {
+  return in_call("save_16bit_model", [&] {
+    return checkpoint::save_16bit_model(*state_, checkpoint::posix_file_system(), save_dir,
+                                        save_filename, exclude_frozen_parameters);
+  });
+}
+
+namespace checkpoint {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// A safetensors file under a pickle's name would be opened with torch.load and fail there, far
+// from the cause: refused here, naming the value.
+void check_filename(const std::string& name) {
+  if (name.empty() || ends_with(name, "/"))
+    throw CheckpointError("save_16bit_model: save_filename \"" + name + "\" names no file");
+  for (const char* pickle : {".bin", ".pt", ".pth"})
+    if (ends_with(name, pickle))
+      throw CheckpointError("save_16bit_model: save_filename \"" + name +
+                            "\": the file is safetensors, not a torch.save pickle; name it "
+                            "*.safetensors (the default is model.safetensors)");
+}
+
+}  // namespace
+
+bool save_16bit_model(EngineState& s, FileSystem& fs, const std::string& save_dir,
+                      const std::string& save_filename, bool exclude_frozen_parameters) {
+  comm::Communicator& job = job_comm(s);
+  const std::string path = join_path(save_dir, save_filename);
+  // Every rank decides alike from the config, before any collective.
+  if (s.config.zero_optimization.stage == 3 &&
+      !s.config.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+    // DeepSpeed: "the model will be bogus if not consolidated so don't confuse the user by
+    // saving it".
+    if (job.rank() == 0)
+      std::fprintf(stderr,
+                   "[deepspeed] WARNING: save_16bit_model: did not save '%s': ZeRO stage 3 needs "
+                   "zero_optimization.stage3_gather_16bit_weights_on_model_save true to gather the "
+                   "weights (else save_checkpoint and consolidate with ds_to_fp32)\n",
+                   path.c_str());
+    return false;
+  }
+  const bool rank0 = job.rank() == 0;
+  const std::string what = "save_16bit_model '" + path + "'";
+  // The checks and the folder first, agreed: the write below has every rank walk the
+  // parameters (stage 3 gathers), so none may leave before it.
+  run_agreed(job, what, [&] {
+    check_filename(save_filename);
+    // Each rank of these holds part of the model: no one file of one rank is the model.
+    if (s.pipeline_files)
+      throw CheckpointError("save_16bit_model: not offered for a pipeline engine (each stage holds "
+                            "its own layers; DeepSpeed's refuses too): save_checkpoint, then "
+                            "consolidate with ds_to_fp32");
+    if (tensor_size(s) > 1)
+      throw CheckpointError("save_16bit_model: not offered with tensor parallelism (rank 0 holds "
+                            "its slices only; DeepSpeed writes them as if whole): save_checkpoint, "
+                            "then consolidate with ds_to_fp32");
+    refuse_during_half_done_step(s, "save_16bit_model");
+    if (rank0) fs.make_dirs(parent_dir(path));
+  });
+  run_agreed(job, what, [&] {
+    // transformers reads a safetensors file whose metadata says "format": "pt".
+    write_whole_module(s, fs, path, {{"format", "pt"}}, rank0, !exclude_frozen_parameters);
+  });
+  return true;
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

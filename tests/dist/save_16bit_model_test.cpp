@@ -1,0 +1,113 @@
+// Engine::save_16bit_model (DeepSpeed's engine.save_16bit_model): every rank calls it, rank 0
+// writes one safetensors file of the whole module in its training dtype. At stage 3 the weights
+// are gathered one unit at a time into the file, and only when
+// stage3_gather_16bit_weights_on_model_save is true (else false, nothing written).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "checkpoint/safetensors.h"
+#include "deepspeed/errors.h"
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace ckpt = deepspeed::checkpoint;
+
+namespace {
+
+const gpt::GPTConfig kModel{256, 16, 2, 2, 32};
+
+nlohmann::json bf16_config(int stage, bool gather_on_save) {
+  auto c = dstest::base_config(2, 1, stage);
+  c["bf16"] = {{"enabled", true}};
+  c["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = gather_on_save;
+  if (stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  return c;
+}
+
+// Trains `world` ranks 2 steps (the parameters named in `frozen` frozen), then on every rank:
+// `body(engine)`.
+void after_training(int world, const nlohmann::json& config,
+                    const std::function<void(deepspeed::Engine&)>& body,
+                    const std::vector<std::string>& frozen = {}) {
+  at::set_num_threads(1);
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(7 + r);
+    models.push_back(std::make_shared<gpt::GPTImpl>(kModel));
+    for (auto& name : frozen) models.back()->named_parameters()[name].set_requires_grad(false);
+  }
+  auto data = dstest::test_text_dataset(kModel.block_size);
+  run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto r = deepspeed::initialize<gpt::GPTImpl>({.model = models[comm->rank()],
+                                                  .config_json = config,
+                                                  .training_data = data,
+                                                  .comm = comm});
+    while (r.engine->global_steps() < 2) {
+      auto batch = r.training_dataloader->next();
+      r.engine->backward(r.engine->forward(batch.data, batch.target));
+      r.engine->step();
+    }
+    body(*r.engine);
+  });
+}
+
+}  // namespace
+
+TEST(Save16bitModel, WritesTheWholeModuleAtStagesTwoAndThree) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir;
+    ckpt::NamedTensors expected;
+    std::mutex mu;
+    after_training(2, bf16_config(stage, true), [&](deepspeed::Engine& engine) {
+      EXPECT_TRUE(engine.save_16bit_model(dir / "out"));
+      auto whole = engine.consolidated_state_dict();  // rank 0's, gathered
+      std::lock_guard<std::mutex> lock(mu);
+      if (!whole.empty()) expected = whole;
+    });
+    auto file = ckpt::read_safetensors(dir / "out/model.safetensors");
+    ASSERT_EQ(file.tensors.size(), expected.size());
+    ASSERT_FALSE(expected.empty());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(file.tensors[i].first, expected[i].first);
+      EXPECT_EQ(file.tensors[i].second.scalar_type(), expected[i].second.scalar_type());
+      EXPECT_TRUE(torch::equal(file.tensors[i].second, expected[i].second)) << expected[i].first;
+    }
+    EXPECT_EQ(file.tensors.front().second.scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(file.metadata.at("format"), "pt");
+  }
+}
+
+TEST(Save16bitModel, StageThreeWithoutGatherOnSaveWritesNothing) {
+  dstest::TempDir dir;
+  after_training(2, bf16_config(3, false), [&](deepspeed::Engine& engine) {
+    EXPECT_FALSE(engine.save_16bit_model(dir / "out"));
+  });
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+}
+
+TEST(Save16bitModel, ExcludesFrozenParametersAndRefusesAPickleName) {
+  dstest::TempDir dir;
+  after_training(
+      1, bf16_config(2, false),
+      [&](deepspeed::Engine& engine) {
+        EXPECT_TRUE(engine.save_16bit_model(dir.path(), "weights.safetensors",
+                                            /*exclude_frozen_parameters=*/true));
+        auto msg = dstest::message_of<deepspeed::CheckpointError>(
+            [&] { engine.save_16bit_model(dir.path(), "pytorch_model.bin"); });
+        EXPECT_CONTAINS(msg, "pytorch_model.bin");
+      },
+      {"wpe.weight"});
+  auto file = ckpt::read_safetensors(dir / "weights.safetensors");
+  bool wte = false;
+  for (auto& [name, t] : file.tensors) {
+    EXPECT_NE(name, "wpe.weight");
+    wte = wte || name == "wte.weight";
+  }
+  EXPECT_TRUE(wte);
+  EXPECT_FALSE(std::filesystem::exists(dir / "pytorch_model.bin"));
+}

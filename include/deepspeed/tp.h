@@ -171,9 +171,12 @@ TORCH_MODULE(VocabParallelEmbedding);
 // vocab_range of the whole [tokens, V]; `targets` [tokens] are whole-vocabulary ids. Returns the
 // [tokens] losses (the same on every rank of the group), differentiable in `logits`. Computed in
 // fp32 whatever the logits' dtype. COLLECTIVE over the group (two all-reduces forward, none
-// backward).
+// backward). A token whose target is `ignore_index` has loss 0 and gradient 0 (F::cross_entropy
+// with reduction none; a caller's mean over the kept tokens is F::cross_entropy's mean). Throws
+// Error naming the value for any other target outside [0, V), on every rank of the group.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
-                                        const comm::CommunicatorPtr& group);
+                                        const comm::CommunicatorPtr& group,
+                                        int64_t ignore_index = -100);
 
 }  // namespace tp
 }  // namespace deepspeed

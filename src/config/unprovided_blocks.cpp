@@ -146,11 +146,24 @@ void check_tensor_parallel(ObjectReader& top) {
   tp.accept({"mpu", "tp_group"});
   tp.finish(UnknownKeys::kError);
   r.finish(UnknownKeys::kError);
-  if (autotp_size > 1 || tp_size > 1) {
-    top.warnings().add(
-        "config block 'tensor_parallel' asks for tensor parallelism, which is not "
-        "provided: every rank holds the whole model (data parallelism only); the "
-        "training math is the same");
+  // DeepSpeed's autotp_size N makes groups of N ranks that read the same samples (the global
+  // batch has world / N sequences); read as data parallelism, every rank would read its own and
+  // the batch, the loss curve and the learning-rate schedule's meaning would all change.
+  if (autotp_size > 1)
+    throw ConfigError("config key '" + r.path_of("autotp_size") + "' = " +
+                      std::to_string(autotp_size) +
+                      ": training AutoTP (splitting an unmodified model from the config) is not "
+                      "provided. Build the model from deepspeed::tp's split layers over a "
+                      "comm::Topology's tensor_parallel() group and pass that topology as "
+                      "InitializeArgs.topology (gpt_train: --tensor_parallel N); see "
+                      "docs/tensor_parallel.md. Remove the key");
+  // tp is DeepSpeed's TPConfig (the inference config's tensor_parallel block, reused here):
+  // training here does not read it, so it changes nothing; said in case one meant autotp_size.
+  if (tp_size > 1) {
+    top.warnings().add("config key '" + tp.path_of("tp_size") + "' = " + std::to_string(tp_size) +
+                       " is not read by training (every rank holds the whole model as given; "
+                       "tensor parallelism goes through InitializeArgs.topology, and "
+                       "init_inference takes its own tp_size)");
   }
 }
 

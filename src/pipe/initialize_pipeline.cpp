@@ -170,6 +170,8 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   rt->link = std::make_unique<StageLink>(rt->pipe, rt->stage, args.dynamic_shape);
 
   build_stage_layers(*rt, config, world->rank() == 0);
+  tp::check_split_layers(*rt->module, args.topology.get(),
+                         "initialize_pipeline(): PipelineInitializeArgs.topology");
 
   // Tied groups: one split of the world per key, in key order on every rank.
   TiedLayers tied = tie_layers(model, rt->partition, *rt->module, *rt->topology,

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include <functional>
-#include <unordered_set>
+#include <unordered_map>
 
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/device.h"
@@ -262,6 +262,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   comm::CommunicatorPtr world = in.topology ? in.topology->world() : choose_communicator(in.comm);
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
   s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size());
+  // (A pipeline stage is checked by initialize_pipeline, which passes its topology apart.)
+  if (!in.pipeline_stage) tp::check_initialize_args(*in.module, in.topology.get(), s->config);
   // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
   // here initialize() does it, so the config block alone takes effect. A tensor-parallel
   // topology is the model-parallel group partition_activations splits checkpoints over (set
@@ -303,10 +305,18 @@ EngineStatePtr build_engine_state(BuildInput in) {
     // the 32-bit copy never lands on the GPU).
     if (s->device != c10::Device(c10::kCPU)) s->module->to(s->device);
   });
-  // A tied parameter (embedding = head) appears once per name: train it once.
-  std::unordered_set<const void*> seen;
-  for (auto& p : s->module->parameters())
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) s->trainable.push_back(p);
+  // A tied parameter (embedding = head) appears once per name (libtorch does not deduplicate):
+  // train it once, under its first name; the later names are its aliases.
+  std::unordered_map<const void*, std::string> first_name;
+  for (auto& item : s->module->named_parameters()) {
+    const auto [it, first] = first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
+    if (!first) {
+      s->shared_params.emplace_back(item.key(), it->second);
+    } else if (item.value().requires_grad()) {
+      s->trainable.push_back(item.value());
+      s->trainable_names.push_back(item.key());
+    }
+  }
 
   broadcast_from_rank0(*s->module, *s->comm);
 

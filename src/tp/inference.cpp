@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -68,6 +69,19 @@ struct Slice {
 // The refusals come before anything is changed.
 void check_divisible(const std::vector<tp::Placement>& plan, int tp_size) {
   for (const auto& p : plan) {
+    // A fused q/k/v is cut into three equal blocks, q, k and v, which holds only when each is as
+    // wide as the input (out = 3 x in). A grouped- or multi-query projection (k and v narrower
+    // than q) would be cut across q, k and v: every rank would hold wrong heads, silently.
+    const auto& shape = p.layer.full_shape;
+    if (tp_size > 1 && p.layer.fused_parts == 3 && shape[0] != 3 * shape[1])
+      throw ConfigError("init_inference: fused q/k/v layer " + p.layer.name + " has " +
+                        std::to_string(shape[0]) + " output features for " +
+                        std::to_string(shape[1]) + " input features, not 3 x " +
+                        std::to_string(shape[1]) +
+                        ": AutoTP splits a fused q/k/v into three equal blocks, and a "
+                        "grouped- or multi-query projection (k and v narrower than q) would be "
+                        "cut across them. Give the model separate q, k and v Linear layers, or "
+                        "use tp_size 1");
     const auto& s = p.layer.full_shape;
     const bool column = p.layer.kind == ShardedLinear::kColumn;
     const int64_t split = column ? s[0] / p.layer.fused_parts : s[1];
@@ -181,6 +195,15 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
   const auto group = topology.tensor_parallel();
   const auto plan = tp::autotp_plan(*model);
   check_divisible(plan, config.tp_size);
+  // Nothing to split (no block found: AutoTP's blocks need a LayerNorm, so an RMSNorm model has
+  // none): every rank runs the whole model. Correct, but not what tp_size asked for: said once.
+  if (config.tp_size > 1 && plan.empty() && world->rank() == 0)
+    std::fprintf(stderr,
+                 "[deepspeed] warning: init_inference: tp_size %d, but AutoTP found no "
+                 "transformer block in the model (%s): a block needs at least two Linear layers "
+                 "and a torch::nn::LayerNorm below it (an RMSNorm is not one). Nothing is split; "
+                 "every rank holds and runs the whole model\n",
+                 config.tp_size, model->name().c_str());
 
   // Each parameter's slice: the Linear layers of the plan split, everything else whole.
   std::unordered_map<std::string, Slice> slices;

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "deepspeed/errors.h"
+#include "deepspeed/tp.h"
 #include "zero/forwarding_stage.h"
 
 namespace deepspeed {
@@ -42,7 +44,55 @@ class TensorParallelStage : public zero::ForwardingStage {
   std::vector<at::Tensor> split_;
 };
 
+// "blocks.0.attn.qkv (ColumnParallelLinear)"; the class name without namespaces or "Impl".
+std::string layer_label(const std::string& name, const torch::nn::Module& m) {
+  std::string type = m.name();
+  type = type.substr(type.rfind(':') == std::string::npos ? 0 : type.rfind(':') + 1);
+  if (type.size() > 4 && type.compare(type.size() - 4, 4, "Impl") == 0)
+    type.resize(type.size() - 4);
+  return (name.empty() ? std::string("the model itself") : "'" + name + "'") + " (" + type + ")";
+}
+
 }  // namespace
+
+void check_split_layers(const torch::nn::Module& module, const comm::Topology* topology,
+                        const std::string& args) {
+  const int tensor = topology ? topology->grid().tensor_size() : 1;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    const auto* layer = dynamic_cast<const SplitLayer*>(item.value().get());
+    if (!layer || !layer->group() || layer->group()->world_size() == 1) continue;
+    const int size = layer->group()->world_size();
+    const std::string what = "layer " + layer_label(item.key(), *item.value()) +
+                             " is split over a group of " + std::to_string(size) + " ranks";
+    if (!topology)
+      throw ConfigError(args + " is not given (tensor size 1), but " + what +
+                        ": pass the comm::Topology whose tensor_parallel() group the model was "
+                        "built on");
+    if (size != tensor)
+      throw ConfigError(args + " has tensor size " + std::to_string(tensor) + ", but " + what +
+                        ": build the model on that topology's tensor_parallel() group");
+    if (layer->group()->rank() != topology->coordinates().tensor)
+      throw ConfigError(args + ": " + what + " in which world rank " +
+                        std::to_string(topology->world()->rank()) + " is rank " +
+                        std::to_string(layer->group()->rank()) + ", but its tensor coordinate is " +
+                        std::to_string(topology->coordinates().tensor) +
+                        ": build the model on that topology's tensor_parallel() group");
+  }
+}
+
+void check_initialize_args(const torch::nn::Module& module, const comm::Topology* topology,
+                           const Config& config) {
+  check_split_layers(module, topology, "initialize(): InitializeArgs.topology");
+  const int tensor = topology ? topology->grid().tensor_size() : 1;
+  const auto& zero = config.zero_optimization;
+  if (tensor > 1 && zero.stage == 3 && zero.offload_optimizer.device == "nvme")
+    throw ConfigError(
+        "zero_optimization.offload_optimizer.device = \"nvme\" at zero_optimization.stage = 3 "
+        "with tensor parallelism (InitializeArgs.topology has tensor size " +
+        std::to_string(tensor) +
+        ") is not supported: the gradient partition is on disk, so its norm cannot be split by "
+        "parameter; use offload_optimizer.device \"cpu\", or ZeRO stage 1 or 2 with nvme");
+}
 
 std::unique_ptr<zero::ZeroStage> tensor_parallel_stage(std::unique_ptr<zero::ZeroStage> inner,
                                                        comm::CommunicatorPtr tensor_group,

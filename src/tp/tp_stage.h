@@ -8,13 +8,37 @@
 // stage's (any ZeRO stage 0-3).
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
+#include <torch/nn/module.h>
+
 #include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/topology.h"
 #include "zero/stage.h"
 
 namespace deepspeed {
 namespace tp {
+
+// The split layers of `module` against the topology the engine was given (`topology` null: none
+// given, tensor size 1). Every SplitLayer whose group has more than one rank must sit on a
+// tensor-parallel group of that topology: its group's size is the topology's tensor size and
+// this rank's place in it is its tensor coordinate. Otherwise the engine would take tensor peers
+// for data-parallel ranks: the loader would give them different samples, their different slices
+// would be averaged, the norm would miss the tensor group and checkpoints would write rank 0's
+// slices as the whole model. Throws ConfigError naming the layer and both sizes; `args` is how
+// the caller names its topology ("initialize(): InitializeArgs.topology"). Local: no collective
+// (the same model throws alike on every rank; a group of the right size but other ranks is
+// refused on the ranks whose place differs).
+void check_split_layers(const torch::nn::Module& module, const comm::Topology* topology,
+                        const std::string& args);
+
+// initialize()'s tensor-parallel checks, before anything is built: check_split_layers, then what
+// the config cannot combine with a tensor size above 1 (ZeRO-3 with offload_optimizer on nvme:
+// the gradient partition is on disk, so its norm cannot be split by parameter).
+void check_initialize_args(const torch::nn::Module& module, const comm::Topology* topology,
+                           const Config& config);
 
 // `split`: the trainable parameters that hold a slice (deepspeed::tp::split_parameters).
 std::unique_ptr<zero::ZeroStage> tensor_parallel_stage(std::unique_ptr<zero::ZeroStage> inner,

@@ -70,6 +70,8 @@ at::Tensor DataParallelStage::grad_square_sums(const std::vector<at::Tensor>& se
 // data-parallel group, so the sums add over it.
 at::Tensor Stage3::grad_square_sums(const std::vector<at::Tensor>& selected) {
   const ShardGrads partition = grads_->for_step();
+  // initialize() refuses this combination before anything is built (tp::check_initialize_args);
+  // the guard stays for a stage wrapped by other means.
   if (!partition.tensor.defined())
     throw ConfigError(
         "tensor parallelism with zero_optimization.offload_optimizer.device = nvme "

@@ -233,6 +233,63 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
   }
 }
 
+// A fused q/k/v of a grouped-query attention (q 8 wide, k and v 2 each: 12 output features for 8
+// input features) cannot be cut into equal thirds: refused at tp 2 naming the layer, where its
+// equal thirds of 4 rows were cut across q, k and v silently. At tp 1 nothing is cut; it loads.
+TEST(AutoTP, AGroupedQueryFusedProjectionIsRefused) {
+  auto gqa_tree = [] {
+    auto root = std::make_shared<dstest::TreeNode>();
+    auto layer = root->child("layers")->child("0");
+    layer->norm("input_layernorm");
+    auto attn = layer->child("attention");
+    attn->linear("query_key_value", 8, 12);  // the q/k/v heads: 8 + 2 + 2
+    attn->linear("dense", 8, 8);
+    auto mlp = layer->child("mlp");
+    mlp->linear("dense_h_to_4h", 8, 32);
+    mlp->linear("dense_4h_to_h", 32, 8);
+    return root;
+  };
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    const std::string msg = dstest::message_of<deepspeed::ConfigError>(
+        [&] { deepspeed::init_inference(gqa_tree(), {.tp_size = 2, .comm = comm}); });
+    EXPECT_CONTAINS(msg, "fused q/k/v layer layers.0.attention.query_key_value has 12 output "
+                         "features for 8 input features, not 3 x 8");
+  });
+  EXPECT_EQ(placement(gqa_tree()).size(), 4u);
+}
+
+// AutoTP's blocks need a LayerNorm: an RMSNorm model has none, so at tp 2 nothing is split and
+// every rank runs the whole model. Said on stderr (once, by rank 0), naming the model, instead of
+// silently.
+struct RMSNorm : torch::nn::Module {
+  RMSNorm() { register_parameter("weight", torch::ones({8})); }
+};
+TEST(AutoTP, NoBlockFoundAtTp2IsWarned) {
+  auto rms_tree = [] {
+    auto root = std::make_shared<dstest::TreeNode>();
+    auto layers = root->child("layers");
+    for (const char* name : {"0", "1"}) {
+      auto layer = layers->child(name);
+      layer->register_module("norm", std::make_shared<RMSNorm>());
+      layer->linear("q_proj", 8, 8);
+      layer->linear("o_proj", 8, 8);
+    }
+    return root;
+  };
+  std::vector<size_t> sharded(2, 99);
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    auto engine = deepspeed::init_inference(rms_tree(), {.tp_size = 2, .comm = comm});
+    sharded[comm->rank()] = engine->sharded().size();
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(sharded, (std::vector<size_t>{0, 0}));
+  EXPECT_CONTAINS(err, "init_inference: tp_size 2, but AutoTP found no transformer block in the "
+                       "model (dstest::TreeNode)");
+  EXPECT_EQ(err.find("found no transformer block"), err.rfind("found no transformer block"))
+      << "said once";
+}
+
 TEST(AutoTP, BadInputIsNamed) {
   dstest::TempDir dir("autotp_bad");
   auto write = [&](const std::string& name, const gpt::GPTConfig& c) {

@@ -10,6 +10,10 @@
 #include "deepspeed/tp.h"
 #include "gpt/model.h"
 #include "gpt/tp_model.h"
+#include "gpt/tp_pipeline_model.h"
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -121,6 +125,44 @@ TEST(TensorParallelLayers, VocabEmbeddingAndCrossEntropyEqualTheUnsplitOnes) {
       EXPECT_LT(max_diff(mine.grad(), whole.grad().narrow(1, r.begin, r.size())), 1e-6);
     });
   }
+}
+
+// Padding targets (-100, F::cross_entropy's ignore_index) have loss 0 and gradient 0, so the mean
+// over the kept tokens is F::cross_entropy's; before, they counted as held by no rank (loss
+// log-sum-exp, gradient the whole softmax). Any other target outside [0, V) is named.
+TEST(TensorParallelLayers, CrossEntropyIgnoresPaddingAsTheUnsplitOne) {
+  namespace F = torch::nn::functional;
+  run_ranks(2, [&](CommunicatorPtr g) {
+    torch::Tensor logits;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex);
+      torch::manual_seed(13);
+      logits = torch::randn({6, 16}) * 3;
+    }
+    const auto targets = torch::tensor({3, -100, 12, -100, 0, 15}, torch::kLong);
+    const int64_t half = 8, begin = half * g->rank();
+    auto whole = logits.clone().requires_grad_(true);
+    auto mine = logits.narrow(1, begin, half).clone().requires_grad_(true);
+    auto per_token = F::cross_entropy(whole, targets,
+                                      F::CrossEntropyFuncOptions().reduction(torch::kNone));
+    auto split = tp::vocab_parallel_cross_entropy(mine, targets, g);
+    EXPECT_LT(max_diff(split, per_token), 1e-5);
+    const auto kept = (targets != -100).sum();
+    (split.sum() / kept).backward();
+    F::cross_entropy(whole, targets).backward();  // mean over the 4 kept tokens
+    EXPECT_LT(max_diff(mine.grad(), whole.grad().narrow(1, begin, half)), 1e-6);
+    EXPECT_EQ(mine.grad()[1].abs().sum().item<double>(), 0.0);
+
+    // Another ignore_index, and a stray id: the message names the value.
+    auto with_pad0 = torch::tensor({0, 5, 0, 9, 1, 2}, torch::kLong);
+    auto ignored0 = tp::vocab_parallel_cross_entropy(mine, with_pad0, g, /*ignore_index=*/0);
+    EXPECT_EQ(ignored0[0].item<double>(), 0.0);
+    EXPECT_GT(ignored0[1].item<double>(), 0.0);
+    const std::string msg = dstest::message_of<deepspeed::Error>([&] {
+      tp::vocab_parallel_cross_entropy(mine, torch::tensor({3, -1, 12, 4, 0, 15}, torch::kLong), g);
+    });
+    EXPECT_CONTAINS(msg, "target -1 is outside the vocabulary [0, 16)");
+  });
 }
 
 TEST(TensorParallelLayers, IndivisibleSizesAreNamed) {
@@ -379,6 +421,97 @@ TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
       std::chrono::seconds(60));
   for (int rank = 0; rank < 2; ++rank)
     EXPECT_TRUE(std::isinf(norms[rank])) << "rank " << rank << ": " << norms[rank];
+}
+
+// A model split over a tensor group must be given the topology of that group: without one (or
+// with one of another tensor size) the engine took tensor peers for data-parallel ranks and
+// trained silently wrong (different samples per peer, their slices averaged, the norm not
+// counted over the group). Refused at initialize, naming the layer and both sizes.
+TEST(TensorParallelTraining, SplitLayersMustMatchTheTopology) {
+  const gpt::GPTConfig c{256, 16, 2, 4, 32};
+  auto dataset = dstest::test_text_dataset(16);
+  run_ranks(
+      4,
+      [&](CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, 2});
+        std::shared_ptr<gpt::TPGPTImpl> model;
+        {
+          std::lock_guard<std::mutex> lock(rng_mutex);
+          torch::manual_seed(7);
+          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
+        }
+        const std::string without = dstest::message_of<deepspeed::ConfigError>([&] {
+          deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
+                                                 .config_json = dstest::base_config(2, 1, 0),
+                                                 .training_data = dataset,
+                                                 .comm = comm});
+        });
+        EXPECT_CONTAINS(without, "InitializeArgs.topology is not given (tensor size 1)");
+        EXPECT_CONTAINS(without, "split over a group of 2 ranks");
+        EXPECT_CONTAINS(without, "layer 'wte' (VocabParallelEmbedding)");  // the first one
+
+        auto four = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, 4});
+        const std::string other = dstest::message_of<deepspeed::ConfigError>([&] {
+          deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
+                                                 .config_json = dstest::base_config(8, 1, 0),
+                                                 .training_data = dataset,
+                                                 .topology = four});
+        });
+        EXPECT_CONTAINS(other, "InitializeArgs.topology has tensor size 4");
+        EXPECT_CONTAINS(other, "split over a group of 2 ranks");
+
+        // The pipeline checks its stage's layers alike.
+        auto pipe_topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{2, 2});
+        deepspeed::pipe::PipelineInitializeArgs args;
+        args.model = gpt::gpt_tp_pipeline(dstest::tiny_pipeline_gpt(false),
+                                          pipe_topology->tensor_parallel());
+        args.model.num_stages = 2;
+        args.config_json = dstest::pipeline_config(2, 0);  // read as pipe 2 x data 2
+        args.comm = comm;
+        args.device = "cpu";
+        EXPECT_CONTAINS(
+            dstest::message_of<deepspeed::ConfigError>(
+                [&] { deepspeed::pipe::initialize_pipeline(args); }),
+            "PipelineInitializeArgs.topology is not given (tensor size 1), but layer");
+      },
+      std::chrono::seconds(60));
+}
+
+// ZeRO-3 with offload_optimizer on nvme keeps its gradient partition on disk, where the norm
+// cannot be split into split and replicated parameters: refused at initialize, naming the keys,
+// rather than at the first step after a whole forward and backward.
+TEST(TensorParallelTraining, Stage3NvmeOptimizerOffloadIsRefusedAtInitialize) {
+  const gpt::GPTConfig c{256, 16, 2, 4, 32};
+  auto dataset = dstest::test_text_dataset(16);
+  dstest::TempDir swap("ds_tp_nvme", dstest::TempDir::Base::kDisk);
+  auto config = dstest::base_config(8, 1, 3);
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
+                                                      {"nvme_path", swap.path()}};
+  run_ranks(
+      2,
+      [&](CommunicatorPtr comm) {
+        auto topology = std::make_shared<deepspeed::comm::Topology>(
+            comm, deepspeed::comm::TopologySizes{1, 2});
+        std::shared_ptr<gpt::TPGPTImpl> model;
+        {
+          std::lock_guard<std::mutex> lock(rng_mutex);
+          torch::manual_seed(7);
+          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
+        }
+        const std::string msg = dstest::message_of<deepspeed::ConfigError>([&] {
+          deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
+                                                 .config_json = config,
+                                                 .training_data = dataset,
+                                                 .topology = topology});
+        });
+        EXPECT_CONTAINS(msg, "zero_optimization.offload_optimizer.device = \"nvme\"");
+        EXPECT_CONTAINS(msg, "zero_optimization.stage = 3");
+        EXPECT_CONTAINS(msg, "tensor size 2");
+      },
+      std::chrono::seconds(60));
 }
 
 // (Checkpoints of tensor-parallel training: tests/dist/tp_checkpoint_test.cpp.)

@@ -166,8 +166,12 @@ TEST(ConfigUnprovidedBlocks, EachSwitchedOnBlockIsWarnedOnceOrRefused) {
        "curriculum"},
       {R"({"elasticity": {"enabled": true}})", "elasticity.enabled", true, "batch size"},
       {R"({"quantize_training": {"enabled": true}})", "quantize_training.enabled", true, "MoQ"},
-      {R"({"tensor_parallel": {"autotp_size": 2}})", "tensor_parallel", false,
-       "data parallelism only"},
+      // DeepSpeed's autotp_size groups ranks that read the same samples: refused rather than
+      // trained as data parallelism with another global batch.
+      {R"({"tensor_parallel": {"autotp_size": 2}})", "tensor_parallel.autotp_size", true,
+       "InitializeArgs.topology"},
+      {R"({"tensor_parallel": {"tp": {"tp_size": 2}}})", "tensor_parallel.tp.tp_size", false,
+       "not read by training"},
       {R"({"weight_quantization": {"num_bits": 4}})", "weight_quantization", false,
        "weights stay unquantized"},
   };

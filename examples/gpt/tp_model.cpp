@@ -168,9 +168,11 @@ torch::Tensor TPGPTImpl::logits_split(const torch::Tensor& idx) {
 
 torch::Tensor TPGPTImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto lg = logits_split(idx);
-  return tp::vocab_parallel_cross_entropy(lg.reshape({-1, lg.size(-1)}), targets.reshape({-1}),
-                                          group_)
-      .mean();
+  const at::Tensor flat_targets = targets.reshape({-1});
+  const at::Tensor losses =
+      tp::vocab_parallel_cross_entropy(lg.reshape({-1, lg.size(-1)}), flat_targets, group_);
+  // The mean over the tokens not ignored (-100), as F::cross_entropy's in the unsplit GPT.
+  return losses.sum() / flat_targets.ne(-100).sum().clamp_min(1);
 }
 
 void TPGPTImpl::copy_from(torch::nn::Module& full) { copy_slices(*this, full); }

@@ -76,9 +76,11 @@ deepspeed::pipe::PipelineModule gpt_tp_pipeline(const GPTConfig& c, Communicator
   }
   // Logits split by vocabulary: the loss over the group, in fp32 as gpt_pipeline()'s.
   m.loss_fn = [g](const at::Tensor& logits, const at::Tensor& targets) {
-    return tp::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                            targets.reshape({-1}), g)
-        .mean();
+    const at::Tensor flat_targets = targets.reshape({-1});
+    const at::Tensor losses = tp::vocab_parallel_cross_entropy(
+        logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), flat_targets, g);
+    // The mean over the tokens not ignored (-100), as F::cross_entropy's in the unsplit GPT.
+    return losses.sum() / flat_targets.ne(-100).sum().clamp_min(1);
   };
   return m;
 }

@@ -34,6 +34,14 @@ class BucketOrder {
   // refuses it ("Gradient computed twice for this partition").
   template <class Launch>
   void mark_ready(size_t param, Launch&& launch) {
+    refuse_second(param);
+    marked_[param] = true;
+    ++ready_[bucket_of_[param]];
+    while (next_ < size_.size() && ready_[next_] == size_[next_]) launch(next_++);
+  }
+  // What mark_ready refuses, checked alone: a caller that must copy the gradient somewhere
+  // before marking it (into a bucket that mark_ready may launch) checks first.
+  void refuse_second(size_t param) const {
     if (marked_[param])
       throw Error("parameter #" + std::to_string(param) +
                   " of the ZeRO stage got its gradient twice in one backward (a parameter "
@@ -41,10 +49,9 @@ class BucketOrder {
                   "own backward), after its gradient bucket may already have been reduced. "
                   "DeepSpeed refuses this too; set zero_optimization.overlap_comm to false at "
                   "stage 0 or 1, or keep a shared parameter inside one checkpointed segment");
-    marked_[param] = true;
-    ++ready_[bucket_of_[param]];
-    while (next_ < size_.size() && ready_[next_] == size_[next_]) launch(next_++);
   }
+  // Whether parameter i's gradient arrived in this backward.
+  bool marked(size_t param) const { return marked_[param]; }
   // End of backward: the buckets not launched yet (their parameters got no gradient, or no hooks
   // ran) go out now, in order.
   template <class Launch>

@@ -3,6 +3,7 @@
 // modifier rank, consolidated_state_dict), zero::Init, and the model-state bytes (16Ψ/N).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -128,6 +129,76 @@ TEST(Stage3MaxLive, PeakGatheredElementsStayUnderTheSetting) {
   s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   auto r = dstest::train_gpt(s);
   EXPECT_EQ(r.memory[0].peak_gathered_numel, 4 * block);
+}
+
+namespace {
+// An Mlp with one more trainable parameter that its forward never uses.
+struct MlpWithUnusedImpl : torch::nn::Module {
+  MlpWithUnusedImpl() {
+    mlp = register_module("mlp", dstest::Mlp());
+    unused = register_parameter("unused", torch::randn({37}));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return mlp->forward(x); }
+  dstest::Mlp mlp{nullptr};
+  torch::Tensor unused;
+};
+TORCH_MODULE(MlpWithUnused);
+
+struct LastUnitPartlyUsedImpl : torch::nn::Module {
+  LastUnitPartlyUsedImpl() {
+    embed = register_module("embed", torch::nn::Embedding(dstest::kVocab, dstest::kWidth));
+    first = register_module("first", std::make_shared<ZeroUnit<dstest::Mlp>>(dstest::Mlp()));
+    last = register_module("last", std::make_shared<ZeroUnit<MlpWithUnused>>(MlpWithUnused()));
+    head = register_module("head", torch::nn::Linear(dstest::kWidth, dstest::kVocab));
+  }
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+    auto x = last->forward(first->forward(embed->forward(idx)));
+    auto logits = deepspeed::zero::linear(x, head->weight, head->bias);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, dstest::kVocab}),
+                                                targets.reshape({-1}));
+  }
+  torch::nn::Embedding embed{nullptr};
+  std::shared_ptr<ZeroUnit<dstest::Mlp>> first;
+  std::shared_ptr<ZeroUnit<MlpWithUnused>> last;
+  torch::nn::Linear head{nullptr};
+};
+}  // namespace
+
+// A unit is released in backward when all its trainable parameters have their gradient: one
+// whose parameter the loss never uses stays gathered (unevictable) to the end of the backward, so
+// with room for one unit the earlier unit's backward gather goes over stage3_max_live_parameters.
+// Nothing tells sooner that the gradient will not come: the user is told, once per unit and rank,
+// which parameter and what it costs.
+TEST(Stage3MaxLive, AParameterWithoutGradientIsNamedInAWarning) {
+  const int64_t unit_numel = 8416;  // the last unit, padded (the larger)
+  auto config = dstest::stage3_test_config(3);
+  config["zero_optimization"]["stage3_max_live_parameters"] = unit_numel;
+  config["zero_optimization"]["stage3_prefetch_bucket_size"] = 0;
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(3);
+    auto model = std::make_shared<LastUnitPartlyUsedImpl>();
+    auto engine = deepspeed::initialize<LastUnitPartlyUsedImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    for (int64_t step = 0; step < 3; ++step) {
+      auto b = dstest::token_batch(comm->rank(), step);
+      engine->backward(engine->forward(b.idx, b.targets));
+      EXPECT_EQ(engine->memory_report().gathered_numel, 0) << "released at the end of backward";
+      engine->step();
+    }
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_CONTAINS(err, "rank 0, stage 3: last.unused (ZeRO unit 2) got no gradient");
+  EXPECT_CONTAINS(err, "rank 1, stage 3: last.unused (ZeRO unit 2) got no gradient");
+  EXPECT_CONTAINS(err, "stage3_max_live_parameters does not evict it");
+  EXPECT_CONTAINS(err, "requires_grad");
+  size_t warnings = 0;
+  for (size_t at = err.find("got no gradient"); at != std::string::npos;
+       at = err.find("got no gradient", at + 1))
+    ++warnings;
+  EXPECT_EQ(warnings, 2u) << "once per unit and rank, not per step:\n" << err;
+  EXPECT_EQ(err.find("ZeRO unit 1"), std::string::npos) << "the fully used unit is not named";
 }
 
 // With releases as early as possible (reuse distance 0), one block is gathered at a time unless
@@ -256,6 +327,83 @@ TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
 }
 
 namespace {
+// A modifier rank's scope writes into the fp32 masters only what it changed: under bf16 an empty
+// scope after every step leaves training exactly as without it (writing the whole 16-bit slice
+// back would round every master to bf16, losing the updates smaller than a bf16 step).
+TEST(Stage3Access, AnUneditedModifierScopeLeavesTheMastersAlone) {
+  auto train = [](bool open_scopes) {
+    std::vector<double> losses;
+    std::mutex init;  // ranks are threads sharing libtorch's global generator: seed and draw atomically
+    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      std::shared_ptr<dstest::OuterModelImpl> model;
+      {
+        std::lock_guard<std::mutex> lock(init);
+        torch::manual_seed(7);
+        model = std::make_shared<dstest::OuterModelImpl>();
+      }
+      auto config = dstest::stage3_test_config(3);
+      config["bf16"] = {{"enabled", true}};
+      auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                        {.model = model, .config_json = config, .comm = comm})
+                        .engine;
+      std::vector<double> mine;
+      for (int64_t step = 0; step < 8; ++step) {
+        auto b = dstest::token_batch(comm->rank(), step);
+        engine->backward(engine->forward(b.idx, b.targets));
+        engine->step();
+        mine.push_back(engine->last_loss());
+        if (open_scopes) {
+          auto scope = engine->gathered_parameters(/*modifier_rank=*/0);  // edits nothing
+        }
+      }
+      if (comm->rank() == 0) losses = mine;
+    });
+    return losses;
+  };
+  auto plain = train(false), scoped = train(true);
+  ASSERT_EQ(plain.size(), 8u);
+  EXPECT_EQ(scoped, plain);
+}
+
+// The elements a modifier rank changed do reach the bf16 run's masters, run by run (here three
+// runs: rows of one weight): after a step they keep the edit (moved by one small update), and the
+// rows between them their own values.
+TEST(Stage3Access, AModifierRanksEditsReachTheBf16Masters) {
+  std::mutex init;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    std::shared_ptr<dstest::OuterModelImpl> model;
+    {
+      std::lock_guard<std::mutex> lock(init);
+      torch::manual_seed(7);
+      model = std::make_shared<dstest::OuterModelImpl>();
+    }
+    auto config = dstest::stage3_test_config(3);
+    config["bf16"] = {{"enabled", true}};
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    auto w = model->named_parameters()["layers.0.fc.weight"];
+    const std::vector<int64_t> edited = {0, 2, 5};
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/1);
+      torch::NoGradGuard no_grad;
+      if (comm->rank() == 1)
+        for (int64_t row : edited) w[row].fill_(0.5);
+    }
+    auto b = dstest::token_batch(comm->rank(), 0);
+    engine->backward(engine->forward(b.idx, b.targets));
+    engine->step();
+    auto whole = engine->gathered_parameters();
+    for (int64_t row = 0; row < 6; ++row) {
+      const double off = (w[row].to(torch::kFloat) - 0.5).abs().max().item<double>();
+      if (std::find(edited.begin(), edited.end(), row) != edited.end())
+        EXPECT_LT(off, 0.05) << "row " << row << ": the edit did not reach the masters";
+      else
+        EXPECT_GT(off, 0.1) << "row " << row << " was not edited";
+    }
+  });
+}
+
 // Stage 3 with qwZ (every unit gathered as int8 blocks) over the probe model.
 auto quantized_weights_engine(std::shared_ptr<ProbeModelImpl> model,
                               deepspeed::comm::CommunicatorPtr comm) {

@@ -139,3 +139,26 @@ TEST(EngineErrors, AParameterSharedByTwoCheckpointedSegmentsIsRefusedAtStageTwo)
   EXPECT_CONTAINS(msg, "twice in one backward");
   EXPECT_CONTAINS(msg, "checkpointed");
 }
+
+// Stage 3 too: its hook used to return early once the bucket had gone out, leaving the second
+// gradient on the parameter at full size (added into the next step), or, when the bucket had not
+// gone out, overwrote the first and counted the parameter twice toward its bucket and unit. The
+// refusal leaves no gradient behind, and the engine recovers as at stage 2: the refused backward
+// is abandoned and the one after it is refused the same way, not stuck on what the first left.
+TEST(EngineErrors, AParameterSharedByTwoCheckpointedSegmentsIsRefusedAtStageThree) {
+  json config = tiny_config();
+  config["zero_optimization"] = {{"stage", 3}};
+  config["optimizer"] = {{"type", "AdamW"}, {"params", {{"lr", 0.1}}}};
+  auto model = std::make_shared<SharedTwiceImpl>();
+  auto r = deepspeed::initialize<SharedTwiceImpl>({.model = model, .config_json = config});
+  auto x = torch::randn({2, 4}, torch::requires_grad()), y = torch::randn({2, 4});
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const std::string msg = dstest::message_of<deepspeed::Error>(
+        [&] { r.engine->backward(r.engine->forward(x, y)); });
+    EXPECT_CONTAINS(msg, "twice in one backward");
+    EXPECT_CONTAINS(msg, "checkpointed");
+    for (auto& p : model->parameters())
+      EXPECT_FALSE(p.grad().defined()) << "a refused gradient stayed on the parameter, attempt "
+                                       << attempt;
+  }
+}

@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <iostream>
 #include <unordered_set>
+#include <utility>
 
 #include <c10/util/accumulate.h>
 
@@ -52,6 +54,15 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   for (size_t u = 1; u < layout_.units.size(); ++u)
     attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));
   make_buckets();
+  std::unordered_map<const void*, std::string> names;
+  for (auto& kv : model.named_parameters())
+    names.emplace(kv.value().unsafeGetTensorImpl(), kv.key());
+  for (const auto& slots : layout_.units)
+    for (const auto& p : slots.params) {
+      auto it = names.find(p.unsafeGetTensorImpl());
+      param_names_.push_back(it != names.end() ? it->second
+                                               : "#" + std::to_string(param_names_.size()));
+    }
 }
 
 Stage3::~Stage3() {
@@ -103,13 +114,22 @@ void Stage3::make_buckets() {
         buckets_.push_back(std::move(bucket));
       }
       buckets_.back().end = o + c10::multiply_integers(slots.shapes[i]);
-      buckets_.back().expected++;
       bucket_of_[u].push_back(buckets_.size() - 1);
     }
     if (!slots.params.empty()) buckets_.back().end = slots.layout.padded_numel;  // padding too
   }
   unit_buckets_.assign(layout_.units.size(), 0);
   for (auto& b : buckets_) unit_buckets_[b.unit]++;
+  warned_.assign(layout_.units.size(), false);
+  // The launch order is buckets_ backwards (launch_position): the units last to first, so that a
+  // model whose backward runs its units last to first (the usual) holds no bucket; the root unit
+  // (buckets_' first) goes last, as its embedding's gradient usually comes last.
+  std::vector<size_t> position_of_param;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    first_param_.push_back(position_of_param.size());
+    for (size_t b : bucket_of_[u]) position_of_param.push_back(buckets_.size() - 1 - b);
+  }
+  order_ = std::make_unique<BucketOrder>(std::move(position_of_param), buckets_.size());
 }
 
 void Stage3::allocate(GradBucket& b) {
@@ -134,34 +154,47 @@ void Stage3::begin_backward(bool boundary) {
   abandon_backward();  // the last backward threw: nothing of it is left for this one
   in_backward_ = true;
   boundary_ = boundary;
-  for (auto& b : buckets_) b.arrived = 0, b.launched = false;
+  order_->begin();
   std::fill(unit_arrived_.begin(), unit_arrived_.end(), 0);
   std::fill(unit_finished_.begin(), unit_finished_.end(), 0);
   grads_->begin_micro_step(boundary);
   shard_->accept_ranges();
 }
 
-// The parameter's gradient moves into its bucket and is freed at once.
+// The parameter's gradient moves into its bucket and is freed at once; the buckets whose turn
+// has come in the launch order go.
 void Stage3::on_grad_ready(int u, size_t i) {
+  // A backward the engine does not run (the user's own autograd call): not reduced, its
+  // gradients stay on the parameters (as at stages 0-2).
+  if (!in_backward_) return;
   const auto& slots = layout_.units[u];
-  const size_t index = bucket_of_[u][i];
-  GradBucket& b = buckets_[index];
-  if (b.launched) return;
-  if (!b.buffer.defined()) allocate(b);
+  const size_t k = first_param_[u] + i;
   at::Tensor p = slots.params[i];
-  auto& g = p.mutable_grad();
-  if (g.defined()) {
-    b.buffer.narrow(0, slots.offsets[i] - b.begin, g.numel()).copy_(g.reshape({-1}));
-    g = at::Tensor();
+  // Off the parameter before anything can throw: a full-size gradient left there would be added
+  // into the next backward's.
+  at::Tensor g = std::exchange(p.mutable_grad(), at::Tensor());
+  // A second gradient (a parameter in two activation-checkpointed segments) would find its
+  // bucket reduced (and be lost) or not yet (and overwrite the first, counting twice toward the
+  // bucket and the unit's release): refused as at stages 0-2, before it touches the bucket.
+  try {
+    order_->refuse_second(k);
+  } catch (const Error& e) {
+    throw Error("stage 3, " + param_names_[k] + " (ZeRO unit " + std::to_string(u) + "): " +
+                e.what());
   }
-  if (++b.arrived == b.expected) launch(index);
+  GradBucket& b = buckets_[bucket_of_[u][i]];
+  if (g.defined()) {
+    if (!b.buffer.defined()) allocate(b);
+    b.buffer.narrow(0, slots.offsets[i] - b.begin, g.numel()).copy_(g.reshape({-1}));
+  }
+  g = at::Tensor();
+  order_->mark_ready(k, [this](size_t position) { launch_position(position); });
   // Every gradient of the unit is computed: its backward is over.
   if (++unit_arrived_[u] == static_cast<int>(slots.params.size())) gatherer_->backward_done(u);
 }
 
 void Stage3::launch(size_t index) {
   GradBucket& b = buckets_[index];
-  b.launched = true;
   if (!b.buffer.defined()) allocate(b);  // no parameter of this bucket got a gradient
   const auto scaling = gradient_scaling(options_.reduction, ctx_.world_size());
   if (scaling.before_reduce != 1.0) b.buffer.mul_(scaling.before_reduce);
@@ -206,12 +239,39 @@ void Stage3::finish(size_t index) {
 
 void Stage3::end_backward(bool) {
   // Buckets whose hooks did not all fire (a parameter unused by this graph), in order.
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    if (!buckets_[b].launched) launch(b);
+  order_->launch_rest([this](size_t position) { launch_position(position); });
   in_flight_.drain([this](size_t i) { finish(i); });
   grads_->end_micro_step();
+  warn_units_left_gathered();
   gatherer_->end_backward();
   in_backward_ = false;
+}
+
+// A unit is released when all its trainable parameters have their gradient; one that never
+// gets one (unused by the loss, on this rank or in this step) kept the unit gathered from its
+// pre-backward gather to here, where stage3_max_live_parameters could not evict it, and held the
+// buckets after its own in the launch order. Nothing can tell sooner, on the unit's hooks alone,
+// that the gradient will not come (DeepSpeed releases at the module's post-backward hook).
+void Stage3::warn_units_left_gathered() {
+  for (size_t u = 1; u < layout_.units.size(); ++u) {
+    const auto& slots = layout_.units[u];
+    if (warned_[u] || slots.params.empty() || !gatherer_->backward_pending(static_cast<int>(u)) ||
+        unit_arrived_[u] == static_cast<int>(slots.params.size()))
+      continue;
+    warned_[u] = true;
+    std::string missing;
+    for (size_t i = 0; i < slots.params.size(); ++i)
+      if (!order_->marked(first_param_[u] + i))
+        missing += (missing.empty() ? "" : ", ") + param_names_[first_param_[u] + i];
+    std::cerr << "[deepspeed] warning: rank " << ctx_.rank() << ", stage 3: " << missing
+              << " (ZeRO unit " << u
+              << ") got no gradient in a backward, so the unit stayed gathered until the end of "
+                 "that backward (stage3_max_live_parameters does not evict it: the bound can be "
+                 "exceeded) and the gradient buckets of the units before it were held until "
+                 "then. Set requires_grad to false on a parameter the loss never uses (frozen "
+                 "parameters are not partitioned), or move it out of the unit. Warned once per "
+                 "unit.\n";
+  }
 }
 
 // ZeroStage::abandon_backward: what the next begin_backward would do, now.
@@ -315,11 +375,12 @@ void Stage3::release_units(const std::vector<int>& units, std::optional<int> mod
       const int u = units[k];
       if (modifier_rank) {  // the edits become the masters
         at::Tensor full = gatherer_->full(u);
-        ctx_.comm->broadcast(full, *modifier_rank)->wait();
         const auto& L = layout_.units[u].layout;
         at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
+        at::Tensor before = mine.clone();  // the partition's values: the pin gathered exactly
+        ctx_.comm->broadcast(full, *modifier_rank)->wait();
         params_->write(u, mine);
-        shard_->masters_edited(*params_, layout_.units[u].partition_offset, mine);
+        write_edited_masters(layout_.units[u].partition_offset, before, mine);
       }
       gatherer_->unpin(u);
     }
@@ -334,6 +395,35 @@ void Stage3::release_units(const std::vector<int>& units, std::optional<int> mod
     }
     throw;
   }
+}
+
+// Only the elements the modifier rank changed reach the fp32 masters, one run of consecutive
+// changed elements at a time: with 16-bit parameters the whole slice would round every master
+// to 16 bits even where nothing was edited (DeepSpeed leaves an unedited partition alone). An
+// element this rank edited in its own copy (dropped: it is not the modifier) counts as changed
+// and gets the partition's 16-bit value. A swapped optimizer reads and writes whole sub-groups
+// per write, and a checkpoint's module load changes nearly everything in runs broken wherever a
+// 16-bit value happens to stay: there, and past kMaxEditedRuns runs, one write spans the first
+// to the last changed element (the unchanged ones inside it take their 16-bit values).
+void Stage3::write_edited_masters(int64_t offset, const at::Tensor& before,
+                                  const at::Tensor& after) {
+  constexpr int64_t kMaxEditedRuns = 16;
+  const at::Tensor changed = before.ne(after);
+  if (!changed.any().item<bool>()) return;
+  // Edges of the runs: +1 where one starts, -1 one past where it ends.
+  const at::Tensor none = torch::zeros({1}, changed.options().dtype(at::kChar));
+  const at::Tensor edges = torch::diff(torch::cat({none, changed.to(at::kChar), none}));
+  const at::Tensor starts = (edges == 1).nonzero().flatten().cpu();
+  const at::Tensor ends = (edges == -1).nonzero().flatten().cpu();
+  const auto* s = starts.data_ptr<int64_t>();
+  const auto* e = ends.data_ptr<int64_t>();
+  const int64_t runs = starts.numel();
+  if (runs > kMaxEditedRuns || options_.shard.home == OffloadDevice::kNvme) {
+    shard_->masters_edited(*params_, offset + s[0], after.narrow(0, s[0], e[runs - 1] - s[0]));
+    return;
+  }
+  for (int64_t r = 0; r < runs; ++r)
+    shard_->masters_edited(*params_, offset + s[r], after.narrow(0, s[r], e[r] - s[r]));
 }
 
 }  // namespace zero

@@ -8,9 +8,16 @@
 // autograd finishes a parameter's gradient (AccumulateGrad post hook) it is copied into its
 // bucket (a run of reduce_bucket_size elements of its unit) and freed; a complete bucket is
 // reduce-scattered unevenly (each rank receives the part inside its slice, added to its gradient
-// partition). When all of a unit's trainable parameters have their gradient, the unit's backward
-// is over and it is released. Buckets whose hooks never all fired (a parameter unused by this
-// graph) are reduced at end_backward, in order, so every rank issues the same collectives.
+// partition) once every bucket before it in the launch order has gone: the units last to first,
+// the root unit last, each unit's buckets last to first (BucketOrder, as stages 0-2). A rank whose
+// gradients come in another order (a parameter used on some ranks only) holds a complete bucket,
+// and its buffer, until its turn, so every rank issues the same reduce-scatters in the same
+// order (all-gathers of units during backward fall between them alike only when every rank uses
+// the same parameters: docs/zero3.md, Limits).
+// When all of a unit's trainable parameters have their gradient, the unit's backward is over and
+// it is released. Buckets whose hooks never all fired (a parameter unused by this graph) are
+// reduced at end_backward, in order; a unit one of whose parameters got no gradient stays
+// gathered until then (a warning names the parameter, once per unit).
 // Every micro-step reduces (as stage 2). ZeRO++ (zeropp_options.h): qwZ and hpZ live in the
 // gatherer; qgZ replaces the buckets' reduce_scatter_v with quantized_reduce_scatter_v.
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
@@ -23,10 +30,12 @@
 #include <array>
 #include <deque>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "offload/param_store.h"
+#include "zero/bucket_order.h"
 #include "zero/gradient_hooks.h"
 #include "zero/in_flight.h"
 #include "zero/shard_optimizer.h"
@@ -92,9 +101,6 @@ class Stage3 : public ZeroStage {
   struct GradBucket {
     int unit = 0;
     int64_t begin = 0, end = 0;
-    int expected = 0;     // parameters in the bucket
-    int arrived = 0;      // parameters whose gradient is in `buffer`
-    bool launched = false;
     at::Tensor buffer;    // the bucket's gradients, in the wire dtype
     at::Tensor received;  // this rank's part of the sum
     comm::WorkPtr work;
@@ -102,7 +108,11 @@ class Stage3 : public ZeroStage {
   void make_buckets();
   void partition_unit(int u);
   void on_grad_ready(int u, size_t i);
+  // The launch order's position `position` (BucketOrder's bucket) is buckets_[size - 1 - position].
+  void launch_position(size_t position) { launch(buckets_.size() - 1 - position); }
   void launch(size_t b);
+  // At end_backward: units still waiting for a gradient that never came (warned once per unit).
+  void warn_units_left_gathered();
   void finish(size_t b);
   void allocate(GradBucket& b);
   void recover_abandoned();
@@ -111,6 +121,9 @@ class Stage3 : public ZeroStage {
   std::vector<StateFragment> own_fragments() const;
   // Unpins `units`; with a modifier rank, its values become every rank's slices and masters.
   void release_units(const std::vector<int>& units, std::optional<int> modifier_rank);
+  // This rank's slice of the partition at `offset` went from `before` to `after` (a modifier
+  // rank's edits): the masters of the elements that changed follow.
+  void write_edited_masters(int64_t offset, const at::Tensor& before, const at::Tensor& after);
   // (unit, index in the unit) of a managed parameter, or nullptr; built on first use.
   const std::pair<int, size_t>* slot_of(const at::Tensor& param) const;
   mutable std::unordered_map<const void*, std::pair<int, size_t>> slot_of_;
@@ -139,7 +152,11 @@ class Stage3 : public ZeroStage {
   std::unique_ptr<UnitGatherer> gatherer_;
   std::vector<GradBucket> buckets_;
   std::vector<std::vector<size_t>> bucket_of_;  // [unit][parameter] -> index into buckets_
-  std::vector<int> unit_arrived_;               // per unit: parameters whose gradient arrived
+  std::vector<size_t> first_param_;     // per unit: its first parameter's index in order_
+  std::unique_ptr<BucketOrder> order_;  // which buckets may go; refuses a second gradient
+  std::vector<std::string> param_names_;  // by order_'s parameter index: the model's names
+  std::vector<bool> warned_;              // per unit: told that it stayed gathered
+  std::vector<int> unit_arrived_;         // per unit: parameters whose gradient arrived
   InFlight in_flight_{0};
   int64_t bucket_bytes_ = 0, peak_bucket_bytes_ = 0;
   GradientHooks hooks_;

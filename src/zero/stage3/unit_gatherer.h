@@ -15,7 +15,9 @@
 // use (kept for reuse, prefetched) are released, farthest next use first. Units in use (inside
 // their forward, between pre_backward and backward_done, or pinned by gathered_parameters) are
 // never released, so the bound holds whenever it is at least the largest unit (twice that while a
-// unit is used again inside another).
+// unit is used again inside another), and as long as every trainable parameter of a unit gets a
+// gradient: a unit one of whose parameters gets none has no backward_done, and stays in use until
+// end_backward (Stage3 warns, naming the parameter).
 //
 // The trace is the sequence of pre_forward/pre_backward unit ids from the first forward after
 // begin_forward() to the end of that backward. A later iteration that deviates from it drops the
@@ -85,6 +87,8 @@ class UnitGatherer : public UnitHooks {
 
   void begin_forward();
   void backward_done(int unit);
+  // Between the unit's pre_backward and its backward_done (or end_backward).
+  bool backward_pending(int unit) const { return state_[unit].backward_pending; }
   void end_backward();
   // The store's slices are about to change (the optimizer step, a checkpoint load): every unit
   // gathered and not in use is released (its copy would be stale, and a gather in flight reads a

@@ -41,14 +41,17 @@ class BucketOrder {
   }
   // What mark_ready refuses, checked alone: a caller that must copy the gradient somewhere
   // before marking it (into a bucket that mark_ready may launch) checks first.
-  void refuse_second(size_t param) const {
+  // `remedy`: what the user can do at the caller's stage.
+  static constexpr const char* kOverlapRemedy =
+      "set zero_optimization.overlap_comm to false at stage 0 or 1, or keep a shared parameter "
+      "inside one checkpointed segment";
+  void refuse_second(size_t param, const char* remedy = kOverlapRemedy) const {
     if (marked_[param])
       throw Error("parameter #" + std::to_string(param) +
                   " of the ZeRO stage got its gradient twice in one backward (a parameter "
                   "shared by two activation-checkpointed segments: each recomputation runs its "
                   "own backward), after its gradient bucket may already have been reduced. "
-                  "DeepSpeed refuses this too; set zero_optimization.overlap_comm to false at "
-                  "stage 0 or 1, or keep a shared parameter inside one checkpointed segment");
+                  "DeepSpeed refuses this too; " + remedy);
   }
   // Whether parameter i's gradient arrived in this backward.
   bool marked(size_t param) const { return marked_[param]; }

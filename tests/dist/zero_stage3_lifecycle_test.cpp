@@ -368,40 +368,45 @@ TEST(Stage3Access, AnUneditedModifierScopeLeavesTheMastersAlone) {
 // The elements a modifier rank changed do reach the bf16 run's masters, run by run (here three
 // runs: rows of one weight): after a step they keep the edit (moved by one small update), and the
 // rows between them their own values.
+// The edited rows lie in rank 0's half: modifier 1 edits another rank's slice, modifier 0 its own
+// (whose gathered buffer already holds the edits when the scope ends).
 TEST(Stage3Access, AModifierRanksEditsReachTheBf16Masters) {
-  std::mutex init;
-  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    std::shared_ptr<dstest::OuterModelImpl> model;
-    {
-      std::lock_guard<std::mutex> lock(init);
-      torch::manual_seed(7);
-      model = std::make_shared<dstest::OuterModelImpl>();
-    }
-    auto config = dstest::stage3_test_config(3);
-    config["bf16"] = {{"enabled", true}};
-    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                      {.model = model, .config_json = config, .comm = comm})
-                      .engine;
-    auto w = model->named_parameters()["layers.0.fc.weight"];
-    const std::vector<int64_t> edited = {0, 2, 5};
-    {
-      auto scope = engine->gathered_parameters(/*modifier_rank=*/1);
-      torch::NoGradGuard no_grad;
-      if (comm->rank() == 1)
-        for (int64_t row : edited) w[row].fill_(0.5);
-    }
-    auto b = dstest::token_batch(comm->rank(), 0);
-    engine->backward(engine->forward(b.idx, b.targets));
-    engine->step();
-    auto whole = engine->gathered_parameters();
-    for (int64_t row = 0; row < 6; ++row) {
-      const double off = (w[row].to(torch::kFloat) - 0.5).abs().max().item<double>();
-      if (std::find(edited.begin(), edited.end(), row) != edited.end())
-        EXPECT_LT(off, 0.05) << "row " << row << ": the edit did not reach the masters";
-      else
-        EXPECT_GT(off, 0.1) << "row " << row << " was not edited";
-    }
-  });
+  for (int modifier : {1, 0}) {
+    std::mutex init;
+    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      std::shared_ptr<dstest::OuterModelImpl> model;
+      {
+        std::lock_guard<std::mutex> lock(init);
+        torch::manual_seed(7);
+        model = std::make_shared<dstest::OuterModelImpl>();
+      }
+      auto config = dstest::stage3_test_config(3);
+      config["bf16"] = {{"enabled", true}};
+      auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                        {.model = model, .config_json = config, .comm = comm})
+                        .engine;
+      auto w = model->named_parameters()["layers.0.fc.weight"];
+      const std::vector<int64_t> edited = {0, 2, 5};
+      {
+        auto scope = engine->gathered_parameters(modifier);
+        torch::NoGradGuard no_grad;
+        if (comm->rank() == modifier)
+          for (int64_t row : edited) w[row].fill_(0.5);
+      }
+      auto b = dstest::token_batch(comm->rank(), 0);
+      engine->backward(engine->forward(b.idx, b.targets));
+      engine->step();
+      auto whole = engine->gathered_parameters();
+      for (int64_t row = 0; row < 6; ++row) {
+        const double off = (w[row].to(torch::kFloat) - 0.5).abs().max().item<double>();
+        if (std::find(edited.begin(), edited.end(), row) != edited.end())
+          EXPECT_LT(off, 0.05) << "modifier " << modifier << ", row " << row
+                               << ": the edit did not reach the masters";
+        else
+          EXPECT_GT(off, 0.1) << "row " << row << " was not edited";
+      }
+    });
+  }
 }
 
 // Stage 3 with qwZ (every unit gathered as int8 blocks) over the probe model.

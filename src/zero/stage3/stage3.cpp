@@ -177,7 +177,7 @@ void Stage3::on_grad_ready(int u, size_t i) {
   // bucket reduced (and be lost) or not yet (and overwrite the first, counting twice toward the
   // bucket and the unit's release): refused as at stages 0-2, before it touches the bucket.
   try {
-    order_->refuse_second(k);
+    order_->refuse_second(k, "keep a shared parameter inside one checkpointed segment");
   } catch (const Error& e) {
     throw Error("stage 3, " + param_names_[k] + " (ZeRO unit " + std::to_string(u) + "): " +
                 e.what());
@@ -363,24 +363,37 @@ std::function<void()> Stage3::gather_for_access(
       throw;
     }
   }
-  return [this, units, modifier_rank] { release_units(units, modifier_rank); };
+  // With a modifier rank, this rank's slice as gathered (the partition's values: the pin gathers
+  // exactly), taken now: the parameters are views of the gathered buffer, so by the release it
+  // holds the scope's edits, and on the modifier rank the broadcast would not change it.
+  std::vector<at::Tensor> before;
+  if (modifier_rank) {
+    torch::NoGradGuard no_grad;
+    for (int u : units) before.push_back(own_slice(u).clone());
+  }
+  return [this, units, modifier_rank, before = std::move(before)] {
+    release_units(units, modifier_rank, before);
+  };
 }
 
-void Stage3::release_units(const std::vector<int>& units, std::optional<int> modifier_rank) {
+at::Tensor Stage3::own_slice(int unit) {
+  const auto& L = layout_.units[unit].layout;
+  return gatherer_->full(unit).narrow(0, L.begin(ctx_.rank()), L.partition_numel);
+}
+
+void Stage3::release_units(const std::vector<int>& units, std::optional<int> modifier_rank,
+                           const std::vector<at::Tensor>& before) {
   torch::NoGradGuard no_grad;
-  const int rank = ctx_.rank();
   size_t k = 0;
   try {
     for (; k < units.size(); ++k) {
       const int u = units[k];
       if (modifier_rank) {  // the edits become the masters
         at::Tensor full = gatherer_->full(u);
-        const auto& L = layout_.units[u].layout;
-        at::Tensor mine = full.narrow(0, L.begin(rank), L.partition_numel);
-        at::Tensor before = mine.clone();  // the partition's values: the pin gathered exactly
         ctx_.comm->broadcast(full, *modifier_rank)->wait();
+        at::Tensor mine = own_slice(u);
         params_->write(u, mine);
-        write_edited_masters(layout_.units[u].partition_offset, before, mine);
+        write_edited_masters(layout_.units[u].partition_offset, before[k], mine);
       }
       gatherer_->unpin(u);
     }

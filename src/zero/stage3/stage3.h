@@ -120,7 +120,11 @@ class Stage3 : public ZeroStage {
   // This rank's checkpoint fragments, with where they lie in its partition.
   std::vector<StateFragment> own_fragments() const;
   // Unpins `units`; with a modifier rank, its values become every rank's slices and masters.
-  void release_units(const std::vector<int>& units, std::optional<int> modifier_rank);
+  // `before`: with a modifier rank, each unit's own slice as the scope began (else empty).
+  void release_units(const std::vector<int>& units, std::optional<int> modifier_rank,
+                     const std::vector<at::Tensor>& before);
+  // This rank's slice of `unit`'s gathered buffer (a view).
+  at::Tensor own_slice(int unit);
   // This rank's slice of the partition at `offset` went from `before` to `after` (a modifier
   // rank's edits): the masters of the elements that changed follow.
   void write_edited_masters(int64_t offset, const at::Tensor& before, const at::Tensor& after);

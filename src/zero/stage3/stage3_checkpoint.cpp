@@ -94,7 +94,14 @@ std::function<void()> Stage3::gather_group(int unit, std::optional<int> modifier
               unit);
   if (layout_.units[unit].params.empty()) return [] {};
   gatherer_->pin(unit);
-  return [this, unit, modifier_rank] { release_units({unit}, modifier_rank); };
+  std::vector<at::Tensor> before;  // as gather_for_access: the slice before the caller's edits
+  if (modifier_rank) {
+    torch::NoGradGuard no_grad;
+    before.push_back(own_slice(unit).clone());
+  }
+  return [this, unit, modifier_rank, before = std::move(before)] {
+    release_units({unit}, modifier_rank, before);
+  };
 }
 
 void Stage3::finish_load(int64_t adam_step) {

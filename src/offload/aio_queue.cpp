@@ -25,6 +25,10 @@ int open_direct(const std::string& path, int flags, bool& direct) {
   int fd = ::open(path.c_str(), flags | O_DIRECT, 0600);
   direct = true;
   if (fd < 0 && errno == EINVAL) {
+    // A kernel may create the file before it finds the file system cannot do O_DIRECT (tmpfs
+    // before Linux 6.6): with O_EXCL that file is ours (an existing one is EEXIST), and
+    // creating it again exclusively would find it there.
+    if ((flags & (O_CREAT | O_EXCL)) == (O_CREAT | O_EXCL)) ::unlink(path.c_str());
     fd = ::open(path.c_str(), flags, 0600);
     direct = false;
   }

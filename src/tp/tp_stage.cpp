@@ -58,26 +58,41 @@ std::string layer_label(const std::string& name, const torch::nn::Module& m) {
 void check_split_layers(const torch::nn::Module& module, const comm::Topology* topology,
                         const std::string& args) {
   const int tensor = topology ? topology->grid().tensor_size() : 1;
+  std::string error;  // this rank's first layer that does not sit on the topology's tensor group
   for (const auto& item : module.named_modules("", /*include_self=*/true)) {
     const auto* layer = dynamic_cast<const SplitLayer*>(item.value().get());
-    if (!layer || !layer->group() || layer->group()->world_size() == 1) continue;
+    if (!error.empty() || !layer || !layer->group() || layer->group()->world_size() == 1) continue;
     const int size = layer->group()->world_size();
     const std::string what = "layer " + layer_label(item.key(), *item.value()) +
                              " is split over a group of " + std::to_string(size) + " ranks";
     if (!topology)
-      throw ConfigError(args + " is not given (tensor size 1), but " + what +
-                        ": pass the comm::Topology whose tensor_parallel() group the model was "
-                        "built on");
-    if (size != tensor)
-      throw ConfigError(args + " has tensor size " + std::to_string(tensor) + ", but " + what +
-                        ": build the model on that topology's tensor_parallel() group");
-    if (layer->group()->rank() != topology->coordinates().tensor)
-      throw ConfigError(args + ": " + what + " in which world rank " +
-                        std::to_string(topology->world()->rank()) + " is rank " +
-                        std::to_string(layer->group()->rank()) + ", but its tensor coordinate is " +
-                        std::to_string(topology->coordinates().tensor) +
-                        ": build the model on that topology's tensor_parallel() group");
+      error = args + " is not given (tensor size 1), but " + what +
+              ": pass the comm::Topology whose tensor_parallel() group the model was built on";
+    else if (size != tensor)
+      error = args + " has tensor size " + std::to_string(tensor) + ", but " + what +
+              ": build the model on that topology's tensor_parallel() group";
+    else if (layer->group()->rank() != topology->coordinates().tensor)
+      error = args + ": " + what + " in which world rank " +
+              std::to_string(topology->world()->rank()) + " is rank " +
+              std::to_string(layer->group()->rank()) + ", but its tensor coordinate is " +
+              std::to_string(topology->coordinates().tensor) +
+              ": build the model on that topology's tensor_parallel() group";
   }
+  if (!topology) {
+    if (!error.empty()) throw ConfigError(error);
+    return;
+  }
+  // Every rank stops, not only those that found a mismatch (a group of the right size but other
+  // members fails on some ranks only): the others would go on into initialize's collectives and
+  // wait there until the timeout. COLLECTIVE over the world.
+  at::Tensor failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  if (topology->world()->world_size() > 1)
+    topology->world()->all_reduce(failed, comm::ReduceOp::Max)->wait();
+  if (!error.empty()) throw ConfigError(error);
+  if (failed.item<float>() > 0)
+    throw ConfigError(args + ": another rank's split layers are not on the topology's "
+                      "tensor_parallel() group (its error names the layer); world rank " +
+                      std::to_string(topology->world()->rank()) + " stops too");
 }
 
 void check_initialize_args(const torch::nn::Module& module, const comm::Topology* topology,

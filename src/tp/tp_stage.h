@@ -28,9 +28,9 @@ namespace tp {
 // for data-parallel ranks: the loader would give them different samples, their different slices
 // would be averaged, the norm would miss the tensor group and checkpoints would write rank 0's
 // slices as the whole model. Throws ConfigError naming the layer and both sizes; `args` is how
-// the caller names its topology ("initialize(): InitializeArgs.topology"). Local: no collective
-// (the same model throws alike on every rank; a group of the right size but other ranks is
-// refused on the ranks whose place differs).
+// the caller names its topology ("initialize(): InitializeArgs.topology"). With a topology,
+// COLLECTIVE over its world: a rank that finds nothing wrong throws too when another does (a
+// group of the right size but other members is wrong on some ranks only). Without one, local.
 void check_split_layers(const torch::nn::Module& module, const comm::Topology* topology,
                         const std::string& args);
 

@@ -464,6 +464,24 @@ TEST(TensorParallelTraining, SplitLayersMustMatchTheTopology) {
         EXPECT_CONTAINS(other, "InitializeArgs.topology has tensor size 4");
         EXPECT_CONTAINS(other, "split over a group of 2 ranks");
 
+        // A group of the right size but other members (the data-parallel one) is wrong on some
+        // ranks only; every rank stops, none waits in initialize's collectives.
+        std::shared_ptr<gpt::TPGPTImpl> on_data_group;
+        {
+          std::lock_guard<std::mutex> lock(rng_mutex);
+          on_data_group = std::make_shared<gpt::TPGPTImpl>(c, topology->data_parallel());
+        }
+        const bool misplaced =
+            topology->data_parallel()->rank() != topology->coordinates().tensor;
+        const std::string members = dstest::message_of<deepspeed::ConfigError>([&] {
+          deepspeed::initialize<gpt::TPGPTImpl>({.model = on_data_group,
+                                                 .config_json = dstest::base_config(4, 1, 0),
+                                                 .training_data = dataset,
+                                                 .topology = topology});
+        });
+        EXPECT_CONTAINS(members, misplaced ? "but its tensor coordinate is"
+                                           : "another rank's split layers are not on");
+
         // The pipeline checks its stage's layers alike.
         auto pipe_topology = std::make_shared<deepspeed::comm::Topology>(
             comm, deepspeed::comm::TopologySizes{2, 2});

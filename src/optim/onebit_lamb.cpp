@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 
 #include "optim/adamw_state.h"
 
@@ -28,6 +29,12 @@ LambHyper warmup_lamb(const OneBitLambHyper& h) {
 
 double l2(const at::Tensor& t) { return t.to(torch::kDouble).norm().item<double>(); }
 
+// Lamb's trust ratio (lamb.cpp's clamp_ratio, FusedLamb's): 1 when either norm is zero.
+double trust_ratio(const OneBitLambHyper& h, double w_norm, double u_norm) {
+  if (w_norm == 0 || u_norm == 0) return 1.0;
+  return std::clamp(w_norm / u_norm, h.min_coeff, h.max_coeff);
+}
+
 }  // namespace
 
 OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
@@ -42,12 +49,13 @@ int64_t OneBitLamb::steps() const { return adamw_steps(*this); }
 
 std::vector<at::Tensor> OneBitLamb::units() const { return exchange_views(params_of(*this)); }
 
-// Before the first step the values are the starting ones (0 and 1), so resizing loses nothing;
+// Before this object's first step the values are the starting ones (0 and 1), so resizing loses
+// nothing, even at a step count > 0 (a load that set the moments but skipped the extra state);
 // a size change after that would mean the segments changed under a running optimizer.
 void OneBitLamb::size_per_unit() {
   const size_t n = units().size();
   if (coeff_freeze_.size() == n) return;
-  TORCH_CHECK(steps() == 0, "OneBitLamb: the segments changed after ", steps(),
+  TORCH_CHECK(!stepped_, "OneBitLamb: the segments changed after ", steps(),
               " steps (ratio averages for ", coeff_freeze_.size(), " parameters, now ", n, ")");
   coeff_freeze_.assign(n, 0.0);
   last_factor_.assign(n, 1.0);
@@ -60,12 +68,14 @@ torch::optim::AdamWParamState& OneBitLamb::state_or_zeros(const at::Tensor& p) {
 
 torch::Tensor OneBitLamb::step(LossClosure closure) {
   size_per_unit();
+  stepped_ = true;
   if (!frozen()) {
     torch::Tensor loss = Lamb::step(closure);
     after_warmup_step();
     return loss;
   }
   torch::Tensor loss = run_closure(closure);
+  if (!coeff_freeze_known_) rebuild_coeff_freeze();
   compressed_step();
   return loss;
 }
@@ -85,8 +95,41 @@ void OneBitLamb::after_warmup_step() {
       coeff_freeze_[i] = hyper_.coeff_beta * coeff_freeze_[i] + (1 - hyper_.coeff_beta) * ratio;
   }
   if (!frozen()) return;
+  coeff_freeze_known_ = true;
   fresh_.clear();
   for (const auto& p : ps) fresh_.push_back(state_or_zeros(p).exp_avg_sq().clone());
+}
+
+// Frozen, and the warm-up's ratio average is neither this optimizer's own nor loaded: left at 0,
+// every frozen step would be p -= lr·0·factor·u, a silent stall. The nearest stand-in the loaded
+// state offers is the ratio a Lamb step would apply now, per unit, computed once; from here on it
+// is kept and saved as if the warm-up had produced it. Identical on every rank (the moments and
+// weights are), so no collective.
+void OneBitLamb::rebuild_coeff_freeze() {
+  torch::NoGradGuard no_grad;
+  const auto ps = params_of(*this);
+  const auto& o = static_cast<const torch::optim::AdamWOptions&>(param_groups()[0].options());
+  std::vector<at::Tensor> whole_m, whole_v;
+  for (const auto& p : ps) {
+    auto& s = state_or_zeros(p);
+    whole_m.push_back(s.exp_avg());
+    whole_v.push_back(s.exp_avg_sq());
+  }
+  const auto params = units(), momenta = exchange_views(whole_m),
+             variances = exchange_views(whole_v);
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor update = momenta[i] / (variances[i].sqrt() + o.eps());
+    if (o.weight_decay() > 0) update = update + params[i] * o.weight_decay();
+    coeff_freeze_[i] = trust_ratio(hyper_, l2(params[i]), l2(update));
+  }
+  coeff_freeze_known_ = true;
+  if (!comm_ || comm_->rank() == 0)
+    std::cerr << "[deepspeed] warning: OneBitLamb at step " << steps()
+              << " is past its warm-up (freeze_step " << hyper_.freeze_step
+              << ") but the load restored no coeff_freeze (its extra optimizer state was skipped "
+                 "or saved by another optimizer): rebuilt each frozen trust ratio from the "
+                 "loaded weights and moments as Lamb's clamp(|p| / |m/(sqrt(v)+eps) + "
+                 "weight_decay*p|); training continues, not bit for bit as an unbroken run\n";
 }
 
 // Per unit i (a parameter, or a segment of the master): m_before, m, v and fresh are the
@@ -167,6 +210,8 @@ void OneBitLamb::load_extra_state(const ExtraState& saved) {
     dst.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   };
   scalars("coeff_freeze", coeff_freeze_, 0.0);
+  // Without it a frozen optimizer rebuilds the ratios at its next step (rebuild_coeff_freeze).
+  coeff_freeze_known_ = saved.replicated.count("coeff_freeze") > 0;
   scalars("last_factor", last_factor_, 1.0);
   fresh_.clear();
   auto fresh = saved.replicated.find("exp_avg_sq_fresh");

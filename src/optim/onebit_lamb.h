@@ -21,7 +21,10 @@
 // what that rescaling approximates, so there is none. exp_avg_mask: momentum_mask.h.
 // Checkpoints: step, m, v as Adam's fragments; fresh variance, coeff_freeze and last_factor as
 // replicated extra state (they survive a world-size change); the error feedback per rank
-// (extra_state.h).
+// (extra_state.h). A frozen optimizer that gets no coeff_freeze back (the load skipped the extra
+// state, or it came from another optimizer) rebuilds each ratio once, at its next step, as the
+// Lamb ratio of the loaded state, clamp(‖p‖/‖m/(sqrt(v)+eps) + wd·p‖), and warns: with 0 every
+// frozen step would be p -= 0 (DeepSpeed always has lamb_coeff_freeze in its optimizer state).
 // In 16 bits (fp16 with a dynamic loss scale, stage 0) it steps the flat fp32 master of
 // zero/flat_stage.h, which names one segment per model parameter (self_communicating.h) and, as
 // for Lamb, one fragment per parameter (lamb.h). Everything per tensor above is then per segment:
@@ -75,12 +78,18 @@ class OneBitLamb : public Lamb,
   // coeff_freeze_ / last_factor_ sized to units() (segments arrive after construction).
   void size_per_unit();
   void after_warmup_step();
+  // coeff_freeze_ from the moments and weights, when frozen without one (see the top).
+  void rebuild_coeff_freeze();
   void compressed_step();
 
   OneBitLambHyper hyper_;
   comm::CommunicatorPtr comm_;
   std::unique_ptr<CompressedAllReduce> compressor_;
   std::vector<double> coeff_freeze_, last_factor_;
+  // coeff_freeze_ holds a warm-up's average: this optimizer ended the warm-up, or a load gave it.
+  bool coeff_freeze_known_ = false;
+  // step() has run on this object since its construction: from then on the segments are fixed.
+  bool stepped_ = false;
   std::vector<at::Tensor> fresh_;  // per optimizer tensor: the fresh variance; empty until the
                                    // warm-up ends
 };

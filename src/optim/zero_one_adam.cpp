@@ -10,6 +10,18 @@
 
 namespace deepspeed {
 namespace optim {
+namespace {
+
+// Phase 1's bookkeeping after step `step`: var_interval doubles after every var_update_scaler
+// variance steps (steps that are multiples of the interval).
+void advance_var_interval(int64_t step, int64_t scaler, int64_t& interval, int64_t& counter) {
+  if (step % interval == 0 && ++counter == scaler) {
+    counter = 0;
+    interval *= 2;
+  }
+}
+
+}  // namespace
 
 ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
                          comm::CommunicatorPtr comm)
@@ -20,8 +32,21 @@ ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyp
 
 int64_t ZeroOneAdam::steps() const { return adamw_steps(*this); }
 
+// The stage asks before the backward, step() replays the schedule only after it: when the step
+// count moved since this optimizer's last step (a load that did not hand back the extra state),
+// answer from the schedule step() is about to replay, or the stage would keep a variance step's
+// gradients local and exact Adam would run on each rank's own (ranks diverge). Not frozen here,
+// so the replay is at most var_freeze_step steps.
 bool ZeroOneAdam::gradients_stay_local() const {
-  return frozen() || (steps() + 1) % var_interval_ != 0;
+  if (frozen()) return true;
+  int64_t interval = var_interval_;
+  if (steps() != last_step_) {
+    int64_t counter = 0;
+    interval = 1;
+    for (int64_t t = 1; t <= steps(); ++t)
+      advance_var_interval(t, hyper_.var_update_scaler, interval, counter);
+  }
+  return (steps() + 1) % interval != 0;
 }
 
 // Every parameter with its Adam state (created, zero, when missing: every rank must compress the
@@ -113,10 +138,7 @@ void ZeroOneAdam::local_step(int64_t step) {
 // exceeds var_freeze_step), phase 2 from the next.
 void ZeroOneAdam::advance_schedule(int64_t step) {
   if (step <= hyper_.var_freeze_step + 1) {
-    if (step % var_interval_ == 0 && ++var_counter_ == hyper_.var_update_scaler) {
-      var_counter_ = 0;
-      var_interval_ *= 2;
-    }
+    advance_var_interval(step, hyper_.var_update_scaler, var_interval_, var_counter_);
     // The switch: the error feedback kept for gradients must not leak into the momentum sums.
     if (step == hyper_.var_freeze_step + 1 && compressor_) compressor_->reset_errors();
     return;

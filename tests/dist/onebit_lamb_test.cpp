@@ -5,6 +5,7 @@
 //     factor clamps included;
 //   - after the freeze a step moves a small fraction of Lamb's bytes (its loss against Lamb's
 //     after 200 steps: optimizer_convergence_test.cpp);
+//   - frozen without coeff_freeze from a load, it rebuilds the ratios instead of stepping by 0;
 //   - DeepSpeed's refusals and bad parameters are named.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/adamw_state.h"
 #include "optim/onebit_lamb.h"
 #include "support/training_run.h"
 
@@ -33,6 +35,23 @@ json lamb_config(const std::string& type, const json& extra) {
   params.update(extra);
   c["optimizer"] = {{"type", type}, {"params", params}};
   return c;
+}
+
+// Lamb's ratio of `opt`'s state now, per tensor: clamp(|p| / |m/(sqrt(v)+eps) + wd*p|).
+std::vector<double> lamb_ratios_now(deepspeed::optim::OneBitLamb& opt,
+                                    const std::vector<torch::Tensor>& params,
+                                    const deepspeed::optim::OneBitLambHyper& h) {
+  std::vector<double> out;
+  for (const auto& p : params) {
+    auto& s = deepspeed::optim::adamw_state_or_zeros(opt, p, 0);
+    torch::Tensor pd = p.detach().to(torch::kDouble);
+    torch::Tensor u = s.exp_avg().to(torch::kDouble) /
+                          (s.exp_avg_sq().to(torch::kDouble).sqrt() + h.eps) +
+                      h.weight_decay * pd;
+    out.push_back(std::clamp(pd.norm().item<double>() / u.norm().item<double>(), h.min_coeff,
+                             h.max_coeff));
+  }
+  return out;
 }
 
 std::string config_error(const json& doc) {
@@ -190,6 +209,106 @@ TEST(OneBitLamb, ExpAvgMaskZeroesTheMaskedMomentumAfterTheFreeze) {
   torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1));
   msg = error_of([&] { deepspeed::set_exp_avg_mask(sgd, p, mask); });
   EXPECT_NE(msg.find("not a 1-bit optimizer"), std::string::npos) << msg;
+}
+
+// A load that restores the moments but no coeff_freeze (extra state skipped: another tensor-
+// parallel size, a new trainable parameter with load_module_strict=false; or saved by plain Lamb)
+// left the frozen ratio average at 0, so every later step was p -= 0. It is rebuilt from the
+// loaded state as Lamb's ratio, and the weights move.
+TEST(OneBitLamb, FrozenWithoutSavedRatiosRebuildsThemFromTheLoadedState) {
+  deepspeed::optim::OneBitLambHyper h;
+  h.lr = 0.01;
+  h.weight_decay = 0.01;
+  h.freeze_step = 2;
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> params = {torch::randn({5}).set_requires_grad(true),
+                                       torch::randn({37}).set_requires_grad(true)};
+  deepspeed::optim::OneBitLamb opt(params, h, deepspeed::comm::make_single_process_communicator());
+  auto draw_grads = [&] {
+    for (auto& p : params) p.mutable_grad() = torch::randn(p.sizes()) * 0.1;
+  };
+  for (int t = 1; t <= 4; ++t) {
+    draw_grads();
+    opt.step();
+  }
+  ASSERT_TRUE(opt.frozen());
+  opt.load_extra_state({});  // what a load hands back when the checkpoint's extra state is absent
+  const std::vector<double> expected = lamb_ratios_now(opt, params, h);
+  std::vector<torch::Tensor> before;
+  for (auto& p : params) before.push_back(p.detach().clone());
+  draw_grads();
+  opt.step();
+  ASSERT_EQ(opt.lamb_coeffs().size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_GT((params[i].detach() - before[i]).abs().max().item<double>(), 0.0) << i;
+    EXPECT_GT(opt.lamb_coeffs()[i], 0.0) << i;
+    EXPECT_NEAR(opt.coeff_freeze()[i], expected[i], 1e-6) << i;
+  }
+}
+
+// The same for an optimizer built fresh, whose Adam state a load set without calling
+// load_extra_state at all (checkpoint_load.cpp skips it), in 16 bits' layout: one flat tensor
+// with segments that arrive after construction, so its per-segment ratios are sized at a step
+// count > 0 (before, refused as "the segments changed").
+TEST(OneBitLamb, FreshSegmentedOptimizerGivenOnlyAdamStateRebuildsTheRatios) {
+  const std::vector<int64_t> sizes = {5, 37}, offsets = {0, 8};
+  deepspeed::optim::OneBitLambHyper h;
+  h.lr = 0.01;
+  h.weight_decay = 0.01;
+  h.freeze_step = 2;
+  torch::manual_seed(12);
+  std::vector<torch::Tensor> model;  // the model parameters the segments name
+  std::vector<deepspeed::optim::Lamb::Fragment> fragments;
+  std::vector<std::pair<int64_t, int64_t>> segments;
+  torch::Tensor flat = torch::zeros({48});
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    model.push_back(torch::zeros({sizes[i]}));
+    flat.narrow(0, offsets[i], sizes[i]).copy_(torch::randn({sizes[i]}));
+    fragments.push_back({static_cast<int64_t>(i), offsets[i], sizes[i]});
+    segments.emplace_back(offsets[i], sizes[i]);
+  }
+  auto comm = deepspeed::comm::make_single_process_communicator();
+  auto make = [&](const torch::Tensor& master) {
+    auto opt = std::make_unique<deepspeed::optim::OneBitLamb>(std::vector<torch::Tensor>{master},
+                                                              h, comm);
+    opt->set_fragments(fragments, static_cast<int64_t>(sizes.size()), nullptr);
+    opt->set_segments(model, segments);
+    return opt;
+  };
+  auto trained = make(flat);
+  for (int t = 1; t <= 4; ++t) {
+    flat.mutable_grad() = torch::randn({48}) * 0.1;
+    trained->step();
+  }
+  ASSERT_TRUE(trained->frozen());
+  // A new engine's optimizer: the weights and the Adam state loaded, nothing else.
+  torch::Tensor master = flat.detach().clone().set_requires_grad(true);
+  auto resumed = make(master);
+  auto& from = deepspeed::optim::adamw_state_or_zeros(*trained, flat, 0);
+  auto& to = deepspeed::optim::adamw_state_or_zeros(*resumed, master, from.step());
+  to.exp_avg().copy_(from.exp_avg());
+  to.exp_avg_sq().copy_(from.exp_avg_sq());
+  ASSERT_TRUE(resumed->frozen());
+  std::vector<double> expected;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    torch::Tensor p = master.detach().narrow(0, offsets[i], sizes[i]).to(torch::kDouble);
+    torch::Tensor m = to.exp_avg().narrow(0, offsets[i], sizes[i]).to(torch::kDouble);
+    torch::Tensor v = to.exp_avg_sq().narrow(0, offsets[i], sizes[i]).to(torch::kDouble);
+    torch::Tensor u = m / (v.sqrt() + h.eps) + h.weight_decay * p;
+    expected.push_back(std::clamp(p.norm().item<double>() / u.norm().item<double>(), h.min_coeff,
+                                  h.max_coeff));
+  }
+  torch::Tensor before = master.detach().clone();
+  master.mutable_grad() = torch::randn({48}) * 0.1;
+  resumed->step();
+  ASSERT_EQ(resumed->coeff_freeze().size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_GT((master.detach() - before).narrow(0, offsets[i], sizes[i]).abs().max().item<double>(),
+              0.0)
+        << i;
+    EXPECT_GT(resumed->lamb_coeffs()[i], 0.0) << i;
+    EXPECT_NEAR(resumed->coeff_freeze()[i], expected[i], 1e-6) << i;
+  }
 }
 
 TEST(OneBitLambConfig, RefusedWithZeroAndBadParamsNamed) {

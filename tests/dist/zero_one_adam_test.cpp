@@ -8,6 +8,7 @@
 #include <set>
 
 #include "gpt/model.h"
+#include "optim/adamw_state.h"
 #include "optim/zero_one_adam.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -179,4 +180,36 @@ TEST(ZeroOneAdam, UpdateRuleEqualsDeepSpeedsFormulasByHand) {
   }
   EXPECT_TRUE(opt.frozen());
   EXPECT_EQ(opt.local_interval(), 4);
+}
+
+// The stage asks gradients_stay_local() before the backward; step() replays the interval schedule
+// only afterwards. After a load that moved the step count without handing back the extra state,
+// the answer must already be the replayed schedule's, or a variance step's gradients stay local
+// while step() runs exact Adam on them (on several ranks: each its own, and they diverge).
+// var_update_scaler 2: variance steps 1, 2, 4, 6 (interval 4 after step 6); from a step count
+// of 5, the replayed interval is 2, so the coming step 6 is a variance step.
+TEST(ZeroOneAdam, AfterALoadTheStageIsToldTheReplayedSchedule) {
+  deepspeed::optim::ZeroOneAdamHyper h;
+  h.lr = 0.01;
+  h.var_freeze_step = 100;
+  h.var_update_scaler = 2;
+  torch::manual_seed(13);
+  torch::Tensor p = torch::randn({16}).set_requires_grad(true);
+  deepspeed::optim::ZeroOneAdam opt({p}, h, deepspeed::comm::make_single_process_communicator());
+  for (int t = 1; t <= 6; ++t) {
+    p.mutable_grad() = torch::randn({16}) * 0.1;
+    opt.step();
+  }
+  ASSERT_EQ(opt.var_interval(), 4);
+  EXPECT_TRUE(opt.gradients_stay_local());  // step 7: 7 % 4 != 0
+  // A checkpoint of step 5 loaded in place (moments kept: only the count matters here).
+  auto& s = deepspeed::optim::adamw_state_or_zeros(opt, p, 0);
+  s.step(5);
+  EXPECT_FALSE(opt.gradients_stay_local());
+  // And step() agrees: a variance step, the only kind that moves exp_avg_sq.
+  const torch::Tensor variance = s.exp_avg_sq().clone();
+  p.mutable_grad() = torch::randn({16}) * 0.1;
+  opt.step();
+  EXPECT_FALSE(torch::equal(variance, s.exp_avg_sq()));
+  EXPECT_EQ(opt.var_interval(), 4);  // the second variance step at interval 2 doubled it
 }

@@ -121,8 +121,8 @@ class Communicator {
 };
 
 // The sub-group of the listed ranks of `comm` (torch.distributed.new_group): every rank of `comm`
-// calls it with the same list; members get a communicator whose rank i is ranks[i], the others
-// nullptr. COLLECTIVE over `comm` (one split). Throws CommError for a repeated or out-of-range
+// calls it with the same list; members get a communicator whose rank i is the i-th smallest
+// listed rank (torch sorts the list too: {2, 0} makes rank 0 group rank 0), the others nullptr. COLLECTIVE over `comm` (one split). Throws CommError for a repeated or out-of-range
 // rank.
 CommunicatorPtr new_group(Communicator& comm, const std::vector<int>& ranks);
 

@@ -62,9 +62,11 @@ CommunicatorPtr new_group(Communicator& comm, const std::vector<int>& ranks) {
           "new_group on rank {} of {}: ranks [{}] must be distinct and in [0, {})", comm.rank(),
           comm.world_size(), fmt::join(ranks, ", "), comm.world_size()));
   }
-  auto it = std::find(ranks.begin(), ranks.end(), comm.rank());
-  if (it == ranks.end()) return comm.split(-1, 0);
-  return comm.split(0, static_cast<int>(it - ranks.begin()));
+  if (!seen.count(comm.rank())) return comm.split(-1, 0);
+  // Members are numbered in the order of their ranks in `comm`, whatever the list's order, as
+  // torch.distributed.new_group sorts its list: code ported from it broadcasting from group
+  // rank 0 means the lowest listed rank.
+  return comm.split(0, comm.rank());
 }
 
 }  // namespace comm

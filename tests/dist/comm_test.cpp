@@ -523,13 +523,14 @@ TEST(Split, KeysColorsAndNesting) {
   });
 }
 
-TEST(Split, NewGroupNumbersRanksInListOrder) {
+// As torch.distributed.new_group: members numbered by their rank, not by the list's order.
+TEST(Split, NewGroupNumbersRanksInRankOrder) {
   run_ranks(3, [](CommunicatorPtr world) {
     const int r = world->rank();
     CommunicatorPtr g = comm::new_group(*world, {2, 0});
     EXPECT_EQ(g == nullptr, r == 1);
     if (g) {
-      EXPECT_EQ(g->rank(), r == 2 ? 0 : 1);
+      EXPECT_EQ(g->rank(), r == 0 ? 0 : 1);
       EXPECT_EQ(sum_of_world_ranks(*g, r), 2);
     }
     EXPECT_THROW(comm::new_group(*world, {0, 0}), deepspeed::CommError);

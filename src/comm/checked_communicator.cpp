@@ -249,8 +249,16 @@ CommunicatorPtr with_comms_check(CommunicatorPtr comm) {
         "comms_check on rank {} of {}: the communicator is not a Gloo one, and the checker "
         "exchanges call descriptions through a Gloo group's store",
         comm->rank(), comm->world_size()));
+  // Each checker counts its calls from 1 and leaves its last keys in the store, so a second
+  // checker over the same communicator (build_engine wraps the world once per engine) needs keys
+  // of its own: "comms_check/<k>/", k counting the checkers made over this store by this rank.
+  // Every rank wraps a communicator in the same order (with_comms_check is called alike on every
+  // rank, like the collectives it checks), so every rank reaches the same k. The count lives in
+  // the store, per rank, rather than in a process-wide counter: ranks run as threads of one
+  // process in the tests, and a communicator's address may be reused after it is gone.
+  const int64_t k = store->add(fmt::format("comms_check/checkers/{}", comm->rank()), 1);
   return std::make_shared<CheckedCommunicator>(
-      comm, c10::make_intrusive<c10d::PrefixStore>("comms_check", store));
+      comm, c10::make_intrusive<c10d::PrefixStore>(fmt::format("comms_check/{}", k), store));
 }
 
 bool comms_check_from_env() {

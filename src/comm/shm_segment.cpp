@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -76,14 +77,40 @@ void* map_fd(int fd, size_t bytes) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// Reserves every page of the segment now. tmpfs sizes a file sparsely: ftruncate succeeds
+// whatever room /dev/shm has, and a page that cannot be had when first touched (a copy into a
+// slot, mid all-reduce) kills the process with SIGBUS and no message. Returns 0 or the error
+// number (posix_fallocate returns it; it does not set errno).
+int reserve(int fd, size_t bytes) {
+  int err;
+  do {
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (err == EINTR);  // tmpfs gives up a long reservation when a signal arrives
+  return err;
+}
+
 // Rank 0: a fresh segment with its header and counters initialised, or null (errno-worthy
-// failures are not fatal: the group then keeps to Gloo).
+// failures are not fatal: the group then keeps to Gloo, the others learn it from the empty
+// name setup_shm_segment publishes).
 std::unique_ptr<ShmSegment> create(const std::string& name, int world, int slots,
                                    size_t slot_bytes) {
   const size_t bytes = segment_bytes(world, slots, slot_bytes);
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return nullptr;
-  void* base = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? map_fd(fd, bytes) : nullptr;
+  void* base = nullptr;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    const int err = reserve(fd, bytes);
+    if (err == 0)
+      base = map_fd(fd, bytes);
+    else
+      std::fprintf(stderr,
+                   "[deepspeed] shared-memory all-reduce off for this group of %d ranks (its "
+                   "all-reduces go through Gloo): could not reserve the %zu-byte segment "
+                   "/dev/shm%s (posix_fallocate: %s); give /dev/shm more room (docker run "
+                   "--shm-size) or lower DS_SHM_ALLREDUCE_SLOT_BYTES (the segment is %d slots x "
+                   "ranks x that)\n",
+                   world, bytes, name.c_str(), std::strerror(err), slots);
+  }
   ::close(fd);
   if (base == nullptr) {
     ::shm_unlink(name.c_str());

@@ -94,7 +94,8 @@ size_t shm_allreduce_share_bytes_from_env();
 // (O_EXCL; its pid and a process-wide count make the name unique on the host), the others attach,
 // and rank 0 unlinks the name as soon as every rank has reported back, so a crash afterwards
 // leaves nothing behind. Returns null on every rank alike when the group is not local, any rank
-// disabled the path, or any rank failed to attach. Store waits are bounded by the store's
+// disabled the path, /dev/shm has no room for the segment (rank 0 reserves every page up front
+// and says so on stderr), or any rank failed to attach. Store waits are bounded by the store's
 // timeout; a rank that never reports makes this throw (the name is unlinked first).
 std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
                                               size_t slot_bytes, const std::string& settings);

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/checked_communicator.h"
@@ -163,6 +164,33 @@ TEST(CommsCheck, RankThatNeverArrivesIsNamedAfterTheTimeout) {
             "rank 1 did not reach it within 2 s (its last collective was all_reduce #1 (float, 4 "
             "elements, sum))");
   EXPECT_EQ(errors[1], "");
+}
+
+// A second checker over the same communicator (build_engine wraps the world again for each
+// engine) starts counting from 1 again: it must not read the first checker's keys. Here the
+// first one's last call (all_reduce #3 of 4 elements) would be found as the slow rank 1's
+// "#3" by rank 0's all_gather #3 of the second, a false mismatch on rank 0 while rank 1 waits.
+TEST(CommsCheck, SecondCheckerOverTheSameCommunicatorStartsClean) {
+  std::vector<std::string> errors(2);
+  run_ranks(2, [&](CommunicatorPtr raw) {
+    try {
+      CommunicatorPtr a = comm::with_comms_check(raw);
+      for (int i = 0; i < 3; ++i) all_reduce(*a, 4);
+      CommunicatorPtr b = comm::with_comms_check(raw);
+      auto slow = [&] {
+        if (raw->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      };
+      slow();
+      all_reduce(*b, 4);
+      slow();
+      all_reduce(*b, 4);
+      slow();
+      all_gather(*b, 4);
+    } catch (const deepspeed::CommError& e) {
+      errors[raw->rank()] = e.what();
+    }
+  });
+  for (auto& e : errors) EXPECT_EQ(e, "");
 }
 
 TEST(CommsCheck, MajorityDecidesWhoDiverges) {

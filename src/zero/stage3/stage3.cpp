@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <iostream>
 #include <unordered_set>
 #include <utility>
@@ -263,14 +264,17 @@ void Stage3::warn_units_left_gathered() {
     for (size_t i = 0; i < slots.params.size(); ++i)
       if (!order_->marked(first_param_[u] + i))
         missing += (missing.empty() ? "" : ", ") + param_names_[first_param_[u] + i];
-    std::cerr << "[deepspeed] warning: rank " << ctx_.rank() << ", stage 3: " << missing
-              << " (ZeRO unit " << u
-              << ") got no gradient in a backward, so the unit stayed gathered until the end of "
-                 "that backward (stage3_max_live_parameters does not evict it: the bound can be "
-                 "exceeded) and the gradient buckets of the units before it were held until "
-                 "then. Set requires_grad to false on a parameter the loss never uses (frozen "
-                 "parameters are not partitioned), or move it out of the unit. Warned once per "
-                 "unit.\n";
+    // One write: ranks in one process (or sharing a terminal) must not interleave mid-line.
+    const std::string line =
+        "[deepspeed] warning: rank " + std::to_string(ctx_.rank()) + ", stage 3: " + missing +
+        " (ZeRO unit " + std::to_string(u) +
+        ") got no gradient in a backward, so the unit stayed gathered until the end of "
+        "that backward (stage3_max_live_parameters does not evict it: the bound can be "
+        "exceeded) and the gradient buckets of the units before it were held until "
+        "then. Set requires_grad to false on a parameter the loss never uses (frozen "
+        "parameters are not partitioned), or move it out of the unit. Warned once per "
+        "unit.\n";
+    std::fputs(line.c_str(), stderr);
   }
 }
 

@@ -185,6 +185,8 @@ CommunicatorPtr make_single_process_communicator();
 // as missing, with its last call. So a skipped or reordered collective is an error instead of
 // a hang or a silent mix of tensors. Point-to-point send/recv pass through unchecked. Costs a
 // few store round trips and a synchronisation of all ranks per collective.
+// COLLECTIVE: every rank of `comm` wraps it, in the same order as its other checkers over `comm`
+// (each checker's store keys are numbered by that order).
 // Returns `comm` itself when it is already checked or has world size 1; the communicator must
 // be a Gloo one (it has a store) otherwise CommError. Sub-groups split from a checked
 // communicator are checked too.

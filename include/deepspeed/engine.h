@@ -331,8 +331,10 @@ struct InitializeArgs {
   // on (their communicator is topology->tensor_parallel()). Gradients are then reduced and the
   // batch counted over topology->data_parallel() only, and the clipping norm counts a split
   // parameter's pieces once each and a replicated parameter once. Null: no tensor parallelism
-  // (the data-parallel group is `comm`). REQUIRES: pipe size 1, ZeRO stage 0-2, and `comm`
-  // unset or topology->world().
+  // (the data-parallel group is `comm`). REQUIRES: pipe size 1, `comm` unset or
+  // topology->world(), every split layer on topology->tensor_parallel() (else ConfigError naming
+  // the layer; a model with split layers and no topology is refused too), and not ZeRO-3 with
+  // offload_optimizer on nvme.
   std::shared_ptr<comm::Topology> topology;
 };
 

@@ -24,6 +24,14 @@ using deepspeed::comm::CommunicatorPtr;
 // The global RNG is shared by the rank threads: seeded draws happen one rank at a time.
 std::mutex rng_mutex;
 
+// This rank's TPGPT split over `group`, built from seed 7 under the lock (ranks are threads
+// sharing libtorch's global generator).
+std::shared_ptr<gpt::TPGPTImpl> seeded_tp_gpt(const gpt::GPTConfig& c, CommunicatorPtr group) {
+  std::lock_guard<std::mutex> lock(rng_mutex);
+  torch::manual_seed(7);
+  return std::make_shared<gpt::TPGPTImpl>(c, std::move(group));
+}
+
 double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
   EXPECT_EQ(a.sizes(), b.sizes());
   return (a - b).abs().max().item<double>();
@@ -403,12 +411,7 @@ TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
       [&](CommunicatorPtr comm) {
         auto topology = std::make_shared<deepspeed::comm::Topology>(
             comm, deepspeed::comm::TopologySizes{1, 2});
-        std::shared_ptr<gpt::TPGPTImpl> model;
-        {
-          std::lock_guard<std::mutex> lock(rng_mutex);
-          torch::manual_seed(7);
-          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
-        }
+        auto model = seeded_tp_gpt(c, topology->tensor_parallel());
         auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::TPGPTImpl>(
             {.model = model, .config_json = config, .training_data = dataset, .topology = topology});
         auto batch = loader->next();
@@ -437,12 +440,7 @@ TEST(TensorParallelTraining, SplitLayersMustMatchTheTopology) {
       [&](CommunicatorPtr comm) {
         auto topology = std::make_shared<deepspeed::comm::Topology>(
             comm, deepspeed::comm::TopologySizes{1, 2});
-        std::shared_ptr<gpt::TPGPTImpl> model;
-        {
-          std::lock_guard<std::mutex> lock(rng_mutex);
-          torch::manual_seed(7);
-          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
-        }
+        auto model = seeded_tp_gpt(c, topology->tensor_parallel());
         const std::string without = dstest::message_of<deepspeed::ConfigError>([&] {
           deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
                                                  .config_json = dstest::base_config(2, 1, 0),
@@ -515,12 +513,7 @@ TEST(TensorParallelTraining, Stage3NvmeOptimizerOffloadIsRefusedAtInitialize) {
       [&](CommunicatorPtr comm) {
         auto topology = std::make_shared<deepspeed::comm::Topology>(
             comm, deepspeed::comm::TopologySizes{1, 2});
-        std::shared_ptr<gpt::TPGPTImpl> model;
-        {
-          std::lock_guard<std::mutex> lock(rng_mutex);
-          torch::manual_seed(7);
-          model = std::make_shared<gpt::TPGPTImpl>(c, topology->tensor_parallel());
-        }
+        auto model = seeded_tp_gpt(c, topology->tensor_parallel());
         const std::string msg = dstest::message_of<deepspeed::ConfigError>([&] {
           deepspeed::initialize<gpt::TPGPTImpl>({.model = model,
                                                  .config_json = config,

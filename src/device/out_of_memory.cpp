@@ -14,9 +14,11 @@ namespace {
 
 // Kept per thread and taken process-wide: on a GPU autograd runs the stages' hooks (bucket and
 // unit allocations among them) on its own device thread, while the engine reports on the
-// caller's. A thread's record is the innermost scope its exception left; the report takes the
-// newest of all threads' (the failure it is reporting) and forgets the rest. One engine per
-// process; ranks run as threads of one process (tests) share it.
+// caller's. A thread's record is the innermost scope its exception left. A report takes the
+// caller's own record when it has one, else the newest made since the caller's engine call began
+// (autograd's device thread's). Ranks running as threads of one process (tests) each start and
+// report their own calls at once: forgetting and taking touch no other rank's record, and one
+// rank's report never takes another's while it has its own.
 struct FailedAllocation {
   std::string named;
   uint64_t order = 0;  // when it was made, process-wide
@@ -25,6 +27,8 @@ std::mutex failed_allocation_mutex;
 std::map<std::thread::id, FailedAllocation> failed_allocations;
 uint64_t failed_allocations_made = 0;
 std::atomic<bool> failed_allocation_kept{false};  // a record is there (read without the lock)
+// Per calling thread: records made up to this order are older than its current engine call.
+thread_local uint64_t reported_up_to = 0;
 
 // In GiB, or MiB below one.
 std::string gib(double bytes) {
@@ -106,19 +110,31 @@ AllocatingFor::~AllocatingFor() {
 
 std::string take_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
-  std::string taken;
-  uint64_t newest = 0;
-  for (auto& [thread, record] : failed_allocations)
-    if (record.order > newest) newest = record.order, taken = std::move(record.named);
-  failed_allocations.clear();
-  failed_allocation_kept = false;
-  return taken;
+  auto taken = failed_allocations.end();
+  if (auto own = failed_allocations.find(std::this_thread::get_id());
+      own != failed_allocations.end() && own->second.order > reported_up_to)
+    taken = own;
+  else
+    for (auto it = failed_allocations.begin(); it != failed_allocations.end(); ++it)
+      if (it->second.order > reported_up_to &&
+          (taken == failed_allocations.end() || it->second.order > taken->second.order))
+        taken = it;
+  std::string named;
+  if (taken != failed_allocations.end()) {
+    named = std::move(taken->second.named);
+    failed_allocations.erase(taken);
+  }
+  failed_allocations.erase(std::this_thread::get_id());  // an older one of its own, not reported
+  reported_up_to = failed_allocations_made;
+  failed_allocation_kept = !failed_allocations.empty();
+  return named;
 }
 
 void forget_failed_allocation() {
   std::lock_guard<std::mutex> lock(failed_allocation_mutex);
-  failed_allocations.clear();
-  failed_allocation_kept = false;
+  failed_allocations.erase(std::this_thread::get_id());
+  reported_up_to = failed_allocations_made;
+  failed_allocation_kept = !failed_allocations.empty();
 }
 
 std::optional<std::string> out_of_memory_message(const std::string& libtorch_message,

@@ -33,9 +33,11 @@ class AllocatingFor {
   int exceptions_;  // in flight when the scope began: more at its end means one is leaving it
 };
 
-// What the scope left by the last exception was allocating, then forgotten; ""
-// when none was. forget_failed_allocation() drops a record nothing reported (each engine call
-// starts with it, so an old failure that was caught and handled is never named).
+// What the scope left by the last exception was allocating, then forgotten; "" when none was:
+// the calling thread's own record, else the newest another thread (autograd's device thread)
+// made since this thread's engine call began. forget_failed_allocation() marks that beginning
+// (each engine call starts with it, so an old failure that was caught and handled is never
+// named); neither touches another calling thread's record (ranks as threads, in tests).
 std::string take_failed_allocation();
 void forget_failed_allocation();
 

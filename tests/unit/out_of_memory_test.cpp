@@ -121,6 +121,36 @@ TEST(OutOfMemory, AScopeLeftByAHandledExceptionNamesNothingLater) {
   EXPECT_EQ(take_failed_allocation(), "") << "taken with the others";
 }
 
+// Ranks running as threads of one process (the dist tests) fail and report at once: one rank's
+// report, or the start of its next engine call, neither takes nor drops the other's record. Here
+// in the order that lost rank 0's record before: both fail, rank 1 reports and starts its next
+// call, then rank 0 reports.
+TEST(OutOfMemory, RanksAsThreadsEachReportTheirOwnBuffer) {
+  auto fail_in = [](const char* what) {
+    try {
+      AllocatingFor scope(what, -1, 1, 4);
+      throw std::runtime_error("out of memory");
+    } catch (const std::runtime_error&) {
+    }
+  };
+  std::string rank0, rank1;
+  std::thread rank0_thread([&] {
+    deepspeed::forget_failed_allocation();  // its engine call begins
+    fail_in("rank 0's bucket");
+    std::thread rank1_thread([&] {
+      deepspeed::forget_failed_allocation();
+      fail_in("rank 1's bucket");
+      rank1 = take_failed_allocation();
+      deepspeed::forget_failed_allocation();  // its next engine call
+    });
+    rank1_thread.join();
+    rank0 = take_failed_allocation();
+  });
+  rank0_thread.join();
+  EXPECT_EQ(rank0, "rank 0's bucket (1 elements, 0.0 MiB)");
+  EXPECT_EQ(rank1, "rank 1's bucket (1 elements, 0.0 MiB)");
+}
+
 using dstest::TwoLayersImpl;
 
 auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage,

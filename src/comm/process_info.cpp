@@ -8,18 +8,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
-
-#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
-#include <cerrno>
-#include <cstdlib>
-#include <optional>
-#include <string>
+#include "config/blocks.h"
+#include "config/hjson_reader.h"
 
 namespace deepspeed {
 namespace comm {
@@ -159,27 +161,30 @@ std::string local_address_towards(const std::string& master_addr) {
 }
 
 namespace {
-// "comm_timeout_seconds" of a ds_config.json, if the key is there. Only this key is read: the
-// rest of the config is validated by initialize(), once the world size is known.
+// "comm_timeout_seconds" of a ds_config.json, if the key is there. The file is read as
+// load_config reads it (hjson: comments, trailing commas, quoteless values) and the key by
+// parse_config's own rule (config::read_comm_timeout_seconds), so a value is taken here exactly
+// when initialize() takes it. Only this key is read: the rest of the config is validated by
+// initialize(), once the world size is known.
 std::optional<std::chrono::milliseconds> config_timeout(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("cannot read config file '{}'", path));
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false,
-                                             /*ignore_comments=*/true);
-  if (doc.is_discarded() || !doc.is_object() || !doc.contains("comm_timeout_seconds"))
-    return std::nullopt;  // a syntax error is reported with position by initialize()
-  const auto& v = doc["comm_timeout_seconds"];
-  double seconds = v.is_number() ? v.get<double>() : -1;
-  if (v.is_string()) {
-    try {
-      seconds = std::stod(v.get<std::string>());
-    } catch (const std::exception&) {
-    }
+  std::ostringstream text;
+  text << in.rdbuf();
+  // A syntax error throws here, naming the file and the position.
+  const nlohmann::json doc = config::parse_hjson(text.str(), path);
+  if (!doc.is_object()) return std::nullopt;  // initialize() says what the root must be
+  std::vector<std::string> unused;  // no warnings: only one key is read
+  config::Warnings warnings(&unused);
+  config::ObjectReader top(doc, "", warnings);
+  std::optional<int64_t> seconds;
+  try {
+    seconds = config::read_comm_timeout_seconds(top);
+  } catch (const ConfigError& e) {
+    throw ConfigError(std::string(e.what()) + " (in " + path + ")");
   }
-  if (!(seconds > 0))
-    throw ConfigError(fmt::format("{}: comm_timeout_seconds = {}: expected a positive number of "
-                                  "seconds", path, v.dump()));
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  if (!seconds) return std::nullopt;
+  return std::chrono::seconds(*seconds);
 }
 }  // namespace
 

@@ -2,6 +2,8 @@
 // Config, validates what it can check alone, and warns about unknown keys inside its block.
 // Checks that span blocks live in validate_config (parse_config.cpp).
 #pragma once
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,10 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
 // aio, activation_checkpointing, pipeline, flops_profiler, tensorboard, csv_monitor,
 // checkpoint, comms_logger (feature_blocks.cpp).
 void read_feature_blocks(ObjectReader& top, Config& cfg);
+// A value of "pipeline.stages" by read_pipeline's rule: nullopt for "auto", else a count >= 1
+// in any integer form to_int64 takes (4, 4.0, "4"); ConfigError naming `path` otherwise. Also
+// used by initialize_pipeline, which needs the count before the config can be parsed.
+std::optional<int64_t> pipeline_stage_count(const json& value, const std::string& path);
 
 // Blocks for features not provided here (amp, wandb, comet, nebula, autotuning, compression,
 // data efficiency, ...): a warning or a ConfigError when switched on; strict key checks for the
@@ -42,6 +48,10 @@ void read_unprovided_blocks(ObjectReader& top);
 // Top-level scalars (clipping, steps_per_print, seed, ...) and the recognised blocks that are
 // kept only in raw (top_level.cpp).
 void read_top_level_scalars(ObjectReader& top, Config& cfg);
+// "comm_timeout_seconds" by parse_config's rule: an integer (by to_int64's forms) > 0; nullopt
+// when absent or null. Also read by comm::resolve_timeout, before initialize() parses the whole
+// config, so that the two cannot disagree about a value (top_level.cpp).
+std::optional<int64_t> read_comm_timeout_seconds(ObjectReader& top);
 // prescale_gradients / gradient_predivide_factor against ZeRO-2's reduce_scatter, refused as
 // DeepSpeed asserts. Runs after zero_optimization and the top-level scalars were read.
 void check_gradient_scaling(const Config& cfg);

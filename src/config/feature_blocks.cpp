@@ -72,11 +72,8 @@ void read_pipeline(ObjectReader& top, PipelineConfig& pipe) {
   ObjectReader r = top.child("pipeline");
   // "auto" or a stage count.
   if (const json* v = r.find("stages")) {
-    pipe.stages =
-        v->is_string() ? v->get<std::string>() : std::to_string(to_int64(*v, r.path_of("stages")));
-    if (pipe.stages != "auto" && to_int64(json(pipe.stages), r.path_of("stages")) < 1) {
-      fail(r.path_of("stages"), *v, "\"auto\" or a positive number of stages");
-    }
+    const std::optional<int64_t> count = pipeline_stage_count(*v, r.path_of("stages"));
+    pipe.stages = count ? std::to_string(*count) : "auto";
   }
   r.read("partition", pipe.partition);
   r.read("seed_layers", pipe.seed_layers);
@@ -152,6 +149,18 @@ void read_comms_logger(ObjectReader& top, CommsLoggerConfig& cl) {
 }
 
 }  // namespace
+
+std::optional<int64_t> pipeline_stage_count(const json& value, const std::string& path) {
+  if (value.is_string() && value.get<std::string>() == "auto") return std::nullopt;
+  std::optional<int64_t> count;
+  try {
+    count = to_int64(value, path);
+  } catch (const ConfigError&) {
+    // reported below, with "auto" among the forms expected
+  }
+  if (!count || *count < 1) fail(path, value, "\"auto\" or a positive number of stages");
+  return count;
+}
 
 void read_feature_blocks(ObjectReader& top, Config& cfg) {
   read_aio(top, cfg.aio);

@@ -21,13 +21,24 @@ void read_fp16(ObjectReader& top, Fp16Config& fp16) {
   r.read("hysteresis", fp16.hysteresis);
   r.read("consecutive_hysteresis", fp16.consecutive_hysteresis);
   r.read("min_loss_scale", fp16.min_loss_scale);
+  // apex AMP's setting, written into fp16 by some recipes (DeepSpeed-Chat); DeepSpeed's fp16
+  // block does not read it. Said precisely rather than as an unknown key.
+  if (r.has("opt_level")) {
+    r.warnings().add("config key '" + r.path_of("opt_level") +
+                     "' is not read by the fp16 block (it is apex AMP's amp.opt_level); it is "
+                     "ignored, as in DeepSpeed");
+  }
+  r.find("opt_level");
   r.finish();
   require_at_least(r.path_of("loss_scale"), fp16.loss_scale, 0);
   // 2^power must be a finite float scale; 2^63 is already far beyond any useful value.
   require_in_range(r.path_of("initial_scale_power"), fp16.initial_scale_power, 0, 63);
   require_at_least(r.path_of("loss_scale_window"), fp16.loss_scale_window, 1);
   require_at_least(r.path_of("hysteresis"), fp16.hysteresis, 1);
-  require_positive(r.path_of("min_loss_scale"), fp16.min_loss_scale);
+  // DeepSpeed reads it with a plain lookup and takes any number; 0 (DeepSpeed-Chat writes it)
+  // means no floor of its own: the scale halves on every overflow, down to the smallest scale
+  // whose inverse is finite in fp32 (precision/loss_scaler.h).
+  require_at_least(r.path_of("min_loss_scale"), fp16.min_loss_scale, 0);
 }
 
 void read_bf16(ObjectReader& top, Bf16Config& bf16) {

@@ -85,10 +85,20 @@ void read_top_level_scalars(ObjectReader& top, Config& cfg) {
   top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
   top.read("zero_force_ds_cpu_optimizer", cfg.zero_force_ds_cpu_optimizer);
   top.read("seed", cfg.seed);
-  top.read("comm_timeout_seconds", cfg.comm_timeout_seconds);
-  require_positive("comm_timeout_seconds", static_cast<double>(cfg.comm_timeout_seconds));
+  if (auto seconds = read_comm_timeout_seconds(top)) cfg.comm_timeout_seconds = *seconds;
   top.read("comms_check", cfg.comms_check);
   read_unused_scalars(top);
+}
+
+std::optional<int64_t> read_comm_timeout_seconds(ObjectReader& top) {
+  if (!top.has("comm_timeout_seconds")) {
+    top.find("comm_timeout_seconds");  // null: known, keeps the default
+    return std::nullopt;
+  }
+  int64_t seconds = 0;
+  top.read("comm_timeout_seconds", seconds);
+  require_positive(top.path_of("comm_timeout_seconds"), static_cast<double>(seconds));
+  return seconds;
 }
 
 void check_gradient_scaling(const Config& cfg) {

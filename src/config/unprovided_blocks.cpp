@@ -139,6 +139,11 @@ void check_tensor_parallel(ObjectReader& top) {
   }
   ObjectReader tp = r.child(r.has("tensor_parallel") ? "tensor_parallel" : "tp");
   r.find("tp");
+  // DeepSpeedTPConfig's switch (default true), which the field's docstring points to; 0.16.5's
+  // training TPConfig lacks it and would reject it. Accepted here: training reads nothing of tp
+  // either way, and false only says the block is off (no tp_size warning below).
+  bool tp_enabled = true;
+  tp.read("enabled", tp_enabled);
   int64_t tp_size = 1;
   tp.read_count("tp_size", tp_size);
   int64_t grain = 1;
@@ -159,7 +164,7 @@ void check_tensor_parallel(ObjectReader& top) {
                       "docs/tensor_parallel.md. Remove the key");
   // tp is DeepSpeed's TPConfig (the inference config's tensor_parallel block, reused here):
   // training here does not read it, so it changes nothing; said in case one meant autotp_size.
-  if (tp_size > 1) {
+  if (tp_enabled && tp_size > 1) {
     top.warnings().add("config key '" + tp.path_of("tp_size") + "' = " + std::to_string(tp_size) +
                        " is not read by training (every rank holds the whole model as given; "
                        "tensor parallelism goes through InitializeArgs.topology, and "
@@ -212,24 +217,32 @@ void check_compression_training(ObjectReader& top) {
   }
 }
 
-// Data efficiency: data sampling (curriculum by difficulty) and data routing (random-LTD) change
-// what the model is trained on.
+// Data efficiency: DeepSpeed's engine turns on its curriculum sampler by
+// data_sampling.curriculum_learning.enabled and random-LTD by data_routing.random_ltd.enabled,
+// whatever data_efficiency.enabled, data_sampling.enabled and data_routing.enabled say (the engine
+// does not consult those). Both change what the model trains on, so either inner switch alone is
+// refused; the outer switches alone change nothing there, and nothing here.
 void check_data_efficiency(ObjectReader& top) {
   if (!top.has("data_efficiency")) return;
   ObjectReader r = top.child("data_efficiency");
-  if (!enabled(r)) return;
-  for (const char* feature : {"data_sampling", "data_routing"}) {
-    ObjectReader sub = r.child(feature);
-    if (enabled(sub)) {
-      throw ConfigError("config key '" + sub.path_of("enabled") +
-                        "' is true (with data_efficiency.enabled): data sampling and data routing "
-                        "are not provided, and training without them would silently change the "
-                        "run; remove the block or set it to false");
+  struct Feature {
+    const char* block;
+    const char* technique;
+    const char* what;
+  };
+  const Feature features[] = {
+      {"data_sampling", "curriculum_learning",
+       "curriculum learning by data difficulty (DeepSpeed's curriculum data sampler)"},
+      {"data_routing", "random_ltd", "random layerwise token dropping (random-LTD)"},
+  };
+  for (const Feature& f : features) {
+    ObjectReader technique = r.child(f.block).child(f.technique);
+    if (enabled(technique)) {
+      throw ConfigError("config key '" + technique.path_of("enabled") + "' is true: " + f.what +
+                        " is not provided, and training without it would silently change the "
+                        "run; remove the block or set the key to false");
     }
   }
-  top.warnings().add(
-      "config key 'data_efficiency.enabled' is true, but neither data_sampling "
-      "nor data_routing is enabled: nothing to do");
 }
 
 }  // namespace

@@ -110,9 +110,10 @@ void read_stage3(ObjectReader& r, ZeroConfig& z) {
 void read_zeropp(ObjectReader& r, ZeroConfig& z) {
   r.read("zero_quantized_weights", z.zero_quantized_weights);
   r.read("zero_quantized_gradients", z.zero_quantized_gradients);
+  // DeepSpeed: Field(1, ge=0); its stage 3 makes the secondary group only when the size is > 1,
+  // so 0 is off as 1 is.
   r.read_count("zero_hpz_partition_size", z.zero_hpz_partition_size);
-  if (z.zero_hpz_partition_size < 1) fail(r.path_of("zero_hpz_partition_size"),
-                                          z.zero_hpz_partition_size, "at least 1 (1 = off)");
+  if (z.zero_hpz_partition_size == 0) z.zero_hpz_partition_size = 1;
   if (z.stage == 3) return;
   const std::string stage = std::to_string(z.stage);
   auto ignore = [&](const char* key, bool on) {
@@ -156,13 +157,14 @@ void read_zero_object(ObjectReader& r, ZeroConfig& z) {
   read_offload(r, "offload_optimizer", /*is_param=*/false, z.offload_optimizer);
   read_deprecated_offload(r, "cpu_offload", "offload_optimizer", z.offload_optimizer);
   read_deprecated_offload(r, "cpu_offload_param", "offload_param", z.offload_param);
+  // DeepSpeed 0.16.5 declares it deprecated with set_new_param False: it warns and sets nothing.
   if (r.has("cpu_offload_use_pin_memory")) {
     bool pin = false;
-    r.read("cpu_offload_use_pin_memory", pin);
+    r.read("cpu_offload_use_pin_memory", pin);  // type-checked: Optional[bool] there
     r.warnings().add("config key '" + r.path_of("cpu_offload_use_pin_memory") +
-                     "' is deprecated; use 'pin_memory' inside offload_param / offload_optimizer");
-    z.offload_param.pin_memory = z.offload_param.pin_memory || pin;
-    z.offload_optimizer.pin_memory = z.offload_optimizer.pin_memory || pin;
+                     "' is deprecated and has no effect (as in DeepSpeed); use '" +
+                     r.path_of("offload_param.pin_memory") + "' / '" +
+                     r.path_of("offload_optimizer.pin_memory") + "'");
   }
   r.accept({"cpu_offload_use_pin_memory"});
   read_stage3(r, z);

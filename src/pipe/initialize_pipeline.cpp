@@ -5,11 +5,16 @@
 // is fixed for the engine's life.
 #include <torch/torch.h>
 
+#include <climits>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "config/blocks.h"
+#include "config/hjson_reader.h"
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/topology.h"
 #include "deepspeed/tp.h"
@@ -25,28 +30,31 @@ namespace pipe {
 
 namespace {
 
-// The stage count: the module's, else the config's pipeline.stages (a number).
+// The stage count: the module's, else the config's pipeline.stages, read by parse_config's rule
+// (4, 4.0 and "4" alike; "auto" leaves it to the module).
 int stage_count(const PipelineModule& model, const nlohmann::json& cfg) {
   if (model.num_stages > 0) return model.num_stages;
-  if (cfg.contains("pipeline") && cfg["pipeline"].contains("stages")) {
-    const auto& v = cfg["pipeline"]["stages"];
-    if (v.is_number_integer() && v.get<int64_t>() >= 1) return static_cast<int>(v.get<int64_t>());
-    if (!(v.is_string() && v.get<std::string>() == "auto"))
-      throw ConfigError("pipeline.stages = " + v.dump() + ": expected a positive number of stages");
+  const auto pipeline = cfg.find("pipeline");  // end() when cfg is not an object
+  if (pipeline != cfg.end() && pipeline->is_object()) {
+    const auto v = pipeline->find("stages");
+    if (v != pipeline->end() && !v->is_null()) {
+      const std::optional<int64_t> n = config::pipeline_stage_count(*v, "pipeline.stages");
+      if (n && *n > INT_MAX) throw ConfigError("pipeline.stages = " + v->dump() + " is too large");
+      if (n) return static_cast<int>(*n);
+    }
   }
   throw ConfigError("pipeline.stages: give the number of stages in the config (\"pipeline\": "
                     "{\"stages\": N}) or in PipelineModule.num_stages");
 }
 
+// The config as load_config reads a file (hjson, as DeepSpeed does: comments, trailing commas).
 nlohmann::json read_json(const PipelineInitializeArgs& args) {
   if (args.config.empty()) return args.config_json;
-  std::ifstream in(args.config);
+  std::ifstream in(args.config, std::ios::binary);
   if (!in) throw ConfigError("initialize_pipeline(): cannot read config file " + args.config);
-  try {
-    return nlohmann::json::parse(in, nullptr, true, /*ignore_comments=*/true);
-  } catch (const std::exception& e) {
-    throw ConfigError("initialize_pipeline(): " + args.config + ": " + e.what());
-  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  return config::parse_hjson(text.str(), args.config);  // errors name the file and position
 }
 
 // Cuts the layers into stages by the partition method and builds this stage's layers (the ones

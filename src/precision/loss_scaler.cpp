@@ -14,6 +14,15 @@ namespace {
 
 constexpr double kScaleFactor = 2.0;
 
+// The lowest scale the dynamic scalers go to, whatever fp16.min_loss_scale says (0 included):
+// 2^-126, FLT_MIN. The engine divides the gradients by the scale in fp32; below this 1/scale
+// overflows fp32 and a zero gradient times inf is NaN (DeepSpeed with min_loss_scale 0 would
+// halve on toward 0.0 and then divide by zero).
+constexpr double kSmallestScale = 0x1p-126;
+
+// Where halving stops: fp16.min_loss_scale, but never under kSmallestScale.
+double lowest_scale(double min_scale) { return std::max(min_scale, kSmallestScale); }
+
 // DeepSpeed prints int(scale); a fractional floor (0.25) would then read as 0, so those keep
 // their digits.
 std::string format_scale(double s) {
@@ -51,6 +60,13 @@ void require_kind(const nlohmann::json& state, bool dynamic) {
 void require_positive(const char* key, double v) {
   if (!(v > 0) || !std::isfinite(v)) {
     throw ConfigError(std::string(key) + " = " + format_scale(v) + ": expected a finite value > 0");
+  }
+}
+
+void require_non_negative(const char* key, double v) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    throw ConfigError(std::string(key) + " = " + format_scale(v) +
+                      ": expected a finite value >= 0");
   }
 }
 
@@ -97,7 +113,7 @@ DynamicLossScaler::DynamicLossScaler(double init_scale, int64_t scale_window, do
       cur_hysteresis_(hysteresis) {
   require_positive("fp16 initial loss scale (2^fp16.initial_scale_power)", init_scale);
   require_at_least_one("fp16.loss_scale_window", scale_window);
-  require_positive("fp16.min_loss_scale", min_scale);
+  require_non_negative("fp16.min_loss_scale", min_scale);
   require_at_least_one("fp16.hysteresis", hysteresis);
 }
 
@@ -115,11 +131,16 @@ void DynamicLossScaler::update(bool overflow) {
 void DynamicLossScaler::update_zero(bool overflow) {
   if (overflow) {
     if (hysteresis_ == 1 || cur_hysteresis_ == 1) {
-      if (cur_scale_ == min_scale_) {
-        throw Error(
-            "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.");
+      if (cur_scale_ == lowest_scale(min_scale_)) {
+        std::string why =
+            "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.";
+        if (min_scale_ < kSmallestScale)
+          why += " (fp16.min_loss_scale = " + format_scale(min_scale_) + ": the scale stops at " +
+                 format_scale(kSmallestScale) +
+                 ", 2^-126, the smallest whose inverse is finite in fp32)";
+        throw Error(why);
       }
-      const double next = std::max(cur_scale_ / kScaleFactor, min_scale_);
+      const double next = std::max(cur_scale_ / kScaleFactor, lowest_scale(min_scale_));
       last_message_ = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: " +
                       format_scale(cur_scale_) + ", reducing to " + format_scale(next);
       cur_scale_ = next;
@@ -143,7 +164,7 @@ void DynamicLossScaler::update_zero(bool overflow) {
 // FP16_Optimizer._update_scale (runtime/fp16/fused_optimizer.py).
 void DynamicLossScaler::update_fp16_optimizer(bool overflow) {
   if (overflow) {
-    const double next = std::max(cur_scale_ / kScaleFactor, min_scale_);
+    const double next = std::max(cur_scale_ / kScaleFactor, lowest_scale(min_scale_));
     last_message_ =
         "Overflow detected. Skipping step. Attempted loss scale: " + format_scale(cur_scale_) +
         ", reducing to " + format_scale(next);

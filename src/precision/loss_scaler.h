@@ -65,8 +65,10 @@ enum class ScaleRule {
 
 class DynamicLossScaler final : public LossScaler {
  public:
-  // REQUIRES: init_scale > 0, scale_window >= 1, min_scale > 0, hysteresis >= 1 (ConfigError
+  // REQUIRES: init_scale > 0, scale_window >= 1, min_scale >= 0, hysteresis >= 1 (ConfigError
   // naming the fp16.* key otherwise). hysteresis and consecutive_hysteresis matter for kZero only.
+  // Halving stops at max(min_scale, 2^-126): under 2^-126 the inverse the gradients are
+  // multiplied by overflows fp32, so min_scale 0 (DeepSpeed's "no floor") stops there.
   DynamicLossScaler(double init_scale, int64_t scale_window, double min_scale, int hysteresis,
                     bool consecutive_hysteresis, ScaleRule rule = ScaleRule::kZero);
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/engine.h"
@@ -14,6 +15,7 @@
 #include "precision/loss_scaler.h"
 #include "runtime/engine_state.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/half_mlp.h"
 #include "support/pipeline_gpt.h"
 
@@ -55,6 +57,16 @@ TEST(ConfigEngine, TorchAdamAsAStringPicksTheUnfusedWrapper) {
   EXPECT_CONTAINS(
       dstest::message_of<deepspeed::ConfigError>([&] { min_loss_scale_of(fp16_stage0(bad)); }),
       "optimizer.params.torch_adam");
+}
+
+// DeepSpeed-Chat's fp16 block (min_loss_scale 0, apex's opt_level) builds an engine whose scaler
+// has no floor of its own.
+TEST(ConfigEngine, DeepSpeedChatFp16BlockInitializes) {
+  at::set_num_threads(1);
+  json config = fp16_stage0({{"type", "Adam"}, {"params", {{"lr", 1e-3}}}});
+  config["fp16"] = json::parse(
+      R"({"enabled": true, "opt_level": "O2", "loss_scale_window": 100, "min_loss_scale": 0})");
+  EXPECT_EQ(min_loss_scale_of(config), 0.0);
 }
 
 // number_checkpoints only sizes the contiguous buffer (DeepSpeed's default: None): 0 without
@@ -107,6 +119,31 @@ TEST(ConfigEngine, PipelineFillsAutoFromItsOverrides) {
       [&] { deepspeed::pipe::initialize_pipeline(args); });
   EXPECT_CONTAINS(msg, "optimizer.params.lr");
   EXPECT_CONTAINS(msg, "initialize_pipeline()");
+}
+
+// A config file is read as load_config reads it (hjson, as DeepSpeed does), and pipeline.stages
+// by parse_config's rule: a '#' comment, a trailing comma and "1" for the stage count all load.
+TEST(ConfigEngine, PipelineReadsItsConfigFileAsHjson) {
+  at::set_num_threads(1);
+  dstest::TempDir dir("ds_pipe_hjson");
+  json config = dstest::pipeline_config(1, 0);
+  for (const json& stages : {json("1"), json(1.0)}) {
+    config["pipeline"] = {{"stages", stages}};
+    std::string text = config.dump(2);
+    // A trailing comma after the last member, then a comment.
+    text.insert(text.find_last_not_of(" \n", text.rfind('}') - 1) + 1,
+                ",  # DeepSpeed's hjson reader allows these");
+    const std::string path = dir / "ds_config.json";
+    { std::ofstream(path) << text; }
+    deepspeed::pipe::PipelineInitializeArgs args;
+    args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false));  // num_stages unset
+    args.config = path;
+    args.comm = deepspeed::comm::make_single_process_communicator();
+    args.device = "cpu";
+    std::shared_ptr<deepspeed::pipe::PipelineEngine> engine;
+    ASSERT_NO_THROW(engine = deepspeed::pipe::initialize_pipeline(args)) << text;
+    EXPECT_EQ(engine->num_stages(), 1) << stages.dump();
+  }
 }
 
 }  // namespace

@@ -152,12 +152,13 @@ TEST(ConfigUnprovidedBlocks, EachSwitchedOnBlockIsWarnedOnceOrRefused) {
        "Compression library"},
       {R"({"compression_training": {"layer_reduction": {"enabled": true}}})",
        "compression_training.layer_reduction.enabled", true, "uncompressed model"},
-      {R"({"data_efficiency": {"enabled": true, "data_sampling": {"enabled": true}}})",
-       "data_efficiency.data_sampling.enabled", true, "data sampling and data routing"},
-      {R"({"data_efficiency": {"enabled": true, "data_routing": {"enabled": true}}})",
-       "data_efficiency.data_routing.enabled", true, "data sampling and data routing"},
-      {R"({"data_efficiency": {"enabled": true}})", "data_efficiency.enabled", false,
-       "nothing to do"},
+      // DeepSpeed's engine consults only the inner switches, so each alone is refused.
+      {R"({"data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": true}}}})",
+       "data_efficiency.data_sampling.curriculum_learning.enabled", true,
+       "curriculum learning by data difficulty (DeepSpeed's curriculum data sampler) is not "
+       "provided"},
+      {R"({"data_efficiency": {"data_routing": {"random_ltd": {"enabled": true}}}})",
+       "data_efficiency.data_routing.random_ltd.enabled", true, "random-LTD) is not provided"},
       {R"({"hybrid_engine": {"enabled": true}})", "hybrid_engine.enabled", false,
        "training is unaffected"},
       {R"({"progressive_layer_drop": {"enabled": true, "theta": 0.5}})",
@@ -202,6 +203,34 @@ TEST(ConfigUnprovidedBlocks, SwitchedOffBlocksAreAcceptedSilently) {
     "weight_quantization": {"enabled": false}})"));
   auto warnings = warnings_of(doc);
   EXPECT_TRUE(warnings.empty()) << warnings.front();
+}
+
+// The outer switches of data_efficiency do not turn a technique on (DeepSpeed's engine never
+// reads them) and do not keep one off: only the inner ones count, whatever the outer ones say.
+TEST(ConfigUnprovidedBlocks, DataEfficiencyIsDecidedByItsInnerSwitches) {
+  EXPECT_TRUE(warnings_of(with(json::parse(R"({"data_efficiency": {"enabled": true,
+      "data_sampling": {"enabled": true, "curriculum_learning": {"enabled": false}},
+      "data_routing": {"enabled": true, "random_ltd": {"enabled": false}}}})")))
+                  .empty());
+  EXPECT_CONTAINS(error_of(with(json::parse(R"({"data_efficiency": {"enabled": false,
+      "data_sampling": {"enabled": false, "curriculum_learning": {"enabled": true}}}})"))),
+                  "'data_efficiency.data_sampling.curriculum_learning.enabled' is true");
+  EXPECT_CONTAINS(error_of(with(json::parse(R"({"data_efficiency": {"enabled": false,
+      "data_routing": {"enabled": false, "random_ltd": {"enabled": "true"}}}})"))),
+                  "'data_efficiency.data_routing.random_ltd.enabled' is true");
+}
+
+// tensor_parallel.tp.enabled (DeepSpeedTPConfig's switch): accepted; training reads nothing of
+// tp, and false turns off the tp_size note.
+TEST(ConfigStrictBlocks, TensorParallelTpEnabledIsAccepted) {
+  EXPECT_TRUE(warnings_of(with({{"tensor_parallel", {{"tp", {{"enabled", true}}}}}})).empty());
+  EXPECT_TRUE(
+      warnings_of(with({{"tensor_parallel", {{"tp", {{"enabled", false}, {"tp_size", 2}}}}}}))
+          .empty());
+  const json tp_on = {{"tensor_parallel", {{"tp", {{"enabled", true}, {"tp_size", 2}}}}}};
+  EXPECT_EQ(warnings_of(with(tp_on)).size(), 1u);
+  EXPECT_CONTAINS(error_of(with({{"tensor_parallel", {{"tp", {{"enabled", "maybe"}}}}}})),
+                  "config key 'tensor_parallel.tp.enabled' has value \"maybe\"");
 }
 
 TEST(ConfigUnprovidedBlocks, EnabledAsStringIsReadAsABoolean) {

@@ -821,6 +821,71 @@ TEST(ConfigFp16, DynamicKeysGivenTracksTheFiveKeys) {
   }
 }
 
+// DeepSpeed-Chat's fp16 block: min_loss_scale 0 is DeepSpeed's "no floor" (taken as any
+// number there), and opt_level (apex AMP's key) is not read by DeepSpeed's fp16 block.
+TEST(ConfigFp16, DeepSpeedChatBlockWithMinLossScaleZeroParses) {
+  std::vector<std::string> warnings;
+  Config c = parse_config(with(json::parse(R"({"fp16": {"enabled": true, "opt_level": "O2",
+      "loss_scale_window": 100, "min_loss_scale": 0}})")),
+                          1, {}, &warnings);
+  EXPECT_TRUE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.min_loss_scale, 0.0);
+  EXPECT_EQ(c.fp16.loss_scale_window, 100);
+  EXPECT_TRUE(c.fp16.dynamic_keys_given);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_CONTAINS(warnings[0], "'fp16.opt_level'");
+  EXPECT_CONTAINS(warnings[0], "ignored, as in DeepSpeed");
+  EXPECT_CONTAINS(error_of(with({{"fp16", {{"enabled", true}, {"min_loss_scale", -1}}}})),
+                  "config key 'fp16.min_loss_scale' has value -1.0; expected a value >= 0");
+}
+
+// DeepSpeed: Field(1, ge=0), and its stage 3 makes the secondary group only above 1.
+TEST(ConfigZero, HpzPartitionSizeZeroIsOff) {
+  std::vector<std::string> warnings;
+  for (int stage : {2, 3}) {
+    Config c = parse_config(
+        with({{"zero_optimization", {{"stage", stage}, {"zero_hpz_partition_size", 0}}}}), 1, {},
+        &warnings);
+    EXPECT_EQ(c.zero_optimization.zero_hpz_partition_size, 1) << stage;
+  }
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
+  EXPECT_CONTAINS(error_of(with({{"zero_optimization", {{"zero_hpz_partition_size", -1}}}})),
+                  "'zero_optimization.zero_hpz_partition_size' has value -1");
+}
+
+// DeepSpeed 0.16.5 declares it deprecated with set_new_param=False: a warning, nothing set.
+TEST(ConfigWarnings, CpuOffloadUsePinMemoryOnlyWarns) {
+  std::vector<std::string> warnings;
+  Config c = parse_config(
+      with({{"zero_optimization",
+             {{"stage", 3},
+              {"offload_param", {{"device", "cpu"}}},
+              {"offload_optimizer", {{"device", "cpu"}}},
+              {"cpu_offload_use_pin_memory", true}}}}),
+      1, {}, &warnings);
+  EXPECT_FALSE(c.zero_optimization.offload_param.pin_memory);
+  EXPECT_FALSE(c.zero_optimization.offload_optimizer.pin_memory);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_CONTAINS(warnings[0], "'zero_optimization.cpu_offload_use_pin_memory'");
+  EXPECT_CONTAINS(warnings[0], "has no effect");
+  EXPECT_CONTAINS(warnings[0], "'zero_optimization.offload_param.pin_memory'");
+  EXPECT_CONTAINS(warnings[0], "'zero_optimization.offload_optimizer.pin_memory'");
+}
+
+// The stage count in every form read_pipeline takes, normalised.
+TEST(ConfigFeatureBlocks, PipelineStagesForms) {
+  for (const json& v : {json(4), json(4.0), json("4"), json("4e0")}) {
+    EXPECT_EQ(parse_config(with({{"pipeline", {{"stages", v}}}}), 1).pipeline.stages, "4")
+        << v.dump();
+  }
+  EXPECT_EQ(parse_config(with({{"pipeline", {{"stages", "auto"}}}}), 1).pipeline.stages, "auto");
+  for (const json& v : {json(0), json("four"), json(2.5)}) {
+    EXPECT_CONTAINS(error_of(with({{"pipeline", {{"stages", v}}}})),
+                    "'pipeline.stages' has value " + v.dump() +
+                        "; expected \"auto\" or a positive number of stages");
+  }
+}
+
 TEST(ConfigFeatureBlocks, AreReadIntoStructs) {
   json extra = {
       {"activation_checkpointing", {{"partition_activations", true}, {"number_checkpoints", 4}}},

@@ -12,6 +12,7 @@
 
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
+#include "support/expect.h"
 
 using deepspeed::CheckpointError;
 using deepspeed::ConfigError;
@@ -148,6 +149,33 @@ TEST(ZeroRule, FractionalScalesKeepTheirDigitsInTheMessage) {
             "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 1, reducing to 0.5");
 }
 
+// min_loss_scale 0 (DeepSpeed-Chat's): every overflow halves, but the scale stops at 2^-126,
+// where its inverse (what the gradients are multiplied by, in fp32) is still finite; then the
+// ZeRO rule stops the run as at any floor. Never 0, never a NaN from 0 * inf.
+TEST(ZeroRule, MinScaleZeroHalvesDownTo2PowMinus126ThenStops) {
+  DynamicLossScaler s(4, 1000, /*min=*/0, 1, false);
+  for (int i = 1; i <= 128; ++i) {
+    s.update(true);
+    ASSERT_EQ(s.scale(), std::ldexp(1.0, 2 - i)) << "overflow " << i;
+    ASSERT_TRUE(std::isfinite(static_cast<float>(1.0 / s.scale()))) << "overflow " << i;
+  }
+  EXPECT_EQ(s.scale(), std::ldexp(1.0, -126));
+  try {
+    s.update(true);
+    FAIL() << "expected deepspeed::Error at the lowest scale";
+  } catch (const deepspeed::Error& e) {
+    EXPECT_CONTAINS(e.what(), "Current loss scale already at minimum");
+    EXPECT_CONTAINS(e.what(), "fp16.min_loss_scale = 0");
+  }
+  EXPECT_EQ(s.scale(), std::ldexp(1.0, -126));
+}
+
+TEST(Fp16OptimizerRule, MinScaleZeroStaysAt2PowMinus126) {
+  DynamicLossScaler s(1, 1000, 0, 1, false, ScaleRule::kFp16Optimizer);
+  EXPECT_EQ(walk(s, std::vector<bool>(200, true)).back(), std::ldexp(1.0, -126));
+  EXPECT_TRUE(std::isfinite(static_cast<float>(1.0 / s.scale())));
+}
+
 // ---- FP16_Optimizer rule (no ZeRO) --------------------------------------------------------------
 
 TEST(Fp16OptimizerRule, DoublesOneStepLaterThanZero) {
@@ -187,7 +215,8 @@ TEST(Construction, BadArgumentsNameTheKey) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("fp16.loss_scale_window"), std::string::npos);
   }
-  EXPECT_THROW(DynamicLossScaler(8, 10, 0, 1, false), ConfigError);
+  EXPECT_THROW(DynamicLossScaler(8, 10, -1, 1, false), ConfigError);
+  EXPECT_NO_THROW(DynamicLossScaler(8, 10, 0, 1, false));  // DeepSpeed's "no floor"
   EXPECT_THROW(DynamicLossScaler(8, 10, 1, 0, false), ConfigError);
 }
 
@@ -238,6 +267,18 @@ TEST(Factory, ZeroWithKeysUsesThem) {
   c.hysteresis = 3;
   c.consecutive_hysteresis = true;
   expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kZero), 256, 50, 0.5, 3, true, ScaleRule::kZero);
+}
+
+// DeepSpeed-Chat's block: {"enabled": true, "loss_scale_window": 100, "min_loss_scale": 0}.
+TEST(Factory, DeepSpeedChatMinLossScaleZeroReachesTheScaler) {
+  Fp16Config c = fp16_on();
+  c.dynamic_keys_given = true;
+  c.loss_scale_window = 100;
+  c.min_loss_scale = 0;
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kZero), 65536, 100, 0, 2, false,
+                 ScaleRule::kZero);
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kFused), 65536, 100, 0, 1, false,
+                 ScaleRule::kFp16Optimizer);
 }
 
 TEST(Factory, NoZeroWithoutKeysIsFp16OptimizerDefaults) {

@@ -11,6 +11,9 @@
 #include <string>
 
 #include "deepspeed/comm.h"
+#include "deepspeed/config.h"
+#include "deepspeed/errors.h"
+#include "support/expect.h"
 
 namespace comm = deepspeed::comm;
 
@@ -204,8 +207,8 @@ TEST_F(ProcessInfoTest, ConfigFileTimeoutBeatsTheEnvironment) {
   EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::seconds(90));
   write(R"({"train_batch_size": 8})");  // key absent: the environment decides
   EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::minutes(5));
-  write(R"({"comm_timeout_seconds": "12.5"})");
-  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::milliseconds(12500));
+  write(R"({"comm_timeout_seconds": "12"})");
+  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::seconds(12));
   write(R"({"comm_timeout_seconds": -3})");
   try {
     comm::resolve_timeout(from_config);
@@ -216,6 +219,61 @@ TEST_F(ProcessInfoTest, ConfigFileTimeoutBeatsTheEnvironment) {
   }
   from_config.config_path = path + ".missing";
   EXPECT_THROW(comm::resolve_timeout(from_config), deepspeed::ConfigError);
+}
+
+// The file is read as load_config reads it (hjson, as DeepSpeed does): a config that
+// initialize() accepts has its timeout taken here too, not silently skipped.
+TEST_F(ProcessInfoTest, ConfigFileTimeoutIsReadFromAnHjsonFile) {
+  std::string path = ::testing::TempDir() + "/timeout_hjson.json";
+  std::ofstream(path) << "{\n"
+                         "  # a comment, as DeepSpeed's hjson reader allows\n"
+                         "  train_batch_size: 8\n"
+                         "  \"comm_timeout_seconds\": 45,\n"
+                         "}\n";
+  comm::InitOptions from_config;
+  from_config.config_path = path;
+  EXPECT_EQ(comm::resolve_timeout(from_config), std::chrono::seconds(45));
+  EXPECT_EQ(deepspeed::load_config(path, 1).comm_timeout_seconds, 45);
+}
+
+// A syntax error is reported where it is met, naming the file, not skipped in silence.
+TEST_F(ProcessInfoTest, ConfigFileSyntaxErrorNamesTheFile) {
+  std::string path = ::testing::TempDir() + "/timeout_broken.json";
+  std::ofstream(path) << R"({"comm_timeout_seconds": 45, "train_batch_size": [8})";
+  comm::InitOptions from_config;
+  from_config.config_path = path;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
+                      [&] { comm::resolve_timeout(from_config); }),
+                  path);
+}
+
+// resolve_timeout (before initialize) and parse_config (inside it) take and refuse the same
+// values of comm_timeout_seconds, with the same meaning.
+TEST_F(ProcessInfoTest, ConfigFileTimeoutAgreesWithParseConfig) {
+  std::string path = ::testing::TempDir() + "/timeout_agree.json";
+  comm::InitOptions from_config;
+  from_config.config_path = path;
+  for (const nlohmann::json& value :
+       {nlohmann::json(90), nlohmann::json("90"), nlohmann::json(90.0), nlohmann::json("9e1"),
+        nlohmann::json(12.5), nlohmann::json("12.5"), nlohmann::json(0), nlohmann::json(-3),
+        nlohmann::json("soon"), nlohmann::json(true)}) {
+    nlohmann::json doc = {{"train_batch_size", 8}, {"comm_timeout_seconds", value}};
+    std::ofstream(path) << doc.dump();
+    std::optional<int64_t> parsed;
+    try {
+      parsed = deepspeed::parse_config(doc, 1).comm_timeout_seconds;
+    } catch (const deepspeed::ConfigError&) {
+    }
+    std::optional<std::chrono::milliseconds> resolved;
+    try {
+      resolved = comm::resolve_timeout(from_config);
+    } catch (const deepspeed::ConfigError& e) {
+      EXPECT_CONTAINS(e.what(), "comm_timeout_seconds");
+      EXPECT_CONTAINS(e.what(), path);
+    }
+    ASSERT_EQ(parsed.has_value(), resolved.has_value()) << value.dump();
+    if (parsed) EXPECT_EQ(*resolved, std::chrono::seconds(*parsed)) << value.dump();
+  }
 }
 
 // Without launcher variables init_distributed() is a single process and sets world() once.

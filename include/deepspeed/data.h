@@ -54,8 +54,10 @@ struct LoaderState {
 
 class DataLoader {
  public:
+  // drop_last defaults to false like DeepSpeed's dataloader_drop_last: the last micro-batch of an
+  // epoch may be partial (within this rank; the sampler pads every rank's shard to equal length).
   DataLoader(std::shared_ptr<Dataset> dataset, int64_t micro_batch_size, int rank, int world_size,
-             uint64_t seed, bool shuffle = true, bool drop_last = true);
+             uint64_t seed, bool shuffle = true, bool drop_last = false);
 
   // Next micro-batch of this rank; rolls over to the next epoch at the end of one (like
   // DeepSpeed's RepeatingLoader). The samples of an epoch are visited in sampler order.

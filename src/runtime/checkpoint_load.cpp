@@ -220,12 +220,17 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
 }
 
 // Same world size and micro batch: the exact position. Otherwise the same number of samples
-// consumed in the epoch, rounded down to whole micro-batches of the new job.
+// consumed in the epoch, rounded down to whole micro-batches of the new job; an epoch the saved
+// job had consumed whole (consumed >= dataset size: it took its last, partial or padded
+// micro-batch) resumes at the next epoch's start, else rounding down would train its tail again.
 LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState& s) {
   LoaderState ls{saved.at("epoch").get<int64_t>(), saved.at("batch_in_epoch").get<int64_t>()};
   const int64_t old_step = saved.at("micro_batch_size").get<int64_t>() * saved.at("world_size").get<int64_t>();
   const int64_t new_step = s.config.train_micro_batch_size_per_gpu * s.comm->world_size();
-  if (old_step != new_step) ls.batch_in_epoch = ls.batch_in_epoch * old_step / new_step;
+  if (old_step == new_step) return ls;
+  const int64_t consumed = ls.batch_in_epoch * old_step;
+  if (consumed >= s.training_data->size()) return {ls.epoch + 1, 0};
+  ls.batch_in_epoch = consumed / new_step;
   return ls;
 }
 

@@ -77,16 +77,51 @@ TEST(DataLoader, StepUnionEqualsOneProcessBatch) {
 
 TEST(DataLoader, RollsOverEpochsAndResumesFromState) {
   auto data = std::make_shared<Counting>(10);
-  DataLoader loader(data, 3, 0, 1, 0);
+  DataLoader loader(data, 3, 0, 1, 0, /*shuffle=*/true, /*drop_last=*/true);
   EXPECT_EQ(loader.batches_per_epoch(), 3);  // drop_last
   for (int i = 0; i < 4; ++i) loader.next();
   EXPECT_EQ(loader.state().epoch, 1);
   EXPECT_EQ(loader.state().batch_in_epoch, 1);
   auto saved = loader.state();
   auto expected = loader.next().data;
-  DataLoader resumed(data, 3, 0, 1, 0);
+  DataLoader resumed(data, 3, 0, 1, 0, /*shuffle=*/true, /*drop_last=*/true);
   resumed.load_state(saved);
   EXPECT_TRUE(torch::equal(resumed.next().data, expected));
+}
+
+// Like DeepSpeed's loader (dataloader_drop_last false unless given), the default keeps the last,
+// partial micro-batch of an epoch. Before, the constructor defaulted to dropping it.
+TEST(DataLoader, DefaultKeepsThePartialLastMicroBatch) {
+  auto data = std::make_shared<Counting>(10);
+  DataLoader loader(data, 3, 0, 1, 0);
+  ASSERT_EQ(loader.batches_per_epoch(), 4);
+  std::vector<int64_t> sizes;
+  std::set<int64_t> seen;
+  for (int i = 0; i < 4; ++i) {
+    auto batch = loader.next().data.flatten();
+    sizes.push_back(batch.size(0));
+    for (int64_t k = 0; k < batch.size(0); ++k) seen.insert(batch[k].item<int64_t>());
+  }
+  EXPECT_EQ(sizes, (std::vector<int64_t>{3, 3, 3, 1}));
+  EXPECT_EQ(seen.size(), 10u);  // the whole epoch, each sample once
+  EXPECT_EQ(loader.next().data.size(0), 3);  // the next epoch starts with a full micro-batch
+  EXPECT_EQ(loader.state().epoch, 1);
+}
+
+// Across ranks the sampler pads every shard to the same length (10 samples at world 3: 4 each),
+// so every rank has the same number of micro-batches and the same partial last one: the ranks'
+// collectives stay matched.
+TEST(DataLoader, PartialLastMicroBatchIsTheSameOnEveryRank) {
+  auto data = std::make_shared<Counting>(10);
+  for (int world : {2, 3}) {
+    const int64_t per_rank = (10 + world - 1) / world;  // 5, 4
+    for (int r = 0; r < world; ++r) {
+      DataLoader loader(data, 3, r, world, 0);
+      ASSERT_EQ(loader.batches_per_epoch(), 2) << "world " << world << " rank " << r;
+      EXPECT_EQ(loader.next().data.size(0), 3);
+      EXPECT_EQ(loader.next().data.size(0), per_rank - 3) << "world " << world << " rank " << r;
+    }
+  }
 }
 
 TEST(DataLoader, RangeForVisitsOneEpoch) {

@@ -1,0 +1,248 @@
+// The engine's own loader (`training_data`) through training, epoch ends and checkpoint resumes,
+// by the samples each step trains: the default keeps the last, partial micro-batch of an epoch on
+// every rank alike; a resume continues with the samples the uninterrupted job would train next,
+// at the same world size and micro batch (the exact position) and at another micro batch x
+// world size (the position rescaled by samples consumed, src/runtime/checkpoint_load.cpp), also
+// when the save is at an epoch's end.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "deepspeed/engine.h"
+#include "gpt/model.h"
+#include "support/files.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace {
+const gpt::GPTConfig kModel{256, 10, 1, 2, 14};  // block 10: the first 40 windows differ (at 9 two do)
+
+// The first n windows of the test text: small enough to cross epoch ends within a few steps.
+class Prefix : public deepspeed::Dataset {
+ public:
+  Prefix(std::shared_ptr<deepspeed::Dataset> base, int64_t n) : base_(std::move(base)), n_(n) {}
+  int64_t size() const override { return n_; }
+  deepspeed::Sample get(int64_t i) const override { return base_->get(i); }
+
+ private:
+  std::shared_ptr<deepspeed::Dataset> base_;
+  int64_t n_;
+};
+
+using Sample = std::vector<int64_t>;      // one window's tokens
+using MicroBatch = std::vector<Sample>;   // in the loader's order
+using Step = std::multiset<Sample>;       // what one optimizer step trained, over all ranks
+
+MicroBatch rows(const at::Tensor& data) {
+  MicroBatch out;
+  for (int64_t i = 0; i < data.size(0); ++i) {
+    at::Tensor row = data[i].contiguous();
+    out.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  return out;
+}
+
+struct Job {
+  int world = 2, micro = 2, accumulation = 1;
+  int64_t samples = 40;    // dataset size
+  int steps = 4;           // train until global_steps reaches this
+  std::string dir;         // checkpoints: saved as tag "s<step>" at the steps in save_at
+  std::set<int> save_at;
+  std::string load_tag;    // non-empty: load it from dir first
+};
+
+struct Trained {
+  std::vector<std::vector<MicroBatch>> micro;  // [rank]: the micro-batches trained after loading
+  std::vector<Step> steps;                     // each optimizer step after loading
+  std::vector<deepspeed::LoaderState> loaded;  // [rank]: the loader's position after loading
+};
+
+Trained train(const Job& job) {
+  at::set_num_threads(1);
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models;  // built here: the global RNG is not per-thread
+  for (int r = 0; r < job.world; ++r) {
+    torch::manual_seed(7 + 1000 * r);
+    models.push_back(std::make_shared<gpt::GPTImpl>(kModel));
+  }
+  auto data = std::make_shared<Prefix>(dstest::test_text_dataset(kModel.block_size), job.samples);
+  Trained out;
+  out.micro.resize(job.world);
+  out.loaded.resize(job.world);
+  std::vector<std::vector<Step>> steps(job.world);
+  run_ranks(job.world, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const int rank = comm->rank();
+    auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = models[rank],
+         .config_json = dstest::base_config(job.micro, job.accumulation, 1),
+         .training_data = data,
+         .comm = comm});
+    if (!job.load_tag.empty()) engine->load_checkpoint(job.dir, job.load_tag);
+    out.loaded[rank] = loader->state();
+    Step step;
+    while (engine->global_steps() < job.steps) {
+      auto batch = loader->next();
+      out.micro[rank].push_back(rows(batch.data));
+      step.insert(out.micro[rank].back().begin(), out.micro[rank].back().end());
+      engine->backward(engine->forward(batch.data, batch.target));
+      const bool boundary = engine->is_gradient_accumulation_boundary();
+      engine->step();
+      if (!boundary) continue;
+      steps[rank].push_back(std::move(step));
+      step.clear();
+      if (job.save_at.count(static_cast<int>(engine->global_steps())))
+        engine->save_checkpoint(job.dir, "s" + std::to_string(engine->global_steps()));
+    }
+  });
+  for (int r = 0; r < job.world; ++r) {
+    EXPECT_EQ(steps[r].size(), steps[0].size()) << "rank " << r;
+    out.steps.resize(steps[r].size());
+    for (size_t i = 0; i < steps[r].size(); ++i) out.steps[i].insert(steps[r][i].begin(), steps[r][i].end());
+  }
+  return out;
+}
+
+std::vector<int64_t> sizes(const std::vector<MicroBatch>& micro) {
+  std::vector<int64_t> out;
+  for (auto& m : micro) out.push_back(static_cast<int64_t>(m.size()));
+  return out;
+}
+
+// Steps [from, from + n) of a run.
+std::vector<Step> slice(const std::vector<Step>& steps, size_t from, size_t n) {
+  EXPECT_LE(from + n, steps.size());
+  if (from + n > steps.size()) return {};
+  return {steps.begin() + from, steps.begin() + from + n};
+}
+}  // namespace
+
+// The comparisons below are by window contents: the windows must differ.
+TEST(DataResume, TheTestWindowsAreDistinct) {
+  auto data = dstest::test_text_dataset(kModel.block_size);
+  std::set<Sample> seen;
+  for (int64_t i = 0; i < 40; ++i) seen.insert(rows(data->get(i).data.unsqueeze(0))[0]);
+  EXPECT_EQ(seen.size(), 40u);
+}
+
+// 13 samples at world 2, micro 3: the sampler pads each rank's shard to 7 (one sample repeated),
+// so both ranks take micro-batches of 3, 3 and 1 per epoch and stay in step across the epoch end
+// (a rank with one micro-batch more would leave the other's all-reduce waiting). With an
+// accumulation of 2 a step spans the epoch end. dataloader_drop_last is not given: false.
+TEST(DataResume, DefaultKeepsThePartialLastMicroBatchOnEveryRank) {
+  for (int accumulation : {1, 2}) {
+    Job job;
+    job.world = 2;
+    job.micro = 3;
+    job.accumulation = accumulation;
+    job.samples = 13;
+    job.steps = accumulation == 1 ? 5 : 3;
+    const Trained r = train(job);
+    const std::vector<int64_t> want =
+        accumulation == 1 ? std::vector<int64_t>{3, 3, 1, 3, 3} : std::vector<int64_t>{3, 3, 1, 3, 3, 1};
+    for (int rank = 0; rank < 2; ++rank)
+      EXPECT_EQ(sizes(r.micro[rank]), want) << "rank " << rank << " accumulation " << accumulation;
+    // The first epoch (3 micro-batches per rank) trained every sample, one of them twice (the pad).
+    std::set<Sample> epoch;
+    for (int rank = 0; rank < 2; ++rank)
+      for (int k = 0; k < 3; ++k) epoch.insert(r.micro[rank][k].begin(), r.micro[rank][k].end());
+    EXPECT_EQ(epoch.size(), 13u) << "accumulation " << accumulation;
+  }
+}
+
+// Saved at world 2, micro 2 (4 samples a step) after 3 steps; resumed at world 1, micro 2 with
+// an accumulation of 2 (the same 4 samples a step): the position rescales from batch 3 to batch
+// 6 and every later step trains the samples of the uninterrupted job's step.
+TEST(DataResume, AnotherMicroBatchTimesWorldResumesAtTheSamplesConsumed) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 2;
+  first.micro = 2;
+  first.steps = 7;
+  first.dir = dir.path();
+  first.save_at = {3};
+  const Trained uninterrupted = train(first);
+  ASSERT_EQ(uninterrupted.steps.size(), 7u);
+
+  Job resumed = first;
+  resumed.world = 1;
+  resumed.accumulation = 2;
+  resumed.save_at = {};
+  resumed.load_tag = "s3";
+  const Trained r = train(resumed);
+  EXPECT_EQ(r.loaded[0].epoch, 0);
+  EXPECT_EQ(r.loaded[0].batch_in_epoch, 6);
+  EXPECT_EQ(r.steps, slice(uninterrupted.steps, 3, 4));
+}
+
+// 13 samples at world 2, micro 3: 3 steps an epoch. Saved mid-epoch (step 2) and at the epoch's
+// end (step 3), resumed at the same world size and micro batch: each rank trains exactly the
+// micro-batches of the uninterrupted job, across the epoch ends.
+TEST(DataResume, ASaveAtOrBeforeAnEpochEndResumesTheSameBatches) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 2;
+  first.micro = 3;
+  first.samples = 13;
+  first.steps = 7;
+  first.dir = dir.path();
+  first.save_at = {2, 3};
+  const Trained uninterrupted = train(first);
+  ASSERT_EQ(uninterrupted.micro[0].size(), 7u);
+  for (int at : {2, 3}) {
+    Job resumed = first;
+    resumed.save_at = {};
+    resumed.load_tag = "s" + std::to_string(at);
+    const Trained r = train(resumed);
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::vector<MicroBatch> want(uninterrupted.micro[rank].begin() + at, uninterrupted.micro[rank].end());
+      EXPECT_EQ(r.micro[rank], want) << "resumed from step " << at << ", rank " << rank;
+    }
+  }
+}
+
+// Saved at an epoch's end and resumed at another micro batch x world size, the job starts the
+// next epoch: its steps are the uninterrupted job's next ones (world 2 -> world 1, steps 4-5; after
+// that the epochs' padding differs). And a job whose epoch end does not fall on a whole number of
+// the new job's micro-batches (10 samples: micro 5 -> micro 3, 10 / 3 rounds down to batch 3)
+// starts the next epoch too. Before, that one resumed at batch 3 of the finished epoch and
+// trained its last sample again.
+TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 2;
+  first.micro = 3;
+  first.samples = 13;
+  first.steps = 5;
+  first.dir = dir.path();
+  first.save_at = {3};
+  const Trained uninterrupted = train(first);
+  Job resumed = first;
+  resumed.world = 1;
+  resumed.accumulation = 2;
+  resumed.save_at = {};
+  resumed.load_tag = "s3";
+  const Trained r = train(resumed);
+  EXPECT_EQ(r.steps, slice(uninterrupted.steps, 3, 2));
+
+  dstest::TempDir dir2;
+  Job whole;
+  whole.world = 1;
+  whole.micro = 5;
+  whole.samples = 10;
+  whole.steps = 3;  // epoch 0 is steps 1-2
+  whole.dir = dir2.path();
+  whole.save_at = {2};
+  const Trained straight = train(whole);
+  Job smaller = whole;
+  smaller.micro = 3;
+  smaller.save_at = {};
+  smaller.load_tag = "s2";
+  const Trained s = train(smaller);
+  EXPECT_EQ(s.loaded[0].epoch, 1);
+  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
+  ASSERT_FALSE(s.micro[0].empty());
+  const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first 5 samples
+  EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
+}

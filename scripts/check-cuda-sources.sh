@@ -51,10 +51,13 @@ FILES=(
   src/activation/autocast_state.cpp
   src/util/allocation_meter.cpp
   src/monitor/wall_clock.cpp
+  src/monitor/flops_profiler.cpp
+  src/monitor/flop_formulas.cpp
   examples/gpt/model.cpp
   examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
   tests/gpu/activation_checkpointing_gpu_test.cpp
+  tests/gpu/flops_profiler_gpu_test.cpp
   tests/support/ranks.cpp
   tests/unit/device_test.cpp
   tests/unit/out_of_memory_test.cpp

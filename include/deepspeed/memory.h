@@ -44,24 +44,45 @@ struct MemoryReport {
 // ZeRO++ paper's figure; 4Ψ/h in fp32). Measured, it is part of MemoryReport::gathered_bytes,
 // not of model_states(); here it is its own field, in peak() and not in model_states().
 // DeepSpeed's estimate_zero3_model_states_mem_needs takes no hpZ argument and leaves it out.
+// Two more transients, also in peak() and not in model_states() (the measured MemoryReport holds
+// neither between steps, so model_states() stays comparable with it):
+//   step_transient: in mixed precision the optimizer step widens this rank's gradient partition
+//     to fp32 for the update (zero/shard_optimizer.cpp): 4Ψ/N at stages 1-3, 4Ψ at stage 0 (one
+//     replicated partition). fp32 steps on the gradient itself: 0.
+//   largest_layer_working: stage 3 only, given largest_layer_params L (0: left out): the largest
+//     unit gathered whole with its whole gradient, (weight + gradient bytes)·L, 4L in 16 bits.
+// Against DeepSpeed (mixed precision): stage 2's peak is 2Ψ + 18Ψ/N, its
+// estimate_zero2_model_states_mem_needs exactly; stage 3's is 4L + 20Ψ/N where DeepSpeed's
+// estimate_zero3 says 4L + 18Ψ/N (it leaves out the 16-bit gradient partition, 2Ψ/N, that this
+// implementation keeps between micro-steps). DeepSpeed has no stage 0/1 estimator.
 struct MemoryEstimate {
   int64_t parameters = 0;        // bytes per rank
   int64_t gradients = 0;
   int64_t optimizer_states = 0;  // moments (+ fp32 master weights in mixed precision)
   int64_t hpz_secondary = 0;     // hpZ's secondary partition at its peak (0 without hpZ)
+  int64_t step_transient = 0;    // fp32 copy of the gradient partition during the step
+  int64_t largest_layer_working = 0;  // stage 3: largest unit gathered + its gradient
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
-  int64_t peak() const { return model_states() + hpz_secondary; }
+  int64_t peak() const {
+    return model_states() + hpz_secondary + step_transient + largest_layer_working;
+  }
 };
 
 // hpz_partition_size: zero_optimization.zero_hpz_partition_size (1: no hpZ; counted at stage 3
-// only; above world_size it means world_size, as the engine reads it).
+// only; above world_size it means world_size, as the engine reads it). largest_layer_params:
+// the parameter count of the largest stage-3 unit (DeepSpeed's largest_layer_params; 0: not
+// counted; counted at stage 3 only).
 // REQUIRES: num_parameters >= 0, world_size >= 1, 0 <= stage <= 3, hpz_partition_size >= 1
-// dividing world_size. Throws ConfigError naming the value otherwise.
+// dividing world_size, 0 <= largest_layer_params <= num_parameters. Throws ConfigError naming
+// the value otherwise.
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, int world_size, int stage,
-                                    bool mixed_precision = false, int hpz_partition_size = 1);
-// A table of all four stages for a model, as printed by the estimator (one line per stage; with
-// hpZ a column for its secondary partition, which the total then includes).
+                                    bool mixed_precision = false, int hpz_partition_size = 1,
+                                    int64_t largest_layer_params = 0);
+// A table of all four stages for a model, as printed by the estimator (one line per stage; MB
+// means 2^20 bytes, as in see_memory_usage; with hpZ a column for its secondary partition).
+// "model states" is model_states(); "peak" is peak(), the transients above included.
 std::string format_zero_memory_estimates(int64_t num_parameters, int world_size,
-                                         bool mixed_precision = false, int hpz_partition_size = 1);
+                                         bool mixed_precision = false, int hpz_partition_size = 1,
+                                         int64_t largest_layer_params = 0);
 
 }  // namespace deepspeed

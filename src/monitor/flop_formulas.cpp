@@ -19,6 +19,7 @@ enum class Kind {
   kConv,           // 2·numel(out)·(Cin/groups)·prod(kernel) + bias numel(out)
   kConvTranspose,  // 2·numel(in)·(Cout/groups)·prod(kernel) + bias numel(out)
   kAttention,      // scaled_dot_product_attention: q·kᵀ and att·v
+  kUpsample,       // interpolate: numel(input) with a scale factor, else prod(output_size)
 };
 
 const std::unordered_map<std::string_view, Kind>& kinds() {
@@ -75,6 +76,19 @@ const std::unordered_map<std::string_view, Kind>& kinds() {
       {"aten::conv_transpose2d", Kind::kConvTranspose},
       {"aten::conv_transpose3d", Kind::kConvTranspose},
       {"aten::scaled_dot_product_attention", Kind::kAttention},
+      // F::interpolate / nn::Upsample, by mode (area is adaptive_avg_pool, counted above).
+      {"aten::upsample_nearest1d", Kind::kUpsample},
+      {"aten::upsample_nearest2d", Kind::kUpsample},
+      {"aten::upsample_nearest3d", Kind::kUpsample},
+      {"aten::_upsample_nearest_exact1d", Kind::kUpsample},
+      {"aten::_upsample_nearest_exact2d", Kind::kUpsample},
+      {"aten::_upsample_nearest_exact3d", Kind::kUpsample},
+      {"aten::upsample_linear1d", Kind::kUpsample},
+      {"aten::upsample_bilinear2d", Kind::kUpsample},
+      {"aten::_upsample_bilinear2d_aa", Kind::kUpsample},
+      {"aten::upsample_bicubic2d", Kind::kUpsample},
+      {"aten::_upsample_bicubic2d_aa", Kind::kUpsample},
+      {"aten::upsample_trilinear3d", Kind::kUpsample},
   };
   return table;
 }
@@ -110,6 +124,24 @@ int64_t broadcast_numel(const at::Tensor* a, const at::Tensor* b) {
 // MACs of a (batched) matrix product a·b: every element of a meets b's last dimension.
 int64_t matmul_macs(const at::Tensor& a, const at::Tensor& b) {
   return a.numel() * (b.dim() >= 2 ? b.size(-1) : 1);
+}
+
+// DeepSpeed's _upsample_flops_compute: prod(size) when F.interpolate got a size (the output's
+// spatial size: batch and channels are not in it), else numel(input) (its `flops * scale...`
+// lines discard their result, so a scale factor does not multiply). libtorch's interpolate always
+// passes the output size it computed, and the scale factors only when it was given them: a scale
+// argument (a float after the output size, or a float list in the .vec overloads) means
+// "scale_factor given". Scales sit at 2 (nearest), or 3 (after linear modes' align_corners).
+int64_t upsample_flops(c10::ArrayRef<const c10::IValue> in) {
+  for (size_t i = 2; i < in.size(); ++i)
+    if (in[i].isDouble() || (in[i].isDoubleList() && !in[i].toDoubleVector().empty()))
+      return numel_at(in, 0);
+  if (in.size() > 1 && in[1].isIntList()) {
+    int64_t n = 1;
+    for (int64_t d : in[1].toIntVector()) n *= d;
+    return n;
+  }
+  return numel_at(in, 0);
 }
 
 }  // namespace
@@ -187,6 +219,9 @@ OpCount count_operator(const char* name, c10::ArrayRef<const c10::IValue> in) {
       c.flops = 2 * c.macs;
       break;
     }
+    case Kind::kUpsample:
+      c.flops = upsample_flops(in);
+      break;
   }
   return c;
 }

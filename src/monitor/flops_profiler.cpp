@@ -4,6 +4,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/util/accumulate.h>
+#include <torch/cuda.h>
 #include <torch/nn/module.h>
 
 #include <chrono>
@@ -63,6 +64,8 @@ void FlopsProfiler::Impl::build_tree() {
   nodes.clear();
   owner_by_impl.clear();
   ranges.clear();
+  on_cuda = false;
+  cuda_index = -1;
   const auto numels = zero::partitioned_parameter_numels(*model);
   std::function<void(const std::shared_ptr<torch::nn::Module>&, const std::string&,
                      const std::string&, int, int)>
@@ -96,6 +99,7 @@ void FlopsProfiler::Impl::build_tree() {
 
 void FlopsProfiler::Impl::own(const at::Tensor& t, int node) {
   if (!t.defined()) return;
+  if (!on_cuda && t.is_cuda()) on_cuda = true, cuda_index = t.device().index();
   owner_by_impl.emplace(t.unsafeGetTensorImpl(), node);  // a tied tensor: the first owner
   note_range(t, node);
 }
@@ -128,16 +132,32 @@ int FlopsProfiler::Impl::owner_of(const at::Tensor& t) {
 
 // ---- recording -------------------------------------------------------------------------------
 
+// DeepSpeed synchronizes the accelerator in every module's pre- and post-forward hook before
+// reading the clock; the operators' callbacks are where modules begin and end here. Only
+// top-level operators are timed, so nested ones cost no synchronize.
+double FlopsProfiler::Impl::timestamp() {
+  if (on_cuda) torch::cuda::synchronize(cuda_index);
+  return now_s();
+}
+
 void FlopsProfiler::Impl::op_start(const at::RecordFunction& fn) {
   Frame f;
   const bool top = frames.empty();
+  const auto inputs = fn.inputs();
   if (top) {
-    ops.push_back(Op{fn.name(), -1, pass, now_s(), 0.0, 0, 0});
+    if (!on_cuda) {  // a model whose tensors are not its parameters' (or a bare operator)
+      for (const auto& v : inputs)
+        if (v.isTensor() && v.toTensor().is_cuda()) {
+          on_cuda = true;
+          cuda_index = v.toTensor().device().index();
+          break;
+        }
+    }
+    ops.push_back(Op{fn.name(), -1, pass, timestamp(), 0.0, 0, 0});
     f.op = static_cast<int>(ops.size()) - 1;
   } else {
     f.op = frames.back().op;
   }
-  const auto inputs = fn.inputs();
   Op& op = ops[f.op];
   if (op.owner < 0) {
     for (const auto& v : inputs) {
@@ -177,7 +197,7 @@ void FlopsProfiler::Impl::op_end(const at::RecordFunction& fn) {
     op.macs += f.count.macs;
     counted.push_back({fn.name(), f.count.flops, f.count.macs, f.op});
   }
-  if (frames.empty()) op.end = now_s();
+  if (frames.empty()) op.end = timestamp();
 }
 
 // ---- attribution -----------------------------------------------------------------------------

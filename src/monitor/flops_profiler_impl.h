@@ -47,6 +47,9 @@ struct FlopsProfiler::Impl {
   int owner_of(const at::Tensor& t);
   void op_start(const at::RecordFunction& fn);
   void op_end(const at::RecordFunction& fn);
+  // The wall clock for a top-level operator's start or end; on a GPU after the device finished
+  // what was queued (kernels run asynchronously: without it, latency is the launch's).
+  double timestamp();
   int common_ancestor(int a, int b) const;
   std::vector<int> resolved_modules() const;
   void aggregate();
@@ -60,6 +63,10 @@ struct FlopsProfiler::Impl {
   std::vector<Frame> frames;  // operators open now
   int counted_depth = 0;      // open frames that are counted (nested ones are not counted again)
   int pass = 0;
+  // The GPU the model computes on, from its parameters and buffers at start_profile() or, failing
+  // that, the first CUDA input of a top-level operator; none: CPU timing needs no synchronize.
+  bool on_cuda = false;
+  c10::DeviceIndex cuda_index = -1;
   bool started = false, recording = false, aggregated = false;
   at::CallbackHandle handle = 0;
 };

@@ -8,7 +8,7 @@
 namespace deepspeed {
 
 MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
-                                    int hpz_partition_size) {
+                                    int hpz_partition_size, int64_t largest_layer_params) {
   if (psi < 0 || n < 1 || stage < 0 || stage > 3)
     throw ConfigError(
         "estimate_zero_memory: need parameters >= 0, world size >= 1, stage 0..3; got " +
@@ -18,6 +18,10 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
     throw ConfigError("estimate_zero_memory: zero_optimization.zero_hpz_partition_size " +
                       std::to_string(hpz_partition_size) +
                       " must be >= 1 and divide the world size " + std::to_string(n));
+  if (largest_layer_params < 0 || largest_layer_params > psi)
+    throw ConfigError("estimate_zero_memory: largest_layer_params " +
+                      std::to_string(largest_layer_params) + " must be in 0.." +
+                      std::to_string(psi) + " (the parameter count)");
   const int64_t weight_bytes = mixed_precision ? 2 : 4;
   const int64_t grad_bytes = mixed_precision ? 2 : 4;
   const int64_t optim_bytes = mixed_precision ? 12 : 8;  // mixed: fp32 master + 2 moments
@@ -28,32 +32,49 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   e.optimizer_states = stage >= 1 ? part(optim_bytes * psi, n) : optim_bytes * psi;
   // hpZ: 1/hpz of every gathered unit, in the parameters' dtype (memory.h).
   if (stage == 3 && hpz > 1) e.hpz_secondary = part(weight_bytes * psi, hpz);
+  // Mixed precision: the step's fp32 copy of the gradient partition (shard_optimizer.cpp's
+  // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 steps the gradient in place.
+  if (mixed_precision) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
+  // Stage 3: the largest unit whole, weights gathered and gradient before its reduce-scatter.
+  if (stage == 3) e.largest_layer_working = (weight_bytes + grad_bytes) * largest_layer_params;
   return e;
 }
 
 std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precision,
-                                         int hpz_partition_size) {
+                                         int hpz_partition_size, int64_t largest_layer_params) {
   const bool hpz = hpz_partition_size > 1;
+  // MB = 2^20 bytes, as see_memory_usage's "model states (MB)" (monitor/memory_usage.cpp), so
+  // the two can be read side by side.
+  auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   std::string out;
-  char line[240];
+  char line[320];
   std::snprintf(line, sizeof line,
-                "Estimated model-state memory per rank: %lld parameters, %d ranks, %s, Adam%s\n",
+                "Estimated model-state memory per rank: %lld parameters, %d ranks, %s, Adam%s%s\n",
                 static_cast<long long>(psi), n, mixed_precision ? "mixed precision" : "fp32",
-                hpz ? (", hpZ groups of " + std::to_string(hpz_partition_size)).c_str() : "");
+                hpz ? (", hpZ groups of " + std::to_string(hpz_partition_size)).c_str() : "",
+                largest_layer_params > 0
+                    ? (", largest layer " + std::to_string(largest_layer_params)).c_str()
+                    : "");
   out += line;
+  out += "  (MB = 2^20 bytes; peak adds the step's fp32 gradient copy";
+  out += largest_layer_params > 0 ? ", stage 3's largest layer" : "";
+  out += hpz ? " and hpZ's secondary partition)\n" : ")\n";
   out += hpz ? "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | hpZ secondary (MB) | "
-               "total (MB)\n"
-             : "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | total (MB)\n";
+               "model states (MB) | peak (MB)\n"
+             : "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | model states (MB) | "
+               "peak (MB)\n";
   for (int stage = 0; stage < 4; ++stage) {
-    auto e = estimate_zero_memory(psi, n, stage, mixed_precision, hpz_partition_size);
+    auto e = estimate_zero_memory(psi, n, stage, mixed_precision, hpz_partition_size,
+                                  largest_layer_params);
     if (hpz)
-      std::snprintf(line, sizeof line, "  %5d | %15.1f | %14.1f | %14.1f | %18.1f | %10.1f\n",
-                    stage, e.parameters / 1e6, e.gradients / 1e6, e.optimizer_states / 1e6,
-                    e.hpz_secondary / 1e6, e.peak() / 1e6);
+      std::snprintf(line, sizeof line,
+                    "  %5d | %15.1f | %14.1f | %14.1f | %18.1f | %17.1f | %9.1f\n", stage,
+                    mb(e.parameters), mb(e.gradients), mb(e.optimizer_states),
+                    mb(e.hpz_secondary), mb(e.model_states()), mb(e.peak()));
     else
-      std::snprintf(line, sizeof line, "  %5d | %15.1f | %14.1f | %14.1f | %10.1f\n", stage,
-                    e.parameters / 1e6, e.gradients / 1e6, e.optimizer_states / 1e6,
-                    e.model_states() / 1e6);
+      std::snprintf(line, sizeof line, "  %5d | %15.1f | %14.1f | %14.1f | %17.1f | %9.1f\n",
+                    stage, mb(e.parameters), mb(e.gradients), mb(e.optimizer_states),
+                    mb(e.model_states()), mb(e.peak()));
     out += line;
   }
   return out;

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -108,6 +109,57 @@ TEST(FlopsProfiler, EinsumCountsTheProductItRuns) {
   EXPECT_EQ(names, (std::vector<std::string>{"aten::bmm"}));
   EXPECT_EQ(prof.get_total_macs(), 2 * 3 * 4 * 5);
   EXPECT_EQ(prof.get_total_flops(), 2 * 2 * 3 * 4 * 5);
+}
+
+// interpolate as DeepSpeed's _upsample_flops_compute counts it: prod(size) when a size was given
+// (the output's spatial size only), numel(input) with a scale factor (DeepSpeed's scale product is
+// computed and dropped), in every mode that runs an upsample operator.
+TEST(FlopsProfiler, InterpolateCountsAsDeepSpeedsUpsample) {
+  namespace F = torch::nn::functional;
+  torch::NoGradGuard no_grad;
+  Chain chain;
+  FlopsProfiler prof(chain.ptr());
+  auto flops_of = [&](const std::function<void()>& run) {
+    prof.start_profile();
+    run();
+    prof.stop_profile();
+    return prof.get_total_flops();
+  };
+  const auto x = torch::randn({2, 3, 4, 5});  // numel 120
+  EXPECT_EQ(flops_of([&] {
+              F::interpolate(x, F::InterpolateFuncOptions().size(std::vector<int64_t>{8, 10}));
+            }),
+            8 * 10);
+  EXPECT_EQ(flops_of([&] {
+              F::interpolate(
+                  x, F::InterpolateFuncOptions().scale_factor(std::vector<double>{2, 2}));
+            }),
+            120);
+  EXPECT_EQ(flops_of([&] {
+              F::interpolate(x, F::InterpolateFuncOptions()
+                                    .size(std::vector<int64_t>{6, 7})
+                                    .mode(torch::kBilinear)
+                                    .align_corners(false));
+            }),
+            6 * 7);
+  EXPECT_EQ(flops_of([&] {
+              F::interpolate(torch::randn({2, 3, 4}), F::InterpolateFuncOptions()
+                                                          .scale_factor(std::vector<double>{3})
+                                                          .mode(torch::kLinear)
+                                                          .align_corners(true));
+            }),
+            2 * 3 * 4);
+  EXPECT_EQ(flops_of([&] {
+              torch::nn::Upsample(torch::nn::UpsampleOptions()
+                                      .scale_factor(std::vector<double>{2, 2, 2})
+                                      .mode(torch::kTrilinear)
+                                      .align_corners(false))
+                  ->forward(torch::randn({1, 2, 3, 3, 3}));
+            }),
+            2 * 27);
+  std::vector<std::string> names;
+  for (const auto& op : prof.counted_ops()) names.push_back(op.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::upsample_trilinear3d"}));
 }
 
 // The GPT's attention by hand: B batch, T tokens, C channels, h heads.

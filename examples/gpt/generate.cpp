@@ -3,8 +3,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 
 #include "deepspeed/errors.h"
 #include "deepspeed/zero_to_fp32.h"
@@ -15,7 +17,7 @@ namespace {
 // The next token of each row from its last-position logits [B, vocab].
 torch::Tensor pick(const torch::Tensor& logits, const SamplingOptions& o, at::Generator& gen) {
   if (o.greedy) return logits.argmax(-1);
-  auto scores = logits.to(torch::kFloat) / std::max(o.temperature, 1e-6);
+  auto scores = logits.to(torch::kFloat) / o.temperature;
   if (o.top_k > 0 && o.top_k < scores.size(-1)) {
     auto kth = std::get<0>(scores.topk(o.top_k, -1)).select(-1, o.top_k - 1).unsqueeze(-1);
     scores = scores.masked_fill(scores < kth, -std::numeric_limits<float>::infinity());
@@ -25,6 +27,9 @@ torch::Tensor pick(const torch::Tensor& logits, const SamplingOptions& o, at::Ge
     auto [sorted, order] = scores.sort(-1, /*descending=*/true);
     auto before = sorted.softmax(-1).cumsum(-1) - sorted.softmax(-1);
     auto drop_sorted = before >= o.top_p;
+    // The most likely token always stays (HF's min_tokens_to_keep = 1): with top_p 0 every
+    // token would be dropped, and sampling from nothing fails.
+    drop_sorted.select(-1, 0).fill_(false);
     auto drop = torch::zeros_like(drop_sorted).scatter(-1, order, drop_sorted);
     scores = scores.masked_fill(drop, -std::numeric_limits<float>::infinity());
   }
@@ -33,10 +38,24 @@ torch::Tensor pick(const torch::Tensor& logits, const SamplingOptions& o, at::Ge
 
 }  // namespace
 
+void check_sampling(const SamplingOptions& o, const std::string& prefix) {
+  if (o.top_k < 0)
+    throw deepspeed::ConfigError(prefix + "top_k " + std::to_string(o.top_k) +
+                                 " is negative (0 keeps every token)");
+  if (!(o.top_p >= 0.0 && o.top_p <= 1.0))
+    throw deepspeed::ConfigError(prefix + "top_p " + c10::str(o.top_p) +
+                                 " is outside [0, 1] (1 keeps every token)");
+  if (!(o.temperature > 0.0) || !std::isfinite(o.temperature))
+    throw deepspeed::ConfigError(prefix + "temperature " + c10::str(o.temperature) +
+                                 " is not a strictly positive number (for the most likely token "
+                                 "every time, use greedy)");
+}
+
 std::vector<std::vector<int64_t>> generate(GPTImpl& model,
                                            const std::vector<std::vector<int64_t>>& prompts,
                                            int64_t max_new_tokens, const SamplingOptions& o,
                                            bool use_cache) {
+  check_sampling(o);
   torch::NoGradGuard no_grad;
   const int64_t B = static_cast<int64_t>(prompts.size());
   int64_t longest = 0;
@@ -103,6 +122,22 @@ std::vector<std::string> checkpoint_names(const std::string& name, const GPTConf
   return piped.empty() ? std::vector<std::string>{name} : std::vector<std::string>{name, piped};
 }
 
+void check_no_leftovers(const std::vector<std::string>& stored, const GPTImpl& model,
+                        const std::string& where) {
+  std::set<std::string> read;
+  auto add = [&](const std::string& name) {
+    for (auto& n : checkpoint_names(name, model.config())) read.insert(std::move(n));
+  };
+  for (const auto& item : model.named_parameters()) add(item.key());
+  for (const auto& item : model.named_buffers()) add(item.key());
+  for (const auto& name : stored)
+    if (!read.count(name))
+      throw deepspeed::CheckpointError(
+          "checkpoint '" + where + "' has tensor \"" + name +
+          "\" that this model does not have: it was saved from another model (a larger "
+          "--n_layer, an untied head for --tie_embeddings, biases for --no_bias?)");
+}
+
 void load_weights(GPTImpl& model, const std::string& load_dir, const std::string& tag) {
   const std::string dir = load_dir + (tag.empty() ? "" : "/" + tag);
   std::map<std::string, at::Tensor> saved;
@@ -124,6 +159,9 @@ void load_weights(GPTImpl& model, const std::string& load_dir, const std::string
                                        " (other --n_embd / --n_head / --block_size?)");
     dst.copy_(it->second);
   };
+  std::vector<std::string> names;
+  for (const auto& [name, t] : saved) names.push_back(name);
+  check_no_leftovers(names, model, dir);
   for (auto& item : model.named_parameters()) fill(item.key(), item.value());
   for (auto& item : model.named_buffers()) fill(item.key(), item.value());
 }

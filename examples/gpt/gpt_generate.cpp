@@ -1,6 +1,10 @@
 // gpt_generate: continue a prompt with the example GPT trained by gpt_train.
 //   gpt_generate --load_dir DIR --prompt TEXT [--max_new_tokens N] [--greedy | --top_k K --top_p P
 //                --temperature T --seed S] [model flags as given to gpt_train: --n_layer ...]
+// The model flags default to those gpt_train saved beside the checkpoint (<tag>/gpt_model.json,
+// model_flags.h); one given that differs is refused. A checkpoint without that file (an older
+// gpt_train, a .safetensors file) takes the flags given, and refuses tensors the model would leave
+// unread (gpt::check_no_leftovers).
 // Reads the checkpoint DIR/latest names (any world size, ZeRO stage or pipeline layout) through
 // deepspeed::init_inference, generates with a kv-cache, and prints the prompt and its
 // continuation as its last line (bytes are tokens) on rank 0.
@@ -11,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <set>
 #include <string>
 
 #include "deepspeed/args.h"
@@ -18,6 +23,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/inference.h"
 #include "gpt/generate.h"
+#include "gpt/model_flags.h"
 #include "gpt/tp_model.h"
 
 int main(int argc, char** argv) try {
@@ -45,6 +51,7 @@ int main(int argc, char** argv) try {
   app.add_option("--n_head", model.n_head);
   app.add_option("--n_embd", model.n_embd);
   app.add_option("--block_size", model.block_size);
+  app.add_option("--vocab_size", model.vocab_size, "gpt_train --random_tokens' vocabulary");
   app.add_flag("--no_bias{false}", model.bias, "Linear layers without bias");
   app.add_flag("--tie_embeddings", model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", model.gelu_tanh, "tanh-approximated GELU");
@@ -55,9 +62,21 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(app, static_cast<int>(rest.size()), rest.data());
   if (prompt.empty()) throw deepspeed::ConfigError("gpt_generate: --prompt is empty");
   sampling.greedy = greedy;
+  gpt::check_sampling(sampling, "--");
 
   if (dtype != "fp32" && dtype != "bf16")
     throw deepspeed::ConfigError("gpt_generate: --dtype " + dtype + " (fp32 or bf16)");
+  std::set<std::string> given;
+  for (const auto& flag : gpt::model_flag_names())
+    if (app.count(flag) > 0) given.insert(flag);
+  const std::string tag_dir = gpt::checkpoint_tag_dir(load_dir, tag);
+  const auto saved = gpt::read_model_flags(tag_dir);
+  model = gpt::resolve_model_flags(model, given, saved, tag_dir + "/" + gpt::kModelFlagsFile);
+  for (unsigned char c : prompt)
+    if (c >= model.vocab_size)
+      throw deepspeed::ConfigError("gpt_generate: the prompt's byte " + std::to_string(c) +
+                                   " is not a token of the model's vocabulary (vocab_size " +
+                                   std::to_string(model.vocab_size) + ")");
   gpt::check_tensor_parallel(model, tensor_parallel);
   auto comm = deepspeed::init_distributed();
   gpt::GPT net{nullptr};
@@ -65,6 +84,9 @@ int main(int argc, char** argv) try {
     deepspeed::inference::DeferredInit deferred;  // init_inference allocates this rank's slices
     net = gpt::GPT(model);
   }
+  // Without the saved flags nothing tells a smaller --n_layer, --tie_embeddings on an untied
+  // checkpoint or --no_bias on a biased one: the tensors the model would leave unread do.
+  if (!saved) gpt::check_no_leftovers(gpt::stored_tensor_names(load_dir, tag), *net, load_dir);
   deepspeed::InferenceConfig config;
   config.tp_size = tensor_parallel;
   config.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;

@@ -8,13 +8,16 @@
 // with --activation_checkpointing the config's partition_activations splits the saved block
 // inputs over the group).
 // --pipeline_stages M trains the GPT as a PipelineModule (train_pipeline.h); with
-// --tensor_parallel N each stage's layers are split too (world = M x data x N).
+// --tensor_parallel N each stage's layers are split too (world = M x data x N). It needs an
+// "optimizer" block in the config and refuses --zero_init.
 // The paths live beside this file: train_options (flags), train_loop (the engine loop),
 // train_tensor_parallel, train_pipeline.
 // Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
 // --adam_epsilon, --max_grad_norm, --warmup_steps, --micro_batch, --gradient_accumulation_steps,
 // --fp16/--bf16; --steps and --n_embd) fill the config's "auto" keys, and with no "optimizer"
-// block they build an AdamW; values written in the config win over the flags' defaults.
+// block they build an AdamW (biases and LayerNorm weights without weight decay at ZeRO stage 0
+// in fp32, as HF's; elsewhere the engine takes one parameter group and every parameter is
+// decayed); values written in the config win over the flags' defaults.
 #include <cstdio>
 #include <string>
 

@@ -14,15 +14,36 @@ torch::Tensor EmbeddingLayerImpl::forward(const torch::Tensor& idx) {
   return wte->forward(idx) + wpe->forward(pos);
 }
 
+void gpt2_init_layer(torch::nn::Module& layer) {
+  torch::NoGradGuard no_grad;
+  for (auto& m : layer.modules(/*include_self=*/true)) {
+    if (auto* lin = m->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, 0.02);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0.0, 0.02);
+    }
+  }
+}
+
+namespace {
+// A layer built and initialised GPT-2 style.
+template <class Holder>
+torch::nn::AnyModule gpt2_layer(Holder layer) {
+  gpt2_init_layer(*layer.ptr());
+  return torch::nn::AnyModule(layer);
+}
+}  // namespace
+
 deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c) {
   deepspeed::pipe::PipelineModule m;
-  auto embedding = [c] { return torch::nn::AnyModule(EmbeddingLayer(c)); };
+  auto embedding = [c] { return gpt2_layer(EmbeddingLayer(c)); };
   if (c.tie_embeddings)
     m.layers.push_back(deepspeed::pipe::TiedLayerSpec("embed", embedding, nullptr, "embedding"));
   else
     m.layers.emplace_back("embedding", embedding);
   for (int64_t i = 0; i < c.n_layer; ++i)
-    m.layers.emplace_back("block", [c] { return torch::nn::AnyModule(Block(c)); });
+    m.layers.emplace_back("block", [c] { return gpt2_layer(Block(c)); });
   m.layers.emplace_back("ln_f", [c] {
     return torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   });
@@ -35,7 +56,7 @@ deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c) {
         "head(tied)"));
   } else {
     m.layers.emplace_back("head", [c] {
-      return torch::nn::AnyModule(
+      return gpt2_layer(
           torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
     });
   }

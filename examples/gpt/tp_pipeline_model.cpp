@@ -20,13 +20,15 @@ torch::Tensor TPEmbeddingLayerImpl::forward(const torch::Tensor& idx) {
 }
 
 namespace {
-// A split layer holding the slices of `full` (built first, so the RNG draws are the unsplit
-// layer's whatever the split layer's constructor draws after it).
+// A split layer holding the slices of `full` (built and GPT-2 initialised first, as
+// gpt_pipeline()'s layer, so the RNG draws are the unsplit layer's whatever the split layer's
+// constructor draws after it).
 template <class Split, class Full>
 std::function<torch::nn::AnyModule()> split_of(std::function<Full()> full,
                                                std::function<Split()> split) {
   return [full, split] {
     auto whole = full();
+    gpt2_init_layer(*whole.ptr());
     auto part = split();
     copy_slices(*part.ptr(), *whole.ptr());
     return torch::nn::AnyModule(part);

@@ -3,20 +3,11 @@
 #include <chrono>
 #include <cstdio>
 
+#include "gpt/model_flags.h"
 #include "gpt/progress.h"
 
 namespace gpt_train {
 namespace {
-
-// The config as given, with the monitoring flags applied on top.
-nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {
-  if (!opt.monitor_dir.empty()) {
-    for (const char* block : {"tensorboard", "csv_monitor"})
-      doc[block] = {{"enabled", true}, {"output_path", opt.monitor_dir}, {"job_name", "gpt_train"}};
-  }
-  if (opt.wall_clock_breakdown) doc["wall_clock_breakdown"] = true;
-  return doc;
-}
 
 template <class Model>
 int train_loop(const Run& run, std::shared_ptr<Model> model) {
@@ -83,6 +74,8 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
       }
       if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
         engine->save_checkpoint(opt.save_dir);
+        // gpt_generate builds the model from it (model_flags.h).
+        if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);
         if (rank0)
           std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
                       static_cast<long long>(engine->global_steps()));
@@ -167,13 +160,21 @@ std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(
   // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
   std::shared_ptr<torch::optim::Optimizer> client_optimizer;
   if (!config.optimizer) {
-    client_optimizer = make_adamw(*model, opt);
+    client_optimizer = make_adamw(*model, opt, config);
+    // HF exempts biases and LayerNorm parameters from weight decay (a second parameter group);
+    // the engine takes one group under ZeRO and 16-bit, so there every parameter is decayed.
+    const char* decay = engine_takes_param_groups(config)
+                            ? "; biases and LayerNorm weights without weight decay), as the "
+                              "Hugging Face Trainer does"
+                            : " on every parameter: under ZeRO stage >= 1 or fp16/bf16 the "
+                              "optimizer steps one parameter group, so biases and LayerNorm "
+                              "weights are not exempted as the Hugging Face Trainer exempts them)";
     if (rank0)
       std::printf(
           "gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
           "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
-          "--weight_decay %g), as the Hugging Face Trainer does\n",
-          opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
+          "--weight_decay %g%s\n",
+          opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay, decay);
   }
   if (rank0 && !config.auto_filled.empty())
     std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",

@@ -3,8 +3,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <fstream>
-#include <set>
 
+#include "gpt/hf_adamw.h"
 #include "gpt/text_dataset.h"
 
 namespace gpt_train {
@@ -134,16 +134,26 @@ deepspeed::ConfigOverrides trainer_values(const Options& o) {
   return v;
 }
 
-std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o) {
-  std::vector<torch::Tensor> params;
-  std::set<const void*> seen;
-  for (auto& p : model.parameters())
-    if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+bool engine_takes_param_groups(const deepspeed::Config& config) {
+  return config.zero_optimization.stage == 0 && !config.fp16.enabled && !config.bf16.enabled;
+}
+
+std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,
+                                                    const deepspeed::Config& config) {
   auto options = torch::optim::AdamWOptions(o.lr)
                      .betas(std::make_tuple(o.adam_beta1, o.adam_beta2))
                      .eps(o.adam_epsilon)
                      .weight_decay(o.weight_decay);
-  return std::make_shared<torch::optim::AdamW>(std::move(params), options);
+  return gpt::hf_adamw(model, options, engine_takes_param_groups(config));
+}
+
+nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {
+  if (!opt.monitor_dir.empty()) {
+    for (const char* block : {"tensorboard", "csv_monitor"})
+      doc[block] = {{"enabled", true}, {"output_path", opt.monitor_dir}, {"job_name", "gpt_train"}};
+  }
+  if (opt.wall_clock_breakdown) doc["wall_clock_breakdown"] = true;
+  return doc;
 }
 
 std::string filled_keys(const deepspeed::Config& config) {

@@ -65,9 +65,22 @@ long peak_rss_kb();
 // set these keys explicitly).
 deepspeed::ConfigOverrides trainer_values(const Options& o);
 
+// Whether the engine takes a client optimizer's parameter groups as they are: at ZeRO stage 0 in
+// fp32 only; elsewhere it steps one flat partition per rank, one group
+// (zero/client_optimizer.cpp).
+bool engine_takes_param_groups(const deepspeed::Config& config);
+
 // The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every
-// trainable parameter once (a tied weight is one parameter).
-std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o);
+// trainable parameter once (a tied weight is one parameter), from --lr, --adam_beta1/2,
+// --adam_epsilon, --weight_decay. Where the engine takes parameter groups
+// (engine_takes_param_groups), biases and LayerNorm parameters get weight decay 0 as HF's;
+// elsewhere every parameter is decayed (gpt::hf_adamw).
+std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,
+                                                    const deepspeed::Config& config);
+
+// The config document with the monitoring flags applied on top: --monitor_dir DIR turns on the
+// tensorboard and csv_monitor blocks (DIR/gpt_train/), --wall_clock_breakdown the engine's timers.
+nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt);
 
 // "key=value, ..." of the config keys filled from the flags.
 std::string filled_keys(const deepspeed::Config& config);

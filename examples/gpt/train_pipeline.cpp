@@ -2,8 +2,10 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <string>
+#include <vector>
 
+#include "gpt/model_flags.h"
 #include "gpt/pipeline_model.h"
 #include "gpt/tp_model.h"
 #include "gpt/tp_pipeline_model.h"
@@ -11,19 +13,50 @@
 namespace gpt_train {
 namespace {
 
-// The stage count of --pipeline_stages: the flag's, or (-1) the config's pipeline.stages.
-int pipeline_stage_count(const Options& opt, const std::string& config_path) {
+// The stage count of --pipeline_stages: the flag's, or (-1) the config's pipeline.stages, read as
+// the engine reads the file (hjson: comments, trailing commas). Reading it resolves the batch keys
+// per data-parallel rank, which depends on the stage count being read: each data-parallel size
+// the world allows is tried until the batch keys resolve (the pipeline block reads the same in
+// all of them); when none does, the first error is the file's.
+int pipeline_stage_count(const Options& opt, const std::string& config_path, int world_size) {
   if (opt.pipeline_stages > 0) return opt.pipeline_stages;
-  std::ifstream in(config_path);
-  const auto raw =
-      nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*comments=*/true);
-  if (raw.is_object() && raw.contains("pipeline") && raw["pipeline"].contains("stages") &&
-      raw["pipeline"]["stages"].is_number_integer())
-    return raw["pipeline"]["stages"].get<int>();
-  throw deepspeed::ConfigError(
-      "gpt_train: --pipeline_stages -1 needs a number in the config's "
-      "pipeline.stages (" +
-      config_path + ")");
+  const int per_tensor = world_size / std::max(1, opt.tensor_parallel);
+  std::string stages, error;
+  for (int s = 1; s <= per_tensor && stages.empty(); ++s) {
+    if (per_tensor % s != 0) continue;
+    std::vector<std::string> warnings;  // initialize_pipeline() reports them
+    try {
+      stages = deepspeed::load_config(config_path, per_tensor / s, trainer_values(opt), &warnings)
+                   .pipeline.stages;
+    } catch (const deepspeed::ConfigError& e) {
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (stages.empty()) throw deepspeed::ConfigError(error);
+  if (stages == "auto")
+    throw deepspeed::ConfigError(
+        "gpt_train: --pipeline_stages -1 needs a number in the config's "
+        "pipeline.stages (" +
+        config_path + ")");
+  return std::stoi(stages);
+}
+
+// What gpt_train does without the pipeline but cannot do with it, refused by name.
+void refuse_unsupported(const Options& opt, const deepspeed::Config& config,
+                        const std::string& config_path) {
+  if (opt.zero_init)
+    throw deepspeed::ConfigError(
+        "gpt_train: --zero_init with --pipeline_stages: the pipeline builds each stage's layers "
+        "itself and runs ZeRO stage 0-2 only (zero::Init is ZeRO-3's)");
+  // Without the pipeline gpt_train builds an AdamW from its flags; initialize_pipeline() takes no
+  // client optimizer, only the config's.
+  if (!config.optimizer)
+    throw deepspeed::ConfigError(
+        "gpt_train: --pipeline_stages: the config (" + config_path +
+        ") has no \"optimizer\" block, and the pipeline engine builds its optimizer from the "
+        "config only (the AdamW from --lr/--weight_decay/... is not available with the "
+        "pipeline); add one, e.g. \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": "
+        "\"auto\", \"betas\": \"auto\", \"eps\": \"auto\", \"weight_decay\": \"auto\"}}");
 }
 
 }  // namespace
@@ -31,7 +64,7 @@ int pipeline_stage_count(const Options& opt, const std::string& config_path) {
 int train_pipeline(const Options& opt, const std::string& config_path,
                    const deepspeed::comm::CommunicatorPtr& comm,
                    const std::shared_ptr<deepspeed::Dataset>& data) {
-  const int stages = pipeline_stage_count(opt, config_path);
+  const int stages = pipeline_stage_count(opt, config_path, comm->world_size());
   const int tensor = opt.tensor_parallel;
   // (Without tensor parallelism initialize_pipeline() names a bad stage count itself.)
   if (tensor > 1 && (stages < 1 || comm->world_size() % (stages * tensor) != 0))
@@ -41,9 +74,9 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                                  std::to_string(comm->world_size()));
   if (tensor > 1) gpt::check_tensor_parallel(opt.model, tensor);
   std::vector<std::string> warnings;  // initialize_pipeline() reports them
-  const auto config =
-      deepspeed::load_config(config_path, comm->world_size() / std::max(1, stages * tensor),
-                             trainer_values(opt), &warnings);
+  const int dp = comm->world_size() / std::max(1, stages * tensor);
+  const auto config = deepspeed::load_config(config_path, dp, trainer_values(opt), &warnings);
+  refuse_unsupported(opt, config, config_path);
   deepspeed::pipe::PipelineInitializeArgs args;
   // With --tensor_parallel the grid comes first (COLLECTIVE): the layers are built over its tensor
   // group. Rank = (stage * data + data rank) * tensor + tensor rank (deepspeed/topology.h).
@@ -54,15 +87,24 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   args.model = tensor > 1 ? gpt::gpt_tp_pipeline(opt.model, args.topology->tensor_parallel())
                           : gpt::gpt_pipeline(opt.model);
   args.model.num_stages = stages;
-  args.config_json = config.raw;
+  // --seed seeds the layers (initialize_pipeline() seeds layer i with "seed" + i), as it seeds the
+  // whole GPT without the pipeline; the data order keeps the config's seed, as there.
+  args.config_json = with_monitoring(config.raw, opt);
+  args.config_json["seed"] = opt.seed;
   args.comm = comm;
   args.device = opt.device;
+  // With dataloader_drop_last false (the default) an epoch may end in a short micro-batch (the
+  // shard of one data-parallel rank is ceil(samples / dp) windows): its activations have another
+  // shape, so the shapes go with every micro-batch then.
+  const int64_t micro = config.train_micro_batch_size_per_gpu;
+  args.dynamic_shape =
+      !config.dataloader_drop_last && ((data->size() + dp - 1) / std::max(1, dp)) % micro != 0;
   auto engine = deepspeed::pipe::initialize_pipeline(args);
   // The tensor ranks of one stage read the same micro-batches (their data rank's).
   const deepspeed::comm::Grid grid(comm->world_size(), {stages, tensor});
   const int dp_size = grid.data_size(), dp_rank = grid.coordinates(comm->rank()).data;
-  deepspeed::DataLoader loader(data, engine->train_micro_batch_size_per_gpu(), dp_rank, dp_size,
-                               engine->config().seed, /*shuffle=*/true, /*drop_last=*/true);
+  deepspeed::DataLoader loader(data, micro, dp_rank, dp_size, config.seed, /*shuffle=*/true,
+                               config.dataloader_drop_last);
   auto next = [&] {
     auto b = loader.next();
     return deepspeed::pipe::MicroBatch{b.data, b.target};
@@ -108,6 +150,8 @@ int train_pipeline(const Options& opt, const std::string& config_path,
       timed_from = std::chrono::steady_clock::now();
     if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
       engine->save_checkpoint(opt.save_dir);
+      // gpt_generate builds the model from it (model_flags.h).
+      if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);
       if (rank0)
         std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
                     static_cast<long long>(engine->global_steps()));

@@ -1,16 +1,21 @@
 // Generation with the example GPT (examples/gpt/generate.*): the kv-cache gives the tokens a full
 // recomputation gives; a left-padded batch of prompts of different lengths gives what each prompt
-// gives alone; sampling is reproducible by seed and top_k = 1 / a tiny top_p reduce to greedy;
-// and gpt_generate continues a prompt from a checkpoint gpt_train wrote.
+// gives alone; sampling is reproducible by seed and top_k = 1 / top_p 0 reduce to greedy; bad
+// sampling options are refused by name; and gpt_generate continues a prompt from a checkpoint
+// gpt_train wrote, its model flags defaulting to those gpt_train saved beside it (model_flags.h).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "deepspeed/errors.h"
 #include "gpt/generate.h"
+#include "gpt/model_flags.h"
 #include "support/commands.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -83,10 +88,44 @@ TEST(GptGenerate, SamplingIsReproducibleAndReducesToGreedy) {
   k1.greedy = false;
   k1.top_k = 1;
   EXPECT_EQ(gpt::generate(*m, kPrompts, 16, k1), want);
-  gpt::SamplingOptions p0;
-  p0.greedy = false;
-  p0.top_p = 1e-9;
-  EXPECT_EQ(gpt::generate(*m, kPrompts, 16, p0), want);
+  // The most likely token is always kept (HF's min_tokens_to_keep): top_p 0 is greedy, where it
+  // used to drop every token and fail in multinomial.
+  for (double p : {0.0, 1e-9}) {
+    gpt::SamplingOptions p0;
+    p0.greedy = false;
+    p0.top_p = p;
+    EXPECT_EQ(gpt::generate(*m, kPrompts, 16, p0), want) << "top_p " << p;
+  }
+}
+
+// As Hugging Face's generate: top_k < 0, top_p outside [0, 1] and temperature <= 0 are refused
+// naming the option, where they were taken (a negative top_k as "all", a temperature clamped to
+// 1e-6, top_p 1.5 as 1).
+TEST(GptGenerate, BadSamplingOptionsAreRefusedByName) {
+  auto m = small_model();
+  struct Case {
+    void (*set)(gpt::SamplingOptions&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](gpt::SamplingOptions& o) { o.top_k = -1; }, "top_k -1 is negative"},
+      {[](gpt::SamplingOptions& o) { o.top_p = 1.5; }, "top_p 1.5 is outside [0, 1]"},
+      {[](gpt::SamplingOptions& o) { o.top_p = -0.1; }, "top_p -0.1 is outside [0, 1]"},
+      {[](gpt::SamplingOptions& o) { o.top_p = std::nan(""); }, "top_p nan is outside [0, 1]"},
+      {[](gpt::SamplingOptions& o) { o.temperature = 0; }, "temperature 0 is not a strictly"},
+      {[](gpt::SamplingOptions& o) { o.temperature = -1; }, "temperature -1 is not a strictly"},
+  };
+  for (const auto& c : cases) {
+    gpt::SamplingOptions o;
+    o.greedy = false;
+    c.set(o);
+    EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
+                        [&] { gpt::generate(*m, kPrompts, 2, o); }),
+                    c.message);
+    EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
+                        [&] { gpt::check_sampling(o, "--"); }),
+                    std::string("--") + c.message);
+  }
 }
 
 TEST(GptGenerate, BadInputIsNamed) {
@@ -101,35 +140,201 @@ TEST(GptGenerate, BadInputIsNamed) {
   }
 }
 
-// gpt_train (2 ranks, ZeRO-2) saves; gpt_generate continues a prompt from that checkpoint and
-// prints it as its last line; a model of another width is refused naming the tensor.
-TEST(GptGenerate, ContinuesAPromptFromAGptTrainCheckpoint) {
-  dstest::TempDir dir("gpt_generate");
-  std::ofstream(dir / "ds_config.json")
-      << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-             "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
-             "zero_optimization": {"stage": 2}})";
-  const std::string bin = dstest::bin_dir(), model = " --n_layer 2 --n_head 2 --n_embd 32 --block_size 32";
-  const std::string train = dstest::dsrun_command(
-      2, "gpt_train --deepspeed_config " + (dir / "ds_config.json") + model +
-             " --steps 40 --save_dir " + (dir / "ck") + " --save_interval 40",
-      dir / "train.log");
-  ASSERT_EQ(std::system(train.c_str()), 0) << dstest::read_bytes(dir / "train.log");
-  const std::string gen = bin + "/gpt_generate --load_dir " + (dir / "ck") + model +
-                          " --prompt 'The ' --max_new_tokens 20 --greedy > " + (dir / "gen.log") +
-                          " 2>&1";
-  ASSERT_EQ(std::system(gen.c_str()), 0) << dstest::read_bytes(dir / "gen.log");
-  std::string out = dstest::read_bytes(dir / "gen.log");
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  const std::string last = out.substr(out.rfind('\n') == std::string::npos ? 0 : out.rfind('\n') + 1);
-  ASSERT_EQ(last.rfind("The ", 0), 0u) << out;
-  EXPECT_EQ(last.size(), 4u + 20u) << out;
+// gpt_train (2 ranks, ZeRO-2) saves once for the tests below, which run gpt_generate on it.
+class GptGenerateCli : public ::testing::Test {
+ protected:
+  static constexpr const char* kModel = " --n_layer 2 --n_head 2 --n_embd 32 --block_size 32";
+
+  static void SetUpTestSuite() {
+    dir_ = new dstest::TempDir("gpt_generate");
+    std::ofstream(*dir_ / "ds_config.json")
+        << R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+               "steps_per_print": 0, "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+               "zero_optimization": {"stage": 2}})";
+    const std::string train = dstest::dsrun_command(
+        2, "gpt_train --deepspeed_config " + (*dir_ / "ds_config.json") + kModel +
+               " --steps 40 --save_dir " + ck() + " --save_interval 40",
+        *dir_ / "train.log");
+    trained_ = std::system(train.c_str()) == 0;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(trained_) << dstest::read_bytes(*dir_ / "train.log"); }
+
+  static std::string ck() { return *dir_ / "ck"; }
+
+  struct Run {
+    int status;
+    std::string output;
+    std::string last_line() const {
+      std::string out = output;
+      while (!out.empty() && out.back() == '\n') out.pop_back();
+      const auto nl = out.rfind('\n');
+      return nl == std::string::npos ? out : out.substr(nl + 1);
+    }
+  };
+  // gpt_generate with `args`: its exit status, stdout and stderr.
+  static Run generate(const std::string& args) {
+    const std::string log = *dir_ / "gen.log";
+    const std::string cmd = dstest::bin_dir() + "/gpt_generate " + args + " > " + log + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    return {status, dstest::read_bytes(log)};
+  }
+
+  static dstest::TempDir* dir_;
+  static bool trained_;
+};
+dstest::TempDir* GptGenerateCli::dir_ = nullptr;
+bool GptGenerateCli::trained_ = false;
+
+// gpt_generate continues a prompt from that checkpoint and prints it as its last line.
+TEST_F(GptGenerateCli, ContinuesAPromptFromAGptTrainCheckpoint) {
+  const auto run =
+      generate("--load_dir " + ck() + kModel + " --prompt 'The ' --max_new_tokens 20 --greedy");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const std::string last = run.last_line();
+  ASSERT_EQ(last.rfind("The ", 0), 0u) << run.output;
+  EXPECT_EQ(last.size(), 4u + 20u) << run.output;
   // 40 steps on English text: the continuation is text (printable ASCII), not arbitrary bytes.
   for (unsigned char c : last.substr(4)) EXPECT_TRUE(c >= 32 && c < 127) << int(c) << " in " << last;
-  const std::string wrong = bin + "/gpt_generate --load_dir " + (dir / "ck") +
-                            " --n_layer 2 --n_head 2 --n_embd 64 --block_size 32 --prompt x > " +
-                            (dir / "wrong.log") + " 2>&1";
-  EXPECT_NE(std::system(wrong.c_str()), 0);
-  EXPECT_NE(dstest::read_bytes(dir / "wrong.log").find("has shape"), std::string::npos)
-      << dstest::read_bytes(dir / "wrong.log");
+}
+
+// gpt_train wrote its model flags beside the checkpoint: without any model flag gpt_generate
+// builds that model (the defaults, --n_layer 4 --n_embd 256 ..., used to be refused) and gives
+// what the flags as given to gpt_train give.
+TEST_F(GptGenerateCli, ModelFlagsDefaultFromTheSavedFile) {
+  const std::string saved = dstest::read_bytes(ck() + "/global_step40/gpt_model.json");
+  EXPECT_CONTAINS(saved, "\"n_head\": 2");
+  EXPECT_CONTAINS(saved, "\"n_layer\": 2");
+  const std::string common = "--load_dir " + ck() + " --prompt 'The ' --max_new_tokens 12 --greedy";
+  const auto with_flags = generate(common + kModel);
+  ASSERT_EQ(with_flags.status, 0) << with_flags.output;
+  const auto without = generate(common);
+  ASSERT_EQ(without.status, 0) << without.output;
+  EXPECT_EQ(without.last_line(), with_flags.last_line());
+}
+
+// A model flag that differs from the saved one is refused naming the flag and both values. A
+// smaller --n_layer (block1.* left unread) and --n_head 4 (no tensor changes) used to load and
+// generate garbage; --n_embd 64 was refused naming a tensor.
+TEST_F(GptGenerateCli, AConflictingModelFlagIsRefusedNamingIt) {
+  const std::string common =
+      "--load_dir " + ck() + " --prompt x --max_new_tokens 4 --block_size 32";
+  struct Case {
+    const char* flags;
+    const char* message;
+  };
+  // Each case is the training's model but for one flag.
+  for (const Case& c :
+       {Case{" --n_layer 1 --n_head 2 --n_embd 32", "--n_layer 1 conflicts with \"n_layer\": 2"},
+        Case{" --n_layer 2 --n_head 4 --n_embd 32", "--n_head 4 conflicts with \"n_head\": 2"},
+        Case{" --n_layer 2 --n_head 2 --n_embd 64", "--n_embd 64 conflicts with \"n_embd\": 32"},
+        Case{" --n_layer 2 --n_head 2 --n_embd 32 --no_bias",
+             "--no_bias (bias false) conflicts with \"bias\": true"},
+        Case{" --n_layer 2 --n_head 2 --n_embd 32 --tie_embeddings",
+             "--tie_embeddings (tie_embeddings true) conflicts"},
+        Case{" --n_layer 2 --n_head 2 --n_embd 32 --gelu_tanh",
+             "--gelu_tanh (gelu_tanh true) conflicts"}}) {
+    const auto run = generate(common + c.flags);
+    EXPECT_NE(run.status, 0) << c.flags << ": " << run.output;
+    EXPECT_CONTAINS(run.output, c.message);
+    EXPECT_CONTAINS(run.output, "global_step40/gpt_model.json");
+  }
+}
+
+// A checkpoint without gpt_model.json (an older gpt_train's; here a copy with the file removed)
+// takes the flags given, and refuses tensors the model would leave unread, naming the first.
+TEST_F(GptGenerateCli, WithoutTheSavedFileLeftoverTensorsAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string old = *dir_ / "old";
+  fs::remove_all(old);
+  fs::copy(ck(), old, fs::copy_options::recursive);
+  ASSERT_TRUE(fs::remove(old + "/global_step40/gpt_model.json"));
+  const std::string common = "--load_dir " + old + " --prompt x --max_new_tokens 4 --greedy";
+  const auto ok = generate(common + kModel);
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  const std::string width = " --n_head 2 --n_embd 32 --block_size 32";
+  struct Case {
+    std::string flags;
+    const char* tensor;
+  };
+  for (const Case& c :
+       {Case{" --n_layer 1" + width, "has tensor \"block1."},
+        Case{" --n_layer 2 --tie_embeddings" + width, "has tensor \"head.weight\""},
+        Case{" --n_layer 2 --no_bias" + width, "has tensor \"block0.attn.qkv.bias\""}}) {
+    const auto run = generate(common + c.flags);
+    EXPECT_NE(run.status, 0) << c.flags << ": " << run.output;
+    EXPECT_CONTAINS(run.output, c.tensor);
+    EXPECT_CONTAINS(run.output, "that this model does not have");
+  }
+  // gpt::load_weights refuses them the same way.
+  gpt::GPTConfig one_layer{256, 32, 1, 2, 32};
+  gpt::GPTImpl model(one_layer);
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::CheckpointError>(
+                      [&] { gpt::load_weights(model, old); }),
+                  "has tensor \"block1.");
+}
+
+// top_p 0 keeps only the most likely token: the greedy continuation (it used to fail in
+// multinomial). Sampling flags HF refuses are refused naming the flag, before anything loads.
+TEST_F(GptGenerateCli, TopP0IsGreedyAndBadSamplingFlagsAreRefused) {
+  const std::string common =
+      "--load_dir " + ck() + kModel + " --prompt 'The ' --max_new_tokens 12";
+  const auto greedy = generate(common + " --greedy");
+  ASSERT_EQ(greedy.status, 0) << greedy.output;
+  const auto p0 = generate(common + " --top_p 0 --seed 5");
+  ASSERT_EQ(p0.status, 0) << p0.output;
+  EXPECT_EQ(p0.last_line(), greedy.last_line());
+  for (const char* flag : {"--temperature 0", "--top_p 1.5", "--top_k -1"}) {
+    const auto run = generate(common + " " + flag);
+    EXPECT_NE(run.status, 0) << flag << ": " << run.output;
+    EXPECT_CONTAINS(run.output, std::string("gpt_generate: error: ") + flag);
+  }
+}
+
+// save_model_flags writes into the tag folder `latest` names and read_model_flags gives the model
+// back; a file with an unknown, missing or mistyped key is refused naming the file and the key.
+TEST(GptModelFlags, RoundTripAndMalformedFilesAreNamed) {
+  dstest::TempDir dir("gpt_model_flags");
+  std::filesystem::create_directory(dir / "t1");
+  dstest::write_bytes(dir / "latest", "t1\n");
+  gpt::GPTConfig c;
+  c.n_layer = 3;
+  c.n_head = 8;
+  c.vocab_size = 1000;
+  c.bias = false;
+  c.gelu_tanh = true;
+  gpt::save_model_flags(dir.path(), c);
+  EXPECT_EQ(gpt::checkpoint_tag_dir(dir.path(), ""), dir / "t1");
+  const auto back = gpt::read_model_flags(dir / "t1");
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(gpt::model_flags_json(*back), gpt::model_flags_json(c));
+  EXPECT_FALSE(gpt::read_model_flags(dir.path()).has_value());  // no file: an older gpt_train
+
+  const std::string file = dir / "t1/gpt_model.json";
+  auto with = [&](const char* key, const nlohmann::json& value) {
+    auto j = gpt::model_flags_json(c);
+    if (value.is_null())
+      j.erase(key);
+    else
+      j[key] = value;
+    dstest::write_bytes(file, j.dump());
+    return dstest::message_of<deepspeed::ConfigError>(
+        [&] { gpt::read_model_flags(dir / "t1"); });
+  };
+  EXPECT_CONTAINS(with("n_kv_head", 2), "\"n_kv_head\" is not a model field");
+  EXPECT_CONTAINS(with("n_head", nullptr), "\"n_head\" is missing");
+  EXPECT_CONTAINS(with("n_embd", 2.5), "\"n_embd\" is not a non-negative integer");
+  EXPECT_CONTAINS(with("bias", 1), "\"bias\" is not true or false");
+  EXPECT_CONTAINS(with("bias", 1), file);
+
+  // A flag given with the saved value is accepted; the other fields come from the file.
+  gpt::GPTConfig parsed;
+  parsed.n_head = 8;
+  parsed.dropout = 0.25;
+  const auto resolved = gpt::resolve_model_flags(parsed, {"--n_head"}, c, file);
+  EXPECT_EQ(gpt::model_flags_json(resolved), gpt::model_flags_json(c));
+  EXPECT_EQ(resolved.dropout, 0.25);
 }

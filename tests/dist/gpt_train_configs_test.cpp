@@ -77,6 +77,8 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
                        0),
             0u)
       << run.output;
+  // ZeRO-2 steps one parameter group: every parameter is decayed, and the line says so.
+  EXPECT_CONTAINS(first_line(run.output), "--weight_decay 0.01 on every parameter");
   auto losses = step_losses(run.output);
   ASSERT_EQ(losses.size(), 4u) << run.output;
 
@@ -92,6 +94,29 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
   ASSERT_TRUE(faster.ok) << faster.output;
   EXPECT_NE(first_line(faster.output).find("--lr 0.01"), std::string::npos) << faster.output;
   EXPECT_NE(step_losses(faster.output)[4], losses[4]);
+}
+
+// At ZeRO stage 0 in fp32 the engine takes the AdamW's parameter groups as they are: biases and
+// LayerNorm weights without weight decay, as the Hugging Face Trainer builds it; both groups'
+// states are checkpointed (a resumed step 3 is the uninterrupted one's).
+TEST(GptTrainConfigs, NoOptimizerBlockAtStage0ExemptsBiasesAndLayerNorms) {
+  dstest::TempDir dir;
+  json config = dstest::base_config(4, 1, 0);
+  config.erase("optimizer");
+  const std::string path = write_config(dir, config), ck = dir / "ck";
+  auto full = gpt_train(dir, path, 3, "--exact_loss --save_dir " + ck + " --save_interval 2");
+  ASSERT_TRUE(full.ok) << full.output;
+  EXPECT_CONTAINS(first_line(full.output),
+                  "--weight_decay 0.01; biases and LayerNorm weights without weight decay), as "
+                  "the Hugging Face Trainer does");
+  auto rest = gpt_train(dir, path, 3, "--exact_loss --load_dir " + ck);
+  ASSERT_TRUE(rest.ok) << rest.output;
+  EXPECT_CONTAINS(rest.output, "resumed from");
+  std::regex exact(R"(step 3 loss [0-9.]+ exact (\S+))");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_search(full.output, a, exact)) << full.output;
+  ASSERT_TRUE(std::regex_search(rest.output, b, exact)) << rest.output;
+  EXPECT_EQ(a[1], b[1]);
 }
 
 class HfTemplates : public ::testing::TestWithParam<const char*> {};

@@ -2,10 +2,13 @@
 // print the losses of one stage on one rank (same global batch); a stage count that does not
 // divide the world, or more stages than layers, stops the job with the value named; a run
 // resumed from a pipeline checkpoint continues bit for bit; a stage killed mid-run stops the job,
-// dsrun naming the rank and the signal.
+// dsrun naming the rank and the signal. The flags apply as without the pipeline: --seed (GPT-2
+// initialised layers), --monitor_dir, the config read as hjson, its dataloader_drop_last; what
+// cannot apply (--zero_init, no "optimizer" block) is refused by name.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -41,9 +44,11 @@ std::string command(const dstest::TempDir& dir, int procs, const std::string& ex
                                           "--threads 1 " + extra);
 }
 
+// With `config_text` (non-empty) written as the config instead of pipeline_config().
 Run gpt_train(const dstest::TempDir& dir, int procs, const std::string& extra,
-              int steps_per_print = 0) {
-  std::ofstream(dir / "ds_config.json") << pipeline_config(steps_per_print).dump(2);
+              int steps_per_print = 0, const std::string& config_text = "") {
+  std::ofstream(dir / "ds_config.json")
+      << (config_text.empty() ? pipeline_config(steps_per_print).dump(2) : config_text);
   const std::string log = dir / "log.txt";
   const std::string cmd = "exec " + command(dir, procs, extra) + " > " + log + " 2>&1";
   Run r;
@@ -68,6 +73,11 @@ std::map<int, std::string> exact_losses(const std::string& output) {
   for (std::sregex_iterator it(output.begin(), output.end(), exact), end; it != end; ++it)
     m[std::stoi((*it)[1])] = (*it)[2];
   return m;
+}
+
+double loss_at(const Run& r, int step) {
+  const auto losses = step_losses(r.output);
+  return losses.count(step) ? std::stod(losses.at(step)) : -1.0;
 }
 
 }  // namespace
@@ -191,4 +201,88 @@ TEST(GptTrainPipeline, ADeadStageStopsTheJobNamingIt) {
   EXPECT_LT(std::stoi(m[2]), 20000) << out;
   EXPECT_NE(out.find("rank 1 (pid"), std::string::npos) << out;
   EXPECT_NE(out.find("was killed by signal 9 (SIGKILL)"), std::string::npos) << out;
+}
+
+// --seed seeds the layers (as it seeds the whole GPT without the pipeline; the config's "seed"
+// is 3 in both runs), and the layers start GPT-2 style (N(0, 0.02)): the first loss is about
+// ln(256) = 5.5 as without the pipeline, not the ~40 of PyTorch's default initialisation (a
+// tied head over N(0, 1) embeddings).
+TEST(GptTrainPipeline, SeedFlagSeedsTheGpt2InitialisedLayers) {
+  dstest::TempDir a("gpt_pipe_seed1"), b("gpt_pipe_seed2"), c("gpt_plain_seed1");
+  const std::string flags = " --steps 1 --tie_embeddings";
+  auto one = gpt_train(a, 1, "--pipeline_stages 1 --seed 1" + flags);
+  auto two = gpt_train(b, 1, "--pipeline_stages 1 --seed 2" + flags);
+  auto plain = gpt_train(c, 1, "--seed 1" + flags);
+  ASSERT_TRUE(one.ok) << one.output;
+  ASSERT_TRUE(two.ok) << two.output;
+  ASSERT_TRUE(plain.ok) << plain.output;
+  EXPECT_NE(step_losses(one.output).at(1), step_losses(two.output).at(1)) << one.output;
+  EXPECT_LT(loss_at(one, 1), 10.0) << one.output;
+  EXPECT_NEAR(loss_at(one, 1), loss_at(plain, 1), 0.5) << one.output << plain.output;
+}
+
+// --monitor_dir DIR writes the CSV monitor files into DIR/gpt_train/, one row per step from the
+// stage that knows the loss (the last); --wall_clock_breakdown is taken too.
+TEST(GptTrainPipeline, MonitorDirWritesTheCsvFiles) {
+  dstest::TempDir dir("gpt_pipe_monitor");
+  auto r = gpt_train(dir, 2,
+                     "--pipeline_stages 2 --steps 3 --wall_clock_breakdown --monitor_dir " +
+                         dir.path());
+  ASSERT_TRUE(r.ok) << r.output;
+  const std::string csv = dstest::read_bytes(dir / "gpt_train/Train_Samples_train_loss.csv");
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // the header and 3 steps
+}
+
+// A config with no "optimizer" block, and --zero_init, are refused naming the flag: the pipeline
+// engine builds its optimizer from the config, and builds each stage's layers itself.
+TEST(GptTrainPipeline, NoOptimizerBlockAndZeroInitAreRefusedByName) {
+  dstest::TempDir dir("gpt_pipe_refused");
+  json config = pipeline_config(0);
+  config.erase("optimizer");
+  auto r = gpt_train(dir, 1, "--pipeline_stages 1 --steps 1", 0, config.dump(2));
+  EXPECT_FALSE(r.ok) << r.output;
+  EXPECT_NE(r.output.find("has no \"optimizer\" block"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--pipeline_stages"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("InitializeArgs"), std::string::npos) << r.output;
+  r = gpt_train(dir, 1, "--pipeline_stages 1 --steps 1 --zero_init");
+  EXPECT_FALSE(r.ok) << r.output;
+  EXPECT_NE(r.output.find("--zero_init"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--pipeline_stages"), std::string::npos) << r.output;
+}
+
+// --pipeline_stages -1 reads the stage count from a config as DeepSpeed reads it (hjson: a '#'
+// comment, a trailing comma).
+TEST(GptTrainPipeline, StageCountFromAnHjsonConfig) {
+  dstest::TempDir dir("gpt_pipe_hjson");
+  const std::string config = R"({
+    # two stages
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "steps_per_print": 0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    "pipeline": {"stages": 2,},
+  })";
+  auto r = gpt_train(dir, 2, "--pipeline_stages -1 --steps 1", 0, config);
+  ASSERT_TRUE(r.ok) << r.output;
+  EXPECT_NE(r.output.find("pipeline 2 stages"), std::string::npos) << r.output;
+}
+
+// dataloader_drop_last applies: on a text of 9 windows (micro-batches of 2, 4 per step) the
+// epoch's last micro-batch holds one window unless it is dropped, so step 2 differs between the
+// two settings (step 1 does not). The short micro-batch crosses the stage boundary.
+TEST(GptTrainPipeline, DataloaderDropLastFromTheConfig) {
+  dstest::TempDir dir("gpt_pipe_drop_last");
+  // block 16, stride 8: (84 - 17) / 8 + 1 = 9 windows.
+  const std::string text = dstest::read_bytes(dstest::source_dir() + "/data/fortunes.txt");
+  dstest::write_bytes(dir / "text.txt", text.substr(0, 84));
+  std::map<bool, std::map<int, std::string>> losses;
+  for (bool drop : {false, true}) {
+    json config = pipeline_config(0);
+    config["dataloader_drop_last"] = drop;
+    auto r = gpt_train(dir, 2, "--pipeline_stages 2 --steps 2 --data " + (dir / "text.txt"), 0,
+                       config.dump(2));
+    ASSERT_TRUE(r.ok) << r.output;
+    losses[drop] = step_losses(r.output);
+    ASSERT_EQ(losses[drop].size(), 2u) << r.output;
+  }
+  EXPECT_EQ(losses[false].at(1), losses[true].at(1));
+  EXPECT_NE(losses[false].at(2), losses[true].at(2));
 }

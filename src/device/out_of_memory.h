@@ -37,7 +37,9 @@ class AllocatingFor {
 // the calling thread's own record, else the newest another thread (autograd's device thread)
 // made since this thread's engine call began. forget_failed_allocation() marks that beginning
 // (each engine call starts with it, so an old failure that was caught and handled is never
-// named); neither touches another calling thread's record (ranks as threads, in tests).
+// named). Ranks as threads (tests): forgetting drops only the caller's own record, and a report
+// takes another thread's only when the caller has none of its own (a rank whose failure was in
+// no named buffer may then name another rank's).
 std::string take_failed_allocation();
 void forget_failed_allocation();
 

@@ -140,6 +140,45 @@ std::set<std::string> check_trainable(const TagReader& reader, const EngineState
   return missing;
 }
 
+// libtorch's optimizer archive must match the optimizer's parameter groups, group by group
+// (torch/optim/serialize.h: "param_groups/size", then each group's "params/size"); checked before
+// anything is loaded, so a changed grouping (a client optimizer now with a no-decay group, say)
+// is named here instead of by libtorch's check halfway through the load. An archive read
+// otherwise (another optimizer's own serialize()) is left to the optimizer's load.
+void check_archive_groups(const TagReader& reader, torch::optim::Optimizer& optimizer,
+                          const std::string& bytes) {
+  std::vector<int64_t> saved;
+  try {
+    torch::serialize::InputArchive archive, groups;
+    archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
+    archive.read("param_groups", groups);
+    at::Tensor count;
+    groups.read("param_groups/size", count);
+    for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
+      torch::serialize::InputArchive group;
+      groups.read("param_groups/" + std::to_string(i), group);
+      at::Tensor size;
+      group.read("params/size", size);
+      saved.push_back(size.item<int64_t>());
+    }
+  } catch (const c10::Error&) {
+    return;
+  }
+  std::vector<int64_t> now;
+  for (const auto& group : optimizer.param_groups())
+    now.push_back(static_cast<int64_t>(group.params().size()));
+  if (saved == now) return;
+  auto list = [](const std::vector<int64_t>& sizes) {
+    std::string text;
+    for (int64_t n : sizes) text += (text.empty() ? "" : ", ") + std::to_string(n);
+    return std::to_string(sizes.size()) + " parameter group(s) of " + text + " tensors";
+  };
+  throw CheckpointError("checkpoint '" + reader.dir() + "': the optimizer's state was saved with " +
+                        list(saved) + "; the optimizer now has " + list(now) +
+                        " (a client optimizer grouped differently?). Build it with the saved "
+                        "grouping, or pass load_optimizer_states=false to load the weights alone");
+}
+
 // A libtorch optimizer's own archive holds whole per-rank state: usable where the saved and the
 // current rank hold the same parameters (stage 0 anywhere, or the same stage and world size).
 void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
@@ -171,6 +210,7 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int file_rank = replicated ? first_saved_rank_of_group(reader, s) : job_rank;
   at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
+  check_archive_groups(reader, *s.optimizer, plan.optimizer_archive);
 }
 
 // Checks that the checkpoint covers every fragment this rank loads (headers only).
@@ -221,16 +261,23 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
 
 // Same world size and micro batch: the exact position. Otherwise the same number of samples
 // consumed in the epoch, rounded down to whole micro-batches of the new job; an epoch the saved
-// job had consumed whole (consumed >= dataset size: it took its last, partial or padded
-// micro-batch) resumes at the next epoch's start, else rounding down would train its tail again.
+// job had finished (it took its last micro-batch: partial or padded, or with dataloader_drop_last
+// the last whole one, the tail dropped) resumes at the next epoch's start, else rounding down
+// would train the epoch's tail again.
 LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState& s) {
   LoaderState ls{saved.at("epoch").get<int64_t>(), saved.at("batch_in_epoch").get<int64_t>()};
-  const int64_t old_step = saved.at("micro_batch_size").get<int64_t>() * saved.at("world_size").get<int64_t>();
+  const int64_t old_micro = saved.at("micro_batch_size").get<int64_t>();
+  const int64_t old_world = saved.at("world_size").get<int64_t>();
   const int64_t new_step = s.config.train_micro_batch_size_per_gpu * s.comm->world_size();
-  if (old_step == new_step) return ls;
-  const int64_t consumed = ls.batch_in_epoch * old_step;
-  if (consumed >= s.training_data->size()) return {ls.epoch + 1, 0};
-  ls.batch_in_epoch = consumed / new_step;
+  if (old_micro * old_world == new_step) return ls;
+  // The saved job's batches per epoch, as its sampler and loader cut them (sampler.cpp,
+  // data_loader.cpp): a rank's shard of N samples, then micro-batches of it.
+  const int64_t n = s.training_data->size();
+  const bool drop_last = s.config.dataloader_drop_last;
+  const int64_t shard = drop_last ? n / old_world : (n + old_world - 1) / old_world;
+  const int64_t old_batches = drop_last ? shard / old_micro : (shard + old_micro - 1) / old_micro;
+  if (ls.batch_in_epoch >= old_batches) return {ls.epoch + 1, 0};
+  ls.batch_in_epoch = ls.batch_in_epoch * old_micro * old_world / new_step;
   return ls;
 }
 

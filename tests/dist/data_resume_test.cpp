@@ -48,6 +48,7 @@ MicroBatch rows(const at::Tensor& data) {
 struct Job {
   int world = 2, micro = 2, accumulation = 1;
   int64_t samples = 40;    // dataset size
+  bool drop_last = false;  // dataloader_drop_last
   int steps = 4;           // train until global_steps reaches this
   std::string dir;         // checkpoints: saved as tag "s<step>" at the steps in save_at
   std::set<int> save_at;
@@ -59,6 +60,11 @@ struct Trained {
   std::vector<Step> steps;                     // each optimizer step after loading
   std::vector<deepspeed::LoaderState> loaded;  // [rank]: the loader's position after loading
 };
+
+nlohmann::json with_drop_last(nlohmann::json config, bool drop_last) {
+  config["dataloader_drop_last"] = drop_last;
+  return config;
+}
 
 Trained train(const Job& job) {
   at::set_num_threads(1);
@@ -76,7 +82,8 @@ Trained train(const Job& job) {
     const int rank = comm->rank();
     auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
         {.model = models[rank],
-         .config_json = dstest::base_config(job.micro, job.accumulation, 1),
+         .config_json = with_drop_last(dstest::base_config(job.micro, job.accumulation, 1),
+                                       job.drop_last),
          .training_data = data,
          .comm = comm});
     if (!job.load_tag.empty()) engine->load_checkpoint(job.dir, job.load_tag);
@@ -244,5 +251,31 @@ TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
   EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
   ASSERT_FALSE(s.micro[0].empty());
   const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first 5 samples
+  EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
+}
+
+// With dataloader_drop_last the epoch ends before its tail: 10 samples in micro-batches of 4 is
+// 2 batches (8 samples), and a save after them resumes at micro 3 in the next epoch, not at
+// epoch 0's third batch of 3 (samples 6-8, two of them trained already and one dropped).
+TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpoch) {
+  dstest::TempDir dir;
+  Job whole;
+  whole.world = 1;
+  whole.micro = 4;
+  whole.samples = 10;
+  whole.drop_last = true;
+  whole.steps = 3;  // epoch 0 is steps 1-2
+  whole.dir = dir.path();
+  whole.save_at = {2};
+  const Trained straight = train(whole);
+  Job smaller = whole;
+  smaller.micro = 3;
+  smaller.save_at = {};
+  smaller.load_tag = "s2";
+  const Trained s = train(smaller);
+  EXPECT_EQ(s.loaded[0].epoch, 1);
+  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
+  ASSERT_FALSE(s.micro[0].empty());
+  const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first 4 samples
   EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
 }

@@ -452,3 +452,57 @@ TEST(CheckpointLayout, PartitionFragmentsCoverEveryParameterOnce) {
       for (int c : seen[k]) EXPECT_EQ(c, 1) << "world " << world << " param " << k;
   }
 }
+
+namespace {
+struct TwoBiasedLayersImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwoBiasedLayersImpl() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
+};
+}  // namespace
+
+// A libtorch optimizer's archive (stage 0 fp32, client AdamW) saved with one parameter group
+// and loaded into an optimizer grouped in two (weight decay, and none for the biases): named
+// before anything is loaded, with the way out; the model keeps its weights.
+TEST(CheckpointLayout, AClientOptimizerGroupedDifferentlyIsNamedBeforeLoading) {
+  dstest::TempDir dir;
+  auto build = [](bool two_groups, uint64_t seed) {
+    torch::manual_seed(seed);
+    auto model = std::make_shared<TwoBiasedLayersImpl>();
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    if (two_groups) {
+      std::vector<at::Tensor> weights, biases;
+      for (const auto& item : model->named_parameters())
+        (item.key().find("bias") != std::string::npos ? biases : weights).push_back(item.value());
+      groups.emplace_back(weights, std::make_unique<torch::optim::AdamWOptions>(1e-3));
+      auto none = std::make_unique<torch::optim::AdamWOptions>(1e-3);
+      none->weight_decay(0);
+      groups.emplace_back(biases, std::move(none));
+    } else {
+      groups.emplace_back(model->parameters(), std::make_unique<torch::optim::AdamWOptions>(1e-3));
+    }
+    auto optimizer = std::make_shared<torch::optim::AdamW>(std::move(groups));
+    nlohmann::json config = {{"train_micro_batch_size_per_gpu", 2}};
+    auto engine = deepspeed::initialize<TwoBiasedLayersImpl>(
+                      {.model = model, .config_json = config, .optimizer = optimizer})
+                      .engine;
+    engine->backward(engine->forward(torch::randn({2, 8})));
+    engine->step();
+    return std::make_pair(model, engine);
+  };
+  auto [saved_model, saved] = build(false, 1);
+  saved->save_checkpoint(dir.path());
+  auto [model, grouped] = build(true, 2);
+  const at::Tensor before = model->a->weight.clone();
+  const auto msg = message_of([&] { grouped->load_checkpoint(dir.path()); });
+  EXPECT_CONTAINS(msg, dir.path());
+  EXPECT_CONTAINS(msg, "saved with 1 parameter group(s) of 4 tensors");
+  EXPECT_CONTAINS(msg, "now has 2 parameter group(s) of 2, 2 tensors");
+  EXPECT_CONTAINS(msg, "load_optimizer_states=false");
+  EXPECT_TRUE(torch::equal(model->a->weight, before)) << "nothing loaded";
+  EXPECT_NO_THROW(grouped->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
+  EXPECT_TRUE(torch::equal(model->a->weight, saved_model->a->weight));
+}

@@ -4,6 +4,10 @@
 
 #include <torch/torch.h>
 
+#include <string>
+
+#include "deepspeed/errors.h"
+
 namespace deepspeed {
 namespace pipe {
 
@@ -42,6 +46,15 @@ void StageLink::send_activation(const at::Tensor& output) {
   if (!sent_meta_ || dynamic_shape_) {
     send_meta(*pipe_, t, stage_ + 1);
     sent_meta_ = true;
+    sent_shape_ = t.sizes().vec();
+  } else if (t.sizes().vec() != sent_shape_) {
+    // The next stage posts a buffer of the first activation's shape: a send of another shape
+    // would fail there without saying why, or (NCCL) hang or land misaligned.
+    throw Error("pipeline stage " + std::to_string(stage_) + ": an activation of shape " +
+                c10::str(t.sizes()) + " after the first one's " + c10::str(at::IntArrayRef(sent_shape_)) +
+                "; the shape travels once unless PipelineInitializeArgs.dynamic_shape is true. "
+                "Set it for micro-batches of changing shape (a short last micro-batch of an "
+                "epoch with dataloader_drop_last false, sequences of changing length)");
   }
   pipe_->send(t, stage_ + 1)->wait();
 }

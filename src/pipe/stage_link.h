@@ -38,6 +38,7 @@ class StageLink {
   bool dynamic_shape_;
   // Shape metadata: sent / received once unless dynamic_shape_.
   bool sent_meta_ = false;
+  std::vector<int64_t> sent_shape_;  // without dynamic_shape_: every activation must keep it
   bool have_recv_meta_ = false;
   std::vector<int64_t> recv_shape_;
   at::ScalarType recv_dtype_ = at::kFloat;

@@ -270,6 +270,43 @@ TEST(Pipeline, EvalBatchWithChangingShapesOnTwoStages) {
     EXPECT_NEAR(losses[rank], expected, dstest::kLossTol * expected) << "rank " << rank;
 }
 
+// Without dynamic_shape the shape travels once: an activation of another shape (here the second
+// micro-batch, one token shorter) is refused by its sender, naming the switch, instead of being
+// sent into the next stage's buffer of the first shape. The next stage's receive fails with it
+// (its peer's communicator closes).
+TEST(PipelineErrors, AChangedActivationShapeWithoutDynamicShapeNamesIt) {
+  std::vector<std::string> messages(2);
+  auto run = [&] {
+    run_ranks(
+        2,
+        [&](deepspeed::comm::CommunicatorPtr comm) {
+          dp::PipelineInitializeArgs args;
+          args.model = gpt::gpt_pipeline(tiny_gpt(false));
+          args.model.num_stages = 2;
+          args.config_json = config(1, 0);
+          args.comm = comm;
+          args.device = "cpu";
+          auto engine = dp::initialize_pipeline(args);
+          int m = 0;
+          try {
+            engine->eval_batch([&] {
+              auto [x, y] = pipeline_micro_batch(0, m);
+              const int64_t tokens = 8 - (m++ > 0 ? 1 : 0);
+              return dp::MicroBatch{x.slice(1, 0, tokens).contiguous(),
+                                    y.slice(1, 0, tokens).contiguous()};
+            });
+          } catch (const std::exception& e) {
+            messages[comm->rank()] = e.what();
+            throw;  // closes this rank's communicator, as a real failure would
+          }
+        },
+        std::chrono::seconds(10));
+  };
+  EXPECT_ANY_THROW(run());
+  EXPECT_CONTAINS(messages[0], "pipeline stage 0: an activation of shape");
+  EXPECT_CONTAINS(messages[0], "PipelineInitializeArgs.dynamic_shape");
+}
+
 // NVMe optimizer offload under the pipeline: every stage swaps its own partition through one
 // nvme_path (stages share data-parallel ranks, so their swap files must not collide) and the
 // losses are bit-identical to the in-memory run, as without the pipeline.

@@ -214,7 +214,7 @@ TEST(ZeroPPConfig, IgnoredBelowStage3WithAWarningNamingTheKey) {
 
 TEST(ZeroPPConfig, BadValuesAreRefusedNamingTheKey) {
   EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
-                      [] { parse({{"stage", 3}, {"zero_hpz_partition_size", 0}}); }),
+                      [] { parse({{"stage", 3}, {"zero_hpz_partition_size", -1}}); }),
                   "zero_optimization.zero_hpz_partition_size");
   EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
                       [] { parse({{"stage", 3}, {"zero_quantized_weights", "yes"}}); }),

@@ -32,7 +32,7 @@ STEPS=${STEPS:-"build test bench"}
 ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
-GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test"  # tests/gpu
+GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 PY=$(command -v python3)
 TORCH_DIR=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__))')

@@ -162,13 +162,14 @@ std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(
   if (!config.optimizer) {
     client_optimizer = make_adamw(*model, opt, config);
     // HF exempts biases and LayerNorm parameters from weight decay (a second parameter group);
-    // the engine takes one group under ZeRO and 16-bit, so there every parameter is decayed.
+    // the engine takes one group where optimizer offload runs the CPU Adam, so there every
+    // parameter is decayed.
     const char* decay = engine_takes_param_groups(config)
                             ? "; biases and LayerNorm weights without weight decay), as the "
                               "Hugging Face Trainer does"
-                            : " on every parameter: under ZeRO stage >= 1 or fp16/bf16 the "
-                              "optimizer steps one parameter group, so biases and LayerNorm "
-                              "weights are not exempted as the Hugging Face Trainer exempts them)";
+                            : " on every parameter: optimizer offload's CPU Adam steps one "
+                              "parameter group, so biases and LayerNorm weights are not exempted "
+                              "as the Hugging Face Trainer exempts them)";
     if (rank0)
       std::printf(
           "gpt_train: the config has no \"optimizer\" block: training with AdamW from the "

@@ -135,7 +135,9 @@ deepspeed::ConfigOverrides trainer_values(const Options& o) {
 }
 
 bool engine_takes_param_groups(const deepspeed::Config& config) {
-  return config.zero_optimization.stage == 0 && !config.fp16.enabled && !config.bf16.enabled;
+  const std::string& device = config.zero_optimization.offload_optimizer.device;
+  if (device == "nvme") return false;
+  return !(device == "cpu" && config.zero_force_ds_cpu_optimizer);
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,

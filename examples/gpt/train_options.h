@@ -65,9 +65,9 @@ long peak_rss_kb();
 // set these keys explicitly).
 deepspeed::ConfigOverrides trainer_values(const Options& o);
 
-// Whether the engine takes a client optimizer's parameter groups as they are: at ZeRO stage 0 in
-// fp32 only; elsewhere it steps one flat partition per rank, one group
-// (zero/client_optimizer.cpp).
+// Whether the engine takes a client optimizer's parameter groups as they are: at every stage and
+// precision, except under optimizer offload's CPU Adam (device nvme, or cpu with
+// zero_force_ds_cpu_optimizer), which takes one group on a GPU engine (zero/client_optimizer.h).
 bool engine_takes_param_groups(const deepspeed::Config& config);
 
 // The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every

@@ -80,7 +80,49 @@ void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16
             out_kind);
 }
 
+void FusedAdam::set_flat(const torch::Tensor& master, std::vector<Segment> segments) {
+  auto& groups = param_groups();
+  TORCH_CHECK(!groups.empty() && groups[0].params().size() == 1 && groups[0].params()[0].is_same(master),
+              "FusedAdam::set_flat: group 0 must hold the master alone");
+  for (size_t g = 1; g < groups.size(); ++g) groups[g].params().clear();
+  for (const auto& s : segments)
+    TORCH_CHECK(s.group < groups.size() && s.begin >= 0 && s.begin + s.numel <= master.numel(),
+                "FusedAdam::set_flat: a segment outside the master or its groups");
+  segments_ = std::move(segments);
+}
+
+// One step of the master, segment by segment, each with its group's options.
+void FusedAdam::flat_step() {
+  auto& groups = param_groups();
+  torch::Tensor p = groups[0].params()[0];
+  if (!p.grad().defined()) return;
+  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+                  p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
+              "FusedAdam needs contiguous fp32 parameters and gradients");
+  auto& s = state_of(p);
+  s.step(s.step() + 1);
+  auto copy = half_copies_.find(p.unsafeGetTensorImpl());
+  const at::Tensor grad = p.grad().view({-1});
+  for (const auto& seg : segments_) {
+    const AdamStepParams hp = hyper_for(
+        static_cast<torch::optim::AdamWOptions&>(groups[seg.group].options()), s.step());
+    if (!p.is_cpu()) {
+      at::Tensor target = copy != half_copies_.end()
+                              ? copy->second.view({-1}).narrow(0, seg.begin, seg.numel)
+                              : at::Tensor();
+      at::Tensor param = p.view({-1}).narrow(0, seg.begin, seg.numel);
+      at::Tensor m = s.exp_avg().view({-1}).narrow(0, seg.begin, seg.numel);
+      at::Tensor v = s.exp_avg_sq().view({-1}).narrow(0, seg.begin, seg.numel);
+      device_adam_step(param, grad.narrow(0, seg.begin, seg.numel), m, v, hp, target,
+                       grads_are_scratch_);
+      continue;
+    }
+    range_step_of(p, s, hp).run(grad.data_ptr<float>() + seg.begin, seg.begin, seg.numel);
+  }
+}
+
 AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
+  TORCH_CHECK(segments_.empty(), "FusedAdam::prepare_step: not with set_flat's groups");
   TORCH_CHECK(param.is_cpu() && param.scalar_type() == torch::kFloat && param.is_contiguous(),
               "FusedAdam::prepare_step needs a contiguous fp32 CPU parameter");
   for (auto& group : param_groups()) {
@@ -101,6 +143,12 @@ AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
 torch::Tensor FusedAdam::step(LossClosure closure) {
   torch::NoGradGuard no_grad;
   torch::Tensor loss = run_closure(closure);
+  if (!segments_.empty()) {
+    flat_step();
+    grad_scale_ = 1.0f;
+    grads_are_scratch_ = false;
+    return loss;
+  }
   for (auto& group : param_groups()) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {

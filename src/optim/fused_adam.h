@@ -80,6 +80,18 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   // group's current hyperparameters and the grad scale set for this step (then reset to 1).
   AdamRangeStep prepare_step(const torch::Tensor& param);
 
+  // Several parameter groups over one flat tensor (a ZeRO partition, zero/flat_groups.h): group 0
+  // holds `master` alone, the other groups none, and step() updates each segment [begin,
+  // begin + numel) of it with group `group`'s options. The state stays one per master (the
+  // checkpoints read it there); the step count is shared. REQUIRES: a CPU or device master this
+  // optimizer holds, segments within it; not with prepare_step (ZeRO-Offload's ranges).
+  struct Segment {
+    int64_t begin = 0;
+    int64_t numel = 0;
+    size_t group = 0;
+  };
+  void set_flat(const torch::Tensor& master, std::vector<Segment> segments);
+
  private:
   torch::optim::AdamWParamState& state_of(const torch::Tensor& p);
   AdamStepParams hyper_for(const torch::optim::AdamWOptions& o, int64_t step) const;
@@ -92,6 +104,8 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   float grad_scale_ = 1.0f;
   bool grads_are_scratch_ = false;
   std::unordered_map<const void*, torch::Tensor> half_copies_;  // by param TensorImpl
+  std::vector<Segment> segments_;  // set_flat: the master's elements by group
+  void flat_step();
 };
 
 }  // namespace optim

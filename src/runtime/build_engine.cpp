@@ -194,16 +194,16 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     case 1:
     case 2: {
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
-      s.stage = std::make_unique<zero::FlatStage>(s.trainable, context,
-                                                  flat_stage_options(s.config, stage, dtype,
-                                                                     pipeline_stage),
-                                                  make_optimizer);
+      auto options = flat_stage_options(s.config, stage, dtype, pipeline_stage);
+      zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
+      s.stage = std::make_unique<zero::FlatStage>(s.trainable, context, options, make_optimizer);
       break;
     }
     case 3: {
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
-      s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context,
-                                               stage3_options(s.config, dtype),
+      auto options = stage3_options(s.config, dtype);
+      zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
+      s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context, options,
                                                make_optimizer);
       break;
     }

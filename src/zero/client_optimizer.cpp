@@ -7,10 +7,13 @@
 #include <optional>
 #include <string>
 #include <tuple>
-#include <unordered_set>
 
 #include "deepspeed/errors.h"
+#include "optim/adamw_state.h"
 #include "optim/fused_adam.h"
+#include "optim/lamb.h"
+#include "optim/self_communicating.h"
+#include "zero/flat_groups.h"
 
 namespace deepspeed {
 namespace zero {
@@ -18,33 +21,29 @@ namespace {
 
 const char* kWhat = "InitializeArgs.optimizer";
 
-// The partition the stage builds replaces every trainable parameter at once, so the client must
-// optimize exactly those, in one group (per-group options cannot be split out of one flat buffer).
+// The partition the stage builds replaces every trainable parameter at once, so the client's
+// groups must hold exactly those, each once (client_group_of says what is wrong). Several groups
+// step the views of the master over their segments (zero/flat_groups.h), or FusedAdam the master
+// segment by segment; Lamb (per-parameter trust-ratio fragments) and the 1-bit optimizers
+// (per-parameter compression segments) keep their state otherwise and are refused with several.
 void check_parameters(torch::optim::Optimizer& client, const std::vector<at::Tensor>& trainable) {
-  const auto& groups = client.param_groups();
-  if (groups.size() != 1)
-    throw ConfigError(std::string(kWhat) + " has " + std::to_string(groups.size()) +
-                      " parameter groups; under ZeRO (and fp16/bf16) the optimizer steps one flat "
-                      "partition per rank, so give one group holding all trainable parameters");
-  std::unordered_set<const void*> model, given;
-  for (const auto& p : trainable) model.insert(p.unsafeGetTensorImpl());
-  for (const auto& p : groups[0].params()) {
-    if (!model.count(p.unsafeGetTensorImpl()))
-      throw ConfigError(std::string(kWhat) +
-                        " holds a tensor that is not a trainable parameter of the model; build it "
-                        "over model->parameters()");
-    given.insert(p.unsafeGetTensorImpl());
-  }
-  if (given.size() != model.size())
-    throw ConfigError(std::string(kWhat) + " holds " + std::to_string(given.size()) + " of the " +
-                      std::to_string(model.size()) +
-                      " trainable parameters; under ZeRO (and fp16/bf16) it must hold all of them "
-                      "(freeze a parameter with requires_grad(false) instead)");
+  client_group_of(client, trainable);
+  const size_t groups = client.param_groups().size();
+  if (groups == 1) return;
+  const char* own = dynamic_cast<optim::Lamb*>(&client) ? "Lamb"
+                    : dynamic_cast<optim::SelfCommunicatingOptimizer*>(&client) ? "a 1-bit optimizer"
+                                                                                 : nullptr;
+  if (own)
+    throw ConfigError(std::string(kWhat) + " is " + own + " with " + std::to_string(groups) +
+                      " parameter groups; under ZeRO (and fp16/bf16) several groups need a "
+                      "libtorch optimizer (torch::optim::AdamW, Adam, SGD, ...) or FusedAdam, or "
+                      "give one group");
 }
 
-// The client's Adam hyper-parameters; nullopt when it is not Adam/AdamW.
-std::optional<AdamHyper> adam_hyper(torch::optim::Optimizer& client) {
-  auto& options = client.param_groups()[0].options();
+// The client's Adam hyper-parameters in parameter group `group`; nullopt when it is not
+// Adam/AdamW.
+std::optional<AdamHyper> adam_hyper(torch::optim::Optimizer& client, size_t group = 0) {
+  auto& options = client.param_groups().at(group).options();
   AdamHyper h;
   bool amsgrad = false;
   if (dynamic_cast<torch::optim::AdamW*>(&client) || dynamic_cast<optim::FusedAdam*>(&client)) {
@@ -87,6 +86,13 @@ OptimizerFactory repoint(std::shared_ptr<torch::optim::Optimizer> client) {
 
 }  // namespace
 
+void describe_client_groups(torch::optim::Optimizer* client,
+                            const std::vector<at::Tensor>& trainable, ShardOptions& shard) {
+  if (!client || client->param_groups().size() < 2) return;
+  shard.group_of = client_group_of(*client, trainable);
+  shard.group_count = static_cast<int>(client->param_groups().size());
+}
+
 ClientOptimizerOptions client_optimizer_options(const Config& config) {
   return {offload_device(config.zero_optimization.offload_optimizer),
           config.zero_force_ds_cpu_optimizer};
@@ -97,11 +103,27 @@ OptimizerFactory client_optimizer_factory(std::shared_ptr<torch::optim::Optimize
                                           const ClientOptimizerOptions& options) {
   check_parameters(*client, trainable);
   if (options.home == OffloadDevice::kNone) return repoint(std::move(client));
+  const size_t groups = client->param_groups().size();
+  // The nvme swap steps one group here.
+  if (groups > 1 && options.home == OffloadDevice::kNvme)
+    throw ConfigError(std::string(kWhat) + " has " + std::to_string(groups) +
+                      " parameter groups; with zero_optimization.offload_optimizer.device = "
+                      "\"nvme\" the swapped Adam steps the partition as one group here (differs "
+                      "from DeepSpeed, which keeps the groups); give one group, or offload to "
+                      "\"cpu\"");
   if (auto hyper = adam_hyper(*client)) {
-    return
-        [h = *hyper](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
-          return std::make_shared<optim::FusedAdam>(std::move(params), h);
-        };
+    // One FusedAdam group per client group (their options; adam_w_mode and bias correction are
+    // the optimizer's); the shard steps each group's segments with them (FusedAdam::set_flat).
+    std::vector<AdamHyper> per_group{*hyper};
+    for (size_t g = 1; g < groups; ++g) per_group.push_back(*adam_hyper(*client, g));
+    return [per_group](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+      auto adam = std::make_shared<optim::FusedAdam>(std::move(params), per_group[0]);
+      for (size_t g = 1; g < per_group.size(); ++g)
+        adam->add_param_group(torch::optim::OptimizerParamGroup(
+            std::vector<at::Tensor>(),
+            std::make_unique<torch::optim::AdamWOptions>(optim::adamw_options(per_group[g]))));
+      return adam;
+    };
   }
   const bool nvme = options.home == OffloadDevice::kNvme;
   const std::string device = nvme ? "nvme" : "cpu";

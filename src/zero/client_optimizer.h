@@ -3,9 +3,10 @@
 // an OptimizerFactory, and this makes that factory from the client's optimizer.
 //
 // - Shard home none/cpu without the CPU-Adam rule below: the client optimizer itself is used. Its
-//   one parameter group keeps its options (lr, betas, momentum, ...) and its parameters are
-//   replaced by the fp32 partition the shard gives; its state is cleared (it has taken no step
-//   on the partition yet).
+//   parameter groups keep their options (lr, betas, momentum, ...) and their parameters are
+//   replaced by the fp32 partition the shard gives (one group: the partition; several: each
+//   group the views of the partition over its parameters' elements); its state is cleared (it
+//   has taken no step on the partition yet).
 // - Optimizer offload (home cpu or nvme), DeepSpeed's zero_force_ds_cpu_optimizer: a client
 //   torch::optim::Adam / AdamW (or FusedAdam) runs as the project's CPU Adam (FusedAdam; on nvme
 //   the swapped Adam) with the client's lr, betas, eps and weight decay (Adam: L2 decay, AdamW:
@@ -31,9 +32,19 @@ struct ClientOptimizerOptions {
 };
 ClientOptimizerOptions client_optimizer_options(const Config& config);
 
-// REQUIRES: client is not null. Checks at once (ConfigError) that the client has one parameter
-// group holding exactly the model's trainable parameters `trainable` (the partition replaces all
-// of them), and the offload rules above.
+// REQUIRES: client is not null. Checks at once (ConfigError) that the client's parameter groups
+// hold exactly the model's trainable parameters `trainable`, each once (the partition replaces
+// all of them), and the offload rules above. Several groups (e.g. a weight-decay group and a
+// no-decay one) keep their own options; the stage cuts its partition by group
+// (zero/flat_groups.h, describe_client_groups); the CPU Adam of offload "cpu" gets one group per
+// client group. Refused with several groups: Lamb and the 1-bit optimizers as the client, nvme,
+// and (by the shard) the CPU Adam's update range by range (a GPU partition, overlap_step).
+// A client with several parameter groups: records which group each trainable parameter is in
+// (shard.group_of, group_count) for the stage to cut its partition by. Nothing for one group
+// or no client.
+void describe_client_groups(torch::optim::Optimizer* client,
+                            const std::vector<at::Tensor>& trainable, ShardOptions& shard);
+
 OptimizerFactory client_optimizer_factory(std::shared_ptr<torch::optim::Optimizer> client,
                                           const std::vector<at::Tensor>& trainable,
                                           const ClientOptimizerOptions& options);

@@ -25,6 +25,9 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   ShardOptions shard = options.shard;
   shard.compute_device = ctx_.device;
   shard.reduces_into_partition = options.scatter_gradients;
+  if (!shard.group_of.empty())
+    shard.group_segments = group_segments(ownership_->fragments_to_load(*flat_), shard.group_of,
+                                          partition_->numel());
   shard_ = make_shard_optimizer(shard, *partition_, make_optimizer);
   const ReductionOptions reduction = reduction_for(options.reduction);
   const auto comm_dtype = dtype_from_config(reduction.comm_dtype, options.param_dtype);

@@ -49,6 +49,7 @@ class InMemoryShard : public ShardOptimizer {
     }
     optimizer_ = make_optimizer({master_});
     fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+    if (!options.group_segments.empty()) give_groups_their_views(options);
     // 1-bit Adam and 0/1 Adam are FusedAdams only for their exact-Adam steps; their compressed
     // and local steps neither apply set_grad_scale nor write the 16-bit copy, so they get the
     // plain path: gradients scaled before the step, the partition written after it.
@@ -73,6 +74,14 @@ class InMemoryShard : public ShardOptimizer {
                options.overlap_step.value_or(on_gpu) &&
                (pin_ || !on_gpu || options.reduces_into_partition);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
+      // Its ranges run with one group's options (FusedAdam::prepare_step).
+      if (!options.group_segments.empty())
+        throw ConfigError(
+            "InitializeArgs.optimizer has " + std::to_string(options.group_count) +
+            " parameter groups; zero_optimization.offload_optimizer.device = \"cpu\" with the "
+            "partition on a GPU, or with overlap_step = true, updates it range by range with "
+            "one group's options here (differs from DeepSpeed); give one group, or set "
+            "overlap_step false on a CPU engine");
       StepDuringBackward::Options o;
       o.pin = pin_;
       o.upload = host_;
@@ -152,10 +161,10 @@ class InMemoryShard : public ShardOptimizer {
       return step({grads.tensor.to(master_.device()), nullptr}, params, grad_scale);
     if (!mixed_) {
       if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
-      master_.mutable_grad() = grads.tensor;
+      set_grads(grads.tensor);
       optimizer_->step();
       if (aliased_) return;  // the partition was updated in place
-      master_.mutable_grad() = at::Tensor();
+      set_grads(at::Tensor());
       params.write_all(master_);
       return;
     }
@@ -163,13 +172,13 @@ class InMemoryShard : public ShardOptimizer {
     // the length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
     at::Tensor grad32 = grads.tensor.to(torch::kFloat);
     if (grad32.data_ptr() == grads.tensor.data_ptr()) grad32 = grad32.clone();
-    master_.mutable_grad() = grad32;
+    set_grads(grad32);
     if (fused_)  // grad32 is this step's own copy
       fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
     else if (grad_scale != 1.0)
       grad32.mul_(grad_scale);
     optimizer_->step();
-    master_.mutable_grad() = at::Tensor();
+    set_grads(at::Tensor());
     if (!half_copy_) params.write_all(master_.to(params.dtype()));
   }
 
@@ -241,10 +250,52 @@ class InMemoryShard : public ShardOptimizer {
     if (!grad_host_.defined()) grad_host_ = host_buffer(master_.numel(), at::kFloat);
     grad_host_.copy_(grads.tensor.view({-1}));  // D2H with the widening to fp32; waits for it
     if (grad_scale != 1.0) grad_host_.mul_(grad_scale);
-    master_.mutable_grad() = grad_host_;
+    set_grads(grad_host_);
     optimizer_->step();
-    master_.mutable_grad() = at::Tensor();
+    set_grads(at::Tensor());
     params.resident().copy_(master_);
+  }
+
+  // A client optimizer with several parameter groups (zero/flat_groups.h): a libtorch optimizer
+  // steps the views of the master over each group's segments, each view's gradient the same
+  // narrow of the partition's. FusedAdam keeps its state by the master (the checkpoints read it
+  // there), so it steps the master segment by segment with each group's options instead
+  // (FusedAdam::set_flat). Lamb and the 1-bit optimizers are refused by client_optimizer.cpp.
+  void give_groups_their_views(const ShardOptions& options) {
+    TORCH_CHECK(!dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get()),
+                "InMemoryShard: parameter groups for a 1-bit optimizer; the client optimizer "
+                "checks should have refused it");
+    auto& groups = optimizer_->param_groups();
+    TORCH_CHECK(static_cast<int>(groups.size()) == options.group_count, "InMemoryShard: ",
+                options.group_count, " parameter groups expected, the optimizer has ",
+                groups.size());
+    if (fused_) {
+      std::vector<optim::FusedAdam::Segment> segments;
+      for (const auto& s : options.group_segments)
+        segments.push_back({s.begin, s.numel, static_cast<size_t>(s.group)});
+      fused_->set_flat(master_, std::move(segments));
+      return;  // the gradient stays on the master (segments_ empty)
+    }
+    auto views = group_views(master_, options.group_segments, options.group_count);
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = views[g];
+    segments_ = options.group_segments;
+    optimizer_->state().clear();
+  }
+
+  // The gradient of the master (1-D, partition numel) as the optimizer reads it: on the master,
+  // or cut into the groups' views. Undefined clears them.
+  void set_grads(const at::Tensor& grad) {
+    if (segments_.empty()) {
+      master_.mutable_grad() = grad;
+      return;
+    }
+    // group_views gave each group its views in partition order: walk the segments the same way.
+    const at::Tensor flat = grad.defined() ? grad.view({-1}) : at::Tensor();
+    std::vector<size_t> next(optimizer_->param_groups().size(), 0);
+    for (const auto& s : segments_) {
+      auto& view = optimizer_->param_groups()[s.group].params()[next[s.group]++];
+      view.mutable_grad() = flat.defined() ? flat.narrow(0, s.begin, s.numel) : at::Tensor();
+    }
   }
 
   std::array<at::Tensor, 3> state(bool create_moments) {
@@ -259,6 +310,7 @@ class InMemoryShard : public ShardOptimizer {
 
   at::Tensor master_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<GroupSegment> segments_;  // several parameter groups: the partition cut by group
   optim::FusedAdam* fused_ = nullptr;
   bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself

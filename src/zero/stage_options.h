@@ -12,6 +12,7 @@
 
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "zero/flat_groups.h"
 
 namespace deepspeed {
 namespace zero {
@@ -71,6 +72,12 @@ struct ShardOptions {
   // pageable (zero/host_grad_partition.h). False: the gradients stay on the compute device until
   // the shard brings them down (stage 1).
   bool reduces_into_partition = false;
+  // A client optimizer with several parameter groups (zero/flat_groups.h), set by the builder:
+  // group_of[k] is trainable parameter k's group (empty: one group, the whole partition).
+  std::vector<int> group_of;
+  int group_count = 1;
+  // Set by the stage from group_of and its fragments: the partition cut by group.
+  std::vector<GroupSegment> group_segments;
 };
 
 // Stages 0 (16-bit), 1 and 2 over one flat buffer (zero/flat_stage.h).

@@ -69,6 +69,8 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
   dstest::TempDir dir;
   json config = dstest::base_config(4, 1, 2);
   config.erase("optimizer");
+  // Optimizer offload runs the AdamW as the CPU Adam, over one parameter group.
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   auto run = gpt_train(dir, write_config(dir, config), 4);
   ASSERT_TRUE(run.ok) << run.output;
   EXPECT_EQ(first_line(run.output)
@@ -77,7 +79,7 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
                        0),
             0u)
       << run.output;
-  // ZeRO-2 steps one parameter group: every parameter is decayed, and the line says so.
+  // The CPU Adam steps one parameter group: every parameter is decayed, and the line says so.
   EXPECT_CONTAINS(first_line(run.output), "--weight_decay 0.01 on every parameter");
   auto losses = step_losses(run.output);
   ASSERT_EQ(losses.size(), 4u) << run.output;
@@ -117,6 +119,18 @@ TEST(GptTrainConfigs, NoOptimizerBlockAtStage0ExemptsBiasesAndLayerNorms) {
   ASSERT_TRUE(std::regex_search(full.output, a, exact)) << full.output;
   ASSERT_TRUE(std::regex_search(rest.output, b, exact)) << rest.output;
   EXPECT_EQ(a[1], b[1]);
+}
+
+// ZeRO stages 1-3 and bf16 take the parameter groups too (zero/flat_groups.h).
+TEST(GptTrainConfigs, NoOptimizerBlockAtStage2Bf16ExemptsBiasesAndLayerNorms) {
+  dstest::TempDir dir;
+  json config = dstest::base_config(4, 1, 2);
+  config.erase("optimizer");
+  config["bf16"] = {{"enabled", true}};
+  auto run = gpt_train(dir, write_config(dir, config), 2);
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_CONTAINS(first_line(run.output), "biases and LayerNorm weights without weight decay");
+  EXPECT_EQ(step_losses(run.output).size(), 2u) << run.output;
 }
 
 class HfTemplates : public ::testing::TestWithParam<const char*> {};

@@ -1,7 +1,7 @@
 // gpt_train's AdamW when the config has no "optimizer" block (gpt::hf_adamw): as the Hugging Face
 // Trainer builds it, the biases and LayerNorm parameters sit in a group of their own with weight
 // decay 0, everything else in the group with --weight_decay; every parameter once. Without the
-// exemption (what ZeRO and 16-bit take: one group) every parameter is decayed.
+// exemption (what optimizer offload's CPU Adam takes: one group) every parameter is decayed.
 #include <gtest/gtest.h>
 
 #include <map>

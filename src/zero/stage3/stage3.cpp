@@ -47,6 +47,8 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   ShardOptions shard = options_.shard;
   shard.compute_device = ctx_.device;
   shard.reduces_into_partition = true;
+  if (!shard.group_of.empty())
+    shard.group_segments = group_segments(own_fragments(), shard.group_of, params_->numel());
   shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
   // After the zero::Init slices are gone (a model bigger than RAM needs the room).
   grads_ = make_unit_gradients(layout_, dtype_from_config(options_.grad_accum_dtype, param_dtype_),

@@ -1,0 +1,231 @@
+// A client optimizer with several parameter groups (HF's weight-decay group and a no-decay group
+// for biases and LayerNorm weights) under ZeRO stages 1-3 and bf16: each group keeps its own lr
+// and weight_decay while the stage steps its flat partition (zero/flat_groups.h): libtorch's
+// optimizers over views of the master, FusedAdam over the master segment by segment. The
+// reference is stage 0 in fp32, where the client steps the module's own parameters group by group.
+#include <gtest/gtest.h>
+
+#include "deepspeed/errors.h"
+#include "optim/fused_adam.h"
+#include "support/expect.h"
+#include "support/files.h"
+#include "support/training_run.h"
+
+namespace {
+using nlohmann::json;
+using ClientFactory = std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)>;
+
+constexpr int kSteps = 6;
+
+// Matrices decayed at lr 3e-3; vectors (biases, LayerNorm weights) at `vector_lr`, no decay.
+std::vector<torch::optim::OptimizerParamGroup> two_groups(gpt::GPTImpl& m, double vector_lr) {
+  std::vector<torch::Tensor> matrices, vectors;
+  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(3e-3).weight_decay(0.1)));
+  groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(vector_lr).weight_decay(0.0)));
+  return groups;
+}
+
+ClientFactory client_adamw(double vector_lr = 1e-3) {
+  return [vector_lr](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::AdamW>(two_groups(m, vector_lr),
+                                                 torch::optim::AdamWOptions(3e-3));
+  };
+}
+
+// The project's FusedAdam with the same two groups (its state is kept by the whole master).
+ClientFactory client_fused_adam(double vector_lr = 1e-3) {
+  return [vector_lr](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, vector_lr);
+    deepspeed::AdamHyper h;
+    h.lr = 3e-3;
+    h.weight_decay = 0.1;
+    auto adam = std::make_shared<deepspeed::optim::FusedAdam>(groups[0].params(), h);
+    adam->add_param_group(torch::optim::OptimizerParamGroup(
+        groups[1].params(), std::make_unique<torch::optim::AdamWOptions>(
+                                torch::optim::AdamWOptions(vector_lr).weight_decay(0.0))));
+    return adam;
+  };
+}
+
+ClientFactory client_sgd() {
+  return [](gpt::GPTImpl& m) {
+    std::vector<torch::Tensor> matrices, vectors;
+    for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices);
+    groups.emplace_back(vectors, std::make_unique<torch::optim::SGDOptions>(
+                                     torch::optim::SGDOptions(0.01).momentum(0.9)));
+    return std::make_shared<torch::optim::SGD>(groups,
+                                               torch::optim::SGDOptions(0.05).momentum(0.5));
+  };
+}
+
+dstest::RunSpec spec(int world, int stage, ClientFactory client, const json& extra = json()) {
+  dstest::RunSpec s;
+  s.world_size = world;
+  s.steps = kSteps;
+  s.config = dstest::base_config(2, 1, stage);
+  s.config.erase("optimizer");
+  if (stage == 3) s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  if (!extra.is_null()) s.config.merge_patch(extra);
+  s.client_optimizer = std::move(client);
+  return s;
+}
+
+dstest::RunResult run(int world, int stage, ClientFactory client, const json& extra = json()) {
+  return dstest::train_gpt(spec(world, stage, std::move(client), extra));
+}
+
+std::string config_error_of(int stage, ClientFactory client, const json& extra = json()) {
+  return dstest::message_of<deepspeed::ConfigError>([&] { run(1, stage, client, extra); });
+}
+}  // namespace
+
+// One rank: the partition is the whole model, so every stage runs libtorch's AdamW on the same
+// elements with the same gradients as stage 0 does on the module's parameters, group by group.
+TEST(ParamGroups, StagesOneToThreeStepEachGroupAsStageZero) {
+  auto reference = run(1, 0, client_adamw());
+  for (int stage : {1, 2, 3}) {
+    auto zero = run(1, stage, client_adamw());
+    EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+  }
+  // The groups' options matter: one group with the first group's options trains otherwise.
+  auto one_group = run(1, 2, [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::AdamW>(m.parameters(),
+                                                 torch::optim::AdamWOptions(3e-3).weight_decay(0.1));
+  });
+  EXPECT_GT(dstest::max_weight_diff(one_group, reference), 1e-4);
+}
+
+// FusedAdam steps the master segment by segment with each group's options.
+TEST(ParamGroups, FusedAdamGroupsStepAsStageZero) {
+  auto reference = run(1, 0, client_fused_adam());
+  for (int stage : {2, 3}) {
+    auto zero = run(1, stage, client_fused_adam());
+    EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+  }
+  auto adamw = run(1, 0, client_adamw());  // the same groups in libtorch's AdamW
+  EXPECT_LT(dstest::max_weight_diff(adamw, reference), 1e-5);
+}
+
+TEST(ParamGroups, SgdGroupsAtStageTwoStepAsStageZero) {
+  auto reference = run(1, 0, client_sgd());
+  auto zero = run(1, 2, client_sgd());
+  EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6);
+}
+
+// bf16 at stage 0 (a replicated flat partition) and stage 2 run the same fp32 masters; against
+// fp32 they agree to bf16 precision.
+TEST(ParamGroups, Bf16StepsEachGroupsMasters) {
+  const json bf16 = {{"bf16", {{"enabled", true}}}};
+  for (const auto& client : {client_adamw(), client_fused_adam()}) {
+    auto reference = run(1, 0, client);
+    auto stage0 = run(1, 0, client, bf16);
+    auto stage2 = run(1, 2, client, bf16);
+    EXPECT_EQ(dstest::max_weight_diff(stage2, stage0), 0.0);
+    EXPECT_LT(dstest::max_loss_rel_diff(stage0, reference), 4e-3);
+  }
+}
+
+// Two ranks split the partition inside parameters: a group at lr 0 (and no decay) keeps every
+// element of its parameters bit for bit, wherever the partition boundary cuts them, while the
+// other group trains.
+TEST(ParamGroups, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
+  for (int stage : {1, 2, 3}) for (bool fused : {false, true}) {
+    auto r = run(2, stage, fused ? client_fused_adam(/*vector_lr=*/0.0) : client_adamw(0.0));
+    ASSERT_EQ(r.weights.size(), r.initial.size());
+    double vectors_moved = 0.0, matrices_moved = 0.0;
+    for (size_t i = 0; i < r.weights.size(); ++i) {
+      const double d = (r.weights[i] - r.initial[i]).abs().max().item<double>();
+      (r.initial[i].dim() >= 2 ? matrices_moved : vectors_moved) =
+          std::max(r.initial[i].dim() >= 2 ? matrices_moved : vectors_moved, d);
+    }
+    EXPECT_EQ(vectors_moved, 0.0) << "stage " << stage << " fused " << fused;
+    EXPECT_GT(matrices_moved, 0.0) << "stage " << stage << " fused " << fused;
+  }
+}
+
+// Stage 2 on two ranks, saved after 3 steps and resumed for 3 more: the same weights as 6 steps
+// in one go (libtorch's optimizer archive keeps each group's moments per view).
+// FusedAdam's masters and moments are saved per parameter name, as with one group.
+TEST(ParamGroups, SaveAndResumeAtStageTwoIsBitForBit) {
+  for (const auto& client : {client_adamw(), client_fused_adam()}) {
+    dstest::TempDir dir;
+    auto whole = run(2, 2, client);
+    auto first = spec(2, 2, client);
+    first.steps = 3;
+    first.after_training = [&](deepspeed::Engine& e) { e.save_checkpoint(dir.path(), "half"); };
+    dstest::train_gpt(first);
+    auto second = spec(2, 2, client);
+    second.model_seed = 99;  // loading must win
+    second.before_training = [&](deepspeed::Engine& e) { e.load_checkpoint(dir.path(), "half"); };
+    auto resumed = dstest::train_gpt(second);
+    ASSERT_EQ(resumed.losses.size(), 3u);
+    EXPECT_EQ(dstest::max_abs_diff(resumed.weights, whole.weights), 0.0);
+  }
+}
+
+// Offload "cpu": an AdamW client becomes the CPU Adam (FusedAdam) with one group per client
+// group, which is what a FusedAdam client runs without offload. Its update range by range
+// (overlap_step, or a GPU partition) and the nvme swap take one group's options: refused. A
+// libtorch optimizer stepping the masters in memory (zero_force_ds_cpu_optimizer false) keeps
+// its groups.
+TEST(ParamGroups, CpuOffloadKeepsTheGroupsWhereItStepsWholeElseRefused) {
+  const json cpu = {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
+  auto offloaded_adamw = run(1, 2, client_adamw(), cpu);
+  auto fused = run(1, 2, client_fused_adam());
+  EXPECT_EQ(dstest::max_weight_diff(offloaded_adamw, fused), 0.0);
+  json overlap = cpu;
+  overlap["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
+  std::string msg = config_error_of(2, client_adamw(), overlap);
+  EXPECT_CONTAINS(msg, "InitializeArgs.optimizer has 2 parameter groups");
+  EXPECT_CONTAINS(msg, "overlap_step");
+  // Every group's options are read: amsgrad in the second one is refused as in the first.
+  auto amsgrad = [](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, 1e-3);
+    static_cast<torch::optim::AdamWOptions&>(groups[1].options()).amsgrad(true);
+    return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+  };
+  EXPECT_CONTAINS(config_error_of(2, amsgrad, cpu), "amsgrad");
+  dstest::TempDir dir;
+  const json nvme = {{"zero_force_ds_cpu_optimizer", false},
+                     {"zero_optimization",
+                      {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir.path()}}}}}};
+  msg = config_error_of(3, client_adamw(), nvme);
+  EXPECT_CONTAINS(msg, "2 parameter groups");
+  EXPECT_CONTAINS(msg, "offload_optimizer.device = \"nvme\"");
+  msg = config_error_of(3, client_sgd(), nvme);
+  EXPECT_CONTAINS(msg, "2 parameter groups");
+
+  json not_forced = cpu;
+  not_forced["zero_force_ds_cpu_optimizer"] = false;
+  auto offloaded = run(1, 2, client_sgd(), not_forced);
+  auto reference = run(1, 0, client_sgd());
+  EXPECT_LT(dstest::max_weight_diff(offloaded, reference), 1e-6);
+}
+
+TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {
+  auto twice = [](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, 1e-3);
+    groups[1].params().push_back(groups[0].params().front());
+    return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+  };
+  EXPECT_CONTAINS(config_error_of(2, twice), "in parameter groups 0 and 1");
+  auto missing = [](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, 1e-3);
+    groups[1].params().pop_back();
+    return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+  };
+  EXPECT_CONTAINS(config_error_of(3, missing), "trainable parameters in its parameter groups");
+  auto foreign = [](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, 1e-3);
+    groups[1].params().push_back(torch::zeros({3}, torch::requires_grad()));
+    return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
+  };
+  EXPECT_CONTAINS(config_error_of(1, foreign), "parameter group 1 holds a tensor that is not");
+}

@@ -135,9 +135,11 @@ deepspeed::ConfigOverrides trainer_values(const Options& o) {
 }
 
 bool engine_takes_param_groups(const deepspeed::Config& config) {
+  // Under optimizer offload an AdamW client becomes the CPU Adam whatever
+  // zero_force_ds_cpu_optimizer says (that key is for other optimizers), and the CPU Adam keeps
+  // groups only on a CPU engine with overlap_step false: one group there, always.
   const std::string& device = config.zero_optimization.offload_optimizer.device;
-  if (device == "nvme") return false;
-  return !(device == "cpu" && config.zero_force_ds_cpu_optimizer);
+  return device != "cpu" && device != "nvme";
 }
 
 std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,

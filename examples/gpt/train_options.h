@@ -66,8 +66,9 @@ long peak_rss_kb();
 deepspeed::ConfigOverrides trainer_values(const Options& o);
 
 // Whether the engine takes a client optimizer's parameter groups as they are: at every stage and
-// precision, except under optimizer offload's CPU Adam (device nvme, or cpu with
-// zero_force_ds_cpu_optimizer), which takes one group on a GPU engine (zero/client_optimizer.h).
+// precision without optimizer offload. Under it (cpu or nvme) the AdamW becomes the CPU Adam,
+// which refuses several groups on a GPU engine, with overlap_step and with nvme
+// (zero/client_optimizer.h): gpt_train gives one group there.
 bool engine_takes_param_groups(const deepspeed::Config& config);
 
 // The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every

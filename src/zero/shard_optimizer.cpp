@@ -79,9 +79,11 @@ class InMemoryShard : public ShardOptimizer {
         throw ConfigError(
             "InitializeArgs.optimizer has " + std::to_string(options.group_count) +
             " parameter groups; zero_optimization.offload_optimizer.device = \"cpu\" with the "
-            "partition on a GPU, or with overlap_step = true, updates it range by range with "
-            "one group's options here (differs from DeepSpeed); give one group, or set "
-            "overlap_step false on a CPU engine");
+            "partition on a GPU, or with overlap_step true (its default on a GPU), updates it "
+            "range by range with one group's options here (differs from DeepSpeed); give one "
+            "group" +
+            std::string(host_ ? ", or train on a CPU engine with overlap_step false"
+                              : ", or set \"overlap_step\": false"));
       StepDuringBackward::Options o;
       o.pin = pin_;
       o.upload = host_;

@@ -65,6 +65,20 @@ json with_optimizer_block(json config) {
 }
 }  // namespace
 
+// zero_force_ds_cpu_optimizer false does not keep an AdamW off the CPU Adam (the key is for other
+// optimizers), which with overlap_step updates range by range with one group's options: gpt_train
+// gives it one group, and trains.
+TEST(GptTrainConfigs, NoOptimizerBlockWithOverlappedCpuOffloadTrainsOneGroup) {
+  dstest::TempDir dir;
+  json config = dstest::base_config(4, 1, 2);
+  config.erase("optimizer");
+  config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+  config["zero_force_ds_cpu_optimizer"] = false;
+  auto run = gpt_train(dir, write_config(dir, config), 2);
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_CONTAINS(first_line(run.output), "on every parameter");
+}
+
 TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
   dstest::TempDir dir;
   json config = dstest::base_config(4, 1, 2);

@@ -150,6 +150,30 @@ TEST(ParamGroups, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
   }
 }
 
+// Two ranks with clipping that always acts (the global norm is far above 1e-3): the gradients
+// are scaled once for the whole partition (the views' slices of it, FusedAdam's grad_scale per
+// segment), then each group steps with its own options, as stage 0 does on the module's
+// parameters. Also catches a group stepped with the other's options anywhere in a partition.
+TEST(ParamGroups, ClippedGradientsOnTwoRanksStepEachGroupAsStageZero) {
+  const json clipped = {{"gradient_clipping", 1e-3}};
+  for (bool fused : {false, true}) {
+    auto client = fused ? client_fused_adam() : client_adamw();
+    auto reference = run(2, 0, client, clipped);
+    auto unclipped = run(2, 0, client);
+    // Clipping moves the weights far beyond the tolerance below (measured: 0.013), so a segment
+    // stepped unclipped would show.
+    EXPECT_GT(dstest::max_weight_diff(reference, unclipped), 10 * dstest::kWeightTol)
+        << "clipping acted";
+    for (int stage : {1, 2, 3}) {
+      auto zero = run(2, stage, client, clipped);
+      EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol)
+          << "stage " << stage << " fused " << fused;
+      EXPECT_LT(dstest::max_weight_diff(zero, reference), dstest::kWeightTol)
+          << "stage " << stage << " fused " << fused;
+    }
+  }
+}
+
 // Stage 2 on two ranks, saved after 3 steps and resumed for 3 more: the same weights as 6 steps
 // in one go (libtorch's optimizer archive keeps each group's moments per view).
 // FusedAdam's masters and moments are saved per parameter name, as with one group.

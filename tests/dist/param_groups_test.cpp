@@ -7,6 +7,7 @@
 
 #include "deepspeed/errors.h"
 #include "optim/fused_adam.h"
+#include "optim/lamb.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/training_run.h"
@@ -252,4 +253,20 @@ TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
   EXPECT_CONTAINS(config_error_of(1, foreign), "parameter group 1 holds a tensor that is not");
+}
+
+// Lamb keeps per-parameter trust-ratio fragments of its one tensor: several groups are refused
+// under ZeRO, naming it and the way out.
+TEST(ParamGroups, LambWithSeveralGroupsIsRefused) {
+  auto lamb = [](gpt::GPTImpl& m) {
+    auto groups = two_groups(m, 1e-3);
+    auto optimizer =
+        std::make_shared<deepspeed::optim::Lamb>(groups[0].params(), deepspeed::optim::LambHyper{});
+    optimizer->add_param_group(torch::optim::OptimizerParamGroup(
+        groups[1].params(), optimizer->param_groups()[0].options().clone()));
+    return optimizer;
+  };
+  const std::string msg = config_error_of(2, lamb);
+  EXPECT_CONTAINS(msg, "InitializeArgs.optimizer is Lamb with 2 parameter groups");
+  EXPECT_CONTAINS(msg, "give one group");
 }

@@ -91,14 +91,21 @@ void FusedAdam::set_flat(const torch::Tensor& master, std::vector<Segment> segme
   segments_ = std::move(segments);
 }
 
+namespace {
+// The kernels read and write flat fp32 memory.
+void check_fp32_contiguous(const torch::Tensor& p) {
+  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+                  p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
+              "FusedAdam needs contiguous fp32 parameters and gradients");
+}
+}  // namespace
+
 // One step of the master, segment by segment, each with its group's options.
 void FusedAdam::flat_step() {
   auto& groups = param_groups();
   torch::Tensor p = groups[0].params()[0];
   if (!p.grad().defined()) return;
-  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
-                  p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
-              "FusedAdam needs contiguous fp32 parameters and gradients");
+  check_fp32_contiguous(p);
   auto& s = state_of(p);
   s.step(s.step() + 1);
   auto copy = half_copies_.find(p.unsafeGetTensorImpl());
@@ -153,9 +160,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
-                      p.grad().scalar_type() == torch::kFloat && p.grad().is_contiguous(),
-                  "FusedAdam needs contiguous fp32 parameters and gradients");
+      check_fp32_contiguous(p);
       auto& s = state_of(p);
       s.step(s.step() + 1);
       const AdamStepParams hp = hyper_for(o, s.step());

@@ -123,6 +123,32 @@ std::vector<Step> slice(const std::vector<Step>& steps, size_t from, size_t n) {
   if (from + n > steps.size()) return {};
   return {steps.begin() + from, steps.begin() + from + n};
 }
+
+// A one-rank job of `samples` windows in micro-batches of `micro`, saved after step 2 (the end of
+// epoch 0), resumed at micro-batches of 3: it must resume at epoch 1's start and train epoch 1's
+// first three samples, as the uninterrupted run's third step begins with.
+void expect_epoch_end_resume_at_micro_3(int64_t samples, int micro, bool drop_last) {
+  dstest::TempDir dir;
+  Job whole;
+  whole.world = 1;
+  whole.micro = micro;
+  whole.samples = samples;
+  whole.drop_last = drop_last;
+  whole.steps = 3;  // epoch 0 is steps 1-2
+  whole.dir = dir.path();
+  whole.save_at = {2};
+  const Trained straight = train(whole);
+  Job smaller = whole;
+  smaller.micro = 3;
+  smaller.save_at = {};
+  smaller.load_tag = "s2";
+  const Trained s = train(smaller);
+  EXPECT_EQ(s.loaded[0].epoch, 1);
+  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
+  ASSERT_FALSE(s.micro[0].empty());
+  const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first micro-batch
+  EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
+}
 }  // namespace
 
 // The comparisons below are by window contents: the windows must differ.
@@ -233,49 +259,12 @@ TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
   const Trained r = train(resumed);
   EXPECT_EQ(r.steps, slice(uninterrupted.steps, 3, 2));
 
-  dstest::TempDir dir2;
-  Job whole;
-  whole.world = 1;
-  whole.micro = 5;
-  whole.samples = 10;
-  whole.steps = 3;  // epoch 0 is steps 1-2
-  whole.dir = dir2.path();
-  whole.save_at = {2};
-  const Trained straight = train(whole);
-  Job smaller = whole;
-  smaller.micro = 3;
-  smaller.save_at = {};
-  smaller.load_tag = "s2";
-  const Trained s = train(smaller);
-  EXPECT_EQ(s.loaded[0].epoch, 1);
-  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
-  ASSERT_FALSE(s.micro[0].empty());
-  const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first 5 samples
-  EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
+  expect_epoch_end_resume_at_micro_3(/*samples=*/10, /*micro=*/5, /*drop_last=*/false);
 }
 
 // With dataloader_drop_last the epoch ends before its tail: 10 samples in micro-batches of 4 is
 // 2 batches (8 samples), and a save after them resumes at micro 3 in the next epoch, not at
 // epoch 0's third batch of 3 (samples 6-8, two of them trained already and one dropped).
 TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpoch) {
-  dstest::TempDir dir;
-  Job whole;
-  whole.world = 1;
-  whole.micro = 4;
-  whole.samples = 10;
-  whole.drop_last = true;
-  whole.steps = 3;  // epoch 0 is steps 1-2
-  whole.dir = dir.path();
-  whole.save_at = {2};
-  const Trained straight = train(whole);
-  Job smaller = whole;
-  smaller.micro = 3;
-  smaller.save_at = {};
-  smaller.load_tag = "s2";
-  const Trained s = train(smaller);
-  EXPECT_EQ(s.loaded[0].epoch, 1);
-  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
-  ASSERT_FALSE(s.micro[0].empty());
-  const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first 4 samples
-  EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
+  expect_epoch_end_resume_at_micro_3(/*samples=*/10, /*micro=*/4, /*drop_last=*/true);
 }

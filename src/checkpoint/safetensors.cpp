@@ -34,7 +34,7 @@ constexpr std::array<DtypeInfo, 10> kDtypes = {{{at::kFloat, "F32"},
 // The reference implementation refuses headers above 100 MB; so do we, before allocating.
 constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;
 
-constexpr const char* kMetadataKey = "__metadata__";
+constexpr const char* kHeaderMetadataKey = "__metadata__";
 
 using Entry = SafetensorsEntry;
 
@@ -146,13 +146,13 @@ const SafetensorsEntry* SafetensorsIndex::find(const std::string& name) const {
 std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
                                const SafetensorsMetadata& metadata) {
   nlohmann::ordered_json h = nlohmann::ordered_json::object();
-  if (!metadata.empty()) h[kMetadataKey] = metadata;
+  if (!metadata.empty()) h[kHeaderMetadataKey] = metadata;
   std::set<std::string> seen;
   uint64_t offset = 0;
   for (const auto& e : entries) {
-    if (e.name == kMetadataKey || !seen.insert(e.name).second) {
+    if (e.name == kHeaderMetadataKey || !seen.insert(e.name).second) {
       throw CheckpointError("safetensors: tensor name \"" + e.name + "\" is " +
-                            (e.name == kMetadataKey ? "reserved" : "used twice"));
+                            (e.name == kHeaderMetadataKey ? "reserved" : "used twice"));
     }
     const uint64_t bytes = uint64_t(e.numel()) * c10::elementSize(e.dtype);
     h[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
@@ -290,7 +290,7 @@ SafetensorsIndex read_safetensors_index(ReadableFile& file_ref, const std::strin
 
   SafetensorsIndex out;
   for (const auto& [key, value] : h.items()) {
-    if (key == kMetadataKey) {
+    if (key == kHeaderMetadataKey) {
       out.metadata = parse_metadata(path, value);
     } else {
       out.entries.push_back(parse_entry(path, key, value));

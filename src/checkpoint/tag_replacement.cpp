@@ -2,6 +2,7 @@
 
 #include "checkpoint/manifest.h"
 #include "deepspeed/errors.h"
+#include "util/text.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -9,10 +10,6 @@ namespace {
 
 constexpr const char* kReplacingSuffix = ".replacing";
 constexpr const char* kReplacedSuffix = ".replaced";
-
-bool ends_with(const std::string& s, const std::string& end) {
-  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-}
 
 }  // namespace
 

@@ -1,4 +1,5 @@
 #include "comm/checked_communicator.h"
+#include "comm/store_bytes.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>  // fmt::join (fmt 10+ keeps it there)
@@ -31,7 +32,6 @@ const char* op_name(ReduceOp op) {
   }
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // Polls instead of Store::wait: a TCPStore wait that times out leaves its reply pending on the
@@ -119,8 +119,8 @@ std::string CheckedCommunicator::key(int64_t seq, int rank) const {
 
 std::vector<CallDesc> CheckedCommunicator::gather_calls(const CallDesc& mine) {
   const int w = world_size(), me = rank();
-  store_->set(key(mine.seq, me), bytes_of(mine.encode()));
-  store_->set(fmt::format("last/{}", me), bytes_of(mine.encode()));
+  store_->set(key(mine.seq, me), store_bytes(mine.encode()));
+  store_->set(fmt::format("last/{}", me), store_bytes(mine.encode()));
   std::vector<std::string> others;
   for (int r = 0; r < w; ++r)
     if (r != me) others.push_back(key(mine.seq, r));

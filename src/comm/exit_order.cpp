@@ -1,4 +1,5 @@
 #include "comm/exit_order.h"
+#include "comm/store_bytes.h"
 
 #include <netdb.h>
 #include <netinet/in.h>
@@ -207,7 +208,7 @@ void arrange_exit_order(const c10::intrusive_ptr<c10d::Store>& store, const Proc
   const auto deadline = Clock::now() + timeout;
   if (info.rank != 0) {
     const auto value = store->get(kPortKey);
-    connect_to_rank_zero(info, std::atoi(std::string(value.begin(), value.end()).c_str()), deadline);
+    connect_to_rank_zero(info, std::atoi(store_string(value).c_str()), deadline);
     return;
   }
   if (g_rank_zero != nullptr)

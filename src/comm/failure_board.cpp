@@ -1,4 +1,5 @@
 #include "comm/failure_board.h"
+#include "comm/store_bytes.h"
 
 #include <fmt/format.h>
 
@@ -21,8 +22,6 @@ const std::string kCountKey = "ds_fail/n";
 std::string post_key(int rank, size_t k) { return fmt::format("ds_fail/{}/{}", rank, k); }
 std::string ending_key(int rank) { return fmt::format("ds_fail/{}/end", rank); }
 constexpr std::chrono::milliseconds kRefreshEvery{200};
-
-std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 // "w" -> "the world group", "w/split0/1" -> "sub-group w/split0/1", "w:0>1" -> "rank 0's
 // messages to rank 1", "w/split0/1:0>1" -> "member 0's messages to member 1 of sub-group ...".
@@ -127,7 +126,7 @@ void FailureBoard::post(const std::string& call, const std::string& message) noe
     }
     // The post first, then the counter that tells the readers to look. Counted as this rank's
     // only once written: a missing key k would hide every later one.
-    store_->set(post_key(rank_, k), bytes(text));
+    store_->set(post_key(rank_, k), store_bytes(text));
     {
       std::lock_guard<std::mutex> lock(mu_);
       own_posts_ = k;
@@ -151,7 +150,7 @@ void FailureBoard::end_job(const std::string& reason) noexcept {
 
 void FailureBoard::post_ending(const std::string& reason) noexcept {
   try {
-    store_->set(ending_key(rank_), bytes(reason));
+    store_->set(ending_key(rank_), store_bytes(reason));
     store_->add(kCountKey, 1);
   } catch (...) {
   }
@@ -297,7 +296,7 @@ void FailureBoard::refresh(bool force) {
           if (!store_->check({key})) break;
           const auto value = store_->get(key);
           Post p;
-          if (!parse(std::string(value.begin(), value.end()), p)) {
+          if (!parse(store_string(value), p)) {
             p = Post{};  // unreadable: it still counts as that rank's post
             p.call = "call";
             p.message = "(its post could not be read)";
@@ -307,7 +306,7 @@ void FailureBoard::refresh(bool force) {
         }
         if (!ended[r] && store_->check({ending_key(r)})) {
           const auto value = store_->get(ending_key(r));
-          endings[r] = std::string(value.begin(), value.end());
+          endings[r] = store_string(value);
           if (endings[r].empty()) endings[r] = "(no reason given)";
         }
       }

@@ -1,4 +1,5 @@
 #include "comm/peer_watch.h"
+#include "comm/store_bytes.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -16,8 +17,6 @@ const std::string kBeatKey = "ds_peer/beat/";
 const std::string kHostKey = "ds_peer/host/";
 const std::string kSilentKey = "ds_peer/silent";
 
-std::string store_string(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
 }  // namespace
 
@@ -79,10 +78,10 @@ bool PeerWatch::exchange(int64_t count, std::vector<std::string>& beats,
     if (!announced_) {
       char name[256] = {0};
       ::gethostname(name, sizeof name - 1);
-      store_->set(kHostKey + std::to_string(rank_), bytes(std::string(name) + " " + address_));
+      store_->set(kHostKey + std::to_string(rank_), store_bytes(std::string(name) + " " + address_));
       announced_ = true;
     }
-    store_->set(kBeatKey + std::to_string(rank_), bytes(std::to_string(count)));
+    store_->set(kBeatKey + std::to_string(rank_), store_bytes(std::to_string(count)));
     if (rank_ != 0) {
       if (store_->check({kSilentKey})) summary = store_string(store_->get(kSilentKey));
       return true;
@@ -127,7 +126,7 @@ void PeerWatch::run() {
       summary = silent_lines(now);
       lock.unlock();
       try {
-        store_->set(kSilentKey, bytes(summary));
+        store_->set(kSilentKey, store_bytes(summary));
       } catch (...) {
         // rank 0 holds the store: only a store being torn down fails here
       }

@@ -1,4 +1,5 @@
 #include "comm/shm_segment.h"
+#include "comm/store_bytes.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -45,11 +46,6 @@ size_t bytes_from_env(const char* name, size_t fallback, long long lo, long long
     throw ConfigError(fmt::format("environment variable {}='{}' must be {} in [{}, {}]", name, v,
                                   what, lo, hi));
   return static_cast<size_t>(n);
-}
-
-std::string bytes_str(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
-std::vector<uint8_t> str_bytes(const std::string& s) {
-  return std::vector<uint8_t>(s.begin(), s.end());
 }
 
 std::string first_line(const char* path) {
@@ -210,10 +206,10 @@ std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int 
   // 1. Does every rank want it, with the same sizes, and is every rank here?
   const bool enabled = shm_allreduce_enabled_from_env();
   const std::string me = (enabled ? "1 " : "0 ") + shm_host_identity() + " " + settings;
-  store.set(fmt::format("ds_shm/host/{}", rank), str_bytes(me));
+  store.set(fmt::format("ds_shm/host/{}", rank), store_bytes(me));
   bool local = enabled;
   for (int r = 0; r < world && local; ++r)
-    local = r == rank || bytes_str(store.get(fmt::format("ds_shm/host/{}", r))) == me;
+    local = r == rank || store_string(store.get(fmt::format("ds_shm/host/{}", r))) == me;
   // Every rank reads the same keys, so all reach the same answer; a rank that stops reading
   // early (not local) also stops here, before any key below is needed.
   if (!local) return nullptr;
@@ -225,24 +221,24 @@ std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int 
     const std::string name = shm_segment_name(::getpid(), count++);
     seg = create(name, world, slots, slot_bytes);
     if (seg) seg->rank_state(0).pid.store(static_cast<int32_t>(::getpid()));
-    store.set("ds_shm/name", str_bytes(seg ? name : std::string()));
+    store.set("ds_shm/name", store_bytes(seg ? name : std::string()));
     bool all = seg != nullptr;
     try {
       for (int r = 1; r < world; ++r)
-        all = bytes_str(store.get(fmt::format("ds_shm/attached/{}", r))) == "1" && all;
+        all = store_string(store.get(fmt::format("ds_shm/attached/{}", r))) == "1" && all;
     } catch (...) {
       if (seg) ::shm_unlink(name.c_str());
       throw;
     }
     if (seg) ::shm_unlink(name.c_str());
-    store.set("ds_shm/ready", str_bytes(all ? "1" : "0"));
+    store.set("ds_shm/ready", store_bytes(all ? "1" : "0"));
     if (!all) seg.reset();
   } else {
-    const std::string name = bytes_str(store.get("ds_shm/name"));
+    const std::string name = store_string(store.get("ds_shm/name"));
     if (!name.empty()) seg = attach(name, world, slots, slot_bytes);
     if (seg) seg->rank_state(rank).pid.store(static_cast<int32_t>(::getpid()));
-    store.set(fmt::format("ds_shm/attached/{}", rank), str_bytes(seg ? "1" : "0"));
-    if (bytes_str(store.get("ds_shm/ready")) != "1") seg.reset();
+    store.set(fmt::format("ds_shm/attached/{}", rank), store_bytes(seg ? "1" : "0"));
+    if (store_string(store.get("ds_shm/ready")) != "1") seg.reset();
   }
   return seg;
 }

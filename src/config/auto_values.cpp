@@ -11,7 +11,6 @@
 namespace deepspeed::config {
 namespace {
 
-bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 // Keys where "auto" is an ordinary value or is handled elsewhere.
 bool auto_allowed(const std::string& path) {

@@ -106,7 +106,6 @@ const BatchKey kBatchKeys[] = {
     {kGas, &ConfigOverrides::gradient_accumulation_steps, &BatchSizes::gradient_accumulation_steps},
 };
 
-bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 // One key: the config's value, "auto" (filled from the override, else left for derivation),
 // or absent (the override, if any, counts as given, unless the overrides are fill_only). An explicit value must agree with the

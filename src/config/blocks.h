@@ -12,6 +12,9 @@
 
 namespace deepspeed::config {
 
+// The Hugging Face "auto" placeholder (auto_values.cpp, hf_auto_fill.cpp, batch_size.cpp).
+inline bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
 // train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps (batch_size.cpp).
 // Also returns the keys that were "auto", so the caller can write the resolved values into raw.
 std::vector<std::string> read_batch_sizes(ObjectReader& top, int dp_world_size,

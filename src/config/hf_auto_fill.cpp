@@ -15,7 +15,6 @@
 namespace deepspeed::config {
 namespace {
 
-bool is_auto(const json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
 
 // Values compare as numbers where both read as numbers (the config may write "5e8" or "true"),
 // element by element for lists, and as JSON otherwise.

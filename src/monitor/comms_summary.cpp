@@ -21,7 +21,7 @@ std::string pad(const std::string& s, size_t width = 20) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
 
-std::string fixed2(double v) {
+std::string two_decimals(double v) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.2f", v);
   return buf;
@@ -62,8 +62,8 @@ std::pair<double, double> bandwidth_gbps(const std::string& op, double size, dou
 
 std::string verbose_line(const std::string& op, int64_t bytes, double ms, int world_size) {
   const auto [algbw, busbw] = bandwidth_gbps(op, static_cast<double>(bytes), ms, world_size);
-  return "comm op: " + op + " | time (ms): " + fixed2(ms) + " | msg size: " + convert_size(bytes) +
-         " | algbw (Gbps): " + fixed2(algbw) + " | busbw (Gbps): " + fixed2(busbw);
+  return "comm op: " + op + " | time (ms): " + two_decimals(ms) + " | msg size: " + convert_size(bytes) +
+         " | algbw (Gbps): " + two_decimals(algbw) + " | busbw (Gbps): " + two_decimals(busbw);
 }
 
 std::string comms_summary_table(const comm::CommStats& stats, int world_size,
@@ -79,8 +79,8 @@ std::string comms_summary_table(const comm::CommStats& stats, int world_size,
       const double avg = sz.calls ? sz.total_ms / sz.calls : 0.0;
       const auto [algbw, busbw] = bandwidth_gbps(op, static_cast<double>(bytes), avg, world_size);
       out += pad("") + pad(convert_size(bytes)) +
-             pad(std::to_string(sz.calls)) + pad(fixed2(sz.total_ms)) + pad(fixed2(avg)) +
-             pad(fixed2(algbw)) + pad(fixed2(busbw)) + "\n";
+             pad(std::to_string(sz.calls)) + pad(two_decimals(sz.total_ms)) + pad(two_decimals(avg)) +
+             pad(two_decimals(algbw)) + pad(two_decimals(busbw)) + "\n";
     }
   }
   return out;

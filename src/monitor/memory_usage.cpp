@@ -26,15 +26,15 @@ int64_t proc_kb(const char* file, const std::string& key) {
 }
 
 // Python's round(x, 2) printed as str() ("1.5", "0.0").
-std::string fixed2(double x) {
+std::string python_round2(double x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.2f", std::round(x * 100.0) / 100.0);
   std::string s = buf;
   while (s.size() > 1 && s.back() == '0' && s[s.size() - 2] != '.') s.pop_back();
   return s;
 }
-std::string gb(int64_t bytes) { return fixed2(static_cast<double>(bytes) / (1 << 30)); }
-std::string mb(int64_t bytes) { return fixed2(static_cast<double>(bytes) / (1 << 20)); }
+std::string gb(int64_t bytes) { return python_round2(static_cast<double>(bytes) / (1 << 30)); }
+std::string mb(int64_t bytes) { return python_round2(static_cast<double>(bytes) / (1 << 20)); }
 
 }  // namespace
 
@@ -60,7 +60,7 @@ std::vector<std::string> memory_usage_lines(const std::string& message, const Me
   const HostMemory h = host_memory();
   const int64_t used = h.total - h.available;
   lines.push_back("CPU Virtual Memory:  used = " + gb(used) +
-                  " GB, percent = " + fixed2(h.total > 0 ? 100.0 * used / h.total : 0.0) + "%");
+                  " GB, percent = " + python_round2(h.total > 0 ? 100.0 * used / h.total : 0.0) + "%");
   std::string states = "model states (MB): parameters " + mb(s.parameters) + " | gradients " +
                        mb(s.gradients) + " | optimizer states " + mb(s.optimizer_states) +
                        " | comm buffers " + mb(s.comm_buffers);

@@ -7,6 +7,7 @@
 
 #include "deepspeed/errors.h"
 #include "runtime/engine_checkpoint.h"
+#include "util/text.h"
 
 namespace deepspeed {
 
@@ -20,10 +21,6 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
 
 namespace checkpoint {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 // A safetensors file under a pickle's name would be opened with torch.load and fail there, far
 // from the cause: refused here, naming the value.

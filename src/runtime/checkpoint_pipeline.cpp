@@ -12,14 +12,11 @@
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
 #include "runtime/engine_checkpoint.h"
+#include "util/text.h"
 
 namespace deepspeed {
 namespace checkpoint {
 namespace {
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
 
 // The module's parameters and buffers whose names start with the file's prefix, named without it.
 void write_layer_file(EngineState& s, FileSystem& fs, const std::string& dir, const ModuleFile& f) {

@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
+#include "util/text.h"
 
 namespace deepspeed {
 namespace tp {
@@ -85,11 +86,6 @@ class SafetensorsSource : public WeightSource {
   std::unique_ptr<checkpoint::ReadableFile> file_;
   checkpoint::SafetensorsIndex index_;
 };
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

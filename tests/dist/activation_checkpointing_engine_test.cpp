@@ -6,6 +6,8 @@
 #include "deepspeed/checkpointing.h"
 #include "support/training_run.h"
 
+namespace activation_checkpointing_engine_test {
+
 using dstest::base_config;
 using dstest::RunSpec;
 using dstest::train_gpt;
@@ -50,3 +52,5 @@ TEST(CheckpointingConfig, ProfileFromTheConfigBlockCountsRecomputations) {
   EXPECT_GT(s.recompute_seconds, 0);
   deepspeed::checkpointing::configure(deepspeed::checkpointing::Options{});
 }
+
+}  // namespace activation_checkpointing_engine_test

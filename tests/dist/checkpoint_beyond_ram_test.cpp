@@ -27,6 +27,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace checkpoint_beyond_ram_test {
+
 namespace {
 
 const gpt::GPTConfig kModel{256, 16, 10, 6, 384};  // ~17.9M parameters, blocks of ~1.8M
@@ -178,3 +180,5 @@ TEST(CheckpointBeyondRam, SwappedStateLargerThanTheMemoryLimitSavesAndResumesExa
     EXPECT_EQ(got, reference.losses[s]) << "step " << s + 1;
   }
 }
+
+}  // namespace checkpoint_beyond_ram_test

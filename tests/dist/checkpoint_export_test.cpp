@@ -12,6 +12,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace checkpoint_export_test {
+
 TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "/usr/bin/python3 with torch (Debian's python3-torch) is not installed";
@@ -75,3 +77,5 @@ TEST(CheckpointExport, DsToFp32RefusesACorruptedCheckpoint) {
   EXPECT_NE(output.find(victim), std::string::npos) << output;
   EXPECT_NE(output.find("corrupted"), std::string::npos) << output;
 }
+
+}  // namespace checkpoint_export_test

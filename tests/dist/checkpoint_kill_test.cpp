@@ -20,6 +20,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace checkpoint_kill_test {
+
 namespace {
 using dstest::bin_dir;
 
@@ -114,3 +116,5 @@ TEST(CheckpointKill, GptTrainResumesWithTheUninterruptedLosses) {
   EXPECT_EQ(loaded_step(save, "global_step4"), 4);
   EXPECT_EQ(loaded_step(save, ""), 6);
 }
+
+}  // namespace checkpoint_kill_test

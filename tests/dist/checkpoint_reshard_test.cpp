@@ -16,6 +16,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace checkpoint_reshard_test {
+
 namespace ckpt = deepspeed::checkpoint;
 using dstest::CheckpointJob;
 using dstest::run_checkpoint_job;
@@ -177,3 +179,5 @@ TEST(CheckpointReshard, TrainingContinuesAsIfUninterrupted) {
   for (size_t i = 0; i < 4; ++i) diff = std::max(diff, std::abs(f.losses[i] - uninterrupted.losses[4 + i]));
   EXPECT_GT(diff, 1e-3);
 }
+
+}  // namespace checkpoint_reshard_test

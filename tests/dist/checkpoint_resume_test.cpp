@@ -18,6 +18,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace checkpoint_resume_test {
+
 using dstest::CheckpointJob;
 using dstest::run_checkpoint_job;
 
@@ -177,3 +179,5 @@ TEST(CheckpointFaults, OneRankDiskFullDuringAReSaveKeepsTheTag) {
   EXPECT_FALSE(std::filesystem::exists(dir / "best.replacing"));
   EXPECT_FALSE(std::filesystem::exists(dir / "best.replaced"));
 }
+
+}  // namespace checkpoint_resume_test

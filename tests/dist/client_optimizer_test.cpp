@@ -13,6 +13,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace client_optimizer_test {
+
 namespace {
 using nlohmann::json;
 using ClientFactory = std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)>;
@@ -174,3 +176,5 @@ TEST(ClientOptimizer, MissingParametersAreRefused) {
   });
   EXPECT_CONTAINS(msg, "holds 2 of the");
 }
+
+}  // namespace client_optimizer_test

@@ -23,6 +23,8 @@
 #include "support/ranks.h"
 #include "util/torch_compat.h"
 
+namespace comm_test {
+
 namespace comm = deepspeed::comm;
 using comm::CommunicatorPtr;
 using comm::ReduceOp;
@@ -607,3 +609,5 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
     for (int r = 0; r < 3; ++r) EXPECT_TRUE(out[r].equal(pattern(n, r, at::kBFloat16)));
   });
 }
+
+}  // namespace comm_test

@@ -17,6 +17,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace comms_check_test {
+
 namespace comm = deepspeed::comm;
 using comm::CommunicatorPtr;
 
@@ -262,3 +264,5 @@ TEST(CommsCheck, EngineTrainsBitIdenticallyWithTheCheck) {
     EXPECT_EQ(dstest::max_weight_diff(plain, checked), 0.0) << "stage " << stage;
   }
 }
+
+}  // namespace comms_check_test

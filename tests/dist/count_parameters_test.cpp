@@ -9,6 +9,8 @@
 #include "support/stage3_models.h"
 #include "support/training_run.h"
 
+namespace count_parameters_test {
+
 namespace {
 const gpt::GPTConfig kModel{256, 16, 2, 2, 32};
 
@@ -99,3 +101,5 @@ TEST(CountParameters, Stage3PartitionedByInitialize) {
     EXPECT_EQ(deepspeed::count_parameters(*tied), tied_expected);
   });
 }
+
+}  // namespace count_parameters_test

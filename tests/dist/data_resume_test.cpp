@@ -17,6 +17,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace data_resume_test {
+
 namespace {
 const gpt::GPTConfig kModel{256, 10, 1, 2, 14};  // block 10: the first 40 windows differ (at 9 two do)
 
@@ -268,3 +270,5 @@ TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
 TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpoch) {
   expect_epoch_end_resume_at_micro_3(/*samples=*/10, /*micro=*/4, /*drop_last=*/true);
 }
+
+}  // namespace data_resume_test

@@ -24,6 +24,8 @@
 #include "support/expect.h"
 #include "util/torch_compat.h"
 
+namespace deferred_init_test {
+
 namespace {
 using deepspeed::comm::CommunicatorPtr;
 using deepspeed::inference::DeferredInit;
@@ -257,3 +259,5 @@ TEST(DeferredInit, RoutesOnlyItsThreadAndPutsTheAllocatorBack) {
 }
 
 }  // namespace
+
+}  // namespace deferred_init_test

@@ -13,6 +13,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace engine_stage0_test {
+
 using dstest::base_config;
 using dstest::RunSpec;
 using dstest::train_gpt;
@@ -126,3 +128,5 @@ TEST(Stage0, CommunicationDataTypeIsTheGradientsWireDtype) {
   }
   EXPECT_EQ(bytes[1] * 2, bytes[0]) << "fp32 " << bytes[0] << " bytes, bf16 " << bytes[1];
 }
+
+}  // namespace engine_stage0_test

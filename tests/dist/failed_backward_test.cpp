@@ -16,6 +16,8 @@
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 
+namespace failed_backward_test {
+
 namespace {
 
 class FailedBackward : public ::testing::TestWithParam<int> {};
@@ -130,3 +132,5 @@ INSTANTIATE_TEST_SUITE_P(Stages, FailedBackward, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 }  // namespace
+
+}  // namespace failed_backward_test

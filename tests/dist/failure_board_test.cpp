@@ -18,6 +18,8 @@
 #include "support/fake_communicator.h"
 #include "support/ranks.h"
 
+namespace failure_board_test {
+
 namespace {
 
 using deepspeed::CommError;
@@ -347,3 +349,5 @@ TEST(FailureBoard, AnOperationQueuedInPartEndsTheJob) {
 }
 
 }  // namespace
+
+}  // namespace failure_board_test

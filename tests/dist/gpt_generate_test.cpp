@@ -19,6 +19,8 @@
 #include "support/files.h"
 #include "support/ranks.h"
 
+namespace gpt_generate_test {
+
 namespace {
 
 gpt::GPT small_model(bool tied = false) {
@@ -338,3 +340,5 @@ TEST(GptModelFlags, RoundTripAndMalformedFilesAreNamed) {
   EXPECT_EQ(gpt::model_flags_json(resolved), gpt::model_flags_json(c));
   EXPECT_EQ(resolved.dropout, 0.25);
 }
+
+}  // namespace gpt_generate_test

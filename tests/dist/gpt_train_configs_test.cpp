@@ -14,6 +14,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace gpt_train_configs_test {
+
 namespace {
 using nlohmann::json;
 
@@ -201,3 +203,5 @@ TEST(GptTrainConfigs, Fp16OnTheCpuBuildIsRefusedWithoutStackFrames) {
   EXPECT_EQ(run.output.find("frame #"), std::string::npos) << run.output;
   EXPECT_EQ(run.output.find("Exception raised from"), std::string::npos) << run.output;
 }
+
+}  // namespace gpt_train_configs_test

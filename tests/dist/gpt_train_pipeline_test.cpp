@@ -20,6 +20,8 @@
 #include "support/files.h"
 #include "support/ranks.h"
 
+namespace gpt_train_pipeline_test {
+
 namespace {
 using nlohmann::json;
 
@@ -286,3 +288,5 @@ TEST(GptTrainPipeline, DataloaderDropLastFromTheConfig) {
   EXPECT_EQ(losses[false].at(1), losses[true].at(1));
   EXPECT_NE(losses[false].at(2), losses[true].at(2));
 }
+
+}  // namespace gpt_train_pipeline_test

@@ -20,6 +20,8 @@
 #include "support/autotp_trees.h"
 #include "support/expect.h"
 
+namespace inference_test {
+
 namespace {
 using deepspeed::comm::CommunicatorPtr;
 
@@ -341,3 +343,5 @@ TEST(AutoTP, BadInputIsNamed) {
 }
 
 }  // namespace
+
+}  // namespace inference_test

@@ -15,6 +15,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace lamb_onebit_checkpoint_test {
+
 using nlohmann::json;
 
 namespace {
@@ -170,3 +172,5 @@ TEST(OneBitCheckpoint16Bit, Bf16ResumesBitExactAtTheSameWorldSize) {
     }
   }
 }
+
+}  // namespace lamb_onebit_checkpoint_test

@@ -16,6 +16,8 @@
 #include "support/reference_lamb.h"
 #include "support/training_run.h"
 
+namespace lamb_onebit_test {
+
 using deepspeed::optim::CompressedAllReduce;
 using dstest::base_config;
 using dstest::RunSpec;
@@ -324,3 +326,5 @@ TEST(CompressedAllReduce, AllToAllSendsChunkJToRankJ) {
   });
   EXPECT_EQ(wrong, 0);
 }
+
+}  // namespace lamb_onebit_test

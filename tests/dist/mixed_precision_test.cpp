@@ -25,6 +25,8 @@
 #include "support/training_run.h"
 #include "util/torch_compat.h"
 
+namespace mixed_precision_test {
+
 namespace {
 
 // bf16 keeps 8 significant bits, so single steps drift apart (measured up to 6.5% on one batch
@@ -425,3 +427,5 @@ TEST(Fp16LossScaler, StageZeroFloorFollowsTheOptimizerWrapper) {
   EXPECT_EQ(min_scale_of(client_config, sgd, model), 0.25);
   EXPECT_EQ(min_scale_of(fp16_config(1, nlohmann::json::object())), 1.0) << "ZeRO's own default";
 }
+
+}  // namespace mixed_precision_test

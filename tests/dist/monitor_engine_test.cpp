@@ -22,6 +22,8 @@
 #include "support/tfevents.h"
 #include "support/training_run.h"
 
+namespace monitor_engine_test {
+
 namespace dm = deepspeed::monitor;
 
 namespace {
@@ -329,3 +331,5 @@ TEST(MonitorEngine, CommsLoggerCountsStage2Collectives) {
   EXPECT_GE(static_cast<int64_t>(lines.size()), rs.calls) << printed.substr(0, 2000);
   EXPECT_LE(static_cast<int64_t>(lines.size()), world * rs.calls);
 }
+
+}  // namespace monitor_engine_test

@@ -18,6 +18,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace monitor_stage3_test {
+
 namespace {
 using deepspeed::profiling::FlopsProfiler;
 
@@ -115,3 +117,5 @@ TEST(CommsLoggerDebug, TableNamesTheEngineCall) {
   // while rank 0 is between engine calls.)
 }
 }  // namespace
+
+}  // namespace monitor_stage3_test

@@ -23,6 +23,8 @@
 #include "support/stage3_models.h"
 #include "support/training_run.h"
 
+namespace offload_test {
+
 namespace {
 
 // offload_param nvme: units beyond `max_in_cpu` elements of this rank's partition live in the file.
@@ -435,3 +437,5 @@ TEST(NvmeOffloadCheckpoint, ResumesBitIdentically) {
     for (size_t i = 0; i < 4; ++i) EXPECT_EQ(third.losses[i], uninterrupted.losses[4 + i]) << "step " << 5 + i;
   }
 }
+
+}  // namespace offload_test

@@ -21,6 +21,8 @@
 #include "support/stage3_models.h"
 #include "support/swap_files.h"
 
+namespace one_rank_failure_test {
+
 namespace {
 
 using dstest::OuterModelImpl;
@@ -281,3 +283,5 @@ INSTANTIATE_TEST_SUITE_P(Stages, ForwardRetry, ::testing::Values(0, 1, 2),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 }  // namespace
+
+}  // namespace one_rank_failure_test

@@ -23,6 +23,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace onebit_16bit_test {
+
 using nlohmann::json;
 
 namespace {
@@ -241,3 +243,5 @@ TEST(OneBit16Bit, OneBitLambInBf16RefusedNamingTheKeys) {
     EXPECT_NE(std::string(e.what()).find("OneBitLamb"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace onebit_16bit_test

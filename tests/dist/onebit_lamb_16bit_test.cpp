@@ -28,6 +28,8 @@
 #include "support/training_run.h"
 #include "util/torch_compat.h"
 
+namespace onebit_lamb_16bit_test {
+
 using deepspeed::optim::OneBitLamb;
 using dstest::HalfMlp;
 using dstest::HalfMlpImpl;
@@ -423,3 +425,5 @@ TEST(OneBitLamb16Bit, Bf16AndStaticFp16LossScaleRefusedAsDeepSpeed) {
   EXPECT_NE(msg.find("zero_optimization.stage"), std::string::npos) << msg;
   EXPECT_EQ(config_error(mlp_config("OneBitLamb", {{"freeze_step", 2}})), "<no ConfigError>");
 }
+
+}  // namespace onebit_lamb_16bit_test

@@ -19,6 +19,8 @@
 #include "optim/onebit_lamb.h"
 #include "support/training_run.h"
 
+namespace onebit_lamb_test {
+
 using dstest::base_config;
 using dstest::RunSpec;
 using dstest::train_gpt;
@@ -339,3 +341,5 @@ TEST(OneBitLambConfig, RefusedWithZeroAndBadParamsNamed) {
   EXPECT_DOUBLE_EQ(h.factor_min, 0.2);
   EXPECT_DOUBLE_EQ(h.factor_max, 4.0);
 }
+
+}  // namespace onebit_lamb_test

@@ -29,6 +29,8 @@
 
 #include "support/training_run.h"
 
+namespace optimizer_convergence_test {
+
 using dstest::base_config;
 using dstest::RunSpec;
 using nlohmann::json;
@@ -89,3 +91,4 @@ TEST(OptimizerConvergence, LambsAgainstLambAndAdamWAfter200Steps) {
   expect_within(0.05, "Lamb", lamb, "AdamW (bias-corrected)", adamw);
 }
 
+}  // namespace optimizer_convergence_test

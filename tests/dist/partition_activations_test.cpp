@@ -18,6 +18,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace partition_activations_test {
+
 namespace {
 namespace ckpt = deepspeed::checkpointing;
 
@@ -172,3 +174,5 @@ TEST(PartitionActivations, InPlaceChangesOfAPartitionedInputAreRefusedOnEveryRan
   EXPECT_EQ(after.load(), 2);
   EXPECT_EQ(inside.load(), 2);
 }
+
+}  // namespace partition_activations_test

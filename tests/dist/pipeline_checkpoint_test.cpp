@@ -27,6 +27,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace pipeline_checkpoint_test {
+
 namespace ckpt = deepspeed::checkpoint;
 namespace dp = deepspeed::pipe;
 namespace fs = std::filesystem;
@@ -294,3 +296,5 @@ TEST(PipelineCheckpoint, PlainAndPipelineLayoutsRefuseEachOther) {
   EXPECT_NE(error.find("was saved without a pipeline"), std::string::npos) << error;
   EXPECT_NE(error.find("runs a PipelineModule"), std::string::npos) << error;
 }
+
+}  // namespace pipeline_checkpoint_test

@@ -25,6 +25,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace pipeline_test {
+
 namespace dp = deepspeed::pipe;
 
 namespace {
@@ -695,3 +697,5 @@ TEST(PipelineErrors, PerMicroBatchLoopRefused) {
   EXPECT_GT(loss, 3.0);  // about ln(64) = 4.16 untrained
   EXPECT_LT(loss, 5.5);
 }
+
+}  // namespace pipeline_test

@@ -20,6 +20,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace pipeline_tp_test {
+
 namespace dp = deepspeed::pipe;
 
 namespace {
@@ -157,3 +159,5 @@ TEST(PipelineTensorParallel, MismatchedTopologyIsRefusedByName) {
     }
   });
 }
+
+}  // namespace pipeline_tp_test

@@ -6,6 +6,8 @@
 #include "deepspeed/comm.h"
 #include "support/ranks.h"
 
+namespace reduce_scatter_v_test {
+
 using deepspeed::comm::CommunicatorPtr;
 using deepspeed::comm::ReduceOp;
 
@@ -60,3 +62,5 @@ TEST(ReduceScatterV, MismatchedSplitsAreAnErrorNamingTheSizes) {
     }
   });
 }
+
+}  // namespace reduce_scatter_v_test

@@ -14,6 +14,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace save_16bit_model_test {
+
 namespace ckpt = deepspeed::checkpoint;
 
 namespace {
@@ -111,3 +113,5 @@ TEST(Save16bitModel, ExcludesFrozenParametersAndRefusesAPickleName) {
   EXPECT_TRUE(wte);
   EXPECT_FALSE(std::filesystem::exists(dir / "pytorch_model.bin"));
 }
+
+}  // namespace save_16bit_model_test

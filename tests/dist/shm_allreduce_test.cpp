@@ -20,6 +20,8 @@
 #include "comm/shm_segment.h"
 #include "support/ranks.h"
 
+namespace shm_allreduce_test {
+
 namespace comm = deepspeed::comm;
 using comm::CommunicatorPtr;
 using comm::ReduceOp;
@@ -550,3 +552,5 @@ TEST(ShmAllReduce, StalledPeerTimesOutNamingIt) {
 }
 
 }  // namespace
+
+}  // namespace shm_allreduce_test

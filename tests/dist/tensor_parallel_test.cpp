@@ -17,6 +17,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace tensor_parallel_test {
+
 namespace {
 namespace tp = deepspeed::tp;
 using deepspeed::comm::CommunicatorPtr;
@@ -530,3 +532,5 @@ TEST(TensorParallelTraining, Stage3NvmeOptimizerOffloadIsRefusedAtInitialize) {
 // (Checkpoints of tensor-parallel training: tests/dist/tp_checkpoint_test.cpp.)
 
 }  // namespace
+
+}  // namespace tensor_parallel_test

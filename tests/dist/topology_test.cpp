@@ -9,6 +9,8 @@
 
 #include "support/ranks.h"
 
+namespace topology_test {
+
 namespace comm = deepspeed::comm;
 using comm::CommunicatorPtr;
 using comm::Grid;
@@ -127,3 +129,5 @@ TEST(Topology, PipeTwoByDataTwoByTensorTwo) { check_topology(8, {/*pipe=*/2, /*t
 // Data-parallel size 1: the engine's group is a group of one.
 TEST(Topology, TensorTwoAlone) { check_topology(2, {/*pipe=*/1, /*tensor=*/2}); }
 TEST(Topology, PipeTwoByTensorTwo) { check_topology(4, {/*pipe=*/2, /*tensor=*/2}); }
+
+}  // namespace topology_test

@@ -25,6 +25,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace tp_checkpoint_test {
+
 namespace {
 using deepspeed::comm::CommunicatorPtr;
 using Topology = deepspeed::comm::Topology;
@@ -519,3 +521,5 @@ TEST(TpCheckpointFaults, AFailedSliceWriteKeepsThePreviousCheckpoint) {
 }
 
 }  // namespace
+
+}  // namespace tp_checkpoint_test

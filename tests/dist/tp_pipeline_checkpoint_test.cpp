@@ -41,6 +41,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace tp_pipeline_checkpoint_test {
+
 namespace ckpt = deepspeed::checkpoint;
 namespace dp = deepspeed::pipe;
 namespace fs = std::filesystem;
@@ -341,3 +343,5 @@ TEST(TpPipelineCheckpoint, AnUndividableTensorSizeIsRefusedNamingBothSizes) {
   EXPECT_CONTAINS(e, "saved at tensor-parallel size 2");
   EXPECT_CONTAINS(e, "size 3 does not divide");
 }
+
+}  // namespace tp_pipeline_checkpoint_test

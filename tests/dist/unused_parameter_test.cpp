@@ -14,6 +14,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace unused_parameter_test {
+
 namespace {
 
 constexpr int kSteps = 12;
@@ -185,3 +187,5 @@ TEST_P(RankDependentUse, SameWeightsAsStageZero) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, RankDependentUse, ::testing::Values(1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+}  // namespace unused_parameter_test

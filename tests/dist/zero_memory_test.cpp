@@ -11,6 +11,8 @@
 
 #include "support/training_run.h"
 
+namespace zero_memory_test {
+
 namespace {
 double expected_bytes(int stage, double psi, int n) {
   switch (stage) {
@@ -84,3 +86,5 @@ TEST(ZeroFrozen, FrozenParameterIsNeverUpdatedAndTrainingMatchesStage0) {
     EXPECT_LT(dstest::max_weight_diff(r, reference), 1e-4) << "stage " << stage;
   }
 }
+
+}  // namespace zero_memory_test

@@ -13,6 +13,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace zero_one_adam_test {
+
 using nlohmann::json;
 
 namespace {
@@ -213,3 +215,5 @@ TEST(ZeroOneAdam, AfterALoadTheStageIsToldTheReplayedSchedule) {
   EXPECT_FALSE(torch::equal(variance, s.exp_avg_sq()));
   EXPECT_EQ(opt.var_interval(), 4);  // the second variance step at interval 2 doubled it
 }
+
+}  // namespace zero_one_adam_test

@@ -5,6 +5,8 @@
 
 #include "support/training_run.h"
 
+namespace zero_stage12_test {
+
 using dstest::base_config;
 using dstest::RunSpec;
 using dstest::train_gpt;
@@ -78,3 +80,5 @@ TEST(Zero, OverlapOffGivesTheSameResult) {
     EXPECT_LT(dstest::max_weight_diff(overlapped, serial), kWeightTol) << "stage " << stage;
   }
 }
+
+}  // namespace zero_stage12_test

@@ -19,6 +19,8 @@
 #include "support/training_run.h"
 #include "zero/stage3/unit_internals.h"
 
+namespace zero_stage3_lifecycle_test {
+
 namespace {
 using deepspeed::ZeroUnit;
 
@@ -599,3 +601,5 @@ TEST(Stage3Access, ConsolidatedStateDictWalksIntoContainers) {
     }
   });
 }
+
+}  // namespace zero_stage3_lifecycle_test

@@ -7,6 +7,8 @@
 #include "support/stage3_models.h"
 #include "support/training_run.h"
 
+namespace zero_stage3_test {
+
 namespace {
 using dstest::kLossTol;
 using dstest::kWeightTol;
@@ -113,3 +115,5 @@ TEST(Stage3, BuiltUnderZeroInitTrainsLikeStage0FromTheSameStart) {
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
 }
+
+}  // namespace zero_stage3_test

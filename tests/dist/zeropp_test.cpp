@@ -29,6 +29,8 @@
 #include "zero/stage3/quantized_gather.h"
 #include "zero/stage3/quantized_reduce.h"
 
+namespace zeropp_test {
+
 namespace {
 namespace comm = deepspeed::comm;
 
@@ -353,3 +355,5 @@ TEST(ZeroPPCheckpoint, QwzHpzRunResumesBitExact) {
   // The normal layout: the same files an unquantized stage-3 run writes.
   EXPECT_TRUE(std::filesystem::exists(dir / "global_step6/mp_rank_00_model_states.safetensors"));
 }
+
+}  // namespace zeropp_test

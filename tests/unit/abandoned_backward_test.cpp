@@ -12,6 +12,8 @@
 #include "support/fake_communicator.h"
 #include "zero/flat_stage.h"
 
+namespace abandoned_backward_test {
+
 namespace {
 
 using deepspeed::zero::FlatStage;
@@ -102,3 +104,5 @@ INSTANTIATE_TEST_SUITE_P(FlatStages, AbandonedBackward, ::testing::Values(false,
                          [](const auto& info) { return info.param ? "stage2" : "stage1"; });
 
 }  // namespace
+
+}  // namespace abandoned_backward_test

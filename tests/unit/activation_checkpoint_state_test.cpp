@@ -12,6 +12,8 @@
 #include "deepspeed/errors.h"
 #include "util/torch_compat.h"
 
+namespace activation_checkpoint_state_test {
+
 namespace ckpt = deepspeed::checkpointing;
 namespace compat = deepspeed::compat;
 
@@ -168,3 +170,5 @@ TEST(CheckpointAutocast, RecomputationOfAnFp32ForwardIgnoresAnAutocastAroundBack
   };
   EXPECT_TRUE(torch::equal(run(false), run(true)));
 }
+
+}  // namespace activation_checkpoint_state_test

@@ -10,6 +10,8 @@
 #include "gpt/model.h"
 #include "util/allocation_meter.h"
 
+namespace activation_checkpointing_test {
+
 namespace ckpt = deepspeed::checkpointing;
 
 namespace {
@@ -210,3 +212,5 @@ TEST_F(ActivationCheckpointing, ASecondBackwardThroughTheSegmentIsRefused) {
   y.backward({}, /*retain_graph=*/true);
   EXPECT_THROW(y.backward(), std::exception);
 }
+
+}  // namespace activation_checkpointing_test

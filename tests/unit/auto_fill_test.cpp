@@ -11,6 +11,8 @@
 #include "deepspeed/errors.h"
 #include "support/expect.h"
 
+namespace auto_fill_test {
+
 using deepspeed::Config;
 using deepspeed::ConfigError;
 using deepspeed::ConfigOverrides;
@@ -227,3 +229,5 @@ TEST(AutoFill, AmpEnabledAutoIsOffAsHfFillsIt) {
   EXPECT_TRUE(c.fp16.enabled);
   EXPECT_EQ(c.raw["amp"]["enabled"], false);
 }
+
+}  // namespace auto_fill_test

@@ -10,7 +10,7 @@
 #include "support/expect.h"
 
 namespace deepspeed {
-namespace {
+namespace batch_size_test {
 
 using nlohmann::json;
 
@@ -209,5 +209,5 @@ TEST(BatchKeys, NonPositiveOverrideIsAnError) {
       "initialize() was given train_micro_batch_size_per_gpu = 0");
 }
 
-}  // namespace
+}  // namespace batch_size_test
 }  // namespace deepspeed

@@ -19,6 +19,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace checkpoint_engine_test {
+
 namespace ckpt = deepspeed::checkpoint;
 namespace fs = std::filesystem;
 using dstest::make_single_engine;
@@ -506,3 +508,5 @@ TEST(CheckpointLayout, AClientOptimizerGroupedDifferentlyIsNamedBeforeLoading) {
   EXPECT_NO_THROW(grouped->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
   EXPECT_TRUE(torch::equal(model->a->weight, saved_model->a->weight));
 }
+
+}  // namespace checkpoint_engine_test

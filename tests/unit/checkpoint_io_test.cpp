@@ -24,7 +24,7 @@
 #include "support/files.h"
 
 namespace deepspeed::checkpoint {
-namespace {
+namespace checkpoint_io_test {
 
 namespace stdfs = std::filesystem;
 
@@ -594,5 +594,5 @@ print(json.dumps(out))
   }
 }
 
-}  // namespace
+}  // namespace checkpoint_io_test
 }  // namespace deepspeed::checkpoint

@@ -15,6 +15,8 @@
 #include "support/files.h"
 #include "support/stage3_models.h"
 
+namespace checkpoint_tied_test {
+
 namespace ckpt = deepspeed::checkpoint;
 using dstest::bit_identical;
 
@@ -150,3 +152,5 @@ TEST(CheckpointTied, ModelStatesFileRecordsSharedParams) {
   auto engine_meta = nlohmann::json::parse(meta.at(ckpt::kMetadataKey));
   EXPECT_EQ(engine_meta["shared_params"], (nlohmann::json{{"head.weight", "embed.weight"}}));
 }
+
+}  // namespace checkpoint_tied_test

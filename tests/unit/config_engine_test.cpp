@@ -19,6 +19,8 @@
 #include "support/half_mlp.h"
 #include "support/pipeline_gpt.h"
 
+namespace config_engine_test {
+
 namespace {
 
 using dstest::HalfMlp;
@@ -147,3 +149,5 @@ TEST(ConfigEngine, PipelineReadsItsConfigFileAsHjson) {
 }
 
 }  // namespace
+
+}  // namespace config_engine_test

@@ -15,7 +15,7 @@
 #include "support/expect.h"
 
 namespace deepspeed {
-namespace {
+namespace config_hjson_test {
 
 using nlohmann::json;
 
@@ -252,5 +252,5 @@ TEST_F(HjsonFileTest, LoadConfigErrorNamesTheFile) {
   EXPECT_CONTAINS(msg, "line 2, column 25");
 }
 
-}  // namespace
+}  // namespace config_hjson_test
 }  // namespace deepspeed

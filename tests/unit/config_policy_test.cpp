@@ -11,7 +11,7 @@
 #include "support/expect.h"
 
 namespace deepspeed {
-namespace {
+namespace config_policy_test {
 
 using nlohmann::json;
 
@@ -239,5 +239,5 @@ TEST(ConfigUnprovidedBlocks, EnabledAsStringIsReadAsABoolean) {
                   "config key 'amp.enabled' has value \"maybe\"");
 }
 
-}  // namespace
+}  // namespace config_policy_test
 }  // namespace deepspeed

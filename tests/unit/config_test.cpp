@@ -17,7 +17,7 @@
 #include "support/files.h"
 
 namespace deepspeed {
-namespace {
+namespace config_test {
 
 using nlohmann::json;
 
@@ -966,5 +966,5 @@ TEST_F(LoadConfigTest, GoodFileLoads) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
 }
 
-}  // namespace
+}  // namespace config_test
 }  // namespace deepspeed

@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace deepspeed::optim {
-namespace {
+namespace cpu_adam_test {
 
 // Relative error of a against the reference b: max|a-b| / max(max|b|, 1e-8). The kernel uses
 // libtorch's op order, so the two differ only where libtorch's own scalar tail contracts a
@@ -300,5 +300,5 @@ TEST(CpuAdam, NanParamGivesCanonicalBf16Nan) {
   }
 }
 
-}  // namespace
+}  // namespace cpu_adam_test
 }  // namespace deepspeed::optim

@@ -7,6 +7,8 @@
 #include "deepspeed/data.h"
 #include "deepspeed/errors.h"
 
+namespace data_loader_test {
+
 using deepspeed::DataLoader;
 using deepspeed::DistributedSampler;
 
@@ -135,3 +137,5 @@ TEST(DataLoader, RangeForVisitsOneEpoch) {
   EXPECT_EQ(n, 5);
   EXPECT_EQ(sum, 45);
 }
+
+}  // namespace data_loader_test

@@ -16,6 +16,8 @@
 #include "optim/device_adam.h"
 #include "support/expect.h"
 
+namespace device_test {
+
 namespace {
 
 struct EnvGuard {
@@ -138,3 +140,5 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
 }
 
 }  // namespace
+
+}  // namespace device_test

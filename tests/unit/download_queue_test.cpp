@@ -10,6 +10,8 @@
 #include "device/download_queue.h"
 #include "support/held_downloads.h"
 
+namespace download_queue_test {
+
 using deepspeed::device::DownloadQueue;
 using dstest::HeldDownloads;
 
@@ -105,3 +107,5 @@ TEST_F(DownloadQueueTest, DropWaitsClearForgets) {
 }
 
 }  // namespace
+
+}  // namespace download_queue_test

@@ -10,6 +10,8 @@
 #include "fanout.h"
 #include "spawn.h"
 
+namespace dsrun_fanout_test {
+
 using namespace deepspeed::launcher;
 using Argv = std::vector<std::string>;
 
@@ -145,3 +147,5 @@ TEST(DsrunFanout, Srun) {
   EXPECT_EQ(what_of([] { srun_argv(two_hosts(), {}, {{"A", "x,y"}}, "w0", 1, {"p"}); }),
             "--launcher slurm: A='x,y' contains a comma, which srun --export cannot carry");
 }
+
+}  // namespace dsrun_fanout_test

@@ -8,6 +8,8 @@
 #include "spawn.h"
 #include "world.h"
 
+namespace dsrun_world_test {
+
 using namespace deepspeed::launcher;
 
 namespace {
@@ -134,3 +136,5 @@ TEST(DsrunWorld, WorldInfoRoundTripsAndPlacesRanks) {
   EXPECT_NE(what_of([&] { place_node(world, 2); }), "(no error)");
   EXPECT_NE(what_of([] { decode_world("hosta:x"); }).find("hosta:x"), std::string::npos);
 }
+
+}  // namespace dsrun_world_test

@@ -10,6 +10,8 @@
 #include "support/expect.h"
 #include "support/training_run.h"
 
+namespace engine_errors_test {
+
 namespace {
 using nlohmann::json;
 
@@ -164,3 +166,5 @@ TEST(EngineErrors, AParameterSharedByTwoCheckpointedSegmentsIsRefusedAtStageThre
                                        << attempt;
   }
 }
+
+}  // namespace engine_errors_test

@@ -14,6 +14,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace engine_loop_test {
+
 using dstest::make_single_engine;
 
 namespace {
@@ -216,3 +218,5 @@ TEST(EngineLoop, AGradAccumDtypeNarrowerThanTheModelIsRefused) {
     EXPECT_CONTAINS(message, "data_types.grad_accum_dtype") << "stage " << stage;
   }
 }
+
+}  // namespace engine_loop_test

@@ -10,6 +10,8 @@
 #include "deepspeed/deepspeed.h"
 #include "gpt/model.h"
 
+namespace fake_communicator_test {
+
 namespace comm = deepspeed::comm;
 using dstest::CallRecord;
 using dstest::FakeCommunicator;
@@ -163,3 +165,5 @@ TEST(FakeCommunicator, Stage0EngineIssuesBucketedAllReducesAndAveragesOnce) {
     EXPECT_EQ(calls[at].numel, 1);
   }
 }
+
+}  // namespace fake_communicator_test

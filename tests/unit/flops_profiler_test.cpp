@@ -20,6 +20,8 @@
 #include "support/flops_report.h"
 #include "support/training_run.h"
 
+namespace flops_profiler_test {
+
 namespace {
 using deepspeed::profiling::FlopsProfiler;
 using json = nlohmann::json;
@@ -368,3 +370,5 @@ TEST(FlopsProfiler, NumbersFormatAsDeepSpeeds) {
 }
 
 }  // namespace
+
+}  // namespace flops_profiler_test

@@ -11,6 +11,8 @@
 #include "gpt/model.h"
 #include "gpt/pipeline_model.h"
 
+namespace gpt_adamw_test {
+
 namespace {
 
 gpt::GPTConfig small_gpt(bool tied) {
@@ -105,3 +107,5 @@ TEST(GptAdamW, WithoutTheExemptionOneGroupDecaysEverything) {
   ASSERT_EQ(adamw->param_groups().size(), 1u);
   for (const auto& [name, wd] : decay_of(model, *adamw)) EXPECT_EQ(wd, 0.1) << name;
 }
+
+}  // namespace gpt_adamw_test

@@ -8,6 +8,8 @@
 #include "util/ranges.h"
 #include "zero/grad_partition.h"
 
+namespace grad_partition_test {
+
 namespace {
 
 using deepspeed::ElementRange;
@@ -87,3 +89,5 @@ TEST(DeviceGradPartition, AnAdoptedViewWritesIntoItsBuffer) {
 }
 
 }  // namespace
+
+}  // namespace grad_partition_test

@@ -18,6 +18,8 @@
 #include "support/stage3_layouts.h"
 #include "support/swap_files.h"
 
+namespace grad_store_test {
+
 namespace fs = std::filesystem;
 using deepspeed::offload::GradStore;
 using deepspeed::zero::Stage3Layout;
@@ -272,3 +274,5 @@ TEST_F(GradStoreDownloads, BucketsOnADeviceCountUntilTheirDownloadHasRead) {
   want.narrow(0, L.units[2].partition_offset, 9000).fill_(1);
   EXPECT_TRUE(torch::equal(read_back(store, L), want));
 }
+
+}  // namespace grad_store_test

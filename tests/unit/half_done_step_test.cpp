@@ -16,6 +16,8 @@
 #include "support/files.h"
 #include "support/training_run.h"
 
+namespace half_done_step_test {
+
 namespace {
 using nlohmann::json;
 
@@ -174,3 +176,5 @@ TEST(HalfDoneStep, AFailedBackwardAfterTheUpdateBeganIsRepairedOnlyByALoad) {
   ASSERT_EQ(weights.size(), plain.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(weights[i], plain[i])) << i;
 }
+
+}  // namespace half_done_step_test

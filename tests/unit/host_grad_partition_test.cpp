@@ -12,6 +12,8 @@
 #include "support/held_downloads.h"
 #include "zero/host_grad_partition.h"
 
+namespace host_grad_partition_test {
+
 namespace {
 
 using deepspeed::zero::HostGradPartition;
@@ -355,3 +357,5 @@ TEST_F(PageableHostGradPartition, ClearDropsTheCopiesStillPending) {
   p.wait();
   EXPECT_TRUE(torch::equal(p.tensor(), next));
 }
+
+}  // namespace host_grad_partition_test

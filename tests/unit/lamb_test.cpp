@@ -16,6 +16,8 @@
 #include "optim/optimizer_params.h"
 #include "support/reference_lamb.h"
 
+namespace lamb_test {
+
 using deepspeed::ConfigError;
 using deepspeed::OptimizerConfig;
 using deepspeed::optim::Lamb;
@@ -252,3 +254,5 @@ TEST(OneBitFamily, ParametersOffTheHostAreRefusedNamingTheType) {
   expect_refused([&] { deepspeed::optim::OneBitLamb(off_host, {}, comm); }, "OneBitLamb");
   EXPECT_NO_THROW(deepspeed::optim::OneBitAdam({torch::zeros({4})}, {}, comm));
 }
+
+}  // namespace lamb_test

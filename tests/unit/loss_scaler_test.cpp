@@ -14,6 +14,8 @@
 #include "deepspeed/errors.h"
 #include "support/expect.h"
 
+namespace loss_scaler_test {
+
 using deepspeed::CheckpointError;
 using deepspeed::ConfigError;
 using deepspeed::Fp16Config;
@@ -429,3 +431,5 @@ TEST(HasInfOrNan, IntegerTensorsAreNeverNonFinite) {
 }
 
 }  // namespace
+
+}  // namespace loss_scaler_test

@@ -9,6 +9,8 @@
 #include "deepspeed/lr_scheduler.h"
 #include "optim/lr_schedules.h"
 
+namespace lr_schedule_test {
+
 using deepspeed::ConfigError;
 using deepspeed::LRScheduler;
 using deepspeed::LRTarget;
@@ -534,3 +536,5 @@ TEST(LRScheduleConfig, UnknownKeysAndBadWarmupTypeWarn) {
   EXPECT_NE(all.find("scheduler.params.warmup_type"), std::string::npos) << all;
   EXPECT_NEAR(lr_at(*s, 4), std::log(5.0) / std::log(10.0), kTol);  // fell back to log
 }
+
+}  // namespace lr_schedule_test

@@ -12,6 +12,8 @@
 #include "support/training_run.h"
 #include "util/allocation_meter.h"
 
+namespace memory_estimate_test {
+
 using deepspeed::estimate_zero_memory;
 
 TEST(EstimateZeroMemory, Fp32Formulas) {
@@ -144,3 +146,5 @@ TEST(EstimateZeroMemory, PeakCoversWhatTheMixedPrecisionStepAllocates) {
         << ", estimated peak " << est.peak();
   }
 }
+
+}  // namespace memory_estimate_test

@@ -13,6 +13,8 @@
 #include "support/expect.h"
 #include "support/training_run.h"
 
+namespace memory_usage_test {
+
 namespace {
 
 double mb(int64_t bytes) { return std::round(bytes / 1048576.0 * 100) / 100; }
@@ -79,3 +81,5 @@ TEST(MemoryUsage, EachReportResetsTheGpuPeaks) {
 }
 
 }  // namespace
+
+}  // namespace memory_usage_test

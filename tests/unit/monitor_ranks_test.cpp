@@ -22,6 +22,8 @@
 #include "support/ranks.h"
 #include "support/training_run.h"
 
+namespace monitor_ranks_test {
+
 namespace dm = deepspeed::monitor;
 
 namespace {
@@ -196,3 +198,5 @@ TEST(MonitorRanks, ThroughputCountsFromTheFirstTrainingCall) {
 }
 
 }  // namespace
+
+}  // namespace monitor_ranks_test

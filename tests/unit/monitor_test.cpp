@@ -18,6 +18,8 @@
 #include "support/tfevents.h"
 #include "support/training_run.h"
 
+namespace monitor_test {
+
 namespace dm = deepspeed::monitor;
 
 namespace {
@@ -339,3 +341,5 @@ TEST(MonitorConfig, BadBlocksAreErrorsNamingTheKey) {
   EXPECT_CONTAINS(msg, "config key 'csv_monitor.output_path'");
   EXPECT_CONTAINS(msg, dir / "file/DeepSpeedJobName");
 }
+
+}  // namespace monitor_test

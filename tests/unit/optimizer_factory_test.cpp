@@ -6,6 +6,8 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
 
+namespace optimizer_factory_test {
+
 using deepspeed::AdamHyper;
 using deepspeed::ConfigError;
 using deepspeed::OptimizerConfig;
@@ -252,3 +254,5 @@ TEST(OptimizerFactoryErrors, BadValuesNameTheKey) {
   msg = error_of([] { deepspeed::parse_adam_params({"SGD", {}}); });
   EXPECT_NE(msg.find("optimizer.type"), std::string::npos) << msg;
 }
+
+}  // namespace optimizer_factory_test

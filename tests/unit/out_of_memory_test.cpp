@@ -17,6 +17,8 @@
 #include "support/failing_cpu_allocator.h"
 #include "support/two_layers.h"
 
+namespace out_of_memory_test {
+
 namespace {
 using deepspeed::AllocatingFor;
 using deepspeed::out_of_memory_message;
@@ -244,3 +246,5 @@ TEST(OutOfMemory, AtInitializeNamingTheFlatParameters) {
 }
 
 }  // namespace
+
+}  // namespace out_of_memory_test

@@ -22,6 +22,8 @@
 #include "support/stage3_layouts.h"
 #include "support/swap_files.h"
 
+namespace param_store_test {
+
 namespace fs = std::filesystem;
 using deepspeed::offload::ParamStore;
 using deepspeed::zero::Stage3Layout;
@@ -250,3 +252,5 @@ TEST(ParamStoreErrors, AStoreThatFailsToStartLeavesNoFile) {
   EXPECT_TRUE(fs::is_empty(dir.path())) << "the failed store left its swap file";
   EXPECT_TRUE(dstest::unlinked_files_in(dir.path()).empty()) << "the file is still open";
 }
+
+}  // namespace param_store_test

@@ -11,6 +11,8 @@
 #include <regex>
 #include <thread>
 
+namespace peer_watch_test {
+
 namespace {
 using deepspeed::comm::PeerWatch;
 using namespace std::chrono_literals;
@@ -75,3 +77,5 @@ TEST(PeerWatch, OnlyRankZeroReadsTheCounters) {
 }
 
 }  // namespace
+
+}  // namespace peer_watch_test

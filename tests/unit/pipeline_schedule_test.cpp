@@ -9,6 +9,8 @@
 #include "deepspeed/pipe.h"
 #include "pipe/partition_method.h"
 
+namespace pipeline_schedule_test {
+
 namespace dp = deepspeed::pipe;
 using dp::Op;
 
@@ -173,3 +175,5 @@ TEST(PipelinePartition, BalancedByWeight) {
     EXPECT_NE(std::string(e.what()).find("num_stages = 3"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace pipeline_schedule_test

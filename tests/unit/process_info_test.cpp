@@ -15,6 +15,8 @@
 #include "deepspeed/errors.h"
 #include "support/expect.h"
 
+namespace process_info_test {
+
 namespace comm = deepspeed::comm;
 
 namespace {
@@ -287,3 +289,5 @@ TEST_F(ProcessInfoTest, InitDistributedSingleProcess) {
 }
 
 }  // namespace
+
+}  // namespace process_info_test

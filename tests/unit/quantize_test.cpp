@@ -15,6 +15,8 @@
 #include "support/expect.h"
 #include "zero/stage3/zeropp_options.h"
 
+namespace quantize_test {
+
 namespace {
 using deepspeed::comm::dequantize;
 using deepspeed::comm::quantize;
@@ -231,3 +233,5 @@ TEST(ZeroPPConfig, BadValuesAreRefusedNamingTheKey) {
   z.zero_hpz_partition_size = 2;
   EXPECT_EQ(deepspeed::zero::resolve_zeropp(z, 4).hpz, 2);
 }
+
+}  // namespace quantize_test

@@ -18,6 +18,8 @@
 #include "support/swap_files.h"
 #include "zero/shard_optimizer.h"
 
+namespace shard_optimizer_test {
+
 namespace fs = std::filesystem;
 using deepspeed::zero::OffloadDevice;
 using deepspeed::zero::ShardGrads;
@@ -233,3 +235,5 @@ TEST(SwappedShard, AStepThatFailsBeforeUpdatingAnythingCanBeRetried) {
   EXPECT_EQ(shard->adam_step(), 1);
   expect_same({values.clone(), copies(shard->state_for_save())}, reference);
 }
+
+}  // namespace shard_optimizer_test

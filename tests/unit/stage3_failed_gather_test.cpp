@@ -10,6 +10,8 @@
 #include "deepspeed/zero_unit.h"
 #include "support/failing_cpu_allocator.h"
 
+namespace stage3_failed_gather_test {
+
 namespace {
 
 // Two units of one 700 x 700 weight each: a unit's gathered buffer (1.9 MiB) is the only
@@ -78,3 +80,5 @@ TEST(Stage3FailedGather, AWholeModelGatherThatThrewPinsNothing) {
   });
   expect_same(retried, clean);
 }
+
+}  // namespace stage3_failed_gather_test

@@ -6,6 +6,8 @@
 #include "deepspeed/zero_unit.h"
 #include "zero/stage3/unit_layout.h"
 
+namespace stage3_layout_test {
+
 namespace {
 using deepspeed::ZeroUnit;
 using deepspeed::zero::Stage3Layout;
@@ -114,3 +116,5 @@ TEST(Stage3Layout, SmallParametersPersistWithinTheModelCap) {
   EXPECT_FALSE(holds(l.units[0], m.sibling->inner()->own));
   EXPECT_FALSE(holds(l.units[0], m.outer->inner()->inner->inner()->w));
 }
+
+}  // namespace stage3_layout_test

@@ -9,6 +9,8 @@
 #include "deepspeed/comm.h"
 #include "zero/flat_stage.h"
 
+namespace stage_device_test {
+
 using deepspeed::zero::FlatStage;
 using deepspeed::zero::FlatStageOptions;
 using deepspeed::zero::StageContext;
@@ -57,3 +59,5 @@ TEST_P(FlatStageOnTheContextDevice, EveryStageTensorIsOnIt) {
 INSTANTIATE_TEST_SUITE_P(Reducers, FlatStageOnTheContextDevice,
                          ::testing::Values(std::make_tuple(true, false), std::make_tuple(true, true),
                                            std::make_tuple(false, false)));
+
+}  // namespace stage_device_test

@@ -23,6 +23,8 @@
 #include "zero/stage_options.h"
 #include "zero/step_during_backward.h"
 
+namespace step_during_backward_test {
+
 using deepspeed::zero::FlatStage;
 using deepspeed::zero::FlatStageOptions;
 using deepspeed::zero::OffloadDevice;
@@ -533,3 +535,5 @@ TEST(StepDuringBackwardErrors, AFailedAllocationLeavesTheStepAsItWas) {
     EXPECT_EQ(state_of(adam, master).step(), 1);
   }
 }
+
+}  // namespace step_during_backward_test

@@ -12,6 +12,8 @@
 #include "runtime/engine_state.h"
 #include "support/training_run.h"
 
+namespace step_figures_test {
+
 namespace {
 
 struct Figures {
@@ -65,3 +67,5 @@ TEST(StepFigures, ReadAtTheStepThatPrintsThem) {
 }
 
 }  // namespace
+
+}  // namespace step_figures_test

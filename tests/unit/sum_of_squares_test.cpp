@@ -10,6 +10,8 @@
 #include "util/allocation_meter.h"
 #include "zero/tensor_facts.h"
 
+namespace sum_of_squares_test {
+
 namespace {
 
 using deepspeed::zero::sum_of_squares;
@@ -49,3 +51,5 @@ TEST(SumOfSquares, HoldsAChunkNotTheWholeTensorWidened) {
 }
 
 }  // namespace
+
+}  // namespace sum_of_squares_test

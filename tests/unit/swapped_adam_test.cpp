@@ -17,6 +17,8 @@
 #include "support/files.h"
 #include "support/swap_files.h"
 
+namespace swapped_adam_test {
+
 namespace fs = std::filesystem;
 using deepspeed::offload::SwapOptions;
 using deepspeed::offload::SwappedAdam;
@@ -206,3 +208,5 @@ TEST(SwappedAdamErrors, BadSettingsNameTheKey) {
   EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 0, 2)), deepspeed::ConfigError);
   EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 8, 0)), deepspeed::ConfigError);
 }
+
+}  // namespace swapped_adam_test

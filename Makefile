@@ -8,6 +8,8 @@ DEMO_PROCS ?= 2
 # A libtorch 2.x (wheel or archive, CPU or CUDA) instead of Debian's 1.13: TORCH_DIR=<its folder>
 # (docs/gpu.md). CMAKE_ARGS passes anything else to the configure step.
 TORCH_DIR ?=
+# UNITY=OFF: one translation unit per source (faster rebuilds while editing; CMakeLists.txt).
+UNITY ?= ON
 CMAKE_ARGS ?=
 
 .PHONY: demo test build deps clean
@@ -16,7 +18,7 @@ deps:
 	@TORCH_DIR="$(TORCH_DIR)" bash scripts/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(if $(TORCH_DIR),-DTORCH_DIR=$(TORCH_DIR)) $(CMAKE_ARGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DDS_UNITY_BUILD=$(UNITY) $(if $(TORCH_DIR),-DTORCH_DIR=$(TORCH_DIR)) $(CMAKE_ARGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 demo: build

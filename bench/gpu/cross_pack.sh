@@ -54,7 +54,7 @@ make_stubs() {  # $1: an assembly file defining symbols for libtorch_cpu.so (the
 }
 
 configure() {
-  cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR=$P \
+  cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR=$P -DDS_UNITY_BUILD=ON \
     -DDS_GLOO_INCLUDE_DIR="$G/deps/gloo-src" -DDS_NCCL_INCLUDE_DIR="$H/nccl" \
     -DURING_INCLUDE_DIR="$G/deps/usr/include" \
     -DURING_LIBRARY="$G/deps/usr/lib/x86_64-linux-gnu/liburing.a" \

@@ -53,7 +53,8 @@ build() {
   BUILD_TRIED=1
   rm -f $B/cross_built  # what this builds is the device's own
   log "configure against $TORCH_DIR"
-  cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR="$TORCH_DIR" \
+  # Unity batches, as `make` builds and as scripts/check-cuda-sources.sh checks them here.
+  cmake -S "$ROOT" -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DTORCH_DIR="$TORCH_DIR" -DDS_UNITY_BUILD=ON \
     -DDS_GLOO_INCLUDE_DIR=$G/deps/gloo-src -DURING_INCLUDE_DIR=$G/deps/usr/include \
     -DURING_LIBRARY=$G/deps/usr/lib/x86_64-linux-gnu/liburing.a -DCMAKE_CUDA_COMPILER=$(command -v nvcc) \
     -DCUDAToolkit_ROOT=$CUDA_HOME -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$OUT/build.log" 2>&1 || { log "configure failed"; tail -30 "$OUT/build.log"; return 1; }
@@ -92,21 +93,23 @@ run_tests() {
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
   done
 }
-# A label's test programs from a pack (ALL=1 bench/gpu/cross_pack.sh), without ctest's files: each
-# as ctest would run it (tests/CMakeLists.txt: the CPU path, Gloo), TEST_J at a time, each under
+# A label's tests from a pack (ALL=1 bench/gpu/cross_pack.sh), without ctest's files: each test
+# file as ctest would run it (tests/CMakeLists.txt: bin/<label>_tests with the file's suites as
+# the filter, listed in bin/<label>_tests.files; the CPU path, Gloo), TEST_J at a time, each under
 # CAP_TEST. Logs in $OUT/<label>/.
 run_unpacked() {
-  local L=$1 dir="$OUT/$1" names each
+  local L=$1 dir="$OUT/$1" list="$B/bin/$1_tests.files" each
   mkdir -p "$dir"; : > "$dir/results"
-  names=$(cd "$ROOT/tests/$L" && ls *_test.cpp | sed 's/\.cpp$//')
+  if [ ! -f "$list" ] || [ ! -x "$B/bin/$1_tests" ]; then
+    log "-L $L: bin/$1_tests or its .files listing is not in the pack"; return
+  fi
   each=$(cap $CAP_TEST)
-  echo "$names" | xargs -P "${TEST_J:-12}" -I{} bash -c "
-    [ -x $B/bin/{} ] || { echo '{} missing' >> $dir/results; exit 0; }
+  xargs -P "${TEST_J:-12}" -n 2 bash -c "
     cd $B && timeout $each env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 DS_DEVICE=cpu \
-      DS_COMM_BACKEND=gloo bin/{} > $dir/{}.log 2>&1
-    echo \"{} rc=\$?\" >> $dir/results"
+      DS_COMM_BACKEND=gloo bin/${L}_tests \"--gtest_filter=\$1\" > $dir/\$0.log 2>&1
+    echo \"\$0 rc=\$?\" >> $dir/results" < "$list"
   local bad; bad=$(grep -v ' rc=0$' "$dir/results" | tr '\n' ' ')
-  log "-L $L, the packed programs: $(grep -c ' rc=0$' "$dir/results") of $(echo $names | wc -w) passed${bad:+; not: $bad}"
+  log "-L $L, the packed programs: $(grep -c ' rc=0$' "$dir/results") of $(wc -l < "$list") passed${bad:+; not: $bad}"
   for t in $(grep -v ' rc=0$' "$dir/results" | cut -d' ' -f1); do
     grep -E "Failure|FAILED  \]|error" "$dir/$t.log" | head -4
   done

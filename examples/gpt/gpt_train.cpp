@@ -15,9 +15,8 @@
 // Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
 // --adam_epsilon, --max_grad_norm, --warmup_steps, --micro_batch, --gradient_accumulation_steps,
 // --fp16/--bf16; --steps and --n_embd) fill the config's "auto" keys, and with no "optimizer"
-// block they build an AdamW (biases and LayerNorm weights without weight decay at ZeRO stage 0
-// in fp32, as HF's; elsewhere the engine takes one parameter group and every parameter is
-// decayed); values written in the config win over the flags' defaults.
+// block they build an AdamW (biases and LayerNorm weights without weight decay, as HF's, at every
+// stage, precision and offload); values written in the config win over the flags' defaults.
 #include <cstdio>
 #include <string>
 

@@ -7,8 +7,11 @@
 namespace gpt {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+// Hugging Face's rule: a parameter whose name ends in "bias" is not decayed.
+bool is_bias(const std::string& name) {
+  const std::string tail = "bias";
+  return name.size() >= tail.size() &&
+         name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
 }
 
 // The parameters of every LayerNorm module (weight and bias), by identity.
@@ -34,7 +37,7 @@ std::shared_ptr<torch::optim::AdamW> hf_adamw(torch::nn::Module& model,
   for (auto& item : model.named_parameters()) {
     const torch::Tensor& p = item.value();
     if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    const bool exempt = ends_with(item.key(), "bias") || norms.count(p.unsafeGetTensorImpl());
+    const bool exempt = is_bias(item.key()) || norms.count(p.unsafeGetTensorImpl());
     (exempt_bias_and_norm && exempt ? no_decay : decay).push_back(p);
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;

@@ -13,8 +13,9 @@ namespace gpt {
 // modules and every parameter whose name ends in "bias" (HF's get_decay_parameter_names). The
 // decayed group comes first; a group that would be empty is left out. Each trainable
 // parameter appears once (a tied weight is one parameter). Without exempt_bias_and_norm: one
-// group, weight decay on every parameter (what the engine accepts where optimizer offload runs
-// the CPU Adam over one group: zero/client_optimizer.h).
+// group, weight decay on every parameter (torch's AdamW over model.parameters()). The engine
+// takes both groups wherever it takes an AdamW (every stage, precision and optimizer offload:
+// zero/client_optimizer.h); gpt_train always exempts.
 std::shared_ptr<torch::optim::AdamW> hf_adamw(torch::nn::Module& model,
                                               const torch::optim::AdamWOptions& options,
                                               bool exempt_bias_and_norm);

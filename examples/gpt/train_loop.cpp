@@ -160,22 +160,15 @@ std::pair<Run, std::shared_ptr<gpt::GPTImpl>> prepare_run(
   // Like the Hugging Face Trainer: with no "optimizer" block, AdamW from the command line.
   std::shared_ptr<torch::optim::Optimizer> client_optimizer;
   if (!config.optimizer) {
-    client_optimizer = make_adamw(*model, opt, config);
-    // HF exempts biases and LayerNorm parameters from weight decay (a second parameter group);
-    // the engine takes one group where optimizer offload runs the CPU Adam, so there every
-    // parameter is decayed.
-    const char* decay = engine_takes_param_groups(config)
-                            ? "; biases and LayerNorm weights without weight decay), as the "
-                              "Hugging Face Trainer does"
-                            : " on every parameter: optimizer offload's CPU Adam steps one "
-                              "parameter group, so biases and LayerNorm weights are not exempted "
-                              "as the Hugging Face Trainer exempts them)";
+    // HF exempts biases and LayerNorm parameters from weight decay (a second parameter group).
+    client_optimizer = make_adamw(*model, opt);
     if (rank0)
       std::printf(
           "gpt_train: the config has no \"optimizer\" block: training with AdamW from the "
           "command line (--lr %g, --adam_beta1 %g, --adam_beta2 %g, --adam_epsilon %g, "
-          "--weight_decay %g%s\n",
-          opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay, decay);
+          "--weight_decay %g; biases and LayerNorm weights without weight decay), as the "
+          "Hugging Face Trainer does\n",
+          opt.lr, opt.adam_beta1, opt.adam_beta2, opt.adam_epsilon, opt.weight_decay);
   }
   if (rank0 && !config.auto_filled.empty())
     std::printf("gpt_train: filled \"auto\" config keys from the command line and the model: %s\n",

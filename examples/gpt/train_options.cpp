@@ -134,21 +134,12 @@ deepspeed::ConfigOverrides trainer_values(const Options& o) {
   return v;
 }
 
-bool engine_takes_param_groups(const deepspeed::Config& config) {
-  // Under optimizer offload an AdamW client becomes the CPU Adam whatever
-  // zero_force_ds_cpu_optimizer says (that key is for other optimizers), and the CPU Adam keeps
-  // groups only on a CPU engine with overlap_step false: one group there, always.
-  const std::string& device = config.zero_optimization.offload_optimizer.device;
-  return device != "cpu" && device != "nvme";
-}
-
-std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,
-                                                    const deepspeed::Config& config) {
+std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o) {
   auto options = torch::optim::AdamWOptions(o.lr)
                      .betas(std::make_tuple(o.adam_beta1, o.adam_beta2))
                      .eps(o.adam_epsilon)
                      .weight_decay(o.weight_decay);
-  return gpt::hf_adamw(model, options, engine_takes_param_groups(config));
+  return gpt::hf_adamw(model, options, /*exempt_bias_and_norm=*/true);
 }
 
 nlohmann::json with_monitoring(nlohmann::json doc, const Options& opt) {

@@ -65,19 +65,14 @@ long peak_rss_kb();
 // set these keys explicitly).
 deepspeed::ConfigOverrides trainer_values(const Options& o);
 
-// Whether the engine takes a client optimizer's parameter groups as they are: at every stage and
-// precision without optimizer offload. Under it (cpu or nvme) the AdamW becomes the CPU Adam,
-// which refuses several groups on a GPU engine, with overlap_step and with nvme
-// (zero/client_optimizer.h): gpt_train gives one group there.
-bool engine_takes_param_groups(const deepspeed::Config& config);
-
 // The HF Trainer's optimizer when the config has none: AdamW (decoupled decay) over every
 // trainable parameter once (a tied weight is one parameter), from --lr, --adam_beta1/2,
-// --adam_epsilon, --weight_decay. Where the engine takes parameter groups
-// (engine_takes_param_groups), biases and LayerNorm parameters get weight decay 0 as HF's;
-// elsewhere every parameter is decayed (gpt::hf_adamw).
-std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o,
-                                                    const deepspeed::Config& config);
+// --adam_epsilon, --weight_decay, with HF's groups: biases and LayerNorm parameters in a second
+// group with weight decay 0 (gpt::hf_adamw). The engine takes both groups at every stage and
+// precision, and under optimizer offload, where the AdamW runs as the CPU Adam (cpu, whole or
+// range by range) or the swapped Adam (nvme) with one group per client group
+// (zero/client_optimizer.h).
+std::shared_ptr<torch::optim::Optimizer> make_adamw(torch::nn::Module& model, const Options& o);
 
 // The config document with the monitoring flags applied on top: --monitor_dir DIR turns on the
 // tensorboard and csv_monitor blocks (DIR/gpt_train/), --wall_clock_breakdown the engine's timers.

@@ -21,7 +21,7 @@ int train_tensor_parallel(const Options& opt, const std::string& config_path,
   split->copy_from(*model);
   generator.set_state(rng);
   model.reset();
-  if (run.client_optimizer) run.client_optimizer = make_adamw(*split, opt, run.config);
+  if (run.client_optimizer) run.client_optimizer = make_adamw(*split, opt);
   return train(run, split);
 }
 

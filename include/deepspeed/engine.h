@@ -305,6 +305,14 @@ class ModelEngine : public Engine {
   std::shared_ptr<Module> model_;
 };
 
+// One of DeepSpeed's parameter-group dicts ({"params": [...], "weight_decay": 0.0}) for the
+// optimizer built from the config's "optimizer" block: `options` overrides that block's "params"
+// for these tensors only.
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  nlohmann::json options = nlohmann::json::object();
+};
+
 template <class Module>
 struct InitializeArgs {
   std::shared_ptr<Module> model;  // required
@@ -312,12 +320,27 @@ struct InitializeArgs {
   nlohmann::json config_json;     // used when `config` is empty
   std::shared_ptr<Dataset> training_data;  // optional: builds the returned DataLoader
   // Optional client optimizer; overrides the config's "optimizer" block. At stage 0 in fp32 it is
-  // used as it is; at stages 1-3 and with fp16/bf16 it must have one parameter group over all
-  // trainable parameters: its options are kept and its parameters replaced by the rank's fp32
-  // partition. Under offload_optimizer an Adam/AdamW runs as the CPU Adam with its options, other
-  // types are refused (zero_force_ds_cpu_optimizer). The optimizer initialize() returns is the
-  // one that steps.
+  // used as it is. At stages 1-3 and with fp16/bf16 its parameter groups must together hold every
+  // trainable parameter once: each group's options are kept and its parameters replaced by its
+  // part of the rank's fp32 partition (several groups are taken, except for Lamb and the 1-bit
+  // optimizers, which take one). Under offload_optimizer an Adam/AdamW runs as the CPU Adam with
+  // each group's options, other types are refused (zero_force_ds_cpu_optimizer); where several
+  // groups are taken with offload: docs/config.md. The optimizer initialize() returns is the one
+  // that steps.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // DeepSpeed's `model_parameters` as parameter groups for the optimizer the config's "optimizer"
+  // block builds. Empty (the default): one group of every trainable parameter. Otherwise every
+  // trainable parameter must be in exactly one group and nothing else in any (else ConfigError
+  // naming the group index). A group's `options` override the block's "params" for its tensors;
+  // a group may set the keys its type keeps per group (Adam/AdamW, Lamb, the 1-bit types: lr,
+  // betas, eps, weight_decay; SGD: lr, momentum, dampening, weight_decay, nesterov; Adagrad: lr,
+  // lr_decay, weight_decay, eps, initial_accumulator_value), any other key is a ConfigError
+  // naming the key, the group index and the type. A config "scheduler" writes every group's lr,
+  // as DeepSpeed's do: WarmupCosineLR scales each group's own lr, the others replace it. Several
+  // groups have a client optimizer's limits (not Lamb or the 1-bit types; with offload_optimizer
+  // see docs/config.md). Refused (ConfigError) with a client `optimizer`, which DeepSpeed would
+  // step ignoring these groups, and without an "optimizer" block.
+  std::vector<ParamGroup> model_parameters;
   // Optional client scheduler factory; overrides the config's "scheduler" block.
   std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
   comm::CommunicatorPtr comm;     // default: the world from init_distributed(), else single process
@@ -358,6 +381,7 @@ struct BuildInput {
   ConfigOverrides overrides;
   std::string device = "auto";
   std::shared_ptr<comm::Topology> topology;
+  std::vector<ParamGroup> model_parameters;  // InitializeArgs::model_parameters
   // A pipeline stage: its micro-batches before the last accumulate in the parameters' .grad, and
   // tied layers are summed there between stages, so stages 0/1 keep .grad as views of their
   // gradient buffer, in the parameters' dtype (a wider grad_accum_dtype is not taken there).
@@ -375,6 +399,7 @@ InitializeResult<Module> initialize(InitializeArgs<Module> args) {
                         args.training_data, args.optimizer,  args.lr_scheduler,
                         args.comm,        args.overrides,    args.device,
                         args.topology};
+  in.model_parameters = std::move(args.model_parameters);
   auto state = detail::build_engine_state(std::move(in));
   auto engine = std::make_shared<ModelEngine<Module>>(args.model, std::move(state));
   return {engine, engine->optimizer(), engine->training_dataloader(), engine->lr_scheduler()};

@@ -130,15 +130,34 @@ void SwappedAdam::step(const at::Tensor& grad, at::Tensor param_out,
 
 void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
                        const optim::AdamStepParams& hp) {
-  groups_updated_ = 0;
-  TORCH_CHECK(grad.numel() == numel_, "SwappedAdam::step: grad must have ", numel_, " elements");
-  TensorGrads grads(grad);
-  step(grads, sink, out_dtype, hp);
+  step(grad, sink, out_dtype, std::vector<optim::AdamHyperRun>{{0, numel_, hp}});
 }
 
 void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
                        const optim::AdamStepParams& hp) {
+  step(grads, sink, out_dtype, std::vector<optim::AdamHyperRun>{{0, numel_, hp}});
+}
+
+void SwappedAdam::step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
+                       const std::vector<optim::AdamHyperRun>& runs) {
   groups_updated_ = 0;
+  TORCH_CHECK(grad.numel() == numel_, "SwappedAdam::step: grad must have ", numel_, " elements");
+  TensorGrads grads(grad);
+  step(grads, sink, out_dtype, runs);
+}
+
+void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
+                       const std::vector<optim::AdamHyperRun>& runs) {
+  groups_updated_ = 0;
+  int64_t covered = 0;  // checked before any sub-group changes
+  for (const auto& r : runs) {
+    TORCH_CHECK(r.begin == covered && r.numel >= 0, "SwappedAdam::step: the runs of "
+                "hyper-parameters must cover the partition in order; one begins at ", r.begin,
+                " where element ", covered, " was next");
+    covered += r.numel;
+  }
+  TORCH_CHECK(covered == numel_, "SwappedAdam::step: the runs of hyper-parameters cover ", covered,
+              " of ", numel_, " elements");
   TORCH_CHECK(out_dtype == torch::kFloat || out_dtype == torch::kBFloat16 || out_dtype == torch::kHalf,
               "SwappedAdam::step: output dtype must be fp32, bf16 or fp16");
   const int64_t G = static_cast<int64_t>(groups_.size());
@@ -190,7 +209,8 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
       void* out = sink.begin_group(g.begin, g.numel);
       uint16_t* half = fp32_out ? nullptr : static_cast<uint16_t*>(out);
       ++groups_updated_;  // from here the parameters and the buffer hold the new values
-      optim::adam_step(master, gptr, master + stride, master + 2 * stride, g.numel, hp, half, kind);
+      optim::adam_step_runs(runs, master, gptr, master + stride, master + 2 * stride, g.begin,
+                            g.numel, half, kind);
       if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
       sink.end_group(g.begin, g.numel);
       grads.release(g.begin, g.numel);

@@ -24,6 +24,7 @@
 
 #include "offload/aio_queue.h"
 #include "offload/aligned_buffer.h"
+#include "optim/adam_runs.h"
 #include "optim/cpu_adam.h"
 
 namespace deepspeed::offload {
@@ -90,6 +91,13 @@ class SwappedAdam {
   // Same, with the gradients read sub-group by sub-group from `grads` (swapped gradients).
   void step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
             const optim::AdamStepParams& hp);
+  // The last two with the constants by run of elements (a client optimizer's parameter groups
+  // over the partition, zero/flat_groups.h): a sub-group is updated run by run, cut where they
+  // meet. REQUIRES: `runs` cover [0, numel()) in order; the same step count in each.
+  void step(const at::Tensor& grad, ParamSink& sink, at::ScalarType out_dtype,
+            const std::vector<optim::AdamHyperRun>& runs);
+  void step(GradSource& grads, ParamSink& sink, at::ScalarType out_dtype,
+            const std::vector<optim::AdamHyperRun>& runs);
 
   // Replaces the masters with `source` sub-group by sub-group, keeping the moments (parameters
   // edited outside the optimizer: GatheredParameters with a modifier rank).

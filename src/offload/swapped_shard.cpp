@@ -9,9 +9,10 @@ namespace deepspeed {
 namespace offload {
 namespace {
 
-optim::AdamStepParams step_params(torch::optim::Optimizer& options, int64_t step, double grad_scale) {
+optim::AdamStepParams step_params(torch::optim::Optimizer& options, size_t group, int64_t step,
+                                  double grad_scale) {
   auto& fused = static_cast<optim::FusedAdam&>(options);
-  auto& g = static_cast<torch::optim::AdamWOptions&>(options.param_groups().at(0).options());
+  auto& g = static_cast<torch::optim::AdamWOptions&>(options.param_groups().at(group).options());
   optim::AdamStepParams hp;
   hp.lr = static_cast<float>(g.lr());
   hp.beta1 = static_cast<float>(std::get<0>(g.betas()));
@@ -31,6 +32,18 @@ GroupSource group_source(zero::ParamPartition& params) {
 
 }  // namespace
 
+// Each group's options as they are now (an LR scheduler writes them between steps) on its
+// segments; one run of group 0's over the partition without groups.
+std::vector<optim::AdamHyperRun> SwappedShard::hyper_runs(int64_t step, double grad_scale) const {
+  if (segments_.empty()) return {{0, adam_->numel(), step_params(*options_, 0, step, grad_scale)}};
+  std::vector<optim::AdamHyperRun> runs;
+  runs.reserve(segments_.size());
+  for (const auto& s : segments_)
+    runs.push_back(
+        {s.begin, s.numel, step_params(*options_, static_cast<size_t>(s.group), step, grad_scale)});
+  return runs;
+}
+
 SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartition& params,
                            const zero::OptimizerFactory& make_optimizer) {
   options_ = make_optimizer({torch::zeros({0})});
@@ -45,6 +58,12 @@ SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartiti
   o.aio.queue_depth = static_cast<int>(options.aio.queue_depth);
   o.groups = params.swap_groups(options.sub_group_size);
   adam_ = std::make_unique<SwappedAdam>(params.numel(), group_source(params), o);
+  // A client optimizer's groups: the factory gave the placeholder one group per client group.
+  segments_ = options.group_segments;
+  TORCH_CHECK(segments_.empty() ||
+                  options_->param_groups().size() == static_cast<size_t>(options.group_count),
+              "SwappedShard: ", options.group_count, " parameter groups expected, the optimizer "
+              "has ", options_->param_groups().size());
 }
 
 void SwappedShard::step(const zero::ShardGrads& grads, zero::ParamPartition& params,
@@ -54,12 +73,12 @@ void SwappedShard::step(const zero::ShardGrads& grads, zero::ParamPartition& par
                 "file '" + adam_->path() + "') is partly stepped: an earlier step failed after "
                 "updating part of it (" + lost_reason_ + "); load the last checkpoint with its "
                 "optimizer states (load_checkpoint)");
-  const auto hp = step_params(*options_, steps_ + 1, grad_scale);
+  const auto runs = hyper_runs(steps_ + 1, grad_scale);
   try {
     if (grads.source)
-      adam_->step(*grads.source, params, params.dtype(), hp);
+      adam_->step(*grads.source, params, params.dtype(), runs);
     else
-      adam_->step(grads.tensor, params, params.dtype(), hp);
+      adam_->step(grads.tensor, params, params.dtype(), runs);
   } catch (...) {
     // A retry would apply the updated sub-groups' step twice, a checkpoint would keep half a
     // step (docs/decisions.md, "Failures that must not turn into stale or half-read values").

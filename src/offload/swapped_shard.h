@@ -1,12 +1,15 @@
 // The shard optimizer at home "nvme" (ZeRO-Infinity's optimizer offload, any ZeRO stage 1-3):
 // the rank's fp32 masters and Adam moments live in a SwappedAdam file under nvme_path; the
 // optimizer object the engine and the LR scheduler see is a FusedAdam over a 0-element
-// placeholder that only carries lr/betas/eps/weight decay. Only Adam/AdamW can be swapped (the
-// swapped update is the vectorised Adam).
+// placeholder that only carries lr/betas/eps/weight decay: one group, or one per parameter group
+// of a client optimizer, whose segments of the partition (zero/flat_groups.h) each step with
+// their group's options (a sub-group crossing a segment boundary is split). Only Adam/AdamW can
+// be swapped (the swapped update is the vectorised Adam).
 #pragma once
 #include <array>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/optim/optimizer.h>
 
@@ -53,7 +56,11 @@ class SwappedShard : public zero::ShardOptimizer {
   SwappedAdam& adam() { return *adam_; }
 
  private:
+  // The step's constants by run of the partition, from the groups' options now.
+  std::vector<optim::AdamHyperRun> hyper_runs(int64_t step, double grad_scale) const;
+
   std::shared_ptr<torch::optim::Optimizer> options_;  // param-group options, no state
+  std::vector<zero::GroupSegment> segments_;  // several groups: the partition cut by group
   std::unique_ptr<SwappedAdam> adam_;
   int64_t steps_ = 0;  // Adam's step count (bias correction); checkpoints save it
   bool lost_ = false;  // the state is partly stepped (a step failed midway)

@@ -70,14 +70,22 @@ AdamRangeStep FusedAdam::range_step_of(const torch::Tensor& p, torch::optim::Ada
 }
 
 void AdamRangeStep::run(const float* grad, int64_t begin, int64_t n) const {
-  adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper,
-            half ? half + begin : nullptr, kind);
+  run_into(grad, begin, n, half ? half + begin : nullptr, kind);
 }
 
 void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
                              Half16Kind out_kind) const {
-  adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper, half_out,
-            out_kind);
+  if (runs.empty())  // one group: one call, as without groups
+    adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper, half_out,
+              out_kind);
+  else
+    adam_step_runs(runs, param + begin, grad, exp_avg + begin, exp_avg_sq + begin, begin, n,
+                   half_out, out_kind);
+}
+
+void AdamRangeStep::set_num_threads(int n) {
+  hyper.num_threads = n;
+  for (auto& r : runs) r.hyper.num_threads = n;
 }
 
 void FusedAdam::set_flat(const torch::Tensor& master, std::vector<Segment> segments) {
@@ -85,10 +93,29 @@ void FusedAdam::set_flat(const torch::Tensor& master, std::vector<Segment> segme
   TORCH_CHECK(!groups.empty() && groups[0].params().size() == 1 && groups[0].params()[0].is_same(master),
               "FusedAdam::set_flat: group 0 must hold the master alone");
   for (size_t g = 1; g < groups.size(); ++g) groups[g].params().clear();
-  for (const auto& s : segments)
-    TORCH_CHECK(s.group < groups.size() && s.begin >= 0 && s.begin + s.numel <= master.numel(),
-                "FusedAdam::set_flat: a segment outside the master or its groups");
+  int64_t next = 0;
+  for (const auto& s : segments) {
+    TORCH_CHECK(s.group < groups.size() && s.begin == next && s.numel > 0,
+                "FusedAdam::set_flat: the segments must cover the master in order, each in one "
+                "of its groups; got [", s.begin, ", ", s.begin + s.numel, ") of group ", s.group,
+                " where element ", next, " was next");
+    next += s.numel;
+  }
+  TORCH_CHECK(segments.empty() || next == master.numel(),
+              "FusedAdam::set_flat: the segments cover ", next, " of the master's ",
+              master.numel(), " elements");
   segments_ = std::move(segments);
+}
+
+std::vector<AdamHyperRun> FusedAdam::segment_runs(int64_t step) {
+  auto& groups = param_groups();
+  std::vector<AdamHyperRun> runs;
+  runs.reserve(segments_.size());
+  for (const auto& seg : segments_)
+    runs.push_back({seg.begin, seg.numel,
+                    hyper_for(static_cast<torch::optim::AdamWOptions&>(groups[seg.group].options()),
+                              step)});
+  return runs;
 }
 
 namespace {
@@ -108,28 +135,24 @@ void FusedAdam::flat_step() {
   check_fp32_contiguous(p);
   auto& s = state_of(p);
   s.step(s.step() + 1);
-  auto copy = half_copies_.find(p.unsafeGetTensorImpl());
   const at::Tensor grad = p.grad().view({-1});
-  for (const auto& seg : segments_) {
-    const AdamStepParams hp = hyper_for(
-        static_cast<torch::optim::AdamWOptions&>(groups[seg.group].options()), s.step());
-    if (!p.is_cpu()) {
-      at::Tensor target = copy != half_copies_.end()
-                              ? copy->second.view({-1}).narrow(0, seg.begin, seg.numel)
-                              : at::Tensor();
-      at::Tensor param = p.view({-1}).narrow(0, seg.begin, seg.numel);
-      at::Tensor m = s.exp_avg().view({-1}).narrow(0, seg.begin, seg.numel);
-      at::Tensor v = s.exp_avg_sq().view({-1}).narrow(0, seg.begin, seg.numel);
-      device_adam_step(param, grad.narrow(0, seg.begin, seg.numel), m, v, hp, target,
-                       grads_are_scratch_);
-      continue;
-    }
-    range_step_of(p, s, hp).run(grad.data_ptr<float>() + seg.begin, seg.begin, seg.numel);
+  std::vector<AdamHyperRun> runs = segment_runs(s.step());
+  if (p.is_cpu()) {
+    AdamRangeStep r = range_step_of(p, s, runs.front().hyper);
+    r.runs = std::move(runs);
+    r.run(grad.data_ptr<float>(), 0, p.numel());
+    return;
+  }
+  auto copy = half_copies_.find(p.unsafeGetTensorImpl());
+  for (const auto& run : runs) {  // a fused kernel call per segment
+    auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, run.begin, run.numel); };
+    at::Tensor target = copy != half_copies_.end() ? part(copy->second) : at::Tensor();
+    at::Tensor param = part(p), m = part(s.exp_avg()), v = part(s.exp_avg_sq());
+    device_adam_step(param, part(grad), m, v, run.hyper, target, grads_are_scratch_);
   }
 }
 
 AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
-  TORCH_CHECK(segments_.empty(), "FusedAdam::prepare_step: not with set_flat's groups");
   TORCH_CHECK(param.is_cpu() && param.scalar_type() == torch::kFloat && param.is_contiguous(),
               "FusedAdam::prepare_step needs a contiguous fp32 CPU parameter");
   for (auto& group : param_groups()) {
@@ -139,6 +162,7 @@ AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
       s.step(s.step() + 1);
       AdamRangeStep r = range_step_of(
           p, s, hyper_for(static_cast<torch::optim::AdamWOptions&>(group.options()), s.step()));
+      if (!segments_.empty()) r.runs = segment_runs(s.step());  // (param is the master)
       grad_scale_ = 1.0f;
       grads_are_scratch_ = false;
       return r;

@@ -15,6 +15,7 @@
 
 #include "deepspeed/optimizer.h"
 #include "optim/adam_moments.h"
+#include "optim/adam_runs.h"
 #include "optim/cpu_adam.h"
 
 namespace deepspeed {
@@ -41,9 +42,13 @@ AdamHyper uncorrected_adamw_hyper(const H& h) {
 // gradients are final, during backward (zero/shard_optimizer.cpp). Made by
 // FusedAdam::prepare_step, which counts the step once; run() on disjoint ranges may run
 // concurrently, and the ranges together give bit for bit what one step() gives (the update is
-// elementwise, with the same constants).
+// elementwise, with the same constants). With several parameter groups over the parameter
+// (FusedAdam::set_flat) a range is cut where the groups' segments meet, each part stepped with
+// its group's constants.
 struct AdamRangeStep {
-  AdamStepParams hyper;
+  AdamStepParams hyper;  // the constants (of the parameter's group; group 0's with `runs`)
+  // set_flat's segments with their groups' constants, in order; empty: `hyper` for every element.
+  std::vector<AdamHyperRun> runs;
   float* param = nullptr;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
@@ -55,6 +60,8 @@ struct AdamRangeStep {
   // half copy (ZeRO-Offload's upload ring).
   void run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
                 Half16Kind out_kind) const;
+  // The OpenMP team of every part's kernel.
+  void set_num_threads(int n);
 };
 
 class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
@@ -77,14 +84,15 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
   // The next step of `param` (a contiguous fp32 CPU tensor of this optimizer), to be run in
   // ranges: its state is created when missing and its step count advanced now, with the
-  // group's current hyperparameters and the grad scale set for this step (then reset to 1).
+  // group's current hyperparameters (with set_flat, each segment's group's) and the grad scale
+  // set for this step (then reset to 1).
   AdamRangeStep prepare_step(const torch::Tensor& param);
 
   // Several parameter groups over one flat tensor (a ZeRO partition, zero/flat_groups.h): group 0
-  // holds `master` alone, the other groups none, and step() updates each segment [begin,
-  // begin + numel) of it with group `group`'s options. The state stays one per master (the
-  // checkpoints read it there); the step count is shared. REQUIRES: a CPU or device master this
-  // optimizer holds, segments within it; not with prepare_step (ZeRO-Offload's ranges).
+  // holds `master` alone, the other groups none, and step() (or prepare_step's ranges) updates
+  // each segment [begin, begin + numel) of it with group `group`'s options. The state stays one
+  // per master (the checkpoints read it there); the step count is shared. REQUIRES: a CPU or
+  // device master this optimizer holds, segments within it, in order, covering it.
   struct Segment {
     int64_t begin = 0;
     int64_t numel = 0;
@@ -95,6 +103,8 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
  private:
   torch::optim::AdamWParamState& state_of(const torch::Tensor& p);
   AdamStepParams hyper_for(const torch::optim::AdamWOptions& o, int64_t step) const;
+  // set_flat's segments, each with its group's constants for step `step`.
+  std::vector<AdamHyperRun> segment_runs(int64_t step);
   // The CPU update of `p` with state `s` (and its 16-bit copy, if any).
   AdamRangeStep range_step_of(const torch::Tensor& p, torch::optim::AdamWParamState& s,
                               const AdamStepParams& hp);

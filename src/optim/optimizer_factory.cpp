@@ -9,6 +9,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/adagrad_state.h"
 #include "optim/adam_keys.h"
 #include "optim/lamb.h"
 #include "optim/momentum_mask.h"
@@ -112,7 +113,8 @@ std::shared_ptr<torch::optim::Optimizer> build_adagrad(
   check_range(r, "weight_decay", o.weight_decay(), 0, kInf);
   check_range(r, "initial_accumulator_value", o.initial_accumulator_value(), 0, kInf);
   check_range(r, "eps", o.eps(), 0, kInf);
-  return std::make_shared<torch::optim::Adagrad>(std::move(groups), o);
+  // Its state for a group added later (model_parameters) is made at its first step.
+  return std::make_shared<optim::LazyStateAdagrad>(std::move(groups), o);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "runtime/engine_state.h"
 #include "deepspeed/tp.h"
 #include "tp/tp_stage.h"
+#include "optim/config_groups.h"
 #include "optim/fused_adam.h"
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
@@ -67,29 +68,47 @@ void broadcast_from_rank0(torch::nn::Module& module, comm::Communicator& comm) {
 // Adam/AdamW run the vectorised FusedAdam on every stage (as DeepSpeed uses FusedAdam); Lamb and
 // the 1-bit family are the project's own (the 1-bit ones average their momentum over `comm`, the
 // data-parallel group); other types come from libtorch through make_optimizer.
-zero::OptimizerFactory optimizer_factory(const Config& config, comm::CommunicatorPtr comm) {
-  return [config, comm](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+optim::BlockOptimizer block_optimizer(comm::CommunicatorPtr comm) {
+  return [comm](const OptimizerConfig& block,
+                std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {
+    auto type = canonical_optimizer_type(block.type);
+    if (type == "Adam" || type == "AdamW")
+      return std::make_shared<optim::FusedAdam>(std::move(params), parse_adam_params(block));
+    if (type == "Lamb")
+      return std::make_shared<optim::Lamb>(std::move(params), optim::parse_lamb_params(block));
+    if (type == "OneBitAdam")
+      return std::make_shared<optim::OneBitAdam>(
+          std::move(params), optim::parse_onebit_adam_params(block), comm);
+    if (type == "ZeroOneAdam")
+      return std::make_shared<optim::ZeroOneAdam>(
+          std::move(params), optim::parse_zero_one_adam_params(block), comm);
+    if (type == "OneBitLamb")
+      return std::make_shared<optim::OneBitLamb>(
+          std::move(params), optim::parse_onebit_lamb_params(block), comm);
+    return make_optimizer(block, std::move(params));
+  };
+}
+
+// InitializeArgs.model_parameters (`groups`, null when empty): a ZeRO partition (`params`, one
+// tensor) goes to group 0 and the shard gives each group its part (zero/flat_groups.h).
+zero::OptimizerFactory optimizer_factory(const Config& config, comm::CommunicatorPtr comm,
+                                         std::shared_ptr<const optim::ConfigGroups> groups) {
+  return [config, comm, groups](std::vector<at::Tensor> params) {
     if (!config.optimizer)
       throw ConfigError("initialize(): no optimizer: add an \"optimizer\" block to the config or "
                         "pass InitializeArgs.optimizer");
-    auto type = canonical_optimizer_type(config.optimizer->type);
-    if (type == "Adam" || type == "AdamW")
-      return std::make_shared<optim::FusedAdam>(std::move(params),
-                                                parse_adam_params(*config.optimizer));
-    if (type == "Lamb")
-      return std::make_shared<optim::Lamb>(std::move(params),
-                                           optim::parse_lamb_params(*config.optimizer));
-    if (type == "OneBitAdam")
-      return std::make_shared<optim::OneBitAdam>(
-          std::move(params), optim::parse_onebit_adam_params(*config.optimizer), comm);
-    if (type == "ZeroOneAdam")
-      return std::make_shared<optim::ZeroOneAdam>(
-          std::move(params), optim::parse_zero_one_adam_params(*config.optimizer), comm);
-    if (type == "OneBitLamb")
-      return std::make_shared<optim::OneBitLamb>(
-          std::move(params), optim::parse_onebit_lamb_params(*config.optimizer), comm);
-    return make_optimizer(*config.optimizer, std::move(params));
+    if (!groups) return block_optimizer(comm)(*config.optimizer, std::move(params));
+    std::vector<std::vector<at::Tensor>> per_group(groups->count());
+    per_group[0] = std::move(params);
+    return optim::grouped_optimizer(*groups, std::move(per_group), block_optimizer(comm));
   };
+}
+
+// Several groups: the stage cuts its partition by them, as for a client optimizer's.
+void describe_config_groups(const optim::ConfigGroups* groups, zero::ShardOptions& shard) {
+  if (!groups || groups->count() < 2) return;
+  shard.group_of = groups->group_of;
+  shard.group_count = groups->count();
 }
 
 // fp16/bf16 training holds the model in 16 bits, as DeepSpeed's module.half()/bfloat16(): every
@@ -172,7 +191,7 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
 // A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard
 // optimizer builds it over the fp32 partition (zero/client_optimizer.h).
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer,
-                 bool pipeline_stage) {
+                 std::shared_ptr<const optim::ConfigGroups> groups, bool pipeline_stage) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
@@ -180,7 +199,13 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     // (Accumulates in autograd's .grad; the key is only checked: nothing is wider than fp32.)
     grad_accum_dtype(s.config, stage,
                      s.trainable.empty() ? at::kFloat : s.trainable.front().scalar_type());
-    s.optimizer = client_optimizer ? client_optimizer : optimizer_factory(s.config, s.comm)(s.trainable);
+    if (client_optimizer)
+      s.optimizer = client_optimizer;
+    else if (groups)  // the module's own parameters, group by group
+      s.optimizer = optim::grouped_optimizer(*groups, optim::split_by_group(s.trainable, *groups),
+                                             block_optimizer(s.comm));
+    else
+      s.optimizer = optimizer_factory(s.config, s.comm, nullptr)(s.trainable);
     const zero::DataParallelOptions options{zero::reduction_options(s.config)};
     s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, s.optimizer);
     return;
@@ -188,7 +213,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
   const zero::OptimizerFactory make_optimizer =
       client_optimizer ? zero::client_optimizer_factory(client_optimizer, s.trainable,
                                                         zero::client_optimizer_options(s.config))
-                       : optimizer_factory(s.config, s.comm);
+                       : optimizer_factory(s.config, s.comm, groups);
   switch (stage) {
     case 0:
     case 1:
@@ -196,6 +221,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       auto options = flat_stage_options(s.config, stage, dtype, pipeline_stage);
       zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
+      describe_config_groups(groups.get(), options.shard);
       s.stage = std::make_unique<zero::FlatStage>(s.trainable, context, options, make_optimizer);
       break;
     }
@@ -203,6 +229,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
       auto options = stage3_options(s.config, dtype);
       zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
+      describe_config_groups(groups.get(), options.shard);
       s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context, options,
                                                make_optimizer);
       break;
@@ -318,11 +345,17 @@ EngineStatePtr build_engine_state(BuildInput in) {
     }
   }
 
+  std::shared_ptr<const optim::ConfigGroups> groups;
+  if (!in.model_parameters.empty())
+    groups = std::make_shared<const optim::ConfigGroups>(optim::resolve_model_parameters(
+        s->config, in.optimizer != nullptr, in.model_parameters, s->trainable,
+        s->trainable_names));
+
   broadcast_from_rank0(*s->module, *s->comm);
 
   // Building a stage allocates its partitions, buckets and optimizer state on the device.
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
-                [&] { build_stage(*s, in.optimizer, in.pipeline_stage); });
+                [&] { build_stage(*s, in.optimizer, groups, in.pipeline_stage); });
   wrap_tensor_parallel(*s);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));

@@ -19,6 +19,7 @@
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/tp.h"
+#include "runtime/checkpoint_group_options.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/stage.h"
 
@@ -45,6 +46,10 @@ struct Plan {
   std::vector<std::string> state_kinds;        // "fp32" (, "exp_avg", "exp_avg_sq")
   int64_t adam_step = -1;  // >= 0: set the Adam step
   std::string optimizer_archive;
+  // The saved options of every parameter group (lr, betas, ...), laid over the optimizer's before
+  // the scheduler's state is loaded; empty: the engine's stay (an old checkpoint, or the
+  // optimizer states not loaded).
+  GroupOptions group_options;
   at::Tensor rng_state;
   optim::ExtraState extra_state;  // the optimizer's own (extra_state.h); handed back last
   bool load_extra_state = false;
@@ -211,6 +216,8 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
   check_archive_groups(reader, *s.optimizer, plan.optimizer_archive);
+  // libtorch's load restores the state only; its groups' options are in the archive too.
+  plan.group_options = group_options_from_archive(plan.optimizer_archive, *s.optimizer);
 }
 
 // Checks that the checkpoint covers every fragment this rank loads (headers only).
@@ -224,6 +231,47 @@ void plan_fragments(TagReader& reader, EngineState& s, const std::vector<std::st
     if (!plan.masters_from_module.count(names.at(f.param)))
       for (const auto& kind : plan.state_kinds)
         reader.check_range(kind, names.at(f.param), f.offset, f.numel);
+}
+
+// The saved optim file whose parameter-group options this rank takes. Every data-parallel and
+// tensor rank of a pipeline stage saved the same ones, so: the file holding the first element
+// this rank loads (one the load reads anyway), else its stage's first file (a rank loading no
+// fragment), else saved rank 0's (another pipeline or tensor layout).
+std::string group_options_file(const TagReader& reader, const EngineState& s,
+                               const std::vector<std::string>& names, const Plan& plan) {
+  for (const auto& f : plan.state->fragments()) {
+    const std::string& name = names.at(f.param);
+    if (f.numel == 0 || plan.masters_from_module.count(name)) continue;
+    const auto ranks = reader.ranks_holding(name, f.offset, 1);
+    if (!ranks.empty()) return reader.partition_file(ranks.front());
+  }
+  const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
+  if (reader.pipeline_stages() == stages && reader.tensor_parallel_size() == tensor_size(s))
+    return reader.partition_file(first_saved_rank_of_group(reader, s));
+  return reader.partition_file(0);
+}
+
+// An Adam-format checkpoint's "param_groups" (checkpoint_group_options.h): one per group of the
+// optimizer, or refused, as DeepSpeed's optimizer load refuses another number of groups. None
+// saved (a checkpoint from before they were): the engine's options stay.
+void plan_adam_group_options(TagReader& reader, EngineState& s,
+                             const std::vector<std::string>& names, Plan& plan) {
+  const std::string file = group_options_file(reader, s, names, plan);
+  const nlohmann::json meta = reader.file_metadata(file);
+  auto it = meta.find(kParamGroupsKey);
+  if (it == meta.end()) return;
+  const std::string source = "checkpoint file '" + join_path(reader.dir(), file) + "'";
+  if (!it->is_array())
+    throw CheckpointError(source + ": \"" + std::string(kParamGroupsKey) + "\" is not a list");
+  const size_t now = s.optimizer->param_groups().size();
+  if (it->size() != now)
+    throw CheckpointError("checkpoint '" + reader.dir() +
+                          "': the optimizer's state was saved with " + std::to_string(it->size()) +
+                          " parameter group(s); the optimizer now has " + std::to_string(now) +
+                          " (a client optimizer or model_parameters grouped differently?). Build "
+                          "it with the saved groups, or pass load_optimizer_states=false to load "
+                          "the weights alone");
+  plan.group_options = group_options_from_json(*it, *s.optimizer, source);
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -241,6 +289,7 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
                             "supported; pass load_optimizer_states=false to load the weights alone");
     plan_fragments(reader, s, names, true, plan);
     plan.adam_step = reader.meta().at("optimizer").at("adam_step").get<int64_t>();
+    plan_adam_group_options(reader, s, names, plan);
     return;
   }
   if (format != kTorchArchive)
@@ -454,6 +503,9 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
     archive.load_from(plan.optimizer_archive.data(), plan.optimizer_archive.size(), device);
     s.optimizer->load(archive);
   }
+  // Before the scheduler's state (apply_engine_state): a scheduler then sets the lr, as
+  // DeepSpeed's optimizer.load_state_dict comes before its lr_scheduler's.
+  if (!plan.group_options.empty()) set_group_options(*s.optimizer, std::move(plan.group_options));
   if (!o.load_module_only) apply_engine_state(s, plan, o);
 }
 

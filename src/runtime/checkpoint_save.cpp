@@ -22,6 +22,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/tp.h"
 #include "partition/partition.h"
+#include "runtime/checkpoint_group_options.h"
 #include "runtime/engine_checkpoint.h"
 #include "zero/adam_state_checkpoint.h"
 #include "zero/stage.h"
@@ -124,9 +125,10 @@ comm::Communicator& job_comm(const EngineState& s) {
   return s.topology ? *s.topology->world() : *s.comm;
 }
 
-// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive. The
-// fragments are streamed from the stage's state piece by piece (a swapped shard: one sub-group
-// read from its file at a time) into a file whose header went first.
+// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive, or
+// (Adam) its parameter groups' options (checkpoint_group_options.h). The fragments are streamed
+// from the stage's state piece by piece (a swapped shard: one sub-group read from its file at a
+// time) into a file whose header went first.
 void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
                       const std::string& dir, const std::string& file,
                       const std::vector<std::string>& names, const std::string& format) {
@@ -160,6 +162,8 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"fragments", fragments},
                          {"trainable", trainable_list(s, names)}};
   if (!extra.meta.is_null()) meta["optimizer_extra"] = extra.meta;
+  // The groups' lr, betas, eps, weight decay (a libtorch archive holds its own).
+  if (adam) meta[kParamGroupsKey] = group_options_json(*s.optimizer);
   // A pipeline stage's cuts, for the manifest of the whole pipeline (pipeline_manifest_metadata).
   if (s.pipeline_files && tensor_size(s) > 1) meta["tensor_split"] = tensor_split_json(s);
   const std::string path = join_path(dir, file);

@@ -76,6 +76,8 @@ std::optional<AdamHyper> adam_hyper(torch::optim::Optimizer& client, size_t grou
   return h;
 }
 
+// (A libtorch Adagrad, whose constructor alone makes its state, gets that state for the
+// partition at its first step there: the shard's step adds it, optim/adagrad_state.h.)
 OptimizerFactory repoint(std::shared_ptr<torch::optim::Optimizer> client) {
   return [client](std::vector<at::Tensor> params) {
     client->param_groups()[0].params() = std::move(params);
@@ -104,16 +106,10 @@ OptimizerFactory client_optimizer_factory(std::shared_ptr<torch::optim::Optimize
   check_parameters(*client, trainable);
   if (options.home == OffloadDevice::kNone) return repoint(std::move(client));
   const size_t groups = client->param_groups().size();
-  // The nvme swap steps one group here.
-  if (groups > 1 && options.home == OffloadDevice::kNvme)
-    throw ConfigError(std::string(kWhat) + " has " + std::to_string(groups) +
-                      " parameter groups; with zero_optimization.offload_optimizer.device = "
-                      "\"nvme\" the swapped Adam steps the partition as one group here (differs "
-                      "from DeepSpeed, which keeps the groups); give one group, or offload to "
-                      "\"cpu\"");
   if (auto hyper = adam_hyper(*client)) {
     // One FusedAdam group per client group (their options; adam_w_mode and bias correction are
-    // the optimizer's); the shard steps each group's segments with them (FusedAdam::set_flat).
+    // the optimizer's); the shard steps each group's segments with them (FusedAdam::set_flat,
+    // whole or range by range; the nvme swap sub-group by sub-group, offload/swapped_shard.h).
     std::vector<AdamHyper> per_group{*hyper};
     for (size_t g = 1; g < groups; ++g) per_group.push_back(*adam_hyper(*client, g));
     return [per_group](std::vector<at::Tensor> params) -> std::shared_ptr<torch::optim::Optimizer> {

@@ -36,9 +36,9 @@ ClientOptimizerOptions client_optimizer_options(const Config& config);
 // hold exactly the model's trainable parameters `trainable`, each once (the partition replaces
 // all of them), and the offload rules above. Several groups (e.g. a weight-decay group and a
 // no-decay one) keep their own options; the stage cuts its partition by group
-// (zero/flat_groups.h, describe_client_groups); the CPU Adam of offload "cpu" gets one group per
-// client group. Refused with several groups: Lamb and the 1-bit optimizers as the client, nvme,
-// and (by the shard) the CPU Adam's update range by range (a GPU partition, overlap_step).
+// (zero/flat_groups.h, describe_client_groups); the CPU Adam of offload "cpu" and the swapped
+// Adam of "nvme" get one group per client group. Refused with several groups: Lamb and the
+// 1-bit optimizers as the client.
 // A client with several parameter groups: records which group each trainable parameter is in
 // (shard.group_of, group_count) for the stage to cut its partition by. Nothing for one group
 // or no client.

@@ -38,15 +38,18 @@ std::vector<GroupSegment> group_segments(const std::vector<StateFragment>& fragm
   return out;
 }
 
-std::vector<int> client_group_of(torch::optim::Optimizer& client,
-                                 const std::vector<at::Tensor>& trainable) {
-  const std::string what = "InitializeArgs.optimizer";
+std::vector<int> group_of_tensors(const std::vector<std::vector<at::Tensor>>& groups,
+                                  const std::vector<at::Tensor>& trainable,
+                                  const std::string& what, const std::string& missing_rule,
+                                  const std::vector<std::string>& names) {
+  const auto name_of = [&names](size_t k) {
+    return k < names.size() ? " (" + names[k] + ")" : std::string();
+  };
   std::unordered_map<const void*, size_t> index;
   for (size_t k = 0; k < trainable.size(); ++k) index[trainable[k].unsafeGetTensorImpl()] = k;
   std::vector<int> group_of(trainable.size(), -1);
-  const auto& groups = client.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    for (const auto& p : groups[g].params()) {
+    for (const auto& p : groups[g]) {
       auto it = index.find(p.unsafeGetTensorImpl());
       if (it == index.end())
         throw ConfigError(what + " parameter group " + std::to_string(g) +
@@ -56,19 +59,32 @@ std::vector<int> client_group_of(torch::optim::Optimizer& client,
       int& slot = group_of[it->second];
       // (Twice in one group is harmless: the group steps the partition's elements once.)
       if (slot >= 0 && slot != static_cast<int>(g))
-        throw ConfigError(what + ": a parameter is in parameter groups " + std::to_string(slot) +
-                          " and " + std::to_string(g) + "; give each parameter one group");
+        throw ConfigError(what + ": a parameter" + name_of(it->second) +
+                          " is in parameter groups " + std::to_string(slot) + " and " +
+                          std::to_string(g) + "; give each parameter one group");
       slot = static_cast<int>(g);
     }
   }
-  const auto missing = std::count(group_of.begin(), group_of.end(), -1);
-  if (missing > 0)
-    throw ConfigError(what + " holds " + std::to_string(trainable.size() - missing) + " of the " +
+  const auto missing = std::find(group_of.begin(), group_of.end(), -1);
+  if (missing != group_of.end()) {
+    const auto held = trainable.size() - std::count(group_of.begin(), group_of.end(), -1);
+    throw ConfigError(what + " holds " + std::to_string(held) + " of the " +
                       std::to_string(trainable.size()) +
-                      " trainable parameters in its parameter groups; under ZeRO (and fp16/bf16) "
-                      "it must hold all of them (freeze a parameter with requires_grad(false) "
-                      "instead)");
+                      " trainable parameters in its parameter groups" +
+                      (names.empty() ? std::string()
+                                     : ", not " + names[missing - group_of.begin()]) +
+                      "; " + missing_rule +
+                      " (freeze a parameter with requires_grad(false) instead)");
+  }
   return group_of;
+}
+
+std::vector<int> client_group_of(torch::optim::Optimizer& client,
+                                 const std::vector<at::Tensor>& trainable) {
+  std::vector<std::vector<at::Tensor>> groups;
+  for (const auto& group : client.param_groups()) groups.push_back(group.params());
+  return group_of_tensors(groups, trainable, "InitializeArgs.optimizer",
+                          "under ZeRO (and fp16/bf16) it must hold all of them");
 }
 
 std::vector<std::vector<at::Tensor>> group_views(const at::Tensor& master,

@@ -7,6 +7,7 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace torch {
@@ -40,6 +41,14 @@ std::vector<GroupSegment> group_segments(const std::vector<StateFragment>& fragm
 // model (a frozen or foreign one), a parameter is in two groups, or one is in none.
 std::vector<int> client_group_of(torch::optim::Optimizer& client,
                                  const std::vector<at::Tensor>& trainable);
+
+// The same checks over groups given as tensor lists (groups[g]: group g's tensors), naming
+// `what` and the group index; `missing_rule` ends the message for parameters in no group.
+// `names` (optional, parallel to `trainable`) name the parameter at fault where one is.
+std::vector<int> group_of_tensors(const std::vector<std::vector<at::Tensor>>& groups,
+                                  const std::vector<at::Tensor>& trainable,
+                                  const std::string& what, const std::string& missing_rule,
+                                  const std::vector<std::string>& names = {});
 
 // Per group, the views of `master` (1-D) over its segments, in partition order.
 std::vector<std::vector<at::Tensor>> group_views(const at::Tensor& master,

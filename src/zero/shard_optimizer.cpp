@@ -7,6 +7,7 @@
 #include "device/out_of_memory.h"
 #include "device/pinned_memory.h"
 #include "offload/swapped_shard.h"
+#include "optim/adagrad_state.h"
 #include "optim/fused_adam.h"
 #include "optim/self_communicating.h"
 #include "zero/adam_state_checkpoint.h"
@@ -74,16 +75,8 @@ class InMemoryShard : public ShardOptimizer {
                options.overlap_step.value_or(on_gpu) &&
                (pin_ || !on_gpu || options.reduces_into_partition);
     if (fused_ && resident.defined() && (host_ || overlap_)) {
-      // Its ranges run with one group's options (FusedAdam::prepare_step).
-      if (!options.group_segments.empty())
-        throw ConfigError(
-            "InitializeArgs.optimizer has " + std::to_string(options.group_count) +
-            " parameter groups; zero_optimization.offload_optimizer.device = \"cpu\" with the "
-            "partition on a GPU, or with overlap_step true (its default on a GPU), updates it "
-            "range by range with one group's options here (differs from DeepSpeed); give one "
-            "group" +
-            std::string(host_ ? ", or train on a CPU engine with overlap_step false"
-                              : ", or set \"overlap_step\": false"));
+      // Several parameter groups: each range is cut at the groups' segments and each part
+      // stepped with its group's options (FusedAdam::prepare_step, set_flat above).
       StepDuringBackward::Options o;
       o.pin = pin_;
       o.upload = host_;
@@ -164,7 +157,7 @@ class InMemoryShard : public ShardOptimizer {
     if (!mixed_) {
       if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
       set_grads(grads.tensor);
-      optimizer_->step();
+      step_optimizer();
       if (aliased_) return;  // the partition was updated in place
       set_grads(at::Tensor());
       params.write_all(master_);
@@ -179,7 +172,7 @@ class InMemoryShard : public ShardOptimizer {
       fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
     else if (grad_scale != 1.0)
       grad32.mul_(grad_scale);
-    optimizer_->step();
+    step_optimizer();
     set_grads(at::Tensor());
     if (!half_copy_) params.write_all(master_.to(params.dtype()));
   }
@@ -246,6 +239,14 @@ class InMemoryShard : public ShardOptimizer {
            "states), or set overlap_step to false if failed backwards are retried";
   }
 
+  // A client's libtorch Adagrad has no state for the master or its views (its constructor made
+  // it for the module's parameters; the factory and give_groups_their_views clear it): it gets
+  // the state its constructor would have made for them. Nothing for other optimizers.
+  void step_optimizer() {
+    optim::add_missing_client_adagrad_state(*optimizer_);
+    optimizer_->step();
+  }
+
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
   // host memory, the optimizer on the host, the masters up into the device partition.
   void offloaded_step(const ShardGrads& grads, ParamPartition& params, double grad_scale) {
@@ -253,7 +254,7 @@ class InMemoryShard : public ShardOptimizer {
     grad_host_.copy_(grads.tensor.view({-1}));  // D2H with the widening to fp32; waits for it
     if (grad_scale != 1.0) grad_host_.mul_(grad_scale);
     set_grads(grad_host_);
-    optimizer_->step();
+    step_optimizer();
     set_grads(at::Tensor());
     params.resident().copy_(master_);
   }
@@ -262,7 +263,8 @@ class InMemoryShard : public ShardOptimizer {
   // steps the views of the master over each group's segments, each view's gradient the same
   // narrow of the partition's. FusedAdam keeps its state by the master (the checkpoints read it
   // there), so it steps the master segment by segment with each group's options instead
-  // (FusedAdam::set_flat). Lamb and the 1-bit optimizers are refused by client_optimizer.cpp.
+  // (FusedAdam::set_flat), whole or range by range (ZeRO-Offload's StepDuringBackward). Lamb
+  // and the 1-bit optimizers are refused by client_optimizer.cpp.
   void give_groups_their_views(const ShardOptions& options) {
     TORCH_CHECK(!dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get()),
                 "InMemoryShard: parameter groups for a 1-bit optimizer; the client optimizer "

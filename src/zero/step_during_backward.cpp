@@ -181,16 +181,17 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
   });
 }
 
-// The step's constants, with the learning rate the scheduler set for it and the grad scale set
-// on the optimizer (counted even for an empty partition, as a whole step() counts it).
+// The step's constants, with the learning rates the scheduler set for it (each parameter
+// group's, on its segments of the partition) and the grad scale set on the optimizer (counted
+// even for an empty partition, as a whole step() counts it).
 // Updating during a GPU's backward, the Adam's OpenMP team leaves one core to the thread that
 // launches backward's kernels: a team on every core (spinning between chunks, as libgomp does)
 // would take that thread off its core for whole time slices while the GPU waits for work.
 void StepDuringBackward::prepare() {
   step_ = adam_.prepare_step(master_);
   prepared_ = true;
-  step_.hyper.num_threads =
-      options_.upload && options_.update_early ? std::max(1, threads_ - 1) : threads_;
+  step_.set_num_threads(options_.upload && options_.update_early ? std::max(1, threads_ - 1)
+                                                                 : threads_);
 }
 
 // Cancelled first: a range whose values a host thread was to put in (a pageable partition's

@@ -22,6 +22,8 @@
 // finish() updates them all with the scale. Without overlap_step the shard takes the whole
 // partition at step time, then finishes: the same code, serial.
 // The ranges give bit for bit what one step gives: the update is elementwise, same constants.
+// With a client optimizer's parameter groups (FusedAdam::set_flat) a range is cut where the
+// groups' segments meet, each part updated with its group's constants (AdamRangeStep).
 // Host bytes per parameter on a GPU in 16-bit training: masters 4 + moments 8 + gradients 2 (the
 // ZeRO floor of 12 plus the gradients' place: the stage's host partition at stages 2 and 3, the
 // landing buffer here at stage 1); the scratch and the ring are a few chunks.
@@ -71,11 +73,11 @@ class StepDuringBackward {
 
   // Elements [begin, begin + grads.numel()) of the gradient partition are final for this step.
   // `partition`: the resident parameter partition. The first take() of a step reads the step's
-  // constants (learning rate, the grad scale set on `adam`) and, with update_early, counts the
-  // step. `ready`: for gradients already in host memory (zero/host_grad_partition.h), a fence
-  // after which their values are there (null: they are). A take() that throws (an out-of-memory
-  // for the landing buffer or the ring) records nothing. REQUIRES: ranges of one step do not
-  // overlap.
+  // constants (each group's learning rate, the grad scale set on `adam`) and, with
+  // update_early, counts the step. `ready`: for gradients already in host memory
+  // (zero/host_grad_partition.h), a fence after which their values are there (null: they are).
+  // A take() that throws (an out-of-memory for the landing buffer or the ring) records nothing.
+  // REQUIRES: ranges of one step do not overlap.
   void take(int64_t begin, const at::Tensor& grads, const at::Tensor& partition,
             std::shared_ptr<device::CopyFence> ready = nullptr);
   // Whether a range was taken since the last finish().

@@ -69,6 +69,15 @@ ClientFactory client_sgd() {
                                                torch::optim::SGDOptions(0.05).momentum(0.9));
   };
 }
+// libtorch's Adagrad makes each parameter's state (its sum, from initial_accumulator_value) in
+// its constructor only; under ZeRO its parameters become the partition.
+ClientFactory client_adagrad() {
+  return [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::Adagrad>(
+        m.parameters(),
+        torch::optim::AdagradOptions(0.01).lr_decay(0.05).initial_accumulator_value(0.5));
+  };
+}
 
 std::string config_error_of(const std::function<void()>& f) {
   return dstest::message_of<deepspeed::ConfigError>(f);
@@ -132,6 +141,25 @@ TEST(ClientOptimizer, AdamUnderNvmeOffloadIsTheSwappedAdam) {
     EXPECT_EQ(max_loss_abs_diff(client, configured), 0.0) << "stage " << stage;
     EXPECT_EQ(dstest::max_weight_diff(client, configured), 0.0) << "stage " << stage;
   }
+}
+
+// A client Adagrad steps the partition with the state its constructor made for the module's
+// parameters (made again at its first step there: libtorch's Adagrad makes state only in its
+// constructor), as stage 0 in fp32 steps the module's parameters.
+TEST(ClientOptimizer, AdagradStepsThePartitionAsStageZero) {
+  auto reference = run(2, 0, json(), client_adagrad());
+  for (int stage : {1, 2, 3}) {
+    auto zero = run(2, stage, json(), client_adagrad());
+    ASSERT_EQ(zero.losses.size(), size_t(kSteps)) << "stage " << stage;
+    EXPECT_LT(max_loss_abs_diff(zero, reference), kAdamLossTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+  }
+  // The accumulator's start matters (so a state made from another value would show).
+  auto other_start = [](gpt::GPTImpl& m) {
+    return std::make_shared<torch::optim::Adagrad>(
+        m.parameters(), torch::optim::AdagradOptions(0.01).lr_decay(0.05));
+  };
+  EXPECT_GT(dstest::max_weight_diff(run(2, 0, json(), other_start), reference), 1e-5);
 }
 
 TEST(ClientOptimizer, OtherTypesUnderOffloadAreRefusedNamingTheKey) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <tuple>
 
 #include "support/expect.h"
 #include "support/files.h"
@@ -67,27 +68,54 @@ json with_optimizer_block(json config) {
 }
 }  // namespace
 
-// zero_force_ds_cpu_optimizer false does not keep an AdamW off the CPU Adam (the key is for other
-// optimizers), which with overlap_step updates range by range with one group's options: gpt_train
-// gives it one group, and trains.
-TEST(GptTrainConfigs, NoOptimizerBlockWithOverlappedCpuOffloadTrainsOneGroup) {
-  dstest::TempDir dir;
+// Under optimizer offload the AdamW runs as the CPU Adam (zero_force_ds_cpu_optimizer false does
+// not keep it off: the key is for other optimizers), which keeps HF's two groups: range by range
+// (overlap_step) and swapped to nvme as in memory. With a strong decay (1% of a LayerNorm weight
+// a step) the groups show in the losses: an offloaded run prints those of the in-memory run with
+// the same groups, not those of the config's AdamW over one group, which decays every parameter.
+TEST(GptTrainConfigs, NoOptimizerBlockUnderOptimizerOffloadKeepsHfGroups) {
+  const std::string flags = "--lr 0.01 --weight_decay 1";
   json config = dstest::base_config(4, 1, 2);
   config.erase("optimizer");
-  config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
-  config["zero_force_ds_cpu_optimizer"] = false;
-  auto run = gpt_train(dir, write_config(dir, config), 2);
-  ASSERT_TRUE(run.ok) << run.output;
-  EXPECT_CONTAINS(first_line(run.output), "on every parameter");
+  dstest::TempDir in_memory_dir, one_group_dir;
+  auto in_memory = gpt_train(in_memory_dir, write_config(in_memory_dir, config), 4, flags);
+  ASSERT_TRUE(in_memory.ok) << in_memory.output;
+  json one_group = with_optimizer_block(config);
+  one_group["optimizer"]["params"]["lr"] = 0.01;
+  one_group["optimizer"]["params"]["weight_decay"] = 1.0;
+  auto decayed = gpt_train(one_group_dir, write_config(one_group_dir, one_group), 4);
+  ASSERT_TRUE(decayed.ok) << decayed.output;
+  const auto losses = step_losses(in_memory.output);
+  ASSERT_EQ(losses.size(), 4u) << in_memory.output;
+  EXPECT_NE(losses, step_losses(decayed.output));
+
+  dstest::TempDir cpu_dir, nvme_dir;
+  json cpu = config;
+  cpu["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+  cpu["zero_force_ds_cpu_optimizer"] = false;
+  json nvme = config;
+  nvme["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
+                                                    {"nvme_path", nvme_dir.path()}};
+  for (const auto& [what, dir, offload] :
+       {std::tuple{"cpu, overlap_step", &cpu_dir, cpu}, {"nvme", &nvme_dir, nvme}}) {
+    SCOPED_TRACE(what);
+    auto run = gpt_train(*dir, write_config(*dir, offload), 4, flags);
+    ASSERT_TRUE(run.ok) << run.output;
+    EXPECT_CONTAINS(first_line(run.output),
+                    "--weight_decay 1; biases and LayerNorm weights without weight decay), as "
+                    "the Hugging Face Trainer does");
+    EXPECT_EQ(step_losses(run.output), losses) << run.output;
+  }
 }
 
 TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
   dstest::TempDir dir;
   json config = dstest::base_config(4, 1, 2);
   config.erase("optimizer");
-  // Optimizer offload runs the AdamW as the CPU Adam, over one parameter group.
+  // Optimizer offload runs the AdamW as the CPU Adam, with HF's two groups. Without weight decay
+  // they step as the config's AdamW over one group does.
   config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
-  auto run = gpt_train(dir, write_config(dir, config), 4);
+  auto run = gpt_train(dir, write_config(dir, config), 4, "--weight_decay 0");
   ASSERT_TRUE(run.ok) << run.output;
   EXPECT_EQ(first_line(run.output)
                 .rfind("gpt_train: the config has no \"optimizer\" block: training "
@@ -95,14 +123,16 @@ TEST(GptTrainConfigs, NoOptimizerBlockTrainsWithAdamWFromTheFlags) {
                        0),
             0u)
       << run.output;
-  // The CPU Adam steps one parameter group: every parameter is decayed, and the line says so.
-  EXPECT_CONTAINS(first_line(run.output), "--weight_decay 0.01 on every parameter");
+  EXPECT_CONTAINS(first_line(run.output),
+                  "--weight_decay 0; biases and LayerNorm weights without weight decay)");
   auto losses = step_losses(run.output);
   ASSERT_EQ(losses.size(), 4u) << run.output;
 
   // The same AdamW written in the config: the same losses (to the 4 printed decimals).
   dstest::TempDir dir2;
-  auto reference = gpt_train(dir2, write_config(dir2, with_optimizer_block(config)), 4);
+  json block = with_optimizer_block(config);
+  block["optimizer"]["params"]["weight_decay"] = 0.0;
+  auto reference = gpt_train(dir2, write_config(dir2, block), 4);
   ASSERT_TRUE(reference.ok) << reference.output;
   EXPECT_EQ(losses, step_losses(reference.output));
 

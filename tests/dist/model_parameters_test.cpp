@@ -5,6 +5,8 @@
 // fp32, where the groups step the module's own parameters.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "deepspeed/errors.h"
 #include "optim/fused_adam.h"
 #include "support/expect.h"
@@ -75,6 +77,15 @@ std::pair<double, double> moved(const dstest::RunResult& r) {
   }
   return {vectors, matrices};
 }
+
+// The swapped Adam (offload_optimizer "nvme") under `dir`, in sub-groups of 1000 elements, far
+// smaller than a rank's partition: most sub-groups cross a boundary between the groups' segments.
+json nvme_offload(const std::string& dir) {
+  return {{"zero_optimization",
+           {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir}, {"buffer_count", 3}}},
+            {"sub_group_size", 1000}}},
+          {"aio", {{"block_size", 8192}, {"queue_depth", 4}}}};
+}
 }  // namespace
 
 // At stage 0 in fp32 the groups are the client's groups of the same options: the block's AdamW
@@ -105,7 +116,8 @@ TEST(ModelParameters, StagesOneToThreeOnTwoRanksStepEachGroupAsStageZero) {
 // the partition boundary of two ranks cuts them, while the other group trains.
 TEST(ModelParameters, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
   for (int stage : {0, 1, 2, 3}) {
-    auto [vectors, matrices] = moved(run(2, stage, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}})));
+    auto [vectors, matrices] =
+        moved(run(2, stage, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}})));
     EXPECT_EQ(vectors, 0.0) << "stage " << stage;
     EXPECT_GT(matrices, 0.0) << "stage " << stage;
   }
@@ -146,11 +158,39 @@ TEST(ModelParameters, AdamWithCpuOffloadStepsEachGroup) {
   EXPECT_GT(matrices, 0.0);
 }
 
+// The pieces of an offloaded update cut where the groups' segments meet, each stepped with its
+// group's options: the NVMe swap sub-group by sub-group, and the CPU Adam range by range during
+// backward (overlap_step, which a CPU engine takes when asked). On two ranks they train as
+// stage 0 with the same groups, and a group at lr 0 (no scheduler: its own lr holds) keeps its
+// elements bit for bit.
+TEST(ModelParameters, NvmeAndRangeByRangeCpuOffloadStepEachGroupAsStageZero) {
+  const json overlapped = {
+      {"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"overlap_step", true}}}}}};
+  auto reference = run(2, 0, two_groups());
+  const Groups frozen_vectors = two_groups({{"lr", 0.0}, {"weight_decay", 0.0}});
+  for (int stage : {1, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir, zero_lr_dir;
+    for (const auto& [what, offload, zero_lr] :
+         {std::tuple{"nvme", nvme_offload(dir.path()), nvme_offload(zero_lr_dir.path())},
+          {"cpu, overlap_step", overlapped, overlapped}}) {
+      SCOPED_TRACE(what);
+      auto offloaded = run(2, stage, two_groups(), offload);
+      EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
+      EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+      auto [vectors, matrices] = moved(run(2, stage, frozen_vectors, zero_lr));
+      EXPECT_EQ(vectors, 0.0);
+      EXPECT_GT(matrices, 0.0);
+    }
+  }
+}
+
 // libtorch's SGD and Adagrad keep their options per group: momentum and lr_decay per group at
 // stage 2 as at stage 0. (Adagrad's state for a group added after construction, or for the
 // partition's views, is made at its first step.)
 TEST(ModelParameters, SgdAndAdagradGroupsAtStageTwoStepAsStageZero) {
-  const json sgd = {{"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.5}}}}}};
+  const json sgd = {
+      {"optimizer", {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.5}}}}}};
   const json adagrad = {{"optimizer", {{"type", "Adagrad"}, {"params", {{"lr", 0.01}}}}}};
   const json sgd_vectors = {{"lr", 0.01}, {"momentum", 0.9}};
   const json adagrad_vectors = {{"lr_decay", 0.1}, {"initial_accumulator_value", 0.5}};
@@ -172,10 +212,10 @@ TEST(ModelParameters, SgdAndAdagradGroupsAtStageTwoStepAsStageZero) {
 // group's own lr, WarmupCosineLR scales it. The groups' weight decay still differs, and stage 2
 // on two ranks steps it as stage 0.
 TEST(ModelParameters, SchedulerDrivesEveryGroup) {
-  const json warmup = {{"scheduler",
-                        {{"type", "WarmupLR"},
-                         {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 3e-3},
-                                     {"warmup_num_steps", 3}}}}}};
+  const json warmup = {
+      {"scheduler",
+       {{"type", "WarmupLR"},
+        {"params", {{"warmup_min_lr", 0.0}, {"warmup_max_lr", 3e-3}, {"warmup_num_steps", 3}}}}}};
   std::vector<double> lrs;
   auto s = spec(2, 0, two_groups(), warmup);
   const auto read_lrs = [&lrs](deepspeed::Engine& e) {
@@ -203,9 +243,9 @@ TEST(ModelParameters, SchedulerDrivesEveryGroup) {
 // Stages 0, 2 and 3 on two ranks, saved after 3 steps and resumed for 3 more under a scheduler:
 // the same weights as 6 steps in one go.
 TEST(ModelParameters, SaveAndResumeIsBitForBit) {
-  const json warmup = {{"scheduler",
-                        {{"type", "WarmupLR"},
-                         {"params", {{"warmup_max_lr", 3e-3}, {"warmup_num_steps", 4}}}}}};
+  const json warmup = {
+      {"scheduler",
+       {{"type", "WarmupLR"}, {"params", {{"warmup_max_lr", 3e-3}, {"warmup_num_steps", 4}}}}}};
   for (int stage : {0, 2, 3}) {
     dstest::TempDir dir;
     auto whole = run(2, stage, two_groups(), warmup);
@@ -288,12 +328,12 @@ TEST(ModelParameters, RefusedWithAClientOptimizerWithoutABlockAndWhereGroupsAreN
   const json lamb = {{"optimizer", {{"type", "Lamb"}}}};
   msg = config_error_of(2, two_groups(), lamb);
   EXPECT_CONTAINS(msg, "has 2 parameter groups; optimizer type Lamb");
+  // The nvme swap is an Adam update: another type is refused for that, not for its groups.
   dstest::TempDir dir;
-  const json nvme = {{"zero_optimization",
-                      {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir.path()}}}}}};
-  msg = config_error_of(3, two_groups(), nvme);
-  EXPECT_CONTAINS(msg, "InitializeArgs.model_parameters has 2 parameter groups");
-  EXPECT_CONTAINS(msg, "offload_optimizer.device = \"nvme\"");
+  json sgd_nvme = nvme_offload(dir.path());
+  sgd_nvme["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}}}};
+  msg = config_error_of(3, two_groups(json::object()), sgd_nvme);
+  EXPECT_CONTAINS(msg, "needs the \"Adam\" or \"AdamW\" optimizer");
   // One group takes Lamb, with its options over the block's.
   auto one = [](gpt::GPTImpl& m) {
     return std::vector<deepspeed::ParamGroup>{{m.parameters(), {{"weight_decay", 0.0}}}};

@@ -1,8 +1,10 @@
 // A client optimizer with several parameter groups (HF's weight-decay group and a no-decay group
 // for biases and LayerNorm weights) under ZeRO stages 1-3 and bf16: each group keeps its own lr
 // and weight_decay while the stage steps its flat partition (zero/flat_groups.h): libtorch's
-// optimizers over views of the master, FusedAdam over the master segment by segment. The
-// reference is stage 0 in fp32, where the client steps the module's own parameters group by group.
+// optimizers over views of the master, FusedAdam over the master segment by segment, and under
+// optimizer offload the CPU Adam range by range (overlap_step) and the NVMe swap sub-group by
+// sub-group, each piece cut where the groups' segments meet. The reference is stage 0 in fp32,
+// where the client steps the module's own parameters group by group.
 #include <gtest/gtest.h>
 
 #include "deepspeed/errors.h"
@@ -11,6 +13,8 @@
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/training_run.h"
+
+namespace param_groups_test {
 
 namespace {
 using nlohmann::json;
@@ -65,6 +69,23 @@ ClientFactory client_sgd() {
   };
 }
 
+// libtorch's Adagrad, the vectors with their own lr_decay and accumulator start. Its state, made
+// by its constructor only, is for the module's parameters, not the partition's views; and that
+// constructor starts every group's sum at the defaults' initial_accumulator_value (0 here), not
+// the group's 0.5 (where torch.optim.Adagrad reads the group's).
+ClientFactory client_adagrad() {
+  return [](gpt::GPTImpl& m) {
+    std::vector<torch::Tensor> matrices, vectors;
+    for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(matrices);
+    groups.emplace_back(vectors, std::make_unique<torch::optim::AdagradOptions>(
+                                     torch::optim::AdagradOptions(0.01).lr_decay(0.1)
+                                         .initial_accumulator_value(0.5)));
+    return std::make_shared<torch::optim::Adagrad>(groups, torch::optim::AdagradOptions(0.02));
+  };
+}
+
 dstest::RunSpec spec(int world, int stage, ClientFactory client, const json& extra = json()) {
   dstest::RunSpec s;
   s.world_size = world;
@@ -84,6 +105,48 @@ dstest::RunResult run(int world, int stage, ClientFactory client, const json& ex
 std::string config_error_of(int stage, ClientFactory client, const json& extra = json()) {
   return dstest::message_of<deepspeed::ConfigError>([&] { run(1, stage, client, extra); });
 }
+
+// How far the matrices (group 0) and the vectors (group 1) moved from their initial values on
+// rank 0, each the largest |change| of an element.
+struct Moved {
+  double matrices = 0.0, vectors = 0.0;
+};
+Moved moved(const dstest::RunResult& r) {
+  Moved m;
+  for (size_t i = 0; i < r.weights.size() && i < r.initial.size(); ++i) {
+    const double d = (r.weights[i] - r.initial[i]).abs().max().item<double>();
+    double& slot = r.initial[i].dim() >= 2 ? m.matrices : m.vectors;
+    slot = std::max(slot, d);
+  }
+  return m;
+}
+
+// ZeRO-Offload's CPU Adam updating the partition range by range (zero/step_during_backward.h):
+// overlap_step, which a CPU engine takes when asked (on a GPU it is the default, and the
+// partition's place makes every step go range by range anyway).
+const json kOverlappedCpuOffload = {
+    {"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}, {"overlap_step", true}}}}}};
+
+// The swapped Adam (offload_optimizer "nvme") under `dir`, in sub-groups of 1000 elements: far
+// smaller than a rank's partition of the test model, so most sub-groups cross a boundary between
+// the groups' segments (a LayerNorm's or a bias's few elements between two matrices).
+json nvme_offload(const std::string& dir) {
+  return {{"zero_optimization",
+           {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir}, {"buffer_count", 3}}},
+            {"sub_group_size", 1000}}},
+          {"aio", {{"block_size", 8192}, {"queue_depth", 4}}}};
+}
+
+// WarmupLR with one value per group: the matrices' lr climbs from 0 to 3e-3 over the run while
+// the vectors' stays at 1e-3. The scheduler writes each group's lr before each step.
+const json kPerGroupWarmup = {
+    {"scheduler",
+     {{"type", "WarmupLR"},
+      {"params",
+       {{"warmup_min_lr", {0.0, 1e-3}},
+        {"warmup_max_lr", {3e-3, 1e-3}},
+        {"warmup_num_steps", kSteps},
+        {"warmup_type", "linear"}}}}}};
 }  // namespace
 
 // One rank: the partition is the whole model, so every stage runs libtorch's AdamW on the same
@@ -120,6 +183,18 @@ TEST(ParamGroups, SgdGroupsAtStageTwoStepAsStageZero) {
   EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6);
 }
 
+// Each group's views of the master get, at their first step, the state the client's
+// constructor made for the module's parameters, and step with their group's options, as stage 0
+// steps the module's parameters; two ranks cut parameters in two.
+TEST(ParamGroups, AdagradGroupsOnTwoRanksStepAsStageZero) {
+  auto reference = run(2, 0, client_adagrad());
+  for (int stage : {2, 3}) {
+    auto zero = run(2, stage, client_adagrad());
+    EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+  }
+}
+
 // bf16 at stage 0 (a replicated flat partition) and stage 2 run the same fp32 masters; against
 // fp32 they agree to bf16 precision.
 TEST(ParamGroups, Bf16StepsEachGroupsMasters) {
@@ -140,14 +215,9 @@ TEST(ParamGroups, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
   for (int stage : {1, 2, 3}) for (bool fused : {false, true}) {
     auto r = run(2, stage, fused ? client_fused_adam(/*vector_lr=*/0.0) : client_adamw(0.0));
     ASSERT_EQ(r.weights.size(), r.initial.size());
-    double vectors_moved = 0.0, matrices_moved = 0.0;
-    for (size_t i = 0; i < r.weights.size(); ++i) {
-      const double d = (r.weights[i] - r.initial[i]).abs().max().item<double>();
-      (r.initial[i].dim() >= 2 ? matrices_moved : vectors_moved) =
-          std::max(r.initial[i].dim() >= 2 ? matrices_moved : vectors_moved, d);
-    }
-    EXPECT_EQ(vectors_moved, 0.0) << "stage " << stage << " fused " << fused;
-    EXPECT_GT(matrices_moved, 0.0) << "stage " << stage << " fused " << fused;
+    const Moved m = moved(r);
+    EXPECT_EQ(m.vectors, 0.0) << "stage " << stage << " fused " << fused;
+    EXPECT_GT(m.matrices, 0.0) << "stage " << stage << " fused " << fused;
   }
 }
 
@@ -196,20 +266,13 @@ TEST(ParamGroups, SaveAndResumeAtStageTwoIsBitForBit) {
 }
 
 // Offload "cpu": an AdamW client becomes the CPU Adam (FusedAdam) with one group per client
-// group, which is what a FusedAdam client runs without offload. Its update range by range
-// (overlap_step, or a GPU partition) and the nvme swap take one group's options: refused. A
-// libtorch optimizer stepping the masters in memory (zero_force_ds_cpu_optimizer false) keeps
-// its groups.
-TEST(ParamGroups, CpuOffloadKeepsTheGroupsWhereItStepsWholeElseRefused) {
+// group, which is what a FusedAdam client runs without offload. A libtorch optimizer stepping
+// the masters in memory (zero_force_ds_cpu_optimizer false) keeps its groups.
+TEST(ParamGroups, CpuOffloadKeepsTheGroups) {
   const json cpu = {{"zero_optimization", {{"offload_optimizer", {{"device", "cpu"}}}}}};
   auto offloaded_adamw = run(1, 2, client_adamw(), cpu);
   auto fused = run(1, 2, client_fused_adam());
   EXPECT_EQ(dstest::max_weight_diff(offloaded_adamw, fused), 0.0);
-  json overlap = cpu;
-  overlap["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
-  std::string msg = config_error_of(2, client_adamw(), overlap);
-  EXPECT_CONTAINS(msg, "InitializeArgs.optimizer has 2 parameter groups");
-  EXPECT_CONTAINS(msg, "overlap_step");
   // Every group's options are read: amsgrad in the second one is refused as in the first.
   auto amsgrad = [](gpt::GPTImpl& m) {
     auto groups = two_groups(m, 1e-3);
@@ -217,21 +280,72 @@ TEST(ParamGroups, CpuOffloadKeepsTheGroupsWhereItStepsWholeElseRefused) {
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
   EXPECT_CONTAINS(config_error_of(2, amsgrad, cpu), "amsgrad");
+  // The nvme swap is an Adam update: another optimizer is refused for that, not for its groups.
   dstest::TempDir dir;
-  const json nvme = {{"zero_force_ds_cpu_optimizer", false},
-                     {"zero_optimization",
-                      {{"offload_optimizer", {{"device", "nvme"}, {"nvme_path", dir.path()}}}}}};
-  msg = config_error_of(3, client_adamw(), nvme);
-  EXPECT_CONTAINS(msg, "2 parameter groups");
-  EXPECT_CONTAINS(msg, "offload_optimizer.device = \"nvme\"");
-  msg = config_error_of(3, client_sgd(), nvme);
-  EXPECT_CONTAINS(msg, "2 parameter groups");
+  json nvme = nvme_offload(dir.path());
+  nvme["zero_force_ds_cpu_optimizer"] = false;
+  EXPECT_CONTAINS(config_error_of(3, client_sgd(), nvme), "the nvme swap is an Adam update");
 
   json not_forced = cpu;
   not_forced["zero_force_ds_cpu_optimizer"] = false;
   auto offloaded = run(1, 2, client_sgd(), not_forced);
   auto reference = run(1, 0, client_sgd());
   EXPECT_LT(dstest::max_weight_diff(offloaded, reference), 1e-6);
+}
+
+// The CPU Adam updating range by range during backward (overlap_step) on two ranks: each range
+// is cut at the groups' segment boundaries and each part stepped with its group's options, as
+// stage 0 steps the module's parameters group by group (the same kernel: a FusedAdam client).
+// A group at lr 0 keeps its elements bit for bit wherever the buckets' ranges cut them.
+TEST(ParamGroups, CpuOffloadUpdatingRangeByRangeStepsEachGroupAsStageZero) {
+  auto reference = run(2, 0, client_fused_adam());
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto offloaded = run(2, stage, client_adamw(), kOverlappedCpuOffload);
+    EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
+    EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+    const Moved m = moved(run(2, stage, client_adamw(/*vector_lr=*/0.0), kOverlappedCpuOffload));
+    EXPECT_EQ(m.vectors, 0.0);
+    EXPECT_GT(m.matrices, 0.0);
+  }
+}
+
+// The swapped Adam steps sub-group by sub-group; a sub-group crossing a segment boundary is
+// split, each part stepped with its group's options. Stages 1 and 2 and 3, two ranks.
+TEST(ParamGroups, NvmeOptimizerOffloadStepsEachGroupAsStageZero) {
+  auto reference = run(2, 0, client_fused_adam());
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir, zero_lr_dir;
+    auto swapped = run(2, stage, client_adamw(), nvme_offload(dir.path()));
+    EXPECT_LT(dstest::max_loss_rel_diff(swapped, reference), dstest::kLossTol);
+    EXPECT_LT(dstest::max_weight_diff(swapped, reference), dstest::kWeightTol);
+    const Moved m =
+        moved(run(2, stage, client_adamw(/*vector_lr=*/0.0), nvme_offload(zero_lr_dir.path())));
+    EXPECT_EQ(m.vectors, 0.0);
+    EXPECT_GT(m.matrices, 0.0);
+  }
+}
+
+// A scheduler that moves one group's lr every step: the range step (overlap_step) and the swap
+// read each group's options when the step begins, as stage 0's optimizer does.
+TEST(ParamGroups, PerGroupScheduleIsFollowedRangeByRangeAndSwapped) {
+  auto reference = run(2, 0, client_fused_adam(), kPerGroupWarmup);
+  // The schedule matters (measured far beyond the tolerance below), so a step that kept the lr
+  // it was built with, or gave every group the same, would show.
+  EXPECT_GT(dstest::max_weight_diff(reference, run(2, 0, client_fused_adam())),
+            10 * dstest::kWeightTol);
+  json overlapped = kPerGroupWarmup;
+  overlapped.merge_patch(kOverlappedCpuOffload);
+  auto offloaded = run(2, 2, client_adamw(), overlapped);
+  EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
+  EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+  dstest::TempDir dir;
+  json nvme = kPerGroupWarmup;
+  nvme.merge_patch(nvme_offload(dir.path()));
+  auto swapped = run(2, 3, client_adamw(), nvme);
+  EXPECT_LT(dstest::max_loss_rel_diff(swapped, reference), dstest::kLossTol);
+  EXPECT_LT(dstest::max_weight_diff(swapped, reference), dstest::kWeightTol);
 }
 
 TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {
@@ -270,3 +384,5 @@ TEST(ParamGroups, LambWithSeveralGroupsIsRefused) {
   EXPECT_CONTAINS(msg, "InitializeArgs.optimizer is Lamb with 2 parameter groups");
   EXPECT_CONTAINS(msg, "give one group");
 }
+
+}  // namespace param_groups_test

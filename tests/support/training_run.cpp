@@ -63,11 +63,14 @@ RunResult train_gpt(const RunSpec& spec) {
     }
     std::shared_ptr<torch::optim::Optimizer> client;
     if (spec.client_optimizer) client = spec.client_optimizer(*models[rank]);
+    std::vector<deepspeed::ParamGroup> groups;
+    if (spec.model_parameters) groups = spec.model_parameters(*models[rank]);
     auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
         {.model = models[rank],
          .config_json = spec.config,
          .training_data = data,
          .optimizer = client,
+         .model_parameters = std::move(groups),
          .comm = comm,
          .device = spec.device});
     if (spec.before_training) spec.before_training(*engine);

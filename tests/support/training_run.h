@@ -44,6 +44,8 @@ struct RunSpec {
   std::function<void(deepspeed::Engine&)> before_training;
   // If set: each rank's client optimizer (InitializeArgs.optimizer), built over its model.
   std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)> client_optimizer;
+  // If set: each rank's InitializeArgs.model_parameters, built over its model.
+  std::function<std::vector<deepspeed::ParamGroup>(gpt::GPTImpl&)> model_parameters;
 };
 
 int64_t count_parameters(const gpt::GPTConfig& model);

@@ -38,9 +38,12 @@ done
 
 # 2. A pack of every program: a_test passes only with the CPU path's environment, b_test fails.
 touch "$B/cross_built"; stand_in dsrun 'exit 0'
-touch "$root/tests/unit/a_test.cpp" "$root/tests/unit/b_test.cpp"
-stand_in a_test '[ "$DS_DEVICE" = cpu ] && [ "$DS_COMM_BACKEND" = gloo ] && [ -d "$DS_SOURCE_DIR/tests" ]'
-stand_in b_test 'echo "b_test.cpp:1: Failure"; exit 3'
+printf 'a_test A.*:A/*:*/A.*:\nb_test B.*:B/*:*/B.*:\n' > "$B/bin/unit_tests.files"
+stand_in unit_tests 'case "$1" in
+  --gtest_filter=A.*) [ "$DS_DEVICE" = cpu ] && [ "$DS_COMM_BACKEND" = gloo ] && [ -d "$DS_SOURCE_DIR/tests" ] ;;
+  --gtest_filter=B.*) echo "b_test.cpp:1: Failure"; exit 3 ;;
+  *) echo "unexpected arguments: $*"; exit 9 ;;
+esac'
 (cd "$root" && OUT=$T/out2 DSB=$B BUDGET_S=120 STEPS=test TEST_LABELS=unit TEST_J=2 \
    bash bench/gpu/run.sh > "$T/log2" 2>&1)
 grep -q -- "-L unit, the packed programs: 1 of 2 passed; not: b_test rc=3" "$T/out2/summary.txt" ||

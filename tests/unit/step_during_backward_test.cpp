@@ -17,6 +17,7 @@
 #include "deepspeed/errors.h"
 #include "offload/step_worker.h"
 #include "support/failing_cpu_allocator.h"
+#include "optim/adamw_state.h"
 #include "optim/fused_adam.h"
 #include "util/torch_compat.h"
 #include "zero/flat_stage.h"
@@ -72,6 +73,72 @@ TEST(AdamRangeStep, RangesGiveTheWholeStepBitForBit) {
     EXPECT_TRUE(torch::equal(state_of(a, whole).exp_avg(), state_of(b, ranged).exp_avg()));
     EXPECT_TRUE(torch::equal(state_of(a, whole).exp_avg_sq(), state_of(b, ranged).exp_avg_sq()));
     EXPECT_EQ(state_of(b, ranged).step(), 3);
+  }
+}
+
+// A client optimizer's parameter groups over the master (FusedAdam::set_flat): ranges that cross
+// the groups' segments are cut there, each part stepped with its group's options as they are when
+// the step is prepared (an lr changed between steps is followed). The reference steps each
+// segment as a tensor of its own with its group's options.
+TEST(AdamRangeStep, RangesAcrossGroupSegmentsStepEachWithItsGroup) {
+  using Segment = deepspeed::optim::FusedAdam::Segment;
+  const std::vector<Segment> segments{{0, 100, 0}, {100, 3, 1}, {103, 497, 0}, {600, 437, 2}};
+  std::vector<deepspeed::AdamHyper> groups(3, hyper());
+  groups[1].lr = 0.0;
+  groups[1].weight_decay = 0.0;
+  groups[2].lr = 3e-3;
+  groups[2].beta2 = 0.95;
+  groups[2].eps = 1e-6;
+  groups[2].weight_decay = 0.0;
+  for (bool half : {false, true}) {
+    torch::manual_seed(5);
+    at::Tensor start = torch::randn({1037});
+    at::Tensor ranged = start.clone(), ranged16 = torch::empty({1037}, torch::kBFloat16);
+    deepspeed::optim::FusedAdam b({ranged}, groups[0]);
+    for (size_t g = 1; g < groups.size(); ++g)
+      b.add_param_group(torch::optim::OptimizerParamGroup(
+          std::vector<at::Tensor>(), std::make_unique<torch::optim::AdamWOptions>(
+                                         deepspeed::optim::adamw_options(groups[g]))));
+    b.set_flat(ranged, segments);
+    if (half) b.set_half_copy(ranged, ranged16);
+    std::vector<at::Tensor> pieces, pieces16;
+    std::vector<std::unique_ptr<deepspeed::optim::FusedAdam>> reference;
+    for (const auto& seg : segments) {
+      pieces.push_back(start.narrow(0, seg.begin, seg.numel).clone());
+      pieces16.push_back(torch::empty({seg.numel}, torch::kBFloat16));
+      reference.push_back(
+          std::make_unique<deepspeed::optim::FusedAdam>(std::vector<at::Tensor>{pieces.back()},
+                                                        groups[seg.group]));
+      if (half) reference.back()->set_half_copy(pieces.back(), pieces16.back());
+    }
+    for (int step = 0; step < 3; ++step) {
+      if (step == 2) {  // a scheduler moves group 2's lr (only)
+        static_cast<torch::optim::AdamWOptions&>(b.param_groups()[2].options()).lr(1e-2);
+        for (size_t k = 0; k < segments.size(); ++k)
+          if (segments[k].group == 2)
+            static_cast<torch::optim::AdamWOptions&>(reference[k]->param_groups()[0].options())
+                .lr(1e-2);
+      }
+      at::Tensor grad = torch::randn({1037});
+      for (size_t k = 0; k < segments.size(); ++k) {
+        pieces[k].mutable_grad() = grad.narrow(0, segments[k].begin, segments[k].numel).clone();
+        reference[k]->step();
+      }
+      auto r = b.prepare_step(ranged);
+      for (auto [begin, n] : {std::pair<int64_t, int64_t>{500, 537}, {0, 17}, {17, 483}})
+        r.run(grad.data_ptr<float>() + begin, begin, n);
+    }
+    SCOPED_TRACE(half ? "bf16 copy" : "fp32");
+    EXPECT_TRUE(torch::equal(torch::cat(pieces), ranged));
+    if (half) EXPECT_TRUE(torch::equal(torch::cat(pieces16), ranged16));
+    EXPECT_TRUE(torch::equal(ranged.narrow(0, 100, 3), start.narrow(0, 100, 3)));  // lr 0
+    std::vector<at::Tensor> m, v;
+    for (size_t k = 0; k < segments.size(); ++k) {
+      m.push_back(state_of(*reference[k], pieces[k]).exp_avg());
+      v.push_back(state_of(*reference[k], pieces[k]).exp_avg_sq());
+    }
+    EXPECT_TRUE(torch::equal(torch::cat(m), state_of(b, ranged).exp_avg()));
+    EXPECT_TRUE(torch::equal(torch::cat(v), state_of(b, ranged).exp_avg_sq()));
   }
 }
 

@@ -102,6 +102,52 @@ INSTANTIATE_TEST_SUITE_P(
                       std::make_tuple(int64_t{3000}, 4, torch::kBFloat16),
                       std::make_tuple(int64_t{1} << 30, 4, torch::kFloat)));
 
+// Constants by run of elements (a client optimizer's parameter groups over the partition): each
+// sub-group is cut where the runs meet, each part stepped with its run's constants, bit for bit
+// the in-memory update of each run. Runs of 1 and of several sub-groups, boundaries inside them.
+TEST(SwappedAdam, RunsOfHyperParametersCutTheSubGroups) {
+  struct Sink : deepspeed::offload::ParamSink {
+    at::Tensor out;
+    void* begin_group(int64_t begin, int64_t) override {
+      return out.data_ptr<float>() + begin;
+    }
+    void end_group(int64_t, int64_t) override {}
+  };
+  dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
+  const int64_t n = 3001;
+  torch::manual_seed(4);
+  at::Tensor master = torch::randn({n});
+  at::Tensor m = torch::zeros({n}), v = torch::zeros({n});
+  SwappedAdam swapped(master, options(dir.path(), 1000, 2));
+  Sink sink;
+  sink.out = torch::empty({n});
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<deepspeed::optim::AdamHyperRun> runs{{0, 1, hyper(step)},
+                                                     {1, 998, hyper(step)},
+                                                     {999, 1500, hyper(step)},
+                                                     {2499, 502, hyper(step)}};
+    runs[1].hyper.lr = 0.0f;
+    runs[1].hyper.weight_decay = 0.0f;
+    runs[2].hyper.lr = 3e-3f * step;  // a schedule
+    runs[2].hyper.beta2 = 0.95f;
+    runs[3].hyper.eps = 1e-6f;
+    at::Tensor grad = torch::randn({n});
+    for (const auto& r : runs)
+      deepspeed::optim::adam_step(master.data_ptr<float>() + r.begin,
+                                  grad.data_ptr<float>() + r.begin, m.data_ptr<float>() + r.begin,
+                                  v.data_ptr<float>() + r.begin, r.numel, r.hyper);
+    swapped.step(grad, sink, torch::kFloat, runs);
+    ASSERT_TRUE(torch::equal(sink.out, master)) << "step " << step;
+  }
+  auto state = swapped.read_state();
+  EXPECT_TRUE(torch::equal(state[1], m));
+  EXPECT_TRUE(torch::equal(state[2], v));
+  // Runs that do not cover the partition are refused before any sub-group changes.
+  std::vector<deepspeed::optim::AdamHyperRun> short_runs{{0, n - 1, hyper(4)}};
+  EXPECT_THROW(swapped.step(torch::zeros({n}), sink, torch::kFloat, short_runs), c10::Error);
+  EXPECT_EQ(swapped.groups_updated(), 0);
+}
+
 TEST(SwappedAdam, StateRoundTripsThroughWriteAndRead) {
   dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
   at::Tensor a = torch::randn({5000}), b = torch::randn({5000}), c = torch::rand({5000});

@@ -1,0 +1,113 @@
+#include "runtime/checkpoint_group_options.h"
+
+#include <torch/optim/adamw.h>
+#include <torch/serialize/archive.h>
+
+#include "deepspeed/errors.h"
+
+namespace deepspeed {
+namespace checkpoint {
+
+nlohmann::json group_options_json(torch::optim::Optimizer& optimizer) {
+  nlohmann::json groups = nlohmann::json::array();
+  for (auto& group : optimizer.param_groups()) {
+    auto& options = group.options();
+    nlohmann::json g = {{"lr", options.get_lr()}};
+    if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
+      g["betas"] = {std::get<0>(o->betas()), std::get<1>(o->betas())};
+      g["eps"] = o->eps();
+      g["weight_decay"] = o->weight_decay();
+      g["amsgrad"] = o->amsgrad();
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+namespace {
+
+// saved[key] as a T, when present; a wrong type names the source, the group and the key.
+template <class T>
+bool read_key(const nlohmann::json& saved, const char* key, T& out, const std::string& source,
+              size_t group) {
+  auto it = saved.find(key);
+  if (it == saved.end()) return false;
+  try {
+    out = it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError(source + ": param_groups[" + std::to_string(group) + "]." + key +
+                          " is malformed (" + it->dump() + "): " + e.what());
+  }
+  return true;
+}
+
+}  // namespace
+
+GroupOptions group_options_from_json(const nlohmann::json& saved,
+                                     torch::optim::Optimizer& optimizer,
+                                     const std::string& source) {
+  auto& groups = optimizer.param_groups();
+  GroupOptions out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const nlohmann::json& s = saved.at(g);
+    if (!s.is_object())
+      throw CheckpointError(source + ": param_groups[" + std::to_string(g) +
+                            "] is not an object: " + s.dump());
+    auto options = groups[g].options().clone();
+    double lr = 0;
+    if (read_key(s, "lr", lr, source, g)) options->set_lr(lr);
+    if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) {
+      std::vector<double> betas;
+      if (read_key(s, "betas", betas, source, g)) {
+        if (betas.size() != 2)
+          throw CheckpointError(source + ": param_groups[" + std::to_string(g) + "].betas has " +
+                                std::to_string(betas.size()) + " values, expected 2");
+        o->betas({betas[0], betas[1]});
+      }
+      double value = 0;
+      if (read_key(s, "eps", value, source, g)) o->eps(value);
+      if (read_key(s, "weight_decay", value, source, g)) o->weight_decay(value);
+      bool amsgrad = false;
+      if (read_key(s, "amsgrad", amsgrad, source, g)) o->amsgrad(amsgrad);
+    }
+    out.push_back(std::move(options));
+  }
+  return out;
+}
+
+GroupOptions group_options_from_archive(const std::string& archive_bytes,
+                                        torch::optim::Optimizer& optimizer) {
+  auto& groups = optimizer.param_groups();
+  GroupOptions out;
+  try {
+    torch::serialize::InputArchive archive, saved_groups;
+    archive.load_from(archive_bytes.data(), archive_bytes.size(), c10::Device(c10::kCPU));
+    archive.read("param_groups", saved_groups);
+    at::Tensor count;
+    saved_groups.read("param_groups/size", count);
+    if (count.item<int64_t>() != static_cast<int64_t>(groups.size())) return {};
+    for (size_t g = 0; g < groups.size(); ++g) {
+      torch::serialize::InputArchive group, options_archive;
+      saved_groups.read("param_groups/" + std::to_string(g), group);
+      group.read("options", options_archive);
+      // The group's own options type reads its keys (libtorch's AdamW, SGD, Adagrad, ...).
+      auto options = groups[g].options().clone();
+      options->serialize(options_archive);
+      out.push_back(std::move(options));
+    }
+  } catch (const c10::Error&) {
+    return {};  // not libtorch's layout, or options of another type: keep the engine's
+  }
+  return out;
+}
+
+void set_group_options(torch::optim::Optimizer& optimizer, GroupOptions options) {
+  auto& groups = optimizer.param_groups();
+  if (options.empty()) return;
+  TORCH_CHECK(options.size() == groups.size(), "set_group_options: ", options.size(),
+              " options for ", groups.size(), " parameter groups (internal error)");
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].set_options(std::move(options[g]));
+}
+
+}  // namespace checkpoint
+}  // namespace deepspeed

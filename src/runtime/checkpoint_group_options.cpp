@@ -75,28 +75,39 @@ GroupOptions group_options_from_json(const nlohmann::json& saved,
   return out;
 }
 
-GroupOptions group_options_from_archive(const std::string& archive_bytes,
-                                        torch::optim::Optimizer& optimizer) {
+ArchiveGroups read_archive_groups(const std::string& archive_bytes,
+                                  torch::optim::Optimizer& optimizer) {
   auto& groups = optimizer.param_groups();
-  GroupOptions out;
+  torch::serialize::InputArchive archive, saved_groups;
+  std::vector<torch::serialize::InputArchive> saved;
+  ArchiveGroups out;
   try {
-    torch::serialize::InputArchive archive, saved_groups;
     archive.load_from(archive_bytes.data(), archive_bytes.size(), c10::Device(c10::kCPU));
     archive.read("param_groups", saved_groups);
     at::Tensor count;
     saved_groups.read("param_groups/size", count);
-    if (count.item<int64_t>() != static_cast<int64_t>(groups.size())) return {};
+    for (int64_t g = 0; g < count.item<int64_t>(); ++g) {
+      saved.emplace_back();
+      saved_groups.read("param_groups/" + std::to_string(g), saved.back());
+      at::Tensor size;
+      saved.back().read("params/size", size);
+      out.sizes.push_back(size.item<int64_t>());
+    }
+  } catch (const c10::Error&) {
+    return {};  // not libtorch's layout
+  }
+  if (saved.size() != groups.size()) return out;
+  try {
     for (size_t g = 0; g < groups.size(); ++g) {
-      torch::serialize::InputArchive group, options_archive;
-      saved_groups.read("param_groups/" + std::to_string(g), group);
-      group.read("options", options_archive);
+      torch::serialize::InputArchive options_archive;
+      saved[g].read("options", options_archive);
       // The group's own options type reads its keys (libtorch's AdamW, SGD, Adagrad, ...).
       auto options = groups[g].options().clone();
       options->serialize(options_archive);
-      out.push_back(std::move(options));
+      out.options.push_back(std::move(options));
     }
   } catch (const c10::Error&) {
-    return {};  // not libtorch's layout, or options of another type: keep the engine's
+    out.options.clear();  // options of another type: keep the engine's
   }
   return out;
 }

@@ -40,11 +40,18 @@ using GroupOptions = std::vector<std::unique_ptr<torch::optim::OptimizerOptions>
 GroupOptions group_options_from_json(const nlohmann::json& saved,
                                      torch::optim::Optimizer& optimizer, const std::string& source);
 
-// Each group's options as a libtorch archive of `optimizer`'s kind saved them (its
-// param_groups/<g>/options). Empty when the archive holds no such options readable into the
-// groups' option types (another optimizer's own serialisation): the engine's stay.
-GroupOptions group_options_from_archive(const std::string& archive_bytes,
-                                        torch::optim::Optimizer& optimizer);
+// What a libtorch optimizer archive holds of its parameter groups (torch/optim/serialize.h:
+// "param_groups/size", then each group's "params/size" and "options"), read in one pass.
+struct ArchiveGroups {
+  // Tensors per saved group; empty when the archive is not in libtorch's layout (another
+  // optimizer's own serialisation).
+  std::vector<int64_t> sizes;
+  // Each group's options read into `optimizer`'s option types (its param_groups/<g>/options);
+  // empty when the group count differs or they do not read: the engine's options stay.
+  GroupOptions options;
+};
+ArchiveGroups read_archive_groups(const std::string& archive_bytes,
+                                  torch::optim::Optimizer& optimizer);
 
 // Replaces the groups' options. REQUIRES: one per group (or none: nothing changes).
 void set_group_options(torch::optim::Optimizer& optimizer, GroupOptions options);

@@ -146,29 +146,13 @@ std::set<std::string> check_trainable(const TagReader& reader, const EngineState
 }
 
 // libtorch's optimizer archive must match the optimizer's parameter groups, group by group
-// (torch/optim/serialize.h: "param_groups/size", then each group's "params/size"); checked before
-// anything is loaded, so a changed grouping (a client optimizer now with a no-decay group, say)
-// is named here instead of by libtorch's check halfway through the load. An archive read
-// otherwise (another optimizer's own serialize()) is left to the optimizer's load.
+// (`saved`: read_archive_groups' sizes); checked before anything is loaded, so a changed grouping
+// (a client optimizer now with a no-decay group, say) is named here instead of by libtorch's check
+// halfway through the load. An archive read otherwise (another optimizer's own serialize(): no
+// sizes) is left to the optimizer's load.
 void check_archive_groups(const TagReader& reader, torch::optim::Optimizer& optimizer,
-                          const std::string& bytes) {
-  std::vector<int64_t> saved;
-  try {
-    torch::serialize::InputArchive archive, groups;
-    archive.load_from(bytes.data(), bytes.size(), c10::Device(c10::kCPU));
-    archive.read("param_groups", groups);
-    at::Tensor count;
-    groups.read("param_groups/size", count);
-    for (int64_t i = 0; i < count.item<int64_t>(); ++i) {
-      torch::serialize::InputArchive group;
-      groups.read("param_groups/" + std::to_string(i), group);
-      at::Tensor size;
-      group.read("params/size", size);
-      saved.push_back(size.item<int64_t>());
-    }
-  } catch (const c10::Error&) {
-    return;
-  }
+                          const std::vector<int64_t>& saved) {
+  if (saved.empty()) return;
   std::vector<int64_t> now;
   for (const auto& group : optimizer.param_groups())
     now.push_back(static_cast<int64_t>(group.params().size()));
@@ -215,9 +199,10 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
   const int file_rank = replicated ? first_saved_rank_of_group(reader, s) : job_rank;
   at::Tensor bytes = reader.tensor(reader.partition_file(file_rank), "optimizer_archive");
   plan.optimizer_archive.assign(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
-  check_archive_groups(reader, *s.optimizer, plan.optimizer_archive);
+  auto groups = read_archive_groups(plan.optimizer_archive, *s.optimizer);
+  check_archive_groups(reader, *s.optimizer, groups.sizes);
   // libtorch's load restores the state only; its groups' options are in the archive too.
-  plan.group_options = group_options_from_archive(plan.optimizer_archive, *s.optimizer);
+  plan.group_options = std::move(groups.options);
 }
 
 // Checks that the checkpoint covers every fragment this rank loads (headers only).

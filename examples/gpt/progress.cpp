@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include "deepspeed/engine.h"
+
 namespace gpt {
 namespace {
 
@@ -78,6 +80,20 @@ void ProgressLine::on_step(int64_t step, double loss, bool exact, bool engine_pr
   std::fflush(stdout);
   drawn_ = true;
   if (engine_prints_next) finish();
+}
+
+TokensPerSecondEvent::TokensPerSecondEvent(double tokens_per_step)
+    : tokens_per_step_(tokens_per_step), last_(std::chrono::steady_clock::now()) {}
+
+void TokensPerSecondEvent::on_step(deepspeed::Engine& engine) {
+  const auto now = std::chrono::steady_clock::now();
+  if (auto monitor = engine.monitor(); monitor && monitor->enabled()) {
+    const double s = std::chrono::duration<double>(now - last_).count();
+    if (s > 0)
+      monitor->write_events(
+          {{"Train/Samples/tokens_per_second", tokens_per_step_ / s, engine.global_samples()}});
+  }
+  last_ = now;
 }
 
 }  // namespace gpt

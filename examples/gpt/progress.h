@@ -7,6 +7,10 @@
 
 #include "deepspeed/config.h"
 
+namespace deepspeed {
+class Engine;
+}
+
 namespace gpt {
 
 class ProgressLine {
@@ -31,6 +35,20 @@ class ProgressLine {
   // The rate is measured from the end of the first step (allocation and warm-up left out).
   Clock::time_point rate_from_;
   int64_t rate_from_step_ = -1;
+};
+
+// Train/Samples/tokens_per_second through the engine's monitor, once per optimizer step (the
+// engine does not know what a token is): the step's tokens over the wall time since the previous
+// step ended (for the first step: since this object was made). Every rank calls it; the monitor
+// writes only where it is enabled (rank 0; a pipeline's last stage).
+class TokensPerSecondEvent {
+ public:
+  explicit TokensPerSecondEvent(double tokens_per_step);
+  void on_step(deepspeed::Engine& engine);
+
+ private:
+  double tokens_per_step_;
+  std::chrono::steady_clock::time_point last_;
 };
 
 // Whether stdout is a terminal.

@@ -44,10 +44,10 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
 
   const int64_t first_step = engine->global_steps();
   auto start = std::chrono::steady_clock::now();
-  auto last_boundary = start;  // for the tokens/s event
   auto timed_from = start;     // the first step (allocation, warm-up) is left out of the averages
-  gpt::ProgressLine progress(opt.steps, double(engine->train_batch_size()) * opt.model.block_size,
-                             gpt::stdout_is_terminal());
+  const double tokens_per_step = double(engine->train_batch_size()) * opt.model.block_size;
+  gpt::ProgressLine progress(opt.steps, tokens_per_step, gpt::stdout_is_terminal());
+  gpt::TokensPerSecondEvent tokens_event(tokens_per_step);
   while (engine->global_steps() < opt.steps) {
     auto batch = loader->next();
     auto loss = engine->forward(batch.data, batch.target);
@@ -57,16 +57,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
       if (rank0)
         progress.on_step(engine->global_steps(), engine->last_loss(), opt.exact_loss,
                          gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
-      // The engine does not know what a token is; the example adds the event itself.
-      const auto now = std::chrono::steady_clock::now();
-      if (auto monitor = engine->monitor(); monitor->enabled()) {
-        const double s = std::chrono::duration<double>(now - last_boundary).count();
-        const double tokens = double(engine->train_batch_size()) * opt.model.block_size;
-        if (s > 0)
-          monitor->write_events(
-              {{"Train/Samples/tokens_per_second", tokens / s, engine->global_samples()}});
-      }
-      last_boundary = now;
+      tokens_event.on_step(*engine);
       if (engine->global_steps() == first_step + opt.warmup) {
         timed_from = std::chrono::steady_clock::now();
         deepspeed::reset_device_memory_peaks(engine->device());
@@ -76,6 +67,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         engine->save_checkpoint(opt.save_dir);
         // gpt_generate builds the model from it (model_flags.h).
         if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);
+        progress.finish();  // on a terminal, the line ends before this one
         if (rank0)
           std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
                       static_cast<long long>(engine->global_steps()));

@@ -7,6 +7,7 @@
 
 #include "gpt/model_flags.h"
 #include "gpt/pipeline_model.h"
+#include "gpt/progress.h"
 #include "gpt/tp_model.h"
 #include "gpt/tp_pipeline_model.h"
 
@@ -134,6 +135,9 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   // Over the timed steps, for the measured bubble: the schedule's wall time (without the
   // optimizer step) and the forward/backward compute inside it.
   double wall_s = 0.0, compute_s = 0.0, step_s = 0.0;
+  const double tokens_per_step = double(engine->train_batch_size()) * opt.model.block_size;
+  gpt::ProgressLine progress(opt.steps, tokens_per_step, gpt::stdout_is_terminal());
+  gpt::TokensPerSecondEvent tokens_event(tokens_per_step);
   while (engine->global_steps() < opt.steps) {
     const double loss = engine->train_batch(next);
     if (engine->global_steps() > first_step + opt.warmup) {
@@ -141,23 +145,24 @@ int train_pipeline(const Options& opt, const std::string& config_path,
       compute_s += engine->last_batch_timing().compute_s;
       step_s += engine->last_batch_timing().step_s;
     }
-    if (rank0 && opt.exact_loss)
-      std::printf("step %lld loss %.4f exact %a\n", static_cast<long long>(engine->global_steps()),
-                  loss, loss);
-    else if (rank0)
-      std::printf("step %lld loss %.4f\n", static_cast<long long>(engine->global_steps()), loss);
+    if (rank0)
+      progress.on_step(engine->global_steps(), loss, opt.exact_loss,
+                       gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
+    tokens_event.on_step(*engine);
     if (engine->global_steps() == first_step + opt.warmup)
       timed_from = std::chrono::steady_clock::now();
     if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
       engine->save_checkpoint(opt.save_dir);
       // gpt_generate builds the model from it (model_flags.h).
       if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);
+      progress.finish();  // on a terminal, the line ends before this one
       if (rank0)
         std::printf("gpt_train: saved %s/global_step%lld\n", opt.save_dir.c_str(),
                     static_cast<long long>(engine->global_steps()));
     }
   }
   const auto end = std::chrono::steady_clock::now();
+  progress.finish();
   const int64_t timed_steps = std::max<int64_t>(1, opt.steps - first_step - opt.warmup);
   const double seconds = opt.steps - first_step > opt.warmup
                              ? std::chrono::duration<double>(end - timed_from).count()

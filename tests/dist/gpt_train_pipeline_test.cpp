@@ -224,7 +224,7 @@ TEST(GptTrainPipeline, SeedFlagSeedsTheGpt2InitialisedLayers) {
 }
 
 // --monitor_dir DIR writes the CSV monitor files into DIR/gpt_train/, one row per step from the
-// stage that knows the loss (the last); --wall_clock_breakdown is taken too.
+// stage that knows the loss (the last), tokens/s included; --wall_clock_breakdown is taken too.
 TEST(GptTrainPipeline, MonitorDirWritesTheCsvFiles) {
   dstest::TempDir dir("gpt_pipe_monitor");
   auto r = gpt_train(dir, 2,
@@ -233,6 +233,10 @@ TEST(GptTrainPipeline, MonitorDirWritesTheCsvFiles) {
   ASSERT_TRUE(r.ok) << r.output;
   const std::string csv = dstest::read_bytes(dir / "gpt_train/Train_Samples_train_loss.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 4) << csv;  // the header and 3 steps
+  // gpt_train adds the tokens/s event, as without the pipeline.
+  const std::string tokens =
+      dstest::read_bytes(dir / "gpt_train/Train_Samples_tokens_per_second.csv");
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), '\n'), 4) << tokens;
 }
 
 // A config with no "optimizer" block, and --zero_init, are refused naming the flag: the pipeline

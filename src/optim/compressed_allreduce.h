@@ -54,6 +54,8 @@ class CompressedAllReduce {
   void save_errors(ExtraState& out) const;
   void restore_errors(const ExtraState& saved);
 
+  // Bytes of both error buffers: 4·(W + 1)·S (the per-call messages are freed after each run()).
+  int64_t error_bytes() const { return storage_bytes_of({worker_error_, server_error_}); }
   const at::Tensor& worker_error() const { return worker_error_; }  // [W, S]
   const at::Tensor& server_error() const { return server_error_; }  // [S]
   int64_t row_numel() const { return row_; }                         // S

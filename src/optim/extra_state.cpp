@@ -26,5 +26,12 @@ void copy_from_flat(const at::Tensor& flat, const std::vector<at::Tensor>& dst,
   }
 }
 
+int64_t storage_bytes_of(const std::vector<at::Tensor>& tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors)
+    if (t.defined()) total += static_cast<int64_t>(t.storage().nbytes());
+  return total;
+}
+
 }  // namespace optim
 }  // namespace deepspeed

@@ -13,6 +13,7 @@
 //               size (and pipeline), each rank getting its own rank's file. Otherwise it is empty
 //               and the optimizer restarts that state, as DeepSpeed does for all of it.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,6 +41,11 @@ class ExtraOptimizerState {
   // checkpoint held for this rank (see above; possibly nothing). A tensor of the wrong shape is an
   // error naming it. Local (no collective).
   virtual void load_extra_state(const ExtraState& saved) = 0;
+  // Bytes this optimizer holds beyond its per-parameter torch state (step, exp_avg, exp_avg_sq),
+  // as they are in memory now (not as saved): error-feedback buffers, fresh variance, local
+  // updates, per-tensor scalars. The memory report counts them in optimizer_states
+  // (zero/optimizer_state_bytes.cpp). Local.
+  virtual int64_t extra_state_bytes() const = 0;
 };
 
 // Per-parameter tensors saved as one flat tensor, and back. copy_from_flat throws c10::Error
@@ -47,6 +53,8 @@ class ExtraOptimizerState {
 at::Tensor concat_flat(const std::vector<at::Tensor>& tensors);
 void copy_from_flat(const at::Tensor& flat, const std::vector<at::Tensor>& dst,
                     const std::string& what);
+// Bytes of the tensors' storages (undefined ones: 0), for extra_state_bytes().
+int64_t storage_bytes_of(const std::vector<at::Tensor>& tensors);
 
 }  // namespace optim
 }  // namespace deepspeed

@@ -26,6 +26,11 @@ ExtraState OneBitAdam::extra_state() const {
   return out;
 }
 
+// The error feedback, once the first compressed step (or a load) has made it.
+int64_t OneBitAdam::extra_state_bytes() const {
+  return compressor_ ? compressor_->error_bytes() : 0;
+}
+
 void OneBitAdam::load_extra_state(const ExtraState& saved) {
   if (saved.per_rank.count("worker_error")) {
     if (!compressor_) compressor_ = compressor_for(comm_, exchange_views(params_of(*this)));

@@ -46,6 +46,7 @@ class OneBitAdam : public FusedAdam,
   std::string extra_state_kind() const override { return "OneBitAdam"; }
   ExtraState extra_state() const override;
   void load_extra_state(const ExtraState& saved) override;
+  int64_t extra_state_bytes() const override;
 
   // Steps taken (the state's count; 0 before the first).
   int64_t steps() const;

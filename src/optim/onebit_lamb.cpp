@@ -194,6 +194,13 @@ ExtraState OneBitLamb::extra_state() const {
   return out;
 }
 
+// The error feedback, the fresh variance (one fp32 per element of each optimizer tensor: in 16
+// bits the whole master, its padding too) and the two per-unit scalars.
+int64_t OneBitLamb::extra_state_bytes() const {
+  return (compressor_ ? compressor_->error_bytes() : 0) + storage_bytes_of(fresh_) +
+         static_cast<int64_t>(sizeof(double) * (coeff_freeze_.size() + last_factor_.size()));
+}
+
 void OneBitLamb::load_extra_state(const ExtraState& saved) {
   const auto ps = params_of(*this);
   const size_t n = units().size();

@@ -62,6 +62,7 @@ class OneBitLamb : public Lamb,
   std::string extra_state_kind() const override { return "OneBitLamb"; }
   ExtraState extra_state() const override;
   void load_extra_state(const ExtraState& saved) override;
+  int64_t extra_state_bytes() const override;
 
   int64_t steps() const;
   bool frozen() const { return steps() >= std::max<int64_t>(hyper_.freeze_step, 1); }

@@ -181,6 +181,13 @@ ExtraState ZeroOneAdam::extra_state() const {
   return out;
 }
 
+// The error feedback, and in phase 2 the local updates u and the parameters of the last sync
+// (one fp32 each per parameter element).
+int64_t ZeroOneAdam::extra_state_bytes() const {
+  return (compressor_ ? compressor_->error_bytes() : 0) + storage_bytes_of(u_) +
+         storage_bytes_of(synced_);
+}
+
 void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
   replay_schedule(steps());  // intervals from the step count; u, Σlr and the errors cleared
   last_step_ = steps();

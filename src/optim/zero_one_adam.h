@@ -60,6 +60,7 @@ class ZeroOneAdam : public FusedAdam,
   std::string extra_state_kind() const override { return "ZeroOneAdam"; }
   ExtraState extra_state() const override;
   void load_extra_state(const ExtraState& saved) override;
+  int64_t extra_state_bytes() const override;
 
   int64_t steps() const;
   bool frozen() const { return steps() > hyper_.var_freeze_step; }

@@ -35,6 +35,10 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   // Mixed precision: the step's fp32 copy of the gradient partition (shard_optimizer.cpp's
   // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 steps the gradient in place.
   if (mixed_precision) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
+  // Left out: the gradient norm's fp64 scratch before the step (zero/tensor_facts.cpp's
+  // sum_of_squares: 16 bytes per element of one chunk, at most 4 MiB on the CPU and 256 MiB on a
+  // GPU, freed before the update). Bounded whatever Ψ, and device-dependent where this takes no
+  // device; docs/monitoring.md says so.
   // Stage 3: the largest unit whole, weights gathered and gradient before its reduce-scatter.
   if (stage == 3) e.largest_layer_working = (weight_bytes + grad_bytes) * largest_layer_params;
   return e;

@@ -205,4 +205,88 @@ TEST(ClientOptimizer, MissingParametersAreRefused) {
   EXPECT_CONTAINS(msg, "holds 2 of the");
 }
 
+// ---- Adagrad checkpoints under ZeRO ----
+// Adagrad (like every non-Adam optimizer) saves libtorch's own archive of its state per rank:
+// each rank's sums and step counts over its partition. A job resumed at the same world size and
+// stage continues bit for bit; at another world size the partitions differ and the load is
+// refused, naming both world sizes (docs/checkpoints.md).
+namespace {
+constexpr int kAdagradSaveAt = 4;
+
+// Stage 2 with the config's Adagrad or a client's, whose options differ between the saving and
+// the resuming job (`resumed`): the checkpoint's options and state must win.
+dstest::RunSpec adagrad_spec(int world, bool client, bool resumed) {
+  dstest::RunSpec s;
+  s.world_size = world;
+  s.steps = kSteps;
+  s.config = dstest::base_config(2, 1, 2);
+  s.config["gradient_clipping"] = 0.5;
+  const double lr = resumed ? 0.03 : 0.01, decay = resumed ? 0.2 : 0.05,
+               start = resumed ? 0.1 : 0.5;
+  if (client) {
+    s.config.erase("optimizer");
+    s.client_optimizer = [=](gpt::GPTImpl& m) {
+      return std::make_shared<torch::optim::Adagrad>(
+          m.parameters(),
+          torch::optim::AdagradOptions(lr).lr_decay(decay).initial_accumulator_value(start));
+    };
+  } else {
+    s.config["optimizer"] = {
+        {"type", "Adagrad"},
+        {"params", {{"lr", lr}, {"lr_decay", decay}, {"initial_accumulator_value", start}}}};
+  }
+  return s;
+}
+
+// `saving` trains to kAdagradSaveAt and saves; `resuming` loads that checkpoint (with or
+// without the optimizer states) and trains on.
+dstest::RunResult save_and_resume(dstest::RunSpec saving, dstest::RunSpec resuming,
+                                  bool load_optimizer_states = true) {
+  dstest::TempDir dir;
+  saving.steps = kAdagradSaveAt;
+  saving.after_training = [&](deepspeed::Engine& e) { e.save_checkpoint(dir.path()); };
+  dstest::train_gpt(saving);
+  resuming.model_seed = 11;  // other initial weights: the load must replace them
+  resuming.before_training = [&](deepspeed::Engine& e) {
+    e.load_checkpoint(dir.path(), "", true, load_optimizer_states);
+  };
+  return dstest::train_gpt(resuming);
+}
+}  // namespace
+
+TEST(AdagradCheckpoint, ResumesBitForBitAtStage2) {
+  for (bool client : {true, false}) {
+    SCOPED_TRACE(client ? "client torch::optim::Adagrad" : "config \"Adagrad\"");
+    const auto uninterrupted = dstest::train_gpt(adagrad_spec(2, client, false));
+    const auto resumed =
+        save_and_resume(adagrad_spec(2, client, false), adagrad_spec(2, client, true));
+    const std::vector<double> tail(uninterrupted.losses.begin() + kAdagradSaveAt,
+                                   uninterrupted.losses.end());
+    ASSERT_EQ(tail.size(), size_t(kSteps - kAdagradSaveAt));
+    EXPECT_EQ(resumed.losses, tail);  // bit for bit
+    EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
+    // The resumed job's own options and fresh sums would train otherwise: the match above is
+    // the checkpoint's doing.
+    const auto weights_only = save_and_resume(adagrad_spec(2, client, false),
+                                              adagrad_spec(2, client, true), false);
+    EXPECT_NE(weights_only.losses, tail);
+  }
+}
+
+// Saved on 2 ranks, loaded on 1 or 4: each rank's archive covers another partition.
+TEST(AdagradCheckpoint, AnotherWorldSizeIsRefusedNamingBoth) {
+  for (bool client : {true, false}) {
+    for (int world : {1, 4}) {
+      SCOPED_TRACE(std::string(client ? "client" : "config") + " Adagrad, loaded at world size " +
+                   std::to_string(world));
+      const std::string msg = dstest::message_of<deepspeed::CheckpointError>([&] {
+        save_and_resume(adagrad_spec(2, client, false), adagrad_spec(world, client, true));
+      });
+      EXPECT_CONTAINS(msg, "non-Adam optimizer's state saved at world size 2");
+      EXPECT_CONTAINS(msg, "not at world size " + std::to_string(world));
+      EXPECT_CONTAINS(msg, "load_optimizer_states=false");
+    }
+  }
+}
+
 }  // namespace client_optimizer_test

@@ -7,8 +7,16 @@
 // In fp32 the rank's slice of the flat parameter buffer is the master copy, so no extra 4Ψ/N.
 // Allowed slack: 5% (padding to 16·N elements is far below that); bucket buffers are reported
 // separately as comm_buffers and must stay within the configured bucket sizes.
+// Other optimizers' state is counted byte for byte against the tensors it really holds:
+// Adagrad's sum, and the 1-bit optimizers' buffers beside their moments.
 #include <gtest/gtest.h>
+#include <torch/optim/adagrad.h>
 
+#include <mutex>
+
+#include "optim/onebit_adam.h"
+#include "optim/onebit_lamb.h"
+#include "optim/zero_one_adam.h"
 #include "support/training_run.h"
 
 namespace zero_memory_test {
@@ -84,6 +92,145 @@ TEST(ZeroFrozen, FrozenParameterIsNeverUpdatedAndTrainingMatchesStage0) {
     // wpe.weight is the second registered parameter.
     EXPECT_TRUE(torch::equal(r.weights[1], r.initial[1])) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(r, reference), 1e-4) << "stage " << stage;
+  }
+}
+
+namespace {
+using nlohmann::json;
+
+int64_t nbytes(const torch::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
+}
+
+// Trains `s` and returns each rank's bytes `held` reads from its engine after the last step,
+// beside the run (whose memory reports are taken right after).
+std::pair<dstest::RunResult, std::vector<int64_t>> train_measuring(
+    dstest::RunSpec s, std::function<int64_t(deepspeed::Engine&)> held) {
+  std::vector<int64_t> bytes(s.world_size, -1);
+  std::mutex mu;
+  s.after_training = [&](deepspeed::Engine& e) {
+    const int64_t b = held(e);
+    std::lock_guard<std::mutex> lock(mu);
+    bytes[e.communicator()->rank()] = b;
+  };
+  auto r = dstest::train_gpt(s);
+  return {std::move(r), bytes};
+}
+
+// Adagrad's per-parameter sums, as the optimizer holds them.
+int64_t adagrad_sum_bytes(deepspeed::Engine& e) {
+  int64_t total = 0;
+  for (auto& [key, state] : e.optimizer()->state())
+    total += nbytes(dynamic_cast<torch::optim::AdagradParamState&>(*state).sum());
+  return total;
+}
+
+// exp_avg and exp_avg_sq of every parameter (the 1-bit optimizers keep AdamW's state).
+int64_t moment_bytes(torch::optim::Optimizer& o) {
+  int64_t total = 0;
+  for (auto& [key, state] : o.state()) {
+    auto& s = dynamic_cast<torch::optim::AdamWParamState&>(*state);
+    total += nbytes(s.exp_avg()) + nbytes(s.exp_avg_sq());
+  }
+  return total;
+}
+
+int64_t error_bytes(const deepspeed::optim::CompressedAllReduce* c) {
+  return c ? nbytes(c->worker_error()) + nbytes(c->server_error()) : 0;
+}
+
+// The 1-bit optimizers' buffers beside the moments, read from the tensors that hold them (0/1
+// Adam's u and last-sync parameters, and 1-bit Lamb's fresh variance, through extra_state(),
+// whose copies have their element counts).
+int64_t onebit_extra_bytes(torch::optim::Optimizer& o) {
+  namespace optim = deepspeed::optim;
+  if (auto* a = dynamic_cast<optim::OneBitAdam*>(&o)) return error_bytes(a->compressor());
+  if (auto* z = dynamic_cast<optim::ZeroOneAdam*>(&o)) {
+    const auto saved = z->extra_state();
+    int64_t total = 0;
+    for (const char* name : {"worker_error", "server_error", "local_updates", "synced_params"})
+      total += nbytes(saved.per_rank.at(name));
+    return total;
+  }
+  auto& l = dynamic_cast<optim::OneBitLamb&>(o);
+  return error_bytes(l.compressor()) + nbytes(l.extra_state().replicated.at("exp_avg_sq_fresh")) +
+         static_cast<int64_t>(sizeof(double) * (l.coeff_freeze().size() + l.last_factor().size()));
+}
+}  // namespace
+
+// Adagrad (the config's and a client's) keeps one fp32 sum per element of the rank's partition:
+// optimizer_states is those bytes exactly (in fp32 the partition is its own master).
+TEST(ZeroMemory, AdagradSumsAreTheOptimizerStates) {
+  const json config_adagrad = {{"type", "Adagrad"}, {"params", {{"lr", 0.01}}}};
+  for (bool client : {false, true}) {
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(std::string(client ? "client" : "config") + " Adagrad, stage " +
+                   std::to_string(stage));
+      dstest::RunSpec s;
+      s.world_size = 2;
+      s.steps = 2;
+      s.config = dstest::base_config(2, 1, stage);
+      if (client) {
+        s.config.erase("optimizer");
+        s.client_optimizer = [](gpt::GPTImpl& m) {
+          return std::make_shared<torch::optim::Adagrad>(m.parameters(),
+                                                         torch::optim::AdagradOptions(0.01));
+        };
+      } else {
+        s.config["optimizer"] = config_adagrad;
+      }
+      auto [r, held] = train_measuring(s, adagrad_sum_bytes);
+      const int64_t psi = dstest::count_parameters(s.model);
+      for (int rank = 0; rank < 2; ++rank) {
+        EXPECT_EQ(r.memory[rank].optimizer_states, held[rank]) << "rank " << rank;
+        // The whole model's sums at stage 0; about half of them (and padding) at stages 1-3.
+        if (stage == 0) EXPECT_EQ(held[rank], 4 * psi) << "rank " << rank;
+        if (stage > 0) EXPECT_NEAR(held[rank], 2 * psi, 0.05 * psi) << "rank " << rank;
+      }
+    }
+  }
+}
+
+// 1-bit Adam, 0/1 Adam and 1-bit Lamb past their warm-up hold, beside the moments, the error
+// feedback of the compressed all-reduce ([W, S] worker and [S] server error), 0/1 Adam's local
+// updates and last-sync parameters, 1-bit Lamb's fresh variance and per-tensor coeff_freeze and
+// last_factor: all counted in optimizer_states, with the fp32 master in 16 bits.
+TEST(ZeroMemory, OneBitBuffersAreInTheOptimizerStates) {
+  struct Case {
+    const char* type;
+    json params;
+    bool bf16;
+  };
+  const json adam = {{"lr", 1e-3}, {"freeze_step", 2}};
+  const json zero_one = {{"lr", 1e-3}, {"var_freeze_step", 2}};  // phase 2 from step 4
+  const json lamb = {{"lr", 0.01}, {"freeze_step", 2}};
+  for (const Case& c : {Case{"OneBitAdam", adam, false}, Case{"OneBitAdam", adam, true},
+                        Case{"ZeroOneAdam", zero_one, false}, Case{"ZeroOneAdam", zero_one, true},
+                        Case{"OneBitLamb", lamb, false}}) {
+    SCOPED_TRACE(std::string(c.type) + (c.bf16 ? ", bf16" : ", fp32"));
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 5;
+    s.config = dstest::base_config(2, 1, 0);
+    s.config["optimizer"] = {{"type", c.type}, {"params", c.params}};
+    if (c.bf16) s.config["bf16"] = {{"enabled", true}};
+    std::vector<int64_t> extra(2, 0);
+    std::mutex mu;
+    auto [r, held] = train_measuring(s, [&](deepspeed::Engine& e) {
+      auto& o = *e.optimizer();
+      const int64_t x = onebit_extra_bytes(o);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        extra[e.communicator()->rank()] = x;
+      }
+      // In 16 bits the optimizer steps one flat fp32 master, a copy beside the bf16 parameters.
+      const int64_t master = c.bf16 ? nbytes(o.param_groups().at(0).params().at(0)) : 0;
+      return moment_bytes(o) + x + master;
+    });
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_GT(extra[rank], 0) << "rank " << rank << ": the buffers exist after the warm-up";
+      EXPECT_EQ(r.memory[rank].optimizer_states, held[rank]) << "rank " << rank;
+    }
   }
 }
 

@@ -61,5 +61,16 @@ run_srun subdir DS_ENV_FILE=conf/job.env
 exports subdir | grep -qxF "WHERE=cwd" || fail "DS_ENV_FILE=conf/job.env: ./conf/job.env does not win"
 exports subdir | grep -qxF "HOME_ONLY=1" || fail "DS_ENV_FILE=conf/job.env: ~/conf/job.env not read"
 
+# Spaces around KEY and VALUE are dropped, as DeepSpeed's strip() does (`KEY = V` was refused). srun
+# passes values on without a shell, so a `$VAR` reaches the ranks as written: dsrun says so.
+printf 'EFA_PATH = /opt/efa/lib64:$LD_LIBRARY_PATH \nPLAIN= x\n' >"$TMP/etc/dollar.env"
+run_srun dollar DS_ENV_FILE="$TMP/etc/dollar.env"
+[ $RC -eq 0 ] || fail "spaced .deepspeed_env: dsrun exited $RC"
+exports dollar | grep -qxF 'EFA_PATH=/opt/efa/lib64:$LD_LIBRARY_PATH' || fail "EFA_PATH not as written"
+exports dollar | grep -qxF 'PLAIN=x' || fail "PLAIN's leading space kept"
+expect_contains "$TMP/dollar.err" \
+  'dsrun: warning: .deepspeed_env sets EFA_PATH=/opt/efa/lib64:$LD_LIBRARY_PATH; --launcher slurm passes it as written'
+expect_absent "$TMP/dollar.err" "PLAIN"
+
 no_leftovers
 echo "PASS deepspeed_env_file"

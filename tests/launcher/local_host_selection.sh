@@ -1,7 +1,9 @@
 # DeepSpeed's single-node commands: without a hostfile the pool is {localhost: device count}, so
 # `--num_nodes 1` and `--include/--exclude localhost:...` work on it (the ranks get the chosen slot
 # ids as CUDA_VISIBLE_DEVICES, as on a hostfile's host); --num_nodes > 1 needs a hostfile. A
-# one-host hostfile in OpenMPI's style (`slots=2 max_slots=2`) runs here too.
+# one-host hostfile in OpenMPI's style (`slots=2 max_slots=2`) runs here too, whatever --launcher
+# says (DeepSpeed's multi_node_exec = force_multi or more than one host; openmpi and slurm once
+# went to mpirun/srun for one host), unless --force_multi.
 source "$(dirname "$0")/common.bash" "$1"
 # The pool's size is the device count; CUDA_VISIBLE_DEVICES fixes it at 4 whatever this machine has.
 export CUDA_VISIBLE_DEVICES=0,1,2,3
@@ -38,6 +40,22 @@ printf 'localhost slots=2 max_slots=2  # OpenMPI style\n' >"$TMP/hostfile"
 run_dsrun mpi_style --hostfile "$TMP/hostfile" --master_port "$(free_port)" "$WORKER" --mode ok \
   --marker "$MARKER"
 check_ranks mpi_style 2 0,1
+
+# One host under --launcher openmpi/slurm: here, not through mpirun/srun (stand-ins say if they ran).
+mkdir -p "$TMP/bin"
+printf '#!/bin/sh\necho "stand-in $(basename "$0") ran"\n' >"$TMP/bin/mpirun"
+cp "$TMP/bin/mpirun" "$TMP/bin/srun"
+chmod +x "$TMP/bin/mpirun" "$TMP/bin/srun"
+for launcher in openmpi slurm; do
+  PATH="$TMP/bin:$PATH" run_dsrun one_$launcher --hostfile "$TMP/hostfile" --launcher $launcher \
+    --master_port "$(free_port)" "$WORKER" --mode ok --marker "$MARKER"
+  check_ranks one_$launcher 2 0,1
+  expect_absent "$TMP/one_$launcher.out" "stand-in"
+done
+PATH="$TMP/bin:$PATH" run_dsrun forced --hostfile "$TMP/hostfile" --launcher openmpi --force_multi \
+  --no_ssh_check "$WORKER" --mode ok --marker "$MARKER"
+[ $RC -eq 0 ] || fail "--force_multi --launcher openmpi: dsrun exited $RC"
+expect_contains "$TMP/forced.out" "stand-in mpirun ran"
 
 # Errors before anything starts (exit 2, nothing on stdout).
 run_dsrun nodes2 --num_nodes 2 "$WORKER" --mode ok --marker "$MARKER"

@@ -1,13 +1,16 @@
 # Two network-namespace hosts with sshd (netns.bash), 2 ranks each, launched from host 0 through
 # ssh and through pdsh: every rank sees its global RANK, LOCAL_RANK, NODE_RANK, WORLD_SIZE, the
-# forwarded environment and .deepspeed_env; output carries "[HOST rank K] ".
+# forwarded environment and .deepspeed_env (its values expanded by the remote shell, as in
+# DeepSpeed: they were once single-quoted, so a rank saw a literal `$OMP_NUM_THREADS`; spaces
+# around KEY and VALUE dropped); output carries "[HOST rank K] ".
 source "$(dirname "$0")/common.bash" "$1"
 source "$(dirname "$0")/netns.bash"
 netns_setup 2
 H0=${HOSTS[0]} H1=${HOSTS[1]}
 mkdir -p "$TMP/work"
 cd "$TMP/work" || fail "cd $TMP/work"
-echo "FROM_DEEPSPEED_ENV=a value with spaces='and quotes'" >.deepspeed_env
+# $OMP_NUM_THREADS: forwarded (1), exported before the file's lines.
+echo "FROM_DEEPSPEED_ENV = a value with spaces='and quotes' \$OMP_NUM_THREADS " >.deepspeed_env
 
 check_ranks() {  # check_ranks NAME: the 4 ranks' environment in $TMP/NAME.out
   local name=$1 k node local_rank host
@@ -17,7 +20,7 @@ check_ranks() {  # check_ranks NAME: the 4 ranks' environment in $TMP/NAME.out
     for kv in RANK=$k LOCAL_RANK=$local_rank WORLD_SIZE=4 LOCAL_SIZE=2 LOCAL_WORLD_SIZE=2 \
               NODE_RANK=$node GROUP_RANK=$node CROSS_RANK=$node CROSS_SIZE=2 MASTER_ADDR=$H0 \
               MASTER_PORT=$PORT OMP_NUM_THREADS=1 DSRUN_RESTART_COUNT=0 CUDA_VISIBLE_DEVICES=0,1 \
-              "FROM_DEEPSPEED_ENV=a value with spaces='and quotes'"; do
+              "FROM_DEEPSPEED_ENV=a value with spaces='and quotes' 1"; do
       grep -qxF -- "${P}env $kv" "$TMP/$name.out" || fail "$name: missing line '${P}env $kv'"
     done
     grep -qxF -- "${P}argv[1]=--local_rank=$local_rank" "$TMP/$name.out" ||

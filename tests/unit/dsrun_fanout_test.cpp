@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +27,22 @@ std::string what_of(const std::function<void()>& f) {
 }
 
 Resources two_hosts() { return {{"w0", {0, 1}}, {"w1", {0, 1}}}; }
+
+// What the remote shell makes of an agent command: `cmd` up to its final exec, run by /bin/sh
+// with only HOME=/h and PATH set, followed by `env`; returns env's output (one VAR=VALUE a line).
+std::string remote_environment(const std::string& cmd) {
+  const std::string until_exec = cmd.substr(0, cmd.find(" && exec "));
+  const std::string line =
+      "env -i HOME=/h PATH=/usr/bin:/bin /bin/sh -c " + shell_quote(until_exec + " && env");
+  std::string out;
+  if (FILE* p = ::popen(line.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    ::pclose(p);
+  }
+  return out;
+}
 }  // namespace
 
 TEST(DsrunFanout, ForwardsDeepSpeedsPrefixesSorted) {
@@ -49,6 +66,15 @@ TEST(DsrunFanout, DeepSpeedEnvLines) {
             "f line 1 '1A=2': expected KEY=VALUE with KEY a variable name");
   EXPECT_EQ(merge_env({{"A", "1"}, {"B", "2"}}, {{"B", "3"}, {"C", "4"}}),
             (EnvList{{"A", "1"}, {"B", "3"}, {"C", "4"}}));
+}
+
+// Whitespace around the key and the value is dropped, as DeepSpeed's key.strip() / var.strip()
+// (`KEY = v` was refused, and `KEY= v` kept the leading space).
+TEST(DsrunFanout, DeepSpeedEnvStripsKeyAndValue) {
+  EXPECT_EQ(parse_deepspeed_env("K = v w \nL= x\n\tM\t=\ty\n", "f"),
+            (EnvList{{"K", "v w"}, {"L", "x"}, {"M", "y"}}));
+  EXPECT_EQ(what_of([] { parse_deepspeed_env(" = v\n", "f"); }),
+            "f line 1 '= v': expected KEY=VALUE with KEY a variable name");
 }
 
 // Which .deepspeed_env files are read (DeepSpeed's os.path.join(path, NAME) for path in ~, .): an
@@ -114,6 +140,42 @@ TEST(DsrunFanout, AgentCommandAndSsh) {
                   "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-p", "2222", "-F",
                   "cfg", "w1", "CMD"}));
   EXPECT_EQ(ssh_argv("w1", 0, {}, "CMD").size(), 11u);  // no -p without --ssh_port
+}
+
+// A .deepspeed_env value reaches the ranks as the remote shell expands it, as in DeepSpeed
+// (`LD_LIBRARY_PATH=/opt/efa/lib64:$LD_LIBRARY_PATH` is the usual line); it was once single-quoted,
+// so the ranks saw a literal "$HOME". A forwarded variable keeps its exact value, and only `$`
+// is live in a file's value (no backtick command, no quote or backslash games).
+TEST(DsrunFanout, DeepSpeedEnvValuesExpandOnTheRemoteShell) {
+  AgentJob job;
+  job.dsrun_path = "/opt/ds/bin/dsrun";
+  job.cwd = "/";
+  job.exports = {{"FWD", "lit:$HOME 'q'"}, {"BOTH", "forwarded"}};
+  job.env_file = {{"X", "pre:$HOME"}, {"Q", "a \"b\" `echo c` \\$HOME\\"}, {"BOTH", "file"}};
+  job.world_info = "w0:0";
+  job.master_addr = "w0";
+  job.command = {"./train"};
+  const std::string cmd = agent_shell_command(job, "0");
+  const std::string env = "\n" + remote_environment(cmd);
+  EXPECT_NE(env.find("\nX=pre:/h\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("\nFWD=lit:$HOME 'q'\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("\nQ=a \"b\" `echo c` \\/h\\\n"), std::string::npos) << env;
+  EXPECT_NE(env.find("\nBOTH=file\n"), std::string::npos) << env;  // the file wins, as merge_env
+  EXPECT_EQ(cmd.find("BOTH=forwarded"), std::string::npos) << cmd;
+  EXPECT_EQ(shell_double_quote("a$B"), "\"a$B\"");
+}
+
+// mpirun and srun run a host's ranks on its devices 0..k-1: a selection leaving other slots is
+// refused (it was once cut down to a slot count, silently running on other devices).
+TEST(DsrunFanout, MpiBackendsNeedFirstSlots) {
+  require_first_slots({{"w0", {0}}, {"w1", {0, 1}}}, "openmpi");  // whole hosts, first slots
+  EXPECT_EQ(what_of([] { require_first_slots({{"w0", {0, 1}}, {"w1", {1, 3}}}, "slurm"); }),
+            "--launcher slurm cannot run chosen slots: --include/--exclude leave host w1 with "
+            "slots 1,3, but srun starts a host's ranks on its devices 0..k-1 (it sets no "
+            "CUDA_VISIBLE_DEVICES); choose whole hosts or a host's first slots, or use --launcher "
+            "ssh or pdsh");
+  EXPECT_NE(what_of([] { require_first_slots({{"w0", {1}}}, "openmpi"); }).find("mpirun starts"),
+            std::string::npos);
 }
 
 TEST(DsrunFanout, Pdsh) {

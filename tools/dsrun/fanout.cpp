@@ -65,11 +65,11 @@ EnvList parse_deepspeed_env(const std::string& text, const std::string& path) {
     std::string line = trim(raw);
     if (line.empty() || line[0] == '#') continue;
     size_t eq = line.find('=');
-    std::string key = eq == std::string::npos ? "" : line.substr(0, eq);
+    std::string key = eq == std::string::npos ? "" : trim(line.substr(0, eq));
     if (!valid_name(key))
       throw LaunchError(path + " line " + std::to_string(line_no) + " '" + line +
                         "': expected KEY=VALUE with KEY a variable name");
-    out.emplace_back(key, line.substr(eq + 1));
+    out.emplace_back(key, trim(line.substr(eq + 1)));
   }
   return out;
 }
@@ -117,6 +117,15 @@ std::string shell_quote(const std::string& word) {
   return out + "'";
 }
 
+std::string shell_double_quote(const std::string& value) {
+  std::string out = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\' || c == '`') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
 std::vector<std::string> split_words(const std::string& text) {
   std::vector<std::string> words;
   std::string cur;
@@ -153,7 +162,17 @@ std::vector<std::string> split_words(const std::string& text) {
 
 std::string agent_shell_command(const AgentJob& job, const std::string& node_rank) {
   std::string cmd = "cd " + shell_quote(job.cwd);
-  for (const auto& kv : job.exports) cmd += " && export " + kv.first + "=" + shell_quote(kv.second);
+  auto in_env_file = [&](const std::string& key) {
+    return std::any_of(
+        job.env_file.begin(), job.env_file.end(),
+        [&](const std::pair<std::string, std::string>& kv) { return kv.first == key; });
+  };
+  // Forwarded values are the launching environment's, exact; .deepspeed_env values are written
+  // for the remote shell (`LD_LIBRARY_PATH=/opt/efa/lib64:$LD_LIBRARY_PATH`), as in DeepSpeed.
+  for (const auto& kv : job.exports)
+    if (!in_env_file(kv.first)) cmd += " && export " + kv.first + "=" + shell_quote(kv.second);
+  for (const auto& kv : job.env_file)
+    cmd += " && export " + kv.first + "=" + shell_double_quote(kv.second);
   std::vector<std::string> argv = {job.dsrun_path,   "--node_rank",   node_rank,
                                    "--world_info",   job.world_info,  "--master_addr",
                                    job.master_addr,  "--master_port", std::to_string(job.master_port),
@@ -205,6 +224,22 @@ std::string mpi_hostfile_text(const Resources& world) {
   std::string out;
   for (const auto& h : world) out += h.host + " slots=" + std::to_string(h.slots.size()) + "\n";
   return out;
+}
+
+void require_first_slots(const Resources& world, const std::string& launcher) {
+  for (const auto& h : world) {
+    bool first = true;
+    for (size_t k = 0; k < h.slots.size(); ++k) first = first && h.slots[k] == static_cast<int>(k);
+    if (first) continue;
+    std::string slots;
+    for (int s : h.slots) slots += (slots.empty() ? "" : ",") + std::to_string(s);
+    const std::string tool = launcher == "slurm" ? "srun" : "mpirun";
+    throw LaunchError("--launcher " + launcher + " cannot run chosen slots: --include/--exclude " +
+                      "leave host " + h.host + " with slots " + slots + ", but " + tool +
+                      " starts a host's ranks on its devices 0..k-1 (it sets no "
+                      "CUDA_VISIBLE_DEVICES); choose whole hosts or a host's first slots, or use "
+                      "--launcher ssh or pdsh");
+  }
 }
 
 std::vector<std::string> mpirun_argv(const Resources& world, const std::string& hostfile,

@@ -25,9 +25,11 @@ using EnvList = std::vector<std::pair<std::string, std::string>>;  // in export 
 // name, so command lines are reproducible.
 EnvList forwarded_environment(const char* const* environ_list);
 
-// `.deepspeed_env` text: one KEY=VALUE a line (value verbatim, may contain '='), blank lines and
-// `#` comment lines skipped. Throws LaunchError naming `path` and the line when it has no '=' or
-// the key is not a shell variable name.
+// `.deepspeed_env` text: one KEY=VALUE a line (the value may contain '='), blank lines and `#`
+// comment lines skipped; spaces and tabs around KEY and VALUE dropped (DeepSpeed's key.strip(),
+// var.strip()). The value is kept as written: the remote shell expands its `$VAR`s
+// (agent_shell_command()). Throws LaunchError naming `path` and the line when it has no '=' or the
+// key is not a shell variable name.
 EnvList parse_deepspeed_env(const std::string& text, const std::string& path);
 
 // The .deepspeed_env files to read, in order (a later file's keys win), as DeepSpeed's runner finds
@@ -46,6 +48,9 @@ EnvList merge_env(EnvList base, const EnvList& extra);
 
 // A word for /bin/sh: unchanged when it is made only of safe characters, else single-quoted.
 std::string shell_quote(const std::string& word);
+// `value` in double quotes for /bin/sh, `"`, `\` and backtick escaped: `$VAR` (and `$(...)`)
+// stay live, as in DeepSpeed's `export K="V"` for .deepspeed_env lines.
+std::string shell_double_quote(const std::string& value);
 
 // --launcher_args split into words as a shell would (single/double quotes, backslash); no
 // expansion. Throws LaunchError naming the text for an unterminated quote.
@@ -55,7 +60,9 @@ std::vector<std::string> split_words(const std::string& text);
 struct AgentJob {
   std::string dsrun_path;     // absolute path of dsrun (the same path on every host)
   std::string cwd;            // the launcher's working directory, entered first on every host
-  EnvList exports;            // forwarded environment
+  EnvList exports;            // forwarded environment: single-quoted, exact values
+  EnvList env_file;           // .deepspeed_env lines: exported after `exports` (a key here wins),
+                              // double-quoted so the remote shell expands their $VARs
   std::string world_info;     // encode_world() of the selected hosts
   std::string master_addr;
   int master_port = 29500;
@@ -63,9 +70,10 @@ struct AgentJob {
   std::vector<std::string> command;      // PROGRAM ARGS...
 };
 
-// The remote shell command of one agent: `cd CWD && export K=V ... && exec DSRUN --node_rank N
-// --world_info W --master_addr A --master_port P --watch_stdin FLAGS... PROGRAM ARGS...`, every
-// word quoted. `node_rank` is a number, or pdsh's "%n" (substituted by pdsh per host).
+// The remote shell command of one agent: `cd CWD && export K='V' ... && export K="V" ... && exec
+// DSRUN --node_rank N --world_info W --master_addr A --master_port P --watch_stdin FLAGS...
+// PROGRAM ARGS...`, every word quoted (`exports` with shell_quote(), `env_file` with
+// shell_double_quote()). `node_rank` is a number, or pdsh's "%n" (substituted by pdsh per host).
 std::string agent_shell_command(const AgentJob& job, const std::string& node_rank);
 
 // Options every ssh the launcher runs gets: no password prompt (BatchMode), a connection timeout,
@@ -94,6 +102,13 @@ std::vector<std::string> mpirun_argv(const Resources& world, const std::string& 
                                      const EnvList& exports, const std::string& master_addr,
                                      int master_port, const std::vector<std::string>& command);
 std::string mpi_hostfile_text(const Resources& world);
+
+// mpirun and srun start a host's ranks on its devices 0..k-1 (they set no CUDA_VISIBLE_DEVICES,
+// and the ranks pick the device from their local rank), so they can run a selection only when
+// every host keeps its first slots. Throws LaunchError naming --include/--exclude, `launcher`
+// ("openmpi", "slurm") and the first host with other slots. (DeepSpeed's OpenMPI runner refuses
+// any --include/--exclude, its Slurm runner any slot list.)
+void require_first_slots(const Resources& world, const std::string& launcher);
 
 // `srun -n TOTAL --nodes=N --ntasks-per-node=K --nodelist=H,H LAUNCHER_ARGS
 // --export=ALL,K=V,...,MASTER_ADDR=A,MASTER_PORT=P PROGRAM ARGS...` (DeepSpeed's Slurm runner).

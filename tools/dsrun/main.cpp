@@ -62,7 +62,7 @@ void add_options(CLI::App& app, Cli& c) {
                                "ranks per node (default 1; with a hostfile: all of its slots)")
                     ->check(CLI::Range(1, kMaxProcs));
   app.add_option("--num_gpus,--num_accelerators", c.num_gpus,
-                 "alias of --num_procs (this build runs ranks on the CPU)")
+                 "alias of --num_procs (no default of one rank per GPU: give the count)")
       ->check(CLI::Range(1, kMaxProcs))
       ->excludes(procs);
   app.add_option("--master_addr", o.master_addr,
@@ -211,9 +211,10 @@ int run_launcher(Cli& c, const CLI::App& app) {
   Resources world = select_resources(read_hostfile(hostfile), c.include, c.exclude, c.num_nodes,
                                      procs_given ? c.local.num_procs : -1);
   Backend backend = parse_backend(c.launcher);
-  if (world.size() == 1 && !c.force_multi && backend != Backend::kOpenMpi &&
-      backend != Backend::kSlurm) {
-    return run_here(c, world[0].slots);  // one host: DeepSpeed runs launch.py here, no ssh
+  if (world.size() == 1 && !c.force_multi) {
+    // One host: DeepSpeed runs launch.py here whatever --launcher says (multi_node_exec =
+    // force_multi or more than one host), so no ssh/mpirun/srun and no .deepspeed_env.
+    return run_here(c, world[0].slots);
   }
   MultiNodeOptions m;
   m.world = world;

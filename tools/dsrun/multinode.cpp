@@ -225,7 +225,18 @@ int run_preflight(const std::string& program, const std::string& master_addr, in
 
 void prepare_hosts(MultiNodeOptions& o) {
   if (o.world.empty()) throw LaunchError("no hosts to run on");
-  o.exports = merge_env(forwarded_environment(environ), deepspeed_env_files());
+  const bool via_mpi = o.backend == Backend::kOpenMpi || o.backend == Backend::kSlurm;
+  const std::string launcher = o.backend == Backend::kSlurm ? "slurm" : "openmpi";
+  if (via_mpi) require_first_slots(o.world, launcher);
+  o.exports = forwarded_environment(environ);
+  o.env_file = deepspeed_env_files();
+  // mpirun -x and srun --export pass values on without a shell: a $VAR there reaches the ranks as
+  // written (DeepSpeed's runners pass these values quoted, `K="V"`, likewise unexpanded).
+  if (via_mpi)
+    for (const auto& kv : o.env_file)
+      if (kv.second.find_first_of("$`") != std::string::npos)
+        say("warning: .deepspeed_env sets " + kv.first + "=" + kv.second + "; --launcher " +
+            launcher + " passes it as written (no shell expands it on the way)");
   if (o.backend == Backend::kSlurm || !o.ssh_check) {
     // Nothing asked: node 0's name is the best guess (Slurm jobs resolve their node names).
     if (o.master_addr.empty()) o.master_addr = o.world[0].host;
@@ -292,7 +303,8 @@ int Fanout::alive() const {
 }
 
 std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands() {
-  EnvList exports = opt_.exports;
+  // No shell between mpirun/srun and the ranks: the .deepspeed_env lines are plain values there.
+  EnvList exports = merge_env(opt_.exports, opt_.env_file);
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   if (opt_.backend == Backend::kOpenMpi) {
     char path[] = "/tmp/dsrun_mpi_hostfile_XXXXXX";
@@ -317,7 +329,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands()
   AgentJob job;
   job.dsrun_path = self_path();
   job.cwd = current_dir();
-  job.exports = exports;
+  job.exports = opt_.exports;
+  job.env_file = opt_.env_file;
   job.world_info = encode_world(opt_.world);
   job.master_addr = opt_.master_addr;
   job.master_port = opt_.master_port;

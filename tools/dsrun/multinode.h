@@ -36,11 +36,13 @@ struct MultiNodeOptions {
   std::vector<std::string> agent_flags;     // passed to every agent (--no_local_rank, ...)
   std::vector<std::string> command;         // PROGRAM ARGS...
   int restart_count = 0;                    // DSRUN_RESTART_COUNT of this attempt
-  EnvList exports;                          // set by prepare_hosts(): what every node gets
+  EnvList exports;                          // set by prepare_hosts(): the forwarded variables
+  EnvList env_file;                         // set by prepare_hosts(): the .deepspeed_env lines
 };
 
-// Checks the hosts (unless ssh_check is off or the backend starts no agents) and fills in
-// master_addr when empty. Throws LaunchError naming the host and what is wrong.
+// Refuses a slot selection mpirun/srun cannot run (require_first_slots()), reads the environment
+// every node gets, checks the hosts (unless ssh_check is off or the backend starts no agents) and
+// fills in master_addr when empty. Throws LaunchError naming the host and what is wrong.
 void prepare_hosts(MultiNodeOptions& options);
 
 // Runs one attempt of the job (as run_job: exit status 0, the failing node's status, 128+signal;

@@ -49,15 +49,23 @@ std::vector<c10::Device> with_cpu(std::vector<c10::Device> devices) {
 
 RngState::States states_of(const std::vector<c10::Device>& devices) {
   RngState::States states;
-  for (const auto& d : devices) {
-    at::Generator gen = generator_of(d);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    states.emplace_back(d, gen.get_state());
-  }
+  for (const auto& d : devices) states.emplace_back(d, generator_state(d));
   return states;
 }
 
 }  // namespace
+
+at::Tensor generator_state(const c10::Device& device) {
+  at::Generator gen = generator_of(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_generator_state(const c10::Device& device, const at::Tensor& state) {
+  at::Generator gen = generator_of(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
 
 RngState RngState::capture(const std::vector<c10::Device>& devices) {
   RngState s;
@@ -72,11 +80,7 @@ std::vector<c10::Device> RngState::devices() const {
 }
 
 void RngState::restore() const {
-  for (const auto& [device, state] : states_) {
-    at::Generator gen = generator_of(device);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(state);
-  }
+  for (const auto& [device, state] : states_) set_generator_state(device, state);
 }
 
 RngStateScope::RngStateScope(const RngState& saved) {

@@ -10,6 +10,12 @@
 namespace deepspeed {
 namespace checkpointing {
 
+// The state of `device`'s default generator (the CPU's, or a CUDA device's, which only a build and
+// machine with a GPU have), read and set under the generator's lock: what a training checkpoint
+// saves and restores per rank (src/runtime/checkpoint_save.cpp). A copy: later draws leave it be.
+at::Tensor generator_state(const c10::Device& device);
+void set_generator_state(const c10::Device& device, const at::Tensor& state);
+
 class RngState {
  public:
   // The CPU generator's state, that of each CUDA device among `devices`, and that of the current

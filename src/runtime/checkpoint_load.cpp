@@ -8,13 +8,13 @@
 // phase 1) leaves the engine partly loaded, and the error says so.
 // A checkpoint from another world size or stage loads through the fragments (layout.h): each
 // rank assembles its own share from the pieces of whichever saved ranks overlap it.
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <optional>
 #include <set>
 
+#include "activation/rng_state.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/tag_reader.h"
 #include "deepspeed/errors.h"
@@ -50,7 +50,8 @@ struct Plan {
   // the scheduler's state is loaded; empty: the engine's stay (an old checkpoint, or the
   // optimizer states not loaded).
   GroupOptions group_options;
-  at::Tensor rng_state;
+  at::Tensor rng_state;       // the CPU generator's
+  at::Tensor cuda_rng_state;  // the engine's CUDA device's generator's (a CUDA engine only)
   optim::ExtraState extra_state;  // the optimizer's own (extra_state.h); handed back last
   bool load_extra_state = false;
   bool fragments = false;  // masters came from fragments: finish_load must run
@@ -396,16 +397,16 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   // RNG states only where every rank has its saved counterpart: the same world and pipeline.
   comm::Communicator& job = job_comm(s);
   const int stages = s.pipeline_files ? s.pipeline_files->stages : 1;
+  // The CUDA generator's state only into a CUDA engine, and only when the checkpoint has it (saved
+  // on a CUDA engine by a version that saves it); otherwise the engine's stays as it is.
   if (reader.world_size() == job.world_size() && reader.pipeline_stages() == stages &&
-      reader.tensor_parallel_size() == tensor_size(s))
-    plan.rng_state = reader.tensor(reader.partition_file(job.rank()), "rng_state");
+      reader.tensor_parallel_size() == tensor_size(s)) {
+    const std::string& file = reader.partition_file(job.rank());
+    plan.rng_state = reader.tensor(file, "rng_state");
+    if (s.device.is_cuda() && reader.file(file).find("cuda_rng_state"))
+      plan.cuda_rng_state = reader.tensor(file, "cuda_rng_state");
+  }
   return plan;
-}
-
-void set_rng_state(const at::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
 }
 
 void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
@@ -426,7 +427,11 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
     s.loader->load_state(*e.loader);
     s.loader_at_boundary = s.loader->state();
   }
-  if (plan.rng_state.defined()) set_rng_state(plan.rng_state);
+  if (plan.rng_state.defined()) checkpointing::set_generator_state(c10::kCPU, plan.rng_state);
+  if (plan.cuda_rng_state.defined())
+    checkpointing::set_generator_state(s.device, plan.cuda_rng_state);
+  // The engine is at a boundary now: a save before the next step() saves these states.
+  capture_rng_at_boundary(s);
 }
 
 // The module's tensors from the file, straight into place. Stage 3: unit by unit, rank 0's values

@@ -5,7 +5,6 @@
 // the previous checkpoint and `latest` untouched, and a tag without a manifest is never loaded.
 // Saving again under a tag that holds a complete checkpoint writes beside it and swaps the new
 // save in once complete (checkpoint/tag_replacement.h), so the old one survives a failed re-save.
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "activation/rng_state.h"
 #include "checkpoint/checksum.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
@@ -46,10 +46,14 @@ void check_tag(const std::string& tag) {
                           "control characters)");
 }
 
-at::Tensor rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// The generators' states this rank saves. At a boundary, the current ones (a user's draws between
+// step() and the save included). Between boundaries, those of the last boundary: the checkpoint
+// drops the partial gradients and saves the loader's position at that boundary, so the resumed
+// job trains those micro-batches again and must draw their dropout masks again.
+EngineState::GeneratorStates rng_to_save(const EngineState& s) {
+  if (between_boundaries(s)) return s.rng_at_boundary;
+  return {checkpointing::generator_state(c10::kCPU),
+          s.device.is_cuda() ? checkpointing::generator_state(s.device) : at::Tensor()};
 }
 
 at::Tensor bytes_tensor(const std::string& bytes) {
@@ -125,7 +129,7 @@ comm::Communicator& job_comm(const EngineState& s) {
   return s.topology ? *s.topology->world() : *s.comm;
 }
 
-// This rank's share of masters and moments, its RNG state and (non-Adam) optimizer archive, or
+// This rank's share of masters and moments, its RNG states and (non-Adam) optimizer archive, or
 // (Adam) its parameter groups' options (checkpoint_group_options.h). The fragments are streamed
 // from the stage's state piece by piece (a swapped shard: one sub-group read from its file at a
 // time) into a file whose header went first.
@@ -144,8 +148,10 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
     for (const auto& kind : kinds)
       entries.push_back({fragment_tensor_name(kind, name), at::kFloat, {f.numel}});
   }
-  const at::Tensor rng = rng_state();
-  entries.push_back({"rng_state", rng.scalar_type(), rng.sizes().vec()});
+  const EngineState::GeneratorStates rng = rng_to_save(s);
+  entries.push_back({"rng_state", rng.cpu.scalar_type(), rng.cpu.sizes().vec()});
+  if (rng.cuda.defined())  // a CUDA engine: its device's generator (absent from older checkpoints)
+    entries.push_back({"cuda_rng_state", rng.cuda.scalar_type(), rng.cuda.sizes().vec()});
   at::Tensor archive;
   if (format == kTorchArchive) {
     archive = bytes_tensor(optimizer_archive(*s.optimizer));
@@ -178,7 +184,8 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
               else
                 w.append_zeros(at::kFloat, numel);  // a FusedAdam without state yet
             }
-        w.append(rng);
+        w.append(rng.cpu);
+        if (rng.cuda.defined()) w.append(rng.cuda);
         if (archive.defined()) w.append(archive);
         for (const auto& t : extra.tensors) w.append(t);
       });

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "activation/rng_state.h"
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
 #include "comm/work.h"
@@ -24,6 +25,7 @@ Engine::Engine(EngineStatePtr state)
   // The step line's first samples/s counts from where training began, not from here.
   state_->log.start_from(
       [monitor = state_->monitor.get()] { return monitor->timers().training_start(); });
+  capture_rng_at_boundary(*state_);  // micro-step 0: a save before the first step() keeps these
 }
 Engine::~Engine() = default;
 
@@ -64,6 +66,17 @@ void Engine::CallScope::failed() noexcept {
   const bool issued = board.numbered_total() != numbered_;
   if ((!issued && !peers_wait_at_once_) || board.own_posts() != posts_) return;
   board.post(call_, comm::current_exception_message());
+}
+
+void capture_rng_at_boundary(EngineState& s) {
+  s.rng_at_boundary.cpu = checkpointing::generator_state(c10::kCPU);
+  s.rng_at_boundary.cuda =
+      s.device.is_cuda() ? checkpointing::generator_state(s.device) : at::Tensor();
+}
+
+bool between_boundaries(const EngineState& s) {
+  return s.micro_steps % s.config.gradient_accumulation_steps != 0 ||
+         s.loss_since_boundary.defined();
 }
 
 at::Tensor divided_by_accumulation(const at::Tensor& loss, int64_t accumulation_steps) {
@@ -278,6 +291,7 @@ void Engine::step_in() try {
   s.global_samples += s.config.train_batch_size;
   if (s.loader) s.loader_at_boundary = s.loader->state();
   ++s.micro_steps;
+  capture_rng_at_boundary(s);
   const bool writer = s.log_steps && s.comm->rank() == 0;
   const int64_t every = s.config.steps_per_print;
   if (writer && ((every > 0 && s.global_steps % every == 0) || s.monitor->monitor()->enabled()))

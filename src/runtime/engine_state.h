@@ -52,6 +52,13 @@ struct EngineState {
   // checkpoint saved between boundaries saves this one, since its partial accumulation is not in
   // the checkpoint and the resumed job must train those micro-batches again.
   LoaderState loader_at_boundary;
+  // The generators' states at the same moment (the end of a boundary step(), initialize, a load),
+  // for the same reason: the resumed job must draw the replayed micro-batches' dropout masks
+  // again. `cpu`: the CPU generator (~5 KB); `cuda`: the engine's CUDA device's generator (a seed
+  // and an offset), undefined on a CPU engine. One get_state copy of each per boundary.
+  struct GeneratorStates {
+    at::Tensor cpu, cuda;
+  } rng_at_boundary;
 
   int64_t global_steps = 0;
   int64_t global_samples = 0;
@@ -105,6 +112,14 @@ struct EngineAccess {
 }  // namespace detail
 
 inline EngineState& state_of(Engine& engine) { return detail::EngineAccess::state(engine); }
+
+// Reads the generators' states into s.rng_at_boundary: REQUIRES s.micro_steps at a boundary
+// (a step() that ended one, initialize, a load), before anything of the next micro-step draws.
+void capture_rng_at_boundary(EngineState& s);
+// Whether the engine is between accumulation boundaries: a step() or a backward since the last
+// boundary, whose gradients a checkpoint does not keep (it saves the boundary's loader position
+// and generator states instead).
+bool between_boundaries(const EngineState& s);
 
 // Throws deepspeed::Error when `what` (a forward, a checkpoint's save or load, a look at the whole
 // parameters) comes between an accumulation boundary's backward and engine.step() while

@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
+#include "checkpoint/file_system.h"
+#include "checkpoint/tag_reader.h"
 #include "comm/nccl_communicator.h"
 #include "deepspeed/device.h"
 #include "deepspeed/engine.h"
@@ -476,4 +479,65 @@ TEST(OneGpuParamGroups, CpuOffloadStepsEachGroupRangeByRange) {
   }
   EXPECT_EQ(vectors_moved, 0.0);
   EXPECT_GT(matrices_moved, 0.0);
+}
+
+namespace {
+// The example GPT with dropout on the GPU at world size 1 (NCCL), three micro-steps a step, ZeRO-2:
+// trains until micro_steps() reaches `until`, saving tag "m<N>" whenever micro_steps() reaches an
+// N of `save_at`; first loads `load_tag` from `dir` when it is given. Micro-step -> its loss.
+std::map<int64_t, double> train_with_dropout_on_gpu(const std::string& dir, int64_t until,
+                                                    const std::vector<int64_t>& save_at,
+                                                    const std::string& load_tag,
+                                                    uint64_t model_seed) {
+  gpt::GPTConfig m{256, 16, 1, 2, 16};
+  m.dropout = 0.3;
+  torch::manual_seed(model_seed);
+  auto model = std::make_shared<gpt::GPTImpl>(m);
+  // Seeds the CPU's and every GPU's generator alike in both jobs: a resumed job's masks differ
+  // unless the checkpoint's generator states replace these.
+  torch::manual_seed(99);
+  auto r = deepspeed::initialize<gpt::GPTImpl>(
+      {.model = model,
+       .config_json = dstest::base_config(2, 3, 2),
+       .training_data = dstest::test_text_dataset(m.block_size),
+       .comm = deepspeed::comm::make_nccl_communicator_on(
+           c10::make_intrusive<c10d::HashStore>(), 0, 1, 0, 0, std::chrono::seconds(60)),
+       .device = "cuda"});
+  if (!load_tag.empty()) r.engine->load_checkpoint(dir, load_tag);
+  std::map<int64_t, double> losses;
+  while (r.engine->micro_steps() < until) {
+    const int64_t micro = r.engine->micro_steps();
+    auto batch = r.training_dataloader->next();
+    auto loss = r.engine->forward(batch.data, batch.target);
+    losses[micro] = loss.item<double>();
+    r.engine->backward(loss);
+    r.engine->step();
+    for (int64_t at : save_at)
+      if (r.engine->micro_steps() == at) r.engine->save_checkpoint(dir, "m" + std::to_string(at));
+  }
+  return losses;
+}
+}  // namespace
+
+// Dropout draws its masks from the GPU's generator, which the checkpoint saves
+// ("cuda_rng_state"): resumed from a save between boundaries (micro-step 5 of steps of 3: the
+// resumed job trains micro-steps 3 and 4 again) and from one at a boundary (6), the losses are the
+// uninterrupted job's bit for bit.
+TEST(OneGpuCheckpoint, DropoutMasksResumeBitForBit) {
+  SKIP_WITHOUT_GPU();
+  deterministic();
+  dstest::TempDir dir;
+  const auto whole = train_with_dropout_on_gpu(dir.path(), 12, {5, 6}, "", 7);
+  ASSERT_EQ(whole.size(), 12u);
+  for (int64_t saved : {5, 6}) {
+    const std::string tag = "m" + std::to_string(saved);
+    deepspeed::checkpoint::TagReader reader(deepspeed::checkpoint::posix_file_system(),
+                                            dir / tag);
+    EXPECT_NE(reader.file(reader.partition_file(0)).find("cuda_rng_state"), nullptr) << tag;
+    const auto again = train_with_dropout_on_gpu(dir.path(), 12, {}, tag, 4242);
+    const int64_t boundary = saved / 3 * 3;
+    ASSERT_EQ(again.size(), static_cast<size_t>(12 - boundary)) << tag;
+    for (const auto& [micro, loss] : again)
+      EXPECT_EQ(loss, whole.at(micro)) << tag << ", micro-step " << micro;
+  }
 }

@@ -74,13 +74,24 @@ void require_at_least_one(const char* key, int64_t v) {
   if (v < 1) throw ConfigError(std::string(key) + " = " + std::to_string(v) + ": expected >= 1");
 }
 
-const char* rule_name(ScaleRule r) { return r == ScaleRule::kZero ? "zero" : "fp16_optimizer"; }
+const char* rule_name(ScaleRule r) {
+  switch (r) {
+    case ScaleRule::kZero:
+      return "zero";
+    case ScaleRule::kFp16Optimizer:
+      return "fp16_optimizer";
+    case ScaleRule::kFp16UnfusedOptimizer:
+      return "fp16_unfused_optimizer";
+  }
+  return "?";
+}
 
 ScaleRule parse_rule(const std::string& s) {
   if (s == "zero") return ScaleRule::kZero;
   if (s == "fp16_optimizer") return ScaleRule::kFp16Optimizer;
+  if (s == "fp16_unfused_optimizer") return ScaleRule::kFp16UnfusedOptimizer;
   throw CheckpointError("loss scaler state: unknown rule '" + s +
-                        "' (expected \"zero\" or \"fp16_optimizer\")");
+                        "' (expected \"zero\", \"fp16_optimizer\" or \"fp16_unfused_optimizer\")");
 }
 
 }  // namespace
@@ -165,9 +176,12 @@ void DynamicLossScaler::update_zero(bool overflow) {
 void DynamicLossScaler::update_fp16_optimizer(bool overflow) {
   if (overflow) {
     const double next = std::max(cur_scale_ / kScaleFactor, lowest_scale(min_scale_));
-    last_message_ =
-        "Overflow detected. Skipping step. Attempted loss scale: " + format_scale(cur_scale_) +
-        ", reducing to " + format_scale(next);
+    // Each wrapper's own line: fused_optimizer.py's and unfused_optimizer.py's step().
+    const char* what = rule_ == ScaleRule::kFp16UnfusedOptimizer
+                           ? "[deepspeed] fp16 dynamic loss scale overflow! Skipping step."
+                           : "Overflow detected. Skipping step.";
+    last_message_ = std::string(what) + " Attempted loss scale: " + format_scale(cur_scale_) +
+                    ", reducing to " + format_scale(next);
     cur_scale_ = next;
     last_overflow_iter_ = cur_iter_;
     return;
@@ -226,9 +240,11 @@ std::unique_ptr<LossScaler> make_loss_scaler(const Fp16Config& fp16, Fp16Wrapper
   // FP16_Optimizer takes its initial scale from initial_scale_power either way (default 16);
   // FP16_UnfusedOptimizer's own default floor is 0.25 where FP16_Optimizer's is 1.
   const double default_min = wrapper == Fp16Wrapper::kUnfused ? 0.25 : 1.0;
-  return std::make_unique<DynamicLossScaler>(configured, given ? fp16.loss_scale_window : 1000,
-                                             given ? fp16.min_loss_scale : default_min, 1, false,
-                                             ScaleRule::kFp16Optimizer);
+  return std::make_unique<DynamicLossScaler>(
+      configured, given ? fp16.loss_scale_window : 1000,
+      given ? fp16.min_loss_scale : default_min, 1, false,
+      wrapper == Fp16Wrapper::kUnfused ? ScaleRule::kFp16UnfusedOptimizer
+                                       : ScaleRule::kFp16Optimizer);
 }
 
 std::unique_ptr<LossScaler> loss_scaler_from_state_dict(const nlohmann::json& state) {

@@ -61,6 +61,8 @@ enum class ScaleRule {
   // last_overflow_iter - 1 is > 0 and a multiple of window (one step later than kZero); at the
   // floor it stays there silently.
   kFp16Optimizer,
+  // FP16_UnfusedOptimizer: kFp16Optimizer's rule, logged with that wrapper's own overflow line.
+  kFp16UnfusedOptimizer,
 };
 
 class DynamicLossScaler final : public LossScaler {

@@ -291,7 +291,22 @@ TEST(Factory, NoZeroWithoutKeysIsFp16OptimizerDefaults) {
 // FP16_UnfusedOptimizer (SGD, Adagrad, Lamb, a client optimizer, torch_adam) floors at 0.25.
 TEST(Factory, NoZeroUnfusedWithoutKeysFloorsAtAQuarter) {
   expect_dynamic(*make_loss_scaler(fp16_on(), Fp16Wrapper::kUnfused), 65536, 1000, 0.25, 1, false,
-                 ScaleRule::kFp16Optimizer);
+                 ScaleRule::kFp16UnfusedOptimizer);
+}
+
+// FP16_UnfusedOptimizer (stage 0 with SGD, Adagrad, Lamb, a client optimizer) moves the scale by
+// the same rule and logs its own line (unfused_optimizer.py's step()), not the fused one's.
+TEST(Factory, TheUnfusedWrapperLogsItsOwnOverflowLine) {
+  auto s = make_loss_scaler(fp16_on(), Fp16Wrapper::kUnfused);
+  s->update(true);
+  EXPECT_EQ(s->scale(), 32768);
+  EXPECT_EQ(s->last_message(),
+            "[deepspeed] fp16 dynamic loss scale overflow! Skipping step. Attempted loss scale: "
+            "65536, reducing to 32768");
+  auto fused = make_loss_scaler(fp16_on(), Fp16Wrapper::kFused);
+  fused->update(true);
+  EXPECT_EQ(fused->last_message(),
+            "Overflow detected. Skipping step. Attempted loss scale: 65536, reducing to 32768");
 }
 
 TEST(Factory, NoZeroWithKeysTakesScaleWindowMinButNoHysteresis) {
@@ -302,7 +317,8 @@ TEST(Factory, NoZeroWithKeysTakesScaleWindowMinButNoHysteresis) {
   c.min_loss_scale = 4;
   c.hysteresis = 3;
   c.consecutive_hysteresis = true;
-  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kUnfused), 1024, 20, 4, 1, false, ScaleRule::kFp16Optimizer);
+  expect_dynamic(*make_loss_scaler(c, Fp16Wrapper::kUnfused), 1024, 20, 4, 1, false,
+                 ScaleRule::kFp16UnfusedOptimizer);
 }
 
 TEST(Factory, Fp16OffIsScaleOne) {
@@ -341,6 +357,8 @@ TEST(StateDict, DynamicRoundTripContinuesTheSameSequence) {
   expect_round_trip(DynamicLossScaler(std::ldexp(1.0, 20), 3, 1, 3, true), prefix, suffix);
   expect_round_trip(DynamicLossScaler(1024, 3, 1, 1, false, ScaleRule::kFp16Optimizer), prefix,
                     suffix);
+  expect_round_trip(DynamicLossScaler(1024, 3, 1, 1, false, ScaleRule::kFp16UnfusedOptimizer),
+                    prefix, suffix);
 }
 
 TEST(StateDict, ExactScaleSurvivesText) {

@@ -18,20 +18,24 @@ torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   return deepspeed::tp::linear(x, l->weight, l->bias);
 }
 
-// GPT-2 initialisation: N(0, 0.02) weights, zero biases (LayerNorm keeps ones/zeros), drawn after
-// the whole model is built (as bench/ddp_baseline.py does, so both start from the same values).
-void gpt2_init(torch::nn::Module& module) {
-  torch::NoGradGuard no_grad;
-  for (auto& m : module.modules(/*include_self=*/false)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      lin->weight.normal_(0.0, 0.02);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      emb->weight.normal_(0.0, 0.02);
-    }
+void gpt2_init_one(torch::nn::Module& m) {
+  if (auto* lin = m.as<torch::nn::Linear>()) {
+    lin->weight.normal_(0.0, 0.02);
+    if (lin->bias.defined()) lin->bias.zero_();
+  } else if (auto* emb = m.as<torch::nn::Embedding>()) {
+    emb->weight.normal_(0.0, 0.02);
   }
 }
 }  // namespace
+
+void gpt2_init(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  // `module` first, as modules(include_self=true) orders the draws: a pipeline layer may itself
+  // be a Linear or an Embedding. Not through that call, which needs `module` in a shared_ptr (a
+  // GPT or a block initialises itself in its constructor, before it is in one).
+  gpt2_init_one(module);
+  for (auto& m : module.modules(/*include_self=*/false)) gpt2_init_one(*m);
+}
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
     : head_dim_(c.n_embd / c.n_head) {

@@ -31,6 +31,12 @@ struct GPTConfig {
   bool activation_checkpointing = false;
 };
 
+// GPT-2 initialisation of `module` and every module under it: Linear and Embedding weights
+// N(0, 0.02), Linear biases 0 (LayerNorm keeps ones and zeros). GPTImpl draws it once the whole
+// model is built (as bench/ddp_baseline.py does, so both start from the same values);
+// gpt_pipeline() draws it for each layer from the generator the pipeline seeded for that layer.
+void gpt2_init(torch::nn::Module& module);
+
 // Keys and values of the tokens seen so far, per block (generation: each new token attends to
 // them instead of recomputing the whole context). Rows may start with left padding: `pad[b]`
 // leading positions of row b are not tokens (never attended to; positions count from the first

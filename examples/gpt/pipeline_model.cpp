@@ -14,23 +14,11 @@ torch::Tensor EmbeddingLayerImpl::forward(const torch::Tensor& idx) {
   return wte->forward(idx) + wpe->forward(pos);
 }
 
-void gpt2_init_layer(torch::nn::Module& layer) {
-  torch::NoGradGuard no_grad;
-  for (auto& m : layer.modules(/*include_self=*/true)) {
-    if (auto* lin = m->as<torch::nn::Linear>()) {
-      lin->weight.normal_(0.0, 0.02);
-      if (lin->bias.defined()) lin->bias.zero_();
-    } else if (auto* emb = m->as<torch::nn::Embedding>()) {
-      emb->weight.normal_(0.0, 0.02);
-    }
-  }
-}
-
 namespace {
 // A layer built and initialised GPT-2 style.
 template <class Holder>
 torch::nn::AnyModule gpt2_layer(Holder layer) {
-  gpt2_init_layer(*layer.ptr());
+  gpt2_init(*layer.ptr());
   return torch::nn::AnyModule(layer);
 }
 }  // namespace

@@ -16,12 +16,9 @@ class EmbeddingLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(EmbeddingLayer);
 
-// GPT-2 initialisation of one built layer, as GPTImpl gives the whole model: Linear and Embedding
-// weights N(0, 0.02), Linear biases 0 (LayerNorm keeps ones and zeros). Drawn from the generator
-// the pipeline seeded for the layer (config seed + layer index), so every layout starts alike.
-void gpt2_init_layer(torch::nn::Module& layer);
-
-// The layers start GPT-2 style (gpt2_init_layer), as the whole GPT does.
+// The layers start GPT-2 style (gpt2_init, model.h), as the whole GPT does: each one drawn from
+// the generator the pipeline seeded for it (config seed + layer index), so every layout starts
+// alike.
 deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c);
 
 }  // namespace gpt

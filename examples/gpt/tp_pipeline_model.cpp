@@ -28,7 +28,7 @@ std::function<torch::nn::AnyModule()> split_of(std::function<Full()> full,
                                                std::function<Split()> split) {
   return [full, split] {
     auto whole = full();
-    gpt2_init_layer(*whole.ptr());
+    gpt2_init(*whole.ptr());
     auto part = split();
     copy_slices(*part.ptr(), *whole.ptr());
     return torch::nn::AnyModule(part);

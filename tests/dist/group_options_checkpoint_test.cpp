@@ -14,10 +14,10 @@
 #include "checkpoint/safetensors.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
-#include "gpt/pipeline_model.h"
 #include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/param_groups.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
@@ -68,19 +68,12 @@ json options_json(const GroupOptions& g) {
           {"eps", g.eps}};
 }
 
-std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> vectors_and_matrices(
-    gpt::GPTImpl& m) {
-  std::vector<torch::Tensor> vectors, matrices;
-  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
-  return {vectors, matrices};
-}
-
 using ClientFactory = std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)>;
 
 // The project's FusedAdam (Adam-format checkpoints) with the two groups.
 ClientFactory fused_adam(const TwoGroups& o) {
   return [o](gpt::GPTImpl& m) {
-    auto [vectors, matrices] = vectors_and_matrices(m);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     deepspeed::AdamHyper h;
     h.lr = o.first.lr;
     h.weight_decay = o.first.weight_decay;
@@ -97,7 +90,7 @@ ClientFactory fused_adam(const TwoGroups& o) {
 // libtorch's AdamW: a libtorch archive in memory, the CPU Adam under offload_optimizer.
 ClientFactory torch_adamw(const TwoGroups& o) {
   return [o](gpt::GPTImpl& m) {
-    auto [vectors, matrices] = vectors_and_matrices(m);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(vectors,
                         std::make_unique<torch::optim::AdamWOptions>(adamw_options(o.first)));
@@ -110,7 +103,7 @@ ClientFactory torch_adamw(const TwoGroups& o) {
 // The config's AdamW over InitializeArgs.model_parameters.
 std::function<std::vector<deepspeed::ParamGroup>(gpt::GPTImpl&)> config_groups(const TwoGroups& o) {
   return [o](gpt::GPTImpl& m) {
-    auto [vectors, matrices] = vectors_and_matrices(m);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     return std::vector<deepspeed::ParamGroup>{{vectors, options_json(o.first)},
                                               {matrices, options_json(o.second)}};
   };
@@ -369,26 +362,15 @@ TEST(GroupOptionsCheckpoint, PipelineStagesTakeTheSavedOptions) {
                    std::vector<double>* lrs) {
     std::vector<double> losses;
     std::mutex mu;
-    const int dp_size = kWorld / stages;
     if (lrs) lrs->assign(kWorld, 0.0);
     dstest::run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
-      dp::PipelineInitializeArgs args;
-      args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(/*tied=*/true));
-      args.model.num_stages = stages;
-      args.config_json = dstest::pipeline_config(dp_size, 1);
+      auto args = dstest::pipeline_args(comm, stages, /*zero_stage=*/1,
+                                        dstest::tiny_pipeline_gpt(/*tied=*/true));
       args.config_json["optimizer"]["params"]["lr"] = lr;
-      args.comm = comm;
-      args.device = "cpu";
       auto engine = dp::initialize_pipeline(args);
       if (load) engine->load_checkpoint(dir.path());
       if (lrs) (*lrs)[comm->rank()] = engine->get_lr().at(0);
-      const int data_rank = comm->rank() % dp_size;
-      std::vector<double> mine;
-      for (int k = from; k < to; ++k) {
-        int m = 0;
-        mine.push_back(engine->train_batch(
-            [&] { return dstest::pipeline_micro_batch(k, (m++) * dp_size + data_rank); }));
-      }
+      const std::vector<double> mine = dstest::train_pipeline_steps(*engine, comm, from, to);
       if (save) engine->save_checkpoint(dir.path());
       std::lock_guard<std::mutex> lock(mu);
       if (comm->rank() == 0) losses = mine;

@@ -8,9 +8,9 @@
 #include <tuple>
 
 #include "deepspeed/errors.h"
-#include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/param_groups.h"
 #include "support/training_run.h"
 
 namespace model_parameters_test {
@@ -25,8 +25,7 @@ constexpr int kSteps = 6;
 // (biases, LayerNorm weights) with `vector_options` (default: no decay at lr 1e-3).
 Groups two_groups(json vector_options = {{"lr", 1e-3}, {"weight_decay", 0.0}}) {
   return [vector_options](gpt::GPTImpl& m) {
-    std::vector<torch::Tensor> matrices, vectors;
-    for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     return std::vector<deepspeed::ParamGroup>{{matrices, {{"weight_decay", 0.1}}},
                                               {vectors, vector_options}};
   };
@@ -34,16 +33,7 @@ Groups two_groups(json vector_options = {{"lr", 1e-3}, {"weight_decay", 0.0}}) {
 
 // The same two groups as a client FusedAdam (what the "AdamW" block builds).
 std::shared_ptr<torch::optim::Optimizer> client_fused_adam(gpt::GPTImpl& m) {
-  std::vector<torch::Tensor> matrices, vectors;
-  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
-  deepspeed::AdamHyper h;
-  h.lr = 3e-3;
-  h.weight_decay = 0.1;
-  auto adam = std::make_shared<deepspeed::optim::FusedAdam>(matrices, h);
-  adam->add_param_group(torch::optim::OptimizerParamGroup(
-      vectors, std::make_unique<torch::optim::AdamWOptions>(
-                   torch::optim::AdamWOptions(1e-3).weight_decay(0.0))));
-  return adam;
+  return dstest::two_group_fused_adam(m, /*vector_lr=*/1e-3);
 }
 
 dstest::RunSpec spec(int world, int stage, Groups groups, const json& extra = json()) {
@@ -65,18 +55,8 @@ std::string config_error_of(int stage, Groups groups, const json& extra = json()
   return dstest::message_of<deepspeed::ConfigError>([&] { run(1, stage, groups, extra); });
 }
 
-// The largest change of rank 0's vector (dim < 2) and matrix parameters over a run (from the
-// initial values in the weights' dtype: a bf16 model starts from their rounding).
-std::pair<double, double> moved(const dstest::RunResult& r) {
-  double vectors = 0.0, matrices = 0.0;
-  for (size_t i = 0; i < r.weights.size(); ++i) {
-    const auto start = r.initial[i].to(r.weights[i].scalar_type());
-    const double d = (r.weights[i] - start).abs().max().item<double>();
-    double& m = r.initial[i].dim() >= 2 ? matrices : vectors;
-    m = std::max(m, d);
-  }
-  return {vectors, matrices};
-}
+// How far rank 0's matrices and vectors moved over a run (support/param_groups.h).
+using dstest::moved_by_group;
 
 // The swapped Adam (offload_optimizer "nvme") under `dir`, in sub-groups of 1000 elements, far
 // smaller than a rank's partition: most sub-groups cross a boundary between the groups' segments.
@@ -116,10 +96,10 @@ TEST(ModelParameters, StagesOneToThreeOnTwoRanksStepEachGroupAsStageZero) {
 // the partition boundary of two ranks cuts them, while the other group trains.
 TEST(ModelParameters, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
   for (int stage : {0, 1, 2, 3}) {
-    auto [vectors, matrices] =
-        moved(run(2, stage, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}})));
-    EXPECT_EQ(vectors, 0.0) << "stage " << stage;
-    EXPECT_GT(matrices, 0.0) << "stage " << stage;
+    const auto moved =
+        moved_by_group(run(2, stage, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}})));
+    EXPECT_EQ(moved.vectors, 0.0) << "stage " << stage;
+    EXPECT_GT(moved.matrices, 0.0) << "stage " << stage;
   }
 }
 
@@ -134,10 +114,10 @@ TEST(ModelParameters, Bf16StepsEachGroupsMasters) {
     auto zero = run(2, stage, two_groups(), bf16);
     EXPECT_LT(dstest::max_loss_rel_diff(zero, stage0), 4e-3) << "stage " << stage;
   }
-  auto [vectors, matrices] =
-      moved(run(2, 2, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}}), bf16));
-  EXPECT_EQ(vectors, 0.0);
-  EXPECT_GT(matrices, 0.0);
+  const auto moved =
+      moved_by_group(run(2, 2, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}}), bf16));
+  EXPECT_EQ(moved.vectors, 0.0);
+  EXPECT_GT(moved.matrices, 0.0);
 }
 
 // "Adam" with offload_optimizer "cpu": the CPU Adam (FusedAdam) with one group per model group,
@@ -153,9 +133,9 @@ TEST(ModelParameters, AdamWithCpuOffloadStepsEachGroup) {
     auto reference = run(2, 0, two_groups(), adam);
     EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
   }
-  auto [vectors, matrices] = moved(run(2, 2, two_groups({{"lr", 0.0}}), offload));
-  EXPECT_EQ(vectors, 0.0);
-  EXPECT_GT(matrices, 0.0);
+  const auto moved = moved_by_group(run(2, 2, two_groups({{"lr", 0.0}}), offload));
+  EXPECT_EQ(moved.vectors, 0.0);
+  EXPECT_GT(moved.matrices, 0.0);
 }
 
 // The pieces of an offloaded update cut where the groups' segments meet, each stepped with its
@@ -178,9 +158,9 @@ TEST(ModelParameters, NvmeAndRangeByRangeCpuOffloadStepEachGroupAsStageZero) {
       auto offloaded = run(2, stage, two_groups(), offload);
       EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
       EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
-      auto [vectors, matrices] = moved(run(2, stage, frozen_vectors, zero_lr));
-      EXPECT_EQ(vectors, 0.0);
-      EXPECT_GT(matrices, 0.0);
+      const auto moved = moved_by_group(run(2, stage, frozen_vectors, zero_lr));
+      EXPECT_EQ(moved.vectors, 0.0);
+      EXPECT_GT(moved.matrices, 0.0);
     }
   }
 }

@@ -8,10 +8,10 @@
 #include <gtest/gtest.h>
 
 #include "deepspeed/errors.h"
-#include "optim/fused_adam.h"
 #include "optim/lamb.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/param_groups.h"
 #include "support/training_run.h"
 
 namespace param_groups_test {
@@ -22,44 +22,23 @@ using ClientFactory = std::function<std::shared_ptr<torch::optim::Optimizer>(gpt
 
 constexpr int kSteps = 6;
 
-// Matrices decayed at lr 3e-3; vectors (biases, LayerNorm weights) at `vector_lr`, no decay.
-std::vector<torch::optim::OptimizerParamGroup> two_groups(gpt::GPTImpl& m, double vector_lr) {
-  std::vector<torch::Tensor> matrices, vectors;
-  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(3e-3).weight_decay(0.1)));
-  groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(
-                                   torch::optim::AdamWOptions(vector_lr).weight_decay(0.0)));
-  return groups;
-}
+// HF's two groups (support/param_groups.h): matrices decayed at lr 3e-3; vectors (biases,
+// LayerNorm weights) at `vector_lr`, no decay; moved_by_group tells how far each moved.
+using dstest::moved_by_group;
+using dstest::two_adamw_groups;
 
 ClientFactory client_adamw(double vector_lr = 1e-3) {
-  return [vector_lr](gpt::GPTImpl& m) {
-    return std::make_shared<torch::optim::AdamW>(two_groups(m, vector_lr),
-                                                 torch::optim::AdamWOptions(3e-3));
-  };
+  return [vector_lr](gpt::GPTImpl& m) { return dstest::two_group_adamw(m, vector_lr); };
 }
 
 // The project's FusedAdam with the same two groups (its state is kept by the whole master).
 ClientFactory client_fused_adam(double vector_lr = 1e-3) {
-  return [vector_lr](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, vector_lr);
-    deepspeed::AdamHyper h;
-    h.lr = 3e-3;
-    h.weight_decay = 0.1;
-    auto adam = std::make_shared<deepspeed::optim::FusedAdam>(groups[0].params(), h);
-    adam->add_param_group(torch::optim::OptimizerParamGroup(
-        groups[1].params(), std::make_unique<torch::optim::AdamWOptions>(
-                                torch::optim::AdamWOptions(vector_lr).weight_decay(0.0))));
-    return adam;
-  };
+  return [vector_lr](gpt::GPTImpl& m) { return dstest::two_group_fused_adam(m, vector_lr); };
 }
 
 ClientFactory client_sgd() {
   return [](gpt::GPTImpl& m) {
-    std::vector<torch::Tensor> matrices, vectors;
-    for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(matrices);
     groups.emplace_back(vectors, std::make_unique<torch::optim::SGDOptions>(
@@ -75,8 +54,7 @@ ClientFactory client_sgd() {
 // the group's 0.5 (where torch.optim.Adagrad reads the group's).
 ClientFactory client_adagrad() {
   return [](gpt::GPTImpl& m) {
-    std::vector<torch::Tensor> matrices, vectors;
-    for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
+    auto [matrices, vectors] = dstest::matrices_and_vectors(m);
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(matrices);
     groups.emplace_back(vectors, std::make_unique<torch::optim::AdagradOptions>(
@@ -106,20 +84,6 @@ std::string config_error_of(int stage, ClientFactory client, const json& extra =
   return dstest::message_of<deepspeed::ConfigError>([&] { run(1, stage, client, extra); });
 }
 
-// How far the matrices (group 0) and the vectors (group 1) moved from their initial values on
-// rank 0, each the largest |change| of an element.
-struct Moved {
-  double matrices = 0.0, vectors = 0.0;
-};
-Moved moved(const dstest::RunResult& r) {
-  Moved m;
-  for (size_t i = 0; i < r.weights.size() && i < r.initial.size(); ++i) {
-    const double d = (r.weights[i] - r.initial[i]).abs().max().item<double>();
-    double& slot = r.initial[i].dim() >= 2 ? m.matrices : m.vectors;
-    slot = std::max(slot, d);
-  }
-  return m;
-}
 
 // ZeRO-Offload's CPU Adam updating the partition range by range (zero/step_during_backward.h):
 // overlap_step, which a CPU engine takes when asked (on a GPU it is the default, and the
@@ -215,7 +179,7 @@ TEST(ParamGroups, GroupAtLrZeroKeepsItsParametersOnTwoRanks) {
   for (int stage : {1, 2, 3}) for (bool fused : {false, true}) {
     auto r = run(2, stage, fused ? client_fused_adam(/*vector_lr=*/0.0) : client_adamw(0.0));
     ASSERT_EQ(r.weights.size(), r.initial.size());
-    const Moved m = moved(r);
+    const auto m = moved_by_group(r);
     EXPECT_EQ(m.vectors, 0.0) << "stage " << stage << " fused " << fused;
     EXPECT_GT(m.matrices, 0.0) << "stage " << stage << " fused " << fused;
   }
@@ -275,7 +239,7 @@ TEST(ParamGroups, CpuOffloadKeepsTheGroups) {
   EXPECT_EQ(dstest::max_weight_diff(offloaded_adamw, fused), 0.0);
   // Every group's options are read: amsgrad in the second one is refused as in the first.
   auto amsgrad = [](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, 1e-3);
+    auto groups = two_adamw_groups(m, 1e-3);
     static_cast<torch::optim::AdamWOptions&>(groups[1].options()).amsgrad(true);
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
@@ -304,7 +268,8 @@ TEST(ParamGroups, CpuOffloadUpdatingRangeByRangeStepsEachGroupAsStageZero) {
     auto offloaded = run(2, stage, client_adamw(), kOverlappedCpuOffload);
     EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
     EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
-    const Moved m = moved(run(2, stage, client_adamw(/*vector_lr=*/0.0), kOverlappedCpuOffload));
+    const auto m =
+        moved_by_group(run(2, stage, client_adamw(/*vector_lr=*/0.0), kOverlappedCpuOffload));
     EXPECT_EQ(m.vectors, 0.0);
     EXPECT_GT(m.matrices, 0.0);
   }
@@ -320,8 +285,8 @@ TEST(ParamGroups, NvmeOptimizerOffloadStepsEachGroupAsStageZero) {
     auto swapped = run(2, stage, client_adamw(), nvme_offload(dir.path()));
     EXPECT_LT(dstest::max_loss_rel_diff(swapped, reference), dstest::kLossTol);
     EXPECT_LT(dstest::max_weight_diff(swapped, reference), dstest::kWeightTol);
-    const Moved m =
-        moved(run(2, stage, client_adamw(/*vector_lr=*/0.0), nvme_offload(zero_lr_dir.path())));
+    const auto m = moved_by_group(
+        run(2, stage, client_adamw(/*vector_lr=*/0.0), nvme_offload(zero_lr_dir.path())));
     EXPECT_EQ(m.vectors, 0.0);
     EXPECT_GT(m.matrices, 0.0);
   }
@@ -350,19 +315,19 @@ TEST(ParamGroups, PerGroupScheduleIsFollowedRangeByRangeAndSwapped) {
 
 TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {
   auto twice = [](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, 1e-3);
+    auto groups = two_adamw_groups(m, 1e-3);
     groups[1].params().push_back(groups[0].params().front());
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
   EXPECT_CONTAINS(config_error_of(2, twice), "in parameter groups 0 and 1");
   auto missing = [](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, 1e-3);
+    auto groups = two_adamw_groups(m, 1e-3);
     groups[1].params().pop_back();
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
   EXPECT_CONTAINS(config_error_of(3, missing), "trainable parameters in its parameter groups");
   auto foreign = [](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, 1e-3);
+    auto groups = two_adamw_groups(m, 1e-3);
     groups[1].params().push_back(torch::zeros({3}, torch::requires_grad()));
     return std::make_shared<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(3e-3));
   };
@@ -373,7 +338,7 @@ TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {
 // under ZeRO, naming it and the way out.
 TEST(ParamGroups, LambWithSeveralGroupsIsRefused) {
   auto lamb = [](gpt::GPTImpl& m) {
-    auto groups = two_groups(m, 1e-3);
+    auto groups = two_adamw_groups(m, 1e-3);
     auto optimizer =
         std::make_shared<deepspeed::optim::Lamb>(groups[0].params(), deepspeed::optim::LambHyper{});
     optimizer->add_param_group(torch::optim::OptimizerParamGroup(

@@ -17,7 +17,6 @@
 #include "checkpoint/manifest.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
-#include "gpt/pipeline_model.h"
 #include "runtime/engine_checkpoint.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
@@ -56,28 +55,16 @@ struct TrainOptions {
 std::vector<double> train(Layout layout, int from, int to, const TrainOptions& o = {}) {
   std::vector<double> losses;
   std::mutex mu;
-  const int dp_size = kWorld / layout.stages;
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
-    dp::PipelineInitializeArgs args;
-    args.model = gpt::gpt_pipeline(o.model);
-    args.model.num_stages = layout.stages;
-    args.config_json = dstest::pipeline_config(dp_size, layout.zero);
+    auto args = dstest::pipeline_args(comm, layout.stages, layout.zero, o.model);
     args.config_json.merge_patch(o.config_overrides);
-    args.comm = comm;
-    args.device = "cpu";
     auto engine = dp::initialize_pipeline(args);
     if (!o.load_dir.empty()) {
       auto loaded = engine->load_checkpoint(o.load_dir);
       EXPECT_FALSE(loaded.load_path.empty());
       EXPECT_EQ(engine->global_steps(), from);
     }
-    const int data_rank = comm->rank() % dp_size;
-    std::vector<double> mine;
-    for (int k = from; k < to; ++k) {
-      int m = 0;
-      mine.push_back(engine->train_batch(
-          [&] { return dstest::pipeline_micro_batch(k, (m++) * dp_size + data_rank); }));
-    }
+    const std::vector<double> mine = dstest::train_pipeline_steps(*engine, comm, from, to);
     if (!o.save_dir.empty()) {
       ckpt::FileSystem& fs = comm->rank() == 2 && o.rank2_fs ? *o.rank2_fs : ckpt::posix_file_system();
       ckpt::save_engine_checkpoint(deepspeed::state_of(*engine), fs, o.save_dir, {});
@@ -196,13 +183,8 @@ TEST(PipelineCheckpoint, ExportsWholeFp32Model) {
   std::mutex mu;
   std::map<std::string, at::Tensor> loaded;
   run_ranks(1, [&](deepspeed::comm::CommunicatorPtr comm) {
-    dp::PipelineInitializeArgs args;
-    args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(true));
-    args.model.num_stages = 1;
-    args.config_json = dstest::pipeline_config(1, 0);
-    args.comm = comm;
-    args.device = "cpu";
-    auto engine = dp::initialize_pipeline(args);
+    auto engine = dp::initialize_pipeline(dstest::pipeline_args(
+        comm, /*stages=*/1, /*zero_stage=*/0, dstest::tiny_pipeline_gpt(/*tied=*/true)));
     engine->load_checkpoint(dir);
     std::lock_guard<std::mutex> lock(mu);
     for (auto& item : engine->module().named_parameters()) loaded[item.key()] = item.value().detach().clone();

@@ -1,7 +1,8 @@
 // Engine::save_16bit_model (DeepSpeed's engine.save_16bit_model): every rank calls it, rank 0
 // writes one safetensors file of the whole module in its training dtype. At stage 3 the weights
 // are gathered one unit at a time into the file, and only when
-// stage3_gather_16bit_weights_on_model_save is true (else false, nothing written).
+// stage3_gather_16bit_weights_on_model_save is true (else false, nothing written). A pipeline or
+// tensor-parallel engine is refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,8 +10,12 @@
 
 #include "checkpoint/safetensors.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/pipe.h"
+#include "deepspeed/tp.h"
+#include "gpt/tp_model.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -112,6 +117,48 @@ TEST(Save16bitModel, ExcludesFrozenParametersAndRefusesAPickleName) {
   }
   EXPECT_TRUE(wte);
   EXPECT_FALSE(std::filesystem::exists(dir / "pytorch_model.bin"));
+}
+
+// Each stage of a pipeline holds its own layers: no rank's file would be the model. Refused on
+// every rank before anything is written, naming the way out.
+TEST(Save16bitModel, PipelineEngineIsRefused) {
+  dstest::TempDir dir;
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto engine = deepspeed::pipe::initialize_pipeline(dstest::pipeline_args(
+        comm, /*stages=*/2, /*zero_stage=*/1, dstest::tiny_pipeline_gpt(/*tied=*/false)));
+    messages[comm->rank()] = dstest::message_of<deepspeed::CheckpointError>(
+        [&] { engine->save_16bit_model(dir / "out"); });
+  });
+  for (const std::string& msg : messages) {
+    EXPECT_CONTAINS(msg, "save_16bit_model");
+    EXPECT_CONTAINS(msg, "pipeline engine");
+    EXPECT_CONTAINS(msg, "ds_to_fp32");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
+}
+
+// With tensor parallelism rank 0 holds its slices only (DeepSpeed writes them as if whole):
+// refused on every rank before anything is written.
+TEST(Save16bitModel, TensorParallelEngineIsRefused) {
+  dstest::TempDir dir;
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto topology = std::make_shared<deepspeed::comm::Topology>(
+        comm, deepspeed::comm::TopologySizes{/*pipe=*/1, /*tensor=*/2});
+    auto model = std::make_shared<gpt::TPGPTImpl>(gpt::GPTConfig{256, 16, 2, 4, 32},
+                                                  topology->tensor_parallel());
+    auto r = deepspeed::initialize<gpt::TPGPTImpl>(
+        {.model = model, .config_json = bf16_config(2, false), .topology = topology});
+    messages[comm->rank()] = dstest::message_of<deepspeed::CheckpointError>(
+        [&] { r.engine->save_16bit_model(dir / "out"); });
+  });
+  for (const std::string& msg : messages) {
+    EXPECT_CONTAINS(msg, "save_16bit_model");
+    EXPECT_CONTAINS(msg, "tensor parallelism");
+    EXPECT_CONTAINS(msg, "ds_to_fp32");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
 }  // namespace save_16bit_model_test

@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include "gpt/pipeline_model.h"
+
 namespace dstest {
 
 gpt::GPTConfig tiny_pipeline_gpt(bool tied) {
@@ -36,6 +38,32 @@ nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping) {
     c["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 1.0}}}};
   }
   return c;
+}
+
+deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
+                                                      int stages, int zero_stage,
+                                                      const gpt::GPTConfig& model) {
+  deepspeed::pipe::PipelineInitializeArgs args;
+  args.model = gpt::gpt_pipeline(model);
+  args.model.num_stages = stages;
+  args.config_json = pipeline_config(comm->world_size() / stages, zero_stage);
+  args.comm = std::move(comm);
+  args.device = "cpu";
+  return args;
+}
+
+std::vector<double> train_pipeline_steps(deepspeed::pipe::PipelineEngine& engine,
+                                         const deepspeed::comm::CommunicatorPtr& comm, int from,
+                                         int to) {
+  const int dp_size = comm->world_size() / engine.num_stages();
+  const int data_rank = comm->rank() % dp_size;
+  std::vector<double> losses;
+  for (int k = from; k < to; ++k) {
+    int m = 0;
+    losses.push_back(
+        engine.train_batch([&] { return pipeline_micro_batch(k, (m++) * dp_size + data_rank); }));
+  }
+  return losses;
 }
 
 }  // namespace dstest

@@ -1,6 +1,9 @@
-// The example GPT as a pipeline in tests: a tiny configuration, deterministic micro-batches and
-// configs shared by tests/dist/pipeline_test.cpp and pipeline_checkpoint_test.cpp.
+// The example GPT as a pipeline in tests: a tiny configuration, deterministic micro-batches,
+// configs and the training loop shared by tests/dist/pipeline_test.cpp,
+// pipeline_checkpoint_test.cpp and group_options_checkpoint_test.cpp.
 #pragma once
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "deepspeed/pipe.h"
@@ -24,5 +27,18 @@ deepspeed::pipe::MicroBatch pipeline_micro_batch(int step, int g);
 // micro-batches per step at `dp_size` data-parallel ranks. With clipping > 0: SGD (lr 1) clipped
 // there, as Adam's update hardly depends on the gradient's scale.
 nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping = 0.0);
+
+// `model` as a CPU pipeline of `stages` stages over `comm`, configured by
+// pipeline_config(comm's world / stages, zero_stage).
+deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
+                                                      int stages, int zero_stage,
+                                                      const gpt::GPTConfig& model);
+
+// Steps [from, to) of the global batch sequence on this rank of `comm` (every rank calls it):
+// data-parallel rank d = rank % (world / stages) takes micro-batches g = m * (world / stages) + d
+// (pipeline_micro_batch), so every layout trains on the same batches. Returns the batch losses.
+std::vector<double> train_pipeline_steps(deepspeed::pipe::PipelineEngine& engine,
+                                         const deepspeed::comm::CommunicatorPtr& comm, int from,
+                                         int to);
 
 }  // namespace dstest

@@ -25,6 +25,7 @@
 #include "runtime/engine_state.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/param_groups.h"
 #include "support/stage3_layouts.h"
 #include "support/training_run.h"
 #include "zero/shard_optimizer.h"
@@ -378,40 +379,6 @@ TEST(OneGpuMemory, OutOfMemoryIsReportedInWords) {
 
 }  // namespace
 
-namespace {
-// A client FusedAdam with two groups: matrices at lr 3e-3 with decay, vectors (biases, LayerNorm
-// weights) at `vector_lr` without (HF's grouping).
-std::shared_ptr<torch::optim::Optimizer> two_group_fused_adam(gpt::GPTImpl& m, double vector_lr) {
-  std::vector<torch::Tensor> matrices, vectors;
-  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
-  deepspeed::AdamHyper h;
-  h.lr = 3e-3;
-  h.weight_decay = 0.1;
-  auto adam = std::make_shared<deepspeed::optim::FusedAdam>(matrices, h);
-  adam->add_param_group(torch::optim::OptimizerParamGroup(
-      vectors, std::make_unique<torch::optim::AdamWOptions>(
-                   torch::optim::AdamWOptions(vector_lr).weight_decay(0.0))));
-  return adam;
-}
-
-// How far the run moved its matrices and its vectors (largest absolute change of each). The
-// start is taken in the trained weights' dtype: `initial` is cloned before initialize() casts
-// the model to bf16, and the rounding alone would look like training.
-struct Moved {
-  double vectors = 0.0, matrices = 0.0;
-};
-Moved moved_from_start(const dstest::RunResult& r) {
-  Moved m;
-  for (size_t i = 0; i < r.weights.size(); ++i) {
-    const at::Tensor start = r.initial[i].cpu().to(r.weights[i].scalar_type());
-    const double d = (r.weights[i].cpu() - start).abs().max().item<double>();
-    double& moved = r.initial[i].dim() >= 2 ? m.matrices : m.vectors;
-    moved = std::max(moved, d);
-  }
-  return m;
-}
-}  // namespace
-
 // FusedAdam's segment-by-segment step on the GPU (device_adam_step over narrowed views of the
 // master, moments and, in bf16, the 16-bit copy): at stage 2 a group at lr 0 keeps its
 // parameters bit for bit while the other trains, and in fp32 the groups step as stage 0 does.
@@ -422,10 +389,10 @@ TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(2, bf16, Home::kNone, "");
     spec.config.erase("optimizer");
-    spec.client_optimizer = [](gpt::GPTImpl& m) { return two_group_fused_adam(m, 0.0); };
+    spec.client_optimizer = [](gpt::GPTImpl& m) { return dstest::two_group_fused_adam(m, 0.0); };
     auto r = dstest::train_gpt(spec);
     ASSERT_EQ(r.weights.size(), r.initial.size());
-    const Moved moved = moved_from_start(r);
+    const dstest::Moved moved = dstest::moved_by_group(r);
     EXPECT_EQ(moved.vectors, 0.0) << (bf16 ? "bf16" : "fp32");
     EXPECT_GT(moved.matrices, 0.0) << (bf16 ? "bf16" : "fp32");
   }
@@ -433,27 +400,11 @@ TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(stage, false, Home::kNone, "");
     spec.config.erase("optimizer");
-    spec.client_optimizer = [](gpt::GPTImpl& m) { return two_group_fused_adam(m, 1e-3); };
+    spec.client_optimizer = [](gpt::GPTImpl& m) { return dstest::two_group_fused_adam(m, 1e-3); };
     return dstest::train_gpt(spec);
   };
   EXPECT_LE(dstest::max_loss_rel_diff(grouped(2), grouped(0)), 1e-6);
 }
-
-namespace {
-// A client libtorch AdamW with two groups: matrices at lr 3e-3 with decay 0.1, vectors (biases,
-// LayerNorm weights) at `vector_lr` without decay (HF's grouping).
-std::shared_ptr<torch::optim::Optimizer> two_group_adamw(gpt::GPTImpl& m, double vector_lr) {
-  std::vector<torch::Tensor> matrices, vectors;
-  for (auto& p : m.parameters()) (p.dim() >= 2 ? matrices : vectors).push_back(p);
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(matrices, std::make_unique<torch::optim::AdamWOptions>(
-                                    torch::optim::AdamWOptions(3e-3).weight_decay(0.1)));
-  groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(
-                                   torch::optim::AdamWOptions(vector_lr).weight_decay(0.0)));
-  return std::make_shared<torch::optim::AdamW>(std::move(groups),
-                                               torch::optim::AdamWOptions(3e-3));
-}
-}  // namespace
 
 // ZeRO-Offload on a GPU with a client's two groups: the AdamW runs as the CPU Adam, which with
 // the partition on the GPU updates range by range (overlap_step, on by default here) and uploads
@@ -468,7 +419,9 @@ TEST(OneGpuParamGroups, CpuOffloadStepsEachGroupRangeByRange) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(stage, false, stage == 0 ? Home::kNone : Home::kOptimizerCpu, "");
     spec.config.erase("optimizer");
-    spec.client_optimizer = [vector_lr](gpt::GPTImpl& m) { return two_group_adamw(m, vector_lr); };
+    spec.client_optimizer = [vector_lr](gpt::GPTImpl& m) {
+      return dstest::two_group_adamw(m, vector_lr);
+    };
     if (ranges)
       spec.after_training = [ranges](deepspeed::Engine& engine) {
         *ranges = deepspeed::state_of(engine).stage->ranges_stepped_during_backward();
@@ -483,7 +436,7 @@ TEST(OneGpuParamGroups, CpuOffloadStepsEachGroupRangeByRange) {
   EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
   auto r = grouped(2, 0.0, nullptr);
   ASSERT_EQ(r.weights.size(), r.initial.size());
-  const Moved moved = moved_from_start(r);
+  const dstest::Moved moved = dstest::moved_by_group(r);
   EXPECT_EQ(moved.vectors, 0.0);
   EXPECT_GT(moved.matrices, 0.0);
 }

@@ -13,10 +13,15 @@ DataLoader::DataLoader(std::shared_ptr<Dataset> dataset, int64_t micro_batch_siz
   if (micro_batch_size <= 0)
     throw ConfigError("DataLoader: micro batch size must be > 0, got " +
                       std::to_string(micro_batch_size));
+  // Only with drop_last: otherwise a rank's shard (at least one sample) makes a partial batch.
   if (batches_per_epoch() == 0)
-    throw ConfigError("DataLoader: dataset of " + std::to_string(dataset_->size()) +
-                      " samples gives no full micro-batch of " + std::to_string(micro_batch_size) +
-                      " per rank at world size " + std::to_string(world_size));
+    throw ConfigError("DataLoader: dataset of " + std::to_string(dataset_->size()) + " samples, " +
+                      std::to_string(sampler_.num_samples()) + " samples per rank at world size " +
+                      std::to_string(world_size) + ", gives no full micro-batch of micro_batch_size " +
+                      std::to_string(micro_batch_size) +
+                      " and drop_last drops the partial one: an epoch of no micro-batch; use a "
+                      "micro_batch_size of at most " + std::to_string(sampler_.num_samples()) +
+                      " or drop_last false");
   start_epoch(0);
 }
 

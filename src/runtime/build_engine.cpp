@@ -367,9 +367,17 @@ EngineStatePtr build_engine_state(BuildInput in) {
   }
   s->training_data = in.training_data;
   if (s->training_data) {
-    s->loader = std::make_shared<DataLoader>(
-        s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
-        s->comm->world_size(), s->config.seed, /*shuffle=*/true, s->config.dataloader_drop_last);
+    try {
+      s->loader = std::make_shared<DataLoader>(
+          s->training_data, s->config.train_micro_batch_size_per_gpu, s->comm->rank(),
+          s->comm->world_size(), s->config.seed, /*shuffle=*/true, s->config.dataloader_drop_last);
+    } catch (const ConfigError& e) {
+      // The loader names its constructor's arguments; here they are config keys.
+      throw ConfigError("initialize(): the loader of training_data (train_micro_batch_size_per_gpu " +
+                        std::to_string(s->config.train_micro_batch_size_per_gpu) +
+                        ", dataloader_drop_last " +
+                        (s->config.dataloader_drop_last ? "true" : "false") + "): " + e.what());
+    }
   }
   const auto& grid = s->topology->grid();
   EngineState* raw = s.get();

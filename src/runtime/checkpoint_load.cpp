@@ -294,24 +294,29 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   plan_torch_archive(reader, s, plan);
 }
 
-// Same world size and micro batch: the exact position. Otherwise the same number of samples
-// consumed in the epoch, rounded down to whole micro-batches of the new job; an epoch the saved
-// job had finished (it took its last micro-batch: partial or padded, or with dataloader_drop_last
-// the last whole one, the tail dropped) resumes at the next epoch's start, else rounding down
-// would train the epoch's tail again.
+// An epoch the saved job had finished (it took its last micro-batch: partial or padded, or with
+// dataloader_drop_last the last whole one, the tail dropped) resumes at the next epoch's start,
+// also at the same samples per step: with drop_last the number of micro-batches an epoch can
+// differ (11 samples: 1 of 6 at world 1, 2 steps of 3 at world 2). Otherwise, at the same world
+// size and micro batch, the exact position; at another, the same number of samples consumed in
+// the epoch, rounded down to whole micro-batches of the new job.
 LoaderState resumed_loader_state(const nlohmann::json& saved, const EngineState& s) {
   LoaderState ls{saved.at("epoch").get<int64_t>(), saved.at("batch_in_epoch").get<int64_t>()};
   const int64_t old_micro = saved.at("micro_batch_size").get<int64_t>();
   const int64_t old_world = saved.at("world_size").get<int64_t>();
-  const int64_t new_step = s.config.train_micro_batch_size_per_gpu * s.comm->world_size();
-  if (old_micro * old_world == new_step) return ls;
   // The saved job's batches per epoch, as its sampler and loader cut them (sampler.cpp,
-  // data_loader.cpp): a rank's shard of N samples, then micro-batches of it.
-  const int64_t n = s.training_data->size();
-  const bool drop_last = s.config.dataloader_drop_last;
-  const int64_t shard = drop_last ? n / old_world : (n + old_world - 1) / old_world;
+  // data_loader.cpp): the sampler always pads a rank's shard to ceil(N / world) (drop_last goes
+  // to the loader alone, as DeepSpeed's), and drop_last drops the shard's last partial
+  // micro-batch. Checkpoints before "drop_last" and "dataset_size" were saved: this job's.
+  const int64_t n = saved.contains("dataset_size") ? saved.at("dataset_size").get<int64_t>()
+                                                   : s.training_data->size();
+  const bool drop_last = saved.contains("drop_last") ? saved.at("drop_last").get<bool>()
+                                                     : s.config.dataloader_drop_last;
+  const int64_t shard = (n + old_world - 1) / old_world;
   const int64_t old_batches = drop_last ? shard / old_micro : (shard + old_micro - 1) / old_micro;
   if (ls.batch_in_epoch >= old_batches) return {ls.epoch + 1, 0};
+  const int64_t new_step = s.config.train_micro_batch_size_per_gpu * s.comm->world_size();
+  if (old_micro * old_world == new_step) return ls;
   ls.batch_in_epoch = ls.batch_in_epoch * old_micro * old_world / new_step;
   return ls;
 }

@@ -86,7 +86,11 @@ nlohmann::json loader_state(const EngineState& s) {
   return {{"epoch", ls.epoch},
           {"batch_in_epoch", ls.batch_in_epoch},
           {"micro_batch_size", s.config.train_micro_batch_size_per_gpu},
-          {"world_size", s.comm->world_size()}};
+          {"world_size", s.comm->world_size()},
+          // With the above, the saved job's micro-batches an epoch (checkpoint_load.cpp
+          // resumed_loader_state), whatever the resuming job's dataset and drop_last.
+          {"dataset_size", s.training_data->size()},
+          {"drop_last", s.config.dataloader_drop_last}};
 }
 
 }  // namespace

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
 #include "deepspeed/engine.h"
 #include "gpt/model.h"
 #include "support/files.h"
@@ -124,6 +127,29 @@ std::vector<Step> slice(const std::vector<Step>& steps, size_t from, size_t n) {
   EXPECT_LE(from + n, steps.size());
   if (from + n > steps.size()) return {};
   return {steps.begin() + from, steps.begin() + from + n};
+}
+
+// Removes the saved data_sampler's "dataset_size" and "drop_last" from tag `tag`'s model states,
+// as checkpoints saved before them were.
+void strip_saved_epoch_layout(const std::string& save_dir, const std::string& tag) {
+  namespace ckpt = deepspeed::checkpoint;
+  const std::string dir = save_dir + "/" + tag;
+  auto& fs = ckpt::posix_file_system();
+  ckpt::Manifest manifest = ckpt::read_manifest(fs, dir);
+  int stripped = 0;
+  for (auto& [name, entry] : manifest.files) {
+    if (name.find("model_states") == std::string::npos) continue;
+    const std::string path = dir + "/" + name;
+    auto file = ckpt::read_safetensors(path);
+    nlohmann::json meta = nlohmann::json::parse(file.metadata.at(ckpt::kMetadataKey));
+    stripped += static_cast<int>(meta.at("data_sampler").erase("dataset_size"));
+    stripped += static_cast<int>(meta.at("data_sampler").erase("drop_last"));
+    file.metadata[ckpt::kMetadataKey] = meta.dump();
+    ckpt::write_safetensors(path, file.tensors, file.metadata);
+    entry = ckpt::describe_file(fs, path);
+  }
+  ASSERT_EQ(stripped, 2) << "no model states file held both fields";
+  ckpt::write_manifest(fs, dir, manifest);
 }
 
 // A one-rank job of `samples` windows in micro-batches of `micro`, saved after step 2 (the end of
@@ -269,6 +295,100 @@ TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
 // epoch 0's third batch of 3 (samples 6-8, two of them trained already and one dropped).
 TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpoch) {
   expect_epoch_end_resume_at_micro_3(/*samples=*/10, /*micro=*/4, /*drop_last=*/true);
+}
+
+// With dataloader_drop_last the sampler still pads each rank's shard to ceil(N / world) (as
+// DeepSpeed's DistributedSampler; drop_last goes to the loader alone): 11 samples at world 2,
+// micro 3 is a shard of 6, 2 micro-batches a step each. Saved after step 1 and resumed at world 1
+// (accumulation 2, the same 6 samples a step), the job continues in epoch 0 at batch 2, with the
+// samples of the uninterrupted job's step 2. Before, the saved job's epoch was taken as
+// floor(11 / 2) = 5 samples a rank, 1 micro-batch: the save looked like the epoch's end and the
+// resume started epoch 1, never training step 2's samples.
+TEST(DataResume, WithDropLastAMidEpochSaveResumesInTheEpochAtAnotherWorldSize) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 2;
+  first.micro = 3;
+  first.samples = 11;
+  first.drop_last = true;
+  first.steps = 2;
+  first.dir = dir.path();
+  first.save_at = {1};
+  const Trained uninterrupted = train(first);
+  ASSERT_EQ(uninterrupted.steps.size(), 2u);
+  Job resumed = first;
+  resumed.world = 1;
+  resumed.accumulation = 2;
+  resumed.save_at = {};
+  resumed.load_tag = "s1";
+  const Trained r = train(resumed);
+  EXPECT_EQ(r.loaded[0].epoch, 0);
+  EXPECT_EQ(r.loaded[0].batch_in_epoch, 2);
+  ASSERT_FALSE(r.micro[0].empty());
+  for (const Sample& sample : r.micro[0][0])
+    EXPECT_EQ(uninterrupted.steps[1].count(sample), 1u) << "a sample outside the uninterrupted step 2";
+}
+
+// The same samples a step (world 1 x micro 6 and world 2 x micro 3) but, with
+// dataloader_drop_last, not the same micro-batches an epoch: 11 samples are 1 batch of 6 at world
+// 1 (the tail of 5 dropped) and 2 steps at world 2 (shards of 6, padded). A save after world 1's
+// only batch resumes at world 2 at epoch 1's start, training what the uninterrupted job's step 2
+// trains. Before, the exact position (epoch 0, batch 1) was kept: world 2 trained epoch 0's
+// dropped tail.
+TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpochAtTheSameStepSize) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 1;
+  first.micro = 6;
+  first.samples = 11;
+  first.drop_last = true;
+  first.steps = 2;
+  first.dir = dir.path();
+  first.save_at = {1};
+  const Trained uninterrupted = train(first);
+  Job resumed = first;
+  resumed.world = 2;
+  resumed.micro = 3;
+  resumed.save_at = {};
+  resumed.load_tag = "s1";
+  const Trained r = train(resumed);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(r.loaded[rank].epoch, 1) << "rank " << rank;
+    EXPECT_EQ(r.loaded[rank].batch_in_epoch, 0) << "rank " << rank;
+  }
+  EXPECT_EQ(r.steps, slice(uninterrupted.steps, 1, 1));
+}
+
+// The saved job's epoch is cut by its own dataloader_drop_last, saved with its position: 10
+// samples in micro-batches of 4 without drop_last are 3 batches (4, 4, 2), so a save after 2 is
+// mid-epoch, also for a job resumed with drop_last (at micro 3: batch 8 / 3 = 2). Before, the
+// resuming job's drop_last was assumed (2 batches of 4: the epoch's end) and the last 2 samples
+// of epoch 0 were skipped. A checkpoint without the saved flag (an older one) still loads, taking
+// the resuming job's, as before.
+TEST(DataResume, TheSavedJobsDropLastDecidesWhereItsEpochEnds) {
+  dstest::TempDir dir;
+  Job first;
+  first.world = 1;
+  first.micro = 4;
+  first.samples = 10;
+  first.steps = 2;
+  first.dir = dir.path();
+  first.save_at = {2};
+  train(first);
+  Job resumed = first;
+  resumed.micro = 3;
+  resumed.drop_last = true;
+  resumed.steps = 3;
+  resumed.save_at = {};
+  resumed.load_tag = "s2";
+  Trained r = train(resumed);
+  EXPECT_EQ(r.loaded[0].epoch, 0);
+  EXPECT_EQ(r.loaded[0].batch_in_epoch, 2);
+
+  strip_saved_epoch_layout(dir.path(), "s2");
+  r = train(resumed);
+  EXPECT_EQ(r.loaded[0].epoch, 1);
+  EXPECT_EQ(r.loaded[0].batch_in_epoch, 0);
 }
 
 }  // namespace data_resume_test

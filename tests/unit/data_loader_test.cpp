@@ -6,6 +6,7 @@
 
 #include "deepspeed/data.h"
 #include "deepspeed/errors.h"
+#include "support/expect.h"
 
 namespace data_loader_test {
 
@@ -136,6 +137,35 @@ TEST(DataLoader, RangeForVisitsOneEpoch) {
   }
   EXPECT_EQ(n, 5);
   EXPECT_EQ(sum, 45);
+}
+
+// The loader rolls over to a new shuffle each epoch (the sampler's seed + epoch): epoch 1 is not
+// epoch 0 again. DeepSpeed 0.16's loader never advances its sampler's epoch (the same order every
+// epoch unless the user calls set_epoch): docs/config.md, "Data loader".
+TEST(DataLoader, EachEpochIsShuffledAnew) {
+  auto data = std::make_shared<Counting>(12);
+  DataLoader loader(data, 4, 0, 1, 3);
+  ASSERT_EQ(loader.batches_per_epoch(), 3);
+  std::vector<int64_t> epochs[2];
+  for (auto& epoch : epochs)
+    for (int b = 0; b < 3; ++b) {
+      auto batch = loader.next().data.flatten();
+      for (int64_t k = 0; k < batch.size(0); ++k) epoch.push_back(batch[k].item<int64_t>());
+    }
+  EXPECT_EQ(std::set<int64_t>(epochs[1].begin(), epochs[1].end()).size(), 12u);
+  EXPECT_NE(epochs[0], epochs[1]);
+}
+
+// With drop_last, a rank's shard (ceil(5 / 2) = 3 samples) shorter than the micro-batch leaves
+// an epoch of no micro-batch: the error names both arguments that decide it. Before, it named
+// neither.
+TEST(DataLoader, AnEpochOfNoMicroBatchNamesMicroBatchSizeAndDropLast) {
+  auto data = std::make_shared<Counting>(5);
+  const std::string msg = dstest::message_of<deepspeed::ConfigError>(
+      [&] { DataLoader(data, 4, 0, 2, 0, /*shuffle=*/true, /*drop_last=*/true); });
+  EXPECT_CONTAINS(msg, "micro_batch_size 4");
+  EXPECT_CONTAINS(msg, "drop_last");
+  EXPECT_CONTAINS(msg, "3 samples per rank");
 }
 
 }  // namespace data_loader_test

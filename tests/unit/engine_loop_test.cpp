@@ -166,6 +166,18 @@ TEST(EngineLoop, DataloaderDropLastDecidesTheLastPartialMicroBatch) {
   EXPECT_EQ(drop.loader->batches_per_epoch(), samples / 3);
 }
 
+// The same error from initialize() names the config keys (the loader's constructor arguments
+// are not what a user sets). Before, it named neither key.
+TEST(EngineLoop, AnEpochOfNoMicroBatchNamesTheConfigKeys) {
+  const int64_t samples = dstest::test_text_dataset(kModel.block_size)->size();
+  auto config = dstest::base_config(static_cast<int>(samples) + 1, 1, 0);
+  config["dataloader_drop_last"] = true;
+  const std::string msg =
+      dstest::message_of<deepspeed::ConfigError>([&] { make_single_engine(config, kModel); });
+  EXPECT_CONTAINS(msg, "train_micro_batch_size_per_gpu");
+  EXPECT_CONTAINS(msg, "dataloader_drop_last");
+}
+
 // A bf16 loss is divided by the accumulation in fp32 (DeepSpeed: loss.float()): bf16(1/3) is
 // 0.2% off, in every gradient of the step.
 TEST(EngineLoop, AccumulationScalesA16BitLossInFp32) {

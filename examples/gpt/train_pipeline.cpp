@@ -100,7 +100,21 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   const int64_t micro = config.train_micro_batch_size_per_gpu;
   args.dynamic_shape =
       !config.dataloader_drop_last && ((data->size() + dp - 1) / std::max(1, dp)) % micro != 0;
-  auto engine = deepspeed::pipe::initialize_pipeline(args);
+  std::shared_ptr<deepspeed::pipe::PipelineEngine> engine;
+  try {
+    engine = deepspeed::pipe::initialize_pipeline(args);
+  } catch (const deepspeed::ConfigError& e) {
+    // Its stage-count errors name PipelineModule.num_stages, which gpt_train fills from the flag
+    // (with -1, from the config's pipeline.stages): say which one the user gave.
+    const std::string what = e.what();
+    if (what.find("PipelineModule.num_stages") == std::string::npos) throw;
+    const std::string given = opt.pipeline_stages > 0
+                                  ? "--pipeline_stages " + std::to_string(stages)
+                                  : "pipeline.stages " + std::to_string(stages) + " in " +
+                                        config_path + " (--pipeline_stages -1)";
+    throw deepspeed::ConfigError(what + " [gpt_train: PipelineModule.num_stages is " + given +
+                                 "]");
+  }
   // The tensor ranks of one stage read the same micro-batches (their data rank's).
   const deepspeed::comm::Grid grid(comm->world_size(), {stages, tensor});
   const int dp_size = grid.data_size(), dp_rank = grid.coordinates(comm->rank()).data;

@@ -44,6 +44,12 @@ void configure(const Options& options) {
         "activation_checkpointing.number_checkpoints must be positive with "
         "activation_checkpointing.contiguous_memory_optimization, got " +
         std::to_string(*options.number_checkpoints));
+  // DeepSpeed's configure() asserts the same ("Contiguous Checkpointing is only available with
+  // partitioned activations"); it checks this before the count.
+  if (options.contiguous_memory_optimization && !options.partition_activations)
+    throw ConfigError(
+        "activation_checkpointing.contiguous_memory_optimization needs "
+        "activation_checkpointing.partition_activations (as in DeepSpeed)");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   if (options.partition_activations && !has_partition_group() && !r.warned_partition) {

@@ -61,11 +61,15 @@ nlohmann::json read_json(const PipelineInitializeArgs& args) {
 // built to weigh them are kept). Fills rt.partition (with every stage's parameter count: one sum
 // over the pipe group, so COLLECTIVE over it) and rt.module. `print`: rank 0 prints the partition.
 void build_stage_layers(PipelineRuntime& rt, const Config& config, bool print) {
+  const bool from_module = !rt.spec.partition_method.empty();
   const std::string method = normalized_partition_method(
-      rt.spec.partition_method.empty() ? config.pipeline.partition : rt.spec.partition_method);
+      from_module ? rt.spec.partition_method : config.pipeline.partition);
   const uint64_t seed = config.seed;
   std::map<size_t, torch::nn::AnyModule> built;
-  const auto weights = layer_weights(rt.spec.layers, method, seed, built);
+  const auto weights =
+      layer_weights(rt.spec.layers, method,
+                    from_module ? "PipelineModule.partition_method" : "pipeline.partition", seed,
+                    built);
   rt.partition = method == "uniform"
                      ? partition_uniform(static_cast<int64_t>(weights.size()), rt.stages)
                      : partition_balanced(weights, rt.stages);
@@ -145,17 +149,20 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
                                                 : comm::make_single_process_communicator();
   const nlohmann::json raw = read_json(args);
   const int stages = stage_count(model, raw);
+  // The errors below name where the count came from.
+  const std::string stages_key =
+      (model.num_stages > 0 ? "PipelineModule.num_stages = " : "pipeline.stages = ") +
+      std::to_string(stages);
   if (args.topology && args.topology->grid().pipe_size() != stages)
     throw ConfigError("initialize_pipeline(): PipelineInitializeArgs.topology has pipe size " +
-                      std::to_string(args.topology->grid().pipe_size()) +
-                      " but pipeline.stages = " + std::to_string(stages));
+                      std::to_string(args.topology->grid().pipe_size()) + " but " + stages_key);
   const int tensor = args.topology ? args.topology->grid().tensor_size() : 1;
   if (world->world_size() % stages != 0)
-    throw ConfigError("pipeline.stages = " + std::to_string(stages) + " does not divide the world size " +
+    throw ConfigError(stages_key + " does not divide the world size " +
                       std::to_string(world->world_size()));
   if (stages > static_cast<int>(model.layers.size()))
-    throw ConfigError("pipeline.stages = " + std::to_string(stages) + " is more than the " +
-                      std::to_string(model.layers.size()) + " layers of the PipelineModule");
+    throw ConfigError(stages_key + " is more than the " + std::to_string(model.layers.size()) +
+                      " layers of the PipelineModule");
   const int dp = world->world_size() / (stages * tensor);
   std::vector<std::string> warnings;  // printed once, by the stage engine's own parse below
   const Config config = args.config.empty()
@@ -163,8 +170,8 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
                             : load_config(args.config, dp, args.overrides, &warnings);
   if (config.zero_optimization.stage >= 3)
     throw ConfigError("zero_optimization.stage = " + std::to_string(config.zero_optimization.stage) +
-                      " cannot be combined with pipeline parallelism (pipeline.stages = " +
-                      std::to_string(stages) + "): use ZeRO stage 0, 1 or 2 with the pipeline");
+                      " cannot be combined with pipeline parallelism (" + stages_key +
+                      "): use ZeRO stage 0, 1 or 2 with the pipeline");
 
   rt->spec = model;
   rt->stages = stages;

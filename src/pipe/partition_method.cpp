@@ -32,19 +32,20 @@ std::string normalized_partition_method(const std::string& method) {
 
 // Per-layer weights for the partition method, and the layers built to count them.
 std::vector<int64_t> layer_weights(const std::vector<LayerSpec>& specs, const std::string& method,
-                                   uint64_t seed, std::map<size_t, torch::nn::AnyModule>& built) {
+                                   const std::string& key, uint64_t seed,
+                                   std::map<size_t, torch::nn::AnyModule>& built) {
   std::vector<int64_t> w(specs.size(), 1);
   if (method == "uniform") return w;
   const bool by_type = method.rfind("type:", 0) == 0;
   if (!by_type && method != "parameters")
-    throw ConfigError("pipeline.partition = \"" + method +
+    throw ConfigError(key + " = \"" + method +
                       "\": expected \"parameters\", \"uniform\" or \"type:<regex>\"");
   std::regex pattern;
   if (by_type) {
     try {
       pattern = std::regex(method.substr(5), std::regex::icase);
     } catch (const std::regex_error& e) {
-      throw ConfigError("pipeline.partition = \"" + method + "\": bad regular expression: " + e.what());
+      throw ConfigError(key + " = \"" + method + "\": bad regular expression: " + e.what());
     }
   }
   std::map<std::string, size_t> first_of_key;
@@ -69,7 +70,7 @@ std::vector<int64_t> layer_weights(const std::vector<LayerSpec>& specs, const st
     std::string names;
     for (size_t i = 0; i < specs.size(); ++i)
       names += (i ? ", " : "") + layer_type_name(specs[i], built[i]);
-    throw ConfigError("pipeline.partition = \"" + method + "\": no layer's type matches (types: " +
+    throw ConfigError(key + " = \"" + method + "\": no layer's type matches (types: " +
                       names + ")");
   }
   return w;

@@ -21,9 +21,12 @@ std::string normalized_partition_method(const std::string& method);
 
 // Per-layer weights for `method`; the layers it built to count them (every layer but for
 // "uniform", a tied key's module once, under each of its indices) go into `built`. Throws
-// ConfigError for an unknown method, a bad regular expression, or a "type:" that matches no layer.
+// ConfigError for an unknown method, a bad regular expression, or a "type:" that matches no layer,
+// naming `key`: where the method came from ("pipeline.partition" or
+// "PipelineModule.partition_method").
 std::vector<int64_t> layer_weights(const std::vector<LayerSpec>& specs, const std::string& method,
-                                   uint64_t seed, std::map<size_t, torch::nn::AnyModule>& built);
+                                   const std::string& key, uint64_t seed,
+                                   std::map<size_t, torch::nn::AnyModule>& built);
 
 // Prints the stages' layers and parameter counts to stdout (rank 0's job).
 void print_partition(const std::vector<LayerSpec>& specs, const Partition& p,

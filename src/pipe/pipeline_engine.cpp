@@ -35,6 +35,12 @@ Schedule PipelineEngine::schedule() const {
 }
 
 double PipelineEngine::train_batch(const DataIterator& data) {
+  // Checked on every rank before any transfer (grad mode is the caller's thread's), as DeepSpeed
+  // asserts it: under NoGradGuard the last stage's backward would fail on a loss without a graph
+  // and the other stages would wait on it.
+  if (!at::GradMode::is_enabled())
+    throw Error("train_batch() requires gradients enabled (called under torch::NoGradGuard?); "
+                "use eval_batch() for evaluation");
   // With more than one stage the neighbours block on this stage's first transfer at once.
   return in_call("train_batch", [&] { return run(schedule(), data, /*train=*/true); },
                  /*peers_wait_at_once=*/rt_->stages > 1);

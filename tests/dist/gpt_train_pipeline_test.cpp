@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/commands.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/ranks.h"
 
@@ -148,17 +149,18 @@ TEST(GptTrainPipeline, TensorParallelDropoutDrawsTheMasksOfTheUnsplitGpt) {
   EXPECT_NE(step_losses(plain.output), step_losses(one.output)) << plain.output;
 }
 
+// gpt_train gives --pipeline_stages as PipelineModule.num_stages, the key the errors name, and
+// says it came from the flag.
 TEST(GptTrainPipeline, BadStageCountsNamed) {
   dstest::TempDir dir("gpt_pipe_bad");
   auto r = gpt_train(dir, 3, "--pipeline_stages 2 --steps 3");
   EXPECT_FALSE(r.ok);
-  EXPECT_NE(r.output.find("pipeline.stages = 2 does not divide the world size 3"), std::string::npos)
-      << r.output;
+  EXPECT_CONTAINS(r.output, "PipelineModule.num_stages = 2 does not divide the world size 3");
+  EXPECT_CONTAINS(r.output, "[gpt_train: PipelineModule.num_stages is --pipeline_stages 2]");
   // 2 blocks: 5 layers (embedding, 2 blocks, ln_f, head).
   r = gpt_train(dir, 6, "--pipeline_stages 6 --steps 3");
   EXPECT_FALSE(r.ok);
-  EXPECT_NE(r.output.find("pipeline.stages = 6 is more than the 5 layers"), std::string::npos)
-      << r.output;
+  EXPECT_CONTAINS(r.output, "PipelineModule.num_stages = 6 is more than the 5 layers");
 }
 
 // Saved at step 2 of 4 (pipe 2 on 2 ranks) and resumed: steps 3 and 4 are those of the

@@ -589,13 +589,17 @@ TEST(PipelineErrors, WorldNotDivisibleByStages) {
   auto msg = init_error(3, cfg, tiny_gpt(false), kWorld, /*from_config=*/true);
   EXPECT_NE(msg.find("pipeline.stages = 3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("world size 4"), std::string::npos) << msg;
+  // The count from the module: its key is named.
+  msg = init_error(3, config(1, 0), tiny_gpt(false));
+  EXPECT_CONTAINS(msg, "PipelineModule.num_stages = 3");
+  EXPECT_CONTAINS(msg, "world size 4");
 }
 
 TEST(PipelineErrors, MoreStagesThanLayers) {
   auto model = tiny_gpt(false);
   model.n_layer = 1;  // 4 layers: embedding, block, ln_f, head
-  auto msg = init_error(8, config(1, 0), model, 8);
-  EXPECT_NE(msg.find("pipeline.stages = 8"), std::string::npos) << msg;
+  auto msg = init_error(8, config(1, 0), model, 8);  // the count from PipelineModule.num_stages
+  EXPECT_CONTAINS(msg, "PipelineModule.num_stages = 8");
   EXPECT_NE(msg.find("4 layers"), std::string::npos) << msg;
 }
 
@@ -676,6 +680,52 @@ TEST(PipelineErrors, PartitionTypeMatchingNothing) {
   }
   EXPECT_NE(message.find("type:Transformer"), std::string::npos) << message;
   EXPECT_NE(message.find("BlockImpl"), std::string::npos) << message;
+  // The method came from the module: its key is named, not the config's.
+  EXPECT_CONTAINS(message, "PipelineModule.partition_method = \"type:Transformer\"");
+  // From the config: pipeline.partition is named.
+  m.partition_method.clear();
+  auto cfg = config(1, 0);
+  cfg["pipeline"] = {{"partition", "Sideways"}};
+  message = dstest::message_of<deepspeed::ConfigError>([&] {
+    dp::PipelineInitializeArgs args;
+    args.model = m;
+    args.config_json = cfg;
+    args.comm = deepspeed::comm::make_single_process_communicator();
+    args.device = "cpu";
+    dp::initialize_pipeline(args);
+  });
+  EXPECT_CONTAINS(message, "pipeline.partition = \"sideways\"");
+}
+
+// train_batch under torch::NoGradGuard: refused by name on every rank before any transfer (no
+// rank waits on another), as DeepSpeed asserts grad mode in train_batch. Before, the last stage
+// failed with torch's "element 0 of tensors does not require grad" and the others waited on it.
+TEST(PipelineErrors, TrainBatchWithoutGradModeNamesIt) {
+  for (int stages : {1, 2}) {
+    std::vector<std::string> messages(stages);
+    run_ranks(stages, [&](deepspeed::comm::CommunicatorPtr comm) {
+      dp::PipelineInitializeArgs args;
+      args.model = gpt::gpt_pipeline(tiny_gpt(false));
+      args.model.num_stages = stages;
+      args.config_json = config(1, 0);
+      args.comm = comm;
+      args.device = "cpu";
+      auto engine = dp::initialize_pipeline(args);
+      torch::NoGradGuard no_grad;
+      int m = 0;
+      try {
+        engine->train_batch([&] { return pipeline_micro_batch(0, m++); });
+      } catch (const std::exception& e) {
+        messages[comm->rank()] = e.what();
+      }
+      EXPECT_EQ(engine->micro_steps(), 0);
+    }, std::chrono::seconds(10));
+    for (int r = 0; r < stages; ++r) {
+      EXPECT_CONTAINS(messages[r], "train_batch() requires gradients enabled")
+          << stages << " stages, rank " << r;
+      EXPECT_CONTAINS(messages[r], "eval_batch()") << stages << " stages, rank " << r;
+    }
+  }
 }
 
 TEST(PipelineErrors, PerMicroBatchLoopRefused) {

@@ -8,6 +8,7 @@
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
 #include "gpt/model.h"
+#include "support/expect.h"
 #include "util/allocation_meter.h"
 
 namespace activation_checkpointing_test {
@@ -180,6 +181,7 @@ TEST_F(ActivationCheckpointing, ProfileTimesForwardAndRecompute) {
 
 TEST_F(ActivationCheckpointing, NumberCheckpointsCapsAForward) {
   deepspeed::ActivationCheckpointingConfig block;
+  block.partition_activations = true;  // contiguous_memory_optimization needs it (below)
   block.contiguous_memory_optimization = true;
   block.number_checkpoints = 2;
   ckpt::configure(block);
@@ -204,6 +206,20 @@ TEST_F(ActivationCheckpointing, ContiguousMemoryNeedsNumberCheckpoints) {
     EXPECT_NE(std::string(e.what()).find("activation_checkpointing.number_checkpoints"),
               std::string::npos);
   }
+}
+
+// DeepSpeed's configure() asserts "Contiguous Checkpointing is only available with partitioned
+// activations"; accepted here before, it was silently a count check only.
+TEST_F(ActivationCheckpointing, ContiguousMemoryNeedsPartitionActivations) {
+  deepspeed::ActivationCheckpointingConfig block;
+  block.contiguous_memory_optimization = true;
+  block.number_checkpoints = 2;
+  const std::string msg =
+      dstest::message_of<deepspeed::ConfigError>([&] { ckpt::configure(block); });
+  EXPECT_CONTAINS(msg, "activation_checkpointing.contiguous_memory_optimization");
+  EXPECT_CONTAINS(msg, "activation_checkpointing.partition_activations");
+  block.partition_activations = true;
+  EXPECT_NO_THROW(ckpt::configure(block));
 }
 
 TEST_F(ActivationCheckpointing, ASecondBackwardThroughTheSegmentIsRefused) {

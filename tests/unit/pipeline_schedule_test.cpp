@@ -160,12 +160,14 @@ TEST(PipelinePartition, MethodNamesAreCaseInsensitiveButNotTheirRegex) {
   EXPECT_EQ(dp::normalized_partition_method("Type:TransformerBlock"), "type:TransformerBlock");
 }
 
+// DeepSpeed's rule: the smallest spread (heaviest minus lightest stage), the last cut on ties.
 TEST(PipelinePartition, BalancedByWeight) {
-  // Minimise the heaviest stage: [10 | 1 1 1 1 10] -> 10 vs 14, [10 1 | 1 1 1 10]...
+  // [10 1 1 | 1 1 10]: 12 and 12, spread 0.
   auto p = dp::partition_balanced({10, 1, 1, 1, 1, 10}, 2);
   EXPECT_EQ(p.bounds, (std::vector<int64_t>{0, 3, 6}));
+  // Spread 1 either way; the last cut wins: 3, 2, 2 (the heaviest-stage rule kept 2, 2, 3).
   p = dp::partition_balanced({1, 1, 1, 1, 1, 1, 1}, 3);
-  EXPECT_EQ(p.bounds, (std::vector<int64_t>{0, 2, 4, 7}));
+  EXPECT_EQ(p.bounds, (std::vector<int64_t>{0, 3, 5, 7}));
   p = dp::partition_balanced({5, 5, 5, 5}, 4);
   EXPECT_EQ(p.bounds, (std::vector<int64_t>{0, 1, 2, 3, 4}));
   try {
@@ -174,6 +176,28 @@ TEST(PipelinePartition, BalancedByWeight) {
   } catch (const deepspeed::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("num_stages = 3"), std::string::npos) << e.what();
   }
+}
+
+// The cuts DeepSpeed's runtime/utils.py partition_balanced (0.14, 0.16) makes, computed with it
+// (a numpy port of its dynamic programme), so a model's stages hold the same layers as there.
+TEST(PipelinePartition, BalancedMatchesDeepSpeed) {
+  EXPECT_EQ(dp::partition_balanced(std::vector<int64_t>(7, 1), 3).bounds,
+            (std::vector<int64_t>{0, 3, 5, 7}));
+  EXPECT_EQ(dp::partition_balanced(std::vector<int64_t>(10, 1), 4).bounds,
+            (std::vector<int64_t>{0, 3, 6, 8, 10}));
+  // GPT-2 small's parameter counts per layer: embeddings, 12 blocks, ln_f, the head.
+  std::vector<int64_t> gpt2 = {39383808};
+  gpt2.insert(gpt2.end(), 12, 7087872);
+  gpt2.insert(gpt2.end(), {1536, 38597376});
+  EXPECT_EQ(dp::partition_balanced(gpt2, 6).bounds,
+            (std::vector<int64_t>{0, 1, 4, 7, 10, 14, 15}));
+  // Zero weights (a "type:" partition's unmatched layers) go where the last-cut rule puts them.
+  EXPECT_EQ(dp::partition_balanced({0, 1, 1, 0}, 2).bounds, (std::vector<int64_t>{0, 2, 4}));
+  EXPECT_EQ(dp::partition_balanced({0, 0, 1, 0, 1, 0}, 2).bounds,
+            (std::vector<int64_t>{0, 4, 6}));
+  // As many layers as stages: DeepSpeed's partition_uniform, one layer each whatever the weights.
+  EXPECT_EQ(dp::partition_balanced({100, 1, 1}, 3).bounds, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(dp::partition_balanced({7}, 1).bounds, (std::vector<int64_t>{0, 1}));
 }
 
 }  // namespace pipeline_schedule_test

@@ -12,12 +12,17 @@ namespace monitor {
 namespace {
 
 // comms_logger.prof_ops (validated by the config reader, which warns of a name that selects
-// nothing; kept in the raw document) as our names: DeepSpeed's select ours. A name that selects
-// nothing stays in the set, so that a list of such names shows no op (not every op).
+// nothing; kept in the raw document) as our names: DeepSpeed's select ours. Empty: every op
+// (prof_all). A name that selects nothing stays in the set, so that a list of such names shows
+// no op (not every op); so does kNoOp, which stands for "prof_all false and no prof_ops": DeepSpeed
+// then logs nothing (timed_op logs an op only with prof_all or when prof_ops names it).
+const char* const kNoOp = "";
 std::set<std::string> prof_ops_of(const Config& config) {
   std::set<std::string> ops;
+  if (config.comms_logger.prof_all) return ops;
+  ops.insert(kNoOp);
   const auto& raw = config.raw;
-  if (!config.comms_logger.prof_all && raw.is_object() && raw.contains("comms_logger")) {
+  if (raw.is_object() && raw.contains("comms_logger")) {
     const auto& block = raw.at("comms_logger");
     if (block.is_object() && block.contains("prof_ops") && block.at("prof_ops").is_array())
       for (const auto& entry : block.at("prof_ops")) {

@@ -167,6 +167,29 @@ TEST(MonitorRanks, ProfOpsAcceptDeepSpeedsNames) {
   EXPECT_EQ(table.find("all_reduce"), std::string::npos) << table;
 }
 
+// prof_all false without prof_ops selects no op (DeepSpeed's timed_op logs an op only with
+// prof_all or when prof_ops names it): the table has its header and no row; with prof_all (the
+// default) the same collective is listed.
+TEST(MonitorRanks, ProfAllFalseWithoutProfOpsListsNothing) {
+  for (bool prof_all : {false, true}) {
+    nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
+    doc["comms_logger"] = {{"enabled", true}, {"prof_all", prof_all}};
+    const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+    std::string table;
+    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
+      at::Tensor small = torch::ones({4});
+      comm->all_reduce(small)->wait();
+      if (comm->rank() == 0) table = m.comms_summary(/*print=*/false);
+    });
+    EXPECT_CONTAINS(table, "Comm. Op");
+    if (prof_all)
+      EXPECT_CONTAINS(table, "\nall_reduce\n");
+    else
+      EXPECT_EQ(table.find("all_reduce"), std::string::npos) << table;
+  }
+}
+
 // The throughput figures' first interval starts at the first training call, not at the engine's
 // construction: a delay in between (a load_checkpoint) is not counted. Ordering, no durations:
 // the start is after a time point taken once construction was over.

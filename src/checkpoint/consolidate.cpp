@@ -1,5 +1,7 @@
 #include "checkpoint/consolidate.h"
 
+#include <set>
+
 #include <torch/torch.h>
 
 #include "checkpoint/layout.h"
@@ -56,9 +58,20 @@ std::map<std::string, std::string> shared_params(TagReader& reader) {
   return out;
 }
 
+// The buffers' names in module file `mf` (its "buffer_names", without the file's prefix).
+std::set<std::string> buffer_names(TagReader& reader, const ModuleFile& mf) {
+  const auto meta = reader.file_metadata(mf.file);
+  if (!meta.contains("buffer_names"))
+    throw CheckpointError("checkpoint file '" + join_path(reader.dir(), mf.file) +
+                          "' has no \"buffer_names\": its frozen parameters cannot be told from "
+                          "its buffers to exclude them");
+  return meta.at("buffer_names").get<std::set<std::string>>();
+}
+
 }  // namespace
 
-NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
+NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir,
+                              bool exclude_frozen_parameters) {
   auto trainable = consolidate_trainable(fs, tag_dir, "fp32");
   std::map<std::string, at::Tensor> fp32(trainable.begin(), trainable.end());
   TagReader reader(fs, tag_dir);
@@ -69,7 +82,9 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
     if (it != fp32.end()) fp32.emplace(alias, it->second);
   }
   NamedTensors out;
-  for (const auto& mf : reader.module_files())
+  for (const auto& mf : reader.module_files()) {
+    std::set<std::string> buffers;
+    if (exclude_frozen_parameters) buffers = buffer_names(reader, mf);
     for (const auto& e : reader.file(mf.file).entries) {
       const std::string name = mf.prefix + e.name;
       auto it = fp32.find(name);
@@ -77,9 +92,11 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir) {
         out.emplace_back(name, it->second);
         continue;
       }
+      if (exclude_frozen_parameters && !buffers.count(e.name)) continue;  // a frozen parameter
       at::Tensor t = reader.module_tensor(mf, e.name);  // a tensor-parallel slice merged
       out.emplace_back(name, t.is_floating_point() ? t.to(torch::kFloat) : t);
     }
+  }
   return out;
 }
 

@@ -22,8 +22,12 @@ NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, c
 // The full module state in fp32: trainable parameters from the fp32 masters (every name of a
 // tied one, the model-states file's "shared_params", from its one master), frozen parameters and
 // buffers from the model-states file (floating ones converted to fp32, others unchanged), in the
-// module's order (parameters, then buffers).
-NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir);
+// module's order (parameters, then buffers). `exclude_frozen_parameters` leaves the frozen
+// parameters out (zero_to_fp32's option of that name; buffers stay): those neither trained nor
+// listed in their module file's "buffer_names". Throws CheckpointError naming a module file
+// without "buffer_names" when asked to exclude them.
+NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir,
+                              bool exclude_frozen_parameters = false);
 
 }  // namespace checkpoint
 }  // namespace deepspeed

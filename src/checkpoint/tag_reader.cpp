@@ -1,5 +1,8 @@
 #include "checkpoint/tag_reader.h"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -27,6 +30,9 @@ std::string python_deepspeed_file(FileSystem& fs, const std::string& dir) {
 
 TagReader::TagReader(FileSystem& fs, const std::string& tag_dir)
     : fs_(fs), dir_(tag_dir_to_read(fs, tag_dir)) {
+  struct rlimit files {};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur != RLIM_INFINITY)
+    max_open_ = std::clamp<size_t>(files.rlim_cur / 4, 1, kMaxOpenFiles);
   const std::string manifest_path = join_path(dir_, kManifestFileName);
   if (!fs_.exists(dir_)) throw CheckpointError("checkpoint folder '" + dir_ + "' does not exist");
   if (!fs_.exists(manifest_path)) {
@@ -118,7 +124,38 @@ TagReader::OpenFile& TagReader::open(const std::string& name) {
   OpenFile f;
   f.file = fs_.open_file(path);
   f.index = read_safetensors_index(*f.file, path);
-  return files_.emplace(name, std::move(f)).first->second;
+  OpenFile& out = files_.emplace(name, std::move(f)).first->second;
+  mark_open(name, out);
+  return out;
+}
+
+ReadableFile& TagReader::readable(const std::string& name) {
+  OpenFile& f = open(name);
+  if (f.file) {
+    recent_.splice(recent_.begin(), recent_, f.recent);
+    return *f.file;
+  }
+  // Verified when first opened: a file since replaced by one of another size reads as an error
+  // naming it rather than as other bytes (the checksum is not read again).
+  const std::string path = join_path(dir_, name);
+  f.file = fs_.open_file(path);
+  const uint64_t want = manifest_.files.at(name).bytes, got = f.file->size();
+  if (got != want) {
+    f.file.reset();
+    throw CheckpointError("checkpoint file '" + path + "' has " + std::to_string(got) +
+                          " bytes, expected " + std::to_string(want) + " (changed while read)");
+  }
+  mark_open(name, f);
+  return *f.file;
+}
+
+void TagReader::mark_open(const std::string& name, OpenFile& f) {
+  recent_.push_front(name);
+  f.recent = recent_.begin();
+  while (recent_.size() > max_open_) {
+    files_.at(recent_.back()).file.reset();
+    recent_.pop_back();
+  }
 }
 
 const SafetensorsIndex& TagReader::file(const std::string& name) { return open(name).index; }
@@ -158,13 +195,14 @@ void TagReader::read_tensor(const std::string& name, const std::string& tensor, 
     throw CheckpointError("checkpoint file '" + join_path(dir_, name) + "': tensor \"" + tensor +
                           "\" has " + std::to_string(e.numel()) + " elements, read into " +
                           std::to_string(dst.numel()));
-  OpenFile& f = open(name);
+  const SafetensorsIndex& index = open(name).index;
+  ReadableFile& file = readable(name);
   if (dst.scalar_type() == e.dtype) {
-    read_safetensors_range(*f.file, join_path(dir_, name), f.index, e, 0, dst);
+    read_safetensors_range(file, join_path(dir_, name), index, e, 0, dst);
     return;
   }
   at::Tensor saved = at::empty({e.numel()}, at::TensorOptions().dtype(e.dtype));  // converted below
-  read_safetensors_range(*f.file, join_path(dir_, name), f.index, e, 0, saved);
+  read_safetensors_range(file, join_path(dir_, name), index, e, 0, saved);
   dst.copy_(saved.view(dst.sizes()));
 }
 
@@ -314,6 +352,9 @@ std::vector<int> TagReader::ranks_holding(const std::string& param, int64_t offs
 template <class Visit>
 int64_t TagReader::for_each_piece_of(int t, const std::string& kind, const std::string& param,
                                      int64_t offset, int64_t numel, int64_t into, Visit&& visit) {
+  // Nothing to read, and nothing saved: a zero-element parameter has no fragment on any rank
+  // (partition_fragments writes none for it).
+  if (numel == 0) return 0;
   auto it = pieces_.at(t).find(param);
   if (it == pieces_.at(t).end())
     throw CheckpointError(
@@ -380,13 +421,14 @@ void TagReader::read_range(const std::string& kind, const std::string& param, in
       kind, param, offset, dst.numel(),
       [&](const std::string& file_name, const SafetensorsEntry& e, int64_t from, int64_t into,
           int64_t n) {
-        OpenFile& f = open(file_name);
+        const SafetensorsIndex& index = open(file_name).index;
+        ReadableFile& file = readable(file_name);
         at::Tensor part = dst.narrow(0, into, n);
         if (part.scalar_type() == at::kFloat) {
-          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, part);
+          read_safetensors_range(file, join_path(dir_, file_name), index, e, from, part);
         } else {
           at::Tensor tmp = at::empty({n}, at::kFloat);
-          read_safetensors_range(*f.file, join_path(dir_, file_name), f.index, e, from, tmp);
+          read_safetensors_range(file, join_path(dir_, file_name), index, e, from, tmp);
           part.copy_(tmp);
         }
       });

@@ -2,9 +2,11 @@
 // against the manifest (size and crc32c, read in chunks) before its header is parsed, and the
 // assembly of any range of a parameter's fp32 state from the fragments of whichever ranks saved
 // it. Tensor data are read only when asked for, straight into the caller's tensor, so a file
-// never has to fit in memory.
+// never has to fit in memory. At most 64 descriptors are held at a time (fewer under a low
+// RLIMIT_NOFILE), whatever the number of rank files.
 // Thread-safety: none; one reader per thread.
 #pragma once
+#include <list>
 #include <map>
 #include <memory>
 #include <set>
@@ -117,12 +119,23 @@ class TagReader {
     int rank = 0;
     int64_t offset = 0, numel = 0;
   };
+  // A file read so far: verified and parsed once; its descriptor is kept open only while it is
+  // among the max_open_ most recently read (a checkpoint of a thousand ranks would otherwise
+  // hold a thousand descriptors, past the usual soft limit of 1024).
   struct OpenFile {
-    std::unique_ptr<ReadableFile> file;
     SafetensorsIndex index;
+    std::unique_ptr<ReadableFile> file;      // null while closed
+    std::list<std::string>::iterator recent;  // its place in recent_, while open
   };
+  // At most 64, and a quarter of the process's RLIMIT_NOFILE: the rest is the program's.
+  static constexpr size_t kMaxOpenFiles = 64;
   [[noreturn]] void bad(const std::string& what) const;
+  // The file verified and parsed (descriptor open or not).
   OpenFile& open(const std::string& name);
+  // Its descriptor, reopened when it was closed (the size checked again, not the checksum), the
+  // least recently read one closed when max_open_ are open.
+  ReadableFile& readable(const std::string& name);
+  void mark_open(const std::string& name, OpenFile& f);
   const SafetensorsEntry& entry(const std::string& name, const std::string& tensor);
   // Calls visit(rank file, its entry, first element in it, first element in the range, numel)
   // for each saved piece overlapping the range; throws unless they cover it.
@@ -161,6 +174,8 @@ class TagReader {
   std::map<std::string, TensorSplit> splits_;
   std::vector<TrainableInfo> slice_trainable_;  // one tensor rank's (the manifest's list)
   std::map<std::string, OpenFile> files_;
+  std::list<std::string> recent_;  // the files with an open descriptor, most recently read first
+  size_t max_open_ = kMaxOpenFiles;
 };
 
 // The dtype/shape of every tensor of a safetensors file, read from its header alone:

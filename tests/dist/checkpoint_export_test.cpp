@@ -3,16 +3,91 @@
 // with its own parser (tests/support/checkpoint_read_safetensors.py) and finds every tensor equal
 // to the trained weights.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <map>
 
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tag_reader.h"
+#include "deepspeed/errors.h"
+#include "deepspeed/zero_to_fp32.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/training_run.h"
 
 namespace checkpoint_export_test {
+
+namespace ckpt = deepspeed::checkpoint;
+using nlohmann::json;
+
+namespace {
+
+// Runs ds_to_fp32 with `args`; returns its exit status (-1 when it did not exit) and output.
+std::pair<int, std::string> ds_to_fp32(const std::string& args, const std::string& log) {
+  const int status =
+      std::system((dstest::bin_dir() + "/ds_to_fp32 " + args + " > " + log + " 2>&1").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, dstest::read_bytes(log)};
+}
+
+std::map<std::string, torch::Tensor> read_by_name(const std::string& path) {
+  auto tensors = ckpt::read_safetensors(path).tensors;
+  return {tensors.begin(), tensors.end()};
+}
+
+// A stage-2 checkpoint of `world` ranks holding one trainable parameter "a" = 0, 1, ..., numel-1,
+// laid out as a save writes it (manifest, model-states file, one fragment file per rank), written
+// directly: training that many ranks would take minutes.
+void write_many_rank_checkpoint(const std::string& root, int world, int64_t numel) {
+  auto& fs = ckpt::posix_file_system();
+  const std::string tag_dir = root + "/global_step1";
+  fs.make_dirs(tag_dir);
+  const at::Tensor a = torch::arange(numel, torch::kFloat);
+  std::vector<std::string> files = {ckpt::model_states_file_name()};
+  const json module_meta = {{"shared_params", json::object()}, {"buffer_names", json::array()}};
+  ckpt::write_safetensors(fs, tag_dir + "/" + files[0], {{"a", a}},
+                          {{ckpt::kMetadataKey, module_meta.dump()}});
+  json partitions = json::array();
+  for (int r = 0; r < world; ++r) {
+    ckpt::NamedTensors tensors;
+    json fragments = json::array();
+    for (const auto& f : ckpt::partition_fragments({numel}, world, r)) {
+      tensors.emplace_back(ckpt::fragment_tensor_name("fp32", "a"),
+                           a.narrow(0, f.offset, f.numel).clone());
+      fragments.push_back(json::array({"a", f.offset, f.numel}));
+    }
+    files.push_back(ckpt::optim_states_file_name(r));
+    ckpt::write_safetensors(fs, tag_dir + "/" + files.back(), tensors,
+                            {{ckpt::kMetadataKey, json{{"rank", r}}.dump()}});
+    partitions.push_back({{"rank", r}, {"file", files.back()}, {"fragments", fragments}});
+  }
+  const json trainable = json::array(
+      {json{{"name", "a"}, {"shape", json::array({numel})}, {"numel", numel}}});
+  const json meta = {{"format", ckpt::kCheckpointFormat},
+                     {"format_version", ckpt::kCheckpointFormatVersion},
+                     {"world_size", world},
+                     {"zero_stage", 2},
+                     {"optimizer", {{"format", ckpt::kAdamFragments}, {"adam_step", 1}}},
+                     {"trainable", trainable},
+                     {"partitions", partitions}};
+  ckpt::write_manifest(fs, tag_dir, ckpt::make_manifest(fs, tag_dir, files, meta));
+  fs.write_file_atomic(root + "/latest", "global_step1");
+}
+
+// Descriptors this process has open (the listing's own included).
+int open_descriptors() {
+  const auto it = std::filesystem::directory_iterator("/proc/self/fd");
+  return static_cast<int>(std::distance(begin(it), end(it)));
+}
+
+}  // namespace
 
 TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   if (std::system("/usr/bin/python3 -c 'import torch' > /dev/null 2>&1") != 0)
@@ -76,6 +151,103 @@ TEST(CheckpointExport, DsToFp32RefusesACorruptedCheckpoint) {
   const std::string output = dstest::read_bytes(log);
   EXPECT_NE(output.find(victim), std::string::npos) << output;
   EXPECT_NE(output.find("corrupted"), std::string::npos) << output;
+}
+
+// A checkpoint of more ranks than a process may hold descriptors for exports: the reader keeps at
+// most 64 rank files open (DeepSpeed's zero_to_fp32 loads each and closes it). Consolidated in a
+// forked child whose RLIMIT_NOFILE leaves room for 96 more files than it has open, from 200 rank
+// files; init_inference and load_checkpoint read through the same reader, which reads a second
+// pass over every file (each closed by then, and reopened) the same.
+TEST(CheckpointExport, ACheckpointOfMoreRanksThanOpenFilesAllowExports) {
+  dstest::TempDir dir;
+  constexpr int kWorld = 200;
+  constexpr int64_t kNumel = 16 * kWorld * 2;
+  write_many_rank_checkpoint(dir / "ckpt", kWorld, kNumel);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      const rlim_t limit = open_descriptors() + 96;
+      if (limit >= kWorld) throw std::runtime_error("the limit would not bite");
+      struct rlimit rl = {limit, limit};
+      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) throw std::runtime_error("setrlimit failed");
+      auto state = deepspeed::get_fp32_state_dict_from_zero_checkpoint(dir / "ckpt");
+      if (state.size() != 1 || state[0].first != "a" ||
+          !torch::equal(state[0].second, torch::arange(kNumel, torch::kFloat))) {
+        std::fprintf(stderr, "child: wrong state (%zu tensors)\n", state.size());
+        code = 2;
+      }
+      ckpt::TagReader reader(ckpt::posix_file_system(), dir / "ckpt/global_step1");
+      for (int pass = 0; pass < 2; ++pass) {
+        at::Tensor a = torch::empty({kNumel});
+        reader.read_range("fp32", "a", 0, a);
+        if (!torch::equal(a, torch::arange(kNumel, torch::kFloat))) {
+          std::fprintf(stderr, "child: pass %d read other values\n", pass);
+          code = 3;
+        }
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child failed: %s\n", e.what());
+      code = 1;
+    }
+    std::fflush(nullptr);
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+}
+
+// A file closed by the reader (more rank files than it keeps open) and changed before it is read
+// again is named, not read: it was verified when first opened, and its size is checked again.
+TEST(CheckpointExport, ARankFileChangedAfterItWasClosedIsNamed) {
+  dstest::TempDir dir;
+  constexpr int kWorld = 80;
+  write_many_rank_checkpoint(dir / "ckpt", kWorld, 16 * kWorld);
+  ckpt::TagReader reader(ckpt::posix_file_system(), dir / "ckpt/global_step1");
+  at::Tensor a = torch::empty({16 * kWorld});
+  reader.read_range("fp32", "a", 0, a);  // rank 0's file closed again by the last ones
+  const std::string victim = dir / ("ckpt/global_step1/" + ckpt::optim_states_file_name(0));
+  dstest::write_bytes(victim, dstest::read_bytes(victim) + "x");
+  const std::string msg = dstest::message_of<deepspeed::CheckpointError>(
+      [&] { reader.read_range("fp32", "a", 0, a); });
+  EXPECT_CONTAINS(msg, victim);
+  EXPECT_CONTAINS(msg, "changed while read");
+}
+
+// The output may be an existing folder (zero_to_fp32 takes an output folder): <folder>/
+// model.safetensors. --exclude_frozen_parameters (zero_to_fp32's option) leaves the frozen
+// parameter out and keeps the buffers; without it the frozen one is there.
+TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
+  dstest::TempDir dir;
+  const gpt::GPTConfig model{256, 8, 1, 2, 16};
+  auto e = dstest::make_single_engine(dstest::base_config(2, 1, 2), model, 7, {"wpe.weight"});
+  e.train(2);
+  e.engine->save_checkpoint(dir / "ckpt");
+  std::filesystem::create_directories(dir / "out");
+
+  auto [code, log] = ds_to_fp32((dir / "ckpt") + " " + (dir / "out"), dir / "tool.log");
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_CONTAINS(log, dir / "out/model.safetensors");
+  auto whole = read_by_name(dir / "out/model.safetensors");
+  EXPECT_EQ(whole.count("wpe.weight"), 1u);
+
+  std::tie(code, log) = ds_to_fp32((dir / "ckpt") + " " + (dir / "trained.safetensors") +
+                                       " --exclude_frozen_parameters",
+                                   dir / "tool.log");
+  ASSERT_EQ(code, 0) << log;
+  auto trained = read_by_name(dir / "trained.safetensors");
+  EXPECT_EQ(trained.count("wpe.weight"), 0u);
+  for (auto& item : e.model->named_parameters()) {
+    if (item.key() == "wpe.weight") continue;
+    ASSERT_EQ(trained.count(item.key()), 1u) << item.key();
+    EXPECT_TRUE(torch::equal(trained[item.key()], item.value())) << item.key();
+  }
+  for (auto& item : e.model->named_buffers()) {
+    ASSERT_EQ(trained.count(item.key()), 1u) << item.key();
+    EXPECT_TRUE(torch::equal(trained[item.key()], item.value().to(torch::kFloat))) << item.key();
+  }
+  EXPECT_EQ(trained.size() + 1, whole.size());
 }
 
 }  // namespace checkpoint_export_test

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <map>
 #include <filesystem>
 
 #include "checkpoint/consolidate.h"
@@ -465,6 +466,68 @@ struct TwoBiasedLayersImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) { return b(a(x)).pow(2).mean(); }
 };
 }  // namespace
+
+namespace {
+// A parameter of no elements among trained ones (a zero-width layer, an empty bias): it is in
+// the manifest's trainable list but no rank holds a fragment of it.
+struct WithEmptyParameterImpl : torch::nn::Module {
+  torch::nn::Linear a{nullptr};
+  torch::Tensor empty;
+  WithEmptyParameterImpl() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    empty = register_parameter("empty", torch::zeros({0}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return a(x).pow(2).mean() + empty.sum(); }
+};
+
+std::shared_ptr<deepspeed::ModelEngine<WithEmptyParameterImpl>> with_empty_parameter(
+    int stage, uint64_t seed, std::shared_ptr<WithEmptyParameterImpl>* model_out) {
+  at::set_num_threads(1);
+  torch::manual_seed(seed);
+  auto model = std::make_shared<WithEmptyParameterImpl>();
+  if (model_out) *model_out = model;
+  return deepspeed::initialize<WithEmptyParameterImpl>(
+             {.model = model, .config_json = config(stage),
+              .comm = deepspeed::comm::make_single_process_communicator()})
+      .engine;
+}
+}  // namespace
+
+// Saved, resumed and exported (ds_to_fp32's consolidation) with a zero-element trainable
+// parameter, at every stage, as DeepSpeed's zero_to_fp32 exports it: "empty" comes back with sizes {0}, the
+// others equal to the trained weights.
+TEST(CheckpointLayout, AZeroElementParameterSavesResumesAndExports) {
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir;
+    std::shared_ptr<WithEmptyParameterImpl> model;
+    auto engine = with_empty_parameter(stage, 1, &model);
+    torch::manual_seed(5);
+    for (int i = 0; i < 2; ++i) {
+      engine->backward(engine->forward(torch::randn({2, 8})));
+      engine->step();
+    }
+    ASSERT_NO_THROW(engine->save_checkpoint(dir.path()));
+
+    std::shared_ptr<WithEmptyParameterImpl> fresh_model;
+    auto fresh = with_empty_parameter(stage, 2, &fresh_model);
+    ASSERT_NO_THROW(fresh->load_checkpoint(dir.path()));
+    EXPECT_TRUE(torch::equal(fresh_model->a->weight, model->a->weight));
+    EXPECT_NO_THROW(fresh->backward(fresh->forward(torch::randn({2, 8}))));
+    EXPECT_NO_THROW(fresh->step());
+
+    auto& fs = ckpt::posix_file_system();
+    ckpt::NamedTensors exported;
+    ASSERT_NO_THROW(exported = ckpt::consolidate_fp32(fs, ckpt::resolve_tag_dir(fs, dir.path())));
+    std::map<std::string, torch::Tensor> by_name(exported.begin(), exported.end());
+    ASSERT_EQ(by_name.count("empty"), 1u);
+    EXPECT_EQ(by_name["empty"].sizes(), (std::vector<int64_t>{0}));
+    for (auto& item : model->named_parameters()) {
+      ASSERT_EQ(by_name.count(item.key()), 1u) << item.key();
+      EXPECT_TRUE(torch::equal(by_name[item.key()], item.value().to(torch::kFloat))) << item.key();
+    }
+  }
+}
 
 // A libtorch optimizer's archive (stage 0 fp32, client AdamW) saved with one parameter group
 // and loaded into an optimizer grouped in two (weight decay, and none for the biases): named

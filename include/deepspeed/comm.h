@@ -48,6 +48,10 @@ struct SizeStats {
   int64_t calls = 0;
   double total_ms = 0.0;
   double max_ms = 0.0;
+  // The sum of 1/latency (1/ms): a bandwidth averaged as DeepSpeed's comms logger averages it
+  // (the mean of each call's bandwidth, not the bandwidth of the mean latency) is
+  // size-factor x inv_ms_sum / calls.
+  double inv_ms_sum = 0.0;
 };
 struct OpStats {
   int64_t calls = 0;
@@ -115,6 +119,9 @@ class Communicator {
 
   virtual CommStats stats() const = 0;
   virtual void reset_stats() = 0;
+  // How many times reset_stats() has run: a reader that keeps an earlier stats() to subtract
+  // (the comms_logger table's baseline) knows whether it still applies.
+  virtual int64_t stats_resets() const { return 0; }
   // "gloo", "nccl", "single" (world size 1, no transport) or, for test doubles, "fake".
   virtual std::string backend() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -95,8 +95,10 @@ struct Partition {
   std::vector<int64_t> bounds;
   std::vector<int64_t> parameters;  // trainable parameters per stage (tied counted per holder)
 };
-// Cuts `weights` (one per layer) into `stages` contiguous non-empty parts minimising the largest
-// part's sum. Throws ConfigError when stages > layers.
+// Cuts `weights` (one per layer) into `stages` contiguous non-empty parts as DeepSpeed's
+// partition_balanced: the smallest spread between the heaviest and the lightest part, the last
+// cut on ties (7 equal layers over 3 stages are 3, 2, 2); as many layers as stages: one each.
+// Throws ConfigError when stages > layers (DeepSpeed leaves stages empty).
 Partition partition_balanced(const std::vector<int64_t>& weights, int stages);
 // partition_method "uniform": equal layer counts, the remainder one layer each to the first
 // stages (DeepSpeed's partition_uniform: 7 layers over 3 stages are 3, 2, 2).

@@ -103,9 +103,10 @@ NamedTensors consolidate_fp32(FileSystem& fs, const std::string& tag_dir,
 }  // namespace checkpoint
 
 std::vector<std::pair<std::string, at::Tensor>> get_fp32_state_dict_from_zero_checkpoint(
-    const std::string& checkpoint_dir, const std::string& tag) {
+    const std::string& checkpoint_dir, const std::string& tag, bool exclude_frozen_parameters) {
   auto& fs = checkpoint::posix_file_system();
-  return checkpoint::consolidate_fp32(fs, checkpoint::resolve_tag_dir(fs, checkpoint_dir, tag));
+  return checkpoint::consolidate_fp32(fs, checkpoint::resolve_tag_dir(fs, checkpoint_dir, tag),
+                                      exclude_frozen_parameters);
 }
 
 }  // namespace deepspeed

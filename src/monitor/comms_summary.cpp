@@ -77,7 +77,12 @@ std::string comms_summary_table(const comm::CommStats& stats, int world_size,
     out += op + "\n";
     for (const auto& [bytes, sz] : s.by_size) {
       const double avg = sz.calls ? sz.total_ms / sz.calls : 0.0;
-      const auto [algbw, busbw] = bandwidth_gbps(op, static_cast<double>(bytes), avg, world_size);
+      // DeepSpeed averages each call's bandwidth (CommsLogger.append / log_all): the bandwidth
+      // at 1 ms times the mean of 1/latency.
+      const auto [algbw_1ms, busbw_1ms] =
+          bandwidth_gbps(op, static_cast<double>(bytes), 1.0, world_size);
+      const double mean_inv_ms = sz.calls ? sz.inv_ms_sum / sz.calls : 0.0;
+      const double algbw = algbw_1ms * mean_inv_ms, busbw = busbw_1ms * mean_inv_ms;
       out += pad("") + pad(convert_size(bytes)) +
              pad(std::to_string(sz.calls)) + pad(two_decimals(sz.total_ms)) + pad(two_decimals(avg)) +
              pad(two_decimals(algbw)) + pad(two_decimals(busbw)) + "\n";

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "comm/stats.h"
 #include "deepspeed/device.h"
 #include "monitor/comm_op_names.h"
 #include "monitor/comms_summary.h"
@@ -47,6 +48,7 @@ comm::CommStats since(comm::CommStats now, const comm::CommStats& before) {
       auto& s = it->second.by_size[size];
       s.calls -= bs.calls;
       s.total_ms -= bs.total_ms;
+      s.inv_ms_sum -= bs.inv_ms_sum;
       if (s.calls <= 0) it->second.by_size.erase(size);
     }
   }
@@ -65,6 +67,7 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       device_(device),
       prof_ops_(prof_ops_of(config)),
       baseline_(comm_->stats()),
+      baseline_resets_(comm_->stats_resets()),
       gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
   observe_ops(writer_);
 }
@@ -107,6 +110,7 @@ void TrainingMonitor::observe(const std::string& op, int64_t bytes, double ms, i
     auto& z = s.by_size[bytes];
     z.calls += 1;
     z.total_ms += ms;
+    z.inv_ms_sum += comm::StatsRecorder::inverse_ms(ms);
     if (ms > z.max_ms) z.max_ms = ms;
   }
   if (config_.comms_logger.verbose)
@@ -278,7 +282,10 @@ std::string TrainingMonitor::comms_summary(bool print) const {
   const std::string table =
       config_.comms_logger.debug && writer_
           ? comms_summary_table(debug, comm_->world_size(), {})
-          : comms_summary_table(since(comm_->stats(), baseline_), comm_->world_size(), prof_ops_);
+          : comms_summary_table(comm_->stats_resets() == baseline_resets_
+                                    ? since(comm_->stats(), baseline_)
+                                    : comm_->stats(),  // reset since the baseline: all is after it
+                                comm_->world_size(), prof_ops_);
   if (print && writer_) {
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);

@@ -91,6 +91,7 @@ class TrainingMonitor {
   // own weight broadcast is left out).
   void mark_comms_start() {
     baseline_ = comm_->stats();
+    baseline_resets_ = comm_->stats_resets();
     gather_seen_ms_ = all_gather_ms();
     debug_counting_.store(true);
   }
@@ -115,6 +116,7 @@ class TrainingMonitor {
   c10::Device device_;
   std::set<std::string> prof_ops_;  // our names (comm_op_names.h); empty: every op
   comm::CommStats baseline_;  // the communicator's stats when the engine was built
+  int64_t baseline_resets_ = 0;  // its stats_resets() then (a later reset_stats() voids it)
   // comms_logger.verbose / .debug on the printing rank: told of each completed collective, prints
   // it (verbose) and counts it under "<op> | [Caller Func: <engine phase>]" (debug).
   std::shared_ptr<const comm::OpObserver> verbose_;

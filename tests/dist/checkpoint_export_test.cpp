@@ -248,6 +248,11 @@ TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
     EXPECT_TRUE(torch::equal(trained[item.key()], item.value().to(torch::kFloat))) << item.key();
   }
   EXPECT_EQ(trained.size() + 1, whole.size());
+  // The program's form gives the same names.
+  const auto in_program = deepspeed::get_fp32_state_dict_from_zero_checkpoint(
+      dir / "ckpt", "", /*exclude_frozen_parameters=*/true);
+  EXPECT_EQ(in_program.size(), trained.size());
+  for (const auto& [name, t] : in_program) EXPECT_EQ(trained.count(name), 1u) << name;
 }
 
 }  // namespace checkpoint_export_test

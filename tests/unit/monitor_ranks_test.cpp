@@ -190,6 +190,27 @@ TEST(MonitorRanks, ProfAllFalseWithoutProfOpsListsNothing) {
   }
 }
 
+// A reset_stats() after the engine was built (gpt_train's, after warm-up) voids the table's
+// baseline: the collectives since the reset are listed whole (before, the baseline's counts were
+// subtracted from them and the row vanished).
+TEST(MonitorRanks, ResetStatsAfterTheBaselineKeepsTheRowsSince) {
+  nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
+  doc["comms_logger"] = {{"enabled", true}};
+  const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+  std::string table;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    at::Tensor t = torch::ones({4});
+    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+    dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
+    m.mark_comms_start();
+    comm->reset_stats();
+    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+    if (comm->rank() == 0) table = m.comms_summary(/*print=*/false);
+  });
+  EXPECT_CONTAINS(table, "\nall_reduce\n");
+  EXPECT_CONTAINS(table, "16.0 B              3 ");
+}
+
 // The throughput figures' first interval starts at the first training call, not at the engine's
 // construction: a delay in between (a load_checkpoint) is not counted. Ordering, no durations:
 // the start is after a time point taken once construction was over.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "comm/stats.h"
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/monitor.h"
@@ -221,6 +222,19 @@ TEST(CommsSummary, TableHasOneRowPerOpAndSize) {
   EXPECT_CONTAINS(lines[5], "4.0 KB              2                   4.00                2.00");
   EXPECT_EQ(dm::comms_summary_table(stats, 2, {"reduce_scatter"}).find("all_reduce"),
             std::string::npos);
+}
+
+// The bandwidth columns are the mean of each call's bandwidth, as DeepSpeed's log_all averages
+// the per-call values calc_bw_log gave: 1 MiB all-reduced on 2 ranks in 1 ms and in 9 ms is
+// 16.78 and 1.86 Gbps algbw (8.39 and 0.93 busbw), 9.32 and 4.66 on average (the bandwidth of
+// the mean latency, 5 ms, would be 3.36 and 1.68).
+TEST(CommsSummary, BandwidthsAreTheMeanOfEachCalls) {
+  deepspeed::comm::StatsRecorder r;
+  r.add_latency("all_reduce", 1048576, 1.0);
+  r.add_latency("all_reduce", 1048576, 9.0);
+  const std::string t = dm::comms_summary_table(r.snapshot(), 2);
+  EXPECT_CONTAINS(t, "1.0 MB              2                   10.00               5.00      "
+                    "          9.32                4.66");
 }
 
 TEST(WallClock, LinesInDeepSpeedsFormat) {

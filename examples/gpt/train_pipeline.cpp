@@ -118,8 +118,19 @@ int train_pipeline(const Options& opt, const std::string& config_path,
   // The tensor ranks of one stage read the same micro-batches (their data rank's).
   const deepspeed::comm::Grid grid(comm->world_size(), {stages, tensor});
   const int dp_size = grid.data_size(), dp_rank = grid.coordinates(comm->rank()).data;
-  deepspeed::DataLoader loader(data, micro, dp_rank, dp_size, config.seed, /*shuffle=*/true,
-                               config.dataloader_drop_last);
+  // The loader names its constructor's arguments; here they come from the config's keys.
+  auto make_loader = [&] {
+    try {
+      return deepspeed::DataLoader(data, micro, dp_rank, dp_size, config.seed, /*shuffle=*/true,
+                                   config.dataloader_drop_last);
+    } catch (const deepspeed::ConfigError& e) {
+      throw deepspeed::ConfigError(
+          "gpt_train: the pipeline's loader (train_micro_batch_size_per_gpu " +
+          std::to_string(micro) + ", dataloader_drop_last " +
+          (config.dataloader_drop_last ? "true" : "false") + "): " + e.what());
+    }
+  };
+  deepspeed::DataLoader loader = make_loader();
   auto next = [&] {
     auto b = loader.next();
     return deepspeed::pipe::MicroBatch{b.data, b.target};

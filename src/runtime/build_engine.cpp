@@ -373,7 +373,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
           s->comm->world_size(), s->config.seed, /*shuffle=*/true, s->config.dataloader_drop_last);
     } catch (const ConfigError& e) {
       // The loader names its constructor's arguments; here they are config keys.
-      throw ConfigError("initialize(): the loader of training_data (train_micro_batch_size_per_gpu " +
+      throw ConfigError("initialize(): the loader of training_data "
+                        "(train_micro_batch_size_per_gpu " +
                         std::to_string(s->config.train_micro_batch_size_per_gpu) +
                         ", dataloader_drop_last " +
                         (s->config.dataloader_drop_last ? "true" : "false") + "): " + e.what());

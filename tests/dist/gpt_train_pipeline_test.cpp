@@ -295,4 +295,19 @@ TEST(GptTrainPipeline, DataloaderDropLastFromTheConfig) {
   EXPECT_NE(losses[false].at(2), losses[true].at(2));
 }
 
+// With dataloader_drop_last a text shorter than one micro-batch per data-parallel rank gives an
+// empty epoch: refused naming the config keys (the loader itself knows only its arguments).
+TEST(GptTrainPipeline, AnEpochOfNoMicroBatchNamesTheConfigKeys) {
+  dstest::TempDir dir("gpt_pipe_empty_epoch");
+  const std::string text = dstest::read_bytes(dstest::source_dir() + "/data/fortunes.txt");
+  dstest::write_bytes(dir / "text.txt", text.substr(0, 84));  // 9 windows
+  json config = pipeline_config(0);
+  config["train_micro_batch_size_per_gpu"] = 16;
+  config["dataloader_drop_last"] = true;
+  auto r = gpt_train(dir, 1, "--pipeline_stages 1 --steps 1 --data " + (dir / "text.txt"), 0,
+                     config.dump(2));
+  EXPECT_FALSE(r.ok) << r.output;
+  EXPECT_CONTAINS(r.output, "train_micro_batch_size_per_gpu 16, dataloader_drop_last true");
+}
+
 }  // namespace gpt_train_pipeline_test

@@ -25,6 +25,7 @@
 
 #include "support/checkpoint_run.h"
 #include "support/files.h"
+#include "support/forked_child.h"
 #include "support/training_run.h"
 
 namespace checkpoint_beyond_ram_test {
@@ -65,22 +66,12 @@ struct Report {
 
 // Runs `body` in a forked child; what it writes to the report file comes back.
 Report in_child(const std::string& report_path, const std::function<void(std::ostream&)>& body) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    int code = 0;
-    try {
-      mallopt(M_ARENA_MAX, 1);  // no 64 MB arena reservations per thread under RLIMIT_AS
-      std::ofstream out(report_path);
-      body(out);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child failed: %s\n", e.what());
-      code = 1;
-    }
-    std::fflush(nullptr);
-    _exit(code);
-  }
-  int status = 0;
-  EXPECT_EQ(waitpid(pid, &status, 0), pid);
+  const int status = dstest::run_in_child([&] {
+    mallopt(M_ARENA_MAX, 1);  // no 64 MB arena reservations per thread under RLIMIT_AS
+    std::ofstream out(report_path);
+    body(out);
+    return 0;
+  });
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   Report r;
   std::ifstream in(report_path);

@@ -21,6 +21,7 @@
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/forked_child.h"
 #include "support/training_run.h"
 
 namespace checkpoint_export_test {
@@ -163,38 +164,29 @@ TEST(CheckpointExport, ACheckpointOfMoreRanksThanOpenFilesAllowExports) {
   constexpr int kWorld = 200;
   constexpr int64_t kNumel = 16 * kWorld * 2;
   write_many_rank_checkpoint(dir / "ckpt", kWorld, kNumel);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  const int status = dstest::run_in_child([&] {
     int code = 0;
-    try {
-      const rlim_t limit = open_descriptors() + 96;
-      if (limit >= kWorld) throw std::runtime_error("the limit would not bite");
-      struct rlimit rl = {limit, limit};
-      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) throw std::runtime_error("setrlimit failed");
-      auto state = deepspeed::get_fp32_state_dict_from_zero_checkpoint(dir / "ckpt");
-      if (state.size() != 1 || state[0].first != "a" ||
-          !torch::equal(state[0].second, torch::arange(kNumel, torch::kFloat))) {
-        std::fprintf(stderr, "child: wrong state (%zu tensors)\n", state.size());
-        code = 2;
-      }
-      ckpt::TagReader reader(ckpt::posix_file_system(), dir / "ckpt/global_step1");
-      for (int pass = 0; pass < 2; ++pass) {
-        at::Tensor a = torch::empty({kNumel});
-        reader.read_range("fp32", "a", 0, a);
-        if (!torch::equal(a, torch::arange(kNumel, torch::kFloat))) {
-          std::fprintf(stderr, "child: pass %d read other values\n", pass);
-          code = 3;
-        }
-      }
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child failed: %s\n", e.what());
-      code = 1;
+    const rlim_t limit = open_descriptors() + 96;
+    if (limit >= kWorld) throw std::runtime_error("the limit would not bite");
+    struct rlimit rl = {limit, limit};
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) throw std::runtime_error("setrlimit failed");
+    auto state = deepspeed::get_fp32_state_dict_from_zero_checkpoint(dir / "ckpt");
+    if (state.size() != 1 || state[0].first != "a" ||
+        !torch::equal(state[0].second, torch::arange(kNumel, torch::kFloat))) {
+      std::fprintf(stderr, "child: wrong state (%zu tensors)\n", state.size());
+      code = 2;
     }
-    std::fflush(nullptr);
-    _exit(code);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ckpt::TagReader reader(ckpt::posix_file_system(), dir / "ckpt/global_step1");
+    for (int pass = 0; pass < 2; ++pass) {
+      at::Tensor a = torch::empty({kNumel});
+      reader.read_range("fp32", "a", 0, a);
+      if (!torch::equal(a, torch::arange(kNumel, torch::kFloat))) {
+        std::fprintf(stderr, "child: pass %d read other values\n", pass);
+        code = 3;
+      }
+    }
+    return code;
+  });
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 

@@ -76,5 +76,22 @@ for name in nodes2 other_host no_slot renumbered; do
   [ -s "$TMP/$name.out" ] && fail "$name: something was started"
 done
 
+# Without --num_procs/--num_gpus (and no hostfile or selection): one rank per visible GPU, as
+# DeepSpeed's `deepspeed train.py` (its pool is {localhost: device count}); the ranks keep the
+# user's CUDA_VISIBLE_DEVICES. No GPU (the variable empty, or unset without /dev/nvidiaN): 1 rank.
+CUDA_VISIBLE_DEVICES=0,1,2 run_dsrun per_gpu --master_port "$(free_port)" "$WORKER" --mode ok \
+  --marker "$MARKER"
+check_ranks per_gpu 3 0,1,2
+CUDA_VISIBLE_DEVICES=0,1,2 run_dsrun given --num_procs 2 --master_port "$(free_port)" "$WORKER" \
+  --mode ok --marker "$MARKER"
+check_ranks given 2 0,1,2  # an explicit count wins
+CUDA_VISIBLE_DEVICES= run_dsrun hidden --master_port "$(free_port)" "$WORKER" --mode ok \
+  --marker "$MARKER"
+check_ranks hidden 1 ""
+unset CUDA_VISIBLE_DEVICES
+gpus=$(ls /dev | grep -cE '^nvidia[0-9]+$')  # 0 on a CPU machine: 1 rank
+run_dsrun unset --master_port "$(free_port)" "$WORKER" --mode ok --marker "$MARKER"
+check_ranks unset $((gpus > 0 ? gpus : 1)) "<unset>"
+
 no_leftovers
 echo "PASS local_host_selection"

@@ -5,7 +5,7 @@
 # stopping a failed attempt.
 source "$(dirname "$0")/common.bash" "$1"
 
-run_dsrun exit2 --max_restarts 2 --no_local_rank --master_port "$(free_port)" \
+run_dsrun exit2 --num_procs 1 --max_restarts 2 --no_local_rank --master_port "$(free_port)" \
   /bin/sh -c 'echo attempt $DSRUN_RESTART_COUNT; exit 2' "$MARKER"
 [ $RC -eq 2 ] || fail "a rank exiting 2 three times: dsrun exited $RC, expected 2"
 for k in 0 1 2; do
@@ -28,8 +28,8 @@ expect_absent "$TMP/missing.err" "restarting"
 [ "$(grep -c "not found on PATH" "$TMP/missing.err")" -eq 1 ] || fail "the start was retried"
 
 # SIGTERM to dsrun: the job stops for good.
-"$DSRUN" --max_restarts 2 --master_port "$(free_port)" "$WORKER" --mode sleep --seconds 40 \
-  --marker "$MARKER" >"$TMP/term.out" 2>"$TMP/term.err" &
+"$DSRUN" --num_procs 1 --max_restarts 2 --master_port "$(free_port)" "$WORKER" --mode sleep \
+  --seconds 40 --marker "$MARKER" >"$TMP/term.out" 2>"$TMP/term.err" &
 DSRUN_PID=$!
 wait_for 1 "sleeping" "$TMP/term.out"
 kill -TERM $DSRUN_PID

@@ -59,10 +59,11 @@ void add_options(CLI::App& app, Cli& c) {
   LaunchOptions& o = c.local;
   app.prefix_command();  // the first positional argument and all after it are PROGRAM ARGS...
   auto* procs = app.add_option("--num_procs", o.num_procs,
-                               "ranks per node (default 1; with a hostfile: all of its slots)")
+                               "ranks per node (default: one per visible GPU, 1 without GPUs; "
+                               "with a hostfile: all of its slots)")
                     ->check(CLI::Range(1, kMaxProcs));
   app.add_option("--num_gpus,--num_accelerators", c.num_gpus,
-                 "alias of --num_procs (no default of one rank per GPU: give the count)")
+                 "alias of --num_procs")
       ->check(CLI::Range(1, kMaxProcs))
       ->excludes(procs);
   app.add_option("--master_addr", o.master_addr,
@@ -171,7 +172,15 @@ int run_without_hostfile(const Cli& c, bool procs_given) {
   if (c.force_multi)
     throw LaunchError(std::string("--force_multi needs a --hostfile (there is no ") +
                       kDefaultHostfile + ")");
-  if (c.include.empty() && c.exclude.empty()) return run_here(c, {});
+  if (c.include.empty() && c.exclude.empty()) {
+    // DeepSpeed's whole pool: one rank per visible GPU. Without GPUs the pool counts CPUs, but a
+    // rank per core is not what a plain `dsrun ./train` means there: 1 rank, as torchrun does.
+    // CUDA_VISIBLE_DEVICES stays as it is (slots left empty): DeepSpeed's launch.py sets it to
+    // the pool's ids, which are the user's entries when set and all devices when not.
+    Cli here = c;
+    if (!procs_given) here.local.num_procs = std::min(kMaxProcs, std::max(1, visible_gpu_count()));
+    return run_here(here, {});
+  }
   refuse_renumbered_devices();
   int slots = local_slot_count();
   if (procs_given) slots = std::max(slots, c.local.num_procs);

@@ -115,9 +115,7 @@ int available_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-int local_slot_count() {
-  // What torch.cuda.device_count() would say, without loading CUDA: CUDA_VISIBLE_DEVICES' entries
-  // when it is set, else the GPU device files.
+int visible_gpu_count() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
     int n = 0;
     for (const char* p = visible; *p != '\0';) {
@@ -126,9 +124,10 @@ int local_slot_count() {
       if (len > 0) ++n;
       p += len + (end ? 1 : 0);
     }
-    if (n > 0) return n;
-  } else if (DIR* dev = ::opendir("/dev")) {
-    int n = 0;
+    return n;  // set: it decides, even when it hides every device
+  }
+  int n = 0;
+  if (DIR* dev = ::opendir("/dev")) {
     while (const dirent* e = ::readdir(dev)) {
       const char* name = e->d_name;
       if (std::strncmp(name, "nvidia", 6) == 0 && name[6] != '\0' &&
@@ -136,9 +135,13 @@ int local_slot_count() {
         ++n;
     }
     ::closedir(dev);
-    if (n > 0) return n;
   }
-  return available_cpus();
+  return n;
+}
+
+int local_slot_count() {
+  int gpus = visible_gpu_count();
+  return gpus > 0 ? gpus : available_cpus();
 }
 
 std::vector<std::string> merge_environment(const char* const* base,

@@ -28,9 +28,14 @@ void check_port_free(const std::string& addr, int port);
 // CPUs this process may run on (its affinity mask), at least 1.
 int available_cpus();
 
+// The GPUs the ranks would see, counted without loading CUDA (what torch.cuda.device_count()
+// says): the non-empty entries of CUDA_VISIBLE_DEVICES when it is set (set but empty: none), else
+// the /dev/nvidiaN device files. 0 on a machine without GPUs.
+int visible_gpu_count();
+
 // This machine's slots when there is no hostfile (DeepSpeed's pool {localhost: device count}):
-// its GPUs (the entries of CUDA_VISIBLE_DEVICES when set, else /dev/nvidiaN), else its CPUs
-// (available_cpus()), since ranks of a CPU build run on CPU cores. At least 1.
+// visible_gpu_count(), else its CPUs (available_cpus()), since ranks of a CPU build run on CPU
+// cores. At least 1.
 int local_slot_count();
 
 // `base` (KEY=VALUE strings) with each of `overrides` replacing or adding its key.

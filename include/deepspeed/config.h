@@ -48,6 +48,10 @@ struct Fp16Config {
 struct Bf16Config {
   bool enabled = false;              // bf16.enabled (block alias "bfloat16")
   bool immediate_grad_update = false;
+  // bf16.check_grad_overflow (default false): every step votes across ranks on inf/NaN gradients
+  // and an overflowed step is skipped (no update, no scheduler step, skipped_steps += 1), as fp16
+  // always does. bf16's scaler is static, so no scale changes.
+  bool check_grad_overflow = false;
 };
 
 // offload_param / offload_optimizer blocks. After parsing, offload_param is enabled only at stage 3

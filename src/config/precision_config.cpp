@@ -51,7 +51,7 @@ void read_bf16(ObjectReader& top, Bf16Config& bf16) {
   ObjectReader r = top.child(key);
   r.read("enabled", bf16.enabled);
   r.read("immediate_grad_update", bf16.immediate_grad_update);
-  r.accept({"check_grad_overflow"});
+  r.read("check_grad_overflow", bf16.check_grad_overflow);
   r.finish();
 }
 

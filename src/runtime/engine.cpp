@@ -11,6 +11,7 @@
 #include "deepspeed/zero_unit.h"
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
+#include "precision/overflow_vote.h"
 #include "runtime/engine_state.h"
 #include "zero/abandon_backward.h"
 
@@ -241,14 +242,17 @@ void Engine::step_in() try {
   s.comm->all_reduce(loss)->wait();
 
   // The norm of the still-scaled gradients; non-finite on every rank if any rank overflowed.
-  // Read here only when the step needs its value (fp16's overflow vote, clipping): that read is
-  // the step's one wait for the device, and the loss, queued before it, is read after it, when
-  // it is already there. Otherwise both stay on the device until asked for (settle_figures).
+  // Read here only when the step needs its value (the overflow vote: fp16, or bf16 with
+  // bf16.check_grad_overflow; clipping): that read is the step's one wait for the device, and
+  // the loss, queued before it, is read after it, when it is already there. Otherwise both stay
+  // on the device until asked for (settle_figures).
   const double loss_scale = s.loss_scaler->scale();
   s.pending = {loss, s.stage->global_grad_norm_tensor(), loss_scale};
-  const bool needs_norm = s.config.fp16.enabled || s.config.gradient_clipping > 0.0;
+  const bool votes = precision::votes_on_overflow(s.config);
+  const bool needs_norm = votes || s.config.gradient_clipping > 0.0;
   const double scaled_norm = needs_norm ? s.pending.scaled_norm.item<double>() : 0.0;
-  const bool overflow = s.config.fp16.enabled && !std::isfinite(scaled_norm);
+  // Without the vote (fp32, bf16 by default) a non-finite gradient is applied, as DeepSpeed does.
+  const bool overflow = votes && !std::isfinite(scaled_norm);
   if (needs_norm) {
     s.last_loss = loss.item<double>() / s.comm->world_size();
     s.pending = {};
@@ -259,16 +263,24 @@ void Engine::step_in() try {
   if (overflow) {
     // DeepSpeed: the update and the LR step are skipped, the step is still counted.
     // The scaler first: at min_loss_scale it throws with nothing changed, and a step() called
-    // again finds the same overflow (not zeroed gradients to step with).
+    // again finds the same overflow (not zeroed gradients to step with). bf16's scaler is static
+    // (scale 1): update(true) changes nothing and has nothing to say.
     s.loss_scaler->update(true);
     s.stage->discard_gradients();
     s.loss_since_boundary = at::Tensor();
     ++s.skipped_steps;
     // Once per job, as DeepSpeed's "Rank 0" says: a pipeline's stages (and a tensor group's
     // ranks) each have their own data-parallel rank 0, and all of them skip this step together.
-    if (s.topology->world()->rank() == 0 && !s.loss_scaler->last_message().empty()) {
-      std::printf("%s\n", s.loss_scaler->last_message().c_str());
-      std::fflush(stdout);
+    if (s.topology->world()->rank() == 0) {
+      // DeepSpeed's line, without the loss scale part a static scale has no use for.
+      const std::string message = s.config.bf16.enabled
+                                      ? "[deepspeed] OVERFLOW! Rank 0 Skipping step: "
+                                        "bf16.check_grad_overflow found inf/NaN gradients"
+                                      : s.loss_scaler->last_message();
+      if (!message.empty()) {
+        std::printf("%s\n", message.c_str());
+        std::fflush(stdout);
+      }
     }
   } else {
     // A step the schedule cannot take is refused before the update, so nothing has changed.

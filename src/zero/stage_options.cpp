@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "deepspeed/errors.h"
+#include "precision/overflow_vote.h"
 
 namespace deepspeed {
 namespace zero {
@@ -37,7 +38,10 @@ ShardOptions shard_options(const Config& config) {
   s.pin_memory = off.pin_memory;
   s.sub_group_size = config.zero_optimization.sub_group_size;
   s.aio = config.aio;
-  s.overlap_step_allowed = !config.fp16.enabled && config.gradient_clipping <= 0.0;
+  // An update during backward cannot be taken back: not when the step may be skipped on an
+  // overflow (fp16, bf16.check_grad_overflow) or scales the gradients (fp16, clipping).
+  s.overlap_step_allowed =
+      !precision::votes_on_overflow(config) && config.gradient_clipping <= 0.0;
   s.overlap_step = off.overlap_step;
   return s;
 }

@@ -61,7 +61,8 @@ struct ShardOptions {
   int64_t sub_group_size = 1000000000;        // zero_optimization.sub_group_size
   AioConfig aio;
   // The update may run during backward (zero/step_during_backward.h): the step will not scale
-  // the gradients (no gradient_clipping, no fp16 loss scale) nor skip (no fp16 overflow).
+  // the gradients (no gradient_clipping, no fp16 loss scale) nor skip (no overflow vote: fp16,
+  // bf16.check_grad_overflow; precision/overflow_vote.h).
   bool overlap_step_allowed = false;
   // offload_optimizer.overlap_step: unset = on when the stage computes on a GPU; true also on
   // the CPU; false off.

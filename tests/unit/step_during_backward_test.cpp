@@ -402,7 +402,8 @@ TEST(StepDuringBackwardErrors, DroppingAStepAlreadyUpdatedLosesIt) {
 }
 
 // The config decides whether the update may run during backward: not when the step would scale
-// the gradients (gradient_clipping, fp16's loss scale); the key itself is read as written.
+// the gradients (gradient_clipping, fp16's loss scale) or may be skipped (the overflow vote of
+// fp16 or bf16.check_grad_overflow); the key itself is read as written.
 TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
   auto options = [](nlohmann::json extra) {
     nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1},
@@ -416,6 +417,9 @@ TEST(StepDuringBackwardConfig, AllowedOnlyWhenTheStepNeedsNoWholeGradient) {
   EXPECT_FALSE(plain.overlap_step.has_value());
   EXPECT_FALSE(options({{"gradient_clipping", 1.0}}).overlap_step_allowed);
   EXPECT_FALSE(options({{"fp16", {{"enabled", true}}}}).overlap_step_allowed);
+  // A step that may be skipped on an overflow must not have updated during backward.
+  EXPECT_FALSE(options({{"bf16", {{"enabled", true}, {"check_grad_overflow", true}}}})
+                   .overlap_step_allowed);
   // On a GPU, stage 1 needs pinned buffers for it: asked for without them, the config says so;
   // stages 2 and 3 overlap with pageable buffers too (their copies are staged), no warning.
   const auto warned = [](int stage) {

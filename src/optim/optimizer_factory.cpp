@@ -46,14 +46,35 @@ void reject_max_grad_norm(const ParamReader& r) {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// DeepSpeed's torch_adam: true builds torch.optim.AdamW (decoupled) or torch.optim.Adam from the
+// keys left after it pops torch_adam and adam_w_mode. Their arithmetic is FusedAdam's, so the
+// update stays ours; what changes is torch's keyword set: its AdamW's weight_decay defaults to
+// 0.01, and FusedAdam's own keys are a TypeError there.
+void read_torch_adam(ParamReader& r, AdamHyper& h) {
+  for (const char* key : {"bias_correction", "set_grad_none"}) {
+    if (r.has(key))
+      throw ConfigError(r.path(key) + " is a FusedAdam parameter: with " + r.path("torch_adam") +
+                        " = true DeepSpeed passes it to torch.optim." +
+                        (h.adamw_mode ? "AdamW" : "Adam") + ", which does not take it");
+  }
+  if (r.get_bool("amsgrad", false))
+    throw ConfigError(r.path("amsgrad") + " = true is not supported: with " + r.path("torch_adam") +
+                      " = true deepspeed.cpp still runs its FusedAdam update, which has no "
+                      "AMSGrad variant");
+  if (h.adamw_mode) h.weight_decay = 0.01;  // torch.optim.AdamW's default; Adam's is 0
+}
+
 AdamHyper read_adam(ParamReader& r, const std::string& type) {
   AdamHyper h;
-  read_adam_keys(r, h, "FusedAdam");
   bool adam_w_mode = r.get_bool("adam_w_mode", true);
   h.adamw_mode = type == "AdamW" || adam_w_mode;  // DeepSpeed: AdamW is decoupled regardless
-  h.bias_correction = r.get_bool("bias_correction", true);
-  r.get_bool("torch_adam", false);    // selects torch.optim.Adam in DeepSpeed; always so here
-  r.get_bool("set_grad_none", true);  // FusedAdam's zero_grad flavour; no effect here
+  const bool torch_adam = r.get_bool("torch_adam", false);
+  if (torch_adam) read_torch_adam(r, h);
+  read_adam_keys(r, h, "FusedAdam");
+  if (!torch_adam) {
+    h.bias_correction = r.get_bool("bias_correction", true);
+    r.get_bool("set_grad_none", true);  // FusedAdam's zero_grad flavour; no effect here
+  }
   return h;
 }
 

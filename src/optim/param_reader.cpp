@@ -116,6 +116,12 @@ std::vector<double> ParamReader::get_per_group(const std::string& key, double de
   const auto* v = find(key);
   if (!v) return std::vector<double>(n, def);
   if (!v->is_array()) return std::vector<double>(n, to_double(*v, key));
+  // Said here, not in get_list: a fixed-size list (Adam's betas) is not one per group.
+  if (v->size() != n) {
+    throw ConfigError(path(key) + ": expected " + std::to_string(n) +
+                      " value(s) (one per parameter group), got " + std::to_string(v->size()) +
+                      ": " + v->dump());
+  }
   return get_list(key, {}, n);
 }
 
@@ -125,9 +131,8 @@ std::vector<double> ParamReader::get_list(const std::string& key, std::vector<do
   if (!v) return def;
   if (!v->is_array()) bad_type(path(key), *v, "a list of " + std::to_string(n) + " numbers");
   if (v->size() != n) {
-    throw ConfigError(path(key) + ": expected " + std::to_string(n) +
-                      " value(s) (one per parameter group), got " + std::to_string(v->size()) +
-                      ": " + v->dump());
+    throw ConfigError(path(key) + ": expected " + std::to_string(n) + " value(s), got " +
+                      std::to_string(v->size()) + ": " + v->dump());
   }
   std::vector<double> out;
   for (size_t i = 0; i < n; ++i)

@@ -5,6 +5,8 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/fused_adam.h"
+#include "optim/param_reader.h"
 
 namespace optimizer_factory_test {
 
@@ -190,6 +192,40 @@ TEST(OptimizerFactory, BooleansReadLikeEveryConfigBoolean) {
   }
 }
 
+// DeepSpeed's torch_adam builds torch.optim.AdamW (decoupled: type AdamW, or Adam with the default
+// adam_w_mode true) or torch.optim.Adam from the remaining keys, so an omitted weight_decay is
+// torch's default: 0.01 for AdamW, 0 for Adam.
+TEST(OptimizerFactory, TorchAdamTakesTorchsWeightDecayDefault) {
+  auto wd = [](const std::string& type, json params) {
+    return deepspeed::parse_adam_params({type, std::move(params)}).weight_decay;
+  };
+  EXPECT_DOUBLE_EQ(wd("AdamW", {{"torch_adam", true}}), 0.01);
+  EXPECT_DOUBLE_EQ(wd("Adam", {{"torch_adam", true}}), 0.01);  // adam_w_mode defaults to true
+  EXPECT_DOUBLE_EQ(wd("Adam", {{"torch_adam", true}, {"adam_w_mode", false}}), 0.0);
+  EXPECT_DOUBLE_EQ(wd("AdamW", {{"torch_adam", true}, {"weight_decay", 0.0}}), 0.0);
+  EXPECT_DOUBLE_EQ(wd("AdamW", {{"torch_adam", true}, {"weight_decay", 0.3}}), 0.3);
+  EXPECT_DOUBLE_EQ(wd("AdamW", {{"torch_adam", false}}), 0.0);  // FusedAdam's default
+  EXPECT_DOUBLE_EQ(wd("AdamW", json::object()), 0.0);
+}
+
+// Grad 0: the Adam update is 0 / (0 + eps) = 0, so one step is the decoupled decay alone,
+// p *= 1 - lr * 0.01; both the libtorch AdamW of make_optimizer and the FusedAdam the engine
+// builds from parse_adam_params.
+TEST(OptimizerFactory, TorchAdamStepDecaysByTorchsDefault) {
+  const json params = {{"lr", 0.1}, {"torch_adam", true}};
+  auto p = torch::ones({3}).requires_grad_();
+  auto opt = make("AdamW", params, {p});
+  p.mutable_grad() = torch::zeros({3});
+  opt->step();
+  EXPECT_NEAR(p[0].item<float>(), 0.999, 1e-7);
+
+  auto q = torch::ones({3}).requires_grad_();
+  deepspeed::optim::FusedAdam fused({q}, deepspeed::parse_adam_params({"AdamW", params}));
+  q.mutable_grad() = torch::zeros({3});
+  fused.step();
+  EXPECT_NEAR(q[0].item<float>(), 0.999, 1e-7);
+}
+
 // ---- errors ----
 
 TEST(OptimizerFactoryErrors, UnknownTypeListsSupportedTypes) {
@@ -233,9 +269,39 @@ TEST(OptimizerFactoryErrors, UnsupportedAdamVariants) {
       deepspeed::parse_adam_params({"Adam", {{"bias_correction", false}}}).bias_correction);
 }
 
+// torch.optim.AdamW/Adam, which torch_adam selects in DeepSpeed, take no bias_correction or
+// set_grad_none (FusedAdam's keys): DeepSpeed fails there with a TypeError.
+TEST(OptimizerFactoryErrors, TorchAdamRefusesFusedAdamOnlyKeys) {
+  for (const char* key : {"bias_correction", "set_grad_none"}) {
+    for (json value : {json(true), json(false)}) {
+      auto msg = error_of([&] {
+        deepspeed::parse_adam_params({"AdamW", {{"torch_adam", true}, {key, value}}});
+      });
+      EXPECT_NE(msg.find(std::string("optimizer.params.") + key), std::string::npos) << msg;
+      EXPECT_NE(msg.find("optimizer.params.torch_adam"), std::string::npos) << msg;
+    }
+    EXPECT_NO_THROW(deepspeed::parse_adam_params({"AdamW", {{"torch_adam", false}, {key, true}}}));
+  }
+  // torch's Adam has AMSGrad; this project's update (FusedAdam's) has not.
+  auto msg = error_of([] { make("Adam", {{"torch_adam", true}, {"amsgrad", true}}); });
+  EXPECT_NE(msg.find("optimizer.params.amsgrad"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("torch_adam"), std::string::npos) << msg;
+}
+
 TEST(OptimizerFactoryErrors, BadValuesNameTheKey) {
   auto msg = error_of([] { make("Adam", {{"betas", {0.9, 0.99, 0.1}}}); });
   EXPECT_NE(msg.find("optimizer.params.betas"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected 2 value(s), got 3"), std::string::npos) << msg;
+  // betas is a pair, not a list per parameter group; a per-group key (a scheduler's) says so.
+  EXPECT_EQ(msg.find("parameter group"), std::string::npos) << msg;
+  msg = error_of([] {
+    deepspeed::optim::ParamReader r({{"warmup_min_lr", {0.0, 0.1, 0.2}}}, "scheduler.params");
+    r.get_per_group("warmup_min_lr", 0.0, 2);
+  });
+  EXPECT_NE(msg.find("scheduler.params.warmup_min_lr: expected 2 value(s) (one per parameter "
+                     "group), got 3"),
+            std::string::npos)
+      << msg;
   msg = error_of([] { make("Adam", {{"betas", {1.5, 0.99}}}); });
   EXPECT_NE(msg.find("optimizer.params.betas"), std::string::npos) << msg;
   msg = error_of([] { make("Adam", {{"betas", 0.9}}); });

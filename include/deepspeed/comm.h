@@ -48,10 +48,11 @@ struct SizeStats {
   int64_t calls = 0;
   double total_ms = 0.0;
   double max_ms = 0.0;
-  // The sum of 1/latency (1/ms): a bandwidth averaged as DeepSpeed's comms logger averages it
-  // (the mean of each call's bandwidth, not the bandwidth of the mean latency) is
-  // size-factor x inv_ms_sum / calls.
-  double inv_ms_sum = 0.0;
+  // Each call's latency (ms) in the order the calls completed, once Communicator::keep_latencies()
+  // has been called (before: empty, and `calls` counts calls it does not hold). DeepSpeed's
+  // comms logger keeps the same list, to print the trimmed mean of the latencies and of each
+  // call's bandwidth: one double per collective call.
+  std::vector<double> latencies_ms;
 };
 struct OpStats {
   int64_t calls = 0;
@@ -122,6 +123,10 @@ class Communicator {
   // How many times reset_stats() has run: a reader that keeps an earlier stats() to subtract
   // (the comms_logger table's baseline) knows whether it still applies.
   virtual int64_t stats_resets() const { return 0; }
+  // From now on (for the communicator's life) stats() also holds each completed call's latency
+  // (SizeStats::latencies_ms): the comms_logger table asks for it, so that a run without the
+  // table does not grow by a double per collective. Default: keeps none.
+  virtual void keep_latencies() {}
   // "gloo", "nccl", "single" (world size 1, no transport) or, for test doubles, "fake".
   virtual std::string backend() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -61,6 +61,8 @@ class CheckedCommunicator : public Communicator {
   CommStats stats() const override { return inner_->stats(); }
   std::string backend() const override { return inner_->backend(); }
   void reset_stats() override { inner_->reset_stats(); }
+  int64_t stats_resets() const override { return inner_->stats_resets(); }
+  void keep_latencies() override { inner_->keep_latencies(); }
   const Communicator& inner() const { return *inner_; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override;

@@ -29,6 +29,7 @@ class CommunicatorBase : public Communicator {
   CommStats stats() const override { return stats_->snapshot(); }
   void reset_stats() override { stats_->reset(); }
   int64_t stats_resets() const override { return stats_->resets(); }
+  void keep_latencies() override { stats_->keep_latencies(); }
 
   // Numbers this communicator's operations on `board` (failure_board.h): its collectives on
   // channel `name`, its point-to-point messages on "<name>:<from>><to>". Every member passes the

@@ -20,14 +20,20 @@ class StatsRecorder {
   // A collective of `bytes` finished `ms` after it was launched.
   void add_latency(const std::string& op, int64_t bytes, double ms) {
     std::lock_guard<std::mutex> lock(mu_);
-    SizeStats& s = stats_[op].by_size[bytes];
+    add_call(stats_[op].by_size[bytes], ms, keep_latencies_);
+  }
+  // One call of `ms` into `s`; its latency appended to s.latencies_ms when `keep`.
+  static void add_call(SizeStats& s, double ms, bool keep) {
     s.calls += 1;
     s.total_ms += ms;
-    s.inv_ms_sum += inverse_ms(ms);
     if (ms > s.max_ms) s.max_ms = ms;
+    if (keep) s.latencies_ms.push_back(ms);
   }
-  // 1/ms for the mean bandwidth; a latency the clock could not tell from 0 counts as 1 ns.
-  static double inverse_ms(double ms) { return 1.0 / (ms > 1e-6 ? ms : 1e-6); }
+  // Communicator::keep_latencies: from now on every call's latency is kept.
+  void keep_latencies() {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_latencies_ = true;
+  }
   CommStats snapshot() const {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
@@ -46,6 +52,7 @@ class StatsRecorder {
   mutable std::mutex mu_;
   CommStats stats_;
   int64_t resets_ = 0;
+  bool keep_latencies_ = false;
 };
 
 }  // namespace comm

@@ -1,7 +1,9 @@
 #include "monitor/comms_summary.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "monitor/csv_writer.h"
 
@@ -20,6 +22,31 @@ bool gathers(const std::string& name) {
 std::string pad(const std::string& s, size_t width = 20) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
 }
+
+// DeepSpeed's trim_mean(data, 0.1) (deepspeed/utils/timer.py), which log_all applies to the
+// latencies and to each call's algbw and busbw: sorted, k = round(0.1·n) values dropped at each
+// end (Python's round: half to even, so n = 5 drops none, n = 15 and n = 25 two), the rest
+// averaged. A call's bandwidth falls as its latency grows, so the bandwidths DeepSpeed keeps are
+// those of the latencies kept here. Returns the kept latencies, ascending (none of none: the
+// averages print 0, as DeepSpeed's trim_mean of an empty list).
+std::vector<double> trimmed(std::vector<double> latencies_ms) {
+  const size_t n = latencies_ms.size();
+  // nearbyint rounds half to even in the default rounding mode, as Python's round.
+  const auto k = static_cast<size_t>(std::nearbyint(static_cast<double>(n) * 0.1));
+  std::sort(latencies_ms.begin(), latencies_ms.end());
+  return std::vector<double>(latencies_ms.begin() + k, latencies_ms.end() - k);
+}
+
+// The mean of f(x) over v; 0 for none.
+double mean_over(const std::vector<double>& v, double (*f)(double)) {
+  if (v.empty()) return 0.0;
+  double sum = 0.0;
+  for (double x : v) sum += f(x);
+  return sum / static_cast<double>(v.size());
+}
+
+// 1/ms, the factor of a call's bandwidth; a latency the clock could not tell from 0 counts as 1 ns.
+double inverse_ms(double ms) { return 1.0 / (ms > 1e-6 ? ms : 1e-6); }
 
 std::string two_decimals(double v) {
   char buf[48];
@@ -76,12 +103,14 @@ std::string comms_summary_table(const comm::CommStats& stats, int world_size,
     if (!prof_ops.empty() && !prof_ops.count(op)) continue;
     out += op + "\n";
     for (const auto& [bytes, sz] : s.by_size) {
-      const double avg = sz.calls ? sz.total_ms / sz.calls : 0.0;
+      // Count and total: every call; the averages: DeepSpeed's trimmed means.
+      const std::vector<double> kept = trimmed(sz.latencies_ms);
+      const double avg = mean_over(kept, [](double ms) { return ms; });
       // DeepSpeed averages each call's bandwidth (CommsLogger.append / log_all): the bandwidth
       // at 1 ms times the mean of 1/latency.
       const auto [algbw_1ms, busbw_1ms] =
           bandwidth_gbps(op, static_cast<double>(bytes), 1.0, world_size);
-      const double mean_inv_ms = sz.calls ? sz.inv_ms_sum / sz.calls : 0.0;
+      const double mean_inv_ms = mean_over(kept, inverse_ms);
       const double algbw = algbw_1ms * mean_inv_ms, busbw = busbw_1ms * mean_inv_ms;
       out += pad("") + pad(convert_size(bytes)) +
              pad(std::to_string(sz.calls)) + pad(two_decimals(sz.total_ms)) + pad(two_decimals(avg)) +

@@ -4,7 +4,8 @@
 // Message size is DeepSpeed's: the bytes of the tensor deepspeed.comm takes its size from, which
 // is what our stats record — the tensor of all_reduce/broadcast/send/recv, the input of
 // all_gather, all_to_all and reduce_scatter(_v) (for a reduce-scatter that is the whole input,
-// n times the output). Bandwidths follow DeepSpeed's calc_bw_log, in Gbps, from the mean latency:
+// n times the output). Bandwidths follow DeepSpeed's calc_bw_log, in Gbps, from each call's
+// latency t:
 //   all_reduce:        algbw = 2·size/t      busbw = size/t · 2(n−1)/n
 //   all_to_all:        algbw = size/t        busbw = size/t · (n−1)/n
 //   all_gather, reduce_scatter(_v): algbw = n·size/t   busbw = algbw · (n−1)/n
@@ -13,9 +14,10 @@
 // busbw (and so ours, kept equal to them so that the two tables compare) are n times
 // nccl-tests' figures for the same operation (input/t and input/t · (n−1)/n).
 // Latency is from launch to the end of the first wait() (DeepSpeed times each op
-// synchronously; an op overlapped with compute reads longer here). DeepSpeed's averages trim 10%
-// outliers; these are plain means. comms_logger.debug's caller names are the engine phases
-// (training_monitor.cpp).
+// synchronously; an op overlapped with compute reads longer here). The averages are DeepSpeed's
+// trimmed means (10% of the calls dropped at each end) of the latencies and of each call's
+// bandwidths, from SizeStats::latencies_ms; count and total latency are over every call.
+// comms_logger.debug's caller names are the engine phases (training_monitor.cpp).
 #pragma once
 #include <set>
 #include <string>
@@ -30,7 +32,8 @@ namespace monitor {
 std::string convert_size(int64_t bytes);
 
 // The table: a header row, then per op its name and one row per message size (ascending):
-// size, count, total latency (ms), average latency (ms), algbw (Gbps), busbw (Gbps).
+// size, count, total latency (ms), average latency (ms), algbw (Gbps), busbw (Gbps). The three
+// averages are over the size's latencies_ms (none kept: 0).
 // `prof_ops` non-empty: only those ops (comms_logger.prof_all false; our names, see
 // comm_op_names.h).
 std::string comms_summary_table(const comm::CommStats& stats, int world_size,

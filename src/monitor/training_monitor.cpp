@@ -1,5 +1,6 @@
 #include "monitor/training_monitor.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "comm/stats.h"
@@ -36,8 +37,10 @@ std::set<std::string> prof_ops_of(const Config& config) {
   return ops;
 }
 
-// `now` minus `before`: the collectives issued since `before` was taken (max_ms stays the
-// maximum over the whole life of the communicator).
+// `now` minus `before`: the collectives issued since `before` was taken. Latencies are appended
+// in the order calls complete, so those since `before` are the entries after the ones it held
+// (REQUIRES: no reset_stats() in between); max_ms is theirs when they are all kept, else it
+// stays the maximum over the whole life of the communicator.
 comm::CommStats since(comm::CommStats now, const comm::CommStats& before) {
   for (const auto& [op, b] : before) {
     auto it = now.find(op);
@@ -48,11 +51,21 @@ comm::CommStats since(comm::CommStats now, const comm::CommStats& before) {
       auto& s = it->second.by_size[size];
       s.calls -= bs.calls;
       s.total_ms -= bs.total_ms;
-      s.inv_ms_sum -= bs.inv_ms_sum;
+      auto& lat = s.latencies_ms;
+      lat.erase(lat.begin(), lat.begin() + std::min(lat.size(), bs.latencies_ms.size()));
+      if (s.calls > 0 && static_cast<int64_t>(lat.size()) == s.calls)
+        s.max_ms = *std::max_element(lat.begin(), lat.end());
       if (s.calls <= 0) it->second.by_size.erase(size);
     }
   }
   return now;
+}
+
+// The table's averages are trimmed means of each call's latency: with comms_logger on, the
+// communicator keeps them from before the baseline is taken.
+comm::CommStats keep_latencies_then_stats(const Config& config, comm::Communicator& comm) {
+  if (config.comms_logger.enabled) comm.keep_latencies();
+  return comm.stats();
 }
 
 }  // namespace
@@ -66,7 +79,7 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       timers_(config.wall_clock_breakdown, device),
       device_(device),
       prof_ops_(prof_ops_of(config)),
-      baseline_(comm_->stats()),
+      baseline_(keep_latencies_then_stats(config, *comm_)),
       baseline_resets_(comm_->stats_resets()),
       gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
   observe_ops(writer_);
@@ -107,11 +120,7 @@ void TrainingMonitor::observe(const std::string& op, int64_t bytes, double ms, i
     auto& s = debug_stats_[name];
     s.calls += 1;
     s.bytes += bytes;
-    auto& z = s.by_size[bytes];
-    z.calls += 1;
-    z.total_ms += ms;
-    z.inv_ms_sum += comm::StatsRecorder::inverse_ms(ms);
-    if (ms > z.max_ms) z.max_ms = ms;
+    comm::StatsRecorder::add_call(s.by_size[bytes], ms, /*keep=*/true);
   }
   if (config_.comms_logger.verbose)
     std::printf("[Rank 0] %s\n", verbose_line(name, bytes, ms, world).c_str());

@@ -211,6 +211,32 @@ TEST(MonitorRanks, ResetStatsAfterTheBaselineKeepsTheRowsSince) {
   EXPECT_CONTAINS(table, "16.0 B              3 ");
 }
 
+// The same through the desync checker (comms_check): it forwards stats_resets(), so that the
+// reset voids the baseline (before, it answered 0 and the rows since the reset vanished), and
+// keep_latencies(), so that the averages have the calls' latencies to trim.
+TEST(MonitorRanks, CommsCheckKeepsTheTablesBaselineAndLatencies) {
+  nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
+  doc["comms_logger"] = {{"enabled", true}};
+  const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+  std::string table;
+  size_t kept = 0;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr raw) {
+    deepspeed::comm::CommunicatorPtr comm = deepspeed::comm::with_comms_check(raw);
+    at::Tensor t = torch::ones({4});
+    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+    dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
+    m.mark_comms_start();
+    comm->reset_stats();
+    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+    if (comm->rank() == 0) {
+      table = m.comms_summary(/*print=*/false);
+      kept = raw->stats()["all_reduce"].by_size[16].latencies_ms.size();
+    }
+  });
+  EXPECT_CONTAINS(table, "16.0 B              3 ");
+  EXPECT_EQ(kept, 3u);
+}
+
 // The throughput figures' first interval starts at the first training call, not at the engine's
 // construction: a delay in between (a load_checkpoint) is not counted. Ordering, no durations:
 // the start is after a time point taken once construction was over.

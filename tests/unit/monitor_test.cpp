@@ -15,6 +15,7 @@
 #include "monitor/training_monitor.h"
 #include "monitor/wall_clock.h"
 #include "support/expect.h"
+#include "support/fake_communicator.h"
 #include "support/files.h"
 #include "support/tfevents.h"
 #include "support/training_run.h"
@@ -30,6 +31,38 @@ std::string scalar_line(const std::string& tag, int64_t step, double value) {
   return "scalar " + tag + " " + std::to_string(step) + " " +
          dm::python_float_repr(static_cast<double>(static_cast<float>(value)));
 }
+
+// The comms table of 1 MiB all-reduced on 2 ranks, once per latency in `latencies_ms`.
+std::string mib_all_reduce_table(const std::vector<double>& latencies_ms) {
+  deepspeed::comm::StatsRecorder r;
+  r.keep_latencies();
+  for (double ms : latencies_ms) r.add_latency("all_reduce", 1048576, ms);
+  return dm::comms_summary_table(r.snapshot(), 2);
+}
+
+// The columns of a row after the op's name, each padded to 20 as the table pads them.
+std::string row(const std::vector<std::string>& cells) {
+  std::string out = std::string(20, ' ');
+  for (const auto& c : cells) out += c + std::string(20 - c.size(), ' ');
+  return out;
+}
+
+// Latencies of 1, 2, ..., n ms and one `outlier`.
+std::vector<double> one_to(int n, double outlier) {
+  std::vector<double> v;
+  for (int i = 1; i <= n; ++i) v.push_back(i);
+  v.push_back(outlier);
+  return v;
+}
+
+// A communicator whose collectives complete after the latencies the test names.
+class TimedCommunicator : public dstest::FakeCommunicator {
+ public:
+  TimedCommunicator() : FakeCommunicator(0, 2) {}
+  void complete(const std::string& op, int64_t bytes, double ms) {
+    stats_->add_latency(op, bytes, ms);
+  }
+};
 
 }  // namespace
 
@@ -206,10 +239,11 @@ TEST(CommsSummary, SizesAndBandwidthsAreDeepSpeeds) {
 TEST(CommsSummary, TableHasOneRowPerOpAndSize) {
   deepspeed::comm::CommStats stats;
   auto& ar = stats["all_reduce"];
-  ar.by_size[1024] = {3, 6.0, 3.0};
-  ar.by_size[8] = {1, 0.5, 0.5};
+  ar.by_size[1024] = {3, 6.0, 3.0, {1.0, 2.0, 3.0}};
+  ar.by_size[8] = {1, 0.5, 0.5, {0.5}};
   auto& rs = stats["reduce_scatter"];
-  rs.by_size[4096] = {2, 4.0, 2.0};  // the whole input, as DeepSpeed's reduce_scatter_tensor row
+  // 4096: the whole input, as DeepSpeed's reduce_scatter_tensor row.
+  rs.by_size[4096] = {2, 4.0, 2.0, {2.0, 2.0}};
   stats["barrier"].calls = 5;        // no sized calls: no rows
   const std::string t = dm::comms_summary_table(stats, 2);
   const auto lines = dstest::lines_starting(t, "");
@@ -230,11 +264,48 @@ TEST(CommsSummary, TableHasOneRowPerOpAndSize) {
 // the mean latency, 5 ms, would be 3.36 and 1.68).
 TEST(CommsSummary, BandwidthsAreTheMeanOfEachCalls) {
   deepspeed::comm::StatsRecorder r;
+  r.keep_latencies();
   r.add_latency("all_reduce", 1048576, 1.0);
   r.add_latency("all_reduce", 1048576, 9.0);
   const std::string t = dm::comms_summary_table(r.snapshot(), 2);
   EXPECT_CONTAINS(t, "1.0 MB              2                   10.00               5.00      "
                     "          9.32                4.66");
+}
+
+// DeepSpeed's log_all prints Count and Total Latency over every call and, for Avg Latency and
+// the two bandwidths, trim_mean(list, 0.1): sorted, k = round(0.1·n) dropped at each end with
+// Python's round (half to even). 10 calls of 1..9 ms and one of 1000 ms: k = 1, the mean of 2..9
+// ms is 5.50 ms and of their bandwidths 3.84 / 1.92 Gbps (the plain means: 104.50 ms, 4.75 / 2.37).
+TEST(CommsSummary, AveragesAreDeepSpeedsTrimmedMeans) {
+  EXPECT_CONTAINS(mib_all_reduce_table(one_to(9, 1000.0)),
+                  row({"1.0 MB", "10", "1045.00", "5.50", "3.84", "1.92"}));
+  // 5 calls: round(0.5) = 0, nothing dropped (half up would drop the 2 and the 1000 ms: 6.00 ms).
+  EXPECT_CONTAINS(mib_all_reduce_table({2.0, 4.0, 6.0, 8.0, 1000.0}),
+                  row({"1.0 MB", "5", "1020.00", "204.00", "3.50", "1.75"}));
+  // 25 calls: round(2.5) = 2 (half up: 3, algbw 1.64); 1..24 ms and 1000 ms keep 3..23 ms.
+  EXPECT_CONTAINS(mib_all_reduce_table(one_to(24, 1000.0)),
+                  row({"1.0 MB", "25", "1300.00", "13.00", "1.79", "0.89"}));
+  // 15 calls: 0.1·15 is 1.5000000000000002 in binary, so 2 either way; 1..14 ms and 1000 ms.
+  EXPECT_CONTAINS(mib_all_reduce_table(one_to(14, 1000.0)),
+                  row({"1.0 MB", "15", "1105.00", "8.00", "2.56", "1.28"}));
+}
+
+// The engine's table counts from mark_comms_start (initialize's own broadcasts left out): the
+// latencies kept before it are not among the ones averaged. Calls before the monitor existed are
+// not kept at all (no comms_logger then); the count and total leave them out as well.
+TEST(CommsSummary, TrimmedMeansLeaveOutTheCallsBeforeTheBaseline) {
+  deepspeed::Config c;
+  c.comms_logger.enabled = true;
+  auto comm = std::make_shared<TimedCommunicator>();
+  comm->complete("all_reduce", 1048576, 500.0);  // before the monitor: not kept
+  dm::TrainingMonitor m(c, comm, c10::kCPU, /*writer=*/true);
+  comm->complete("all_reduce", 1048576, 2000.0);  // kept, before the baseline
+  comm->complete("all_reduce", 1048576, 3000.0);
+  m.mark_comms_start();
+  for (double ms : one_to(9, 1000.0)) comm->complete("all_reduce", 1048576, ms);
+  EXPECT_EQ(comm->stats()["all_reduce"].by_size[1048576].latencies_ms.size(), 12u);
+  EXPECT_CONTAINS(m.comms_summary(/*print=*/false),
+                  row({"1.0 MB", "10", "1045.00", "5.50", "3.84", "1.92"}));
 }
 
 TEST(WallClock, LinesInDeepSpeedsFormat) {

@@ -2,6 +2,7 @@
 #   make demo   install what is missing, build Release into build/, train the example GPT with ZeRO
 #               on 2 local processes on the shipped text
 #   make test   install what is missing, build, run every test with ctest
+#   make        the same as make build: install what is missing, configure and build build/
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 DEMO_PROCS ?= 2
@@ -9,10 +10,14 @@ DEMO_PROCS ?= 2
 # (docs/gpu.md). CMAKE_ARGS passes anything else to the configure step.
 TORCH_DIR ?=
 # UNITY=OFF: one translation unit per source (faster rebuilds while editing; CMakeLists.txt).
+# Every make call sets DS_UNITY_BUILD in $(BUILD)'s cache to $(UNITY): a later `make test`
+# without UNITY=OFF turns unity batches back on there.
 UNITY ?= ON
 CMAKE_ARGS ?=
 
 .PHONY: demo test build deps clean
+# deps is the first rule, so without this a plain `make` only installed packages.
+.DEFAULT_GOAL := build
 
 deps:
 	@TORCH_DIR="$(TORCH_DIR)" bash scripts/install-deps.sh

@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
+#include "bench_args.h"
 #include "gpt/model.h"
 #include "util/allocation_meter.h"
 
@@ -47,14 +49,17 @@ Row measure(gpt::GPTConfig c, bool checkpointing, int64_t batch, int reps) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  auto arg = [&](int i, int64_t d) { return argc > i ? std::atoll(argv[i]) : d; };
+int main(int argc, char** argv) try {
+  const BenchArgs args(argc, argv,
+                       "Usage: bench_activation_checkpointing [n_layer=8] [n_embd=256] [batch=8] "
+                       "[block=128] [reps=5]");
+  args.at_most(5);
   gpt::GPTConfig c;
-  c.n_layer = arg(1, 8);
-  c.n_embd = arg(2, 256);
-  const int64_t batch = arg(3, 8);
-  c.block_size = arg(4, 128);
-  const int reps = static_cast<int>(arg(5, 5));
+  c.n_layer = args.number(1, 8);
+  c.n_embd = args.number(2, 256);
+  const int64_t batch = args.number(3, 8);
+  c.block_size = args.number(4, 128);
+  const int reps = static_cast<int>(args.number(5, 5));
   c.n_head = 4;
   torch::set_num_threads(1);
 
@@ -69,4 +74,7 @@ int main(int argc, char** argv) {
   fmt::print("checkpointing: {:.0f}% of the plain peak, {:+.0f}% step time\n",
              100.0 * ckpt.peak / plain.peak, 100.0 * (ckpt.ms / plain.ms - 1));
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_activation_checkpointing: error: %s\n", e.what());
+  return 1;
 }

@@ -12,12 +12,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_args.h"
 #include "best_seconds.h"
 #include "optim/cpu_adam.h"
 
@@ -131,9 +133,12 @@ double torch_adamw(int64_t n, int threads, int reps) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const int log2n = argc > 1 ? std::atoi(argv[1]) : 24;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 10;
+int main(int argc, char** argv) try {
+  const BenchArgs args(argc, argv, "Usage: bench_cpu_adam [log2_n=24] [reps=10]");
+  args.at_most(2);
+  const int log2n = static_cast<int>(args.number(1, 24));
+  const int reps = static_cast<int>(args.number(2, 10));
+  if (log2n < 0 || log2n > 40) args.fail("log2_n " + std::to_string(log2n) + " is outside 0..40");
   const int64_t n = int64_t{1} << log2n;
   const int all = at::get_num_threads();
   std::vector<int> counts = {1};
@@ -158,4 +163,7 @@ int main(int argc, char** argv) {
   fmt::print("|---|---|---|---|---|\n");
   for (const Row& r : rows) print_row(r);
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cpu_adam: error: %s\n", e.what());
+  return 1;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "bench_args.h"
 #include "deepspeed/comm.h"
 #include "monitor/training_monitor.h"
 
@@ -28,9 +29,13 @@ double ns_per_timer_pair(bool enabled, int n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  const std::string dir = argc > 2 ? argv[2] : "/tmp/bench_monitor_write";
+int main(int argc, char** argv) try {
+  const BenchArgs args(argc, argv,
+                       "Usage: bench_monitor_write [steps=2000] [dir=/tmp/bench_monitor_write]");
+  args.at_most(2);
+  const int steps = static_cast<int>(args.number(1, 2000));
+  if (steps < 1) args.fail("steps " + std::to_string(steps) + " is not positive");
+  const std::string dir = args.text(2, "/tmp/bench_monitor_write");
   deepspeed::Config c;
   for (auto* m : {&c.tensorboard, &c.csv_monitor}) {
     m->enabled = true;
@@ -65,4 +70,7 @@ int main(int argc, char** argv) {
                "timer_pair_ns_disabled=%.2f\n",
                us, ns_per_timer_pair(true, 1000000), ns_per_timer_pair(false, 1000000));
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_monitor_write: error: %s\n", e.what());
+  return 1;
 }

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_args.h"
 #include "comm/gloo_communicator.h"
 #include "deepspeed/comm.h"
 
@@ -34,23 +35,43 @@ struct Args {
   double ms = 300;
 };
 
+constexpr const char* kUsage =
+    "Usage: dsrun --num_procs N bench_shm_allreduce [--dtype fp32|bf16] [--sizes 768,1024,...] "
+    "[--ms 300]";
+
+// Exits 0 after the usage line on -h/--help, 2 naming the argument on a bad one (BenchArgs).
 Args parse(int argc, char** argv) {
+  const BenchArgs cl(argc, argv, kUsage);
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k.rfind("--local_rank", 0) == 0) continue;  // dsrun passes it, as DeepSpeed's launcher does
-    if (i + 1 >= argc) throw std::runtime_error("missing value after " + k);
+    // dsrun passes --local_rank=K, as DeepSpeed's launcher does (the rank is in the environment).
+    if (k.rfind("--local_rank=", 0) == 0) continue;
+    if (k != "--local_rank" && k != "--dtype" && k != "--sizes" && k != "--ms")
+      cl.fail("unknown argument '" + k + "'");
+    if (i + 1 >= argc) cl.fail("missing value after " + k);
     const std::string v = argv[++i];
     if (k == "--dtype") {
-      a.dtype = v == "bf16" ? at::kBFloat16 : at::kFloat;
+      // The two the table in docs/benchmarks.md measures; anything else used to run fp32 silently.
+      if (v == "fp32") {
+        a.dtype = at::kFloat;
+      } else if (v == "bf16") {
+        a.dtype = at::kBFloat16;
+      } else {
+        cl.fail("--dtype '" + v + "' is not fp32 or bf16");
+      }
     } else if (k == "--sizes") {
       a.sizes.clear();
       std::stringstream in(v);
-      for (std::string s; std::getline(in, s, ',');) a.sizes.push_back(std::stoll(s));
+      for (std::string s; std::getline(in, s, ',');) {
+        const int64_t n = cl.whole_number(s, "--sizes");
+        if (n < 1) cl.fail("--sizes: " + s + " is not a positive element count");
+        a.sizes.push_back(n);
+      }
+      if (a.sizes.empty()) cl.fail("--sizes '" + v + "' names no size");
     } else if (k == "--ms") {
-      a.ms = std::stod(v);
-    } else {
-      throw std::runtime_error("unknown argument " + k);
+      a.ms = cl.real_number(v, "--ms");
+      if (!(a.ms > 0)) cl.fail("--ms '" + v + "' is not positive");
     }
   }
   return a;
@@ -72,7 +93,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
   at::set_num_threads(1);
   const int64_t biggest = *std::max_element(a.sizes.begin(), a.sizes.end());
@@ -113,4 +134,7 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::exception& e) {
+  std::cerr << "bench_shm_allreduce: error: " << e.what() << "\n";
+  return 1;
 }

@@ -11,18 +11,23 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "bench_args.h"
 #include "best_seconds.h"
 #include "device/transfer_stream.h"
 
 using deepspeed::device::SideStream;
 
-int main(int argc, char** argv) {
-  const int64_t mib = argc > 1 ? std::atoll(argv[1]) : 1024;
-  const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
-  const std::string want = argc > 3 ? argv[3] : "cuda";
+int main(int argc, char** argv) try {
+  const BenchArgs args(argc, argv, "Usage: bench_transfer [mib=1024] [reps=5] [device=cuda]");
+  args.at_most(3);
+  const int64_t mib = args.number(1, 1024);
+  const int reps = static_cast<int>(args.number(2, 5));
+  if (mib < 1) args.fail("mib " + std::to_string(mib) + " is not positive");
+  const std::string want = args.text(3, "cuda");
   const bool gpu = want.rfind("cuda", 0) == 0 && torch::cuda::is_available();
   const c10::Device device = gpu ? c10::Device(want) : c10::Device(c10::kCPU);
   const int64_t n = mib << 20;  // bytes, as uint8 elements
@@ -56,4 +61,7 @@ int main(int argc, char** argv) {
              "both_each_gbs={:.2f} h2d_pageable_gbs={:.2f}\n",
              device.str(), gb / h2d, gb / d2h, gb / both, gb / paged);
   return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_transfer: error: %s\n", e.what());
+  return 1;
 }

@@ -32,6 +32,16 @@ class RandomTokens : public deepspeed::Dataset {
 Options parse_options(const std::vector<std::string>& argv) {
   Options o;
   CLI::App app{"Train the example GPT with deepspeed.cpp"};
+  // deepspeed::parse_args took --deepspeed_config and --local_rank out of argv before this
+  // parser runs, so the option below never receives a value: it is here so that --help lists
+  // the flag gpt_train requires.
+  std::string config_shown_in_help;
+  app.add_option("--deepspeed_config", config_shown_in_help,
+                 "the DeepSpeed config, JSON or hjson (required; alias --deepscale_config)")
+      ->option_text("FILE");
+  app.footer(
+      "--local_rank K (appended by dsrun and DeepSpeed's launchers) is accepted; the "
+      "local rank is read from the launcher's environment (LOCAL_RANK and the like).");
   app.add_option("--data", o.data, "training text (bytes)");
   app.add_option("--steps", o.steps, "optimizer steps to run");
   app.add_option("--n_layer", o.model.n_layer);

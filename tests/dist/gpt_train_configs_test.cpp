@@ -234,4 +234,18 @@ TEST(GptTrainConfigs, Fp16OnTheCpuBuildIsRefusedWithoutStackFrames) {
   EXPECT_EQ(run.output.find("Exception raised from"), std::string::npos) << run.output;
 }
 
+// deepspeed::parse_args takes --deepspeed_config before CLI11 sees the command line, so CLI11's
+// --help listed every flag but the one gpt_train requires.
+TEST(GptTrainConfigs, HelpListsTheRequiredDeepspeedConfigFlag) {
+  dstest::TempDir dir;
+  const std::string log = dir / "help.txt";
+  int status =
+      std::system(("exec " + dstest::bin_dir() + "/gpt_train --help > " + log + " 2>&1").c_str());
+  const std::string help = dstest::read_bytes(log);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << help;
+  EXPECT_CONTAINS(help, "--deepspeed_config FILE");
+  EXPECT_CONTAINS(help, "--local_rank");
+  EXPECT_CONTAINS(help, "--steps");
+}
+
 }  // namespace gpt_train_configs_test

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
@@ -22,6 +23,7 @@
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/forked_child.h"
+#include "support/stage3_models.h"
 #include "support/training_run.h"
 
 namespace checkpoint_export_test {
@@ -245,6 +247,99 @@ TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
       dir / "ckpt", "", /*exclude_frozen_parameters=*/true);
   EXPECT_EQ(in_program.size(), trained.size());
   for (const auto& [name, t] : in_program) EXPECT_EQ(trained.count(name), 1u) << name;
+}
+
+// An output folder is split as zero_to_fp32 --max_shard_size splits it (Hugging Face's layout):
+// at 4KiB the tied 8 KiB embedding and head (one parameter, two names) get a shard each and the
+// rest fill several, every tensor equal to the single-file export and listed, with its file, in
+// the index; a default-size export into the same folder then leaves one model.safetensors, the
+// shards and index removed. A bad size, or a size with a file output, is refused naming
+// --max_shard_size.
+TEST(CheckpointExport, DsToFp32ShardsAnOutputFolderByMaxShardSize) {
+  dstest::TempDir dir;
+  torch::manual_seed(11);
+  auto model = std::make_shared<dstest::TiedModelImpl>();
+  auto engine = deepspeed::initialize<dstest::TiedModelImpl>(
+                    {.model = model,
+                     .config_json = dstest::stage3_test_config(2),
+                     .comm = deepspeed::comm::make_single_process_communicator()})
+                    .engine;
+  const auto batch = dstest::token_batch(0, 0);
+  engine->backward(engine->forward(batch.idx, batch.targets));
+  engine->step();
+  engine->save_checkpoint(dir / "ckpt");
+  const auto export_to = [&](const std::string& args) {
+    return ds_to_fp32((dir / "ckpt") + " " + args, dir / "tool.log");
+  };
+  const auto files_in = [](const std::string& folder) {
+    std::set<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(folder))
+      names.insert(entry.path().filename());
+    return names;
+  };
+  auto [code, log] = export_to(dir / "whole.safetensors");
+  ASSERT_EQ(code, 0) << log;
+  const auto whole = read_by_name(dir / "whole.safetensors");
+  ASSERT_EQ(whole.count("embed.weight"), 1u);
+  ASSERT_EQ(whole.count("head.weight"), 1u);
+
+  const std::string out = dir / "out";  // created by the tool, as zero_to_fp32's output_dir
+  std::tie(code, log) = export_to(out + " --max_shard_size 4KiB --safe_serialization");
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_CONTAINS(log, out + "/model.safetensors.index.json");
+  const std::set<std::string> files = files_in(out);
+  ASSERT_EQ(files.count("model.safetensors.index.json"), 1u);
+  EXPECT_EQ(files.count("model.safetensors"), 0u);
+  const size_t shards = files.size() - 1;
+  ASSERT_GE(shards, 3u);
+  char name[64];
+  for (size_t i = 1; i <= shards; ++i) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i, shards);
+    EXPECT_EQ(files.count(name), 1u) << name;
+  }
+
+  const json index = json::parse(dstest::read_bytes(out + "/model.safetensors.index.json"));
+  uint64_t total = 0;
+  for (const auto& [n, t] : whole) total += t.numel() * t.element_size();
+  EXPECT_EQ(index.at("metadata").at("total_size").get<uint64_t>(), total);
+  ASSERT_EQ(index.at("weight_map").size(), whole.size());
+  std::map<std::string, torch::Tensor> read_back;
+  for (size_t i = 1; i <= shards; ++i) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i, shards);
+    const auto shard = ckpt::read_safetensors(out + "/" + name);
+    EXPECT_EQ(shard.metadata.at("format"), "pt") << name;
+    uint64_t bytes = 0;
+    for (const auto& [n, t] : shard.tensors) {
+      bytes += t.numel() * t.element_size();
+      EXPECT_EQ(index.at("weight_map").value(n, ""), name) << n;
+      EXPECT_TRUE(read_back.emplace(n, t).second) << n << " in two shards";
+    }
+    if (shard.tensors.size() > 1) {
+      EXPECT_LE(bytes, 4096u) << name << ": only a lone tensor passes the limit";
+    }
+  }
+  ASSERT_EQ(read_back.size(), whole.size());
+  for (const auto& [n, t] : whole) {
+    ASSERT_EQ(read_back.count(n), 1u) << n;
+    EXPECT_TRUE(torch::equal(read_back[n], t)) << n;
+  }
+  EXPECT_TRUE(torch::equal(read_back["head.weight"], read_back["embed.weight"]));
+
+  // The default 5GB: one file; the earlier export's shards and index are gone.
+  std::tie(code, log) = export_to(out);
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_CONTAINS(log, "removed " + out + "/model-00001-of-");
+  EXPECT_EQ(files_in(out), std::set<std::string>{"model.safetensors"});
+  EXPECT_EQ(read_by_name(out + "/model.safetensors").size(), whole.size());
+
+  std::tie(code, log) = export_to(out + " --max_shard_size 5XB");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_CONTAINS(log, "--max_shard_size '5XB'");
+  std::tie(code, log) = export_to((dir / "w.safetensors") + " --max_shard_size 1GB");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_CONTAINS(log, "--max_shard_size '1GB'");
+  EXPECT_CONTAINS(log, dir / "w.safetensors");
+  EXPECT_FALSE(std::filesystem::exists(dir / "w.safetensors"));
 }
 
 }  // namespace checkpoint_export_test

@@ -77,7 +77,7 @@ int main(int argc, char** argv) try {
       throw deepspeed::ConfigError("gpt_generate: the prompt's byte " + std::to_string(c) +
                                    " is not a token of the model's vocabulary (vocab_size " +
                                    std::to_string(model.vocab_size) + ")");
-  gpt::check_tensor_parallel(model, tensor_parallel);
+  gpt::check_tensor_parallel(model, tensor_parallel, /*split_vocabulary=*/false);
   auto comm = deepspeed::init_distributed();
   gpt::GPT net{nullptr};
   {
@@ -89,6 +89,7 @@ int main(int argc, char** argv) try {
   if (!saved) gpt::check_no_leftovers(gpt::stored_tensor_names(load_dir, tag), *net, load_dir);
   deepspeed::InferenceConfig config;
   config.tp_size = tensor_parallel;
+  config.head_dim = model.n_embd / model.n_head;  // heads split whole (checked above too)
   config.dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
   config.checkpoint = load_dir;
   config.tag = tag;

@@ -28,7 +28,7 @@ tp::RowParallelLinearOptions row(int64_t in, int64_t out, bool bias) {
 }
 }  // namespace
 
-void check_tensor_parallel(const GPTConfig& c, int n) {
+void check_tensor_parallel(const GPTConfig& c, int n, bool split_vocabulary) {
   auto refuse = [n](const std::string& what, int64_t value) {
     throw deepspeed::ConfigError("--tensor_parallel " + std::to_string(n) + " does not divide " +
                                  what + " (" + std::to_string(value) + ")");
@@ -37,7 +37,9 @@ void check_tensor_parallel(const GPTConfig& c, int n) {
     throw deepspeed::ConfigError("--tensor_parallel must be >= 1, got " + std::to_string(n));
   if (c.n_head % n) refuse("--n_head", c.n_head);
   if (c.n_embd % n) refuse("--n_embd", c.n_embd);
-  if (c.vocab_size % n) refuse("the vocabulary size", c.vocab_size);
+  // Training splits the vocabulary (VocabParallelEmbedding, the head by columns); inference
+  // keeps the embedding whole and cuts the head by its input columns.
+  if (split_vocabulary && c.vocab_size % n) refuse("the vocabulary size", c.vocab_size);
 }
 
 // The residual dropout follows the row layers' all-reduce, on activations every tensor rank holds

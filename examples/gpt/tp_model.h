@@ -23,9 +23,10 @@
 
 namespace gpt {
 
-// Throws deepspeed::ConfigError naming the value when N does not divide n_head, n_embd or
-// vocab_size.
-void check_tensor_parallel(const GPTConfig& c, int tensor_parallel);
+// Throws deepspeed::ConfigError naming the value when N does not divide n_head, n_embd or (with
+// split_vocabulary: training's layout) vocab_size. Inference (init_inference) splits no
+// vocabulary: gpt_generate passes false.
+void check_tensor_parallel(const GPTConfig& c, int tensor_parallel, bool split_vocabulary = true);
 
 // Throws ConfigError (on every rank) unless `generator_state` (a random generator's get_state())
 // is the same on every rank of `g`: TPBlock's dropout masks must be. COLLECTIVE over g.

@@ -8,14 +8,30 @@
 // Inside a block, in registration order, a Linear is
 //   row-parallel     when its name ends in a row name (o_proj, out_proj, dense_4h_to_h,
 //                    down_proj, fc2, c_proj, wo, attention.dense, attn.dense,
-//                    self_attention.dense), or it comes right before a LayerNorm,
-//                    or it is the block's last Linear: the attention output and MLP down
-//                    projections. Its weight keeps the input columns of this rank; one
+//                    self_attn.dense, self_attention.dense), or it comes right before a
+//                    LayerNorm, or it is the block's last Linear: the attention output and MLP
+//                    down projections. Its weight keeps the input columns of this rank; one
 //                    all-reduce follows it, the bias is added once, after it;
 //   column-parallel  otherwise (q/k/v, MLP up/gate): its weight keeps the output rows of this
 //                    rank, no communication. A fused q/k/v (name ending in qkv, c_attn,
 //                    query_key_value, Wqkv, qkv_proj) has q, k and v split each on its own.
-// Linear layers outside blocks (the LM head) and embeddings stay whole (DeepSpeed's default).
+// The LM head (a Linear child of the model named lm_head or embed_out, DeepSpeed's names, or
+// head) is row-parallel too, its whole input cut to this rank's columns first (DeepSpeed's
+// LmHeadLinearAllreduce); one whose weight is also registered under another name (tied to the
+// token embedding) stays whole (differs: DeepSpeed gives the head a cut copy, untying it).
+// Other Linear layers outside blocks and the embeddings stay whole (as DeepSpeed's AutoTP).
+// Every split is even: tp_size must divide each split dimension and, with head_dim given, the
+// heads of each attention layer (differs: DeepSpeed shards unevenly, by kv heads or in 64-element
+// grains, when tp_size does not divide them).
+//
+// Differs from / absent from DeepSpeed's init_inference (DeepSpeedInferenceConfig): the config
+// is this C++ struct, so an option it lacks cannot be given (nothing is silently ignored).
+// dtype defaults to fp32 (DeepSpeed: fp16) and fp16 is refused (CPU inference). Not provided:
+// replace_with_kernel_inject (fused inference kernels), injection_policy (a user's row-layer
+// names: AutoTP's rule only), max_out_tokens / min_out_tokens (the model keeps its own KV cache),
+// quant (int8 weights), enable_cuda_graph, an mpu / tp_group of the caller's (the groups are
+// consecutive ranks of `comm`), moe, and a checkpoint JSON descriptor (`checkpoint` is a folder
+// or .safetensors file here).
 //
 // Building the model without holding it (DeepSpeed's `with deepspeed.OnDevice(dtype,
 // device="meta")`): libtorch's C++ modules have no device argument and their constructors fill
@@ -54,12 +70,21 @@
 namespace deepspeed {
 
 struct InferenceConfig {
-  int tp_size = 1;                    // tensor-parallel degree; must divide the world size
-  at::ScalarType dtype = at::kFloat;  // kFloat or kBFloat16: parameters and buffers after loading
+  int tp_size = 1;  // tensor-parallel degree; must divide the world size
+  // kFloat (default; DeepSpeed's is fp16) or kBFloat16: parameters and buffers after loading.
+  // kHalf is refused (ConfigError).
+  at::ScalarType dtype = at::kFloat;
+  // The width of one attention head (0, default: not known, not checked). Given, init_inference
+  // refuses a tp_size that does not divide the heads of an attention layer (a split layer whose
+  // name does not contain "mlp" and whose split dimension is a multiple of head_dim; not the LM
+  // head), naming the layer and the heads; without it such a model fails in its first forward.
+  int64_t head_dim = 0;
   // A training checkpoint (a save folder: its `latest` tag, or `tag`; or a tag folder) of any
   // ZeRO stage, world size or pipeline layout, or a ds_to_fp32 .safetensors file. Empty: the
   // module's own weights are sharded (every rank must hold the same, e.g. seeded alike).
   std::string checkpoint;
+  // A tag folder of the save folder `checkpoint` (default: the one its `latest` names). With a
+  // .safetensors file or no checkpoint it would mean nothing: ConfigError naming it.
   std::string tag;
   // The names a model tensor may have in the checkpoint, tried in order (default: its own name).
   // A pipeline checkpoint names layers layer_XX.*: the model supplies that mapping.
@@ -88,7 +113,11 @@ class InferenceEngine {
 // sets eval mode. COLLECTIVE over the world (builds the tensor-parallel groups). Throws
 // ConfigError naming the layer and sizes when tp_size does not divide a split dimension, and
 // CheckpointError naming the tensor when the checkpoint lacks one or holds it with another shape
-// (another architecture). The model's row layers communicate until the engine is destroyed.
+// (another architecture), and ConfigError naming tag / head_dim (see InferenceConfig). The model
+// stays split and correct after the engine is destroyed: its row layers' group is held for as
+// long as their weights live, so the result may be dropped. A copy of the split model
+// (Module::clone) holds new tensors, which are not registered: its row layers would not
+// all-reduce.
 // A model built under inference::DeferredInit needs config.checkpoint (ConfigError naming a
 // placeholder tensor otherwise) and every registered parameter and buffer must come from it
 // (CheckpointError naming the one that does not). REQUIRES: no DeferredInit scope is alive on
@@ -133,9 +162,10 @@ bool is_deferred(const at::Tensor& t);
 
 namespace tp {
 // The Linear forward AutoTP can shard: deepspeed::zero::linear (ZeRO-3's), and for a weight
-// init_inference made row-parallel, x W_r^T all-reduced over its group, then + bias. Inference
-// only (the row all-reduce is differentiable, the column layers' input-gradient all-reduce is
-// not placed). COLLECTIVE for row-parallel weights.
+// init_inference made row-parallel, x W_r^T all-reduced over its group, then + bias (for the LM
+// head x arrives whole: this rank's columns of x first). Inference only (the row all-reduce is
+// differentiable, the column layers' input-gradient all-reduce is not placed). COLLECTIVE for
+// row-parallel weights. Thread-safe.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {});
 }  // namespace tp
 

@@ -84,10 +84,20 @@ std::vector<std::string> find_blocks(torch::nn::Module& root) {
 
 // A name "matches" a suffix when it is the suffix or ends in "." + suffix (dotted suffixes
 // name a parent too: GPT-NeoX's attention.dense is a row layer, BERT's intermediate.dense is not).
+// attn.dense does not match Phi's self_attn.dense (the character before is '_'), hence its own
+// entry: Phi's attention output is neither before a LayerNorm nor its layer's last Linear.
 bool has_row_name(const std::string& name) {
-  static const char* rows[] = {
-      "o_proj", "out_proj", "dense_4h_to_h",   "down_proj",  "fc2",
-      "c_proj", "wo",       "attention.dense", "attn.dense", "self_attention.dense"};
+  static const char* rows[] = {"o_proj",
+                               "out_proj",
+                               "dense_4h_to_h",
+                               "down_proj",
+                               "fc2",
+                               "c_proj",
+                               "wo",
+                               "attention.dense",
+                               "attn.dense",
+                               "self_attn.dense",
+                               "self_attention.dense"};
   for (const char* suffix : rows) {
     const std::string s(suffix);
     if (name == s ||
@@ -103,6 +113,39 @@ bool has_fused_qkv_name(const std::string& name) {
                                               "qkv_proj"};
   return fused.count(last_component(name)) > 0;
 }
+
+bool is_lm_head_name(const std::string& name) {
+  return name == "lm_head" || name == "embed_out" || name == "head";
+}
+
+namespace {
+
+// The LM head (DeepSpeed's set_lm_head: the root's lm_head or embed_out Linear; here also
+// `head`, the example GPT's): split by input columns, its input cut to this rank's columns and
+// the partial logits all-reduced (LmHeadLinearAllreduce). A head whose weight is registered
+// under another name too (tied to the token embedding) stays whole: cutting it would cut the
+// embedding (DeepSpeed gives the head a cut copy, untying it).
+void plan_head(torch::nn::Module& root, std::vector<Placement>& plan) {
+  for (auto& child : root.named_children()) {
+    auto* lin = child.value()->as<torch::nn::Linear>();
+    if (!lin || !is_lm_head_name(child.key())) continue;
+    bool placed = false;  // root is itself a block (a one-layer model): placed with it
+    for (const auto& p : plan) placed = placed || p.linear == lin;
+    int names = 0;
+    for (auto& param : root.named_parameters())
+      names += param.value().unsafeGetTensorImpl() == lin->weight.unsafeGetTensorImpl();
+    if (placed || names > 1) continue;
+    Placement p;
+    p.linear = lin;
+    p.layer.name = child.key();
+    p.layer.kind = ShardedLinear::kRow;
+    p.layer.full_shape = lin->weight.sizes().vec();
+    p.whole_input = true;
+    plan.push_back(std::move(p));
+  }
+}
+
+}  // namespace
 
 std::vector<Placement> autotp_plan(torch::nn::Module& root) {
   std::vector<Placement> plan;
@@ -137,6 +180,7 @@ std::vector<Placement> autotp_plan(torch::nn::Module& root) {
       plan.push_back(std::move(p));
     }
   }
+  if (!plan.empty()) plan_head(root, plan);
   return plan;
 }
 

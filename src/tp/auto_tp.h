@@ -16,14 +16,20 @@ namespace tp {
 struct Placement {
   ShardedLinear layer;                      // name, kind, fused parts, full shape
   torch::nn::LinearImpl* linear = nullptr;  // the module itself
+  // The LM head: a row layer whose input arrives whole (not a column layer's split output), so
+  // tp::linear cuts this rank's columns of it first.
+  bool whole_input = false;
 };
 
-// In registration (pre-)order. Linear layers outside blocks are not listed (they stay whole).
+// The blocks' Linear layers in registration (pre-)order, then the LM head (a direct child of
+// `root` named lm_head, embed_out or head, not tied to another parameter), listed only when a
+// block was found. Other Linear layers outside blocks are not listed (they stay whole).
 std::vector<Placement> autotp_plan(torch::nn::Module& root);
 
 // Whether `name` (a dotted module path) ends in one of AutoTP's row-parallel names / fused q/k/v
 // names.
 bool has_row_name(const std::string& name);
+bool is_lm_head_name(const std::string& name);
 bool has_fused_qkv_name(const std::string& name);
 
 }  // namespace tp

@@ -15,15 +15,39 @@
 #include "deepspeed/zero_unit.h"
 #include "tp/auto_tp.h"
 #include "tp/shard_loader.h"
+#include "util/text.h"
 
 namespace deepspeed {
 namespace {
 
-// Row-parallel weights -> their group. Written by init_inference and the engine's destructor,
-// read by every tp::linear call (any thread).
+// What tp::linear needs for a row-parallel weight: its group, and for the LM head where its
+// columns start (its input arrives whole).
+struct RowSplit {
+  // The weight, held weakly: the entry lives exactly as long as the weight (its TensorImpl's
+  // address is the key; a weak reference keeps that address from being reused while the entry
+  // exists). The model stays split after the engine is gone (DeepSpeed swaps LinearAllreduce
+  // modules into the model, which own their group), so the communication must not end with
+  // the engine: a discarded init_inference result left every row layer returning its rank's
+  // partial sums.
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  WeakImpl weight;
+  comm::CommunicatorPtr group;  // held strongly, for as long as the weight
+  int64_t input_begin = -1;     // >= 0 (the LM head): x's columns [begin, begin + in / tp)
+};
+
+// Row-parallel weights -> their split. Written by init_inference (entries added, those of dead
+// weights dropped) and the engine's destructor (dead ones dropped); read by every tp::linear
+// call (any thread).
 struct RowRegistry {
   std::mutex mu;
-  std::unordered_map<const void*, comm::CommunicatorPtr> rows;
+  std::unordered_map<const void*, RowSplit> rows;
+
+  // REQUIRES: mu held. Drops the entries of weights that no longer exist (and with them their
+  // hold on the group).
+  void drop_dead() {
+    for (auto it = rows.begin(); it != rows.end();)
+      it = it->second.weight.expired() ? rows.erase(it) : std::next(it);
+  }
 };
 RowRegistry& registry() {
   static RowRegistry r;
@@ -33,17 +57,11 @@ RowRegistry& registry() {
 class AutoTPEngine : public InferenceEngine {
  public:
   AutoTPEngine(std::shared_ptr<torch::nn::Module> model, comm::CommunicatorPtr group,
-               std::vector<ShardedLinear> sharded, std::vector<at::Tensor> rows)
-      : model_(std::move(model)),
-        group_(std::move(group)),
-        sharded_(std::move(sharded)),
-        rows_(std::move(rows)) {
-    std::lock_guard<std::mutex> lock(registry().mu);
-    for (auto& w : rows_) registry().rows[w.unsafeGetTensorImpl()] = group_;
-  }
+               std::vector<ShardedLinear> sharded)
+      : model_(std::move(model)), group_(std::move(group)), sharded_(std::move(sharded)) {}
   ~AutoTPEngine() override {
     std::lock_guard<std::mutex> lock(registry().mu);
-    for (auto& w : rows_) registry().rows.erase(w.unsafeGetTensorImpl());
+    registry().drop_dead();  // the model may have died first
   }
   torch::nn::Module& module() override { return *model_; }
   const comm::CommunicatorPtr& tp_group() const override { return group_; }
@@ -53,7 +71,6 @@ class AutoTPEngine : public InferenceEngine {
   std::shared_ptr<torch::nn::Module> model_;
   comm::CommunicatorPtr group_;
   std::vector<ShardedLinear> sharded_;
-  std::vector<at::Tensor> rows_;  // kept alive: their addresses are the registry's keys
 };
 
 std::string shape_str(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
@@ -67,7 +84,7 @@ struct Slice {
 };
 
 // The refusals come before anything is changed.
-void check_divisible(const std::vector<tp::Placement>& plan, int tp_size) {
+void check_divisible(const std::vector<tp::Placement>& plan, int tp_size, int64_t head_dim) {
   for (const auto& p : plan) {
     // A fused q/k/v is cut into three equal blocks, q, k and v, which holds only when each is as
     // wide as the input (out = 3 x in). A grouped- or multi-query projection (k and v narrower
@@ -84,13 +101,46 @@ void check_divisible(const std::vector<tp::Placement>& plan, int tp_size) {
                         "use tp_size 1");
     const auto& s = p.layer.full_shape;
     const bool column = p.layer.kind == ShardedLinear::kColumn;
+    const std::string what =
+        std::string(column ? "column" : "row") + "-parallel layer " + p.layer.name;
     const int64_t split = column ? s[0] / p.layer.fused_parts : s[1];
     if ((column && s[0] % p.layer.fused_parts) || split % tp_size)
       throw ConfigError("init_inference: tp_size " + std::to_string(tp_size) + " does not divide " +
                         (column ? "the output features" : "the input features") + " (" +
                         std::to_string(split) + (p.layer.fused_parts > 1 ? " per q/k/v" : "") +
-                        ") of " + (column ? "column" : "row") + "-parallel layer " + p.layer.name);
+                        ") of " + what);
+    // Every rank must hold whole heads: tp_size dividing the features is not enough (6 heads of
+    // 8 at tp 4 give each rank 12 features, 1.5 heads, and the attention's reshape fails in the
+    // first forward, naming nothing). A layer counts as attention as in DeepSpeed's
+    // get_shard_size: its name does not contain "mlp", it is not the LM head, and its split
+    // dimension is whole heads. DeepSpeed then gives the ranks unequal numbers of heads; here
+    // the split is even, so it is refused.
+    if (head_dim > 0 && tp_size > 1 && !p.whole_input &&
+        p.layer.name.find("mlp") == std::string::npos && split % head_dim == 0 &&
+        (split / head_dim) % tp_size)
+      throw ConfigError("init_inference: tp_size " + std::to_string(tp_size) +
+                        " does not divide the " + std::to_string(split / head_dim) +
+                        " heads (head_dim " + std::to_string(head_dim) + ", " +
+                        std::to_string(split) + " features" +
+                        (p.layer.fused_parts > 1 ? " per q/k/v" : "") + ") of " + what +
+                        ": each rank holds whole heads, the same number on every rank (DeepSpeed "
+                        "would give the ranks unequal numbers of heads); use a tp_size that "
+                        "divides the heads");
   }
+}
+
+// A tag names a tag folder of a training checkpoint; anywhere else it would be ignored.
+void check_tag(const InferenceConfig& config) {
+  if (config.tag.empty()) return;
+  if (config.checkpoint.empty())
+    throw ConfigError("init_inference: InferenceConfig::tag \"" + config.tag +
+                      "\" is given without InferenceConfig::checkpoint: a tag names a tag folder "
+                      "of a training checkpoint; set the checkpoint or remove the tag");
+  if (ends_with(config.checkpoint, ".safetensors"))
+    throw ConfigError("init_inference: InferenceConfig::tag \"" + config.tag +
+                      "\" is given with the .safetensors file '" + config.checkpoint +
+                      "', which has no tags (a tag names a tag folder of a training "
+                      "checkpoint); remove the tag");
 }
 
 class Loader {
@@ -184,6 +234,10 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
       throw ConfigError("init_inference: \"" + name +
                         "\" was built under inference::DeferredInit (placeholder memory, no "
                         "values) and no checkpoint was given: set InferenceConfig::checkpoint");
+  check_tag(config);
+  if (config.head_dim < 0)
+    throw ConfigError("init_inference: InferenceConfig::head_dim " +
+                      std::to_string(config.head_dim) + " is negative (0: not checked)");
   if (config.dtype != at::kFloat && config.dtype != at::kBFloat16)
     throw ConfigError("init_inference: dtype " + std::string(c10::toString(config.dtype)) +
                       " is not supported (float or bfloat16)");
@@ -194,7 +248,7 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
   comm::Topology topology(world, {1, config.tp_size});
   const auto group = topology.tensor_parallel();
   const auto plan = tp::autotp_plan(*model);
-  check_divisible(plan, config.tp_size);
+  check_divisible(plan, config.tp_size, config.head_dim);
   // Nothing to split (no block found: AutoTP's blocks need a LayerNorm, so an RMSNorm model has
   // none): every rank runs the whole model. Correct, but not what tp_size asked for: said once.
   if (config.tp_size > 1 && plan.empty() && world->rank() == 0)
@@ -236,25 +290,42 @@ std::shared_ptr<InferenceEngine> init_inference(std::shared_ptr<torch::nn::Modul
     throw CheckpointError("init_inference: \"" + name + "\" is still DeferredInit placeholder " +
                           "memory after loading '" + config.checkpoint + "'");
 
-  std::vector<at::Tensor> rows;
-  if (config.tp_size > 1)
-    for (const auto& p : plan)
-      if (p.layer.kind == ShardedLinear::kRow) rows.push_back(p.linear->weight);
+  if (config.tp_size > 1) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().drop_dead();
+    for (const auto& p : plan) {
+      if (p.layer.kind != ShardedLinear::kRow) continue;
+      const at::Tensor& w = p.linear->weight;
+      RowSplit split{RowSplit::WeakImpl(w.getIntrusivePtr()), group, -1};
+      if (p.whole_input)  // the LM head: this rank's columns of its whole input
+        split.input_begin = tp::split_range(p.layer.full_shape[1], group->world_size(),
+                                            group->rank(), p.layer.name.c_str())
+                                .begin;
+      registry().rows.insert_or_assign(w.unsafeGetTensorImpl(), std::move(split));
+    }
+  }
   model->eval();
-  return std::make_shared<AutoTPEngine>(model, group, std::move(sharded), std::move(rows));
+  return std::make_shared<AutoTPEngine>(model, group, std::move(sharded));
 }
 
 namespace tp {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   comm::CommunicatorPtr group;
+  int64_t input_begin = -1;
   {
     std::lock_guard<std::mutex> lock(registry().mu);
+    // A hit is this weight: the entry's weak reference keeps a dead weight's address unused.
     auto it = registry().rows.find(weight.unsafeGetTensorImpl());
-    if (it != registry().rows.end()) group = it->second;
+    if (it != registry().rows.end()) {
+      group = it->second.group;
+      input_begin = it->second.input_begin;
+    }
   }
   if (!group) return zero::linear(x, weight, bias);
-  at::Tensor y = reduce_from_region(zero::linear(x, weight, {}), group);
+  // The LM head's input is whole: this rank's columns of it meet this rank's columns of W.
+  const at::Tensor in = input_begin >= 0 ? x.narrow(-1, input_begin, weight.size(1)) : x;
+  at::Tensor y = reduce_from_region(zero::linear(in, weight, {}), group);
   return bias.defined() ? y + bias : y;
 }
 

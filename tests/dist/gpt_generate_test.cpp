@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/safetensors.h"
 #include "deepspeed/errors.h"
 #include "gpt/generate.h"
 #include "gpt/model_flags.h"
@@ -140,6 +141,42 @@ TEST(GptGenerate, BadInputIsNamed) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("exceeds block_size 32"), std::string::npos) << e.what();
   }
+}
+
+// Inference never splits the vocabulary (AutoTP cuts the head by its input columns and keeps the
+// embedding whole), so gpt_generate --tensor_parallel 2 runs a vocabulary of 1001 and prints what
+// one process prints. It used to refuse it as training must (VocabParallelEmbedding).
+TEST(GptGenerate, TensorParallelDoesNotNeedTheVocabularyDivided) {
+  dstest::TempDir dir("gpt_generate_vocab");
+  const std::string file = dir / "model.safetensors";
+  {
+    torch::manual_seed(3);
+    gpt::GPTImpl model(gpt::GPTConfig{1001, 32, 2, 2, 32});
+    deepspeed::checkpoint::NamedTensors tensors;
+    for (auto& p : model.named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+    for (auto& b : model.named_buffers()) tensors.emplace_back(b.key(), b.value());
+    deepspeed::checkpoint::write_safetensors(file, tensors);
+  }
+  const std::string args = " --load_dir " + file +
+                           " --vocab_size 1001 --n_layer 2 --n_head 2 --n_embd 32 --block_size 32"
+                           " --prompt 'The ' --max_new_tokens 8 --greedy";
+  // The last line, without dsrun's "[rank 0] " prefix.
+  auto last_line = [](std::string out) {
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    const auto nl = out.rfind('\n');
+    std::string line = nl == std::string::npos ? out : out.substr(nl + 1);
+    const std::string prefix = "[rank 0] ";
+    return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
+  };
+  const std::string one = dir / "one.log", two = dir / "two.log";
+  const std::string alone = dstest::bin_dir() + "/gpt_generate" + args + " > " + one + " 2>&1";
+  ASSERT_EQ(std::system(alone.c_str()), 0) << dstest::read_bytes(one);
+  const std::string split =
+      dstest::dsrun_command(2, "gpt_generate --tensor_parallel 2" + args, two);
+  ASSERT_EQ(std::system(split.c_str()), 0) << dstest::read_bytes(two);
+  const std::string want = last_line(dstest::read_bytes(one));
+  EXPECT_EQ(want.rfind("The ", 0), 0u) << want;
+  EXPECT_EQ(last_line(dstest::read_bytes(two)), want);
 }
 
 // gpt_train (2 ranks, ZeRO-2) saves once for the tests below, which run gpt_generate on it.

@@ -46,15 +46,18 @@ TEST(AutoTP, PlacesTheGptLikeDeepSpeed) {
     std::map<std::string, std::pair<deepspeed::ShardedLinear::Kind, int>> got;
     for (const auto& s : engine->sharded()) got[s.name] = {s.kind, s.fused_parts};
     using K = deepspeed::ShardedLinear;
-    EXPECT_EQ(got.size(), 8u);  // 4 per block; the head stays whole
+    EXPECT_EQ(got.size(), 9u);  // 4 per block, and the head
     EXPECT_EQ(got["block0.attn.qkv"], std::make_pair(K::kColumn, 3));
     EXPECT_EQ(got["block0.attn.proj"], std::make_pair(K::kRow, 1));
     EXPECT_EQ(got["block1.mlp.fc"], std::make_pair(K::kColumn, 1));
     EXPECT_EQ(got["block1.mlp.proj"], std::make_pair(K::kRow, 1));
+    // DeepSpeed's LmHeadLinearAllreduce: the head keeps its input columns, the vocabulary whole.
+    EXPECT_EQ(got["head"], std::make_pair(K::kRow, 1));
     auto params = engine->module().named_parameters();
     EXPECT_EQ(params["block0.attn.qkv.weight"].sizes(), (std::vector<int64_t>{48, 32}));
     EXPECT_EQ(params["block0.mlp.proj.weight"].sizes(), (std::vector<int64_t>{32, 64}));
-    EXPECT_EQ(params["head.weight"].sizes(), (std::vector<int64_t>{256, 32}));
+    EXPECT_EQ(params["head.weight"].sizes(), (std::vector<int64_t>{256, 16}));
+    EXPECT_EQ(params["wte.weight"].sizes(), (std::vector<int64_t>{256, 32}));
   });
 }
 
@@ -74,7 +77,8 @@ TEST(AutoTP, PlacesNeoXAndBertLikeLayers) {
   using K = deepspeed::ShardedLinear;
   auto neox = dstest::neox_like_tree();
   auto got = placement(neox);
-  EXPECT_EQ(got.size(), 4u);
+  EXPECT_EQ(got.size(), 5u);
+  EXPECT_EQ(got["embed_out"], std::make_pair(K::kRow, 1));  // the LM head
   EXPECT_EQ(got["layers.0.attention.query_key_value"], std::make_pair(K::kColumn, 3));
   EXPECT_EQ(got["layers.0.attention.dense"], std::make_pair(K::kRow, 1));
   EXPECT_EQ(got["layers.0.mlp.dense_h_to_4h"], std::make_pair(K::kColumn, 1));
@@ -89,6 +93,77 @@ TEST(AutoTP, PlacesNeoXAndBertLikeLayers) {
   EXPECT_EQ(got["encoder.layer0.intermediate.dense"].first, K::kColumn);
   EXPECT_EQ(got["encoder.layer0.output.dense"].first, K::kRow);
   EXPECT_EQ(got["encoder.layer1.intermediate.dense"].first, K::kColumn);
+}
+
+// HF's Phi: attention and MLP side by side after one LayerNorm, so the attention output
+// self_attn.dense is neither before a LayerNorm nor the layer's last Linear. DeepSpeed's AutoTP
+// names it a row layer; here it used to be placed by columns (a dotted suffix attn.dense does
+// not match self_attn.dense), and tp 2 failed in the forward with an unnamed shape error.
+TEST(AutoTP, PlacesPhiLikeLayers) {
+  using K = deepspeed::ShardedLinear;
+  auto got = placement(dstest::phi_like_tree());
+  EXPECT_EQ(got["layers.0.self_attn.q_proj"], std::make_pair(K::kColumn, 1));
+  EXPECT_EQ(got["layers.0.self_attn.dense"], std::make_pair(K::kRow, 1));
+  EXPECT_EQ(got["layers.1.self_attn.dense"], std::make_pair(K::kRow, 1));
+  EXPECT_EQ(got["layers.0.mlp.fc1"], std::make_pair(K::kColumn, 1));
+  EXPECT_EQ(got["layers.0.mlp.fc2"], std::make_pair(K::kRow, 1));
+  // The LM head at the root: split by input columns, all-reduced (DeepSpeed's
+  // LmHeadLinearAllreduce).
+  EXPECT_EQ(got["lm_head"], std::make_pair(K::kRow, 1));
+  EXPECT_EQ(got.size(), 13u);
+}
+
+// A head tied to the input embedding (one tensor under two names) cannot be cut by columns
+// without cutting the embedding too: it stays whole, and so does the embedding.
+TEST(AutoTP, ATiedHeadStaysWhole) {
+  run_ranks(2, [](CommunicatorPtr comm) {
+    auto tree = dstest::tied_head_tree();
+    auto engine = deepspeed::init_inference(tree, {.tp_size = 2, .comm = comm});
+    for (const auto& s : engine->sharded()) EXPECT_NE(s.name, "lm_head");
+    auto params = tree->named_parameters();
+    EXPECT_EQ(params["lm_head.weight"].sizes(), (std::vector<int64_t>{16, 8}));
+    EXPECT_TRUE(params["lm_head.weight"].is_same(params["embed_in.weight"]));
+    EXPECT_EQ(params["layers.0.attention.dense.weight"].sizes(), (std::vector<int64_t>{8, 4}));
+  });
+}
+
+// The engine dropped at once (its scope ends; or init_inference's result discarded): the model
+// stays split, so its row layers and head must still all-reduce. They stopped at the engine's
+// destructor and returned each rank's partial sums: wrong logits, silently.
+TEST(AutoTP, TheModelStaysCorrectAfterTheEngineIsGone) {
+  auto ref_model = seeded_gpt(kModel);
+  ref_model->eval();
+  torch::NoGradGuard no_grad;
+  const auto idx = prompts();
+  const auto ref = ref_model->logits(idx);
+  run_ranks(2, [&](CommunicatorPtr comm) {
+    torch::NoGradGuard no_grad;
+    auto model = seeded_gpt(kModel);
+    { auto engine = deepspeed::init_inference(model, {.tp_size = 2, .comm = comm}); }
+    EXPECT_EQ(model->named_parameters()["block0.mlp.proj.weight"].size(1), 64);  // still split
+    EXPECT_LT((model->logits(idx) - ref).abs().max().item<double>(), 1e-5);
+    gpt::KVCache cache;
+    auto first = model->logits_cached(idx.narrow(1, 0, 7), cache);
+    auto rest = model->logits_cached(idx.narrow(1, 7, 5), cache);
+    EXPECT_LT((torch::cat({first, rest}, 1) - ref).abs().max().item<double>(), 1e-5);
+  });
+}
+
+// A .safetensors file has no tags: a tag given with one named nothing and was ignored.
+TEST(AutoTP, ATagWithASafetensorsFileIsRefused) {
+  dstest::TempDir dir("autotp_tag");
+  auto source = seeded_gpt(kModel);
+  deepspeed::checkpoint::NamedTensors tensors;
+  for (auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+  for (auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value());
+  const std::string file = dir / "model.safetensors";
+  deepspeed::checkpoint::write_safetensors(file, tensors);
+  const auto msg = dstest::message_of<deepspeed::ConfigError>([&] {
+    (void)deepspeed::init_inference(seeded_gpt(kModel),
+                                    {.checkpoint = file, .tag = "global_step5"});
+  });
+  EXPECT_CONTAINS(msg, "InferenceConfig::tag \"global_step5\"");
+  EXPECT_CONTAINS(msg, file);
 }
 
 // Logits of the whole and of the kv-cached forward at tp 1, 2 and 4 (world 4: tp 1 and 2 run
@@ -330,6 +405,21 @@ TEST(AutoTP, BadInputIsNamed) {
     msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;
+  });
+  // 6 heads of 8 at tp 4: 4 divides the 48 features of q, k and v (12 a rank, 1.5 heads), so
+  // only head_dim tells; without it the first forward failed in the model's reshape, naming
+  // nothing.
+  run_ranks(4, [&](CommunicatorPtr comm) {
+    const gpt::GPTConfig six_heads{256, 32, 1, 6, 48};
+    auto msg = dstest::message_of<deepspeed::ConfigError>([&] {
+      deepspeed::init_inference(seeded_gpt(six_heads), {.tp_size = 4, .head_dim = 8, .comm = comm});
+    });
+    EXPECT_CONTAINS(msg, "init_inference: tp_size 4 does not divide the 6 heads (head_dim 8, 48 "
+                         "features per q/k/v) of column-parallel layer block0.attn.qkv");
+    // tp 2 divides them (3 heads a rank).
+    auto model = seeded_gpt(six_heads);
+    auto engine = deepspeed::init_inference(model, {.tp_size = 2, .head_dim = 8, .comm = comm});
+    EXPECT_EQ(model->named_parameters()["block0.attn.qkv.weight"].size(0), 3 * 24);
   });
   // The example's own check names the flag (gpt_generate --tensor_parallel).
   const std::string out = dir / "gen.log";

@@ -2,7 +2,9 @@
 // one-layer GPT-NeoX-like model (norms registered first, attention.dense a row
 // layer by name) and a two-layer BERT-like one (no LayerNorm child in a layer;
 // intermediate.dense a column layer, the dense layers before each LayerNorm
-// rows). Hidden size 8.
+// rows), a two-layer Phi-like one (one LayerNorm per layer, attention and MLP
+// in parallel: self_attn.dense is a row layer by its name only) and one whose
+// lm_head is tied to its input embedding. Hidden size 8.
 #pragma once
 #include <torch/torch.h>
 
@@ -57,6 +59,52 @@ inline std::shared_ptr<TreeNode> bert_like_tree() {
     output->linear("dense", 32, 8);
     output->norm("LayerNorm");
   }
+  return root;
+}
+
+// HF's PhiForCausalLM: a layer holds one LayerNorm, then q/k/v, the attention
+// output self_attn.dense (neither before a LayerNorm nor the layer's last
+// Linear) and the MLP fc1 / fc2; lm_head at the root.
+inline std::shared_ptr<TreeNode> phi_like_tree() {
+  auto root = std::make_shared<TreeNode>();
+  auto layers = root->child("layers");
+  for (const char *name : {"0", "1"}) {
+    auto layer = layers->child(name);
+    layer->norm("input_layernorm");
+    auto attn = layer->child("self_attn");
+    for (const char *n : {"q_proj", "k_proj", "v_proj", "dense"})
+      attn->linear(n, 8, 8);
+    auto mlp = layer->child("mlp");
+    mlp->linear("fc1", 8, 32);
+    mlp->linear("fc2", 32, 8);
+  }
+  root->norm("final_layernorm");
+  root->linear("lm_head", 8, 16);
+  return root;
+}
+
+// A module holding a given tensor as its "weight" (an embedding sharing the
+// head's weight: registered under both names, as a tied head is).
+struct Holder : torch::nn::Module {
+  explicit Holder(const torch::Tensor &w) { register_parameter("weight", w); }
+};
+
+// A NeoX-like layer whose head, lm_head, has its weight also registered as
+// embed_in.weight (GPT-2's tie: the head is the token embedding).
+inline std::shared_ptr<TreeNode> tied_head_tree() {
+  auto root = std::make_shared<TreeNode>();
+  auto layer = root->child("layers")->child("0");
+  layer->norm("input_layernorm");
+  auto attn = layer->child("attention");
+  attn->linear("query_key_value", 8, 24);
+  attn->linear("dense", 8, 8);
+  auto mlp = layer->child("mlp");
+  mlp->linear("dense_h_to_4h", 8, 32);
+  mlp->linear("dense_4h_to_h", 32, 8);
+  root->norm("final_layer_norm");
+  root->linear("lm_head", 8, 16);
+  auto head = root->named_modules()["lm_head"]->as<torch::nn::Linear>();
+  root->register_module("embed_in", std::make_shared<Holder>(head->weight));
   return root;
 }
 

@@ -6,7 +6,7 @@
 // parameters are in docs/config.md. As in DeepSpeed, "Adam" uses decoupled
 // weight decay (AdamW) unless params.adam_w_mode is false, and "AdamW" is always decoupled.
 // Defaults are DeepSpeed FusedAdam's: lr 1e-3, betas [0.9, 0.999], eps 1e-8, weight_decay 0
-// (not libtorch AdamW's 1e-2).
+// (not libtorch AdamW's 1e-2; the config's "torch_adam": true takes torch's 1e-2, as DeepSpeed).
 //
 // Parameters are checked strictly, as DeepSpeed's optimizer constructors do: an unknown key is a
 // ConfigError naming optimizer.params.<key>; so is "max_grad_norm" (use the top-level

@@ -1,7 +1,8 @@
 // "auto" is a Hugging Face Trainer / Accelerate convention: that layer fills the value from its
 // own arguments before DeepSpeed sees the config. Here ConfigOverrides plays the trainer
 // (hf_auto_fill.cpp, batch_size.cpp); an "auto" still left after filling (the batch keys aside,
-// which batch_size.cpp resolves or refuses) is an error listing every one.
+// which batch_size.cpp resolves or refuses, and the ZeRO size knobs, which keep their defaults)
+// is an error listing every one.
 #include <string>
 #include <vector>
 
@@ -12,8 +13,13 @@ namespace deepspeed::config {
 namespace {
 
 
-// Keys where "auto" is an ordinary value or is handled elsewhere.
+// Keys where "auto" is an ordinary value or is handled elsewhere: the ZeRO size knobs keep their
+// defaults with a warning (zero_config.cpp), as DeepSpeed drops a leftover "auto" there.
 bool auto_allowed(const std::string& path) {
+  const std::string zero = "zero_optimization.";
+  if (path.compare(0, zero.size(), zero) == 0 &&
+      auto_falls_back_to_default(path.substr(zero.size())))
+    return true;
   return path == "train_batch_size" || path == "train_micro_batch_size_per_gpu" ||
          path == "gradient_accumulation_steps" || path == "pipeline.stages";
 }

@@ -32,6 +32,9 @@ void read_precision(ObjectReader& top, Config& cfg);
 
 // zero_optimization with offload_param / offload_optimizer (zero_config.cpp, offload_config.cpp).
 void read_zero(ObjectReader& top, Config& cfg);
+// True for the zero_optimization size knobs (bucket sizes, sub_group_size, the stage3_ limits,
+// each spelling) where a leftover "auto" keeps the default with a warning, as DeepSpeed drops it.
+bool auto_falls_back_to_default(const std::string& zero_key);
 void read_offload(ObjectReader& zero, const std::string& key, bool is_param, OffloadConfig& out);
 void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& warnings);
 
@@ -58,6 +61,10 @@ std::optional<int64_t> read_comm_timeout_seconds(ObjectReader& top);
 // prescale_gradients / gradient_predivide_factor against ZeRO-2's reduce_scatter, refused as
 // DeepSpeed asserts. Runs after zero_optimization and the top-level scalars were read.
 void check_gradient_scaling(const Config& cfg);
+// "sequence_parallel_size" (only 1: sequence parallelism is not provided) and
+// "data_parallel_size" against the engine's data-parallel world size, before the batch triple is
+// resolved with that size (top_level.cpp).
+void check_parallel_sizes(ObjectReader& top, int dp_world_size);
 void accept_recognised_blocks(ObjectReader& top);
 // True for top-level blocks stored only in raw, whose contents are not checked.
 bool is_raw_only_block(const std::string& key);

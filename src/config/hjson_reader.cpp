@@ -66,6 +66,7 @@ class HjsonParser {
   HjsonParser(const std::string& text, const std::string& source) : s_(text), source_(source) {}
 
   json parse_document() {
+    check_utf8();
     if (s_.compare(0, 3, "\xEF\xBB\xBF") == 0) pos_ = 3;  // UTF-8 byte order mark
     skip_space();
     if (at_end()) return json::object();  // empty or comments only: hjson reads {}
@@ -105,6 +106,19 @@ class HjsonParser {
   [[noreturn]] void fail(size_t byte, const std::string& what) const {
     throw SyntaxError("DeepSpeed config file '" + source_ + "' is not valid JSON or hjson at " +
                       where(byte) + ": " + what);
+  }
+
+  // DeepSpeed opens the file as text, and Python's UTF-8 decoder refuses it (UnicodeDecodeError)
+  // wherever a byte is not UTF-8, comments included. Kept, such a byte would load here and then
+  // make every save_checkpoint throw when it writes the config into its metadata.
+  void check_utf8() const {
+    size_t bad = first_invalid_utf8(s_);
+    if (bad == std::string_view::npos) return;
+    static const char* kHex = "0123456789ABCDEF";
+    unsigned char b = static_cast<unsigned char>(s_[bad]);
+    fail(bad, std::string("byte 0x") + kHex[b >> 4] + kHex[b & 15] +
+                  " is not valid UTF-8 (a file saved as Latin-1 or another 8-bit encoding?); "
+                  "DeepSpeed reads config files as UTF-8: save it as UTF-8");
   }
 
   // Whitespace and comments: # and // to the end of the line, /* to */.
@@ -318,6 +332,15 @@ class HjsonParser {
             } else {
               pos_ = save;
             }
+          }
+          // hjson-py keeps a lone surrogate in its str (json.dumps writes it back as the same
+          // escape); UTF-8 has no encoding for one, so nlohmann could not write it out again.
+          // No real setting is a lone surrogate: refused, at the escape.
+          if ((cp & 0xF800) == 0xD800) {
+            fail(escape, "\\u" + s_.substr(escape + 2, 4) +
+                             " is half of a UTF-16 surrogate pair with no other half; a string "
+                             "holds UTF-8 text only, so write the character itself or a full "
+                             "pair such as \\ud83d\\ude00");
           }
           append_utf8(out, cp);
           continue;

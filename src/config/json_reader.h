@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 #include "util/ascii.h"
 
@@ -34,6 +35,19 @@ std::string join_path(const std::string& prefix, const std::string& key);
 
 // The value as compact JSON, cut short if long, for error messages.
 std::string describe(const json& value);
+
+// The known key a misspelt `key` was probably meant to be (a near miss by edit distance), or ""
+// when none is close. For "did you mean" in unknown-key messages.
+std::string closest_key(const std::string& key, const std::vector<std::string>& known);
+std::string closest_key(const std::string& key, const std::set<std::string>& known);
+
+// The offset of the first byte of `text` that does not belong to well-formed UTF-8 (RFC 3629:
+// no overlong forms, no encoded surrogates, nothing past U+10FFFF), or npos when all of it is.
+size_t first_invalid_utf8(std::string_view text);
+// Throws ConfigError naming the key path of the first key or string in `doc` that is not UTF-8.
+// JSON holds UTF-8 text only: nlohmann refuses to write such a string (type_error 316), so it
+// would fail later, when an error message or a checkpoint's metadata dumps the config.
+void reject_invalid_utf8(const json& doc, const std::string& path = "");
 
 // Throws ConfigError: "config key '<path>' has value <v>; expected <expected>".
 [[noreturn]] void fail(const std::string& path, const json& value, const std::string& expected);

@@ -19,6 +19,7 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
     throw ConfigError("the DeepSpeed config must be a JSON object {...}, got " +
                       config::describe(doc));
   }
+  config::reject_invalid_utf8(doc);  // a config built in code skips the file reader's check
   nlohmann::json filled = doc;
   config::AutoFillResult fill = config::fill_auto_values(filled, overrides);
   config::reject_auto_mismatches(fill);
@@ -26,6 +27,7 @@ Config parse_config(const nlohmann::json& doc, int dp_world_size, const ConfigOv
   config::Warnings sink(warnings);
   config::ObjectReader top(filled, "", sink);
   Config cfg;
+  config::check_parallel_sizes(top, dp_world_size);
   std::vector<std::string> auto_batch_keys =
       config::read_batch_sizes(top, dp_world_size, overrides, cfg);
   config::read_optimizer(top, cfg);

@@ -54,15 +54,48 @@ void read_unused_scalars(ObjectReader& top) {
     top.read(k, flag);
   }
   int64_t count = 0;
-  for (const char* k : {"vocabulary_size", "sequence_parallel_size", "data_parallel_size"}) {
-    top.read_count(k, count);
-  }
+  top.read_count("vocabulary_size", count);
   read_seq_parallel_dtype(top);
   // Only meaningful with the legacy boolean "zero_optimization" form (read there).
   top.read_count("allgather_size", count);
 }
 
 }  // namespace
+
+// DeepSpeed's initialize() builds a (data_parallel_size, sequence_parallel_size) device mesh when
+// the config holds both keys, and its batch triple then uses the mesh's data-parallel group size;
+// with sequence_parallel_size alone it uses world size / sequence_parallel_size. Either way the
+// batch would resolve against another data-parallel size than the one this engine trains with.
+void check_parallel_sizes(ObjectReader& top, int dp_world_size) {
+  const bool has_sp = top.has("sequence_parallel_size");
+  int64_t sp = 1;
+  top.read_count("sequence_parallel_size", sp);
+  if (sp != 1) {
+    throw ConfigError("config key 'sequence_parallel_size' is " + std::to_string(sp) +
+                      ": sequence parallelism (DeepSpeed-Ulysses) is not provided by "
+                      "deepspeed.cpp; remove the key or set it to 1");
+  }
+  int64_t dp = 0;
+  if (!top.has("data_parallel_size")) {
+    top.find("data_parallel_size");  // null: known, nothing to check
+    return;
+  }
+  top.read_count("data_parallel_size", dp);
+  if (dp == dp_world_size) return;
+  const std::string values = "config key 'data_parallel_size' is " + std::to_string(dp) +
+                             " but the data-parallel world size is " +
+                             std::to_string(dp_world_size);
+  if (has_sp) {
+    throw ConfigError(values + " (world size / (pipeline stages * tensor-parallel size)); "
+                      "with 'sequence_parallel_size' DeepSpeed builds its device mesh from this "
+                      "value and resolves the batch sizes with it. Set it to " +
+                      std::to_string(dp_world_size) + " or remove it");
+  }
+  // Without sequence_parallel_size DeepSpeed builds no mesh and ignores the key.
+  top.warnings().add(values + "; without 'sequence_parallel_size' DeepSpeed ignores it, and so "
+                     "does deepspeed.cpp (the batch sizes use " + std::to_string(dp_world_size) +
+                     ")");
+}
 
 bool is_raw_only_block(const std::string& key) { return raw_only_blocks().count(key) > 0; }
 

@@ -42,9 +42,40 @@ void read_aliased(ObjectReader& r, const std::string& key, std::vector<Alias> al
   r.read(given, out);
 }
 
+// DeepSpeed's pydantic ZeRO model drops every field whose value is "auto" before validating
+// (DeepSpeedConfigModel.__init__), so the field keeps its default; OpenRLHF, TRL and Accelerate
+// pass these sizes as "auto" straight to deepspeed.initialize. They tune speed and memory, not
+// what is trained, so here too the default stands, with a warning. When ConfigOverrides
+// carries hidden_size the first three were already filled as Hugging Face fills them. True when
+// `key` (or `alias`) was such an "auto": `out` keeps its default.
+bool leftover_auto(ObjectReader& r, const std::string& key, const char* alias, int64_t out) {
+  if (alias && r.has(key) && r.has(alias)) return false;  // read_aliased refuses the pair
+  const std::string given = alias && r.has(alias) ? alias : key;
+  const json* v = r.find(given);
+  if (!v || !is_auto(*v)) return false;
+  // The spellings hf_auto_fill.cpp fills from the hidden size, as Hugging Face does.
+  const bool from_hidden = given == "reduce_bucket_size" ||
+                           given == "stage3_prefetch_bucket_size" ||
+                           given == "stage3_param_persistence_threshold";
+  r.warnings().add("config key '" + r.path_of(given) + "' is \"auto\" with nothing to fill it; " +
+                   "using the default " + std::to_string(out) +
+                   ", as DeepSpeed does with a leftover \"auto\"" +
+                   (from_hidden ? " (ConfigOverrides::hidden_size fills it as Hugging Face does)"
+                                : ""));
+  return true;
+}
+
+void read_size(ObjectReader& r, const std::string& key, int64_t& out) {
+  if (!leftover_auto(r, key, nullptr, out)) r.read_count(key, out);
+}
+
 void read_aliased_count(ObjectReader& r, const std::string& key, const char* alias, int64_t& out) {
   read_aliased(r, key, {{alias, false}}, out);
   require_at_least(r.path_of(r.has(alias) ? alias : key), static_cast<double>(out), 0);
+}
+
+void read_aliased_size(ObjectReader& r, const std::string& key, const char* alias, int64_t& out) {
+  if (!leftover_auto(r, key, alias, out)) read_aliased_count(r, key, alias, out);
 }
 
 // cpu_offload / cpu_offload_param: true means {"device": "cpu"} for the new block.
@@ -68,29 +99,29 @@ void read_deprecated_offload(ObjectReader& r, const std::string& old_key,
 void read_buckets(ObjectReader& r, ZeroConfig& z) {
   r.read("contiguous_gradients", z.contiguous_gradients);
   r.read("reduce_scatter", z.reduce_scatter);
-  r.read_count("reduce_bucket_size", z.reduce_bucket_size);
+  read_size(r, "reduce_bucket_size", z.reduce_bucket_size);
   r.read("use_multi_rank_bucket_allreduce", z.use_multi_rank_bucket_allreduce);
   r.read("allgather_partitions", z.allgather_partitions);
-  r.read_count("allgather_bucket_size", z.allgather_bucket_size);
+  read_size(r, "allgather_bucket_size", z.allgather_bucket_size);
   r.read("overlap_comm", z.overlap_comm);
   r.read("load_from_fp32_weights", z.load_from_fp32_weights);
   r.read("elastic_checkpoint", z.elastic_checkpoint);
   r.read("ignore_unused_parameters", z.ignore_unused_parameters);
   r.read("round_robin_gradients", z.round_robin_gradients);
-  r.read_count("sub_group_size", z.sub_group_size);
+  read_size(r, "sub_group_size", z.sub_group_size);
   require_positive(r.path_of("sub_group_size"), static_cast<double>(z.sub_group_size));
 }
 
 void read_stage3(ObjectReader& r, ZeroConfig& z) {
-  read_aliased_count(r, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
+  read_aliased_size(r, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
                      z.stage3_prefetch_bucket_size);
-  read_aliased_count(r, "stage3_param_persistence_threshold", "param_persistence_threshold",
+  read_aliased_size(r, "stage3_param_persistence_threshold", "param_persistence_threshold",
                      z.stage3_param_persistence_threshold);
-  read_aliased_count(r, "stage3_model_persistence_threshold", "model_persistence_threshold",
+  read_aliased_size(r, "stage3_model_persistence_threshold", "model_persistence_threshold",
                      z.stage3_model_persistence_threshold);
-  read_aliased_count(r, "stage3_max_live_parameters", "max_live_parameters",
+  read_aliased_size(r, "stage3_max_live_parameters", "max_live_parameters",
                      z.stage3_max_live_parameters);
-  read_aliased_count(r, "stage3_max_reuse_distance", "max_reuse_distance",
+  read_aliased_size(r, "stage3_max_reuse_distance", "max_reuse_distance",
                      z.stage3_max_reuse_distance);
   // The fp16 spelling predates bf16 support; DeepSpeed remaps it with a warning.
   read_aliased(r, "stage3_gather_16bit_weights_on_model_save",
@@ -174,6 +205,20 @@ void read_zero_object(ObjectReader& r, ZeroConfig& z) {
 }
 
 }  // namespace
+
+bool auto_falls_back_to_default(const std::string& zero_key) {
+  static const char* const kKeys[] = {
+      "reduce_bucket_size",          "allgather_bucket_size",
+      "sub_group_size",              "stage3_prefetch_bucket_size",
+      "prefetch_bucket_size",        "stage3_param_persistence_threshold",
+      "param_persistence_threshold", "stage3_model_persistence_threshold",
+      "model_persistence_threshold", "stage3_max_live_parameters",
+      "max_live_parameters",         "stage3_max_reuse_distance",
+      "max_reuse_distance"};
+  for (const char* k : kKeys)
+    if (zero_key == k) return true;
+  return false;
+}
 
 void read_zero(ObjectReader& top, Config& cfg) {
   ZeroConfig& z = cfg.zero_optimization;

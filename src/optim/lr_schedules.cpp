@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 
+#include "config/json_reader.h"
 #include "deepspeed/errors.h"
 #include "optim/param_reader.h"
 #include "util/ascii.h"
@@ -215,6 +216,25 @@ std::unique_ptr<Schedule> parse_range_test(ParamReader& r, const std::vector<dou
   return s;
 }
 
+// DeepSpeed builds the schedule as Cls(optimizer, **params), and none of its schedule classes
+// takes **kwargs: a key they do not name is a TypeError there. Refused here too, so that a typo
+// such as "warmup_num_step" cannot train with the default 1000-step warm-up.
+void reject_unknown(const ParamReader& r, const std::string& type) {
+  auto unread = r.unread_keys();
+  if (unread.empty()) return;
+  auto known = r.known_keys();
+  std::string suggestion = config::closest_key(unread.front(), known);
+  std::string list;
+  for (const auto& k : unread) list += (list.empty() ? "" : ", ") + k;
+  std::string known_list;
+  for (const auto& k : known) known_list += (known_list.empty() ? "" : ", ") + k;
+  throw ConfigError(r.path(unread.front()) + " is not a parameter of " + type +
+                    (suggestion.empty() ? "" : " (did you mean '" + r.path(suggestion) + "'?)") +
+                    "; DeepSpeed's " + type +
+                    " takes no other keyword (TypeError there). Unknown: " + list +
+                    "; known: " + known_list);
+}
+
 using Parser = std::function<std::unique_ptr<Schedule>(ParamReader&, const std::vector<double>&,
                                                        std::vector<std::string>*)>;
 
@@ -256,9 +276,7 @@ ParsedSchedule parse_schedule(const SchedulerConfig& config, const std::vector<d
   out.schedule = parser(r, group_lrs, warnings);
   out.last_batch_iteration = r.get_int("last_batch_iteration", -1);
   require(out.last_batch_iteration >= -1, r, "last_batch_iteration", ">= -1");
-  for (const auto& key : r.unread_keys()) {
-    warn(warnings, r.path(key) + " is not a parameter of " + out.schedule->name() + "; ignored");
-  }
+  reject_unknown(r, out.schedule->name());
   return out;
 }
 

@@ -252,5 +252,70 @@ TEST_F(HjsonFileTest, LoadConfigErrorNamesTheFile) {
   EXPECT_CONTAINS(msg, "line 2, column 25");
 }
 
+// DeepSpeed opens the file as UTF-8 text (Python raises UnicodeDecodeError on a stray byte). A
+// byte that is not UTF-8 used to load here and make every save_checkpoint throw later (nlohmann
+// type_error 316 when the config is written into the metadata).
+TEST_F(HjsonFileTest, BytesThatAreNotUtf8NameLineAndColumn) {
+  const Rejected cases[] = {
+      {"Latin-1 in a string", "{\"a\": \"caf\xE9\"}", "line 1, column 11", "byte 0xE9"},
+      {"Latin-1 in a quoteless value", "{\n  a: caf\xE9\n}", "line 2, column 9", "byte 0xE9"},
+      {"Latin-1 in a quoteless key", "{\n  k\xE9y: 1\n}", "line 2, column 4", "byte 0xE9"},
+      {"Latin-1 in a comment", "{\"a\": 1 # caf\xE9\n}", "line 1, column 14", "byte 0xE9"},
+      {"overlong '/'", "{\"a\": \"\xC0\xAF\"}", "line 1, column 8", "byte 0xC0"},
+      {"UTF-8-encoded surrogate", "{\"a\": \"\xED\xA0\x80\"}", "line 1, column 8", "byte 0xED"},
+      {"cut-off sequence", "{\"a\": \"\xE2\x82\"}", "line 1, column 8", "byte 0xE2"},
+  };
+  for (const Rejected& r : cases) {
+    std::string msg = hjson_error(r.text);
+    EXPECT_CONTAINS(msg, "'test.json' is not valid JSON or hjson at") << r.name;
+    EXPECT_CONTAINS(msg, r.position) << r.name;
+    EXPECT_CONTAINS(msg, r.reason) << r.name;
+    EXPECT_CONTAINS(msg, "not valid UTF-8") << r.name;
+  }
+  // Through load_config, with the file named; real UTF-8 (and a byte order mark) still loads.
+  EXPECT_CONTAINS(load_error("{\n  \"train_batch_size\": 8,\n  \"tensorboard\": "
+                             "{\"job_name\": \"caf\xE9\"}\n}\n"),
+                  "line 3, column 35");
+  Config c = load("utf8.json", "\xEF\xBB\xBF{\"train_batch_size\": 8, \"tensorboard\": "
+                               "{\"job_name\": \"caf\xC3\xA9 \xF0\x9F\x98\x80\"}}");
+  EXPECT_EQ(c.raw["tensorboard"]["job_name"], "caf\xC3\xA9 \xF0\x9F\x98\x80");
+  EXPECT_NO_THROW(c.raw.dump());
+}
+
+// hjson-py keeps a lone surrogate escape in its str; UTF-8 cannot hold one, so it is refused at
+// the escape. A full pair is one character.
+TEST_F(HjsonFileTest, LoneSurrogateEscapesAreRefused) {
+  const Rejected cases[] = {
+      {"lone high", "{\"a\": \"\\ud800\"}", "line 1, column 8", "\\ud800 is half of a UTF-16"},
+      {"lone low", "{\n  a: 'x\\uDC00y'\n}", "line 2, column 8", "\\uDC00 is half of a UTF-16"},
+      {"high then not low", "{\"a\": \"\\ud83d\\u0041\"}", "line 1, column 8", "\\ud83d is half"},
+      {"reversed pair", "{\"a\": \"\\ude00\\ud83d\"}", "line 1, column 8", "\\ude00 is half"},
+  };
+  for (const Rejected& r : cases) {
+    std::string msg = hjson_error(r.text);
+    EXPECT_CONTAINS(msg, r.position) << r.name;
+    EXPECT_CONTAINS(msg, r.reason) << r.name;
+  }
+  EXPECT_EQ(hjson("{\"a\": \"\\ud83d\\ude00\"}"), json({{"a", "\xF0\x9F\x98\x80"}}));
+  EXPECT_EQ(hjson("{\"a\": \"caf\\u00e9\"}"), json({{"a", "caf\xC3\xA9"}}));
+}
+
+// A config built in code never passes the file reader: parse_config checks it, naming the key,
+// where an error message or a checkpoint would otherwise throw nlohmann's type_error.
+TEST(ConfigUtf8, ConfigBuiltInCodeNamesTheKey) {
+  json doc = {{"train_batch_size", 8}, {"tensorboard", {{"job_name", std::string("caf\xE9")}}}};
+  std::string msg = dstest::message_of<ConfigError>([&] { parse_config(doc, 1); });
+  EXPECT_CONTAINS(msg, "'tensorboard.job_name'");
+  EXPECT_CONTAINS(msg, "caf\\xE9");
+  EXPECT_CONTAINS(msg, "not valid UTF-8");
+  json bad_key = {{"train_batch_size", 8}, {"tensorboard", {{std::string("k\xE9y"), 1}}}};
+  msg = dstest::message_of<ConfigError>([&] { parse_config(bad_key, 1); });
+  EXPECT_CONTAINS(msg, "'tensorboard.k\\xE9y'");
+  json in_list = {{"train_batch_size", 8},
+                  {"optimizer", {{"type", "Adam"}, {"params", {{"betas", {0.9, "\xFF"}}}}}}};
+  msg = dstest::message_of<ConfigError>([&] { parse_config(in_list, 1); });
+  EXPECT_CONTAINS(msg, "'optimizer.params.betas[1]'");
+}
+
 }  // namespace config_hjson_test
 }  // namespace deepspeed

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -562,10 +563,11 @@ TEST(ConfigErrors, OtherRanges) {
 }
 
 TEST(ConfigErrors, AutoNeedsAValue) {
-  std::string msg = error_of(with(
-      {{"gradient_clipping", "auto"}, {"zero_optimization", {{"reduce_bucket_size", "auto"}}}}));
+  // (ZeRO's size knobs keep their defaults instead: ConfigAuto.LeftoverZeroSizes...)
+  std::string msg =
+      error_of(with({{"gradient_clipping", "auto"}, {"zero_optimization", {{"stage", "auto"}}}}));
   EXPECT_CONTAINS(msg, "gradient_clipping");
-  EXPECT_CONTAINS(msg, "zero_optimization.reduce_bucket_size");
+  EXPECT_CONTAINS(msg, "zero_optimization.stage");
   EXPECT_CONTAINS(msg, "need a value");
 }
 
@@ -810,6 +812,20 @@ TEST(ConfigWarnings, Bfloat16BlockAlias) {
   EXPECT_TRUE(warnings.empty());
 }
 
+// bf16.check_grad_overflow turns on the overflow vote (precision/overflow_vote.h); read from the
+// alias block too, its type error naming the key as written.
+TEST(ConfigBf16, CheckGradOverflowIsRead) {
+  EXPECT_FALSE(parse_config(with({{"bf16", {{"enabled", true}}}}), 1).bf16.check_grad_overflow);
+  EXPECT_TRUE(parse_config(with({{"bf16", {{"enabled", true}, {"check_grad_overflow", true}}}}), 1)
+                  .bf16.check_grad_overflow);
+  EXPECT_TRUE(parse_config(with({{"bfloat16", {{"check_grad_overflow", true}}}}), 1)
+                  .bf16.check_grad_overflow);
+  EXPECT_CONTAINS(error_of(with({{"bf16", {{"check_grad_overflow", "yes"}}}})),
+                  "'bf16.check_grad_overflow'");
+  EXPECT_CONTAINS(error_of(with({{"bfloat16", {{"check_grad_overflow", 1.5}}}})),
+                  "'bfloat16.check_grad_overflow'");
+}
+
 TEST(ConfigFp16, DynamicKeysGivenTracksTheFiveKeys) {
   EXPECT_FALSE(parse_config(with({{"fp16", {{"enabled", true}, {"loss_scale", 0}}}}), 1)
                    .fp16.dynamic_keys_given);
@@ -964,6 +980,83 @@ TEST_F(LoadConfigTest, GoodFileLoads) {
       write("good.json", R"({"train_batch_size": 8, "gradient_accumulation_steps": 2})");
   Config c = load_config(path, 2);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+}
+
+// DeepSpeed builds a (data_parallel_size, sequence_parallel_size) mesh from these two keys and
+// resolves the batch with the mesh's data-parallel size: on 8 ranks, 4 x 2 gives GAS 2 for
+// train_batch_size 32 / micro-batch 4 there, where 8-way data parallelism would give 1.
+TEST(ConfigParallelSizes, SequenceParallelismIsRefused) {
+  json doc = {{"train_batch_size", 32},
+              {"train_micro_batch_size_per_gpu", 4},
+              {"data_parallel_size", 4},
+              {"sequence_parallel_size", 2}};
+  std::string msg = error_of(doc, 8);
+  EXPECT_CONTAINS(msg, "'sequence_parallel_size' is 2");
+  EXPECT_CONTAINS(msg, "not provided");
+  EXPECT_NO_THROW(parse_config(with({{"sequence_parallel_size", 1}}), 2));
+}
+
+TEST(ConfigParallelSizes, DataParallelSizeMustMatchTheWorld) {
+  json mesh = with({{"data_parallel_size", 4}, {"sequence_parallel_size", 1}});
+  std::string msg = error_of(mesh, 8);
+  EXPECT_CONTAINS(msg, "'data_parallel_size' is 4");
+  EXPECT_CONTAINS(msg, "data-parallel world size is 8");
+  EXPECT_EQ(parse_config(mesh, 4).gradient_accumulation_steps, 1);  // equal: fine
+  // Alone it builds no mesh in DeepSpeed, which ignores it: a warning naming both values.
+  std::vector<std::string> warnings;
+  parse_config(with({{"data_parallel_size", 4}}), 8, {}, &warnings);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_CONTAINS(warnings[0], "'data_parallel_size' is 4");
+  EXPECT_CONTAINS(warnings[0], "data-parallel world size is 8");
+}
+
+// OpenRLHF, TRL and Accelerate hand DeepSpeed these ZeRO sizes as "auto"; DeepSpeed's pydantic
+// model drops a leftover "auto", keeping the default. The hidden-size ones are filled when
+// ConfigOverrides::hidden_size is given, as Hugging Face fills them.
+TEST(ConfigAuto, LeftoverZeroSizesKeepTheirDefaultsWithAWarning) {
+  const char* kKeys[] = {"sub_group_size",
+                         "stage3_max_live_parameters",
+                         "stage3_max_reuse_distance",
+                         "stage3_prefetch_bucket_size",
+                         "stage3_param_persistence_threshold",
+                         "reduce_bucket_size"};
+  json zero = {{"stage", 3}};
+  for (const char* k : kKeys) zero[k] = "auto";
+  json doc = with({{"zero_optimization", zero}});
+  std::vector<std::string> warnings;
+  Config c = parse_config(doc, 1, {}, &warnings);
+  const ZeroConfig defaults;
+  EXPECT_EQ(c.zero_optimization.sub_group_size, defaults.sub_group_size);
+  EXPECT_EQ(c.zero_optimization.stage3_max_live_parameters, defaults.stage3_max_live_parameters);
+  EXPECT_EQ(c.zero_optimization.stage3_max_reuse_distance, defaults.stage3_max_reuse_distance);
+  EXPECT_EQ(c.zero_optimization.stage3_prefetch_bucket_size,
+            defaults.stage3_prefetch_bucket_size);
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold,
+            defaults.stage3_param_persistence_threshold);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, defaults.reduce_bucket_size);
+  ASSERT_EQ(warnings.size(), 6u);
+  for (const char* k : kKeys) {
+    const std::string path = std::string("'zero_optimization.") + k + "' is \"auto\"";
+    EXPECT_EQ(std::count_if(warnings.begin(), warnings.end(),
+                            [&](const std::string& w) { return w.find(path) != w.npos; }),
+              1)
+        << k;
+  }
+  EXPECT_EQ(c.raw["zero_optimization"]["sub_group_size"], "auto");  // the config as given
+
+  // With the hidden size, Hugging Face's three are filled; the other three keep their defaults.
+  ConfigOverrides over;
+  over.hidden_size = 64;
+  warnings.clear();
+  c = parse_config(doc, 1, over, &warnings);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 64 * 64);
+  EXPECT_EQ(c.zero_optimization.stage3_param_persistence_threshold, 640);
+  EXPECT_EQ(c.zero_optimization.sub_group_size, defaults.sub_group_size);
+  EXPECT_EQ(warnings.size(), 3u);
+
+  // An "auto" that would change what is trained stays an error naming the key.
+  EXPECT_CONTAINS(error_of(with({{"zero_optimization", {{"stage", "auto"}}}})),
+                  "zero_optimization.stage");
 }
 
 }  // namespace config_test

@@ -127,6 +127,16 @@ class Communicator {
   // (SizeStats::latencies_ms): the comms_logger table asks for it, so that a run without the
   // table does not grow by a double per collective. Default: keeps none.
   virtual void keep_latencies() {}
+  // The summed latency (ms) of the completed calls of every op whose name starts with
+  // `op_prefix` ("all_gather" counts all_gather and all_gather_base). A per-step reader (the
+  // wall-clock breakdown) asks this instead of stats(), whose copy grows with the kept latencies.
+  virtual double total_ms(const std::string& op_prefix) const {
+    double ms = 0.0;
+    for (const auto& [op, st] : stats())
+      if (op.rfind(op_prefix, 0) == 0)
+        for (const auto& [bytes, sz] : st.by_size) ms += sz.total_ms;
+    return ms;
+  }
   // "gloo", "nccl", "single" (world size 1, no transport) or, for test doubles, "fake".
   virtual std::string backend() const = 0;
   virtual std::chrono::milliseconds timeout() const = 0;

@@ -63,6 +63,9 @@ class CheckedCommunicator : public Communicator {
   void reset_stats() override { inner_->reset_stats(); }
   int64_t stats_resets() const override { return inner_->stats_resets(); }
   void keep_latencies() override { inner_->keep_latencies(); }
+  double total_ms(const std::string& op_prefix) const override {
+    return inner_->total_ms(op_prefix);
+  }
   const Communicator& inner() const { return *inner_; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override;

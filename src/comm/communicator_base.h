@@ -30,6 +30,9 @@ class CommunicatorBase : public Communicator {
   void reset_stats() override { stats_->reset(); }
   int64_t stats_resets() const override { return stats_->resets(); }
   void keep_latencies() override { stats_->keep_latencies(); }
+  double total_ms(const std::string& op_prefix) const override {
+    return stats_->total_ms(op_prefix);
+  }
 
   // Numbers this communicator's operations on `board` (failure_board.h): its collectives on
   // channel `name`, its point-to-point messages on "<name>:<from>><to>". Every member passes the

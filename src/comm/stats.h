@@ -38,6 +38,15 @@ class StatsRecorder {
     std::lock_guard<std::mutex> lock(mu_);
     return stats_;
   }
+  // Communicator::total_ms, without copying the kept latencies.
+  double total_ms(const std::string& op_prefix) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    double ms = 0.0;
+    for (const auto& [op, st] : stats_)
+      if (op.rfind(op_prefix, 0) == 0)
+        for (const auto& [bytes, sz] : st.by_size) ms += sz.total_ms;
+    return ms;
+  }
   void reset() {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.clear();

@@ -172,13 +172,7 @@ std::vector<Event> TrainingMonitor::step_events(const StepRecord& step) {
   return events;
 }
 
-double TrainingMonitor::all_gather_ms() const {
-  double ms = 0.0;
-  for (const auto& [op, st] : comm_->stats())
-    if (op.rfind("all_gather", 0) == 0)
-      for (const auto& [bytes, sz] : st.by_size) ms += sz.total_ms;
-  return ms;
-}
+double TrainingMonitor::all_gather_ms() const { return comm_->total_ms("all_gather"); }
 
 void TrainingMonitor::attach(EngineFacts facts) {
   facts_ = std::move(facts);

@@ -8,7 +8,9 @@ namespace deepspeed {
 
 // Model-state bytes held by this rank, measured from the real tensor storages.
 struct MemoryReport {
-  int64_t parameters = 0;        // model parameters as the module holds them (+ master copies)
+  // Model parameters as the module holds them (+ master copies): the stage's trainable ones, and
+  // the frozen ones (requires_grad false), which no stage partitions: whole, at every stage.
+  int64_t parameters = 0;
   int64_t gradients = 0;         // gradient storage
   int64_t optimizer_states = 0;  // optimizer moments (and fp32 masters when kept separately)
   int64_t comm_buffers = 0;      // bucket / gather buffers (stage 3: peak gradient buckets)
@@ -31,12 +33,15 @@ struct MemoryReport {
   int64_t device_bytes() const { return total() - host_bytes; }
 };
 
-// Expected model-state bytes per rank before training, like DeepSpeed's
-// estimate_zero2_model_states_mem_needs_all_live / estimate_zero3_...: the ZeRO paper's formulas
-// for Ψ parameters over N data-parallel ranks with Adam (two fp32 moments).
+// Expected model-state bytes per rank before training: the ZeRO paper's formulas for Ψ
+// parameters over N data-parallel ranks with Adam (two fp32 moments), as this implementation
+// holds them. (DeepSpeed's own estimators, formula for formula, are further down.)
 //   fp32:            weights 4Ψ, gradients 4Ψ, moments 8Ψ (the weight partition doubles as master)
 //   mixed precision: 16-bit weights 2Ψ, 16-bit gradients 2Ψ, fp32 master 4Ψ + moments 8Ψ (K = 12)
 // Stage s partitions: 1 → optimizer states, 2 → + gradients, 3 → + weights.
+// Gradients accumulated in fp32 in mixed precision (grad_accum_bytes 4 below): 4Ψ of gradients
+// instead of 2Ψ (partitioned from stage 2), e.g. 18Ψ at stage 0, and the step updates from them
+// without the widened copy (step_transient 0).
 // ZeRO++'s hpZ (stage 3, zero_optimization.zero_hpz_partition_size = h > 1) adds a secondary
 // partition: each rank keeps 1/h of every unit it gathered in the forward pass, so the backward
 // gather stays inside its group of h ranks. Held from a unit's forward to its backward, all units
@@ -48,7 +53,8 @@ struct MemoryReport {
 // neither between steps, so model_states() stays comparable with it):
 //   step_transient: in mixed precision the optimizer step widens this rank's gradient partition
 //     to fp32 for the update (zero/shard_optimizer.cpp): 4Ψ/N at stages 1-3, 4Ψ at stage 0 (one
-//     replicated partition). fp32 steps on the gradient itself: 0.
+//     replicated partition). fp32 gradients (an fp32 model, or fp32 accumulation) are stepped
+//     on themselves: 0.
 //   largest_layer_working: stage 3 only, given largest_layer_params L (0: left out): the largest
 //     unit gathered whole with its whole gradient, (weight + gradient bytes)·L, 4L in 16 bits.
 // Against DeepSpeed (mixed precision): stage 2's peak is 2Ψ + 18Ψ/N, its
@@ -71,18 +77,76 @@ struct MemoryEstimate {
 // hpz_partition_size: zero_optimization.zero_hpz_partition_size (1: no hpZ; counted at stage 3
 // only; above world_size it means world_size, as the engine reads it). largest_layer_params:
 // the parameter count of the largest stage-3 unit (DeepSpeed's largest_layer_params; 0: not
-// counted; counted at stage 3 only).
+// counted; counted at stage 3 only). grad_accum_bytes: bytes per element of the gradients the
+// stage keeps (0: the weights' width, 2 in mixed precision, 4 in fp32). initialize() resolves
+// it from the config: data_types.grad_accum_dtype if set, else fp32 for bf16 at stage 0
+// (DeepSpeed's BF16_Optimizer), else the weights' dtype; stages 0/1 keep that width only with
+// gradient_accumulation_steps > 1 or a communication_data_type wider than the weights (one
+// micro-step sums nothing), else the weights'; stages 2/3 always keep it. So bf16 at stage 0
+// with gradient accumulation is 4.
 // REQUIRES: num_parameters >= 0, world_size >= 1, 0 <= stage <= 3, hpz_partition_size >= 1
-// dividing world_size, 0 <= largest_layer_params <= num_parameters. Throws ConfigError naming
-// the value otherwise.
+// dividing world_size, 0 <= largest_layer_params <= num_parameters, grad_accum_bytes 0, 2 or 4
+// and not narrower than the weights. Throws ConfigError naming the value otherwise.
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, int world_size, int stage,
                                     bool mixed_precision = false, int hpz_partition_size = 1,
-                                    int64_t largest_layer_params = 0);
+                                    int64_t largest_layer_params = 0, int grad_accum_bytes = 0);
 // A table of all four stages for a model, as printed by the estimator (one line per stage; MB
 // means 2^20 bytes, as in see_memory_usage; with hpZ a column for its secondary partition).
 // "model states" is model_states(); "peak" is peak(), the transients above included.
+// grad_accum_bytes applies to every stage (initialize() keeps it at stages 0/1 only as above).
 std::string format_zero_memory_estimates(int64_t num_parameters, int world_size,
                                          bool mixed_precision = false, int hpz_partition_size = 1,
-                                         int64_t largest_layer_params = 0);
+                                         int64_t largest_layer_params = 0,
+                                         int grad_accum_bytes = 0);
+
+// DeepSpeed's own estimators, formula for formula (deepspeed/runtime/zero/stage_1_and_2.py and
+// stage3.py), to compare with what DeepSpeed prints or budgets. Mixed precision with Adam; Ψ =
+// total_params, L = largest_layer_params, G = num_gpus_per_node, N = G · num_nodes GPUs, f =
+// additional_buffer_factor (DeepSpeed's default 1.5); each figure truncated to whole bytes as
+// DeepSpeed's int() does.
+//   ZeRO-2, cpu_offload (offload_optimizer cpu):  GPU 2Ψ           CPU Ψ·max(4N, 16)·f
+//   ZeRO-2, no offload:                            GPU 2Ψ + 18Ψ/N   CPU 4Ψ·G·f
+//   ZeRO-3, cpu_offload and cpu_offload_params:    GPU 4L           CPU Ψ·(18/nodes)·f
+//                                                  zero_init false: CPU Ψ·max(4G, 18/nodes)·f
+//   ZeRO-3, cpu_offload only (offload_optimizer):  GPU 4L + 2Ψ/N    CPU Ψ·(16/nodes)·f
+//                                                  zero_init false: CPU Ψ·max(4G, 16/nodes)·f
+//   ZeRO-3, no offload:                            GPU 4L + 18Ψ/N   CPU 4L·G·f
+//                                                  zero_init false: CPU 4Ψ·G·f
+// (ZeRO-3 ignores cpu_offload_params without cpu_offload, as DeepSpeed does.) The CPU figure is
+// per node: the host memory to load the model (G processes) or to hold the offloaded states.
+// Against estimate_zero_memory: DeepSpeed's ZeRO-2 GPU figure is its mixed-precision peak();
+// its ZeRO-3 one is 2Ψ/N below (memory.h above).
+struct DeepSpeedMemoryNeeds {
+  int64_t cpu_bytes = 0;            // per node's CPU memory
+  int64_t gpu_bytes = 0;            // per GPU
+  int64_t largest_layer_bytes = 0;  // ZeRO-3: 4L (DeepSpeed's third return value); ZeRO-2: 0
+};
+// REQUIRES: total_params >= 0, num_gpus_per_node >= 1, num_nodes >= 1,
+// additional_buffer_factor >= 0, 0 <= largest_layer_params <= total_params. Throws ConfigError
+// naming the argument otherwise.
+DeepSpeedMemoryNeeds estimate_zero2_model_states_mem_needs(int64_t total_params,
+                                                           int num_gpus_per_node = 1,
+                                                           int num_nodes = 1,
+                                                           bool cpu_offload = true,
+                                                           double additional_buffer_factor = 1.5);
+DeepSpeedMemoryNeeds estimate_zero3_model_states_mem_needs(int64_t total_params,
+                                                           int64_t largest_layer_params,
+                                                           int num_gpus_per_node = 1,
+                                                           int num_nodes = 1,
+                                                           bool cpu_offload = true,
+                                                           bool cpu_offload_params = true,
+                                                           bool zero_init = true,
+                                                           double additional_buffer_factor = 1.5);
+// The tables DeepSpeed's estimate_zero{2,3}_model_states_mem_needs_all_cold print, line for line
+// (GB = 2^30 bytes; every offload combination DeepSpeed lists), returned rather than printed.
+std::string estimate_zero2_model_states_mem_needs_all_cold(int64_t total_params,
+                                                           int num_gpus_per_node = 1,
+                                                           int num_nodes = 1,
+                                                           double additional_buffer_factor = 1.5);
+std::string estimate_zero3_model_states_mem_needs_all_cold(int64_t total_params,
+                                                           int64_t largest_layer_params,
+                                                           int num_gpus_per_node = 1,
+                                                           int num_nodes = 1,
+                                                           double additional_buffer_factor = 1.5);
 
 }  // namespace deepspeed

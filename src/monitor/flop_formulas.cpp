@@ -203,7 +203,10 @@ OpCount count_operator(const char* name, c10::ArrayRef<const c10::IValue> in) {
     }
     case Kind::kConvTranspose: {
       // conv_transpose(input, weight [Cin, Cout/groups, k...], bias, ...): per input element,
-      // (Cout/groups)·prod(k) MACs.
+      // (Cout/groups)·prod(k) MACs, and the bias once per output element. The true count, which
+      // differs from DeepSpeed's _conv_trans_flops_compute: it takes weight.shape[1] (already
+      // Cout/groups) as Cout and divides by groups again, and counts the bias over an ordinary
+      // convolution's output size (docs/monitoring.md has the figures).
       const at::Tensor *x = tensor_at(in, 0), *w = tensor_at(in, 1);
       if (x && w && w->size(0) > 0) c.macs = x->numel() * (w->numel() / w->size(0));
       c.flops = 2 * c.macs;

@@ -23,6 +23,7 @@
 #include "zero/client_optimizer.h"
 #include "zero/data_parallel.h"
 #include "zero/flat_stage.h"
+#include "zero/frozen_parameters.h"
 #include "zero/stage3/stage3.h"
 #include "zero/stage_options.h"
 #include "zero/tensor_facts.h"
@@ -335,6 +336,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
   // A tied parameter (embedding = head) appears once per name (libtorch does not deduplicate):
   // train it once, under its first name; the later names are its aliases.
   std::unordered_map<const void*, std::string> first_name;
+  std::vector<at::Tensor> frozen;  // no stage's: counted in the memory report beside the stage
   for (auto& item : s->module->named_parameters()) {
     const auto [it, first] = first_name.emplace(item.value().unsafeGetTensorImpl(), item.key());
     if (!first) {
@@ -342,6 +344,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
     } else if (item.value().requires_grad()) {
       s->trainable.push_back(item.value());
       s->trainable_names.push_back(item.key());
+    } else {
+      frozen.push_back(item.value());
     }
   }
 
@@ -356,6 +360,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
   // Building a stage allocates its partitions, buckets and optimizer state on the device.
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
                 [&] { build_stage(*s, in.optimizer, groups, in.pipeline_stage); });
+  s->stage = zero::counting_frozen_parameters(std::move(s->stage), std::move(frozen));
   wrap_tensor_parallel(*s);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));

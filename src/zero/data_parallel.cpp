@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "device/out_of_memory.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
@@ -43,12 +45,41 @@ void DataParallelStage::build_buckets(int64_t bucket_size) {
     const auto& p = params_[k];
     bool fits = !buckets_.empty() && buckets_.back().dtype == p.scalar_type() &&
                 buckets_.back().numel < bucket_size;
-    if (!fits) buckets_.push_back(Bucket{{}, 0, p.scalar_type(), {}, {}, nullptr});
+    if (!fits) {
+      buckets_.emplace_back();
+      buckets_.back().dtype = p.scalar_type();
+    }
     buckets_.back().params.push_back(k);
     buckets_.back().numel += p.numel();
     bucket_of_param[k] = buckets_.size() - 1;
   }
+  for (const auto& b : buckets_)
+    max_bucket_numel_[b.dtype] = std::max(max_bucket_numel_[b.dtype], b.numel);
   order_ = std::make_unique<BucketOrder>(std::move(bucket_of_param), buckets_.size());
+}
+
+// Lends the bucket a pool buffer of its dtype (a new one when all of them travel). A bucket
+// whose last launch threw before it travelled still holds its buffer.
+void DataParallelStage::borrow_buffer(Bucket& b) {
+  if (b.pooled.defined()) return;
+  auto it = std::find_if(pool_.begin(), pool_.end(),
+                         [&](const at::Tensor& t) { return t.scalar_type() == b.dtype; });
+  if (it == pool_.end()) {
+    const int64_t numel = max_bucket_numel_.at(b.dtype);
+    AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, numel,
+                         c10::elementSize(b.dtype));
+    pool_.push_back(torch::empty({numel}, ctx_.options(b.dtype)));
+    pool_bytes_ += storage_bytes(pool_.back());
+    it = pool_.end() - 1;
+  }
+  b.pooled = std::move(*it);
+  pool_.erase(it);
+  b.flat = b.pooled.narrow(0, 0, b.numel);
+}
+
+void DataParallelStage::return_buffer(Bucket& b) {
+  pool_.push_back(std::move(b.pooled));
+  b.pooled = b.flat = at::Tensor();
 }
 
 void DataParallelStage::begin_backward(bool boundary) {
@@ -69,11 +100,7 @@ void DataParallelStage::abandon_backward() {
 // A parameter that got no gradient this step contributes zeros: every rank must send the
 // same bucket layout whatever its own graph used.
 void DataParallelStage::launch(Bucket& b) {
-  if (!b.flat.defined()) {
-    AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, b.numel,
-                         c10::elementSize(b.dtype));
-    b.flat = torch::empty({b.numel}, ctx_.options(b.dtype));
-  }
+  borrow_buffer(b);
   // communication_data_type: the bucket travels (and is summed) in it, as DeepSpeed's
   // allreduce_bucket converts it. Gloo sums fp16 in fp16: the mean is then taken first.
   const auto comm_dtype = dtype_from_config(options_.reduction.comm_dtype, b.dtype);
@@ -120,6 +147,7 @@ void DataParallelStage::finish(Bucket& b) {
       p.mutable_grad() = reduced.clone();
     offset += p.numel();
   }
+  return_buffer(b);  // the copies above are ordered before the buffer's next use (one stream)
 }
 
 void DataParallelStage::end_backward(bool boundary) {
@@ -175,7 +203,7 @@ MemoryReport DataParallelStage::memory() const {
     r.gradients += storage_bytes(p.grad());
   }
   r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  for (auto& b : buckets_) r.comm_buffers += storage_bytes(b.flat);
+  r.comm_buffers = pool_bytes_;
   r.host_bytes = host_share(ctx_.device, r.total());
   return r;
 }

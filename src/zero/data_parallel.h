@@ -5,7 +5,14 @@
 // bucket whose parameters are all ready is all-reduced asynchronously while backward continues.
 // Buckets are launched strictly in bucket order on every rank, so ranks always issue the same
 // sequence of collectives even if hooks fire in a different order.
+//
+// A bucket is summed in a flat buffer lent from a small pool and returned once its sums are
+// copied back into .grad: at most kMaxBucketsInFlight buckets travel while the next one is
+// filled, so the buffers are bounded by the bucket size (3 buffers of the largest bucket per
+// dtype), never a second copy of every gradient held through the forward pass. (DeepSpeed's
+// allreduce_bucket flattens each bucket and frees it after the sum.)
 #pragma once
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -50,7 +57,8 @@ class DataParallelStage : public ZeroStage {
     std::vector<size_t> params;  // indices into params_
     int64_t numel = 0;
     at::ScalarType dtype;
-    at::Tensor flat;             // reduction buffer, allocated on first use
+    at::Tensor pooled;           // the pool buffer lent from launch to finish
+    at::Tensor flat;             // its first `numel` elements: the bucket's gradients
     at::Tensor wire;             // `flat` in communication_data_type while it travels
     comm::WorkPtr work;
   };
@@ -58,6 +66,8 @@ class DataParallelStage : public ZeroStage {
   void launch_bucket(size_t index);
   void launch(Bucket& bucket);
   void finish(Bucket& bucket);
+  void borrow_buffer(Bucket& bucket);
+  void return_buffer(Bucket& bucket);
 
   void give_unused_parameters_zero_gradients();
   // The 1-bit seam (optim/self_communicating.h): true while the optimizer exchanges compressed
@@ -71,7 +81,14 @@ class DataParallelStage : public ZeroStage {
   const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // optimizer_ when it is one
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
-  InFlight in_flight_{kUnboundedInFlight};
+  // Free bucket buffers, reused across steps. Every buffer of a dtype has the size of that
+  // dtype's largest bucket, so any fits any bucket of the dtype.
+  std::vector<at::Tensor> pool_;
+  std::map<at::ScalarType, int64_t> max_bucket_numel_;
+  int64_t pool_bytes_ = 0;  // every buffer the pool ever made (its peak: none is freed)
+  // Overlap or not: while the next bucket is filled the earlier ones travel, as the scattering
+  // stages do it (in_flight.h); the bound is what keeps the pool small.
+  InFlight in_flight_{kMaxBucketsInFlight};
   bool reducing_ = false;  // inside a boundary backward with overlap_comm
   GradientHooks hooks_;
 };

@@ -8,7 +8,8 @@
 namespace deepspeed {
 
 MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
-                                    int hpz_partition_size, int64_t largest_layer_params) {
+                                    int hpz_partition_size, int64_t largest_layer_params,
+                                    int grad_accum_bytes) {
   if (psi < 0 || n < 1 || stage < 0 || stage > 3)
     throw ConfigError(
         "estimate_zero_memory: need parameters >= 0, world size >= 1, stage 0..3; got " +
@@ -23,7 +24,15 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
                       std::to_string(largest_layer_params) + " must be in 0.." +
                       std::to_string(psi) + " (the parameter count)");
   const int64_t weight_bytes = mixed_precision ? 2 : 4;
-  const int64_t grad_bytes = mixed_precision ? 2 : 4;
+  if (grad_accum_bytes != 0 && grad_accum_bytes != 2 && grad_accum_bytes != 4)
+    throw ConfigError("estimate_zero_memory: grad_accum_bytes " + std::to_string(grad_accum_bytes) +
+                      " must be 0 (the weights' width), 2 or 4");
+  if (grad_accum_bytes != 0 && grad_accum_bytes < weight_bytes)
+    throw ConfigError("estimate_zero_memory: grad_accum_bytes " + std::to_string(grad_accum_bytes) +
+                      " is narrower than the " + std::to_string(weight_bytes) +
+                      "-byte weights (initialize() refuses such a data_types.grad_accum_dtype)");
+  // The gradients the stage keeps, in their accumulation width (memory.h).
+  const int64_t grad_bytes = grad_accum_bytes != 0 ? grad_accum_bytes : weight_bytes;
   const int64_t optim_bytes = mixed_precision ? 12 : 8;  // mixed: fp32 master + 2 moments
   auto part = [](int64_t total, int64_t ways) { return (total + ways - 1) / ways; };
   MemoryEstimate e;
@@ -32,35 +41,42 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   e.optimizer_states = stage >= 1 ? part(optim_bytes * psi, n) : optim_bytes * psi;
   // hpZ: 1/hpz of every gathered unit, in the parameters' dtype (memory.h).
   if (stage == 3 && hpz > 1) e.hpz_secondary = part(weight_bytes * psi, hpz);
-  // Mixed precision: the step's fp32 copy of the gradient partition (shard_optimizer.cpp's
-  // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 steps the gradient in place.
-  if (mixed_precision) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
+  // 16-bit gradients: the step's fp32 copy of the gradient partition (shard_optimizer.cpp's
+  // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 gradients (an fp32 model, or
+  // fp32 accumulation) are stepped in place.
+  if (grad_bytes < 4) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
   // Left out: the gradient norm's fp64 scratch before the step (zero/tensor_facts.cpp's
   // sum_of_squares: 16 bytes per element of one chunk, at most 4 MiB on the CPU and 256 MiB on a
   // GPU, freed before the update). Bounded whatever Ψ, and device-dependent where this takes no
   // device; docs/monitoring.md says so.
   // Stage 3: the largest unit whole, weights gathered and gradient before its reduce-scatter.
-  if (stage == 3) e.largest_layer_working = (weight_bytes + grad_bytes) * largest_layer_params;
+  // (Its gradient as autograd produces it, in the weights' dtype, whatever the accumulation's.)
+  if (stage == 3) e.largest_layer_working = 2 * weight_bytes * largest_layer_params;
   return e;
 }
 
 std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precision,
-                                         int hpz_partition_size, int64_t largest_layer_params) {
+                                         int hpz_partition_size, int64_t largest_layer_params,
+                                         int grad_accum_bytes) {
   const bool hpz = hpz_partition_size > 1;
   // MB = 2^20 bytes, as see_memory_usage's "model states (MB)" (monitor/memory_usage.cpp), so
   // the two can be read side by side.
   auto mb = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   std::string out;
   char line[320];
+  const bool fp32_accumulation = mixed_precision && grad_accum_bytes == 4;
   std::snprintf(line, sizeof line,
                 "Estimated model-state memory per rank: %lld parameters, %d ranks, %s, Adam%s%s\n",
-                static_cast<long long>(psi), n, mixed_precision ? "mixed precision" : "fp32",
+                static_cast<long long>(psi), n,
+                !mixed_precision    ? "fp32"
+                : fp32_accumulation ? "mixed precision with fp32 gradient accumulation"
+                                    : "mixed precision",
                 hpz ? (", hpZ groups of " + std::to_string(hpz_partition_size)).c_str() : "",
                 largest_layer_params > 0
                     ? (", largest layer " + std::to_string(largest_layer_params)).c_str()
                     : "");
   out += line;
-  out += "  (MB = 2^20 bytes; peak adds the step's fp32 gradient copy";
+  out += "  (MB = 2^20 bytes; peak adds the step's fp32 copy of 16-bit gradients";
   out += largest_layer_params > 0 ? ", stage 3's largest layer" : "";
   out += hpz ? " and hpZ's secondary partition)\n" : ")\n";
   out += hpz ? "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | hpZ secondary (MB) | "
@@ -69,7 +85,7 @@ std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precisio
                "peak (MB)\n";
   for (int stage = 0; stage < 4; ++stage) {
     auto e = estimate_zero_memory(psi, n, stage, mixed_precision, hpz_partition_size,
-                                  largest_layer_params);
+                                  largest_layer_params, grad_accum_bytes);
     if (hpz)
       std::snprintf(line, sizeof line,
                     "  %5d | %15.1f | %14.1f | %14.1f | %18.1f | %17.1f | %9.1f\n", stage,

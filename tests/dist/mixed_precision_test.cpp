@@ -124,6 +124,28 @@ TEST(Bf16Memory, FourRanksMatchTheFormula) {
   }
 }
 
+// bf16 at stage 0 accumulates the micro-steps in fp32 (data_types.grad_accum_dtype's default
+// there, DeepSpeed's BF16_Optimizer): with gradient_accumulation_steps 2 its gradients are 4Ψ,
+// and model_states() is 18Ψ, not 16Ψ. The estimate told that width (grad_accum_bytes 4, as
+// memory.h says initialize() resolves it) matches the measurement.
+TEST(Bf16Memory, Stage0AccumulatingInFp32MatchesTheEstimate) {
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = 2;
+  s.config = dstest::base_config(2, 2, 0);
+  s.config["bf16"] = {{"enabled", true}};
+  auto r = dstest::train_gpt(s);
+  const int64_t psi = dstest::count_parameters(s.model);
+  const auto e = deepspeed::estimate_zero_memory(psi, 2, 0, true, 1, 0, /*grad_accum_bytes=*/4);
+  EXPECT_EQ(e.model_states(), 18 * psi);
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto& m = r.memory[rank];
+    EXPECT_NEAR(m.model_states(), e.model_states(), 0.05 * e.model_states())
+        << "rank " << rank << ": params " << m.parameters << " grads " << m.gradients
+        << " optimizer " << m.optimizer_states;
+  }
+}
+
 // communication_data_type fp32 and data_types.grad_accum_dtype fp32 change only the rounding.
 TEST(Bf16Training, Fp32CommunicationAndAccumulationTrackToo) {
   for (int stage : {1, 2}) {

@@ -6,7 +6,7 @@
 //            reported apart: MemoryReport::gathered_bytes)
 // In fp32 the rank's slice of the flat parameter buffer is the master copy, so no extra 4Ψ/N.
 // Allowed slack: 5% (padding to 16·N elements is far below that); bucket buffers are reported
-// separately as comm_buffers and must stay within the configured bucket sizes.
+// separately as comm_buffers and must stay within the configured bucket sizes (stages 0-2).
 // Other optimizers' state is counted byte for byte against the tensors it really holds:
 // Adagrad's sum, and the 1-bit optimizers' buffers beside their moments.
 #include <gtest/gtest.h>
@@ -53,10 +53,13 @@ TEST_P(ZeroMemory, ModelStatesMatchTheFormula) {
     // On the CPU every byte is host memory (tests/unit/stage_device_test: none on a device).
     EXPECT_EQ(m.host_bytes, m.total()) << "stage " << stage << " rank " << rank;
     EXPECT_EQ(m.device_bytes(), 0);
-    if (stage == 2) {
-      // Pool of equal-size bucket buffers: 2 in flight + 1 filling, each at most bucket + the
-      // largest parameter (256 x 32 elements) of fp32.
-      EXPECT_LE(m.comm_buffers, 3 * (bucket + 256 * 32) * 4);
+    if (stage <= 2) {
+      // Stage 2 (and fp32 stage 0): a pool of equal-size bucket buffers, 2 in flight + 1
+      // filling, each at most bucket + the largest parameter (256 x 32 elements) of fp32.
+      // Stage 1 reduces views of its gradient buffer: none. Never a copy of every gradient (4Ψ),
+      // which would be held through the forward pass.
+      EXPECT_LE(m.comm_buffers, 3 * (bucket + 256 * 32) * 4)
+          << "stage " << stage << " world " << world << " rank " << rank;
     }
   }
 }
@@ -92,6 +95,31 @@ TEST(ZeroFrozen, FrozenParameterIsNeverUpdatedAndTrainingMatchesStage0) {
     // wpe.weight is the second registered parameter.
     EXPECT_TRUE(torch::equal(r.weights[1], r.initial[1])) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(r, reference), 1e-4) << "stage " << stage;
+  }
+}
+
+// A frozen parameter (requires_grad false) belongs to no stage: it stays whole in the module at
+// every stage, and memory_report() counts it in `parameters` all the same, in the memory it lives
+// in (here the CPU: host memory). Frozen wte (256 x 32 fp32, a quarter of the model): its 4F bytes
+// whole beside the trainable rest, which stage 3 partitions.
+TEST(ZeroFrozen, FrozenParametersAreCountedWholeInTheReport) {
+  const int world = 2;
+  for (int stage : {0, 1, 2, 3}) {
+    dstest::RunSpec s;
+    s.world_size = world;
+    s.steps = 1;
+    s.frozen = {"wte.weight"};
+    s.config = dstest::base_config(2, 1, stage);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    auto r = dstest::train_gpt(s);
+    const double frozen = 4.0 * 256 * 32;
+    const double trainable = 4.0 * dstest::count_parameters(s.model) - frozen;
+    const double want = frozen + (stage == 3 ? trainable / world : trainable);
+    for (int rank = 0; rank < world; ++rank) {
+      const auto& m = r.memory[rank];
+      EXPECT_NEAR(m.parameters, want, 0.02 * want) << "stage " << stage << " rank " << rank;
+      EXPECT_EQ(m.host_bytes, m.total()) << "stage " << stage << " rank " << rank;
+    }
   }
 }
 

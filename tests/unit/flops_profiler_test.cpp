@@ -97,6 +97,48 @@ TEST(FlopsProfiler, MatmulChainIsTheSumOfItsProducts) {
   EXPECT_EQ(names, (std::vector<std::string>{"aten::matmul", "aten::mm", "aten::bmm"}));
 }
 
+// A convolution: (Cin/groups)·prod(k) MACs per output element, 2 FLOPs each, + numel(output) for
+// the bias (DeepSpeed's _conv_flops_compute). Conv2d(4, 8, k 3, stride 2, pad 1, groups 2) on
+// [2, 4, 5, 5]: output [2, 8, 3, 3] = 144 elements, 18 MACs each.
+TEST(FlopsProfiler, Conv2dCountsMacsPerOutputAndTheBias) {
+  torch::NoGradGuard no_grad;
+  auto conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).stride(2).padding(1).groups(2));
+  FlopsProfiler prof(conv.ptr());
+  prof.start_profile();
+  conv->forward(torch::randn({2, 4, 5, 5}));
+  prof.stop_profile();
+  EXPECT_EQ(prof.get_total_macs(), 144 * 18);
+  EXPECT_EQ(prof.get_total_flops(), 2 * 144 * 18 + 144);
+}
+
+// A transposed convolution: every input element meets (Cout/groups)·prod(k) weights. Counted
+// right, which differs from DeepSpeed's _conv_trans_flops_compute (docs/monitoring.md): it takes
+// weight.shape[1] (already Cout/groups) as Cout and divides by groups again, and counts the bias
+// over the ordinary convolution's output size. ConvTranspose2d(4, 8, k 3, stride 2, pad 1) on
+// [1, 4, 5, 5]: 25 positions · 4·8·9 = 7,200 MACs; output [1, 8, 9, 9] = 648 bias adds: 15,048
+// FLOPs (DeepSpeed: 14,400 + 8·3·3 = 14,472). With groups 2, 3,600 MACs (DeepSpeed: 1,800).
+TEST(FlopsProfiler, ConvTranspose2dCountsEveryInputTimesItsKernelsAndTheWholeOutputsBias) {
+  torch::NoGradGuard no_grad;
+  auto deconv =
+      torch::nn::ConvTranspose2d(torch::nn::ConvTranspose2dOptions(4, 8, 3).stride(2).padding(1));
+  FlopsProfiler prof(deconv.ptr());
+  prof.start_profile();
+  auto out = deconv->forward(torch::randn({1, 4, 5, 5}));
+  prof.stop_profile();
+  ASSERT_EQ(out.sizes(), (std::vector<int64_t>{1, 8, 9, 9}));
+  EXPECT_EQ(prof.get_total_macs(), 7200);
+  EXPECT_EQ(prof.get_total_flops(), 15048);
+
+  auto grouped = torch::nn::ConvTranspose2d(
+      torch::nn::ConvTranspose2dOptions(4, 8, 3).stride(2).padding(1).groups(2).bias(false));
+  FlopsProfiler grouped_prof(grouped.ptr());
+  grouped_prof.start_profile();
+  grouped->forward(torch::randn({1, 4, 5, 5}));
+  grouped_prof.stop_profile();
+  EXPECT_EQ(grouped_prof.get_total_macs(), 25 * 4 * (8 / 2) * 9);
+  EXPECT_EQ(grouped_prof.get_total_flops(), 2 * 25 * 4 * (8 / 2) * 9);
+}
+
 // einsum has no formula (DeepSpeed's counts torch.einsum itself; libtorch's C++ einsum is not one
 // counted operator): what it runs is counted, here the batched product it becomes.
 TEST(FlopsProfiler, EinsumCountsTheProductItRuns) {

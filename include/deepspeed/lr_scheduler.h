@@ -71,6 +71,12 @@ class LRScheduler {
   // with the right values even when the optimizer's own state does not carry them.
   // Throws CheckpointError when "last_batch_iteration" is missing or not an integer.
   virtual void load_state_dict(const nlohmann::json& state) = 0;
+  // Throws (CheckpointError, or ConfigError for a t the schedule cannot take), changing nothing,
+  // when load_state_dict(state) would throw. load_checkpoint asks while it checks the checkpoint,
+  // before it changes anything, so a mismatched scheduler state is refused whole instead of
+  // leaving the engine half loaded. The default accepts every state: a client scheduler whose
+  // load_state_dict can refuse one should override it.
+  virtual void check_state_dict(const nlohmann::json& state) const { (void)state; }
 };
 
 // Builds the scheduler named by config.type (case-insensitive) over `target`.

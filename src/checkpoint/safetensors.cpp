@@ -237,6 +237,13 @@ void write_safetensors_streamed(FileSystem& fs, const std::string& path,
                                 const SafetensorsMetadata& metadata,
                                 const std::function<void(SafetensorsWriter&)>& fill) {
   const std::string header = safetensors_header(entries, metadata);
+  // The readers' limit (ours and the reference's): a file past it could be written but never read.
+  if (header.size() - 8 > kMaxHeaderBytes)
+    throw CheckpointError("safetensors '" + path + "': its header would be " +
+                          std::to_string(header.size() - 8) + " bytes, over the " +
+                          std::to_string(kMaxHeaderBytes) +
+                          "-byte (100 MiB) limit of safetensors readers; its metadata is too "
+                          "large (a checkpoint's model-states file holds the client_state there)");
   fs.write_file_atomic(path, [&](WritableFile& f) {
     f.append(header.data(), header.size());
     SafetensorsWriter writer(f, path, entries);

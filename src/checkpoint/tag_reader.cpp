@@ -465,7 +465,11 @@ std::string read_latest_tag(FileSystem& fs, const std::string& dir) {
   const std::string path = join_path(dir, kLatestFileName);
   if (!fs.exists(path)) return "";
   std::string tag = fs.read_file(path);
-  while (!tag.empty() && std::isspace(static_cast<unsigned char>(tag.back()))) tag.pop_back();
+  // Trimmed at both ends, as DeepSpeed's strip(): a `latest` written by hand or another tool may
+  // carry a leading space or newline too.
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!tag.empty() && space(tag.back())) tag.pop_back();
+  tag.erase(tag.begin(), std::find_if_not(tag.begin(), tag.end(), space));
   if (tag.empty()) throw CheckpointError("'" + path + "' is empty: it should name a checkpoint tag");
   return tag;
 }

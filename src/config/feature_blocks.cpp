@@ -123,6 +123,18 @@ void read_checkpoint(ObjectReader& top, CheckpointConfig& ck) {
   }
   r.read("load_universal", ck.load_universal);
   r.read("use_node_local_storage", ck.use_node_local_storage);
+  // Accepted so DeepSpeed configs load, but they change nothing here: say so instead of letting
+  // a job believe it runs as under DeepSpeed.
+  if (ck.load_universal)
+    r.warnings().add(
+        "config key 'checkpoint.load_universal' is true but not used: DeepSpeed then loads a "
+        "universal checkpoint (the tag in 'latest_universal'); here load_checkpoint reads "
+        "'latest' and every checkpoint reshards itself to the new world size and stage");
+  if (ck.use_node_local_storage)
+    r.warnings().add(
+        "config key 'checkpoint.use_node_local_storage' is true but not used: DeepSpeed then "
+        "has every node's local rank 0 write the model-states file and 'latest' to that node's own "
+        "storage; here rank 0 writes them once, so save_dir must be a folder every rank shares");
   ObjectReader pw = r.child("parallel_write");
   pw.read("pipeline_stage", ck.parallel_write_pipeline_stage);
   pw.finish();

@@ -50,20 +50,21 @@ class ScheduledLR : public LRScheduler {
 
   nlohmann::json state_dict() const override { return {{"last_batch_iteration", t_}}; }
 
+  void check_state_dict(const nlohmann::json& state) const override {
+    const int64_t t = saved_iteration(state);
+    // A t the schedule cannot take (WarmupCosineLR past its end) throws here, not at the load.
+    if (t >= 0) (void)values_at(t);
+  }
+
   void load_state_dict(const nlohmann::json& state) override {
-    auto it = state.is_object() ? state.find("last_batch_iteration") : state.end();
-    if (it == state.end() || !it->is_number_integer() || it->get<int64_t>() < -1) {
-      throw CheckpointError(
-          "lr_scheduler state: expected an integer \"last_batch_iteration\" >= -1, got " +
-          state.dump());
-    }
-    t_ = it->get<int64_t>();
-    if (t_ >= 0) {
-      write_lr_and_betas(t_);
+    const int64_t t = saved_iteration(state);
+    if (t >= 0) {
+      write_lr_and_betas(t);  // throws before anything is written
     } else {
       write_lr(schedule_->initial_lr());
       if (cycle_betas_) write_betas(schedule_->initial_betas());
     }
+    t_ = t;
   }
 
  private:
@@ -81,10 +82,24 @@ class ScheduledLR : public LRScheduler {
     return false;
   }
 
+  // The saved t: "last_batch_iteration", an integer >= -1.
+  static int64_t saved_iteration(const nlohmann::json& state) {
+    auto it = state.is_object() ? state.find("last_batch_iteration") : state.end();
+    if (it == state.end() || !it->is_number_integer() || it->get<int64_t>() < -1) {
+      throw CheckpointError(
+          "lr_scheduler state: expected an integer \"last_batch_iteration\" >= -1, got " +
+          state.dump());
+    }
+    return it->get<int64_t>();
+  }
+
+  std::pair<std::vector<double>, std::vector<Betas>> values_at(int64_t t) const {
+    return {schedule_->lr_at(t), cycle_betas_ ? schedule_->betas_at(t) : std::vector<Betas>{}};
+  }
+
   // Computes both before writing either, so a throw leaves the target untouched.
   void write_lr_and_betas(int64_t t) {
-    auto lrs = schedule_->lr_at(t);
-    auto betas = cycle_betas_ ? schedule_->betas_at(t) : std::vector<Betas>{};
+    auto [lrs, betas] = values_at(t);
     write_lr(lrs);
     if (cycle_betas_) write_betas(betas);
   }

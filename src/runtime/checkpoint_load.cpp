@@ -39,6 +39,7 @@ struct SavedEngineState {
 // Everything checked in phase 1, applied in phase 2.
 struct Plan {
   nlohmann::json model_meta;
+  nlohmann::json client_state;  // as given to save_checkpoint (client_state_from_saved)
   SavedEngineState engine;
   // Module parameter or buffer -> (file, tensor name in it), for those the checkpoint holds.
   std::map<std::string, std::pair<ModuleFile, std::string>> module_tensors;
@@ -343,6 +344,21 @@ SavedEngineState parse_engine_state(const TagReader& reader, const nlohmann::jso
   return e;
 }
 
+// The saved scheduler state must load into this engine's scheduler (another schedule's or a client
+// scheduler's state may not): asked here, as its load comes late in phase 2, after the module and
+// the optimizer state were written.
+void check_scheduler_state(const TagReader& reader, const EngineState& s, const nlohmann::json& saved) {
+  if (!s.scheduler || saved.is_null()) return;
+  try {
+    s.scheduler->check_state_dict(saved);
+  } catch (const Error& e) {
+    throw CheckpointError("checkpoint file '" + join_path(reader.dir(), reader.engine_file()) +
+                          "': its \"lr_scheduler\" state does not load into this engine's " +
+                          s.scheduler->name() + " (" + e.what() +
+                          "); pass load_lr_scheduler_states=false to keep the engine's schedule");
+  }
+}
+
 // Each rank reads the checkpoint as its tensor rank's: at the saved tensor size its own slices'
 // files (resharding across data-parallel sizes and stages as usual); at another size (a
 // checkpoint without tensor parallelism is size 1) the slices this model's layers cut, assembled
@@ -385,9 +401,13 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   select_tensor_rank(reader, s);
   Plan plan;
   plan.model_meta = reader.file_metadata(reader.engine_file());
+  plan.client_state = client_state_from_saved(
+      plan.model_meta.value("client_state", nlohmann::json::object()),
+      "checkpoint file '" + join_path(reader.dir(), reader.engine_file()) + "'");
   plan_module(reader, s, o.load_module_strict, plan);
   if (o.load_module_only) return plan;
   plan.engine = parse_engine_state(reader, plan.model_meta, s);
+  if (o.load_lr_scheduler_states) check_scheduler_state(reader, s, plan.engine.lr_scheduler);
   const auto& names = s.trainable_names;
   plan.masters_from_module =
       check_trainable(reader, s, names, !o.load_optimizer_states || !o.load_module_strict);
@@ -436,6 +456,17 @@ void apply_engine_state(EngineState& s, Plan& plan, const LoadOptions& o) {
   if (plan.cuda_rng_state.defined())
     checkpointing::set_generator_state(s.device, plan.cuda_rng_state);
   // The engine is at a boundary now: a save before the next step() saves these states.
+  capture_rng_at_boundary(s);
+}
+
+// load_module_only keeps the engine's counters, but not a partial accumulation: the load drops
+// its gradients (discard_gradients), so its micro-steps and their loss go too, and the next
+// step() comes after a whole gradient_accumulation_steps again (not after the rest of them, still
+// divided by all). The engine is at a boundary, where the loader and the generators now are.
+void restart_accumulation(EngineState& s) {
+  s.micro_steps -= s.micro_steps % s.config.gradient_accumulation_steps;
+  s.loss_since_boundary = at::Tensor();
+  if (s.loader) s.loader_at_boundary = s.loader->state();
   capture_rng_at_boundary(s);
 }
 
@@ -501,7 +532,10 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
   // Before the scheduler's state (apply_engine_state): a scheduler then sets the lr, as
   // DeepSpeed's optimizer.load_state_dict comes before its lr_scheduler's.
   if (!plan.group_options.empty()) set_group_options(*s.optimizer, std::move(plan.group_options));
-  if (!o.load_module_only) apply_engine_state(s, plan, o);
+  if (o.load_module_only)
+    restart_accumulation(s);
+  else
+    apply_engine_state(s, plan, o);
 }
 
 }  // namespace
@@ -555,8 +589,7 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
     if (!o.load_module_only) s.stage->finish_load(plan.adam_step);
   }
   job.barrier();
-  nlohmann::json client = plan.model_meta.value("client_state", nlohmann::json::object());
-  return {join_path(reader->dir(), reader->engine_file()), client};
+  return {join_path(reader->dir(), reader->engine_file()), plan.client_state};
 }
 
 }  // namespace checkpoint

@@ -361,6 +361,20 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
       optim_states_file_name(s.comm->rank(), model_parallel_rank(s));
   test_kill_point("start", tag);
 
+  // What can refuse the save without reading the state: refused on every rank together, before
+  // anything (the folder included) is written.
+  nlohmann::json client_state;  // as stored (client_state_to_save)
+  run_agreed(job, "save_checkpoint '" + dir + "': checking", [&] {
+    refuse_during_half_done_step(s, "save_checkpoint");
+    // Inside a modifier scope the module file would get the edited weights and the optim files
+    // the masters they are not yet written back to. Every rank has the same scopes open.
+    refuse_inside_gathered_scope(s, "save_checkpoint");
+    refuse_to_save_a_lost_step(s);
+    // On every rank, though only the module files' writers store it: a client_state that cannot
+    // be stored (a string that is not UTF-8) fails every rank here, not a writer alone later,
+    // while the others wait in the module file's gathers.
+    client_state = client_state_to_save(o.client_state);
+  });
   // Re-saving a tag that holds a complete checkpoint: the new save goes into its `.replacing`
   // folder and is swapped in once complete, so a save that fails or dies loses nothing
   // (tag_replacement.h). Rank 0 decides and creates the folder; after this agreed phase every
@@ -368,8 +382,6 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   std::unique_ptr<zero::FragmentState> state;
   bool replacing = false;  // rank 0's decision
   run_agreed(job, "save_checkpoint '" + dir + "': preparing the folder", [&] {
-    refuse_during_half_done_step(s, "save_checkpoint");
-    refuse_to_save_a_lost_step(s);
     state = s.stage->state_to_save();
     check_fragments_match_layout(s, *state);
     if (!rank0) return;
@@ -395,9 +407,9 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   run_agreed(job, "save_checkpoint '" + dir + "': writing the module file", [&] {
     if (rank0) test_kill_point("before_model_file", tag);
     if (pipeline)
-      write_pipeline_module_files(s, fs, into, o.client_state);
+      write_pipeline_module_files(s, fs, into, client_state);
     else
-      write_model_file(s, fs, into, o.client_state);
+      write_model_file(s, fs, into, client_state);
     if (rank0) test_kill_point("after_model_file", tag);
   });
   run_agreed(job, "save_checkpoint '" + dir + "': publishing", [&] {

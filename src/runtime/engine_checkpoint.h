@@ -98,9 +98,20 @@ int first_saved_rank_of_group(const TagReader& reader, const EngineState& s);
 // the engine's communicator.
 comm::Communicator& job_comm(const EngineState& s);
 
+// save_checkpoint's client_state as stored (checkpoint_client_state.cpp): inf, -inf and NaN, which
+// JSON lacks, become {kNonFiniteKey: "inf" | "-inf" | "nan"}. Throws CheckpointError naming the
+// JSON pointer of a string or key that is not UTF-8 (the metadata could not be written), of a
+// binary value, or of an object using kNonFiniteKey. Local: the save calls it on every rank in
+// its first agreed phase, so a client_state that cannot be saved fails every rank together,
+// before anything is written.
+inline constexpr const char* kNonFiniteKey = "__ds_non_finite__";
+nlohmann::json client_state_to_save(const nlohmann::json& client_state);
+// The reverse, for load_checkpoint's client_state; `source` (the file) names a malformed one.
+nlohmann::json client_state_from_saved(const nlohmann::json& saved, const std::string& source);
+
 // Pieces of a save shared by the plain and the pipeline layout (checkpoint_save.cpp).
 // The engine state of a model-states file's metadata: counters, LR schedule, loss scaler, data
-// position, client state, config.
+// position, client state (as stored: client_state_to_save), config.
 nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& client_state);
 std::string optimizer_format(const EngineState& s);  // kAdamFragments, kTorchArchive or kNoOptimizerState
 // [{"name", "shape", "numel"}] of the trainable parameters (whole).

@@ -113,6 +113,31 @@ TEST(CheckpointTag, DifferentTagsAcrossRanksFail) {
   EXPECT_FALSE(std::filesystem::exists(dir / "ck"));
 }
 
+// A client_state that cannot be stored on one rank only (not UTF-8): at stage 3 every rank takes
+// part in the module file's gathers, so that rank must not stop alone; every rank refuses in the
+// save's first phase, and nothing is written.
+TEST(CheckpointFaults, AClientStateOneRankCannotStoreFailsEveryRankBeforeWriting) {
+  dstest::TempDir dir;
+  auto data = dstest::test_text_dataset(16);
+  std::vector<std::string> errors(2);
+  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    torch::manual_seed(1);
+    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+    auto r = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = model, .config_json = dstest::base_config(2, 1, 3), .training_data = data, .comm = comm});
+    const nlohmann::json client = {{"note", comm->rank() == 1 ? "caf\xe9" : "cafe"}};
+    try {
+      r.engine->save_checkpoint(dir / "ck", "bad", client);
+    } catch (const deepspeed::CheckpointError& e) {
+      errors[comm->rank()] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("another rank"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("client_state at JSON pointer \"/note\""), std::string::npos)
+      << errors[1];
+  EXPECT_FALSE(std::filesystem::exists(dir / "ck/bad"));
+}
+
 namespace {
 
 using EngineOnRank = std::function<void(deepspeed::Engine&, int rank)>;

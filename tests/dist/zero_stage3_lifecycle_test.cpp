@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <thread>
 
 #include <mutex>
 
+#include "deepspeed/errors.h"
 #include "deepspeed/zero_init.h"
 #include "support/expect.h"
 #include "support/files.h"
@@ -251,6 +253,34 @@ TEST(Stage3Access, AStepInsideAScopeIsRefused) {
     engine->step();
     EXPECT_TRUE(std::isfinite(engine->last_loss()));
   });
+}
+
+// A save inside a scope is refused too, on every rank before anything is written: inside a
+// modifier scope the module file would get the edited weights and the optim files the masters
+// they are not yet written back to.
+TEST(Stage3Access, ASaveInsideAScopeIsRefused) {
+  dstest::TempDir ckpt;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
+                      .engine;
+    engine->save_checkpoint(ckpt.path(), "start");
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+      if (comm->rank() == 0) {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(1.0);
+      }
+      EXPECT_CONTAINS(dstest::message_of<deepspeed::CheckpointError>(
+                          [&] { engine->save_checkpoint(ckpt.path(), "inside"); }),
+                      "save_checkpoint inside a gathered_parameters scope on rank " +
+                          std::to_string(comm->rank()));
+    }
+    EXPECT_NO_THROW(engine->save_checkpoint(ckpt.path(), "after"));
+  });
+  EXPECT_FALSE(std::filesystem::exists(ckpt / "inside"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt / "after/manifest.json"));
 }
 
 // With the update during backward (ZeRO-Offload's overlap_step), a boundary backward inside a

@@ -5,9 +5,20 @@ Run by bench/zero_memory_and_speed.py; prints one `gpt_train_report ...` line pe
 format as gpt_train, so both land in one table.
 
 Same model: byte-level GPT, pre-LayerNorm blocks (causal self-attention, GELU MLP), N(0, 0.02)
-init. Same data: windows of block_size bytes every block_size/2 bytes of data/fortunes.txt, in the
-order of deepspeed.cpp's DistributedSampler (mt19937_64 Fisher-Yates, seed 1234). Same optimizer:
-AdamW (betas, eps, weight decay from the ds_config), DeepSpeed's linear WarmupLR, clipping 1.0.
+init (--scaled_residual_init: GPT-2's 0.02 / sqrt(2 * n_layer) for the attention and MLP output
+projections, as gpt_train's flag of that name). Same data: windows of block_size bytes every
+block_size/2 bytes of --data, in the order of deepspeed.cpp's DistributedSampler (mt19937_64
+Fisher-Yates, the config's "seed", default 1234), the last micro-batch of an epoch partial unless
+the config sets dataloader_drop_last (deepspeed.cpp's loader). Same optimizer: AdamW (betas, eps,
+weight decay from the ds_config), DeepSpeed's WarmupLR, the config's gradient_clipping.
+tests/tools/ddp_baseline_tie.sh checks that both train the same model: the same losses step by
+step (--exact_loss prints them as gpt_train's flag of that name does).
+
+DDP runs with its defaults unless told otherwise, as the published rows of docs/benchmarks.md
+were measured: broadcast_buffers=True (rank 0's buffers, here the causal masks, broadcast before
+every forward) and gradient_as_bucket_view=False (the gradients are a second fp32 copy of the
+reducer's buckets: +4 bytes per parameter in peak memory). --no_broadcast_buffers and
+--gradient_as_bucket_view run the lean DDP.
 """
 import argparse
 import json
@@ -24,7 +35,7 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, c, h, t):
+    def __init__(self, c, h, t):  # gpt_train's names: fc_proj is its mlp.proj
         super().__init__()
         self.n_head = h
         self.ln1 = nn.LayerNorm(c)
@@ -49,16 +60,19 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, block_size, vocab=256):
+    def __init__(self, n_layer, n_head, n_embd, block_size, vocab=256, scaled_residual_init=False):
         super().__init__()
         self.wte = nn.Embedding(vocab, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
         self.blocks = nn.ModuleList([Block(n_embd, n_head, block_size) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab, bias=False)
+        # In module order, as gpt::gpt2_init draws them (the same values from the same seed).
+        residual = {b.proj for b in self.blocks} | {b.fc_proj for b in self.blocks}
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(m.weight, 0.0, 0.02)
+                std = 0.02 / math.sqrt(2 * n_layer) if scaled_residual_init and m in residual else 0.02
+                nn.init.normal_(m.weight, 0.0, std)
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
@@ -111,12 +125,15 @@ def rank_indices(n, rank, world, seed, epoch):
     return order[rank::world]
 
 
-def batches(data, block, stride, micro, rank, world, seed):
+def batches(data, block, stride, micro, rank, world, seed, drop_last):
     n = (len(data) - block - 1) // stride + 1
     epoch = 0
     while True:
         mine = rank_indices(n, rank, world, seed, epoch)
-        for b in range(len(mine) // micro):
+        # deepspeed.cpp's DataLoader: the shard's last micro-batch may be partial (smaller)
+        # unless dataloader_drop_last.
+        count = len(mine) // micro if drop_last else (len(mine) + micro - 1) // micro
+        for b in range(count):
             idx = mine[b * micro:(b + 1) * micro]
             w = torch.stack([torch.tensor(list(data[i * stride:i * stride + block + 1])) for i in idx])
             yield w[:, :-1], w[:, 1:]
@@ -134,21 +151,36 @@ def worker(args):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     cfg = json.load(open(args.config))
     opt_params = cfg["optimizer"]["params"]
-    sched = cfg.get("scheduler", {}).get("params", {})
+    scheduler = cfg.get("scheduler")
+    if scheduler is not None and scheduler.get("type") != "WarmupLR":
+        sys.exit(f"ddp_baseline.py: scheduler.type {scheduler.get('type')!r}: only WarmupLR is reproduced")
+    sched = (scheduler or {}).get("params", {})
     torch.manual_seed(args.seed)
-    model = GPT(args.n_layer, args.n_head, args.n_embd, args.block_size)
-    ddp = nn.parallel.DistributedDataParallel(model)
+    model = GPT(args.n_layer, args.n_head, args.n_embd, args.block_size,
+                scaled_residual_init=args.scaled_residual_init)
+    ddp = nn.parallel.DistributedDataParallel(model, broadcast_buffers=args.broadcast_buffers,
+                                              gradient_as_bucket_view=args.gradient_as_bucket_view)
     opt = torch.optim.AdamW(model.parameters(), lr=opt_params["lr"], betas=tuple(opt_params.get("betas", (0.9, 0.999))),
                             eps=opt_params.get("eps", 1e-8), weight_decay=opt_params.get("weight_decay", 0.0))
-    warm, lr_max, lr_min = sched.get("warmup_num_steps", 0), sched.get("warmup_max_lr", opt_params["lr"]), sched.get("warmup_min_lr", 0.0)
+    lr_max, lr_min = sched.get("warmup_max_lr", opt_params["lr"]), sched.get("warmup_min_lr", 0.0)
+    # DeepSpeed's WarmupLR (and deepspeed.cpp's): at least 2 warm-up steps, 1000 unless given,
+    # log warm-up unless "linear"; no scheduler block: the optimizer's lr throughout.
+    warm = max(2, sched.get("warmup_num_steps", 1000))
+    log_warmup = sched.get("warmup_type", "log") == "log"
 
-    def lr_at(t):  # DeepSpeed WarmupLR, linear; t = last_batch_iteration
-        if warm <= 0:
+    def lr_at(t):  # t = last_batch_iteration: -1 before the first step (WarmupLR writes min_lr)
+        if scheduler is None:
+            return opt_params["lr"]
+        if t < 0:
+            return lr_min
+        if t >= warm:
             return lr_max
-        return lr_min + (lr_max - lr_min) * min(1.0, max(t, 0) / warm)
+        gamma = math.log(t + 1) / math.log(warm) if log_warmup else t / warm
+        return lr_min + (lr_max - lr_min) * max(gamma, 0.0)
 
     data = open(args.data, "rb").read()
-    stream = batches(data, args.block_size, args.block_size // 2, cfg["train_micro_batch_size_per_gpu"], rank, world, 1234)
+    stream = batches(data, args.block_size, args.block_size // 2, cfg["train_micro_batch_size_per_gpu"], rank, world,
+                     cfg.get("seed", 1234), cfg.get("dataloader_drop_last", False))
     t = -1
     for g in opt.param_groups:
         g["lr"] = lr_at(t)
@@ -171,6 +203,8 @@ def worker(args):
         l = loss.detach().clone()
         dist.all_reduce(l)
         losses.append(l.item() / world)
+        if args.exact_loss and rank == 0:
+            print(f"step {step} loss {losses[-1]:.4f} exact {losses[-1].hex()}", flush=True)
         if step == 1:
             timed_from = time.time()
     seconds = time.time() - timed_from
@@ -198,6 +232,16 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--autocast_bf16", action="store_true")
+    p.add_argument("--scaled_residual_init", action="store_true",
+                   help="GPT-2's std 0.02 / sqrt(2 * n_layer) for the attention and MLP output projections")
+    p.add_argument("--exact_loss", action="store_true", help="print each step's loss (rank 0), also as a hex float")
+    # DDP's defaults (the published rows); see the docstring for what they cost.
+    p.add_argument("--broadcast_buffers", dest="broadcast_buffers", action="store_true", default=True,
+                   help="DDP broadcasts rank 0's buffers before every forward (DDP's default)")
+    p.add_argument("--no_broadcast_buffers", dest="broadcast_buffers", action="store_false",
+                   help="no buffer broadcast (the causal masks are equal on every rank)")
+    p.add_argument("--gradient_as_bucket_view", action="store_true",
+                   help="gradients are views into DDP's buckets (no second fp32 copy; default off, DDP's default)")
     p.add_argument("--local_rank", type=int, default=0)  # appended by dsrun
     worker(p.parse_args())
 

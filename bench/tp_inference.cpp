@@ -6,7 +6,8 @@
 // Greedy decoding of a batch of random prompts with the kv-cache, after one warm-up generation:
 // first-token latency is the prompt's forward and the pick of its first token; tokens/s counts
 // the following tokens (batch x (new - 1)) over their time. Rank 0 prints one line
-// "tp_inference tp=N first_token_ms=X decode_tokens_per_s=Y tokens=a,b,..." (row 0's first 8).
+// "tp_inference tp=N first_token_ms=X decode_tokens_per_s=Y tokens=a,b,...;c,d,..." (every new
+// token, the batch's rows split by ';').
 // Every rank prints "tp_init_memory rank=R tp=N init=I base_rss_mib=A peak_rss_mib=B init_s=C":
 // its resident set before building the model (libraries) and its high-water mark once
 // init_inference has returned (VmHWM), and the seconds building + init_inference took. --init
@@ -34,6 +35,17 @@ double status_mib(const std::string& field) {
   for (std::string line; std::getline(in, line);)
     if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;
   return -1;
+}
+// [batch, new] token ids as "a,b,...;c,d,...": rows split by ';' (tp_inference.py's token_text).
+std::string token_text(const torch::Tensor& tokens) {
+  auto t = tokens.to(torch::kLong).contiguous();
+  std::string text;
+  for (int64_t r = 0; r < t.size(0); ++r) {
+    if (r > 0) text += ";";
+    for (int64_t i = 0; i < t.size(1); ++i)
+      text += (i > 0 ? "," : "") + std::to_string(t[r][i].item<int64_t>());
+  }
+  return text;
 }
 }  // namespace
 
@@ -103,7 +115,8 @@ int main(int argc, char** argv) try {
   const auto prompt = torch::randint(model.vocab_size, {batch, prompt_len}, gen, torch::kLong);
 
   double best_first = 1e30, best_rate = 0;
-  std::string tokens;  // row 0's first new tokens: the driver checks PyTorch generates the same
+  // Every new token of every row ("1,2,...;4,5,..."): the driver checks PyTorch generates the same.
+  std::string tokens;
   for (int r = 0; r <= reps; ++r) {  // r = 0: warm-up
     comm->barrier();
     gpt::KVCache cache;
@@ -111,12 +124,13 @@ int main(int argc, char** argv) try {
     auto next = net->logits_cached(prompt, cache).select(1, -1).argmax(-1).view({batch, 1});
     const double first = ms_since(t0);
     const auto t1 = Clock::now();
-    tokens = std::to_string(next[0][0].item<int64_t>());
+    std::vector<torch::Tensor> outs{next};  // kept as tensors: no conversion in the timed loop
     for (int i = 1; i < new_tokens; ++i) {
       next = net->logits_cached(next, cache).select(1, -1).argmax(-1).view({batch, 1});
-      if (i < 8) tokens += "," + std::to_string(next[0][0].item<int64_t>());
+      outs.push_back(next);
     }
     const double rate = batch * (new_tokens - 1) / (ms_since(t1) / 1e3);
+    tokens = token_text(torch::cat(outs, 1));
     if (r > 0) {
       best_first = std::min(best_first, first);
       best_rate = std::max(best_rate, rate);

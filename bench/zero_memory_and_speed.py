@@ -17,6 +17,10 @@ default: all-reduces up to DS_SHM_ALLREDUCE_MAX_BYTES), on for every size (large
 DS_SHM_ALLREDUCE_MAX_BYTES=2^30, larger ones in pieces) and off (DS_SHM_ALLREDUCE=0: every
 collective through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the memory run (its
 columns then read 0).
+DDP runs with its defaults (broadcast_buffers=True, gradient_as_bucket_view=False: the published
+rows); --ddp_no_broadcast_buffers and --ddp_gradient_as_bucket_view pass ddp_baseline.py's lean
+options through (the row's name says which), e.g. both for the DDP that keeps no second fp32
+gradient copy (-4 bytes per parameter of peak memory).
 """
 import argparse
 import json
@@ -60,6 +64,10 @@ def main():
     p.add_argument("--micro_batch", type=int, default=0, help="override the config's micro-batch per rank")
     p.add_argument("--shm", default="on", help="deepspeed.cpp runs: on, large and/or off (see above)")
     p.add_argument("--no_memory", action="store_true", help="speed run only")
+    p.add_argument("--ddp_no_broadcast_buffers", action="store_true",
+                   help="DDP without broadcast_buffers (its default re-broadcasts the causal masks every forward)")
+    p.add_argument("--ddp_gradient_as_bucket_view", action="store_true",
+                   help="DDP with gradient_as_bucket_view (its default keeps a second fp32 gradient copy)")
     a = p.parse_args()
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
@@ -77,7 +85,10 @@ def main():
                     how = "" if a.shm == "on" else {"on": ", shm up to the limit", "large": ", shm any size",
                                                     "off": ", Gloo only"}[shm]
                     runs.append((f"deepspeed.cpp ZeRO-{s} {prec}{how}", int(s), prec, shm))
-            runs.append((f"PyTorch DDP (Gloo) {'fp32' if prec == 'fp32' else 'bf16 autocast'}", None, prec, "on"))
+            lean = [o for o, on in (("no broadcast_buffers", a.ddp_no_broadcast_buffers),
+                                    ("gradient_as_bucket_view", a.ddp_gradient_as_bucket_view)) if on]
+            runs.append((f"PyTorch DDP (Gloo) {'fp32' if prec == 'fp32' else 'bf16 autocast'}"
+                         + (f", {', '.join(lean)}" if lean else ""), None, prec, "on"))
         for name, stage, prec, shm in runs:
             cfg = json.loads(json.dumps(base))
             cfg["zero_optimization"]["stage"] = stage if stage is not None else 0
@@ -100,6 +111,10 @@ def main():
                 prog = [os.path.join(ROOT, "bench", "ddp_baseline.py"), "--config", path, "--data", data]
                 if prec == "bf16":
                     prog.append("--autocast_bf16")
+                if a.ddp_no_broadcast_buffers:
+                    prog.append("--no_broadcast_buffers")
+                if a.ddp_gradient_as_bucket_view:
+                    prog.append("--gradient_as_bucket_view")
             else:
                 prog = [os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", path, "--data", data]
             results = {}

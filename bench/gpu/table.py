@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The table of a bench/gpu/run.sh call: every row's step time, tokens/s, TFLOP/s (6 * params *
-tokens/s), GPU peak and host peak, host bytes of ZeRO state per parameter (the floor is 12: fp32
+tokens/s), GPU peak (over the whole process, as the peers' torch.cuda.max_memory_allocated();
+ours also over the timed steps alone) and host peak, host bytes of ZeRO state per parameter (the floor is 12: fp32
 master and two moments), and deepspeed.cpp's rows against their peer from the same call
 with the issue's goal beside the ratio. Then the floors measured in the same call (host memory
 bandwidth and CPU Adam rate from bench_cpu_adam, copy bandwidth from bench_transfer).
@@ -10,8 +11,13 @@ SIZE_GOAL=7.7e9 in the environment: the goal of our rows is that many parameters
 largest-model step), not a ratio.
 
 Ours come from gpt_train's `gpt_train_report` line of rank 0 in OUT_DIR/<row>.log (step time:
-the mean of the timed steps), the peers from OUT_DIR/peers.jsonl (gpu-anchor's gpt_bench.py: the
-median). A row that failed or is missing shows why instead of numbers."""
+the mean of the timed steps), the peers from OUT_DIR/peers.jsonl (gpu-anchor's gpt_bench.py): the
+same statistic, its step_s_mean (its own tokens_per_s and TFLOP/s come from the median, so both
+are recomputed from the mean here). GPU peak: gpt_train resets the allocator's peak after the
+warm-up steps, so its gpu_allocated_peak covers the timed steps only; the column compared with
+the peers is gpu_allocated_peak_total (the whole run, model building and warm-up included); a
+log without it (gpt_train before that field) shows "?" there. A row that failed or is missing
+shows why instead of numbers."""
 import json
 import os
 import re
@@ -42,7 +48,10 @@ def ours(out, row):
     params = int(kv["num_params"])
     return {"step_s": step_s, "tokens_per_s": tps, "params": params,
             "tflops": 6 * params * tps / 1e12,
-            "gpu_peak_gib": int(kv["gpu_allocated_peak"]) / GIB,
+            # The whole run's peak, the peers' figure; the timed steps' beside it.
+            "gpu_peak_gib": (int(kv["gpu_allocated_peak_total"]) / GIB
+                             if "gpu_allocated_peak_total" in kv else None),
+            "gpu_peak_timed_gib": int(kv["gpu_allocated_peak"]) / GIB,
             "host_peak_gib": int(kv["peak_rss_kb"]) * 1024 / GIB,
             "host_state_gib": int(kv.get("host_state_bytes", 0)) / GIB}
 
@@ -60,8 +69,11 @@ def peers(out):
         if not r.get("ok"):
             found[r["row"]] = {"error": r.get("error", "failed")[:160]}
             continue
-        found[r["row"]] = {"step_s": r["step_s_median"], "tokens_per_s": r["tokens_per_s"],
-                           "params": r.get("params", 0), "tflops": r["tflops_6N"],
+        # The mean of the timed steps, as ours (gpt_bench.py's tokens_per_s is from the median).
+        step_s = r["step_s_mean"]
+        tps = r["tokens_per_step"] / step_s if step_s > 0 else 0.0
+        found[r["row"]] = {"step_s": step_s, "tokens_per_s": tps,
+                           "params": r.get("params", 0), "tflops": 6 * r.get("params", 0) * tps / 1e12,
                            "gpu_peak_gib": r.get("gpu_peak_alloc_gib", 0.0),
                            "host_peak_gib": r.get("host_peak_rss_gib", 0.0)}
     return found
@@ -85,8 +97,9 @@ def main():
     theirs = peers(out)
     rows = sys.argv[2:] or sorted(
         {f[:-4] for f in os.listdir(out) if f.startswith("dscpp_") and f.endswith(".log")} | set(theirs))
-    print("| row | params | step s | tokens/s | TFLOP/s | GPU peak GiB | host peak GiB | host B/param | vs peer | goal |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| row | params | step s | tokens/s | TFLOP/s | GPU peak GiB | GPU peak timed steps GiB "
+          "| host peak GiB | host B/param | vs peer | goal |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     skipped = {}  # run.sh's BUDGET_S: rows it did not start, and why
     if os.path.exists(os.path.join(out, "skipped.txt")):
         for line in open(os.path.join(out, "skipped.txt")):
@@ -94,12 +107,12 @@ def main():
             skipped[name] = why
     for row in rows:
         if row in skipped:
-            print(f"| {row} | skipped: {skipped[row]} | | | | | | | | |")
+            print(f"| {row} | skipped: {skipped[row]} | | | | | | | | | |")
             continue
         r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
         if "error" in r:
             reason = " ".join(r["error"].replace("|", "/").split())  # one table cell
-            print(f"| {row} | failed: {reason} | | | | | | | | |")
+            print(f"| {row} | failed: {reason} | | | | | | | | | |")
             continue
         versus, goal = "", ""
         size_goal = float(os.environ.get("SIZE_GOAL", "0"))
@@ -118,8 +131,10 @@ def main():
         p = r["params"]
         size = f"{p / 1e9:.2f}B" if p >= 1e8 else f"{p / 1e6:.2f}M"
         per_param = f"{r['host_state_gib'] * GIB / p:.1f}" if r.get("host_state_gib") and p else ""
+        peak = "?" if r["gpu_peak_gib"] is None else f"{r['gpu_peak_gib']:.2f}"
+        timed = f"{r['gpu_peak_timed_gib']:.2f}" if "gpu_peak_timed_gib" in r else ""
         print(f"| {row} | {size} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | "
-              f"{r['gpu_peak_gib']:.2f} | {r['host_peak_gib']:.2f} | {per_param} | {versus} | {goal} |")
+              f"{peak} | {timed} | {r['host_peak_gib']:.2f} | {per_param} | {versus} | {goal} |")
     f = floors(out)
     if f:
         print("\nMeasured in the same call (floors of the offloaded rows):")

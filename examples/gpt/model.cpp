@@ -1,6 +1,7 @@
 #include "gpt/model.h"
 
 #include <cmath>
+#include <unordered_map>
 
 #include <torch/version.h>
 
@@ -18,9 +19,9 @@ torch::Tensor linear(const torch::nn::Linear& l, const torch::Tensor& x) {
   return deepspeed::tp::linear(x, l->weight, l->bias);
 }
 
-void gpt2_init_one(torch::nn::Module& m) {
+void gpt2_init_one(torch::nn::Module& m, double linear_std) {
   if (auto* lin = m.as<torch::nn::Linear>()) {
-    lin->weight.normal_(0.0, 0.02);
+    lin->weight.normal_(0.0, linear_std);
     if (lin->bias.defined()) lin->bias.zero_();
   } else if (auto* emb = m.as<torch::nn::Embedding>()) {
     emb->weight.normal_(0.0, 0.02);
@@ -28,17 +29,32 @@ void gpt2_init_one(torch::nn::Module& m) {
 }
 }  // namespace
 
+double residual_init_std(const GPTConfig& c) {
+  return c.scaled_residual_init ? 0.02 / std::sqrt(2.0 * double(c.n_layer)) : 0.02;
+}
+
 void gpt2_init(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
   // `module` first, as modules(include_self=true) orders the draws: a pipeline layer may itself
   // be a Linear or an Embedding. Not through that call, which needs `module` in a shared_ptr (a
   // GPT or a block initialises itself in its constructor, before it is in one).
-  gpt2_init_one(module);
-  for (auto& m : module.modules(/*include_self=*/false)) gpt2_init_one(*m);
+  std::vector<torch::nn::Module*> all{&module};
+  for (auto& m : module.modules(/*include_self=*/false)) all.push_back(m.get());
+  // The residual projections name themselves (each attention and MLP knows its config), so a
+  // whole GPT, one pipeline layer and the unsplit block of a tensor-parallel one all get them.
+  std::unordered_map<const torch::nn::Module*, double> residual;
+  for (auto* m : all) {
+    if (auto* attn = m->as<CausalSelfAttentionImpl>()) residual.insert(attn->residual_projection());
+    if (auto* mlp = m->as<MLPImpl>()) residual.insert(mlp->residual_projection());
+  }
+  for (auto* m : all) {
+    auto it = residual.find(m);
+    gpt2_init_one(*m, it == residual.end() ? 0.02 : it->second);
+  }
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c)
-    : head_dim_(c.n_embd / c.n_head) {
+    : head_dim_(c.n_embd / c.n_head), proj_init_std_(residual_init_std(c)) {
   TORCH_CHECK(c.n_embd % c.n_head == 0, "n_embd (", c.n_embd, ") must be divisible by n_head (",
               c.n_head, ")");
   qkv_ = register_module("qkv", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 3 * c.n_embd).bias(c.bias)));
@@ -89,7 +105,8 @@ torch::Tensor CausalSelfAttentionImpl::forward_cached(const torch::Tensor& x, to
   return linear(proj_, y);
 }
 
-MLPImpl::MLPImpl(const GPTConfig& c) : gelu_tanh_(c.gelu_tanh) {
+MLPImpl::MLPImpl(const GPTConfig& c)
+    : gelu_tanh_(c.gelu_tanh), proj_init_std_(residual_init_std(c)) {
   fc_ = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, 4 * c.n_embd).bias(c.bias)));
   proj_ = register_module("proj", torch::nn::Linear(torch::nn::LinearOptions(4 * c.n_embd, c.n_embd).bias(c.bias)));
 }

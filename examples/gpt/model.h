@@ -29,11 +29,24 @@ struct GPTConfig {
   // Each block is an activation checkpoint (deepspeed::checkpointing::checkpoint): its
   // activations are recomputed in backward instead of kept.
   bool activation_checkpointing = false;
+  // GPT-2's scaled initialisation (GPT-2 paper, section 2.3; nanoGPT; gpu-anchor's gpt_bench.py):
+  // the weights of the two layers that write into the residual stream, attention proj and MLP
+  // proj, drawn with std 0.02 / sqrt(2 * n_layer) instead of 0.02. Off by default: the CPU
+  // example's init, which bench/ddp_baseline.py draws too; bench/gpu/run.sh turns it on
+  // (gpt_train --scaled_residual_init) for the same model as its PyTorch and DeepSpeed peers.
+  bool scaled_residual_init = false;
 };
 
+// The std gpt2_init draws the residual projections' weights with: 0.02, or 0.02 /
+// sqrt(2 * n_layer) with scaled_residual_init.
+double residual_init_std(const GPTConfig& c);
+
 // GPT-2 initialisation of `module` and every module under it: Linear and Embedding weights
-// N(0, 0.02), Linear biases 0 (LayerNorm keeps ones and zeros). GPTImpl draws it once the whole
-// model is built (as bench/ddp_baseline.py does, so both start from the same values);
+// N(0, 0.02), Linear biases 0 (LayerNorm keeps ones and zeros); the residual projections (the
+// attention's and the MLP's proj) N(0, residual_init_std of the config they were built with).
+// The draws run in module order whatever the stds, so without scaled_residual_init the values are
+// those of a plain N(0, 0.02) init. GPTImpl draws it once the whole model is built (as
+// bench/ddp_baseline.py does, so both start from the same values);
 // gpt_pipeline() draws it for each layer from the generator the pipeline seeded for that layer.
 void gpt2_init(torch::nn::Module& module);
 
@@ -55,12 +68,17 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   // `k`, `v` (this block's entries of the cache) and attends to everything held.
   torch::Tensor forward_cached(const torch::Tensor& x, torch::Tensor& k, torch::Tensor& v,
                                const KVCache& cache);
+  // gpt2_init: the layer writing into the residual stream, and the std its weight starts with.
+  std::pair<const torch::nn::Module*, double> residual_projection() const {
+    return {proj_.get(), proj_init_std_};
+  }
 
  private:
   // The heads this module computes follow its q/k/v weight: all of them, or under
   // deepspeed::init_inference's AutoTP this rank's n_head / tp_size (its rows of q, k and v).
   int64_t local_width() const { return qkv_->weight.size(0) / 3; }
   int64_t head_dim_;
+  double proj_init_std_;
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr};
   torch::Tensor mask_;  // [T, T] lower-triangular, a buffer
 };
@@ -70,9 +88,14 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const GPTConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
+  // gpt2_init: as CausalSelfAttentionImpl's.
+  std::pair<const torch::nn::Module*, double> residual_projection() const {
+    return {proj_.get(), proj_init_std_};
+  }
 
  private:
   bool gelu_tanh_;
+  double proj_init_std_;
   torch::nn::Linear fc_{nullptr}, proj_{nullptr};
 };
 TORCH_MODULE(MLP);

@@ -1,5 +1,6 @@
 #include "gpt/train_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -45,6 +46,18 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
   const int64_t first_step = engine->global_steps();
   auto start = std::chrono::steady_clock::now();
   auto timed_from = start;     // the first step (allocation, warm-up) is left out of the averages
+  // The whole run's GPU peak, what torch.cuda.max_memory_allocated() reads in a peer that never
+  // resets it (gpu-anchor's gpt_bench.py; bench/gpu/table.py compares the two). The allocator's
+  // own peak is reset after the warm-up below, and by the engine's memory report after step 1
+  // (and every steps_per_print with memory_breakdown), as DeepSpeed's see_memory_usage does: so
+  // it is read before each engine->step() (the report runs at its end) and before the reset. What
+  // a step() does after its last read, the optimizer phase, repeats in the later steps, whose
+  // peaks are read too.
+  int64_t gpu_peak_total = 0;
+  const c10::Device device = engine->device();  // (a lambda cannot capture a structured binding)
+  const auto note_gpu_peak = [&gpu_peak_total, device] {
+    gpu_peak_total = std::max(gpu_peak_total, deepspeed::device_memory(device).allocated_peak);
+  };
   const double tokens_per_step = double(engine->train_batch_size()) * opt.model.block_size;
   gpt::ProgressLine progress(opt.steps, tokens_per_step, gpt::stdout_is_terminal());
   gpt::TokensPerSecondEvent tokens_event(tokens_per_step);
@@ -52,6 +65,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
     auto batch = loader->next();
     auto loss = engine->forward(batch.data, batch.target);
     engine->backward(loss);
+    note_gpu_peak();
     engine->step();
     if (engine->micro_steps() % engine->gradient_accumulation_steps() == 0) {
       if (rank0)
@@ -60,6 +74,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
       tokens_event.on_step(*engine);
       if (engine->global_steps() == first_step + opt.warmup) {
         timed_from = std::chrono::steady_clock::now();
+        note_gpu_peak();
         deepspeed::reset_device_memory_peaks(engine->device());
         engine->communicator()->reset_stats();  // comm_payload_bytes_per_step: timed steps only
       }
@@ -87,6 +102,8 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
   {
     // One machine-readable line per rank for bench/zero_memory_and_speed.py.
     auto mem = engine->memory_report();
+    const auto gpu = deepspeed::device_memory(engine->device());
+    note_gpu_peak();
     // Bytes handed to the data-parallel collectives per timed step (payload, not wire bytes).
     int64_t payload = 0;
     for (const auto& [op, st] : engine->communicator()->stats()) payload += st.bytes;
@@ -95,16 +112,16 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
         "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
         "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld "
-        "host_state_bytes=%lld\n",
+        "host_state_bytes=%lld gpu_allocated_peak_total=%lld\n",
         comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
         static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
         static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
         static_cast<long long>(mem.model_states()), peak_rss_kb(),
         static_cast<long long>(num_params), static_cast<long long>(mem.peak_gathered_bytes),
-        static_cast<long long>(deepspeed::device_memory(engine->device()).allocated_peak),
-        static_cast<long long>(deepspeed::device_memory(engine->device()).reserved_peak),
+        static_cast<long long>(gpu.allocated_peak), static_cast<long long>(gpu.reserved_peak),
         static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0),
-        static_cast<long long>(mem.host_bytes));
+        static_cast<long long>(mem.host_bytes),
+        static_cast<long long>(gpu_peak_total));
   }
   if (rank0) {
     auto mem = engine->memory_report();
@@ -118,11 +135,13 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
     if (engine->device().is_cuda()) {
       const auto gpu = deepspeed::device_memory(engine->device());
       std::printf(
-          "gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB); "
-          "ZeRO states %.2f GiB on the GPU, %.2f GiB in host memory\n",
+          "gpt_train: GPU memory peak %.2f GiB allocated, %.2f GiB reserved (of %.1f GiB) over "
+          "the timed steps, %.2f GiB allocated over the whole run; ZeRO states %.2f GiB on the "
+          "GPU, %.2f GiB in host memory\n",
           gpu.allocated_peak / 1073741824.0, gpu.reserved_peak / 1073741824.0,
-          gpu.total / 1073741824.0, mem.device_bytes() / 1073741824.0,
-          mem.host_bytes / 1073741824.0);
+          gpu.total / 1073741824.0,
+          gpu_peak_total / 1073741824.0,
+          mem.device_bytes() / 1073741824.0, mem.host_bytes / 1073741824.0);
     }
     // activation_checkpointing.profile: the time spent recomputing (DeepSpeed logs it per call).
     if (deepspeed::checkpointing::options().profile)

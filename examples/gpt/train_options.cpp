@@ -53,6 +53,9 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_flag("--tie_embeddings", o.model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", o.model.gelu_tanh, "tanh-approximated GELU");
   app.add_option("--dropout", o.model.dropout, "residual dropout probability (default 0)");
+  app.add_flag("--scaled_residual_init", o.model.scaled_residual_init,
+               "GPT-2's init of the residual projections (attention and MLP proj): std 0.02 / "
+               "sqrt(2 * n_layer) instead of 0.02 (bench/gpu's peers)");
   app.add_flag("--activation_checkpointing", o.model.activation_checkpointing,
                "recompute each block's activations in backward instead of keeping them");
   app.add_option("--device", o.device, "auto (default), cpu, cuda, cuda:N");

@@ -1,5 +1,7 @@
 // offload_param / offload_optimizer blocks of zero_optimization, and their checks against the
 // stage.
+#include <utility>
+
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
 
@@ -39,24 +41,20 @@ void read_offload(ObjectReader& zero, const std::string& key, bool is_param, Off
   out.device = read_device(r);
   r.read("nvme_path", out.nvme_path);
   r.read("pin_memory", out.pin_memory);
+  // >= 0, as DeepSpeed's Field(ge=0) (read_count): a store that swaps refuses 0 itself.
   r.read_count("buffer_count", out.buffer_count);
-  require_positive(r.path_of("buffer_count"), static_cast<double>(out.buffer_count));
   if (is_param) {
     read_param_only(r, out);
   } else {
     read_optimizer_only(r, out);
   }
   r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed
-  if (out.device == "nvme" && out.nvme_path.empty()) {
-    throw ConfigError("config key '" + r.path_of("device") + "' is \"nvme\" but '" +
-                      r.path_of("nvme_path") +
-                      "' is not set; give the directory for the swap files");
-  }
 }
 
 // DeepSpeed ignores offload_param below stage 3 (and all offload at stage 0): keep real configs
 // that carry these blocks working, say so, and leave the blocks off so later code sees no
-// offload it would not perform.
+// offload it would not perform. So nvme without nvme_path is refused only where it is used
+// (DeepSpeed fails there too, when it builds the swapper).
 void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& warnings) {
   const std::string stage = std::to_string(zero.stage);
   if (zero.offload_param.enabled() && zero.stage < 3) {
@@ -66,6 +64,14 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
   if (zero.offload_optimizer.enabled() && zero.stage == 0) {
     warnings.add(zero_path + ".offload_optimizer needs ZeRO stage 1, 2 or 3; ignored at stage 0");
     zero.offload_optimizer.device = "none";
+  }
+  const std::pair<const char*, const OffloadConfig*> blocks[] = {
+      {"offload_param", &zero.offload_param}, {"offload_optimizer", &zero.offload_optimizer}};
+  for (const auto& [key, block] : blocks) {
+    if (block->device != "nvme" || !block->nvme_path.empty()) continue;
+    const std::string path = zero_path + "." + key;
+    throw ConfigError("config key '" + path + ".device' is \"nvme\" but '" + path +
+                      ".nvme_path' is not set; give the directory for the swap files");
   }
   // Stage 1's gradients would come down from a GPU into pageable memory on the engine's thread,
   // so the shard keeps its update after backward there (zero/shard_optimizer.cpp): say so

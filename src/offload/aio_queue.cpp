@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -45,9 +47,17 @@ struct AioQueue::Ring {
 
 std::unique_ptr<DirectFile> create_swap_file(const std::string& dir, const std::string& config_key,
                                              const std::string& prefix) {
+  if (dir.empty())
+    throw IOError(fmt::format("{} is empty: give the directory for the swap files", config_key));
+  // Made when missing, as DeepSpeed's swappers os.makedirs(exist_ok=True) theirs; each rank
+  // makes it for itself (a rank finding it made by another is fine).
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
   struct stat st;
-  if (dir.empty() || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    throw IOError(fmt::format("{} '{}' is not an existing directory", config_key, dir));
+  if (ec || ::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw IOError(
+        fmt::format("{} '{}' is not a directory and cannot be created: {}", config_key, dir,
+                    ec ? ec.message() : std::string("a file of that name is in the way")));
   static std::atomic<int> counter{0};
   // A name already taken (another job that reuses this pid and nvme_path, or a file left by an
   // older build) is skipped: O_EXCL never opens it.

@@ -36,8 +36,10 @@ class DirectFile;
 // a file of that name, another job's, is never opened; the next n is tried) and unlinked at
 // once: the open descriptor alone holds the data, so the kernel frees it whenever the file is
 // closed, also when the process is killed or a constructor throws; nothing is ever left in
-// `dir`. The name stays the file's path() for messages. Throws IOError naming `config_key` and
-// `dir` unless dir is an existing directory, and naming the path if it cannot be created.
+// `dir`. The name stays the file's path() for messages. `dir` is created (with its parents)
+// when missing, as DeepSpeed makes its swap folders, and stays. Throws IOError naming
+// `config_key`, `dir` and the OS error when it is not a directory and cannot be made one, and
+// naming the path if the file cannot be created.
 std::unique_ptr<DirectFile> create_swap_file(const std::string& dir, const std::string& config_key,
                                              const std::string& prefix);
 

@@ -55,7 +55,7 @@ class GradStore : public offload::GradSource {
     return device::stream_downloader(device);
   }
 
-  // dir: offload_optimizer.nvme_path (IOError naming it unless it exists). `download`: how a
+  // dir: offload_optimizer.nvme_path (made when missing; IOError naming it if it cannot be). `download`: how a
   // reduced bucket reaches host memory (stream_downloader(device); tests hold fences back).
   GradStore(const Stage3Layout& layout, at::ScalarType dtype, const std::string& dir,
             const AioConfig& aio, Downloader download = stream_downloader(c10::kCPU));

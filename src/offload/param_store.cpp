@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -14,6 +15,18 @@
 
 namespace deepspeed {
 namespace offload {
+namespace {
+
+// The k-th parameter of a unit as its ZeroUnit registers it ("#k" without one), for errors.
+std::string parameter_name(const zero::UnitSlots& slots, size_t k) {
+  if (slots.module && k < slots.params.size())
+    for (const auto& kv : slots.module->named_parameters())
+      if (kv.value().unsafeGetTensorImpl() == slots.params[k].unsafeGetTensorImpl())
+        return kv.key();
+  return "#" + std::to_string(k);
+}
+
+}  // namespace
 
 ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const ZeroConfig& zero,
                        const AioConfig& aio, c10::Device device)
@@ -34,37 +47,75 @@ ParamStore::ParamStore(const Stage3Layout& layout, at::ScalarType dtype, const Z
   }
   memory_numel_ = first_file_unit_ < units ? layout_.units[first_file_unit_].partition_offset
                                            : layout_.partition_numel;
-  // offload_param "cpu"/"nvme" keep the slices in host memory, pinned (offload_param.pin_memory)
-  // when the compute device is a GPU so the gathers' host-to-device copies run at full speed and
-  // asynchronously; "none" keeps them on `device`.
+  // Checked before anything is allocated. buffer_count 0 is a valid key (DeepSpeed's ge=0) that
+  // only a store with units in the file cannot work with.
+  for (int u = first_file_unit_; u < units; ++u) {
+    pool_numel_ = std::max(pool_numel_, layout_.units[u].layout.partition_numel);
+    check_buffer_size(u);
+  }
+  if (first_file_unit_ < units && config_.buffer_count < 1)
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_param.buffer_count must be >= 1 when units are swapped to "
+        "nvme_path (device \"nvme\", beyond max_in_cpu), got {}",
+        config_.buffer_count));
+  // offload_param "cpu"/"nvme" keep the slices in host memory; "none" keeps them on `device`.
+  // With a GPU as the compute device that host memory is page-locked whatever pin_memory says,
+  // as in DeepSpeed (its stage-3 optimizer pins the flat CPU buffer of the partition, its
+  // parameter swapper its buffers): every gather uploads a unit's slice from here, and from
+  // pageable memory that upload would be a blocking copy.
+  pin_ = device.is_cuda();
   if (config_.device == "none" || config_.device.empty()) {
     memory_ = torch::zeros({memory_numel_}, torch::TensorOptions().dtype(dtype_).device(device));
   } else {
-    memory_ = device::host_buffer(memory_numel_, dtype_, config_.pin_memory, device);
+    memory_ = pinned_if_gpu(memory_numel_, "parameter partition kept in memory");
     memory_.zero_();
   }
   if (first_file_unit_ >= units) return;
 
-  for (int u = first_file_unit_; u < units; ++u) {
-    const int64_t n = layout_.units[u].layout.partition_numel;
-    pool_numel_ = std::max(pool_numel_, n);
-    if (n > config_.buffer_size)
-      throw ConfigError(fmt::format(
-          "zero_optimization.offload_param.buffer_size is {} elements, smaller than this rank's "
-          "slice of ZeRO-3 unit {} ({} elements): raise it to at least {}",
-          config_.buffer_size, u, n, n));
-  }
   file_ = UnitFileLayout(layout_, first_file_unit_, element_size_);
-  pin_ = config_.pin_memory && device.is_cuda();
-  if (config_.buffer_count < 1)
-    throw ConfigError(fmt::format("zero_optimization.offload_param.buffer_count must be >= 1, got {}",
-                                  config_.buffer_count));
   fd_ = offload::create_swap_file(config_.nvme_path, "zero_optimization.offload_param.nvme_path",
                                   "param_swap");
   path_ = fd_->path();
   queue_ = std::make_unique<offload::AioQueue>(
       offload::AioOptions{aio.block_size, static_cast<int>(aio.queue_depth)});
   fd_->resize(file_.file_bytes());
+}
+
+// DeepSpeed's parameter swapper gives each parameter's partition (ceil(numel / world size)
+// elements) one buffer and asserts numel < buffer_size (partitioned_param_swapper.py,
+// get_buffer). Here a unit's slice is read into one pool buffer sized to the largest file slice,
+// so buffer_size sizes nothing: it refuses exactly what DeepSpeed refuses, and no more (a block
+// of a large model as one unit is many times buffer_size). A layout without parameters (tests'
+// hand-made ones) counts the unit's slice as one parameter.
+void ParamStore::check_buffer_size(int unit) const {
+  const auto& slots = layout_.units[unit];
+  auto refuse = [&](const std::string& what, int64_t slice) {
+    if (slice < config_.buffer_size) return;
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_param.buffer_size is {} elements, not more than the {} "
+        "elements of this rank's partition of {} in ZeRO-3 unit {} (as in DeepSpeed, each "
+        "parameter's partition must be smaller than buffer_size): raise it to at least {}",
+        config_.buffer_size, slice, what, unit, slice + 1));
+  };
+  if (slots.shapes.empty()) return refuse("all its parameters", slots.layout.partition_numel);
+  const int64_t world = slots.layout.world_size;
+  for (size_t k = 0; k < slots.shapes.size(); ++k) {
+    const int64_t numel = c10::multiply_integers(slots.shapes[k]);
+    refuse(fmt::format("parameter '{}' ({} elements)", parameter_name(slots, k), numel),
+           (numel + world - 1) / world);
+  }
+}
+
+at::Tensor ParamStore::pinned_if_gpu(int64_t numel, const char* what) const {
+  try {
+    return device::host_buffer(numel, dtype_, pin_, device_);
+  } catch (const Error& e) {
+    throw Error(fmt::format(
+        "zero_optimization.offload_param: the {} ({} bytes) is page-locked on a GPU whatever "
+        "offload_param.pin_memory says (as DeepSpeed does; setting it false does not avoid this), "
+        "and the driver refused: {}",
+        what, numel * element_size_, e.what()));
+  }
 }
 
 ParamStore::~ParamStore() {
@@ -90,7 +141,7 @@ ParamStore::Fetch ParamStore::start_read(int unit) {
   const int64_t n = layout_.units[unit].layout.partition_numel;
   Fetch f;
   if (pooled_ < config_.buffer_count) {
-    f.buffer = pin_ ? device::host_buffer(pool_numel_, dtype_, /*pin=*/true, device_)
+    f.buffer = pin_ ? pinned_if_gpu(pool_numel_, "NVMe slice buffer")
                     : aligned_tensor(pool_numel_, dtype_);
     ++pooled_;
     f.pooled = true;
@@ -269,7 +320,16 @@ int64_t ParamStore::resident_bytes() const {
   int64_t total = memory_numel_ * element_size_ + pooled_ * pool_numel_ * element_size_;
   for (auto& [u, f] : fetched_)
     if (!f.pooled) total += f.slice.numel() * element_size_;
-  return total;
+  // The optimizer sink's staging, kept for the store's life once the step has used it.
+  return total + staging_[0].bytes() + staging_[1].bytes() + device_stage_bytes();
+}
+
+int64_t ParamStore::host_bytes() const {
+  return on_host() ? resident_bytes() : device_stage_bytes();
+}
+
+int64_t ParamStore::device_stage_bytes() const {
+  return device_stage_.defined() ? device_stage_.numel() * element_size_ : 0;
 }
 
 }  // namespace offload

@@ -8,11 +8,14 @@
 //       order); every later unit's slice lives in a file under nvme_path, at a 4096-byte aligned
 //       offset, and is read through io_uring (O_DIRECT) into a buffer when the unit is gathered.
 //       start_fetch() reads ahead (prefetch), with at most buffer_count slices in memory at once;
-//       a slice larger than buffer_size elements is a ConfigError. The buffers are a pool of
-//       buffer_count, each the size of the largest file slice, made as first needed and kept (as
-//       DeepSpeed's parameter swapper keeps its buffers): page-locked with pin_memory on a GPU,
-//       so a unit's upload from one is asynchronous. A buffer whose slice a copy may still be
-//       reading (done() with that copy's fence) is reused only once the fence has passed.
+//       a parameter whose partition (ceil(numel / world size)) is not smaller than buffer_size
+//       elements is a ConfigError, as DeepSpeed asserts. The buffers are a pool of buffer_count,
+//       each the size of the largest file slice (a whole unit's, not buffer_size), made as first
+//       needed and kept (as DeepSpeed's parameter swapper keeps its buffers).
+//   On a GPU the host memory ("cpu", "nvme": the in-memory part and the pool) is page-locked
+//   whatever offload_param.pin_memory says, as DeepSpeed pins both, so a unit's upload from it
+//   is asynchronous. A buffer whose slice a copy may still be reading (done() with that copy's
+//   fence) is reused only once the fence has passed.
 //
 // The store is also the ParamSink of the swapped optimizer: each sub-group's updated 16-bit
 // values are written straight back to their place (memory, or the file through two staging
@@ -98,7 +101,11 @@ class ParamStore : public zero::ParamPartition {
   const at::Tensor& memory() const { return memory_; }
   // Whether resident_bytes() is host memory (offload_param, or a CPU engine).
   bool on_host() const { return !memory_.defined() || memory_.is_cpu(); }
-  int64_t resident_bytes() const;  // memory partition + the slice buffers held
+  // The memory partition + the slice buffers held + the optimizer sink's staging buffers.
+  int64_t resident_bytes() const;
+  // The part of resident_bytes() in host memory: all of it when on_host(), else the page-locked
+  // staging of begin_group for a partition on a GPU.
+  int64_t host_bytes() const;
   int64_t file_bytes() const { return file_.file_bytes(); }
   const std::string& path() const { return path_; }
 
@@ -120,6 +127,12 @@ class ParamStore : public zero::ParamPartition {
   // is held, every holder hands its slices back; one still held then (a holder that did not
   // set_hand_back) is a logic_error naming `what`.
   void take_back_held(const char* what, int only);
+  // A ConfigError naming offload_param.buffer_size, the parameter and both sizes, when a
+  // parameter of file unit `unit` has a partition DeepSpeed's swapper would refuse.
+  void check_buffer_size(int unit) const;
+  // Host memory for `numel` elements, page-locked when the compute device is a GPU (pin_).
+  at::Tensor pinned_if_gpu(int64_t numel, const char* what) const;
+  int64_t device_stage_bytes() const;
   const Stage3Layout& layout_;
   at::ScalarType dtype_;
   int64_t element_size_;
@@ -137,7 +150,7 @@ class ParamStore : public zero::ParamPartition {
   std::vector<FreeBuffer> free_;  // pool buffers not holding a fetched slice
   int pooled_ = 0;                // pool buffers made (at most buffer_count)
   int64_t pool_numel_ = 0;        // elements per pool buffer: the largest file slice
-  bool pin_ = false;              // pool buffers page-locked for copies to device_
+  bool pin_ = false;              // host memory page-locked for copies to device_ (a GPU)
   c10::Device device_;
   // Sub-group output staging for file units (two, so one's write overlaps the next update).
   offload::AlignedBuffer staging_[2];

@@ -32,8 +32,10 @@ SwappedAdam::SwappedAdam(int64_t numel, const GroupSource& initial_master, SwapO
     throw ConfigError(fmt::format("zero_optimization.sub_group_size must be >= 1, got {}",
                                   options_.sub_group_size));
   if (options_.buffer_count < 1)
-    throw ConfigError(fmt::format("offload_optimizer.buffer_count must be >= 1, got {}",
-                                  options_.buffer_count));
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_optimizer.buffer_count must be >= 1 with device \"nvme\", "
+        "got {}",
+        options_.buffer_count));
   file_ = create_swap_file(options_.dir, "offload_optimizer.nvme_path", "optimizer_swap");
   path_ = file_->path();
   make_groups();

@@ -74,7 +74,7 @@ struct SwapStats {
 
 class SwappedAdam {
  public:
-  // Creates the swap files under options.dir (which must exist: IOError naming it otherwise) and
+  // Creates the swap files under options.dir (made when missing; IOError naming it if it cannot be) and
   // writes `initial_master` (any float dtype, 1-D) widened to fp32, with zero moments.
   SwappedAdam(const at::Tensor& initial_master, SwapOptions options);
   // Same, reading the initial masters one sub-group at a time (never the whole partition at once).

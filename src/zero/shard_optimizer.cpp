@@ -26,7 +26,9 @@ namespace {
 // gradients come down in their dtype, the vectorised CPU Adam updates the masters chunk by chunk
 // and their 16-bit rounding goes up through a small ring — during backward with overlap_step,
 // else at step time. Other optimizers get the plain offloaded step (fp32 gradients down, the
-// masters up).
+// masters up). With the home "none" and a partition in host memory or a file on a GPU (stage 3's
+// offload_param without offload_optimizer) the masters and moments are on the GPU and the step
+// runs there, its result written back to the store (`device_master_`).
 class InMemoryShard : public ShardOptimizer {
  public:
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
@@ -37,13 +39,23 @@ class InMemoryShard : public ShardOptimizer {
     if (resident.defined()) partition_device_ = resident.device();
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
     mixed_ = params.dtype() != at::kFloat;
-    aliased_ = !mixed_ && resident.defined() && !host_;
+    // DeepSpeed's stage 3 puts its fp32 partitions, and so the moments and the step, on the
+    // compute device unless the optimizer is offloaded (stage3.py: self.device); offload_param
+    // alone moves only the 16-bit partition. On the host they would cost 12Ψ/N host bytes, a
+    // download of the gradients and a CPU update at every step.
+    device_master_ = home == OffloadDevice::kNone && options.compute_device.is_cuda() &&
+                     (!resident.defined() || resident.is_cpu());
+    aliased_ = !mixed_ && resident.defined() && !host_ && !device_master_;
     {
       AllocatingFor naming("the fp32 master weights of this rank's partition", -1, params.numel(),
                            4);
       if (host_) {
         master_ = host_buffer(resident.numel(), at::kFloat);
         master_.copy_(resident);
+      } else if (device_master_) {
+        master_ = (resident.defined() ? resident : params.read_all())
+                      .to(options.compute_device, torch::kFloat, /*non_blocking=*/false,
+                          /*copy=*/true);
       } else {
         master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
       }
@@ -57,7 +69,7 @@ class InMemoryShard : public ShardOptimizer {
     if (dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get())) fused_ = nullptr;
     // FusedAdam writes the 16-bit rounding of each updated master straight into a partition in
     // host memory, in the same pass: no separate copy-back pass.
-    if (fused_ && mixed_ && resident.defined() && !host_) {
+    if (fused_ && mixed_ && resident.defined() && !host_ && !device_master_) {
       fused_->set_half_copy(master_, resident);
       half_copy_ = true;
     }
@@ -151,7 +163,8 @@ class InMemoryShard : public ShardOptimizer {
       return host_step_->finish(grads.tensor.view({-1}), params.resident());
     }
     if (host_) return offloaded_step(grads, params, grad_scale);
-    // Stage 3 with offload_param "cpu" on a GPU: host masters, device gradients.
+    // Gradients on another device than the masters: a safety net (every home above keeps both
+    // on one device).
     if (grads.tensor.device() != master_.device())
       return step({grads.tensor.to(master_.device()), nullptr}, params, grad_scale);
     if (!mixed_) {
@@ -163,12 +176,15 @@ class InMemoryShard : public ShardOptimizer {
       params.write_all(master_);
       return;
     }
-    // The optimizer works in fp32: a transient widened copy of the gradient partition (4Ψ/N for
-    // the length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
+    // The optimizer works in fp32: a transient widened copy of 16-bit gradients (4Ψ/N for the
+    // length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient). Gradients
+    // accumulated in fp32 (data_types.grad_accum_dtype; bf16 stage 0's default) are stepped on
+    // themselves, as DeepSpeed's BF16_Optimizer steps its fp32 accumulation buffer: every stage
+    // drops its gradients after the step (FlatStage::step, Stage3::step), so the scaling below
+    // may land in them, and a copy would cost 4Ψ/N more at the step's peak (memory.h).
     at::Tensor grad32 = grads.tensor.to(torch::kFloat);
-    if (grad32.data_ptr() == grads.tensor.data_ptr()) grad32 = grad32.clone();
     set_grads(grad32);
-    if (fused_)  // grad32 is this step's own copy
+    if (fused_)  // grad32 is this step's own: a copy, or gradients dropped after it
       fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
     else if (grad_scale != 1.0)
       grad32.mul_(grad_scale);
@@ -320,6 +336,7 @@ class InMemoryShard : public ShardOptimizer {
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
   bool host_ = false;       // masters in host memory, the partition on a GPU
+  bool device_master_ = false;  // masters on the GPU, the partition in host memory or a file
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward

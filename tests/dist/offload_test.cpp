@@ -102,17 +102,40 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<2>(info.param));
     });
 
-TEST(NvmeOptimizerOffloadErrors, MissingNvmePathIsNamed) {
+// nvme_path is made when missing (as DeepSpeed's os.makedirs(exist_ok=True)); a path that
+// cannot be made (under a regular file) is an IOError naming it.
+TEST(NvmeOptimizerOffloadErrors, NvmePathThatCannotBeMadeIsNamed) {
+  dstest::TempDir dir;
+  dstest::write_bytes(dir / "file", "x");
+  const std::string bad = dir / "file/nvme/swap";
   dstest::RunSpec s;
   s.world_size = 1;
   s.steps = 1;
-  s.config = nvme_config(dstest::base_config(2, 1, 3), "/nonexistent/nvme/swap", 3000, 2);
+  s.config = nvme_config(dstest::base_config(2, 1, 3), bad, 3000, 2);
   try {
     dstest::train_gpt(s);
     FAIL() << "expected IOError";
   } catch (const deepspeed::IOError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/nvme/swap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.nvme_path"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("Not a directory"), std::string::npos) << e.what();
   }
+}
+
+// Both offloads' nvme_path (each rank's) are made when missing, parents included.
+TEST(NvmeOffload, MissingNvmePathsAreMade) {
+  dstest::TempDir dir;
+  const std::string params = dir / "new/params", optim = dir / "new/sub/optim";
+  dstest::RunSpec s;
+  s.world_size = 2;
+  s.steps = 2;
+  s.config = nvme_config(dstest::base_config(2, 1, 3), optim, 3000, 2);
+  s.config = param_nvme_config(s.config, params, 0);
+  auto run = dstest::train_gpt(s);
+  EXPECT_EQ(run.losses.size(), 2u);
+  EXPECT_TRUE(std::filesystem::is_empty(params)) << "swap files left behind";
+  EXPECT_TRUE(std::filesystem::is_empty(optim)) << "swap files left behind";
 }
 
 // A step of the swapped optimizer that fails once it has updated some sub-groups (the state file
@@ -368,21 +391,24 @@ TEST(CpuOffload, RangesTakenDuringBackwardWithClippingTrainAsTheSerialStep) {
   expect_same_training(overlapped, serial);
 }
 
-TEST(NvmeParamOffloadErrors, MissingNvmePathIsNamed) {
+TEST(NvmeParamOffloadErrors, NvmePathThatCannotBeMadeIsNamed) {
+  dstest::TempDir dir;
+  dstest::write_bytes(dir / "file", "x");
+  const std::string bad = dir / "file/param/swap";
   dstest::RunSpec s;
   s.world_size = 1;
   s.steps = 1;
-  s.config = param_nvme_config(dstest::base_config(2, 1, 3), "/nonexistent/param/swap", 0);
+  s.config = param_nvme_config(dstest::base_config(2, 1, 3), bad, 0);
   try {
     dstest::train_gpt(s);
     FAIL() << "expected IOError";
   } catch (const deepspeed::IOError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/param/swap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("offload_param.nvme_path"), std::string::npos) << e.what();
   }
 }
 
-TEST(NvmeParamOffloadErrors, BufferSmallerThanAUnitSliceNamesTheKey) {
+TEST(NvmeParamOffloadErrors, BufferSmallerThanAParameterPartitionNamesTheKey) {
   dstest::TempDir dir;
   dstest::RunSpec s;
   s.world_size = 1;

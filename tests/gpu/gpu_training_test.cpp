@@ -211,8 +211,10 @@ TEST(OneGpuPinned, HostBuffersArePageLockedAndCopyBothWays) {
   EXPECT_TRUE(torch::equal(up, down));
 }
 
-// ZeRO-Infinity's parameter slices from NVMe land in page-locked buffers with pin_memory (so a
-// unit's upload is asynchronous), pageable without; the upload brings the file's values.
+// ZeRO-Infinity's parameter partition in host memory and its slices from NVMe are page-locked
+// whatever offload_param.pin_memory says (as DeepSpeed pins both), so a unit's upload is
+// asynchronous (before, pin_memory false, the default, left them pageable); the upload brings
+// the file's values.
 TEST(OneGpuPinned, NvmeParameterSlicesArePageLocked) {
   SKIP_WITHOUT_GPU();
   const c10::Device gpu(c10::kCUDA, 0);
@@ -228,16 +230,61 @@ TEST(OneGpuPinned, NvmeParameterSlicesArePageLocked) {
     zero.offload_param.buffer_size = 10000;
     zero.offload_param.pin_memory = pin;
     deepspeed::offload::ParamStore store(layout, at::kBFloat16, zero, dstest::small_aio(), gpu);
+    EXPECT_TRUE(store.memory().is_pinned()) << "pin_memory " << pin;  // the root unit's slice
     at::Tensor all = torch::randn({layout.partition_numel}).to(at::kBFloat16);
     store.write_all(all);
     at::Tensor slice = store.fetch(2);
-    EXPECT_EQ(slice.is_pinned(), pin);
+    EXPECT_TRUE(slice.is_pinned()) << "pin_memory " << pin;
     at::Tensor on_gpu = torch::empty({slice.numel()}, torch::device(gpu).dtype(at::kBFloat16));
     deepspeed::device::SideStream side(gpu);
     auto uploaded = side.copy(on_gpu, slice);
     store.done(2, uploaded);
     uploaded->wait();
     EXPECT_TRUE(torch::equal(on_gpu.cpu(), all.narrow(0, layout.units[2].partition_offset, 9000)));
+  }
+}
+
+// Stage 3 with offload_param "cpu" or "nvme" and no optimizer offload: the fp32 masters and the
+// moments live on the GPU and the step runs there (as DeepSpeed's stage 3, whose fp32 partitions
+// follow the compute device unless the optimizer is offloaded); its result reaches the store.
+// Before, the masters were in host memory (12Ψ/N host bytes, a CPU step).
+TEST(OneGpuOffload, OffloadParamAloneKeepsTheMastersOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const c10::Device gpu(c10::kCUDA, 0);
+  const auto layout = dstest::one_rank_layout({10, 5000, 9000, 3});
+  for (const char* device : {"cpu", "nvme"}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::string(device) + " " + c10::toString(dtype));
+      dstest::TempDir dir("gpu_offload_param", dstest::TempDir::Base::kDisk);
+      deepspeed::ZeroConfig zero;
+      zero.stage = 3;
+      zero.offload_param.device = device;
+      zero.offload_param.nvme_path = dir.path();
+      zero.offload_param.max_in_cpu = 0;
+      zero.offload_param.buffer_count = 2;
+      zero.offload_param.buffer_size = 10000;
+      deepspeed::offload::ParamStore store(layout, dtype, zero, dstest::small_aio(), gpu);
+      at::Tensor start = torch::randn({layout.partition_numel}).to(dtype);
+      store.write_all(start);
+      deepspeed::zero::ShardOptions options;  // home none: no optimizer offload
+      options.compute_device = gpu;
+      auto shard =
+          deepspeed::zero::make_shard_optimizer(options, store, [](std::vector<at::Tensor> p) {
+            return std::make_shared<deepspeed::optim::FusedAdam>(std::move(p),
+                                                                 deepspeed::AdamHyper{});
+          });
+      EXPECT_TRUE(shard->state_for_save()[0].is_cuda());
+      EXPECT_EQ(shard->resident_host_bytes(), 0);
+      shard->step({torch::ones({layout.partition_numel}, torch::device(gpu).dtype(dtype))}, store,
+                  1.0);
+      const auto state = shard->state_for_save();
+      EXPECT_TRUE(state[0].is_cuda());
+      ASSERT_TRUE(state[1].defined());
+      EXPECT_TRUE(state[1].is_cuda()) << "the moments";
+      const at::Tensor stored = store.read_all();
+      EXPECT_FALSE(torch::equal(stored, start)) << "the step did not reach the store";
+      EXPECT_TRUE(torch::equal(stored, state[0].cpu().to(dtype)));
+    }
   }
 }
 

@@ -122,9 +122,12 @@ TEST(GradStoreErrors, AFailedWriteMakesTheAccumulationRefusedUntilDiscard) {
   EXPECT_TRUE(torch::equal(read_back(store, L), b));
 }
 
-TEST(GradStoreErrors, MissingFolderNamesTheKey) {
+// A missing folder is made (create_swap_file); one under a regular file cannot be.
+TEST(GradStoreErrors, FolderThatCannotBeMadeNamesTheKey) {
+  dstest::TempDir dir("grad_store_test");
+  dstest::write_bytes(dir / "file", "x");
   try {
-    GradStore store(layout(), torch::kFloat, "/nonexistent/grad/swap", dstest::small_aio());
+    GradStore store(layout(), torch::kFloat, dir / "file/swap", dstest::small_aio());
     FAIL() << "expected IOError";
   } catch (const deepspeed::IOError& e) {
     EXPECT_NE(std::string(e.what()).find("offload_optimizer.nvme_path"), std::string::npos) << e.what();

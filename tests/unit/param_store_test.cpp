@@ -16,7 +16,9 @@
 #include <torch/torch.h>
 
 #include "deepspeed/errors.h"
+#include "deepspeed/zero_unit.h"
 #include "offload/param_store.h"
+#include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/stage3_layouts.h"
@@ -27,6 +29,7 @@ namespace param_store_test {
 namespace fs = std::filesystem;
 using deepspeed::offload::ParamStore;
 using deepspeed::zero::Stage3Layout;
+using deepspeed::ZeroUnitBase;
 
 namespace {
 
@@ -42,6 +45,26 @@ deepspeed::ZeroConfig zero(const std::string& device, const fs::path& dir, int64
   z.offload_param.buffer_count = 2;
   z.offload_param.buffer_size = 10000;
   return z;
+}
+
+// A ZeroUnit over a plain module holding 1-D parameters of the given names and sizes.
+std::shared_ptr<ZeroUnitBase> unit_of(const std::vector<std::pair<std::string, int64_t>>& params) {
+  auto inner = std::make_shared<torch::nn::Module>();
+  for (const auto& [name, numel] : params) inner->register_parameter(name, torch::zeros({numel}));
+  return std::make_shared<deepspeed::ZeroUnit<std::shared_ptr<torch::nn::Module>>>(inner);
+}
+
+// The stage's layout of these units (every parameter in its unit: none persistent).
+Stage3Layout layout_of(const std::vector<std::shared_ptr<ZeroUnitBase>>& units, int world) {
+  std::vector<ZeroUnitBase*> modules;
+  std::vector<at::Tensor> trainable;
+  for (const auto& u : units) {
+    modules.push_back(u.get());
+    for (const auto& p : u->parameters()) trainable.push_back(p);
+  }
+  deepspeed::ZeroConfig z;
+  z.stage3_param_persistence_threshold = 0;
+  return deepspeed::zero::make_stage3_layout(modules, trainable, world, z);
 }
 
 }  // namespace
@@ -193,6 +216,52 @@ TEST(ParamStore, SinkWritesEachSubGroupInPlace) {
   EXPECT_TRUE(torch::equal(store.read_group(9106, 4096), all.narrow(0, 9106, 4096)));
 }
 
+// The sink's two staging buffers for file units stay for the store's life: resident_bytes()
+// counts them (before, it left them out of the memory report).
+TEST(ParamStore, ResidentBytesCountTheSinkStaging) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  ParamStore store(L, torch::kBFloat16, zero("nvme", dir.path(), 0), dstest::small_aio());
+  const int64_t before = store.resident_bytes();
+  at::Tensor all = torch::randn({L.partition_numel}).to(torch::kBFloat16);
+  for (auto [begin, n] : deepspeed::offload::unit_aligned_groups(L, 3000)) {
+    std::memcpy(store.begin_group(begin, n), static_cast<char*>(all.data_ptr()) + begin * 2, n * 2);
+    store.end_group(begin, n);
+  }
+  store.finish();
+  // Each staging buffer grew to the largest sub-group it took: 4096 bf16 elements.
+  EXPECT_EQ(store.resident_bytes(), before + 2 * 4096 * 2);
+  EXPECT_EQ(store.host_bytes(), store.resident_bytes()) << "all of it is host memory";
+  EXPECT_TRUE(torch::equal(store.read_all(), all));
+}
+
+// The shard optimizer's masters stay where they were on the CPU: offload_param "cpu" with the
+// optimizer in memory steps masters aliased to the fp32 partition, or (bf16) an fp32 copy in host
+// memory. (On a GPU they now live on the GPU: tests/gpu/gpu_training_test.cpp.)
+TEST(ParamStore, CpuOffloadParamKeepsTheMastersInHostMemoryOnTheCpu) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  const Stage3Layout L = layout();
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    ParamStore store(L, dtype, zero("cpu", dir.path(), 0), dstest::small_aio());
+    at::Tensor start = torch::randn({L.partition_numel}).to(dtype);
+    store.write_all(start);
+    deepspeed::zero::ShardOptions options;  // home none, compute device the CPU
+    auto shard =
+        deepspeed::zero::make_shard_optimizer(options, store, [](std::vector<at::Tensor> p) {
+          return std::make_shared<deepspeed::optim::FusedAdam>(std::move(p),
+                                                               deepspeed::AdamHyper{});
+        });
+    at::Tensor master = shard->state_for_save()[0];
+    EXPECT_TRUE(master.is_cpu());
+    if (dtype == torch::kFloat)
+      EXPECT_EQ(master.data_ptr(), store.memory().data_ptr()) << "the fp32 partition is the master";
+    shard->step({torch::ones({L.partition_numel}).to(dtype)}, store, 1.0);
+    EXPECT_FALSE(torch::equal(store.read_all(), start)) << "the step reached the store";
+    EXPECT_TRUE(torch::equal(store.read_all(), master.to(dtype)));
+    EXPECT_EQ(shard->resident_host_bytes(), shard->resident_bytes());
+  }
+}
+
 TEST(ParamStore, NoneAndCpuKeepEverythingInMemory) {
   dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
   const Stage3Layout L = layout();
@@ -238,6 +307,75 @@ TEST(ParamStoreErrors, SliceLargerThanBufferSizeNamesTheKey) {
     EXPECT_NE(std::string(e.what()).find("9000"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// buffer_size bounds each parameter's partition, ceil(numel / world size) elements, with
+// DeepSpeed's strict comparison (its swapper asserts numel < buffer_size per parameter), not a
+// unit's whole slice: before, a unit of two 6000-element parameters was refused at 8000.
+TEST(ParamStoreErrors, BufferSizeBoundsEachParameterNotTheUnit) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  auto z = zero("nvme", dir.path(), 0);
+  z.offload_param.buffer_size = 8000;
+  const std::vector<std::shared_ptr<ZeroUnitBase>> two = {unit_of({{"a", 6000}, {"b", 6000}})};
+  const Stage3Layout pair = layout_of(two, 1);
+  ParamStore store(pair, torch::kFloat, z, dstest::small_aio());
+  EXPECT_TRUE(store.swapped());
+
+  const std::vector<std::shared_ptr<ZeroUnitBase>> big = {unit_of({{"small", 10}, {"big", 9000}})};
+  const Stage3Layout one_rank = layout_of(big, 1);
+  const std::string msg = dstest::message_of<deepspeed::ConfigError>(
+      [&] { ParamStore(one_rank, torch::kFloat, z, dstest::small_aio()); });
+  EXPECT_CONTAINS(msg, "zero_optimization.offload_param.buffer_size is 8000");
+  EXPECT_CONTAINS(msg, "'big' (9000 elements)");
+  EXPECT_CONTAINS(msg, "the 9000 elements of this rank's partition");
+  EXPECT_CONTAINS(msg, "at least 9001");
+
+  // At world size 2 its partition is 4500 elements.
+  const Stage3Layout two_ranks = layout_of(big, 2);
+  EXPECT_NO_THROW(ParamStore(two_ranks, torch::kFloat, z, dstest::small_aio()));
+  // Equal is refused, as DeepSpeed's assert.
+  z.offload_param.buffer_size = 6000;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
+                      [&] { ParamStore(pair, torch::kFloat, z, dstest::small_aio()); }),
+                  "'a' (6000 elements)");
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+// buffer_count 0 is a valid key (DeepSpeed: >= 0) as long as nothing is swapped.
+TEST(ParamStoreErrors, BufferCountZeroOnlyWhenUnitsAreSwapped) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  auto z = zero("cpu", dir.path(), 0);
+  z.offload_param.buffer_count = 0;
+  EXPECT_NO_THROW(ParamStore(layout(), torch::kFloat, z, dstest::small_aio()));
+  z.offload_param.device = "nvme";
+  z.offload_param.max_in_cpu = 1000000;  // every unit in memory
+  EXPECT_NO_THROW(ParamStore(layout(), torch::kFloat, z, dstest::small_aio()));
+  z.offload_param.max_in_cpu = 0;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>(
+                      [&] { ParamStore(layout(), torch::kFloat, z, dstest::small_aio()); }),
+                  "offload_param.buffer_count must be >= 1");
+}
+
+// nvme_path is made when missing (parents too), as DeepSpeed's os.makedirs(exist_ok=True); one
+// that cannot be made is an IOError naming the key, the path and the OS's reason.
+TEST(ParamStoreErrors, MissingNvmePathIsMadeAndOneThatCannotBeIsNamed) {
+  dstest::TempDir dir("param_store_test", dstest::TempDir::Base::kDisk);
+  const fs::path made = fs::path(dir.path()) / "new" / "sub";
+  const Stage3Layout L = layout();
+  {
+    ParamStore store(L, torch::kFloat, zero("nvme", made, 0), dstest::small_aio());
+    EXPECT_TRUE(store.swapped());
+    store.write_all(torch::ones({L.partition_numel}));
+    EXPECT_TRUE(torch::equal(store.fetch(2), torch::ones({9000})));
+  }
+  EXPECT_TRUE(fs::is_directory(made));
+  dstest::write_bytes(dir / "file", "x");
+  const fs::path blocked = fs::path(dir.path()) / "file" / "sub";
+  const std::string msg = dstest::message_of<deepspeed::IOError>(
+      [&] { ParamStore(L, torch::kFloat, zero("nvme", blocked, 0), dstest::small_aio()); });
+  EXPECT_CONTAINS(msg, "zero_optimization.offload_param.nvme_path");
+  EXPECT_CONTAINS(msg, blocked.string());
+  EXPECT_CONTAINS(msg, "Not a directory");
 }
 
 // A store whose construction fails once its swap file exists (here: the I/O queue refuses its

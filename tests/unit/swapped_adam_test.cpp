@@ -196,12 +196,16 @@ TEST(SwappedAdam, AnotherFileWithItsNameIsLeftAlone) {
   EXPECT_EQ(files, 200u);
 }
 
-TEST(SwappedAdamErrors, MissingNvmePathIsNamed) {
+// A missing nvme_path is made (create_swap_file); one under a regular file cannot be.
+TEST(SwappedAdamErrors, NvmePathThatCannotBeMadeIsNamed) {
+  dstest::TempDir dir("swapped_adam_test");
+  dstest::write_bytes(dir / "file", "x");
+  const std::string bad = dir / "file/swap";
   try {
-    SwappedAdam swapped(torch::ones({10}), options("/nonexistent/swap/dir", 64, 2));
+    SwappedAdam swapped(torch::ones({10}), options(bad, 64, 2));
     FAIL() << "expected IOError";
   } catch (const deepspeed::IOError& e) {
-    EXPECT_NE(std::string(e.what()).find("/nonexistent/swap/dir"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("nvme_path"), std::string::npos) << e.what();
   }
 }

@@ -343,7 +343,7 @@ MemoryReport Stage3::memory() const {
   r.host_bytes = host_share(ctx_.device, r.comm_buffers + r.gathered_bytes) +
                  (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
                  (grads_->in_host_memory() ? r.gradients : host_share(ctx_.device, r.gradients)) +
-                 (params_->on_host() ? r.parameters : 0) + shard_->resident_host_bytes();
+                 params_->host_bytes() + shard_->resident_host_bytes();
   return r;
 }
 

@@ -141,8 +141,18 @@ def batches(data, block, stride, micro, rank, world, seed, drop_last):
 
 
 def tensor_bytes(tensors):
-    return sum(t.untyped_storage().nbytes() if hasattr(t, "untyped_storage") else t.storage().nbytes()
-               for t in tensors if t is not None)
+    # Each storage once: with gradient_as_bucket_view every .grad is a view into its DDP bucket,
+    # and counting the bucket once per view read 2 GB for a 77 MB gradient.
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
 
 
 def worker(args):

@@ -10,12 +10,8 @@
 set -uo pipefail
 bin=${1:?usage: ddp_baseline_tie.sh BUILD/bin}
 src=$(cd "$(dirname "$0")/../.." && pwd)
-if ! /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
-  echo "SKIP: /usr/bin/python3 with torch (Debian's python3-torch) is not installed"; exit 77
-fi
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*"; for f in "$T"/*.log; do echo "== $f"; tail -n 30 "$f"; done; exit 1; }
-export OMP_NUM_THREADS=1 DS_DEVICE=cpu DS_COMM_BACKEND=gloo
+FAIL_TAIL_LINES=30
+source "$(dirname "$0")/python_peer_prelude.bash"
 
 # 81 bytes = 9 windows of 16 + 1 bytes every 8.
 head -c 81 "$src/data/fortunes.txt" > "$T/text.txt"

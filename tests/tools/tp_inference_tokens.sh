@@ -7,12 +7,7 @@
 set -uo pipefail
 bin=${1:?usage: tp_inference_tokens.sh BUILD/bin}
 src=$(cd "$(dirname "$0")/../.." && pwd)
-if ! /usr/bin/python3 -c 'import torch' > /dev/null 2>&1; then
-  echo "SKIP: /usr/bin/python3 with torch (Debian's python3-torch) is not installed"; exit 77
-fi
-T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*"; for f in "$T"/*.log; do echo "== $f"; tail -n 20 "$f"; done; exit 1; }
-export OMP_NUM_THREADS=1 DS_DEVICE=cpu DS_COMM_BACKEND=gloo
+source "$(dirname "$0")/python_peer_prelude.bash"
 model=(--n_layer 1 --n_embd 32 --n_head 2 --block_size 32)
 gen=(--batch 2 --prompt_len 4 --new_tokens 12 --reps 1)
 

@@ -116,10 +116,19 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return linear(proj_, gelu_tanh_ ? torch::gelu(h, "tanh") : torch::gelu(h));
 }
 
+torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
+  if (!x.is_cpu() || x.scalar_type() != torch::kBFloat16)
+    return torch::nn::LayerNormImpl::forward(x);
+  auto fp32 = F::LayerNormFuncOptions(options.normalized_shape()).eps(options.eps());
+  if (weight.defined()) fp32.weight(weight.to(torch::kFloat));
+  if (bias.defined()) fp32.bias(bias.to(torch::kFloat));
+  return F::layer_norm(x.to(torch::kFloat), fp32).to(torch::kBFloat16);
+}
+
 BlockImpl::BlockImpl(const GPTConfig& c) : dropout_(c.dropout) {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln1_ = register_module("ln1", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   attn_ = register_module("attn", CausalSelfAttention(c));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln2_ = register_module("ln2", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   mlp_ = register_module("mlp", MLP(c));
   // Under zero::Init the unit around this block partitions it as soon as it is built, before the
   // model-wide initialisation below could reach it (it skips released, empty weights).
@@ -147,7 +156,7 @@ GPTImpl::GPTImpl(const GPTConfig& c) : config_(c) {
   for (int64_t i = 0; i < c.n_layer; ++i)
     blocks_.push_back(register_module("block" + std::to_string(i),
                                       std::make_shared<deepspeed::ZeroUnit<Block>>(Block(c))));
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_f_ = register_module("ln_f", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
     head_ = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
   // Built in placeholders for init_inference (deepspeed::inference::DeferredInit), the weights

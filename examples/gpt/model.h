@@ -50,6 +50,18 @@ double residual_init_std(const GPTConfig& c);
 // gpt_pipeline() draws it for each layer from the generator the pipeline seeded for that layer.
 void gpt2_init(torch::nn::Module& module);
 
+// torch::nn::LayerNorm (same parameters, names and options) whose bf16 forward on the CPU
+// normalises in fp32 and rounds the result to bf16, as torch.autocast runs layer norm: libtorch
+// 1.13's CPU layer norm is 2.4x slower in bf16 than in fp32 (bench/cpu_bf16_ops.py), which made
+// the bf16 step 5-9% slower than DDP with autocast (docs/benchmarks.md). Elsewhere (fp32, GPU)
+// it is torch::nn::LayerNorm's forward.
+class LayerNormImpl : public torch::nn::LayerNormImpl {
+ public:
+  using torch::nn::LayerNormImpl::LayerNormImpl;
+  torch::Tensor forward(const torch::Tensor& x);
+};
+TORCH_MODULE(LayerNorm);
+
 // Keys and values of the tokens seen so far, per block (generation: each new token attends to
 // them instead of recomputing the whole context). Rows may start with left padding: `pad[b]`
 // leading positions of row b are not tokens (never attended to; positions count from the first
@@ -108,7 +120,7 @@ class BlockImpl : public torch::nn::Module {
                                const KVCache& cache);  // inference (no dropout)
 
  private:
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  LayerNorm ln1_{nullptr}, ln2_{nullptr};
   CausalSelfAttention attn_{nullptr};
   MLP mlp_{nullptr};
   double dropout_;
@@ -132,7 +144,7 @@ class GPTImpl : public torch::nn::Module {
   GPTConfig config_;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   std::vector<std::shared_ptr<deepspeed::ZeroUnit<Block>>> blocks_;
-  torch::nn::LayerNorm ln_f_{nullptr};
+  LayerNorm ln_f_{nullptr};
   torch::nn::Linear head_{nullptr};  // null with tie_embeddings (the head is wte's weight)
 };
 TORCH_MODULE(GPT);

@@ -33,7 +33,7 @@ deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c) {
   for (int64_t i = 0; i < c.n_layer; ++i)
     m.layers.emplace_back("block", [c] { return gpt2_layer(Block(c)); });
   m.layers.emplace_back("ln_f", [c] {
-    return torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+    return torch::nn::AnyModule(LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   });
   if (c.tie_embeddings) {
     m.layers.push_back(deepspeed::pipe::TiedLayerSpec(

@@ -112,9 +112,9 @@ class TPMLPImpl : public torch::nn::Module {
 
 TPBlockImpl::TPBlockImpl(const GPTConfig& c, const CommunicatorPtr& g)
     : dropout_(c.dropout), group_(g) {
-  ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln1_ = register_module("ln1", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   attn_ = register_module("attn", std::make_shared<TPAttentionImpl>(c, g));
-  ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln2_ = register_module("ln2", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   mlp_ = register_module("mlp", std::make_shared<TPMLPImpl>(c, g));
 }
 
@@ -140,7 +140,7 @@ TPGPTImpl::TPGPTImpl(const GPTConfig& c, CommunicatorPtr group)
     blocks_.push_back(register_module(
         "block" + std::to_string(i),
         std::make_shared<deepspeed::ZeroUnit<TPBlock>>(TPBlock(c, group_))));
-  ln_f_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  ln_f_ = register_module("ln_f", LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   if (!c.tie_embeddings)
     head_ = register_module(
         "head", tp::ColumnParallelLinear(column(c.n_embd, c.vocab_size, false), group_));

@@ -51,7 +51,7 @@ class TPBlockImpl : public torch::nn::Module {
   double dropout_;
   deepspeed::comm::CommunicatorPtr group_;
   bool rng_checked_ = false;
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  LayerNorm ln1_{nullptr}, ln2_{nullptr};
   std::shared_ptr<TPAttentionImpl> attn_;
   std::shared_ptr<TPMLPImpl> mlp_;
 };
@@ -76,7 +76,7 @@ class TPGPTImpl : public torch::nn::Module {
   // Each block a ZeRO-3 unit, as in GPTImpl: under stage 3 its (split) parameters are partitioned
   // over the data-parallel group and gathered only while it runs.
   std::vector<std::shared_ptr<deepspeed::ZeroUnit<TPBlock>>> blocks_;
-  torch::nn::LayerNorm ln_f_{nullptr};
+  LayerNorm ln_f_{nullptr};
   deepspeed::tp::ColumnParallelLinear head_{nullptr};  // null when tied
 };
 TORCH_MODULE(TPGPT);

@@ -49,7 +49,7 @@ deepspeed::pipe::PipelineModule gpt_tp_pipeline(const GPTConfig& c, Communicator
     m.layers.emplace_back("block", split_of<TPBlock, Block>([c] { return Block(c); },
                                                             [c, g] { return TPBlock(c, g); }));
   m.layers.emplace_back("ln_f", [c] {
-    return torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+    return torch::nn::AnyModule(LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   });
   if (c.tie_embeddings) {
     // The embedding's rows are this rank's columns of the head: a column layer on a replicated

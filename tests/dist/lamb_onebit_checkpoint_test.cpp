@@ -157,14 +157,24 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, OneBitCheckpoint, ::testing::Values(0, 1, 2
 // parameter segment: 1-bit Adam saved after its freeze and 0/1 Adam saved at a sync or between
 // two syncs (each rank's own masters, restored with the extra state and written into the 16-bit
 // weights after it) resume bit for bit as well (masters, moments, error feedback).
+// 1-bit Adam is saved two compressed steps after its freeze (error feedback in place) and run two
+// more: with only 3 warm-up steps this small model's never-seen embedding rows (variance ~0,
+// compressed momentum not) grow without bound from the first compressed step, in fp32 as in
+// bf16, and bf16 runs reach NaN by step 9 (see AtAnotherWorldSizeThePerRankStateRestarts).
 TEST(OneBitCheckpoint16Bit, Bf16ResumesBitExactAtTheSameWorldSize) {
-  for (size_t i : {0u, 1u}) {
-    const OneBitCase& c = one_bit_cases()[i];
+  struct Bf16Case {
+    size_t one_bit_case;
+    std::vector<int> save_at;
+    int steps;
+  };
+  for (const Bf16Case& b : {Bf16Case{0, {5}, 7}, Bf16Case{1, {8, 10}, 14}}) {
+    const OneBitCase& c = one_bit_cases()[b.one_bit_case];
     auto config = with_optimizer(0, c.optimizer);
     config["bf16"] = {{"enabled", true}};
-    for (int at : {c.reshard_save_at, c.save_at}) {
-      auto r = save_and_resume(config, 2, config, 2, at, c.steps);
+    for (int at : b.save_at) {
+      auto r = save_and_resume(config, 2, config, 2, at, b.steps);
       ASSERT_EQ(r.resumed.start_step, at) << c.name;
+      for (double loss : r.whole.losses) ASSERT_TRUE(std::isfinite(loss)) << c.name;
       std::vector<double> tail(r.whole.losses.begin() + at, r.whole.losses.end());
       EXPECT_EQ(r.resumed.losses, tail) << c.name << " saved at step " << at;
       EXPECT_EQ(dstest::max_abs_diff(r.resumed.weights, r.whole.weights), 0.0)

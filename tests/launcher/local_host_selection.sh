@@ -78,20 +78,29 @@ done
 
 # Without --num_procs/--num_gpus (and no hostfile or selection): one rank per visible GPU, as
 # DeepSpeed's `deepspeed train.py` (its pool is {localhost: device count}); the ranks keep the
-# user's CUDA_VISIBLE_DEVICES. No GPU (the variable empty, or unset without /dev/nvidiaN): 1 rank.
+# user's CUDA_VISIBLE_DEVICES. No GPU (the variable empty, or unset without /dev/nvidiaN): the
+# CPU accelerator's device count, LOCAL_SIZE when set, else one rank per NUMA node with CPUs.
+unset LOCAL_SIZE
 CUDA_VISIBLE_DEVICES=0,1,2 run_dsrun per_gpu --master_port "$(free_port)" "$WORKER" --mode ok \
   --marker "$MARKER"
 check_ranks per_gpu 3 0,1,2
 CUDA_VISIBLE_DEVICES=0,1,2 run_dsrun given --num_procs 2 --master_port "$(free_port)" "$WORKER" \
   --mode ok --marker "$MARKER"
 check_ranks given 2 0,1,2  # an explicit count wins
-CUDA_VISIBLE_DEVICES= run_dsrun hidden --master_port "$(free_port)" "$WORKER" --mode ok \
-  --marker "$MARKER"
-check_ranks hidden 1 ""
+CUDA_VISIBLE_DEVICES= LOCAL_SIZE=2 run_dsrun hidden --master_port "$(free_port)" "$WORKER" \
+  --mode ok --marker "$MARKER"
+check_ranks hidden 2 ""
 unset CUDA_VISIBLE_DEVICES
-gpus=$(ls /dev | grep -cE '^nvidia[0-9]+$')  # 0 on a CPU machine: 1 rank
+gpus=$(ls /dev | grep -cE '^nvidia[0-9]+$')
+# The NUMA nodes with CPUs, a node listing the last counted node's CPUs (fake NUMA) once; 1 when
+# none can be read (the unit test dsrun_cpu_devices_test covers the cases).
+numa=0 last=""
+for cpus in $(ls -d /sys/devices/system/node/node[0-9]* 2>/dev/null | sort -V |
+              while read -r node; do echo "x$(cat "$node/cpulist" 2>/dev/null)"; done); do
+  [ "$cpus" = x ] || [ "$cpus" = "$last" ] || { numa=$((numa + 1)); last=$cpus; }
+done
 run_dsrun unset --master_port "$(free_port)" "$WORKER" --mode ok --marker "$MARKER"
-check_ranks unset $((gpus > 0 ? gpus : 1)) "<unset>"
+check_ranks unset $((gpus > 0 ? gpus : (numa > 0 ? numa : 1))) "<unset>"
 
 no_leftovers
 echo "PASS local_host_selection"

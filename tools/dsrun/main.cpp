@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_devices.h"
 #include "job_signals.h"
 #include "launcher.h"
 #include "multinode.h"
@@ -59,8 +60,9 @@ void add_options(CLI::App& app, Cli& c) {
   LaunchOptions& o = c.local;
   app.prefix_command();  // the first positional argument and all after it are PROGRAM ARGS...
   auto* procs = app.add_option("--num_procs", o.num_procs,
-                               "ranks per node (default: one per visible GPU, 1 without GPUs; "
-                               "with a hostfile: all of its slots)")
+                               "ranks per node (default: one per visible GPU; without GPUs "
+                               "LOCAL_SIZE, else one per NUMA node; with a hostfile: all of "
+                               "its slots)")
                     ->check(CLI::Range(1, kMaxProcs));
   app.add_option("--num_gpus,--num_accelerators", c.num_gpus,
                  "alias of --num_procs")
@@ -173,12 +175,16 @@ int run_without_hostfile(const Cli& c, bool procs_given) {
     throw LaunchError(std::string("--force_multi needs a --hostfile (there is no ") +
                       kDefaultHostfile + ")");
   if (c.include.empty() && c.exclude.empty()) {
-    // DeepSpeed's whole pool: one rank per visible GPU. Without GPUs the pool counts CPUs, but a
-    // rank per core is not what a plain `dsrun ./train` means there: 1 rank, as torchrun does.
+    // DeepSpeed's whole pool: one rank per visible GPU; without GPUs, one per CPU device of
+    // DeepSpeed's CPU accelerator (LOCAL_SIZE, else one per NUMA node: cpu_devices.h).
     // CUDA_VISIBLE_DEVICES stays as it is (slots left empty): DeepSpeed's launch.py sets it to
     // the pool's ids, which are the user's entries when set and all devices when not.
     Cli here = c;
-    if (!procs_given) here.local.num_procs = std::min(kMaxProcs, std::max(1, visible_gpu_count()));
+    if (!procs_given) {
+      const int gpus = visible_gpu_count();
+      here.local.num_procs =
+          std::min(kMaxProcs, gpus > 0 ? gpus : cpu_device_count(std::getenv("LOCAL_SIZE")));
+    }
     return run_here(here, {});
   }
   refuse_renumbered_devices();

@@ -103,6 +103,9 @@ void read_buckets(ObjectReader& r, ZeroConfig& z) {
   r.read("use_multi_rank_bucket_allreduce", z.use_multi_rank_bucket_allreduce);
   r.read("allgather_partitions", z.allgather_partitions);
   read_size(r, "allgather_bucket_size", z.allgather_bucket_size);
+  // 0 would all-gather one element at a time (DeepSpeed divides by it: ZeroDivisionError).
+  if (z.allgather_bucket_size <= 0)
+    fail(r.path_of("allgather_bucket_size"), z.allgather_bucket_size, "a value > 0");
   r.read("overlap_comm", z.overlap_comm);
   r.read("load_from_fp32_weights", z.load_from_fp32_weights);
   r.read("elastic_checkpoint", z.elastic_checkpoint);
@@ -231,6 +234,8 @@ void read_zero(ObjectReader& top, Config& cfg) {
         "{\"stage\": 1}");
     z.stage = v->get<bool>() ? 1 : 0;
     top.read_count("allgather_size", z.allgather_bucket_size);
+    if (z.allgather_bucket_size <= 0)
+      fail(top.path_of("allgather_size"), z.allgather_bucket_size, "a value > 0");
     return;
   }
   ObjectReader r = top.child(kZero);

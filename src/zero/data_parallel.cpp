@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "device/out_of_memory.h"
+#include "zero/backward_reach.h"
 #include "zero/gradient_scaling.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/tensor_facts.h"
@@ -38,13 +39,14 @@ void DataParallelStage::launch_bucket(size_t b) {
 }
 
 // Buckets follow reverse registration order: autograd produces the last layers' gradients first,
-// so the first bucket fills (and can be sent) earliest.
+// so the first bucket fills (and can be sent) earliest. At most bucket_size elements each (a
+// larger parameter alone), as DeepSpeed reduces a bucket before it would overflow.
 void DataParallelStage::build_buckets(int64_t bucket_size) {
   std::vector<size_t> bucket_of_param(params_.size(), 0);
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
     bool fits = !buckets_.empty() && buckets_.back().dtype == p.scalar_type() &&
-                buckets_.back().numel < bucket_size;
+                buckets_.back().numel + p.numel() <= bucket_size;
     if (!fits) {
       buckets_.emplace_back();
       buckets_.back().dtype = p.scalar_type();
@@ -91,6 +93,17 @@ void DataParallelStage::begin_backward(bool boundary) {
   order_->begin();
 }
 
+// A parameter the graph cannot reach contributes what its .grad holds now (earlier micro-steps'
+// sum, or zeros), whether its bucket goes now or at end_backward.
+void DataParallelStage::expect_gradients_from(const at::Tensor& root) {
+  if (!reducing_) return;
+  const BackwardReach reach(root);
+  if (!reach.known()) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (!reach.reaches(params_[i]))
+      order_->mark_unreachable(i, [this](size_t b) { launch_bucket(b); });
+}
+
 void DataParallelStage::abandon_backward() {
   in_flight_.drain([this](size_t i) { finish(buckets_[i]); });
   reducing_ = false;
@@ -121,6 +134,9 @@ void DataParallelStage::launch(Bucket& b) {
     AllocatingFor naming("a gradient bucket in communication_data_type", -1, b.numel,
                          c10::elementSize(comm_dtype));
     b.wire = b.flat.to(comm_dtype);
+    int64_t live = 0;  // this copy and those still in flight (at most kMaxBucketsInFlight)
+    for (const auto& other : buckets_) live += storage_bytes(other.wire);
+    peak_wire_bytes_ = std::max(peak_wire_bytes_, live);
     b.work = ctx_.comm->all_reduce(b.wire);
     return;
   }
@@ -186,6 +202,8 @@ void DataParallelStage::step(double grad_scale) {
   if (grad_scale != 1.0)
     for (auto& p : params_)
       if (p.grad().defined()) p.mutable_grad().mul_(grad_scale);
+  TORCH_CHECK(optimizer_, "DataParallelStage::step without an optimizer (engine.step() should "
+                          "have refused it)");
   optimizer_->step();
   for (auto& p : params_)
     if (p.grad().defined()) p.mutable_grad().zero_();
@@ -202,8 +220,8 @@ MemoryReport DataParallelStage::memory() const {
     r.parameters += storage_bytes(p);
     r.gradients += storage_bytes(p.grad());
   }
-  r.optimizer_states = optimizer_state_bytes(*optimizer_);
-  r.comm_buffers = pool_bytes_;
+  r.optimizer_states = optimizer_ ? optimizer_state_bytes(*optimizer_) : 0;
+  r.comm_buffers = pool_bytes_ + peak_wire_bytes_;
   r.host_bytes = host_share(ctx_.device, r.total());
   return r;
 }

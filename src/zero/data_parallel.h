@@ -14,6 +14,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "optim/self_communicating.h"
@@ -28,13 +29,16 @@ namespace zero {
 
 class DataParallelStage : public ZeroStage {
  public:
-  // `optimizer` steps `params` themselves (the module's parameters are the masters).
+  // `optimizer` steps `params` themselves (the module's parameters are the masters). Null: an
+  // engine without an optimizer (for evaluation, at any stage below 3), which the engine never
+  // lets backward or step; `params` may then be 16-bit, and nothing but them is allocated.
   DataParallelStage(std::vector<at::Tensor> params, const StageContext& context,
                     const DataParallelOptions& options,
                     std::shared_ptr<torch::optim::Optimizer> optimizer);
   ~DataParallelStage() override;
 
   void begin_backward(bool boundary) override;
+  void expect_gradients_from(const at::Tensor& root) override;
   void end_backward(bool boundary) override;
   void abandon_backward() override;
   double global_grad_norm() override;
@@ -77,7 +81,10 @@ class DataParallelStage : public ZeroStage {
   std::vector<at::Tensor> params_;
   StageContext ctx_;
   DataParallelOptions options_;
-  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;  // null: an engine without an optimizer
+  // Without an optimizer, 16-bit parameters load through fp32 copies: (parameter, copy) from
+  // state_to_load to finish_load.
+  std::vector<std::pair<at::Tensor, at::Tensor>> widened_for_load_;
   const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // optimizer_ when it is one
   std::vector<Bucket> buckets_;
   std::unique_ptr<BucketOrder> order_;
@@ -86,6 +93,7 @@ class DataParallelStage : public ZeroStage {
   std::vector<at::Tensor> pool_;
   std::map<at::ScalarType, int64_t> max_bucket_numel_;
   int64_t pool_bytes_ = 0;  // every buffer the pool ever made (its peak: none is freed)
+  int64_t peak_wire_bytes_ = 0;  // the most bytes of Bucket::wire alive at once
   // Overlap or not: while the next bucket is filled the earlier ones travel, as the scattering
   // stages do it (in_flight.h); the bound is what keeps the pool small.
   InFlight in_flight_{kMaxBucketsInFlight};

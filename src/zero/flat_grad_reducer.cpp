@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "device/out_of_memory.h"
+#include "zero/backward_reach.h"
 #include "zero/gradient_scaling.h"
 #include "zero/tensor_facts.h"
 
@@ -31,6 +32,12 @@ FlatGradReducer::FlatGradReducer(const StageContext& context, FlatParams& flat, 
     for (size_t s = 0; s < flat_.slots().size(); ++s)
       hooks_.add(flat_.slots()[s].param, [this, s] {
         if (!catching_) return;
+        // A second gradient (refused) touches no bucket, which may be on the wire, and leaves the
+        // parameter, where it would be added into the next backward's (as at stage 3).
+        if (reducing_ && launch_from_hooks_ && order_->marked(s)) {
+          flat_.slots()[s].param.mutable_grad() = at::Tensor();
+          order_->refuse_second(s);
+        }
         arrived(s);
         if (reducing_ && launch_from_hooks_)
           order_->mark_ready(s, [this](size_t b) { launch_index(b); });
@@ -47,6 +54,18 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
   reducing_ = reducing;
   boundary_ = boundary;
   order_->begin();
+}
+
+// A parameter that gets no gradient contributes zeros (the scatterer's buffers are zeroed when
+// lent; the all-reduce buffer holds what earlier micro-steps accumulated), whether its bucket
+// goes now or at end_backward: the same collectives, in the same order, on the same data.
+void FlatGradReducer::expect_gradients_from(const at::Tensor& root) {
+  if (!catching_ || !reducing_ || !launch_from_hooks_ || hooks_.empty()) return;
+  const BackwardReach reach(root);
+  if (!reach.known()) return;
+  for (size_t s = 0; s < flat_.slots().size(); ++s)
+    if (!reach.reaches(flat_.slots()[s].param))
+      order_->mark_unreachable(s, [this](size_t b) { launch_index(b); });
 }
 
 // Whatever threw: the backward, end_backward midway (an out-of-memory in a bucket's conversion,
@@ -92,7 +111,9 @@ AllReduceBuckets::AllReduceBuckets(const StageContext& context, FlatParams& flat
                                    const ReductionOptions& options, at::ScalarType comm_dtype,
                                    at::ScalarType grad_dtype)
     : FlatGradReducer(context, flat, owner, options, comm_dtype,
-                      options.finish_buckets_early ? kMaxBucketsInFlight : kUnboundedInFlight,
+                      options.finish_buckets_early || comm_dtype != grad_dtype
+                          ? kMaxBucketsInFlight  // each in flight holds its wire copy
+                          : kUnboundedInFlight,
                       /*hooked=*/options.overlap || grad_dtype != flat.buffer().scalar_type(),
                       /*launch_from_hooks=*/options.overlap),
       wider_(grad_dtype != flat.buffer().scalar_type()) {
@@ -159,6 +180,9 @@ void AllReduceBuckets::launch(Bucket& b) {
     AllocatingFor naming("a gradient bucket in communication_data_type", -1, range.numel(),
                          c10::elementSize(comm_dtype_));
     b.wire = range.to(comm_dtype_);
+    int64_t live = 0;  // this copy and those still in flight (at most kMaxBucketsInFlight)
+    for (const auto& other : buckets_) live += storage_bytes(other.wire);
+    peak_wire_bytes_ = std::max(peak_wire_bytes_, live);
     if (before != 1.0) b.wire.mul_(before);
     b.work = ctx_.comm->all_reduce(b.wire);
     return;
@@ -243,8 +267,11 @@ void ReduceScatterBuckets::arrived(size_t slot_index) {
   }
 }
 
+// fp16: the communicator takes the mean itself (reduce_scatter_scaling), so a sum past 65504
+// never reaches the fp16 `received`.
 void ReduceScatterBuckets::launch(Bucket& b) {
-  const double before = gradient_scaling(options_, ctx_.world_size()).before_reduce;
+  const auto scaling = reduce_scatter_scaling(options_, ctx_.world_size(), comm_dtype_);
+  const double before = scaling.before_reduce;
   const auto& layout = flat_.layout();
   if (!b.buffer.defined()) borrow_buffer(b);  // no parameter of this bucket got a gradient
   if (before != 1.0) b.buffer.mul_(before);
@@ -252,13 +279,14 @@ void ReduceScatterBuckets::launch(Bucket& b) {
   for (int r = 0; r < ctx_.world_size(); ++r)
     splits.push_back(layout.overlap(r, b.range.begin, b.range.end));
   b.received = torch::empty({splits[ctx_.rank()]}, ctx_.options(comm_dtype_));
-  b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+  b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits, scaling.op);
 }
 
 void ReduceScatterBuckets::finish(Bucket& b) {
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(options_, ctx_.world_size()).after_reduce;
+  const double after =
+      reduce_scatter_scaling(options_, ctx_.world_size(), comm_dtype_).after_reduce;
   const auto& layout = flat_.layout();
   std::shared_ptr<device::CopyFence> ready;
   if (b.received.numel() > 0) {

@@ -36,6 +36,9 @@ class FlatGradReducer {
   virtual ~FlatGradReducer();
   // Around loss.backward(); COLLECTIVE at a boundary (and every micro-step for the scatterer).
   virtual void begin_backward(bool boundary) = 0;
+  // After begin_backward: the parameters the graph of `root` cannot reach are ready now
+  // (BackwardReach, BucketOrder::mark_unreachable), when this backward's hooks launch buckets.
+  void expect_gradients_from(const at::Tensor& root);
   void end_backward();
   // Before a backward: if the last one threw midway, its launched buckets are finished (every
   // rank launched them in the same order; their sums stay in the gradients, as a device buffer
@@ -60,10 +63,12 @@ class FlatGradReducer {
   void on_final(OnFinal fn) { on_final_ = std::move(fn); }
   virtual int64_t gradient_bytes() const = 0;
   bool gradients_on_host() const { return partition_->in_host_memory(); }
-  // The bucket pool and the partition's transfer temporaries (peaks), and of them those in host
-  // memory (a pageable host partition's page-locked copies).
+  // The bucket pool, the all-reduce buckets' copies in communication_data_type and the
+  // partition's transfer temporaries (peaks), and of them those in host memory (a pageable host
+  // partition's page-locked copies).
   int64_t comm_buffer_bytes() const {
-    return pool_bytes_ + partition_->device_temporary_bytes() + host_comm_buffer_bytes();
+    return pool_bytes_ + peak_wire_bytes_ + partition_->device_temporary_bytes() +
+           host_comm_buffer_bytes();
   }
   int64_t host_comm_buffer_bytes() const { return partition_->host_temporary_bytes(); }
 
@@ -101,6 +106,7 @@ class FlatGradReducer {
   std::unique_ptr<BucketOrder> order_;
   InFlight in_flight_;
   int64_t pool_bytes_ = 0;
+  int64_t peak_wire_bytes_ = 0;  // all-reduce: the most bytes of Bucket::wire alive at once
   bool catching_ = false;  // between begin_backward and end_backward: arrived() takes gradients
   bool reducing_ = false;
   bool launch_from_hooks_ = true;

@@ -36,7 +36,10 @@ std::vector<BucketRange> make_bucket_ranges(const FlatParams& flat, int64_t buck
   std::vector<BucketRange> buckets;
   const auto& slots = flat.slots();
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (buckets.empty() || buckets.back().end - buckets.back().begin >= bucket_numel)
+    // A parameter that would take the bucket past bucket_numel starts the next one (DeepSpeed
+    // reduces its bucket before it would overflow), so bucket_numel is a cap.
+    const int64_t end = slots[i].offset + slots[i].numel;
+    if (buckets.empty() || end - buckets.back().begin > bucket_numel)
       buckets.push_back({slots[i].offset, slots[i].offset, {}});
     buckets.back().slots.push_back(i);
     buckets.back().end = slots[i].offset + slots[i].numel;

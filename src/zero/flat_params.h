@@ -43,8 +43,9 @@ struct BucketRange {
   int64_t begin = 0, end = 0;
   std::vector<size_t> slots;  // indices into FlatParams::slots()
 };
-// Cuts the buffer into buckets of at least bucket_numel elements at parameter boundaries; the last
-// bucket runs to the padded end so the padding is covered too.
+// Cuts the buffer at parameter boundaries into buckets of at most bucket_numel elements (a larger
+// parameter is a bucket of its own); the last bucket runs to the padded end so the padding is
+// covered too.
 std::vector<BucketRange> make_bucket_ranges(const FlatParams& flat, int64_t bucket_numel);
 
 }  // namespace zero

@@ -51,6 +51,9 @@ class FlatStage : public ZeroStage {
     grads_->begin_backward(boundary && !gradients_stay_local());
     shard_->accept_ranges();
   }
+  void expect_gradients_from(const at::Tensor& root) override {
+    grads_->expect_gradients_from(root);
+  }
   void end_backward(bool) override { grads_->end_backward(); }
   void abandon_backward() override {
     shard_->abandon_step();

@@ -17,6 +17,9 @@ class ForwardingStage : public ZeroStage {
   explicit ForwardingStage(std::unique_ptr<ZeroStage> inner) : inner_(std::move(inner)) {}
 
   void begin_backward(bool boundary) override { inner_->begin_backward(boundary); }
+  void expect_gradients_from(const at::Tensor& root) override {
+    inner_->expect_gradients_from(root);
+  }
   void end_backward(bool boundary) override { inner_->end_backward(boundary); }
   void abandon_backward() override { inner_->abandon_backward(); }
   bool steps_during_backward() const override { return inner_->steps_during_backward(); }

@@ -12,12 +12,13 @@
 namespace deepspeed {
 namespace zero {
 
-// Stages that reduce into bucket buffers of their own (reduce-scatter stages, and fp32 stage 0's
-// flattened all-reduce buckets) hold at most this many in flight (plus the one filling): the rank
+// Stages that reduce into bucket buffers of their own (reduce-scatter stages, fp32 stage 0's
+// flattened all-reduce buckets, and AllReduceBuckets whose buckets travel as a copy in
+// communication_data_type) hold at most this many in flight (plus the one filling): the rank
 // never holds more than a few buckets of gradient.
 constexpr size_t kMaxBucketsInFlight = 2;
 // All-reduce stages that reduce views of a gradient buffer that exists anyway (AllReduceBuckets:
-// 16-bit stage 0, stage 1): nothing to bound.
+// 16-bit stage 0, stage 1, when the buffer's dtype is the communication dtype): nothing to bound.
 constexpr size_t kUnboundedInFlight = std::numeric_limits<size_t>::max();
 
 class InFlight {

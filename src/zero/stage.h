@@ -63,6 +63,11 @@ class ZeroStage {
   // Around loss.backward(). `boundary`: this micro-step ends a gradient accumulation, so the
   // gradients must be reduced across ranks before step(). COLLECTIVE when boundary.
   virtual void begin_backward(bool boundary) = 0;
+  // Between begin_backward and the backward: it differentiates `root`, so a parameter its graph
+  // cannot reach gets no gradient in it, and the buckets need not wait for that parameter
+  // (zero/backward_reach.h). May launch reductions (COLLECTIVE as the backward's are). Without
+  // this call the buckets wait for every parameter to the end of backward (a pipeline's backward).
+  virtual void expect_gradients_from(const at::Tensor& /*root*/) {}
   virtual void end_backward(bool boundary) = 0;
   // The backward since begin_backward threw (a hook, an out-of-memory): finish the reductions it
   // launched (every rank launched them; their sums stay in the gradients, as PyTorch's .grad

@@ -295,6 +295,39 @@ TEST_P(Fp16Training, InfOnOneRankSkipsTheStepEverywhereBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Fp16Training, ::testing::Values(0, 1, 2, 3));
 
+namespace {
+// Every gradient element is 40000 (fp16's largest finite value is 65504) on every rank.
+struct LargeGradientImpl : torch::nn::Module {
+  LargeGradientImpl() { w = register_parameter("w", torch::zeros({8})); }
+  torch::Tensor forward(const torch::Tensor& x) { return (w.to(torch::kFloat) * x).sum(); }
+  torch::Tensor w;
+};
+}  // namespace
+
+class Fp16GradientMean : public ::testing::TestWithParam<int> {};
+
+// The mean of two ranks' fp16 gradients of 40000 is 40000; their sum (80000) is not an fp16
+// value. DeepSpeed divides each gradient by the world size before the reduction, so a static
+// loss scale that fits the mean never overflows; every stage must agree (the reduce-scatters of
+// stages 2 and 3 once wrote the sum into the fp16 bucket before dividing: inf, a skipped step).
+TEST_P(Fp16GradientMean, AMeanThatFitsInFp16DoesNotOverflow) {
+  const int stage = GetParam();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<LargeGradientImpl>();
+    auto engine = deepspeed::initialize<LargeGradientImpl>(
+                      {.model = model, .config_json = fp16_config(stage, {{"loss_scale", 1}}),
+                       .comm = comm})
+                      .engine;
+    engine->backward(engine->forward(torch::full({8}, 40000.0)));
+    engine->step();
+    EXPECT_TRUE(engine->was_step_applied()) << "stage " << stage << " rank " << comm->rank();
+    EXPECT_EQ(engine->skipped_steps(), 0);
+    EXPECT_NEAR(engine->get_global_grad_norm(), 40000.0 * std::sqrt(8.0), 1.0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, Fp16GradientMean, ::testing::Values(0, 1, 2, 3));
+
 // fp16.auto_cast: floating-point inputs reach the model as fp16, integer inputs unchanged.
 namespace {
 struct DtypeProbeImpl : torch::nn::Module {

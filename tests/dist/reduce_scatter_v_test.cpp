@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
+
 #include "deepspeed/comm.h"
 #include "support/ranks.h"
 
@@ -44,6 +46,28 @@ TEST(ReduceScatterV, UnevenAndEmptySegmentsAtWorldSizesTwoToFour) {
   check_world(3, {0, 0, 6}, torch::kFloat, ReduceOp::Avg);
   check_world(4, {1, 2, 0, 1000003}, torch::kFloat, ReduceOp::Sum);
   check_world(4, {4, 4, 4, 4}, torch::kBFloat16, ReduceOp::Sum);
+}
+
+// ZeRO-2/3 average fp16 gradients with Avg (zero/gradient_scaling.h): the sum (80000) is past
+// fp16's 65504, the mean (40000) is not, so the division must come before the rounding to fp16,
+// on the shared-memory path (DS_SHM_ALLREDUCE unset: on) and on Gloo's all-to-all ("0").
+TEST(ReduceScatterV, Fp16AvgDividesBeforeRoundingToFp16) {
+  for (const char* shm : {"", "0"}) {
+    ::setenv("DS_SHM_ALLREDUCE", shm, 1);
+    try {
+      run_ranks(2, [&](CommunicatorPtr comm) {
+        auto in = torch::full({6}, 40000.0, torch::TensorOptions().dtype(torch::kHalf));
+        auto out = torch::empty({3}, in.options());
+        comm->reduce_scatter_v(out, in, {3, 3}, ReduceOp::Avg)->wait();
+        EXPECT_TRUE(out.to(torch::kFloat).eq(40000).all().item<bool>())
+            << "DS_SHM_ALLREDUCE='" << shm << "' rank " << comm->rank() << ": " << out;
+      });
+    } catch (...) {
+      ::unsetenv("DS_SHM_ALLREDUCE");
+      throw;
+    }
+  }
+  ::unsetenv("DS_SHM_ALLREDUCE");
 }
 
 TEST(ReduceScatterV, SingleProcessKeepsTheWholeInput) {

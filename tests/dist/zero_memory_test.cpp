@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adagrad.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "optim/onebit_adam.h"
@@ -54,11 +55,14 @@ TEST_P(ZeroMemory, ModelStatesMatchTheFormula) {
     EXPECT_EQ(m.host_bytes, m.total()) << "stage " << stage << " rank " << rank;
     EXPECT_EQ(m.device_bytes(), 0);
     if (stage <= 2) {
-      // Stage 2 (and fp32 stage 0): a pool of equal-size bucket buffers, 2 in flight + 1
-      // filling, each at most bucket + the largest parameter (256 x 32 elements) of fp32.
+      // Stage 2 (and fp32 stage 0): a pool of equal-size bucket buffers, each of the largest
+      // bucket (at most reduce_bucket_size, or the largest parameter, 256 x 32 elements, alone)
+      // in fp32: 2 in flight + 1 filling, and at stage 2 one more when a gradient arrives before
+      // that of the parameter laid before it in another bucket (a Linear's weight before its
+      // bias: 32 + 4096 elements are two buckets of at most 2000).
       // Stage 1 reduces views of its gradient buffer: none. Never a copy of every gradient (4Ψ),
       // which would be held through the forward pass.
-      EXPECT_LE(m.comm_buffers, 3 * (bucket + 256 * 32) * 4)
+      EXPECT_LE(m.comm_buffers, 4 * std::max<int64_t>(bucket, 256 * 32) * 4)
           << "stage " << stage << " world " << world << " rank " << rank;
     }
   }
@@ -66,6 +70,50 @@ TEST_P(ZeroMemory, ModelStatesMatchTheFormula) {
 
 INSTANTIATE_TEST_SUITE_P(Formulas, ZeroMemory,
                          ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(0, 1, 2, 3)));
+
+// A bucket whose dtype differs from communication_data_type travels as a converted copy (its
+// "wire"). Those copies are held only while in flight (at most 2, + 1 being launched) and counted
+// in comm_buffers: bf16 stage 1 with fp32 communication and bf16 stage 0 accumulating in fp32
+// (GAS 2) with bf16 communication (which all-reduce views of their gradient buffer: unbounded,
+// every bucket's copy would be alive at the end of backward, 4Ψ or 2Ψ bytes), and fp32 stage 0
+// with fp16 communication (its pool buffers are counted beside them).
+TEST(ZeroMemory, WireCopiesOfAllReduceBucketsAreBoundedAndCounted) {
+  struct Case {
+    int stage, accumulation;
+    const char* comm;
+    int64_t wire_element;  // bytes
+    bool bf16;
+  };
+  for (const Case& c : {Case{1, 1, "fp32", 4, true}, Case{0, 2, "bf16", 2, true},
+                        Case{0, 1, "fp16", 2, false}}) {
+    SCOPED_TRACE("stage " + std::to_string(c.stage) + ", communication in " + c.comm);
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 1;
+    s.model = gpt::GPTConfig{256, 16, 6, 2, 32};  // Ψ = 93184, against buckets of ≤ 8192
+    const int64_t bucket = 2000;
+    s.config = dstest::base_config(1, c.accumulation, c.stage);
+    s.config["zero_optimization"]["reduce_bucket_size"] = bucket;
+    if (c.bf16) s.config["bf16"] = {{"enabled", true}};
+    s.config["communication_data_type"] = c.comm;
+    auto r = dstest::train_gpt(s);
+    const int64_t psi = dstest::count_parameters(s.model);
+    const int64_t largest = 256 * 32;  // wte, a bucket of its own
+    // fp32 stage 0's pool buffers: what the same run holds without the conversion.
+    std::vector<int64_t> pool(2, 0);
+    if (!c.bf16) {
+      s.config.erase("communication_data_type");
+      auto plain = dstest::train_gpt(s);
+      for (int rank = 0; rank < 2; ++rank) pool[rank] = plain.memory[rank].comm_buffers;
+    }
+    for (int rank = 0; rank < 2; ++rank) {
+      const int64_t held = r.memory[rank].comm_buffers - pool[rank];
+      EXPECT_GE(held, largest * c.wire_element) << "rank " << rank << ": not counted";
+      EXPECT_LE(held, 3 * std::max(bucket, largest) * c.wire_element) << "rank " << rank;
+      EXPECT_LT(held, psi * c.wire_element / 2) << "rank " << rank;
+    }
+  }
+}
 
 TEST(ZeroMemory, Stage2AtMostTwoThirdsOfStage0AtTwoRanksAndUnderHalfAtFour) {
   for (auto [world, limit] : {std::pair{2, 0.66}, std::pair{4, 0.47}}) {

@@ -556,6 +556,17 @@ TEST(ConfigErrors, NegativeBucketSize) {
                   "zero_optimization.stage3_prefetch_bucket_size");
 }
 
+// allgather_bucket_size 0 would all-gather one element at a time (DeepSpeed divides by it:
+// ZeroDivisionError); reduce_bucket_size 0 is DeepSpeed's one parameter per bucket, accepted.
+TEST(ConfigErrors, ZeroAllgatherBucketSizeIsRefusedNamingTheKey) {
+  EXPECT_CONTAINS(error_of(with({{"zero_optimization", {{"stage", 2}, {"allgather_bucket_size", 0}}}})),
+                  "'zero_optimization.allgather_bucket_size' has value 0; expected a value > 0");
+  EXPECT_CONTAINS(error_of(with({{"zero_optimization", true}, {"allgather_size", 0}})),
+                  "'allgather_size' has value 0; expected a value > 0");
+  Config c = parse_config(with({{"zero_optimization", {{"stage", 2}, {"reduce_bucket_size", 0}}}}), 1);
+  EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 0);
+}
+
 TEST(ConfigErrors, OtherRanges) {
   EXPECT_CONTAINS(error_of(with({{"comm_timeout_seconds", 0}})), "'comm_timeout_seconds'");
   EXPECT_CONTAINS(error_of(with({{"fp16", {{"hysteresis", 0}}}})), "'fp16.hysteresis'");

@@ -109,11 +109,12 @@ Trained train(comm::CommunicatorPtr c, int steps) {
 }
 
 // Stage 0's buckets: parameters in reverse registration order (autograd finishes the last
-// layers first), a new bucket once the current one holds reduce_bucket_size elements.
+// layers first), a new bucket when the next parameter would take the current one past
+// reduce_bucket_size elements (DeepSpeed's cap; a larger parameter is a bucket of its own).
 std::vector<int64_t> expected_buckets(const std::vector<int64_t>& numels, int64_t bucket_size) {
   std::vector<int64_t> buckets;
   for (size_t k = numels.size(); k-- > 0;) {
-    if (buckets.empty() || buckets.back() >= bucket_size) buckets.push_back(0);
+    if (buckets.empty() || buckets.back() + numels[k] > bucket_size) buckets.push_back(0);
     buckets.back() += numels[k];
   }
   return buckets;

@@ -266,7 +266,8 @@ TEST_P(StepDuringBackward, UpdatesBeforeTheStepAndMatchesTheSerialStep) {
 // A single rank reduces nothing, so with the update during backward its buckets are cut finer
 // than reduce_bucket_size (at most 1/32 of the buffer, at least 2^16 elements): with DeepSpeed's
 // usual 5e8, one bucket would leave the whole update after backward. Two weights of 131k elements
-// and their biases (backward order: bias, weight, bias, weight): two buckets of 2^16 or more.
+// and their biases (backward order: bias, weight, bias, weight): four buckets, each weight (past
+// the 2^16 cap) and each bias alone.
 TEST(StepDuringBackwardBuckets, OneRankCutsItsBucketsFinerThanReduceBucketSize) {
   torch::manual_seed(3);
   std::vector<at::Tensor> params;
@@ -283,7 +284,7 @@ TEST(StepDuringBackwardBuckets, OneRankCutsItsBucketsFinerThanReduceBucketSize) 
     stage.end_backward(true);
     stage.step(1.0);
     if (overlap)
-      EXPECT_EQ(stage.ranges_stepped_during_backward(), 2u) << "buckets of reduce_bucket_size";
+      EXPECT_EQ(stage.ranges_stepped_during_backward(), 4u) << "buckets of reduce_bucket_size";
     else
       EXPECT_EQ(stage.ranges_stepped_during_backward(), 0u);
   }
@@ -291,7 +292,8 @@ TEST(StepDuringBackwardBuckets, OneRankCutsItsBucketsFinerThanReduceBucketSize) 
 
 // Stages 0/1 all-reduce in place and used to finish every bucket at the end of backward, so their
 // update could start only there. With the update during backward they finish as they go: four
-// layers of 256 x 256 make four buckets (2^16 each at world size 1); when the first layer's
+// layers of 256 x 256 make eight buckets (a weight fills the 2^16 cap at world size 1, so each
+// bias is a bucket of its own); when the first layer's
 // gradient arrives, the last layer's bucket has been finished and its update has changed the
 // buffer, before backward is over.
 TEST(StepDuringBackwardBuckets, AllReduceBucketsAreUpdatedBeforeBackwardEnds) {
@@ -323,7 +325,7 @@ TEST(StepDuringBackwardBuckets, AllReduceBucketsAreUpdatedBeforeBackwardEnds) {
   stage.end_backward(true);
   stage.step(1.0);
   EXPECT_TRUE(changed_inside_backward) << "no bucket was updated before the end of backward";
-  EXPECT_EQ(stage.ranges_stepped_during_backward(), 4u);
+  EXPECT_EQ(stage.ranges_stepped_during_backward(), 8u);
 }
 
 // Clipping or fp16: overlap_step only brings the ranges down during backward; the step updates

@@ -12,6 +12,7 @@
 #include "comm/process_info.h"
 #include "deepspeed/errors.h"
 #include "device/out_of_memory.h"
+#include "zero/backward_reach.h"
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
 #include "zero/stage3/quantized_reduce.h"
@@ -110,13 +111,15 @@ void Stage3::make_buckets() {
     const auto& slots = layout_.units[u];
     for (size_t i = 0; i < slots.params.size(); ++i) {
       const int64_t o = slots.offsets[i];
-      if (i == 0 || buckets_.back().end - buckets_.back().begin >= size) {
+      const int64_t end = o + c10::multiply_integers(slots.shapes[i]);
+      // At most `size` elements (a larger parameter alone), as DeepSpeed flushes before overflow.
+      if (i == 0 || end - buckets_.back().begin > size) {
         GradBucket bucket;
         bucket.unit = static_cast<int>(u);
         bucket.begin = bucket.end = o;
         buckets_.push_back(std::move(bucket));
       }
-      buckets_.back().end = o + c10::multiply_integers(slots.shapes[i]);
+      buckets_.back().end = end;
       bucket_of_[u].push_back(buckets_.size() - 1);
     }
     if (!slots.params.empty()) buckets_.back().end = slots.layout.padded_numel;  // padding too
@@ -164,6 +167,25 @@ void Stage3::begin_backward(bool boundary) {
   shard_->accept_ranges();
 }
 
+// A parameter the graph of `root` cannot reach gets no gradient: its part of the bucket stays
+// zeros and it counts as arrived now, so that neither the buckets after it in the launch order
+// nor its unit's release wait for the end of backward.
+void Stage3::expect_gradients_from(const at::Tensor& root) {
+  if (!in_backward_) return;
+  const BackwardReach reach(root);
+  if (!reach.known()) return;
+  for (size_t u = 0; u < layout_.units.size(); ++u) {
+    const auto& slots = layout_.units[u];
+    for (size_t i = 0; i < slots.params.size(); ++i) {
+      if (reach.reaches(slots.params[i])) continue;
+      order_->mark_unreachable(first_param_[u] + i,
+                               [this](size_t position) { launch_position(position); });
+      if (++unit_arrived_[u] == static_cast<int>(slots.params.size()))
+        gatherer_->backward_done(static_cast<int>(u));
+    }
+  }
+}
+
 // The parameter's gradient moves into its bucket and is freed at once; the buckets whose turn
 // has come in the launch order go.
 void Stage3::on_grad_ready(int u, size_t i) {
@@ -199,7 +221,10 @@ void Stage3::on_grad_ready(int u, size_t i) {
 void Stage3::launch(size_t index) {
   GradBucket& b = buckets_[index];
   if (!b.buffer.defined()) allocate(b);  // no parameter of this bucket got a gradient
-  const auto scaling = gradient_scaling(options_.reduction, ctx_.world_size());
+  // fp16: the reduce-scatter takes the mean (qgZ, which only sums: g/W first), so a sum past
+  // 65504 never reaches the fp16 `received` (gradient_scaling.h).
+  const auto scaling = reduce_scatter_scaling(options_.reduction, ctx_.world_size(), comm_dtype_,
+                                              /*avg_supported=*/!zeropp_.quantized_gradients);
   if (scaling.before_reduce != 1.0) b.buffer.mul_(scaling.before_reduce);
   const auto& L = layout_.units[b.unit].layout;
   std::vector<int64_t> splits;
@@ -210,7 +235,7 @@ void Stage3::launch(size_t index) {
     b.received = torch::empty({splits[ctx_.rank()]}, b.buffer.options());
   }
   if (!zeropp_.quantized_gradients)
-    b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits);
+    b.work = ctx_.comm->reduce_scatter_v(b.received, b.buffer, splits, scaling.op);
   else if (qgz_hops_.two_hops())
     b.work = quantized_reduce_scatter_v(*ctx_.comm, qgz_hops_, b.received, b.buffer, splits);
   else
@@ -222,7 +247,9 @@ void Stage3::finish(size_t index) {
   GradBucket& b = buckets_[index];
   b.work->wait();
   b.work.reset();
-  const double after = gradient_scaling(options_.reduction, ctx_.world_size()).after_reduce;
+  const double after = reduce_scatter_scaling(options_.reduction, ctx_.world_size(), comm_dtype_,
+                                              /*avg_supported=*/!zeropp_.quantized_gradients)
+                           .after_reduce;
   if (b.received.numel() > 0) {
     const auto& L = layout_.units[b.unit].layout;
     const int rank = ctx_.rank();
@@ -253,8 +280,9 @@ void Stage3::end_backward(bool) {
 // A unit is released when all its trainable parameters have their gradient; one that never
 // gets one (unused by the loss, on this rank or in this step) kept the unit gathered from its
 // pre-backward gather to here, where stage3_max_live_parameters could not evict it, and held the
-// buckets after its own in the launch order. Nothing can tell sooner, on the unit's hooks alone,
-// that the gradient will not come (DeepSpeed releases at the module's post-backward hook).
+// buckets after its own in the launch order. A parameter the loss's graph cannot reach is counted
+// when the backward begins (expect_gradients_from); this is what the graph could not tell (an
+// activation-checkpointed segment in it). (DeepSpeed releases at the module's post-backward hook.)
 void Stage3::warn_units_left_gathered() {
   for (size_t u = 1; u < layout_.units.size(); ++u) {
     const auto& slots = layout_.units[u];
@@ -273,7 +301,9 @@ void Stage3::warn_units_left_gathered() {
         ") got no gradient in a backward, so the unit stayed gathered until the end of "
         "that backward (stage3_max_live_parameters does not evict it: the bound can be "
         "exceeded) and the gradient buckets of the units before it were held until "
-        "then. Set requires_grad to false on a parameter the loss never uses (frozen "
+        "then (the loss's autograd graph could not tell when backward began: an activation "
+        "checkpoint, or a custom autograd function, in it). Set requires_grad to false on a "
+        "parameter the loss never uses (frozen "
         "parameters are not partitioned), or move it out of the unit. Warned once per "
         "unit.\n";
     std::fputs(line.c_str(), stderr);

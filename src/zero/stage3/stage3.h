@@ -15,9 +15,11 @@
 // order (all-gathers of units during backward fall between them alike only when every rank uses
 // the same parameters: docs/zero3.md, Limits).
 // When all of a unit's trainable parameters have their gradient, the unit's backward is over and
-// it is released. Buckets whose hooks never all fired (a parameter unused by this graph) are
-// reduced at end_backward, in order; a unit one of whose parameters got no gradient stays
-// gathered until then (a warning names the parameter, once per unit).
+// it is released. A parameter the loss's graph cannot reach (zero/backward_reach.h) counts as
+// arrived when the backward begins, its part of the bucket zeros. Buckets whose hooks still never
+// all fired (the graph could not tell: an activation-checkpointed segment) are reduced at
+// end_backward, in order; a unit one of whose parameters got no gradient then stays gathered
+// until then (a warning names the parameter, once per unit).
 // Every micro-step reduces (as stage 2). ZeRO++ (zeropp_options.h): qwZ and hpZ live in the
 // gatherer; qgZ replaces the buckets' reduce_scatter_v with quantized_reduce_scatter_v.
 // After the optimizer step the rank's partition holds the new values (the fused Adam writes the
@@ -54,12 +56,15 @@ class Stage3 : public ZeroStage {
  public:
   // Partitions the model's units (adopting zero::Init slices one unit at a time) and attaches
   // itself to them. REQUIRES: every rank holds rank 0's values for parameters not built under
-  // zero::Init; every trainable parameter has options.param_dtype. COLLECTIVE.
+  // zero::Init; every trainable parameter has options.param_dtype. COLLECTIVE. An empty
+  // `make_optimizer`: an engine without an optimizer, which partitions and gathers but keeps no
+  // masters, moments or gradients (zero/no_optimizer_shard.h).
   Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable, const StageContext& context,
          const Stage3Options& options, const OptimizerFactory& make_optimizer);
   ~Stage3() override;
 
   void begin_backward(bool boundary) override;
+  void expect_gradients_from(const at::Tensor& root) override;
   void end_backward(bool boundary) override;
   void abandon_backward() override;
   size_t ranges_stepped_during_backward() const override {

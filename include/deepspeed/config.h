@@ -173,6 +173,16 @@ struct CommsLoggerConfig {
   bool debug = false;
 };
 
+// "timers": {"throughput": {...}} (DeepSpeed's ThroughputTimer): the samples/s of rank 0's step
+// line (docs/monitoring.md).
+struct ThroughputTimerConfig {
+  bool enabled = true;  // false: the step line leaves samples/s out
+  // On a CUDA device the step that prints the line waits for the device first, so samples/s
+  // counts the work queued in the interval, not just its queuing (DeepSpeed synchronizes at each
+  // start and stop of its timer). No effect on the CPU.
+  bool synchronized = true;
+};
+
 struct Config {
   // Batch sizes after resolution (resolve_batch_sizes); all three > 0 and
   // train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp_world_size.
@@ -193,6 +203,7 @@ struct Config {
   MonitorConfig csv_monitor;
   CheckpointConfig checkpoint;
   CommsLoggerConfig comms_logger;
+  ThroughputTimerConfig throughput_timer;  // "timers.throughput"
 
   double gradient_clipping = 0.0;  // global-norm clip when > 0; 0 or < 0 disables (DeepSpeed's)
   // Both refused at ZeRO stage 2 with zero_optimization.reduce_scatter, as DeepSpeed asserts.
@@ -245,7 +256,8 @@ struct ConfigOverrides {
 };
 
 // Parses a JSON document. dp_world_size resolves the batch-size triple. Throws ConfigError.
-// Warnings (unknown keys, deprecated aliases) go to `warnings` if given, else to stderr.
+// Warnings (unknown keys, deprecated aliases) go to `warnings` if given, else to stderr (on the
+// calling rank; initialize() prints them on global rank 0 only).
 Config parse_config(const nlohmann::json& doc, int dp_world_size,
                     const ConfigOverrides& overrides = {},
                     std::vector<std::string>* warnings = nullptr);

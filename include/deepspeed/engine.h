@@ -81,7 +81,8 @@ class Engine {
 
   // Scales the loss by 1/gradient_accumulation_steps and runs autograd; gradient reduction of the
   // configured ZeRO stage runs inside (overlapped with backward when overlap_comm is on).
-  // Returns the scaled loss. COLLECTIVE.
+  // Returns the scaled loss. COLLECTIVE. Throws deepspeed::Error on an engine built without an
+  // optimizer (as step()).
   at::Tensor backward(const at::Tensor& loss);
   // At an accumulation boundary: clip by global norm, optimizer step, LR scheduler step, zero grads.
   // Between boundaries only counts the micro-step. COLLECTIVE.
@@ -161,7 +162,8 @@ class Engine {
   // its names; exclude_frozen_parameters leaves out those with requires_grad false. Throws
   // CheckpointError (on every rank) when the file could not be written, for a *.bin/*.pt name
   // (DeepSpeed writes a torch.save pickle, pytorch_model.bin by default; this is safetensors), and
-  // for a pipeline or tensor-parallel engine (save_checkpoint, then ds_to_fp32). Returns true.
+  // for a pipeline or tensor-parallel engine (save_checkpoint, then ds_to_fp32), and inside a
+  // gathered_parameters scope (as save_checkpoint). Returns true.
   // COLLECTIVE.
   bool save_16bit_model(const std::string& save_dir,
                         const std::string& save_filename = "model.safetensors",
@@ -326,7 +328,10 @@ struct InitializeArgs {
   // optimizers, which take one). Under offload_optimizer an Adam/AdamW runs as the CPU Adam with
   // each group's options, other types are refused (zero_force_ds_cpu_optimizer); where several
   // groups are taken with offload: docs/config.md. The optimizer initialize() returns is the one
-  // that steps.
+  // that steps. Neither this nor an "optimizer" block: an engine for evaluation (DeepSpeed's
+  // optimizer None): initialize() returns a null optimizer and no scheduler, forward works at every
+  // stage (stage 3 still partitions and gathers), no gradient or optimizer state is allocated,
+  // and backward()/step() throw deepspeed::Error.
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   // DeepSpeed's `model_parameters` as parameter groups for the optimizer the config's "optimizer"
   // block builds. Empty (the default): one group of every trainable parameter. Otherwise every
@@ -343,7 +348,11 @@ struct InitializeArgs {
   std::vector<ParamGroup> model_parameters;
   // Optional client scheduler factory; overrides the config's "scheduler" block.
   std::function<std::shared_ptr<LRScheduler>(std::shared_ptr<torch::optim::Optimizer>)> lr_scheduler;
-  comm::CommunicatorPtr comm;     // default: the world from init_distributed(), else single process
+  // Default: the world from init_distributed(); else, when the launcher's environment says this
+  // process is one of several (dsrun/torchrun WORLD_SIZE > 1, OpenMPI, Slurm), initialize() calls
+  // init_distributed() itself, as DeepSpeed does (rank 0 prints a line saying so); else a single
+  // process.
+  comm::CommunicatorPtr comm;
   // The trainer's values (batch sizes, learning rate, betas, eps, weight decay, clipping,
   // fp16/bf16, warm-up and total steps, hidden size): fill "auto" keys by Hugging Face's rules.
   ConfigOverrides overrides;
@@ -386,6 +395,10 @@ struct BuildInput {
   // tied layers are summed there between stages, so stages 0/1 keep .grad as views of their
   // gradient buffer, in the parameters' dtype (a wider grad_accum_dtype is not taken there).
   bool pipeline_stage = false;
+  // Whether this rank prints the config's warnings (DeepSpeed logs config messages on global rank
+  // 0). Unset: rank 0 of the topology's world, else of `comm`; a pipeline stage's `comm` is its
+  // data-parallel group, whose rank 0 is not the job's, so initialize_pipeline sets it.
+  std::optional<bool> prints_config_warnings;
 };
 // Builds everything that does not depend on the module's type. COLLECTIVE (broadcasts weights).
 EngineStatePtr build_engine_state(BuildInput input);

@@ -89,7 +89,9 @@ struct InferenceConfig {
   // The names a model tensor may have in the checkpoint, tried in order (default: its own name).
   // A pipeline checkpoint names layers layer_XX.*: the model supplies that mapping.
   std::function<std::vector<std::string>(const std::string&)> checkpoint_names;
-  comm::CommunicatorPtr comm;  // the world; default init_distributed()'s, else single process
+  // The world; default init_distributed()'s, which is called here when the launcher's
+  // environment says this process is one of several (as initialize()), else single process.
+  comm::CommunicatorPtr comm;
 };
 
 // How init_inference placed one Linear layer.

@@ -152,7 +152,9 @@ struct PipelineInitializeArgs {
   PipelineModule model;
   std::string config;          // path to ds_config.json (or config_json)
   nlohmann::json config_json;
-  comm::CommunicatorPtr comm;  // the world; default init_distributed()'s or single process
+  // The world; default init_distributed()'s, which is called here when the launcher's
+  // environment says this process is one of several (as initialize()), else single process.
+  comm::CommunicatorPtr comm;
   // The grid, when the layers need its groups before the engine exists (tensor parallelism:
   // built over topology->tensor_parallel()). Its pipe size must be the stage count and its world
   // `comm` (when given). Null: pipe x data over `comm`, built here.

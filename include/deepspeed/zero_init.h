@@ -31,7 +31,9 @@ namespace zero {
 class Init {
  public:
   // comm: the data-parallel group the engine will use (default: the world from
-  // init_distributed(), else a single process). enabled = false makes the scope a no-op.
+  // init_distributed(), which is called here when the launcher's environment says this process
+  // is one of several, as initialize() does; else a single process). enabled = false makes the
+  // scope a no-op.
   explicit Init(comm::CommunicatorPtr comm = nullptr, bool enabled = true,
                 std::optional<at::ScalarType> dtype = std::nullopt);
   ~Init();

@@ -39,7 +39,7 @@ void read_offload(ObjectReader& zero, const std::string& key, bool is_param, Off
 void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& warnings);
 
 // aio, activation_checkpointing, pipeline, flops_profiler, tensorboard, csv_monitor,
-// checkpoint, comms_logger (feature_blocks.cpp).
+// checkpoint, comms_logger, timers (feature_blocks.cpp).
 void read_feature_blocks(ObjectReader& top, Config& cfg);
 // A value of "pipeline.stages" by read_pipeline's rule: nullopt for "auto", else a count >= 1
 // in any integer form to_int64 takes (4, 4.0, "4"); ConfigError naming `path` otherwise. Also

@@ -160,6 +160,17 @@ void read_comms_logger(ObjectReader& top, CommsLoggerConfig& cl) {
   r.finish(UnknownKeys::kError);  // pydantic in DeepSpeed
 }
 
+// DeepSpeed models only timers.throughput (pydantic: strict); other keys under timers are never
+// read there (lenient: warned about).
+void read_timers(ObjectReader& top, ThroughputTimerConfig& tt) {
+  ObjectReader timers = top.child("timers");
+  ObjectReader r = timers.child("throughput");
+  r.read("enabled", tt.enabled);
+  r.read("synchronized", tt.synchronized);
+  r.finish(UnknownKeys::kError);
+  timers.finish();
+}
+
 }  // namespace
 
 std::optional<int64_t> pipeline_stage_count(const json& value, const std::string& path) {
@@ -183,6 +194,7 @@ void read_feature_blocks(ObjectReader& top, Config& cfg) {
   read_monitor(top, "csv_monitor", cfg.csv_monitor);
   read_checkpoint(top, cfg.checkpoint);
   read_comms_logger(top, cfg.comms_logger);
+  read_timers(top, cfg.throughput_timer);
 }
 
 }  // namespace deepspeed::config

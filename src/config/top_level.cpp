@@ -26,7 +26,6 @@ const std::set<std::string>& raw_only_blocks() {
                                                 "quantize_training",
                                                 "eigenvalue",
                                                 "nebula",
-                                                "timers",
                                                 "compile",
                                                 "monitor_config"};
   return kBlocks;

@@ -3,7 +3,7 @@
 // the block is switched on, either a warning names it and says what happens instead (the run is
 // the same run, only a side service is missing), or a ConfigError refuses it (running on would
 // silently train something else). The blocks DeepSpeed models with pydantic (wandb, comet,
-// hybrid_engine, timers.throughput, tensor_parallel, weight_quantization) also get their keys
+// hybrid_engine, tensor_parallel, weight_quantization) also get their keys
 // checked strictly, as there. The policy table is in docs/config.md.
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
@@ -111,16 +111,6 @@ void check_hybrid_engine_keys(ObjectReader& top) {
   for (const char* k : {"release_inference_cache", "pin_parameters"}) r.read(k, flag);
   r.find("enabled");
   r.finish(UnknownKeys::kError);
-}
-
-// DeepSpeed models only timers.throughput; other keys under timers are never read there.
-void check_timers(ObjectReader& top) {
-  ObjectReader timers = top.child("timers");
-  ObjectReader r = timers.child("throughput");
-  bool flag = false;
-  for (const char* k : {"enabled", "synchronized"}) r.read(k, flag);
-  r.finish(UnknownKeys::kError);
-  timers.finish();
 }
 
 // Training AutoTP: keys checked; a tensor-parallel degree above 1 is not provided.
@@ -252,7 +242,6 @@ void read_unprovided_blocks(ObjectReader& top) {
   check_wandb_keys(top);
   check_comet_keys(top);
   check_hybrid_engine_keys(top);
-  check_timers(top);
   check_tensor_parallel(top);
   check_weight_quantization(top);
   check_compression_training(top);

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "comm/checked_communicator.h"
+#include "comm/launch_world.h"
 #include "config/blocks.h"
 #include "config/hjson_reader.h"
 #include "deepspeed/checkpointing.h"
@@ -108,6 +110,7 @@ EngineStatePtr build_stage_state(PipelineRuntime& rt, const PipelineInitializeAr
   in.overrides = args.overrides;
   in.device = args.device;
   in.pipeline_stage = true;
+  in.prints_config_warnings = rt.topology->world()->rank() == 0;
   EngineStatePtr state = detail::build_engine_state(std::move(in));
   state->topology = rt.topology;
   // With tensor parallelism the stage's own norm is counted over its tensor group first
@@ -143,10 +146,13 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
     throw ConfigError(
         "initialize_pipeline(): PipelineInitializeArgs.comm is not "
         "PipelineInitializeArgs.topology->world(); give one of them");
-  comm::CommunicatorPtr world = args.topology   ? args.topology->world()
-                                : args.comm     ? args.comm
-                                : comm::world() ? comm::world()
-                                                : comm::make_single_process_communicator();
+  // Without a topology, comm or init_distributed(), a launched job is joined here
+  // (comm/launch_world.h).
+  comm::CommunicatorPtr world =
+      args.topology ? args.topology->world()
+                    : comm::world_or_launch(
+                          "initialize_pipeline()", args.comm,
+                          comm::init_options_for_config(args.config, args.config_json));
   const nlohmann::json raw = read_json(args);
   const int stages = stage_count(model, raw);
   // The errors below name where the count came from.
@@ -173,6 +179,17 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
                       " cannot be combined with pipeline parallelism (" + stages_key +
                       "): use ZeRO stage 0, 1 or 2 with the pipeline");
 
+  // comms_check: the world is wrapped before the topology splits its groups, so that every group
+  // (pipe, data-parallel, tied) is checked, not only the stage engine's data-parallel group; a
+  // given topology's world must have been wrapped before it split them.
+  if (config.comms_check || comm::comms_check_from_env()) {
+    if (args.topology)
+      comm::require_checked_topology(
+          *args.topology, "initialize_pipeline(): PipelineInitializeArgs.topology",
+          config.comms_check);
+    else
+      world = comm::with_comms_check(world);
+  }
   rt->spec = model;
   rt->stages = stages;
   rt->topology = args.topology

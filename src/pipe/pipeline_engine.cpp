@@ -41,6 +41,11 @@ double PipelineEngine::train_batch(const DataIterator& data) {
   if (!at::GradMode::is_enabled())
     throw Error("train_batch() requires gradients enabled (called under torch::NoGradGuard?); "
                 "use eval_batch() for evaluation");
+  // Every rank alike, before any transfer, as backward() and step() refuse it (engine.cpp).
+  if (!optimizer())
+    throw Error("train_batch(): must provide optimizer during init in order to use train_batch: "
+                "this engine was built without one (the config has no \"optimizer\" block and "
+                "initialize_pipeline() got no optimizer); use eval_batch() for evaluation");
   // With more than one stage the neighbours block on this stage's first transfer at once.
   return in_call("train_batch", [&] { return run(schedule(), data, /*train=*/true); },
                  /*peers_wait_at_once=*/rt_->stages > 1);

@@ -8,6 +8,9 @@
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/device.h"
 #include "deepspeed/optimizer.h"
+#include "comm/checked_communicator.h"
+#include "comm/launch_world.h"
+#include "config/json_reader.h"
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
@@ -33,18 +36,36 @@ namespace deepspeed {
 namespace detail {
 namespace {
 
-comm::CommunicatorPtr choose_communicator(comm::CommunicatorPtr given) {
-  if (given) return given;
-  if (auto w = comm::world()) return w;
-  return comm::make_single_process_communicator();
+// Without InitializeArgs.comm or init_distributed(), a launched job (WORLD_SIZE > 1) is joined
+// here, as deepspeed.initialize() calls init_distributed (comm/launch_world.h).
+comm::CommunicatorPtr choose_communicator(const BuildInput& in) {
+  return comm::world_or_launch(
+      "initialize()", in.comm,
+      comm::init_options_for_config(in.config_path, in.config_json));
 }
 
-Config read_config(const BuildInput& in, int world_size) {
-  if (!in.config_path.empty()) return load_config(in.config_path, world_size, in.overrides);
-  if (in.config_json.is_null())
+// The config's warnings are printed by one rank (`print`: global rank 0), as DeepSpeed logs its
+// config messages on rank 0 only, not once per rank; an error (ConfigError) is thrown on every
+// rank, and the warnings found before it are printed first.
+Config read_config(const BuildInput& in, int world_size, bool print) {
+  if (in.config_path.empty() && in.config_json.is_null())
     throw ConfigError("initialize(): no config given (set InitializeArgs.config to a ds_config.json "
                       "path, or InitializeArgs.config_json)");
-  return parse_config(in.config_json, world_size, in.overrides);
+  std::vector<std::string> warnings;
+  const auto report = [&] {
+    if (print)
+      for (const std::string& w : warnings) config::print_warning(w);
+  };
+  try {
+    Config config = in.config_path.empty()
+                        ? parse_config(in.config_json, world_size, in.overrides, &warnings)
+                        : load_config(in.config_path, world_size, in.overrides, &warnings);
+    report();
+    return config;
+  } catch (...) {
+    report();
+    throw;
+  }
 }
 
 // The engine's device, checked against the communicator: NCCL moves only GPU tensors.
@@ -182,6 +203,26 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
   return o;
 }
 
+// No "optimizer" block and no client optimizer: an engine for evaluation (DeepSpeed's optimizer
+// None, e.g. DeepSpeed-Chat's ZeRO-3 reference model). Nothing for training is allocated: stages
+// 0-2 leave the module's parameters as they are (whole on every rank, in the model's dtype);
+// stage 3 partitions them and gathers each unit for forward (DeepSpeed's parameter-only
+// DeepSpeedZeRoOffload) with no masters, moments or gradient partition
+// (zero/no_optimizer_shard.h). s.optimizer stays null; engine.cpp refuses backward() and step().
+void build_stage_without_optimizer(EngineState& s) {
+  const int stage = s.config.zero_optimization.stage;
+  const zero::StageContext context{s.comm, s.device};
+  if (stage == 3) {
+    const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
+    s.stage = std::make_unique<zero::Stage3>(*s.module, s.trainable, context,
+                                             stage3_options(s.config, dtype),
+                                             zero::OptimizerFactory());
+    return;
+  }
+  const zero::DataParallelOptions options{zero::reduction_options(s.config)};
+  s.stage = std::make_unique<zero::DataParallelStage>(s.trainable, context, options, nullptr);
+}
+
 // The stage is chosen once, here, as a composition of a parameter part, a gradient-reduction
 // part and a shard optimizer (docs/architecture.md):
 //   stage 0, fp32     DataParallelStage: the optimizer steps the module's own parameters
@@ -196,6 +237,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
+  if (!client_optimizer && !s.config.optimizer) return build_stage_without_optimizer(s);
   if (stage < 1 && !mixed) {
     // (Accumulates in autograd's .grad; the key is only checked: nothing is wider than fp32.)
     grad_accum_dtype(s.config, stage,
@@ -287,9 +329,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
   if (!in.module) throw ConfigError("initialize(): InitializeArgs.model is null");
   EngineStatePtr s(new EngineState());
   if (in.topology) check_topology(*in.topology, in.comm);
-  comm::CommunicatorPtr world = in.topology ? in.topology->world() : choose_communicator(in.comm);
+  comm::CommunicatorPtr world = in.topology ? in.topology->world() : choose_communicator(in);
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
-  s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size());
+  s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size(),
+                          in.prints_config_warnings.value_or(world->rank() == 0));
   // (A pipeline stage is checked by initialize_pipeline, which passes its topology apart.)
   if (!in.pipeline_stage) tp::check_initialize_args(*in.module, in.topology.get(), s->config);
   // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
@@ -299,10 +342,17 @@ EngineStatePtr build_engine_state(BuildInput in) {
   if (in.topology && in.topology->grid().tensor_size() > 1)
     checkpointing::set_model_parallel_group(in.topology->tensor_parallel());
   checkpointing::configure(s->config.activation_checkpointing);
-  // (A given topology's groups are already built: comms_check applies to its world only if the
-  // caller checked it before building the topology.)
-  if (!in.topology && (s->config.comms_check || comm::comms_check_from_env()))
-    world = comm::with_comms_check(world);
+  // The checker wraps the world before any group is split from it, so that every group is checked
+  // (CheckedCommunicator::split wraps the groups it makes). A given topology's groups are split
+  // already: its world must have been wrapped before (a pipeline stage's data-parallel group was,
+  // by initialize_pipeline: with_comms_check returns a checked one as it is).
+  if (s->config.comms_check || comm::comms_check_from_env()) {
+    if (in.topology)
+      comm::require_checked_topology(*in.topology, "initialize(): InitializeArgs.topology",
+                                     s->config.comms_check);
+    else
+      world = comm::with_comms_check(world);
+  }
   // Gradients and the loss mean travel over the data-parallel group; with the default sizes it
   // is `world` itself.
   s->topology = in.topology ? in.topology : std::make_shared<comm::Topology>(world);
@@ -365,9 +415,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));
 
-  if (in.lr_scheduler) {
+  // Without an optimizer there is nothing to schedule: DeepSpeed configures no scheduler then.
+  if (s->optimizer && in.lr_scheduler) {
     s->scheduler = in.lr_scheduler(s->optimizer);
-  } else if (s->config.scheduler) {
+  } else if (s->optimizer && s->config.scheduler) {
     s->scheduler = make_lr_scheduler(*s->config.scheduler, lr_target_for(s->optimizer));
   }
   s->training_data = in.training_data;

@@ -26,6 +26,15 @@ Engine::Engine(EngineStatePtr state)
   // The step line's first samples/s counts from where training began, not from here.
   state_->log.start_from(
       [monitor = state_->monitor.get()] { return monitor->timers().training_start(); });
+  // timers.throughput: on a GPU, `synchronized` makes the printed interval end when its work has
+  // run, not when it was queued (the CPU runs it as it is queued).
+  const auto& throughput = state_->config.throughput_timer;
+  std::function<void()> synchronize;
+  if (throughput.synchronized && device_.is_cuda())
+    synchronize = [index = device_.has_index() ? device_.index() : -1] {
+      torch::cuda::synchronize(index);
+    };
+  state_->log.configure(throughput.enabled, std::move(synchronize));
   capture_rng_at_boundary(*state_);  // micro-step 0: a save before the first step() keeps these
 }
 Engine::~Engine() = default;
@@ -113,6 +122,18 @@ void refuse_to_save_a_lost_step(const EngineState& s) {
               "instead");
 }
 
+namespace {
+// An engine built without an optimizer evaluates only; DeepSpeed asserts the same in backward()
+// and step() ("must provide optimizer during init in order to use backward").
+void refuse_without_optimizer(const EngineState& s, const char* call) {
+  if (s.optimizer) return;
+  throw Error(std::string("engine.") + call + "(): must provide optimizer during init in order to "
+              "use " + call + ": this engine was built without one (the config has no "
+              "\"optimizer\" block and initialize() got no InitializeArgs.optimizer), so it "
+              "can only evaluate (forward)");
+}
+}  // namespace
+
 void Engine::before_forward() {
   forget_failed_allocation();
   refuse_during_half_done_step(*state_, "forward");
@@ -182,6 +203,7 @@ at::Tensor Engine::backward(const at::Tensor& loss) {
 at::Tensor Engine::backward_in(const at::Tensor& loss) try {
   forget_failed_allocation();
   auto& s = *state_;
+  refuse_without_optimizer(s, "backward");
   auto& timers = s.monitor->timers();
   timers.start(Phase::kBackward);
   TORCH_CHECK(loss.numel() == 1, "engine.backward: loss must be a scalar, got shape ", loss.sizes());
@@ -195,6 +217,8 @@ at::Tensor Engine::backward_in(const at::Tensor& loss) try {
   const bool boundary = is_gradient_accumulation_boundary();
   s.stage->begin_backward(boundary);
   try {
+    // Parameters this loss does not use hold back no gradient bucket (find_unused_parameters).
+    s.stage->expect_gradients_from(to_differentiate);
     timers.start(Phase::kBackwardInner);
     to_differentiate.backward();
     timers.stop(Phase::kBackwardInner);
@@ -222,6 +246,7 @@ void Engine::step() {
 void Engine::step_in() try {
   forget_failed_allocation();
   auto& s = *state_;
+  refuse_without_optimizer(s, "step");
   auto& timers = s.monitor->timers();
   timers.start(Phase::kStep);
   if (!is_gradient_accumulation_boundary()) {
@@ -230,8 +255,6 @@ void Engine::step_in() try {
     timers.stop(Phase::kStep);
     return;
   }
-  TORCH_CHECK(s.optimizer, "engine.step: no optimizer (give an \"optimizer\" block in the config "
-                           "or pass one to initialize())");
   refuse_inside_gathered_scope(s, "engine.step()");
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   // Reduced in a copy, and the sum dropped only once the step went through: a step called again

@@ -4,6 +4,9 @@
 // samples/s covers the steps since the previous line (all ranks' samples); the first line's
 // interval starts where training began (the engine's first forward, a pipeline's first
 // train_batch), not at the engine's construction, so a load_checkpoint in between is not counted.
+// It is DeepSpeed's throughput timer (config timers.throughput): with enabled false the line
+// leaves it out; with synchronized (on a CUDA device) the printing step first waits for the
+// device, so the interval ends when the GPU work queued in it has run.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -31,6 +34,12 @@ class ThroughputLog {
   // of the first line's rate.
   using TrainingStart = std::function<std::optional<Clock::time_point>()>;
   void start_from(TrainingStart training_start) { training_start_ = std::move(training_start); }
+  // timers.throughput: `enabled` false leaves samples/s out of the line; `synchronize` (may be
+  // empty) runs before the time that ends a printed interval is taken.
+  void configure(bool enabled, std::function<void()> synchronize) {
+    enabled_ = enabled;
+    synchronize_ = std::move(synchronize);
+  }
   // Called at each optimizer step; prints when step % every == 0 and print is true.
   void on_step(const StepLogLine& line, int64_t every, bool print);
   // The start of the interval the next line's samples/s covers (nullopt before the first step).
@@ -38,6 +47,8 @@ class ThroughputLog {
 
  private:
   TrainingStart training_start_;
+  bool enabled_ = true;
+  std::function<void()> synchronize_;
   std::optional<Clock::time_point> last_;
   int64_t steps_since_print_ = 0;
 };

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "comm/launch_world.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/topology.h"
 #include "deepspeed/tp.h"
@@ -205,10 +206,9 @@ class Loader {
   std::unique_ptr<tp::WeightSource> src_;
 };
 
+// Without a comm or init_distributed(), a launched job is joined here (comm/launch_world.h).
 comm::CommunicatorPtr world_of(const InferenceConfig& config) {
-  if (config.comm) return config.comm;
-  if (auto w = comm::world()) return w;
-  return comm::make_single_process_communicator();
+  return comm::world_or_launch("init_inference()", config.comm);
 }
 
 // The first registered parameter or buffer still in DeferredInit placeholder memory ("" if none).

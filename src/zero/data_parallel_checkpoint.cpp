@@ -11,12 +11,15 @@
 namespace deepspeed {
 namespace zero {
 namespace {
-// The parameters double as the fp32 masters here; a 16-bit parameter would mean masters live
-// elsewhere (mixed precision), which this file would have to be taught about: refuse loudly
-// rather than save rounded weights and miss the optimizer state keyed on the masters.
-StateFragment fragment_of(torch::optim::Optimizer& optimizer, const at::Tensor& p, size_t index,
+// The parameters double as the fp32 masters here; with an optimizer a 16-bit parameter would
+// mean masters live elsewhere (mixed precision), which this file would have to be taught about:
+// refuse loudly rather than save rounded weights and miss the optimizer state keyed on the
+// masters. Without one (an engine for evaluation, any stage below 3) the parameters are the only
+// copy of the weights: a 16-bit one's fragment is an fp32 copy (saving reads it; loading writes it
+// and finish_load narrows it back, DataParallelStage::widened_for_load_).
+StateFragment fragment_of(torch::optim::Optimizer* optimizer, const at::Tensor& p, size_t index,
                           int64_t offset, int64_t numel, bool create) {
-  if (p.scalar_type() != at::kFloat)
+  if (optimizer && p.scalar_type() != at::kFloat)
     throw CheckpointError("checkpoint: ZeRO stage 0 with " + std::string(c10::toString(p.scalar_type())) +
                           " parameters is not supported by data_parallel_checkpoint.cpp yet");
   StateFragment f;
@@ -24,7 +27,9 @@ StateFragment fragment_of(torch::optim::Optimizer& optimizer, const at::Tensor& 
   f.offset = offset;
   f.numel = numel;
   f.master = p.detach().view({-1}).narrow(0, offset, numel);
-  attach_moments(adam_state_for(optimizer, p, create), offset, numel, f.exp_avg, f.exp_avg_sq);
+  if (f.master.scalar_type() != at::kFloat) f.master = f.master.to(at::kFloat);
+  if (optimizer)
+    attach_moments(adam_state_for(*optimizer, p, create), offset, numel, f.exp_avg, f.exp_avg_sq);
   return f;
 }
 }  // namespace
@@ -34,14 +39,19 @@ std::unique_ptr<FragmentState> DataParallelStage::state_to_save() {
   for (auto& p : params_) numels.push_back(p.numel());
   std::vector<StateFragment> out;
   for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
-    out.push_back(fragment_of(*optimizer_, params_[r.param], r.param, r.offset, r.numel, false));
+    out.push_back(fragment_of(optimizer_.get(), params_[r.param], r.param, r.offset, r.numel, false));
   return view_fragment_state(std::move(out));
 }
 
 std::unique_ptr<FragmentState> DataParallelStage::state_to_load(bool create_moments) {
   std::vector<StateFragment> out;
-  for (size_t k = params_.size(); k-- > 0;)
-    out.push_back(fragment_of(*optimizer_, params_[k], k, 0, params_[k].numel(), create_moments));
+  widened_for_load_.clear();
+  for (size_t k = params_.size(); k-- > 0;) {
+    out.push_back(
+        fragment_of(optimizer_.get(), params_[k], k, 0, params_[k].numel(), create_moments));
+    if (!out.back().master.is_alias_of(params_[k]))
+      widened_for_load_.emplace_back(params_[k], out.back().master);
+  }
   return view_fragment_state(std::move(out));
 }
 
@@ -53,6 +63,11 @@ int64_t DataParallelStage::adam_step() const {
 }
 
 void DataParallelStage::finish_load(int64_t adam_step) {
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [param, loaded] : widened_for_load_) param.detach().view({-1}).copy_(loaded);
+    widened_for_load_.clear();
+  }
   if (adam_step < 0) return;
   for (auto& p : params_)
     if (auto* s = adam_state_for(*optimizer_, p, false)) s->step(adam_step);

@@ -11,6 +11,7 @@
 #include "optim/fused_adam.h"
 #include "optim/self_communicating.h"
 #include "zero/adam_state_checkpoint.h"
+#include "zero/no_optimizer_shard.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/step_during_backward.h"
 #include "zero/tensor_facts.h"
@@ -379,6 +380,8 @@ std::unique_ptr<StateWindows> whole_state_windows(std::array<at::Tensor, 3> stat
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options,
                                                      ParamPartition& params,
                                                      const OptimizerFactory& make_optimizer) {
+  // No optimizer (an engine for evaluation): no masters or moments, wherever they would live.
+  if (!make_optimizer) return make_no_optimizer_shard(params);
   switch (options.home) {
     case OffloadDevice::kNvme:
       return std::make_unique<offload::SwappedShard>(options, params, make_optimizer);

@@ -175,7 +175,8 @@ class ShardOptimizer {
 std::unique_ptr<StateWindows> whole_state_windows(std::array<at::Tensor, 3> state);
 
 // Builds the shard for `params` in its configured home. `make_optimizer` builds the optimizer
-// over the given fp32 tensors. Throws ConfigError when the home cannot run that optimizer
+// over the given fp32 tensors; empty: an engine without an optimizer, whose shard holds nothing
+// (zero/no_optimizer_shard.h). Throws ConfigError when the home cannot run that optimizer
 // (NVMe: Adam/AdamW only), IOError for a bad nvme_path.
 std::unique_ptr<ShardOptimizer> make_shard_optimizer(const ShardOptions& options,
                                                      ParamPartition& params,

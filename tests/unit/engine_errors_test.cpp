@@ -4,10 +4,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "deepspeed/checkpointing.h"
 #include "deepspeed/deepspeed.h"
 #include "gpt/model.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/training_run.h"
 
 namespace engine_errors_test {
@@ -165,6 +168,109 @@ TEST(EngineErrors, AParameterSharedByTwoCheckpointedSegmentsIsRefusedAtStageThre
       EXPECT_FALSE(p.grad().defined()) << "a refused gradient stayed on the parameter, attempt "
                                        << attempt;
   }
+}
+
+
+namespace {
+// The config of an engine built for evaluation: no "optimizer" block (a "scheduler" block is
+// ignored without one, as DeepSpeed configures no scheduler then).
+json eval_config(int stage, bool bf16) {
+  json config = dstest::base_config(2, 1, stage);
+  config.erase("optimizer");
+  config["scheduler"] = {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 10}}}};
+  if (bf16) config["bf16"] = {{"enabled", true}};
+  return config;
+}
+
+std::shared_ptr<gpt::GPTImpl> seeded_gpt(uint64_t seed) {
+  torch::manual_seed(seed);
+  return std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+}
+
+// As initialize() casts a bf16 model: floating-point parameters and buffers only.
+void to_bf16(torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters())
+    if (p.is_floating_point()) p.set_data(p.to(torch::kBFloat16));
+  for (auto& b : model.buffers())
+    if (b.is_floating_point()) b.set_data(b.to(torch::kBFloat16));
+}
+
+double loss_of(torch::nn::Module& model, const torch::Tensor& x, const torch::Tensor& y) {
+  torch::NoGradGuard no_grad;
+  return dynamic_cast<gpt::GPTImpl&>(model).forward(x, y).item<double>();
+}
+}  // namespace
+
+// DeepSpeed accepts a model without an optimizer (an evaluation or reference engine: DeepSpeed-
+// Chat's ZeRO-3 reference model): initialize() returns no optimizer, forward works at every
+// stage (stage 3 gathers its partitioned units), no optimizer state or gradient storage is
+// allocated, and backward()/step() are refused in DeepSpeed's words. (It was a ConfigError at
+// initialize().)
+TEST(EngineErrors, WithoutAnOptimizerEvaluatesAtEveryStageAndRefusesTraining) {
+  const auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const auto y = torch::randint(0, 256, {2, 16}, torch::kLong);
+  for (int stage = 0; stage <= 3; ++stage)
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? ", bf16" : ", fp32"));
+      auto reference = seeded_gpt(5);
+      if (bf16) to_bf16(*reference);
+      auto model = seeded_gpt(5);
+      auto r = deepspeed::initialize<gpt::GPTImpl>(
+          {.model = model, .config_json = eval_config(stage, bf16)});
+      EXPECT_EQ(r.optimizer, nullptr);
+      EXPECT_EQ(r.lr_scheduler, nullptr);
+      EXPECT_TRUE(r.engine->get_lr().empty());
+      const auto memory = r.engine->memory_report();
+      EXPECT_EQ(memory.optimizer_states, 0);
+      EXPECT_EQ(memory.gradients, 0);
+      double loss = 0.0;
+      {
+        torch::NoGradGuard no_grad;
+        loss = r.engine->forward(x, y).item<double>();
+      }
+      EXPECT_NEAR(loss, loss_of(*reference, x, y), 1e-6 * std::abs(loss));
+
+      const std::string backward = dstest::message_of<deepspeed::Error>(
+          [&] { r.engine->backward(r.engine->forward(x, y)); });
+      EXPECT_CONTAINS(backward, "must provide optimizer during init in order to use backward");
+      EXPECT_CONTAINS(backward, "\"optimizer\" block");
+      const std::string step = dstest::message_of<deepspeed::Error>([&] { r.engine->step(); });
+      EXPECT_CONTAINS(step, "must provide optimizer during init in order to use step");
+      for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+      EXPECT_EQ(r.engine->global_steps(), 0);
+      // Still evaluates after the refusals.
+      torch::NoGradGuard no_grad;
+      EXPECT_NEAR(r.engine->forward(x, y).item<double>(), loss, 1e-6 * std::abs(loss));
+    }
+}
+
+// The weights of an engine without an optimizer go through save_checkpoint / load_checkpoint
+// (and save_16bit_model): a second engine, initialised with other weights, evaluates like the
+// first after the load.
+TEST(EngineErrors, WithoutAnOptimizerCheckpointsTheWeights) {
+  const auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const auto y = torch::randint(0, 256, {2, 16}, torch::kLong);
+  for (int stage : {0, 1, 3})
+    for (bool bf16 : {false, true}) {
+      SCOPED_TRACE("stage " + std::to_string(stage) + (bf16 ? ", bf16" : ", fp32"));
+      dstest::TempDir dir("ds_no_optimizer");
+      json config = eval_config(stage, bf16);
+      config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+      auto saved =
+          deepspeed::initialize<gpt::GPTImpl>({.model = seeded_gpt(5), .config_json = config});
+      ASSERT_TRUE(saved.engine->save_checkpoint(dir.path(), "eval"));
+      ASSERT_TRUE(saved.engine->save_16bit_model(dir.path()));
+      EXPECT_TRUE(std::filesystem::exists(dir / "model.safetensors"));
+      torch::NoGradGuard no_grad;
+      const double want = saved.engine->forward(x, y).item<double>();
+      auto loaded =
+          deepspeed::initialize<gpt::GPTImpl>({.model = seeded_gpt(6), .config_json = config});
+      ASSERT_NE(loaded.engine->forward(x, y).item<double>(), want);
+      const auto result = loaded.engine->load_checkpoint(dir.path(), "eval");
+      EXPECT_FALSE(result.load_path.empty());
+      EXPECT_NEAR(loaded.engine->forward(x, y).item<double>(), want, 1e-6 * std::abs(want));
+    }
 }
 
 }  // namespace engine_errors_test

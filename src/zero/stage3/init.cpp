@@ -1,5 +1,6 @@
 #include <torch/torch.h>
 
+#include "comm/launch_world.h"
 #include "deepspeed/zero_init.h"
 #include "deepspeed/zero_unit.h"
 #include "partition/partition.h"
@@ -14,8 +15,8 @@ thread_local Init* current_scope = nullptr;
 Init::Init(comm::CommunicatorPtr comm, bool enabled, std::optional<at::ScalarType> dtype)
     : enabled_(enabled), dtype_(dtype) {
   if (!enabled_) return;
-  comm_ = comm ? comm : comm::world();
-  if (!comm_) comm_ = comm::make_single_process_communicator();
+  // Without a comm or init_distributed(), a launched job is joined here (comm/launch_world.h).
+  comm_ = comm::world_or_launch("zero::Init", comm);
   previous_ = current_scope;
   current_scope = this;
 }

@@ -2,8 +2,10 @@
 
 #include <torch/torch.h>
 
+#include "deepspeed/errors.h"
 #include "offload/grad_store.h"
 #include "zero/grad_partition.h"
+#include "zero/no_optimizer_shard.h"
 
 namespace deepspeed {
 namespace zero {
@@ -51,6 +53,29 @@ class GradientsInMemory final : public UnitGradients {
   bool boundary_ = false;
 };
 
+// An engine without an optimizer (zero/no_optimizer_shard.h) keeps no gradients: its backward is
+// refused by the engine before the stage sees it. Dropping them (a checkpoint load does) is a
+// no-op.
+class NoGradients final : public UnitGradients {
+ public:
+  void begin_micro_step(bool) override { refuse(); }
+  void accumulate(int, int64_t, const at::Tensor&) override { refuse(); }
+  void unit_complete(int) override { refuse(); }
+  void end_micro_step() override {}
+  at::Tensor squared_norm() override { refuse(); }
+  ShardGrads for_step() override { refuse(); }
+  void clear() override {}
+  int64_t bytes() const override { return 0; }
+  bool in_host_memory() const override { return false; }
+  int64_t device_temporary_bytes() const override { return 0; }
+
+ private:
+  [[noreturn]] static void refuse() {
+    throw Error("ZeRO stage 3: a backward on an engine built without an optimizer (internal "
+                "error: engine.backward() should have refused it)");
+  }
+};
+
 class SwappedGradients final : public UnitGradients {
  public:
   SwappedGradients(const Stage3Layout& layout, at::ScalarType dtype, const ShardOptions& options,
@@ -87,6 +112,7 @@ std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
                                                    const AioConfig& aio, c10::Device device,
                                                    ShardOptimizer& shard,
                                                    ParamPartition& params) {
+  if (is_no_optimizer_shard(shard)) return std::make_unique<NoGradients>();
   // A swapped optimizer swaps the gradients too, as DeepSpeed does; ZeRO-Offload's host update
   // reads them in host memory, where they then accumulate (no device partition).
   if (options.home == OffloadDevice::kNvme)

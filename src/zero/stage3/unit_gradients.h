@@ -5,6 +5,7 @@
 //              offloaded update as soon as it is final (zero/step_during_backward.h)
 //   swapped    offload_optimizer nvme: unit slices accumulated in host memory and written to a
 //              file (offload/grad_store.h); the optimizer reads them back sub-group by sub-group
+//   none       an engine without an optimizer (zero/no_optimizer_shard.h): backward is refused
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -49,7 +50,8 @@ class UnitGradients {
   virtual int64_t host_temporary_bytes() const { return 0; }
 };
 
-// Swapped under offload_optimizer nvme (`options.home`), else in memory: in host memory when the
+// None for a shard without an optimizer; swapped under offload_optimizer nvme (`options.home`),
+// else in memory: in host memory when the
 // shard's update reads them there. `shard` and `params` outlive the result's calls.
 std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
                                                    at::ScalarType dtype,

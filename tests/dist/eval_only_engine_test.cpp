@@ -1,0 +1,61 @@
+// An engine without an optimizer on several ranks (DeepSpeed-Chat's ZeRO-3 reference model):
+// stage 3 partitions the weights and gathers each unit for forward, and every rank evaluates
+// what the whole, unpartitioned model does.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <mutex>
+
+#include "deepspeed/deepspeed.h"
+#include "gpt/model.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace eval_only_engine_test {
+
+TEST(EvalOnlyEngine, StageThreeForwardEqualsTheUnpartitionedModel) {
+  const int world = 2;
+  const gpt::GPTConfig shape{256, 16, 2, 2, 32};
+  nlohmann::json config = dstest::base_config(2, 1, 3);
+  config.erase("optimizer");
+  const auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const auto y = torch::randint(0, 256, {2, 16}, torch::kLong);
+  // Built on this thread: the global RNG is not per-thread.
+  torch::manual_seed(11);
+  auto reference = std::make_shared<gpt::GPTImpl>(shape);
+  int64_t whole_bytes = 0;
+  for (auto& p : reference->parameters()) whole_bytes += p.numel() * p.element_size();
+  std::vector<std::shared_ptr<gpt::GPTImpl>> models;
+  for (int r = 0; r < world; ++r) {
+    torch::manual_seed(11);
+    models.push_back(std::make_shared<gpt::GPTImpl>(shape));
+  }
+  double want = 0.0;
+  {
+    torch::NoGradGuard no_grad;
+    want = reference->forward(x, y).item<double>();
+  }
+  std::mutex mu;
+  std::vector<double> got(world, 0.0);
+  std::vector<deepspeed::MemoryReport> memory(world);
+  run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const int rank = comm->rank();
+    auto r = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = models[rank], .config_json = config, .comm = comm});
+    EXPECT_EQ(r.optimizer, nullptr);
+    torch::NoGradGuard no_grad;
+    const double loss = r.engine->forward(x, y).item<double>();
+    std::lock_guard<std::mutex> lock(mu);
+    got[rank] = loss;
+    memory[rank] = r.engine->memory_report();
+  });
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NEAR(got[r], want, 1e-6 * std::abs(want)) << "rank " << r;
+    EXPECT_EQ(memory[r].optimizer_states, 0) << "rank " << r;
+    EXPECT_EQ(memory[r].gradients, 0) << "rank " << r;
+    // Partitioned: each rank holds about half the weights (the root unit's are whole).
+    EXPECT_LT(memory[r].parameters, whole_bytes * 3 / 4) << "rank " << r;
+  }
+}
+
+}  // namespace eval_only_engine_test

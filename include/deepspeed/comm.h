@@ -125,7 +125,9 @@ class Communicator {
   virtual int64_t stats_resets() const { return 0; }
   // From now on (for the communicator's life) stats() also holds each completed call's latency
   // (SizeStats::latencies_ms): the comms_logger table asks for it, so that a run without the
-  // table does not grow by a double per collective. Default: keeps none.
+  // table does not grow by a double per collective. The communicators split from this one (and
+  // from those), whether before or after this call, keep theirs from now on too; a split's own
+  // call does not reach its parent. Default: keeps none.
   virtual void keep_latencies() {}
   // The summed latency (ms) of the completed calls of every op whose name starts with
   // `op_prefix` ("all_gather" counts all_gather and all_gather_base). A per-step reader (the

@@ -22,8 +22,9 @@ class GatheredChunksWork : public Work {
     inner_->wait();
     inner_.reset();
     // gathered_: [sender][chunk j], j = destination. Keep [sender][rank].
+    // reshape: `mine` is strided (one chunk per sender), and so may the output be.
     at::Tensor mine = gathered_.view({world_, world_, -1}).select(1, rank_);
-    output_.view({world_, -1}).copy_(mine);
+    output_.copy_(mine.reshape(output_.sizes()));
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "comm/dtypes.h"
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
+#include "deepspeed/topology.h"
 
 namespace deepspeed {
 namespace comm {
@@ -259,6 +260,19 @@ CommunicatorPtr with_comms_check(CommunicatorPtr comm) {
   const int64_t k = store->add(fmt::format("comms_check/checkers/{}", comm->rank()), 1);
   return std::make_shared<CheckedCommunicator>(
       comm, c10::make_intrusive<c10d::PrefixStore>(fmt::format("comms_check/{}", k), store));
+}
+
+void require_checked_topology(const Topology& topology, const std::string& what,
+                              bool from_config) {
+  const Communicator& world = *topology.world();
+  if (world.world_size() == 1 || dynamic_cast<const CheckedCommunicator*>(&world)) return;
+  const char* by = from_config ? "\"comms_check\": true" : "DS_COMMS_CHECK=1";
+  throw ConfigError(fmt::format(
+      "{}: {} cannot check this topology's groups: its world (rank {} of {}) was not wrapped by "
+      "comm::with_comms_check() before the topology split its groups, and a group already split "
+      "cannot be checked; build it as Topology(comm::with_comms_check(world), sizes), or turn {} "
+      "off",
+      what, by, world.rank(), world.world_size(), by));
 }
 
 bool comms_check_from_env() {

@@ -94,5 +94,15 @@ class CheckedCommunicator : public Communicator {
   int splits_ = 0;
 };
 
+class Topology;
+
+// The desync checker asked for (`from_config`: by "comms_check": true, else by DS_COMMS_CHECK=1)
+// where the groups come from a topology the caller built (`what`: "initialize():
+// InitializeArgs.topology"): they are checked only when its world was wrapped by
+// with_comms_check() before the topology split them (CheckedCommunicator::split wraps every
+// group it makes); a group already split cannot be wrapped after the fact. Throws ConfigError
+// naming the switch, `what` and the fix otherwise.
+void require_checked_topology(const Topology& topology, const std::string& what, bool from_config);
+
 }  // namespace comm
 }  // namespace deepspeed

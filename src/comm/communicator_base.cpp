@@ -23,6 +23,13 @@ void CommunicatorBase::check_split(const char* op, const at::Tensor& big,
   }
 }
 
+CommunicatorPtr CommunicatorBase::sub_group(CommunicatorPtr sub) const {
+  // Every backend's split makes one of these (a group of one: the single-process one).
+  if (auto* base = dynamic_cast<CommunicatorBase*>(sub.get()))
+    base->stats_->follow_keep_latencies_of(*stats_);
+  return sub;
+}
+
 void CommunicatorBase::check_peer(const char* op, int peer) const {
   if (peer < 0 || peer >= world_size_) {
     throw CommError(fmt::format("{} on rank {} of {}: peer rank {} is out of range [0, {})", op,

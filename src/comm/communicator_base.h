@@ -75,6 +75,10 @@ class CommunicatorBase : public Communicator {
   // as launch() does for its works; for collectives that are not c10d works (shared memory).
   std::function<void()> timed(const OpDesc& d, std::chrono::steady_clock::time_point t0,
                               std::function<void()> finish) const;
+  // What split() returns: `sub` (a group split from this communicator, or nullptr) keeping its
+  // calls' latencies whenever this one does (KeepLatencies), so that keep_latencies() on a world
+  // reaches the groups split from it, whenever they were split.
+  CommunicatorPtr sub_group(CommunicatorPtr sub) const;
   // A collective with nothing to move (zero elements): done at once on every rank.
   static WorkPtr done() { return std::make_shared<DoneWork>(); }
 

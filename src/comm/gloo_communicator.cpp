@@ -206,8 +206,9 @@ class GlooCommunicator : public CommunicatorBase {
     std::vector<int64_t> equal_split;
     auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
     const at::ScalarType type = input.scalar_type();
+    // Through a view of the result shaped like the output: a strided output has no flat view.
     return launch(describe("all_to_all", input), start, [output, recv, send, type]() mutable {
-      output.view({-1}).copy_(recv.view(type));
+      output.copy_(recv.view(type).view(output.sizes()));
     });
   }
 
@@ -247,14 +248,12 @@ class GlooCommunicator : public CommunicatorBase {
   }
 
   CommunicatorPtr split(int color, int key) override {
-    return split_over_store(*this, splits_++, color, key,
-                            [&](const std::string& prefix, int sub_rank, int sub_world) {
-                              auto sub = make_gloo_communicator_on(
-                                  c10::make_intrusive<c10d::PrefixStore>(prefix, store_), sub_rank,
-                                  sub_world, local_rank_, timeout_, device_, failure_board(),
-                                  channel_name_ + "/" + prefix);
-                              return sub;
-                            });
+    return sub_group(split_over_store(
+        *this, splits_++, color, key, [&](const std::string& prefix, int sub_rank, int sub_world) {
+          return make_gloo_communicator_on(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
+                                           sub_rank, sub_world, local_rank_, timeout_, device_,
+                                           failure_board(), channel_name_ + "/" + prefix);
+        }));
   }
 
  private:

@@ -5,12 +5,14 @@
 #ifdef USE_C10D_NCCL
 #include <atomic>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include "comm/all_to_all.h"
 #include "comm/communicator_base.h"
 #include "comm/local_reduce.h"
+#include "comm/op_observer.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/split.h"
 #include "comm/work.h"
@@ -157,12 +159,12 @@ class NcclCommunicator : public CommunicatorBase {
   }
 
   CommunicatorPtr split(int color, int key) override {
-    return split_over_store(*this, splits_++, color, key,
-                            [&](const std::string& prefix, int sub_rank, int sub_world) {
-                              return make_nccl_communicator_on(
-                                  c10::make_intrusive<c10d::PrefixStore>(prefix, store_), sub_rank,
-                                  sub_world, local_rank_, device_.index(), timeout_);
-                            });
+    return sub_group(split_over_store(
+        *this, splits_++, color, key, [&](const std::string& prefix, int sub_rank, int sub_world) {
+          return make_nccl_communicator_on(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
+                                           sub_rank, sub_world, local_rank_, device_.index(),
+                                           timeout_);
+        }));
   }
 
  private:
@@ -186,9 +188,29 @@ class NcclCommunicator : public CommunicatorBase {
 
   // Every NCCL call is made with this rank's GPU current (ProcessGroupNCCL uses it for its
   // streams and the communicator).
+  //
+  // While latencies are wanted (the comms_logger: keep_latencies(), or its verbose observer), a
+  // collective's latency is its own, as DeepSpeed's timed_op measures it: the host waits for the
+  // current stream before the clock starts (work queued before the call is not the collective's;
+  // DeepSpeed's timer starts with an event on that stream) and, in wait(), for the collective
+  // itself before the clock stops (NCCL's wait() only makes the current stream wait for NCCL's;
+  // DeepSpeed synchronizes the device there). Without them nothing waits: the collective stays
+  // asynchronous, and the latency recorded is the host's, from the launch to wait()'s return.
   WorkPtr launch(OpDesc d, const Start& start, std::function<void()> finish) const {
     c10::cuda::CUDAGuard guard(device_);
+    if (d.has_tensor && (stats_->keeps_latencies() || op_observer_set())) {
+      sync_current_stream(device_);
+      finish = [finish = std::move(finish), device = device_] {
+        if (finish) finish();
+        sync_current_stream(device);  // the stream wait() made wait for the collective
+      };
+    }
     return CommunicatorBase::launch(std::move(d), start, std::move(finish));
+  }
+
+  static void sync_current_stream(c10::Device device) {
+    c10::cuda::CUDAGuard guard(device);
+    c10::cuda::getCurrentCUDAStream(device.index()).synchronize();
   }
 
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> pg_;

@@ -5,7 +5,10 @@
 // (the engine's loss scalar, votes, the sub-group exchange) are staged through the GPU so every
 // collective of the interface works with either. Collectives are asynchronous on the device:
 // Work::wait() makes the caller's current CUDA stream wait for NCCL's stream (no host sync),
-// except for host tensors, whose result is copied back on wait().
+// except for host tensors, whose result is copied back on wait(), and while the comms_logger
+// times collectives (keep_latencies() or its verbose observer): then the host waits for the
+// current stream before the launch and for the collective in wait(), as DeepSpeed's timed_op
+// synchronizes, so that the latency recorded is the collective's.
 #pragma once
 #include <c10/util/intrusive_ptr.h>
 

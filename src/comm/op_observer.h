@@ -46,6 +46,12 @@ inline void clear_op_observer(const std::shared_ptr<const OpObserver>& observer)
   slot.set.store(false, std::memory_order_relaxed);
 }
 
+// Whether an observer is set now (one relaxed load): a backend that pays to time its collectives
+// (NCCL: the host waits for the GPU) pays only then.
+inline bool op_observer_set() {
+  return detail::op_observer_slot().set.load(std::memory_order_relaxed);
+}
+
 inline void notify_op_observer(const std::string& op, int64_t bytes, double ms, int world_size) {
   auto& slot = detail::op_observer_slot();
   if (!slot.set.load(std::memory_order_relaxed)) return;

@@ -19,7 +19,8 @@ class SegmentWork : public Work {
         offset_(offset) {}
   void wait() override {
     inner_->wait();
-    output_.view({-1}).copy_(reduced_.narrow(0, offset_, output_.numel()));
+    // Shaped like the output (a strided output has no flat view to copy into).
+    output_.copy_(reduced_.narrow(0, offset_, output_.numel()).view(output_.sizes()));
   }
 
  private:

@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <random>
 #include <vector>
 
 #include <fmt/format.h>
@@ -85,27 +87,70 @@ int reserve(int fd, size_t bytes) {
   return err;
 }
 
-// Rank 0: a fresh segment with its header and counters initialised, or null (errno-worthy
-// failures are not fatal: the group then keeps to Gloo, the others learn it from the empty
-// name setup_shm_segment publishes).
-std::unique_ptr<ShmSegment> create(const std::string& name, int world, int slots,
-                                   size_t slot_bytes) {
+// 64 random bits in hex, for a segment's name.
+std::string random_token() {
+  uint64_t bits = 0;
+  try {
+    std::random_device rd;
+    bits = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  } catch (...) {  // no entropy source: the clock, which the retries below still tell apart
+  }
+  bits ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return fmt::format("{:016x}", bits);
+}
+
+// One line on stderr: the group keeps to Gloo because its segment could not be made.
+void say_off(int world, const std::string& why) {
+  std::fprintf(stderr,
+               "[deepspeed] shared-memory all-reduce off for this group of %d ranks (its "
+               "all-reduces go through Gloo): %s\n",
+               world, why.c_str());
+}
+
+// Creates (O_EXCL) and opens a new segment "<stem>_<random>", trying other random parts while
+// the name exists: a crashed job's leftover (containers that share /dev/shm reuse low pids, and
+// the pid and count alone repeat) does not keep this group off shared memory. Returns the fd
+// and sets `name`, or -1 after saying why.
+int open_new(const std::string& stem, int world, std::string& name) {
+  constexpr int kTries = 8;
+  for (int i = 0; i < kTries; ++i) {
+    name = stem + "_" + random_token();
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) return fd;
+    const int err = errno;
+    if (err != EEXIST || i + 1 == kTries) {
+      say_off(world, fmt::format("could not create the segment /dev/shm{} (shm_open: {}{})",
+                                 name, std::strerror(err),
+                                 err == EEXIST ? fmt::format(", {} names tried", kTries) : ""));
+      return -1;
+    }
+  }
+  return -1;
+}
+
+// Rank 0: a fresh segment named "<stem>_<random>" (`name` set to it) with its header and
+// counters initialised, or null, said on stderr (not fatal: the group then keeps to Gloo, the
+// others learn it from the empty name setup_shm_segment publishes).
+std::unique_ptr<ShmSegment> create(const std::string& stem, int world, int slots,
+                                   size_t slot_bytes, std::string& name) {
   const size_t bytes = segment_bytes(world, slots, slot_bytes);
-  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  const int fd = open_new(stem, world, name);
   if (fd < 0) return nullptr;
   void* base = nullptr;
-  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-    const int err = reserve(fd, bytes);
-    if (err == 0)
-      base = map_fd(fd, bytes);
-    else
-      std::fprintf(stderr,
-                   "[deepspeed] shared-memory all-reduce off for this group of %d ranks (its "
-                   "all-reduces go through Gloo): could not reserve the %zu-byte segment "
-                   "/dev/shm%s (posix_fallocate: %s); give /dev/shm more room (docker run "
-                   "--shm-size) or lower DS_SHM_ALLREDUCE_SLOT_BYTES (the segment is %d slots x "
-                   "ranks x that)\n",
-                   world, bytes, name.c_str(), std::strerror(err), slots);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    say_off(world, fmt::format("could not size the segment /dev/shm{} to {} bytes (ftruncate: {})",
+                               name, bytes, std::strerror(err)));
+  } else if (const int err = reserve(fd, bytes); err != 0) {
+    say_off(world, fmt::format(
+                       "could not reserve the {}-byte segment /dev/shm{} (posix_fallocate: {}); "
+                       "give /dev/shm more room (docker run --shm-size) or lower "
+                       "DS_SHM_ALLREDUCE_SLOT_BYTES (the segment is {} slots x ranks x that)",
+                       bytes, name, std::strerror(err), slots));
+  } else if ((base = map_fd(fd, bytes)) == nullptr) {
+    const int err = errno;
+    say_off(world, fmt::format("could not map the {}-byte segment /dev/shm{} (mmap: {})", bytes,
+                               name, std::strerror(err)));
   }
   ::close(fd);
   if (base == nullptr) {
@@ -218,8 +263,8 @@ std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int 
   std::unique_ptr<ShmSegment> seg;
   if (rank == 0) {
     static std::atomic<int> count{0};
-    const std::string name = shm_segment_name(::getpid(), count++);
-    seg = create(name, world, slots, slot_bytes);
+    std::string name;
+    seg = create(shm_segment_name(::getpid(), count++), world, slots, slot_bytes, name);
     if (seg) seg->rank_state(0).pid.store(static_cast<int32_t>(::getpid()));
     store.set("ds_shm/name", store_bytes(seg ? name : std::string()));
     bool all = seg != nullptr;

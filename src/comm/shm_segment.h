@@ -90,8 +90,10 @@ size_t shm_allreduce_share_bytes_from_env();
 // Sets up the segment of a group over its rendezvous store. COLLECTIVE over the group (after the
 // Gloo group is made): every rank publishes whether it wants the shared-memory path and its host
 // identity (with `settings`, the sizes that every rank must agree on); when all want it and all
-// identities match, rank 0 creates /dev/shm/ds_shm_<pid>_<n>
-// (O_EXCL; its pid and a process-wide count make the name unique on the host), the others attach,
+// identities match, rank 0 creates /dev/shm/ds_shm_<pid>_<n>_<random> (O_EXCL; its pid and a
+// process-wide count keep its own names apart, the 64 random bits a crashed job's leftover of the
+// same pid, e.g. in another container sharing /dev/shm; a name that exists is retried with other
+// bits, and a segment that cannot be made is said on stderr, naming it), the others attach,
 // and rank 0 unlinks the name as soon as every rank has reported back, so a crash afterwards
 // leaves nothing behind. Returns null on every rank alike when the group is not local, any rank
 // disabled the path, /dev/shm has no room for the segment (rank 0 reserves every page up front

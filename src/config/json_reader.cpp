@@ -113,8 +113,12 @@ void Warnings::add(const std::string& message) {
   if (sink_) {
     sink_->push_back(message);
   } else {
-    std::cerr << "[deepspeed] warning: " << message << std::endl;
+    print_warning(message);
   }
+}
+
+void print_warning(const std::string& message) {
+  std::cerr << "[deepspeed] warning: " << message << std::endl;
 }
 
 ObjectReader::ObjectReader(const json& obj, std::string path, Warnings& warnings)

@@ -20,7 +20,7 @@ namespace deepspeed::config {
 
 using json = nlohmann::json;
 
-// Where warnings go: the caller's vector if given, else stderr as "[deepspeed] warning: ...".
+// Where warnings go: the caller's vector if given, else stderr (print_warning).
 class Warnings {
  public:
   explicit Warnings(std::vector<std::string>* sink) : sink_(sink) {}
@@ -29,6 +29,10 @@ class Warnings {
  private:
   std::vector<std::string>* sink_;
 };
+
+// One warning on stderr as "[deepspeed] warning: <message>". initialize() collects the config's
+// warnings and prints them on global rank 0 only (DeepSpeed logs config messages there).
+void print_warning(const std::string& message);
 
 // "a.b" from prefix "a" and key "b"; just "b" at the top level.
 std::string join_path(const std::string& prefix, const std::string& key);

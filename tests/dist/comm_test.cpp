@@ -610,4 +610,83 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
   });
 }
 
+// ---- strided outputs and the group of one ----
+
+namespace {
+
+// Chunk `rank` of every rank's pattern(n) (n = 2 * chunk), in rank order: what all_to_all of
+// pattern(n) hands rank `rank` of 2.
+at::Tensor expected_all_to_all(int64_t chunk, int rank) {
+  return at::cat({pattern(2 * chunk, 0, at::kFloat).narrow(0, rank * chunk, chunk),
+                  pattern(2 * chunk, 1, at::kFloat).narrow(0, rank * chunk, chunk)});
+}
+
+// A strided (non-contiguous) view of n fresh zeros: every other element of a [n, 2] tensor.
+at::Tensor strided_zeros(int64_t n) { return at::zeros({n, 2}).select(1, 0); }
+
+}  // namespace
+
+// A strided output (a transposed or sliced view) is written through the view, as all_reduce and
+// all_gather write theirs: by Gloo's all_to_all and reduce_scatter_v (its shared-memory path for
+// small inputs, its all-to-all above the shared-memory limit) and by the interface's default
+// implementations (called past the override).
+TEST(Comm, AllToAllAndReduceScatterVIntoNonContiguousOutput) {
+  run_ranks(2, [](CommunicatorPtr c) {
+    const int r = c->rank();
+    const int64_t chunk = 6;
+    at::Tensor in = pattern(2 * chunk, r, at::kFloat);
+    at::Tensor own = at::zeros({3, 4}).t(), dflt = at::zeros({3, 4}).t();  // [4, 3], strided
+    ASSERT_FALSE(own.is_contiguous());
+    c->all_to_all(own, in)->wait();
+    c->comm::Communicator::all_to_all(dflt, in)->wait();
+    EXPECT_TRUE(own.equal(expected_all_to_all(chunk, r).view({4, 3}))) << own;
+    EXPECT_TRUE(dflt.equal(expected_all_to_all(chunk, r).view({4, 3}))) << dflt;
+
+    for (int64_t n : {int64_t{12}, int64_t{300001}}) {  // 1.2 MB: above the shared-memory limit
+      const std::vector<int64_t> splits = {n / 3, n - n / 3};
+      const int64_t offset = r == 0 ? 0 : splits[0];
+      at::Tensor grads = pattern(n, r, at::kFloat);
+      at::Tensor out = strided_zeros(splits[r]), out_dflt = strided_zeros(splits[r]);
+      c->reduce_scatter_v(out, grads, splits)->wait();
+      c->comm::Communicator::reduce_scatter_v(out_dflt, grads, splits)->wait();
+      const at::Tensor want = expected_reduce(splits[r], 2, at::kFloat, ReduceOp::Sum, offset);
+      EXPECT_TRUE(out.equal(want)) << "n=" << n;
+      EXPECT_TRUE(out_dflt.equal(want)) << "n=" << n;
+    }
+  });
+}
+
+// A group of one times its collectives, as DeepSpeed's comms logger times them on a group of one
+// (so a one-rank job's comms table is not empty), each under its own name: reduce_scatter_v and
+// all_to_all are not the defaults' all_reduce of a copy and all_gather of world x the input.
+TEST(SingleProcess, CollectivesAreTimedUnderTheirOwnNames) {
+  CommunicatorPtr c = comm::make_single_process_communicator();
+  c->keep_latencies();
+  at::Tensor t = pattern(12, 0, at::kFloat);
+  c->all_reduce(t)->wait();
+  c->broadcast(t, 0)->wait();
+  at::Tensor out = at::zeros({12});
+  c->all_gather(out, t)->wait();
+  c->reduce_scatter(out, t)->wait();
+  at::Tensor v = strided_zeros(12), a = at::zeros({3, 4}).t();
+  c->reduce_scatter_v(v, t, {12})->wait();
+  c->all_to_all(a, t)->wait();
+  EXPECT_TRUE(v.equal(t));
+  EXPECT_TRUE(a.equal(t.view({4, 3})));
+  at::Tensor none = at::zeros({0});
+  c->all_reduce(none)->wait();  // counted, not timed: as Gloo skips an empty collective
+  const comm::CommStats s = c->stats();
+  EXPECT_EQ(s.size(), 6u);
+  for (const char* op :
+       {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "reduce_scatter_v", "all_to_all"}) {
+    ASSERT_TRUE(s.count(op)) << op;
+    const comm::OpStats& o = s.at(op);
+    EXPECT_EQ(o.calls, op == std::string("all_reduce") ? 2 : 1) << op;
+    ASSERT_EQ(o.by_size.size(), 1u) << op;
+    EXPECT_EQ(o.by_size.begin()->first, 48) << op;
+    EXPECT_EQ(o.by_size.begin()->second.calls, 1) << op;
+    EXPECT_EQ(o.by_size.begin()->second.latencies_ms.size(), 1u) << op;
+  }
+}
+
 }  // namespace comm_test

@@ -11,9 +11,16 @@
 #include <vector>
 
 #include "comm/checked_communicator.h"
+#include "comm/gloo_communicator.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
+#include "deepspeed/engine.h"
+#include "deepspeed/pipe.h"
+#include "deepspeed/topology.h"
+#include "gpt/model.h"
+#include "support/expect.h"
 #include "support/fake_communicator.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -262,6 +269,80 @@ TEST(CommsCheck, EngineTrainsBitIdenticallyWithTheCheck) {
     const dstest::RunResult checked = dstest::train_gpt(spec);
     EXPECT_EQ(plain.losses, checked.losses) << "stage " << stage;
     EXPECT_EQ(dstest::max_weight_diff(plain, checked), 0.0) << "stage " << stage;
+  }
+}
+
+// A given topology's groups were split before initialize() sees the config: they are checked
+// only when its world was wrapped first. Over a plain world the check would silently not
+// happen, so initialize() refuses, naming the switch and the fix; over a checked world the
+// engine's group is a checked one.
+TEST(CommsCheck, GivenTopologyMustBeBuiltOverACheckedWorld) {
+  auto model = [] { return std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{64, 8, 1, 2, 8}); };
+  auto checked_config = dstest::base_config(1, 1, 0);
+  checked_config["comms_check"] = true;
+  std::vector<std::string> refusals(2);
+  run_ranks(2, [&](CommunicatorPtr raw) {
+    auto plain = std::make_shared<comm::Topology>(raw);
+    refusals[raw->rank()] = dstest::message_of<deepspeed::ConfigError>([&] {
+      deepspeed::initialize<gpt::GPTImpl>(
+          {.model = model(), .config_json = checked_config, .device = "cpu", .topology = plain});
+    });
+    auto checked = std::make_shared<comm::Topology>(comm::with_comms_check(raw));
+    auto engine = deepspeed::initialize<gpt::GPTImpl>(
+        {.model = model(), .config_json = checked_config, .device = "cpu", .topology = checked});
+    EXPECT_NE(dynamic_cast<comm::CheckedCommunicator*>(engine.engine->communicator().get()),
+              nullptr);
+  });
+  for (const auto& e : refusals) {
+    EXPECT_CONTAINS(e, "\"comms_check\": true");
+    EXPECT_CONTAINS(e, "InitializeArgs.topology");
+    EXPECT_CONTAINS(e, "with_comms_check");
+  }
+  // The environment's switch too (its own name in the message).
+  ::setenv("DS_COMMS_CHECK", "1", 1);
+  std::vector<std::string> env_refusals(2);
+  run_ranks(2, [&](CommunicatorPtr raw) {
+    auto plain = std::make_shared<comm::Topology>(raw);
+    env_refusals[raw->rank()] = dstest::message_of<deepspeed::ConfigError>([&] {
+      deepspeed::initialize<gpt::GPTImpl>({.model = model(),
+                                           .config_json = dstest::base_config(1, 1, 0),
+                                           .device = "cpu",
+                                           .topology = plain});
+    });
+  });
+  ::unsetenv("DS_COMMS_CHECK");
+  for (const auto& e : env_refusals) EXPECT_CONTAINS(e, "DS_COMMS_CHECK=1");
+}
+
+// A pipeline built by initialize_pipeline checks its world before splitting its groups, so
+// the pipe group's collectives (here the world's: 2 stages of one rank) are checked, not only
+// the data-parallel group's. The checker leaves each rank's last call under
+// "comms_check/<k>/last/<rank>" in the world's store.
+TEST(CommsCheck, PipelineChecksEveryGroup) {
+  run_ranks(2, [&](CommunicatorPtr raw) {
+    auto args = dstest::pipeline_args(raw, /*stages=*/2, /*zero_stage=*/0,
+                                      dstest::tiny_pipeline_gpt(false));
+    args.config_json["comms_check"] = true;
+    auto engine = deepspeed::pipe::initialize_pipeline(args);
+    dstest::train_pipeline_steps(*engine, raw, 0, 1);
+    auto store = comm::store_of(*raw);
+    ASSERT_TRUE(store);
+    EXPECT_TRUE(store->check({"comms_check/1/last/" + std::to_string(raw->rank())}));
+  });
+  // A given topology over a plain world is refused, as by initialize().
+  std::vector<std::string> refusals(2);
+  run_ranks(2, [&](CommunicatorPtr raw) {
+    auto args = dstest::pipeline_args(raw, /*stages=*/2, /*zero_stage=*/0,
+                                      dstest::tiny_pipeline_gpt(false));
+    args.config_json["comms_check"] = true;
+    args.comm = nullptr;
+    args.topology = std::make_shared<comm::Topology>(raw, comm::TopologySizes{2, 1});
+    refusals[raw->rank()] = dstest::message_of<deepspeed::ConfigError>(
+        [&] { deepspeed::pipe::initialize_pipeline(args); });
+  });
+  for (const auto& e : refusals) {
+    EXPECT_CONTAINS(e, "\"comms_check\": true");
+    EXPECT_CONTAINS(e, "PipelineInitializeArgs.topology");
   }
 }
 

@@ -308,6 +308,23 @@ TEST(CommsSummary, TrimmedMeansLeaveOutTheCallsBeforeTheBaseline) {
                   row({"1.0 MB", "10", "1045.00", "5.50", "3.84", "1.92"}));
 }
 
+// A one-rank job's table has its collectives, as DeepSpeed's comms logger times ops on a group
+// of one: the single-process communicator times them like the others.
+TEST(CommsSummary, WorldSizeOneHasItsCollectives) {
+  deepspeed::Config c;
+  c.comms_logger.enabled = true;
+  auto comm = deepspeed::comm::make_single_process_communicator();
+  dm::TrainingMonitor m(c, comm, c10::kCPU, /*writer=*/true);
+  m.mark_comms_start();
+  at::Tensor t = at::ones({256});
+  for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+  at::Tensor out = at::zeros({256});
+  comm->reduce_scatter_v(out, t, {256})->wait();
+  const std::string table = m.comms_summary(/*print=*/false);
+  EXPECT_CONTAINS(table, "\nall_reduce\n" + row({"1.0 KB", "3"}));
+  EXPECT_CONTAINS(table, "\nreduce_scatter_v\n" + row({"1.0 KB", "1"}));
+}
+
 TEST(WallClock, LinesInDeepSpeedsFormat) {
   dm::WallClockTimers off(false, c10::kCPU);
   off.start(dm::Phase::kForward);

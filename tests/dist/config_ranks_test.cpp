@@ -1,0 +1,95 @@
+// The config's warnings in a job of several ranks: printed once, by global rank 0, as DeepSpeed
+// logs its config messages (log_dist ranks=[0]), not once per rank; an error in the config is
+// still thrown on every rank. Ranks run as threads, so stderr is the job's.
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+#include "deepspeed/deepspeed.h"
+#include "deepspeed/pipe.h"
+#include "gpt/pipeline_model.h"
+#include "support/expect.h"
+#include "support/pipeline_gpt.h"
+#include "support/ranks.h"
+#include "support/training_run.h"
+
+namespace config_ranks_test {
+
+namespace {
+
+const char* const kWarning = "unknown config key 'gradient_cliping'";
+
+size_t occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::shared_ptr<gpt::GPTImpl> tiny_gpt() {
+  static std::mutex mu;  // module construction draws from the global generator
+  std::lock_guard<std::mutex> lock(mu);
+  return std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
+}
+
+}  // namespace
+
+TEST(ConfigRanks, AWarningIsPrintedOnceNotOncePerRank) {
+  auto config = dstest::base_config(1, 1, 0);
+  config["gradient_cliping"] = 1.0;
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    deepspeed::initialize<gpt::GPTImpl>(
+        {.model = tiny_gpt(), .config_json = config, .comm = comm, .device = "cpu"});
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+}
+
+// Under tensor parallelism the engine's communicator is a data-parallel group, of which every
+// tensor rank has a rank 0: still the one global rank 0 prints.
+TEST(ConfigRanks, ATensorParallelJobPrintsItOnce) {
+  auto config = dstest::base_config(1, 1, 0);
+  config["gradient_cliping"] = 1.0;
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto topology =
+        std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
+    deepspeed::initialize<gpt::GPTImpl>(
+        {.model = tiny_gpt(), .config_json = config, .device = "cpu", .topology = topology});
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+}
+
+// Each pipeline stage builds its engine over its own data-parallel group, whose rank 0 is not
+// the job's: one stage's prints.
+TEST(ConfigRanks, APipelinePrintsItOnce) {
+  ::testing::internal::CaptureStderr();
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto args = dstest::pipeline_args(comm, /*stages=*/2, /*zero_stage=*/0,
+                                      dstest::tiny_pipeline_gpt(false));
+    args.config_json["gradient_cliping"] = 1.0;
+    deepspeed::pipe::initialize_pipeline(args);
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+}
+
+// An error is every rank's: each one throws it (the others would wait for it otherwise).
+TEST(ConfigRanks, AnErrorIsThrownOnEveryRank) {
+  auto config = dstest::base_config(1, 1, 0);
+  config["gradient_clipping"] = "one";
+  std::mutex mu;
+  int refused = 0;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    const std::string message = dstest::message_of<deepspeed::ConfigError>([&] {
+      deepspeed::initialize<gpt::GPTImpl>(
+          {.model = tiny_gpt(), .config_json = config, .comm = comm, .device = "cpu"});
+    });
+    std::lock_guard<std::mutex> lock(mu);
+    if (message.find("gradient_clipping") != std::string::npos) ++refused;
+  });
+  EXPECT_EQ(refused, 2);
+}
+
+}  // namespace config_ranks_test

@@ -21,14 +21,15 @@
 #include "support/expect.h"
 #include "support/half_mlp.h"
 #include "support/pipeline_gpt.h"
+#include "support/rank_snapshot.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
-#include "util/torch_compat.h"
 
 namespace bf16_overflow_test {
 
 namespace {
 
+using dstest::all_finite;
 using dstest::bit_identical;
 using dstest::HalfMlp;
 using dstest::HalfMlpImpl;
@@ -45,38 +46,6 @@ nlohmann::json bf16_config(nlohmann::json base, std::optional<bool> check) {
   base["scheduler"] = {{"type", "WarmupLR"},
                        {"params", {{"warmup_num_steps", 10}, {"warmup_type", "linear"}}}};
   return base;
-}
-
-// The module's bf16 parameters and, of the rank's partition, the fp32 masters and both moments.
-struct RankSnapshot {
-  std::vector<torch::Tensor> weights;
-  std::vector<torch::Tensor> masters;
-  std::vector<torch::Tensor> moments;
-};
-RankSnapshot snapshot(deepspeed::Engine& engine) {
-  RankSnapshot s;
-  for (auto& p : engine.module().parameters()) s.weights.push_back(p.detach().clone());
-  auto& opt = *engine.optimizer();
-  for (auto& g : opt.param_groups())
-    for (auto& p : g.params()) {
-      s.masters.push_back(p.detach().clone());
-      auto& st = static_cast<torch::optim::AdamWParamState&>(
-          *opt.state().at(deepspeed::compat::optimizer_state_key(p)));
-      s.moments.push_back(st.exp_avg().clone());
-      s.moments.push_back(st.exp_avg_sq().clone());
-    }
-  return s;
-}
-bool all_finite(const std::vector<torch::Tensor>& ts) {
-  for (const auto& t : ts)
-    if (!t.isfinite().all().item<bool>()) return false;
-  return true;
-}
-
-int64_t count_of(const std::string& text, const std::string& part) {
-  int64_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
 }
 
 // 3 clean steps, then step 3 with rank 1's loss multiplied by inf (its gradients inf/NaN, rank
@@ -101,11 +70,11 @@ std::string poison_one_rank(int stage, std::optional<bool> check) {
     for (int64_t step = 0; step < 3; ++step) train_step(step, false);
     ASSERT_TRUE(engine->was_step_applied());
     const auto lr = engine->get_lr();
-    const auto before = snapshot(*engine);
+    const auto before = dstest::snapshot(*engine);
     ASSERT_TRUE(all_finite(before.masters));
 
     train_step(3, /*poison=*/comm->rank() == 1);
-    const auto after = snapshot(*engine);
+    const auto after = dstest::snapshot(*engine);
     const std::string where = "stage " + std::to_string(stage) + ", rank " +
                               std::to_string(comm->rank());
     EXPECT_EQ(engine->global_steps(), 4) << where;
@@ -121,7 +90,7 @@ std::string poison_one_rank(int stage, std::optional<bool> check) {
       EXPECT_TRUE(engine->was_step_applied()) << where;
       EXPECT_EQ(engine->skipped_steps(), 1) << where;
       EXPECT_NE(engine->get_lr(), lr) << where;
-      const auto next = snapshot(*engine);
+      const auto next = dstest::snapshot(*engine);
       EXPECT_FALSE(bit_identical(before.masters, next.masters)) << where;
       EXPECT_TRUE(all_finite(next.masters)) << where;
     } else {
@@ -141,14 +110,14 @@ class Bf16CheckGradOverflow : public ::testing::TestWithParam<int> {};
 
 TEST_P(Bf16CheckGradOverflow, InfOnOneRankSkipsTheStepOnEveryRank) {
   const std::string printed = poison_one_rank(GetParam(), true);
-  EXPECT_EQ(count_of(printed, kSkipLine), 1) << printed;  // world rank 0 only
+  EXPECT_EQ(dstest::occurrences(printed, kSkipLine), 1u) << printed;  // world rank 0 only
   EXPECT_CONTAINS(printed, "[deepspeed] OVERFLOW! Rank 0 Skipping step");
 }
 
 // The key is what decides: without it the same step is applied (and nothing is printed).
 TEST_P(Bf16CheckGradOverflow, WithoutTheKeyTheStepIsApplied) {
   const std::string printed = poison_one_rank(GetParam(), std::nullopt);
-  EXPECT_EQ(count_of(printed, "OVERFLOW!"), 0) << printed;
+  EXPECT_EQ(dstest::occurrences(printed, "OVERFLOW!"), 0u) << printed;
   poison_one_rank(GetParam(), false);
 }
 
@@ -198,13 +167,9 @@ std::vector<PipeOutcome> poison_one_data_rank(std::optional<bool> check) {
   constexpr int kWorld = 4, kStages = 2, kData = 2;
   std::vector<PipeOutcome> out(kWorld);
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
-    deepspeed::pipe::PipelineInitializeArgs args;
-    args.model = linear_pipeline();
-    args.model.num_stages = kStages;
-    args.config_json = bf16_config(dstest::pipeline_config(kData, 1), check);
+    auto args = dstest::pipeline_args(comm, kStages, /*zero_stage=*/1, linear_pipeline());
+    args.config_json = bf16_config(args.config_json, check);
     args.config_json["train_micro_batch_size_per_gpu"] = 4;
-    args.comm = comm;
-    args.device = "cpu";
     auto engine = deepspeed::pipe::initialize_pipeline(args);
     const int data_rank = comm->rank() % kData;  // data innermost (comm::Grid)
     auto batch = [&](int k, bool poison) {
@@ -218,8 +183,7 @@ std::vector<PipeOutcome> poison_one_data_rank(std::optional<bool> check) {
     batch(0, false);
     batch(1, false);
     const auto lr = engine->get_lr();
-    std::vector<torch::Tensor> before;
-    for (auto& p : engine->module().parameters()) before.push_back(p.detach().clone());
+    const auto before = dstest::clones(engine->module().parameters());
 
     batch(2, /*poison=*/data_rank == 1);
     PipeOutcome& o = out[comm->rank()];
@@ -227,8 +191,7 @@ std::vector<PipeOutcome> poison_one_data_rank(std::optional<bool> check) {
     o.skipped = engine->skipped_steps();
     o.global_steps = engine->global_steps();
     o.lr_unchanged = engine->get_lr() == lr;
-    std::vector<torch::Tensor> after;
-    for (auto& p : engine->module().parameters()) after.push_back(p.detach().clone());
+    const auto after = dstest::clones(engine->module().parameters());
     o.weights_unchanged = bit_identical(before, after);
     o.weights_finite = all_finite(after);
     batch(3, false);

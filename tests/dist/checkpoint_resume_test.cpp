@@ -44,6 +44,15 @@ nlohmann::json config_for(const Case& c) {
     config["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
   return config;
 }
+
+// Rank `comm`'s engine under `config` over a one-layer test GPT (block 16, seed 1): what the tag
+// and fault tests save.
+std::shared_ptr<deepspeed::ModelEngine<gpt::GPTImpl>> small_gpt_engine(
+    const nlohmann::json& config, deepspeed::comm::CommunicatorPtr comm) {
+  return dstest::make_rank_engine({.config_json = config, .comm = std::move(comm)},
+                                  gpt::GPTConfig{256, 16, 1, 2, 16}, /*seed=*/1)
+      .engine;
+}
 }  // namespace
 
 class ExactResume : public ::testing::TestWithParam<Case> {};
@@ -93,17 +102,13 @@ INSTANTIATE_TEST_SUITE_P(
 // checkpoint.tag_validation "Fail": ranks saving under different tags all throw before writing.
 TEST(CheckpointTag, DifferentTagsAcrossRanksFail) {
   dstest::TempDir dir;
-  auto data = dstest::test_text_dataset(16);
   auto config = dstest::base_config(2, 1, 1);
   config["checkpoint"] = {{"tag_validation", "Fail"}};
   std::atomic<int> threw{0};
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(1);
-    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-    auto r = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = model, .config_json = config, .training_data = data, .comm = comm});
+    auto engine = small_gpt_engine(config, comm);
     try {
-      r.engine->save_checkpoint(dir / "ck", "tag" + std::to_string(comm->rank()));
+      engine->save_checkpoint(dir / "ck", "tag" + std::to_string(comm->rank()));
     } catch (const deepspeed::CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find("different tags"), std::string::npos) << e.what();
       ++threw;
@@ -118,16 +123,12 @@ TEST(CheckpointTag, DifferentTagsAcrossRanksFail) {
 // save's first phase, and nothing is written.
 TEST(CheckpointFaults, AClientStateOneRankCannotStoreFailsEveryRankBeforeWriting) {
   dstest::TempDir dir;
-  auto data = dstest::test_text_dataset(16);
   std::vector<std::string> errors(2);
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(1);
-    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-    auto r = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = model, .config_json = dstest::base_config(2, 1, 3), .training_data = data, .comm = comm});
+    auto engine = small_gpt_engine(dstest::base_config(2, 1, 3), comm);
     const nlohmann::json client = {{"note", comm->rank() == 1 ? "caf\xe9" : "cafe"}};
     try {
-      r.engine->save_checkpoint(dir / "ck", "bad", client);
+      engine->save_checkpoint(dir / "ck", "bad", client);
     } catch (const deepspeed::CheckpointError& e) {
       errors[comm->rank()] = e.what();
     }
@@ -150,22 +151,18 @@ std::vector<std::string> save_with_a_full_disk_on_rank_one(const std::string& di
                                                            const std::string& second,
                                                            const EngineOnRank& then = {}) {
   namespace ckpt = deepspeed::checkpoint;
-  auto data = dstest::test_text_dataset(16);
   std::vector<std::string> errors(2);
   dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(1);
-    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-    auto r = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = model, .config_json = dstest::base_config(2, 1, 2), .training_data = data, .comm = comm});
-    r.engine->save_checkpoint(dir, first);
+    auto engine = small_gpt_engine(dstest::base_config(2, 1, 2), comm);
+    engine->save_checkpoint(dir, first);
     ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
     if (comm->rank() == 1) fs.fail_at(ckpt::FsOp::kWrite, 1, ENOSPC);
     try {
-      ckpt::save_engine_checkpoint(deepspeed::state_of(*r.engine), fs, dir, {.tag = second});
+      ckpt::save_engine_checkpoint(deepspeed::state_of(*engine), fs, dir, {.tag = second});
     } catch (const deepspeed::CheckpointError& e) {
       errors[comm->rank()] = e.what();
     }
-    if (then) then(*r.engine, comm->rank());
+    if (then) then(*engine, comm->rank());
   });
   return errors;
 }

@@ -152,27 +152,36 @@ void strip_saved_epoch_layout(const std::string& save_dir, const std::string& ta
   ckpt::write_manifest(fs, dir, manifest);
 }
 
+// `saved` run again from its checkpoint of step `at` (saving none) at `world` ranks of `micro`
+// samples and an accumulation of `accumulation`.
+Job resumed_from(Job saved, int at, int world, int micro, int accumulation = 1) {
+  saved.world = world;
+  saved.micro = micro;
+  saved.accumulation = accumulation;
+  saved.save_at = {};
+  saved.load_tag = "s" + std::to_string(at);
+  return saved;
+}
+
+// Every rank's loader resumed at batch `batch_in_epoch` of epoch `epoch`.
+void expect_resumed_at(const Trained& r, int64_t epoch, int64_t batch_in_epoch) {
+  for (size_t rank = 0; rank < r.loaded.size(); ++rank) {
+    EXPECT_EQ(r.loaded[rank].epoch, epoch) << "rank " << rank;
+    EXPECT_EQ(r.loaded[rank].batch_in_epoch, batch_in_epoch) << "rank " << rank;
+  }
+}
+
 // A one-rank job of `samples` windows in micro-batches of `micro`, saved after step 2 (the end of
 // epoch 0), resumed at micro-batches of 3: it must resume at epoch 1's start and train epoch 1's
 // first three samples, as the uninterrupted run's third step begins with.
 void expect_epoch_end_resume_at_micro_3(int64_t samples, int micro, bool drop_last) {
   dstest::TempDir dir;
-  Job whole;
-  whole.world = 1;
-  whole.micro = micro;
-  whole.samples = samples;
-  whole.drop_last = drop_last;
-  whole.steps = 3;  // epoch 0 is steps 1-2
-  whole.dir = dir.path();
-  whole.save_at = {2};
+  // Epoch 0 is steps 1-2.
+  const Job whole{.world = 1, .micro = micro, .samples = samples, .drop_last = drop_last, .steps = 3,
+                  .dir = dir.path(), .save_at = {2}};
   const Trained straight = train(whole);
-  Job smaller = whole;
-  smaller.micro = 3;
-  smaller.save_at = {};
-  smaller.load_tag = "s2";
-  const Trained s = train(smaller);
-  EXPECT_EQ(s.loaded[0].epoch, 1);
-  EXPECT_EQ(s.loaded[0].batch_in_epoch, 0);
+  const Trained s = train(resumed_from(whole, /*at=*/2, /*world=*/1, /*micro=*/3));
+  expect_resumed_at(s, 1, 0);
   ASSERT_FALSE(s.micro[0].empty());
   const MicroBatch& next_epoch = straight.micro[0].at(2);  // epoch 1's first micro-batch
   EXPECT_EQ(s.micro[0][0], MicroBatch(next_epoch.begin(), next_epoch.begin() + 3));
@@ -193,13 +202,8 @@ TEST(DataResume, TheTestWindowsAreDistinct) {
 // accumulation of 2 a step spans the epoch end. dataloader_drop_last is not given: false.
 TEST(DataResume, DefaultKeepsThePartialLastMicroBatchOnEveryRank) {
   for (int accumulation : {1, 2}) {
-    Job job;
-    job.world = 2;
-    job.micro = 3;
-    job.accumulation = accumulation;
-    job.samples = 13;
-    job.steps = accumulation == 1 ? 5 : 3;
-    const Trained r = train(job);
+    const Trained r = train({.world = 2, .micro = 3, .accumulation = accumulation, .samples = 13,
+                             .steps = accumulation == 1 ? 5 : 3});
     const std::vector<int64_t> want =
         accumulation == 1 ? std::vector<int64_t>{3, 3, 1, 3, 3} : std::vector<int64_t>{3, 3, 1, 3, 3, 1};
     for (int rank = 0; rank < 2; ++rank)
@@ -217,23 +221,12 @@ TEST(DataResume, DefaultKeepsThePartialLastMicroBatchOnEveryRank) {
 // 6 and every later step trains the samples of the uninterrupted job's step.
 TEST(DataResume, AnotherMicroBatchTimesWorldResumesAtTheSamplesConsumed) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 2;
-  first.micro = 2;
-  first.steps = 7;
-  first.dir = dir.path();
-  first.save_at = {3};
+  const Job first{.world = 2, .micro = 2, .steps = 7, .dir = dir.path(), .save_at = {3}};
   const Trained uninterrupted = train(first);
   ASSERT_EQ(uninterrupted.steps.size(), 7u);
 
-  Job resumed = first;
-  resumed.world = 1;
-  resumed.accumulation = 2;
-  resumed.save_at = {};
-  resumed.load_tag = "s3";
-  const Trained r = train(resumed);
-  EXPECT_EQ(r.loaded[0].epoch, 0);
-  EXPECT_EQ(r.loaded[0].batch_in_epoch, 6);
+  const Trained r = train(resumed_from(first, /*at=*/3, /*world=*/1, /*micro=*/2, /*accumulation=*/2));
+  expect_resumed_at(r, 0, 6);
   EXPECT_EQ(r.steps, slice(uninterrupted.steps, 3, 4));
 }
 
@@ -242,20 +235,12 @@ TEST(DataResume, AnotherMicroBatchTimesWorldResumesAtTheSamplesConsumed) {
 // micro-batches of the uninterrupted job, across the epoch ends.
 TEST(DataResume, ASaveAtOrBeforeAnEpochEndResumesTheSameBatches) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 2;
-  first.micro = 3;
-  first.samples = 13;
-  first.steps = 7;
-  first.dir = dir.path();
-  first.save_at = {2, 3};
+  const Job first{.world = 2, .micro = 3, .samples = 13, .steps = 7, .dir = dir.path(),
+                  .save_at = {2, 3}};
   const Trained uninterrupted = train(first);
   ASSERT_EQ(uninterrupted.micro[0].size(), 7u);
   for (int at : {2, 3}) {
-    Job resumed = first;
-    resumed.save_at = {};
-    resumed.load_tag = "s" + std::to_string(at);
-    const Trained r = train(resumed);
+    const Trained r = train(resumed_from(first, at, /*world=*/2, /*micro=*/3));
     for (int rank = 0; rank < 2; ++rank) {
       const std::vector<MicroBatch> want(uninterrupted.micro[rank].begin() + at, uninterrupted.micro[rank].end());
       EXPECT_EQ(r.micro[rank], want) << "resumed from step " << at << ", rank " << rank;
@@ -271,20 +256,9 @@ TEST(DataResume, ASaveAtOrBeforeAnEpochEndResumesTheSameBatches) {
 // trained its last sample again.
 TEST(DataResume, ASaveAtAnEpochEndResumesAtTheNextEpochAtAnotherMicroBatch) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 2;
-  first.micro = 3;
-  first.samples = 13;
-  first.steps = 5;
-  first.dir = dir.path();
-  first.save_at = {3};
+  const Job first{.world = 2, .micro = 3, .samples = 13, .steps = 5, .dir = dir.path(), .save_at = {3}};
   const Trained uninterrupted = train(first);
-  Job resumed = first;
-  resumed.world = 1;
-  resumed.accumulation = 2;
-  resumed.save_at = {};
-  resumed.load_tag = "s3";
-  const Trained r = train(resumed);
+  const Trained r = train(resumed_from(first, /*at=*/3, /*world=*/1, /*micro=*/3, /*accumulation=*/2));
   EXPECT_EQ(r.steps, slice(uninterrupted.steps, 3, 2));
 
   expect_epoch_end_resume_at_micro_3(/*samples=*/10, /*micro=*/5, /*drop_last=*/false);
@@ -306,24 +280,12 @@ TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpoch) {
 // resume started epoch 1, never training step 2's samples.
 TEST(DataResume, WithDropLastAMidEpochSaveResumesInTheEpochAtAnotherWorldSize) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 2;
-  first.micro = 3;
-  first.samples = 11;
-  first.drop_last = true;
-  first.steps = 2;
-  first.dir = dir.path();
-  first.save_at = {1};
+  const Job first{.world = 2, .micro = 3, .samples = 11, .drop_last = true, .steps = 2, .dir = dir.path(),
+                  .save_at = {1}};
   const Trained uninterrupted = train(first);
   ASSERT_EQ(uninterrupted.steps.size(), 2u);
-  Job resumed = first;
-  resumed.world = 1;
-  resumed.accumulation = 2;
-  resumed.save_at = {};
-  resumed.load_tag = "s1";
-  const Trained r = train(resumed);
-  EXPECT_EQ(r.loaded[0].epoch, 0);
-  EXPECT_EQ(r.loaded[0].batch_in_epoch, 2);
+  const Trained r = train(resumed_from(first, /*at=*/1, /*world=*/1, /*micro=*/3, /*accumulation=*/2));
+  expect_resumed_at(r, 0, 2);
   ASSERT_FALSE(r.micro[0].empty());
   for (const Sample& sample : r.micro[0][0])
     EXPECT_EQ(uninterrupted.steps[1].count(sample), 1u) << "a sample outside the uninterrupted step 2";
@@ -337,25 +299,12 @@ TEST(DataResume, WithDropLastAMidEpochSaveResumesInTheEpochAtAnotherWorldSize) {
 // dropped tail.
 TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpochAtTheSameStepSize) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 1;
-  first.micro = 6;
-  first.samples = 11;
-  first.drop_last = true;
-  first.steps = 2;
-  first.dir = dir.path();
-  first.save_at = {1};
+  const Job first{.world = 1, .micro = 6, .samples = 11, .drop_last = true, .steps = 2, .dir = dir.path(),
+                  .save_at = {1}};
   const Trained uninterrupted = train(first);
-  Job resumed = first;
-  resumed.world = 2;
-  resumed.micro = 3;
-  resumed.save_at = {};
-  resumed.load_tag = "s1";
-  const Trained r = train(resumed);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(r.loaded[rank].epoch, 1) << "rank " << rank;
-    EXPECT_EQ(r.loaded[rank].batch_in_epoch, 0) << "rank " << rank;
-  }
+  const Trained r = train(resumed_from(first, /*at=*/1, /*world=*/2, /*micro=*/3));
+  ASSERT_EQ(r.loaded.size(), 2u);
+  expect_resumed_at(r, 1, 0);
   EXPECT_EQ(r.steps, slice(uninterrupted.steps, 1, 1));
 }
 
@@ -367,28 +316,15 @@ TEST(DataResume, WithDropLastASaveAtAnEpochEndResumesAtTheNextEpochAtTheSameStep
 // the resuming job's, as before.
 TEST(DataResume, TheSavedJobsDropLastDecidesWhereItsEpochEnds) {
   dstest::TempDir dir;
-  Job first;
-  first.world = 1;
-  first.micro = 4;
-  first.samples = 10;
-  first.steps = 2;
-  first.dir = dir.path();
-  first.save_at = {2};
+  const Job first{.world = 1, .micro = 4, .samples = 10, .steps = 2, .dir = dir.path(), .save_at = {2}};
   train(first);
-  Job resumed = first;
-  resumed.micro = 3;
+  Job resumed = resumed_from(first, /*at=*/2, /*world=*/1, /*micro=*/3);
   resumed.drop_last = true;
   resumed.steps = 3;
-  resumed.save_at = {};
-  resumed.load_tag = "s2";
-  Trained r = train(resumed);
-  EXPECT_EQ(r.loaded[0].epoch, 0);
-  EXPECT_EQ(r.loaded[0].batch_in_epoch, 2);
+  expect_resumed_at(train(resumed), 0, 2);
 
   strip_saved_epoch_layout(dir.path(), "s2");
-  r = train(resumed);
-  EXPECT_EQ(r.loaded[0].epoch, 1);
-  EXPECT_EQ(r.loaded[0].batch_in_epoch, 0);
+  expect_resumed_at(train(resumed), 1, 0);
 }
 
 }  // namespace data_resume_test

@@ -12,6 +12,7 @@
 
 #include <mutex>
 
+#include "deepspeed/checkpointing.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/zero_init.h"
 #include "support/expect.h"
@@ -62,15 +63,25 @@ struct ProbeModelImpl : torch::nn::Module {
 };
 
 int64_t storage_nbytes(const torch::Tensor& t) { return static_cast<int64_t>(t.storage().nbytes()); }
+
+// `world` ranks training `model` for `steps` steps at stage 3 (micro batch 2), every parameter
+// partitioned (persistence threshold 0).
+dstest::RunSpec partitioned_run(int world, int steps, const gpt::GPTConfig& model = dstest::RunSpec{}.model) {
+  dstest::RunSpec s;
+  s.world_size = world;
+  s.steps = steps;
+  s.model = model;
+  s.config = dstest::base_config(2, 1, 3);
+  s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  return s;
+}
 }  // namespace
 
 TEST(Stage3Release, StorageIsFreedAfterForwardAndAfterBackward) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(3);
     auto model = std::make_shared<ProbeModelImpl>();
-    auto engine = deepspeed::initialize<ProbeModelImpl>(
-                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
     auto& weight = model->probe->inner()->fc->weight;
     EXPECT_EQ(weight.numel(), 0);
     EXPECT_EQ(storage_nbytes(weight), 0);
@@ -110,12 +121,7 @@ TEST(Stage3MaxLive, PeakGatheredElementsStayUnderTheSetting) {
   gpt::GPTConfig four_layers{256, 16, 4, 2, 32};
   const int64_t block = 12704;  // one block of this GPT (a multiple of 2 x 16: no padding)
   for (int64_t max_live : {block, 3 * block / 2, 2 * block}) {
-    dstest::RunSpec s;
-    s.world_size = 2;
-    s.steps = 3;
-    s.model = four_layers;
-    s.config = dstest::base_config(2, 1, 3);
-    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    dstest::RunSpec s = partitioned_run(2, 3, four_layers);
     s.config["zero_optimization"]["stage3_max_live_parameters"] = max_live;
     s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = 2 * block;
     auto r = dstest::train_gpt(s);
@@ -125,13 +131,7 @@ TEST(Stage3MaxLive, PeakGatheredElementsStayUnderTheSetting) {
     }
   }
   // DeepSpeed's defaults (1e9) keep every block gathered from its forward to its backward.
-  dstest::RunSpec s;
-  s.world_size = 2;
-  s.steps = 2;
-  s.model = four_layers;
-  s.config = dstest::base_config(2, 1, 3);
-  s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
-  auto r = dstest::train_gpt(s);
+  auto r = dstest::train_gpt(partitioned_run(2, 2, four_layers));
   EXPECT_EQ(r.memory[0].peak_gathered_numel, 4 * block);
 }
 
@@ -156,7 +156,11 @@ struct LastUnitPartlyUsedImpl : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(dstest::kWidth, dstest::kVocab));
   }
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) {
-    auto x = last->forward(first->forward(embed->forward(idx)));
+    auto x = embed->forward(idx);
+    x = checkpointed ? deepspeed::checkpointing::checkpoint(
+                           [this](const torch::Tensor& in) { return first->forward(in); }, x)
+                     : first->forward(x);
+    x = last->forward(x);
     auto logits = deepspeed::zero::linear(x, head->weight, head->bias);
     return torch::nn::functional::cross_entropy(logits.reshape({-1, dstest::kVocab}),
                                                 targets.reshape({-1}));
@@ -165,16 +169,13 @@ struct LastUnitPartlyUsedImpl : torch::nn::Module {
   std::shared_ptr<ZeroUnit<dstest::Mlp>> first;
   std::shared_ptr<ZeroUnit<MlpWithUnused>> last;
   torch::nn::Linear head{nullptr};
+  bool checkpointed = false;  // `first` in an activation-checkpointed segment
 };
-}  // namespace
 
-// A unit is released in backward when all its trainable parameters have their gradient: one
-// whose parameter the loss never uses stays gathered (unevictable) to the end of the backward, so
-// with room for one unit the earlier unit's backward gather goes over stage3_max_live_parameters.
-// Nothing tells sooner that the gradient will not come: the user is told, once per unit and rank,
-// which parameter and what it costs.
-TEST(Stage3MaxLive, AParameterWithoutGradientIsNamedInAWarning) {
-  const int64_t unit_numel = 8416;  // the last unit, padded (the larger)
+// Three steps of LastUnitPartlyUsed on two ranks with room for one unit; returns the captured
+// standard error and sets rank 0's peak of gathered elements.
+std::string train_last_unit_partly_used(int64_t unit_numel, bool checkpointed,
+                                        int64_t& peak_gathered) {
   auto config = dstest::stage3_test_config(3);
   config["zero_optimization"]["stage3_max_live_parameters"] = unit_numel;
   config["zero_optimization"]["stage3_prefetch_bucket_size"] = 0;
@@ -182,26 +183,47 @@ TEST(Stage3MaxLive, AParameterWithoutGradientIsNamedInAWarning) {
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(3);
     auto model = std::make_shared<LastUnitPartlyUsedImpl>();
-    auto engine = deepspeed::initialize<LastUnitPartlyUsedImpl>(
-                      {.model = model, .config_json = config, .comm = comm})
-                      .engine;
+    model->checkpointed = checkpointed;
+    auto engine = dstest::engine_over(model, config, comm);
     for (int64_t step = 0; step < 3; ++step) {
       auto b = dstest::token_batch(comm->rank(), step);
       engine->backward(engine->forward(b.idx, b.targets));
       EXPECT_EQ(engine->memory_report().gathered_numel, 0) << "released at the end of backward";
       engine->step();
     }
+    if (comm->rank() == 0) peak_gathered = engine->memory_report().peak_gathered_numel;
   });
-  const std::string err = ::testing::internal::GetCapturedStderr();
+  return ::testing::internal::GetCapturedStderr();
+}
+}  // namespace
+
+// A parameter the loss's autograd graph cannot reach counts as done when the backward begins
+// (zero/backward_reach.h): its unit is released once its other parameters have their gradient,
+// and the earlier unit's backward gather stays within stage3_max_live_parameters.
+TEST(Stage3MaxLive, AParameterTheGraphCannotReachKeepsNoUnitGathered) {
+  const int64_t unit_numel = 8416;  // the last unit, padded (the larger)
+  int64_t peak = 0;
+  const std::string err = train_last_unit_partly_used(unit_numel, false, peak);
+  EXPECT_LE(peak, unit_numel);
+  EXPECT_EQ(err.find("got no gradient"), std::string::npos) << err;
+}
+
+// A unit is released in backward when all its trainable parameters have their gradient. Where
+// the graph cannot tell at the start of backward which parameters it reaches (an activation-
+// checkpointed segment shows its parameters only when recomputed), one whose parameter the loss
+// never uses stays gathered (unevictable) to the end of the backward, so with room for one unit
+// the earlier unit's backward gather goes over stage3_max_live_parameters. The user is told, once
+// per unit and rank, which parameter and what it costs.
+TEST(Stage3MaxLive, AParameterWithoutGradientIsNamedInAWarning) {
+  const int64_t unit_numel = 8416;  // the last unit, padded (the larger)
+  int64_t peak = 0;
+  const std::string err = train_last_unit_partly_used(unit_numel, true, peak);
   EXPECT_CONTAINS(err, "rank 0, stage 3: last.unused (ZeRO unit 2) got no gradient");
   EXPECT_CONTAINS(err, "rank 1, stage 3: last.unused (ZeRO unit 2) got no gradient");
   EXPECT_CONTAINS(err, "stage3_max_live_parameters does not evict it");
   EXPECT_CONTAINS(err, "requires_grad");
-  size_t warnings = 0;
-  for (size_t at = err.find("got no gradient"); at != std::string::npos;
-       at = err.find("got no gradient", at + 1))
-    ++warnings;
-  EXPECT_EQ(warnings, 2u) << "once per unit and rank, not per step:\n" << err;
+  EXPECT_EQ(dstest::occurrences(err, "got no gradient"), 2u)
+      << "once per unit and rank, not per step:\n" << err;
   EXPECT_EQ(err.find("ZeRO unit 1"), std::string::npos) << "the fully used unit is not named";
 }
 
@@ -212,12 +234,7 @@ TEST(Stage3MaxLive, AParameterWithoutGradientIsNamedInAWarning) {
 TEST(Stage3Prefetch, NextBlockIsGatheredAheadOnlyWhenTheBucketAllowsIt) {
   const int64_t block = 12704;
   for (int64_t prefetch : {int64_t{0}, block / 2, block}) {
-    dstest::RunSpec s;
-    s.world_size = 2;
-    s.steps = 3;
-    s.model = gpt::GPTConfig{256, 16, 4, 2, 32};
-    s.config = dstest::base_config(2, 1, 3);
-    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    dstest::RunSpec s = partitioned_run(2, 3, gpt::GPTConfig{256, 16, 4, 2, 32});
     s.config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
     s.config["zero_optimization"]["stage3_prefetch_bucket_size"] = prefetch;
     auto r = dstest::train_gpt(s);
@@ -233,9 +250,7 @@ TEST(Stage3Access, AStepInsideAScopeIsRefused) {
   dstest::TempDir ckpt;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto model = std::make_shared<dstest::OuterModelImpl>();
-    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
     auto b = dstest::token_batch(comm->rank(), 0);
     engine->save_checkpoint(ckpt.path(), "start");
     engine->backward(engine->forward(b.idx, b.targets));
@@ -262,9 +277,7 @@ TEST(Stage3Access, ASaveInsideAScopeIsRefused) {
   dstest::TempDir ckpt;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto model = std::make_shared<dstest::OuterModelImpl>();
-    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
     engine->save_checkpoint(ckpt.path(), "start");
     {
       auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
@@ -283,6 +296,31 @@ TEST(Stage3Access, ASaveInsideAScopeIsRefused) {
   EXPECT_TRUE(std::filesystem::exists(ckpt / "after/manifest.json"));
 }
 
+// save_16bit_model inside a scope is refused as save_checkpoint is, on every rank before anything
+// is written: inside a modifier scope the file would get the edits that the scope's end may not
+// keep (every rank's but the modifier's are dropped).
+TEST(Stage3Access, A16BitSaveInsideAScopeIsRefused) {
+  dstest::TempDir out;
+  auto config = dstest::stage3_test_config(3);
+  config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = true;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<dstest::OuterModelImpl>();
+    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
+                      {.model = model, .config_json = config, .comm = comm})
+                      .engine;
+    {
+      auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
+      EXPECT_CONTAINS(dstest::message_of<deepspeed::CheckpointError>(
+                          [&] { engine->save_16bit_model(out / "inside"); }),
+                      "save_16bit_model inside a gathered_parameters scope on rank " +
+                          std::to_string(comm->rank()));
+    }
+    EXPECT_TRUE(engine->save_16bit_model(out / "after"));
+  });
+  EXPECT_FALSE(std::filesystem::exists(out / "inside"));
+  EXPECT_TRUE(std::filesystem::exists(out / "after/model.safetensors"));
+}
+
 // With the update during backward (ZeRO-Offload's overlap_step), a boundary backward inside a
 // scope would begin a step that step() could not finish until the scope ends, and the end of a
 // modifier rank's scope would race with it: the backward is refused before anything starts.
@@ -292,9 +330,7 @@ TEST(Stage3Access, ABoundaryBackwardThatWouldStepInsideAScopeIsRefused) {
   config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto model = std::make_shared<dstest::OuterModelImpl>();
-    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                      {.model = model, .config_json = config, .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, config, comm);
     auto b = dstest::token_batch(comm->rank(), 0);
     {
       auto scope = engine->gathered_parameters(/*modifier_rank=*/0);
@@ -315,9 +351,7 @@ TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(3 + comm->rank());
     auto model = std::make_shared<ProbeModelImpl>();
-    auto engine = deepspeed::initialize<ProbeModelImpl>(
-                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
     auto& probe_w = model->probe->inner()->fc->weight;
     auto& mlp_w = model->mlp->inner()->fc->weight;
     torch::Tensor original;
@@ -359,25 +393,35 @@ TEST(Stage3Access, GatheredParametersKeepTheModifierRanksEdits) {
 }
 
 namespace {
+// One rank's model and the engine over it.
+template <class Model>
+struct RankEngine {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<deepspeed::ModelEngine<Model>> engine;
+};
+
+// Rank `comm`'s bf16 stage-3 engine over an OuterModel drawn from seed 7 on every rank.
+RankEngine<dstest::OuterModelImpl> bf16_outer_engine(deepspeed::comm::CommunicatorPtr comm) {
+  static std::mutex init;  // ranks are threads sharing libtorch's global generator: seed and draw atomically
+  std::shared_ptr<dstest::OuterModelImpl> model;
+  {
+    std::lock_guard<std::mutex> lock(init);
+    torch::manual_seed(7);
+    model = std::make_shared<dstest::OuterModelImpl>();
+  }
+  auto config = dstest::stage3_test_config(3);
+  config["bf16"] = {{"enabled", true}};
+  return {model, dstest::engine_over(model, config, std::move(comm))};
+}
+
 // A modifier rank's scope writes into the fp32 masters only what it changed: under bf16 an empty
 // scope after every step leaves training exactly as without it (writing the whole 16-bit slice
 // back would round every master to bf16, losing the updates smaller than a bf16 step).
 TEST(Stage3Access, AnUneditedModifierScopeLeavesTheMastersAlone) {
   auto train = [](bool open_scopes) {
     std::vector<double> losses;
-    std::mutex init;  // ranks are threads sharing libtorch's global generator: seed and draw atomically
     run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-      std::shared_ptr<dstest::OuterModelImpl> model;
-      {
-        std::lock_guard<std::mutex> lock(init);
-        torch::manual_seed(7);
-        model = std::make_shared<dstest::OuterModelImpl>();
-      }
-      auto config = dstest::stage3_test_config(3);
-      config["bf16"] = {{"enabled", true}};
-      auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                        {.model = model, .config_json = config, .comm = comm})
-                        .engine;
+      auto engine = bf16_outer_engine(comm).engine;
       std::vector<double> mine;
       for (int64_t step = 0; step < 8; ++step) {
         auto b = dstest::token_batch(comm->rank(), step);
@@ -404,19 +448,8 @@ TEST(Stage3Access, AnUneditedModifierScopeLeavesTheMastersAlone) {
 // (whose gathered buffer already holds the edits when the scope ends).
 TEST(Stage3Access, AModifierRanksEditsReachTheBf16Masters) {
   for (int modifier : {1, 0}) {
-    std::mutex init;
     run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-      std::shared_ptr<dstest::OuterModelImpl> model;
-      {
-        std::lock_guard<std::mutex> lock(init);
-        torch::manual_seed(7);
-        model = std::make_shared<dstest::OuterModelImpl>();
-      }
-      auto config = dstest::stage3_test_config(3);
-      config["bf16"] = {{"enabled", true}};
-      auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                        {.model = model, .config_json = config, .comm = comm})
-                        .engine;
+      auto [model, engine] = bf16_outer_engine(comm);
       auto w = model->named_parameters()["layers.0.fc.weight"];
       const std::vector<int64_t> edited = {0, 2, 5};
       {
@@ -441,14 +474,14 @@ TEST(Stage3Access, AModifierRanksEditsReachTheBf16Masters) {
   }
 }
 
-// Stage 3 with qwZ (every unit gathered as int8 blocks) over the probe model.
-auto quantized_weights_engine(std::shared_ptr<ProbeModelImpl> model,
-                              deepspeed::comm::CommunicatorPtr comm) {
+// Stage 3 with qwZ (every unit gathered as int8 blocks) over a probe model drawn from seed 5.
+RankEngine<ProbeModelImpl> quantized_weights_engine(deepspeed::comm::CommunicatorPtr comm) {
+  torch::manual_seed(5);
+  auto model = std::make_shared<ProbeModelImpl>();
   auto config = dstest::base_config(dstest::kBatch, 1, 3);
   config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   config["zero_optimization"]["zero_quantized_weights"] = true;
-  return deepspeed::initialize<ProbeModelImpl>({.model = model, .config_json = config, .comm = comm})
-      .engine;
+  return {model, dstest::engine_over(model, config, std::move(comm))};
 }
 }  // namespace
 
@@ -458,9 +491,7 @@ auto quantized_weights_engine(std::shared_ptr<ProbeModelImpl> model,
 // masters, the true values, not their int8 rounding.
 TEST(Stage3Access, AModifierRankSeesExactValuesAfterAQuantizedForward) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(5);
-    auto model = std::make_shared<ProbeModelImpl>();
-    auto engine = quantized_weights_engine(model, comm);
+    auto [model, engine] = quantized_weights_engine(comm);
     auto& probe_w = model->probe->inner()->fc->weight;
     auto first = dstest::token_batch(comm->rank(), 0);  // records the units' order
     engine->backward(engine->forward(first.idx, first.targets));
@@ -490,9 +521,9 @@ TEST(Stage3Access, AModifierRankSeesExactValuesAfterAQuantizedForward) {
 // follows still runs.
 TEST(Stage3Access, AModifierRankInsideAQuantizedForwardWritesExactValues) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(5);
-    auto model = std::make_shared<ProbeModelImpl>();
-    auto engine = quantized_weights_engine(model, comm);
+    const auto run = quantized_weights_engine(comm);
+    const auto& model = run.model;  // named, not bound: the lambda below captures them
+    const auto& engine = run.engine;
     auto& probe_w = model->probe->inner()->fc->weight;
     torch::Tensor exact, quantized, inside;
     {
@@ -537,9 +568,7 @@ TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
     EXPECT_EQ(params["block0.attn.qkv.weight"].numel(), 0);
     EXPECT_EQ(params["block1.mlp.fc.bias"].numel(), 0);
     EXPECT_EQ(params["wte.weight"].numel(), 256 * 32);  // outside every unit: whole
-    auto engine = deepspeed::initialize<gpt::GPTImpl>(
-                      {.model = model, .config_json = dstest::base_config(2, 1, 3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::base_config(2, 1, 3), comm);
     auto whole = engine->gathered_parameters();
     auto w = params["block0.attn.qkv.weight"].detach().clone();
     ASSERT_EQ(w.sizes(), (std::vector<int64_t>{96, 32}));
@@ -573,8 +602,7 @@ TEST(Stage3Init, SlicesKeptInTheTrainingDtype) {
         units.emplace_back(unit, all);
       }
     ASSERT_FALSE(units.empty());
-    auto engine = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config, .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, config, comm);
     auto whole = engine->gathered_parameters();
     for (auto& [unit, all] : units) {
       std::vector<at::Tensor> flat;
@@ -589,11 +617,7 @@ TEST(Stage3Init, SlicesKeptInTheTrainingDtype) {
 // Model states: 16Ψ/N in fp32 (4Ψ/N parameters doubling as master, 4Ψ/N gradients, 8Ψ/N moments).
 TEST(Stage3Memory, ModelStatesAreSixteenPsiOverN) {
   for (int world : {1, 2, 4}) {
-    dstest::RunSpec s;
-    s.world_size = world;
-    s.steps = 2;
-    s.config = dstest::base_config(2, 1, 3);
-    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    const dstest::RunSpec s = partitioned_run(world, 2);
     auto r = dstest::train_gpt(s);
     const double psi = static_cast<double>(dstest::count_parameters(s.model));
     for (int rank = 0; rank < world; ++rank) {
@@ -612,9 +636,7 @@ TEST(Stage3Access, ConsolidatedStateDictWalksIntoContainers) {
   run_ranks(3, [](deepspeed::comm::CommunicatorPtr comm) {
     torch::manual_seed(9);
     auto model = std::make_shared<dstest::OuterModelImpl>();
-    auto engine = deepspeed::initialize<dstest::OuterModelImpl>(
-                      {.model = model, .config_json = dstest::stage3_test_config(3), .comm = comm})
-                      .engine;
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
     auto b = dstest::token_batch(comm->rank(), 0);
     engine->backward(engine->forward(b.idx, b.targets));
     engine->step();

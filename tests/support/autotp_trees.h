@@ -26,11 +26,16 @@ struct TreeNode : torch::nn::Module {
   }
 };
 
-inline std::shared_ptr<TreeNode> neox_like_tree() {
+// One NeoX-like layer (layers.0): its norms first, then attention's fused
+// query_key_value and dense, then the MLP; a final norm and a head named
+// `head` at the root. Without post_attention_norm the layer has one LayerNorm.
+inline std::shared_ptr<TreeNode> neox_layer_tree(bool post_attention_norm,
+                                                 const std::string &head) {
   auto root = std::make_shared<TreeNode>();
   auto layer = root->child("layers")->child("0");
   layer->norm("input_layernorm");
-  layer->norm("post_attention_layernorm");
+  if (post_attention_norm)
+    layer->norm("post_attention_layernorm");
   auto attn = layer->child("attention");
   attn->linear("query_key_value", 8, 24);
   attn->linear("dense", 8, 8);
@@ -38,8 +43,12 @@ inline std::shared_ptr<TreeNode> neox_like_tree() {
   mlp->linear("dense_h_to_4h", 8, 32);
   mlp->linear("dense_4h_to_h", 32, 8);
   root->norm("final_layer_norm");
-  root->linear("embed_out", 8, 16);
+  root->linear(head, 8, 16);
   return root;
+}
+
+inline std::shared_ptr<TreeNode> neox_like_tree() {
+  return neox_layer_tree(/*post_attention_norm=*/true, "embed_out");
 }
 
 inline std::shared_ptr<TreeNode> bert_like_tree() {
@@ -92,17 +101,7 @@ struct Holder : torch::nn::Module {
 // A NeoX-like layer whose head, lm_head, has its weight also registered as
 // embed_in.weight (GPT-2's tie: the head is the token embedding).
 inline std::shared_ptr<TreeNode> tied_head_tree() {
-  auto root = std::make_shared<TreeNode>();
-  auto layer = root->child("layers")->child("0");
-  layer->norm("input_layernorm");
-  auto attn = layer->child("attention");
-  attn->linear("query_key_value", 8, 24);
-  attn->linear("dense", 8, 8);
-  auto mlp = layer->child("mlp");
-  mlp->linear("dense_h_to_4h", 8, 32);
-  mlp->linear("dense_4h_to_h", 32, 8);
-  root->norm("final_layer_norm");
-  root->linear("lm_head", 8, 16);
+  auto root = neox_layer_tree(/*post_attention_norm=*/false, "lm_head");
   auto head = root->named_modules()["lm_head"]->as<torch::nn::Linear>();
   root->register_module("embed_in", std::make_shared<Holder>(head->weight));
   return root;

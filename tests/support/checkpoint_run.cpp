@@ -21,13 +21,24 @@ ConsolidatedState consolidated_state(const std::string& save_dir) {
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed,
                                 const std::vector<std::string>& frozen) {
   at::set_num_threads(1);
-  torch::manual_seed(seed);
+  return make_rank_engine(
+      {.config_json = config, .comm = deepspeed::comm::make_single_process_communicator()}, model, seed,
+      frozen);
+}
+
+SingleEngine make_rank_engine(deepspeed::InitializeArgs<gpt::GPTImpl> args, const gpt::GPTConfig& model,
+                              uint64_t seed, const std::vector<std::string>& frozen) {
+  static std::mutex building;
   SingleEngine e;
-  e.model = std::make_shared<gpt::GPTImpl>(model);
+  {
+    std::lock_guard<std::mutex> lock(building);
+    torch::manual_seed(seed);
+    e.model = std::make_shared<gpt::GPTImpl>(model);
+  }
   for (auto& name : frozen) e.model->named_parameters()[name].set_requires_grad(false);
-  auto r = deepspeed::initialize<gpt::GPTImpl>(
-      {.model = e.model, .config_json = config, .training_data = test_text_dataset(model.block_size),
-       .comm = deepspeed::comm::make_single_process_communicator()});
+  args.model = e.model;
+  args.training_data = test_text_dataset(model.block_size);
+  auto r = deepspeed::initialize<gpt::GPTImpl>(std::move(args));
   e.engine = r.engine;
   e.loader = r.training_dataloader;
   return e;

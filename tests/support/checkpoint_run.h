@@ -58,4 +58,10 @@ struct SingleEngine {
 // `frozen`: parameter names set to requires_grad = false before initialize().
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model = {256, 16, 2, 2, 32},
                                 uint64_t seed = 7, const std::vector<std::string>& frozen = {});
+// The same on one rank of ranks as threads (run_ranks): `args` as for initialize() (config_json,
+// comm or topology, ...), its model and training_data set here. Ranks build their models one at a
+// time, each from `seed`: libtorch's generator is global (initialize() broadcasts rank 0's).
+SingleEngine make_rank_engine(deepspeed::InitializeArgs<gpt::GPTImpl> args,
+                              const gpt::GPTConfig& model = {256, 16, 2, 2, 32}, uint64_t seed = 7,
+                              const std::vector<std::string>& frozen = {});
 }  // namespace dstest

@@ -16,4 +16,10 @@ bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch:
   return true;
 }
 
+size_t occurrences(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace dstest

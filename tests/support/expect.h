@@ -1,5 +1,5 @@
 // Assertion helpers shared by the tests: substring checks that print both strings, the message of
-// an expected exception, and bit-for-bit tensor list comparison.
+// an expected exception, bit-for-bit tensor list comparison, and counting a substring.
 #pragma once
 #include <functional>
 #include <string>
@@ -27,6 +27,9 @@ std::string message_of(const std::function<void()>& f) {
 
 // Same sizes and every tensor torch::equal to its partner.
 bool bit_identical(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
+
+// How many times `part` occurs in `text`, overlapping occurrences included.
+size_t occurrences(const std::string& text, const std::string& part);
 
 }  // namespace dstest
 

@@ -43,8 +43,14 @@ nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping) {
 deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
                                                       int stages, int zero_stage,
                                                       const gpt::GPTConfig& model) {
+  return pipeline_args(std::move(comm), stages, zero_stage, gpt::gpt_pipeline(model));
+}
+
+deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
+                                                      int stages, int zero_stage,
+                                                      deepspeed::pipe::PipelineModule model) {
   deepspeed::pipe::PipelineInitializeArgs args;
-  args.model = gpt::gpt_pipeline(model);
+  args.model = std::move(model);
   args.model.num_stages = stages;
   args.config_json = pipeline_config(comm->world_size() / stages, zero_stage);
   args.comm = std::move(comm);

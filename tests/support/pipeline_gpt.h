@@ -33,6 +33,10 @@ nlohmann::json pipeline_config(int dp_size, int zero_stage, double clipping = 0.
 deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
                                                       int stages, int zero_stage,
                                                       const gpt::GPTConfig& model);
+// The same for any pipeline module.
+deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::CommunicatorPtr comm,
+                                                      int stages, int zero_stage,
+                                                      deepspeed::pipe::PipelineModule model);
 
 // Steps [from, to) of the global batch sequence on this rank of `comm` (every rank calls it):
 // data-parallel rank d = rank % (world / stages) takes micro-batches g = m * (world / stages) + d

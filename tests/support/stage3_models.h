@@ -2,10 +2,12 @@
 //   TiedModel:  a weight shared by two units (embedding and head): it joins the root unit;
 //   TwiceModel: one unit applied twice in one forward (its backward runs twice before it reduces);
 //   OuterModel: a parameter outside every unit (root), the units in a LayerList.
+// engine_over builds one rank's engine over any of them.
 // Tokens: vocabulary kVocab, batches of kBatch x kTokens drawn per (rank, step).
 #pragma once
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -81,5 +83,15 @@ ModelRun train_model(int world, const nlohmann::json& config, int steps);
 // The base config (AdamW, micro batch kBatch) at `stage`; stage 3 partitions every parameter
 // (persistence threshold 0) and releases a unit as soon as it is done (reuse distance 0).
 nlohmann::json stage3_test_config(int stage, int accumulation = 1);
+
+// Rank `comm`'s engine over `model` under `config` (ranks as threads; no training data).
+template <class Model>
+std::shared_ptr<deepspeed::ModelEngine<Model>> engine_over(std::shared_ptr<Model> model,
+                                                           const nlohmann::json& config,
+                                                           deepspeed::comm::CommunicatorPtr comm) {
+  return deepspeed::initialize<Model>(
+             {.model = std::move(model), .config_json = config, .comm = std::move(comm)})
+      .engine;
+}
 
 }  // namespace dstest

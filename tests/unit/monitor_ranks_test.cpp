@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <functional>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/pipe.h"
@@ -16,6 +18,7 @@
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
 #include "runtime/throughput_log.h"
+#include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
@@ -37,10 +40,28 @@ nlohmann::json with_csv_monitor(nlohmann::json config, const std::string& dir) {
   return config;
 }
 
-size_t occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
+using dstest::occurrences;
+
+// Micro batch 1 at data-parallel world 2 with `comms_logger` as that block; the parse's warnings go
+// to `warnings` if given.
+deepspeed::Config comms_logger_config(const nlohmann::json& comms_logger,
+                                      std::vector<std::string>* warnings = nullptr) {
+  const nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}, {"comms_logger", comms_logger}};
+  return deepspeed::parse_config(doc, 2, {}, warnings);
+}
+
+// On every rank of `comm`: three all-reduces of 4 floats, a monitor over `comm` (whose table's
+// baseline they are), reset_stats() and three more. Then, on rank 0 and while the monitor lives,
+// `on_rank0` with its comms table.
+void reset_stats_under_a_monitor(const deepspeed::Config& config, deepspeed::comm::CommunicatorPtr comm,
+                                 const std::function<void(const std::string& table)>& on_rank0) {
+  at::Tensor t = torch::ones({4});
+  for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+  dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
+  m.mark_comms_start();
+  comm->reset_stats();
+  for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
+  if (comm->rank() == 0) on_rank0(m.comms_summary(/*print=*/false));
 }
 
 // Tensor 2 x data 2: every tensor rank is data-parallel rank 0 of its group, but only global
@@ -49,20 +70,13 @@ TEST(MonitorRanks, TensorParallelRanksDoNotReport) {
   dstest::TempDir dir("ds_monitor_tp");
   const int steps = 2;
   auto config = with_csv_monitor(dstest::base_config(4, 1, 1), dir.path());
-  auto data = dstest::test_text_dataset(16);
   std::set<int> enabled_on;
   testing::internal::CaptureStdout();
   run_ranks(4, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto topology =
         std::make_shared<deepspeed::comm::Topology>(comm, deepspeed::comm::TopologySizes{1, 2});
-    std::shared_ptr<gpt::GPTImpl> model;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      torch::manual_seed(7);
-      model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 1, 2, 16});
-    }
-    auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::GPTImpl>(
-        {.model = model, .config_json = config, .training_data = data, .topology = topology});
+    auto [model, engine, loader] = dstest::make_rank_engine(
+        {.config_json = config, .topology = topology}, gpt::GPTConfig{256, 16, 1, 2, 16}, /*seed=*/7);
     ASSERT_EQ(engine->communicator()->rank(), topology->coordinates().data);
     if (engine->monitor()->enabled()) {
       std::lock_guard<std::mutex> lock(mu);
@@ -100,12 +114,9 @@ TEST(MonitorRanks, PipelineReportsFromTheLastStageOnly) {
     auto topology = std::make_shared<deepspeed::comm::Topology>(
         comm, deepspeed::comm::TopologySizes{stages, 1});
     const int data = topology->grid().data_size();
-    deepspeed::pipe::PipelineInitializeArgs args;
-    args.model = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false));
-    args.model.num_stages = stages;
-    args.config_json = with_csv_monitor(dstest::pipeline_config(data, 1), dir.path());
+    auto args = dstest::pipeline_args(comm, stages, /*zero_stage=*/1, dstest::tiny_pipeline_gpt(false));
+    args.config_json = with_csv_monitor(args.config_json, dir.path());
     args.topology = topology;
-    args.device = "cpu";
     auto engine = deepspeed::pipe::initialize_pipeline(args);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -141,12 +152,12 @@ TEST(MonitorRanks, PipelineReportsFromTheLastStageOnly) {
 // DeepSpeed's operator names select ours; a name that selects nothing is warned about, naming it
 // and the accepted names.
 TEST(MonitorRanks, ProfOpsAcceptDeepSpeedsNames) {
-  nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
-  doc["comms_logger"] = {{"enabled", true},
-                         {"prof_all", false},
-                         {"prof_ops", {"all_gather_into_tensor", "reduce_scatter_tensor", "reduce"}}};
   std::vector<std::string> warnings;
-  const deepspeed::Config config = deepspeed::parse_config(doc, 2, {}, &warnings);
+  const deepspeed::Config config = comms_logger_config(
+      {{"enabled", true},
+       {"prof_all", false},
+       {"prof_ops", {"all_gather_into_tensor", "reduce_scatter_tensor", "reduce"}}},
+      &warnings);
   ASSERT_EQ(warnings.size(), 1u);
   EXPECT_CONTAINS(warnings[0], "'comms_logger.prof_ops[2]' is \"reduce\"");
   EXPECT_CONTAINS(warnings[0], "all_gather_into_tensor");
@@ -172,9 +183,7 @@ TEST(MonitorRanks, ProfOpsAcceptDeepSpeedsNames) {
 // default) the same collective is listed.
 TEST(MonitorRanks, ProfAllFalseWithoutProfOpsListsNothing) {
   for (bool prof_all : {false, true}) {
-    nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
-    doc["comms_logger"] = {{"enabled", true}, {"prof_all", prof_all}};
-    const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+    const deepspeed::Config config = comms_logger_config({{"enabled", true}, {"prof_all", prof_all}});
     std::string table;
     run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
       dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
@@ -194,18 +203,10 @@ TEST(MonitorRanks, ProfAllFalseWithoutProfOpsListsNothing) {
 // baseline: the collectives since the reset are listed whole (before, the baseline's counts were
 // subtracted from them and the row vanished).
 TEST(MonitorRanks, ResetStatsAfterTheBaselineKeepsTheRowsSince) {
-  nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
-  doc["comms_logger"] = {{"enabled", true}};
-  const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+  const deepspeed::Config config = comms_logger_config({{"enabled", true}});
   std::string table;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    at::Tensor t = torch::ones({4});
-    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
-    dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
-    m.mark_comms_start();
-    comm->reset_stats();
-    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
-    if (comm->rank() == 0) table = m.comms_summary(/*print=*/false);
+    reset_stats_under_a_monitor(config, comm, [&](const std::string& t) { table = t; });
   });
   EXPECT_CONTAINS(table, "\nall_reduce\n");
   EXPECT_CONTAINS(table, "16.0 B              3 ");
@@ -215,26 +216,60 @@ TEST(MonitorRanks, ResetStatsAfterTheBaselineKeepsTheRowsSince) {
 // reset voids the baseline (before, it answered 0 and the rows since the reset vanished), and
 // keep_latencies(), so that the averages have the calls' latencies to trim.
 TEST(MonitorRanks, CommsCheckKeepsTheTablesBaselineAndLatencies) {
-  nlohmann::json doc = {{"train_micro_batch_size_per_gpu", 1}};
-  doc["comms_logger"] = {{"enabled", true}};
-  const deepspeed::Config config = deepspeed::parse_config(doc, 2, {});
+  const deepspeed::Config config = comms_logger_config({{"enabled", true}});
   std::string table;
   size_t kept = 0;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr raw) {
-    deepspeed::comm::CommunicatorPtr comm = deepspeed::comm::with_comms_check(raw);
-    at::Tensor t = torch::ones({4});
-    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
-    dm::TrainingMonitor m(config, comm, c10::kCPU, /*writer=*/comm->rank() == 0);
-    m.mark_comms_start();
-    comm->reset_stats();
-    for (int i = 0; i < 3; ++i) comm->all_reduce(t)->wait();
-    if (comm->rank() == 0) {
-      table = m.comms_summary(/*print=*/false);
+    reset_stats_under_a_monitor(config, deepspeed::comm::with_comms_check(raw), [&](const std::string& t) {
+      table = t;
       kept = raw->stats()["all_reduce"].by_size[16].latencies_ms.size();
-    }
+    });
   });
   EXPECT_CONTAINS(table, "16.0 B              3 ");
   EXPECT_EQ(kept, 3u);
+}
+
+// keep_latencies() reaches the sub-groups of the communicator it is called on, whenever they
+// were split: a group split before the call (a topology's groups, which initialize() builds
+// before the monitor asks), one split after it (ZeRO++'s hpZ group, built with the stage) and a
+// group split from a group. Each keeps every call's latency, so that a comms table over it has
+// the calls to trim. (Before, a split kept none, whatever its parent did.)
+TEST(MonitorRanks, SubGroupsKeepLatenciesOfTheirParent) {
+  std::mutex kept_mu;
+  std::vector<size_t> kept;
+  run_ranks(4, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto early = comm->split(comm->rank() % 2, comm->rank());
+    auto nested = early->split(0, early->rank());
+    comm->keep_latencies();
+    auto late = comm->split(comm->rank() / 2, comm->rank());
+    at::Tensor t = torch::ones({4});
+    for (int i = 0; i < 3; ++i) {
+      early->all_reduce(t)->wait();
+      nested->all_reduce(t)->wait();
+      late->all_reduce(t)->wait();
+    }
+    std::lock_guard<std::mutex> lock(kept_mu);
+    for (const auto& group : {early, nested, late})
+      kept.push_back(group->stats()["all_reduce"].by_size[16].latencies_ms.size());
+  });
+  EXPECT_EQ(kept, std::vector<size_t>(12, 3u));
+}
+
+// A sub-group's own keep_latencies() is its own: the communicator it was split from keeps none.
+TEST(MonitorRanks, KeepLatenciesOfASubGroupStaysThere) {
+  std::mutex kept_mu;
+  std::vector<size_t> kept;
+  run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto sub = comm->split(0, comm->rank());
+    sub->keep_latencies();
+    at::Tensor t = torch::ones({4});
+    sub->all_reduce(t)->wait();
+    comm->all_reduce(t)->wait();
+    std::lock_guard<std::mutex> lock(kept_mu);
+    kept.push_back(sub->stats()["all_reduce"].by_size[16].latencies_ms.size());
+    kept.push_back(comm->stats()["all_reduce"].by_size[16].latencies_ms.size());
+  });
+  EXPECT_EQ(kept, (std::vector<size_t>{1, 0, 1, 0}));
 }
 
 // The throughput figures' first interval starts at the first training call, not at the engine's

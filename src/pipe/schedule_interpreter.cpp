@@ -117,9 +117,12 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
             // once (ZeRO-2 included: one reduce-scatter per batch, not one per micro-batch, which
             // is what made DeepSpeed refuse ZeRO-2 with a pipeline). Stages 0-1 reduce only at the
             // boundary anyway.
+            // A parameter this micro-batch does not use holds back no gradient bucket, as in
+            // Engine::backward; what earlier micro-batches left in its .grad goes with its bucket.
             const bool boundary = in.micro_batch == gas - 1;
             if (boundary) s.stage->begin_backward(true);
             try {
+              if (boundary) s.stage->expect_gradients_from(last ? b.loss : b.output);
               if (last)
                 backward_loss(s, b.loss);
               else

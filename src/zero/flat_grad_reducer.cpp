@@ -56,9 +56,11 @@ void FlatGradReducer::start(bool reducing, bool boundary) {
   order_->begin();
 }
 
-// A parameter that gets no gradient contributes zeros (the scatterer's buffers are zeroed when
-// lent; the all-reduce buffer holds what earlier micro-steps accumulated), whether its bucket
-// goes now or at end_backward: the same collectives, in the same order, on the same data.
+// A parameter that gets no gradient contributes what earlier backwards that did not reduce left
+// (the all-reduce buffer holds what earlier micro-steps accumulated; the scatterer takes a .grad
+// left on the parameter, as a pipeline stage's earlier micro-batches leave it) or zeros, whether
+// its bucket goes now or at end_backward: the same collectives, in the same order, on the same
+// data.
 void FlatGradReducer::expect_gradients_from(const at::Tensor& root) {
   if (!catching_ || !reducing_ || !launch_from_hooks_ || hooks_.empty()) return;
   const BackwardReach reach(root);
@@ -257,9 +259,14 @@ void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
 
 // The parameter's fresh gradient moves into its bucket and is freed at once.
 void ReduceScatterBuckets::arrived(size_t slot_index) {
-  const auto& slot = flat_.slots()[slot_index];
   Bucket& b = buckets_[order_->bucket_of(slot_index)];
   if (!b.buffer.defined()) borrow_buffer(b);
+  take_grad(b, slot_index);
+}
+
+// Moves the slot's .grad (when it has one) into its part of the bucket's buffer and frees it.
+void ReduceScatterBuckets::take_grad(Bucket& b, size_t slot_index) {
+  const auto& slot = flat_.slots()[slot_index];
   auto& g = slot.param.mutable_grad();
   if (g.defined()) {
     b.buffer.narrow(0, slot.offset - b.range.begin, slot.numel).copy_(g.reshape({-1}));
@@ -274,6 +281,11 @@ void ReduceScatterBuckets::launch(Bucket& b) {
   const double before = scaling.before_reduce;
   const auto& layout = flat_.layout();
   if (!b.buffer.defined()) borrow_buffer(b);  // no parameter of this bucket got a gradient
+  // A parameter whose hook did not fire in this backward (its graph does not use it) may still
+  // hold a gradient from backwards that did not reduce: a pipeline stage's micro-batches before
+  // the last accumulate in .grad and only the last one's backward reduces. That sum goes with
+  // this bucket (the hooked parameters' .grad were taken and freed: nothing is counted twice).
+  for (size_t s : b.range.slots) take_grad(b, s);
   if (before != 1.0) b.buffer.mul_(before);
   std::vector<int64_t> splits;
   for (int r = 0; r < ctx_.world_size(); ++r)

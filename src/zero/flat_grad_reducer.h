@@ -12,7 +12,10 @@
 //   ReduceScatterBuckets (stage 2): no full gradient buffer. As backward produces a parameter's
 //       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
 //       (uneven splits: each rank receives the part inside its partition) and added to the
-//       contiguous gradient partition. Every micro-step reduces.  gradient bytes: Ψ/N + buckets
+//       contiguous gradient partition. Every micro-step reduces (a pipeline stage: only the
+//       last micro-batch's; the earlier ones accumulate in .grad, taken as the hook fires or,
+//       for a parameter that last backward does not use, as its bucket launches).
+//                                                                gradient bytes: Ψ/N + buckets
 //       With ZeRO-Offload's host update (ShardOptimizer::gradients_in_host_memory) the partition
 //       is in host memory and the reduced buckets go down into it (host_grad_partition.h): on the
 //       device only the buckets.
@@ -153,6 +156,7 @@ class ReduceScatterBuckets : public FlatGradReducer {
   void launch(Bucket& b) override;
   void finish(Bucket& b) override;
   void borrow_buffer(Bucket& b);
+  void take_grad(Bucket& b, size_t slot);
   std::vector<at::Tensor> pool_;  // free bucket buffers, reused across micro-steps
   int64_t max_bucket_numel_ = 0;  // every pool buffer has this size, so any fits any bucket
 };

@@ -7,7 +7,11 @@
 #include <mutex>
 
 #include "deepspeed/deepspeed.h"
+#include "deepspeed/pipe.h"
 #include "gpt/model.h"
+#include "gpt/pipeline_model.h"
+#include "support/expect.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -55,6 +59,57 @@ TEST(EvalOnlyEngine, StageThreeForwardEqualsTheUnpartitionedModel) {
     EXPECT_EQ(memory[r].gradients, 0) << "rank " << r;
     // Partitioned: each rank holds about half the weights (the root unit's are whole).
     EXPECT_LT(memory[r].parameters, whole_bytes * 3 / 4) << "rank " << r;
+  }
+}
+
+// A pipeline engine without an optimizer (2 stages x 2 data ranks, ZeRO 0 and 1): eval_batch
+// gives every rank the loss the whole model gives, averaged over the data ranks' micro-batches
+// (DeepSpeed's eval_batch reduces over the data-parallel group), and
+// train_batch is refused on every rank by name before any transfer (no rank waits on another).
+TEST(EvalOnlyPipeline, EvaluatesOnEveryStageAndRefusesTraining) {
+  namespace dp = deepspeed::pipe;
+  constexpr int kStages = 2;
+  constexpr int kData = dstest::kPipeWorld / kStages;
+  constexpr int kMicroPerRank = dstest::kPipeGlobalMicro / kData;
+  // The same layers as one module, seeded as the pipeline seeds them (config "seed": 5).
+  double want = 0.0;
+  {
+    torch::NoGradGuard no_grad;
+    dp::PipelineSequentialImpl reference(gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false)), 5);
+    for (int d = 0; d < kData; ++d)
+      for (int m = 0; m < kMicroPerRank; ++m) {
+        auto [x, y] = dstest::pipeline_micro_batch(0, m * kData + d);
+        want += reference.forward(x, y).item<double>() / dstest::kPipeGlobalMicro;
+      }
+  }
+  for (int zero_stage : {0, 1}) {
+    std::mutex mu;
+    std::vector<double> losses(dstest::kPipeWorld, 0.0);
+    std::vector<std::string> refusals(dstest::kPipeWorld);
+    run_ranks(dstest::kPipeWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
+      auto args = dstest::pipeline_args(comm, kStages, zero_stage,
+                                        dstest::tiny_pipeline_gpt(false));
+      args.config_json.erase("optimizer");
+      auto engine = dp::initialize_pipeline(args);
+      EXPECT_EQ(engine->optimizer(), nullptr);
+      const int d = comm->rank() % kData;
+      int m = 0;
+      const double loss =
+          engine->eval_batch([&] { return dstest::pipeline_micro_batch(0, m++ * kData + d); });
+      std::string refusal;
+      try {
+        engine->train_batch([&] { return dstest::pipeline_micro_batch(1, 0); });
+      } catch (const std::exception& e) {
+        refusal = e.what();
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      losses[comm->rank()] = loss;
+      refusals[comm->rank()] = refusal;
+    }, std::chrono::seconds(60));
+    for (int r = 0; r < dstest::kPipeWorld; ++r) {
+      EXPECT_NEAR(losses[r], want, 1e-5 * want) << "ZeRO-" << zero_stage << " rank " << r;
+      EXPECT_CONTAINS(refusals[r], "must provide optimizer") << "ZeRO-" << zero_stage << " rank " << r;
+    }
   }
 }
 

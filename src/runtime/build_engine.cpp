@@ -1,5 +1,6 @@
 // initialize(): config → communicator → weights broadcast → optimizer → ZeRO stage → scheduler →
 // data loader. Every choice (stage, optimizer) is made here once.
+#include <stdexcept>
 #include <torch/torch.h>
 
 #include <functional>
@@ -116,9 +117,8 @@ optim::BlockOptimizer block_optimizer(comm::CommunicatorPtr comm) {
 zero::OptimizerFactory optimizer_factory(const Config& config, comm::CommunicatorPtr comm,
                                          std::shared_ptr<const optim::ConfigGroups> groups) {
   return [config, comm, groups](std::vector<at::Tensor> params) {
-    if (!config.optimizer)
-      throw ConfigError("initialize(): no optimizer: add an \"optimizer\" block to the config or "
-                        "pass InitializeArgs.optimizer");
+    // build_stage() builds an engine without an optimizer before it asks for one.
+    if (!config.optimizer) throw std::logic_error("optimizer_factory: no \"optimizer\" block");
     if (!groups) return block_optimizer(comm)(*config.optimizer, std::move(params));
     std::vector<std::vector<at::Tensor>> per_group(groups->count());
     per_group[0] = std::move(params);

@@ -1,9 +1,9 @@
 // initialize(): config → communicator → weights broadcast → optimizer → ZeRO stage → scheduler →
 // data loader. Every choice (stage, optimizer) is made here once.
-#include <stdexcept>
 #include <torch/torch.h>
 
 #include <functional>
+#include <stdexcept>
 #include <unordered_map>
 
 #include "deepspeed/checkpointing.h"

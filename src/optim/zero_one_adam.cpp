@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "deepspeed/errors.h"
 #include "util/torch_compat.h"
 
 namespace deepspeed {
@@ -19,6 +20,28 @@ void advance_var_interval(int64_t step, int64_t scaler, int64_t& interval, int64
     counter = 0;
     interval *= 2;
   }
+}
+
+// The layout of the per-rank phase-2 state (per_rank "layout"): 2 = per parameter, or per segment
+// of the 16-bit master, in the model's order and without the master's alignment padding, so fp32
+// and 16 bits save the same thing and either loads the other's. Checkpoints before it (no marker)
+// saved the optimizer's own tensors: in 16 bits the master buffer, which holds the parameters in
+// reverse order (zero/flat_params.cpp) and padded, so they load only scrambled and are refused.
+constexpr int64_t kPhaseTwoLayout = 2;
+
+void check_phase_two_layout(const ExtraState& saved) {
+  auto it = saved.per_rank.find("layout");
+  const bool marked = it != saved.per_rank.end();
+  const int64_t layout = marked ? it->second.item<int64_t>() : 1;
+  if (layout == kPhaseTwoLayout) return;
+  throw CheckpointError(
+      "ZeroOneAdam: the checkpoint's per-rank phase-2 state (optimizer_extra.per_rank/"
+      "local_updates, params, exp_avg, synced_params) has layout " + std::to_string(layout) +
+      (marked ? "" : " (no \"layout\" entry: saved by an earlier version, in 16 bits as the "
+                     "flat master's buffer, reversed and padded)") +
+      ", this version reads layout " + std::to_string(kPhaseTwoLayout) +
+      " (per parameter, in the model's order); resume with the version that saved it, or from a "
+      "checkpoint saved before phase 2 (at a step <= var_freeze_step + 1)");
 }
 
 }  // namespace
@@ -173,10 +196,13 @@ ExtraState ZeroOneAdam::extra_state() const {
       TORCH_CHECK(it != state().end(), "ZeroOneAdam: a parameter has no state in phase 2");
       momenta.push_back(static_cast<const torch::optim::AdamWParamState&>(*it->second).exp_avg());
     }
-  out.per_rank["params"] = concat_flat(params);
-  out.per_rank["exp_avg"] = concat_flat(momenta);
-  out.per_rank["local_updates"] = concat_flat(u_);
-  out.per_rank["synced_params"] = concat_flat(synced_);
+  // Per parameter in the model's order (exchange_views: with segments, the master's segments),
+  // whatever the precision (kPhaseTwoLayout).
+  out.per_rank["layout"] = torch::tensor({kPhaseTwoLayout}, torch::kLong);
+  out.per_rank["params"] = concat_flat(exchange_views(params));
+  out.per_rank["exp_avg"] = concat_flat(exchange_views(momenta));
+  out.per_rank["local_updates"] = concat_flat(exchange_views(u_));
+  out.per_rank["synced_params"] = concat_flat(exchange_views(synced_));
   out.per_rank["lr_sum"] = torch::tensor({lr_sum_}, torch::kDouble);
   return out;
 }
@@ -189,6 +215,7 @@ int64_t ZeroOneAdam::extra_state_bytes() const {
 }
 
 void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
+  if (saved.per_rank.count("local_updates")) check_phase_two_layout(saved);  // before any change
   replay_schedule(steps());  // intervals from the step count; u, Σlr and the errors cleared
   last_step_ = steps();
   if (saved.per_rank.count("worker_error")) {
@@ -206,10 +233,11 @@ void ZeroOneAdam::load_extra_state(const ExtraState& saved) {
     u_.push_back(torch::zeros_like(x.p));
     synced_.push_back(torch::zeros_like(x.p));
   }
-  copy_from_flat(saved.per_rank.at("params"), params, "params");
-  copy_from_flat(saved.per_rank.at("exp_avg"), momenta, "exp_avg");
-  copy_from_flat(saved.per_rank.at("local_updates"), u_, "local_updates");
-  copy_from_flat(saved.per_rank.at("synced_params"), synced_, "synced_params");
+  // As extra_state() laid them out; with segments the master's padding is not touched.
+  copy_from_flat(saved.per_rank.at("params"), exchange_views(params), "params");
+  copy_from_flat(saved.per_rank.at("exp_avg"), exchange_views(momenta), "exp_avg");
+  copy_from_flat(saved.per_rank.at("local_updates"), exchange_views(u_), "local_updates");
+  copy_from_flat(saved.per_rank.at("synced_params"), exchange_views(synced_), "synced_params");
   lr_sum_ = saved.per_rank.at("lr_sum").item<double>();
 }
 

@@ -27,7 +27,11 @@
 // parameters of the last sync, so a run resumed at the same world size continues bit for bit
 // wherever it was saved. At another world size that state restarts (error feedback zero, u
 // empty), so a checkpoint taken between two syncs then loses the local updates not yet
-// synchronised: save at a sync step when you mean to reshard (docs/config.md).
+// synchronised: save at a sync step when you mean to reshard (docs/config.md). That per-rank state
+// is laid out per parameter in the model's order in every precision (in 16 bits per segment of
+// the master, whose buffer holds the parameters reversed and padded), so a checkpoint moves
+// between bf16/fp16 and fp32 at the same world size; one of the earlier layout (no "layout"
+// entry) is refused by name.
 // exp_avg_mask (momentum_mask.h) multiplies the compressed gradient average of phase 1 and the
 // exchanged local updates of phase 2.
 // In 16 bits it steps the flat fp32 master of zero/flat_stage.h, one segment per parameter

@@ -7,9 +7,12 @@
 #include <mutex>
 #include <set>
 
+#include "deepspeed/errors.h"
+
 #include "gpt/model.h"
 #include "optim/adamw_state.h"
 #include "optim/zero_one_adam.h"
+#include "support/expect.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -214,6 +217,120 @@ TEST(ZeroOneAdam, AfterALoadTheStageIsToldTheReplayedSchedule) {
   opt.step();
   EXPECT_FALSE(torch::equal(variance, s.exp_avg_sq()));
   EXPECT_EQ(opt.var_interval(), 4);  // the second variance step at interval 2 doubled it
+}
+
+// In 16 bits 0/1 Adam steps the flat fp32 master, which holds the parameters in reverse order
+// (zero/flat_params.cpp) padded to a multiple of 16, with one segment per parameter named in the
+// model's order (zero/flat_stage.cpp). Its per-rank phase-2 state (parameters, momentum, local
+// updates, last-sync parameters) is saved per segment in the model's order without the padding,
+// as fp32 saves it per parameter, so a checkpoint moves between the precisions at the same world
+// size. Here a segmented optimizer and a twin over the separate tensors, on 2 ranks with the same
+// gradients, are stepped into phase 2 (var_freeze_step 2: sync at step 4, local steps 5-7, the
+// next sync at step 8, local_step_clipper 4) and saved at step 6, between two syncs; each then
+// loads the other's state over perturbed parameters and momenta and must hold the saver's, and
+// steps 7 and 8 (the sync) must agree. Two layouts: 5 + 11 = 16 elements (no padding: the
+// master's own layout had the same element count, and loaded scrambled) and 5 + 8 in 16
+// (3 elements of padding: the count differed, and the load threw).
+TEST(ZeroOneAdam, PhaseTwoStateMovesBetweenTheFlatMasterAndSeparateTensors) {
+  using deepspeed::optim::ZeroOneAdam;
+  struct Layout {
+    std::vector<int64_t> sizes, offsets;  // per parameter in the model's order; reversed offsets
+  };
+  const int64_t flat_numel = 16;
+  deepspeed::optim::ZeroOneAdamHyper h;
+  h.lr = 0.01;
+  h.weight_decay = 0.01;
+  h.var_freeze_step = 2;
+  h.local_step_scaler = 1;
+  h.local_step_clipper = 4;
+  for (const Layout& l : {Layout{{5, 11}, {11, 0}}, Layout{{5, 8}, {8, 0}}}) {
+    SCOPED_TRACE("sizes " + std::to_string(l.sizes[0]) + " + " + std::to_string(l.sizes[1]));
+    dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      torch::manual_seed(3);
+      std::vector<at::Tensor> separate;
+      for (int64_t n : l.sizes) separate.push_back(torch::randn({n}));
+      at::Tensor flat = torch::zeros({flat_numel});
+      std::vector<std::pair<int64_t, int64_t>> segments;
+      for (size_t i = 0; i < l.sizes.size(); ++i) {
+        flat.narrow(0, l.offsets[i], l.sizes[i]).copy_(separate[i]);
+        segments.emplace_back(l.offsets[i], l.sizes[i]);
+      }
+      ZeroOneAdam twin(separate, h, comm), seg({flat}, h, comm);
+      seg.set_segments(separate, segments);
+      auto view = [&](const at::Tensor& whole, size_t i) {
+        return whole.narrow(0, l.offsets[i], l.sizes[i]);
+      };
+      auto momentum = [](ZeroOneAdam& o, const at::Tensor& p) -> at::Tensor {
+        return deepspeed::optim::adamw_state_or_zeros(o, p, o.steps()).exp_avg();
+      };
+      // Steps both with the same gradients (each rank its own), then checks they agree.
+      auto step_both = [&](int step) {
+        torch::manual_seed(100 * step + comm->rank());
+        at::Tensor flat_grad = torch::zeros({flat_numel});
+        for (size_t i = 0; i < separate.size(); ++i) {
+          separate[i].mutable_grad() = torch::randn({l.sizes[i]}) * 0.1;
+          view(flat_grad, i).copy_(separate[i].grad());
+        }
+        flat.mutable_grad() = flat_grad;
+        twin.step();
+        seg.step();
+        for (size_t i = 0; i < separate.size(); ++i)
+          EXPECT_LT((view(flat, i) - separate[i]).abs().max().item<double>(), 1e-6)
+              << "parameter " << i << " after step " << step << " on rank " << comm->rank();
+      };
+      for (int step = 1; step <= 6; ++step) step_both(step);
+      ASSERT_TRUE(seg.frozen());
+      const auto from_seg = seg.extra_state(), from_twin = twin.extra_state();
+      ASSERT_TRUE(from_seg.per_rank.count("local_updates"));  // between two syncs
+      // What each saved, before the other overwrites it.
+      std::vector<at::Tensor> params, momenta;
+      for (size_t i = 0; i < separate.size(); ++i) {
+        params.push_back(separate[i].detach().clone());
+        momenta.push_back(momentum(twin, separate[i]).clone());
+      }
+      const at::Tensor seg_params = flat.detach().clone();
+      const at::Tensor seg_momenta = momentum(seg, flat).clone();
+      {
+        torch::NoGradGuard no_grad;
+        for (auto& p : separate) p.add_(1.0);
+        for (auto& p : separate) momentum(twin, p).zero_();
+        flat.add_(1.0);
+        momentum(seg, flat).zero_();
+      }
+      twin.load_extra_state(from_seg);
+      seg.load_extra_state(from_twin);
+      for (size_t i = 0; i < separate.size(); ++i) {
+        EXPECT_TRUE(torch::equal(separate[i], view(seg_params, i))) << "parameter " << i;
+        EXPECT_TRUE(torch::equal(momentum(twin, separate[i]), view(seg_momenta, i)))
+            << "momentum " << i;
+        EXPECT_TRUE(torch::equal(view(flat, i), params[i])) << "master segment " << i;
+        EXPECT_TRUE(torch::equal(view(momentum(seg, flat), i), momenta[i]))
+            << "master momentum segment " << i;
+      }
+      // The local updates and last-sync parameters came along: the sync at step 8 agrees.
+      for (int step = 7; step <= 8; ++step) step_both(step);
+    });
+  }
+}
+
+// A checkpoint of the earlier layout (phase-2 state without the layout marker: in 16 bits the
+// master's buffer order and padding) is refused by name, not loaded scrambled.
+TEST(ZeroOneAdam, PhaseTwoStateOfTheEarlierLayoutIsRefusedByName) {
+  deepspeed::optim::ZeroOneAdamHyper h;
+  h.var_freeze_step = 1;
+  torch::Tensor p = torch::randn({16}).set_requires_grad(true);
+  deepspeed::optim::ZeroOneAdam opt({p}, h, deepspeed::comm::make_single_process_communicator());
+  for (int t = 1; t <= 3; ++t) {
+    p.mutable_grad() = torch::randn({16}) * 0.1;
+    opt.step();
+  }
+  auto saved = opt.extra_state();
+  ASSERT_TRUE(saved.per_rank.count("local_updates"));
+  saved.per_rank.erase("layout");
+  const std::string message = dstest::message_of<deepspeed::CheckpointError>(
+      [&] { opt.load_extra_state(saved); });
+  EXPECT_CONTAINS(message, "ZeroOneAdam");
+  EXPECT_CONTAINS(message, "layout");
 }
 
 }  // namespace zero_one_adam_test

@@ -3,7 +3,7 @@
 // file, before/after its optim-states file, before/after the model-states file, before the
 // manifest, before and after `latest`. Then: `latest` names a checkpoint that loads (in a fresh
 // engine here), global_step4 loads exactly when its manifest was written, and gpt_train resumed
-// with --load_dir continues with the losses of an uninterrupted run.
+// with --load_dir continues with the losses of an uninterrupted run, bit for bit.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -30,13 +30,14 @@ struct Run {
   std::string output;
 };
 
-// gpt_train on the test model; `extra` holds flags, `env` a prefix of VAR=value assignments.
+// gpt_train on the test model, printing each loss exactly; `extra` holds flags, `env` a prefix of
+// VAR=value assignments.
 Run gpt_train(const dstest::TempDir& dir, const std::string& extra, const std::string& env = "") {
   const std::string log = dir / "log.txt";
   const std::string cmd = env + " exec " + bin_dir() + "/gpt_train --deepspeed_config " +
                           (dir / "ds_config.json") +
-                          " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --threads 1 " + extra +
-                          " > " + log + " 2>&1";
+                          " --n_layer 2 --n_head 2 --n_embd 32 --block_size 16 --threads 1" +
+                          " --exact_loss " + extra + " > " + log + " 2>&1";
   Run r;
   r.status = std::system(cmd.c_str());
   r.output = dstest::read_bytes(log);
@@ -46,9 +47,11 @@ Run gpt_train(const dstest::TempDir& dir, const std::string& extra, const std::s
 bool killed(const Run& r) { return WIFSIGNALED(r.status) && WTERMSIG(r.status) == SIGKILL; }
 bool succeeded(const Run& r) { return WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0; }
 
+// Step -> its loss as --exact_loss prints it (a hex float): compared as text, equal only when the
+// doubles are (the 4-decimal loss beside it would hide a resume that is off in the 5th digit).
 std::map<int, std::string> step_losses(const std::string& output) {
   std::map<int, std::string> out;
-  std::regex line(R"(step (\d+) loss ([0-9.]+))");
+  std::regex line(R"(step (\d+) loss [0-9.]+ exact (\S+))");
   for (std::sregex_iterator it(output.begin(), output.end(), line), end; it != end; ++it)
     out[std::stoi((*it)[1])] = (*it)[2];
   return out;
@@ -110,6 +113,7 @@ TEST(CheckpointKill, GptTrainResumesWithTheUninterruptedLosses) {
   ASSERT_TRUE(succeeded(resumed)) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from " + save + "/global_step2"), std::string::npos) << resumed.output;
   auto want = step_losses(full.output), got = step_losses(resumed.output);
+  ASSERT_EQ(want.size(), 6u) << full.output;
   ASSERT_EQ(got.size(), 4u) << resumed.output;
   for (int step = 3; step <= 6; ++step) EXPECT_EQ(got[step], want[step]) << "step " << step;
   // The resumed job saved step 4 again over the incomplete folder, and step 6.

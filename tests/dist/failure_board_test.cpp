@@ -5,7 +5,11 @@
 // all-reduce: Gloo (above the shared-memory limit) and shared memory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <functional>
+#include <future>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -26,8 +30,35 @@ using deepspeed::CommError;
 using deepspeed::comm::CommunicatorPtr;
 using deepspeed::comm::failure_board_of;
 
-// Long enough that a test passing on the timeout would say "timed out", not the peer's error.
+// Long enough that a test passing on the timeout would say "Timed out", not the peer's error.
 constexpr std::chrono::seconds kTimeout{60};
+// "At once": a wait that a failed peer's post ends returns far sooner than kTimeout. One that
+// ended only at the timeout (Gloo's "Timed out waiting ...", or a peer that gave up on its own
+// timeout and closed its connections) runs kTimeout at least; the gap is wide so that a loaded
+// machine cannot blur it.
+constexpr double kAtOnceSeconds = 10;
+
+// The CommError that `f` throws (a test failure when none) and how long `f` ran, in `seconds`.
+std::string comm_error_of(const std::function<void()>& f, double& seconds) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string message = dstest::message_of<CommError>(f);
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return message;
+}
+
+// Gloo writes "Timed out", c10d "timed out": either means the wait ran into the timeout.
+bool says_timed_out(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text.find("timed out") != std::string::npos;
+}
+
+// Waits (bounded, so that a test bug fails instead of hanging) until `f` is ready: a failed rank
+// holds its communicator open so that its peer's wait can end only through the board (a closed
+// connection would end it too, however late the board told it).
+void hold_until(std::shared_future<void> f) {
+  EXPECT_EQ(f.wait_for(3 * kTimeout), std::future_status::ready) << "never released";
+}
 
 class FailureBoardPaths : public ::testing::TestWithParam<int64_t> {};
 
@@ -36,7 +67,10 @@ at::Tensor ones(int64_t numel) { return torch::ones({numel}); }
 TEST_P(FailureBoardPaths, ACollectiveAFailedPeerDidNotIssueFailsNamingItsError) {
   const int64_t numel = GetParam();
   std::string waited, settled;
+  double waited_s = 0;
   bool broken0 = false, broken1 = false;
+  std::promise<void> rank0_failed;
+  std::shared_future<void> rank0_has_failed = rank0_failed.get_future().share();
   run_ranks(
       2,
       [&](CommunicatorPtr comm) {
@@ -52,13 +86,12 @@ TEST_P(FailureBoardPaths, ACollectiveAFailedPeerDidNotIssueFailsNamingItsError) 
             settled = e.what();
           }
           broken1 = board->broken();
+          hold_until(rank0_has_failed);
           return;
         }
-        try {
-          comm->all_reduce(t)->wait();  // operation 2: rank 1 will never issue it
-        } catch (const CommError& e) {
-          waited = e.what();
-        }
+        // Operation 2: rank 1 will never issue it.
+        waited = comm_error_of([&] { comm->all_reduce(t)->wait(); }, waited_s);
+        rank0_failed.set_value();
         board->post("backward", waited);  // what the engine does when the call fails
         broken0 = board->broken();
       },
@@ -66,7 +99,8 @@ TEST_P(FailureBoardPaths, ACollectiveAFailedPeerDidNotIssueFailsNamingItsError) 
   EXPECT_CONTAINS(waited, "rank 1's backward failed (injected failure in a hook)");
   EXPECT_CONTAINS(waited, "after it had issued 1 operation on the world group, and this one is "
                           "number 2 there");
-  EXPECT_TRUE(waited.find("timed out") == std::string::npos) << waited;
+  EXPECT_FALSE(says_timed_out(waited)) << waited;
+  EXPECT_LT(waited_s, kAtOnceSeconds) << "timeout " << kTimeout.count() << " s: " << waited;
   // Rank 0's wait told everyone at once (its ending key), before its own post.
   EXPECT_CONTAINS(settled, "step on rank 1 of 2: rank 0 found that the job cannot continue: "
                            "rank 1's backward failed (injected failure in a hook)");
@@ -175,6 +209,7 @@ INSTANTIATE_TEST_SUITE_P(Paths, FailureBoardPaths, ::testing::Values(16, 1 << 19
 
 TEST(FailureBoard, ASubGroupsCollectiveNamesTheSubGroup) {
   std::string waited;
+  double waited_s = 0;
   run_ranks(
       2,
       [&](CommunicatorPtr comm) {
@@ -189,22 +224,21 @@ TEST(FailureBoard, ASubGroupsCollectiveNamesTheSubGroup) {
           return;
         }
         at::Tensor t = ones(1 << 19);
-        try {
-          group->all_reduce(t)->wait();
-        } catch (const CommError& e) {
-          waited = e.what();
-        }
+        waited = comm_error_of([&] { group->all_reduce(t)->wait(); }, waited_s);
         board->post("forward", waited);
       },
       kTimeout);
   EXPECT_CONTAINS(waited, "rank 1's forward failed (injected) after it had issued 0 operations on "
                           "sub-group w/split0/0");
+  EXPECT_FALSE(says_timed_out(waited)) << waited;
+  EXPECT_LT(waited_s, kAtOnceSeconds) << "timeout " << kTimeout.count() << " s: " << waited;
 }
 
 // With the desync checker (comms_check) on, a rank waits for its peers' description of the next
 // collective before issuing it: a failed peer's post ends that wait too, not the timeout.
 TEST(FailureBoard, TheDesyncCheckersWaitEndsOnAPeersFailure) {
   std::string waited;
+  double waited_s = 0;
   run_ranks(
       2,
       [&](CommunicatorPtr plain) {
@@ -218,15 +252,13 @@ TEST(FailureBoard, TheDesyncCheckersWaitEndsOnAPeersFailure) {
           EXPECT_THROW(board->settle("backward"), CommError);  // kept until rank 0 has posted
           return;
         }
-        try {
-          comm->all_reduce(t)->wait();
-        } catch (const CommError& e) {
-          waited = e.what();
-        }
+        waited = comm_error_of([&] { comm->all_reduce(t)->wait(); }, waited_s);
         board->post("backward", waited);
       },
       kTimeout);
   EXPECT_CONTAINS(waited, "comms_check on rank 0 of 2: rank 0 issued all_reduce");
+  EXPECT_FALSE(says_timed_out(waited)) << waited;
+  EXPECT_LT(waited_s, kAtOnceSeconds) << "timeout " << kTimeout.count() << " s: " << waited;
   EXPECT_CONTAINS(waited, "rank 1's backward failed (injected) after it had issued 1 operation");
 }
 

@@ -61,6 +61,9 @@ int main(int argc, char** argv) try {
   for (const auto& a : args.rest) rest.push_back(a.c_str());
   CLI11_PARSE(app, static_cast<int>(rest.size()), rest.data());
   if (prompt.empty()) throw deepspeed::ConfigError("gpt_generate: --prompt is empty");
+  if (max_new_tokens < 0)
+    throw deepspeed::ConfigError("--max_new_tokens " + std::to_string(max_new_tokens) +
+                                 " is negative");
   sampling.greedy = greedy;
   gpt::check_sampling(sampling, "--");
 
@@ -72,6 +75,18 @@ int main(int argc, char** argv) try {
   const std::string tag_dir = gpt::checkpoint_tag_dir(load_dir, tag);
   const auto saved = gpt::read_model_flags(tag_dir);
   model = gpt::resolve_model_flags(model, given, saved, tag_dir + "/" + gpt::kModelFlagsFile);
+  // Before anything loads: generate() would refuse it only after the checkpoint is read, as a
+  // torch error naming no flag. (The condition is generate()'s.)
+  const int64_t prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (prompt_tokens + max_new_tokens > model.block_size)
+    throw deepspeed::ConfigError(
+        "--prompt of " + std::to_string(prompt_tokens) + " tokens + --max_new_tokens " +
+        std::to_string(max_new_tokens) + " exceed the model's block_size " +
+        std::to_string(model.block_size) + " (its positions): " +
+        (prompt_tokens <= model.block_size
+             ? "give --max_new_tokens " + std::to_string(model.block_size - prompt_tokens) +
+                   " or fewer"
+             : std::string("shorten --prompt")));
   for (unsigned char c : prompt)
     if (c >= model.vocab_size)
       throw deepspeed::ConfigError("gpt_generate: the prompt's byte " + std::to_string(c) +
@@ -102,6 +117,10 @@ int main(int argc, char** argv) try {
   for (int64_t t : out) text.push_back(static_cast<char>(t));
   if (comm->rank() == 0) std::printf("%s\n", text.c_str());
   return 0;
+} catch (const c10::Error& e) {
+  // what() carries libtorch 1.13's C++ stack frames: the message alone.
+  std::fprintf(stderr, "gpt_generate: error: %s\n", e.what_without_backtrace());
+  return 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "gpt_generate: error: %s\n", e.what());
   return 1;

@@ -1,15 +1,17 @@
 // Trains the example GPT with deepspeed.cpp:
 //   dsrun --num_procs 2 build/bin/gpt_train --deepspeed_config examples/gpt/ds_config.json
 // Rank 0 prints "step <n> loss <x>" after each optimizer step, and a summary at the end.
-// Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps;
-// --load_dir DIR resumes from DIR/latest and continues the step count up to --steps.
+// Checkpoints: --save_dir DIR --save_interval K saves DIR/global_step<N> every K steps (--save_dir
+// alone: once, after the last step); --load_dir DIR resumes from DIR/latest and continues the
+// step count up to --steps.
 // --tensor_parallel N splits the layers over groups of N consecutive ranks (gpt::TPGPT, built
-// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; no checkpoints yet;
-// with --activation_checkpointing the config's partition_activations splits the saved block
-// inputs over the group).
+// from the whole GPT of --seed on every rank; world = N x data-parallel ranks; checkpoints save
+// and resume as without it; with --activation_checkpointing the config's partition_activations
+// splits the saved block inputs over the group).
 // --pipeline_stages M trains the GPT as a PipelineModule (train_pipeline.h); with
 // --tensor_parallel N each stage's layers are split too (world = M x data x N). It needs an
-// "optimizer" block in the config and refuses --zero_init.
+// "optimizer" block in the config and refuses --zero_init; --activation_checkpointing makes every
+// layer of a stage a checkpointed segment.
 // The paths live beside this file: train_options (flags), train_loop (the engine loop),
 // train_tensor_parallel, train_pipeline.
 // Like the Hugging Face Trainer, the training flags (--lr, --weight_decay, --adam_beta1/2,
@@ -50,6 +52,10 @@ int main(int argc, char** argv) try {
   // flags and the model as the Hugging Face Trainer fills them.
   auto [run, model] = gpt_train::prepare_run(opt, args.config_path, comm, 1);
   return gpt_train::train(run, model);
+} catch (const c10::Error& e) {
+  // what() carries libtorch 1.13's C++ stack frames: the message alone.
+  std::fprintf(stderr, "gpt_train: error: %s\n", e.what_without_backtrace());
+  return 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "gpt_train: error: %s\n", e.what());
   return 1;

@@ -27,7 +27,8 @@ struct GPTConfig {
   // Residual dropout after each attention and MLP (nanoGPT's resid_dropout); 0 draws nothing.
   double dropout = 0.0;
   // Each block is an activation checkpoint (deepspeed::checkpointing::checkpoint): its
-  // activations are recomputed in backward instead of kept.
+  // activations are recomputed in backward instead of kept. (The pipeline models checkpoint
+  // every layer: gpt_pipeline.)
   bool activation_checkpointing = false;
   // GPT-2's scaled initialisation (GPT-2 paper, section 2.3; nanoGPT; gpu-anchor's gpt_bench.py):
   // the weights of the two layers that write into the residual stream, attention proj and MLP

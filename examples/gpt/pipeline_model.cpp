@@ -48,6 +48,9 @@ deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c) {
           torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
     });
   }
+  // --activation_checkpointing: every layer a checkpointed segment, as GPTImpl checkpoints every
+  // block; without it -1 leaves the config's pipeline.activation_checkpoint_interval in charge.
+  m.activation_checkpoint_interval = c.activation_checkpointing ? 1 : -1;
   // The loss in fp32 whatever the model dtype, as GPTImpl::forward.
   m.loss_fn = [](const at::Tensor& logits, const at::Tensor& targets) {
     return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),

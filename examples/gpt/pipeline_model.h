@@ -18,7 +18,9 @@ TORCH_MODULE(EmbeddingLayer);
 
 // The layers start GPT-2 style (gpt2_init, model.h), as the whole GPT does: each one drawn from
 // the generator the pipeline seeded for it (config seed + layer index), so every layout starts
-// alike.
+// alike. With c.activation_checkpointing every layer is a checkpointed segment
+// (activation_checkpoint_interval 1); without, the config's pipeline.activation_checkpoint_interval
+// applies (-1).
 deepspeed::pipe::PipelineModule gpt_pipeline(const GPTConfig& c);
 
 }  // namespace gpt

@@ -76,6 +76,8 @@ deepspeed::pipe::PipelineModule gpt_tp_pipeline(const GPTConfig& c, Communicator
                     },
                     [head_options, g] { return tp::ColumnParallelLinear(head_options(), g); }));
   }
+  // As gpt_pipeline(): with activation_checkpointing every layer is a checkpointed segment.
+  m.activation_checkpoint_interval = c.activation_checkpointing ? 1 : -1;
   // Logits split by vocabulary: the loss over the group, in fp32 as gpt_pipeline()'s.
   m.loss_fn = [g](const at::Tensor& logits, const at::Tensor& targets) {
     const at::Tensor flat_targets = targets.reshape({-1});

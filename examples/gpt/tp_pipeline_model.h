@@ -28,6 +28,7 @@ class TPEmbeddingLayerImpl : public torch::nn::Module {
 TORCH_MODULE(TPEmbeddingLayer);
 
 // Throws ConfigError (check_tensor_parallel) when the group's size does not divide the model.
+// activation_checkpointing: every layer a checkpointed segment, as gpt_pipeline().
 // Layers and loss are COLLECTIVE over `group`.
 deepspeed::pipe::PipelineModule gpt_tp_pipeline(const GPTConfig& c,
                                                 deepspeed::comm::CommunicatorPtr group);

@@ -78,7 +78,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         deepspeed::reset_device_memory_peaks(engine->device());
         engine->communicator()->reset_stats();  // comm_payload_bytes_per_step: timed steps only
       }
-      if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
+      if (saves_after(opt, engine->global_steps())) {
         engine->save_checkpoint(opt.save_dir);
         // gpt_generate builds the model from it (model_flags.h).
         if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);

@@ -27,6 +27,35 @@ class RandomTokens : public deepspeed::Dataset {
   int64_t vocab_, block_size_, samples_;
 };
 
+// What parse_options refuses once the flags are read (its header lists them).
+void check_options(const Options& o) {
+  // (main prints "gpt_train: error: " before the message.)
+  auto refuse = [](const std::string& what) { throw deepspeed::ConfigError(what); };
+  auto flag = [](const char* name, int64_t value) {
+    return std::string(name) + " " + std::to_string(value);
+  };
+  if (o.steps < 1) refuse(flag("--steps", o.steps) + ": the optimizer steps to run must be >= 1");
+  const gpt::GPTConfig& m = o.model;
+  // The attention splits the width into n_head heads of n_embd / n_head (model.cpp would stop
+  // with a torch error naming no flag; n_head 0 would divide by zero).
+  if (m.n_head < 1 || m.n_embd % m.n_head != 0)
+    refuse(flag("--n_embd", m.n_embd) + " is not divisible by " + flag("--n_head", m.n_head) +
+           " (each head is n_embd / n_head wide)");
+  if (o.pipeline_stages < -1)
+    refuse(flag("--pipeline_stages", o.pipeline_stages) +
+           ": give N >= 1 stages, 0 (no pipeline) or -1 (the config's pipeline.stages)");
+  if (o.tensor_parallel < 1)
+    refuse(flag("--tensor_parallel", o.tensor_parallel) + ": must be >= 1 (1: no split)");
+  if (m.vocab_size < 1) refuse(flag("--vocab_size", m.vocab_size) + ": must be >= 1");
+  // Text is read as bytes: tokens up to 255 index the embedding.
+  if (!o.random_tokens && m.vocab_size < 256)
+    refuse(flag("--vocab_size", m.vocab_size) + " with text (--data): its tokens are bytes, "
+           "0..255, so the vocabulary must be >= 256 (a smaller one is for --random_tokens)");
+  if (o.save_interval < 0) refuse(flag("--save_interval", o.save_interval) + ": must be >= 0");
+  if (o.save_interval > 0 && o.save_dir.empty())
+    refuse("--save_interval needs --save_dir");
+}
+
 }  // namespace
 
 Options parse_options(const std::vector<std::string>& argv) {
@@ -48,7 +77,8 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--n_head", o.model.n_head);
   app.add_option("--n_embd", o.model.n_embd);
   app.add_option("--block_size", o.model.block_size);
-  app.add_option("--vocab_size", o.model.vocab_size, "with --random_tokens (text is bytes: 256)");
+  app.add_option("--vocab_size", o.model.vocab_size,
+                 "with --random_tokens (text is bytes: at least 256)");
   app.add_flag("--no_bias{false}", o.model.bias, "Linear layers without bias");
   app.add_flag("--tie_embeddings", o.model.tie_embeddings, "the head is the token embedding");
   app.add_flag("--gelu_tanh", o.model.gelu_tanh, "tanh-approximated GELU");
@@ -75,7 +105,9 @@ Options parse_options(const std::vector<std::string>& argv) {
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads,
                  "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
-  app.add_option("--save_dir", o.save_dir, "checkpoint folder (saves every --save_interval steps)");
+  app.add_option("--save_dir", o.save_dir,
+                 "checkpoint folder (saves every --save_interval steps; without it, once after "
+                 "the last step)");
   app.add_option("--save_interval", o.save_interval, "optimizer steps between checkpoints");
   app.add_option("--load_dir", o.load_dir, "resume from the checkpoint named by DIR/latest");
   app.add_flag("--zero_init", o.zero_init,
@@ -104,9 +136,17 @@ Options parse_options(const std::vector<std::string>& argv) {
     std::exit(app.exit(e));
   }
   if (o.stride <= 0) o.stride = std::max<int64_t>(1, o.model.block_size / 2);
-  if (o.save_interval > 0 && o.save_dir.empty())
-    throw deepspeed::ConfigError("gpt_train: --save_interval needs --save_dir");
+  check_options(o);
   return o;
+}
+
+bool saves_after(const Options& o, int64_t step) {
+  if (o.save_interval > 0) return step % o.save_interval == 0;
+  return !o.save_dir.empty() && step == o.steps;
+}
+
+int64_t resumed_micro_batches(int64_t global_samples, int64_t micro_batch, int dp_size) {
+  return global_samples / (micro_batch * dp_size);
 }
 
 std::shared_ptr<deepspeed::Dataset> make_dataset(const Options& opt) {

@@ -19,11 +19,12 @@ struct Options {
   int64_t stride = 0;  // 0: block_size / 2
   uint64_t seed = 1234;
   int threads = 0;  // 0: OMP_NUM_THREADS, else 1
-  std::string save_dir;
+  std::string save_dir;       // with save_interval 0: one save, after the last step
   int64_t save_interval = 0;  // 0: no periodic saves
-  int pipeline_stages = 0;    // > 0: the GPT as a PipelineModule, trained with train_batch
+  int pipeline_stages = 0;    // > 0: the GPT as a PipelineModule, trained with train_batch;
+                              // -1: the config's pipeline.stages; below -1 refused
   int tensor_parallel = 1;    // > 1: layers split over groups of N consecutive ranks (with the
-                              // pipeline too: world = stages x data x N)
+                              // pipeline too: world = stages x data x N); below 1 refused
   std::string load_dir;
   bool zero_init = false;   // build the model under deepspeed::zero::Init (ZeRO stage 3)
   bool exact_loss = false;  // print each step's loss also as a hex float (bit-for-bit comparisons)
@@ -50,9 +51,23 @@ struct Options {
   bool wall_clock_breakdown = false;
 };
 
-// Parses gpt_train's flags (after parse_args took --deepspeed_config); exits on --help or a parse
-// error as CLI11 does; throws ConfigError for inconsistent flags.
+// Parses gpt_train's flags (argv[0] first, after parse_args took --deepspeed_config); exits on
+// --help or a parse error as CLI11 does; throws ConfigError naming the flags for a value that
+// would do nothing or fail later without naming them: --steps < 1, --n_head < 1 or not dividing
+// --n_embd, --pipeline_stages < -1, --tensor_parallel < 1, --vocab_size < 1 (below 256 without
+// --random_tokens: text is bytes), --save_interval without --save_dir.
 Options parse_options(const std::vector<std::string>& argv);
+
+// Whether gpt_train saves a checkpoint after optimizer step `step`: every --save_interval steps,
+// or with --save_dir alone once, after the last step (--steps).
+bool saves_after(const Options& o, int64_t step);
+
+// The micro-batches each data-parallel rank of a resumed pipeline job has consumed: the samples
+// the checkpoint trained (Engine::global_samples, counted per step as train_batch_size) over this
+// job's micro_batch x dp_size, rounded down (a layout that does not divide them trains the
+// remainder again rather than skipping samples). The pipeline engine keeps no loader position of
+// its own (docs/pipeline.md). REQUIRES: micro_batch > 0, dp_size > 0.
+int64_t resumed_micro_batches(int64_t global_samples, int64_t micro_batch, int dp_size);
 
 // The training data: --random_tokens windows, else --data's text.
 std::shared_ptr<deepspeed::Dataset> make_dataset(const Options& opt);

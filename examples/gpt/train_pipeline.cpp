@@ -140,7 +140,9 @@ int train_pipeline(const Options& opt, const std::string& config_path,
                 filled_keys(config).c_str());
   if (!opt.load_dir.empty()) {
     auto loaded = engine->load_checkpoint(opt.load_dir);
-    const int64_t consumed = engine->global_steps() * engine->gradient_accumulation_steps();
+    // The samples the checkpoint trained, in this job's micro-batches per data rank (the saved
+    // job's accumulation and data-parallel size may differ from this one's).
+    const int64_t consumed = resumed_micro_batches(engine->global_samples(), micro, dp_size);
     loader.load_state(
         {consumed / loader.batches_per_epoch(), consumed % loader.batches_per_epoch()});
     if (comm->rank() == 0 && !loaded.load_path.empty())
@@ -176,7 +178,7 @@ int train_pipeline(const Options& opt, const std::string& config_path,
     tokens_event.on_step(*engine);
     if (engine->global_steps() == first_step + opt.warmup)
       timed_from = std::chrono::steady_clock::now();
-    if (opt.save_interval > 0 && engine->global_steps() % opt.save_interval == 0) {
+    if (saves_after(opt, engine->global_steps())) {
       engine->save_checkpoint(opt.save_dir);
       // gpt_generate builds the model from it (model_flags.h).
       if (rank0) gpt::save_model_flags(opt.save_dir, opt.model);
@@ -201,6 +203,12 @@ int train_pipeline(const Options& opt, const std::string& config_path,
       seconds > 0 ? tokens / seconds : 0.0, engine->last_loss(), peak_rss_kb(),
       engine->max_activations_held(), wall_s > step_s ? 1.0 - compute_s / (wall_s - step_s) : 0.0,
       wall_s > 0 ? step_s / wall_s : 0.0);
+  // activation_checkpointing.profile, as train_loop prints it: each stage recomputes its own
+  // layers, so the first rank of each stage (data and tensor rank 0) prints its counts.
+  const auto at = grid.coordinates(comm->rank());
+  if (deepspeed::checkpointing::options().profile && at.data == 0 && at.tensor == 0)
+    std::printf("gpt_train: stage %d: %s\n", engine->stage_id(),
+                deepspeed::checkpointing::profile_summary().c_str());
   return 0;
 }
 

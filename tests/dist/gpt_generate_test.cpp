@@ -333,6 +333,40 @@ TEST_F(GptGenerateCli, TopP0IsGreedyAndBadSamplingFlagsAreRefused) {
   }
 }
 
+// A prompt and --max_new_tokens beyond the block size are refused naming both flags and the
+// block size, before the checkpoint loads and without C++ stack frames (generate()'s TORCH_CHECK
+// used to stop it with its backtrace); a negative --max_new_tokens is refused by name.
+TEST_F(GptGenerateCli, TooManyNewTokensAreRefusedNamingTheFlags) {
+  const std::string common = "--load_dir " + ck() + kModel + " --greedy --prompt 'The '";
+  auto run = generate(common + " --max_new_tokens 40");
+  EXPECT_NE(run.status, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "gpt_generate: error: --prompt of 4 tokens + --max_new_tokens 40");
+  EXPECT_CONTAINS(run.output, "block_size 32");
+  EXPECT_EQ(run.output.find("Exception raised from"), std::string::npos) << run.output;
+  run = generate(common + " --max_new_tokens -1");
+  EXPECT_NE(run.status, 0) << run.output;
+  EXPECT_CONTAINS(run.output, "gpt_generate: error: --max_new_tokens -1");
+  run = generate(common + " --max_new_tokens 28");  // 4 + 28 = 32 fits
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_EQ(run.last_line().size(), 4u + 28u) << run.output;
+}
+
+// A torch error that reaches main (here the model's own check: --n_embd 30 is not split into 4
+// heads, for a folder without saved model flags) prints its message without the C++ stack frames
+// c10::Error::what() carries in libtorch 1.13.
+TEST(GptGenerate, TorchErrorsPrintWithoutStackFrames) {
+  dstest::TempDir dir("gpt_generate_torch_error");
+  const std::string log = dir / "log.txt";
+  const std::string cmd = dstest::bin_dir() + "/gpt_generate --load_dir " + (dir / "none") +
+                          " --prompt x --max_new_tokens 2 --n_embd 30 --n_head 4 > " + log +
+                          " 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  const std::string output = dstest::read_bytes(log);
+  EXPECT_CONTAINS(output, "gpt_generate: error: n_embd (30) must be divisible by n_head (4)");
+  EXPECT_EQ(output.find("Exception raised from"), std::string::npos) << output;
+  EXPECT_EQ(output.find("frame #"), std::string::npos) << output;
+}
+
 // save_model_flags writes into the tag folder `latest` names and read_model_flags gives the model
 // back; a file with an unknown, missing or mistyped key is refused naming the file and the key.
 TEST(GptModelFlags, RoundTripAndMalformedFilesAreNamed) {

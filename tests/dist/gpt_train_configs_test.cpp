@@ -234,6 +234,35 @@ TEST(GptTrainConfigs, Fp16OnTheCpuBuildIsRefusedWithoutStackFrames) {
   EXPECT_EQ(run.output.find("Exception raised from"), std::string::npos) << run.output;
 }
 
+// --n_embd not divisible by --n_head is refused naming both flags, without C++ stack frames (the
+// model's TORCH_CHECK used to stop the run with its backtrace, naming neither flag).
+TEST(GptTrainConfigs, HeadsThatDoNotDivideTheWidthNameBothFlags) {
+  dstest::TempDir dir;
+  const std::string config = write_config(dir, dstest::base_config(2, 1, 0)), log = dir / "log.txt";
+  const int status = std::system(("exec " + dstest::bin_dir() + "/gpt_train --deepspeed_config " +
+                                  config + " --n_layer 1 --n_embd 30 --n_head 4 --steps 1 > " +
+                                  log + " 2>&1")
+                                     .c_str());
+  const std::string output = dstest::read_bytes(log);
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_CONTAINS(output, "gpt_train: error: --n_embd 30");
+  EXPECT_CONTAINS(output, "--n_head 4");
+  EXPECT_EQ(output.find("Exception raised from"), std::string::npos) << output;
+}
+
+// --save_dir without --save_interval saves once, after the last step, with the model flags
+// gpt_generate reads (it used to save nothing, silently).
+TEST(GptTrainConfigs, SaveDirAloneSavesAfterTheLastStep) {
+  dstest::TempDir dir;
+  const std::string ck = dir / "ck";
+  auto run = gpt_train(dir, write_config(dir, dstest::base_config(2, 1, 0)), 2, "--save_dir " + ck);
+  ASSERT_TRUE(run.ok) << run.output;
+  EXPECT_CONTAINS(run.output, "gpt_train: saved " + ck + "/global_step2");
+  EXPECT_EQ(run.output.find("global_step1"), std::string::npos) << run.output;
+  EXPECT_EQ(dstest::read_bytes(ck + "/latest"), "global_step2");
+  EXPECT_CONTAINS(dstest::read_bytes(ck + "/global_step2/gpt_model.json"), "\"n_embd\": 32");
+}
+
 // deepspeed::parse_args takes --deepspeed_config before CLI11 sees the command line, so CLI11's
 // --help listed every flag but the one gpt_train requires.
 TEST(GptTrainConfigs, HelpListsTheRequiredDeepspeedConfigFlag) {

@@ -273,6 +273,71 @@ TEST(GptTrainPipeline, StageCountFromAnHjsonConfig) {
   EXPECT_NE(r.output.find("pipeline 2 stages"), std::string::npos) << r.output;
 }
 
+// --activation_checkpointing with --pipeline_stages: every layer of each stage is a checkpointed
+// segment, recomputed in backward (the flag used to be ignored there: the interval stayed the
+// config's pipeline.activation_checkpoint_interval, 0), and with activation_checkpointing.profile
+// each stage prints its counts as gpt_train without the pipeline does. Recomputation changes no
+// number: the losses are those of the run without the flag, bit for bit.
+TEST(GptTrainPipeline, ActivationCheckpointingRecomputesEveryStagesLayers) {
+  dstest::TempDir a("gpt_pipe_ac"), b("gpt_pipe_no_ac");
+  json config = pipeline_config(0);
+  config["activation_checkpointing"] = {{"profile", true}};
+  const std::string flags = "--pipeline_stages 2 --steps 2 --exact_loss";
+  auto with = gpt_train(a, 2, flags + " --activation_checkpointing", 0, config.dump(2));
+  auto without = gpt_train(b, 2, flags, 0, config.dump(2));
+  ASSERT_TRUE(with.ok) << with.output;
+  ASSERT_TRUE(without.ok) << without.output;
+  const std::regex counts(
+      R"(gpt_train: stage (\d): activation checkpointing: (\d+) segment forwards, (\d+) recomputations)");
+  auto per_stage = [&](const std::string& output) {
+    std::map<int, std::pair<int, int>> out;  // stage -> (forwards, recomputations)
+    for (std::sregex_iterator it(output.begin(), output.end(), counts), end; it != end; ++it)
+      out[std::stoi((*it)[1])] = {std::stoi((*it)[2]), std::stoi((*it)[3])};
+    return out;
+  };
+  const auto checkpointed = per_stage(with.output);
+  ASSERT_EQ(checkpointed.size(), 2u) << with.output;
+  for (const auto& [stage, n] : checkpointed) {
+    // 2 steps x 4 micro-batches, at least one layer each: every segment recomputed once.
+    EXPECT_GE(n.first, 8) << "stage " << stage << "\n" << with.output;
+    EXPECT_EQ(n.second, n.first) << "stage " << stage << "\n" << with.output;
+  }
+  for (const auto& [stage, n] : per_stage(without.output))
+    EXPECT_EQ(n.second, 0) << "stage " << stage << "\n" << without.output;
+  const auto losses = exact_losses(with.output);
+  ASSERT_EQ(losses.size(), 2u) << with.output;
+  EXPECT_EQ(losses, exact_losses(without.output));
+}
+
+// A resumed job puts its loader at the samples the checkpoint trained (global_samples), counted
+// in its own micro-batches per data-parallel rank: saved after 2 steps of 16 samples (micro 2 x
+// accumulation 4 x 2 data ranks) and resumed at accumulation 8, its step 3 trains samples 32..63,
+// those of step 2 of a run at accumulation 8 from the start. With lr 0 the weights never change,
+// so a step's loss tells its samples. (The position used to be global steps x the new job's
+// accumulation: 2 x 8 = 16 micro-batches per rank, samples 64..127, step 3's.)
+TEST(GptTrainPipeline, AResumeAtAnotherAccumulationContinuesAfterTheTrainedSamples) {
+  dstest::TempDir a("gpt_pipe_samples_ref"), b("gpt_pipe_samples_resume");
+  auto config = [](int accumulation) {
+    json c = pipeline_config(0);
+    c["gradient_accumulation_steps"] = accumulation;
+    c["optimizer"]["params"]["lr"] = 0.0;
+    return c.dump(2);
+  };
+  const std::string ck = b / "ck", flags = "--pipeline_stages 1 --exact_loss";
+  auto reference = gpt_train(a, 2, flags + " --steps 3", 0, config(8));
+  auto first = gpt_train(b, 2, flags + " --steps 2 --save_dir " + ck + " --save_interval 2", 0,
+                         config(4));
+  auto rest = gpt_train(b, 2, flags + " --steps 3 --load_dir " + ck, 0, config(8));
+  ASSERT_TRUE(reference.ok) << reference.output;
+  ASSERT_TRUE(first.ok) << first.output;
+  ASSERT_TRUE(rest.ok) << rest.output;
+  const auto want = exact_losses(reference.output), got = exact_losses(rest.output);
+  ASSERT_EQ(want.size(), 3u) << reference.output;
+  ASSERT_EQ(got.size(), 1u) << rest.output;
+  EXPECT_NE(want.at(2), want.at(3));  // the steps' samples tell apart
+  EXPECT_EQ(got.at(3), want.at(2)) << rest.output;
+}
+
 // dataloader_drop_last applies: on a text of 9 windows (micro-batches of 2, 4 per step) the
 // epoch's last micro-batch holds one window unless it is dropped, so step 2 differs between the
 // two settings (step 1 does not). The short micro-batch crosses the stage boundary.

@@ -2,7 +2,9 @@
 # ssh and through pdsh: every rank sees its global RANK, LOCAL_RANK, NODE_RANK, WORLD_SIZE, the
 # forwarded environment and .deepspeed_env (its values expanded by the remote shell, as in
 # DeepSpeed: they were once single-quoted, so a rank saw a literal `$OMP_NUM_THREADS`; spaces
-# around KEY and VALUE dropped); output carries "[HOST rank K] ".
+# around KEY and VALUE dropped); output carries "[HOST rank K] ". The host check runs PROGRAM's
+# lookup with the job's own `cd CWD && export ...`, and a working directory missing on a host is
+# an error naming it.
 source "$(dirname "$0")/common.bash" "$1"
 source "$(dirname "$0")/netns.bash"
 netns_setup 2
@@ -88,6 +90,35 @@ OMP_NUM_THREADS=1 run_on_host0 nodes --hostfile "$TMP/hostfile" --launcher_args 
 [ $RC -eq 0 ] || fail "--num_nodes 1 --force_multi: dsrun exited $RC"
 expect_contains "$TMP/nodes.out" "[$H0 rank 0] env WORLD_SIZE=1"
 expect_absent "$TMP/nodes.out" "rank 1]"
+
+# The host check looks PROGRAM up as the job will: after the job's `cd` and exports, so a PATH that
+# .deepspeed_env extends finds a bare program name. (It once ran without them: exit 2, "not found
+# on PATH", for a job that would have run.)
+echo "PATH=$BIN:\$PATH" >"$TMP/path.env"
+PORT=$(free_port)
+DS_ENV_FILE=$TMP/path.env run_on_host0 bare --hostfile "$TMP/hostfile" --launcher_args "$SSH_ARGS" \
+  --master_port $PORT "$(basename "$WORKER")" --mode ok --marker "$MARKER"
+[ $RC -eq 0 ] || fail "bare program name on .deepspeed_env's PATH: dsrun exited $RC"
+expect_contains "$TMP/bare.out" "[$H1 rank 3] env WORLD_SIZE=4"
+
+# A working directory host 1 lacks (hidden there by a tmpfs over its parent, in the mount
+# namespace of host 1's sshd): the host check names the host and the directory, and nothing
+# starts. (It once ignored a failed cd: node 0's ranks started, node 1's agent failed, and
+# --max_restarts would have restarted it.)
+if command -v nsenter >/dev/null; then
+  mkdir -p "$TMP/hidden/work"
+  nsenter -t "${SSHD_PIDS[1]}" -m mount -t tmpfs none "$TMP/hidden" || fail "tmpfs over $TMP/hidden on host 1"
+  cd "$TMP/hidden/work" || fail "cd $TMP/hidden/work"
+  run_on_host0 nocwd --hostfile "$TMP/hostfile" --launcher_args "$SSH_ARGS" --max_restarts 1 \
+    --master_port "$(free_port)" "$WORKER" --mode ok --marker "$MARKER"
+  cd "$TMP/work" || fail "cd $TMP/work"
+  [ $RC -eq 2 ] || fail "working directory missing on host 1: dsrun exited $RC, expected 2"
+  expect_contains "$TMP/nocwd.err" "dsrun: host $H1: cannot enter the working directory $TMP/hidden/work"
+  [ -s "$TMP/nocwd.out" ] && fail "working directory missing on host 1: ranks were started"
+  expect_absent "$TMP/nocwd.err" "restarting"
+else
+  echo "nsenter not installed: a working directory missing on a host not tested"
+fi
 
 no_leftovers
 echo "PASS multinode_env"

@@ -1,6 +1,6 @@
 # Failures across two network-namespace hosts (netns.bash), 2 ranks each, launched from host 0
 # over ssh: a remote rank killed with SIGKILL, a remote node agent killed, a remote rank exiting
-# with an error, dsrun interrupted; --max_restarts; and the errors found before any rank starts.
+# with an error (3, and 255 as a lost ssh connection would), dsrun interrupted; --max_restarts; and the errors found before any rank starts.
 # Each failure must stop every rank on both hosts, name the host and the rank, and exit non-zero.
 source "$(dirname "$0")/common.bash" "$1"
 source "$(dirname "$0")/netns.bash"
@@ -76,6 +76,17 @@ run_on_host0 exit3 "${LAUNCH[@]}" --master_port "$(free_port)" "$WORKER" --mode 
 expect_contains "$TMP/exit3.err" "rank 2 (pid"
 expect_contains "$TMP/exit3.err" ") on $H1 exited with status 3"
 expect_contains "$TMP/exit3.err" "dsrun: node 1 ($H1) failed with exit status 3"
+no_leftovers
+
+# 3b. A remote rank exits 255 (exit(-1)): its agent, and so its ssh, exit 255 too, which is also
+#     ssh's status for a lost connection. The agent's line about its rank tells them apart: dsrun
+#     once said "lost the ssh connection" here, contradicting the agent.
+run_on_host0 exit255 "${LAUNCH[@]}" --master_port "$(free_port)" "$WORKER" --mode exit3 \
+  --fail_rank 2 --fail_status 255 --marker "$MARKER"
+[ $RC -eq 255 ] || fail "remote rank exit 255: dsrun exited $RC"
+expect_contains "$TMP/exit255.err" ") on $H1 exited with status 255"
+expect_contains "$TMP/exit255.err" "dsrun: node 1 ($H1) failed with exit status 255"
+expect_absent "$TMP/exit255.err" "lost the ssh connection"
 no_leftovers
 
 # 4. SIGTERM to the launching dsrun stops every node.

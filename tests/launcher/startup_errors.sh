@@ -51,6 +51,28 @@ run_dsrun both --num_procs 2 --num_gpus 2 "$WORKER"
 DSRUN_KILL_GRACE_S=soon run_dsrun grace "$WORKER"
 [ $RC -eq 2 ] || fail "bad DSRUN_KILL_GRACE_S: dsrun exited $RC, expected 2"
 expect_contains "$TMP/grace.err" "DSRUN_KILL_GRACE_S='soon'"
+# The per-node agent form (`dsrun --node_rank K --world_info W`, DeepSpeed's --no_ssh) of a world
+# of several nodes needs --master_addr: rank 0's store runs on node 0, and the default 127.0.0.1
+# sent the other nodes' ranks to their own loopback until the rendezvous timed out.
+run_dsrun agent_no_addr --node_rank 1 --world_info h0:0@h1:0 --master_port "$(free_port)" \
+  "$WORKER" --mode ok --marker "$MARKER"
+[ $RC -eq 2 ] || fail "agent of a 2-node world without --master_addr: dsrun exited $RC, expected 2"
+expect_contains "$TMP/agent_no_addr.err" \
+  "dsrun: --world_info h0:0@h1:0 has 2 nodes: pass --master_addr (node 0's address"
+[ -s "$TMP/agent_no_addr.out" ] && fail "agent without --master_addr: a rank was started"
+# With it, and for a one-node world without it, the agent runs.
+run_dsrun agent_addr --node_rank 1 --world_info h0:0@h1:0 --master_addr 127.0.0.1 \
+  --master_port "$(free_port)" "$WORKER" --mode ok --marker "$MARKER"
+[ $RC -eq 0 ] || fail "agent with --master_addr: dsrun exited $RC"
+expect_contains "$TMP/agent_addr.out" "[h1 rank 1] env WORLD_SIZE=2"
+run_dsrun agent_one_node --node_rank 0 --world_info h0:0 --master_port "$(free_port)" \
+  "$WORKER" --mode ok --marker "$MARKER"
+[ $RC -eq 0 ] || fail "agent of a one-node world: dsrun exited $RC"
+# DeepSpeed's --no_ssh points at that form, --master_addr included.
+run_dsrun no_ssh --no_ssh "$WORKER"
+[ $RC -eq 2 ] || fail "--no_ssh: dsrun exited $RC, expected 2"
+expect_contains "$TMP/no_ssh.err" "run 'dsrun --node_rank K --world_info W --master_addr A PROGRAM'"
+
 run_dsrun help --help
 [ $RC -eq 0 ] || fail "--help exited $RC"
 expect_contains "$TMP/help.out" "--num_procs"

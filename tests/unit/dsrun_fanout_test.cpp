@@ -199,9 +199,11 @@ TEST(DsrunFanout, Mpirun) {
 TEST(DsrunFanout, Srun) {
   EXPECT_EQ(srun_argv(two_hosts(), {"--partition=p"}, {{"OMP_NUM_THREADS", "1"}}, "w0", 29500,
                       {"./train"}),
-            (Argv{"srun", "-n", "4", "--nodes=2", "--ntasks-per-node=2", "--nodelist=w0,w1",
+            (Argv{"srun", "-n", "4", "--nodes=2", "--ntasks-per-node=2", "--distribution=arbitrary",
                   "--partition=p", "--export=ALL,OMP_NUM_THREADS=1,MASTER_ADDR=w0,MASTER_PORT=29500",
                   "./train"}));
+  // The task order srun gets (SLURM_HOSTFILE): the world's, not Slurm's sorted node list.
+  EXPECT_EQ(slurm_hostfile_text({{"w1", {0, 1}}, {"w0", {0, 1}}}), "w1\nw1\nw0\nw0\n");
   Resources uneven = {{"w0", {0, 1}}, {"w1", {0}}};
   EXPECT_EQ(what_of([&] { srun_argv(uneven, {}, {}, "w0", 1, {"p"}); }),
             "--launcher slurm: srun starts the same number of ranks on every node, but w0 has 2 "

@@ -160,19 +160,25 @@ std::vector<std::string> split_words(const std::string& text) {
   return words;
 }
 
-std::string agent_shell_command(const AgentJob& job, const std::string& node_rank) {
-  std::string cmd = "cd " + shell_quote(job.cwd);
+std::string remote_prelude(const std::string& cwd, const EnvList& exports, const EnvList& env_file) {
+  std::string cmd = cwd.empty() ? "" : "cd " + shell_quote(cwd);
+  auto then = [&] { return std::string(cmd.empty() ? "" : " && "); };
   auto in_env_file = [&](const std::string& key) {
     return std::any_of(
-        job.env_file.begin(), job.env_file.end(),
+        env_file.begin(), env_file.end(),
         [&](const std::pair<std::string, std::string>& kv) { return kv.first == key; });
   };
   // Forwarded values are the launching environment's, exact; .deepspeed_env values are written
   // for the remote shell (`LD_LIBRARY_PATH=/opt/efa/lib64:$LD_LIBRARY_PATH`), as in DeepSpeed.
-  for (const auto& kv : job.exports)
-    if (!in_env_file(kv.first)) cmd += " && export " + kv.first + "=" + shell_quote(kv.second);
-  for (const auto& kv : job.env_file)
-    cmd += " && export " + kv.first + "=" + shell_double_quote(kv.second);
+  for (const auto& kv : exports)
+    if (!in_env_file(kv.first)) cmd += then() + "export " + kv.first + "=" + shell_quote(kv.second);
+  for (const auto& kv : env_file)
+    cmd += then() + "export " + kv.first + "=" + shell_double_quote(kv.second);
+  return cmd;
+}
+
+std::string agent_shell_command(const AgentJob& job, const std::string& node_rank) {
+  std::string cmd = remote_prelude(job.cwd, job.exports, job.env_file);
   std::vector<std::string> argv = {job.dsrun_path,   "--node_rank",   node_rank,
                                    "--world_info",   job.world_info,  "--master_addr",
                                    job.master_addr,  "--master_port", std::to_string(job.master_port),
@@ -223,6 +229,22 @@ std::vector<std::string> pdsh_argv(const Resources& world,
 std::string mpi_hostfile_text(const Resources& world) {
   std::string out;
   for (const auto& h : world) out += h.host + " slots=" + std::to_string(h.slots.size()) + "\n";
+  return out;
+}
+
+std::vector<std::string> mpirun_ssh_port_args(int ssh_port, const std::string& user_rsh_args,
+                                              const std::vector<std::string>& launcher_args) {
+  if (ssh_port <= 0) return launcher_args;
+  const std::string port = "-p " + std::to_string(ssh_port);
+  for (const auto& w : launcher_args)
+    if (w.find("plm_rsh_args") != std::string::npos)
+      throw LaunchError("--ssh_port " + std::to_string(ssh_port) +
+                        " and --launcher_args' --mca plm_rsh_args both set mpirun's ssh options "
+                        "(one would replace the other); put '" + port +
+                        "' into that plm_rsh_args, or drop --ssh_port");
+  std::string rsh = trim(user_rsh_args);
+  std::vector<std::string> out = {"--mca", "plm_rsh_args", rsh.empty() ? port : rsh + " " + port};
+  out.insert(out.end(), launcher_args.begin(), launcher_args.end());
   return out;
 }
 
@@ -283,11 +305,18 @@ std::vector<std::string> srun_argv(const Resources& world,
                                    std::to_string(world_size(world)),
                                    "--nodes=" + std::to_string(world.size()),
                                    "--ntasks-per-node=" + std::to_string(per_node),
-                                   "--nodelist=" + host_list(world)};
+                                   "--distribution=arbitrary"};
   argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
   argv.push_back(export_arg);
   argv.insert(argv.end(), command.begin(), command.end());
   return argv;
+}
+
+std::string slurm_hostfile_text(const Resources& world) {
+  std::string out;
+  for (const auto& h : world)
+    for (size_t k = 0; k < h.slots.size(); ++k) out += h.host + "\n";
+  return out;
 }
 
 }  // namespace launcher

@@ -70,10 +70,17 @@ struct AgentJob {
   std::vector<std::string> command;      // PROGRAM ARGS...
 };
 
-// The remote shell command of one agent: `cd CWD && export K='V' ... && export K="V" ... && exec
-// DSRUN --node_rank N --world_info W --master_addr A --master_port P --watch_stdin FLAGS...
-// PROGRAM ARGS...`, every word quoted (`exports` with shell_quote(), `env_file` with
-// shell_double_quote()). `node_rank` is a number, or pdsh's "%n" (substituted by pdsh per host).
+// What a remote shell runs before dsrun on every host: `cd CWD && export K='V' ... && export
+// K="V" ...`, every word quoted (`exports` with shell_quote(), `env_file` with
+// shell_double_quote(); a key of `env_file` is not exported from `exports` as well); without the
+// `cd` when `cwd` is empty ("" when there is nothing to do either). Shared by the
+// job (agent_shell_command()) and the host check, so the check finds PROGRAM with the PATH the
+// job will have, in the directory it will run in.
+std::string remote_prelude(const std::string& cwd, const EnvList& exports, const EnvList& env_file);
+
+// The remote shell command of one agent: `remote_prelude() && exec DSRUN --node_rank N
+// --world_info W --master_addr A --master_port P --watch_stdin FLAGS... PROGRAM ARGS...`, every
+// word quoted. `node_rank` is a number, or pdsh's "%n" (substituted by pdsh per host).
 std::string agent_shell_command(const AgentJob& job, const std::string& node_rank);
 
 // Options every ssh the launcher runs gets: no password prompt (BatchMode), a connection timeout,
@@ -103,6 +110,13 @@ std::vector<std::string> mpirun_argv(const Resources& world, const std::string& 
                                      int master_port, const std::vector<std::string>& command);
 std::string mpi_hostfile_text(const Resources& world);
 
+// `launcher_args` for mpirun with --ssh_port: `--mca plm_rsh_args "RSH -p P"` in front, RSH being
+// `user_rsh_args` (OMPI_MCA_plm_rsh_args, "" when unset), which that --mca would otherwise replace.
+// Unchanged when ssh_port is 0. Throws LaunchError naming both when `launcher_args` sets
+// plm_rsh_args itself (one would silently override the other).
+std::vector<std::string> mpirun_ssh_port_args(int ssh_port, const std::string& user_rsh_args,
+                                              const std::vector<std::string>& launcher_args);
+
 // mpirun and srun start a host's ranks on its devices 0..k-1 (they set no CUDA_VISIBLE_DEVICES,
 // and the ranks pick the device from their local rank), so they can run a selection only when
 // every host keeps its first slots. Throws LaunchError naming --include/--exclude, `launcher`
@@ -110,8 +124,12 @@ std::string mpi_hostfile_text(const Resources& world);
 // any --include/--exclude, its Slurm runner any slot list.)
 void require_first_slots(const Resources& world, const std::string& launcher);
 
-// `srun -n TOTAL --nodes=N --ntasks-per-node=K --nodelist=H,H LAUNCHER_ARGS
-// --export=ALL,K=V,...,MASTER_ADDR=A,MASTER_PORT=P PROGRAM ARGS...` (DeepSpeed's Slurm runner).
+// `srun -n TOTAL --nodes=N --ntasks-per-node=K --distribution=arbitrary LAUNCHER_ARGS
+// --export=ALL,K=V,...,MASTER_ADDR=A,MASTER_PORT=P PROGRAM ARGS...`, run with SLURM_HOSTFILE
+// naming a file of slurm_hostfile_text(world). DeepSpeed's Slurm runner passes --nodelist=H,H
+// instead, but Slurm sorts a node list and places tasks in its own order, so rank 0 could land on
+// another host than MASTER_ADDR; the arbitrary distribution places task i on line i of
+// SLURM_HOSTFILE (srun reads that file only when no --nodelist is given, hence none).
 // REQUIRES: every host of `world` has the same number of slots (srun places K tasks per node);
 // throws LaunchError naming the hosts otherwise, and for a value srun's --export cannot carry (a
 // comma).
@@ -119,6 +137,8 @@ std::vector<std::string> srun_argv(const Resources& world,
                                    const std::vector<std::string>& launcher_args,
                                    const EnvList& exports, const std::string& master_addr,
                                    int master_port, const std::vector<std::string>& command);
+// One line per task, in world order: each host's name once per slot ("h1\nh1\nh0\nh0\n").
+std::string slurm_hostfile_text(const Resources& world);
 
 }  // namespace launcher
 }  // namespace deepspeed

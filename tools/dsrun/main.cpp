@@ -112,7 +112,8 @@ const char* unsupported_deepspeed_flag(const std::string& arg) {
     return "elastic training is not offered; --max_restarts restarts the whole job";
   if (flag == "--save_pid") return "dsrun's own pid is the job's ($! in the shell)";
   if (flag == "--no_ssh")
-    return "run 'dsrun --node_rank K --world_info W PROGRAM' on each node (docs/launcher.md)";
+    return "run 'dsrun --node_rank K --world_info W --master_addr A PROGRAM' on each node "
+           "(docs/launcher.md)";
   if (flag == "--module" || flag == "-m" || flag == "--no_python")
     return "PROGRAM is an executable, not a Python script";
   if (flag == "--bind_cores_to_rank" || flag == "--bind_core_list")
@@ -197,7 +198,14 @@ int run_without_hostfile(const Cli& c, bool procs_given) {
 }
 
 int run_agent(Cli& c) {
-  NodePlacement p = place_node(decode_world(c.world_info), c.node_rank);
+  Resources world = decode_world(c.world_info);
+  // Rank 0's store runs on node 0: the default 127.0.0.1 would send every other node's ranks to
+  // their own loopback until the rendezvous timed out. (The launching dsrun always passes it.)
+  if (world.size() > 1 && !c.master_addr_given)
+    throw LaunchError("--world_info " + c.world_info + " has " + std::to_string(world.size()) +
+                      " nodes: pass --master_addr (node 0's address, where rank 0's rendezvous "
+                      "store listens; the default 127.0.0.1 is each node's own)");
+  NodePlacement p = place_node(world, c.node_rank);
   LaunchOptions o = c.local;
   o.num_procs = p.local_size;
   o.node = {p.host, p.node_rank, p.num_nodes, p.first_rank, p.world_size, p.slots};

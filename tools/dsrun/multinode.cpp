@@ -133,6 +133,10 @@ std::string first_address() {
   return found;
 }
 
+// The host check's exit status when the working directory cannot be entered (dsrun --preflight
+// itself exits 0 or 2, ssh 255, the shell 127 for a missing dsrun).
+constexpr int kNoWorkingDir = 86;
+
 // Checks one host over ssh; returns what its preflight printed (the address line).
 std::string check_host(const MultiNodeOptions& o, const std::string& host, bool is_node0,
                        const std::string& dsrun) {
@@ -146,7 +150,21 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
     remote.push_back(std::to_string(o.master_port));
   }
   remote.push_back(o.command.at(0));
-  std::string cmd = "cd " + shell_quote(current_dir()) + " 2>/dev/null;";
+  // PROGRAM is looked up as the job will look it up: after the job's own cd and exports (a PATH
+  // set in .deepspeed_env counts). The agents (ssh, pdsh) fail in a directory a host lacks, so
+  // the check does too, first with a status of its own so that it can say so. mpirun enters the
+  // directory where it exists (else $HOME) and passes every value as written (-x, no shell).
+  const std::string cwd = current_dir();
+  std::string cmd;
+  if (o.backend == Backend::kOpenMpi) {
+    cmd = "cd " + shell_quote(cwd) + " 2>/dev/null || cd; ";
+    std::string env = remote_prelude("", merge_env(o.exports, o.env_file), {});
+    if (!env.empty()) cmd += env + " && ";
+  } else {
+    cmd = "cd " + shell_quote(cwd) + " 2>/dev/null || exit " + std::to_string(kNoWorkingDir) +
+          "; " + remote_prelude(cwd, o.exports, o.env_file) + " && ";
+  }
+  cmd += "exec";
   for (const auto& w : remote) cmd += " " + shell_quote(w);
   // The check goes over the same ssh the job will use: pdsh's takes its options from
   // PDSH_SSH_ARGS_APPEND, mpirun's from OMPI_MCA_plm_rsh_args (--mca plm_rsh_args on mpirun's
@@ -165,6 +183,10 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
     throw LaunchError("cannot reach host " + host + " over ssh: " + last_line(c.err) +
                       " (dsrun needs passwordless ssh to every host; --no_ssh_check skips this "
                       "check)");
+  if (rc == kNoWorkingDir)
+    throw LaunchError("host " + host + ": cannot enter the working directory " + cwd +
+                      " (each node's ranks run in the directory dsrun was started from; it must "
+                      "exist on every host)");
   if (rc == 127)
     throw LaunchError("host " + host + ": dsrun is not at " + dsrun +
                       " there (it must be installed at the same path on every host): " +
@@ -230,6 +252,10 @@ void prepare_hosts(MultiNodeOptions& o) {
   if (via_mpi) require_first_slots(o.world, launcher);
   o.exports = forwarded_environment(environ);
   o.env_file = deepspeed_env_files();
+  if (o.backend == Backend::kOpenMpi) {
+    const char* rsh = std::getenv("OMPI_MCA_plm_rsh_args");
+    o.launcher_args = mpirun_ssh_port_args(o.ssh_port, rsh ? rsh : "", o.launcher_args);
+  }
   // mpirun -x and srun --export pass values on without a shell: a $VAR there reaches the ranks as
   // written (DeepSpeed's runners pass these values quoted, `K="V"`, likewise unexpanded).
   if (via_mpi)
@@ -266,6 +292,9 @@ struct Child {
   bool reaped = false;
   int status = 0;
   bool via_ssh = false;
+  // The agent reported a rank's end ("dsrun: rank R (pid P) on HOST exited with status S"): its
+  // ssh then exits with the rank's status, and 255 is that, not a lost connection.
+  bool rank_end_reported = false;
   std::unique_ptr<LinePump> out, err;
 };
 
@@ -273,12 +302,13 @@ class Fanout {
  public:
   explicit Fanout(const MultiNodeOptions& o) : opt_(o) {}
   ~Fanout() {
-    if (!mpi_hostfile_.empty()) ::unlink(mpi_hostfile_.c_str());
+    if (!hostfile_.empty()) ::unlink(hostfile_.c_str());
   }
   JobOutcome run();
 
  private:
   std::vector<std::pair<std::string, std::vector<std::string>>> commands();
+  void write_hostfile(const std::string& what, const std::string& text);
   void start(const std::string& label, const std::vector<std::string>& argv,
              const std::vector<std::string>& env);
   void supervise();
@@ -288,7 +318,7 @@ class Fanout {
   int alive() const;
 
   const MultiNodeOptions& opt_;
-  std::string mpi_hostfile_;
+  std::string hostfile_;  // mpirun's -hostfile or srun's SLURM_HOSTFILE, removed with the Fanout
   std::vector<Child> children_;
   bool tearing_down_ = false;
   int kill_stage_ = 0;  // 0: waiting for agents, 1: SIGTERM sent to children, 2: SIGKILL sent
@@ -302,28 +332,37 @@ int Fanout::alive() const {
                                         [](const Child& c) { return c.pid > 0 && !c.reaped; }));
 }
 
+// Writes `text` to a new file in /tmp (hostfile_), which lives as long as this attempt's mpirun or
+// srun does.
+void Fanout::write_hostfile(const std::string& what, const std::string& text) {
+  char path[] = "/tmp/dsrun_hostfile_XXXXXX";
+  int fd = ::mkstemp(path);
+  if (fd < 0)
+    throw LaunchError("cannot create " + what + " in /tmp: " + ::strerror(errno));
+  bool ok = write_all(fd, text.data(), text.size());
+  ::close(fd);
+  hostfile_ = path;
+  if (!ok) throw LaunchError("cannot write " + what + " " + hostfile_);
+}
+
 std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands() {
   // No shell between mpirun/srun and the ranks: the .deepspeed_env lines are plain values there.
   EnvList exports = merge_env(opt_.exports, opt_.env_file);
   std::vector<std::pair<std::string, std::vector<std::string>>> out;
   if (opt_.backend == Backend::kOpenMpi) {
-    char path[] = "/tmp/dsrun_mpi_hostfile_XXXXXX";
-    int fd = ::mkstemp(path);
-    if (fd < 0) throw LaunchError(std::string("cannot create an MPI hostfile in /tmp: ") + ::strerror(errno));
-    std::string text = mpi_hostfile_text(opt_.world);
-    bool ok = write_all(fd, text.data(), text.size());
-    ::close(fd);
-    mpi_hostfile_ = path;
-    if (!ok) throw LaunchError("cannot write " + mpi_hostfile_);
+    write_hostfile("an MPI hostfile", mpi_hostfile_text(opt_.world));
     exports = merge_env(exports, {{"DSRUN_RESTART_COUNT", std::to_string(opt_.restart_count)}});
-    out.push_back({"mpirun", mpirun_argv(opt_.world, mpi_hostfile_, opt_.launcher_args, exports,
+    out.push_back({"mpirun", mpirun_argv(opt_.world, hostfile_, opt_.launcher_args, exports,
                                          opt_.master_addr, opt_.master_port, opt_.command)});
     return out;
   }
   if (opt_.backend == Backend::kSlurm) {
     exports = merge_env(exports, {{"DSRUN_RESTART_COUNT", std::to_string(opt_.restart_count)}});
-    out.push_back({"srun", srun_argv(opt_.world, opt_.launcher_args, exports, opt_.master_addr,
-                                     opt_.master_port, opt_.command)});
+    auto argv = srun_argv(opt_.world, opt_.launcher_args, exports, opt_.master_addr,
+                          opt_.master_port, opt_.command);
+    // srun's task order (run() hands srun SLURM_HOSTFILE=hostfile_).
+    write_hostfile("a SLURM_HOSTFILE", slurm_hostfile_text(opt_.world));
+    out.push_back({"srun", argv});
     return out;
   }
   AgentJob job;
@@ -362,6 +401,16 @@ void Fanout::start(const std::string& label, const std::vector<std::string>& arg
   c.out = std::make_unique<LinePump>(out[0], 1, "", -1);
   c.err = std::make_unique<LinePump>(err[0], 2, "", -1);
   c.stdin_fd = in[1];
+  if (c.via_ssh) {
+    // Found by index: children_ may grow (and move) after this.
+    const size_t k = children_.size() - 1;
+    c.err->set_observer([this, k](const std::string& line) {
+      if (line.rfind("dsrun: rank ", 0) == 0 &&
+          (line.find(" exited with status ") != std::string::npos ||
+           line.find(" was killed by signal ") != std::string::npos))
+        children_[k].rank_end_reported = true;
+    });
+  }
   if (opt_.backend == Backend::kPdsh) {
     // pdsh waits for every host and does not stop the others when one fails; its line
     // "pdsh@HOST: H: ssh exited with exit code N" is the only early sign, so dsrun acts on it.
@@ -393,6 +442,7 @@ JobOutcome Fanout::run() {
     return {2, /*started=*/false, false};  // e.g. srun cannot carry a value: nothing to retry
   }
   std::map<std::string, std::string> extra;
+  if (opt_.backend == Backend::kSlurm) extra["SLURM_HOSTFILE"] = hostfile_;
   if (opt_.backend == Backend::kPdsh) {
     const char* user = std::getenv("PDSH_SSH_ARGS_APPEND");
     extra["PDSH_SSH_ARGS_APPEND"] =
@@ -512,7 +562,7 @@ void Fanout::report(const Child& c) {
     what += ": its " + std::string(c.via_ssh ? "ssh" : "launcher") + " was killed by signal " +
             std::to_string(sig) + " (" + signal_name(sig) + ")";
     exit_status_ = 128 + sig;
-  } else if (c.via_ssh && WEXITSTATUS(c.status) == 255) {
+  } else if (c.via_ssh && WEXITSTATUS(c.status) == 255 && !c.rank_end_reported) {
     what += ": lost the ssh connection to its agent (ssh exited 255: the agent or the host was "
             "killed, or the link is down)";
     exit_status_ = 255;

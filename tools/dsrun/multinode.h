@@ -41,8 +41,10 @@ struct MultiNodeOptions {
 };
 
 // Refuses a slot selection mpirun/srun cannot run (require_first_slots()), reads the environment
-// every node gets, checks the hosts (unless ssh_check is off or the backend starts no agents) and
-// fills in master_addr when empty. Throws LaunchError naming the host and what is wrong.
+// every node gets, gives mpirun's ssh --ssh_port (mpirun_ssh_port_args(), into launcher_args),
+// checks the hosts (unless ssh_check is off or the backend starts no agents: with the job's own
+// cd and exports, a working directory a host lacks being an error) and fills in master_addr when
+// empty. Throws LaunchError naming the host and what is wrong.
 void prepare_hosts(MultiNodeOptions& options);
 
 // Runs one attempt of the job (as run_job: exit status 0, the failing node's status, 128+signal;

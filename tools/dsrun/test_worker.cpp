@@ -1,9 +1,9 @@
 // dsrun_test_worker: the program tests/launcher/*.sh start under dsrun. Behaviour by --mode:
 //   ok               print the launcher's env and this argv, a stderr line, and a final line
 //                    without '\n'; exit 0
-//   exit3            print, then rank --fail_rank exits 3; the others sleep (dsrun must stop them)
-//                    or, with --fail_attempts N, exit 0 after --seconds; rank --fail_rank fails
-//                    only while DSRUN_RESTART_COUNT < N (default: always)
+//   exit3            print, then rank --fail_rank exits 3 (or --fail_status S); the others sleep
+//                    (dsrun must stop them) or, with --fail_attempts N, exit 0 after --seconds;
+//                    rank --fail_rank fails only while DSRUN_RESTART_COUNT < N (default: always)
 //   hang_collective  every rank joins init_distributed() and loops all_reduce; rank --fail_rank
 //                    writes its pid to --pid_file once the loop runs (the test kill -9s it)
 //   leave_collective like hang_collective, but rank --fail_rank returns 0 from main once the loop
@@ -53,6 +53,7 @@ struct Args {
   int fail_attempts = 1 << 30;
   int timeout_s = 30;  // hang_collective: the collectives' timeout
   int status = 0;      // linger_exit: rank 0's exit status
+  int fail_status = 3;  // exit3: the failing rank's exit status (255: what exit(-1) gives)
 };
 
 Args parse(int argc, char** argv) {
@@ -71,6 +72,8 @@ Args parse(int argc, char** argv) {
       a.fail_attempts = std::atoi(argv[++i]);
     else if (k == "--status")
       a.status = std::atoi(argv[++i]);
+    else if (k == "--fail_status")
+      a.fail_status = std::atoi(argv[++i]);
     else if (k == "--timeout")
       a.timeout_s = std::atoi(argv[++i]);
   }
@@ -120,8 +123,8 @@ int mode_exit3(const Args& a) {
   const int restart = std::atoi(env("DSRUN_RESTART_COUNT").c_str());
   if (my_rank() == a.fail_rank && restart < a.fail_attempts) {
     sleep_for(0.3);  // let the peers start, so dsrun really has ranks to terminate
-    std::cerr << "rank " << my_rank() << " failing with status 3" << std::endl;
-    return 3;
+    std::cerr << "rank " << my_rank() << " failing with status " << a.fail_status << std::endl;
+    return a.fail_status;
   }
   sleep_for(a.seconds);
   return 0;

@@ -29,7 +29,9 @@ namespace {
 // else at step time. Other optimizers get the plain offloaded step (fp32 gradients down, the
 // masters up). With the home "none" and a partition in host memory or a file on a GPU (stage 3's
 // offload_param without offload_optimizer) the masters and moments are on the GPU and the step
-// runs there, its result written back to the store (`device_master_`).
+// runs there, its result written back to the store (`device_master_`). With the home "cpu" and a
+// partition in a file (offload_param "nvme" beyond max_in_cpu) the masters are a host copy and
+// every step writes their rounding back to the store (`swapped_`).
 class InMemoryShard : public ShardOptimizer {
  public:
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
@@ -47,6 +49,7 @@ class InMemoryShard : public ShardOptimizer {
     device_master_ = home == OffloadDevice::kNone && options.compute_device.is_cuda() &&
                      (!resident.defined() || resident.is_cpu());
     aliased_ = !mixed_ && resident.defined() && !host_ && !device_master_;
+    swapped_ = home == OffloadDevice::kCpu && !resident.defined();
     {
       AllocatingFor naming("the fp32 master weights of this rank's partition", -1, params.numel(),
                            4);
@@ -80,14 +83,17 @@ class InMemoryShard : public ShardOptimizer {
     // stay on the GPU and would come down on the engine's thread into the landing buffer, which
     // only pin_memory makes asynchronous.
     const bool on_gpu = !options.compute_device.is_cpu();
-    // Stage 3 with offload_param "cpu": the partition and the masters are both in host memory,
-    // so the step reads its gradients there, with or without the update during backward.
+    // Stage 3 with offload_param "cpu" or "nvme" (a partition in a file: the masters are a host
+    // copy, swapped_): the masters are in host memory, so the step reads its gradients there, with
+    // or without the update during backward, as DeepSpeed keeps the gradient partition on the
+    // CPU whenever the optimizer is offloaded.
     offload_param_on_gpu_ =
-        home == OffloadDevice::kCpu && on_gpu && resident.defined() && resident.is_cpu();
-    overlap_ = fused_ && resident.defined() && home == OffloadDevice::kCpu &&
-               options.overlap_step.value_or(on_gpu) &&
+        home == OffloadDevice::kCpu && on_gpu && (!resident.defined() || resident.is_cpu());
+    // With the partition in a file the ranges update the masters alone (nothing is written to
+    // the store during backward: ParamStore is the engine thread's); step() writes them back.
+    overlap_ = fused_ && home == OffloadDevice::kCpu && options.overlap_step.value_or(on_gpu) &&
                (pin_ || !on_gpu || options.reduces_into_partition);
-    if (fused_ && resident.defined() && (host_ || overlap_)) {
+    if (fused_ && (host_ || overlap_)) {
       // Several parameter groups: each range is cut at the groups' segments and each part
       // stepped with its group's options (FusedAdam::prepare_step, set_flat above).
       StepDuringBackward::Options o;
@@ -103,7 +109,7 @@ class InMemoryShard : public ShardOptimizer {
   void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params,
                        std::shared_ptr<device::CopyFence> ready) override {
     if (refusing_ranges_) return;  // a failed pass's buckets, finished while it is abandoned
-    host_step_->take(begin, grads, params.resident(), std::move(ready));
+    host_step_->take(begin, grads, step_target(params), std::move(ready));
   }
   void abandon_step() override {
     refusing_ranges_ = true;
@@ -111,8 +117,9 @@ class InMemoryShard : public ShardOptimizer {
   }
   void accept_ranges() override { refusing_ranges_ = false; }
   bool step_lost() const override { return host_step_ && host_step_->lost() > 0; }
-  // Whenever FusedAdam's update runs on the host, or the whole partition is there (offload_param):
-  // the GPU keeps only the buckets (ZeRO-Offload's 2Ψ of parameters). Without pin_memory each
+  // Whenever FusedAdam's update runs on the host, or the masters are there beside stage 3's
+  // partition in host memory or in a file (offload_param "cpu" or "nvme"): the GPU keeps only the
+  // buckets (ZeRO-Offload's 2Ψ of parameters). Without pin_memory each
   // bucket comes down through a page-locked copy into the pageable partition
   // (zero/host_grad_partition.h): a copy straight into pageable memory would block backward
   // until the GPU got there, at every bucket.
@@ -156,7 +163,9 @@ class InMemoryShard : public ShardOptimizer {
       } else {
         fused_->set_grad_scale(static_cast<float>(grad_scale));
       }
-      return host_step_->finish(grads.tensor.view({-1}), params.resident());
+      host_step_->finish(grads.tensor.view({-1}), step_target(params));
+      if (swapped_) params.write_all(master_.to(params.dtype()));
+      return;
     }
     if (host_ && host_step_) {  // ZeRO-Offload's FusedAdam step, after backward
       fused_->set_grad_scale(static_cast<float>(grad_scale));
@@ -238,6 +247,13 @@ class InMemoryShard : public ShardOptimizer {
   }
 
  private:
+  // What StepDuringBackward writes: the resident partition (uploaded into on a GPU, or the
+  // FusedAdam's half copy / the fp32 masters themselves in host memory), or with the partition
+  // in a file the masters alone (its update writes no partition then: Options.upload is false).
+  at::Tensor step_target(ParamPartition& params) const {
+    return swapped_ ? master_ : params.resident();
+  }
+
   at::Tensor host_buffer(int64_t numel, at::ScalarType dtype) const {
     return device::host_buffer(numel, dtype, pin_, partition_device_);
   }
@@ -341,7 +357,8 @@ class InMemoryShard : public ShardOptimizer {
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
-  bool offload_param_on_gpu_ = false;  // offload_param "cpu" on a GPU: all of it on the host
+  bool swapped_ = false;    // home "cpu", the partition in a file: masters_ a host copy
+  bool offload_param_on_gpu_ = false;  // offload_param "cpu"/"nvme" on a GPU: all of it on the host
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step
   std::unique_ptr<StepDuringBackward> host_step_;  // FusedAdam's host update (host_ or overlap_)
   bool refusing_ranges_ = false;  // between abandon_step() and accept_ranges()

@@ -196,6 +196,45 @@ TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
   }
 }
 
+// Stage 3 with offload_param "nvme" beyond max_in_cpu (every block's slice in the file) and
+// offload_optimizer "cpu": the gradient partition lives in host memory, as with offload_param
+// "cpu" (DeepSpeed keeps it on the CPU whenever the optimizer is offloaded), the update during
+// backward (on by default on a GPU) takes the units' ranges, updating the host masters, and the
+// step writes them back to the file; training is the same run's with the partition in host
+// memory (max_in_cpu above it). Before, a swapped partition left the gradient partition on the
+// GPU (Psi/N, copied down whole at every step) and overlap_step silently off.
+TEST(OneGpuOffload, SwappedParametersKeepTheGradientsInHostMemory) {
+  SKIP_WITHOUT_GPU();
+  deterministic();
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    dstest::TempDir nvme("gpu_swapped_params", dstest::TempDir::Base::kDisk);
+    dstest::RunSpec spec = one_gpu_run(10);
+    spec.model.n_layer = 4;  // more blocks than the store's 2 slice buffers
+    spec.config = config_for(3, bf16, Home::kOptimizerCpu, "");  // offload_optimizer cpu, pinned
+    spec.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    spec.config["zero_optimization"]["offload_param"] = {{"device", "nvme"},
+                                                         {"nvme_path", nvme.path()},
+                                                         {"buffer_count", 2},
+                                                         {"max_in_cpu", 1000000000}};
+    auto in_ram = dstest::train_gpt(spec);
+    spec.config["zero_optimization"]["offload_param"]["max_in_cpu"] = 0;
+    size_t ranges = 0;
+    spec.after_training = [&](deepspeed::Engine& engine) {
+      ranges = deepspeed::state_of(engine).stage->ranges_stepped_during_backward();
+    };
+    auto swapped = dstest::train_gpt(spec);
+    const auto& m = swapped.memory[0];
+    EXPECT_LT(m.parameters, in_ram.memory[0].parameters) << "the partition was not swapped";
+    EXPECT_GT(ranges, 0u) << "no range taken during backward";
+    EXPECT_LE(dstest::max_loss_rel_diff(swapped, in_ram), 1e-6);
+    // On the GPU only the buckets and the gathered units: no parameter or gradient partition,
+    // no masters or moments.
+    EXPECT_EQ(m.device_bytes(), m.comm_buffers - m.host_comm_buffers + m.gathered_bytes);
+    EXPECT_GE(m.host_bytes, m.gradients + m.optimizer_states);
+  }
+}
+
 // The offload's host buffers are registered with the driver at their own size (libtorch's
 // pinned allocator would round 3,000,001 floats up to 16 MiB): page-locked, and asynchronous
 // copies through them arrive intact both ways.

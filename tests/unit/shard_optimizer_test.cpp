@@ -11,10 +11,13 @@
 
 #include <torch/torch.h>
 
+#include "deepspeed/config.h"
 #include "deepspeed/errors.h"
+#include "offload/param_store.h"
 #include "optim/fused_adam.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/stage3_layouts.h"
 #include "support/swap_files.h"
 #include "zero/shard_optimizer.h"
 
@@ -28,6 +31,27 @@ using deepspeed::zero::ShardOptions;
 using deepspeed::zero::TensorPartition;
 
 namespace {
+
+// A stage-3 parameter partition with every unit after the root in its swap file
+// (offload_param "nvme", max_in_cpu 0): ParamStore::resident() is undefined. Units of 10 (the
+// root), 5000, 9000 and 3 elements at world size 1.
+struct SwappedParams {
+  SwappedParams(const fs::path& dir, at::ScalarType dtype)
+      : layout(dstest::one_rank_layout({10, 5000, 9000, 3})),
+        store(layout, dtype, zero(dir), dstest::small_aio()) {}
+  static deepspeed::ZeroConfig zero(const fs::path& dir) {
+    deepspeed::ZeroConfig z;
+    z.stage = 3;
+    z.offload_param.device = "nvme";
+    z.offload_param.nvme_path = dir.string();
+    z.offload_param.max_in_cpu = 0;
+    z.offload_param.buffer_count = 2;
+    z.offload_param.buffer_size = 10000;
+    return z;
+  }
+  deepspeed::zero::Stage3Layout layout;
+  deepspeed::offload::ParamStore store;
+};
 
 // A real file system: the NVMe home uses O_DIRECT, which tmpfs refuses.
 struct SwapDir {
@@ -234,6 +258,70 @@ TEST(SwappedShard, AStepThatFailsBeforeUpdatingAnythingCanBeRetried) {
   shard->step(ShardGrads{gradient(0, at::kFloat)}, partition, 1.0);
   EXPECT_EQ(shard->adam_step(), 1);
   expect_same({values.clone(), copies(shard->state_for_save())}, reference);
+}
+
+// Stage 3 with offload_param "nvme" (the partition swapped) and offload_optimizer "cpu" on a GPU:
+// the update reads its gradients in host memory, so the stage keeps its gradient partition there
+// (unit_gradients.cpp), as DeepSpeed keeps it on the CPU whenever the optimizer is offloaded.
+// Before, only a partition resident in host memory counted: a swapped one left Psi/N gradients on
+// the GPU, copied down whole at every step. No CUDA call here: the shard's constructor makes no
+// device buffer for a swapped partition (reduces_into_partition is left false, so no update
+// during backward, whose streams would need a GPU).
+TEST(ShardOptimizer, SwappedParametersOnAGpuKeepTheGradientsInHostMemory) {
+  SwapDir dir;
+  SwappedParams params(dir.path, at::kBFloat16);
+  ASSERT_TRUE(params.store.swapped());
+  ShardOptions options = home(OffloadDevice::kCpu, dir.path);
+  options.compute_device = c10::Device(c10::kCUDA, 0);
+  auto shard = deepspeed::zero::make_shard_optimizer(options, params.store, adamw());
+  EXPECT_TRUE(shard->gradients_in_host_memory());
+  EXPECT_EQ(shard->resident_host_bytes(), shard->resident_bytes()) << "masters on the host";
+}
+
+// offload_optimizer "cpu" over a swapped stage-3 partition: the update during backward
+// (overlap_step) takes each unit's range as its gradients are final and updates the host masters,
+// and the step writes the 16-bit values back to the store (its file); with overlap_step false the
+// step updates all of it. Either way bit for bit the in-memory shard's step. Before, a swapped
+// partition turned overlap_step off.
+TEST(ShardOptimizer, SwappedParametersStepDuringBackwardIntoTheStore) {
+  for (bool overlap : {true, false}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::string("overlap_step ") + (overlap ? "true " : "false ") +
+                   c10::toString(dtype));
+      SwapDir dir;
+      SwappedParams params(dir.path, dtype);
+      const int64_t numel = params.layout.partition_numel;
+      torch::manual_seed(7);
+      const at::Tensor start = torch::randn({numel}).to(dtype);
+      params.store.write_all(start);
+      at::Tensor reference = start.clone();
+      TensorPartition in_memory(reference);
+      auto plain = deepspeed::zero::make_shard_optimizer(home(OffloadDevice::kNone, dir.path),
+                                                         in_memory, adamw());
+      ShardOptions options = home(OffloadDevice::kCpu, dir.path);
+      options.overlap_step = overlap;
+      options.overlap_step_allowed = true;
+      options.reduces_into_partition = true;
+      auto shard = deepspeed::zero::make_shard_optimizer(options, params.store, adamw());
+      ASSERT_EQ(shard->steps_during_backward(), overlap);
+      for (int s = 0; s < 2; ++s) {
+        const at::Tensor grads = torch::randn({numel}).to(dtype);
+        plain->step(ShardGrads{grads.clone()}, in_memory, 1.0);
+        if (overlap)
+          for (const auto& unit : params.layout.units)
+            shard->gradients_final(unit.partition_offset,
+                                   grads.narrow(0, unit.partition_offset,
+                                                unit.layout.partition_numel),
+                                   params.store, nullptr);
+        shard->step(ShardGrads{grads}, params.store, 1.0);
+        EXPECT_EQ(shard->ranges_stepped_during_backward(),
+                  overlap ? params.layout.units.size() : 0u);
+      }
+      EXPECT_TRUE(torch::equal(params.store.read_all(), reference)) << "the store";
+      expect_same({reference, copies(shard->state_for_save())},
+                  {reference, copies(plain->state_for_save())});
+    }
+  }
 }
 
 }  // namespace shard_optimizer_test

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "deepspeed/errors.h"
 #include "support/expect.h"
@@ -38,11 +39,14 @@ dstest::RunResult run(int world, int stage, const json& optimizer_block, ClientF
   return dstest::train_gpt(s);
 }
 
+// A NaN difference makes the result +infinity (std::max(m, NaN) is m: a NaN run would pass).
 double max_loss_abs_diff(const dstest::RunResult& a, const dstest::RunResult& b) {
   EXPECT_EQ(a.losses.size(), b.losses.size());
   double m = 0.0;
-  for (size_t i = 0; i < std::min(a.losses.size(), b.losses.size()); ++i)
-    m = std::max(m, std::abs(a.losses[i] - b.losses[i]));
+  for (size_t i = 0; i < std::min(a.losses.size(), b.losses.size()); ++i) {
+    const double d = std::abs(a.losses[i] - b.losses[i]);
+    if (!(d <= m)) m = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+  }
   return m;
 }
 
@@ -92,6 +96,7 @@ TEST_P(ClientOptimizerStages, AdamMatchesTheConfigAdam) {
   auto client = run(2, stage, json(), client_adam());
   ASSERT_EQ(client.losses.size(), size_t(kSteps));
   EXPECT_LT(max_loss_abs_diff(client, configured), kAdamLossTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(client, configured), dstest::kGradNormTol);
   EXPECT_LT(client.losses.back(), client.losses.front());  // it trains
 }
 
@@ -101,6 +106,7 @@ TEST_P(ClientOptimizerStages, SgdMatchesTheConfigSgd) {
   auto client = run(2, stage, json(), client_sgd());
   EXPECT_LT(max_loss_abs_diff(client, configured), kAdamLossTol);
   EXPECT_LT(dstest::max_weight_diff(client, configured), 1e-6);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(client, configured), dstest::kGradNormTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ClientOptimizerStages, ::testing::Values(1, 2, 3),
@@ -115,6 +121,8 @@ TEST(ClientOptimizer, AdamWWithBf16StepsTheMasters) {
     auto configured = run(2, stage, kConfigAdamW, nullptr, bf16);
     auto client = run(2, stage, json(), client_adamw(), bf16);
     EXPECT_LT(dstest::max_loss_rel_diff(client, configured), 4e-3) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(client, configured), dstest::kBf16GradNormTol)
+        << "stage " << stage;
   }
 }
 
@@ -126,6 +134,7 @@ TEST(ClientOptimizer, AdamUnderCpuOffloadIsTheCpuAdam) {
   auto client = run(2, 2, json(), client_adam(), offload);
   EXPECT_EQ(max_loss_abs_diff(client, configured), 0.0);
   EXPECT_EQ(dstest::max_weight_diff(client, configured), 0.0);
+  EXPECT_EQ(dstest::max_grad_norm_rel_diff(client, configured), 0.0);
 }
 
 TEST(ClientOptimizer, AdamUnderNvmeOffloadIsTheSwappedAdam) {
@@ -140,6 +149,7 @@ TEST(ClientOptimizer, AdamUnderNvmeOffloadIsTheSwappedAdam) {
     ASSERT_EQ(client.losses.size(), size_t(kSteps));
     EXPECT_EQ(max_loss_abs_diff(client, configured), 0.0) << "stage " << stage;
     EXPECT_EQ(dstest::max_weight_diff(client, configured), 0.0) << "stage " << stage;
+    EXPECT_EQ(dstest::max_grad_norm_rel_diff(client, configured), 0.0) << "stage " << stage;
   }
 }
 
@@ -153,6 +163,7 @@ TEST(ClientOptimizer, AdagradStepsThePartitionAsStageZero) {
     ASSERT_EQ(zero.losses.size(), size_t(kSteps)) << "stage " << stage;
     EXPECT_LT(max_loss_abs_diff(zero, reference), kAdamLossTol) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol) << "stage " << stage;
   }
   // The accumulator's start matters (so a state made from another value would show).
   auto other_start = [](gpt::GPTImpl& m) {

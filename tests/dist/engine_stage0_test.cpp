@@ -22,6 +22,7 @@ using dstest::train_gpt;
 namespace {
 using dstest::kLossTol;
 using dstest::kWeightTol;
+using dstest::kGradNormTol;
 
 dstest::RunResult single_process(int micro, int accumulation, nlohmann::json extra = {}) {
   RunSpec s;
@@ -44,6 +45,7 @@ TEST_P(Stage0Equivalence, SameLossesAndWeightsAsOneProcess) {
   ASSERT_EQ(dist.losses.size(), 10u);
   EXPECT_LT(dstest::max_loss_rel_diff(dist, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(dist, reference), kGradNormTol);
   EXPECT_LT(dist.losses.back(), dist.losses.front());  // it trains
 }
 INSTANTIATE_TEST_SUITE_P(WorldSizes, Stage0Equivalence, ::testing::Values(2, 3));
@@ -53,6 +55,7 @@ TEST(Stage0, AccumulationOfFourMicroBatchesEqualsOneLargerBatch) {
   auto accumulated = single_process(2, 4);
   EXPECT_LT(dstest::max_loss_rel_diff(accumulated, big), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(accumulated, big), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(accumulated, big), kGradNormTol);
 }
 
 TEST(Stage0, AccumulationAcrossRanksEqualsOneProcess) {
@@ -63,6 +66,7 @@ TEST(Stage0, AccumulationAcrossRanksEqualsOneProcess) {
   auto dist = train_gpt(s);
   EXPECT_LT(dstest::max_loss_rel_diff(dist, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(dist, reference), kGradNormTol);
 }
 
 TEST(Stage0, ClippingUsesTheGlobalNormOfTheAveragedGradient) {
@@ -75,6 +79,7 @@ TEST(Stage0, ClippingUsesTheGlobalNormOfTheAveragedGradient) {
   s.config.merge_patch(clip);
   auto dist = train_gpt(s);
   EXPECT_LT(dstest::max_weight_diff(dist, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(dist, reference), kGradNormTol);
   EXPECT_GT(dstest::max_weight_diff(reference, unclipped), 1e-4);  // clipping was active
 }
 
@@ -86,6 +91,8 @@ TEST(Stage0, OverlapAndBucketSizeDoNotChangeTheResult) {
   s.config["zero_optimization"] = {{"stage", 0}, {"overlap_comm", false}, {"reduce_bucket_size", 5e8}};
   auto one_bucket_at_end = train_gpt(s);
   EXPECT_LT(dstest::max_weight_diff(overlapped_small_buckets, one_bucket_at_end), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(overlapped_small_buckets, one_bucket_at_end),
+            kGradNormTol);
 }
 
 TEST(Stage0, PredivideAndPrescaleStillAverageOnce) {

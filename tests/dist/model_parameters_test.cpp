@@ -89,6 +89,7 @@ TEST(ModelParameters, StagesOneToThreeOnTwoRanksStepEachGroupAsStageZero) {
     auto zero = run(2, stage, two_groups());
     EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(zero, reference), dstest::kWeightTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol) << "stage " << stage;
   }
 }
 
@@ -113,6 +114,7 @@ TEST(ModelParameters, Bf16StepsEachGroupsMasters) {
   for (int stage : {2, 3}) {
     auto zero = run(2, stage, two_groups(), bf16);
     EXPECT_LT(dstest::max_loss_rel_diff(zero, stage0), 4e-3) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, stage0), dstest::kBf16GradNormTol) << "stage " << stage;
   }
   const auto moved =
       moved_by_group(run(2, 2, two_groups({{"lr", 0.0}, {"weight_decay", 0.0}}), bf16));
@@ -130,6 +132,7 @@ TEST(ModelParameters, AdamWithCpuOffloadStepsEachGroup) {
     auto in_memory = run(2, stage, two_groups(), adam);
     auto offloaded = run(2, stage, two_groups(), offload);
     EXPECT_EQ(dstest::max_weight_diff(offloaded, in_memory), 0.0) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(offloaded, in_memory), dstest::kGradNormTol) << "stage " << stage;
     auto reference = run(2, 0, two_groups(), adam);
     EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
   }
@@ -158,6 +161,7 @@ TEST(ModelParameters, NvmeAndRangeByRangeCpuOffloadStepEachGroupAsStageZero) {
       auto offloaded = run(2, stage, two_groups(), offload);
       EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
       EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+      EXPECT_LT(dstest::max_grad_norm_rel_diff(offloaded, reference), dstest::kGradNormTol);
       const auto moved = moved_by_group(run(2, stage, frozen_vectors, zero_lr));
       EXPECT_EQ(moved.vectors, 0.0);
       EXPECT_GT(moved.matrices, 0.0);
@@ -184,6 +188,7 @@ TEST(ModelParameters, SgdAndAdagradGroupsAtStageTwoStepAsStageZero) {
     auto reference = run(1, 0, groups, config);
     auto zero = run(1, 2, groups, config);
     EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << type;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol) << type;
     EXPECT_GT(dstest::max_weight_diff(run(1, 0, nullptr, config), reference), 1e-5) << type;
   }
 }
@@ -206,6 +211,7 @@ TEST(ModelParameters, SchedulerDrivesEveryGroup) {
   EXPECT_EQ(lrs, (std::vector<double>{3e-3, 3e-3}));
   auto zero = run(2, 2, two_groups(), warmup);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), dstest::kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol);
   // The second group's lr was replaced, its decay was not: the same groups with decay 0.1 in both
   // train otherwise.
   auto decayed = run(2, 0, two_groups({{"lr", 1e-3}, {"weight_decay", 0.1}}), warmup);

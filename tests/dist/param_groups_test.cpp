@@ -121,6 +121,7 @@ TEST(ParamGroups, StagesOneToThreeStepEachGroupAsStageZero) {
     auto zero = run(1, stage, client_adamw());
     EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol) << "stage " << stage;
   }
   // The groups' options matter: one group with the first group's options trains otherwise.
   auto one_group = run(1, 2, [](gpt::GPTImpl& m) {
@@ -156,6 +157,7 @@ TEST(ParamGroups, AdagradGroupsOnTwoRanksStepAsStageZero) {
     auto zero = run(2, stage, client_adagrad());
     EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(zero, reference), 1e-6) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol) << "stage " << stage;
   }
 }
 
@@ -168,6 +170,7 @@ TEST(ParamGroups, Bf16StepsEachGroupsMasters) {
     auto stage0 = run(1, 0, client, bf16);
     auto stage2 = run(1, 2, client, bf16);
     EXPECT_EQ(dstest::max_weight_diff(stage2, stage0), 0.0);
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(stage2, stage0), dstest::kBf16GradNormTol);
     EXPECT_LT(dstest::max_loss_rel_diff(stage0, reference), 4e-3);
   }
 }
@@ -204,6 +207,8 @@ TEST(ParamGroups, ClippedGradientsOnTwoRanksStepEachGroupAsStageZero) {
       EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), dstest::kLossTol)
           << "stage " << stage << " fused " << fused;
       EXPECT_LT(dstest::max_weight_diff(zero, reference), dstest::kWeightTol)
+          << "stage " << stage << " fused " << fused;
+      EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), dstest::kGradNormTol)
           << "stage " << stage << " fused " << fused;
     }
   }
@@ -268,6 +273,7 @@ TEST(ParamGroups, CpuOffloadUpdatingRangeByRangeStepsEachGroupAsStageZero) {
     auto offloaded = run(2, stage, client_adamw(), kOverlappedCpuOffload);
     EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
     EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(offloaded, reference), dstest::kGradNormTol);
     const auto m =
         moved_by_group(run(2, stage, client_adamw(/*vector_lr=*/0.0), kOverlappedCpuOffload));
     EXPECT_EQ(m.vectors, 0.0);
@@ -285,6 +291,7 @@ TEST(ParamGroups, NvmeOptimizerOffloadStepsEachGroupAsStageZero) {
     auto swapped = run(2, stage, client_adamw(), nvme_offload(dir.path()));
     EXPECT_LT(dstest::max_loss_rel_diff(swapped, reference), dstest::kLossTol);
     EXPECT_LT(dstest::max_weight_diff(swapped, reference), dstest::kWeightTol);
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(swapped, reference), dstest::kGradNormTol);
     const auto m = moved_by_group(
         run(2, stage, client_adamw(/*vector_lr=*/0.0), nvme_offload(zero_lr_dir.path())));
     EXPECT_EQ(m.vectors, 0.0);
@@ -305,12 +312,14 @@ TEST(ParamGroups, PerGroupScheduleIsFollowedRangeByRangeAndSwapped) {
   auto offloaded = run(2, 2, client_adamw(), overlapped);
   EXPECT_LT(dstest::max_loss_rel_diff(offloaded, reference), dstest::kLossTol);
   EXPECT_LT(dstest::max_weight_diff(offloaded, reference), dstest::kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(offloaded, reference), dstest::kGradNormTol);
   dstest::TempDir dir;
   json nvme = kPerGroupWarmup;
   nvme.merge_patch(nvme_offload(dir.path()));
   auto swapped = run(2, 3, client_adamw(), nvme);
   EXPECT_LT(dstest::max_loss_rel_diff(swapped, reference), dstest::kLossTol);
   EXPECT_LT(dstest::max_weight_diff(swapped, reference), dstest::kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(swapped, reference), dstest::kGradNormTol);
 }
 
 TEST(ParamGroups, GroupsThatDoNotCoverTheTrainableParametersOnceAreRefused) {

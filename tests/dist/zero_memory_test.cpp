@@ -143,6 +143,8 @@ TEST(ZeroFrozen, FrozenParameterIsNeverUpdatedAndTrainingMatchesStage0) {
     // wpe.weight is the second registered parameter.
     EXPECT_TRUE(torch::equal(r.weights[1], r.initial[1])) << "stage " << stage;
     EXPECT_LT(dstest::max_weight_diff(r, reference), 1e-4) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(r, reference), dstest::kGradNormTol)
+        << "stage " << stage;
   }
 }
 

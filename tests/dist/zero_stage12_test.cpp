@@ -14,6 +14,7 @@ using dstest::train_gpt;
 namespace {
 using dstest::kLossTol;
 using dstest::kWeightTol;
+using dstest::kGradNormTol;
 
 dstest::RunResult run(int world, int stage, int micro, int accumulation, nlohmann::json extra = {},
                       gpt::GPTConfig model = {256, 16, 2, 2, 32}) {
@@ -40,6 +41,7 @@ TEST_P(ZeroEquivalence, SameLossesAndWeightsAsStage0) {
   ASSERT_EQ(zero.losses.size(), 20u);
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol);
 }
 
 TEST_P(ZeroEquivalence, WithAccumulationAndClipping) {
@@ -49,6 +51,7 @@ TEST_P(ZeroEquivalence, WithAccumulationAndClipping) {
   auto zero = run(world, stage, 1, 3, clip);
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, ZeroEquivalence,
@@ -69,6 +72,7 @@ TEST(Zero, OddParameterCountAndSmallBuckets) {
     auto reference = run(3, 0, 2, 1, {}, odd);
     auto zero = run(3, stage, 2, 1, tiny_buckets, odd);
     EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol) << "stage " << stage;
   }
 }
 
@@ -78,6 +82,7 @@ TEST(Zero, OverlapOffGivesTheSameResult) {
     auto overlapped = run(2, stage, 2, 1);
     auto serial = run(2, stage, 2, 1, no_overlap);
     EXPECT_LT(dstest::max_weight_diff(overlapped, serial), kWeightTol) << "stage " << stage;
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(overlapped, serial), kGradNormTol) << "stage " << stage;
   }
 }
 

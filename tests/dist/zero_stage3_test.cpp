@@ -12,6 +12,7 @@ namespace zero_stage3_test {
 namespace {
 using dstest::kLossTol;
 using dstest::kWeightTol;
+using dstest::kGradNormTol;
 
 dstest::RunResult run_gpt(int world, int stage, int micro, int accumulation, nlohmann::json extra = {},
                           gpt::GPTConfig model = {256, 16, 2, 2, 32}) {
@@ -49,6 +50,7 @@ TEST_P(Stage3Gpt, SameLossesAndWeightsAsStage0) {
     ASSERT_EQ(zero.losses.size(), 20u);
     EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol) << extra.dump();
     EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol) << extra.dump();
+    EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol) << extra.dump();
   }
 }
 
@@ -61,6 +63,7 @@ TEST_P(Stage3Gpt, WithAccumulationAndClipping) {
   auto zero = run_gpt(world, 3, 1, 3, patch);
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Stage3Gpt, ::testing::Values(1, 2, 3, 4),
@@ -96,6 +99,7 @@ TEST(Stage3, OddSizesAndPersistentSmallParameters) {
   auto zero = run_gpt(3, 3, 2, 1, {{"zero_optimization", {{"stage3_param_persistence_threshold", 200}}}}, odd);
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol);
 }
 
 TEST(Stage3, BuiltUnderZeroInitTrainsLikeStage0FromTheSameStart) {
@@ -114,6 +118,7 @@ TEST(Stage3, BuiltUnderZeroInitTrainsLikeStage0FromTheSameStart) {
   auto reference = dstest::train_gpt(ref);
   EXPECT_LT(dstest::max_loss_rel_diff(zero, reference), kLossTol);
   EXPECT_LT(dstest::max_weight_diff(zero, reference), kWeightTol);
+  EXPECT_LT(dstest::max_grad_norm_rel_diff(zero, reference), kGradNormTol);
 }
 
 }  // namespace zero_stage3_test

@@ -1,7 +1,11 @@
 #include "support/training_run.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <mutex>
+#include <sstream>
+#include <stdexcept>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -80,14 +84,17 @@ RunResult train_gpt(const RunSpec& spec) {
       if (rank == 0)
         for (auto& p : models[0]->parameters()) result.initial.push_back(p.detach().clone());
     }
-    std::vector<double> losses;
+    std::vector<double> losses, grad_norms;
     while (engine->global_steps() < spec.steps) {
       auto batch = loader->next();
       auto loss = engine->forward(batch.data, batch.target);
       engine->backward(loss);
       bool boundary = engine->is_gradient_accumulation_boundary();
       engine->step();
-      if (boundary) losses.push_back(engine->last_loss());
+      if (boundary) {
+        losses.push_back(engine->last_loss());
+        grad_norms.push_back(engine->get_global_grad_norm());
+      }
     }
     if (spec.after_training) spec.after_training(*engine);
     auto memory = engine->memory_report();
@@ -96,6 +103,7 @@ RunResult train_gpt(const RunSpec& spec) {
     result.memory[rank] = memory;
     if (rank == 0) {
       result.losses = losses;
+      result.grad_norms = grad_norms;
       for (auto& p : models[0]->parameters()) result.weights.push_back(p.detach().cpu().clone());
     }
   };
@@ -107,6 +115,13 @@ RunResult train_gpt(const RunSpec& spec) {
   } else {
     run_ranks(spec.world_size, body);
   }
+  for (size_t i = 0; i < result.losses.size(); ++i) {
+    if (std::isfinite(result.losses[i])) continue;
+    std::ostringstream message;
+    message << "train_gpt: the loss of step " << i + 1 << " is " << result.losses[i]
+            << " (world size " << spec.world_size << ", config " << spec.config.dump() << ")";
+    throw std::runtime_error(message.str());
+  }
   return result;
 }
 
@@ -116,12 +131,22 @@ int64_t count_parameters(const gpt::GPTConfig& model) {
   return m.num_parameters();
 }
 
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The larger of m and d, where a NaN d wins: std::max(m, NaN) returns m.
+double fold_max(double m, double d) { return d <= m ? m : (std::isnan(d) ? kInf : d); }
+}  // namespace
+
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   TORCH_CHECK(a.size() == b.size(), "different parameter counts");
   double m = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
     TORCH_CHECK(a[i].sizes() == b[i].sizes(), "parameter ", i, ": shapes differ");
-    m = std::max(m, (a[i].cpu() - b[i].cpu()).abs().max().item<double>());
+    auto x = a[i].cpu().to(torch::kDouble), y = b[i].cpu().to(torch::kDouble);
+    // inf - inf is NaN, and max() propagates NaN; an infinity against a finite value is inf.
+    if (!torch::isfinite(x).all().item<bool>() || !torch::isfinite(y).all().item<bool>()) return kInf;
+    if (x.numel() > 0) m = fold_max(m, (x - y).abs().max().item<double>());
   }
   return m;
 }
@@ -129,7 +154,10 @@ double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch
 double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
   TORCH_CHECK(a.size() == b.size(), "different step counts");
   double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return kInf;
+    if (a[i] != b[i]) m = fold_max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  }
   return m;
 }
 
@@ -139,6 +167,10 @@ double max_weight_diff(const RunResult& a, const RunResult& b) {
 
 double max_loss_rel_diff(const RunResult& a, const RunResult& b) {
   return max_rel_diff(a.losses, b.losses);
+}
+
+double max_grad_norm_rel_diff(const RunResult& a, const RunResult& b) {
+  return max_rel_diff(a.grad_norms, b.grad_norms);
 }
 
 Traffic rank0_traffic(RunSpec spec) {

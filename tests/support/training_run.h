@@ -16,6 +16,7 @@ namespace dstest {
 
 struct RunResult {
   std::vector<double> losses;            // engine.last_loss() after each optimizer step
+  std::vector<double> grad_norms;        // engine.get_global_grad_norm() after each optimizer step
   std::vector<torch::Tensor> weights;    // rank 0's parameters after the last step
   std::vector<torch::Tensor> initial;    // rank 0's parameters before training
   std::vector<deepspeed::MemoryReport> memory;  // per rank, after the last step
@@ -54,6 +55,8 @@ std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block);
 
 // The small test model and the default config around it.
 nlohmann::json base_config(int micro_batch, int accumulation, int stage);
+// Throws std::runtime_error (naming the step) if a loss is not finite: a run that went NaN must
+// not reach a comparison.
 RunResult train_gpt(const RunSpec& spec);
 
 // What an fp32 run at another world size or ZeRO stage may differ from its reference by: only
@@ -61,13 +64,25 @@ RunResult train_gpt(const RunSpec& spec);
 // tests/dist/engine_stage0_test.cpp).
 constexpr double kLossTol = 1e-5;
 constexpr double kWeightTol = 2e-4;
+// The per-step global gradient norms (get_global_grad_norm) likewise, where both runs compute the
+// norm of the same averaged gradient: measured at most 3e-8 relative at the first step (same
+// weights, only summation orders differ) and 7.1e-7 over 10-20 steps (the weights drift apart as
+// above: stage 2 and stage 0 at 3 ranks). A missing or doubled average, which AdamW's scale
+// invariance hides from losses and weights, moves every step's norm by a factor of the world size
+// or the accumulation steps.
+constexpr double kGradNormTol = 1e-5;
+// The same for two 16-bit runs (bf16 weights and gradients): bf16 rounds to 2^-8 relative.
+constexpr double kBf16GradNormTol = 4e-3;
 
-// max |a - b| over tensors of equal shapes, and the largest |a - b| / |b| over values.
+// max |a - b| over tensors of equal shapes, and the largest |a - b| / |b| over values (0 where
+// a == b, 0 == 0 included). A NaN or infinity on either side makes the result +infinity, so that
+// `EXPECT_LT(diff, tol)` fails: std::max(m, NaN) is m, which let runs that went NaN pass.
 double max_abs_diff(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b);
 double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b);
-// The same over two runs' weights and losses.
+// The same over two runs' weights, losses and per-step global gradient norms.
 double max_weight_diff(const RunResult& a, const RunResult& b);
 double max_loss_rel_diff(const RunResult& a, const RunResult& b);
+double max_grad_norm_rel_diff(const RunResult& a, const RunResult& b);
 
 // Bytes and collectives rank 0's communicator counted over a whole run of `spec` (the weights'
 // broadcast included); spec.after_training is replaced.

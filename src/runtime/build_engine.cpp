@@ -167,7 +167,8 @@ std::string grad_accum_dtype(const Config& config, int stage, at::ScalarType par
 }
 
 zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
-                                          at::ScalarType param_dtype, bool pipeline_stage) {
+                                          at::ScalarType param_dtype, bool pipeline_stage,
+                                          bool print_warnings) {
   zero::FlatStageOptions o;
   o.param_dtype = param_dtype;
   o.partitioned = stage >= 1;
@@ -176,15 +177,20 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
   o.grad_accum_dtype = grad_accum_dtype(config, stage, param_dtype);
   // A pipeline runs only its batch's last backward through the stage: the micro-batches before
   // it accumulate in the parameters' .grad (pipe/schedule_interpreter.cpp), and tied layers are
-  // summed there between stages. Stages 0/1 keep .grad as views of their buffer then.
-  if (pipeline_stage && !o.scatter_gradients) {
-    if (zero::dtype_from_config(config.grad_accum_dtype, param_dtype) != param_dtype)
+  // summed there between stages, at every ZeRO stage. Stages 0/1 keep .grad as views of their
+  // buffer then; stage 2's partition gets one reduce-scatter per batch, so a wider partition
+  // only keeps what a wider communication_data_type summed.
+  if (pipeline_stage) {
+    if (print_warnings &&
+        zero::dtype_from_config(config.grad_accum_dtype, param_dtype) != param_dtype)
       std::fprintf(stderr,
                    "[deepspeed] warning: data_types.grad_accum_dtype = %s is not taken by a "
                    "pipeline at zero_optimization.stage %d: its micro-batches accumulate in the "
                    "parameters' dtype\n",
                    config.grad_accum_dtype.c_str(), stage);
-    o.grad_accum_dtype.clear();
+    if (!o.scatter_gradients ||
+        zero::dtype_from_config(config.communication_data_type, param_dtype) == param_dtype)
+      o.grad_accum_dtype.clear();
   }
   o.allgather_bucket_numel = config.zero_optimization.allgather_bucket_size;
   o.reduction = zero::reduction_options(config);
@@ -233,7 +239,8 @@ void build_stage_without_optimizer(EngineState& s) {
 // A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard
 // optimizer builds it over the fp32 partition (zero/client_optimizer.h).
 void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client_optimizer,
-                 std::shared_ptr<const optim::ConfigGroups> groups, bool pipeline_stage) {
+                 std::shared_ptr<const optim::ConfigGroups> groups, bool pipeline_stage,
+                 bool print_warnings) {
   const int stage = s.config.zero_optimization.stage;
   const bool mixed = model_dtype(s.config).has_value();
   const zero::StageContext context{s.comm, s.device};
@@ -262,7 +269,7 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
     case 1:
     case 2: {
       const auto dtype = zero::uniform_param_dtype(stage, s.trainable);
-      auto options = flat_stage_options(s.config, stage, dtype, pipeline_stage);
+      auto options = flat_stage_options(s.config, stage, dtype, pipeline_stage, print_warnings);
       zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
       describe_config_groups(groups.get(), options.shard);
       s.stage = std::make_unique<zero::FlatStage>(s.trainable, context, options, make_optimizer);
@@ -331,8 +338,9 @@ EngineStatePtr build_engine_state(BuildInput in) {
   if (in.topology) check_topology(*in.topology, in.comm);
   comm::CommunicatorPtr world = in.topology ? in.topology->world() : choose_communicator(in);
   // The batch triple is per data-parallel rank; with pipe = tensor = 1 that is the world.
+  const bool print_warnings = in.prints_config_warnings.value_or(world->rank() == 0);
   s->config = read_config(in, in.topology ? in.topology->grid().data_size() : world->world_size(),
-                          in.prints_config_warnings.value_or(world->rank() == 0));
+                          print_warnings);
   // (A pipeline stage is checked by initialize_pipeline, which passes its topology apart.)
   if (!in.pipeline_stage) tp::check_initialize_args(*in.module, in.topology.get(), s->config);
   // DeepSpeed's users call deepspeed.checkpointing.configure(deepspeed_config=...) themselves;
@@ -409,7 +417,7 @@ EngineStatePtr build_engine_state(BuildInput in) {
 
   // Building a stage allocates its partitions, buckets and optimizer state on the device.
   reporting_oom("initialize() building the stage's partitions, buckets and optimizer state",
-                [&] { build_stage(*s, in.optimizer, groups, in.pipeline_stage); });
+                [&] { build_stage(*s, in.optimizer, groups, in.pipeline_stage, print_warnings); });
   s->stage = zero::counting_frozen_parameters(std::move(s->stage), std::move(frozen));
   wrap_tensor_parallel(*s);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,

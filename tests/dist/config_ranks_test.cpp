@@ -75,6 +75,38 @@ TEST(ConfigRanks, APipelinePrintsItOnce) {
   EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
 }
 
+// A pipeline's micro-batches before the last accumulate in the parameters' .grad at every ZeRO
+// stage, so a wider data_types.grad_accum_dtype is warned about (once) at stages 0, 1 and 2;
+// at stage 2 the partition stays in the model's dtype (it gets one reduce-scatter of a 16-bit
+// sum per batch: an fp32 partition would cost twice the bytes for nothing). Stage 2 printed
+// nothing and kept an fp32 partition before.
+TEST(ConfigRanks, APipelinesWiderGradAccumDtypeIsWarnedAtEveryZeroStage) {
+  for (int stage : {0, 1, 2}) {
+    std::vector<int64_t> gradient_bytes(2, 0);
+    for (bool wider : {false, true}) {
+      ::testing::internal::CaptureStderr();
+      std::mutex mu;
+      run_ranks(4, [&](deepspeed::comm::CommunicatorPtr comm) {
+        auto args = dstest::pipeline_args(comm, /*stages=*/2, stage,
+                                          dstest::tiny_pipeline_gpt(false));
+        args.config_json["bf16"] = {{"enabled", true}};
+        if (wider) args.config_json["data_types"] = {{"grad_accum_dtype", "fp32"}};
+        auto engine = deepspeed::pipe::initialize_pipeline(args);
+        if (comm->rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          gradient_bytes[wider] = engine->memory_report().gradients;
+        }
+      });
+      const std::string err = ::testing::internal::GetCapturedStderr();
+      EXPECT_EQ(occurrences(err, "grad_accum_dtype = fp32 is not taken by a pipeline"),
+                wider ? 1u : 0u)
+          << "ZeRO-" << stage << "\n"
+          << err;
+    }
+    EXPECT_EQ(gradient_bytes[1], gradient_bytes[0]) << "ZeRO-" << stage;
+  }
+}
+
 // An error is every rank's: each one throws it (the others would wait for it otherwise).
 TEST(ConfigRanks, AnErrorIsThrownOnEveryRank) {
   auto config = dstest::base_config(1, 1, 0);

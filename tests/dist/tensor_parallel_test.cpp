@@ -401,13 +401,22 @@ TEST(TensorParallelTraining, Bf16FollowsStage0Bf16) {
 }
 
 // A NaN gradient makes the norm inf on every rank, as the pipeline's norm and global_grad_norm()
-// say, not NaN: with clipping the coefficient is then 0, not a NaN written into the weights.
+// say, not NaN: with clipping the coefficient max_norm / (inf + 1e-6) is then 0 (engine.cpp), so
+// every other gradient element becomes 0 and AdamW's first step (m = v = 0, update 0/(0 + eps) =
+// 0) leaves each of those weights at p0·(1 - lr·wd), the decay only, on both tensor ranks. A NaN
+// norm would give a NaN coefficient (DeepSpeed's clip_grad_norm_ keeps it through min(coef, 1))
+// and a NaN in every weight. The poisoned element itself is 0·NaN = NaN, and fp32 has no
+// overflow vote (a non-finite gradient is applied, as in DeepSpeed): that one weight becomes NaN.
+// Asserted as such, so that a change of that rule (skipping or sanitising) is a visible decision.
 TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
   const gpt::GPTConfig c{256, 16, 2, 4, 32};
   auto config = dstest::base_config(8, 1, 0);
   config["gradient_clipping"] = 0.5;
+  const double lr = config["optimizer"]["params"]["lr"], wd = config["optimizer"]["params"]["weight_decay"];
   auto dataset = dstest::test_text_dataset(16);
-  std::vector<double> norms(2, 0.0);
+  std::vector<double> norms(2, 0.0), worst(2, -1.0);
+  std::vector<int64_t> non_finite(2, -1);
+  std::vector<int> poisoned_is_nan(2, 0);
   run_ranks(
       2,
       [&](CommunicatorPtr comm) {
@@ -416,6 +425,8 @@ TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
         auto model = seeded_tp_gpt(c, topology->tensor_parallel());
         auto [engine, optimizer, loader, scheduler] = deepspeed::initialize<gpt::TPGPTImpl>(
             {.model = model, .config_json = config, .training_data = dataset, .topology = topology});
+        std::vector<torch::Tensor> before;
+        for (auto& p : model->parameters()) before.push_back(p.detach().to(torch::kDouble));
         auto batch = loader->next();
         engine->backward(engine->forward(batch.data, batch.target));
         {
@@ -423,11 +434,37 @@ TEST(TensorParallelTraining, ANaNGradientGivesAnInfiniteNorm) {
           model->parameters().front().mutable_grad().view({-1})[0] = std::nan("");
         }
         engine->step();
-        norms[comm->rank()] = engine->get_global_grad_norm();
+        const int rank = comm->rank();
+        norms[rank] = engine->get_global_grad_norm();
+        // Every element but the poisoned one against p0·(1 - lr·wd) in fp64; the fp32 weights
+        // round that to half an ulp (|p0| < 4: < 2.4e-7). A gradient that got through unclipped
+        // moves a weight by ~lr = 3e-3 (Adam's first step is lr·sign(g)).
+        double w = 0;
+        int64_t bad = 0;
+        auto params = model->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          torch::Tensor got = params[i].detach().to(torch::kDouble).reshape({-1});
+          torch::Tensor want = (before[i] * (1 - lr * wd)).reshape({-1});
+          if (i == 0) {
+            poisoned_is_nan[rank] = std::isnan(got[0].item<double>());
+            got = got.narrow(0, 1, got.numel() - 1);
+            want = want.narrow(0, 1, want.numel() - 1);
+          }
+          bad += (~torch::isfinite(got)).sum().item<int64_t>();
+          w = std::max(w, (got - want).abs().max().item<double>());
+        }
+        worst[rank] = w;
+        non_finite[rank] = bad;
       },
       std::chrono::seconds(60));
-  for (int rank = 0; rank < 2; ++rank)
+  std::printf("NaN gradient under clipping: weights within %.2e, %.2e of p0*(1 - lr*wd)\n",
+              worst[0], worst[1]);
+  for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(std::isinf(norms[rank])) << "rank " << rank << ": " << norms[rank];
+    EXPECT_EQ(non_finite[rank], 0) << "rank " << rank << ": NaN or inf beyond the poisoned element";
+    EXPECT_LT(worst[rank], 1e-6) << "rank " << rank << ": weights not p0*(1 - lr*wd)";
+    EXPECT_TRUE(poisoned_is_nan[rank]) << "rank " << rank << ": the poisoned element";
+  }
 }
 
 // A model split over a tensor group must be given the topology of that group: without one (or

@@ -253,10 +253,19 @@ TEST(SwappedAdamErrors, WriteFailureIsAnIOErrorNamingTheFile) {
   EXPECT_TRUE(dstest::unlinked_files_in(dir.path()).empty()) << "the file is still open";
 }
 
+// Each message names its config key by its full path and the value given (-3, not 0, so the value
+// printed is the one passed and not a default).
 TEST(SwappedAdamErrors, BadSettingsNameTheKey) {
   dstest::TempDir dir("swapped_adam_test", dstest::TempDir::Base::kDisk);
-  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 0, 2)), deepspeed::ConfigError);
-  EXPECT_THROW(SwappedAdam(torch::ones({10}), options(dir.path(), 8, 0)), deepspeed::ConfigError);
+  const std::string sub_group = dstest::message_of<deepspeed::ConfigError>(
+      [&] { SwappedAdam(torch::ones({10}), options(dir.path(), -3, 2)); });
+  EXPECT_CONTAINS(sub_group, "zero_optimization.sub_group_size");
+  EXPECT_CONTAINS(sub_group, "got -3");
+  const std::string buffers = dstest::message_of<deepspeed::ConfigError>(
+      [&] { SwappedAdam(torch::ones({10}), options(dir.path(), 8, 0)); });
+  EXPECT_CONTAINS(buffers, "zero_optimization.offload_optimizer.buffer_count");
+  EXPECT_CONTAINS(buffers, "got 0");
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "a refused setting left a swap file";
 }
 
 }  // namespace swapped_adam_test

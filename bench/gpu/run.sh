@@ -3,7 +3,8 @@
 # (PyTorch, DeepSpeed 0.14.5, from gpu-anchor copied to .gpu/) run in the same call on the same GPT.
 #   STEPS="build test bench" bash bench/gpu/run.sh
 #   build   configure + build this tree against the torch wheel's CUDA libtorch in /tmp/dsb
-#   test    ctest -L gpu, -L unit, -L dist (TEST_LABELS to choose; CAP_TEST seconds each)
+#   test    ctest -L gpu, -L unit, -L dist (TEST_LABELS to choose; CAP_TEST seconds each, CAP_GPU_TEST
+#           for all the GPU tests; from a pack, one process per test suite: run_gpu_suites)
 #   pack    the built programs into $OUT/dsb.tgz; carried back as .gpu-build/dsb.tgz, a later call
 #           on a fresh machine unpacks them instead of building (see pack() below)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
@@ -33,6 +34,13 @@ ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off ds
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
 GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
+# On this machine a GPU test that skips for want of a GPU fails instead (tests/support/gpu_skip.h):
+# a skip here would mean the CUDA path went untested. NCCL says why when a collective fails.
+export DS_EXPECT_GPU=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# The GPU tests' environment (as tests/CMakeLists.txt gives ctest's): libtorch reads
+# CUBLAS_WORKSPACE_CONFIG once, at the first cuBLAS call, so the deterministic tests need it from
+# the start. Not exported: the benchmark rows keep cuBLAS's default workspace.
+GPU_TEST_ENV=("DS_BIN_DIR=$B/bin" "DS_SOURCE_DIR=$ROOT" OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8)
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 PY=$(command -v python3)
 TORCH_DIR=$($PY -c 'import torch, os; print(os.path.dirname(torch.__file__))')
@@ -76,22 +84,104 @@ run_tests() {
     fi
     log "ctest -L $L"
     if [ ! -f $B/build.ninja ] && [ "$L" = gpu ] && [ -x $B/bin/gpu_training_test ]; then
-      # Unpacked programs, no ctest files: each gpu executable, every case in one process.
-      : > "$OUT/ctest_$L.log"
-      for prog in $GPU_TEST_PROGRAMS; do
-        [ -x $B/bin/$prog ] || { log "$prog not in the pack"; continue; }
-        (cd $B && timeout $(cap ${CAP_GPU_TEST:-300}) env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT \
-           OMP_NUM_THREADS=1 bin/$prog) >> "$OUT/ctest_$L.log" 2>&1
-        log "$prog rc=$? (124: stopped at CAP_GPU_TEST)"
-      done
-      grep -E "PASSED|FAILED  \]|\[  SKIPPED \]" "$OUT/ctest_$L.log" | head -40
-      continue
+      run_gpu_suites; continue  # unpacked programs, no ctest files
     fi
     if [ ! -f $B/build.ninja ] && [ -f $B/cross_built ]; then run_unpacked "$L"; continue; fi
     local label_cap=$CAP_TEST; [ "$L" = gpu ] && label_cap=${CAP_GPU_TEST:-300}
-    (cd $B && timeout $(cap $label_cap) ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
+    # The gpu tests are RUN_SERIAL (tests/CMakeLists.txt): one process on the GPU at a time.
+    (cd $B && timeout $(cap $label_cap) env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+       ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
   done
+}
+# The GPU tests from a pack (no ctest files): one process per test suite, so that a hang, a crash,
+# a sticky CUDA error or NCCL's watchdog abort costs that suite, not the cases gtest would run
+# after it (it runs the TEST_P cases, Stages/OneGpu, after every plain TEST). The core results
+# first: the suites of GPU_SUITE_ORDER, then the small programs' (quick), then the rest of
+# gpu_training_test's. CAP_GPU_TEST bounds them all together; a suite may take a share of what
+# is left (suite_share: half for Stages/OneGpu, the last all, never under MIN_SUITE_S), so one
+# that hangs leaves the suites after it their time. A suite that crashed resumes at once, one cut
+# at its cap after the others, without the cases it ran (the one it was in is named, not rerun).
+# Each run's lines and rc: $OUT/ctest_gpu.log ($OUT/gpu/ one file each); a line a suite and one
+# naming the suites that failed, timed out, crashed or did not run: summary.txt.
+GPU_SUITE_ORDER="Stages/OneGpu OneGpuOffload OneGpuMemory OneGpuNccl TwoRanksOneGpu"
+suite_share() {  # percent of the time left that suite $1 may take
+  case $1 in Stages/OneGpu) echo 50 ;; OneGpuOffload|OneGpuMemory|OneGpuNccl|TwoRanksOneGpu) echo 35 ;; *) echo 25 ;; esac
+}
+gpu_listing() {  # program: "suite cases" a line, from gtest's --gtest_list_tests
+  (cd $B && timeout 60 env "${GPU_TEST_ENV[@]}" bin/$1 --gtest_list_tests 2> /dev/null) |
+    awk '/^[A-Za-z_][A-Za-z0-9_\/]*\.( .*)?$/ { if (s != "") print s, n; s = $1; sub(/\.$/, "", s); n = 0; next }
+         /^  [^ ]/ && s != "" { n++ }
+         END { if (s != "") print s, n }'
+}
+run_gpu_suites() {
+  local log="$OUT/ctest_gpu.log" dir="$OUT/gpu" end prog s n listing="" i=0
+  : > "$log"; mkdir -p "$dir"
+  end=$(( $(date +%s) + $(cap ${CAP_GPU_TEST:-300}) ))
+  Q_PROG=(); Q_SUITE=(); Q_DONE=(); Q_TRIES=(); SUITES_PASSED=""; SUITES_FAILED=""; SUITES_TIMED_OUT=""
+  SUITES_CRASHED=""; SUITES_NOT_RUN=""; declare -gA SUITE_CASES=()
+  for prog in $GPU_TEST_PROGRAMS; do
+    [ -x $B/bin/$prog ] || { log "$prog not in the pack"; continue; }
+    local lines; lines=$(gpu_listing $prog)
+    if [ -z "$lines" ]; then log "$prog --gtest_list_tests listed no suite: running it whole"; lines="* 0"; fi
+    while read -r s n; do listing="$listing$prog $s"$'\n'; SUITE_CASES[$prog.$s]=$n; done <<< "$lines"
+  done
+  local t pass
+  for t in $GPU_SUITE_ORDER; do
+    while read -r prog s; do [ "$s" = "$t" ] && gpu_queue "$prog" "$s"; done <<< "$listing"
+  done
+  for pass in small rest; do  # the small programs' suites, then gpu_training_test's others
+    while read -r prog s; do
+      [ -n "$s" ] && [[ " $GPU_SUITE_ORDER " != *" $s "* ]] || continue
+      [ $pass = small ] && [ $prog = gpu_training_test ] && continue
+      [ $pass = rest ] && [ $prog != gpu_training_test ] && continue
+      gpu_queue "$prog" "$s"
+    done <<< "$listing"
+  done
+  while [ $i -lt ${#Q_PROG[@]} ]; do
+    run_gpu_suite $i "$end" "$dir" "$log"; i=$((i + 1))
+  done
+  grep -E "Failure|FAILED  \]|\[  SKIPPED \]" "$log" | head -40
+  log "GPU test suites passed:${SUITES_PASSED:- none}${SUITES_FAILED:+; failed:$SUITES_FAILED}${SUITES_TIMED_OUT:+; timed out:$SUITES_TIMED_OUT}${SUITES_CRASHED:+; crashed:$SUITES_CRASHED}${SUITES_NOT_RUN:+; not run (CAP_GPU_TEST, BUDGET_S spent):$SUITES_NOT_RUN}"
+}
+gpu_queue() { Q_PROG+=("$1"); Q_SUITE+=("$2"); Q_DONE+=(""); Q_TRIES+=(0); }
+run_gpu_suite() {  # queue index, end of the test time, log folder, log
+  local i=$1 prog=${Q_PROG[$1]} s=${Q_SUITE[$1]} done=${Q_DONE[$1]} left_s c rc f filter status
+  local name=$s; [ -n "$done" ] && name="$s(resumed)"
+  left_s=$(( $2 - $(date +%s) ))
+  if [ $left_s -lt 5 ]; then SUITES_NOT_RUN="$SUITES_NOT_RUN $name"; log "gpu $prog $name: not run, ${left_s}s left"; return; fi
+  c=$(( left_s * $(suite_share "$s") / 100 ))
+  [ $i -eq $(( ${#Q_PROG[@]} - 1 )) ] && c=$left_s
+  [ $c -lt ${MIN_SUITE_S:-20} ] && c=${MIN_SUITE_S:-20}
+  [ $c -gt $left_s ] && c=$left_s
+  filter="$s.*"; [ "$s" = "*" ] && filter="*"
+  [ -n "$done" ] && filter="$filter-${done#:}"
+  f="$3/$i.$prog.${s//[\/*]/_}.log"
+  (cd $B && timeout -k 10 $c env "${GPU_TEST_ENV[@]}" bin/$prog "--gtest_filter=$filter") > "$f" 2>&1
+  rc=$?
+  { echo "=== $prog --gtest_filter=$filter, cap ${c}s: rc=$rc"; cat "$f"; echo; } >> "$4"
+  # Per case: "[ RUN      ] S.C" at its start, "[       OK ] S.C (N ms)" (FAILED, SKIPPED; a
+  # TEST_P's FAILED line adds ", where GetParam() = ...") at its end.
+  local ran ended ok failed skipped cut
+  ran=$(sed -n 's/^\[ RUN      \] //p' "$f")
+  ended=$(sed -nE 's/^\[ +(OK|FAILED|SKIPPED) +\] ([^ ,]+)(,| ).*\([0-9]+ ms\)$/\2/p' "$f")
+  ok=$(grep -cE '^\[       OK \] .* \([0-9]+ ms\)$' "$f"); failed=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$f")
+  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$f")
+  cut=$(comm -23 <(echo "$ran" | sort) <(echo "$ended" | sort) | head -1)
+  if [ $rc = 124 ] || [ $rc = 137 ]; then status="timed out at its cap, ${c}s"; SUITES_TIMED_OUT="$SUITES_TIMED_OUT $name"
+  elif ! grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$f"; then status="crashed (rc=$rc)"; SUITES_CRASHED="$SUITES_CRASHED $name"
+  elif [ $((ok + failed + skipped)) = 0 ]; then status="ran no case (rc=$rc)"; SUITES_FAILED="$SUITES_FAILED $name"
+  elif [ $rc = 0 ]; then status=passed; SUITES_PASSED="$SUITES_PASSED $name"
+  else status="failed (rc=$rc)"; SUITES_FAILED="$SUITES_FAILED $name"; fi
+  log "gpu $prog $name: $status; $ok passed, $failed failed, $skipped skipped${cut:+; stopped in $cut}"
+  # The cases not reached run again, after the others when this one was cut at its cap.
+  case $status in timed*|crashed*) ;; *) return ;; esac
+  local started; started=$(( $(echo "$done" | tr ':' '\n' | grep -c .) + $(echo "$ran" | grep -c .) ))
+  [ "$s" != "*" ] && [ -n "$ran" ] && [ $started -lt "${SUITE_CASES[$prog.$s]:-0}" ] && [ ${Q_TRIES[$i]} -lt 3 ] || return
+  local at=$(( i + 1 )); [[ $status == timed* ]] && at=${#Q_PROG[@]}
+  Q_PROG=("${Q_PROG[@]:0:at}" "$prog" "${Q_PROG[@]:at}"); Q_SUITE=("${Q_SUITE[@]:0:at}" "$s" "${Q_SUITE[@]:at}")
+  Q_DONE=("${Q_DONE[@]:0:at}" "$done:$(echo "$ran" | paste -sd:)" "${Q_DONE[@]:at}")
+  Q_TRIES=("${Q_TRIES[@]:0:at}" $(( ${Q_TRIES[$i]} + 1 )) "${Q_TRIES[@]:at}")
 }
 # A label's tests from a pack (ALL=1 bench/gpu/cross_pack.sh), without ctest's files: each test
 # file as ctest would run it (tests/CMakeLists.txt: bin/<label>_tests with the file's suites as
@@ -185,6 +275,7 @@ wait_jit() {
   return 0
 }
 floors() {  # what bounds an offloaded step, measured in this call: host memory and copy bandwidth
+  wait_jit  # not beside DeepSpeed's cpu_adam JIT (started at the top of the call), on the same cores
   if [ "$(left)" -lt 120 ]; then log "floors skipped: $(left) s left of BUDGET_S"; return; fi
   log "floors: bench_cpu_adam, bench_transfer"
   OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $(cap 120) $B/bin/bench_cpu_adam 27 3 > "$OUT/cpu_adam.log" 2>&1

@@ -1,13 +1,16 @@
 // The CUDA path (label gpu): the example GPT trained on a GPU at every ZeRO stage, dtype and
 // offload home, checked against stage 0 on the same GPU; two ranks sharing the GPU over Gloo;
 // checkpoints moved between the GPU and the CPU; an out-of-memory reported in words. Every test
-// skips, saying why, on a machine or build without a GPU (CI).
+// of the CUDA path skips, saying why, on a machine or build without a GPU (CI), and fails there
+// under DS_EXPECT_GPU=1 (bench/gpu/run.sh); the GpuTestSupport cases need no GPU.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -40,10 +43,82 @@
 namespace {
 
 // Deterministic kernels (the embedding's backward, cuBLAS) so that two runs differ only where
-// their arithmetic differs.
-void deterministic() {
-  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", 1);
-  at::globalContext().setDeterministicAlgorithms(true, false);
+// their arithmetic differs, for one test: the mode goes back as it was when the guard ends, so a
+// test does not depend on which ran before it (in torch 2.x the mode also makes torch::empty
+// fill with NaN, a kernel on the compute stream). cuBLAS needs CUBLAS_WORKSPACE_CONFIG before
+// its first call, which libtorch checks once and caches: ctest's environment
+// (tests/CMakeLists.txt) and bench/gpu/run.sh's set it; the setenv only helps a program run by
+// hand whose first cuBLAS call comes after it.
+class Deterministic {
+ public:
+  Deterministic()
+      : was_(at::globalContext().deterministicAlgorithms()),
+        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, false);
+  }
+  ~Deterministic() { at::globalContext().setDeterministicAlgorithms(was_, warn_only_); }
+  Deterministic(const Deterministic&) = delete;
+  Deterministic& operator=(const Deterministic&) = delete;
+
+ private:
+  const bool was_, warn_only_;
+};
+
+// The guard gives the mode back as it found it, warn-only included (no GPU needed).
+TEST(GpuTestSupport, DeterministicModeEndsWithItsGuard) {
+  auto& context = at::globalContext();
+  for (bool warn_only : {false, true}) {
+    for (bool on : {false, true}) {
+      context.setDeterministicAlgorithms(on, warn_only);
+      {
+        const Deterministic deterministic;
+        EXPECT_TRUE(context.deterministicAlgorithms());
+        EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
+      }
+      EXPECT_EQ(context.deterministicAlgorithms(), on) << "warn_only " << warn_only;
+      EXPECT_EQ(context.deterministicAlgorithmsWarnOnly(), warn_only) << "on " << on;
+    }
+  }
+  context.setDeterministicAlgorithms(false, false);
+}
+
+// What SKIP_WITHOUT_GPU reports, with DS_EXPECT_GPU set to `expect` (nullptr: unset): "ran"
+// (nothing: the test goes on), "skipped" or "failed: " and the message.
+std::string skip_outcome(const char* expect) {
+  const char* old = std::getenv("DS_EXPECT_GPU");
+  const std::optional<std::string> saved = old ? std::optional<std::string>(old) : std::nullopt;
+  if (expect) setenv("DS_EXPECT_GPU", expect, 1);
+  else unsetenv("DS_EXPECT_GPU");
+  testing::TestPartResultArray results;
+  {
+    testing::ScopedFakeTestPartResultReporter reporter(
+        testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+    [] { SKIP_WITHOUT_GPU(); }();
+  }
+  if (saved) setenv("DS_EXPECT_GPU", saved->c_str(), 1);
+  else unsetenv("DS_EXPECT_GPU");
+  if (results.size() == 0) return "ran";
+  const testing::TestPartResult& r = results.GetTestPartResult(0);
+  if (results.size() == 1 && r.skipped()) return "skipped";
+  return std::string(r.fatally_failed() ? "failed: " : "other: ") + r.message();
+}
+
+// On the GPU machine (bench/gpu/run.sh sets DS_EXPECT_GPU=1) a GPU test that finds no GPU fails,
+// saying so, instead of skipping with the program's exit status 0; elsewhere it skips; with a
+// GPU it runs.
+TEST(GpuTestSupport, SkipWithoutGpuFailsWhereAGpuIsExpected) {
+  if (deepspeed::cuda_available()) {
+    EXPECT_EQ(skip_outcome("1"), "ran");
+    EXPECT_EQ(skip_outcome(nullptr), "ran");
+    return;
+  }
+  EXPECT_EQ(skip_outcome(nullptr), "skipped");
+  EXPECT_EQ(skip_outcome("0"), "skipped");
+  const std::string expected = skip_outcome("1");
+  EXPECT_EQ(expected.rfind("failed: ", 0), 0u) << expected;
+  EXPECT_CONTAINS(expected, "DS_EXPECT_GPU is set");
+  EXPECT_CONTAINS(expected, "the CUDA path was not tested");
 }
 
 enum class Home { kNone, kOptimizerCpu, kParamAndOptimizerCpu, kNvme };
@@ -108,7 +183,7 @@ class OneGpu : public testing::TestWithParam<Case> {};
 // replaces the GPU's fused Adam, 1e-2 in bf16 (roundings of 16-bit parameters).
 TEST_P(OneGpu, TrainsAsStageZero) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   const Case c = GetParam();
   auto reference = train_on_gpu(0, c.bf16, Home::kNone);
   auto run = train_on_gpu(c.stage, c.bf16, c.home);
@@ -140,7 +215,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, OneGpu, testing::ValuesIn(all_cases()), case_na
 // backward (the overlap is on; how much of the update it hides is the benchmark's to measure).
 TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   for (int stage : {2, 3}) {
     for (bool pin : {true, false}) {
       dstest::RunSpec spec = one_gpu_run(10);
@@ -171,7 +246,7 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
 // page-locked copies, the host adds, and the GPU still holds no gradient partition.
 TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   for (int stage : {2, 3}) {
     dstest::RunSpec spec = one_gpu_run(6);
     spec.config = dstest::base_config(/*micro_batch=*/2, /*accumulation=*/3, stage);
@@ -205,7 +280,7 @@ TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
 // GPU (Psi/N, copied down whole at every step) and overlap_step silently off.
 TEST(OneGpuOffload, SwappedParametersKeepTheGradientsInHostMemory) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   for (bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
     dstest::TempDir nvme("gpu_swapped_params", dstest::TempDir::Base::kDisk);
@@ -251,6 +326,7 @@ TEST(OneGpuPinned, HostBuffersArePageLockedAndCopyBothWays) {
   up.copy_(torch::randn({n}));
   at::Tensor on_gpu = torch::empty({n}, torch::device(torch::kCUDA));
   deepspeed::device::SideStream side(on_gpu.device());
+  side.follow_current();  // after whatever filled on_gpu on the compute stream (torch 2.x: NaN)
   side.copy(on_gpu, up)->wait();
   side.copy(down, on_gpu)->wait();
   EXPECT_TRUE(torch::equal(up, down));
@@ -282,6 +358,7 @@ TEST(OneGpuPinned, NvmeParameterSlicesArePageLocked) {
     EXPECT_TRUE(slice.is_pinned()) << "pin_memory " << pin;
     at::Tensor on_gpu = torch::empty({slice.numel()}, torch::device(gpu).dtype(at::kBFloat16));
     deepspeed::device::SideStream side(gpu);
+    side.follow_current();  // after whatever filled on_gpu on the compute stream (torch 2.x: NaN)
     auto uploaded = side.copy(on_gpu, slice);
     store.done(2, uploaded);
     uploaded->wait();
@@ -385,7 +462,7 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
 // agrees with stage 0 at the same world size.
 TEST(TwoRanksOneGpu, StagesAgreeOverGloo) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   auto reference = train_on_gpu(0, false, Home::kNone, 2);
   for (int stage = 1; stage <= 3; ++stage) {
     auto run = train_on_gpu(stage, false, Home::kNone, 2);
@@ -513,7 +590,7 @@ TEST(OneGpuMemory, OutOfMemoryIsReportedInWords) {
 // parameters bit for bit while the other trains, and in fp32 the groups step as stage 0 does.
 TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   for (bool bf16 : {false, true}) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(2, bf16, Home::kNone, "");
@@ -543,7 +620,7 @@ TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
 // taken during backward, and a group at lr 0 keeps its parameters bit for bit.
 TEST(OneGpuParamGroups, CpuOffloadStepsEachGroupRangeByRange) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   auto grouped = [](int stage, double vector_lr, size_t* ranges) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(stage, false, stage == 0 ? Home::kNone : Home::kOptimizerCpu, "");
@@ -614,7 +691,7 @@ std::map<int64_t, double> train_with_dropout_on_gpu(const std::string& dir, int6
 // uninterrupted job's bit for bit.
 TEST(OneGpuCheckpoint, DropoutMasksResumeBitForBit) {
   SKIP_WITHOUT_GPU();
-  deterministic();
+  const Deterministic deterministic;
   dstest::TempDir dir;
   const auto whole = train_with_dropout_on_gpu(dir.path(), 12, {5, 6}, "", 7);
   ASSERT_EQ(whole.size(), 12u);

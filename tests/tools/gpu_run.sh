@@ -4,7 +4,12 @@
 #      call still ends with its table and archive, and DeepSpeed's cpu_adam JIT, still running,
 #      is stopped with everything it started;
 #   2. the unit/dist runner for a pack of every program (run_unpacked): each test program runs
-#      with the CPU path's environment, and those that fail are named.
+#      with the CPU path's environment, and those that fail are named;
+#   3. the GPU tests from a pack (run_gpu_suites): one process per suite, the core suites first;
+#      one that hangs is cut at its share of CAP_GPU_TEST and the suites after it still run and
+#      report, one that crashes resumes without its finished cases; the GPU environment
+#      (DS_EXPECT_GPU, CUBLAS_WORKSPACE_CONFIG, NCCL_DEBUG) reaches them;
+#   4. the floors wait for DeepSpeed's cpu_adam JIT instead of sharing the cores with it.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -49,4 +54,60 @@ esac'
 grep -q -- "-L unit, the packed programs: 1 of 2 passed; not: b_test rc=3" "$T/out2/summary.txt" ||
   fail "run_unpacked's summary"
 grep -q "b_test.cpp:1: Failure" "$T/log2" || fail "the failing program's lines were not shown"
+
+# 3. The GPU programs of a pack. gpu_training_test lists its TEST_P suite after plain ones (as
+#    gtest runs them); Stages/OneGpu hangs in its first case and is cut, OneGpuPinned crashes in
+#    its first: the later suites still report, both resume without the case they were in.
+env_ok='[ "$DS_EXPECT_GPU" = 1 ] && [ "$CUBLAS_WORKSPACE_CONFIG" = :4096:8 ] && [ "$NCCL_DEBUG" = WARN ]'
+pass_case() {  # gtest's lines for one passing case
+  echo "echo '[ RUN      ] $1'; echo '[       OK ] $1 (1 ms)'"
+}
+done_line='echo "[==========] 1 test from 1 test suite ran. (1 ms total)"; echo "[  PASSED  ] 1 test."'
+stand_in gpu_training_test "echo \"\$*\" >> $T/order
+case \"\$1\" in
+  --gtest_list_tests) printf 'Running main() from gtest_main.cc\nOneGpuPinned.\n  Copies\n  Slices\nOneGpuNccl.\n  AllToAll\nStages/OneGpu.\n  TrainsAsStageZero/stage1  # GetParam() = 12-byte object\n  TrainsAsStageZero/stage2  # GetParam() = 12-byte object\n' ;;
+  --gtest_filter=Stages/OneGpu.\\*) echo '[ RUN      ] Stages/OneGpu.TrainsAsStageZero/stage1'; exec sleep 60 ;;
+  --gtest_filter=Stages/OneGpu.\\*-Stages/OneGpu.TrainsAsStageZero/stage1) $(pass_case Stages/OneGpu.TrainsAsStageZero/stage2); $done_line ;;
+  --gtest_filter=OneGpuNccl.\\*) $env_ok || { echo 'the GPU environment is missing'; exit 1; }; $(pass_case OneGpuNccl.AllToAll); $done_line ;;
+  --gtest_filter=OneGpuPinned.\\*) echo '[ RUN      ] OneGpuPinned.Copies'; kill -SEGV \$\$ ;;
+  --gtest_filter=OneGpuPinned.\\*-OneGpuPinned.Copies) $(pass_case OneGpuPinned.Slices); $done_line ;;
+  *) echo \"unexpected arguments: \$*\"; exit 9 ;;
+esac"
+stand_in flops_profiler_gpu_test "echo \"\$*\" >> $T/order
+case \"\$1\" in
+  --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
+  *) $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
+esac"
+# It lists no suite: run whole, it runs none.
+stand_in activation_checkpointing_gpu_test "echo \"\$*\" >> $T/order
+echo '[==========] 0 tests from 0 test suites ran. (0 ms total)'"
+(cd "$root" && OUT=$T/out3 DSB=$B BUDGET_S=0 STEPS=test TEST_LABELS=gpu CAP_GPU_TEST=16 MIN_SUITE_S=1 \
+   bash bench/gpu/run.sh > "$T/log3" 2>&1)
+grep -v -- --gtest_list_tests "$T/order" > "$T/order.run"
+expected='--gtest_filter=Stages/OneGpu.*
+--gtest_filter=OneGpuNccl.*
+--gtest_filter=*
+--gtest_filter=FlopsProfilerGpu.*
+--gtest_filter=OneGpuPinned.*
+--gtest_filter=OneGpuPinned.*-OneGpuPinned.Copies
+--gtest_filter=Stages/OneGpu.*-Stages/OneGpu.TrainsAsStageZero/stage1'
+[ "$(cat "$T/order.run")" = "$expected" ] || fail "the suites' order: $(cat "$T/order.run")"
+grep -q "gpu gpu_training_test Stages/OneGpu: timed out at its cap, [0-9]*s; 0 passed, 0 failed, 0 skipped; stopped in Stages/OneGpu.TrainsAsStageZero/stage1" "$T/out3/summary.txt" ||
+  fail "the hung suite's line"
+grep -q "gpu gpu_training_test OneGpuNccl: passed; 1 passed" "$T/out3/summary.txt" || fail "OneGpuNccl after the hang"
+tar xzf "$T/out3/all.tgz" -O ./ctest_gpu.log | grep -q "^\[       OK \] OneGpuNccl.AllToAll (1 ms)" ||
+  fail "OneGpuNccl's lines in the log"
+grep -q "gpu gpu_training_test OneGpuPinned: crashed (rc=139); 0 passed, 0 failed, 0 skipped; stopped in OneGpuPinned.Copies" "$T/out3/summary.txt" ||
+  fail "the crashed suite's line"
+grep -q "GPU test suites passed: OneGpuNccl FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
+  fail "the suites' summary"
+rm -f "$B/bin/gpu_training_test"
+
+# 4. The floors (bench_cpu_adam) start once DeepSpeed's cpu_adam JIT, started at the top of the
+#    call for an offload row of DeepSpeed's, is done.
+printf 'sleep 2\n' > "$root/.gpu/run_device.sh"
+stand_in bench_cpu_adam "[ -f $B.jit_done ] && echo 'memory bandwidth: after the JIT' || echo 'memory bandwidth: beside the JIT'"
+(cd "$root" && OUT=$T/out4 DSB=$B STEPS=bench ROWS=ds_z2_off bash bench/gpu/run.sh > "$T/log4" 2>&1)
+rm -f "$B.jit_done"
+grep -q "memory bandwidth: after the JIT" "$T/out4/summary.txt" || fail "the floors ran beside the JIT"
 echo "gpu_run: ok"

@@ -131,6 +131,19 @@ TEST(MonitorEngine, CsvAndEventFilesHoldTheEnginesValues) {
   for (const char* phase : {"forward", "backward", "backward_inner", "backward_allreduce", "step"})
     EXPECT_EQ(csv_rows(csv + "/Train_Samples_elapsed_time_ms_" + phase + ".csv",
                        std::string("elapsed_time_ms_") + phase).size(), seen.size());
+  // samples_per_second: the step's samples, train_batch_size = 2 ranks x 2 micro-batches of 2
+  // (not one rank's, nor one micro-step's), over that step's step_time_ms.
+  const auto step_ms = csv_rows(csv + "/Train_Samples_step_time_ms.csv", "step_time_ms");
+  const auto rate = csv_rows(csv + "/Train_Samples_samples_per_second.csv", "samples_per_second");
+  ASSERT_EQ(step_ms.size(), seen.size());
+  ASSERT_EQ(rate.size(), seen.size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(step_ms[i].first, seen[i].samples);
+    EXPECT_EQ(rate[i].first, seen[i].samples);
+    const double ms = std::stod(step_ms[i].second);
+    ASSERT_GT(ms, 0.0);
+    EXPECT_DOUBLE_EQ(std::stod(rate[i].second), 2 * 2 * 2 * 1000.0 / ms) << "step " << i + 1;
+  }
 
   // TensorBoard: one file (rank 0 only), the same values as float32.
   const auto files = dstest::files_containing(dir / "tensorboard", "events.out.tfevents.");

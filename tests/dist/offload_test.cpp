@@ -10,10 +10,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
 
 #include "deepspeed/errors.h"
 #include "deepspeed/deepspeed.h"
+#include "gpt/model.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
@@ -52,6 +55,36 @@ void expect_same_training(const dstest::RunResult& got, const dstest::RunResult&
   EXPECT_LT(dstest::max_grad_norm_rel_diff(got, want), 1e-12);
 }
 
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// Each stage-3 unit's slice of the test GPT over `world` ranks, in elements, as
+// src/zero/stage3/unit_layout.h lays it out: a unit's parameters padded to world * 16 elements and
+// split evenly. [0] is the root unit (embeddings, ln_f, head: the parameters outside every block,
+// with stage3_param_persistence_threshold 0), then one per block. Counted from the model's own
+// parameters, not from the engine.
+std::vector<int64_t> unit_slices(const gpt::GPTConfig& c, int world) {
+  auto model = std::make_shared<gpt::GPTImpl>(c);
+  std::vector<int64_t> numel(1 + c.n_layer, 0);
+  for (const auto& p : model->named_parameters()) {
+    const std::string& name = p.key();
+    const int unit = name.rfind("block", 0) == 0 ? 1 + std::stoi(name.substr(5)) : 0;
+    numel[unit] += p.value().numel();
+  }
+  std::vector<int64_t> slices;
+  for (int64_t n : numel) slices.push_back(round_up(n, world * 16) / world);
+  return slices;
+}
+
+// The swapped Adam's resident bytes (optimizer_states), from docs/config.md's
+// offload_optimizer.buffer_count row: min(buffer_count, sub-groups) buffers each holding one
+// sub-group's master, exp_avg and exp_avg_sq (12 bytes per element; the three arrays start on
+// 64-byte boundaries, swapped_adam.cpp) rounded up to 4096 bytes, and one widened-gradient scratch
+// (4 bytes per element) rounded up to 4096; s = the largest sub-group.
+std::pair<int64_t, int64_t> swapped_adam_bytes_range(int64_t buffers, int64_t s) {
+  return {buffers * 12 * s + 4 * s,
+          buffers * round_up(12 * s + 3 * 64, 4096) + round_up(4 * s, 4096)};
+}
+
 nlohmann::json nvme_config(nlohmann::json c, const std::string& dir, int64_t sub_group, int buffers) {
   c["zero_optimization"]["offload_optimizer"] = {
       {"device", "nvme"}, {"nvme_path", dir}, {"buffer_count", buffers}};
@@ -82,16 +115,46 @@ TEST_P(NvmeOptimizerOffload, SameLossesAndWeightsAsInMemory) {
   auto in_memory = dstest::train_gpt(s);
 
   dstest::TempDir dir;
-  s.config = nvme_config(s.config, dir.path(), 3000, buffers);
+  const int64_t sub_group = 3000;
+  s.config = nvme_config(s.config, dir.path(), sub_group, buffers);
   auto swapped = dstest::train_gpt(s);
   expect_same_training(swapped, in_memory);
-  // Resident optimizer state: the sub-group buffers only, well under the in-memory 12 or 8 bytes
-  // per element of the partition.
+  // Resident optimizer state: the sub-group buffers only (docs/config.md), well under the
+  // in-memory 12 or 8 bytes per element of the partition. The largest sub-group s: sub_group_size
+  // at stages 1-2; at stage 3 sub-groups are cut inside each unit's slice every sub_group_size
+  // rounded up to 4096 elements (the sub_group_size row), so s = min(that, the largest slice).
+  // Every case here has at least buffer_count sub-groups of s elements.
+  const auto slices = unit_slices(s.model, 2);
+  const int64_t largest_slice = *std::max_element(slices.begin(), slices.end());
+  const int64_t partition = std::accumulate(slices.begin(), slices.end(), int64_t{0});
+  ASSERT_GE(partition, buffers * round_up(sub_group, 4096)) << "fewer sub-groups than buffers";
+  const int64_t s_max = stage == 3 ? std::min(round_up(sub_group, 4096), largest_slice) : sub_group;
+  ASSERT_GE(s_max, sub_group);
+  const auto [low, high] = swapped_adam_bytes_range(buffers, s_max);
+  // Stage 3's gradients (offload/grad_store.h), in the weights' dtype. During backward: the slice
+  // of the unit being reduced (buckets hold one unit's gradients each and finish in order, so one
+  // slice is open at a time), the closed slices whose writes are in flight (at most 2,
+  // grad_store.cpp) and the host copies of bucket downloads not yet added (at most 4 pending
+  // buckets of reduce_bucket_size, 2000 in base_config): the 3 largest slices + 4 buckets. At the
+  // step: the optimizer's reads of up to buffer_count sub-groups ahead plus the one it updates.
+  // Well under the whole partition (6 slices).
+  auto sorted = slices;
+  std::sort(sorted.rbegin(), sorted.rend());
+  const int64_t grad_size = bf16 ? 2 : 4;
+  const int64_t grad_high =
+      grad_size * std::max(sorted[0] + sorted[1] + sorted[2] + 4 * 2000, (buffers + 1) * s_max);
+  if (stage == 3) ASSERT_LT(grad_high, grad_size * partition);
   for (int r = 0; r < 2; ++r) {
-    EXPECT_LT(swapped.memory[r].optimizer_states, in_memory.memory[r].optimizer_states) << "rank " << r;
+    const auto& m = swapped.memory[r];
+    EXPECT_LT(m.optimizer_states, in_memory.memory[r].optimizer_states) << "rank " << r;
+    EXPECT_GE(m.optimizer_states, low) << "rank " << r << ": s " << s_max;
+    EXPECT_LE(m.optimizer_states, high) << "rank " << r << ": s " << s_max;
     // Stage 3 swaps the gradient partition too: only the slices being reduced are in memory.
-    if (stage == 3)
-      EXPECT_LT(swapped.memory[r].gradients, in_memory.memory[r].gradients) << "rank " << r;
+    if (stage == 3) {
+      EXPECT_LT(m.gradients, in_memory.memory[r].gradients) << "rank " << r;
+      EXPECT_LE(m.gradients, grad_high) << "rank " << r << ": largest slice " << largest_slice;
+      EXPECT_GT(m.gradients, 0) << "rank " << r;
+    }
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "swap files left behind";
 }
@@ -215,9 +278,35 @@ TEST_P(NvmeParamOffload, SameLossesAndWeightsAsInMemory) {
   if (c.optimizer_nvme) s.config = nvme_config(s.config, optim.path(), 3000, 3);
   auto swapped = dstest::train_gpt(s);
   expect_same_training(swapped, in_memory);
-  // Resident parameters: the memory part plus buffer_count slice buffers (the pool).
-  for (int r = 0; r < 2; ++r)
-    EXPECT_LT(swapped.memory[r].parameters, in_memory.memory[r].parameters) << "rank " << r;
+  // Resident parameters: the memory part plus buffer_count slice buffers (the pool) and, with the
+  // optimizer swapped, the two staging buffers its updated sub-groups are written from (each one
+  // sub-group of the file's 16-bit values, rounded up to 4096 bytes: param_store.cpp). From
+  // docs/config.md's offload_param rows: the root unit stays in memory, units 1, 2, ... too while
+  // their slices total <= max_in_cpu; the pool's buffer_count (2, param_nvme_config) buffers each
+  // hold the largest slice in the file.
+  const auto slices = unit_slices(s.model, 2);
+  int64_t memory_part = slices[0], kept = 0;
+  size_t first_in_file = 1;
+  while (first_in_file < slices.size() && kept + slices[first_in_file] <= c.max_in_cpu)
+    kept += slices[first_in_file++];
+  memory_part += kept;
+  ASSERT_LT(first_in_file, slices.size()) << "no unit in the file";
+  const int64_t largest_in_file = *std::max_element(slices.begin() + first_in_file, slices.end());
+  const int64_t param_size = c.bf16 ? 2 : 4;
+  const int64_t staging =
+      c.optimizer_nvme
+          ? 2 * round_up(param_size * std::min(round_up(3000, 4096), largest_in_file), 4096)
+          : 0;
+  const int64_t pool_buffers = 2;
+  for (int r = 0; r < 2; ++r) {
+    const int64_t got = swapped.memory[r].parameters;
+    EXPECT_LT(got, in_memory.memory[r].parameters) << "rank " << r;
+    EXPECT_LE(got, param_size * (memory_part + pool_buffers * largest_in_file) + staging)
+        << "rank " << r << ": memory part " << memory_part << ", largest slice in the file "
+        << largest_in_file;
+    // At least the memory part and one pool buffer (every unit in the file was read).
+    EXPECT_GE(got, param_size * (memory_part + largest_in_file)) << "rank " << r;
+  }
   EXPECT_TRUE(std::filesystem::is_empty(params.path())) << "parameter swap files left behind";
 }
 

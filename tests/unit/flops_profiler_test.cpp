@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -31,6 +32,55 @@ const deepspeed::profiling::ModuleProfile& by_path(const FlopsProfiler& p,
   for (const auto& m : p.modules())
     if (m.path == path) return m;
   throw std::runtime_error("no module '" + path + "' in the profile");
+}
+
+// The value printed after `key` on the summary line that starts with it ("{:<70}  {:<8}").
+std::string summary_value(const std::string& report, const std::string& key) {
+  std::istringstream lines(report);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind(key, 0) == 0) {
+      std::string v = line.substr(key.size());
+      v.erase(0, v.find_first_not_of(' '));
+      v.erase(v.find_last_not_of(' ') + 1);
+      return v;
+    }
+  ADD_FAILURE() << "no summary line '" << key << "' in\n" << report;
+  return "";
+}
+
+// A figure as the summary prints it ("23.94 ms", "1.2 GFLOPS", "119.03", "25.85%"): its value, and
+// how far the exact value it was printed from may lie from it (half of the last of 2 decimals in
+// the unit's magnitude: DeepSpeed's number_to_string, round(x, 2)).
+struct Printed {
+  double value = 0, half = 0;
+  double low() const { return value - half; }
+  double high() const { return value + half; }
+};
+Printed printed(const std::string& text, const std::string& suffix) {
+  std::istringstream in(text);
+  double x = 0;
+  in >> x;
+  std::string unit;
+  std::getline(in, unit);
+  unit.erase(0, unit.find_first_not_of(' '));
+  EXPECT_TRUE(unit.size() >= suffix.size() &&
+              unit.compare(unit.size() - suffix.size(), suffix.size(), suffix) == 0)
+      << "'" << text << "' does not end in '" << suffix << "'";
+  const std::string prefix = unit.substr(0, unit.size() - std::min(unit.size(), suffix.size()));
+  const std::map<std::string, double> magnitude = {{"", 1},    {"T", 1e12}, {"G", 1e9}, {"M", 1e6},
+                                                   {"K", 1e3}, {"m", 1e-3}, {"u", 1e-6}};
+  EXPECT_TRUE(magnitude.count(prefix)) << "'" << text << "'";
+  const double m = magnitude.count(prefix) ? magnitude.at(prefix) : 1;
+  return {x * m, 0.005 * m * (1 + 1e-9)};
+}
+
+// `shown` (a printed figure) equals numerator / d, to its print precision, for some d in
+// [over_low, over_high] (a printed latency's interval).
+void expect_quotient(const Printed& shown, double numerator, double over_low, double over_high,
+                     const std::string& what) {
+  ASSERT_GT(over_low, 0) << what;
+  EXPECT_GE(shown.high(), numerator / over_high) << what;
+  EXPECT_LE(shown.low(), numerator / over_low) << what;
 }
 
 TEST(FlopsProfiler, SingleLinearIsTwoTimesInputTimesOut) {
@@ -308,6 +358,127 @@ TEST(FlopsProfiler, EngineReportFollowsTheModelTree) {
   EXPECT_CONTAINS(report, "(block0): ZeroUnit<Block>(");
   EXPECT_CONTAINS(report, "(qkv): Linear(");
   EXPECT_CONTAINS(report, "in_features=32, out_features=96");
+}
+
+// Every derived figure of the summary, from facts given by hand: 10 M forward FLOPs (at::linear,
+// 2 * 50,000 inputs * 100 outputs) and 5,100 parameters per GPU, 4 model-parallel ranks, latencies
+// 4 ms forward, 16 ms backward, 5 ms step, recompute_fwd_factor 0.5, 48 samples per iteration,
+// a peak of 0.01 TFLOPS. The formulas are DeepSpeed's print_model_profile (the MFU line ours,
+// docs/monitoring.md); values worked out by hand.
+TEST(FlopsProfiler, SummaryFiguresFollowDeepSpeedsFormulas) {
+  torch::NoGradGuard no_grad;
+  auto lin = torch::nn::Linear(torch::nn::LinearOptions(50, 100));
+  FlopsProfiler prof(lin.ptr());
+  prof.start_profile();
+  at::linear(torch::randn({10, 100, 50}), lin->weight, lin->bias);
+  prof.stop_profile();
+  ASSERT_EQ(prof.get_total_flops(), 10000000);
+  ASSERT_EQ(prof.get_total_params(), 5100);
+  deepspeed::profiling::RunFacts f;
+  f.from_engine = true;
+  f.world_size = 8;
+  f.dp_size = 2;
+  f.mp_size = 4;
+  f.micro_batch_size = 3;
+  f.fwd_latency_s = 0.004;
+  f.bwd_latency_s = 0.016;
+  f.step_latency_s = 0.005;
+  f.samples_per_iter = 48;
+  f.recompute_fwd_factor = 0.5;
+  f.peak_tflops = 0.01;
+  const std::string report = prof.model_profile({}, f);
+  auto value = [&](const std::string& key) { return summary_value(report, key); };
+  EXPECT_EQ(value("world size: "), "8");
+  EXPECT_EQ(value("data parallel size: "), "2");
+  EXPECT_EQ(value("model parallel size: "), "4");
+  EXPECT_EQ(value("batch size per GPU: "), "3");
+  EXPECT_EQ(value("params per GPU: "), "5.1 K");
+  EXPECT_EQ(value("params of model = params per GPU * mp_size: "), "20.4 K");  // 5,100 * 4
+  EXPECT_EQ(value("fwd flops per GPU: "), "10 M");
+  EXPECT_EQ(value("fwd flops of model = fwd flops per GPU * mp_size: "), "40 M");
+  EXPECT_EQ(value("fwd latency: "), "4 ms");
+  EXPECT_EQ(value("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: "), "2.5 GFLOPS");
+  EXPECT_EQ(value("bwd latency: "), "16 ms");
+  // (2 + 0.5) * 10 M / 16 ms
+  EXPECT_EQ(value("bwd FLOPS per GPU = 2.5 * fwd flops per GPU / bwd latency: "), "1.56 GFLOPS");
+  // 3.5 * 10 M / 20 ms
+  EXPECT_EQ(value("fwd+bwd FLOPS per GPU = 3.5 * fwd flops per GPU / (fwd+bwd latency): "),
+            "1.75 GFLOPS");
+  EXPECT_EQ(value("step latency: "), "5 ms");
+  EXPECT_EQ(value("iter latency: "), "25 ms");
+  EXPECT_EQ(value("FLOPS per GPU = 3.5 * fwd flops per GPU / iter latency: "), "1.4 GFLOPS");
+  EXPECT_EQ(value("samples/second: "), "1920.0");  // 48 / 25 ms, as Python prints round(x, 2)
+  // 1.4 GFLOPS of a 0.01 TFLOPS (10 GFLOPS) peak: 14%.
+  EXPECT_EQ(value("MFU = FLOPS per GPU / peak (0.01 TFLOPS): "), "14%");
+
+  // Standalone (no engine): DeepSpeed's params of model is 0 there, the flops of model the GPU's.
+  const std::string alone = prof.model_profile();
+  EXPECT_EQ(summary_value(alone, "params of model = params per GPU * mp_size: "), "0");
+  EXPECT_EQ(summary_value(alone, "fwd flops of model = fwd flops per GPU * mp_size: "), "10 M");
+  EXPECT_EQ(alone.find("\nbwd latency: "), std::string::npos);  // no timers: no backward lines
+}
+
+// The engine's summary at gradient accumulation 2: each derived figure equals its formula over the
+// latencies the report prints (to the precision they are printed with) and the forward FLOPs of
+// both micro-steps counted independently; samples/second is the step's train_batch_size (2
+// micro-batches of 2 on one rank) over the iteration latency. (DeepSpeed's numerator is
+// micro_batch * world_size, one micro-step's samples: the same figure without accumulation and
+// model parallelism.)
+TEST(FlopsProfiler, EngineSummaryFiguresFollowFromItsLatencies) {
+  dstest::TempDir dir;
+  const std::string out = dir / "flops.txt";
+  gpt::GPTConfig mc{256, 16, 2, 2, 32};
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto plain = std::make_shared<gpt::GPTImpl>(mc);
+  FlopsProfiler alone(plain);
+  alone.start_profile();
+  plain->forward(x, x);
+  alone.stop_profile();
+  const double flops = 2.0 * alone.get_total_flops();  // both micro-steps' forwards
+
+  torch::manual_seed(1);
+  auto model = std::make_shared<gpt::GPTImpl>(mc);
+  auto config = dstest::base_config(2, 2, 0);
+  // peak 1 GFLOPS keeps the MFU well above its 0.01 print precision on a CPU.
+  config["flops_profiler"] = {{"enabled", true},
+                              {"profile_step", 1},
+                              {"output_file", out},
+                              {"recompute_fwd_factor", 0.5},
+                              {"peak_tflops", 0.001}};
+  auto r = deepspeed::initialize<gpt::GPTImpl>({.model = model, .config_json = config});
+  for (int micro = 0; micro < 6; ++micro) {
+    r.engine->backward(r.engine->forward(x, x));
+    r.engine->step();
+  }
+  const std::string report = dstest::read_bytes(out);
+  auto value = [&](const std::string& key) { return summary_value(report, key); };
+  EXPECT_EQ(value("batch size per GPU: "), "2");
+  EXPECT_EQ(value("fwd flops per GPU: "), deepspeed::profiling::number_to_string(flops));
+  const Printed fwd = printed(value("fwd latency: "), "s");
+  const Printed bwd = printed(value("bwd latency: "), "s");
+  const Printed step = printed(value("step latency: "), "s");
+  const Printed iter = printed(value("iter latency: "), "s");
+  const std::string table = "\n" + report.substr(0, report.find("Aggregated"));
+  // iter = fwd + bwd + step
+  EXPECT_LE(iter.low(), fwd.high() + bwd.high() + step.high()) << table;
+  EXPECT_GE(iter.high(), fwd.low() + bwd.low() + step.low()) << table;
+  expect_quotient(printed(value("fwd FLOPS per GPU = fwd flops per GPU / fwd latency: "), "FLOPS"),
+                  flops, fwd.low(), fwd.high(), "fwd FLOPS" + table);
+  expect_quotient(
+      printed(value("bwd FLOPS per GPU = 2.5 * fwd flops per GPU / bwd latency: "), "FLOPS"),
+      2.5 * flops, bwd.low(), bwd.high(), "bwd FLOPS" + table);
+  expect_quotient(
+      printed(value("fwd+bwd FLOPS per GPU = 3.5 * fwd flops per GPU / (fwd+bwd latency): "),
+              "FLOPS"),
+      3.5 * flops, fwd.low() + bwd.low(), fwd.high() + bwd.high(), "fwd+bwd FLOPS" + table);
+  const Printed achieved =
+      printed(value("FLOPS per GPU = 3.5 * fwd flops per GPU / iter latency: "), "FLOPS");
+  expect_quotient(achieved, 3.5 * flops, iter.low(), iter.high(), "FLOPS per GPU" + table);
+  expect_quotient(printed(value("samples/second: "), ""), 4.0, iter.low(), iter.high(),
+                  "samples/second" + table);
+  // MFU = 100 * FLOPS per GPU / 1e9, in percent.
+  const Printed mfu = printed(value("MFU = FLOPS per GPU / peak (0.001 TFLOPS): "), "%");
+  expect_quotient(mfu, 100 * 3.5 * flops / 1e9, iter.low(), iter.high(), "MFU" + table);
 }
 
 TEST(FlopsProfiler, EngineCountsEqualAStandaloneProfile) {

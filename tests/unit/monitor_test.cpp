@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sstream>
+
 #include "comm/stats.h"
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/errors.h"
@@ -405,6 +407,29 @@ TEST(TrainingMonitor, WritesDeepSpeedsEventsAndFlushesEveryStepsPerPrint) {
   EXPECT_EQ(dstest::read_bytes(dir / "job/Train_Samples_elapsed_time_ms_forward.csv")
                 .rfind("step,elapsed_time_ms_forward\r\n32,", 0),
             0u);
+  // samples_per_second is the step's samples (samples_per_step, 32) over its step_time_ms, row
+  // for row (Python reprs: the doubles round-trip).
+  auto rows = [&](const std::string& name) {
+    std::istringstream in(dstest::read_bytes(dir / ("job/Train_Samples_" + name + ".csv")));
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "step," + name + "\r");
+    std::vector<std::pair<int64_t, double>> out;
+    while (std::getline(in, line)) {
+      const size_t comma = line.find(',');
+      out.emplace_back(std::stoll(line.substr(0, comma)), std::stod(line.substr(comma + 1)));
+    }
+    return out;
+  };
+  const auto step_ms = rows("step_time_ms"), rate = rows("samples_per_second");
+  ASSERT_EQ(step_ms.size(), 3u);
+  ASSERT_EQ(rate.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(step_ms[i].first, 32 * static_cast<int64_t>(i + 1));
+    EXPECT_EQ(rate[i].first, step_ms[i].first);
+    ASSERT_GT(step_ms[i].second, 0.0);
+    EXPECT_DOUBLE_EQ(rate[i].second, 32 * 1000.0 / step_ms[i].second) << "step " << i + 1;
+  }
 }
 
 TEST(CommsSummary, VerboseLineIsDeepSpeeds) {

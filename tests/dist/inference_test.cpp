@@ -7,13 +7,16 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <mutex>
 
 #include "checkpoint/safetensors.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/pipe.h"
 #include "gpt/generate.h"
 #include "gpt/model.h"
+#include "gpt/pipeline_model.h"
 #include "support/commands.h"
 #include "support/files.h"
 #include "support/ranks.h"
@@ -253,9 +256,78 @@ std::string last_line(std::string out) {
   return line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
 }
 
+// Two micro-batches of 4 sequences of 12 tokens (inputs, and their shift as labels): English
+// text, what gpt_train learnt (on random bytes every model is about equally bad, and a wrongly
+// loaded one hardly differs).
+std::vector<std::pair<torch::Tensor, torch::Tensor>> eval_micro_batches() {
+  const std::string text =
+      "You will be given a chance to take a long trip. Do not put off until tomorrow what can be "
+      "done today. A fortune is hidden in the text of the day.";
+  std::vector<int64_t> bytes(text.begin(), text.begin() + 8 * 13);
+  const auto tokens = torch::tensor(bytes, torch::kLong).reshape({8, 13});
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
+  for (int64_t m = 0; m < 2; ++m) {
+    const auto rows = tokens.narrow(0, 4 * m, 4);
+    out.emplace_back(rows.narrow(1, 0, 12).contiguous(), rows.narrow(1, 1, 12).contiguous());
+  }
+  return out;
+}
+
+// The mean cross-entropy of `logits` ([B, T, V]) against `targets` ([B, T]): gpt_pipeline's loss.
+double mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}))
+      .item<double>();
+}
+
+// The reference that does not go through gpt::checkpoint_names: the pipeline that saved `ck`
+// (gpt_pipeline on `stages` stages, config `cfg` with 2 micro-batches a step at data-parallel size
+// 1) loads its own layer files (load_module_only) and returns eval_batch's mean loss over
+// eval_micro_batches().
+double pipeline_eval_loss(const std::string& ck, const std::string& cfg,
+                          const gpt::GPTConfig& model, int stages) {
+  const auto batches = eval_micro_batches();
+  double loss = 0.0;
+  std::mutex mu;
+  run_ranks(stages, [&](CommunicatorPtr comm) {
+    deepspeed::pipe::PipelineInitializeArgs args;
+    args.model = gpt::gpt_pipeline(model);
+    args.model.num_stages = stages;
+    args.config = cfg;
+    args.comm = comm;
+    args.device = "cpu";
+    auto engine = deepspeed::pipe::initialize_pipeline(args);
+    EXPECT_FALSE(engine->load_checkpoint(ck, "", true, false, false, /*load_module_only=*/true)
+                     .load_path.empty());
+    size_t m = 0;
+    const double mine = engine->eval_batch([&] {
+      const auto& b = batches.at(m++);
+      return deepspeed::pipe::MicroBatch{b.first, b.second};
+    });
+    EXPECT_EQ(m, batches.size());
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm->rank() == 0) loss = mine;
+  });
+  return loss;
+}
+
+// The mean loss of eval_micro_batches() from `logits_of` (tokens -> [B, T, V] logits).
+double loss_from_logits(const std::function<torch::Tensor(const torch::Tensor&)>& logits_of) {
+  std::vector<torch::Tensor> inputs, targets;
+  for (auto& [x, y] : eval_micro_batches()) {
+    inputs.push_back(x);
+    targets.push_back(y);
+  }
+  return mean_cross_entropy(logits_of(torch::cat(inputs)), torch::cat(targets));
+}
+
 // gpt_train saves (ZeRO-3 at world 2; a 2-stage pipeline); the whole model loaded with
 // gpt::load_weights and tp 2 through init_inference give the same logits and greedy tokens,
-// and gpt_generate --tensor_parallel 2 under dsrun prints the same continuation.
+// and gpt_generate --tensor_parallel 2 under dsrun prints the same continuation. Both of those
+// read the pipeline's layer files through gpt::checkpoint_names, so for the pipeline checkpoint
+// their loss on a batch is also compared with that of the pipeline itself (loaded from its own
+// layer files, eval_batch): a wrong name mapping (blocks in reverse, a head read from the
+// embedding) loads the same wrong model on both sides and only this comparison sees it.
 TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
   dstest::TempDir dir("autotp_ck");
   const std::string model = " --n_layer 2 --n_head 4 --n_embd 32 --block_size 32";
@@ -286,6 +358,14 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
     const auto ref_tokens = gpt::generate(*whole, {prompt}, 16, {}).front();
     const auto idx = prompts();
     const auto ref = whole->logits(idx);
+    // Only summation orders differ from the pipeline's loss (about 1e-7 relative); blocks 0 and 1
+    // swapped move it by 3e-3 relative.
+    const bool pipe = std::string(c.name) == "pipe";
+    const double pipe_loss = pipe ? pipeline_eval_loss(ck, cfg, config, 2) : 0.0;
+    if (pipe) {
+      const double whole_loss = loss_from_logits([&](auto& x) { return whole->logits(x); });
+      EXPECT_NEAR(whole_loss, pipe_loss, 2e-6 * pipe_loss) << "gpt::load_weights";
+    }
     run_ranks(2, [&](CommunicatorPtr comm) {
       torch::NoGradGuard no_grad;
       auto split = std::make_shared<gpt::GPTImpl>(config);
@@ -297,6 +377,10 @@ TEST(AutoTP, GeneratesFromZero3AndPipelineCheckpoints) {
                   .comm = comm});
       EXPECT_LT((split->logits(idx) - ref).abs().max().item<double>(), 1e-5) << c.name;
       EXPECT_EQ(gpt::generate(*split, {prompt}, 16, {}).front(), ref_tokens) << c.name;
+      if (pipe) {
+        const double tp_loss = loss_from_logits([&](auto& x) { return split->logits(x); });
+        EXPECT_NEAR(tp_loss, pipe_loss, 2e-6 * pipe_loss) << "init_inference tp 2";
+      }
     });
 
     const std::string gen = dstest::dsrun_command(

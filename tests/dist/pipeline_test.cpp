@@ -3,10 +3,14 @@
 // losses of the same layers trained as one module with ZeRO stage 0 at world 4, with the same
 // global batch. fp32; the tolerance is kLossTol = 1e-5 relative (only summation orders differ:
 // the data-parallel mean is taken over 2 or 4 ranks and the accumulation over 2, 4 or 8
-// micro-batches, and the clipping norm is summed per stage).
+// micro-batches, and the clipping norm is summed per stage). The losses do not depend on where
+// the model is cut, so the split itself is checked apart (PipelineEnginePartition).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -746,6 +750,159 @@ TEST(PipelineErrors, PerMicroBatchLoopRefused) {
   EXPECT_EQ(m, kGlobalMicro);
   EXPECT_GT(loss, 3.0);  // about ln(64) = 4.16 untrained
   EXPECT_LT(loss, 5.5);
+}
+
+// --- The layer split at engine level (engine->partition()) -----------------------------------
+
+namespace {
+
+// Trainable parameters of each layer of gpt_pipeline(c), counted by hand from the shapes (not by
+// the library's layer_weights): [embedding, block x n_layer, ln_f, head].
+//   embedding  wte V x C + wpe T x C
+//   block      ln1 2C + qkv (3C^2 + 3C) + proj (C^2 + C) + ln2 2C + fc (4C^2 + 4C) + proj (4C^2 + C)
+//              = 12C^2 + 13C (with biases)
+//   ln_f       2C
+//   head       V x C, no bias; tied: the embedding's module, counted again where it sits (DeepSpeed
+//              builds and counts every spec, a TiedLayerSpec too)
+std::vector<int64_t> hand_counted_parameters(const gpt::GPTConfig& c) {
+  const int64_t C = c.n_embd, embedding = c.vocab_size * C + c.block_size * C;
+  std::vector<int64_t> w{embedding};
+  for (int64_t i = 0; i < c.n_layer; ++i) w.push_back(12 * C * C + 13 * C);
+  w.push_back(2 * C);
+  w.push_back(c.tie_embeddings ? embedding : c.vocab_size * C);
+  return w;
+}
+
+// The exact optimum DeepSpeed's partition_balanced aims at, by brute force over every way to cut
+// `w` into `stages` contiguous non-empty parts: the smallest spread between the heaviest and the
+// lightest part. The cases below are chosen so that the optimum is unique (asserted), so the tie
+// rule (the last cut) does not enter; independent of the library's dynamic programme.
+std::vector<int64_t> best_balanced_bounds(const std::vector<int64_t>& w, int stages) {
+  const int64_t n = static_cast<int64_t>(w.size());
+  std::vector<int64_t> bounds(stages + 1, 0), best;
+  int64_t best_spread = -1;
+  int ties = 0;
+  bounds[stages] = n;
+  std::function<void(int)> place = [&](int s) {  // chooses bounds[s]
+    if (s == stages) {
+      int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
+      for (int k = 0; k < stages; ++k) {
+        int64_t sum = 0;
+        for (int64_t i = bounds[k]; i < bounds[k + 1]; ++i) sum += w[i];
+        lo = std::min(lo, sum);
+        hi = std::max(hi, sum);
+      }
+      if (best_spread < 0 || hi - lo < best_spread) {
+        best_spread = hi - lo;
+        best = bounds;
+        ties = 1;
+      } else if (hi - lo == best_spread) {
+        ++ties;
+      }
+      return;
+    }
+    for (int64_t b = bounds[s - 1] + 1; b <= n - (stages - s); ++b) {
+      bounds[s] = b;
+      place(s + 1);
+    }
+  };
+  place(1);
+  EXPECT_EQ(ties, 1) << "the test's case has several best cuts: pick one with a unique optimum";
+  return best;
+}
+
+// DeepSpeed's partition_uniform by hand: equal layer counts, the remainder one layer each to the
+// first stages (7 layers: 4, 3 over 2 stages; 2, 2, 2, 1 over 4).
+std::vector<int64_t> uniform_bounds(int64_t layers, int stages) {
+  std::vector<int64_t> b{0};
+  for (int s = 0; s < stages; ++s) b.push_back(b.back() + layers / stages + (s < layers % stages));
+  return b;
+}
+
+// The sum of `w` over each stage of `bounds`.
+std::vector<int64_t> per_stage(const std::vector<int64_t>& w, const std::vector<int64_t>& bounds) {
+  std::vector<int64_t> out;
+  for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+    int64_t sum = 0;
+    for (int64_t i = bounds[s]; i < bounds[s + 1]; ++i) sum += w[i];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+// Every rank's engine->partition() for `model` (its partition_method as given) on `stages`
+// stages (one rank each), the config's pipeline.partition set to `config_partition` unless empty.
+std::vector<dp::Partition> engine_partitions(dp::PipelineModule model, int stages,
+                                             const std::string& config_partition) {
+  std::vector<dp::Partition> got(stages);
+  run_ranks(stages, [&](deepspeed::comm::CommunicatorPtr comm) {
+    dp::PipelineInitializeArgs args = dstest::pipeline_args(comm, stages, 0, model);
+    if (!config_partition.empty()) args.config_json["pipeline"] = {{"partition", config_partition}};
+    got[comm->rank()] = dp::initialize_pipeline(args)->partition();
+  });
+  return got;
+}
+
+}  // namespace
+
+// engine->partition() of the tiny GPT with a 256-token vocabulary (embedding 4224 and head 4096
+// parameters against 3280 per block: heavy enough that "parameters" and "type:block" cut 4
+// stages differently), untied and tied, at 2 and 4 stages, for each partition method given by
+// the module or by the config's pipeline.partition (the module's wins; neither: "parameters",
+// DeepSpeed's default). The expected bounds come from hand-counted parameters and a brute-force
+// balanced cut; for the record (untied / tied alike):
+//   parameters   2 stages [0, 3, 7]   4 stages [0, 1, 3, 5, 7]
+//   type:block   2 stages [0, 3, 7]   4 stages [0, 2, 3, 4, 7]   (one block a stage)
+//   uniform      2 stages [0, 4, 7]   4 stages [0, 2, 4, 6, 7]
+// partition().parameters: the hand counts summed per stage (the tied module on both its stages).
+// Catches: initialize_pipeline always cutting uniformly, layer_weights weighing every layer 1 for
+// "parameters" (7 equal layers cut as uniform), "type:" weighing by parameters, pipeline.partition
+// or PipelineModule.partition_method ignored, the module's method not winning over the config's,
+// a wrong per-stage parameter count.
+TEST(PipelineEnginePartition, EngineBoundsFollowTheMethodAndTheConfig) {
+  for (bool tied : {false, true}) {
+    gpt::GPTConfig c = tiny_gpt(tied);
+    c.vocab_size = 256;
+    const std::vector<int64_t> params = hand_counted_parameters(c);
+    const int64_t layers = static_cast<int64_t>(params.size());
+    std::vector<int64_t> blocks(layers, 0);  // "type:block": 1 for gpt::BlockImpl, 0 otherwise
+    for (int64_t i = 1; i <= c.n_layer; ++i) blocks[i] = 1;
+    for (int stages : {2, 4}) {
+      struct Case {
+        std::string module_method, config_partition;
+        std::vector<int64_t> want;
+      };
+      const auto by_parameters = best_balanced_bounds(params, stages);
+      const auto by_blocks = best_balanced_bounds(blocks, stages);
+      const auto uniform = uniform_bounds(layers, stages);
+      // The cases tell the methods apart: "parameters" differs from "uniform" at both counts, and
+      // from "type:block" at 4 stages.
+      EXPECT_NE(by_parameters, uniform);
+      if (stages == 4) EXPECT_NE(by_parameters, by_blocks);
+      const std::vector<Case> cases = {
+          {"", "", by_parameters},  // DeepSpeed's default
+          {"parameters", "", by_parameters},
+          {"uniform", "", uniform},
+          {"type:block", "", by_blocks},
+          {"", "uniform", uniform},
+          {"", "type:block", by_blocks},
+          {"", "Parameters", by_parameters},  // names are case-insensitive
+          {"uniform", "type:block", uniform},  // the module's method wins
+      };
+      for (const Case& k : cases) {
+        dp::PipelineModule model = gpt::gpt_pipeline(c);
+        model.partition_method = k.module_method;
+        const std::string what = std::string(tied ? "tied" : "untied") + ", " +
+                                 std::to_string(stages) + " stages, module \"" + k.module_method +
+                                 "\", config \"" + k.config_partition + "\"";
+        const auto got = engine_partitions(model, stages, k.config_partition);
+        for (int r = 0; r < stages; ++r) {
+          EXPECT_EQ(got[r].bounds, k.want) << what << ", rank " << r;
+          EXPECT_EQ(got[r].parameters, per_stage(params, k.want)) << what << ", rank " << r;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace pipeline_test

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -120,6 +121,60 @@ std::vector<double> train(const Layout& l, int from, int to, const TrainOptions&
     if (comm->rank() == 0) losses = mine;
   });
   return losses;
+}
+
+// The micro-batches eval_loss feeds at data-parallel size 1: kPipeGlobalMicro of step 100 (not
+// trained on).
+std::vector<dp::MicroBatch> eval_micro_batches() {
+  std::vector<dp::MicroBatch> out;
+  for (int g = 0; g < dstest::kPipeGlobalMicro; ++g)
+    out.push_back(dstest::pipeline_micro_batch(100, g));
+  return out;
+}
+
+// The pipeline's own loss on eval_micro_batches(): the pipeline of layout `l` (data-parallel size
+// 1) loads `load_dir` (its own layer files, by layer index: no gpt::checkpoint_names) and returns
+// eval_batch's mean. The reference for init_inference and gpt::load_weights, which both map the
+// model's names to the layer files through gpt::checkpoint_names.
+double eval_loss(const Layout& l, const std::string& load_dir) {
+  const auto batches = eval_micro_batches();
+  double loss = 0.0;
+  std::mutex mu;
+  run_ranks(l.world, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto topology = std::make_shared<deepspeed::comm::Topology>(
+        comm, deepspeed::comm::TopologySizes{l.stages, l.tensor});
+    ASSERT_EQ(topology->grid().data_size(), 1);
+    dp::PipelineInitializeArgs args;
+    const auto c = model_config(l.tied);
+    args.model =
+        l.tensor > 1 ? gpt::gpt_tp_pipeline(c, topology->tensor_parallel()) : gpt::gpt_pipeline(c);
+    args.model.num_stages = l.stages;
+    args.config_json = dstest::pipeline_config(1, l.zero);
+    args.topology = topology;
+    args.device = "cpu";
+    auto engine = dp::initialize_pipeline(args);
+    EXPECT_FALSE(engine->load_checkpoint(load_dir).load_path.empty());
+    size_t m = 0;
+    const double mine = engine->eval_batch([&] { return batches.at(m++); });
+    EXPECT_EQ(m, batches.size());
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm->rank() == 0) loss = mine;
+  });
+  return loss;
+}
+
+// The mean cross-entropy of eval_micro_batches() from `logits_of` (tokens -> [B, T, V] logits),
+// as gpt_pipeline's loss.
+double loss_from_logits(const std::function<at::Tensor(const at::Tensor&)>& logits_of) {
+  std::vector<at::Tensor> inputs, labels;
+  for (const auto& [x, y] : eval_micro_batches()) {
+    inputs.push_back(x);
+    labels.push_back(y);
+  }
+  const auto logits = logits_of(torch::cat(inputs));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              torch::cat(labels).reshape({-1}))
+      .item<double>();
 }
 
 // The checkpoint read whole: masters and moments per parameter, and the metadata.
@@ -246,6 +301,9 @@ TEST(TpPipelineCheckpoint, ReshardsAcrossTensorAndPipelineLayouts) {
 // ds_to_fp32 and init_inference read the pipe 2 x tensor 2 checkpoint as the unsplit model: the
 // export equals that of the same weights saved by a one-rank, one-stage engine, and the logits of
 // init_inference at tp 1 and 2 equal those of the whole model loaded from that plain checkpoint.
+// gpt::load_weights and init_inference both map names through gpt::checkpoint_names (a wrong
+// mapping would load the same wrong model on both sides), so their loss on a batch is compared
+// with the saving pipeline's own eval_batch loss as well.
 TEST(TpPipelineCheckpoint, ExportAndInferenceReadTheUnsplitModel) {
   dstest::TempDir root;
   const std::string split_ck = root.path() + "/split", plain_ck = root.path() + "/plain";
@@ -270,6 +328,12 @@ TEST(TpPipelineCheckpoint, ExportAndInferenceReadTheUnsplitModel) {
   auto gen = at::detail::createCPUGenerator(3);
   const auto idx = torch::randint(config.vocab_size, {3, config.block_size}, gen, torch::kLong);
   const auto ref = whole->logits(idx);
+  // Only summation orders differ (about 1e-7 relative); blocks 0 and 1 swapped move the loss by
+  // 1e-4 relative.
+  const double pipe_loss = eval_loss({2, 2, 1}, split_ck);
+  EXPECT_NEAR(loss_from_logits([&](const at::Tensor& x) { return whole->logits(x); }), pipe_loss,
+              2e-6 * pipe_loss)
+      << "gpt::load_weights";
   for (int tp : {1, 2}) {
     run_ranks(tp, [&](deepspeed::comm::CommunicatorPtr comm) {
       torch::NoGradGuard no_grad;
@@ -282,6 +346,9 @@ TEST(TpPipelineCheckpoint, ExportAndInferenceReadTheUnsplitModel) {
                   .comm = comm});
       const double diff = (model->logits(idx) - ref).abs().max().item<double>();
       EXPECT_LT(diff, 1e-5) << "tp " << tp;
+      EXPECT_NEAR(loss_from_logits([&](const at::Tensor& x) { return model->logits(x); }),
+                  pipe_loss, 2e-6 * pipe_loss)
+          << "init_inference tp " << tp;
       if (comm->rank() == 0)
         std::printf("init_inference tp %d from pipe 2 x tensor 2: logits within %.2e\n", tp, diff);
     });

@@ -41,7 +41,10 @@ free_port() {
 expect_contains() {
   grep -qF -- "$2" "$1" || fail "expected '$2' in $1"
 }
+# expect_absent FILE TEXT: FILE exists and does not contain TEXT (a missing file fails: grep's
+# exit 2 would otherwise pass as "absent").
 expect_absent() {
+  [ -f "$1" ] || fail "expected $1 to exist (checking that '$2' is absent)"
   ! grep -qF -- "$2" "$1" || fail "did not expect '$2' in $1"
 }
 

@@ -86,6 +86,7 @@ OMPI_MCA_plm_rsh_args="-F my config" run_backend mpi_port_env openmpi --ssh_port
 [ "$(rsh_args_of mpi_port_env)" = "-F my config -p 2222" ] ||
   fail "mpi_port_env: plm_rsh_args is '$(rsh_args_of mpi_port_env)'"
 run_backend mpi_no_port openmpi
+[ $RC -eq 0 ] || fail "openmpi without --ssh_port: dsrun exited $RC"
 expect_absent "$TMP/mpi_no_port.args" "plm_rsh_args"
 run_backend mpi_port_twice openmpi --ssh_port 2222 --launcher_args "--mca plm_rsh_args -q"
 [ $RC -eq 2 ] || fail "mpi_port_twice: dsrun exited $RC, expected 2"

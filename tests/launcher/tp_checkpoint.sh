@@ -1,6 +1,7 @@
 # Checkpoints of tensor-parallel training across real processes: gpt_train --tensor_parallel 2 on
 # 4 ranks (tp 2 x dp 2, ZeRO-1) saves every 2 steps; a new job resumes from `latest` and prints
-# the uninterrupted run's losses for steps 5-6; jobs at --tensor_parallel 4 and without tensor
+# the uninterrupted run's losses for steps 5-6 bit for bit (--exact_loss: the hex floats, which a
+# loss rounded to 4 decimals may not tell apart, as in checkpoint_resume.sh); jobs at --tensor_parallel 4 and without tensor
 # parallelism reshard it and follow those losses; ds_to_fp32 exports the checkpoint whole; and
 # gpt_generate prints the same greedy continuation from it at --tensor_parallel 1 and 4.
 source "$(dirname "$0")/common.bash" "$1"
@@ -25,11 +26,15 @@ train() {  # [TP=N] train NAME ARGS... (tensor parallel 2 unless TP says otherwi
   local name=$1
   shift
   run_dsrun "$name" --num_procs 4 --master_port "$(free_port)" "$BIN/gpt_train" \
-    --deepspeed_config "$TMP/tp${TP:-2}.json" --tensor_parallel "${TP:-2}" "${MODEL[@]}" --threads 1 "$@"
+    --deepspeed_config "$TMP/tp${TP:-2}.json" --tensor_parallel "${TP:-2}" "${MODEL[@]}" --threads 1 \
+    --exact_loss "$@"
   [ $RC -eq 0 ] || fail "$name: dsrun exited $RC"
 }
 losses() {  # losses FILE FROM TO: the "step N loss X" lines of steps FROM..TO, rank prefix cut
   grep -oE "step [0-9]+ loss [0-9.]+" "$1" | awk -v a="$2" -v b="$3" '$2 >= a && $2 <= b'
+}
+exact_losses() {  # exact_losses FILE FROM TO: "step N loss X exact H" of steps FROM..TO
+  grep -oE "step [0-9]+ loss [0-9.]+ exact [0-9a-fx.p+-]+" "$1" | awk -v a="$2" -v b="$3" '$2 >= a && $2 <= b'
 }
 
 train full --steps 6
@@ -40,9 +45,12 @@ for f in manifest.json mp_rank_00_model_states.safetensors mp_rank_01_model_stat
 done
 train resumed --steps 6 --load_dir "$CK"
 expect_contains "$TMP/resumed.out" "resumed from $CK/global_step4"
+want_exact=$(exact_losses "$TMP/full.out" 5 6)
+got_exact=$(exact_losses "$TMP/resumed.out" 1 6)
+[ "$(echo "$want_exact" | wc -l)" -eq 2 ] ||
+  fail "the uninterrupted run printed no exact losses for steps 5-6: '$want_exact'"
+[ "$want_exact" = "$got_exact" ] || fail "resumed losses differ: want '$want_exact', got '$got_exact'"
 want=$(losses "$TMP/full.out" 5 6)
-got=$(losses "$TMP/resumed.out" 1 6)
-[ -n "$want" ] && [ "$want" = "$got" ] || fail "resumed losses differ: want '$want', got '$got'"
 
 # Resharded (only summation orders differ): the printed losses within 1e-3.
 for tp in 4 1; do

@@ -154,8 +154,14 @@ std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
       throw CheckpointError("safetensors: tensor name \"" + e.name + "\" is " +
                             (e.name == kHeaderMetadataKey ? "reserved" : "used twice"));
     }
+    std::string dtype;
+    try {
+      dtype = safetensors_dtype_name(e.dtype);
+    } catch (const CheckpointError& err) {  // name the tensor at fault, not only its dtype
+      throw CheckpointError("safetensors: tensor \"" + e.name + "\": " + err.what());
+    }
     const uint64_t bytes = uint64_t(e.numel()) * c10::elementSize(e.dtype);
-    h[e.name] = {{"dtype", safetensors_dtype_name(e.dtype)},
+    h[e.name] = {{"dtype", dtype},
                  {"shape", e.shape},
                  {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -122,21 +122,30 @@ TEST(PartitionActivations, WithoutATensorGroupCheckpointsStayWhole) {
 }
 
 // The explicit group (DeepSpeed's configure(mpu_)) for a model outside initialize(): a
-// checkpointed segment's input split and regathered by hand gives the unsplit gradient.
+// checkpointed segment's input split and regathered by hand gives the unsplit gradient, and what
+// each rank holds between forward and backward is its padded half: ceil(7 / 2) = 4 floats.
 TEST(PartitionActivations, ExplicitGroupSplitsAnOddSizedInput) {
   ckpt::Options o;
   o.partition_activations = true;
   ckpt::configure(o);
+  // The counters are per process (both rank threads add to them): compare against what an
+  // earlier test may have left held.
+  const int64_t before = ckpt::stats().saved_bytes;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     ckpt::set_model_parallel_group(comm);
     auto x = torch::arange(7, torch::kFloat).requires_grad_(true);  // 7: padded to 8 to split
     auto y = ckpt::checkpoint([](const torch::Tensor& t) { return (t * t).sin(); }, x);
+    comm->barrier();  // both ranks have saved; neither has released (backward is after the next)
+    // 2 ranks x 4 floats x 4 B = 32 (kept whole: 2 x 7 x 4 = 56; unpadded floor: 2 x 3 x 4 = 24).
+    EXPECT_EQ(ckpt::stats().saved_bytes - before, 2 * 4 * 4) << "rank " << comm->rank();
+    comm->barrier();
     y.sum().backward();
     auto want = (2 * torch::arange(7, torch::kFloat) *
                  (torch::arange(7, torch::kFloat) * torch::arange(7, torch::kFloat)).cos());
     EXPECT_LT((x.grad() - want).abs().max().item<double>(), 1e-6);
     ckpt::set_model_parallel_group(nullptr);
   });
+  EXPECT_EQ(ckpt::stats().saved_bytes, before);  // both partitions released after backward
   ckpt::configure(ckpt::Options{});
 }
 

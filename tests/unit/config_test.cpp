@@ -410,14 +410,33 @@ TEST(ConfigDefaults, MatchDeepSpeedCodeDefaults) {
   EXPECT_EQ(z.stage3_prefetch_bucket_size, 50000000);
   EXPECT_EQ(z.stage3_param_persistence_threshold, 100000);
   EXPECT_EQ(z.stage3_model_persistence_threshold, INT64_MAX);
+  // /work/shared/reference/deepspeed.md:248-249: both 1e9 in DeepSpeed.
+  EXPECT_EQ(z.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(z.stage3_max_reuse_distance, 1000000000);
   EXPECT_EQ(z.offload_param.device, "none");
   EXPECT_EQ(z.offload_param.buffer_count, 5);
+  // deepspeed.md:281-282: offload_param buffer_size 1e8 elements, max_in_cpu 1e9 elements.
+  EXPECT_EQ(z.offload_param.buffer_size, 100000000);
+  EXPECT_EQ(z.offload_param.max_in_cpu, 1000000000);
   EXPECT_EQ(z.offload_optimizer.buffer_count, 4);
   EXPECT_DOUBLE_EQ(z.offload_optimizer.ratio, 1.0);
   EXPECT_EQ(c.aio.block_size, 1048576);
   EXPECT_EQ(c.aio.queue_depth, 8);
   EXPECT_EQ(c.pipeline.stages, "auto");
   EXPECT_EQ(c.pipeline.partition, "best");
+  // deepspeed.md:323: seed_layers false, activation_checkpoint_interval 0, pipe/grad_partitioned true.
+  EXPECT_FALSE(c.pipeline.seed_layers);
+  EXPECT_EQ(c.pipeline.activation_checkpoint_interval, 0);
+  EXPECT_TRUE(c.pipeline.pipe_partitioned);
+  EXPECT_TRUE(c.pipeline.grad_partitioned);
+  // deepspeed.md:310-315: every activation_checkpointing switch off, number_checkpoints None.
+  const auto& ac = c.activation_checkpointing;
+  EXPECT_FALSE(ac.partition_activations);
+  EXPECT_FALSE(ac.cpu_checkpointing);
+  EXPECT_FALSE(ac.contiguous_memory_optimization);
+  EXPECT_FALSE(ac.number_checkpoints.has_value());
+  EXPECT_FALSE(ac.synchronize_checkpoint_boundary);
+  EXPECT_FALSE(ac.profile);
   EXPECT_EQ(c.checkpoint.tag_validation, "Warn");
   EXPECT_TRUE(c.comms_logger.prof_all);
   EXPECT_EQ(c.tensorboard.job_name, "DeepSpeedJobName");

@@ -209,17 +209,19 @@ TEST(StaticScaler, NeverMoves) {
   EXPECT_TRUE(s.last_message().empty());
 }
 
+// Each message names the key and the value at fault (a swapped key in a check shows here).
 TEST(Construction, BadArgumentsNameTheKey) {
-  EXPECT_THROW(StaticLossScaler(0), ConfigError);
-  try {
-    DynamicLossScaler(8, 0, 1, 1, false);
-    FAIL();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("fp16.loss_scale_window"), std::string::npos);
-  }
-  EXPECT_THROW(DynamicLossScaler(8, 10, -1, 1, false), ConfigError);
+  EXPECT_CONTAINS(dstest::message_of<ConfigError>([] { StaticLossScaler(0); }),
+                  "fp16.loss_scale = 0: expected a finite value > 0");
+  EXPECT_CONTAINS(dstest::message_of<ConfigError>([] { DynamicLossScaler(0, 10, 1, 1, false); }),
+                  "fp16 initial loss scale (2^fp16.initial_scale_power) = 0");
+  EXPECT_CONTAINS(dstest::message_of<ConfigError>([] { DynamicLossScaler(8, 0, 1, 1, false); }),
+                  "fp16.loss_scale_window = 0: expected >= 1");
+  EXPECT_CONTAINS(dstest::message_of<ConfigError>([] { DynamicLossScaler(8, 10, -1, 1, false); }),
+                  "fp16.min_loss_scale = -1: expected a finite value >= 0");
   EXPECT_NO_THROW(DynamicLossScaler(8, 10, 0, 1, false));  // DeepSpeed's "no floor"
-  EXPECT_THROW(DynamicLossScaler(8, 10, 1, 0, false), ConfigError);
+  EXPECT_CONTAINS(dstest::message_of<ConfigError>([] { DynamicLossScaler(8, 10, 1, 0, false); }),
+                  "fp16.hysteresis = 0: expected >= 1");
 }
 
 // ---- factory ------------------------------------------------------------------------------------

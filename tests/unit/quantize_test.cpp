@@ -79,8 +79,11 @@ TEST(Quantize, WireSizes) {
   EXPECT_EQ(quantized_bytes(8000, 4), 4000 + 4);
   EXPECT_EQ(quantized_bytes(9, 4, 2), 8 + 5 * 4);
   EXPECT_EQ(quantized_bytes(0, 8), 0);
-  EXPECT_THROW(quantized_bytes(10, 2), std::invalid_argument);
-  EXPECT_THROW(quantized_bytes(10, 4, 3), std::invalid_argument);  // int4 blocks start on a byte
+  EXPECT_CONTAINS(dstest::message_of<std::invalid_argument>([] { quantized_bytes(10, 2); }),
+                  "quantize: 2 bits (4 or 8 supported)");
+  // int4 blocks start on a byte
+  EXPECT_CONTAINS(dstest::message_of<std::invalid_argument>([] { quantized_bytes(10, 4, 3); }),
+                  "quantize: block of 3 elements (4 bits needs a positive, even block)");
 }
 
 TEST(Quantize, AddAccumulatesAndOtherDtypesConvert) {

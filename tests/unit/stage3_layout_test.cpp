@@ -117,4 +117,37 @@ TEST(Stage3Layout, SmallParametersPersistWithinTheModelCap) {
   EXPECT_FALSE(holds(l.units[0], m.outer->inner()->inner->inner()->w));
 }
 
+// Both limits are inclusive, as in DeepSpeed's mark_persistent_parameters (deepspeed.md:666-667:
+// numel <= stage3_param_persistence_threshold, the running total staying <=
+// stage3_model_persistence_threshold): a parameter exactly at the threshold persists, and one that
+// brings the total exactly to the cap persists too.
+TEST(Stage3Layout, PersistenceLimitsAreInclusive) {
+  Model m;
+  auto units = deepspeed::zero::find_units(m);
+  auto b = m.outer->inner()->inner->inner()->b;  // 7 elements
+  auto own = m.sibling->inner()->own;            // 40 elements, after b in parameter order
+  deepspeed::ZeroConfig z;
+  z.stage3_param_persistence_threshold = 7;  // exactly b's size (a '<' would partition it)
+  auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_TRUE(holds(l.units[0], b));
+  EXPECT_FALSE(holds(l.units[0], own));
+  z.stage3_param_persistence_threshold = 6;  // one below: b goes back to its unit
+  l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_FALSE(holds(l.units[0], b));
+
+  z.stage3_param_persistence_threshold = 50;
+  z.stage3_model_persistence_threshold = 47;  // 7 + 40: the cap exactly reached
+  l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_TRUE(holds(l.units[0], b));
+  EXPECT_TRUE(holds(l.units[0], own));
+  z.stage3_model_persistence_threshold = 46;  // one short: own stays partitioned
+  l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_TRUE(holds(l.units[0], b));
+  EXPECT_FALSE(holds(l.units[0], own));
+  z.stage3_model_persistence_threshold = 7;  // b alone exactly fills the cap
+  l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+  EXPECT_TRUE(holds(l.units[0], b));
+  EXPECT_FALSE(holds(l.units[0], own));
+}
+
 }  // namespace stage3_layout_test

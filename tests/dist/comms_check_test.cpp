@@ -256,19 +256,70 @@ TEST(CommsCheck, EnabledByEnvironmentOrConfig) {
   EXPECT_FALSE(deepspeed::parse_config({{"train_batch_size", 2}}, 2).comms_check);
 }
 
-// An engine with "comms_check": true trains exactly as without (stage 3: the most collectives,
-// issued from autograd hooks): the checker changes no result.
+namespace {
+// What one rank's engine communicator was after training: whether it is the checker, how many
+// collectives the checker compared (the sequence number of its last call, read back from the
+// store where it leaves it: "comms_check/1/last/<rank>"), and the calls the communicator counted.
+struct CheckSeen {
+  bool checked = false;
+  int64_t checked_calls = 0;
+  int64_t all_gathers = 0, calls = 0;
+};
+
+CheckSeen check_seen(deepspeed::Engine& engine) {
+  CheckSeen seen;
+  const CommunicatorPtr c = engine.communicator();
+  const auto stats = c->stats();
+  for (const auto& [op, st] : stats) seen.calls += st.calls;
+  if (auto it = stats.find("all_gather"); it != stats.end()) seen.all_gathers = it->second.calls;
+  const auto* checked = dynamic_cast<const comm::CheckedCommunicator*>(c.get());
+  seen.checked = checked != nullptr;
+  if (!checked) return seen;
+  auto store = comm::store_of(checked->inner());
+  const std::string last = "comms_check/1/last/" + std::to_string(c->rank());
+  if (store && store->check({last})) {
+    const auto bytes = store->get(last);
+    seen.checked_calls = comm::CallDesc::decode(std::string(bytes.begin(), bytes.end())).seq;
+  }
+  return seen;
+}
+}  // namespace
+
+// An engine with "comms_check": true trains exactly as without (stage 3 with every block
+// partitioned and released after use: the most collectives, the units' gathers issued from the
+// forward and autograd hooks): the checker changes no result. The engine's communicator is the
+// checker, and the checker compared every collective the communicator counted, the hooks'
+// all-gathers included (with the default persistence threshold every parameter of the test GPT
+// stays whole and no hook gathers anything).
 TEST(CommsCheck, EngineTrainsBitIdenticallyWithTheCheck) {
   for (int stage : {0, 3}) {
     dstest::RunSpec spec;
     spec.world_size = 2;
     spec.steps = 3;
     spec.config = dstest::base_config(2, 2, stage);
+    if (stage == 3) {
+      spec.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+      spec.config["zero_optimization"]["stage3_max_reuse_distance"] = 0;
+    }
+    std::vector<CheckSeen> seen(2);
+    spec.after_training = [&](deepspeed::Engine& e) { seen[e.communicator()->rank()] = check_seen(e); };
     const dstest::RunResult plain = dstest::train_gpt(spec);
+    for (int r = 0; r < 2; ++r) EXPECT_FALSE(seen[r].checked) << "stage " << stage << " rank " << r;
+    const std::vector<CheckSeen> unchecked = seen;
     spec.config["comms_check"] = true;
     const dstest::RunResult checked = dstest::train_gpt(spec);
     EXPECT_EQ(plain.losses, checked.losses) << "stage " << stage;
     EXPECT_EQ(dstest::max_weight_diff(plain, checked), 0.0) << "stage " << stage;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(seen[r].checked) << "stage " << stage << " rank " << r;
+      // The checker's sequence number counts the collectives it compared; the communicator's
+      // stats count every collective it ran (79 at stage 0, 162 at stage 3, measured).
+      EXPECT_EQ(seen[r].checked_calls, seen[r].calls) << "stage " << stage << " rank " << r;
+      EXPECT_EQ(seen[r].calls, unchecked[r].calls) << "stage " << stage << " rank " << r;
+      // Every block is released after use (reuse distance 0), so each of the 3 steps x 2
+      // micro-steps gathers at least once in its forward (23 all-gathers measured).
+      if (stage == 3) EXPECT_GE(seen[r].all_gathers, 3 * 2) << "rank " << r;
+    }
   }
 }
 

@@ -558,7 +558,6 @@ TEST(Stage3Access, AModifierRankInsideAQuantizedForwardWritesExactValues) {
 
 TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
   run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
-    torch::manual_seed(40 + comm->rank());  // differing values: Init must agree on rank 0's
     std::shared_ptr<gpt::GPTImpl> model;
     {
       deepspeed::zero::Init init(comm);
@@ -570,11 +569,56 @@ TEST(Stage3Init, UnitsArePartitionedAsTheyAreBuilt) {
     EXPECT_EQ(params["wte.weight"].numel(), 256 * 32);  // outside every unit: whole
     auto engine = dstest::engine_over(model, dstest::base_config(2, 1, 3), comm);
     auto whole = engine->gathered_parameters();
-    auto w = params["block0.attn.qkv.weight"].detach().clone();
-    ASSERT_EQ(w.sizes(), (std::vector<int64_t>{96, 32}));
-    auto gathered = torch::empty({2, w.numel()});
-    comm->all_gather(gathered, w.reshape({-1}))->wait();
-    EXPECT_TRUE(torch::equal(gathered[0], gathered[1])) << "ranks disagree";
+    EXPECT_EQ(params["block0.attn.qkv.weight"].sizes(), (std::vector<int64_t>{96, 32}));
+  });
+}
+
+namespace {
+// An embedding, one unit (an Mlp, 8352 elements: 4176 per rank of 2) and a head, every value
+// `value`: built under zero::Init with a different value on each rank.
+struct RankValuedModelImpl : torch::nn::Module {
+  explicit RankValuedModelImpl(float value) {
+    torch::NoGradGuard no_grad;
+    embed = register_module("embed", torch::nn::Embedding(dstest::kVocab, dstest::kWidth));
+    dstest::Mlp inner;
+    for (auto& p : inner->parameters()) p.fill_(value);  // before the unit partitions it
+    mlp = register_module("mlp", std::make_shared<ZeroUnit<dstest::Mlp>>(inner));
+    head = register_module("head", torch::nn::Linear(dstest::kWidth, dstest::kVocab));
+    for (auto& p : embed->parameters()) p.fill_(value);
+    for (auto& p : head->parameters()) p.fill_(value);
+  }
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+    auto logits = deepspeed::zero::linear(mlp->forward(embed->forward(idx)), head->weight, head->bias);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, dstest::kVocab}),
+                                                targets.reshape({-1}));
+  }
+  torch::nn::Embedding embed{nullptr};
+  std::shared_ptr<ZeroUnit<dstest::Mlp>> mlp;
+  torch::nn::Linear head{nullptr};
+};
+}  // namespace
+
+// zero::Init broadcasts rank 0's values of each unit before the ranks keep their slices: every
+// rank builds its model with its own value (rank + 1), and after initialize() every element of
+// the gathered model is rank 0's, 1. Without that broadcast each rank would keep a slice of its
+// own model: the gathered unit would be rank 0's half 1 and rank 1's half 2 (initialize()'s own
+// broadcast runs while the units are released, so it cannot repair them).
+TEST(Stage3Init, EveryRankGetsRankZerosValues) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    std::shared_ptr<RankValuedModelImpl> model;
+    {
+      deepspeed::zero::Init init(comm);
+      model = std::make_shared<RankValuedModelImpl>(static_cast<float>(comm->rank() + 1));
+    }
+    ASSERT_EQ(model->mlp->inner()->fc->weight.numel(), 0);  // partitioned as built
+    auto engine = dstest::engine_over(model, dstest::stage3_test_config(3), comm);
+    auto whole = engine->gathered_parameters();
+    for (auto& kv : model->named_parameters()) {
+      const at::Tensor& p = kv.value();
+      ASSERT_GT(p.numel(), 0) << kv.key();
+      EXPECT_EQ(p.min().item<float>(), 1.0f) << kv.key() << " on rank " << comm->rank();
+      EXPECT_EQ(p.max().item<float>(), 1.0f) << kv.key() << " on rank " << comm->rank();
+    }
   });
 }
 

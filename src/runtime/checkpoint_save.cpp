@@ -311,19 +311,32 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
 }
 
 // checkpoint.tag_validation: every rank must save under the same tag (DeepSpeed compares a hash).
-void validate_tag(EngineState& s, comm::Communicator& job, const std::string& tag) {
+// Returns the tag this rank saves under. One checkpoint has one folder, written by every rank and
+// published by rank 0's manifest, so ranks given different tags save under rank 0's: "Fail"
+// refuses on every rank, "Warn" says so once (rank 0), "Ignore" says nothing. (DeepSpeed's
+// ranks would each write their own tag's folder: two partial checkpoints, neither loadable.)
+std::string agreed_tag(EngineState& s, comm::Communicator& job, const std::string& tag) {
+  if (job.world_size() == 1) return tag;
   const std::string& mode = s.config.checkpoint.tag_validation;
-  if (job.world_size() == 1 || mode == "Ignore") return;
   const double h = crc32c(tag.data(), tag.size());
   at::Tensor hi = torch::full({1}, h, torch::kDouble), lo = hi.clone();
   job.all_reduce(hi, comm::ReduceOp::Max)->wait();
   job.all_reduce(lo, comm::ReduceOp::Min)->wait();
-  if (hi.item<double>() == lo.item<double>()) return;
+  if (hi.item<double>() == lo.item<double>()) return tag;
   const std::string msg = "save_checkpoint: the ranks were given different tags (rank " +
                           std::to_string(job.rank()) + ": \"" + tag +
                           "\"); checkpoint.tag_validation is " + mode;
   if (mode == "Fail") throw CheckpointError(msg);
-  if (job.rank() == 0) std::fprintf(stderr, "[deepspeed] WARNING: %s\n", msg.c_str());
+  if (mode != "Ignore" && job.rank() == 0)
+    std::fprintf(stderr, "[deepspeed] WARNING: %s: every rank saves under rank 0's tag\n",
+                 msg.c_str());
+  // Rank 0's tag, its length first (check_tag bounds every rank's).
+  at::Tensor length = torch::full({1}, static_cast<int64_t>(tag.size()), torch::kLong);
+  job.broadcast(length, 0)->wait();
+  at::Tensor bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
+  if (job.rank() == 0) std::memcpy(bytes.data_ptr(), tag.data(), tag.size());
+  job.broadcast(bytes, 0)->wait();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), bytes.numel());
 }
 
 // The stage's own idea of its share must be the layout the manifest describes (metadata only:
@@ -346,12 +359,13 @@ void check_fragments_match_layout(EngineState& s, const zero::FragmentState& sta
 
 std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::string& save_dir,
                                    const SaveOptions& o) {
-  const std::string tag = o.tag.empty() ? "global_step" + std::to_string(s.global_steps) : o.tag;
-  check_tag(tag);
+  const std::string given =
+      o.tag.empty() ? "global_step" + std::to_string(s.global_steps) : o.tag;
+  check_tag(given);
   // Every rank of the job saves into the tag (a pipeline: every stage's data-parallel group), so
   // the agreements, the tag check and the manifest span the whole job, not s.comm.
   comm::Communicator& job = job_comm(s);
-  validate_tag(s, job, tag);
+  const std::string tag = agreed_tag(s, job, given);
   const std::string dir = join_path(save_dir, tag);
   const bool rank0 = job.rank() == 0;
   const auto& names = s.trainable_names;

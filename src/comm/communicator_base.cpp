@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/checked_communicator.h"
 #include "comm/dtypes.h"
 
 namespace deepspeed {
@@ -26,8 +27,15 @@ void CommunicatorBase::check_split(const char* op, const at::Tensor& big,
 CommunicatorPtr CommunicatorBase::sub_group(CommunicatorPtr sub) const {
   // Every backend's split makes one of these (a group of one: the single-process one).
   if (auto* base = dynamic_cast<CommunicatorBase*>(sub.get()))
-    base->stats_->follow_keep_latencies_of(*stats_);
+    StatsRecorder::adopt(stats_, base->stats_);
   return sub;
+}
+
+std::shared_ptr<StatsRecorder> recorder_of(const Communicator& comm) {
+  if (auto* base = dynamic_cast<const CommunicatorBase*>(&comm)) return base->recorder();
+  if (auto* checked = dynamic_cast<const CheckedCommunicator*>(&comm))
+    return recorder_of(checked->inner());
+  return nullptr;
 }
 
 void CommunicatorBase::check_peer(const char* op, int peer) const {

@@ -41,6 +41,8 @@ class CommunicatorBase : public Communicator {
   const std::shared_ptr<FailureBoard>& failure_board() const { return board_; }
   // Where this communicator's next collective will stand (no board: an empty position).
   OpPosition next_position() const;
+  // The recorder of this communicator's calls (stats.h), for the comms_logger's family walk.
+  const std::shared_ptr<StatsRecorder>& recorder() const { return stats_; }
 
  protected:
   // Counts the call; `t` is the tensor whose bytes this rank contributes.
@@ -75,9 +77,10 @@ class CommunicatorBase : public Communicator {
   // as launch() does for its works; for collectives that are not c10d works (shared memory).
   std::function<void()> timed(const OpDesc& d, std::chrono::steady_clock::time_point t0,
                               std::function<void()> finish) const;
-  // What split() returns: `sub` (a group split from this communicator, or nullptr) keeping its
-  // calls' latencies whenever this one does (KeepLatencies), so that keep_latencies() on a world
-  // reaches the groups split from it, whenever they were split.
+  // What split() returns: `sub` (a group split from this communicator, or nullptr) adopted into
+  // this one's stats family (StatsRecorder::adopt): it keeps its calls' latencies whenever this
+  // one does, so that keep_latencies() on a world reaches the groups split from it, whenever
+  // they were split, and the comms_logger finds its calls.
   CommunicatorPtr sub_group(CommunicatorPtr sub) const;
   // A collective with nothing to move (zero elements): done at once on every rank.
   static WorkPtr done() { return std::make_shared<DoneWork>(); }
@@ -88,7 +91,7 @@ class CommunicatorBase : public Communicator {
   const std::chrono::milliseconds timeout_;
   // Shared with the Work handles, which record each collective's latency when it completes (a
   // handle may be waited on after the communicator is gone).
-  std::shared_ptr<StatsRecorder> stats_ = std::make_shared<StatsRecorder>();
+  std::shared_ptr<StatsRecorder> stats_ = std::make_shared<StatsRecorder>(world_size_);
 
  private:
   OpDesc describe_unnumbered(const char* op, const at::Tensor& t) const;
@@ -97,6 +100,10 @@ class CommunicatorBase : public Communicator {
   int channel_ = -1;
   std::vector<int> sends_to_, receives_from_;  // channels by peer
 };
+
+// The recorder of the calls `comm` issues: a CommunicatorBase's own, through any desync checker
+// (which records nothing itself); null for a communicator of neither kind (a test double).
+std::shared_ptr<StatsRecorder> recorder_of(const Communicator& comm);
 
 }  // namespace comm
 }  // namespace deepspeed

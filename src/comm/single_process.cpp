@@ -86,5 +86,11 @@ CommunicatorPtr make_single_process_communicator(int local_rank) {
   return std::make_shared<SingleProcessCommunicator>(local_rank);
 }
 
+CommunicatorPtr make_group_of_one(const Communicator& parent) {
+  auto one = std::make_shared<SingleProcessCommunicator>(parent.local_rank());
+  StatsRecorder::adopt(recorder_of(parent), one->recorder());
+  return one;
+}
+
 }  // namespace comm
 }  // namespace deepspeed

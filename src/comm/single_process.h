@@ -11,5 +11,11 @@ namespace comm {
 
 CommunicatorPtr make_single_process_communicator(int local_rank);
 
+// A group of one taken from `parent` without a collective (a topology axis of size 1): the
+// single-process communicator with parent's local rank, adopted into parent's stats family as
+// split() adopts its groups, so that it keeps latencies when its world does and the
+// comms_logger counts its calls.
+CommunicatorPtr make_group_of_one(const Communicator& parent);
+
 }  // namespace comm
 }  // namespace deepspeed

@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "deepspeed/comm.h"
 
@@ -12,10 +13,10 @@ namespace deepspeed {
 namespace comm {
 
 // Whether a communicator keeps each call's latency (Communicator::keep_latencies): set on it, or
-// on any communicator it was split from, at any time. The comms_logger asks the communicator it
-// reports on; the groups split from it may exist already (a topology's, built before the
-// engine's monitor) or come later (ZeRO++'s hpZ and qgZ groups, built with the stage), and
-// both follow it.
+// on any communicator it was split from, at any time. The comms_logger asks the root of the
+// family it reports on (StatsRecorder::family: the world); the groups split from it may exist
+// already (a topology's, built before the engine's monitor) or come later (ZeRO++'s hpZ and qgZ
+// groups, built with the stage), and both follow it.
 class KeepLatencies {
  public:
   explicit KeepLatencies(std::shared_ptr<const KeepLatencies> parent = nullptr)
@@ -30,8 +31,18 @@ class KeepLatencies {
   const std::shared_ptr<const KeepLatencies> parent_;
 };
 
+// One communicator's counts. Recorders form families: a group's recorder is adopted by the
+// recorder of the communicator it was split from (CommunicatorBase::sub_group, and a topology's
+// groups of one), so that the comms_logger, handed one communicator of an engine, finds the
+// world and every group split from it (tensor, pipeline, tied, ZeRO++ groups) and tabulates
+// every call of this process, as DeepSpeed's process-wide comms logger does. Each call is
+// recorded once, by the recorder of the group it ran on; a wrapper (the desync checker) has none.
 class StatsRecorder {
  public:
+  // `world_size`: the size of the group whose calls this records, the n of their bandwidths.
+  explicit StatsRecorder(int world_size = 1) : world_size_(world_size) {}
+  int world_size() const { return world_size_; }
+
   void add(const std::string& op, int64_t bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     OpStats& s = stats_[op];
@@ -55,10 +66,33 @@ class StatsRecorder {
   void keep_latencies() { keep_->set(); }
   // Whether each call's latency is kept now (here or by a recorder this one follows).
   bool keeps_latencies() const { return keep_->on(); }
-  // A sub-group's recorder: keeps latencies whenever `parent`'s does (from its keep_latencies()
-  // on, before or after this call). REQUIRES: before the sub-group's first collective.
-  void follow_keep_latencies_of(const StatsRecorder& parent) {
-    keep_ = std::make_shared<KeepLatencies>(parent.keep_);
+  // `child`, the recorder of a group split from `parent`'s communicator, joins parent's family:
+  // it keeps latencies whenever `parent` does (from its keep_latencies() on, before or after this
+  // call) and family() lists it. REQUIRES: before the group's first collective; once per child.
+  static void adopt(const std::shared_ptr<StatsRecorder>& parent,
+                    const std::shared_ptr<StatsRecorder>& child) {
+    if (!parent || !child || parent == child) return;
+    {
+      std::lock_guard<std::mutex> lock(child->mu_);
+      child->keep_ = std::make_shared<KeepLatencies>(parent->keep_);
+      child->parent_ = parent;
+    }
+    std::lock_guard<std::mutex> lock(parent->mu_);
+    parent->children_.push_back(child);
+  }
+  // Every recorder of `member`'s family: the root it descends from (a world) first, then every
+  // recorder adopted under that root at any depth, each once.
+  static std::vector<std::shared_ptr<StatsRecorder>> family(std::shared_ptr<StatsRecorder> member) {
+    std::vector<std::shared_ptr<StatsRecorder>> out;
+    if (!member) return out;
+    while (auto up = member->parent()) member = std::move(up);
+    out.push_back(member);
+    for (size_t i = 0; i < out.size(); ++i) {  // breadth first; a tree, so each once
+      const std::shared_ptr<StatsRecorder> at = out[i];
+      std::lock_guard<std::mutex> lock(at->mu_);
+      out.insert(out.end(), at->children_.begin(), at->children_.end());
+    }
+    return out;
   }
   CommStats snapshot() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,10 +118,21 @@ class StatsRecorder {
   }
 
  private:
+  std::shared_ptr<StatsRecorder> parent() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return parent_.lock();
+  }
+
+  const int world_size_;
   mutable std::mutex mu_;
   CommStats stats_;
   int64_t resets_ = 0;
   std::shared_ptr<KeepLatencies> keep_ = std::make_shared<KeepLatencies>();
+  // The family (adopt). A parent holds its children, so that a group's calls stay in the table
+  // after its communicator is gone (as DeepSpeed's log keeps them); a child only points back,
+  // so that a world and its groups are freed together.
+  std::weak_ptr<StatsRecorder> parent_;
+  std::vector<std::shared_ptr<StatsRecorder>> children_;
 };
 
 }  // namespace comm

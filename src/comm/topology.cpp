@@ -9,11 +9,13 @@ namespace comm {
 namespace {
 
 // The communicator of one axis' group: the world when the axis spans it, alone when the axis
-// has size 1, else one split (color = the group's index among that axis' groups, key = the
-// coordinate along the axis, so sub-rank = coordinate).
+// has size 1 (no split, so no collective; but a member of the world's stats family as a split
+// group of one is: it keeps latencies when the world does and the comms_logger counts it), else
+// one split (color = the group's index among that axis' groups, key = the coordinate along the
+// axis, so sub-rank = coordinate).
 CommunicatorPtr axis_group(const CommunicatorPtr& world, int axis_size, int color, int key) {
   if (axis_size == world->world_size()) return world;
-  if (axis_size == 1) return make_single_process_communicator(world->local_rank());
+  if (axis_size == 1) return make_group_of_one(*world);
   return world->split(color, key);
 }
 

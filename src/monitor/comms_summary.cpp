@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <vector>
 
 #include "monitor/csv_writer.h"
@@ -24,25 +25,18 @@ std::string pad(const std::string& s, size_t width = 20) {
 }
 
 // DeepSpeed's trim_mean(data, 0.1) (deepspeed/utils/timer.py), which log_all applies to the
-// latencies and to each call's algbw and busbw: sorted, k = round(0.1·n) values dropped at each
-// end (Python's round: half to even, so n = 5 drops none, n = 15 and n = 25 two), the rest
-// averaged. A call's bandwidth falls as its latency grows, so the bandwidths DeepSpeed keeps are
-// those of the latencies kept here. Returns the kept latencies, ascending (none of none: the
-// averages print 0, as DeepSpeed's trim_mean of an empty list).
-std::vector<double> trimmed(std::vector<double> latencies_ms) {
-  const size_t n = latencies_ms.size();
+// latencies and to each call's algbw and busbw, each list on its own: sorted, k = round(0.1·n)
+// values dropped at each end (Python's round: half to even, so n = 5 drops none, n = 15 and
+// n = 25 two), the rest averaged; 0 for none (as DeepSpeed's trim_mean of an empty list).
+double trim_mean(std::vector<double> v) {
+  const size_t n = v.size();
   // nearbyint rounds half to even in the default rounding mode, as Python's round.
   const auto k = static_cast<size_t>(std::nearbyint(static_cast<double>(n) * 0.1));
-  std::sort(latencies_ms.begin(), latencies_ms.end());
-  return std::vector<double>(latencies_ms.begin() + k, latencies_ms.end() - k);
-}
-
-// The mean of f(x) over v; 0 for none.
-double mean_over(const std::vector<double>& v, double (*f)(double)) {
-  if (v.empty()) return 0.0;
+  if (n == 0 || 2 * k >= n) return 0.0;
+  std::sort(v.begin(), v.end());
   double sum = 0.0;
-  for (double x : v) sum += f(x);
-  return sum / static_cast<double>(v.size());
+  for (size_t i = k; i < n - k; ++i) sum += v[i];
+  return sum / static_cast<double>(n - 2 * k);
 }
 
 // 1/ms, the factor of a call's bandwidth; a latency the clock could not tell from 0 counts as 1 ns.
@@ -93,31 +87,55 @@ std::string verbose_line(const std::string& op, int64_t bytes, double ms, int wo
          " | algbw (Gbps): " + two_decimals(algbw) + " | busbw (Gbps): " + two_decimals(busbw);
 }
 
-std::string comms_summary_table(const comm::CommStats& stats, int world_size,
+// One row of the table (op, message size) over every group: DeepSpeed's record of
+// [count, latencies, algbws, busbws]. Each call's bandwidths are computed here from its
+// latency and its group's n, as DeepSpeed's append() computes them per call: a row may mix
+// groups of different sizes, so neither the summed latencies nor one n per row would do.
+struct Row {
+  int64_t calls = 0;
+  double total_ms = 0.0;
+  std::vector<double> latencies_ms, algbw, busbw;
+};
+
+std::string comms_summary_table(const std::vector<GroupStats>& groups,
                                 const std::set<std::string>& prof_ops) {
+  std::map<std::string, std::map<int64_t, Row>> rows;
+  for (const GroupStats& g : groups) {
+    for (const auto& [op, s] : g.stats) {
+      if (!prof_ops.empty() && !prof_ops.count(op)) continue;
+      for (const auto& [bytes, sz] : s.by_size) {
+        Row& row = rows[op][bytes];
+        row.calls += sz.calls;
+        row.total_ms += sz.total_ms;
+        // The bandwidth at 1 ms, times 1/latency for each call.
+        const auto [algbw_1ms, busbw_1ms] =
+            bandwidth_gbps(op, static_cast<double>(bytes), 1.0, g.world_size);
+        for (double ms : sz.latencies_ms) {
+          row.latencies_ms.push_back(ms);
+          row.algbw.push_back(algbw_1ms * inverse_ms(ms));
+          row.busbw.push_back(busbw_1ms * inverse_ms(ms));
+        }
+      }
+    }
+  }
   std::string out = pad("Comm. Op") + pad("Message Size") + pad("Count") +
                     pad("Total Latency(ms)") + pad("Avg Latency(ms)") + pad("tput_avg (Gbps)") +
                     pad("busbw_avg (Gbps)") + "\n";
-  for (const auto& [op, s] : stats) {
-    if (s.by_size.empty()) continue;
-    if (!prof_ops.empty() && !prof_ops.count(op)) continue;
+  for (const auto& [op, sizes] : rows) {
     out += op + "\n";
-    for (const auto& [bytes, sz] : s.by_size) {
-      // Count and total: every call; the averages: DeepSpeed's trimmed means.
-      const std::vector<double> kept = trimmed(sz.latencies_ms);
-      const double avg = mean_over(kept, [](double ms) { return ms; });
-      // DeepSpeed averages each call's bandwidth (CommsLogger.append / log_all): the bandwidth
-      // at 1 ms times the mean of 1/latency.
-      const auto [algbw_1ms, busbw_1ms] =
-          bandwidth_gbps(op, static_cast<double>(bytes), 1.0, world_size);
-      const double mean_inv_ms = mean_over(kept, inverse_ms);
-      const double algbw = algbw_1ms * mean_inv_ms, busbw = busbw_1ms * mean_inv_ms;
-      out += pad("") + pad(convert_size(bytes)) +
-             pad(std::to_string(sz.calls)) + pad(two_decimals(sz.total_ms)) + pad(two_decimals(avg)) +
-             pad(two_decimals(algbw)) + pad(two_decimals(busbw)) + "\n";
-    }
+    // Count and total: every call; the averages: DeepSpeed's trimmed means.
+    for (const auto& [bytes, row] : sizes)
+      out += pad("") + pad(convert_size(bytes)) + pad(std::to_string(row.calls)) +
+             pad(two_decimals(row.total_ms)) + pad(two_decimals(trim_mean(row.latencies_ms))) +
+             pad(two_decimals(trim_mean(row.algbw))) + pad(two_decimals(trim_mean(row.busbw))) +
+             "\n";
   }
   return out;
+}
+
+std::string comms_summary_table(const comm::CommStats& stats, int world_size,
+                                const std::set<std::string>& prof_ops) {
+  return comms_summary_table(std::vector<GroupStats>{{stats, world_size}}, prof_ops);
 }
 
 }  // namespace monitor

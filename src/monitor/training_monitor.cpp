@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "comm/communicator_base.h"
 #include "comm/stats.h"
 #include "deepspeed/device.h"
 #include "monitor/comm_op_names.h"
@@ -61,11 +62,16 @@ comm::CommStats since(comm::CommStats now, const comm::CommStats& before) {
   return now;
 }
 
-// The table's averages are trimmed means of each call's latency: with comms_logger on, the
-// communicator keeps them from before the baseline is taken.
-comm::CommStats keep_latencies_then_stats(const Config& config, comm::Communicator& comm) {
-  if (config.comms_logger.enabled) comm.keep_latencies();
-  return comm.stats();
+// The table's averages are trimmed means of each call's latency: with comms_logger on, every
+// communicator of the family keeps them (the root's flag reaches every group split from it,
+// before or after) from before the baseline is taken.
+void keep_latencies_of_family(const Config& config, comm::Communicator& comm) {
+  if (!config.comms_logger.enabled) return;
+  const auto family = comm::StatsRecorder::family(comm::recorder_of(comm));
+  if (family.empty())
+    comm.keep_latencies();
+  else
+    family.front()->keep_latencies();
 }
 
 }  // namespace
@@ -79,10 +85,24 @@ TrainingMonitor::TrainingMonitor(const Config& config, comm::CommunicatorPtr com
       timers_(config.wall_clock_breakdown, device),
       device_(device),
       prof_ops_(prof_ops_of(config)),
-      baseline_(keep_latencies_then_stats(config, *comm_)),
-      baseline_resets_(comm_->stats_resets()),
       gather_timer_(config.wall_clock_breakdown && config.zero_optimization.stage == 3) {
+  keep_latencies_of_family(config, *comm_);
+  baselines_ = comms_now();
   observe_ops(writer_);
+}
+
+std::vector<TrainingMonitor::CommsBaseline> TrainingMonitor::comms_now() const {
+  const auto family = comm::StatsRecorder::family(comm::recorder_of(*comm_));
+  if (family.empty()) return {{nullptr, comm_->stats(), comm_->stats_resets()}};
+  std::vector<CommsBaseline> out;
+  for (const auto& r : family) out.push_back({r, r->snapshot(), r->resets()});
+  return out;
+}
+
+void TrainingMonitor::mark_comms_start() {
+  baselines_ = comms_now();
+  gather_seen_ms_ = all_gather_ms();
+  debug_counting_.store(true);
 }
 
 void TrainingMonitor::observe_ops(bool on) {
@@ -117,7 +137,7 @@ void TrainingMonitor::observe(const std::string& op, int64_t bytes, double ms, i
     if (const char* phase = timers_.current_phase_name())
       name += std::string(" | [Caller Func: ") + phase + "]";
     std::lock_guard<std::mutex> lock(debug_mu_);
-    auto& s = debug_stats_[name];
+    auto& s = debug_stats_[world][name];
     s.calls += 1;
     s.bytes += bytes;
     comm::StatsRecorder::add_call(s.by_size[bytes], ms, /*keep=*/true);
@@ -275,20 +295,26 @@ void TrainingMonitor::on_step(const StepRecord& step, bool writer) {
 
 std::string TrainingMonitor::comms_summary(bool print) const {
   if (!config_.comms_logger.enabled) return "";
-  comm::CommStats debug;
-  if (config_.comms_logger.debug) {
+  std::vector<GroupStats> groups;
+  const bool debug = config_.comms_logger.debug && writer_;
+  if (debug) {
+    // The observer's counts by caller (already filtered by prof_ops), by group size.
     std::lock_guard<std::mutex> lock(debug_mu_);
-    debug = debug_stats_;
+    for (const auto& [n, stats] : debug_stats_) groups.push_back({stats, n});
+  } else {
+    // Every communicator's own counts since its baseline; one reset since (gpt_train's, after
+    // warm-up) voids that baseline, and all it holds is after it; a group that did not exist at
+    // the baseline counts whole.
+    for (CommsBaseline& now : comms_now()) {
+      const auto before =
+          std::find_if(baselines_.begin(), baselines_.end(),
+                       [&](const CommsBaseline& b) { return b.recorder == now.recorder; });
+      const bool applies = before != baselines_.end() && before->resets == now.resets;
+      groups.push_back({applies ? since(std::move(now.stats), before->stats) : std::move(now.stats),
+                        now.recorder ? now.recorder->world_size() : comm_->world_size()});
+    }
   }
-  // debug: the observer's counts by caller (already filtered by prof_ops); otherwise the
-  // communicator's own.
-  const std::string table =
-      config_.comms_logger.debug && writer_
-          ? comms_summary_table(debug, comm_->world_size(), {})
-          : comms_summary_table(comm_->stats_resets() == baseline_resets_
-                                    ? since(comm_->stats(), baseline_)
-                                    : comm_->stats(),  // reset since the baseline: all is after it
-                                comm_->world_size(), prof_ops_);
+  const std::string table = comms_summary_table(groups, debug ? std::set<std::string>{} : prof_ops_);
   if (print && writer_) {
     std::fputs(table.c_str(), stdout);
     std::fflush(stdout);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "comm/op_observer.h"
+#include "comm/stats.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/config.h"
 #include "deepspeed/flops_profiler.h"
@@ -47,7 +49,11 @@ struct EngineFacts {
 
 class TrainingMonitor {
  public:
-  // `comm`: the engine's data-parallel communicator (the comms table is its collectives').
+  // `comm`: the engine's data-parallel communicator. The comms table covers its whole stats
+  // family (comm::StatsRecorder::family: the world it was split from and every group split from
+  // that world — a topology's tensor, pipeline and data-parallel groups, tied and ZeRO++ groups),
+  // each call counted once, on the group it ran on; a communicator without a recorder (a test
+  // double) alone.
   // `writer`: whether this rank is the job's one reporting rank, global rank 0 as in DeepSpeed
   // (a data-parallel rank 0 is not enough: with tensor parallelism every tensor rank is one of
   // its group, with a pipeline every stage's first rank). Only it writes the monitors, prints the
@@ -89,12 +95,7 @@ class TrainingMonitor {
 
   // From now on the comms_logger counts (initialize() calls it when the engine is built, so its
   // own weight broadcast is left out).
-  void mark_comms_start() {
-    baseline_ = comm_->stats();
-    baseline_resets_ = comm_->stats_resets();
-    gather_seen_ms_ = all_gather_ms();
-    debug_counting_.store(true);
-  }
+  void mark_comms_start();
   // The comms_logger table (empty when comms_logger is off); printed when `print` on the writer.
   std::string comms_summary(bool print) const;
 
@@ -115,14 +116,23 @@ class TrainingMonitor {
   WallClockTimers timers_;
   c10::Device device_;
   std::set<std::string> prof_ops_;  // our names (comm_op_names.h); empty: every op
-  comm::CommStats baseline_;  // the communicator's stats when the engine was built
-  int64_t baseline_resets_ = 0;  // its stats_resets() then (a later reset_stats() voids it)
+  // One communicator's counts as the comms table reads them: a recorder of comm_'s family, or
+  // (none: a test double) comm_ itself; with its stats and stats_resets() at the baseline (when
+  // the engine was built; a later reset_stats() voids it).
+  struct CommsBaseline {
+    std::shared_ptr<const comm::StatsRecorder> recorder;  // null: comm_
+    comm::CommStats stats;
+    int64_t resets = 0;
+  };
+  std::vector<CommsBaseline> comms_now() const;
+  std::vector<CommsBaseline> baselines_;
   // comms_logger.verbose / .debug on the printing rank: told of each completed collective, prints
   // it (verbose) and counts it under "<op> | [Caller Func: <engine phase>]" (debug).
   std::shared_ptr<const comm::OpObserver> verbose_;
   void observe(const std::string& op, int64_t bytes, double ms, int world);
   mutable std::mutex debug_mu_;
-  comm::CommStats debug_stats_;  // comms_logger.debug: the collectives by caller
+  // comms_logger.debug: the collectives by caller, by the size of their group (their n).
+  std::map<int, comm::CommStats> debug_stats_;
   std::atomic<bool> debug_counting_{false};  // from mark_comms_start() on, as the plain table
   // The end of the last optimizer step (step_time_ms); before the first, the start of training
   // (WallClockTimers::training_start()).

@@ -101,7 +101,7 @@ Options parse_options(const std::vector<std::string>& argv) {
                  "write TensorBoard event files and CSV monitor files into DIR/gpt_train/");
   app.add_flag("--wall_clock_breakdown", o.wall_clock_breakdown,
                "print DeepSpeed's forward/backward/step timers every steps_per_print steps");
-  app.add_option("--stride", o.stride, "bytes between training windows (default block_size/2)");
+  app.add_option("--stride", o.stride, "bytes between training windows (0, the default: block_size/2)");
   app.add_option("--seed", o.seed, "model initialisation seed");
   app.add_option("--threads", o.threads,
                  "intra-op threads per rank (default OMP_NUM_THREADS or 1)");
@@ -135,7 +135,10 @@ Options parse_options(const std::vector<std::string>& argv) {
   } catch (const CLI::ParseError& e) {
     std::exit(app.exit(e));
   }
-  if (o.stride <= 0) o.stride = std::max<int64_t>(1, o.model.block_size / 2);
+  if (o.stride < 0)
+    throw deepspeed::ConfigError("--stride " + std::to_string(o.stride) +
+                                 ": must be >= 1 (bytes between windows), or 0 for block_size / 2");
+  if (o.stride == 0) o.stride = std::max<int64_t>(1, o.model.block_size / 2);
   check_options(o);
   return o;
 }

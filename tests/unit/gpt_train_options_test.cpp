@@ -65,6 +65,13 @@ TEST(GptTrainOptions, TensorParallelBelowOneIsRefused) {
   EXPECT_EQ(parse({"--tensor_parallel", "2"}).tensor_parallel, 2);
 }
 
+// A negative stride was silently the default; 0 is the documented default (block_size / 2).
+TEST(GptTrainOptions, ANegativeStrideIsRefused) {
+  EXPECT_CONTAINS(refusal({"--stride", "-4"}), "--stride -4");
+  EXPECT_EQ(parse({"--stride", "0", "--block_size", "32"}).stride, 16);
+  EXPECT_EQ(parse({"--stride", "5"}).stride, 5);
+}
+
 // Text is bytes: a token of 255 indexes past a smaller embedding (an out-of-range error deep in
 // the forward). --random_tokens draws from the vocabulary given, so any size > 0 goes there.
 TEST(GptTrainOptions, AVocabularyBelow256WithTextIsRefused) {

@@ -4,7 +4,9 @@
 #   STEPS="build test bench" bash bench/gpu/run.sh
 #   build   configure + build this tree against the torch wheel's CUDA libtorch in /tmp/dsb
 #   test    ctest -L gpu, -L unit, -L dist (TEST_LABELS to choose; CAP_TEST seconds each, CAP_GPU_TEST
-#           for all the GPU tests; from a pack, one process per test suite: run_gpu_suites)
+#           for all the GPU tests; from a pack, one process per test suite: run_gpu_suites);
+#           TEST_BESIDE="unit dist" runs those labels from a pack of every program on the CPU
+#           cores while the GPU tests run (CAP_BESIDE in all)
 #   pack    the built programs into $OUT/dsb.tgz; carried back as .gpu-build/dsb.tgz, a later call
 #           on a fresh machine unpacks them instead of building (see pack() below)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
@@ -74,6 +76,20 @@ build() {
   log "build rc=$?"; grep -E "error:|undefined reference" "$OUT/build.log" | sort | uniq -c | sort -rn | head -30
 }
 run_tests() {
+  # TEST_BESIDE: CPU-only labels run from a pack of every program while the GPU tests run (they
+  # use one core or two of the 16), TEST_J at a time, until CAP_BESIDE; waited for before the
+  # next step, so that no benchmark row shares the cores with them.
+  local beside_pid=""
+  if [ -n "${TEST_BESIDE:-}" ]; then
+    if [ -f $B/cross_built ] && [ ! -f $B/build.ninja ]; then
+      local deadline=$(( $(date +%s) + $(cap ${CAP_BESIDE:-${CAP_GPU_TEST:-300}}) ))
+      log "-L ${TEST_BESIDE// /, -L } beside the GPU tests (the packed programs, TEST_J=${TEST_J:-12})"
+      ( for L in $TEST_BESIDE; do run_unpacked "$L" "$deadline"; done ) &
+      beside_pid=$!
+    else
+      log "TEST_BESIDE needs a pack of every program (ALL=1 bench/gpu/cross_pack.sh): not run"
+    fi
+  fi
   for L in ${TEST_LABELS:-gpu unit dist}; do
     if [ "$(left)" -lt 30 ]; then log "ctest -L $L skipped: $(left) s left of BUDGET_S"; continue; fi
     # What the label needs, if an earlier call built less (BUILD_TARGETS): ninja is incremental.
@@ -93,6 +109,7 @@ run_tests() {
        ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40
   done
+  if [ -n "$beside_pid" ]; then wait $beside_pid; log "the tests beside the GPU tests ended"; fi
 }
 # The GPU tests from a pack (no ctest files): one process per test suite, so that a hang, a crash,
 # a sticky CUDA error or NCCL's watchdog abort costs that suite, not the cases gtest would run
@@ -186,22 +203,25 @@ run_gpu_suite() {  # queue index, end of the test time, log folder, log
 # A label's tests from a pack (ALL=1 bench/gpu/cross_pack.sh), without ctest's files: each test
 # file as ctest would run it (tests/CMakeLists.txt: bin/<label>_tests with the file's suites as
 # the filter, listed in bin/<label>_tests.files; the CPU path, Gloo), TEST_J at a time, each under
-# CAP_TEST. Logs in $OUT/<label>/.
+# CAP_TEST, none started after the deadline $2 (epoch seconds; "not-run" in the results) nor run
+# past it. Logs in $OUT/<label>/.
 run_unpacked() {
-  local L=$1 dir="$OUT/$1" list="$B/bin/$1_tests.files" each
+  local L=$1 dir="$OUT/$1" list="$B/bin/$1_tests.files" each deadline
   mkdir -p "$dir"; : > "$dir/results"
   if [ ! -f "$list" ] || [ ! -x "$B/bin/$1_tests" ]; then
     log "-L $L: bin/$1_tests or its .files listing is not in the pack"; return
   fi
-  each=$(cap $CAP_TEST)
+  each=$(cap $CAP_TEST); deadline=${2:-$(( $(date +%s) + $(cap 99999) ))}
   xargs -P "${TEST_J:-12}" -n 2 bash -c "
-    cd $B && timeout $each env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 DS_DEVICE=cpu \
+    t=\$(( $deadline - \$(date +%s) )); [ \$t -gt $each ] && t=$each
+    if [ \$t -lt 1 ]; then echo \"\$0 rc=not-run\" >> $dir/results; exit 0; fi
+    cd $B && timeout \$t env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 DS_DEVICE=cpu \
       DS_COMM_BACKEND=gloo bin/${L}_tests \"--gtest_filter=\$1\" > $dir/\$0.log 2>&1
     echo \"\$0 rc=\$?\" >> $dir/results" < "$list"
   local bad; bad=$(grep -v ' rc=0$' "$dir/results" | tr '\n' ' ')
   log "-L $L, the packed programs: $(grep -c ' rc=0$' "$dir/results") of $(wc -l < "$list") passed${bad:+; not: $bad}"
   for t in $(grep -v ' rc=0$' "$dir/results" | cut -d' ' -f1); do
-    grep -E "Failure|FAILED  \]|error" "$dir/$t.log" | head -4
+    grep -E "Failure|FAILED  \]|error" "$dir/$t.log" 2> /dev/null | head -4
   done
 }
 ds_config() {  # stage, offload

@@ -9,7 +9,9 @@
 #      one that hangs is cut at its share of CAP_GPU_TEST and the suites after it still run and
 #      report, one that crashes resumes without its finished cases; the GPU environment
 #      (DS_EXPECT_GPU, CUBLAS_WORKSPACE_CONFIG, NCCL_DEBUG) reaches them;
-#   4. the floors wait for DeepSpeed's cpu_adam JIT instead of sharing the cores with it.
+#   4. the floors wait for DeepSpeed's cpu_adam JIT instead of sharing the cores with it;
+#   5. TEST_BESIDE: the CPU labels of a full pack run while the GPU tests run, none started or
+#      running past CAP_BESIDE, and the step ends only once they have.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -110,4 +112,29 @@ stand_in bench_cpu_adam "[ -f $B.jit_done ] && echo 'memory bandwidth: after the
 (cd "$root" && OUT=$T/out4 DSB=$B STEPS=bench ROWS=ds_z2_off bash bench/gpu/run.sh > "$T/log4" 2>&1)
 rm -f "$B.jit_done"
 grep -q "memory bandwidth: after the JIT" "$T/out4/summary.txt" || fail "the floors ran beside the JIT"
+# 5. a_test must be running while the GPU suite runs (the suite waits for its marker); it outlives
+#    CAP_BESIDE and is cut, c_test (TEST_J=1, after it) is not started; the step waits for both.
+printf 'a_test A.*:\nc_test C.*:\n' > "$B/bin/unit_tests.files"
+stand_in unit_tests "case \"\$1\" in
+  --gtest_filter=A.*) touch $T/beside_started; exec sleep 30 ;;
+  *) echo \"unexpected arguments: \$*\"; exit 9 ;;
+esac"
+stand_in gpu_training_test "case \"\$1\" in
+  --gtest_list_tests) printf 'OneGpuNccl.\n  AllToAll\n' ;;
+  *) $(pass_case OneGpuNccl.AllToAll); $done_line ;;
+esac"
+stand_in flops_profiler_gpu_test "case \"\$1\" in
+  --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
+  *) for i in 1 2 3 4 5 6 7 8 9 10; do [ -f $T/beside_started ] && break; sleep 0.5; done
+     [ -f $T/beside_started ] || { echo 'the unit tests did not run beside'; exit 1; }
+     $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
+esac"
+(cd "$root" && OUT=$T/out5 DSB=$B STEPS=test TEST_LABELS=gpu TEST_BESIDE=unit TEST_J=1 CAP_BESIDE=4 \
+   MIN_SUITE_S=1 bash bench/gpu/run.sh > "$T/log5" 2>&1)
+grep -q "gpu flops_profiler_gpu_test FlopsProfilerGpu: passed" "$T/out5/summary.txt" ||
+  fail "the unit tests did not run beside the GPU suites"
+grep -q -- "-L unit, the packed programs: 0 of 2 passed; not: a_test rc=124 c_test rc=not-run" "$T/out5/summary.txt" ||
+  fail "CAP_BESIDE did not bound the tests beside"
+tail -2 "$T/out5/summary.txt" | head -1 | grep -q "the tests beside the GPU tests ended" ||
+  fail "the step did not wait for the tests beside"
 echo "gpu_run: ok"

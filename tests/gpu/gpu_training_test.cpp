@@ -554,7 +554,8 @@ TEST(OneGpuNccl, KeptLatencyWaitsForTheCollective) {
   work->wait();
   EXPECT_TRUE(end.query()) << "wait() returned before the stream reached the collective";
   const double kernel_ms = start.elapsed_time(end);
-  const auto& s = comm->stats().at("all_reduce").by_size.at(4096);
+  const auto stats = comm->stats();  // by value: a reference into the temporary would dangle
+  const auto& s = stats.at("all_reduce").by_size.at(4096);
   ASSERT_EQ(s.latencies_ms.size(), 1u);
   EXPECT_GE(s.latencies_ms[0], kernel_ms) << "the latency kept is the launch's";
   EXPECT_TRUE(torch::equal(t.cpu(), torch::ones({1024})));

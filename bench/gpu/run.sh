@@ -336,6 +336,24 @@ largest() {
     log "largest: $LAYERS x $D, micro-batch $MB, activation checkpointing"
     ROWS="dscpp_z2_off" bench )
 }
+# backtrace: BT_TESTS ("label:gtest_filter" each) under cuda-gdb (the machine has no gdb; it
+# debugs host code too), BT_J at a time, CAP_BT each: where a test that crashed on the wheel
+# (rc=139 in a label's results) crashes, as the backtrace of the thread that took the signal.
+# Logs in $OUT/bt/, the top frames of each in summary.txt.
+backtraces() {
+  local dir="$OUT/bt" gdb; gdb=$(command -v cuda-gdb || echo /usr/local/cuda/bin/cuda-gdb)
+  mkdir -p "$dir"
+  [ -x "$gdb" ] || { log "backtrace: no cuda-gdb"; return; }
+  log "backtrace: ${BT_TESTS:-none}"
+  printf '%s\n' ${BT_TESTS:-} | xargs -P "${BT_J:-8}" -I{} bash -c "
+    spec={}; label=\${spec%%:*}; filter=\${spec#*:}; f=$dir/\$(echo \"\$filter\" | tr -c 'A-Za-z0-9_.\n-' _).log
+    cd $B && timeout $(cap ${CAP_BT:-120}) env DS_BIN_DIR=$B/bin DS_SOURCE_DIR=$ROOT OMP_NUM_THREADS=1 DS_DEVICE=cpu \
+      DS_COMM_BACKEND=gloo $gdb -batch -ex 'set pagination off' -ex 'handle SIGPIPE nostop noprint pass' \
+      -ex run -ex 'bt 30' -ex 'info threads' --args bin/\${label}_tests --gtest_filter=\$filter > \$f 2>&1
+    echo \"== \$filter: \$(grep -m1 -E 'received signal|exited' \$f)\" >> $dir/summary
+    grep -E '^#[0-9]+ ' \$f | head -14 | cut -c1-240 >> $dir/summary"
+  cat "$dir/summary" >> "$OUT/summary.txt" 2> /dev/null
+}
 # The machine goes back after ~30 s idle, and /tmp/dsb with it: a step that finds no build makes
 # what it needs first (the benchmark steps only gpt_train and the two floor programs).
 ensure_built() {  # the programs a step runs (none named: everything, with ctest's files)
@@ -387,6 +405,17 @@ if [ -f "$ROOT/.gpu-build/dsb.tgz" ] && [ ! -x $B/bin/gpt_train ] && [ ! -f $B/b
     mkdir -p /tmp/ds_ext && tar xzf "$ROOT/.gpu-build/dsb.tgz" -C /tmp ds_ext 2>/dev/null  # DeepSpeed's JIT is still good
   fi
 fi
+# The kit's DeepSpeed tree holds its three symbolic links (deepspeed/accelerator, ops/op_builder,
+# ops/csrc) as small files naming the target (as git writes a link where links are not kept):
+# DeepSpeed then fails to import deepspeed.accelerator. Each becomes a copy of its target.
+repair_kit_links() {
+  local f t
+  for f in $(find "$G/ds" -type f -size -100c 2> /dev/null); do
+    t=$(head -c 100 "$f"); [[ $t == ../* ]] && [ -d "$(dirname "$f")/$t" ] || continue
+    rm -f "$f" && cp -r "$(dirname "$f")/$t" "${f%/}" && log "kit: $f, a link kept as a file, is now a copy of $t"
+  done
+}
+[ -d "$G/ds" ] && repair_kit_links
 [[ " $STEPS " == *" seed003 "* || ( " $STEPS " == *" bench "* && "$ROWS" == *ds_*off* ) ]] && start_jit
 for s in $STEPS; do
   case $s in
@@ -397,6 +426,7 @@ for s in $STEPS; do
           else ensure_built; fi
           run_tests ;;
     bench|seed003|largest) ensure_built gpt_train bench_cpu_adam bench_transfer; $s ;;
+    backtrace) backtraces ;;
   esac
 done
 stop_jit

@@ -18,9 +18,8 @@ PACKAGES=(
   openssh-server        # tests/launcher/netns.bash: one sshd per network-namespace host (multi-node tests)
   pdsh                  # dsrun --launcher pdsh (tested in tests/launcher/multinode_env.sh)
   openmpi-bin           # dsrun --launcher openmpi (mpirun)
-  libprotobuf-dev       # TensorBoard event files: Event/Summary messages (src/monitor)
-  protobuf-compiler     # protoc generates them from src/monitor/proto/tensorboard_event.proto
-  python3-protobuf      # tests/support/tfevents_read.py: the independent event-file reader
+  protobuf-compiler     # tests/support/tfevents_read.py: protoc --python_out of src/monitor/proto/
+  python3-protobuf      #   tensorboard_event.proto, the tests' independent event-file reader
   gnuplot-nox           # tools/ds_plot: PNG curves of a csv_monitor folder
 )
 # With TORCH_DIR (a libtorch 2.x of the user's, docs/gpu.md) Debian's libtorch is not needed, and

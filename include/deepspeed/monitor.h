@@ -48,7 +48,6 @@ class Monitor {
 // disabled.
 // Creates <output_path>/<job_name>/ for each enabled monitor; throws ConfigError naming the key
 // (e.g. 'tensorboard.output_path') and the path when it cannot be created or written.
-// Builds without protobuf (DS_WITH_PROTOBUF unset) refuse tensorboard.enabled with a ConfigError.
 std::shared_ptr<Monitor> make_monitor(const Config& config, bool writer);
 
 }  // namespace monitor

@@ -10,7 +10,6 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/monitor.h"
 #include "monitor/csv_writer.h"
-#include "monitor/no_protobuf.h"
 #include "monitor/tensorboard_writer.h"
 
 namespace deepspeed {
@@ -50,12 +49,6 @@ class MonitorMaster : public Monitor {
   MonitorMaster(const Config& config, bool writer) {
     if (!writer) return;
     if (config.tensorboard.enabled) {
-#ifndef DS_WITH_PROTOBUF
-      throw ConfigError(
-          std::string("config key 'tensorboard.enabled' is true, but this build of "
-                      "deepspeed.cpp cannot write TensorBoard event files: ") +
-          kNoProtobufReason + "; use \"csv_monitor\" or set tensorboard.enabled to false");
-#endif
       tensorboard_ =
           std::make_unique<TensorBoardWriter>(prepare_log_dir(config.tensorboard, "tensorboard"));
     }

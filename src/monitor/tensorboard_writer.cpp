@@ -7,11 +7,8 @@
 #include <cstdio>
 
 #include "monitor/append_file.h"
-#include "monitor/no_protobuf.h"
+#include "monitor/tensorboard_event.h"
 #include "monitor/tfrecord.h"
-#ifdef DS_WITH_PROTOBUF
-#include "tensorboard_event.pb.h"
-#endif
 
 namespace deepspeed {
 namespace monitor {
@@ -38,42 +35,21 @@ std::string event_file_name(int64_t unix_seconds, const std::string& host, int p
          "." + std::to_string(n);
 }
 
-#ifdef DS_WITH_PROTOBUF
-
 void TensorBoardWriter::open() {
   const double t = now_seconds();
   path_ = log_dir_ + "/" +
           event_file_name(static_cast<int64_t>(t), host_name(), static_cast<int>(::getpid()),
                           files_opened++);
   fd_ = open_for_append(path_);
-  tensorboard::Event version;
-  version.set_wall_time(t);
-  version.set_step(0);
-  version.set_file_version("brain.Event:2");
-  append_tfrecord(pending_, version.SerializeAsString());
+  append_tfrecord(pending_, encode_file_version_event(t, /*step=*/0, "brain.Event:2"));
   flush();
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {
   if (fd_ < 0) open();
-  tensorboard::Event event;
-  event.set_wall_time(now_seconds());
-  event.set_step(step);
-  tensorboard::Summary::Value* v = event.mutable_summary()->add_value();
-  v->set_tag(tag);
-  v->set_simple_value(static_cast<float>(value));
-  append_tfrecord(pending_, event.SerializeAsString());
+  append_tfrecord(pending_,
+                  encode_scalar_event(now_seconds(), step, tag, static_cast<float>(value)));
 }
-
-#else  // built without protobuf: make_monitor refuses tensorboard.enabled before we get here
-
-void TensorBoardWriter::open() {
-  throw Error(std::string("TensorBoard event files need protobuf, and this build has none: ") +
-              kNoProtobufReason);
-}
-void TensorBoardWriter::add_scalar(const std::string&, double, int64_t) { open(); }
-
-#endif
 
 void TensorBoardWriter::flush() {
   if (pending_.empty() || fd_ < 0) return;

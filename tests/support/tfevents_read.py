@@ -1,7 +1,8 @@
 # An independent reader of TensorBoard event files, for the monitor tests:
 #   /usr/bin/python3 tfevents_read.py PROTO_FILE EVENT_FILE
-# Compiles PROTO_FILE (the .proto the library was built from) with `protoc --python_out` into a
-# temporary folder, then reads EVENT_FILE record by record: the TFRecord framing with both masked
+# Compiles PROTO_FILE (src/monitor/proto/tensorboard_event.proto: the messages the library encodes
+# by hand, without protobuf, in src/monitor/tensorboard_event.cpp) with `protoc --python_out` into
+# a temporary folder, then reads EVENT_FILE record by record: the TFRecord framing with both masked
 # CRC-32C checksums checked (a pure-Python CRC, not the library's), each record parsed as
 # tensorboard.Event. Prints one line per event:
 #   file_version <version>            (the first record)

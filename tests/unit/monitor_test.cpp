@@ -1,5 +1,6 @@
-// The monitors' file formats: TensorBoard event files read back by an independent reader
-// (Python protobuf from the same .proto, CRCs checked in Python), DeepSpeed's CSV layout, the
+// The monitors' file formats: TensorBoard event files (encoded without protobuf,
+// src/monitor/tensorboard_event.cpp) read back by an independent reader (Python protobuf from
+// src/monitor/proto/tensorboard_event.proto, CRCs checked in Python), DeepSpeed's CSV layout, the
 // comms_logger table arithmetic and the wall-clock timer lines; and the monitor blocks' errors.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -11,7 +11,9 @@
 #      (DS_EXPECT_GPU, CUBLAS_WORKSPACE_CONFIG, NCCL_DEBUG) reaches them;
 #   4. the floors wait for DeepSpeed's cpu_adam JIT instead of sharing the cores with it;
 #   5. TEST_BESIDE: the CPU labels of a full pack run while the GPU tests run, none started or
-#      running past CAP_BESIDE, and the step ends only once they have.
+#      running past CAP_BESIDE, and the step ends only once they have;
+#   6. the kit's DeepSpeed links kept as small files naming their target become copies of it;
+#   7. the backtrace step runs each BT_TESTS entry under cuda-gdb and keeps the top frames.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -137,4 +139,21 @@ grep -q -- "-L unit, the packed programs: 0 of 2 passed; not: a_test rc=124 c_te
   fail "CAP_BESIDE did not bound the tests beside"
 tail -2 "$T/out5/summary.txt" | head -1 | grep -q "the tests beside the GPU tests ended" ||
   fail "the step did not wait for the tests beside"
+# 6. A link kept as a file (as the kit holds deepspeed/accelerator -> ../accelerator/).
+mkdir -p "$root/.gpu/ds/accelerator" "$root/.gpu/ds/deepspeed"
+echo "import marker" > "$root/.gpu/ds/accelerator/__init__.py"
+printf '../accelerator/' > "$root/.gpu/ds/deepspeed/accelerator"
+(cd "$root" && OUT=$T/out6 DSB=$B STEPS=none bash bench/gpu/run.sh > "$T/log6" 2>&1)
+[ -f "$root/.gpu/ds/deepspeed/accelerator/__init__.py" ] || fail "the kit's link was not made a copy"
+
+# 7. cuda-gdb (a stand-in on PATH) runs the named test and reports where it stopped.
+mkdir -p "$T/path"
+printf '#!/bin/bash\necho "args: $*"\necho "Thread 3 \\"dist_tests\\" received signal SIGSEGV, Segmentation fault."\necho "#0  0x1 in crash_site ()"\necho "#1  0x2 in caller ()"\n' > "$T/path/cuda-gdb"
+chmod +x "$T/path/cuda-gdb"
+(cd "$root" && PATH=$T/path:$PATH OUT=$T/out7 DSB=$B STEPS=backtrace BT_TESTS="dist:Suite.Case/1" \
+   bash bench/gpu/run.sh > "$T/log7" 2>&1)
+grep -q "== Suite.Case/1: Thread 3 .* received signal SIGSEGV" "$T/out7/summary.txt" || fail "the backtrace's signal line"
+grep -q "^#0  0x1 in crash_site ()" "$T/out7/summary.txt" || fail "the backtrace's frames"
+tar xzf "$T/out7/all.tgz" -O ./bt/Suite.Case_1.log | grep -q -- "--args bin/dist_tests --gtest_filter=Suite.Case/1" ||
+  fail "cuda-gdb was not given the test program and its filter"
 echo "gpu_run: ok"

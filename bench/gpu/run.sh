@@ -11,7 +11,9 @@
 #           on a fresh machine unpacks them instead of building (see pack() below)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
-#           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward)
+#           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward);
+#           dscpp_z2_wcb dscpp_z2_off_wcb dscpp_z2_off_serial_wcb: the same with the engine's
+#           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics)
 #   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
 #           d 1600, 25 heads), micro-batch 16 of 128 tokens: ZeRO-3 and ZeRO-2 with CPU offload
 #           beside DeepSpeed's, stage 0 / PyTorch at micro-batch 16 and 1 (expected: out of memory)
@@ -234,7 +236,7 @@ ds_config() {  # stage, offload
   cat <<JSON
 {"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
- "steps_per_print": 1000000000, "zero_optimization": {$z}}
+ "steps_per_print": $( [ "${WCB:-0}" = 1 ] && echo 1 || echo 1000000000 ), "zero_optimization": {$z}}
 JSON
 }
 row_ours() {  # name stage offload
@@ -242,6 +244,9 @@ row_ours() {  # name stage offload
   local extra=""
   [ -n "${MEMCAP:-}" ] && extra="$extra --gpu_mem_cap_gib $MEMCAP"
   [ "${CKPT:-0}" = 1 ] && extra="$extra --activation_checkpointing"
+  # A *_wcb row: the engine's timers (fwd, bwd, bwd_inner, bwd_allreduce, step) printed every
+  # step; each synchronizes the device, so the row is a diagnostic beside the untimed one.
+  [ "${WCB:-0}" = 1 ] && extra="$extra --wall_clock_breakdown"
   local row_cap; row_cap=$(cap $ROW_CAP)
   # gpt_bench.py's GPT: its shape and its init (GPT-2's scaled std for the residual projections).
   env OMP_NUM_THREADS=${OMP_THREADS:-16} timeout $row_cap $B/bin/gpt_train --deepspeed_config /tmp/$1.json --device cuda \
@@ -250,6 +255,7 @@ row_ours() {  # name stage offload
   local rc=$?
   [ $rc = 124 ] && echo "gpt_train: error: timed out after ${row_cap}s (ROW_CAP, BUDGET_S)" >> "$OUT/$1.log"
   log "row $1 rc=$rc: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
+  [ "${WCB:-0}" = 1 ] && grep -F "time (ms)" "$OUT/$1.log" | tail -2 | tee -a "$OUT/summary.txt"
   grep -E "error" "$OUT/$1.log" | head -3
 }
 row_peer() {
@@ -317,6 +323,8 @@ bench() {
       dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;;
       dscpp_z3_off) row_ours $r 3 param_opt ;;
       dscpp_z2_off_serial) row_ours $r 2 opt_serial ;;  # the CPU Adam after backward
+      dscpp_z2_wcb) WCB=1 row_ours $r 2 none ;; dscpp_z2_off_wcb) WCB=1 row_ours $r 2 opt ;;
+      dscpp_z2_off_serial_wcb) WCB=1 row_ours $r 2 opt_serial ;;
       ds_*off) row_peer $r ;;
       *) row_peer $r ;;
     esac

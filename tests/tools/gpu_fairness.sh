@@ -9,7 +9,9 @@
 # run.sh (bench/gpu/run.sh)
 #   4. our rows train gpt_bench.py's init (--scaled_residual_init);
 #   5. DeepSpeed's ZeRO-3 row builds its model under zero.Init (--zero_init), the others do not;
-#   6. the peers run with our rows' OMP_NUM_THREADS, whatever the caller's.
+#   6. the peers run with our rows' OMP_NUM_THREADS, whatever the caller's;
+#   7. a *_wcb row is its row with the engine's timers printed every step (the others without),
+#      and table.py sets it beside its row's peer with no goal.
 # usage: gpu_fairness.sh [TABLE_PY]   (default: this tree's bench/gpu/table.py)
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -62,4 +64,16 @@ grep -q "^peer .*--row ds_z3_off .*--zero_init" "$T/args" || fail "ds_z3_off wit
 [ "$(grep -c -- "--zero_init" "$T/args")" = 1 ] || fail "--zero_init on a row other than ds_z3_off"
 [ "$(grep -c "^peer OMP=16 " "$T/args")" = 3 ] || fail "a peer without our rows' OMP_NUM_THREADS (16)"
 [ "$(grep -c "^ours OMP=16 " "$T/args")" = 2 ] || fail "our rows' OMP_NUM_THREADS"
+# 7. The timers only on the _wcb row: the flag, and steps_per_print 1 in its config alone.
+: > "$T/args"
+(cd "$root" && ARGS_LOG=$T/args OUT=$T/out7 DSB=$B STEPS=bench FLOORS=0 \
+   ROWS="dscpp_z2_off dscpp_z2_off_wcb" bash bench/gpu/run.sh > "$T/run7.log" 2>&1)
+[ "$(grep -c -- "--wall_clock_breakdown" "$T/args")" = 1 ] || fail "--wall_clock_breakdown not on the _wcb row alone"
+grep -q '"steps_per_print": 1,' /tmp/dscpp_z2_off_wcb.json || fail "the _wcb row's config does not print every step"
+grep -q '"steps_per_print": 1000000000,' /tmp/dscpp_z2_off.json || fail "the plain row's config prints"
+grep -q "offload_optimizer" /tmp/dscpp_z2_off_wcb.json || fail "the _wcb row is not its row's config"
+report > "$T/dscpp_z2_off_wcb.log"
+echo '{"row": "ds_z2_off", "ok": true, "params": 1000000000, "tokens_per_step": 2000, "step_times": [2], "step_s_median": 2.0, "step_s_mean": 2.0, "tokens_per_s": 1000.0, "gpu_peak_alloc_gib": 6.0, "host_peak_rss_gib": 1.0}' > "$T/peers.jsonl"
+/usr/bin/env python3 "$table" "$T" dscpp_z2_off_wcb ds_z2_off > "$T/table.md" || fail "table.py failed"
+grep -q "^| dscpp_z2_off_wcb | 1.00B | .* | 1.00x ds_z2_off |  |$" "$T/table.md" || fail "the _wcb row beside its peer, no goal"
 echo "gpu_fairness: ok"

@@ -210,6 +210,50 @@ TEST(CpuAdam, EveryIsaAndThreadCountMatchesScalarBitForBit) {
   }
 }
 
+// The AVX-512 kernel writes the 16-bit copy in whole 64-byte lines with streaming stores after
+// a scalar head up to the first aligned line: every start of the copy within a line, and lengths
+// around the 32-element blocks, give the scalar kernel's bits (params and copy). Other bytes of
+// the buffer stay untouched.
+TEST(CpuAdam, SixteenBitCopyAtEveryAlignmentMatchesScalar) {
+  constexpr uint16_t kUntouched = 0xABCD;
+  for (AdamIsa isa : supported_isas()) {
+    for (Half16Kind kind : {Half16Kind::BF16, Half16Kind::FP16}) {
+      for (int64_t n : {1, 31, 32, 33, 63, 64, 71, 1000}) {
+        for (int64_t offset = 0; offset < 34; ++offset) {
+          const AdamStepParams hp = hyper(true, 0.01f, 1.0f);
+          std::vector<float> grad = randn(n, 77, 0.1f);
+          auto run = [&](AdamIsa which) {
+            IsaGuard guard;
+            set_adam_isa(which);
+            Flat flat(randn(n, 78));
+            // 64-byte aligned storage, the copy starting `offset` elements into it.
+            std::vector<uint16_t> storage(n + 64 + 32, kUntouched);
+            const auto base = reinterpret_cast<uintptr_t>(storage.data());
+            const int64_t lead = static_cast<int64_t>((64 - base % 64) % 64 / 2) + offset;
+            flat.step(grad.data(), hp, storage.data() + lead, kind);
+            return std::make_tuple(flat.param, storage, lead);
+          };
+          const auto [want_param, want_storage, want_lead] = run(AdamIsa::Scalar);
+          const auto [got_param, got_storage, got_lead] = run(isa);
+          const std::string what = "isa " + std::to_string(int(isa)) + " n " + std::to_string(n) +
+                                   " offset " + std::to_string(offset);
+          EXPECT_EQ(got_param, want_param) << what;
+          const std::vector<uint16_t> want(want_storage.begin() + want_lead,
+                                           want_storage.begin() + want_lead + n);
+          const std::vector<uint16_t> got(got_storage.begin() + got_lead,
+                                          got_storage.begin() + got_lead + n);
+          EXPECT_EQ(got, want) << what;
+          for (int64_t k = 0; k < static_cast<int64_t>(got_storage.size()); ++k) {
+            if (k < got_lead || k >= got_lead + n) {
+              ASSERT_EQ(got_storage[k], kUntouched) << what << " wrote element " << k;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CpuAdam, ReportsTheIsaInUse) {
   IsaGuard guard;
   for (AdamIsa isa : supported_isas()) {

@@ -45,10 +45,9 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 gradients (an fp32 model, or
   // fp32 accumulation) are stepped in place.
   if (grad_bytes < 4) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
-  // Left out: the gradient norm's fp64 scratch before the step (zero/tensor_facts.cpp's
-  // sum_of_squares: 16 bytes per element of one chunk, at most 4 MiB on the CPU and 256 MiB on a
-  // GPU, freed before the update). Bounded whatever Ψ, and device-dependent where this takes no
-  // device; docs/monitoring.md says so.
+  // Left out: the gradient norm's fp64 scratch before the step on the CPU (zero/tensor_facts.cpp's
+  // sum_of_squares: 16 bytes per element of one chunk, at most 4 MiB, freed before the update; on
+  // a GPU the norm kernel holds only its result). Bounded whatever Ψ; docs/monitoring.md says so.
   // Stage 3: the largest unit whole, weights gathered and gradient before its reduce-scatter.
   // (Its gradient as autograd produces it, in the weights' dtype, whatever the accumulation's.)
   if (stage == 3) e.largest_layer_working = 2 * weight_bytes * largest_layer_params;

@@ -30,16 +30,30 @@ at::ScalarType dtype_from_config(const std::string& configured, at::ScalarType f
   return fallback;
 }
 
-// Chunks of 2^18 elements on the CPU (the widened chunk stays in cache); on a GPU 2^24 (256 MiB
-// of transients), so a billion-element partition is ~60 chunks, not thousands of launches.
+// Chunks of 2^18 elements on the CPU (the widened chunk stays in cache), each widened to fp64.
+// On a GPU, chunks of 2^24 (a billion-element partition is ~60 launches), each one norm kernel
+// that reads the chunk once and accumulates in fp32, as DeepSpeed's and PyTorch's gradient norms
+// do; the chunks' squares add up in fp64. Widening there cost a pass writing 8 bytes an element,
+// a pow pass and a sum pass (~36 bytes an element against 4: ~10 ms of a 150 ms ZeRO-2 step of
+// a 1.31B model on an H200, docs/benchmarks.md "GPU"). fp32 squares overflow past |g| ~1.8e19,
+// where the step is an overflow anyway.
 at::Tensor sum_of_squares(const at::Tensor& t) {
   if (!t.defined()) return at::zeros({}, at::kDouble);
   at::Tensor sum = at::zeros({}, t.options().dtype(at::kDouble));
-  const int64_t chunk = t.is_cpu() ? int64_t{1} << 18 : int64_t{1} << 24;
+  const bool on_cpu = t.is_cpu();
+  const int64_t chunk = on_cpu ? int64_t{1} << 18 : int64_t{1} << 24;
   const at::Tensor flat = t.reshape({-1});
   const int64_t n = flat.numel();
-  for (int64_t c = 0; c < n; c += chunk)
-    sum += flat.narrow(0, c, std::min(chunk, n - c)).to(at::kDouble).pow(2).sum();
+  for (int64_t c = 0; c < n; c += chunk) {
+    const at::Tensor part = flat.narrow(0, c, std::min(chunk, n - c));
+    if (on_cpu) {
+      sum += part.to(at::kDouble).pow(2).sum();
+    } else {
+      sum += at::linalg_vector_norm(part, 2, c10::nullopt, false, at::kFloat)
+                 .to(at::kDouble)
+                 .square();
+    }
+  }
   return sum;
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -32,6 +33,7 @@
 #include "support/stage3_layouts.h"
 #include "support/training_run.h"
 #include "zero/shard_optimizer.h"
+#include "zero/tensor_facts.h"
 #include "support/gpu_skip.h"
 
 #ifdef DS_WITH_CUDA
@@ -564,6 +566,26 @@ TEST(OneGpuNccl, KeptLatencyWaitsForTheCollective) {
 
 // More than the GPU may hold: a DeepSpeed error naming the phase, the bytes and what to try,
 // not a raw CUDA stack.
+// The gradient norm on a GPU reads each chunk once with fp32 accumulation (tensor_facts.cpp):
+// it agrees with the CPU's fp64 sum within 1e-6 relative, over several chunks (2^24 elements
+// each) and for fp32, bf16 and fp16 gradients; inf stays inf and NaN stays NaN.
+TEST(OneGpuNorm, SumOfSquaresAgreesWithTheFp64One) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = (int64_t{1} << 25) + 12345;  // two whole chunks and a part
+  const at::Tensor g = torch::randn({n}, at::TensorOptions().dtype(at::kFloat)) * 1e-2;
+  for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const at::Tensor host = g.to(dtype);
+    const double want = deepspeed::zero::sum_of_squares(host).item<double>();
+    const double got = deepspeed::zero::sum_of_squares(host.to(torch::kCUDA)).item<double>();
+    EXPECT_NEAR(got, want, 1e-6 * want) << c10::toString(dtype);
+  }
+  at::Tensor bad = torch::ones({1000}, torch::kCUDA);
+  bad[7] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(deepspeed::zero::sum_of_squares(bad).item<double>()));
+  bad[9] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(deepspeed::zero::sum_of_squares(bad).item<double>()));
+}
+
 TEST(OneGpuMemory, OutOfMemoryIsReportedInWords) {
   SKIP_WITHOUT_GPU();
   deepspeed::cap_device_memory(c10::Device(c10::kCUDA, 0), 256LL << 20);

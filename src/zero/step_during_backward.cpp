@@ -147,6 +147,11 @@ void StepDuringBackward::update(int64_t begin, const at::Tensor& host_grads,
   const int64_t n = host_grads.numel();
   for (int64_t at = 0; at < n; at += options_.chunk) {
     const int64_t c = std::min(options_.chunk, n - at);
+    const int team = team_.load(std::memory_order_acquire);
+    if (team != step_.hyper.num_threads) {
+      step_.set_num_threads(team);
+      worker_threads(team);
+    }
     update_chunk(begin + at, host_grads.narrow(0, at, c), partition);
   }
 }
@@ -190,8 +195,10 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
 void StepDuringBackward::prepare() {
   step_ = adam_.prepare_step(master_);
   prepared_ = true;
-  step_.set_num_threads(options_.upload && options_.update_early ? std::max(1, threads_ - 1)
-                                                                 : threads_);
+  const int team =
+      options_.upload && options_.update_early ? std::max(1, threads_ - 1) : threads_;
+  step_.set_num_threads(team);
+  team_.store(team, std::memory_order_release);
 }
 
 // Cancelled first: a range whose values a host thread was to put in (a pageable partition's
@@ -247,6 +254,7 @@ void StepDuringBackward::abandon() {
 void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& partition) {
   torch::NoGradGuard no_grad;
   TORCH_CHECK(started(), "StepDuringBackward::finish without a range taken this step");
+  team_.store(threads_, std::memory_order_release);  // backward is launched: every core now
   try {
     worker_.wait();
   } catch (...) {

@@ -32,6 +32,7 @@
 // With the partition in host memory (the CPU, or offload_param "cpu") the update writes the
 // 16-bit partition directly (FusedAdam's half copy) and nothing goes up.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -152,6 +153,11 @@ class StepDuringBackward {
   // The Adam's team size: read on the engine's thread (construction, finish()), never in take(),
   // which on a GPU runs on autograd's device thread, whose OpenMP default is every core.
   int threads_;
+  // The worker's team size for its next chunk: threads_ - 1 during a GPU's backward (prepare()),
+  // all of threads_ once the engine reaches finish(): backward's kernels are launched by then,
+  // and the ranges still queued (most of a big model's: the Adam takes longer than backward)
+  // have every core. Read by the worker before each chunk, so only it changes step_.
+  std::atomic<int> team_{1};
   offload::StepWorker worker_;  // last: joined first, while the buffers above still exist
 };
 

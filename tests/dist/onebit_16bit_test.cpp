@@ -10,6 +10,7 @@
 //     it; fp16 1-bit Lamb: onebit_lamb_16bit_test.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <mutex>
@@ -46,7 +47,14 @@ struct StepRecord {
   bool applied_anywhere = false;
   double loss_scale_spread = -1;  // max - min over ranks
   double weight_spread = -1;      // max - min over ranks of a parameter checksum
+  double max_abs_weight = 0;      // rank 0's largest |parameter element|
 };
+
+// The larger of m and x, NaN if either is (std::max drops a NaN second argument).
+double max_keeping_nan(double m, double x) {
+  return std::isnan(m) || std::isnan(x) ? std::numeric_limits<double>::quiet_NaN()
+                                        : std::max(m, x);
+}
 
 using dstest::HalfMlp;
 using dstest::HalfMlpImpl;
@@ -60,7 +68,11 @@ void record(deepspeed::Engine& engine, deepspeed::comm::Communicator& comm,
     if (op == "all_reduce" && st.bytes > 64) rec.gradient_all_reduce = true;
   }
   double sum = 0;
-  for (auto& p : model.parameters()) sum += p.to(torch::kDouble).sum().item<double>();
+  for (auto& p : model.parameters()) {
+    sum += p.to(torch::kDouble).sum().item<double>();
+    rec.max_abs_weight = max_keeping_nan(
+        rec.max_abs_weight, p.detach().abs().max().to(torch::kDouble).item<double>());
+  }
   auto stats = torch::tensor({sum, engine.loss_scale(), engine.was_step_applied() ? 1.0 : 0.0},
                              torch::kDouble);
   auto hi = stats.clone(), lo = stats.clone();
@@ -152,35 +164,47 @@ json mlp_config(const std::string& type, int freeze_step) {
 }  // namespace
 
 // Warm-up (freeze_step 8 of 16 steps): the same Adam steps, the 16-bit model's rounding aside
-// (bf16 keeps 8 significant bits; the 8 warm-up losses agree to 2e-4, measured).
-// After the freeze: no gradient all-reduce, one compressed exchange per step, equal weights.
+// (bf16 keeps 8 significant bits; the 8 warm-up losses agree to 2e-4, 3.3e-4 with MKL).
+// After the freeze: no gradient all-reduce, one compressed exchange per step, equal weights, and
+// each loss within 3% of fp32's (measured at most 0.61%) while the loss goes down.
+// eps 1e-4: at the default 1e-8 this run sat on the edge of divergence. The compressed exchange
+// gives every element the tensor's scale (~1e-4 to 1e-3), and 198 of the 256 token embedding rows
+// have a frozen variance of exactly 0 (bytes the warm-up did not see), so each compressed step
+// moved them by ~lr·scale/1e-8: max |w| 0.09 at the freeze, 150 one step later, 300 in fp32 and
+// 1e17 in bf16 by step 16, and what the losses did after the freeze followed the rounding (bf16
+// NaN at step 16 with MKL; with OpenBLAS the same after a 1e-6 relative nudge of the initial
+// weights or with another model or data seed). eps 1e-4 caps those steps at a few lr: max |w|
+// 1.3-1.8 (Adam: 1.1) and the largest per-step difference 0.07%-0.61% across 2 threads, the
+// reference BLAS, three nudged initial weights, three model seeds and three data orders.
 TEST(OneBit16Bit, Bf16OneBitAdamFollowsFp32AndKeepsGradientsLocalAfterTheFreeze) {
-  json fp32 = onebit_config("OneBitAdam", 8), bf16 = fp32;
+  json fp32 = onebit_config("OneBitAdam", 8);
+  fp32["optimizer"]["params"]["eps"] = 1e-4;
+  json bf16 = fp32;
   bf16["bf16"] = {{"enabled", true}};
   auto a = train_gpt(fp32, 16), b = train_gpt(bf16, 16);
-  double worst = 0;
-  for (int s = 0; s < 8; ++s) worst = std::max(worst, std::abs(b[s].loss - a[s].loss) / a[s].loss);
-  std::cout << "warm-up: largest relative loss difference bf16 vs fp32 " << worst
-            << "; loss step 1 " << b[0].loss << ", step 16 " << b[15].loss << " (fp32 "
-            << a[15].loss << ")\n";
-  EXPECT_LT(worst, 2e-3);
+  double warm_up = 0, after = 0, largest = 0;
+  for (int s = 0; s < 16; ++s) {
+    const double d = std::abs(b[s].loss - a[s].loss) / a[s].loss;
+    double& worst = s < 8 ? warm_up : after;
+    worst = max_keeping_nan(worst, d);
+    largest = max_keeping_nan(largest, max_keeping_nan(a[s].max_abs_weight, b[s].max_abs_weight));
+  }
+  double mean_b = 0;
+  for (int s = 8; s < 16; ++s) mean_b += b[s].loss / 8;
+  std::cout << "largest relative loss difference bf16 vs fp32: warm-up " << warm_up
+            << ", after the freeze " << after << "; bf16 loss step 1 " << b[0].loss
+            << ", mean of steps 9-16 " << mean_b << "; max |w| " << largest << "\n";
+  // Far from the divergence above (a NaN anywhere fails these too).
+  EXPECT_LT(largest, 10.0);
+  EXPECT_LT(warm_up, 2e-3);
+  EXPECT_LT(after, 3e-2);
+  EXPECT_LT(mean_b, b[0].loss - 1.0);
   for (int s = 1; s <= 16; ++s) {
     const auto& r = b[s - 1];
     EXPECT_EQ(r.gradient_all_reduce, s <= 8) << "step " << s;
     EXPECT_EQ(r.all_to_all, s > 8 ? 1 : 0) << "step " << s;
     EXPECT_EQ(r.weight_spread, 0.0) << "step " << s;
   }
-  // After the freeze single losses of 2 x 2 samples part by up to 20% (the frozen variance is
-  // young and the run jumpy: step 16 reads 3.43 in fp32, 4.15 in bf16); their mean over steps
-  // 9-16 agrees to 3% (measured).
-  double mean_a = 0, mean_b = 0;
-  for (int s = 8; s < 16; ++s) {
-    mean_a += a[s].loss / 8;
-    mean_b += b[s].loss / 8;
-  }
-  std::cout << "mean loss of steps 9-16: bf16 " << mean_b << ", fp32 " << mean_a << "\n";
-  EXPECT_LT(mean_b, b[0].loss - 1.0);
-  EXPECT_LT(std::abs(mean_b - mean_a) / mean_a, 0.06);
 }
 
 // fp16, dynamic loss scale 2^8, 1-bit Adam frozen after step 2; rank 1's gradient gets an inf

@@ -181,6 +181,41 @@ void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_s
   }
 }
 
+void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg,
+                         float* exp_avg_sq, int64_t n, const AdamStepParams& p, uint16_t* param16,
+                         Half16Kind kind) {
+  if (n < 0) throw std::invalid_argument("adam_step: n=" + std::to_string(n) + " < 0");
+  const AdamConsts c = make_consts(p);
+  if (n == 0) return;
+  const detail::AdamKernel kernel = kernel_for(current_isa().load(std::memory_order_relaxed));
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  // One chunk: its gradients widened (bf16 bits are an fp32's upper half) into `wide`, 128 KiB
+  // on the thread's stack, then the kernel on them while they are in cache.
+  auto one = [&](int64_t k, float* wide) {
+    const int64_t off = k * kChunk;
+    const int64_t len = std::min(kChunk, n - off);
+    const uint16_t* g = grad_bf16 + off;
+    for (int64_t i = 0; i < len; ++i) {
+      const uint32_t u = static_cast<uint32_t>(g[i]) << 16;
+      __builtin_memcpy(&wide[i], &u, 4);
+    }
+    kernel(param + off, wide, exp_avg + off, exp_avg_sq + off, len, c,
+           param16 != nullptr ? param16 + off : nullptr, kind);
+  };
+  const int threads = thread_count(p);
+  if (threads <= 1 || n < kParallelMin) {
+    alignas(64) float wide[kChunk];
+    for (int64_t k = 0; k < chunks; ++k) one(k, wide);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    alignas(64) float wide[kChunk];
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < chunks; ++k) one(k, wide);
+  }
+}
+
 const char* adam_kernel_isa() { return isa_name(current_isa().load()); }
 
 bool adam_isa_supported(AdamIsa isa) { return cpu_has(isa); }

@@ -48,6 +48,14 @@ void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_s
                const AdamStepParams& p, uint16_t* param16 = nullptr,
                Half16Kind kind = Half16Kind::BF16);
 
+// adam_step with the gradients as bf16 bits: each thread widens its own chunks into a buffer that
+// stays in its cache and runs the same kernel on them, so the result is adam_step's on the
+// widened gradients bit for bit (widening bf16 is exact), without a separate pass writing and
+// reading fp32 gradients through memory (ZeRO-Offload's bf16 gradient partition).
+void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg,
+                         float* exp_avg_sq, int64_t n, const AdamStepParams& p,
+                         uint16_t* param16 = nullptr, Half16Kind kind = Half16Kind::BF16);
+
 // Instruction-set paths of the kernel. All give bit-identical results.
 enum class AdamIsa { Scalar, Avx2, Avx512 };
 

@@ -1,6 +1,7 @@
 // The vectorised Adam kernel against libtorch's own optimizers, across ISA paths, thread
 // counts, tails and the fused 16-bit copy.
 #include "optim/cpu_adam.h"
+#include "optim/cpu_adam_kernels.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -249,6 +250,44 @@ TEST(CpuAdam, SixteenBitCopyAtEveryAlignmentMatchesScalar) {
             }
           }
         }
+      }
+    }
+  }
+}
+
+// bf16 gradients (bits) widened in cache by each thread: adam_step's result on the widened
+// gradients, bit for bit, for every ISA, thread count and length (one chunk, several, a tail).
+TEST(CpuAdam, Bf16GradientsGiveTheWidenedGradientsStep) {
+  for (int64_t n : {1, 17, 40000, 100003}) {
+    std::vector<float> grad = randn(n, 91, 0.1f);
+    std::vector<uint16_t> grad16(n);
+    for (int64_t i = 0; i < n; ++i) grad16[i] = detail::float_to_bf16_bits(grad[i]);
+    std::vector<float> widened(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t u = static_cast<uint32_t>(grad16[i]) << 16;
+      std::memcpy(&widened[i], &u, 4);
+    }
+    for (AdamIsa isa : supported_isas()) {
+      for (int threads : {1, 2, 3}) {
+        IsaGuard guard;
+        set_adam_isa(isa);
+        AdamStepParams hp = hyper(true, 0.01f, 0.5f);
+        hp.num_threads = threads;
+        Flat want(randn(n, 92)), got = want;
+        std::vector<uint16_t> want16(n), got16(n);
+        for (int64_t step = 1; step <= 2; ++step) {
+          hp.step = step;
+          adam_step(want.param.data(), widened.data(), want.m.data(), want.v.data(), n, hp,
+                    want16.data(), Half16Kind::BF16);
+          adam_step_bf16_grad(got.param.data(), grad16.data(), got.m.data(), got.v.data(), n, hp,
+                              got16.data(), Half16Kind::BF16);
+        }
+        const std::string what = "n " + std::to_string(n) + " isa " + std::to_string(int(isa)) +
+                                 " threads " + std::to_string(threads);
+        EXPECT_EQ(got.param, want.param) << what;
+        EXPECT_EQ(got.m, want.m) << what;
+        EXPECT_EQ(got.v, want.v) << what;
+        EXPECT_EQ(got16, want16) << what;
       }
     }
   }

@@ -187,18 +187,16 @@ void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg
   if (n < 0) throw std::invalid_argument("adam_step: n=" + std::to_string(n) + " < 0");
   const AdamConsts c = make_consts(p);
   if (n == 0) return;
-  const detail::AdamKernel kernel = kernel_for(current_isa().load(std::memory_order_relaxed));
+  const AdamIsa isa = current_isa().load(std::memory_order_relaxed);
+  const detail::AdamKernel kernel = kernel_for(isa);
+  const auto widen = isa == AdamIsa::Avx512 ? detail::widen_bf16_avx512 : detail::widen_bf16_scalar;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  // One chunk: its gradients widened (bf16 bits are an fp32's upper half) into `wide`, 128 KiB
-  // on the thread's stack, then the kernel on them while they are in cache.
+  // One chunk: its gradients widened into `wide`, 128 KiB on the thread's stack, then the kernel
+  // on them while they are in cache.
   auto one = [&](int64_t k, float* wide) {
     const int64_t off = k * kChunk;
     const int64_t len = std::min(kChunk, n - off);
-    const uint16_t* g = grad_bf16 + off;
-    for (int64_t i = 0; i < len; ++i) {
-      const uint32_t u = static_cast<uint32_t>(g[i]) << 16;
-      __builtin_memcpy(&wide[i], &u, 4);
-    }
+    widen(grad_bf16 + off, wide, len);
     kernel(param + off, wide, exp_avg + off, exp_avg_sq + off, len, c,
            param16 != nullptr ? param16 + off : nullptr, kind);
   };

@@ -106,4 +106,14 @@ __attribute__((target("avx512f"))) void adam_kernel_avx512(float* param, const f
                      param16 != nullptr ? param16 + i : nullptr, kind);
 }
 
+__attribute__((target("avx512f"))) void widen_bf16_avx512(const uint16_t* in, float* out,
+                                                          int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  widen_bf16_scalar(in + i, out + i, n - i);
+}
+
 }  // namespace deepspeed::optim::detail

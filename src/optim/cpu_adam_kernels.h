@@ -32,6 +32,15 @@ void adam_kernel_avx2(float* param, const float* grad, float* m, float* v, int64
 void adam_kernel_avx512(float* param, const float* grad, float* m, float* v, int64_t n,
                         const AdamConsts& c, uint16_t* param16, Half16Kind kind);
 
+// bf16 bits -> fp32 (exact: the bits are an fp32's upper half), for adam_step_bf16_grad.
+inline void widen_bf16_scalar(const uint16_t* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+    __builtin_memcpy(&out[i], &u, 4);
+  }
+}
+void widen_bf16_avx512(const uint16_t* in, float* out, int64_t n);
+
 // fp32 -> bf16 bits, round to nearest even, NaN -> 0x7FC0: c10::BFloat16(float)'s rule.
 inline uint16_t float_to_bf16_bits(float x) {
   uint32_t u;

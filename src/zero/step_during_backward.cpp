@@ -68,40 +68,26 @@ StepDuringBackward::Download StepDuringBackward::download(int64_t begin, const a
   return {slice, fence};
 }
 
-// One chunk: fp32 gradients (widened into the scratch when fp16, or bf16 with several parameter
-// groups), the update, and the new values up into the partition.
+// One chunk: fp32 gradients (widened into the scratch when 16-bit), the update, and the new
+// values up into the partition.
 void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
                                       const at::Tensor& partition) {
   const int64_t n = grads.numel();
   reserve(grads.scalar_type(), partition);  // done already on the engine's thread: a no-op
-  // bf16 gradients go to the kernel as they are (widened in cache by each of its threads, bit
-  // for bit the same update): no pass writing and reading them widened through memory.
-  const bool bf16_in = grads.scalar_type() == at::kBFloat16 && grads.is_contiguous() &&
-                       step_.takes_bf16_grads();
-  const auto* g16 = bf16_in ? static_cast<const uint16_t*>(grads.data_ptr()) : nullptr;
   at::Tensor grads32 = grads;
-  if (grads.scalar_type() != at::kFloat && !bf16_in) {
+  if (grads.scalar_type() != at::kFloat) {
     grads32 = scratch_.narrow(0, 0, n);
     grads32.copy_(grads);
   }
-  const float* g = bf16_in ? nullptr : grads32.data_ptr<float>();
-  auto run = [&](uint16_t* half_out, optim::Half16Kind kind) {
-    if (bf16_in)
-      step_.run_bf16_grad(g16, begin, n, half_out, kind);
-    else
-      step_.run_into(g, begin, n, half_out, kind);
-  };
-  auto run_to_half_copy = [&] {  // step_.run(): the master, and the half copy if there is one
-    run(step_.half ? step_.half + begin : nullptr, step_.kind);
-  };
+  const float* g = grads32.data_ptr<float>();
   if (!options_.upload) {  // the partition is in host memory: the update writes it
-    run_to_half_copy();
+    step_.run(g, begin, n);
     return;
   }
   at::Tensor target = partition.narrow(0, begin, n);
   const bool fp32 = partition.scalar_type() == at::kFloat;
   if (fp32) {  // the masters are what goes up
-    run_to_half_copy();
+    step_.run(g, begin, n);
     if (options_.pin) {  // page-locked: straight from them
       uploads_.copy(target, master_.narrow(0, begin, n));
       return;
@@ -114,8 +100,9 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
   if (fp32)
     values.copy_(master_.narrow(0, begin, n));
   else
-    run(static_cast<uint16_t*>(values.data_ptr()),
-        partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16 : optim::Half16Kind::BF16);
+    step_.run_into(g, begin, n, static_cast<uint16_t*>(values.data_ptr()),
+                   partition.scalar_type() == at::kHalf ? optim::Half16Kind::FP16
+                                                        : optim::Half16Kind::BF16);
   slot.uploaded = uploads_.copy(target, values);
 }
 

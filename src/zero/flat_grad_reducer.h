@@ -19,6 +19,8 @@
 //       With ZeRO-Offload's host update (ShardOptimizer::gradients_in_host_memory) the partition
 //       is in host memory and the reduced buckets go down into it (host_grad_partition.h): on the
 //       device only the buckets.
+//   SingleRankGradients (stage 2 at data-parallel world size 1, device partition): nothing to
+//       reduce; each gradient goes straight into the partition (single_rank_gradients.h).
 #pragma once
 #include <functional>
 #include <memory>
@@ -109,7 +111,9 @@ class FlatGradReducer {
   std::unique_ptr<BucketOrder> order_;
   InFlight in_flight_;
   int64_t pool_bytes_ = 0;
-  int64_t peak_wire_bytes_ = 0;  // all-reduce: the most bytes of Bucket::wire alive at once
+  // All-reduce: the most bytes of Bucket::wire alive at once. SingleRankGradients: its largest
+  // gradient copy in communication_data_type.
+  int64_t peak_wire_bytes_ = 0;
   bool catching_ = false;  // between begin_backward and end_backward: arrived() takes gradients
   bool reducing_ = false;
   bool launch_from_hooks_ = true;

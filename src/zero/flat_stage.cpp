@@ -9,6 +9,7 @@
 #include "optim/lamb.h"
 #include "partition/partition.h"
 #include "zero/fragment_state.h"
+#include "zero/single_rank_gradients.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -34,9 +35,16 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   if (options.scatter_gradients) {
     // Autograd accumulates in the parameter dtype; the scattered partition may be wider.
     const auto grad_dtype = dtype_from_config(options.grad_accum_dtype, options.param_dtype);
-    grads_ = std::make_unique<ReduceScatterBuckets>(ctx_, *flat_, reduction, comm_dtype, grad_dtype,
-                                                    shard_->gradients_in_host_memory(),
-                                                    options.shard.pin_memory);
+    // A rank alone in its data-parallel group has nothing to reduce: its gradients go straight
+    // into the partition, with no bucket (single_rank_gradients.h). A host partition keeps its
+    // buckets: each is one download that the offloaded update takes during backward.
+    if (ctx_.world_size() == 1 && !shard_->gradients_in_host_memory())
+      grads_ = std::make_unique<SingleRankGradients>(ctx_, *flat_, reduction, comm_dtype,
+                                                     grad_dtype);
+    else
+      grads_ = std::make_unique<ReduceScatterBuckets>(
+          ctx_, *flat_, reduction, comm_dtype, grad_dtype, shard_->gradients_in_host_memory(),
+          options.shard.pin_memory);
   } else {
     // Stages 0/1: the full buffer accumulates the micro-steps, in grad_accum_dtype. One
     // micro-step sums nothing (its gradients widened and narrowed again are the same values), so

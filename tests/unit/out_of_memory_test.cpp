@@ -15,6 +15,7 @@
 #include "device/out_of_memory.h"
 #include "support/expect.h"
 #include "support/failing_cpu_allocator.h"
+#include "support/fake_communicator.h"
 #include "support/two_layers.h"
 
 namespace out_of_memory_test {
@@ -156,16 +157,20 @@ TEST(OutOfMemory, RanksAsThreadsEachReportTheirOwnBuffer) {
 using dstest::TwoLayersImpl;
 
 auto two_layer_engine(std::shared_ptr<TwoLayersImpl> model, int stage,
-                      const std::string& optimizer = "SGD") {
+                      const std::string& optimizer = "SGD",
+                      deepspeed::comm::CommunicatorPtr comm = nullptr) {
   nlohmann::json config = {{"train_micro_batch_size_per_gpu", 2},
                            {"optimizer", {{"type", optimizer}, {"params", {{"lr", 0.1}}}}},
                            {"zero_optimization", {{"stage", stage}}}};
-  return deepspeed::initialize<TwoLayersImpl>({.model = model, .config_json = config}).engine;
+  return deepspeed::initialize<TwoLayersImpl>({.model = model, .config_json = config, .comm = comm})
+      .engine;
 }
 
+// Rank 0 of two (a rank alone in its data-parallel group holds no bucket: its gradients go
+// straight into its partition).
 TEST(OutOfMemory, InTheBackwardNamingTheGradientBucketBeingAllocated) {
   auto model = std::make_shared<TwoLayersImpl>();
-  auto engine = two_layer_engine(model, 2);
+  auto engine = two_layer_engine(model, 2, "SGD", std::make_shared<dstest::FakeCommunicator>(0, 2));
   dstest::FailingCpuAllocatorScope failing(3 << 20);
   auto loss = engine->forward(torch::randn({2, 700}));
   failing->arm();

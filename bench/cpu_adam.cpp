@@ -107,37 +107,46 @@ void print_row(const Row& r) {
              100.0 * r.elems_per_s / limit);
 }
 
-double our_kernel(int64_t n, int threads, int reps, bool bf16_copy) {
-  std::vector<float> p(n, 0.5f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
-  std::vector<uint16_t> p16(bf16_copy ? n : 0);
+// One timed configuration of adam_step: the fp32 state of n elements and the hyperparameters,
+// each rep one more step; `run` does the step with the state's buffers.
+struct AdamBench {
+  std::vector<float> p, m, v;
   AdamStepParams hp;
-  hp.weight_decay = 0.01f;
-  hp.num_threads = threads;
-  int64_t step = 0;
-  const double s = best_seconds(reps, [&] {
-    hp.step = ++step;
-    deepspeed::optim::adam_step(p.data(), g.data(), m.data(), v.data(), n, hp,
+  AdamBench(int64_t n, int threads) : p(n, 0.5f), m(n, 0.0f), v(n, 0.0f) {
+    hp.weight_decay = 0.01f;
+    hp.num_threads = threads;
+  }
+  template <typename Step>
+  double elements_per_second(int reps, Step run) {
+    int64_t step = 0;
+    const double s = best_seconds(reps, [&] {
+      hp.step = ++step;
+      run();
+    });
+    return static_cast<double>(p.size()) / s;
+  }
+};
+
+double our_kernel(int64_t n, int threads, int reps, bool bf16_copy) {
+  AdamBench b(n, threads);
+  std::vector<float> g(n, 0.01f);
+  std::vector<uint16_t> p16(bf16_copy ? n : 0);
+  return b.elements_per_second(reps, [&] {
+    deepspeed::optim::adam_step(b.p.data(), g.data(), b.m.data(), b.v.data(), n, b.hp,
                                 bf16_copy ? p16.data() : nullptr);
   });
-  return n / s;
 }
 
 // ZeRO-Offload's path with a bf16 model: bf16 gradients in (widened in cache), the bf16 copy
 // out: param, m, v read and written (24 bytes an element), the gradient read (2), the copy
 // written (2): 28, as the fp32-gradient step without its copy.
 double offload_bf16_path(int64_t n, int threads, int reps) {
-  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  AdamBench b(n, threads);
   std::vector<uint16_t> g16(n, 0x3C24), p16(n);  // 0x3C24: bf16 ~0.01
-  AdamStepParams hp;
-  hp.weight_decay = 0.01f;
-  hp.num_threads = threads;
-  int64_t step = 0;
-  const double s = best_seconds(reps, [&] {
-    hp.step = ++step;
-    deepspeed::optim::adam_step_bf16_grad(p.data(), g16.data(), m.data(), v.data(), n, hp,
-                                          p16.data());
+  return b.elements_per_second(reps, [&] {
+    deepspeed::optim::adam_step_bf16_grad(b.p.data(), g16.data(), b.m.data(), b.v.data(), n,
+                                          b.hp, p16.data());
   });
-  return n / s;
 }
 
 // What ZeRO-Offload's worker does today with bf16 gradients: libtorch widens a 4M-element chunk
@@ -146,25 +155,19 @@ double offload_bf16_path(int64_t n, int threads, int reps) {
 double offload_bf16_scratch_path(int64_t n, int threads, int reps) {
   at::set_num_threads(threads);
   constexpr int64_t kScratch = int64_t{1} << 22;  // zero/step_during_backward's chunk
-  std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+  AdamBench b(n, threads);
   at::Tensor g16 = at::full({n}, 0.01, at::kBFloat16);
   at::Tensor scratch = at::empty({std::min(n, kScratch)}, at::kFloat);
   std::vector<uint16_t> p16(n);
-  AdamStepParams hp;
-  hp.weight_decay = 0.01f;
-  hp.num_threads = threads;
-  int64_t step = 0;
-  const double s = best_seconds(reps, [&] {
-    hp.step = ++step;
+  return b.elements_per_second(reps, [&] {
     for (int64_t off = 0; off < n; off += kScratch) {
       const int64_t c = std::min(kScratch, n - off);
       at::Tensor wide = scratch.narrow(0, 0, c);
       wide.copy_(g16.narrow(0, off, c));
-      deepspeed::optim::adam_step(p.data() + off, wide.data_ptr<float>(), m.data() + off,
-                                  v.data() + off, c, hp, p16.data() + off);
+      deepspeed::optim::adam_step(b.p.data() + off, wide.data_ptr<float>(), b.m.data() + off,
+                                  b.v.data() + off, c, b.hp, p16.data() + off);
     }
   });
-  return n / s;
 }
 
 double torch_adamw(int64_t n, int threads, int reps) {

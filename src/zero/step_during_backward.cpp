@@ -152,6 +152,7 @@ void StepDuringBackward::update(int64_t begin, const at::Tensor& host_grads,
       step_.set_num_threads(team);
       worker_threads(team);
     }
+    last_chunk_team_ = team;
     update_chunk(begin + at, host_grads.narrow(0, at, c), partition);
   }
 }

@@ -103,6 +103,8 @@ class StepDuringBackward {
   size_t ranges_taken() const { return taken_.size(); }
   // Ranges the last completed step took before finish() (tests, logs).
   size_t ranges_in_last_step() const { return last_ranges_; }
+  // The OpenMP team of the last chunk updated (tests: the full team once finish() is reached).
+  int last_chunk_team() const { return last_chunk_team_; }
   // Host bytes held here (the gradient landing place, the scratch, the ring).
   int64_t host_bytes() const;
 
@@ -145,6 +147,7 @@ class StepDuringBackward {
   // copy a failed backward dropped would keep the worker, and so abandon(), waiting for ever).
   std::vector<std::shared_ptr<device::CopyFence>> awaited_;
   size_t last_ranges_ = 0;
+  int last_chunk_team_ = 0;  // written by whichever thread updates; read after finish()
   bool prepared_ = false;  // this step was counted: from here on it can only complete or be lost
   size_t lost_ = 0;
   c10::Device device_;  // the compute device: host buffers are registered for copies with it

@@ -502,6 +502,30 @@ TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
   }
 }
 
+// Uploading during a GPU's backward, the Adam leaves one core to the kernel-launching thread;
+// once the engine reaches finish() backward is launched, and what finish() updates itself (here
+// the range no take() covered) runs with the whole team.
+TEST(StepDuringBackwardUpload, FinishUpdatesWithTheWholeTeam) {
+  using deepspeed::zero::StepDuringBackward;
+  const int before = at::get_num_threads();
+  at::set_num_threads(3);
+  {
+    const int64_t n = 400;
+    at::Tensor master = torch::randn({n});
+    at::Tensor partition = master.to(at::kBFloat16);
+    deepspeed::optim::FusedAdam adam({master}, hyper());
+    StepDuringBackward::Options o;
+    o.upload = true;
+    o.chunk = 50;
+    StepDuringBackward host(adam, master, torch::kCPU, o);
+    at::Tensor grads = torch::randn({n}).to(at::kBFloat16);
+    host.take(0, grads.narrow(0, 0, 100), partition);  // [100, 400) is left to finish()
+    host.finish(grads, partition);
+    EXPECT_EQ(host.last_chunk_team(), 3);
+  }
+  at::set_num_threads(before);
+}
+
 // A pageable partition's range is final only once the engine's thread has put its copy in (a
 // device::HostFence). After a failed backward that copy never comes: abandon() cancels the
 // ranges' fences instead of waiting for ever on a worker that waits for them. The range whose

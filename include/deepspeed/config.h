@@ -71,6 +71,9 @@ struct OffloadConfig {
   // offload_optimizer only, deepspeed.cpp's own: the CPU update of each gradient bucket runs
   // during backward (unset: on when the partition is on a GPU; docs/config.md).
   std::optional<bool> overlap_step;
+  // offload_optimizer only, deepspeed.cpp's own: what the update during backward has not done
+  // when step() is called runs on into the next forward (docs/config.md).
+  bool overlap_forward = false;
   bool enabled() const { return device != "none"; }
 };
 

@@ -87,6 +87,12 @@ class Engine {
   // At an accumulation boundary: clip by global norm, optimizer step, LR scheduler step, zero grads.
   // Between boundaries only counts the micro-step. COLLECTIVE.
   void step();
+  // With zero_optimization.offload_optimizer.overlap_forward, step() returns while the CPU Adam
+  // still updates the parameters the next forward reads last (each ZeroUnit waits for its own).
+  // This waits for all of it: call it before reading the module's parameters yourself between
+  // step() and the next forward. The engine's own readers (backward, checkpoints,
+  // gathered_parameters, consolidated_state_dict) call it. Nothing to wait for otherwise. Local.
+  void complete_step();
 
   bool is_gradient_accumulation_boundary() const;
   int64_t train_batch_size() const;

@@ -31,6 +31,7 @@ void read_optimizer_only(ObjectReader& r, OffloadConfig& out) {
   r.read("fast_init", out.fast_init);
   r.read("ratio", out.ratio);
   r.read("overlap_step", out.overlap_step);  // deepspeed.cpp's own key
+  r.read("overlap_forward", out.overlap_forward);  // deepspeed.cpp's own key
   require_in_range(r.path_of("ratio"), out.ratio, 0.0, 1.0);
 }
 
@@ -81,6 +82,11 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
     warnings.add(zero_path + ".offload_optimizer.overlap_step is true but pin_memory is false: on "
                  "a GPU, ZeRO stage 1 then runs the update after backward (pageable copies would "
                  "stall it); set pin_memory true, or use stage 2");
+  if (zero.offload_optimizer.overlap_forward && zero.stage == 3) {
+    warnings.add(zero_path + ".offload_optimizer.overlap_forward applies to stages 1 and 2; "
+                 "ignored at stage 3 (its units are gathered from the updated partition)");
+    zero.offload_optimizer.overlap_forward = false;
+  }
   if (zero.offload_optimizer.ratio < 1.0 && zero.stage != 3) {
     throw ConfigError("config key '" + zero_path +
                       ".offload_optimizer.ratio' < 1 (partial "

@@ -1,5 +1,7 @@
 #include "offload/step_worker.h"
 
+#include <algorithm>
+
 namespace deepspeed {
 namespace offload {
 
@@ -18,13 +20,19 @@ StepWorker::~StepWorker() {
   thread_.join();
 }
 
-void StepWorker::post(std::function<void()> task) {
+void StepWorker::post(std::function<void()> task, int64_t key) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (error_) return;  // this step has failed already; wait() reports it
-    tasks_.push_back(std::move(task));
+    tasks_.push_back({key, std::move(task)});
   }
   wake_.notify_one();
+}
+
+void StepWorker::reorder(const std::function<bool(int64_t, int64_t)>& before) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::stable_sort(tasks_.begin(), tasks_.end(),
+                   [&](const Task& a, const Task& b) { return before(a.key, b.key); });
 }
 
 void StepWorker::wait() {
@@ -42,7 +50,7 @@ void StepWorker::loop() {
   for (;;) {
     wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
     if (tasks_.empty()) return;  // stop_, nothing left
-    std::function<void()> task = std::move(tasks_.front());
+    std::function<void()> task = std::move(tasks_.front().run);
     tasks_.pop_front();
     running_ = true;
     lock.unlock();

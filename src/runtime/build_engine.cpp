@@ -195,6 +195,8 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
   o.allgather_bucket_numel = config.zero_optimization.allgather_bucket_size;
   o.reduction = zero::reduction_options(config);
   o.shard = zero::shard_options(config);
+  // A pipeline's stages run their forwards by its schedule, not through Engine::forward.
+  if (pipeline_stage) o.shard.overlap_forward = false;
   return o;
 }
 
@@ -206,6 +208,7 @@ zero::Stage3Options stage3_options(const Config& config, at::ScalarType param_dt
   o.aio = config.aio;
   o.reduction = zero::reduction_options(config);
   o.shard = zero::shard_options(config);
+  o.shard.overlap_forward = false;  // stages 1 and 2 only (zero/forward_waits.h)
   return o;
 }
 
@@ -272,7 +275,16 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       auto options = flat_stage_options(s.config, stage, dtype, pipeline_stage, print_warnings);
       zero::describe_client_groups(client_optimizer.get(), s.trainable, options.shard);
       describe_config_groups(groups.get(), options.shard);
-      s.stage = std::make_unique<zero::FlatStage>(s.trainable, context, options, make_optimizer);
+      auto flat = std::make_unique<zero::FlatStage>(s.trainable, context, options,
+                                                    make_optimizer, s.module.get());
+      if (options.shard.overlap_forward && !flat->finishes_in_forward() && print_warnings)
+        std::fprintf(stderr,
+                     "[deepspeed] warning: zero_optimization.offload_optimizer.overlap_forward is "
+                     "ignored here: it needs offload_optimizer.device \"cpu\" with FusedAdam "
+                     "(Adam/AdamW) updating during backward (overlap_step, the default on a GPU; "
+                     "no gradient_clipping, fp16 or bf16.check_grad_overflow), ZeRO stage 1 or 2, "
+                     "one data-parallel rank and no pipeline\n");
+      s.stage = std::move(flat);
       break;
     }
     case 3: {

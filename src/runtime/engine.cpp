@@ -95,6 +95,10 @@ at::Tensor divided_by_accumulation(const at::Tensor& loss, int64_t accumulation_
   return (reduced ? loss.to(at::kFloat) : loss) / static_cast<double>(accumulation_steps);
 }
 
+void complete_handed_over_step(const EngineState& s) {
+  if (s.stage) s.stage->complete_step();
+}
+
 void refuse_inside_gathered_scope(const EngineState& s, const std::string& what) {
   if (!s.stage || !s.stage->gathered_scope_open()) return;
   throw Error(what + " inside a gathered_parameters scope on rank " +
@@ -241,6 +245,10 @@ at::Tensor Engine::backward_in(const at::Tensor& loss) try {
 
 void Engine::step() {
   in_call("step", [&] { step_in(); });
+}
+
+void Engine::complete_step() {
+  in_call("complete_step", [&] { complete_handed_over_step(*state_); });
 }
 
 void Engine::step_in() try {
@@ -419,6 +427,7 @@ GatheredParameters Engine::gathered_parameters(
     std::optional<int> modifier_rank) {
   return in_call("gathered_parameters", [&] {
     refuse_during_half_done_step(*state_, "gathered_parameters");
+    complete_handed_over_step(*state_);
     // The release is collective too (a modifier rank's broadcast, its writes to the partition):
     // one that fails on one rank posts, so its peers' next collective ends at once, naming it.
     return GatheredParameters(
@@ -438,6 +447,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict(
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict_in() {
   refuse_during_half_done_step(*state_, "consolidated_state_dict");
+  complete_handed_over_step(*state_);
   auto& model = *state_->module;
   const bool keep = state_->comm->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> out;

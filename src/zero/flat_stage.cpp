@@ -16,7 +16,8 @@ namespace deepspeed {
 namespace zero {
 
 FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context,
-                     const FlatStageOptions& options, const OptimizerFactory& make_optimizer)
+                     const FlatStageOptions& options, const OptimizerFactory& make_optimizer,
+                     torch::nn::Module* model)
     : ctx_(context) {
   ownership_ = options.partitioned
                    ? make_sharded_ownership(ctx_, options.allgather_bucket_numel)
@@ -26,6 +27,8 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
   ShardOptions shard = options.shard;
   shard.compute_device = ctx_.device;
   shard.reduces_into_partition = options.scatter_gradients;
+  // With peers the updated partitions are all-gathered at the step: nothing can run on.
+  shard.overlap_forward = shard.overlap_forward && options.partitioned && ctx_.world_size() == 1;
   if (!shard.group_of.empty())
     shard.group_segments = group_segments(ownership_->fragments_to_load(*flat_), shard.group_of,
                                           partition_->numel());
@@ -63,6 +66,13 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
       shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_,
                               std::move(ready));
     });
+  if (shard_->finishes_in_forward()) {
+    // FlatParams lays the parameters out in reverse: the next forward reads the highest first.
+    shard_->set_forward_order([](int64_t a, int64_t b) { return a > b; });
+    if (model)
+      forward_waits_ = std::make_unique<ForwardWaits>(
+          *model, *flat_, flat_->layout().begin(ownership_->owner()), partition_->numel(), *shard_);
+  }
   const auto order = slots_in_param_order(params);
   if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get()))
     tell_lamb_fragments(*lamb, order);
@@ -173,10 +183,29 @@ at::Tensor FlatStage::agreed_across_data_ranks(at::Tensor norm) {
 }
 
 void FlatStage::step(double grad_scale) {
+  complete_step();  // a step with no backward since the last one
   grads_->settle();
   shard_->step({grads_->partition()}, *partition_, grad_scale);
-  ownership_->share_updates(*flat_);
+  ownership_->share_updates(*flat_);  // nothing at one rank, the only place it hands over
+  if (shard_->finishes_in_forward())
+    zero_after_update_ = true;
+  else
+    grads_->zero();
+}
+
+void FlatStage::complete_step() {
+  shard_->complete_step();
+  if (!zero_after_update_) return;
+  zero_after_update_ = false;
   grads_->zero();
+}
+
+void FlatStage::before_forward() {
+  if (!shard_->finishes_in_forward()) return;
+  if (forward_waits_)
+    forward_waits_->before_forward();
+  else
+    complete_step();
 }
 
 MemoryReport FlatStage::memory() const {
@@ -194,10 +223,12 @@ MemoryReport FlatStage::memory() const {
 }
 
 std::unique_ptr<FragmentState> FlatStage::state_to_save() {
+  complete_step();
   return windowed_fragment_state(ownership_->fragments_to_save(*flat_), shard_->windows_for_save());
 }
 
 std::unique_ptr<FragmentState> FlatStage::state_to_load(bool create_moments) {
+  complete_step();
   return windowed_fragment_state(ownership_->fragments_to_load(*flat_),
                                  shard_->windows_for_load(create_moments));
 }

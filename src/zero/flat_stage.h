@@ -25,6 +25,7 @@
 #include "zero/flat_grad_reducer.h"
 #include "zero/flat_ownership.h"
 #include "zero/flat_params.h"
+#include "zero/forward_waits.h"
 #include "zero/shard_optimizer.h"
 #include "zero/stage.h"
 #include "zero/stage_options.h"
@@ -37,16 +38,21 @@ namespace zero {
 
 class FlatStage : public ZeroStage {
  public:
-  // `make_optimizer` builds the optimizer over the rank's fp32 master partition.
+  // `make_optimizer` builds the optimizer over the rank's fp32 master partition. `model`: the
+  // module the parameters belong to, whose ZeroUnits wait for their own parameters with
+  // offload_optimizer.overlap_forward (zero/forward_waits.h); null: the whole update is waited
+  // for when a forward begins.
   // REQUIRES: every parameter has options.param_dtype.
   FlatStage(std::vector<at::Tensor> params, const StageContext& context,
-            const FlatStageOptions& options, const OptimizerFactory& make_optimizer);
+            const FlatStageOptions& options, const OptimizerFactory& make_optimizer,
+            torch::nn::Module* model = nullptr);
 
   // At a boundary the gradients are reduced, unless a 1-bit optimizer keeps them local.
   // The shard first: an update still running from an earlier boundary stops before the gradients'
   // recovery touches what it reads. Ranges that recovery finishes (a failed pass's buckets) are
   // refused until this backward has begun.
   void begin_backward(bool boundary) override {
+    complete_step();
     shard_->begin_backward();
     grads_->begin_backward(boundary && !gradients_stay_local());
     shard_->accept_ranges();
@@ -66,9 +72,15 @@ class FlatStage : public ZeroStage {
   at::Tensor agreed_across_data_ranks(at::Tensor norm) override;
   void step(double grad_scale) override;
   void discard_gradients() override {
+    complete_step();
     shard_->discard_step();
     grads_->zero();
   }
+  // offload_optimizer.overlap_forward: the update handed over by step() ends here (its
+  // gradients, read until then, are dropped now).
+  void complete_step() override;
+  bool step_handed_over() const override { return shard_->step_handed_over(); }
+  void before_forward() override;
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
   // Checkpoints: the shard's state as fragments of the owner's partition.
@@ -89,6 +101,8 @@ class FlatStage : public ZeroStage {
     return shard_->update_begun_during_backward();
   }
   bool step_lost() const override { return shard_->step_lost(); }
+  // Whether step() hands the update's last ranges over to the next forward (tests).
+  bool finishes_in_forward() const { return shard_->finishes_in_forward(); }
 
  private:
   ReductionOptions reduction_for(ReductionOptions configured) const;
@@ -104,6 +118,8 @@ class FlatStage : public ZeroStage {
   std::unique_ptr<FlatGradReducer> grads_;
   std::unique_ptr<ShardOptimizer> shard_;
   const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // the optimizer when it is one
+  std::unique_ptr<ForwardWaits> forward_waits_;  // overlap_forward with a model given
+  bool zero_after_update_ = false;  // the handed-over update still reads the gradients
 };
 
 }  // namespace zero

@@ -67,6 +67,8 @@ class ForwardingStage : public ZeroStage {
     return inner_->grad_square_sums(selected);
   }
   void before_forward() override { inner_->before_forward(); }
+  void complete_step() override { inner_->complete_step(); }
+  bool step_handed_over() const override { return inner_->step_handed_over(); }
   std::function<void()> gather_for_access(
       const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
       std::optional<int> modifier_rank) override {

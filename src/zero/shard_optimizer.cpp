@@ -102,8 +102,19 @@ class InMemoryShard : public ShardOptimizer {
       o.update_early = overlap_ && options.overlap_step_allowed;
       host_step_ =
           std::make_unique<StepDuringBackward>(*fused_, master_, options.compute_device, o);
+      // With the partition in a file, step() writes the masters back whole: nothing to overlap.
+      finish_in_forward_ = options.overlap_forward && o.update_early && !swapped_;
     }
   }
+
+  bool finishes_in_forward() const override { return finish_in_forward_; }
+  void settle(int64_t begin, int64_t end) override {
+    if (host_step_) host_step_->settle(begin, end);
+  }
+  void complete_step() override {
+    if (host_step_) host_step_->complete();
+  }
+  bool step_handed_over() const override { return host_step_ && host_step_->handed_over(); }
 
   bool steps_during_backward() const override { return overlap_; }
   void gradients_final(int64_t begin, const at::Tensor& grads, ParamPartition& params,
@@ -129,8 +140,11 @@ class InMemoryShard : public ShardOptimizer {
   size_t ranges_stepped_during_backward() const override {
     return overlap_ ? host_step_->ranges_in_last_step() : 0;
   }
+  // (A step handed over to the next forward is complete as far as the engine is concerned: its
+  // readers settle it.)
   bool update_begun_during_backward() const override {
-    return host_step_ && host_step_->started() && host_step_->updates_early();
+    return host_step_ && host_step_->started() && host_step_->updates_early() &&
+           !host_step_->handed_over();
   }
   // Ranges already updated cannot be dropped: the step is abandoned instead (lost, and said so by
   // the next step() or backward), so the worker stops before the gradients are zeroed under it
@@ -145,6 +159,7 @@ class InMemoryShard : public ShardOptimizer {
   // Said once, by the next backward (its error is the acknowledgement; training may go on from
   // there), and by every step() until then.
   void begin_backward() override {
+    complete_step();  // a handed-over step: its gradients are about to be overwritten
     abandon_step();  // an update engine.step() did not complete stops; ranges wait for accept
     if (!host_step_ || !host_step_->lost()) return;
     const std::string message = partly_stepped("the next backward");
@@ -154,6 +169,7 @@ class InMemoryShard : public ShardOptimizer {
 
   void step(const ShardGrads& grads, ParamPartition& params, double grad_scale) override {
     TORCH_CHECK(grads.tensor.defined(), "InMemoryShard::step needs the gradients in memory");
+    complete_step();  // a step with no backward since the last one
     if (host_step_ && host_step_->lost()) throw Error(partly_stepped("engine.step()"));
     if (host_step_ && host_step_->started()) {
       if (host_step_->updates_early()) {
@@ -163,6 +179,8 @@ class InMemoryShard : public ShardOptimizer {
       } else {
         fused_->set_grad_scale(static_cast<float>(grad_scale));
       }
+      if (finish_in_forward_ && host_step_->updates_early())
+        return host_step_->hand_over(grads.tensor.view({-1}), step_target(params), forward_order_);
       host_step_->finish(grads.tensor.view({-1}), step_target(params));
       if (swapped_) params.write_all(master_.to(params.dtype()));
       return;
@@ -218,6 +236,7 @@ class InMemoryShard : public ShardOptimizer {
 
   void finish_load(int64_t adam_step, ParamPartition& params) override {
     torch::NoGradGuard no_grad;
+    complete_step();
     // The loaded masters, moments and step count replace the partly stepped ones; a load of the
     // weights alone (adam_step < 0) leaves the moments half a step on.
     if (host_step_ && adam_step >= 0) host_step_->forget_lost();
@@ -229,11 +248,13 @@ class InMemoryShard : public ShardOptimizer {
 
   void refresh_masters(ParamPartition& params) override {
     torch::NoGradGuard no_grad;
+    complete_step();
     if (!aliased_) master_.copy_(params.read_all());
   }
 
   void masters_edited(ParamPartition&, int64_t begin, const at::Tensor& values) override {
     torch::NoGradGuard no_grad;
+    complete_step();
     if (!aliased_) master_.narrow(0, begin, values.numel()).copy_(values);
   }
 
@@ -335,7 +356,9 @@ class InMemoryShard : public ShardOptimizer {
     }
   }
 
+  // The masters and moments as the last step left them: a handed-over update completed first.
   std::array<at::Tensor, 3> state(bool create_moments) {
+    complete_step();
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
@@ -357,6 +380,7 @@ class InMemoryShard : public ShardOptimizer {
   bool pin_ = false;        // offload_optimizer.pin_memory: host buffers page-locked
   c10::Device partition_device_ = c10::kCPU;  // where the 16-bit partition lives
   bool overlap_ = false;    // offload_optimizer.overlap_step: ranges taken during backward
+  bool finish_in_forward_ = false;  // offload_optimizer.overlap_forward: step() hands over
   bool swapped_ = false;    // home "cpu", the partition in a file: masters_ a host copy
   bool offload_param_on_gpu_ = false;  // offload_param "cpu"/"nvme" on a GPU: all of it on the host
   at::Tensor grad_host_;    // host_ without FusedAdam: fp32 gradients of the step

@@ -139,6 +139,21 @@ class ShardOptimizer {
   virtual size_t ranges_stepped_during_backward() const { return 0; }
   // Ranges were updated during the boundary's backward and no step() has completed them.
   virtual bool update_begun_during_backward() const { return false; }
+  // offload_optimizer.overlap_forward (zero/forward_waits.h): step() hands the update's last
+  // ranges over instead of waiting for them; they run into what the engine does next, in the
+  // order `before` gives (by first element of the partition: the next forward's order).
+  virtual bool finishes_in_forward() const { return false; }
+  void set_forward_order(std::function<bool(int64_t, int64_t)> before) {
+    forward_order_ = std::move(before);
+  }
+  // Elements [begin, end) of the partition hold the last step's values (and, on a GPU, the
+  // compute stream waits for them): nothing to do unless step() handed its update over.
+  virtual void settle(int64_t /*begin*/, int64_t /*end*/) {}
+  // Every element does: the handed-over update is complete. A failed update throws (the step is
+  // then lost: step_lost()).
+  virtual void complete_step() {}
+  // step() handed its update over and complete_step() has not run since.
+  virtual bool step_handed_over() const { return false; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
 
@@ -169,6 +184,9 @@ class ShardOptimizer {
   virtual int64_t resident_bytes() const = 0;
   // The part of resident_bytes() in host memory (all of it unless the masters are on a GPU).
   virtual int64_t resident_host_bytes() const { return resident_bytes(); }
+
+ protected:
+  std::function<bool(int64_t, int64_t)> forward_order_ = [](int64_t a, int64_t b) { return a < b; };
 };
 
 // The windows of state held whole in memory: one window of views.

@@ -160,8 +160,16 @@ class ZeroStage {
   // collectives part): COLLECTIVE over the data-parallel group then. Elsewhere the reduced
   // gradients already agree: `norm` as given. fp64 [1] on the stage's device, not waited for.
   virtual at::Tensor agreed_across_data_ranks(at::Tensor norm) { return norm; }
-  // Engine::forward is about to run the model (stage 3 restarts its trace). Local.
+  // Engine::forward is about to run the model (stage 3 restarts its trace; with
+  // offload_optimizer.overlap_forward the parameters outside every unit are waited for). Local.
   virtual void before_forward() {}
+  // offload_optimizer.overlap_forward: step() may leave the update's last ranges running into
+  // the next forward (zero/forward_waits.h); this waits for them, after which the parameters
+  // and the optimizer state are the step's. Local. A failed update throws (step_lost()).
+  virtual void complete_step() {}
+  // Whether the last step() left its update running into the next forward and nothing has
+  // completed it yet (tests, logs). Local.
+  virtual bool step_handed_over() const { return false; }
   // Makes the full parameters of `modules` (all when empty) present and writable until the
   // returned function runs; that function re-partitions them, keeping modifier_rank's values
   // (none: edits are dropped). Both COLLECTIVE. Stages 0-2 always hold the full parameters.

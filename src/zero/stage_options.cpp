@@ -43,6 +43,7 @@ ShardOptions shard_options(const Config& config) {
   s.overlap_step_allowed =
       !precision::votes_on_overflow(config) && config.gradient_clipping <= 0.0;
   s.overlap_step = off.overlap_step;
+  s.overlap_forward = off.overlap_forward;
   return s;
 }
 

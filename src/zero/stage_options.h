@@ -67,6 +67,9 @@ struct ShardOptions {
   // offload_optimizer.overlap_step: unset = on when the stage computes on a GPU; true also on
   // the CPU; false off.
   std::optional<bool> overlap_step;
+  // offload_optimizer.overlap_forward: the update's last ranges run on into the next forward
+  // (zero/forward_waits.h). The stage clears it where it cannot apply (see FlatStage).
+  bool overlap_forward = false;
   c10::Device compute_device = c10::kCPU;  // set by the stage: its context's device
   // Set by the stage: it reduces each bucket into a gradient partition (stages 2 and 3), which
   // the shard's gradients_in_host_memory() puts in host memory, with a fence per range even when

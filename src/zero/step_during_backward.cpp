@@ -161,6 +161,8 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
                               std::shared_ptr<device::CopyFence> ready) {
   torch::NoGradGuard no_grad;
   const int64_t n = grads.numel();
+  TORCH_CHECK(!handed_over_, "StepDuringBackward: a range of the next step taken before the "
+              "handed-over step was completed (complete())");
   TORCH_CHECK(begin >= 0 && begin + n <= master_.numel(), "StepDuringBackward: range [", begin,
               ", ", begin + n, ") outside the partition of ", master_.numel());
   if (n == 0) {
@@ -180,11 +182,42 @@ void StepDuringBackward::take(int64_t begin, const at::Tensor& grads, const at::
     landed_.push_back({begin, down});
     return;
   }
-  worker_.post([this, begin, down, partition] {
-    down.fence->wait();
-    worker_threads(step_.hyper.num_threads);
-    update(begin, down.grads, partition);
-  });
+  post_update(begin, down, partition);
+}
+
+void StepDuringBackward::post_update(int64_t begin, const Download& down,
+                                     const at::Tensor& partition) {
+  size_t index = 0;
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    index = progress_.size();
+    progress_.push_back({begin, begin + down.grads.numel(), false, nullptr});
+  }
+  worker_.post(
+      [this, begin, down, partition, index] {
+        try {
+          down.fence->wait();
+          worker_threads(step_.hyper.num_threads);
+          update(begin, down.grads, partition);
+        } catch (...) {
+          {
+            std::lock_guard<std::mutex> lock(progress_mutex_);
+            worker_failed_ = true;
+          }
+          progress_changed_.notify_all();
+          throw;
+        }
+        // The range's uploads are queued: a fence after them, recorded on this thread (the one
+        // issuing the copies), for the compute stream to wait on in settle().
+        std::shared_ptr<device::CopyFence> uploaded = options_.upload ? uploads_.mark() : nullptr;
+        {
+          std::lock_guard<std::mutex> lock(progress_mutex_);
+          progress_[index].done = true;
+          progress_[index].uploaded = std::move(uploaded);
+        }
+        progress_changed_.notify_all();
+      },
+      begin);
 }
 
 // The step's constants, with the learning rates the scheduler set for it (each parameter
@@ -217,6 +250,10 @@ void StepDuringBackward::forget() {
   taken_.clear();
   awaited_.clear();
   prepared_ = false;
+  handed_over_ = false;
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  progress_.clear();
+  worker_failed_ = false;
 }
 
 // The step was counted and (some of) its ranges may be updated: it cannot be completed or undone.
@@ -236,6 +273,13 @@ void StepDuringBackward::discard() {
 }
 
 void StepDuringBackward::abandon() {
+  if (handed_over_) {  // its gradients are final: complete it (a failure has lost it already)
+    try {
+      complete();
+    } catch (...) {
+    }
+    return;
+  }
   if (taken_.empty() && !prepared_) return;  // nothing of a step here (finish() joined its uploads)
   for (auto& fence : awaited_) fence->cancel();  // before the worker, which may wait on them
   try {
@@ -282,12 +326,87 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
     lose();
     throw;
   }
-  threads_ = at::get_num_threads();  // the caller's thread: the user's setting, for the next step
   last_ranges_ = taken_.size();
+  end_step();
+}
+
+void StepDuringBackward::end_step() {
+  threads_ = at::get_num_threads();  // the caller's thread: the user's setting, for the next step
   landed_.clear();
   taken_.clear();
   awaited_.clear();
   prepared_ = false;
+  handed_over_ = false;
+  std::lock_guard<std::mutex> lock(progress_mutex_);
+  progress_.clear();
+  worker_failed_ = false;
+}
+
+// The ranges still queued stay queued; what no range covered (padding) joins them, on the worker
+// too. The Adam's team keeps its spare core: the engine's thread goes on to launch the next
+// forward's kernels (on the CPU, to compute it) while the worker updates.
+void StepDuringBackward::hand_over(const at::Tensor& grads, const at::Tensor& partition,
+                                   const std::function<bool(int64_t, int64_t)>& before) {
+  torch::NoGradGuard no_grad;
+  TORCH_CHECK(started() && options_.update_early && prepared_ && !handed_over_,
+              "StepDuringBackward::hand_over needs a step updated during backward");
+  last_ranges_ = taken_.size();
+  try {
+    for (const auto& [begin, numel] : uncovered(taken_, master_.numel(), "StepDuringBackward")) {
+      Download down = download(begin, grads.narrow(0, begin, numel));
+      taken_.emplace_back(begin, numel);
+      awaited_.push_back(down.fence);
+      post_update(begin, down, partition);
+    }
+  } catch (...) {
+    for (auto& fence : awaited_) fence->cancel();
+    try {
+      worker_.wait();
+    } catch (...) {
+    }
+    lose();
+    throw;
+  }
+  worker_.reorder(before);
+  ranges_waited_for_ = 0;
+  handed_over_ = true;
+}
+
+void StepDuringBackward::settle(int64_t begin, int64_t end) {
+  if (!handed_over_ || begin >= end) return;
+  std::vector<std::shared_ptr<device::CopyFence>> uploads;
+  bool failed = false;
+  {
+    std::unique_lock<std::mutex> lock(progress_mutex_);
+    auto overlaps = [&](const Progress& p) { return p.begin < end && begin < p.end; };
+    auto all_done = [&] {
+      if (worker_failed_) return true;
+      for (const auto& p : progress_)
+        if (overlaps(p) && !p.done) return false;
+      return true;
+    };
+    if (!all_done()) {
+      for (const auto& p : progress_) ranges_waited_for_ += overlaps(p) && !p.done;
+      progress_changed_.wait(lock, all_done);
+    }
+    failed = worker_failed_;
+    for (const auto& p : progress_)
+      if (overlaps(p) && p.uploaded) uploads.push_back(p.uploaded);
+  }
+  if (failed) return complete();  // throws the worker's error, the step lost
+  for (const auto& fence : uploads) fence->join_current();
+}
+
+void StepDuringBackward::complete() {
+  if (!handed_over_) return;
+  try {
+    worker_.wait();
+    uploads_.join();
+  } catch (...) {
+    lose();
+    throw;
+  }
+  end_step();
 }
 
 }  // namespace zero

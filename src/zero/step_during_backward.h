@@ -31,9 +31,17 @@
 // reads its parameters, and the worker waits for a fence recorded after those nodes' kernels.
 // With the partition in host memory (the CPU, or offload_param "cpu") the update writes the
 // 16-bit partition directly (FusedAdam's half copy) and nothing goes up.
+// hand_over() instead of finish() (offload_optimizer.overlap_forward, zero/forward_waits.h) lets
+// the ranges still queued at the step run on into the next forward, in the order it reads them:
+// settle() waits for the ranges the caller is about to read (and on a GPU makes the compute
+// stream wait for their upload), complete() for all of them. A step's update is the same bit for
+// bit; only when the engine may read each range changes.
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -87,6 +95,24 @@ class StepDuringBackward {
   // throw before the step was counted keeps the step (finish() may be called again); after it,
   // the step is lost().
   void finish(const at::Tensor& grads, const at::Tensor& partition);
+  // Like finish(), but the ranges still queued are not waited for: what no range covered is
+  // queued too, and the queue is put in the order `before` gives (by first element: the order
+  // in which the next forward reads them). Until complete(), settle() waits for the ranges about
+  // to be read. REQUIRES: started(), updates_early(). A throw loses the step.
+  void hand_over(const at::Tensor& grads, const at::Tensor& partition,
+                 const std::function<bool(int64_t, int64_t)>& before);
+  // A handed-over step whose ranges may still be running.
+  bool handed_over() const { return handed_over_; }
+  // Elements [begin, end) of the partition are updated (on a GPU: the compute stream waits for
+  // their upload, the host does not). A no-op unless handed_over(). A worker's error loses the
+  // step and is thrown.
+  void settle(int64_t begin, int64_t end);
+  // Completes a handed-over step: every range updated and, on a GPU, uploaded before the compute
+  // stream's next work. A no-op unless handed_over(). Throws as settle().
+  void complete();
+  // Ranges that settle() found not yet updated since the last hand_over (tests, logs: the
+  // forward really overlapped the update).
+  size_t ranges_waited_for() const { return ranges_waited_for_; }
   // Drops the ranges taken this step (an fp16 overflow skips it). REQUIRES: nothing updated yet
   // (!update_early, or nothing taken): an early update cannot be undone.
   void discard();
@@ -124,6 +150,9 @@ class StepDuringBackward {
                     std::shared_ptr<device::CopyFence> ready = nullptr);
   void update(int64_t begin, const at::Tensor& host_grads, const at::Tensor& partition);
   void update_chunk(int64_t begin, const at::Tensor& grads, const at::Tensor& partition);
+  // Queues the update of a range whose gradients are coming down (`down`) on the worker.
+  void post_update(int64_t begin, const Download& down, const at::Tensor& partition);
+  void end_step();  // a completed step: its ranges forgotten, the thread count refreshed
 
   optim::FusedAdam& adam_;
   at::Tensor master_;
@@ -146,6 +175,19 @@ class StepDuringBackward {
   // The fences of the ranges taken this step: abandon() cancels them (a host-passed fence of a
   // copy a failed backward dropped would keep the worker, and so abandon(), waiting for ever).
   std::vector<std::shared_ptr<device::CopyFence>> awaited_;
+  // Each range of this step as the worker updates it: settle() waits on it. Guarded by
+  // progress_mutex_ (the worker writes, the engine's thread reads).
+  struct Progress {
+    int64_t begin = 0, end = 0;
+    bool done = false;
+    std::shared_ptr<device::CopyFence> uploaded;  // on a GPU: after the range's last upload
+  };
+  std::mutex progress_mutex_;
+  std::condition_variable progress_changed_;
+  std::vector<Progress> progress_;
+  bool worker_failed_ = false;  // a task threw: the ranges after it will never be done
+  bool handed_over_ = false;
+  size_t ranges_waited_for_ = 0;
   size_t last_ranges_ = 0;
   int last_chunk_team_ = 0;  // written by whichever thread updates; read after finish()
   bool prepared_ = false;  // this step was counted: from here on it can only complete or be lost

@@ -1,0 +1,63 @@
+// offload_optimizer.overlap_forward at ZeRO stages 1 and 2: the CPU Adam's last ranges run on into
+// the next forward, and each part of the model waits only for its own parameters.
+//
+// ZeRO-Offload's update during backward (zero/step_during_backward.h) starts on each range as its
+// gradients are final, but a CPU Adam over a big model takes longer than backward: without this,
+// engine.step() waits for the rest, and the next forward starts only after all of it. With it,
+// step() hands the update over (StepDuringBackward::hand_over): the ranges still queued run in the
+// order the next forward reads them (FlatParams lays the parameters out in reverse, so from the
+// highest element down), and
+//   - Engine::forward, before the model runs, waits for the parameters outside every ZeroUnit
+//     (the embeddings, the final norm: the root, as at stage 3);
+//   - each ZeroUnit, before it runs, waits for its own parameters (all of them, nested units'
+//     too), here through the same hooks stage 3 gathers with (zero/stage3/unit_internals.h);
+//   - on a GPU "waits" is the compute stream's: the host only waits until the worker has queued
+//     the range's upload, then the stream waits for that upload (an event).
+// A model without ZeroUnits waits for the whole update when its forward begins (still after the
+// data loading and whatever the program did since step()). Every other reader of the parameters
+// or the optimizer state (the next backward, save/load_checkpoint, gathered_parameters,
+// consolidated_state_dict, the shard's own state accessors) completes the update first, and so
+// does engine.complete_step(), for a program that reads the module's parameters itself.
+// One data-parallel rank only: with peers the updated partitions are all-gathered at the step.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <torch/nn/module.h>
+
+#include "util/ranges.h"
+#include "zero/flat_params.h"
+#include "zero/shard_optimizer.h"
+#include "zero/stage3/unit_internals.h"
+
+namespace deepspeed {
+namespace zero {
+
+class ForwardWaits final : public UnitHooks {
+ public:
+  // Attaches itself to the ZeroUnits of `model` (refused if another engine already has them).
+  // `partition_begin`: where the shard's partition starts in the flat buffer.
+  ForwardWaits(torch::nn::Module& model, const FlatParams& flat, int64_t partition_begin,
+               int64_t partition_numel, ShardOptimizer& shard);
+  ~ForwardWaits();  // detaches the units
+  ForwardWaits(const ForwardWaits&) = delete;
+  ForwardWaits& operator=(const ForwardWaits&) = delete;
+
+  // Engine::forward is about to run the model: the root's parameters (all of them without units).
+  void before_forward();
+  void pre_forward(int unit) override;
+  void post_forward(int) override {}
+  void pre_backward(int) override {}
+  const UnitSlots& unit_slots(int unit) const override { return units_.at(unit); }
+  size_t unit_count() const { return units_.size(); }
+
+ private:
+  ShardOptimizer& shard_;
+  std::vector<UnitSlots> units_;                      // module, params and shapes only
+  std::vector<std::vector<ElementRange>> ranges_;     // each unit's, in the partition, merged
+  std::vector<ElementRange> root_;
+  bool units_found_ = false;
+};
+
+}  // namespace zero
+}  // namespace deepspeed

@@ -11,7 +11,9 @@
 #           on a fresh machine unpacks them instead of building (see pack() below)
 #   bench   rows: deepspeed.cpp (gpt_train) and the peers at the gpu-anchor GPT (BENCH_SHAPE)
 #   ROWS    which rows (default below); ours: dscpp_z0 dscpp_z1 dscpp_z2 dscpp_z3 dscpp_z2_off dscpp_z3_off
-#           dscpp_z2_off_serial (offload_optimizer.overlap_step false: the CPU Adam after backward);
+#           dscpp_z2_off (overlap_forward: the CPU Adam's last ranges run into the next forward);
+#           dscpp_z2_off_bwd (overlap_forward false: the update during backward only, waited for
+#           at the step); dscpp_z2_off_serial (overlap_step false: the CPU Adam after backward);
 #           dscpp_z2_wcb dscpp_z2_off_wcb dscpp_z2_off_serial_wcb: the same with the engine's
 #           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics)
 #   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
@@ -34,7 +36,7 @@ START=$(date +%s); OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # only for tests/tools/gpu_run.sh, which runs this script with stand-in programs.
 ROOT=$PWD; G=$ROOT/.gpu; B=${DSB:-/tmp/dsb}; JIT_DONE=$B.jit_done
 STEPS=${STEPS:-"build test bench"}
-ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
+ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_bwd dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
 GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
@@ -229,7 +231,8 @@ run_unpacked() {
 ds_config() {  # stage, offload
   local z="\"stage\": $1, \"overlap_comm\": true, \"reduce_bucket_size\": 500000000"
   case $2 in
-    opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}" ;;
+    opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"overlap_forward\": true}" ;;
+    opt_bwd) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}" ;;
     opt_serial) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"overlap_step\": false}" ;;
     param_opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true}, \"stage3_max_live_parameters\": 1000000000, \"stage3_prefetch_bucket_size\": 50000000" ;;
   esac
@@ -323,6 +326,7 @@ bench() {
       dscpp_z3) row_ours $r 3 none ;; dscpp_z2_off) row_ours $r 2 opt ;;
       dscpp_z3_off) row_ours $r 3 param_opt ;;
       dscpp_z2_off_serial) row_ours $r 2 opt_serial ;;  # the CPU Adam after backward
+      dscpp_z2_off_bwd) row_ours $r 2 opt_bwd ;;  # during backward only, waited for at the step
       dscpp_z2_wcb) WCB=1 row_ours $r 2 none ;; dscpp_z2_off_wcb) WCB=1 row_ours $r 2 opt ;;
       dscpp_z2_off_serial_wcb) WCB=1 row_ours $r 2 opt_serial ;;
       ds_*off) row_peer $r ;;

@@ -27,7 +27,8 @@ import sys
 PEERS = {
     "dscpp_z0": ("torch", 1.0), "dscpp_z1": ("torch", 1.0), "dscpp_z2": ("torch", 1.0),
     "dscpp_z3": ("torch", 0.9), "dscpp_z2_off": ("ds_z2_off", 2.0),
-    "dscpp_z2_off_serial": ("ds_z2_off", None), "dscpp_z3_off": ("ds_z3_off", 3.0),
+    "dscpp_z2_off_serial": ("ds_z2_off", None), "dscpp_z2_off_bwd": ("ds_z2_off", None),
+    "dscpp_z3_off": ("ds_z3_off", 3.0),
     # Diagnostics: the engine's timers on (they synchronize the device), no goal.
     "dscpp_z2_wcb": ("torch", None), "dscpp_z2_off_wcb": ("ds_z2_off", None),
     "dscpp_z2_off_serial_wcb": ("ds_z2_off", None),

@@ -59,6 +59,13 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
     gpu_peak_total = std::max(gpu_peak_total, deepspeed::device_memory(device).allocated_peak);
   };
   const double tokens_per_step = double(engine->train_batch_size()) * opt.model.block_size;
+  // The timed steps start and end with nothing in flight: no kernel queued on the GPU, no update
+  // running on into the next forward (offload_optimizer.overlap_forward). Else the window would
+  // count whatever was in flight at its end as done (or the warm-up's as timed).
+  const auto quiesce = [&engine, device] {
+    engine->complete_step();
+    deepspeed::synchronize_device(device);
+  };
   gpt::ProgressLine progress(opt.steps, tokens_per_step, gpt::stdout_is_terminal());
   gpt::TokensPerSecondEvent tokens_event(tokens_per_step);
   while (engine->global_steps() < opt.steps) {
@@ -73,6 +80,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
                          gpt::engine_prints_at(engine->config(), engine->global_steps() + 1));
       tokens_event.on_step(*engine);
       if (engine->global_steps() == first_step + opt.warmup) {
+        quiesce();
         timed_from = std::chrono::steady_clock::now();
         note_gpu_peak();
         deepspeed::reset_device_memory_peaks(engine->device());
@@ -89,6 +97,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
       }
     }
   }
+  quiesce();
   auto end = std::chrono::steady_clock::now();
   progress.finish();
   double seconds = std::chrono::duration<double>(end - timed_from).count();

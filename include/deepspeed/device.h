@@ -39,6 +39,10 @@ struct DeviceMemory {
 };
 DeviceMemory device_memory(c10::Device device);
 void reset_device_memory_peaks(c10::Device device);
+// Waits until the GPU has run all the work queued on the calling thread's current stream of
+// `device` (the engine's compute stream, which joins its side streams' copies); no-op for the
+// CPU. For timings that must not end with work still queued.
+void synchronize_device(c10::Device device);
 // Caps what the caching allocator may take on `device` at `bytes` (torch.cuda's
 // set_per_process_memory_fraction): an allocation beyond it fails as an out-of-memory would.
 // Throws ConfigError for a CPU device or a cap larger than the device.

@@ -242,7 +242,15 @@ void write_safetensors_streamed(FileSystem& fs, const std::string& path,
                                 const std::vector<SafetensorsEntry>& entries,
                                 const SafetensorsMetadata& metadata,
                                 const std::function<void(SafetensorsWriter&)>& fill) {
-  const std::string header = safetensors_header(entries, metadata);
+  std::string header;
+  try {
+    header = safetensors_header(entries, metadata);
+  } catch (const CheckpointError& e) {  // the file it was for, not only the tensor at fault
+    std::string what = e.what();
+    const std::string generic = "safetensors: ";
+    if (what.rfind(generic, 0) == 0) what.erase(0, generic.size());
+    throw CheckpointError("safetensors '" + path + "': " + what);
+  }
   // The readers' limit (ours and the reference's): a file past it could be written but never read.
   if (header.size() - 8 > kMaxHeaderBytes)
     throw CheckpointError("safetensors '" + path + "': its header would be " +

@@ -39,6 +39,12 @@ void reset_device_memory_peaks(c10::Device device) {
   alloc::resetPeakStats(device.has_index() ? device.index() : 0);
 }
 
+void synchronize_device(c10::Device device) {
+  if (!device.is_cuda()) return;
+  device::init_cuda();
+  at::cuda::getCurrentCUDAStream(device.has_index() ? device.index() : 0).synchronize();
+}
+
 void cap_device_memory(c10::Device device, int64_t bytes) {
   if (!device.is_cuda())
     throw ConfigError("a GPU memory cap needs a GPU device, got \"" + device.str() + "\"");
@@ -54,6 +60,7 @@ void cap_device_memory(c10::Device device, int64_t bytes) {
 
 DeviceMemory device_memory(c10::Device) { return {}; }
 void reset_device_memory_peaks(c10::Device) {}
+void synchronize_device(c10::Device) {}
 void cap_device_memory(c10::Device device, int64_t) {
   throw ConfigError("a GPU memory cap needs a CUDA build and a GPU device, got \"" + device.str() +
                     "\"");

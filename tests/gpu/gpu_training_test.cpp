@@ -240,6 +240,32 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   }
 }
 
+// offload_optimizer.overlap_forward (zero/forward_waits.h): step() hands the update's last
+// ranges over, the next forward's units each wait (the compute stream, on the range's upload)
+// for their own parameters. Training is bit for bit the waiting step's at stages 1 and 2, page-
+// locked and (stage 2) pageable, and step() did hand over.
+TEST(OneGpuOffload, OverlapForwardIsTheWaitingStep) {
+  SKIP_WITHOUT_GPU();
+  const Deterministic deterministic;
+  for (auto [stage, pin] : {std::pair{1, true}, {2, true}, {2, false}}) {
+    dstest::RunSpec spec = one_gpu_run(10);
+    spec.config = config_for(stage, true, Home::kOptimizerCpu, "");
+    spec.config["zero_optimization"]["offload_optimizer"]["pin_memory"] = pin;
+    auto waiting = dstest::train_gpt(spec);
+    spec.config["zero_optimization"]["offload_optimizer"]["overlap_forward"] = true;
+    bool handed_over = false;
+    spec.after_training = [&](deepspeed::Engine& engine) {
+      handed_over = deepspeed::state_of(engine).stage->step_handed_over();
+    };
+    auto handed = dstest::train_gpt(spec);
+    EXPECT_TRUE(handed_over) << "stage " << stage << " pin " << pin << ": step() waited";
+    ASSERT_EQ(handed.losses, waiting.losses) << "stage " << stage << " pin " << pin;
+    for (size_t i = 0; i < waiting.weights.size(); ++i)
+      EXPECT_TRUE(torch::equal(handed.weights[i], waiting.weights[i]))
+          << "stage " << stage << " pin " << pin << " parameter " << i;
+  }
+}
+
 // With accumulation the offloaded gradient partition (host memory) is added to on the GPU a
 // bucket at a time (up, add, down on the download stream): over 3 micro-steps, with clipping
 // (the norm summed on the GPU as the buckets come down), stages 2 and 3 train as without offload

@@ -522,12 +522,12 @@ TEST_F(SafetensorsTest, TruncatedOrInconsistentFilesAreRejectedNamingFileAndTens
   EXPECT_NE(msg.find("not valid JSON"), std::string::npos) << msg;
 }
 
-// Each refusal names the tensor and what is wrong with it.
+// Each refusal names the file, the tensor and what is wrong with it.
 TEST_F(SafetensorsTest, BadNamesAndDtypesAreRefusedBeforeWriting) {
   EXPECT_CONTAINS(message_of<CheckpointError>([&] {
                     write_safetensors(path("x"), {{"a", torch::ones({1})}, {"a", torch::ones({1})}});
                   }),
-                  "tensor name \"a\" is used twice");
+                  "safetensors '" + path("x") + "': tensor name \"a\" is used twice");
   EXPECT_CONTAINS(message_of<CheckpointError>([&] {
                     write_safetensors(path("x"), {{"__metadata__", torch::ones({1})}});
                   }),
@@ -535,7 +535,7 @@ TEST_F(SafetensorsTest, BadNamesAndDtypesAreRefusedBeforeWriting) {
   const std::string complex = message_of<CheckpointError>([&] {
     write_safetensors(path("x"), {{"c", torch::ones({1}, torch::kComplexFloat)}});
   });
-  EXPECT_CONTAINS(complex, "tensor \"c\"");
+  EXPECT_CONTAINS(complex, "safetensors '" + path("x") + "': tensor \"c\"");
   EXPECT_CONTAINS(complex, "dtype ComplexFloat cannot be stored in safetensors");
   EXPECT_TRUE(names().empty());
 }

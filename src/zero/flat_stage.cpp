@@ -66,12 +66,13 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
       shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_,
                               std::move(ready));
     });
-  if (shard_->finishes_in_forward()) {
-    // FlatParams lays the parameters out in reverse: the next forward reads the highest first.
-    shard_->set_forward_order([](int64_t a, int64_t b) { return a > b; });
-    if (model)
-      forward_waits_ = std::make_unique<ForwardWaits>(
-          *model, *flat_, flat_->layout().begin(ownership_->owner()), partition_->numel(), *shard_);
+  if (shard_->finishes_in_forward() && model) {
+    forward_waits_ = std::make_unique<ForwardWaits>(
+        *model, *flat_, flat_->layout().begin(ownership_->owner()), partition_->numel(), *shard_);
+    shard_->set_forward_order(
+        [waits = forward_waits_.get()](int64_t begin, int64_t end) {
+          return waits->first_read(begin, end);
+        });
   }
   const auto order = slots_in_param_order(params);
   if (auto* lamb = dynamic_cast<optim::Lamb*>(shard_->optimizer().get()))

@@ -1,6 +1,7 @@
 #include "zero/forward_waits.h"
 
 #include <algorithm>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -70,6 +71,18 @@ ForwardWaits::ForwardWaits(torch::nn::Module& model, const FlatParams& flat,
 
 ForwardWaits::~ForwardWaits() {
   for (auto& slots : units_) attach_unit(*slots.module, nullptr, -1);
+}
+
+int64_t ForwardWaits::first_read(int64_t begin, int64_t end) const {
+  auto touches = [&](const std::vector<ElementRange>& ranges) {
+    for (const auto& [b, n] : ranges)
+      if (b < end && begin < b + n) return true;
+    return false;
+  };
+  if (touches(root_)) return 0;
+  for (size_t u = 0; u < ranges_.size(); ++u)
+    if (touches(ranges_[u])) return static_cast<int64_t>(u) + 1;
+  return std::numeric_limits<int64_t>::max();
 }
 
 void ForwardWaits::before_forward() {

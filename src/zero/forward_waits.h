@@ -5,8 +5,8 @@
 // gradients are final, but a CPU Adam over a big model takes longer than backward: without this,
 // engine.step() waits for the rest, and the next forward starts only after all of it. With it,
 // step() hands the update over (StepDuringBackward::hand_over): the ranges still queued run in the
-// order the next forward reads them (FlatParams lays the parameters out in reverse, so from the
-// highest element down), and
+// order the next forward reads them (first_read(): the root's first, as the forward reads the
+// root when it begins, then unit by unit in the model's order), and
 //   - Engine::forward, before the model runs, waits for the parameters outside every ZeroUnit
 //     (the embeddings, the final norm: the root, as at stage 3);
 //   - each ZeroUnit, before it runs, waits for its own parameters (all of them, nested units'
@@ -49,6 +49,10 @@ class ForwardWaits final : public UnitHooks {
   void post_forward(int) override {}
   void pre_backward(int) override {}
   const UnitSlots& unit_slots(int unit) const override { return units_.at(unit); }
+  // When the next forward first waits for elements [begin, end) of the partition: 0 for the root
+  // (before_forward), 1 + u for unit u (units in module-tree order, a model's forward order),
+  // INT64_MAX for elements no parameter holds (padding).
+  int64_t first_read(int64_t begin, int64_t end) const;
   size_t unit_count() const { return units_.size(); }
 
  private:

@@ -180,7 +180,7 @@ class InMemoryShard : public ShardOptimizer {
         fused_->set_grad_scale(static_cast<float>(grad_scale));
       }
       if (finish_in_forward_ && host_step_->updates_early())
-        return host_step_->hand_over(grads.tensor.view({-1}), step_target(params), forward_order_);
+        return host_step_->hand_over(grads.tensor.view({-1}), step_target(params), first_read_);
       host_step_->finish(grads.tensor.view({-1}), step_target(params));
       if (swapped_) params.write_all(master_.to(params.dtype()));
       return;

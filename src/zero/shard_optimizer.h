@@ -101,6 +101,9 @@ class StateWindows {
   std::vector<std::pair<int64_t, int64_t>> ranges_;
 };
 
+// When a forward first reads elements [begin, end) of a partition: a sort key, lower = sooner.
+using ReadOrder = std::function<int64_t(int64_t begin, int64_t end)>;
+
 class ShardOptimizer {
  public:
   virtual ~ShardOptimizer() = default;
@@ -140,12 +143,11 @@ class ShardOptimizer {
   // Ranges were updated during the boundary's backward and no step() has completed them.
   virtual bool update_begun_during_backward() const { return false; }
   // offload_optimizer.overlap_forward (zero/forward_waits.h): step() hands the update's last
-  // ranges over instead of waiting for them; they run into what the engine does next, in the
-  // order `before` gives (by first element of the partition: the next forward's order).
+  // ranges over instead of waiting for them; they run into what the engine does next, those the
+  // next forward reads first first: `first_read(begin, end)` is when it first reads elements
+  // [begin, end) of the partition (lower: sooner).
   virtual bool finishes_in_forward() const { return false; }
-  void set_forward_order(std::function<bool(int64_t, int64_t)> before) {
-    forward_order_ = std::move(before);
-  }
+  void set_forward_order(ReadOrder first_read) { first_read_ = std::move(first_read); }
   // Elements [begin, end) of the partition hold the last step's values (and, on a GPU, the
   // compute stream waits for them): nothing to do unless step() handed its update over.
   virtual void settle(int64_t /*begin*/, int64_t /*end*/) {}
@@ -186,7 +188,7 @@ class ShardOptimizer {
   virtual int64_t resident_host_bytes() const { return resident_bytes(); }
 
  protected:
-  std::function<bool(int64_t, int64_t)> forward_order_ = [](int64_t a, int64_t b) { return a < b; };
+  ReadOrder first_read_ = [](int64_t, int64_t) { return int64_t{0}; };
 };
 
 // The windows of state held whole in memory: one window of views.

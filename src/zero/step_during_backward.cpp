@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -346,7 +347,7 @@ void StepDuringBackward::end_step() {
 // too. The Adam's team keeps its spare core: the engine's thread goes on to launch the next
 // forward's kernels (on the CPU, to compute it) while the worker updates.
 void StepDuringBackward::hand_over(const at::Tensor& grads, const at::Tensor& partition,
-                                   const std::function<bool(int64_t, int64_t)>& before) {
+                                   const std::function<int64_t(int64_t, int64_t)>& first_read) {
   torch::NoGradGuard no_grad;
   TORCH_CHECK(started() && options_.update_early && prepared_ && !handed_over_,
               "StepDuringBackward::hand_over needs a step updated during backward");
@@ -367,7 +368,15 @@ void StepDuringBackward::hand_over(const at::Tensor& grads, const at::Tensor& pa
     lose();
     throw;
   }
-  worker_.reorder(before);
+  std::unordered_map<int64_t, int64_t> when;  // a range's first element -> its first read
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    for (const auto& p : progress_) when[p.begin] = first_read(p.begin, p.end);
+  }
+  worker_.reorder([&when](int64_t a, int64_t b) {
+    const int64_t wa = when.count(a) ? when.at(a) : 0, wb = when.count(b) ? when.at(b) : 0;
+    return wa != wb ? wa < wb : a > b;
+  });
   ranges_waited_for_ = 0;
   handed_over_ = true;
 }

@@ -96,11 +96,12 @@ class StepDuringBackward {
   // the step is lost().
   void finish(const at::Tensor& grads, const at::Tensor& partition);
   // Like finish(), but the ranges still queued are not waited for: what no range covered is
-  // queued too, and the queue is put in the order `before` gives (by first element: the order
-  // in which the next forward reads them). Until complete(), settle() waits for the ranges about
-  // to be read. REQUIRES: started(), updates_early(). A throw loses the step.
+  // queued too, and the queue is sorted by `first_read(begin, end)` (when the next forward first
+  // reads the range; lower first; ties: the higher elements first, as FlatParams lays the
+  // parameters out in reverse). Until complete(), settle() waits for the ranges about to be
+  // read. REQUIRES: started(), updates_early(). A throw loses the step.
   void hand_over(const at::Tensor& grads, const at::Tensor& partition,
-                 const std::function<bool(int64_t, int64_t)>& before);
+                 const std::function<int64_t(int64_t, int64_t)>& first_read);
   // A handed-over step whose ranges may still be running.
   bool handed_over() const { return handed_over_; }
   // Elements [begin, end) of the partition are updated (on a GPU: the compute stream waits for

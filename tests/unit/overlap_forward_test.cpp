@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <future>
+#include <limits>
 
 #include <torch/torch.h>
 
@@ -43,6 +44,9 @@ torch::optim::AdamWParamState& state_of(torch::optim::Optimizer& o, const at::Te
 
 bool descending(int64_t a, int64_t b) { return a > b; }
 
+// The order a forward would read ranges in, for hand_over: all at once (the ties go highest first).
+int64_t all_at_once(int64_t, int64_t) { return 0; }
+
 }  // namespace
 
 TEST(StepWorkerOrder, ReorderPutsTheQueuedTasksInTheGivenOrder) {
@@ -59,7 +63,8 @@ TEST(StepWorkerOrder, ReorderPutsTheQueuedTasksInTheGivenOrder) {
 }
 
 // The worker is held on the first range's values ([600, 1000)); [0, 250) waits for values still
-// held back; hand_over queues what no range covered ([250, 600)) and moves it ahead of [0, 250).
+// held back; hand_over queues what no range covered ([250, 600)) and, as the next forward reads
+// it first, moves it ahead of [0, 250).
 // Released, the worker does [600, 1000) and [250, 600), and settle(250, 600) returns while
 // [0, 250) is still waiting: in the taken order it would wait behind it. settle(0, 250) then
 // waits until those values come. The result is the whole step's, bit for bit.
@@ -83,7 +88,7 @@ TEST(HandOver, TheRestRunsInTheGivenOrderAndSettleWaitsForItsRangeOnly) {
   auto first = std::make_shared<HostFence>(), held = std::make_shared<HostFence>();
   host.take(600, grads.narrow(0, 600, 400), partition, first);
   host.take(0, grads.narrow(0, 0, 250), partition, held);
-  host.hand_over(grads, partition, descending);
+  host.hand_over(grads, partition, [](int64_t begin, int64_t) { return begin == 250 ? 0 : 1; });
   EXPECT_TRUE(host.handed_over());
   EXPECT_EQ(host.ranges_in_last_step(), 2u);
   first->signal();
@@ -125,7 +130,7 @@ TEST(HandOver, TheNextStepWaitsForCompleteAndAbandonCompletes) {
   reference.mutable_grad() = grads.clone();
   whole.step();
   host.take(0, grads.narrow(0, 0, 100), master);
-  host.hand_over(grads, master, descending);
+  host.hand_over(grads, master, all_at_once);
   EXPECT_THROW(host.take(0, grads.narrow(0, 0, 100), master), c10::Error);
   host.abandon();
   EXPECT_FALSE(host.handed_over());
@@ -248,7 +253,7 @@ TEST(ForwardWaits, EachUnitWaitsForItsOwnParametersBeforeItRuns) {
   std::vector<at::Tensor> trainable;
   for (auto& p : net->parameters())
     if (p.requires_grad()) trainable.push_back(p);
-  deepspeed::zero::FlatParams flat(trainable, 1, 1, torch::kCPU);
+  deepspeed::zero::FlatParams flat(trainable, 1, /*alignment=*/64, torch::kCPU);  // padded
   auto range_of = [&](const at::Tensor& p) {
     for (const auto& slot : flat.slots())
       if (slot.param.is_same(p)) return std::make_pair(slot.offset, slot.offset + slot.numel);
@@ -278,6 +283,19 @@ TEST(ForwardWaits, EachUnitWaitsForItsOwnParametersBeforeItRuns) {
     }
     EXPECT_EQ(shard.settled[2], range_of(net->blocks[2]->inner()->w)) << "the frozen bias waits";
     EXPECT_EQ(shard.completed, 0);
+    // The update's queue: the root first (read as the forward begins), then unit by unit, the
+    // padding last.
+    auto first_read = [&](std::pair<int64_t, int64_t> r) { return waits.first_read(r.first, r.second); };
+    EXPECT_EQ(first_read(range_of(net->head)), 0);
+    EXPECT_EQ(first_read(range_of(net->in)), 0);
+    for (int u = 0; u < 3; ++u)
+      EXPECT_EQ(first_read(range_of(net->blocks[u]->inner()->w)), u + 1) << "unit " << u;
+    const auto w1 = range_of(net->blocks[1]->inner()->w), b0 = range_of(net->blocks[0]->inner()->b);
+    EXPECT_EQ(waits.first_read(std::min(w1.first, b0.first), std::max(w1.second, b0.second)), 1)
+        << "a range over units 0 and 1 is read with unit 0";
+    const int64_t end = flat.buffer().numel();
+    ASSERT_LT(range_of(net->in).second, end) << "no padding after the last parameter";
+    EXPECT_EQ(waits.first_read(range_of(net->in).second, end), std::numeric_limits<int64_t>::max());
   }
   Net plain(at::kFloat);
   plain->blocks.clear();

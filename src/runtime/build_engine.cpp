@@ -277,7 +277,9 @@ void build_stage(EngineState& s, std::shared_ptr<torch::optim::Optimizer> client
       describe_config_groups(groups.get(), options.shard);
       auto flat = std::make_unique<zero::FlatStage>(s.trainable, context, options,
                                                     make_optimizer, s.module.get());
-      if (options.shard.overlap_forward && !flat->finishes_in_forward() && print_warnings)
+      // The config's key, not options': a pipeline's options have it cleared already.
+      if (s.config.zero_optimization.offload_optimizer.overlap_forward &&
+          !flat->finishes_in_forward() && print_warnings)
         std::fprintf(stderr,
                      "[deepspeed] warning: zero_optimization.offload_optimizer.overlap_forward is "
                      "ignored here: it needs offload_optimizer.device \"cpu\" with FusedAdam "

@@ -48,6 +48,7 @@ class ForwardWaits final : public UnitHooks {
   void pre_forward(int unit) override;
   void post_forward(int) override {}
   void pre_backward(int) override {}
+  bool needs_pre_backward() const override { return false; }  // outputs stay as they are
   const UnitSlots& unit_slots(int unit) const override { return units_.at(unit); }
   // When the next forward first waits for elements [begin, end) of the partition: 0 for the root
   // (before_forward), 1 + u for unit u (units in module-tree order, a model's forward order),

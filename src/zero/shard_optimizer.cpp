@@ -285,6 +285,10 @@ class InMemoryShard : public ShardOptimizer {
     if (!host_step_->updates_early())
       return head + "the CPU Adam's step failed after it had begun updating it; reload the last "
                     "checkpoint (load_checkpoint with its optimizer states)";
+    if (host_step_->lost_in_forward())
+      return head + "the update of a step whose last ranges ran on into the next forward "
+                    "(zero_optimization.offload_optimizer.overlap_forward) failed; reload the "
+                    "last checkpoint (load_checkpoint with its optimizer states)";
     return head + "an accumulation boundary's backward updated " +
            std::to_string(host_step_->lost()) +
            " of its ranges during backward (zero_optimization.offload_optimizer.overlap_step), "

@@ -196,10 +196,18 @@ void StepDuringBackward::post_update(int64_t begin, const Download& down,
   }
   worker_.post(
       [this, begin, down, partition, index] {
+        // Whatever throws here (the update, the fence) marks the worker failed: settle() must
+        // not wait for ranges that will now never be done.
         try {
           down.fence->wait();
           worker_threads(step_.hyper.num_threads);
           update(begin, down.grads, partition);
+          // The range's uploads are queued: a fence after them, recorded on this thread (the
+          // one issuing the copies), for the compute stream to wait on in settle().
+          std::shared_ptr<device::CopyFence> uploaded = options_.upload ? uploads_.mark() : nullptr;
+          std::lock_guard<std::mutex> lock(progress_mutex_);
+          progress_[index].done = true;
+          progress_[index].uploaded = std::move(uploaded);
         } catch (...) {
           {
             std::lock_guard<std::mutex> lock(progress_mutex_);
@@ -207,14 +215,6 @@ void StepDuringBackward::post_update(int64_t begin, const Download& down,
           }
           progress_changed_.notify_all();
           throw;
-        }
-        // The range's uploads are queued: a fence after them, recorded on this thread (the one
-        // issuing the copies), for the compute stream to wait on in settle().
-        std::shared_ptr<device::CopyFence> uploaded = options_.upload ? uploads_.mark() : nullptr;
-        {
-          std::lock_guard<std::mutex> lock(progress_mutex_);
-          progress_[index].done = true;
-          progress_[index].uploaded = std::move(uploaded);
         }
         progress_changed_.notify_all();
       },
@@ -260,6 +260,7 @@ void StepDuringBackward::forget() {
 // The step was counted and (some of) its ranges may be updated: it cannot be completed or undone.
 void StepDuringBackward::lose() {
   lost_ = std::max<size_t>(1, taken_.size());
+  lost_in_forward_ = handed_over_;
   try {  // the uploads already queued land before whatever the compute stream does next
     uploads_.join();
   } catch (...) {
@@ -351,6 +352,19 @@ void StepDuringBackward::hand_over(const at::Tensor& grads, const at::Tensor& pa
   torch::NoGradGuard no_grad;
   TORCH_CHECK(started() && options_.update_early && prepared_ && !handed_over_,
               "StepDuringBackward::hand_over needs a step updated during backward");
+  bool failed = false;
+  {
+    std::lock_guard<std::mutex> lock(progress_mutex_);
+    failed = worker_failed_;
+  }
+  if (failed) {  // a range already failed during backward: step() throws, as finish() would
+    try {
+      worker_.wait();
+    } catch (...) {
+      lose();
+      throw;
+    }
+  }
   last_ranges_ = taken_.size();
   try {
     for (const auto& [begin, numel] : uncovered(taken_, master_.numel(), "StepDuringBackward")) {

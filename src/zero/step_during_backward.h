@@ -126,6 +126,8 @@ class StepDuringBackward {
   // update failed): the optimizer state is partly stepped. 0: none. Until forget_lost().
   size_t lost() const { return lost_; }
   void forget_lost() { lost_ = 0; }
+  // The lost step had been handed over (its update failed while running into the next forward).
+  bool lost_in_forward() const { return lost_in_forward_; }
   bool updates_early() const { return options_.update_early; }
   size_t ranges_taken() const { return taken_.size(); }
   // Ranges the last completed step took before finish() (tests, logs).
@@ -193,6 +195,7 @@ class StepDuringBackward {
   int last_chunk_team_ = 0;  // written by whichever thread updates; read after finish()
   bool prepared_ = false;  // this step was counted: from here on it can only complete or be lost
   size_t lost_ = 0;
+  bool lost_in_forward_ = false;
   c10::Device device_;  // the compute device: host buffers are registered for copies with it
   device::SideStream downloads_;  // gradients down, behind the compute stream's reduction
   device::SideStream uploads_;

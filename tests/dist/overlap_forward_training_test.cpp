@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include "deepspeed/deepspeed.h"
+#include "deepspeed/pipe.h"
 #include "gpt/model.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
 #include "support/files.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 
@@ -120,6 +122,20 @@ TEST(OverlapForwardConfig, IgnoredWithAWarningWhereItCannotApply) {
     EXPECT_EQ(occurrences(err, "overlap_forward"), 1u) << err;
     EXPECT_FALSE(handed_over);
   }
+}
+
+// A pipeline's stages run their forwards by its schedule: the key is ignored there too, said once.
+TEST(OverlapForwardConfig, APipelineIgnoresItWithOneWarning) {
+  ::testing::internal::CaptureStderr();
+  dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+    auto args = dstest::pipeline_args(comm, /*stages=*/2, /*zero_stage=*/1,
+                                      dstest::tiny_pipeline_gpt(false));
+    args.config_json["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"},
+                                                                  {"overlap_forward", true}};
+    deepspeed::pipe::initialize_pipeline(args);
+  });
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(occurrences(err, "overlap_forward is ignored"), 1u) << err;
 }
 
 }  // namespace overlap_forward_training_test

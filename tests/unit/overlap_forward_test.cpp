@@ -138,6 +138,27 @@ TEST(HandOver, TheNextStepWaitsForCompleteAndAbandonCompletes) {
   EXPECT_TRUE(torch::equal(master, reference));
 }
 
+// A range whose values never come (its fence cancelled: a failed backward's copy) fails the
+// worker: settle() throws instead of waiting for ever, and the step is lost, naming the hand-over.
+TEST(HandOver, AFailedRangeIsThrownBySettleNotWaitedForEver) {
+  const int64_t n = 200;
+  at::Tensor master = torch::randn({n});
+  deepspeed::optim::FusedAdam adam({master}, hyper());
+  StepDuringBackward host(adam, master, torch::kCPU, StepDuringBackward::Options{});
+  const at::Tensor grads = torch::randn({n});
+  auto never = std::make_shared<HostFence>();
+  host.take(100, grads.narrow(0, 100, 100), master, never);
+  host.hand_over(grads, master, all_at_once);
+  never->cancel();
+  auto waiting = std::async(std::launch::async, [&] { host.settle(0, n); });
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "settle() waits for a range that will never be updated";
+  EXPECT_ANY_THROW(waiting.get());
+  EXPECT_GT(host.lost(), 0u);
+  EXPECT_TRUE(host.lost_in_forward());
+  EXPECT_FALSE(host.handed_over());
+}
+
 namespace {
 
 struct BlockImpl : torch::nn::Module {
@@ -146,7 +167,8 @@ struct BlockImpl : torch::nn::Module {
     w = register_parameter("w", torch::randn({d, d}) * 0.3);
     b = register_parameter("b", torch::randn({d}) * 0.1);
   }
-  at::Tensor forward(const at::Tensor& x) { return torch::tanh(torch::linear(x, w, b)); }
+  // (The scaling leaves an output that autograd saves nothing of: it may be changed in place.)
+  at::Tensor forward(const at::Tensor& x) { return torch::tanh(torch::linear(x, w, b)) * 0.9; }
 };
 TORCH_MODULE(Block);
 
@@ -163,10 +185,14 @@ struct NetImpl : torch::nn::Module {
     head = register_parameter("head", torch::randn({5, 24}) * 0.3);
     to(dtype);
   }
+  bool scale_in_place = false;  // an in-place op on each unit's output
   at::Tensor loss(int step) {
     torch::manual_seed(100 + step);
     at::Tensor x = torch::randn({8, 16}).to(in.scalar_type()).matmul(in);
-    for (auto& b : blocks) x = b->forward(x);
+    for (auto& b : blocks) {
+      x = b->forward(x);
+      if (scale_in_place) x.mul_(0.5);
+    }
     return torch::linear(x, head).to(torch::kFloat).pow(2).mean();
   }
 };
@@ -179,8 +205,10 @@ struct Trained {
   bool handed_over = true;  // after every step()
 };
 
-Trained train(bool overlap_forward, bool scatter, at::ScalarType dtype, bool with_model = true) {
+Trained train(bool overlap_forward, bool scatter, at::ScalarType dtype, bool with_model = true,
+              bool scale_in_place = false) {
   Net net(dtype);
+  net->scale_in_place = scale_in_place;
   deepspeed::zero::FlatStageOptions o;
   o.param_dtype = dtype;
   o.scatter_gradients = scatter;
@@ -324,6 +352,18 @@ TEST_P(OverlapForward, HandsEachStepOverAndTrainsAsTheWaitingStep) {
       EXPECT_TRUE(torch::equal(t->params[i], waiting.params[i])) << "parameter " << i;
     EXPECT_TRUE(torch::equal(t->exp_avg_sq, waiting.exp_avg_sq));
   }
+}
+
+// Unlike stage 3's hooks, these add no identity node to a unit's outputs (their pre_backward does
+// nothing): an in-place op on an output trains as without the key, instead of autograd refusing
+// to modify a custom Function's output in place.
+TEST(OverlapForwardUnits, AnInPlaceOpOnAUnitsOutputTrainsAsWithoutTheKey) {
+  Trained waiting = train(false, true, at::kFloat, true, /*scale_in_place=*/true);
+  Trained handed = train(true, true, at::kFloat, true, /*scale_in_place=*/true);
+  EXPECT_TRUE(handed.attached);
+  ASSERT_EQ(handed.params.size(), waiting.params.size());
+  for (size_t i = 0; i < waiting.params.size(); ++i)
+    EXPECT_TRUE(torch::equal(handed.params[i], waiting.params[i])) << "parameter " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -89,6 +89,7 @@ void ZeroUnitBase::post_forward() const { hooks_->post_forward(id_); }
 
 at::Tensor ZeroUnitBase::attach_output(const at::Tensor& out) const {
   if (!out.defined() || !out.requires_grad() || !torch::GradMode::is_enabled()) return out;
+  if (!hooks_->needs_pre_backward()) return out;
   return PreBackwardGather::apply(out, reinterpret_cast<int64_t>(hooks_), id_);
 }
 

@@ -20,6 +20,9 @@ class UnitHooks {
   virtual void pre_backward(int unit) = 0;  // gather again for the unit's backward
   // The unit's parameters and their full shapes (count_parameters reads them while released).
   virtual const UnitSlots& unit_slots(int unit) const = 0;
+  // Whether pre_backward does anything: false, and the unit's outputs are returned as they are
+  // (no identity node; in-place ops on them stay allowed, as without hooks).
+  virtual bool needs_pre_backward() const { return true; }
 
  protected:
   ~UnitHooks() = default;

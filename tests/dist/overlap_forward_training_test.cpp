@@ -11,6 +11,7 @@
 #include "gpt/model.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
+#include "support/expect.h"
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
@@ -26,12 +27,6 @@ nlohmann::json offload_config(int stage, bool bf16, bool overlap_forward) {
   c["zero_optimization"]["offload_optimizer"] = {
       {"device", "cpu"}, {"overlap_step", true}, {"overlap_forward", overlap_forward}};
   return c;
-}
-
-size_t occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
 }
 
 }  // namespace
@@ -119,7 +114,7 @@ TEST(OverlapForwardConfig, IgnoredWithAWarningWhereItCannotApply) {
     ::testing::internal::CaptureStderr();
     dstest::train_gpt(s);
     const std::string err = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(occurrences(err, "overlap_forward"), 1u) << err;
+    EXPECT_EQ(dstest::occurrences(err, "overlap_forward"), 1u) << err;
     EXPECT_FALSE(handed_over);
   }
 }
@@ -135,7 +130,7 @@ TEST(OverlapForwardConfig, APipelineIgnoresItWithOneWarning) {
     deepspeed::pipe::initialize_pipeline(args);
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(occurrences(err, "overlap_forward is ignored"), 1u) << err;
+  EXPECT_EQ(dstest::occurrences(err, "overlap_forward is ignored"), 1u) << err;
 }
 
 }  // namespace overlap_forward_training_test

@@ -83,13 +83,6 @@ void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16
                    half_out, out_kind);
 }
 
-void AdamRangeStep::run_bf16_grad(const uint16_t* grad, int64_t begin, int64_t n,
-                                  uint16_t* half_out, Half16Kind out_kind) const {
-  TORCH_CHECK(runs.empty(), "AdamRangeStep::run_bf16_grad: one parameter group only");
-  adam_step_bf16_grad(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper,
-                      half_out, out_kind);
-}
-
 void AdamRangeStep::set_num_threads(int n) {
   hyper.num_threads = n;
   for (auto& r : runs) r.hyper.num_threads = n;

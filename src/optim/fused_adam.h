@@ -60,12 +60,6 @@ struct AdamRangeStep {
   // half copy (ZeRO-Offload's upload ring).
   void run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
                 Half16Kind out_kind) const;
-  // With bf16 gradients (bits), widened chunk by chunk in cache (adam_step_bf16_grad): for one
-  // parameter group only (`runs` empty). half_out as run_into's; for what run() writes, pass
-  // `half ? half + begin : nullptr` and `kind`.
-  bool takes_bf16_grads() const { return runs.empty(); }
-  void run_bf16_grad(const uint16_t* grad, int64_t begin, int64_t n, uint16_t* half_out,
-                     Half16Kind out_kind) const;
   // The OpenMP team of every part's kernel.
   void set_num_threads(int n);
 };

@@ -68,8 +68,7 @@ bool save_16bit_model(EngineState& s, FileSystem& fs, const std::string& save_di
       throw CheckpointError("save_16bit_model: not offered with tensor parallelism (rank 0 holds "
                             "its slices only; DeepSpeed writes them as if whole): save_checkpoint, "
                             "then consolidate with ds_to_fp32");
-    refuse_during_half_done_step(s, "save_16bit_model");
-    complete_handed_over_step(s);
+    require_whole_step(s, "save_16bit_model");
     // As save_checkpoint: inside a modifier scope the file would get edits the scope's end may
     // not keep (only the modifier rank's are). Every rank has the same scopes open.
     refuse_inside_gathered_scope(s, "save_16bit_model");

@@ -565,8 +565,7 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   std::unique_ptr<TagReader> reader;
   Plan plan;
   run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
-    refuse_during_half_done_step(s, "load_checkpoint");
-    complete_handed_over_step(s);
+    require_whole_step(s, "load_checkpoint");
     refuse_inside_gathered_scope(s, "load_checkpoint");
     reader = std::make_unique<TagReader>(fs, dir);
     plan = make_plan(*reader, s, o);

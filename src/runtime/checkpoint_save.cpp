@@ -379,8 +379,7 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   // anything (the folder included) is written.
   nlohmann::json client_state;  // as stored (client_state_to_save)
   run_agreed(job, "save_checkpoint '" + dir + "': checking", [&] {
-    refuse_during_half_done_step(s, "save_checkpoint");
-    complete_handed_over_step(s);
+    require_whole_step(s, "save_checkpoint");
     // Inside a modifier scope the module file would get the edited weights and the optim files
     // the masters they are not yet written back to. Every rank has the same scopes open.
     refuse_inside_gathered_scope(s, "save_checkpoint");

@@ -99,6 +99,11 @@ void complete_handed_over_step(const EngineState& s) {
   if (s.stage) s.stage->complete_step();
 }
 
+void require_whole_step(const EngineState& s, const std::string& what) {
+  refuse_during_half_done_step(s, what);
+  complete_handed_over_step(s);
+}
+
 void refuse_inside_gathered_scope(const EngineState& s, const std::string& what) {
   if (!s.stage || !s.stage->gathered_scope_open()) return;
   throw Error(what + " inside a gathered_parameters scope on rank " +
@@ -426,8 +431,7 @@ GatheredParameters Engine::gathered_parameters(
     const std::vector<std::shared_ptr<torch::nn::Module>>& modules,
     std::optional<int> modifier_rank) {
   return in_call("gathered_parameters", [&] {
-    refuse_during_half_done_step(*state_, "gathered_parameters");
-    complete_handed_over_step(*state_);
+    require_whole_step(*state_, "gathered_parameters");
     // The release is collective too (a modifier rank's broadcast, its writes to the partition):
     // one that fails on one rank posts, so its peers' next collective ends at once, naming it.
     return GatheredParameters(
@@ -446,8 +450,7 @@ std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict(
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Engine::consolidated_state_dict_in() {
-  refuse_during_half_done_step(*state_, "consolidated_state_dict");
-  complete_handed_over_step(*state_);
+  require_whole_step(*state_, "consolidated_state_dict");
   auto& model = *state_->module;
   const bool keep = state_->comm->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> out;

@@ -128,9 +128,12 @@ bool between_boundaries(const EngineState& s);
 // of the job is in the same state.
 void refuse_during_half_done_step(const EngineState& s, const std::string& what);
 // offload_optimizer.overlap_forward: the update engine.step() handed over to the next forward
-// is waited for (zero/forward_waits.h): what reads the whole parameters or the optimizer state
-// outside a forward calls this first. Local. A failed update throws.
+// is waited for (zero/forward_waits.h). Local. A failed update throws.
 void complete_handed_over_step(const EngineState& s);
+// What reads the whole parameters or the optimizer state outside a forward (`what`: a checkpoint
+// call, gathered_parameters, ...) calls this first: refuse_during_half_done_step, then
+// complete_handed_over_step.
+void require_whole_step(const EngineState& s, const std::string& what);
 // `what` (a step, a checkpoint load) inside an open gathered_parameters scope: its copies of the
 // parameters would be stale after it, and a modifier rank's scope would write them back over it.
 // Every rank has the same scopes open, so every rank refuses alike; call before any collective.

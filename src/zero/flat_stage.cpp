@@ -224,12 +224,10 @@ MemoryReport FlatStage::memory() const {
 }
 
 std::unique_ptr<FragmentState> FlatStage::state_to_save() {
-  complete_step();
   return windowed_fragment_state(ownership_->fragments_to_save(*flat_), shard_->windows_for_save());
 }
 
 std::unique_ptr<FragmentState> FlatStage::state_to_load(bool create_moments) {
-  complete_step();
   return windowed_fragment_state(ownership_->fragments_to_load(*flat_),
                                  shard_->windows_for_load(create_moments));
 }

@@ -247,6 +247,10 @@ void StepDuringBackward::forget() {
     } catch (...) {  // cancelled (its values never came), or the device failed
     }
   }
+  clear_step();
+}
+
+void StepDuringBackward::clear_step() {
   landed_.clear();
   taken_.clear();
   awaited_.clear();
@@ -334,14 +338,7 @@ void StepDuringBackward::finish(const at::Tensor& grads, const at::Tensor& parti
 
 void StepDuringBackward::end_step() {
   threads_ = at::get_num_threads();  // the caller's thread: the user's setting, for the next step
-  landed_.clear();
-  taken_.clear();
-  awaited_.clear();
-  prepared_ = false;
-  handed_over_ = false;
-  std::lock_guard<std::mutex> lock(progress_mutex_);
-  progress_.clear();
-  worker_failed_ = false;
+  clear_step();
 }
 
 // The ranges still queued stay queued; what no range covered (padding) joins them, on the worker

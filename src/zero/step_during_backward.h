@@ -156,6 +156,7 @@ class StepDuringBackward {
   // Queues the update of a range whose gradients are coming down (`down`) on the worker.
   void post_update(int64_t begin, const Download& down, const at::Tensor& partition);
   void end_step();  // a completed step: its ranges forgotten, the thread count refreshed
+  void clear_step();  // this step's ranges, fences and progress dropped (no waiting)
 
   optim::FusedAdam& adam_;
   at::Tensor master_;

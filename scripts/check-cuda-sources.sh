@@ -19,6 +19,7 @@ OTHERS=(
   examples/gpt/model.cpp
   examples/gpt/tp_model.cpp
   tests/gpu/gpu_training_test.cpp
+  tests/gpu/device_adam_gpu_test.cpp
   tests/gpu/activation_checkpointing_gpu_test.cpp
   tests/gpu/flops_profiler_gpu_test.cpp
   tests/support/ranks.cpp
@@ -48,10 +49,21 @@ if [ "${1:-}" = "--all" ]; then
 fi
 echo "check-cuda-sources: ${#LIBRARY[@]} library files in ${#UNITS[@]} unity batches and ${#OTHERS[@]} others against libtorch 2.11 / CUDA 13 / NCCL headers"
 # The compile definitions CMake gives some targets (examples/gpt, tests/support).
-FLAGS=(-DDS_WITH_CUDA=1 -DFMT_HEADER_ONLY=1 '-DDS_DEFAULT_TEXT="data/fortunes.txt"'
+FLAGS=(-DDS_WITH_CUDA=1 -DDS_WITH_CUDA_KERNELS=1 -DFMT_HEADER_ONLY=1 '-DDS_DEFAULT_TEXT="data/fortunes.txt"'
        "-DDS_TEST_SOURCE_DIR=\"$PWD\"" -I include -I src -I tests -I examples -I tools/dsrun)
 # The first file alone (it unpacks the headers once), then the rest on every core, the big
 # batches first.
 bash "$CHECK" "${FLAGS[@]}" "${FILES[0]}"
 printf '%s\n' "${FILES[@]:1}" | xargs -P "$(nproc)" -n 1 bash "$CHECK" "${FLAGS[@]}"
+# The CUDA kernels themselves, with nvcc as CMakeLists.txt compiles them (where a CUDA toolkit is).
+NVCC=${CUDA_HOME:-/usr/local/cuda}/bin/nvcc
+if [ -x "$NVCC" ]; then
+  for cu in $(find src -name '*.cu' | LC_ALL=C sort); do
+    "$NVCC" -std=c++17 --fmad=false -gencode arch=compute_90,code=sm_90 -I src -Xcompiler -Wall,-Wextra \
+      -c "$cu" -o /dev/null
+  done
+  echo "check-cuda-sources: $(find src -name '*.cu' | wc -l) CUDA kernel files compiled with $("$NVCC" --version | tail -1)"
+else
+  echo "check-cuda-sources: no nvcc at $NVCC (CUDA_HOME): the .cu kernels not compiled"
+fi
 echo "check-cuda-sources: ok"

@@ -25,7 +25,7 @@ B=/tmp/dsb                       # bench/gpu/run.sh's build folder (the programs
 G=$SHARED/tools/gpu-anchor
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 JOBS=${JOBS:-$(nproc)}
-TARGETS="gpt_train bench_cpu_adam bench_transfer gpu_training_test activation_checkpointing_gpu_test flops_profiler_gpu_test"
+TARGETS="gpt_train bench_cpu_adam bench_transfer gpu_training_test device_adam_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"
 [ "${ALL:-0}" = 1 ] && TARGETS=all
 STUB_LIBS="c10 c10_cuda torch torch_cpu torch_cuda torch_nvshmem"
 source "$ROOT/bench/gpu/pack.sh"
@@ -58,7 +58,7 @@ configure() {
     -DDS_GLOO_INCLUDE_DIR="$G/deps/gloo-src" -DDS_NCCL_INCLUDE_DIR="$H/nccl" \
     -DURING_INCLUDE_DIR="$G/deps/usr/include" \
     -DURING_LIBRARY="$G/deps/usr/lib/x86_64-linux-gnu/liburing.a" \
-    -DCUDAToolkit_ROOT="$CUDA" -DCMAKE_CXX_FLAGS=-fPIC \
+    -DCUDAToolkit_ROOT="$CUDA" -DCMAKE_CUDA_COMPILER="$CUDA/bin/nvcc" -DCMAKE_CXX_FLAGS=-fPIC \
     -DCMAKE_EXE_LINKER_FLAGS="-Wl,--no-demangle -Wl,-z,now" \
     -DCMAKE_SHARED_LINKER_FLAGS="-Wl,-z,now" > $B.configure.log 2>&1 ||
     { tail -30 $B.configure.log; fail "configure failed (log: $B.configure.log)"; }

@@ -15,7 +15,9 @@
 #           dscpp_z2_off_bwd (overlap_forward false: the update during backward only, waited for
 #           at the step); dscpp_z2_off_serial (overlap_step false: the CPU Adam after backward);
 #           dscpp_z2_wcb dscpp_z2_off_wcb dscpp_z2_off_serial_wcb: the same with the engine's
-#           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics)
+#           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics);
+#           dscpp_z2_tadam: dscpp_z2 with libtorch's fused Adam on a widened gradient copy
+#           (DS_DEVICE_ADAM=libtorch) instead of this library's kernel, what it bought
 #   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
 #           d 1600, 25 heads), micro-batch 16 of 128 tokens: ZeRO-3 and ZeRO-2 with CPU offload
 #           beside DeepSpeed's, stage 0 / PyTorch at micro-batch 16 and 1 (expected: out of memory)
@@ -39,7 +41,7 @@ STEPS=${STEPS:-"build test bench"}
 ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_bwd dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
-GPU_TEST_PROGRAMS="gpu_training_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
+GPU_TEST_PROGRAMS="gpu_training_test device_adam_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
 # On this machine a GPU test that skips for want of a GPU fails instead (tests/support/gpu_skip.h):
 # a skip here would mean the CUDA path went untested. NCCL says why when a collective fails.
 export DS_EXPECT_GPU=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
@@ -125,7 +127,7 @@ run_tests() {
 # at its cap after the others, without the cases it ran (the one it was in is named, not rerun).
 # Each run's lines and rc: $OUT/ctest_gpu.log ($OUT/gpu/ one file each); a line a suite and one
 # naming the suites that failed, timed out, crashed or did not run: summary.txt.
-GPU_SUITE_ORDER="Stages/OneGpu OneGpuOffload OneGpuMemory OneGpuNccl TwoRanksOneGpu"
+GPU_SUITE_ORDER="GpuAdamKernel Stages/OneGpu OneGpuOffload OneGpuMemory OneGpuNccl TwoRanksOneGpu"
 suite_share() {  # percent of the time left that suite $1 may take
   case $1 in Stages/OneGpu) echo 50 ;; OneGpuOffload|OneGpuMemory|OneGpuNccl|TwoRanksOneGpu) echo 35 ;; *) echo 25 ;; esac
 }
@@ -328,6 +330,7 @@ bench() {
       dscpp_z2_off_serial) row_ours $r 2 opt_serial ;;  # the CPU Adam after backward
       dscpp_z2_off_bwd) row_ours $r 2 opt_bwd ;;  # during backward only, waited for at the step
       dscpp_z2_wcb) WCB=1 row_ours $r 2 none ;; dscpp_z2_off_wcb) WCB=1 row_ours $r 2 opt ;;
+      dscpp_z2_tadam) DS_DEVICE_ADAM=libtorch row_ours $r 2 none ;;  # libtorch's fused Adam
       dscpp_z2_off_serial_wcb) WCB=1 row_ours $r 2 opt_serial ;;
       ds_*off) row_peer $r ;;
       *) row_peer $r ;;

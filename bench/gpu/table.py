@@ -32,6 +32,8 @@ PEERS = {
     # Diagnostics: the engine's timers on (they synchronize the device), no goal.
     "dscpp_z2_wcb": ("torch", None), "dscpp_z2_off_wcb": ("ds_z2_off", None),
     "dscpp_z2_off_serial_wcb": ("ds_z2_off", None),
+    # libtorch's fused Adam on a widened copy instead of ours (DS_DEVICE_ADAM=libtorch), no goal.
+    "dscpp_z2_tadam": ("torch", None),
 }
 GIB = 2.0 ** 30
 

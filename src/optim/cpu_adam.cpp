@@ -28,16 +28,8 @@ namespace detail {
 void adam_kernel_scalar(float* param, const float* grad, float* m, float* v, int64_t n,
                         const AdamConsts& c, uint16_t* param16, Half16Kind kind) {
   for (int64_t i = 0; i < n; ++i) {
-    float g = grad[i];
-    float p = param[i];
-    if (c.scale_grad) g = g * c.grad_scale;
-    if (c.decoupled_decay) p = p * c.decay_mul;
-    if (c.l2_decay) g = std::fmaf(p, c.l2, g);
-    // libtorch: exp_avg.mul_(b1).add_(g, 1-b1) -> fma; exp_avg_sq.mul_(b2).addcmul_(g, g, 1-b2).
-    const float mi = std::fmaf(g, c.one_minus_beta1, m[i] * c.beta1);
-    const float vi = v[i] * c.beta2 + (c.one_minus_beta2 * g) * g;
-    const float denom = std::sqrt(vi) / c.sqrt_bc2 + c.eps;
-    p = p + (c.neg_step_size * mi) / denom;
+    float p = param[i], mi = m[i], vi = v[i];
+    adam_update(grad[i], p, mi, vi, c);
     m[i] = mi;
     v[i] = vi;
     param[i] = p;
@@ -122,7 +114,9 @@ detail::AdamKernel kernel_for(AdamIsa isa) {
   return detail::adam_kernel_scalar;
 }
 
-AdamConsts make_consts(const AdamStepParams& p) {
+}  // namespace
+
+AdamConsts detail::make_adam_consts(const AdamStepParams& p) {
   if (p.bias_correction && p.step < 1) {
     throw std::invalid_argument("adam_step: step=" + std::to_string(p.step) +
                                 " but bias correction needs step >= 1");
@@ -148,6 +142,8 @@ AdamConsts make_consts(const AdamStepParams& p) {
   return c;
 }
 
+namespace {
+
 int thread_count(const AdamStepParams& p) {
 #ifdef _OPENMP
   return p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
@@ -161,7 +157,7 @@ int thread_count(const AdamStepParams& p) {
 void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                const AdamStepParams& p, uint16_t* param16, Half16Kind kind) {
   if (n < 0) throw std::invalid_argument("adam_step: n=" + std::to_string(n) + " < 0");
-  const AdamConsts c = make_consts(p);
+  const AdamConsts c = detail::make_adam_consts(p);
   if (n == 0) return;
   const detail::AdamKernel kernel = kernel_for(current_isa().load(std::memory_order_relaxed));
   const int threads = thread_count(p);
@@ -185,7 +181,7 @@ void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg
                          float* exp_avg_sq, int64_t n, const AdamStepParams& p, uint16_t* param16,
                          Half16Kind kind) {
   if (n < 0) throw std::invalid_argument("adam_step: n=" + std::to_string(n) + " < 0");
-  const AdamConsts c = make_consts(p);
+  const AdamConsts c = detail::make_adam_consts(p);
   if (n == 0) return;
   const AdamIsa isa = current_isa().load(std::memory_order_relaxed);
   const detail::AdamKernel kernel = kernel_for(isa);

@@ -4,10 +4,19 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
+#endif
+#if DS_WITH_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "optim/device_adam_kernel.h"
 #endif
 
 namespace deepspeed {
@@ -33,12 +42,84 @@ void tensor_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, 
   param.addcdiv_(m, denom, -static_cast<double>(p.lr) / bc1);
 }
 
+constexpr bool kernel_built() {
+#if DS_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+#if DS_WITH_CUDA_KERNELS
+GradFormat grad_format_of(const at::Tensor& grad) {
+  switch (grad.scalar_type()) {
+    case at::kFloat: return GradFormat::FP32;
+    case at::kBFloat16: return GradFormat::BF16;
+    case at::kHalf: return GradFormat::FP16;
+    default:
+      TORCH_CHECK(false, "device_adam_step: gradients of dtype ", grad.scalar_type(),
+                  "; the GPU Adam kernel reads fp32, bf16 or fp16");
+  }
+}
+
+// deepspeed.cpp's kernel (device_adam_kernel.cu): every tensor on param's GPU, contiguous.
+void cuda_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at::Tensor& v,
+                    const AdamStepParams& p, const at::Tensor& half_copy) {
+  const int64_t n = param.numel();
+  auto check = [&](const at::Tensor& t, const char* what) {
+    TORCH_CHECK(t.device() == param.device() && t.is_contiguous() && t.numel() == n,
+                "device_adam_step: ", what, " must be a contiguous tensor of ", n,
+                " elements on ", param.device(), "; got ", t.numel(), " on ", t.device());
+  };
+  TORCH_CHECK(param.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat,
+              "device_adam_step: the master and the moments must be fp32");
+  check(param, "the master");
+  check(m, "exp_avg");
+  check(v, "exp_avg_sq");
+  check(grad, "the gradient");
+  DeviceAdamBuffers b;
+  b.param = param.data_ptr<float>();
+  b.grad = grad.data_ptr();
+  b.grad_format = grad_format_of(grad);
+  b.exp_avg = m.data_ptr<float>();
+  b.exp_avg_sq = v.data_ptr<float>();
+  b.n = n;
+  if (half_copy.defined()) {
+    check(half_copy, "the 16-bit copy");
+    TORCH_CHECK(half_copy.scalar_type() == at::kBFloat16 || half_copy.scalar_type() == at::kHalf,
+                "device_adam_step: the 16-bit copy is ", half_copy.scalar_type());
+    b.half = static_cast<uint16_t*>(half_copy.data_ptr());
+    b.half_kind = half_copy.scalar_type() == at::kHalf ? Half16Kind::FP16 : Half16Kind::BF16;
+  }
+  const c10::cuda::CUDAGuard on_device(param.device());
+  launch_device_adam(b, detail::make_adam_consts(p),
+                     c10::cuda::getCurrentCUDAStream(param.device().index()).stream());
+}
+#endif
+
 }  // namespace
+
+bool device_adam_reads_16bit_grads() {
+  // Read at every call (once per step): a benchmark or a test may switch between the two.
+  const char* env = std::getenv("DS_DEVICE_ADAM");
+  const std::string choice = env != nullptr ? env : "";
+  if (choice == "libtorch") return false;
+  if (!choice.empty() && choice != "deepspeed")
+    throw std::invalid_argument("DS_DEVICE_ADAM='" + choice +
+                                "': expected deepspeed (this library's GPU Adam kernel, the "
+                                "default) or libtorch (libtorch's fused kernel)");
+  return kernel_built();
+}
 
 void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                       at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy,
                       bool grad_is_scratch) {
   torch::NoGradGuard no_grad;
+#if DS_WITH_CUDA_KERNELS
+  if (param.is_cuda() && device_adam_reads_16bit_grads())
+    return cuda_adam_step(param, grad, exp_avg, exp_avg_sq, p, half_copy);
+#endif
 #if TORCH_VERSION_MAJOR >= 2
   if (p.bias_correction) {
     const auto on = param.options();

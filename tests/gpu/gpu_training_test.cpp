@@ -34,6 +34,7 @@
 #include "support/training_run.h"
 #include "zero/shard_optimizer.h"
 #include "zero/tensor_facts.h"
+#include "support/deterministic.h"
 #include "support/gpu_skip.h"
 
 #ifdef DS_WITH_CUDA
@@ -44,29 +45,6 @@
 
 namespace {
 
-// Deterministic kernels (the embedding's backward, cuBLAS) so that two runs differ only where
-// their arithmetic differs, for one test: the mode goes back as it was when the guard ends, so a
-// test does not depend on which ran before it (in torch 2.x the mode also makes torch::empty
-// fill with NaN, a kernel on the compute stream). cuBLAS needs CUBLAS_WORKSPACE_CONFIG before
-// its first call, which libtorch checks once and caches: ctest's environment
-// (tests/CMakeLists.txt) and bench/gpu/run.sh's set it; the setenv only helps a program run by
-// hand whose first cuBLAS call comes after it.
-class Deterministic {
- public:
-  Deterministic()
-      : was_(at::globalContext().deterministicAlgorithms()),
-        warn_only_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
-    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-    at::globalContext().setDeterministicAlgorithms(true, false);
-  }
-  ~Deterministic() { at::globalContext().setDeterministicAlgorithms(was_, warn_only_); }
-  Deterministic(const Deterministic&) = delete;
-  Deterministic& operator=(const Deterministic&) = delete;
-
- private:
-  const bool was_, warn_only_;
-};
-
 // The guard gives the mode back as it found it, warn-only included (no GPU needed).
 TEST(GpuTestSupport, DeterministicModeEndsWithItsGuard) {
   auto& context = at::globalContext();
@@ -74,7 +52,7 @@ TEST(GpuTestSupport, DeterministicModeEndsWithItsGuard) {
     for (bool on : {false, true}) {
       context.setDeterministicAlgorithms(on, warn_only);
       {
-        const Deterministic deterministic;
+        const dstest::Deterministic deterministic;
         EXPECT_TRUE(context.deterministicAlgorithms());
         EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
       }
@@ -185,7 +163,7 @@ class OneGpu : public testing::TestWithParam<Case> {};
 // replaces the GPU's fused Adam, 1e-2 in bf16 (roundings of 16-bit parameters).
 TEST_P(OneGpu, TrainsAsStageZero) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   const Case c = GetParam();
   auto reference = train_on_gpu(0, c.bf16, Home::kNone);
   auto run = train_on_gpu(c.stage, c.bf16, c.home);
@@ -217,7 +195,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, OneGpu, testing::ValuesIn(all_cases()), case_na
 // backward (the overlap is on; how much of the update it hides is the benchmark's to measure).
 TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   for (int stage : {2, 3}) {
     for (bool pin : {true, false}) {
       dstest::RunSpec spec = one_gpu_run(10);
@@ -246,7 +224,7 @@ TEST(OneGpuOffload, UpdateDuringBackwardIsTheSerialStep) {
 // locked and (stage 2) pageable, and step() did hand over.
 TEST(OneGpuOffload, OverlapForwardIsTheWaitingStep) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   for (auto [stage, pin] : {std::pair{1, true}, {2, true}, {2, false}}) {
     dstest::RunSpec spec = one_gpu_run(10);
     spec.config = config_for(stage, true, Home::kOptimizerCpu, "");
@@ -274,7 +252,7 @@ TEST(OneGpuOffload, OverlapForwardIsTheWaitingStep) {
 // page-locked copies, the host adds, and the GPU still holds no gradient partition.
 TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   for (int stage : {2, 3}) {
     dstest::RunSpec spec = one_gpu_run(6);
     spec.config = dstest::base_config(/*micro_batch=*/2, /*accumulation=*/3, stage);
@@ -308,7 +286,7 @@ TEST(OneGpuOffload, GradientsAccumulateInHostMemory) {
 // GPU (Psi/N, copied down whole at every step) and overlap_step silently off.
 TEST(OneGpuOffload, SwappedParametersKeepTheGradientsInHostMemory) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   for (bool bf16 : {false, true}) {
     SCOPED_TRACE(bf16 ? "bf16" : "fp32");
     dstest::TempDir nvme("gpu_swapped_params", dstest::TempDir::Base::kDisk);
@@ -490,7 +468,7 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
 // agrees with stage 0 at the same world size.
 TEST(TwoRanksOneGpu, StagesAgreeOverGloo) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   auto reference = train_on_gpu(0, false, Home::kNone, 2);
   for (int stage = 1; stage <= 3; ++stage) {
     auto run = train_on_gpu(stage, false, Home::kNone, 2);
@@ -639,7 +617,7 @@ TEST(OneGpuMemory, OutOfMemoryIsReportedInWords) {
 // parameters bit for bit while the other trains, and in fp32 the groups step as stage 0 does.
 TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   for (bool bf16 : {false, true}) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(2, bf16, Home::kNone, "");
@@ -669,7 +647,7 @@ TEST(OneGpuParamGroups, FusedAdamStepsEachGroupOnTheGpu) {
 // taken during backward, and a group at lr 0 keeps its parameters bit for bit.
 TEST(OneGpuParamGroups, CpuOffloadStepsEachGroupRangeByRange) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   auto grouped = [](int stage, double vector_lr, size_t* ranges) {
     auto spec = one_gpu_run(6);
     spec.config = config_for(stage, false, stage == 0 ? Home::kNone : Home::kOptimizerCpu, "");
@@ -740,7 +718,7 @@ std::map<int64_t, double> train_with_dropout_on_gpu(const std::string& dir, int6
 // uninterrupted job's bit for bit.
 TEST(OneGpuCheckpoint, DropoutMasksResumeBitForBit) {
   SKIP_WITHOUT_GPU();
-  const Deterministic deterministic;
+  const dstest::Deterministic deterministic;
   dstest::TempDir dir;
   const auto whole = train_with_dropout_on_gpu(dir.path(), 12, {5, 6}, "", 7);
   ASSERT_EQ(whole.size(), 12u);

@@ -90,7 +90,10 @@ RunResult train_gpt(const RunSpec& spec) {
       auto loss = engine->forward(batch.data, batch.target);
       engine->backward(loss);
       bool boundary = engine->is_gradient_accumulation_boundary();
-      engine->step();
+      if (spec.step)
+        spec.step(*engine);
+      else
+        engine->step();
       if (boundary) {
         losses.push_back(engine->last_loss());
         grad_norms.push_back(engine->get_global_grad_norm());

@@ -43,6 +43,9 @@ struct RunSpec {
   std::function<void(deepspeed::Engine&)> after_training;
   // Called on every rank after initialize(), before the first step (e.g. to load a checkpoint).
   std::function<void(deepspeed::Engine&)> before_training;
+  // If set: called instead of engine.step() after each backward, and must call it (a test that
+  // measures the step itself).
+  std::function<void(deepspeed::Engine&)> step;
   // If set: each rank's client optimizer (InitializeArgs.optimizer), built over its model.
   std::function<std::shared_ptr<torch::optim::Optimizer>(gpt::GPTImpl&)> client_optimizer;
   // If set: each rank's InitializeArgs.model_parameters, built over its model.

@@ -139,6 +139,24 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
   }
 }
 
+// DS_DEVICE_ADAM chooses the GPU Adam: this library's kernel (the default, where built) or
+// libtorch's ("libtorch"); another value is refused naming the variable and both choices. (A CPU
+// build has no kernel: the default reads as false there, true in a build with nvcc.)
+TEST(DeviceAdam, TheEnvironmentChoosesTheKernel) {
+  const EnvGuard guard("DS_DEVICE_ADAM");
+  unsetenv("DS_DEVICE_ADAM");
+  const bool built = deepspeed::optim::device_adam_reads_16bit_grads();
+  setenv("DS_DEVICE_ADAM", "deepspeed", 1);
+  EXPECT_EQ(deepspeed::optim::device_adam_reads_16bit_grads(), built);
+  setenv("DS_DEVICE_ADAM", "libtorch", 1);
+  EXPECT_FALSE(deepspeed::optim::device_adam_reads_16bit_grads());
+  setenv("DS_DEVICE_ADAM", "fused", 1);
+  const std::string error = error_of([] { deepspeed::optim::device_adam_reads_16bit_grads(); });
+  EXPECT_CONTAINS(error, "DS_DEVICE_ADAM='fused'");
+  EXPECT_CONTAINS(error, "deepspeed");
+  EXPECT_CONTAINS(error, "libtorch");
+}
+
 }  // namespace
 
 }  // namespace device_test

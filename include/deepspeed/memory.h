@@ -54,8 +54,9 @@ struct MemoryReport {
 //   step_transient: in mixed precision the optimizer step widens this rank's gradient partition
 //     to fp32 for the update (zero/shard_optimizer.cpp): 4Ψ/N at stages 1-3, 4Ψ at stage 0 (one
 //     replicated partition). fp32 gradients (an fp32 model, or fp32 accumulation) are stepped
-//     on themselves: 0. This is the CPU's figure: on a GPU, a build with deepspeed.cpp's Adam
-//     kernel (nvcc found; optim/device_adam.h) reads the 16-bit gradients as they are, also 0.
+//     on themselves: 0. This is the CPU's figure: on a GPU, Adam/AdamW (deepspeed.cpp's kernel,
+//     optim/device_adam.h) reads the 16-bit gradients as they are, 0 there too (this estimate
+//     does not know the device and still counts it).
 //   largest_layer_working: stage 3 only, given largest_layer_params L (0: left out): the largest
 //     unit gathered whole with its whole gradient, (weight + gradient bytes)·L, 4L in 16 bits.
 // Against DeepSpeed (mixed precision): stage 2's peak is 2Ψ + 18Ψ/N, its

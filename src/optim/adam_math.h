@@ -4,8 +4,10 @@
 // device. Each operation is one IEEE-rounded float operation and only the explicit fmaf calls
 // are fused: host code here is compiled with fp-contract off (the pragma below), device code
 // with --fmad=false (CMakeLists.txt), and sqrtf and `/` are correctly rounded on both (nvcc's
-// default -prec-sqrt/-prec-div). So a GPU update equals the CPU's bit for bit, and ZeRO-Offload
-// (CPU Adam) trains exactly as the same run with the optimizer on the GPU.
+// default -prec-sqrt/-prec-div; clang: the fp contract pragma in adam_update). So for finite
+// values a GPU update equals the CPU's bit for bit, and ZeRO-Offload (CPU Adam) trains exactly as
+// the same run with the optimizer on the GPU. (NaN payloads may differ: the GPU's arithmetic
+// makes the canonical NaN, x86 keeps the payload.)
 #pragma once
 
 #include <math.h>
@@ -53,6 +55,9 @@ AdamConsts make_adam_consts(const AdamStepParams& p);
 //   param += (-lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps)
 // in libtorch's op order (exp_avg.mul_(b1).add_(g, 1-b1) is one fma there too).
 DS_HOST_DEVICE inline void adam_update(float g, float& p, float& m, float& v, const AdamConsts& c) {
+#if defined(__clang__) && !defined(__CUDACC__)
+#pragma clang fp contract(off)
+#endif
   if (c.scale_grad) g = g * c.grad_scale;
   if (c.decoupled_decay) p = p * c.decay_mul;
   if (c.l2_decay) g = fmaf(p, c.l2, g);

@@ -42,14 +42,6 @@ void tensor_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, 
   param.addcdiv_(m, denom, -static_cast<double>(p.lr) / bc1);
 }
 
-constexpr bool kernel_built() {
-#if DS_WITH_CUDA_KERNELS
-  return true;
-#else
-  return false;
-#endif
-}
-
 #if DS_WITH_CUDA_KERNELS
 GradFormat grad_format_of(const at::Tensor& grad) {
   switch (grad.scalar_type()) {
@@ -100,6 +92,14 @@ void cuda_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& m, at
 
 }  // namespace
 
+bool device_adam_kernel_built() {
+#if DS_WITH_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
 bool device_adam_reads_16bit_grads() {
   // Read at every call (once per step): a benchmark or a test may switch between the two.
   const char* env = std::getenv("DS_DEVICE_ADAM");
@@ -109,7 +109,7 @@ bool device_adam_reads_16bit_grads() {
     throw std::invalid_argument("DS_DEVICE_ADAM='" + choice +
                                 "': expected deepspeed (this library's GPU Adam kernel, the "
                                 "default) or libtorch (libtorch's fused kernel)");
-  return kernel_built();
+  return device_adam_kernel_built();
 }
 
 void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
@@ -120,6 +120,9 @@ void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
   if (param.is_cuda() && device_adam_reads_16bit_grads())
     return cuda_adam_step(param, grad, exp_avg, exp_avg_sq, p, half_copy);
 #endif
+  TORCH_CHECK(grad.scalar_type() == at::kFloat, "device_adam_step: ", grad.scalar_type(),
+              " gradients need this library's GPU Adam kernel (a CUDA build, DS_DEVICE_ADAM "
+              "unset or \"deepspeed\"); libtorch's kernel and the tensor formula read fp32");
 #if TORCH_VERSION_MAJOR >= 2
   if (p.bias_correction) {
     const auto on = param.options();

@@ -1,5 +1,5 @@
 // The Adam/AdamW update for parameters that live on a GPU (or any non-CPU device): FusedAdam's
-// device path. On an NVIDIA GPU in a build with nvcc (DS_WITH_CUDA_KERNELS): deepspeed.cpp's own
+// device path. On an NVIDIA GPU in a CUDA build (DS_WITH_CUDA_KERNELS): deepspeed.cpp's own
 // kernel (device_adam_kernel.h), one pass that reads 16-bit gradients as they are and writes the
 // 16-bit copy, equal to the CPU kernel bit for bit. Otherwise, libtorch 2.x: one launch of
 // libtorch's fused multi-tensor kernel (at::_fused_adam_/_fused_adamw_, the kernel behind
@@ -21,6 +21,8 @@ namespace optim {
 // kernel fault). Throws std::invalid_argument naming the variable for a value other than
 // "deepspeed" or "libtorch".
 bool device_adam_reads_16bit_grads();
+// Whether this build has the kernel (CUDA libtorch; CMakeLists.txt), whatever DS_DEVICE_ADAM says.
+bool device_adam_kernel_built();
 
 // Updates param, exp_avg, exp_avg_sq in place (all fp32, contiguous, one device); the gradient
 // (fp32; or bf16/fp16 on CUDA where device_adam_reads_16bit_grads()) is multiplied by

@@ -1,10 +1,11 @@
-// deepspeed.cpp's Adam/AdamW kernel for NVIDIA GPUs (device_adam_kernel.cu; compiled where the
-// build has a CUDA libtorch and nvcc: DS_WITH_CUDA_KERNELS). One pass over the partition that reads
+// deepspeed.cpp's Adam/AdamW kernel for NVIDIA GPUs (device_adam_kernel.cu; compiled in every
+// build against a CUDA libtorch: DS_WITH_CUDA_KERNELS). One pass over the partition that reads
 // the gradients in the format the model produced them (fp32, bf16 or fp16) and writes the model's
 // 16-bit copy of the updated master in the same pass: 28 bytes per element with bf16 gradients
 // and a bf16 copy, where libtorch's fused kernel (fp32 gradients only) needs a widened copy of the
 // gradients before it and a rounding pass after it (40 bytes, and 4 bytes per element more
-// memory at the step). Its arithmetic is adam_math.h's, so it equals the CPU kernel bit for bit.
+// memory at the step). Its arithmetic is adam_math.h's, so it equals the CPU kernel bit for bit
+// (finite values).
 // No torch header here: nvcc compiles only the kernel; device_adam.cpp checks the tensors.
 #pragma once
 

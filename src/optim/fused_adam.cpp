@@ -122,7 +122,7 @@ namespace {
 // The kernels read and write flat fp32 memory; the GPU kernel also reads 16-bit gradients.
 void check_fp32_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
-  const bool grad_ok = g == torch::kFloat || (!p.is_cpu() && device_adam_reads_16bit_grads() &&
+  const bool grad_ok = g == torch::kFloat || (p.is_cuda() && device_adam_reads_16bit_grads() &&
                                               (g == torch::kBFloat16 || g == torch::kHalf));
   TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && grad_ok &&
                   p.grad().is_contiguous(),

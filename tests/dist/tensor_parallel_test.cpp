@@ -396,7 +396,10 @@ TEST(TensorParallelTraining, Bf16FollowsStage0Bf16) {
   }
   std::printf("bf16 tp 2 x dp 2 (ZeRO-1) against ZeRO-0 bf16: losses within %.2e relative\n",
               worst);
-  EXPECT_LT(worst, 1e-3);  // measured 9.5e-5
+  // Measured 9.5e-5 on an AVX-512 CPU with bf16 instructions, 1.8e-3 on an AVX2-only one (AMD
+  // EPYC, 2026-11-30: libtorch's CPU bf16 matmuls take another path there). Bound: bf16's own
+  // rounding, 2^-8; a TP step that lost a reduction would be off by far more.
+  EXPECT_LT(worst, 4e-3);
   EXPECT_LT(got.losses.back(), got.losses.front());
 }
 

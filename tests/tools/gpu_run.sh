@@ -82,13 +82,19 @@ case \"\$1\" in
   --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
   *) $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
 esac"
+stand_in device_adam_gpu_test "echo \"\$*\" >> $T/order
+case \"\$1\" in
+  --gtest_list_tests) printf 'GpuAdamKernel.\n  EqualsTheCpuKernelBitForBit\n' ;;
+  *) $(pass_case GpuAdamKernel.EqualsTheCpuKernelBitForBit); $done_line ;;
+esac"
 # It lists no suite: run whole, it runs none.
 stand_in activation_checkpointing_gpu_test "echo \"\$*\" >> $T/order
 echo '[==========] 0 tests from 0 test suites ran. (0 ms total)'"
 (cd "$root" && OUT=$T/out3 DSB=$B BUDGET_S=0 STEPS=test TEST_LABELS=gpu CAP_GPU_TEST=16 MIN_SUITE_S=1 \
    bash bench/gpu/run.sh > "$T/log3" 2>&1)
 grep -v -- --gtest_list_tests "$T/order" > "$T/order.run"
-expected='--gtest_filter=Stages/OneGpu.*
+expected='--gtest_filter=GpuAdamKernel.*
+--gtest_filter=Stages/OneGpu.*
 --gtest_filter=OneGpuNccl.*
 --gtest_filter=*
 --gtest_filter=FlopsProfilerGpu.*
@@ -103,7 +109,7 @@ tar xzf "$T/out3/all.tgz" -O ./ctest_gpu.log | grep -q "^\[       OK \] OneGpuNc
   fail "OneGpuNccl's lines in the log"
 grep -q "gpu gpu_training_test OneGpuPinned: crashed (rc=139); 0 passed, 0 failed, 0 skipped; stopped in OneGpuPinned.Copies" "$T/out3/summary.txt" ||
   fail "the crashed suite's line"
-grep -q "GPU test suites passed: OneGpuNccl FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
+grep -q "GPU test suites passed: GpuAdamKernel OneGpuNccl FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
   fail "the suites' summary"
 rm -f "$B/bin/gpu_training_test"
 

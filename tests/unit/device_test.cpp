@@ -141,7 +141,7 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
 
 // DS_DEVICE_ADAM chooses the GPU Adam: this library's kernel (the default, where built) or
 // libtorch's ("libtorch"); another value is refused naming the variable and both choices. (A CPU
-// build has no kernel: the default reads as false there, true in a build with nvcc.)
+// build has no kernel: the default reads as false there, true in a CUDA build.)
 TEST(DeviceAdam, TheEnvironmentChoosesTheKernel) {
   const EnvGuard guard("DS_DEVICE_ADAM");
   unsetenv("DS_DEVICE_ADAM");

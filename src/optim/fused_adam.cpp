@@ -118,12 +118,16 @@ std::vector<AdamHyperRun> FusedAdam::segment_runs(int64_t step) {
   return runs;
 }
 
+bool FusedAdam::reads_16bit_grads(const torch::Tensor& param) {
+  return param.is_cuda() && device_adam_reads_16bit_grads();
+}
+
 namespace {
 // The kernels read and write flat fp32 memory; the GPU kernel also reads 16-bit gradients.
 void check_fp32_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
-  const bool grad_ok = g == torch::kFloat || (p.is_cuda() && device_adam_reads_16bit_grads() &&
-                                              (g == torch::kBFloat16 || g == torch::kHalf));
+  const bool grad_ok = g == torch::kFloat || ((g == torch::kBFloat16 || g == torch::kHalf) &&
+                                              FusedAdam::reads_16bit_grads(p));
   TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && grad_ok &&
                   p.grad().is_contiguous(),
               "FusedAdam needs contiguous fp32 parameters and gradients (got gradients of ", g,

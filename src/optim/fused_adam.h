@@ -82,6 +82,9 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   // Mixed precision: after every update of `param` its new value is also written into `target`
   // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
+  // Whether step() reads bf16/fp16 gradients of `param` as they are: on a GPU with this
+  // library's kernel (device_adam.h); elsewhere gradients must be fp32.
+  static bool reads_16bit_grads(const torch::Tensor& param);
   // The next step of `param` (a contiguous fp32 CPU tensor of this optimizer), to be run in
   // ranges: its state is created when missing and its step count advanced now, with the
   // group's current hyperparameters (with set_flat, each segment's group's) and the grad scale

@@ -8,7 +8,6 @@
 #include "device/pinned_memory.h"
 #include "offload/swapped_shard.h"
 #include "optim/adagrad_state.h"
-#include "optim/device_adam.h"
 #include "optim/fused_adam.h"
 #include "optim/self_communicating.h"
 #include "zero/adam_state_checkpoint.h"
@@ -206,15 +205,14 @@ class InMemoryShard : public ShardOptimizer {
       return;
     }
     // The optimizer works in fp32. On a GPU, deepspeed.cpp's Adam kernel reads 16-bit
-    // gradients as they are (device_adam.h). Elsewhere a transient widened copy of them (4Ψ/N
+    // gradients as they are (FusedAdam::reads_16bit_grads). Elsewhere a transient widened copy of them (4Ψ/N
     // for the length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
     // Gradients accumulated in fp32 (data_types.grad_accum_dtype; bf16 stage 0's default) are
     // stepped on themselves, as DeepSpeed's BF16_Optimizer steps its fp32 accumulation buffer:
     // every stage drops its gradients after the step (FlatStage::step, Stage3::step), so the
     // scaling below may land in them, and a copy would cost 4Ψ/N more at the step's peak
     // (memory.h).
-    const bool read_as_they_are =
-        fused_ && grads.tensor.is_cuda() && optim::device_adam_reads_16bit_grads();
+    const bool read_as_they_are = fused_ && optim::FusedAdam::reads_16bit_grads(master_);
     at::Tensor grad = read_as_they_are ? grads.tensor : grads.tensor.to(torch::kFloat);
     set_grads(grad);
     if (fused_)  // grad is this step's own: a copy, or gradients dropped after it

@@ -22,6 +22,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/shm_segment.h"
 #include "support/ranks.h"
+#include "support/scoped_env.h"
 
 namespace shm_allreduce_test {
 
@@ -33,25 +34,7 @@ namespace {
 
 // Sets an environment variable for the scope of a test (between run_ranks calls: no thread
 // reads the environment meanwhile).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      ::setenv(name_.c_str(), old_.c_str(), 1);
-    else
-      ::unsetenv(name_.c_str());
-  }
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
+using dstest::ScopedEnv;
 
 struct Case {
   int64_t numel;

@@ -17,6 +17,7 @@
 #include "optim/device_adam.h"
 #include "support/deterministic.h"
 #include "support/gpu_skip.h"
+#include "support/scoped_env.h"
 #include "support/training_run.h"
 
 namespace device_adam_gpu_test {
@@ -35,23 +36,8 @@ using deepspeed::optim::Half16Kind;
     }                                                                                           \
   } while (0)
 
-// DS_DEVICE_ADAM set to `value` (nullptr: unset) for a scope, then as it was. These tests are of
-// the kernel: they run it whatever the environment chose for the rest of the program.
-class AdamChoice {
- public:
-  explicit AdamChoice(const char* value) {
-    if (const char* old = std::getenv("DS_DEVICE_ADAM")) saved_ = old, had_ = true;
-    if (value != nullptr) setenv("DS_DEVICE_ADAM", value, 1);
-    else unsetenv("DS_DEVICE_ADAM");
-  }
-  ~AdamChoice() { had_ ? setenv("DS_DEVICE_ADAM", saved_.c_str(), 1) : unsetenv("DS_DEVICE_ADAM"); }
-  AdamChoice(const AdamChoice&) = delete;
-  AdamChoice& operator=(const AdamChoice&) = delete;
-
- private:
-  std::string saved_;
-  bool had_ = false;
-};
+// The kernel's tests run it whatever DS_DEVICE_ADAM chose for the rest of the program.
+constexpr const char* kAdamChoice = "DS_DEVICE_ADAM";
 
 struct Hyper {
   std::string name;
@@ -109,7 +95,7 @@ void expect_same_bits(const at::Tensor& gpu, const at::Tensor& cpu, const std::s
 // one-by-one path (gradients misaligned against the master).
 TEST(GpuAdamKernel, EqualsTheCpuKernelBitForBit) {
   SKIP_WITHOUT_KERNEL();
-  const AdamChoice kernel(nullptr);
+  const dstest::ScopedEnv kernel(kAdamChoice, nullptr);
   torch::manual_seed(11);
   const std::vector<Layout> layouts = {
       {(int64_t{1} << 20) + 5, 0, 0}, {4099, 3, 3}, {37, 1, 0}, {3, 0, 0}};
@@ -162,7 +148,7 @@ TEST(GpuAdamKernel, EqualsTheCpuKernelBitForBit) {
 // gradient, which only the kernel reads, is refused naming the variable.
 TEST(GpuAdamKernel, LibtorchsFusedKernelStaysAChoice) {
   SKIP_WITHOUT_KERNEL();
-  const AdamChoice libtorch("libtorch");
+  const dstest::ScopedEnv libtorch(kAdamChoice, "libtorch");
   EXPECT_FALSE(deepspeed::optim::device_adam_reads_16bit_grads());
   torch::manual_seed(5);
   const int64_t n = 100003;
@@ -194,7 +180,7 @@ TEST(GpuAdamKernel, LibtorchsFusedKernelStaysAChoice) {
 // widening them is exact).
 TEST(GpuAdamKernel, OffloadedAdamTrainsAsTheGpuAdamBitForBit) {
   SKIP_WITHOUT_KERNEL();
-  const AdamChoice kernel(nullptr);
+  const dstest::ScopedEnv kernel(kAdamChoice, nullptr);
   dstest::RunSpec spec;
   spec.backend = "nccl";
   spec.device = "cuda";
@@ -221,7 +207,7 @@ TEST(GpuAdamKernel, OffloadedAdamTrainsAsTheGpuAdamBitForBit) {
 // half of that.
 TEST(GpuAdamKernel, MixedPrecisionStepWidensNoGradients) {
   SKIP_WITHOUT_KERNEL();
-  const AdamChoice kernel(nullptr);
+  const dstest::ScopedEnv kernel(kAdamChoice, nullptr);
   const c10::Device gpu(c10::kCUDA, 0);
   for (int stage : {1, 2}) {
     dstest::RunSpec spec;

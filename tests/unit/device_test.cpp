@@ -15,20 +15,12 @@
 #include "optim/cpu_adam.h"
 #include "optim/device_adam.h"
 #include "support/expect.h"
+#include "support/scoped_env.h"
 
 namespace device_test {
 
 namespace {
 
-struct EnvGuard {
-  explicit EnvGuard(const char* name) : name_(name) {
-    if (const char* v = std::getenv(name)) saved_ = v, had_ = true;
-  }
-  ~EnvGuard() { had_ ? setenv(name_, saved_.c_str(), 1) : unsetenv(name_); }
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
-};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -40,13 +32,13 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(Device, ExplicitCpuWinsOverTheEnvironment) {
-  EnvGuard g("DS_DEVICE");
+  dstest::ScopedEnv g("DS_DEVICE");
   setenv("DS_DEVICE", "cuda", 1);
   EXPECT_EQ(deepspeed::resolve_device("cpu", 0), c10::Device(c10::kCPU));
 }
 
 TEST(Device, AutoFollowsTheEnvironmentThenTheMachine) {
-  EnvGuard g("DS_DEVICE");
+  dstest::ScopedEnv g("DS_DEVICE");
   setenv("DS_DEVICE", "cpu", 1);
   EXPECT_EQ(deepspeed::resolve_device("auto", 3), c10::Device(c10::kCPU));
   unsetenv("DS_DEVICE");
@@ -55,7 +47,7 @@ TEST(Device, AutoFollowsTheEnvironmentThenTheMachine) {
 }
 
 TEST(Device, UnknownValuesAreNamed) {
-  EnvGuard g("DS_DEVICE");
+  dstest::ScopedEnv g("DS_DEVICE");
   unsetenv("DS_DEVICE");
   EXPECT_CONTAINS(error_of([] { deepspeed::resolve_device("gpu0", 0); }), "device \"gpu0\"");
   EXPECT_CONTAINS(error_of([] { deepspeed::resolve_device("cuda:x", 0); }), "\"cuda:N\"");
@@ -90,7 +82,7 @@ TEST(Backend, NcclWithoutCudaIsRefusedNamingTheWayOut) {
 }
 
 TEST(Backend, AnUnknownBackendIsNamed) {
-  EnvGuard g("DS_COMM_BACKEND");
+  dstest::ScopedEnv g("DS_COMM_BACKEND");
   setenv("DS_COMM_BACKEND", "mpi", 1);
   deepspeed::comm::ProcessInfo info;
   info.world_size = 2;
@@ -143,7 +135,7 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
 // libtorch's ("libtorch"); another value is refused naming the variable and both choices. (A CPU
 // build has no kernel: the default reads as false there, true in a CUDA build.)
 TEST(DeviceAdam, TheEnvironmentChoosesTheKernel) {
-  const EnvGuard guard("DS_DEVICE_ADAM");
+  const dstest::ScopedEnv guard("DS_DEVICE_ADAM");
   unsetenv("DS_DEVICE_ADAM");
   const bool built = deepspeed::optim::device_adam_reads_16bit_grads();
   setenv("DS_DEVICE_ADAM", "deepspeed", 1);

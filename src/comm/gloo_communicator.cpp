@@ -22,8 +22,10 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -39,6 +41,7 @@
 #include "comm/reduce_scatter_v.h"
 #include "comm/shm_allreduce.h"
 #include "comm/split.h"
+#include "comm/store_bytes.h"
 #include "comm/work.h"
 
 namespace deepspeed {
@@ -316,6 +319,35 @@ std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& ma
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(master_addr));
 }
 
+namespace {
+
+// Gloo's connectFullMesh can return on one rank while a peer is still finishing its side of the
+// handshake; a rank that then closed the group at once (it had nothing to do on it) failed that
+// peer's setup with "Connection closed by peer" (seen in dist.shm_allreduce_test under load, with
+// DS_SHM_ALLREDUCE=0, which skips the shared-memory set-up's own exchange of keys). So no rank
+// leaves the setup before every rank's ProcessGroupGloo is built: each sets its key in the
+// group's store and waits for all of them. Names the ranks still missing at the timeout.
+void wait_for_every_rank_connected(c10d::Store& store, int rank, int world_size,
+                                   std::chrono::milliseconds timeout) {
+  if (world_size == 1) return;
+  auto key = [](int r) { return fmt::format("ds_connected/{}", r); };
+  store.set(key(rank), store_bytes("1"));
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::string missing;
+    for (int r = 0; r < world_size; ++r) {
+      if (!store.check({key(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw CommError(fmt::format("rank(s) {} did not finish connecting the group ({})",
+                                missing.empty() ? "?" : missing, e.what()));
+  }
+}
+
+}  // namespace
+
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
                                           int world_size, int local_rank,
                                           std::chrono::milliseconds timeout,
@@ -342,6 +374,7 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   auto start = std::chrono::steady_clock::now();
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+    wait_for_every_rank_connected(*store, rank, world_size, timeout);
     auto shm = ShmAllReduce::create(*store, rank, world_size, timeout);
     auto comm = std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank,
                                                    world_size, local_rank, timeout, std::move(shm));

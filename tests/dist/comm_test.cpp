@@ -16,12 +16,14 @@
 #include <functional>
 #include <future>
 #include <string>
+#include <thread>
 #include <c10/core/CPUAllocator.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
 #include "support/expect.h"
 #include "support/ranks.h"
+#include "support/scoped_env.h"
 #include "util/torch_compat.h"
 
 namespace comm_test {
@@ -322,6 +324,32 @@ TEST(Comm, RunRanksRethrowsTheFailingRanksException) {
                    },
                    std::chrono::seconds(2)),
                std::logic_error);
+}
+
+// A rank that leaves a new group at once (nothing to do on it) does not fail a peer still
+// finishing Gloo's connection handshake: setup returns only once every rank is connected. With the
+// shared-memory all-reduce off, its own exchange of keys (which hid this) is skipped. The race
+// needs a loaded machine, so three threads spin beside the ranks: before the fix this failed
+// within a few seconds ("Connection closed by peer" in a peer's setup), and never without load.
+TEST(Comm, RankLeavingANewGroupAtOnceDoesNotFailItsPeers) {
+  dstest::ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 3; ++i) {
+    load.emplace_back([&] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  }
+  try {
+    for (int round = 0; round < 120; ++round) run_ranks(2 + round % 3, [](CommunicatorPtr) {});
+  } catch (...) {
+    stop = true;
+    for (auto& t : load) t.join();
+    throw;
+  }
+  stop = true;
+  for (auto& t : load) t.join();
 }
 
 // The std::shared_ptr<c10d::Store> overload (wrapped in a forwarding store) joins like the

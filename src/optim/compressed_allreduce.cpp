@@ -14,8 +14,8 @@ namespace optim {
 namespace {
 
 // Bit weights of one packed byte, most significant first (numpy.packbits' order).
-at::Tensor bit_weights() {
-  return torch::tensor({128, 64, 32, 16, 8, 4, 2, 1}, torch::kUInt8);
+at::Tensor bit_weights(c10::Device device) {
+  return torch::tensor({128, 64, 32, 16, 8, 4, 2, 1}, torch::kUInt8).to(device);
 }
 
 }  // namespace
@@ -27,18 +27,19 @@ at::Tensor pack_signs(const at::Tensor& x) {
   shape.back() = n / 8;
   shape.push_back(8);
   at::Tensor bits = x.ge(0).to(torch::kUInt8).reshape(shape);
-  return bits.mul(bit_weights()).sum(-1).to(torch::kUInt8);
+  return bits.mul(bit_weights(x.device())).sum(-1).to(torch::kUInt8);
 }
 
 at::Tensor unpack_signs(const at::Tensor& bytes) {
-  at::Tensor set = bytes.unsqueeze(-1).bitwise_and(bit_weights()).ne(0);
+  at::Tensor set = bytes.unsqueeze(-1).bitwise_and(bit_weights(bytes.device())).ne(0);
   std::vector<int64_t> shape = bytes.sizes().vec();
   shape.back() *= 8;
   return set.to(torch::kFloat).mul_(2).sub_(1).reshape(shape);
 }
 
-CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels)
-    : comm_(std::move(comm)), numels_(std::move(numels)) {
+CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels,
+                                         c10::Device device)
+    : comm_(std::move(comm)), numels_(std::move(numels)), device_(device) {
   const int64_t w = comm_->world_size();
   for (size_t i = 0; i < numels_.size(); ++i) {
     const int64_t unit = 8 * w;
@@ -47,12 +48,14 @@ CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector
     offset_.push_back(row_);
     row_ += chunk_.back();
   }
+  chunk_sizes_ = torch::tensor(chunk_, torch::kLong).to(device_);
   reset_errors();
 }
 
 void CompressedAllReduce::reset_errors() {
-  worker_error_ = torch::zeros({comm_->world_size(), row_}, torch::kFloat);
-  server_error_ = torch::zeros({row_}, torch::kFloat);
+  const auto fp32 = torch::dtype(torch::kFloat).device(device_);
+  worker_error_ = torch::zeros({comm_->world_size(), row_}, fp32);
+  server_error_ = torch::zeros({row_}, fp32);
 }
 
 void CompressedAllReduce::save_errors(ExtraState& out) const {
@@ -74,21 +77,12 @@ void CompressedAllReduce::restore_errors(const ExtraState& saved) {
   server_error_.copy_(server->second);
 }
 
-std::vector<at::Tensor> host_parameters(std::vector<at::Tensor> params, const char* type) {
-  for (const auto& p : params)
-    if (!p.is_cpu())
-      throw ConfigError(std::string("optimizer.type \"") + type + "\" runs on the CPU only here (its "
-                        "update and 1-bit compressed all-reduce are host loops), but a parameter "
-                        "is on " + p.device().str() + ": train on the CPU, or use Adam/AdamW or "
-                        "Lamb on a GPU");
-  return params;
-}
-
 std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,
                                                     const std::vector<at::Tensor>& tensors) {
   std::vector<int64_t> numels;
   for (const auto& t : tensors) numels.push_back(t.numel());
-  return std::make_unique<CompressedAllReduce>(std::move(comm), std::move(numels));
+  const c10::Device device = tensors.empty() ? c10::Device(c10::kCPU) : tensors.front().device();
+  return std::make_unique<CompressedAllReduce>(std::move(comm), std::move(numels), device);
 }
 
 namespace {
@@ -146,17 +140,29 @@ float rms(double squares, int64_t count) {
 
 }  // namespace
 
-// The arithmetic runs as plain loops over the row buffers (one pass each for compensation,
-// norms, and sign/pack/error), which on one CPU core is several times faster than the same
-// steps as tensor operations; the message layout is the one pack_signs() documents.
-void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
+void CompressedAllReduce::check_tensors(const std::vector<at::Tensor>& tensors) const {
   TORCH_CHECK(tensors.size() == numels_.size(), "CompressedAllReduce::run: ", tensors.size(),
               " tensors, built for ", numels_.size());
   for (size_t i = 0; i < tensors.size(); ++i)
     TORCH_CHECK(tensors[i].numel() == numels_[i] && tensors[i].scalar_type() == at::kFloat &&
-                    tensors[i].is_contiguous() && tensors[i].is_cpu(),
-                "CompressedAllReduce::run: tensor ", i, " must be a contiguous fp32 CPU tensor of ",
-                numels_[i], " elements");
+                    tensors[i].is_contiguous() && tensors[i].device() == device_,
+                "CompressedAllReduce::run: tensor ", i, " must be a contiguous fp32 tensor of ",
+                numels_[i], " elements on ", device_, " (it is ", tensors[i].scalar_type(), ", ",
+                tensors[i].numel(), " elements on ", tensors[i].device(), ")");
+}
+
+void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
+  if (device_.is_cpu())
+    run_host_loops(tensors);
+  else
+    run_with_tensor_ops(tensors);
+}
+
+// The arithmetic runs as plain loops over the row buffers (one pass each for compensation,
+// norms, and sign/pack/error), which on one CPU core is several times faster than the same
+// steps as tensor operations; the message layout is the one pack_signs() documents.
+void CompressedAllReduce::run_host_loops(const std::vector<at::Tensor>& tensors) {
+  check_tensors(tensors);
   torch::NoGradGuard no_grad;
   const int64_t w = comm_->world_size(), s = row_;
   const size_t p = numels_.size();
@@ -234,6 +240,77 @@ void CompressedAllReduce::run(const std::vector<at::Tensor>& tensors) {
         x[begin + k] = theirs[i] * (2.0f * static_cast<float>((bits[k / 8] >> (7 - k % 8)) & 1u) - 1.0f);
     }
   }
+}
+
+at::Tensor CompressedAllReduce::per_element(const at::Tensor& scales) const {
+  return at::repeat_interleave(scales, chunk_sizes_, scales.dim() - 1, row_);
+}
+
+// Σ x² of each tensor's chunks: fp32 squares (as the loops) summed in fp64, one reduction per
+// tensor (a segment sum over the whole row would lose a small tensor's sum beside a large one).
+at::Tensor CompressedAllReduce::scales_of(const at::Tensor& rows) const {
+  std::vector<at::Tensor> sums;
+  for (size_t i = 0; i < numels_.size(); ++i)
+    sums.push_back(at::sum(rows.narrow(1, offset_[i], chunk_[i]).square(), at::kDouble));
+  at::Tensor counts = chunk_sizes_.to(at::kDouble).mul_(static_cast<double>(rows.size(0)));
+  return at::stack(sums).div_(counts).sqrt_().to(at::kFloat);  // ‖·‖ / sqrt(count)
+}
+
+// rows -= scale·sign(rows) (sign(0) = +1); returns the signs packed, taken before.
+at::Tensor CompressedAllReduce::compress_rows(at::Tensor& rows, const at::Tensor& scales) const {
+  at::Tensor packed = pack_signs(rows);
+  at::Tensor sign = rows.ge(0).to(at::kFloat).mul_(2).sub_(1);
+  rows.sub_(sign.mul_(per_element(scales)));  // scale·(±1) is exact: the loops' arithmetic
+  return packed;
+}
+
+// The loops' steps as tensor operations (one per tensor where the chunks differ in size), no
+// host wait: everything stays on the device, the scales too (their bytes go into the messages
+// as a tensor view).
+void CompressedAllReduce::run_with_tensor_ops(const std::vector<at::Tensor>& tensors) {
+  check_tensors(tensors);
+  if (numels_.empty()) return;
+  torch::NoGradGuard no_grad;
+  const int64_t w = comm_->world_size(), s = row_;
+  const int64_t p = static_cast<int64_t>(numels_.size());
+  const auto bytes = torch::dtype(torch::kUInt8).device(device_);
+
+  // Worker: b = x + worker_error in the error buffer, row r holding chunk r of each tensor.
+  at::Tensor& b = worker_error_;
+  for (int64_t i = 0; i < p; ++i) {
+    at::Tensor x = tensors[i].reshape({-1});
+    const int64_t padded = w * chunk_[i];
+    if (padded != numels_[i]) x = at::constant_pad_nd(x, {0, padded - numels_[i]});
+    b.narrow(1, offset_[i], chunk_[i]).add_(x.view({w, chunk_[i]}));
+  }
+  at::Tensor scales = scales_of(b);  // ‖b_i‖ / sqrt(C_i)
+  at::Tensor send =
+      at::cat({compress_rows(b, scales), scales.view(at::kByte).unsqueeze(0).expand({w, 4 * p})}, 1);
+
+  // Phase 1: row r to server r.
+  at::Tensor recv = torch::empty({w, s / 8 + 4 * p}, bytes);
+  comm_->all_to_all(recv, send)->wait();
+
+  // Server: a = Σ_v scale_v/W · sign_v (summed in the loops' order) + server_error.
+  at::Tensor their = recv.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat);  // [W, p]
+  at::Tensor terms =
+      unpack_signs(recv.narrow(1, 0, s / 8)).mul_(per_element(their.mul(1.0f / static_cast<float>(w))));
+  at::Tensor a = terms[0].clone();
+  for (int64_t v = 1; v < w; ++v) a.add_(terms[v]);
+  server_error_.add_(a);
+  at::Tensor e = server_error_.view({1, s});
+  at::Tensor sscales = scales_of(e);  // ‖a_i‖ / sqrt(c_i)
+  at::Tensor mine = at::cat({compress_rows(e, sscales).view({-1}), sscales.view(at::kByte)});
+
+  // Phase 2: every server's compressed chunks to everyone; decode into the tensors.
+  at::Tensor all = torch::empty({w * (s / 8 + 4 * p)}, bytes);
+  comm_->all_gather(all, mine)->wait();
+  at::Tensor got = all.view({w, s / 8 + 4 * p});
+  at::Tensor values = unpack_signs(got.narrow(1, 0, s / 8))
+                          .mul_(per_element(got.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat)));
+  for (int64_t i = 0; i < p; ++i)
+    tensors[i].view({-1}).copy_(
+        values.narrow(1, offset_[i], chunk_[i]).reshape({-1}).narrow(0, 0, numels_[i]));
 }
 
 }  // namespace optim

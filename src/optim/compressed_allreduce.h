@@ -31,6 +31,7 @@
 #include <vector>
 
 #include <ATen/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "deepspeed/comm.h"
 #include "optim/extra_state.h"
@@ -40,12 +41,20 @@ namespace optim {
 
 class CompressedAllReduce {
  public:
-  // `numels`: the element count of each tensor that run() will be given, in order.
-  CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels);
+  // `numels`: the element count of each tensor that run() will be given, in order. `device`:
+  // where those tensors and so the error buffers live.
+  CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels,
+                      c10::Device device = c10::Device(c10::kCPU));
 
-  // Replaces each tensor (contiguous fp32, numels[i] elements) by the compressed average over
-  // ranks. COLLECTIVE; every rank passes tensors of the same sizes.
+  // Replaces each tensor (contiguous fp32, numels[i] elements, on the device) by the compressed
+  // average over ranks. COLLECTIVE; every rank passes tensors of the same sizes. In host memory
+  // the arithmetic is plain loops; elsewhere (a GPU) run_with_tensor_ops.
   void run(const std::vector<at::Tensor>& tensors);
+  // The same exchange as tensor operations, on any device, with no host wait: the same message
+  // bytes and arithmetic, except that each sum of squares (the scales) is summed in another
+  // order, so scales may differ from run()'s in the last bit. Public so that a CPU test can hold
+  // it against run().
+  void run_with_tensor_ops(const std::vector<at::Tensor>& tensors);
   // Forgets the error feedback.
   void reset_errors();
   // Checkpoints (extra_state.h): both buffers as per-rank state "worker_error", "server_error";
@@ -63,19 +72,25 @@ class CompressedAllReduce {
   int64_t chunk_offset(size_t i) const { return offset_[i]; }        // where chunk i lies in a row
 
  private:
+  void check_tensors(const std::vector<at::Tensor>& tensors) const;
+  void run_host_loops(const std::vector<at::Tensor>& tensors);
+  // Per tensor i, the root mean square of its chunks in `rows` ([k, S]; count k·c_i each), as an
+  // fp32 tensor [n] on the device; and `rows` -= scale·sign(rows), its signs packed [k, S/8].
+  at::Tensor scales_of(const at::Tensor& rows) const;
+  at::Tensor compress_rows(at::Tensor& rows, const at::Tensor& scales) const;
+  // [.., n] scales -> [.., S]: each tensor's scale repeated over its chunk.
+  at::Tensor per_element(const at::Tensor& scales) const;
+
   comm::CommunicatorPtr comm_;
   std::vector<int64_t> numels_, chunk_, offset_;
   int64_t row_ = 0;
+  c10::Device device_;
+  at::Tensor chunk_sizes_;  // int64 [n] on the device: c_i (per_element's repeats)
   at::Tensor worker_error_, server_error_;
 };
 
-// The 1-bit optimizers' parameters, checked to be in host memory: their update and compressed
-// all-reduce are host loops over the tensors' data. Throws ConfigError naming optimizer.type
-// `type` and the device otherwise (a GPU run: use Adam/AdamW or Lamb there).
-std::vector<at::Tensor> host_parameters(std::vector<at::Tensor> params, const char* type);
-
-// A compressor for `tensors`' sizes (created on an optimizer's first compressed step, or when a
-// checkpoint's error feedback is restored before it).
+// A compressor for `tensors`' sizes, on their device (created on an optimizer's first compressed
+// step, or when a checkpoint's error feedback is restored before it).
 std::unique_ptr<CompressedAllReduce> compressor_for(comm::CommunicatorPtr comm,
                                                     const std::vector<at::Tensor>& tensors);
 

@@ -13,7 +13,7 @@ namespace optim {
 
 OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
                        comm::CommunicatorPtr comm)
-    : FusedAdam(host_parameters(std::move(params), "OneBitAdam"),
+    : FusedAdam(std::move(params),
                 uncorrected_adamw_hyper(hyper)),
       hyper_(hyper),
       comm_(std::move(comm)) {}
@@ -70,6 +70,12 @@ void OneBitAdam::compressed_step() {
       TORCH_CHECK(it != state().end(), "OneBitAdam: a parameter has no Adam state after warm-up");
       auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
       s.step(s.step() + 1);
+      momenta.push_back(s.exp_avg());
+      if (!p.is_cpu()) {  // a GPU: the loop's arithmetic as tensor operations
+        s.exp_avg().mul_(beta1);
+        if (p.grad().defined()) s.exp_avg().add_(p.grad(), 1 - beta1);
+        continue;
+      }
       float* m = s.exp_avg().data_ptr<float>();
       const int64_t n = p.numel();
       const float b1 = static_cast<float>(beta1), one_minus = static_cast<float>(1 - beta1);
@@ -79,7 +85,6 @@ void OneBitAdam::compressed_step() {
       } else {
         for (int64_t k = 0; k < n; ++k) m[k] *= b1;
       }
-      momenta.push_back(s.exp_avg());
     }
   }
   auto views = exchange_views(momenta);  // per parameter (self_communicating.h)
@@ -91,7 +96,13 @@ void OneBitAdam::compressed_step() {
     for (auto& p : group.params()) {
       auto& s = static_cast<torch::optim::AdamWParamState&>(
           *state().find(compat::optimizer_state_key(p))->second);
-      // p -= lr·(m / (sqrt(v) + eps) + wd·p), one pass.
+      // p -= lr·(m / (sqrt(v) + eps) + wd·p), one pass (on a GPU a few tensor operations).
+      if (!p.is_cpu()) {
+        at::Tensor update = momenta[k++] / (s.exp_avg_sq().sqrt() + o.eps());
+        if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
+        p.add_(update, -o.lr());
+        continue;
+      }
       const float* m = momenta[k++].data_ptr<float>();
       const float* v = s.exp_avg_sq().data_ptr<float>();
       float* w = p.data_ptr<float>();

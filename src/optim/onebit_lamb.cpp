@@ -39,7 +39,7 @@ double trust_ratio(const OneBitLambHyper& h, double w_norm, double u_norm) {
 
 OneBitLamb::OneBitLamb(std::vector<torch::Tensor> params, const OneBitLambHyper& hyper,
                        comm::CommunicatorPtr comm)
-    : Lamb(host_parameters(std::move(params), "OneBitLamb"), warmup_lamb(hyper)),
+    : Lamb(std::move(params), warmup_lamb(hyper)),
       hyper_(hyper),
       comm_(std::move(comm)) {
   size_per_unit();

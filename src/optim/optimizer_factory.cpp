@@ -214,7 +214,7 @@ void set_exp_avg_mask(torch::optim::Optimizer& optimizer, const at::Tensor& para
       if (mask.sizes() != params[i].sizes())
         throw ConfigError("set_exp_avg_mask: mask of shape " + c10::str(mask.sizes()) +
                           " for a parameter of shape " + c10::str(params[i].sizes()));
-      masks->set_mask(i, mask.to(torch::kFloat).reshape({-1}).contiguous());
+      masks->set_mask(i, mask.to(params[i].device(), torch::kFloat).reshape({-1}).contiguous());
       return;
     }
     throw ConfigError("set_exp_avg_mask: the tensor of shape " + c10::str(param.sizes()) +

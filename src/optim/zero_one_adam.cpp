@@ -48,7 +48,7 @@ void check_phase_two_layout(const ExtraState& saved) {
 
 ZeroOneAdam::ZeroOneAdam(std::vector<torch::Tensor> params, const ZeroOneAdamHyper& hyper,
                          comm::CommunicatorPtr comm)
-    : FusedAdam(host_parameters(std::move(params), "ZeroOneAdam"),
+    : FusedAdam(std::move(params),
                 uncorrected_adamw_hyper(hyper)),
       hyper_(hyper),
       comm_(std::move(comm)) {}

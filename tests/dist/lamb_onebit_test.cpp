@@ -293,9 +293,19 @@ TEST(OneBitAdam, UpdateRuleEqualsDeepSpeedsFormulasByHand) {
   onebit_adam_by_hand(2);
 }
 
+namespace {
+// run() on host tensors is the loops; run_with_tensor_ops is what a GPU runs.
+void exchange(CompressedAllReduce& car, const std::vector<torch::Tensor>& tensors,
+              bool tensor_ops) {
+  if (tensor_ops)
+    car.run_with_tensor_ops(tensors);
+  else
+    car.run(tensors);
+}
+
 // Two tensors of sizes that are not multiples of 8·W (5 and 37 elements, plus a 1-element one),
 // over two calls so the second uses the error feedback of the first.
-TEST(CompressedAllReduce, EqualsSignScaleErrorFeedbackByHand) {
+void equals_sign_scale_error_feedback_by_hand(bool tensor_ops) {
   const int W = 3;
   const std::vector<int64_t> sizes = {5, 37, 1};
   // inputs[round][rank][tensor]
@@ -323,7 +333,7 @@ TEST(CompressedAllReduce, EqualsSignScaleErrorFeedbackByHand) {
     for (int round = 0; round < 2; ++round) {
       std::vector<torch::Tensor> mine;
       for (auto& x : inputs[round][rank]) mine.push_back(x.clone());
-      car.run(mine);
+      exchange(car, mine, tensor_ops);
       for (size_t i = 0; i < sizes.size(); ++i) {
         std::vector<torch::Tensor> all;
         for (int w = 0; w < W; ++w) all.push_back(inputs[round][w][i]);
@@ -342,6 +352,60 @@ TEST(CompressedAllReduce, EqualsSignScaleErrorFeedbackByHand) {
   });
   EXPECT_LT(worst, 1e-6);
 }
+}  // namespace
+
+TEST(CompressedAllReduce, EqualsSignScaleErrorFeedbackByHand) {
+  equals_sign_scale_error_feedback_by_hand(false);
+}
+// The same for the tensor operations a GPU runs.
+TEST(CompressedAllReduce, TensorOperationsEqualSignScaleErrorFeedbackByHand) {
+  equals_sign_scale_error_feedback_by_hand(true);
+}
+
+// The tensor operations put the same bytes on the wire and compute the same values as the host
+// loops: with inputs of ±1 and sizes that need no padding, every sum of squares is exact, so the
+// scales agree to the bit and so must the results, the worker errors and the server errors of
+// the first call (where a layout slip, an offset or a byte order, would show); later calls sum
+// inexact squares in another order, so there they agree to rounding, but for the odd element so
+// near zero that the last bit of a scale flips its sign (at most 2 per tensor allowed; a layout
+// slip moves hundreds).
+TEST(CompressedAllReduce, TensorOperationsEqualTheHostLoops) {
+  const int W = 4;
+  const std::vector<int64_t> sizes = {64, 32, 96, 1024};  // multiples of 8·W
+  std::mutex mu;
+  std::vector<std::string> failures;
+  run_ranks(W, [&](deepspeed::comm::CommunicatorPtr comm) {
+    CompressedAllReduce loops(comm, sizes), ops(comm, sizes);
+    std::vector<std::string> mine;
+    for (int round = 0; round < 3; ++round) {
+      std::vector<torch::Tensor> a, b;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        torch::Tensor x = pm_sign(draw(100 * round + 10 * comm->rank() + i, sizes[i]));
+        if (round > 0) x = draw(100 * round + 10 * comm->rank() + i, sizes[i]);
+        a.push_back(x.clone());
+        b.push_back(x.clone());
+      }
+      loops.run(a);
+      ops.run_with_tensor_ops(b);
+      auto compare = [&](const char* what, const torch::Tensor& x, const torch::Tensor& y) {
+        const double scale = std::max(x.abs().max().item<double>(), 1e-30);
+        const double diff = (x - y).abs().max().item<double>();
+        const int64_t off = (x - y).abs().gt(1e-5 * scale).sum().item<int64_t>();
+        if (round == 0 ? diff != 0.0 : off > 2)
+          mine.push_back("round " + std::to_string(round) + " rank " +
+                         std::to_string(comm->rank()) + " " + what + " differs by up to " +
+                         std::to_string(diff) + " (largest value " + std::to_string(scale) +
+                         ", " + std::to_string(off) + " elements beyond 1e-5 of it)");
+      };
+      for (size_t i = 0; i < sizes.size(); ++i) compare("result", a[i], b[i]);
+      compare("worker error", loops.worker_error(), ops.worker_error());
+      compare("server error", loops.server_error(), ops.server_error());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    failures.insert(failures.end(), mine.begin(), mine.end());
+  });
+  for (const auto& f : failures) ADD_FAILURE() << f;
+}
 
 TEST(CompressedAllReduce, PackedSignsAreEightPerByteMostSignificantFirst) {
   auto x = torch::tensor({1.f, -1.f, 0.f, -2.f, -3.f, 4.f, -5.f, 6.f});
@@ -358,7 +422,8 @@ TEST(CompressedAllReduce, PackedSignsAreEightPerByteMostSignificantFirst) {
 // Asserted: at every round up to 60, ‖Σ out − Σ true‖₂ ≤ 3 × the largest single input norm, so
 // the distance does not grow with the rounds while ‖Σ true‖ grows to ~60× an input's mean; the
 // relative error at round 60 is under 10%; the identity holds to 1e-4 (fp32 rounding).
-TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
+namespace {
+void error_feedback_keeps_running_sum_close(bool tensor_ops) {
   const int W = 2, rounds = 60;
   const int64_t n = 1000;  // padded to 1008 = 2 rows of 504
   torch::Tensor mean = draw(5, n) * 0.1;
@@ -375,7 +440,7 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
       const auto& xs = xs_at[t];
       for (const auto& x : xs) max_input = std::max(max_input, x.norm().item<double>());
       torch::Tensor mine = xs[comm->rank()].clone();
-      car.run({mine});
+      exchange(car, {mine}, tensor_ops);
       sum_out += mine;
       sum_true += (xs[0] + xs[1]) / 2;
       ratio = std::max(ratio, (sum_out - sum_true).norm().item<double>() / max_input);
@@ -394,9 +459,18 @@ TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
   EXPECT_LT(worst_ratio, 3.0);
   EXPECT_LT(worst_identity, 1e-4);
   EXPECT_LT(final_rel, 0.10);
-  std::cout << "error feedback: max ‖Σout-Σtrue‖ / max‖x‖ = " << worst_ratio
+  std::cout << (tensor_ops ? "tensor operations" : "host loops")
+            << ": error feedback: max ‖Σout-Σtrue‖ / max‖x‖ = " << worst_ratio
             << ", identity residual " << worst_identity << ", final relative error " << final_rel
             << "\n";
+}
+}  // namespace
+
+TEST(CompressedAllReduce, ErrorFeedbackKeepsRunningSumClose) {
+  error_feedback_keeps_running_sum_close(false);
+}
+TEST(CompressedAllReduce, TensorOperationsKeepRunningSumClose) {
+  error_feedback_keeps_running_sum_close(true);
 }
 
 namespace {

@@ -197,6 +197,13 @@ run_gpu_suite() {  # queue index, end of the test time, log folder, log
   elif [ $rc = 0 ]; then status=passed; SUITES_PASSED="$SUITES_PASSED $name"
   else status="failed (rc=$rc)"; SUITES_FAILED="$SUITES_FAILED $name"; fi
   log "gpu $prog $name: $status; $ok passed, $failed failed, $skipped skipped${cut:+; stopped in $cut}"
+  # Every other GPU test and every row of ours steps through the GPU Adam kernel: if its own suite
+  # did not pass, the rest of the call runs with libtorch's fused Adam, saying so, rather than
+  # lose the call (and the session's device time) to one kernel. A caller's DS_DEVICE_ADAM stands.
+  if [ "$s" = GpuAdamKernel ] && [ "$status" != passed ] && [ -z "${DS_DEVICE_ADAM:-}" ]; then
+    export DS_DEVICE_ADAM=libtorch; GPU_TEST_ENV+=(DS_DEVICE_ADAM=libtorch)
+    log "GpuAdamKernel $status: the rest of this call runs with DS_DEVICE_ADAM=libtorch (libtorch's fused Adam on a widened gradient copy; dscpp_z2 is then dscpp_z2_tadam)"
+  fi
   # The cases not reached run again, after the others when this one was cut at its cap.
   case $status in timed*|crashed*) ;; *) return ;; esac
   local started; started=$(( $(echo "$done" | tr ':' '\n' | grep -c .) + $(echo "$ran" | grep -c .) ))

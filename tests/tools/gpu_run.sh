@@ -13,7 +13,9 @@
 #   5. TEST_BESIDE: the CPU labels of a full pack run while the GPU tests run, none started or
 #      running past CAP_BESIDE, and the step ends only once they have;
 #   6. the kit's DeepSpeed links kept as small files naming their target become copies of it;
-#   7. the backtrace step runs each BT_TESTS entry under cuda-gdb and keeps the top frames.
+#   7. the backtrace step runs each BT_TESTS entry under cuda-gdb and keeps the top frames;
+#   8. a GPU Adam kernel suite that fails turns the rest of the call (the later GPU suites and our
+#      rows) to libtorch's fused Adam, DS_DEVICE_ADAM=libtorch, and says so.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -87,6 +89,11 @@ case \"\$1\" in
   --gtest_list_tests) printf 'GpuAdamKernel.\n  EqualsTheCpuKernelBitForBit\n' ;;
   *) $(pass_case GpuAdamKernel.EqualsTheCpuKernelBitForBit); $done_line ;;
 esac"
+stand_in onebit_gpu_test "echo \"\$*\" >> $T/order
+case \"\$1\" in
+  --gtest_list_tests) printf 'OneBitGpu.\n  CompressedAllReduceOnTheGpuMatchesTheHostLoops\n' ;;
+  *) $(pass_case OneBitGpu.CompressedAllReduceOnTheGpuMatchesTheHostLoops); $done_line ;;
+esac"
 # It lists no suite: run whole, it runs none.
 stand_in activation_checkpointing_gpu_test "echo \"\$*\" >> $T/order
 echo '[==========] 0 tests from 0 test suites ran. (0 ms total)'"
@@ -96,6 +103,7 @@ grep -v -- --gtest_list_tests "$T/order" > "$T/order.run"
 expected='--gtest_filter=GpuAdamKernel.*
 --gtest_filter=Stages/OneGpu.*
 --gtest_filter=OneGpuNccl.*
+--gtest_filter=OneBitGpu.*
 --gtest_filter=*
 --gtest_filter=FlopsProfilerGpu.*
 --gtest_filter=OneGpuPinned.*
@@ -109,7 +117,7 @@ tar xzf "$T/out3/all.tgz" -O ./ctest_gpu.log | grep -q "^\[       OK \] OneGpuNc
   fail "OneGpuNccl's lines in the log"
 grep -q "gpu gpu_training_test OneGpuPinned: crashed (rc=139); 0 passed, 0 failed, 0 skipped; stopped in OneGpuPinned.Copies" "$T/out3/summary.txt" ||
   fail "the crashed suite's line"
-grep -q "GPU test suites passed: GpuAdamKernel OneGpuNccl FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
+grep -q "GPU test suites passed: GpuAdamKernel OneGpuNccl OneBitGpu FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
   fail "the suites' summary"
 rm -f "$B/bin/gpu_training_test"
 
@@ -162,4 +170,26 @@ grep -q "== Suite.Case/1: Thread 3 .* received signal SIGSEGV" "$T/out7/summary.
 grep -q "^#0  0x1 in crash_site ()" "$T/out7/summary.txt" || fail "the backtrace's frames"
 tar xzf "$T/out7/all.tgz" -O ./bt/Suite.Case_1.log | grep -q -- "--args bin/dist_tests --gtest_filter=Suite.Case/1" ||
   fail "cuda-gdb was not given the test program and its filter"
+
+# 8. GpuAdamKernel fails; the suite after it and the row must see DS_DEVICE_ADAM=libtorch.
+stand_in device_adam_gpu_test "case \"\$1\" in
+  --gtest_list_tests) printf 'GpuAdamKernel.\n  EqualsTheCpuKernelBitForBit\n' ;;
+  *) echo '[ RUN      ] GpuAdamKernel.EqualsTheCpuKernelBitForBit'
+     echo '[  FAILED  ] GpuAdamKernel.EqualsTheCpuKernelBitForBit (1 ms)'
+     echo '[==========] 1 test from 1 test suite ran. (1 ms total)'; exit 1 ;;
+esac"
+stand_in flops_profiler_gpu_test "case \"\$1\" in
+  --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
+  *) [ \"\$DS_DEVICE_ADAM\" = libtorch ] || { echo 'DS_DEVICE_ADAM not set after the kernel failed'; exit 1; }
+     $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
+esac"
+stand_in gpt_train 'echo "gpt_train: done with DS_DEVICE_ADAM=${DS_DEVICE_ADAM:-unset}"'
+(cd "$root" && OUT=$T/out8 DSB=$B BUDGET_S=120 STEPS="test bench" TEST_LABELS=gpu MIN_SUITE_S=1 \
+   FLOORS=0 ROWS=dscpp_z2 bash bench/gpu/run.sh > "$T/log8" 2>&1)
+grep -q "GpuAdamKernel failed (rc=1): the rest of this call runs with DS_DEVICE_ADAM=libtorch" "$T/out8/summary.txt" ||
+  fail "the kernel's failure did not turn the call to libtorch's Adam"
+grep -q "gpu flops_profiler_gpu_test FlopsProfilerGpu: passed" "$T/out8/summary.txt" ||
+  fail "a later GPU suite did not run with DS_DEVICE_ADAM=libtorch"
+grep -q "row dscpp_z2 rc=0: gpt_train: done with DS_DEVICE_ADAM=libtorch" "$T/out8/summary.txt" ||
+  fail "the row did not run with DS_DEVICE_ADAM=libtorch"
 echo "gpu_run: ok"

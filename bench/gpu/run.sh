@@ -277,8 +277,8 @@ row_peer() {
   [[ $1 == ds_* ]] && ! $PY -c 'import distutils.spawn' 2>/dev/null && PP=$PP:$G/pycompat
   # DeepSpeed's ZeRO-3 as its users run a model this size: built under deepspeed.zero.Init, not
   # whole in fp32 on the GPU first (that transient copy would count in its whole-run GPU peak, the
-  # figure table.py compares). Ours still moves the whole bf16 model there before partitioning
-  # (docs/benchmarks.md "GPU").
+  # figure table.py compares). Ours moves one unit at a time there at initialize() (stage 3 never
+  # holds the whole model: docs/gpu.md), built whole in host memory.
   local extra=""; [[ $1 == ds_z3* ]] && extra="--zero_init"
   # The same intra-op threads as our rows (the CPU Adam of the offload rows, the host-side ops).
   env OMP_NUM_THREADS=${OMP_THREADS:-16} PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 \

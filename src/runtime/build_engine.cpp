@@ -15,6 +15,7 @@
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
 #include "runtime/engine_state.h"
+#include "runtime/module_placement.h"
 #include "deepspeed/tp.h"
 #include "tp/tp_stage.h"
 #include "optim/config_groups.h"
@@ -402,8 +403,8 @@ EngineStatePtr build_engine_state(BuildInput in) {
   reporting_oom("initialize() moving the model to its device", [&] {
     if (auto dtype = model_dtype(s->config)) cast_module(*s->module, *dtype);
     // DeepSpeed moves the module to its device in initialize(); so do we (after the cast, so
-    // the 32-bit copy never lands on the GPU).
-    if (s->device != c10::Device(c10::kCPU)) s->module->to(s->device);
+    // the 32-bit copy never lands on the GPU), at stage 3 unit by unit (module_placement.h).
+    move_module_to_device(*s->module, s->device, s->config.zero_optimization.stage);
   });
   // A tied parameter (embedding = head) appears once per name (libtorch does not deduplicate):
   // train it once, under its first name; the later names are its aliases.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <optional>
@@ -462,6 +463,54 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
   const double chunk = std::min(4194304.0, std::ceil(psi / 4));
   const double host = 14 * psi + 12 * chunk;
   EXPECT_NEAR(static_cast<double>(m.host_bytes), host, 0.05 * host);
+}
+
+// Stage 3 never holds the whole model on the GPU at initialize(): the units' parameters stay in
+// host memory until stage 3 moves each unit just before slicing it (runtime/module_placement.h).
+// With parameters and optimizer offloaded the GPU then holds the parameters outside the units, one
+// unit at a time and the buckets: the peak over initialize() (the model is built in host memory)
+// stays well under the whole model's bytes, which moving the module first (as DeepSpeed does
+// without zero.Init) puts on the GPU at once. 8 blocks of 49k parameters, 34k outside them.
+TEST(OneGpuMemory, Stage3InitializeHoldsOneUnitAtATime) {
+  SKIP_WITHOUT_GPU();
+  dstest::RunSpec spec = one_gpu_run(1);
+  spec.model = gpt::GPTConfig{256, 16, 8, 2, 64};
+  spec.config = config_for(3, false, Home::kParamAndOptimizerCpu, "");
+  const c10::Device gpu(c10::kCUDA, 0);
+  const int64_t before = deepspeed::device_memory(gpu).allocated;
+  deepspeed::reset_device_memory_peaks(gpu);
+  int64_t peak = -1;
+  spec.before_training = [&](deepspeed::Engine&) {
+    peak = deepspeed::device_memory(gpu).allocated_peak - before;
+  };
+  dstest::train_gpt(spec);
+  const double whole = 4.0 * static_cast<double>(dstest::count_parameters(spec.model));  // fp32
+  std::cout << "stage 3 initialize(): GPU peak " << peak << " bytes, the whole model " << whole
+            << "\n";
+  EXPECT_GT(peak, 0);
+  EXPECT_LT(static_cast<double>(peak), 0.6 * whole);
+}
+
+// A model built under zero::Init trains on the GPU as the same model built whole (ZeRO-3, fp32,
+// and with parameters offloaded): its slices are gathered onto the GPU unit by unit before stage
+// 3 hooks the gradients (a unit gathered in host memory would lose its hooks when its parameters
+// first moved to the GPU, and its gradients would never be reduced).
+TEST(OneGpuZeroInit, TrainsAsTheModelBuiltWhole) {
+  SKIP_WITHOUT_GPU();
+  const dstest::Deterministic deterministic;
+  for (Home home : {Home::kNone, Home::kParamAndOptimizerCpu}) {
+    dstest::RunSpec spec = one_gpu_run(6);
+    spec.config = config_for(3, false, home, "");
+    spec.zero_init = true;
+    auto sliced = dstest::train_gpt(spec);
+    spec.zero_init = false;
+    spec.initial_weights = sliced.initial;
+    auto whole = dstest::train_gpt(spec);
+    const char* where = home == Home::kNone ? "no offload" : "param+optimizer offload";
+    EXPECT_LE(dstest::max_loss_rel_diff(sliced, whole), dstest::kLossTol) << where;
+    EXPECT_LE(dstest::max_weight_diff(sliced, whole), dstest::kWeightTol) << where;
+    EXPECT_LT(sliced.losses.back(), sliced.losses.front()) << where;
+  }
 }
 
 // Two ranks sharing the one GPU (NCCL refuses that; Gloo reduces CUDA tensors): every stage

@@ -66,7 +66,7 @@ void Init::partition(ZeroUnitBase& unit) {
   }
 }
 
-void restore_init_shard(ZeroUnitBase& unit, comm::Communicator& comm) {
+void restore_init_shard(ZeroUnitBase& unit, comm::Communicator& comm, c10::Device device) {
   auto& held = detail::ZeroUnitAccess::shard(unit);
   if (!held || !held->slice.defined()) return;
   const InitShard& shard = *held;
@@ -75,8 +75,12 @@ void restore_init_shard(ZeroUnitBase& unit, comm::Communicator& comm) {
                       " ranks, but initialize() runs over " + std::to_string(comm.world_size()) +
                       " (zero_optimization.stage 3 needs the same data-parallel group)");
   torch::NoGradGuard no_grad;
-  at::Tensor full = torch::empty({shard.padded_numel}, shard.slice.options());
-  comm.all_gather(full, shard.slice)->wait();
+  // On the device, so that the parameters are there before stage 3 hooks their gradients (a
+  // gradient accumulator made for another device is dropped when the data moves, and its hook
+  // with it).
+  at::Tensor slice = shard.slice.to(device);
+  at::Tensor full = torch::empty({shard.padded_numel}, slice.options());
+  comm.all_gather(full, slice)->wait();
   int64_t offset = 0;
   for (size_t i = 0; i < shard.params.size(); ++i) {
     int64_t n = 1;

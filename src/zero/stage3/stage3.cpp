@@ -79,7 +79,7 @@ Stage3::~Stage3() {
 // (while they still have their full shape: the gradient accumulator records it) and releases them.
 void Stage3::partition_unit(int u) {
   const auto& slots = layout_.units[u];
-  if (slots.module) restore_init_shard(*slots.module, *ctx_.comm);
+  if (slots.module) restore_init_shard(*slots.module, *ctx_.comm, ctx_.device);
   torch::NoGradGuard no_grad;
   const auto& L = slots.layout;
   const int rank = ctx_.rank();
@@ -93,6 +93,11 @@ void Stage3::partition_unit(int u) {
     at::Tensor p = slots.params[i];
     TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,
                 " is not whole at initialize() (numel ", p.numel(), ")");
+    // On a GPU, initialize() leaves the units' parameters in host memory (engine_device_placement.h):
+    // each moves here, its unit at a time, so the whole model is never on the device. Before the
+    // hook: its gradient accumulator records the device (one made for another device is dropped
+    // when the data moves, and the hook with it).
+    if (p.device() != ctx_.device) p.set_data(p.to(ctx_.device));
     hooks_.add(p, [this, u, i] { on_grad_ready(u, i); });
     const int64_t o = slots.offsets[i], n = p.numel();
     const int64_t lo = std::max(o, L.begin(rank)), hi = std::min(o + n, L.end(rank));

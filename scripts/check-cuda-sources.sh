@@ -21,6 +21,7 @@ OTHERS=(
   tests/gpu/gpu_training_test.cpp
   tests/gpu/device_adam_gpu_test.cpp
   tests/gpu/onebit_gpu_test.cpp
+  tests/gpu/pipeline_gpu_test.cpp
   tests/gpu/activation_checkpointing_gpu_test.cpp
   tests/gpu/flops_profiler_gpu_test.cpp
   tests/support/ranks.cpp

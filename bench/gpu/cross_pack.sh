@@ -25,7 +25,7 @@ B=/tmp/dsb                       # bench/gpu/run.sh's build folder (the programs
 G=$SHARED/tools/gpu-anchor
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 JOBS=${JOBS:-$(nproc)}
-TARGETS="gpt_train bench_cpu_adam bench_transfer gpu_training_test device_adam_gpu_test onebit_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"
+TARGETS="gpt_train bench_cpu_adam bench_transfer gpu_training_test device_adam_gpu_test onebit_gpu_test pipeline_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"
 [ "${ALL:-0}" = 1 ] && TARGETS=all
 STUB_LIBS="c10 c10_cuda torch torch_cpu torch_cuda torch_nvshmem"
 source "$ROOT/bench/gpu/pack.sh"

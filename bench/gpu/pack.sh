@@ -4,8 +4,8 @@
 # A pack carries a stamp of the sources' contents and is used only for the same sources: after a
 # fix, the old programs are refused, never tested by mistake.
 PACKED="lib/libdeepspeed_cpp.so bin/gpt_train bin/bench_cpu_adam bin/bench_transfer bin/gpu_training_test
-        bin/device_adam_gpu_test bin/onebit_gpu_test bin/activation_checkpointing_gpu_test
-        bin/flops_profiler_gpu_test"
+        bin/device_adam_gpu_test bin/onebit_gpu_test bin/pipeline_gpu_test
+        bin/activation_checkpointing_gpu_test bin/flops_profiler_gpu_test"
 
 source_stamp() {  # $1: the source tree
   (cd "$1" && find src include tests examples cmake CMakeLists.txt bench -type f \

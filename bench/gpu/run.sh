@@ -41,7 +41,7 @@ STEPS=${STEPS:-"build test bench"}
 ROWS=${ROWS:-"torch dscpp_z2 ds_z2 dscpp_z2_off dscpp_z2_off_bwd dscpp_z2_off_serial ds_z2_off dscpp_z3_off ds_z3_off"}
 LAYERS=${LAYERS:-24}; D=${D:-2048}; HEADS=${HEADS:-16}; MB=${MB:-8}; CTX=${CTX:-1024}
 BSTEPS=${BSTEPS:-5}; WARM=${WARM:-2}; CAP_TEST=${CAP_TEST:-150}; ROW_CAP=${ROW_CAP:-150}
-GPU_TEST_PROGRAMS="gpu_training_test device_adam_gpu_test onebit_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
+GPU_TEST_PROGRAMS="gpu_training_test device_adam_gpu_test onebit_gpu_test pipeline_gpu_test activation_checkpointing_gpu_test flops_profiler_gpu_test"  # tests/gpu
 # On this machine a GPU test that skips for want of a GPU fails instead (tests/support/gpu_skip.h):
 # a skip here would mean the CUDA path went untested. NCCL says why when a collective fails.
 export DS_EXPECT_GPU=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}

@@ -94,6 +94,11 @@ case \"\$1\" in
   --gtest_list_tests) printf 'OneBitGpu.\n  CompressedAllReduceOnTheGpuMatchesTheHostLoops\n' ;;
   *) $(pass_case OneBitGpu.CompressedAllReduceOnTheGpuMatchesTheHostLoops); $done_line ;;
 esac"
+stand_in pipeline_gpu_test "echo \"\$*\" >> $T/order
+case \"\$1\" in
+  --gtest_list_tests) printf 'PipelineGpu.\n  TwoStagesTrainAsOneModule\n' ;;
+  *) $(pass_case PipelineGpu.TwoStagesTrainAsOneModule); $done_line ;;
+esac"
 # It lists no suite: run whole, it runs none.
 stand_in activation_checkpointing_gpu_test "echo \"\$*\" >> $T/order
 echo '[==========] 0 tests from 0 test suites ran. (0 ms total)'"
@@ -104,6 +109,7 @@ expected='--gtest_filter=GpuAdamKernel.*
 --gtest_filter=Stages/OneGpu.*
 --gtest_filter=OneGpuNccl.*
 --gtest_filter=OneBitGpu.*
+--gtest_filter=PipelineGpu.*
 --gtest_filter=*
 --gtest_filter=FlopsProfilerGpu.*
 --gtest_filter=OneGpuPinned.*
@@ -117,7 +123,7 @@ tar xzf "$T/out3/all.tgz" -O ./ctest_gpu.log | grep -q "^\[       OK \] OneGpuNc
   fail "OneGpuNccl's lines in the log"
 grep -q "gpu gpu_training_test OneGpuPinned: crashed (rc=139); 0 passed, 0 failed, 0 skipped; stopped in OneGpuPinned.Copies" "$T/out3/summary.txt" ||
   fail "the crashed suite's line"
-grep -q "GPU test suites passed: GpuAdamKernel OneGpuNccl OneBitGpu FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
+grep -q "GPU test suites passed: GpuAdamKernel OneGpuNccl OneBitGpu PipelineGpu FlopsProfilerGpu OneGpuPinned(resumed) Stages/OneGpu(resumed); failed: \*; timed out: Stages/OneGpu; crashed: OneGpuPinned" "$T/out3/summary.txt" ||
   fail "the suites' summary"
 rm -f "$B/bin/gpu_training_test"
 

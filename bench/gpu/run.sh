@@ -267,6 +267,8 @@ row_ours() {  # name stage offload
   local rc=$?
   [ $rc = 124 ] && echo "gpt_train: error: timed out after ${row_cap}s (ROW_CAP, BUDGET_S)" >> "$OUT/$1.log"
   log "row $1 rc=$rc: $(grep -E 'gpt_train: done|GPU memory' "$OUT/$1.log" | tr '\n' ' ')"
+  # After GpuAdamKernel failed (run_gpu_suite), every row of ours ran libtorch's Adam: said per row.
+  [ -n "${DS_DEVICE_ADAM:-}" ] && log "row $1 ran with DS_DEVICE_ADAM=$DS_DEVICE_ADAM"
   [ "${WCB:-0}" = 1 ] && grep -F "time (ms)" "$OUT/$1.log" | tail -2 | tee -a "$OUT/summary.txt"
   grep -E "error" "$OUT/$1.log" | head -3
 }

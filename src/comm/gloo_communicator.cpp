@@ -325,21 +325,21 @@ namespace {
 // handshake; a rank that then closed the group at once (it had nothing to do on it) failed that
 // peer's setup with "Connection closed by peer" (seen in dist.shm_allreduce_test under load, with
 // DS_SHM_ALLREDUCE=0, which skips the shared-memory set-up's own exchange of keys). So no rank
-// leaves the setup before every rank's ProcessGroupGloo is built: each sets its key in the
-// group's store and waits for all of them. Names the ranks still missing at the timeout.
+// leaves the setup before every rank's ProcessGroupGloo is built: each marks itself in the group's
+// store and counts itself in; the last one in opens the door all wait on (one key each way, O(W)
+// store work per group). At the timeout the message names the ranks that never marked themselves.
 void wait_for_every_rank_connected(c10d::Store& store, int rank, int world_size,
                                    std::chrono::milliseconds timeout) {
   if (world_size == 1) return;
-  auto key = [](int r) { return fmt::format("ds_connected/{}", r); };
-  store.set(key(rank), store_bytes("1"));
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back(key(r));
+  auto mark = [](int r) { return fmt::format("ds_connected/{}", r); };
+  store.set(mark(rank), store_bytes("1"));
+  if (store.add("ds_connected/count", 1) == world_size) store.set("ds_connected/all", store_bytes("1"));
   try {
-    store.wait(keys, timeout);
+    store.wait({"ds_connected/all"}, timeout);
   } catch (const std::exception& e) {
     std::string missing;
     for (int r = 0; r < world_size; ++r) {
-      if (!store.check({key(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (!store.check({mark(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     throw CommError(fmt::format("rank(s) {} did not finish connecting the group ({})",
                                 missing.empty() ? "?" : missing, e.what()));

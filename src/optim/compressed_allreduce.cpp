@@ -18,23 +18,31 @@ at::Tensor bit_weights(c10::Device device) {
   return torch::tensor({128, 64, 32, 16, 8, 4, 2, 1}, torch::kUInt8).to(device);
 }
 
-}  // namespace
-
-at::Tensor pack_signs(const at::Tensor& x) {
+// `weights`: bit_weights() on the tensor's device (made once by a caller that packs often: on a
+// GPU each one is a copy from pageable host memory, which waits for the stream).
+at::Tensor pack_signs_with(const at::Tensor& x, const at::Tensor& weights) {
   const int64_t n = x.size(-1);
   TORCH_CHECK(n % 8 == 0, "pack_signs: last dimension ", n, " is not a multiple of 8");
   std::vector<int64_t> shape = x.sizes().vec();
   shape.back() = n / 8;
   shape.push_back(8);
   at::Tensor bits = x.ge(0).to(torch::kUInt8).reshape(shape);
-  return bits.mul(bit_weights(x.device())).sum(-1).to(torch::kUInt8);
+  return bits.mul(weights).sum(-1).to(torch::kUInt8);
 }
 
-at::Tensor unpack_signs(const at::Tensor& bytes) {
-  at::Tensor set = bytes.unsqueeze(-1).bitwise_and(bit_weights(bytes.device())).ne(0);
+at::Tensor unpack_signs_with(const at::Tensor& bytes, const at::Tensor& weights) {
+  at::Tensor set = bytes.unsqueeze(-1).bitwise_and(weights).ne(0);
   std::vector<int64_t> shape = bytes.sizes().vec();
   shape.back() *= 8;
   return set.to(torch::kFloat).mul_(2).sub_(1).reshape(shape);
+}
+
+}  // namespace
+
+at::Tensor pack_signs(const at::Tensor& x) { return pack_signs_with(x, bit_weights(x.device())); }
+
+at::Tensor unpack_signs(const at::Tensor& bytes) {
+  return unpack_signs_with(bytes, bit_weights(bytes.device()));
 }
 
 CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels,
@@ -49,6 +57,7 @@ CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector
     row_ += chunk_.back();
   }
   chunk_sizes_ = torch::tensor(chunk_, torch::kLong).to(device_);
+  bit_weights_ = bit_weights(device_);
   reset_errors();
 }
 
@@ -247,32 +256,40 @@ at::Tensor CompressedAllReduce::per_element(const at::Tensor& scales) const {
 }
 
 // Σ x² of each tensor's chunks: fp32 squares (as the loops) summed in fp64, one reduction per
-// tensor (a segment sum over the whole row would lose a small tensor's sum beside a large one).
+// tensor (a segment sum over a whole row would lose a small tensor's sum beside a large one's).
+// An empty tensor's chunks (0 elements) have scale 0, as rms() gives the loops.
 at::Tensor CompressedAllReduce::scales_of(const at::Tensor& rows) const {
   std::vector<at::Tensor> sums;
   for (size_t i = 0; i < numels_.size(); ++i)
     sums.push_back(at::sum(rows.narrow(1, offset_[i], chunk_[i]).square(), at::kDouble));
-  at::Tensor counts = chunk_sizes_.to(at::kDouble).mul_(static_cast<double>(rows.size(0)));
+  at::Tensor counts =
+      chunk_sizes_.to(at::kDouble).mul_(static_cast<double>(rows.size(0))).clamp_min_(1);
   return at::stack(sums).div_(counts).sqrt_().to(at::kFloat);  // ‖·‖ / sqrt(count)
 }
 
-// rows -= scale·sign(rows) (sign(0) = +1); returns the signs packed, taken before.
+// Row by row (the temporaries are a row's, not the buffer's): rows[r] -= scale·sign(rows[r])
+// (sign(0) = +1; scale·(±1) is exact, as in the loops); returns the signs packed, taken before.
 at::Tensor CompressedAllReduce::compress_rows(at::Tensor& rows, const at::Tensor& scales) const {
-  at::Tensor packed = pack_signs(rows);
-  at::Tensor sign = rows.ge(0).to(at::kFloat).mul_(2).sub_(1);
-  rows.sub_(sign.mul_(per_element(scales)));  // scale·(±1) is exact: the loops' arithmetic
-  return packed;
+  at::Tensor scale = per_element(scales), minus = scale.neg();
+  std::vector<at::Tensor> packed;
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    at::Tensor row = rows[r];
+    packed.push_back(pack_signs_with(row, bit_weights_));
+    row.sub_(at::where(row.ge(0), scale, minus));
+  }
+  return at::stack(packed);
 }
 
-// The loops' steps as tensor operations (one per tensor where the chunks differ in size), no
-// host wait: everything stays on the device, the scales too (their bytes go into the messages
-// as a tensor view).
+// The loops' steps as tensor operations, no host wait: everything stays on the device, the scales
+// too (their bytes go into the messages as a view of them). Temporaries are one row's (S
+// elements) at a time, but for the decoded result of phase 2 ([W, S] fp32: the size of the
+// momentum) from which each tensor takes its chunks in one copy.
 void CompressedAllReduce::run_with_tensor_ops(const std::vector<at::Tensor>& tensors) {
   check_tensors(tensors);
   if (numels_.empty()) return;
   torch::NoGradGuard no_grad;
   const int64_t w = comm_->world_size(), s = row_;
-  const int64_t p = static_cast<int64_t>(numels_.size());
+  const int64_t p = static_cast<int64_t>(numels_.size()), msg = s / 8 + 4 * p;
   const auto bytes = torch::dtype(torch::kUInt8).device(device_);
 
   // Worker: b = x + worker_error in the error buffer, row r holding chunk r of each tensor.
@@ -288,26 +305,37 @@ void CompressedAllReduce::run_with_tensor_ops(const std::vector<at::Tensor>& ten
       at::cat({compress_rows(b, scales), scales.view(at::kByte).unsqueeze(0).expand({w, 4 * p})}, 1);
 
   // Phase 1: row r to server r.
-  at::Tensor recv = torch::empty({w, s / 8 + 4 * p}, bytes);
+  at::Tensor recv = torch::empty({w, msg}, bytes);
   comm_->all_to_all(recv, send)->wait();
 
   // Server: a = Σ_v scale_v/W · sign_v (summed in the loops' order) + server_error.
   at::Tensor their = recv.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat);  // [W, p]
-  at::Tensor terms =
-      unpack_signs(recv.narrow(1, 0, s / 8)).mul_(per_element(their.mul(1.0f / static_cast<float>(w))));
-  at::Tensor a = terms[0].clone();
-  for (int64_t v = 1; v < w; ++v) a.add_(terms[v]);
+  at::Tensor shares = their.mul(1.0f / static_cast<float>(w));
+  at::Tensor a;
+  for (int64_t v = 0; v < w; ++v) {
+    at::Tensor term = unpack_signs_with(recv[v].narrow(0, 0, s / 8), bit_weights_)
+                          .mul_(per_element(shares[v]));
+    if (v == 0)
+      a = term;
+    else
+      a.add_(term);
+  }
   server_error_.add_(a);
   at::Tensor e = server_error_.view({1, s});
   at::Tensor sscales = scales_of(e);  // ‖a_i‖ / sqrt(c_i)
   at::Tensor mine = at::cat({compress_rows(e, sscales).view({-1}), sscales.view(at::kByte)});
 
   // Phase 2: every server's compressed chunks to everyone; decode into the tensors.
-  at::Tensor all = torch::empty({w * (s / 8 + 4 * p)}, bytes);
+  at::Tensor all = torch::empty({w * msg}, bytes);
   comm_->all_gather(all, mine)->wait();
-  at::Tensor got = all.view({w, s / 8 + 4 * p});
-  at::Tensor values = unpack_signs(got.narrow(1, 0, s / 8))
-                          .mul_(per_element(got.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat)));
+  at::Tensor got = all.view({w, msg});
+  at::Tensor sent_scales = got.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat);  // [W, p]
+  at::Tensor values = torch::empty({w, s}, torch::dtype(torch::kFloat).device(device_));
+  for (int64_t r = 0; r < w; ++r) {
+    at::Tensor out = values[r];
+    at::mul_out(out, unpack_signs_with(got[r].narrow(0, 0, s / 8), bit_weights_),
+                per_element(sent_scales[r]));
+  }
   for (int64_t i = 0; i < p; ++i)
     tensors[i].view({-1}).copy_(
         values.narrow(1, offset_[i], chunk_[i]).reshape({-1}).narrow(0, 0, numels_[i]));

@@ -51,9 +51,10 @@ class CompressedAllReduce {
   // the arithmetic is plain loops; elsewhere (a GPU) run_with_tensor_ops.
   void run(const std::vector<at::Tensor>& tensors);
   // The same exchange as tensor operations, on any device, with no host wait: the same message
-  // bytes and arithmetic, except that each sum of squares (the scales) is summed in another
-  // order, so scales may differ from run()'s in the last bit. Public so that a CPU test can hold
-  // it against run().
+  // layout and arithmetic, except that each sum of squares (the scales) is summed in another
+  // order (the loops: fp32 lanes of 4096-element blocks, ~1e-6 relative), so scales may differ
+  // from run()'s in their last bits, and an element that close to zero may change sign. Public so
+  // that a CPU test can hold it against run().
   void run_with_tensor_ops(const std::vector<at::Tensor>& tensors);
   // Forgets the error feedback.
   void reset_errors();
@@ -75,7 +76,8 @@ class CompressedAllReduce {
   void check_tensors(const std::vector<at::Tensor>& tensors) const;
   void run_host_loops(const std::vector<at::Tensor>& tensors);
   // Per tensor i, the root mean square of its chunks in `rows` ([k, S]; count k·c_i each), as an
-  // fp32 tensor [n] on the device; and `rows` -= scale·sign(rows), its signs packed [k, S/8].
+  // fp32 tensor [n] on the device; and `rows` -= scale·sign(rows), returning its signs packed
+  // [k, S/8].
   at::Tensor scales_of(const at::Tensor& rows) const;
   at::Tensor compress_rows(at::Tensor& rows, const at::Tensor& scales) const;
   // [.., n] scales -> [.., S]: each tensor's scale repeated over its chunk.
@@ -86,6 +88,7 @@ class CompressedAllReduce {
   int64_t row_ = 0;
   c10::Device device_;
   at::Tensor chunk_sizes_;  // int64 [n] on the device: c_i (per_element's repeats)
+  at::Tensor bit_weights_;  // uint8 [8] on the device: 128, 64, ..., 1 (packing and unpacking)
   at::Tensor worker_error_, server_error_;
 };
 

@@ -13,6 +13,8 @@ namespace deepspeed {
 // before slicing it, so the whole model is never on the GPU at once (DeepSpeed needs zero.Init
 // for that); the rest (parameters outside every unit, frozen ones, buffers) moves now. A module
 // is never moved to the CPU (a device of CPU leaves it where it is, as before).
+// At stage 3 the registered parameters and buffers are moved one by one (as Module::to does it),
+// so a client module that overrides to() to move tensors it did not register is not called there.
 void move_module_to_device(torch::nn::Module& module, c10::Device device, int zero_stage);
 
 // What stage 3 moves itself: the trainable parameters of the module's units (nested units and

@@ -362,45 +362,75 @@ TEST(CompressedAllReduce, TensorOperationsEqualSignScaleErrorFeedbackByHand) {
   equals_sign_scale_error_feedback_by_hand(true);
 }
 
+namespace {
+// Normal draws moved 0.01 away from zero.
+torch::Tensor away_from_zero(uint64_t seed, int64_t n) {
+  torch::Tensor x = draw(seed, n);
+  return torch::where(x >= 0, x + 0.01, x - 0.01);
+}
+
+// One call of both paths on copies of `inputs`; differences go to `failures`. `exact`: bit for
+// bit; else within 1e-5 of the largest value, but for at most 2 elements per buffer.
+void compare_paths(CompressedAllReduce& loops, CompressedAllReduce& ops,
+                   const std::vector<torch::Tensor>& inputs, bool exact, const std::string& call,
+                   std::vector<std::string>& failures) {
+  std::vector<torch::Tensor> a, b;
+  for (const auto& x : inputs) {
+    a.push_back(x.clone());
+    b.push_back(x.to(ops.worker_error().device()));
+  }
+  loops.run(a);
+  ops.run_with_tensor_ops(b);
+  auto compare = [&](const std::string& what, const torch::Tensor& want, const torch::Tensor& got) {
+    const torch::Tensor d = (want - got.cpu()).abs();
+    const double largest = std::max(want.abs().max().item<double>(), 1e-30);
+    const double diff = d.max().item<double>();
+    const int64_t off = d.gt(1e-5 * largest).sum().item<int64_t>();
+    if (exact ? diff != 0.0 : off > 2)
+      failures.push_back(call + ": " + what + " differs by up to " + std::to_string(diff) +
+                         " (largest value " + std::to_string(largest) + ", " +
+                         std::to_string(off) + " elements beyond 1e-5 of it)");
+  };
+  for (size_t i = 0; i < a.size(); ++i) compare("tensor " + std::to_string(i), a[i], b[i]);
+  compare("worker error", loops.worker_error(), ops.worker_error());
+  compare("server error", loops.server_error(), ops.server_error());
+}
+}  // namespace
+
 // The tensor operations put the same bytes on the wire and compute the same values as the host
-// loops: with inputs of ±1 and sizes that need no padding, every sum of squares is exact, so the
-// scales agree to the bit and so must the results, the worker errors and the server errors of
-// the first call (where a layout slip, an offset or a byte order, would show); later calls sum
-// inexact squares in another order, so there they agree to rounding, but for the odd element so
-// near zero that the last bit of a scale flips its sign (at most 2 per tensor allowed; a layout
-// slip moves hundreds).
+// loops. First, inputs of ±1 and sizes that need no padding: every sum of squares is exact, so
+// the scales agree to the bit, and so must the results and both error buffers (where a slip in
+// an offset or in the scales' bytes would show). Then a second call on the same compressors
+// (after ±1 inputs the worker errors are exactly 0) and one on fresh compressors for sizes that
+// need padding, with inputs at least 0.01 from zero: the squares are inexact and summed in
+// another order, so the values agree to 1e-5 of the largest, but for the odd server element so
+// near zero that a scale's last bits flip its sign (at most 2 per buffer; a layout slip moves
+// hundreds). A worker's flip, which would move its tensor's whole server scale, cannot happen:
+// each worker compresses its own input, none that near zero.
 TEST(CompressedAllReduce, TensorOperationsEqualTheHostLoops) {
   const int W = 4;
-  const std::vector<int64_t> sizes = {64, 32, 96, 1024};  // multiples of 8·W
+  const std::vector<int64_t> exact_sizes = {64, 32, 96, 1024};  // multiples of 8·W
+  const std::vector<int64_t> padded_sizes = {5, 37, 1000};
   std::mutex mu;
   std::vector<std::string> failures;
   run_ranks(W, [&](deepspeed::comm::CommunicatorPtr comm) {
-    CompressedAllReduce loops(comm, sizes), ops(comm, sizes);
+    const int rank = comm->rank();
     std::vector<std::string> mine;
-    for (int round = 0; round < 3; ++round) {
-      std::vector<torch::Tensor> a, b;
+    auto inputs = [&](const std::vector<int64_t>& sizes, int call, bool plus_minus_one) {
+      std::vector<torch::Tensor> xs;
       for (size_t i = 0; i < sizes.size(); ++i) {
-        torch::Tensor x = pm_sign(draw(100 * round + 10 * comm->rank() + i, sizes[i]));
-        if (round > 0) x = draw(100 * round + 10 * comm->rank() + i, sizes[i]);
-        a.push_back(x.clone());
-        b.push_back(x.clone());
+        const uint64_t seed = 100 * call + 10 * rank + i;
+        xs.push_back(plus_minus_one ? pm_sign(draw(seed, sizes[i])) : away_from_zero(seed, sizes[i]));
       }
-      loops.run(a);
-      ops.run_with_tensor_ops(b);
-      auto compare = [&](const char* what, const torch::Tensor& x, const torch::Tensor& y) {
-        const double scale = std::max(x.abs().max().item<double>(), 1e-30);
-        const double diff = (x - y).abs().max().item<double>();
-        const int64_t off = (x - y).abs().gt(1e-5 * scale).sum().item<int64_t>();
-        if (round == 0 ? diff != 0.0 : off > 2)
-          mine.push_back("round " + std::to_string(round) + " rank " +
-                         std::to_string(comm->rank()) + " " + what + " differs by up to " +
-                         std::to_string(diff) + " (largest value " + std::to_string(scale) +
-                         ", " + std::to_string(off) + " elements beyond 1e-5 of it)");
-      };
-      for (size_t i = 0; i < sizes.size(); ++i) compare("result", a[i], b[i]);
-      compare("worker error", loops.worker_error(), ops.worker_error());
-      compare("server error", loops.server_error(), ops.server_error());
-    }
+      return xs;
+    };
+    const std::string who = "rank " + std::to_string(rank) + ", ";
+    CompressedAllReduce loops(comm, exact_sizes), ops(comm, exact_sizes);
+    compare_paths(loops, ops, inputs(exact_sizes, 0, true), true, who + "call 1 (±1)", mine);
+    compare_paths(loops, ops, inputs(exact_sizes, 1, false), false, who + "call 2", mine);
+    CompressedAllReduce loops_padded(comm, padded_sizes), ops_padded(comm, padded_sizes);
+    compare_paths(loops_padded, ops_padded, inputs(padded_sizes, 2, false), false,
+                  who + "padded sizes", mine);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), mine.begin(), mine.end());
   });

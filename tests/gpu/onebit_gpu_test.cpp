@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "comm/nccl_communicator.h"
 #include "optim/compressed_allreduce.h"
 #include "support/deterministic.h"
 #include "support/gpu_skip.h"
@@ -22,53 +25,86 @@ namespace {
 
 using deepspeed::optim::CompressedAllReduce;
 
-// Elements of `got` farther than 1e-5 of the largest |want| from `want`.
-int64_t elements_off(const torch::Tensor& got, const torch::Tensor& want) {
-  const double largest = std::max(want.abs().max().item<double>(), 1e-30);
-  return (got.cpu() - want).abs().gt(1e-5 * largest).sum().item<int64_t>();
+// Normal draws (seeded) moved 0.01 away from zero; ±1 for `plus_minus_one`.
+torch::Tensor input(uint64_t seed, int64_t n, bool plus_minus_one) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  torch::Tensor x = torch::randn({n}, gen);
+  if (plus_minus_one) return torch::where(x >= 0, 1.0f, -1.0f).to(torch::kFloat);
+  return torch::where(x >= 0, x + 0.01, x - 0.01);
 }
 
-// CUDA tensors through Gloo (two ranks as threads sharing the GPU: the all-to-all and the
-// all-gather of packed signs on the device), against the host loops on copies of the same inputs
-// over four calls, error feedback included. Sizes that need padding, and a chunk longer than one
-// of the loops' 4096-element blocks. The scales are summed in another order, so an element so
-// near zero that a scale's last bit flips its sign may differ: at most 2 per tensor.
+// One call of the host loops and of the compressor on the GPU, on the same inputs; differences
+// go to `failures`. `exact`: bit for bit; else within 1e-5 of the largest value, but for at most
+// 2 elements per buffer (a server element so near zero that a scale's last bits flip its sign).
+void compare(CompressedAllReduce& host, CompressedAllReduce& gpu, int rank,
+             const std::vector<int64_t>& sizes, uint64_t seed, bool plus_minus_one, bool exact,
+             const std::string& call, std::vector<std::string>& failures) {
+  std::vector<torch::Tensor> on_host, on_gpu;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    torch::Tensor x = input(seed + 10 * rank + i, sizes[i], plus_minus_one);
+    on_host.push_back(x.clone());
+    on_gpu.push_back(x.to(torch::kCUDA));
+  }
+  host.run(on_host);
+  gpu.run(on_gpu);  // on the device: the tensor operations
+  auto check = [&](const std::string& what, const torch::Tensor& want, const torch::Tensor& got) {
+    if (!got.is_cuda()) failures.push_back(call + ": " + what + " is not on the GPU");
+    const torch::Tensor d = (want - got.cpu()).abs();
+    const double largest = std::max(want.abs().max().item<double>(), 1e-30);
+    const double diff = d.max().item<double>();
+    const int64_t off = d.gt(1e-5 * largest).sum().item<int64_t>();
+    if (exact ? diff != 0.0 : off > 2)
+      failures.push_back(call + ", rank " + std::to_string(rank) + ": " + what + " differs by up to " +
+                         std::to_string(diff) + " (" + std::to_string(off) +
+                         " elements beyond 1e-5 of the largest, " + std::to_string(largest) + ")");
+  };
+  for (size_t i = 0; i < sizes.size(); ++i) check("tensor " + std::to_string(i), on_host[i], on_gpu[i]);
+  check("worker error", host.worker_error(), gpu.worker_error());
+  check("server error", host.server_error(), gpu.server_error());
+}
+
+// CUDA tensors through Gloo (two ranks as threads sharing the GPU: the all-to-all and all-gather
+// of packed signs on the device) against the host loops, as the CPU's
+// CompressedAllReduce.TensorOperationsEqualTheHostLoops: ±1 inputs without padding bit for bit
+// (every sum of squares is exact whatever its order), then a second call, and sizes that need
+// padding (a chunk longer than the loops' 4096-element blocks too), to rounding.
 TEST(OneBitGpu, CompressedAllReduceOnTheGpuMatchesTheHostLoops) {
   SKIP_WITHOUT_GPU();
-  const std::vector<int64_t> sizes = {5, 37, 1000, 20000};
+  const std::vector<int64_t> exact_sizes = {16, 48, 1008, 20000};  // multiples of 8·W
+  const std::vector<int64_t> padded_sizes = {5, 37, 1000, 20001};
+  const c10::Device cuda(c10::kCUDA, 0);
   std::mutex mu;
   std::vector<std::string> failures;
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
-    CompressedAllReduce host(comm, sizes);
-    CompressedAllReduce gpu(comm, sizes, c10::Device(c10::kCUDA, 0));
     std::vector<std::string> mine;
-    auto check = [&](int round, const std::string& what, const torch::Tensor& got,
-                     const torch::Tensor& want) {
-      const int64_t off = elements_off(got, want);
-      if (off > 2)
-        mine.push_back("call " + std::to_string(round) + ", rank " + std::to_string(comm->rank()) +
-                       ": " + what + " differs in " + std::to_string(off) + " elements");
-    };
-    for (int round = 0; round < 4; ++round) {
-      std::vector<torch::Tensor> on_host, on_gpu;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        auto gen = at::detail::createCPUGenerator(1000 * round + 10 * comm->rank() + i);
-        torch::Tensor x = torch::randn({sizes[i]}, gen);
-        on_host.push_back(x.clone());
-        on_gpu.push_back(x.to(torch::kCUDA));
-      }
-      host.run(on_host);
-      gpu.run(on_gpu);  // on the device: the tensor operations
-      for (size_t i = 0; i < sizes.size(); ++i)
-        check(round, "tensor " + std::to_string(i), on_gpu[i], on_host[i]);
-      check(round, "worker error", gpu.worker_error(), host.worker_error());
-      check(round, "server error", gpu.server_error(), host.server_error());
-      if (!gpu.worker_error().is_cuda()) mine.push_back("the error feedback is not on the GPU");
-    }
+    CompressedAllReduce host(comm, exact_sizes), gpu(comm, exact_sizes, cuda);
+    compare(host, gpu, comm->rank(), exact_sizes, 0, true, true, "call 1 (±1)", mine);
+    compare(host, gpu, comm->rank(), exact_sizes, 100, false, false, "call 2", mine);
+    CompressedAllReduce host_padded(comm, padded_sizes), gpu_padded(comm, padded_sizes, cuda);
+    compare(host_padded, gpu_padded, comm->rank(), padded_sizes, 200, false, false,
+            "padded sizes", mine);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), mine.begin(), mine.end());
   });
   for (const auto& f : failures) ADD_FAILURE() << f;
+}
+
+// The same over NCCL (a group of one: its all-to-all and all-gather of uint8 messages on the GPU,
+// which the optimizers skip at one rank), against the host loops of a single-process group.
+TEST(OneBitGpu, CompressedAllReduceRunsOnNccl) {
+  SKIP_WITHOUT_GPU();
+  const std::vector<int64_t> sizes = {8, 40, 1000};
+  auto nccl = deepspeed::comm::make_nccl_communicator_on(c10::make_intrusive<c10d::HashStore>(), 0,
+                                                         1, 0, 0, std::chrono::seconds(60));
+  auto single = deepspeed::comm::make_single_process_communicator();
+  std::vector<std::string> failures;
+  CompressedAllReduce host(single, sizes), gpu(nccl, sizes, c10::Device(c10::kCUDA, 0));
+  compare(host, gpu, 0, sizes, 300, false, false, "NCCL call 1", failures);
+  compare(host, gpu, 0, sizes, 400, false, false, "NCCL call 2", failures);
+  for (const auto& f : failures) ADD_FAILURE() << f;
+  const auto stats = nccl->stats();  // by value: a reference into the temporary would dangle
+  ASSERT_EQ(stats.count("all_to_all"), 1u) << "the exchange did not run on NCCL";
+  EXPECT_EQ(stats.at("all_to_all").calls, 2);
 }
 
 struct OneBitCase {

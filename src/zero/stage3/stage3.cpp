@@ -93,7 +93,7 @@ void Stage3::partition_unit(int u) {
     at::Tensor p = slots.params[i];
     TORCH_CHECK(p.numel() == c10::multiply_integers(slots.shapes[i]), "stage 3: parameter of unit ", u,
                 " is not whole at initialize() (numel ", p.numel(), ")");
-    // On a GPU, initialize() leaves the units' parameters in host memory (engine_device_placement.h):
+    // On a GPU, initialize() leaves the units' parameters in host memory (module_placement.h):
     // each moves here, its unit at a time, so the whole model is never on the device. Before the
     // hook: its gradient accumulator records the device (one made for another device is dropped
     // when the data moves, and the hook with it).

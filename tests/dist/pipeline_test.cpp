@@ -49,31 +49,9 @@ nlohmann::json config(int dp_size, int zero_stage, double clipping = 0.0) {
 // `patch` is merged into the config (e.g. a scheduler block).
 std::vector<double> reference_losses(bool tied, double clipping,
                                      const nlohmann::json& patch = nlohmann::json::object()) {
-  std::vector<double> losses;
-  std::mutex mu;
-  run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
-    auto model = std::make_shared<dp::PipelineSequentialImpl>(gpt::gpt_pipeline(tiny_gpt(tied)), 5);
-    deepspeed::InitializeArgs<dp::PipelineSequentialImpl> args;
-    args.model = model;
-    args.config_json = config(kWorld, 0, clipping);
-    args.config_json.merge_patch(patch);
-    args.comm = comm;
-    args.device = "cpu";
-    auto engine = deepspeed::initialize(args).engine;
-    const int gas = kGlobalMicro / kWorld;
-    std::vector<double> mine;
-    for (int k = 0; k < kSteps; ++k) {
-      for (int m = 0; m < gas; ++m) {
-        auto [x, y] = pipeline_micro_batch(k, m * kWorld + comm->rank());
-        engine->backward(engine->forward(x, y));
-        engine->step();
-      }
-      mine.push_back(engine->last_loss());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm->rank() == 0) losses = mine;
-  });
-  return losses;
+  nlohmann::json c = config(kWorld, 0, clipping);
+  c.merge_patch(patch);
+  return dstest::one_module_losses(kWorld, tiny_gpt(tied), c, "cpu", kSteps);
 }
 
 struct PipeRun {

@@ -29,35 +29,6 @@ namespace dp = deepspeed::pipe;
 constexpr int kWorld = 2;
 constexpr int kSteps = 3;
 
-// The same layers as one module, ZeRO stage 0, data parallel over both ranks, on the GPU.
-std::vector<double> one_module_losses() {
-  std::vector<double> losses;
-  std::mutex mu;
-  run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
-    auto model = std::make_shared<dp::PipelineSequentialImpl>(
-        gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(false)), 5);
-    deepspeed::InitializeArgs<dp::PipelineSequentialImpl> args;
-    args.model = model;
-    args.config_json = dstest::pipeline_config(kWorld, 0);
-    args.comm = comm;
-    args.device = "cuda";
-    auto engine = deepspeed::initialize(args).engine;
-    const int gas = dstest::kPipeGlobalMicro / kWorld;
-    std::vector<double> mine;
-    for (int k = 0; k < kSteps; ++k) {
-      for (int m = 0; m < gas; ++m) {
-        auto [x, y] = dstest::pipeline_micro_batch(k, m * kWorld + comm->rank());
-        engine->backward(engine->forward(x, y));
-        engine->step();
-      }
-      mine.push_back(engine->last_loss());
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm->rank() == 0) losses = mine;
-  });
-  return losses;
-}
-
 // Pipe 2 x data 1 on the GPU, ZeRO stage `zero_stage` inside each stage; every rank's losses.
 std::vector<std::vector<double>> pipeline_losses(int zero_stage) {
   std::vector<std::vector<double>> losses(kWorld);
@@ -74,7 +45,9 @@ std::vector<std::vector<double>> pipeline_losses(int zero_stage) {
 TEST(PipelineGpu, TwoStagesTrainAsOneModule) {
   SKIP_WITHOUT_GPU();
   const dstest::Deterministic deterministic;
-  const auto reference = one_module_losses();
+  // The same layers as one module, ZeRO stage 0, data parallel over both ranks, on the GPU.
+  const auto reference = dstest::one_module_losses(
+      kWorld, dstest::tiny_pipeline_gpt(false), dstest::pipeline_config(kWorld, 0), "cuda", kSteps);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
   for (int zero_stage : {0, 1}) {
     const auto runs = pipeline_losses(zero_stage);

@@ -3,7 +3,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <mutex>
+
+#include "deepspeed/engine.h"
 #include "gpt/pipeline_model.h"
+#include "support/ranks.h"
 
 namespace dstest {
 
@@ -69,6 +73,34 @@ std::vector<double> train_pipeline_steps(deepspeed::pipe::PipelineEngine& engine
     losses.push_back(
         engine.train_batch([&] { return pipeline_micro_batch(k, (m++) * dp_size + data_rank); }));
   }
+  return losses;
+}
+
+std::vector<double> one_module_losses(int world, const gpt::GPTConfig& model,
+                                      const nlohmann::json& config, const std::string& device,
+                                      int steps) {
+  std::vector<double> losses;
+  std::mutex mu;
+  run_ranks(world, [&](deepspeed::comm::CommunicatorPtr comm) {
+    deepspeed::InitializeArgs<deepspeed::pipe::PipelineSequentialImpl> args;
+    args.model = std::make_shared<deepspeed::pipe::PipelineSequentialImpl>(gpt::gpt_pipeline(model), 5);
+    args.config_json = config;
+    args.comm = comm;
+    args.device = device;
+    auto engine = deepspeed::initialize(args).engine;
+    const int gas = kPipeGlobalMicro / world;
+    std::vector<double> mine;
+    for (int k = 0; k < steps; ++k) {
+      for (int m = 0; m < gas; ++m) {
+        auto [x, y] = pipeline_micro_batch(k, m * world + comm->rank());
+        engine->backward(engine->forward(x, y));
+        engine->step();
+      }
+      mine.push_back(engine->last_loss());
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm->rank() == 0) losses = mine;
+  });
   return losses;
 }
 

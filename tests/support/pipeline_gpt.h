@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+
 #include "deepspeed/pipe.h"
 #include "gpt/model.h"
 
@@ -44,5 +46,13 @@ deepspeed::pipe::PipelineInitializeArgs pipeline_args(deepspeed::comm::Communica
 std::vector<double> train_pipeline_steps(deepspeed::pipe::PipelineEngine& engine,
                                          const deepspeed::comm::CommunicatorPtr& comm, int from,
                                          int to);
+
+// The reference a pipeline's losses are held against: the same layers as one module (seed 5),
+// data parallel over `world` ranks as threads on `device`, configured by `config`, trained on
+// steps [0, steps) of the same global batches (rank r takes micro-batches g = m * world + r).
+// Returns rank 0's batch losses.
+std::vector<double> one_module_losses(int world, const gpt::GPTConfig& model,
+                                      const nlohmann::json& config, const std::string& device,
+                                      int steps);
 
 }  // namespace dstest

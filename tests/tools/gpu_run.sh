@@ -79,26 +79,17 @@ case \"\$1\" in
   --gtest_filter=OneGpuPinned.\\*-OneGpuPinned.Copies) $(pass_case OneGpuPinned.Slices); $done_line ;;
   *) echo \"unexpected arguments: \$*\"; exit 9 ;;
 esac"
-stand_in flops_profiler_gpu_test "echo \"\$*\" >> $T/order
+one_suite_program() {  # program, suite, case: lists the one case and passes it, noting its arguments
+  stand_in "$1" "echo \"\$*\" >> $T/order
 case \"\$1\" in
-  --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
-  *) $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
+  --gtest_list_tests) printf '$2.\n  $3\n' ;;
+  *) $(pass_case "$2.$3"); $done_line ;;
 esac"
-stand_in device_adam_gpu_test "echo \"\$*\" >> $T/order
-case \"\$1\" in
-  --gtest_list_tests) printf 'GpuAdamKernel.\n  EqualsTheCpuKernelBitForBit\n' ;;
-  *) $(pass_case GpuAdamKernel.EqualsTheCpuKernelBitForBit); $done_line ;;
-esac"
-stand_in onebit_gpu_test "echo \"\$*\" >> $T/order
-case \"\$1\" in
-  --gtest_list_tests) printf 'OneBitGpu.\n  CompressedAllReduceOnTheGpuMatchesTheHostLoops\n' ;;
-  *) $(pass_case OneBitGpu.CompressedAllReduceOnTheGpuMatchesTheHostLoops); $done_line ;;
-esac"
-stand_in pipeline_gpu_test "echo \"\$*\" >> $T/order
-case \"\$1\" in
-  --gtest_list_tests) printf 'PipelineGpu.\n  TwoStagesTrainAsOneModule\n' ;;
-  *) $(pass_case PipelineGpu.TwoStagesTrainAsOneModule); $done_line ;;
-esac"
+}
+one_suite_program flops_profiler_gpu_test FlopsProfilerGpu LatencyIncludesTheKernels
+one_suite_program device_adam_gpu_test GpuAdamKernel EqualsTheCpuKernelBitForBit
+one_suite_program onebit_gpu_test OneBitGpu CompressedAllReduceOnTheGpuMatchesTheHostLoops
+one_suite_program pipeline_gpu_test PipelineGpu TwoStagesTrainAsOneModule
 # It lists no suite: run whole, it runs none.
 stand_in activation_checkpointing_gpu_test "echo \"\$*\" >> $T/order
 echo '[==========] 0 tests from 0 test suites ran. (0 ms total)'"

@@ -34,6 +34,7 @@
 
 #include "comm/checked_communicator.h"
 #include "comm/communicator_base.h"
+#include "comm/connect_barrier.h"
 #include "comm/dtypes.h"
 #include "comm/local_reduce.h"
 #include "comm/process_info.h"
@@ -41,7 +42,6 @@
 #include "comm/reduce_scatter_v.h"
 #include "comm/shm_allreduce.h"
 #include "comm/split.h"
-#include "comm/store_bytes.h"
 #include "comm/work.h"
 
 namespace deepspeed {
@@ -318,35 +318,6 @@ std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& ma
   // peers cannot reach. The interface that routes to the store's host is the one they can.
   return c10d::ProcessGroupGloo::createDeviceForHostname(local_address_towards(master_addr));
 }
-
-namespace {
-
-// Gloo's connectFullMesh can return on one rank while a peer is still finishing its side of the
-// handshake; a rank that then closed the group at once (it had nothing to do on it) failed that
-// peer's setup with "Connection closed by peer" (seen in dist.shm_allreduce_test under load, with
-// DS_SHM_ALLREDUCE=0, which skips the shared-memory set-up's own exchange of keys). So no rank
-// leaves the setup before every rank's ProcessGroupGloo is built: each marks itself in the group's
-// store and counts itself in; the last one in opens the door all wait on (one key each way, O(W)
-// store work per group). At the timeout the message names the ranks that never marked themselves.
-void wait_for_every_rank_connected(c10d::Store& store, int rank, int world_size,
-                                   std::chrono::milliseconds timeout) {
-  if (world_size == 1) return;
-  auto mark = [](int r) { return fmt::format("ds_connected/{}", r); };
-  store.set(mark(rank), store_bytes("1"));
-  if (store.add("ds_connected/count", 1) == world_size) store.set("ds_connected/all", store_bytes("1"));
-  try {
-    store.wait({"ds_connected/all"}, timeout);
-  } catch (const std::exception& e) {
-    std::string missing;
-    for (int r = 0; r < world_size; ++r) {
-      if (!store.check({mark(r)})) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    throw CommError(fmt::format("rank(s) {} did not finish connecting the group ({})",
-                                missing.empty() ? "?" : missing, e.what()));
-  }
-}
-
-}  // namespace
 
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
                                           int world_size, int local_rank,

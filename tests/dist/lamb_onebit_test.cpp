@@ -16,6 +16,7 @@
 #include "optim/adamw_state.h"
 #include "optim/compressed_allreduce.h"
 #include "optim/onebit_adam.h"
+#include "support/compressor_compare.h"
 #include "support/ranks.h"
 #include "support/reference_lamb.h"
 #include "support/training_run.h"
@@ -368,33 +369,6 @@ torch::Tensor away_from_zero(uint64_t seed, int64_t n) {
   torch::Tensor x = draw(seed, n);
   return torch::where(x >= 0, x + 0.01, x - 0.01);
 }
-
-// One call of both paths on copies of `inputs`; differences go to `failures`. `exact`: bit for
-// bit; else within 1e-5 of the largest value, but for at most 2 elements per buffer.
-void compare_paths(CompressedAllReduce& loops, CompressedAllReduce& ops,
-                   const std::vector<torch::Tensor>& inputs, bool exact, const std::string& call,
-                   std::vector<std::string>& failures) {
-  std::vector<torch::Tensor> a, b;
-  for (const auto& x : inputs) {
-    a.push_back(x.clone());
-    b.push_back(x.to(ops.worker_error().device()));
-  }
-  loops.run(a);
-  ops.run_with_tensor_ops(b);
-  auto compare = [&](const std::string& what, const torch::Tensor& want, const torch::Tensor& got) {
-    const torch::Tensor d = (want - got.cpu()).abs();
-    const double largest = std::max(want.abs().max().item<double>(), 1e-30);
-    const double diff = d.max().item<double>();
-    const int64_t off = d.gt(1e-5 * largest).sum().item<int64_t>();
-    if (exact ? diff != 0.0 : off > 2)
-      failures.push_back(call + ": " + what + " differs by up to " + std::to_string(diff) +
-                         " (largest value " + std::to_string(largest) + ", " +
-                         std::to_string(off) + " elements beyond 1e-5 of it)");
-  };
-  for (size_t i = 0; i < a.size(); ++i) compare("tensor " + std::to_string(i), a[i], b[i]);
-  compare("worker error", loops.worker_error(), ops.worker_error());
-  compare("server error", loops.server_error(), ops.server_error());
-}
 }  // namespace
 
 // The tensor operations put the same bytes on the wire and compute the same values as the host
@@ -426,11 +400,13 @@ TEST(CompressedAllReduce, TensorOperationsEqualTheHostLoops) {
     };
     const std::string who = "rank " + std::to_string(rank) + ", ";
     CompressedAllReduce loops(comm, exact_sizes), ops(comm, exact_sizes);
-    compare_paths(loops, ops, inputs(exact_sizes, 0, true), true, who + "call 1 (±1)", mine);
-    compare_paths(loops, ops, inputs(exact_sizes, 1, false), false, who + "call 2", mine);
+    using dstest::compare_compressor_paths;
+    compare_compressor_paths(loops, ops, inputs(exact_sizes, 0, true), true, who + "call 1 (±1)",
+                             mine);
+    compare_compressor_paths(loops, ops, inputs(exact_sizes, 1, false), false, who + "call 2", mine);
     CompressedAllReduce loops_padded(comm, padded_sizes), ops_padded(comm, padded_sizes);
-    compare_paths(loops_padded, ops_padded, inputs(padded_sizes, 2, false), false,
-                  who + "padded sizes", mine);
+    compare_compressor_paths(loops_padded, ops_padded, inputs(padded_sizes, 2, false), false,
+                             who + "padded sizes", mine);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), mine.begin(), mine.end());
   });

@@ -16,6 +16,7 @@
 
 #include "comm/nccl_communicator.h"
 #include "optim/compressed_allreduce.h"
+#include "support/compressor_compare.h"
 #include "support/deterministic.h"
 #include "support/gpu_skip.h"
 #include "support/ranks.h"
@@ -24,6 +25,7 @@
 namespace {
 
 using deepspeed::optim::CompressedAllReduce;
+using dstest::compare_compressor_paths;
 
 // Normal draws (seeded) moved 0.01 away from zero; ±1 for `plus_minus_one`.
 torch::Tensor input(uint64_t seed, int64_t n, bool plus_minus_one) {
@@ -33,34 +35,13 @@ torch::Tensor input(uint64_t seed, int64_t n, bool plus_minus_one) {
   return torch::where(x >= 0, x + 0.01, x - 0.01);
 }
 
-// One call of the host loops and of the compressor on the GPU, on the same inputs; differences
-// go to `failures`. `exact`: bit for bit; else within 1e-5 of the largest value, but for at most
-// 2 elements per buffer (a server element so near zero that a scale's last bits flip its sign).
-void compare(CompressedAllReduce& host, CompressedAllReduce& gpu, int rank,
-             const std::vector<int64_t>& sizes, uint64_t seed, bool plus_minus_one, bool exact,
-             const std::string& call, std::vector<std::string>& failures) {
-  std::vector<torch::Tensor> on_host, on_gpu;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    torch::Tensor x = input(seed + 10 * rank + i, sizes[i], plus_minus_one);
-    on_host.push_back(x.clone());
-    on_gpu.push_back(x.to(torch::kCUDA));
-  }
-  host.run(on_host);
-  gpu.run(on_gpu);  // on the device: the tensor operations
-  auto check = [&](const std::string& what, const torch::Tensor& want, const torch::Tensor& got) {
-    if (!got.is_cuda()) failures.push_back(call + ": " + what + " is not on the GPU");
-    const torch::Tensor d = (want - got.cpu()).abs();
-    const double largest = std::max(want.abs().max().item<double>(), 1e-30);
-    const double diff = d.max().item<double>();
-    const int64_t off = d.gt(1e-5 * largest).sum().item<int64_t>();
-    if (exact ? diff != 0.0 : off > 2)
-      failures.push_back(call + ", rank " + std::to_string(rank) + ": " + what + " differs by up to " +
-                         std::to_string(diff) + " (" + std::to_string(off) +
-                         " elements beyond 1e-5 of the largest, " + std::to_string(largest) + ")");
-  };
-  for (size_t i = 0; i < sizes.size(); ++i) check("tensor " + std::to_string(i), on_host[i], on_gpu[i]);
-  check("worker error", host.worker_error(), gpu.worker_error());
-  check("server error", host.server_error(), gpu.server_error());
+// The inputs of one call on `rank`, seeded by `seed`.
+std::vector<torch::Tensor> inputs(const std::vector<int64_t>& sizes, uint64_t seed, int rank,
+                                  bool plus_minus_one) {
+  std::vector<torch::Tensor> xs;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    xs.push_back(input(seed + 10 * rank + i, sizes[i], plus_minus_one));
+  return xs;
 }
 
 // CUDA tensors through Gloo (two ranks as threads sharing the GPU: the all-to-all and all-gather
@@ -78,11 +59,15 @@ TEST(OneBitGpu, CompressedAllReduceOnTheGpuMatchesTheHostLoops) {
   run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
     std::vector<std::string> mine;
     CompressedAllReduce host(comm, exact_sizes), gpu(comm, exact_sizes, cuda);
-    compare(host, gpu, comm->rank(), exact_sizes, 0, true, true, "call 1 (±1)", mine);
-    compare(host, gpu, comm->rank(), exact_sizes, 100, false, false, "call 2", mine);
+    const int rank = comm->rank();
+    const std::string who = "rank " + std::to_string(rank) + ", ";
+    compare_compressor_paths(host, gpu, inputs(exact_sizes, 0, rank, true), true,
+                             who + "call 1 (±1)", mine);
+    compare_compressor_paths(host, gpu, inputs(exact_sizes, 100, rank, false), false,
+                             who + "call 2", mine);
     CompressedAllReduce host_padded(comm, padded_sizes), gpu_padded(comm, padded_sizes, cuda);
-    compare(host_padded, gpu_padded, comm->rank(), padded_sizes, 200, false, false,
-            "padded sizes", mine);
+    compare_compressor_paths(host_padded, gpu_padded, inputs(padded_sizes, 200, rank, false),
+                             false, who + "padded sizes", mine);
     std::lock_guard<std::mutex> lock(mu);
     failures.insert(failures.end(), mine.begin(), mine.end());
   });
@@ -99,8 +84,8 @@ TEST(OneBitGpu, CompressedAllReduceRunsOnNccl) {
   auto single = deepspeed::comm::make_single_process_communicator();
   std::vector<std::string> failures;
   CompressedAllReduce host(single, sizes), gpu(nccl, sizes, c10::Device(c10::kCUDA, 0));
-  compare(host, gpu, 0, sizes, 300, false, false, "NCCL call 1", failures);
-  compare(host, gpu, 0, sizes, 400, false, false, "NCCL call 2", failures);
+  compare_compressor_paths(host, gpu, inputs(sizes, 300, 0, false), false, "NCCL call 1", failures);
+  compare_compressor_paths(host, gpu, inputs(sizes, 400, 0, false), false, "NCCL call 2", failures);
   for (const auto& f : failures) ADD_FAILURE() << f;
   const auto stats = nccl->stats();  // by value: a reference into the temporary would dangle
   ASSERT_EQ(stats.count("all_to_all"), 1u) << "the exchange did not run on NCCL";

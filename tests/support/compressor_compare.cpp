@@ -1,0 +1,41 @@
+#include "support/compressor_compare.h"
+
+#include <algorithm>
+
+namespace dstest {
+
+void compare_compressor_paths(deepspeed::optim::CompressedAllReduce& reference,
+                              deepspeed::optim::CompressedAllReduce& other,
+                              const std::vector<torch::Tensor>& inputs, bool exact,
+                              const std::string& call, std::vector<std::string>& failures) {
+  const c10::Device device = other.worker_error().device();
+  std::vector<torch::Tensor> want, got;
+  for (const auto& x : inputs) {
+    want.push_back(x.cpu().clone());
+    got.push_back(x.to(device, /*non_blocking=*/false, /*copy=*/true));
+  }
+  reference.run(want);
+  // On a device, run() itself: its dispatch is to choose the tensor operations there.
+  if (device.is_cpu()) {
+    other.run_with_tensor_ops(got);
+  } else {
+    other.run(got);
+  }
+  auto check = [&](const std::string& what, const torch::Tensor& w, const torch::Tensor& g) {
+    if (g.device() != device)
+      failures.push_back(call + ": " + what + " is on " + g.device().str() + ", not " + device.str());
+    const torch::Tensor d = (w.cpu() - g.cpu()).abs();
+    const double largest = std::max(w.abs().max().item<double>(), 1e-30);
+    const double diff = d.max().item<double>();
+    const int64_t off = d.gt(1e-5 * largest).sum().item<int64_t>();
+    if (exact ? diff != 0.0 : off > 2)
+      failures.push_back(call + ": " + what + " differs by up to " + std::to_string(diff) + " (" +
+                         std::to_string(off) + " elements beyond 1e-5 of the largest, " +
+                         std::to_string(largest) + ")");
+  };
+  for (size_t i = 0; i < want.size(); ++i) check("tensor " + std::to_string(i), want[i], got[i]);
+  check("worker error", reference.worker_error(), other.worker_error());
+  check("server error", reference.server_error(), other.server_error());
+}
+
+}  // namespace dstest

@@ -93,6 +93,13 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
                       "offload) requires '" +
                       zero_path + ".stage' 3 (stage is " + stage + ")");
   }
+  // DeepSpeed's Twin-Flow (ZeRO-Offload++) updates that fraction on the CPU and the rest on the
+  // GPU; here the whole update runs where offload_optimizer.device puts it. A config written for
+  // it still trains (the same values), only not split: say so instead of ignoring the key.
+  if (zero.offload_optimizer.ratio < 1.0 && zero.offload_optimizer.enabled())
+    warnings.add(zero_path + ".offload_optimizer.ratio " + json(zero.offload_optimizer.ratio).dump() +
+                 ": partial offload (Twin-Flow) is not implemented; the whole optimizer update "
+                 "runs on the offload device (as ratio 1)");
 }
 
 }  // namespace deepspeed::config

@@ -161,19 +161,36 @@ void read_zeropp(ObjectReader& r, ZeroConfig& z) {
   z.zero_hpz_partition_size = 1;
 }
 
-// Keys of MiCS and DeepSpeed internals (and ZeRO++'s frozen-weight storage): type-checked, kept
-// only in raw.
+// Keys of MiCS and DeepSpeed internals (and ZeRO++'s frozen-weight storage and LoCo):
+// type-checked, kept only in raw. The internals change nothing a user sees; the features are not
+// implemented, so turning one on gets a warning that names it instead of silence.
 void read_extensions(ObjectReader& r) {
-  bool flag = false;
-  for (const char* k :
-       {"zero_quantized_nontrainable_weights", "mics_hierarchical_params_gather",
-        "memory_efficient_linear", "pipeline_loading_checkpoint", "override_module_apply",
-        "log_trace_cache_warnings"}) {
+  for (const char* k : {"memory_efficient_linear", "pipeline_loading_checkpoint",
+                        "override_module_apply", "log_trace_cache_warnings"}) {
+    bool flag = false;
     r.read(k, flag);
   }
+  auto not_implemented = [&r](const std::string& key, const std::string& what) {
+    r.warnings().add("config key '" + r.path_of(key) + "': " + what +
+                     " is not implemented; ignored");
+  };
+  bool quantized_frozen = false, mics_hierarchical = false;
+  r.read("zero_quantized_nontrainable_weights", quantized_frozen);
+  if (quantized_frozen)
+    not_implemented("zero_quantized_nontrainable_weights",
+                    "ZeRO++'s quantized storage of frozen weights (they stay in their own dtype)");
+  r.read("mics_hierarchical_params_gather", mics_hierarchical);
+  if (mics_hierarchical) not_implemented("mics_hierarchical_params_gather", "MiCS");
   int64_t mics = -1;
   r.read("mics_shard_size", mics);
-  r.child("zeropp_loco_param");  // {err_beta, reset_T}: contents not checked
+  if (mics > 0)
+    not_implemented("mics_shard_size",
+                    "MiCS (sharding within groups of " + std::to_string(mics) +
+                        " ranks); ZeRO-3 shards over the whole data-parallel group");
+  r.child("zeropp_loco_param");  // an object, {err_beta, reset_T}: contents not checked
+  if (const json* loco = r.find("zeropp_loco_param"); loco && !loco->empty())
+    not_implemented("zeropp_loco_param",
+                    "LoCo (error feedback for qgZ's quantized gradients); qgZ runs without it");
   bool legacy_stage1 = false;
   r.read("legacy_stage1", legacy_stage1);
   if (legacy_stage1) {

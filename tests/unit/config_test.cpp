@@ -660,6 +660,37 @@ TEST(ConfigErrors, PartialOffloadRatioNeedsStage3) {
   for (const auto& w : warnings) EXPECT_EQ(w.find("ratio"), std::string::npos) << w;
 }
 
+// MiCS, LoCo and ZeRO++'s quantized frozen weights are not implemented: turned on, each gets a
+// warning naming its key; at DeepSpeed's defaults, and DeepSpeed's internals, say nothing.
+TEST(ConfigZero, UnimplementedZeroExtensionsAreWarnedWhenOn) {
+  auto warnings_for = [](const json& zero) {
+    std::vector<std::string> warnings;
+    parse_config(with({{"zero_optimization", zero}}), 1, {}, &warnings);
+    std::string all;
+    for (const auto& w : warnings) all += w + "\n";
+    return all;
+  };
+  const std::string quiet =
+      warnings_for({{"stage", 3},
+                    {"mics_shard_size", -1},
+                    {"mics_hierarchical_params_gather", false},
+                    {"zero_quantized_nontrainable_weights", false},
+                    {"zeropp_loco_param", json::object()},
+                    {"memory_efficient_linear", true},
+                    {"override_module_apply", true}});
+  EXPECT_EQ(quiet, "");
+  const std::vector<std::pair<json, std::string>> on = {
+      {{{"stage", 3}, {"mics_shard_size", 8}}, "zero_optimization.mics_shard_size': MiCS"},
+      {{{"stage", 3}, {"mics_hierarchical_params_gather", true}},
+       "zero_optimization.mics_hierarchical_params_gather': MiCS"},
+      {{{"stage", 3}, {"zero_quantized_nontrainable_weights", true}},
+       "zero_optimization.zero_quantized_nontrainable_weights': ZeRO++'s quantized storage"},
+      {{{"stage", 3}, {"zeropp_loco_param", {{"err_beta", 0.8}, {"reset_T", 1024}}}},
+       "zero_optimization.zeropp_loco_param': LoCo"},
+  };
+  for (const auto& [zero, expected] : on) EXPECT_CONTAINS(warnings_for(zero), expected) << zero;
+}
+
 TEST(ConfigErrors, MaxGradNormInOptimizerParams) {
   json opt = {{"type", "Adam"}, {"params", {{"lr", 1e-3}, {"max_grad_norm", 1.0}}}};
   std::string msg = error_of(with({{"optimizer", opt}}));

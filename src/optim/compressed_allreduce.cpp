@@ -47,7 +47,10 @@ at::Tensor unpack_signs(const at::Tensor& bytes) {
 
 CompressedAllReduce::CompressedAllReduce(comm::CommunicatorPtr comm, std::vector<int64_t> numels,
                                          c10::Device device)
-    : comm_(std::move(comm)), numels_(std::move(numels)), device_(device) {
+    : comm_(std::move(comm)),
+      numels_(std::move(numels)),
+      // With its index ("cuda" is "cuda:<current>"): run() compares the tensors' devices with it.
+      device_(at::empty({0}, at::TensorOptions().device(device)).device()) {
   const int64_t w = comm_->world_size();
   for (size_t i = 0; i < numels_.size(); ++i) {
     const int64_t unit = 8 * w;

@@ -213,7 +213,7 @@ void OneBitLamb::load_extra_state(const ExtraState& saved) {
     TORCH_CHECK(it->second.numel() == static_cast<int64_t>(n), "saved ", name, " has ",
                 it->second.numel(), " values, this optimizer has ", n,
                 " parameters (segments in 16 bits)");
-    at::Tensor t = it->second.to(torch::kDouble).contiguous();
+    at::Tensor t = it->second.to(torch::kCPU, torch::kDouble).contiguous();  // read on the host
     dst.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
   };
   scalars("coeff_freeze", coeff_freeze_, 0.0);

@@ -65,7 +65,9 @@ TEST(OneBitGpu, CompressedAllReduceOnTheGpuMatchesTheHostLoops) {
                              who + "call 1 (±1)", mine);
     compare_compressor_paths(host, gpu, inputs(exact_sizes, 100, rank, false), false,
                              who + "call 2", mine);
-    CompressedAllReduce host_padded(comm, padded_sizes), gpu_padded(comm, padded_sizes, cuda);
+    // A device without its index ("cuda") means the current one, as torch::Device does.
+    CompressedAllReduce host_padded(comm, padded_sizes),
+        gpu_padded(comm, padded_sizes, c10::Device(c10::kCUDA));
     compare_compressor_paths(host_padded, gpu_padded, inputs(padded_sizes, 200, rank, false),
                              false, who + "padded sizes", mine);
     std::lock_guard<std::mutex> lock(mu);

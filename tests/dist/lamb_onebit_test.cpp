@@ -363,14 +363,6 @@ TEST(CompressedAllReduce, TensorOperationsEqualSignScaleErrorFeedbackByHand) {
   equals_sign_scale_error_feedback_by_hand(true);
 }
 
-namespace {
-// Normal draws moved 0.01 away from zero.
-torch::Tensor away_from_zero(uint64_t seed, int64_t n) {
-  torch::Tensor x = draw(seed, n);
-  return torch::where(x >= 0, x + 0.01, x - 0.01);
-}
-}  // namespace
-
 // The tensor operations put the same bytes on the wire and compute the same values as the host
 // loops. First, inputs of ±1 and sizes that need no padding: every sum of squares is exact, so
 // the scales agree to the bit, and so must the results and both error buffers (where a slip in
@@ -391,12 +383,7 @@ TEST(CompressedAllReduce, TensorOperationsEqualTheHostLoops) {
     const int rank = comm->rank();
     std::vector<std::string> mine;
     auto inputs = [&](const std::vector<int64_t>& sizes, int call, bool plus_minus_one) {
-      std::vector<torch::Tensor> xs;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        const uint64_t seed = 100 * call + 10 * rank + i;
-        xs.push_back(plus_minus_one ? pm_sign(draw(seed, sizes[i])) : away_from_zero(seed, sizes[i]));
-      }
-      return xs;
+      return dstest::compressor_inputs(sizes, 100 * call + 10 * rank, plus_minus_one);
     };
     const std::string who = "rank " + std::to_string(rank) + ", ";
     CompressedAllReduce loops(comm, exact_sizes), ops(comm, exact_sizes);

@@ -4,7 +4,6 @@
 // without a GPU (and fails there under DS_EXPECT_GPU=1, bench/gpu/run.sh).
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
@@ -27,21 +26,10 @@ namespace {
 using deepspeed::optim::CompressedAllReduce;
 using dstest::compare_compressor_paths;
 
-// Normal draws (seeded) moved 0.01 away from zero; ±1 for `plus_minus_one`.
-torch::Tensor input(uint64_t seed, int64_t n, bool plus_minus_one) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  torch::Tensor x = torch::randn({n}, gen);
-  if (plus_minus_one) return torch::where(x >= 0, 1.0f, -1.0f).to(torch::kFloat);
-  return torch::where(x >= 0, x + 0.01, x - 0.01);
-}
-
 // The inputs of one call on `rank`, seeded by `seed`.
 std::vector<torch::Tensor> inputs(const std::vector<int64_t>& sizes, uint64_t seed, int rank,
                                   bool plus_minus_one) {
-  std::vector<torch::Tensor> xs;
-  for (size_t i = 0; i < sizes.size(); ++i)
-    xs.push_back(input(seed + 10 * rank + i, sizes[i], plus_minus_one));
-  return xs;
+  return dstest::compressor_inputs(sizes, seed + 10 * rank, plus_minus_one);
 }
 
 // CUDA tensors through Gloo (two ranks as threads sharing the GPU: the all-to-all and all-gather

@@ -2,7 +2,21 @@
 
 #include <algorithm>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 namespace dstest {
+
+std::vector<torch::Tensor> compressor_inputs(const std::vector<int64_t>& sizes, uint64_t seed,
+                                             bool plus_minus_one) {
+  std::vector<torch::Tensor> xs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto gen = at::detail::createCPUGenerator(seed + i);
+    torch::Tensor x = torch::randn({sizes[i]}, gen);
+    xs.push_back(plus_minus_one ? torch::where(x >= 0, 1.0f, -1.0f).to(torch::kFloat)
+                                : torch::where(x >= 0, x + 0.01, x - 0.01));
+  }
+  return xs;
+}
 
 void compare_compressor_paths(deepspeed::optim::CompressedAllReduce& reference,
                               deepspeed::optim::CompressedAllReduce& other,

@@ -11,6 +11,13 @@
 
 namespace dstest {
 
+// Inputs for one call of the compressor: tensor i of `sizes` is a normal draw from its own
+// generator seeded `seed + i`, moved 0.01 away from zero (no element so near zero that a scale's
+// last bits flip a worker's sign), or its signs, ±1, with `plus_minus_one` (every sum of squares
+// exact, so two paths agree to the bit).
+std::vector<torch::Tensor> compressor_inputs(const std::vector<int64_t>& sizes, uint64_t seed,
+                                             bool plus_minus_one);
+
 // Runs `reference` (its host loops) on a copy of `inputs` and `other` on a copy on other's device
 // (its tensor operations: run_with_tensor_ops on the CPU; on a GPU run(), whose dispatch chooses
 // them there), and compares the outputs and both error buffers. `exact`: bit for bit;

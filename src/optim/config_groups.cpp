@@ -5,6 +5,7 @@
 #include "deepspeed/engine.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
+#include "optim/lion.h"
 #include "optim/optimizer_params.h"
 #include "zero/flat_groups.h"
 
@@ -23,13 +24,14 @@ std::string joined(const std::vector<std::string>& v) {
 }
 
 // The keys a group may set: those the type keeps in each parameter group's options (libtorch's
-// SGDOptions, AdagradOptions; the AdamWOptions of FusedAdam, Lamb and the 1-bit family). The
-// rest (adam_w_mode, bias_correction, Lamb's coefficients, the 1-bit freeze steps, ...) belong
-// to the whole optimizer, in optimizer.params.
+// SGDOptions, AdagradOptions; optim::LionOptions; the AdamWOptions of FusedAdam, Lamb and the
+// 1-bit family). The rest (adam_w_mode, bias_correction, Lamb's coefficients, the 1-bit freeze
+// steps, ...) belong to the whole optimizer, in optimizer.params.
 std::vector<std::string> per_group_keys(const std::string& type) {
   if (type == "SGD") return {"lr", "momentum", "dampening", "weight_decay", "nesterov"};
   if (type == "Adagrad")
     return {"lr", "lr_decay", "weight_decay", "eps", "initial_accumulator_value"};
+  if (type == "Lion") return {"lr", "betas", "weight_decay"};
   return {"lr", "betas", "eps", "weight_decay"};
 }
 
@@ -42,6 +44,8 @@ void check_block(const OptimizerConfig& block, const std::string& type) {
   std::vector<std::string> warnings;  // said when the optimizer is built
   if (type == "Adam" || type == "AdamW") {
     parse_adam_params(block);
+  } else if (type == "Lion") {
+    parse_lion_params(block);
   } else if (type == "Lamb") {
     parse_lamb_params(block);
   } else if (type == "OneBitAdam") {
@@ -98,7 +102,7 @@ void check_several_groups(const std::string& type, size_t count) {
   throw ConfigError(std::string(kField) + " has " + std::to_string(count) +
                     " parameter groups; optimizer type " + type +
                     " keeps its state per parameter over one group here (as under a client "
-                    "optimizer); give one group, or use Adam/AdamW, SGD or Adagrad");
+                    "optimizer); give one group, or use Adam/AdamW, SGD, Adagrad or Lion");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/lr_scheduler.h"
+#include "optim/lion.h"
 
 namespace deepspeed {
 
@@ -27,10 +28,11 @@ namespace {
 
 using torch::optim::OptimizerOptions;
 
-// The betas of Adam and AdamW live in two unrelated option types; this reaches either.
+// The betas of Adam, AdamW and Lion live in unrelated option types; this reaches each.
 std::tuple<double, double>* betas_of(OptimizerOptions& o) {
   if (auto* a = dynamic_cast<torch::optim::AdamOptions*>(&o)) return &a->betas();
   if (auto* a = dynamic_cast<torch::optim::AdamWOptions*>(&o)) return &a->betas();
+  if (auto* a = dynamic_cast<optim::LionOptions*>(&o)) return &a->betas();
   return nullptr;
 }
 

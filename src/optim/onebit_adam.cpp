@@ -10,6 +10,19 @@
 
 namespace deepspeed {
 namespace optim {
+namespace {
+
+// The host loops below read raw fp32 pointers in storage order: only where every tensor they
+// touch is a contiguous fp32 host tensor. A gradient set by hand may be strided (a transpose's
+// view); the tensor operations, which a GPU takes, are right for any layout.
+bool host_loops_fit(const at::Tensor& p, const torch::optim::AdamWParamState& s) {
+  auto fits = [](const at::Tensor& t) {
+    return !t.defined() || (t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous());
+  };
+  return fits(p) && fits(p.grad()) && fits(s.exp_avg()) && fits(s.exp_avg_sq());
+}
+
+}  // namespace
 
 OneBitAdam::OneBitAdam(std::vector<torch::Tensor> params, const OneBitAdamHyper& hyper,
                        comm::CommunicatorPtr comm)
@@ -71,7 +84,7 @@ void OneBitAdam::compressed_step() {
       auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
       s.step(s.step() + 1);
       momenta.push_back(s.exp_avg());
-      if (!p.is_cpu()) {  // a GPU: the loop's arithmetic as tensor operations
+      if (!host_loops_fit(p, s)) {  // a GPU: the loop's arithmetic as tensor operations
         s.exp_avg().mul_(beta1);
         if (p.grad().defined()) s.exp_avg().add_(p.grad(), 1 - beta1);
         continue;
@@ -97,7 +110,7 @@ void OneBitAdam::compressed_step() {
       auto& s = static_cast<torch::optim::AdamWParamState&>(
           *state().find(compat::optimizer_state_key(p))->second);
       // p -= lr·(m / (sqrt(v) + eps) + wd·p), one pass (on a GPU a few tensor operations).
-      if (!p.is_cpu()) {
+      if (!host_loops_fit(p, s)) {
         at::Tensor update = momenta[k++] / (s.exp_avg_sq().sqrt() + o.eps());
         if (o.weight_decay() != 0) update.add_(p, o.weight_decay());
         p.add_(update, -o.lr());

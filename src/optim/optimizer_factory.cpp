@@ -12,6 +12,7 @@
 #include "optim/adagrad_state.h"
 #include "optim/adam_keys.h"
 #include "optim/lamb.h"
+#include "optim/lion.h"
 #include "optim/momentum_mask.h"
 #include "optim/param_reader.h"
 #include "optim/self_communicating.h"
@@ -25,10 +26,10 @@ using optim::ParamReader;
 using optim::reject_unread;
 
 const std::vector<std::string> kSupported = {"Adam",       "AdamW",       "SGD",       "Adagrad",
-                                             "Lamb",       "OneBitAdam",  "ZeroOneAdam",
-                                             "OneBitLamb"};
+                                             "Lamb",       "Lion",        "OneBitAdam",
+                                             "ZeroOneAdam", "OneBitLamb"};
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
-const std::vector<std::string> kNotImplemented = {"Lion", "MuAdam", "MuAdamW", "MuSGD"};
+const std::vector<std::string> kNotImplemented = {"MuAdam", "MuAdamW", "MuSGD"};
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;
@@ -185,6 +186,9 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
     }
     return std::make_shared<optim::Lamb>(std::move(params), optim::parse_lamb_params(config));
   }
+  if (type == "Lion")
+    return std::make_shared<optim::Lion>(std::move(groups),
+                                         optim::lion_options(optim::parse_lion_params(config)));
   if (type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb")
     throw ConfigError("optimizer.type \"" + type + "\": its momentum all-reduce is a collective of "
                       "the engine's data-parallel group, so only deepspeed::initialize() builds "

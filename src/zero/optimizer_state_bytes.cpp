@@ -6,6 +6,7 @@
 #include <torch/optim/sgd.h>
 
 #include "optim/extra_state.h"
+#include "optim/lion.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -22,6 +23,8 @@ int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
       total += storage_bytes(g->momentum_buffer());
     } else if (auto* ag = dynamic_cast<torch::optim::AdagradParamState*>(s)) {
       total += storage_bytes(ag->sum());  // one fp32 per element (client and config Adagrad)
+    } else if (auto* l = dynamic_cast<optim::LionParamState*>(s)) {
+      total += storage_bytes(l->exp_avg());  // one fp32 per element
     }
   }
   // The 1-bit family's buffers beside the moments (error feedback, fresh variance, local

@@ -20,6 +20,7 @@
 #include "support/ranks.h"
 #include "support/reference_lamb.h"
 #include "support/training_run.h"
+#include "util/torch_compat.h"
 
 namespace lamb_onebit_test {
 
@@ -292,6 +293,42 @@ void onebit_adam_by_hand(int world) {
 TEST(OneBitAdam, UpdateRuleEqualsDeepSpeedsFormulasByHand) {
   onebit_adam_by_hand(1);
   onebit_adam_by_hand(2);
+}
+
+// The frozen step's host loops read raw pointers in storage order. A gradient set by hand as a
+// transpose's view (strided) holds the same values as its contiguous copy: the step must give the
+// same parameters and momentum. (Read as storage, the strided one would be the transposed matrix,
+// a different gradient: the parameters would move elsewhere.)
+TEST(OneBitAdam, FrozenStepOfAStridedGradientEqualsItsContiguousCopy) {
+  deepspeed::optim::OneBitAdamHyper h;
+  h.lr = 0.01;
+  h.freeze_step = 1;
+  torch::manual_seed(5);
+  const torch::Tensor init = torch::randn({6, 4});
+  const torch::Tensor warmup_grad = torch::randn({6, 4}) * 0.1;
+  const torch::Tensor frozen_grad = (torch::randn({4, 6}) * 0.1).t();  // strided, shape 6×4
+  ASSERT_FALSE(frozen_grad.is_contiguous());
+  std::vector<torch::Tensor> after;  // [strided p, strided m, contiguous p, contiguous m]
+  run_ranks(1, [&](deepspeed::comm::CommunicatorPtr comm) {
+    for (bool strided : {true, false}) {
+      torch::Tensor p = init.clone().set_requires_grad(true);
+      deepspeed::optim::OneBitAdam opt({p}, h, comm);
+      p.mutable_grad() = warmup_grad.clone();
+      opt.step();  // the exact-Adam warm-up step
+      ASSERT_TRUE(opt.frozen());
+      p.mutable_grad() = strided ? frozen_grad : frozen_grad.contiguous();
+      opt.step();  // the frozen (compressed) step
+      auto& s = static_cast<torch::optim::AdamWParamState&>(
+          *opt.state().at(deepspeed::compat::optimizer_state_key(p)));
+      after.push_back(p.detach().clone());
+      after.push_back(s.exp_avg().clone());
+    }
+  });
+  ASSERT_EQ(after.size(), 4u);
+  EXPECT_TRUE(torch::equal(after[0], after[2])) << (after[0] - after[2]).abs().max().item<double>();
+  EXPECT_TRUE(torch::equal(after[1], after[3])) << (after[1] - after[3]).abs().max().item<double>();
+  // The frozen step moved the parameters (an update that did nothing would pass the above).
+  EXPECT_GT((after[2] - init).abs().max().item<double>(), 1e-4);
 }
 
 namespace {

@@ -27,6 +27,7 @@
 #include "device/transfer_stream.h"
 #include "offload/param_store.h"
 #include "optim/fused_adam.h"
+#include "optim/lion.h"
 #include "runtime/engine_state.h"
 #include "support/expect.h"
 #include "support/files.h"
@@ -781,5 +782,50 @@ TEST(OneGpuCheckpoint, DropoutMasksResumeBitForBit) {
     ASSERT_EQ(again.size(), static_cast<size_t>(12 - boundary)) << tag;
     for (const auto& [micro, loss] : again)
       EXPECT_EQ(loss, whole.at(micro)) << tag << ", micro-step " << micro;
+  }
+}
+
+// Lion on the GPU is tensor operations (optim/lion.h): three steps on CUDA tensors give the host
+// pass's parameters and momentum bit for bit (each product and sum rounded once, in the same
+// order, on both); then stages 1-3 on the GPU train as stage 0 with it.
+TEST(OneGpuLion, StepEqualsTheHostPassAndStagesTrainAsStageZero) {
+  SKIP_WITHOUT_GPU();
+  const dstest::Deterministic deterministic;
+  deepspeed::optim::LionHyper h;
+  h.lr = 0.003;
+  h.beta2 = 0.98;
+  h.weight_decay = 0.2;
+  torch::manual_seed(4);
+  const torch::Tensor start = torch::randn({4099});
+  std::vector<torch::Tensor> grads;
+  for (int t = 0; t < 3; ++t) grads.push_back(torch::randn({4099}) * 0.1);
+  std::vector<torch::Tensor> after;  // [host p, host m, gpu p, gpu m]
+  for (const char* device : {"cpu", "cuda"}) {
+    torch::Tensor p = start.to(device).requires_grad_();
+    deepspeed::optim::Lion opt({p}, h);
+    for (const auto& g : grads) {
+      p.mutable_grad() = g.to(device);
+      opt.step();
+    }
+    const auto& s = static_cast<deepspeed::optim::LionParamState&>(
+        *opt.state().begin()->second);
+    after.push_back(p.detach().cpu());
+    after.push_back(s.exp_avg().cpu());
+  }
+  EXPECT_TRUE(torch::equal(after[0], after[2])) << (after[0] - after[2]).abs().max();
+  EXPECT_TRUE(torch::equal(after[1], after[3])) << (after[1] - after[3]).abs().max();
+
+  auto lion_run = [](int stage) {
+    dstest::RunSpec spec = one_gpu_run(10);
+    spec.config = dstest::base_config(2, 1, stage);
+    spec.config["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 2e-3}, {"weight_decay", 0.1}}}};
+    return dstest::train_gpt(spec);
+  };
+  const auto reference = lion_run(0);
+  EXPECT_LT(reference.losses.back(), reference.losses.front() - 0.5);
+  for (int stage : {1, 2, 3}) {
+    const auto run = lion_run(stage);
+    EXPECT_LE(dstest::max_loss_rel_diff(run, reference), dstest::kLossTol) << "stage " << stage;
+    EXPECT_LE(dstest::max_weight_diff(run, reference), dstest::kWeightTol) << "stage " << stage;
   }
 }

@@ -235,7 +235,7 @@ TEST(OptimizerFactoryErrors, UnknownTypeListsSupportedTypes) {
   for (const auto& t : deepspeed::supported_optimizers()) {
     EXPECT_NE(msg.find(t), std::string::npos) << t;
   }
-  msg = error_of([] { make("Lion", {}); });
+  msg = error_of([] { make("MuAdamW", {}); });
   EXPECT_NE(msg.find("not implemented"), std::string::npos) << msg;
   EXPECT_EQ(deepspeed::canonical_optimizer_type("ADAMW"), "AdamW");
 }

@@ -40,9 +40,10 @@ struct LionHyper {
 LionHyper parse_lion_params(const OptimizerConfig& config);
 
 struct LionOptions : public torch::optim::OptimizerCloneableOptions<LionOptions> {
+  using betas_t = std::tuple<double, double>;
   explicit LionOptions(double lr = 1e-3) : lr_(lr) {}
   TORCH_ARG(double, lr) = 1e-3;
-  TORCH_ARG(std::tuple<double, double>, betas) = std::make_tuple(0.9, 0.999);
+  TORCH_ARG(betas_t, betas) = std::make_tuple(0.9, 0.999);
   TORCH_ARG(double, weight_decay) = 0;
 
  public:

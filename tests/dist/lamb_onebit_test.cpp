@@ -298,7 +298,7 @@ TEST(OneBitAdam, UpdateRuleEqualsDeepSpeedsFormulasByHand) {
 // The frozen step's host loops read raw pointers in storage order. A gradient set by hand as a
 // transpose's view (strided) holds the same values as its contiguous copy: the step must give the
 // same parameters and momentum. (Read as storage, the strided one would be the transposed matrix,
-// a different gradient: the parameters would move elsewhere.)
+// a different gradient: m would differ by ~(1-β1)·|g| ~ 1e-2, p by ~lr.)
 TEST(OneBitAdam, FrozenStepOfAStridedGradientEqualsItsContiguousCopy) {
   deepspeed::optim::OneBitAdamHyper h;
   h.lr = 0.01;
@@ -325,8 +325,10 @@ TEST(OneBitAdam, FrozenStepOfAStridedGradientEqualsItsContiguousCopy) {
     }
   });
   ASSERT_EQ(after.size(), 4u);
-  EXPECT_TRUE(torch::equal(after[0], after[2])) << (after[0] - after[2]).abs().max().item<double>();
-  EXPECT_TRUE(torch::equal(after[1], after[3])) << (after[1] - after[3]).abs().max().item<double>();
+  // To rounding: the strided gradient takes the tensor operations, whose products may be fused
+  // where the host loop's are not (measured 1.2e-7 on p, 1.9e-9 on m).
+  EXPECT_LT((after[0] - after[2]).abs().max().item<double>(), 1e-6);
+  EXPECT_LT((after[1] - after[3]).abs().max().item<double>(), 1e-8);
   // The frozen step moved the parameters (an update that did nothing would pass the above).
   EXPECT_GT((after[2] - init).abs().max().item<double>(), 1e-4);
 }

@@ -19,7 +19,9 @@
 #include "optim/cpu_adam_kernels.h"
 
 // Every path must round the same way: no compiler-fused multiply-adds beyond the explicit fmaf
-// calls, even when the library is built with -march=native.
+// calls, even when the library is built with -march=native. (Pushed, and popped at the end: in
+// a unity batch the files after this one keep their own setting.)
+#pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 
 namespace deepspeed::optim {
@@ -222,3 +224,5 @@ void set_adam_isa(AdamIsa isa) {
 void reset_adam_isa() { current_isa().store(best_isa()); }
 
 }  // namespace deepspeed::optim
+
+#pragma GCC pop_options

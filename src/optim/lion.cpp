@@ -15,13 +15,20 @@ namespace optim {
 namespace {
 
 // The host pass over one tensor. Each product and sum is rounded on its own, in the order the
-// tensor operations below take, so that the two paths agree bit for bit; fp-contract=off keeps
-// GCC from fusing a product and a sum into an FMA where the target has one (-march=native).
+// tensor operations below take, so that the two paths agree bit for bit: fp-contract off keeps
+// the compiler from fusing a product and a sum into an FMA where the target has one
+// (-march=native), and noinline keeps the loop out of callers compiled without it. (Pushed and
+// popped: in a unity batch the setting must not reach the files after this one.)
 #if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("fp-contract=off")))
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
 #endif
-void lion_host_pass(float* p, const float* g, float* m, int64_t begin, int64_t end, float lr,
-                    float decay, float b1, float one_minus_b1, float b2, float one_minus_b2) {
+__attribute__((noinline)) void lion_host_pass(float* p, const float* g, float* m, int64_t begin,
+                                              int64_t end, float lr, float decay, float b1,
+                                              float one_minus_b1, float b2, float one_minus_b2) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
   for (int64_t k = begin; k < end; ++k) {
     const float c = m[k] * b1 + g[k] * one_minus_b1;
     const float sign = static_cast<float>((c > 0.0f) - (c < 0.0f));
@@ -29,6 +36,9 @@ void lion_host_pass(float* p, const float* g, float* m, int64_t begin, int64_t e
     m[k] = m[k] * b2 + g[k] * one_minus_b2;
   }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 bool host_pass_fits(const at::Tensor& t) {
   return t.is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous();
@@ -121,36 +131,39 @@ torch::Tensor Lion::step(LossClosure closure) {
   torch::Tensor loss = run_closure(closure);
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const LionOptions&>(group.options());
-    const double b1 = std::get<0>(o.betas()), b2 = std::get<1>(o.betas());
-    const double decay = 1 - o.lr() * o.weight_decay();
+    // The step's scalars in fp32 arithmetic, as DeepSpeed's kernels compute them (1 - β1 of a
+    // float β1; 1 - lr·wd).
+    const float lr = static_cast<float>(o.lr()), wd = static_cast<float>(o.weight_decay());
+    const float b1 = static_cast<float>(std::get<0>(o.betas()));
+    const float b2 = static_cast<float>(std::get<1>(o.betas()));
+    const float omb1 = 1.0f - b1, omb2 = 1.0f - b2, decay = 1.0f - lr * wd;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       const at::Tensor& g = p.grad();
       TORCH_CHECK(!g.is_sparse(), "Lion: sparse gradients are not supported");
+      TORCH_CHECK(g.numel() == p.numel(), "Lion: a gradient of ", g.numel(),
+                  " elements for a parameter of ", p.numel());
       auto& s = state_of(p);
       s.step(s.step() + 1);
       at::Tensor& m = s.exp_avg();
+      TORCH_CHECK(m.numel() == p.numel(), "Lion: a momentum (exp_avg) of ", m.numel(),
+                  " elements for a parameter of ", p.numel(), " (a state loaded for another "
+                  "partition?)");
       if (!tensor_ops_on_host_ && host_pass_fits(p) && host_pass_fits(g) && host_pass_fits(m)) {
         float* pp = p.data_ptr<float>();
         const float* gp = g.data_ptr<float>();
         float* mp = m.data_ptr<float>();
-        const float lr = static_cast<float>(o.lr()), dec = static_cast<float>(decay);
-        const float fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
-        const float omb1 = static_cast<float>(1 - b1), omb2 = static_cast<float>(1 - b2);
         at::parallel_for(0, p.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-          lion_host_pass(pp, gp, mp, begin, end, lr, dec, fb1, omb1, fb2, omb2);
+          lion_host_pass(pp, gp, mp, begin, end, lr, decay, b1, omb1, b2, omb2);
         });
         continue;
       }
-      // The same arithmetic as tensor operations (a GPU, or another dtype or layout). The
-      // scalars are rounded to fp32 first, as the host pass has them.
-      const double lr = static_cast<float>(o.lr()), dec = static_cast<float>(decay);
-      const double fb1 = static_cast<float>(b1), fb2 = static_cast<float>(b2);
-      const double omb1 = static_cast<float>(1 - b1), omb2 = static_cast<float>(1 - b2);
-      at::Tensor c = (m * fb1).add_(g * omb1);
-      if (dec != 1.0) p.mul_(dec);
-      p.add_(c.sign_(), -lr);
-      m.mul_(fb2).add_(g * omb2);
+      // The same arithmetic as tensor operations (a GPU, or another dtype or layout), with the
+      // same fp32 scalars (a double holds each exactly; fp32 tensor kernels compute in fp32).
+      at::Tensor c = (m * double(b1)).add_(g * double(omb1));
+      if (decay != 1.0f) p.mul_(double(decay));
+      p.add_(c.sign_(), -double(lr));
+      m.mul_(double(b2)).add_(g * double(omb2));
     }
   }
   return loss;

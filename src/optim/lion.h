@@ -2,8 +2,13 @@
 // FusedLion / DeepSpeedCPULion semantics (`"optimizer": {"type": "Lion"}`), per tensor p with
 // gradient g and momentum m (zeros at the first step):
 //   c = β1·m + (1-β1)·g
-//   p = p·(1 - lr·weight_decay) - lr·sign(c)        (decoupled decay; sign(0) = 0)
+//   p = p·(1 - lr·weight_decay) - lr·sign(c)        (decoupled decay)
 //   m = β2·m + (1-β2)·g
+// with the scalars (1-β, 1 - lr·wd) in fp32 arithmetic, as DeepSpeed's kernels. One difference,
+// on purpose: sign(0) = 0 (the paper's), so a parameter whose gradient and momentum are exactly
+// zero (an embedding row no batch has used yet) only decays. DeepSpeed never steps by 0, and its
+// two kernels disagree there: FusedLion moves such a parameter by +lr (c > 0 ? -lr : lr),
+// DeepSpeedCPULion by -lr for +0 (-copysign(lr, c)), every step.
 // One state tensor (exp_avg, fp32 like the parameter it updates: 4 bytes per element where Adam
 // keeps 8). Element-wise, so a ZeRO partition steps exactly as the whole tensor would.
 //

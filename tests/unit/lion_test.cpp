@@ -123,7 +123,7 @@ TEST(Lion, SignOfZeroMovesNothingButTheDecay) {
     opt.use_tensor_ops_on_host(tensor_ops);
     p.mutable_grad() = torch::zeros({3});
     opt.step();
-    const float decay = static_cast<float>(1 - 0.5 * 0.1);
+    const float decay = 1.0f - 0.5f * 0.1f;  // in fp32, as DeepSpeed's kernels
     EXPECT_TRUE(torch::equal(p.detach(), torch::tensor({1.0f * decay, -2.0f * decay, 0.0f})))
         << p;
   }
@@ -165,9 +165,9 @@ TEST(Lion, ThreadsStepAsOneThread) {
 }
 
 // save/load through libtorch's archive: the state comes back and the loaded optimizer steps as
-// the saved one. (As libtorch's own optimizers, load() restores the state, not the groups'
-// options: the engine reads those from the archive itself, checkpoint_group_options.h, tested
-// by LionEngine.ResumesBitForBitFromItsCheckpoint with other options configured.)
+// the saved one. (libtorch 1.13's load() restores the state, not the groups' options, 2.x's
+// both; the engine reads the options from the archive itself, checkpoint_group_options.h,
+// tested by LionEngine.ResumesBitForBitFromItsCheckpoint with other options configured.)
 TEST(Lion, ArchiveRoundTripsTheState) {
   LionHyper h;
   h.lr = 0.02;

@@ -10,6 +10,7 @@
 #include "deepspeed/lr_scheduler.h"
 #include "deepspeed/optimizer.h"
 #include "optim/lion.h"
+#include "support/expect.h"
 #include "util/torch_compat.h"
 
 namespace lion_test {
@@ -24,13 +25,19 @@ using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "<no ConfigError>";
+LionHyper hyper(double lr, double beta1, double beta2, double weight_decay) {
+  LionHyper h;
+  h.lr = lr;
+  h.beta1 = beta1;
+  h.beta2 = beta2;
+  h.weight_decay = weight_decay;
+  return h;
+}
+
+// The ConfigError parse_lion_params throws for `params`.
+std::string error_of(const json& params) {
+  return dstest::message_of<ConfigError>(
+      [&] { deepspeed::optim::parse_lion_params(OptimizerConfig{"Lion", params}); });
 }
 
 LionParamState& state_of(Lion& opt, const torch::Tensor& p) {
@@ -72,11 +79,7 @@ std::vector<torch::Tensor> run(const LionHyper& h, const std::vector<int64_t>& s
 // a step with the sign flipped moves p by 2·lr = 0.02, a dropped decay by lr·wd·|p| ~ 1e-3, m
 // updated before c (Lion's order swapped) changes c's sign where |g - m| is large.
 TEST(Lion, StepsEqualThePapersFormulasInDouble) {
-  LionHyper h;
-  h.lr = 0.01;
-  h.beta1 = 0.9;
-  h.beta2 = 0.99;
-  h.weight_decay = 0.1;
+  const LionHyper h = hyper(0.01, 0.9, 0.99, 0.1);
   const std::vector<int64_t> sizes = {5, 37};
   const int kSteps = 4;
   torch::manual_seed(8);
@@ -113,9 +116,7 @@ TEST(Lion, StepsEqualThePapersFormulasInDouble) {
 
 // A zero gradient on zero momentum: c = 0, sign 0, so only the decay moves p.
 TEST(Lion, SignOfZeroMovesNothingButTheDecay) {
-  LionHyper h;
-  h.lr = 0.5;
-  h.weight_decay = 0.1;
+  const LionHyper h = hyper(0.5, 0.9, 0.999, 0.1);
   for (bool tensor_ops : {false, true}) {
     SCOPED_TRACE(tensor_ops ? "tensor operations" : "host pass");
     auto p = torch::tensor({1.0f, -2.0f, 0.0f}).requires_grad_();
@@ -132,11 +133,7 @@ TEST(Lion, SignOfZeroMovesNothingButTheDecay) {
 // What a GPU runs (tensor operations) equals the host pass bit for bit; a strided gradient (no
 // host pass) gives what its contiguous copy gives.
 TEST(Lion, TensorOperationsAndStridedGradientsEqualTheHostPassBitForBit) {
-  LionHyper h;
-  h.lr = 0.003;
-  h.beta1 = 0.95;
-  h.beta2 = 0.98;
-  h.weight_decay = 0.2;
+  const LionHyper h = hyper(0.003, 0.95, 0.98, 0.2);
   const std::vector<int64_t> sizes = {7, 1000, 33};
   const auto host = run(h, sizes, 5, false);
   const auto ops = run(h, sizes, 5, true);
@@ -152,9 +149,7 @@ TEST(Lion, TensorOperationsAndStridedGradientsEqualTheHostPassBitForBit) {
 
 // The host pass is split over intra-op threads: chunk edges must not skip or repeat elements.
 TEST(Lion, ThreadsStepAsOneThread) {
-  LionHyper h;
-  h.lr = 0.01;
-  h.weight_decay = 0.01;
+  const LionHyper h = hyper(0.01, 0.9, 0.999, 0.01);
   const int before = at::get_num_threads();
   at::set_num_threads(1);
   const auto one = run(h, {300001}, 2, false);
@@ -169,11 +164,7 @@ TEST(Lion, ThreadsStepAsOneThread) {
 // both; the engine reads the options from the archive itself, checkpoint_group_options.h,
 // tested by LionEngine.ResumesBitForBitFromItsCheckpoint with other options configured.)
 TEST(Lion, ArchiveRoundTripsTheState) {
-  LionHyper h;
-  h.lr = 0.02;
-  h.beta1 = 0.8;
-  h.beta2 = 0.95;
-  h.weight_decay = 0.05;
+  const LionHyper h = hyper(0.02, 0.8, 0.95, 0.05);
   auto a = torch::randn({6}).requires_grad_();
   Lion saved({a}, h);
   a.mutable_grad() = torch::randn({6});
@@ -237,22 +228,10 @@ TEST(LionConfig, DefaultsAreDeepSpeedsAndKeysAreChecked) {
   EXPECT_DOUBLE_EQ(h.beta2, 0.99);
   EXPECT_DOUBLE_EQ(h.weight_decay, 0.1);
 
-  auto msg = error_of([] {
-    deepspeed::optim::parse_lion_params(OptimizerConfig{"Lion", {{"eps", 1e-8}}});
-  });
-  EXPECT_NE(msg.find("optimizer.params.eps"), std::string::npos) << msg;
-  msg = error_of([] {
-    deepspeed::optim::parse_lion_params(OptimizerConfig{"Lion", {{"betas", {0.9, 1.5}}}});
-  });
-  EXPECT_NE(msg.find("betas[1]"), std::string::npos) << msg;
-  msg = error_of([] {
-    deepspeed::optim::parse_lion_params(OptimizerConfig{"Lion", {{"lr", -1}}});
-  });
-  EXPECT_NE(msg.find("optimizer.params.lr"), std::string::npos) << msg;
-  msg = error_of([] {
-    deepspeed::optim::parse_lion_params(OptimizerConfig{"Lion", {{"max_grad_norm", 1.0}}});
-  });
-  EXPECT_NE(msg.find("gradient_clipping"), std::string::npos) << msg;
+  EXPECT_CONTAINS(error_of({{"eps", 1e-8}}), "optimizer.params.eps");
+  EXPECT_CONTAINS(error_of({{"betas", {0.9, 1.5}}}), "betas[1]");
+  EXPECT_CONTAINS(error_of({{"lr", -1}}), "optimizer.params.lr");
+  EXPECT_CONTAINS(error_of({{"max_grad_norm", 1.0}}), "gradient_clipping");
 }
 
 }  // namespace lion_test

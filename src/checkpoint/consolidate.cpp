@@ -1,5 +1,6 @@
 #include "checkpoint/consolidate.h"
 
+#include <algorithm>
 #include <set>
 
 #include <torch/torch.h>
@@ -27,9 +28,10 @@ std::string resolve_tag_dir(FileSystem& fs, const std::string& path, const std::
 
 NamedTensors consolidate_trainable(FileSystem& fs, const std::string& tag_dir, const std::string& kind) {
   TagReader reader(fs, tag_dir);
-  if (kind != "fp32" && reader.optimizer_format() != kAdamFragments)
-    throw CheckpointError("checkpoint '" + tag_dir + "' has no Adam moments (optimizer format \"" +
-                          reader.optimizer_format() + "\")");
+  const auto kinds = state_kinds(reader.optimizer_format());
+  if (std::find(kinds.begin(), kinds.end(), kind) == kinds.end())
+    throw CheckpointError("checkpoint '" + tag_dir + "' has no " + kind +
+                          " fragments (optimizer format \"" + reader.optimizer_format() + "\")");
   NamedTensors out;
   for (const auto& t : reader.trainable()) {
     at::Tensor whole = torch::empty({t.numel});

@@ -14,6 +14,16 @@ namespace checkpoint {
 
 std::string library_version() { return "0.1.0"; }
 
+std::vector<std::string> state_kinds(const std::string& format) {
+  if (format == kAdamFragments) return {"fp32", "exp_avg", "exp_avg_sq"};
+  if (format == kLionFragments) return {"fp32", "exp_avg"};
+  return {"fp32"};
+}
+
+bool is_fragment_format(const std::string& format) {
+  return format == kAdamFragments || format == kLionFragments;
+}
+
 namespace {
 std::string two_digits(int64_t i) {
   char buf[24];

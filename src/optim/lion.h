@@ -19,8 +19,9 @@
 // both round each product and sum once in fp32, in the same order.
 //
 // Groups carry LionOptions (lr, betas, weight_decay): LR schedulers set lr, OneCycle's
-// cycle_momentum sets betas (optim/lr_target.cpp). Checkpoints keep Lion's state in libtorch's
-// optimizer archive (a non-Adam optimizer: same world size to resume, docs/config.md).
+// cycle_momentum sets betas (optim/lr_target.cpp). Checkpoints save its momentum per element as
+// fragments ("lion_fragments", zero/moment_state.h), so a job resumes at any world size and
+// ZeRO stage, as with Adam.
 #pragma once
 #include <tuple>
 #include <vector>

@@ -1,9 +1,13 @@
 #include "runtime/checkpoint_group_options.h"
 
+#include <optional>
+#include <tuple>
+
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>
 
 #include "deepspeed/errors.h"
+#include "optim/lion.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -18,6 +22,9 @@ nlohmann::json group_options_json(torch::optim::Optimizer& optimizer) {
       g["eps"] = o->eps();
       g["weight_decay"] = o->weight_decay();
       g["amsgrad"] = o->amsgrad();
+    } else if (auto* l = dynamic_cast<optim::LionOptions*>(&options)) {
+      g["betas"] = {std::get<0>(l->betas()), std::get<1>(l->betas())};
+      g["weight_decay"] = l->weight_decay();
     }
     groups.push_back(std::move(g));
   }
@@ -41,6 +48,17 @@ bool read_key(const nlohmann::json& saved, const char* key, T& out, const std::s
   return true;
 }
 
+// saved["betas"], when present: two numbers.
+std::optional<std::tuple<double, double>> read_betas(const nlohmann::json& saved,
+                                                     const std::string& source, size_t group) {
+  std::vector<double> betas;
+  if (!read_key(saved, "betas", betas, source, group)) return std::nullopt;
+  if (betas.size() != 2)
+    throw CheckpointError(source + ": param_groups[" + std::to_string(group) + "].betas has " +
+                          std::to_string(betas.size()) + " values, expected 2");
+  return std::make_tuple(betas[0], betas[1]);
+}
+
 }  // namespace
 
 GroupOptions group_options_from_json(const nlohmann::json& saved,
@@ -56,19 +74,16 @@ GroupOptions group_options_from_json(const nlohmann::json& saved,
     auto options = groups[g].options().clone();
     double lr = 0;
     if (read_key(s, "lr", lr, source, g)) options->set_lr(lr);
+    double value = 0;
     if (auto* o = dynamic_cast<torch::optim::AdamWOptions*>(options.get())) {
-      std::vector<double> betas;
-      if (read_key(s, "betas", betas, source, g)) {
-        if (betas.size() != 2)
-          throw CheckpointError(source + ": param_groups[" + std::to_string(g) + "].betas has " +
-                                std::to_string(betas.size()) + " values, expected 2");
-        o->betas({betas[0], betas[1]});
-      }
-      double value = 0;
+      if (auto betas = read_betas(s, source, g)) o->betas(*betas);
       if (read_key(s, "eps", value, source, g)) o->eps(value);
       if (read_key(s, "weight_decay", value, source, g)) o->weight_decay(value);
       bool amsgrad = false;
       if (read_key(s, "amsgrad", amsgrad, source, g)) o->amsgrad(amsgrad);
+    } else if (auto* l = dynamic_cast<optim::LionOptions*>(options.get())) {
+      if (auto betas = read_betas(s, source, g)) l->betas(*betas);
+      if (read_key(s, "weight_decay", value, source, g)) l->weight_decay(value);
     }
     out.push_back(std::move(options));
   }

@@ -21,6 +21,7 @@
 #include "deepspeed/tp.h"
 #include "runtime/checkpoint_group_options.h"
 #include "runtime/engine_checkpoint.h"
+#include "zero/moment_state.h"
 #include "zero/stage.h"
 
 namespace deepspeed {
@@ -208,12 +209,12 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
 }
 
 // Checks that the checkpoint covers every fragment this rank loads (headers only).
+// `format`: the optimizer format whose kinds this load reads (kNoOptimizerState: masters only).
 void plan_fragments(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
-                    bool moments, Plan& plan) {
+                    const std::string& format, Plan& plan) {
   plan.fragments = true;
-  plan.state = s.stage->state_to_load(moments);
-  plan.state_kinds = moments ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
-                             : std::vector<std::string>{"fp32"};
+  plan.state = s.stage->state_to_load(/*create_moments=*/is_fragment_format(format));
+  plan.state_kinds = state_kinds(format);
   for (const auto& f : plan.state->fragments())
     if (!plan.masters_from_module.count(names.at(f.param)))
       for (const auto& kind : plan.state_kinds)
@@ -261,37 +262,45 @@ void plan_adam_group_options(TagReader& reader, EngineState& s,
   plan.group_options = group_options_from_json(*it, *s.optimizer, source);
 }
 
+// What a checkpoint's optimizer format holds, in an error message.
+std::string format_holds(const std::string& format) {
+  if (format == kAdamFragments) return "Adam moments";
+  if (format == kLionFragments) return "Lion's momentum";
+  return "a libtorch optimizer archive (an optimizer other than Adam's family or Lion)";
+}
+
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
                     bool load_states, Plan& plan) {
   const std::string& format = reader.optimizer_format();
-  const bool ours_adam = s.stage->adam_step() >= 0;
   if (!load_states || !s.optimizer || format == kNoOptimizerState) {
-    plan_fragments(reader, s, names, false, plan);
+    plan_fragments(reader, s, names, kNoOptimizerState, plan);
     return;
   }
-  if (format == kAdamFragments) {
-    if (!ours_adam)
-      throw CheckpointError("checkpoint '" + reader.dir() + "' holds Adam moments but this engine's "
-                            "optimizer is not Adam/AdamW: converting optimizer state is not "
-                            "supported; pass load_optimizer_states=false to load the weights alone");
-    plan_fragments(reader, s, names, true, plan);
+  if (format != kTorchArchive && !is_fragment_format(format))
+    throw CheckpointError("checkpoint manifest '" + reader.dir() + "': unknown optimizer format \"" +
+                          format + "\"");
+  // Each format loads into the optimizer that saves it: converting state between optimizers
+  // (Adam's two moments into Lion's one, or either into SGD's buffer) is not a resume.
+  const std::string ours = s.stage->adam_step() >= 0
+                               ? zero::moment_format(zero::moment_family(s.optimizer.get()))
+                               : kTorchArchive;
+  if (format != ours)
+    throw CheckpointError("checkpoint '" + reader.dir() + "' holds " + format_holds(format) +
+                          " but this engine's optimizer keeps " + format_holds(ours) +
+                          ": converting optimizer state is not supported; pass "
+                          "load_optimizer_states=false to load the weights alone");
+  if (is_fragment_format(format)) {
+    plan_fragments(reader, s, names, format, plan);
     plan.adam_step = reader.meta().at("optimizer").at("adam_step").get<int64_t>();
     plan_adam_group_options(reader, s, names, plan);
     return;
   }
-  if (format != kTorchArchive)
-    throw CheckpointError("checkpoint manifest '" + reader.dir() + "': unknown optimizer format \"" +
-                          format + "\"");
-  if (ours_adam)
-    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state but "
-                          "this engine runs Adam; pass load_optimizer_states=false to load the "
-                          "weights alone");
   if (!plan.masters_from_module.empty())
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state, "
                           "which does not cover trainable parameter \"" +
                           *plan.masters_from_module.begin() +
                           "\"; pass load_optimizer_states=false to load the weights alone");
-  plan_fragments(reader, s, names, false, plan);
+  plan_fragments(reader, s, names, kNoOptimizerState, plan);
   plan_torch_archive(reader, s, plan);
 }
 

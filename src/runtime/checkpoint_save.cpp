@@ -24,7 +24,7 @@
 #include "partition/partition.h"
 #include "runtime/checkpoint_group_options.h"
 #include "runtime/engine_checkpoint.h"
-#include "zero/adam_state_checkpoint.h"
+#include "zero/moment_state.h"
 #include "zero/stage.h"
 
 namespace deepspeed {
@@ -117,7 +117,8 @@ nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& clien
 
 std::string optimizer_format(const EngineState& s) {
   if (!s.optimizer) return kNoOptimizerState;
-  return s.stage->adam_step() >= 0 ? kAdamFragments : kTorchArchive;
+  if (s.stage->adam_step() < 0) return kTorchArchive;
+  return zero::moment_format(zero::moment_family(s.optimizer.get()));
 }
 
 nlohmann::json trainable_list(const EngineState& s, const std::vector<std::string>& names) {
@@ -140,10 +141,8 @@ comm::Communicator& job_comm(const EngineState& s) {
 void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
                       const std::string& dir, const std::string& file,
                       const std::vector<std::string>& names, const std::string& format) {
-  const bool adam = format == kAdamFragments;
-  const std::vector<std::string> kinds =
-      adam ? std::vector<std::string>{"fp32", "exp_avg", "exp_avg_sq"}
-           : std::vector<std::string>{"fp32"};
+  const bool saves_moments = is_fragment_format(format);
+  const std::vector<std::string> kinds = state_kinds(format);
   std::vector<SafetensorsEntry> entries;
   nlohmann::json fragments = nlohmann::json::array();
   for (const auto& f : state.fragments()) {
@@ -173,7 +172,7 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
                          {"trainable", trainable_list(s, names)}};
   if (!extra.meta.is_null()) meta["optimizer_extra"] = extra.meta;
   // The groups' lr, betas, eps, weight decay (a libtorch archive holds its own).
-  if (adam) meta[kParamGroupsKey] = group_options_json(*s.optimizer);
+  if (saves_moments) meta[kParamGroupsKey] = group_options_json(*s.optimizer);
   // A pipeline stage's cuts, for the manifest of the whole pipeline (pipeline_manifest_metadata).
   if (s.pipeline_files && tensor_size(s) > 1) meta["tensor_split"] = tensor_split_json(s);
   const std::string path = join_path(dir, file);

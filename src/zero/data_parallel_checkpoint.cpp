@@ -4,9 +4,9 @@
 
 #include "checkpoint/layout.h"
 #include "deepspeed/errors.h"
-#include "zero/adam_state_checkpoint.h"
 #include "zero/data_parallel.h"
 #include "zero/fragment_state.h"
+#include "zero/moment_state.h"
 
 namespace deepspeed {
 namespace zero {
@@ -28,8 +28,11 @@ StateFragment fragment_of(torch::optim::Optimizer* optimizer, const at::Tensor& 
   f.numel = numel;
   f.master = p.detach().view({-1}).narrow(0, offset, numel);
   if (f.master.scalar_type() != at::kFloat) f.master = f.master.to(at::kFloat);
-  if (optimizer)
-    attach_moments(adam_state_for(*optimizer, p, create), offset, numel, f.exp_avg, f.exp_avg_sq);
+  if (optimizer) {
+    auto [exp_avg, exp_avg_sq] = moments_of(*optimizer, p, create);
+    if (exp_avg.defined()) f.exp_avg = exp_avg.narrow(0, offset, numel);
+    if (exp_avg_sq.defined()) f.exp_avg_sq = exp_avg_sq.narrow(0, offset, numel);
+  }
   return f;
 }
 }  // namespace
@@ -56,10 +59,11 @@ std::unique_ptr<FragmentState> DataParallelStage::state_to_load(bool create_mome
 }
 
 int64_t DataParallelStage::adam_step() const {
-  if (!is_fused_adam(optimizer_.get())) return -1;
-  for (auto& p : params_)
-    if (auto* s = adam_state_for(*optimizer_, p, false)) return s->step();
-  return 0;
+  if (!optimizer_ || moment_family(optimizer_.get()) == MomentFamily::kNone) return -1;
+  // Every parameter steps in lockstep; one without state yet (no gradient so far) says 0.
+  int64_t step = 0;
+  for (auto& p : params_) step = std::max(step, moment_step(*optimizer_, p));
+  return step;
 }
 
 void DataParallelStage::finish_load(int64_t adam_step) {
@@ -68,9 +72,10 @@ void DataParallelStage::finish_load(int64_t adam_step) {
     for (auto& [param, loaded] : widened_for_load_) param.detach().view({-1}).copy_(loaded);
     widened_for_load_.clear();
   }
-  if (adam_step < 0) return;
+  if (adam_step < 0 || !optimizer_) return;
   for (auto& p : params_)
-    if (auto* s = adam_state_for(*optimizer_, p, false)) s->step(adam_step);
+    if (moments_of(*optimizer_, p, /*create=*/false)[0].defined())
+      set_moment_step(*optimizer_, p, adam_step);
 }
 
 }  // namespace zero

@@ -1,5 +1,7 @@
 #include "zero/optimizer_state_bytes.h"
 
+#include <set>
+
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -12,19 +14,30 @@
 namespace deepspeed {
 namespace zero {
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
+  // Each storage once: states may be views of one buffer (Lion over parameter groups' views
+  // shares one momentum, zero/shard_optimizer.cpp).
+  std::set<const void*> counted;
   int64_t total = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && counted.insert(t.storage().unsafeGetStorageImpl()).second)
+      total += storage_bytes(t);
+  };
   for (auto& kv : optimizer.state()) {
     auto* s = kv.second.get();
     if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
-      total += storage_bytes(a->exp_avg()) + storage_bytes(a->exp_avg_sq()) + storage_bytes(a->max_exp_avg_sq());
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
     } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
-      total += storage_bytes(w->exp_avg()) + storage_bytes(w->exp_avg_sq()) + storage_bytes(w->max_exp_avg_sq());
+      add(w->exp_avg());
+      add(w->exp_avg_sq());
+      add(w->max_exp_avg_sq());
     } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
-      total += storage_bytes(g->momentum_buffer());
+      add(g->momentum_buffer());
     } else if (auto* ag = dynamic_cast<torch::optim::AdagradParamState*>(s)) {
-      total += storage_bytes(ag->sum());  // one fp32 per element (client and config Adagrad)
+      add(ag->sum());  // one fp32 per element (client and config Adagrad)
     } else if (auto* l = dynamic_cast<optim::LionParamState*>(s)) {
-      total += storage_bytes(l->exp_avg());  // one fp32 per element
+      add(l->exp_avg());  // one fp32 per element
     }
   }
   // The 1-bit family's buffers beside the moments (error feedback, fresh variance, local

@@ -9,8 +9,10 @@
 #include "offload/swapped_shard.h"
 #include "optim/adagrad_state.h"
 #include "optim/fused_adam.h"
+#include "optim/lion.h"
 #include "optim/self_communicating.h"
-#include "zero/adam_state_checkpoint.h"
+#include "util/torch_compat.h"
+#include "zero/moment_state.h"
 #include "zero/no_optimizer_shard.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/step_during_backward.h"
@@ -243,11 +245,14 @@ class InMemoryShard : public ShardOptimizer {
     // The loaded masters, moments and step count replace the partly stepped ones; a load of the
     // weights alone (adam_step < 0) leaves the moments half a step on.
     if (host_step_ && adam_step >= 0) host_step_->forget_lost();
-    set_fused_adam_step(*optimizer_, master_, adam_step);
+    set_step(adam_step);
     if (!aliased_) params.write_all(master_.to(params.dtype()));
   }
 
-  int64_t adam_step() const override { return fused_adam_step(*optimizer_, master_); }
+  int64_t adam_step() const override {
+    if (lion_views_.empty()) return moment_step(*optimizer_, master_);
+    return moment_step(*optimizer_, lion_views_.front());  // the views step in lockstep
+  }
 
   void refresh_masters(ParamPartition& params) override {
     torch::NoGradGuard no_grad;
@@ -345,6 +350,28 @@ class InMemoryShard : public ShardOptimizer {
     for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = views[g];
     segments_ = options.group_segments;
     optimizer_->state().clear();
+    if (moment_family(optimizer_.get()) == MomentFamily::kLion) share_lion_momentum(views);
+  }
+
+  // Lion over the groups' views: each view's momentum is the same view of one partition-sized
+  // momentum (Lion updates it in place), so checkpoints read and write it whole, as the
+  // master's (state() below). Made now, zeroed at step 0, as DeepSpeed's ZeRO optimizers make
+  // their state at initialisation.
+  void share_lion_momentum(const std::vector<std::vector<at::Tensor>>& views) {
+    lion_momentum_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
+    for (const auto& group : views)
+      for (const auto& v : group) {
+        auto state = std::make_unique<optim::LionParamState>();
+        state->exp_avg(lion_momentum_.narrow(0, v.storage_offset() - master_.storage_offset(),
+                                             v.numel()));
+        optimizer_->state()[compat::optimizer_state_key(v)] = std::move(state);
+        lion_views_.push_back(v);
+      }
+  }
+
+  void set_step(int64_t step) {
+    if (lion_views_.empty()) return set_moment_step(*optimizer_, master_, step);
+    for (const auto& v : lion_views_) set_moment_step(*optimizer_, v, step);
   }
 
   // The gradient of the master (1-D, partition numel) as the optimizer reads it: on the master,
@@ -369,15 +396,16 @@ class InMemoryShard : public ShardOptimizer {
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-    std::array<at::Tensor, 3> t{master_, at::Tensor(), at::Tensor()};
-    attach_moments(adam_state_for(*optimizer_, master_, create_moments), 0, master_.numel(), t[1],
-                   t[2]);
-    return t;
+    if (!lion_views_.empty()) return {master_, lion_momentum_, at::Tensor()};
+    auto [exp_avg, exp_avg_sq] = moments_of(*optimizer_, master_, create_moments);
+    return {master_, exp_avg, exp_avg_sq};
   }
 
   at::Tensor master_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<GroupSegment> segments_;  // several parameter groups: the partition cut by group
+  at::Tensor lion_momentum_;  // Lion over segments_: the momentum of the whole partition
+  std::vector<at::Tensor> lion_views_;  // ... and the views whose states are its slices
   optim::FusedAdam* fused_ = nullptr;
   bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself

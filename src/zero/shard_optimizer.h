@@ -161,7 +161,8 @@ class ShardOptimizer {
 
   // ---- checkpoints ----
   // [master, exp_avg, exp_avg_sq] over the whole partition, fp32, 1-D. Moments are undefined
-  // when the optimizer keeps none (not FusedAdam, or no state yet unless create_moments). For
+  // when the optimizer keeps none (neither the Adam family nor Lion, whose exp_avg_sq is always
+  // undefined; or no state yet unless create_moments). For
   // saving, reading them saves; after state_for_load(), writing them and then finish_load()
   // loads. A swapped shard returns copies read from its file.
   virtual std::array<at::Tensor, 3> state_for_save() = 0;
@@ -173,7 +174,8 @@ class ShardOptimizer {
   // After the state_for_load() tensors or the load windows were written: the Adam step count
   // (when >= 0) is set and `params` receives the masters.
   virtual void finish_load(int64_t adam_step, ParamPartition& params) = 0;
-  // FusedAdam's step count, 0 before the first step, -1 for other optimizers.
+  // The moment state's step count (Adam family, Lion: zero/moment_state.h), 0 before the first
+  // step, -1 for other optimizers.
   virtual int64_t adam_step() const = 0;
   // The parameters were edited outside the optimizer (load_module_only, GatheredParameters with
   // a modifier rank): the masters are taken from `params`.

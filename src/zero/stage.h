@@ -116,10 +116,12 @@ class ZeroStage {
   // Reads nothing until pieces are asked for. Local.
   virtual std::unique_ptr<FragmentState> state_to_save() = 0;
   // The fragments this rank must fill to load a checkpoint (stage 0: every parameter whole).
-  // With create_moments, FusedAdam state that does not exist yet is created (zeros) first.
+  // With create_moments, moment state (Adam's, Lion's) that does not exist yet is created
+  // (zeros) first.
   virtual std::unique_ptr<FragmentState> state_to_load(bool create_moments) = 0;
-  // FusedAdam's step count (identical for every parameter), 0 before the first step; -1 when the
-  // optimizer is not FusedAdam.
+  // The step count of an optimizer whose state checkpoints save per element (the Adam family,
+  // Lion: zero/moment_state.h; identical for every parameter), 0 before the first step; -1 for
+  // any other optimizer. The manifest's "adam_step" whichever of them saved it.
   virtual int64_t adam_step() const = 0;
   // After a state_to_load() was written and finished: sets the Adam step (when >= 0) and makes
   // the model parameters equal to the masters on every rank. COLLECTIVE.

@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "checkpoint/consolidate.h"
+#include "checkpoint/layout.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/tag_reader.h"
 #include "support/ranks.h"
@@ -13,9 +14,13 @@ ConsolidatedState consolidated_state(const std::string& save_dir) {
   namespace ckpt = deepspeed::checkpoint;
   auto& fs = ckpt::posix_file_system();
   const std::string dir = ckpt::resolve_tag_dir(fs, save_dir);
-  return {ckpt::consolidate_trainable(fs, dir, "fp32"),
-          ckpt::consolidate_trainable(fs, dir, "exp_avg"),
-          ckpt::consolidate_trainable(fs, dir, "exp_avg_sq"), ckpt::read_manifest(fs, dir).metadata};
+  ConsolidatedState out;
+  out.meta = ckpt::read_manifest(fs, dir).metadata;
+  // The kinds the optimizer's format holds (Lion: no exp_avg_sq; SGD: the masters alone).
+  for (const auto& kind : ckpt::state_kinds(out.meta["optimizer"]["format"].get<std::string>()))
+    (kind == "fp32" ? out.fp32 : kind == "exp_avg" ? out.exp_avg : out.exp_avg_sq) =
+        ckpt::consolidate_trainable(fs, dir, kind);
+  return out;
 }
 
 SingleEngine make_single_engine(const nlohmann::json& config, const gpt::GPTConfig& model, uint64_t seed,

@@ -1,0 +1,105 @@
+#include "zero/moment_state.h"
+
+#include <torch/torch.h>
+
+#include "checkpoint/layout.h"
+#include "optim/adam_moments.h"
+#include "optim/lion.h"
+#include "util/torch_compat.h"
+
+namespace deepspeed {
+namespace zero {
+namespace {
+
+// `param`'s entry in the optimizer's state, nullptr when there is none and !create; with
+// create, a zeroed State at step 0 whose tensors `fill` sets.
+template <class State, class Fill>
+State* state_entry(torch::optim::Optimizer& optimizer, const at::Tensor& param, bool create,
+                   Fill fill) {
+  auto key = compat::optimizer_state_key(param);
+  auto it = optimizer.state().find(key);
+  if (it == optimizer.state().end()) {
+    if (!create) return nullptr;
+    auto s = std::make_unique<State>();
+    s->step(0);
+    fill(*s);
+    it = optimizer.state().emplace(key, std::move(s)).first;
+  }
+  return static_cast<State*>(it->second.get());
+}
+
+torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& optimizer,
+                                          const at::Tensor& param, bool create) {
+  return state_entry<torch::optim::AdamWParamState>(
+      optimizer, param, create, [&](torch::optim::AdamWParamState& s) {
+        s.exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+        s.exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+      });
+}
+
+optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                  bool create) {
+  return state_entry<optim::LionParamState>(
+      optimizer, param, create, [&](optim::LionParamState& s) {
+        s.exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+      });
+}
+
+}  // namespace
+
+MomentFamily moment_family(const torch::optim::Optimizer* optimizer) {
+  if (dynamic_cast<const optim::AdamMoments*>(optimizer)) return MomentFamily::kAdam;
+  if (dynamic_cast<const optim::Lion*>(optimizer)) return MomentFamily::kLion;
+  return MomentFamily::kNone;
+}
+
+const char* moment_format(MomentFamily family) {
+  switch (family) {
+    case MomentFamily::kAdam: return checkpoint::kAdamFragments;
+    case MomentFamily::kLion: return checkpoint::kLionFragments;
+    case MomentFamily::kNone: break;
+  }
+  return checkpoint::kTorchArchive;
+}
+
+int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  switch (moment_family(&optimizer)) {
+    case MomentFamily::kAdam: {
+      auto* s = adam_state(optimizer, param, /*create=*/false);
+      return s ? s->step() : 0;
+    }
+    case MomentFamily::kLion: {
+      auto* s = lion_state(optimizer, param, /*create=*/false);
+      return s ? s->step() : 0;
+    }
+    case MomentFamily::kNone: break;
+  }
+  return -1;
+}
+
+void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step) {
+  if (step < 0) return;
+  switch (moment_family(&optimizer)) {
+    case MomentFamily::kAdam: adam_state(optimizer, param, /*create=*/true)->step(step); break;
+    case MomentFamily::kLion: lion_state(optimizer, param, /*create=*/true)->step(step); break;
+    case MomentFamily::kNone: break;
+  }
+}
+
+std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                     bool create) {
+  switch (moment_family(&optimizer)) {
+    case MomentFamily::kAdam:
+      if (auto* s = adam_state(optimizer, param, create))
+        return {s->exp_avg().view({-1}), s->exp_avg_sq().view({-1})};
+      break;
+    case MomentFamily::kLion:
+      if (auto* s = lion_state(optimizer, param, create)) return {s->exp_avg().view({-1}), {}};
+      break;
+    case MomentFamily::kNone: break;
+  }
+  return {};
+}
+
+}  // namespace zero
+}  // namespace deepspeed

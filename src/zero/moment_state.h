@@ -1,0 +1,36 @@
+// The per-element optimizer state that checkpoints save, load and reshard as fragments
+// (checkpoint/layout.h), whichever optimizer keeps it:
+//   Adam family   FusedAdam, Lamb, OneBitAdam (optim/adam_moments.h): exp_avg and exp_avg_sq
+//                 in torch::optim::AdamWParamState, format "adam_fragments";
+//   Lion          optim::LionParamState's exp_avg, format "lion_fragments".
+// Each keeps one state per parameter tensor, every tensor stepping in lockstep, so one step
+// count serves the whole partition (the manifest's "adam_step", for either family). Any other
+// optimizer (SGD, Adagrad, a client's) is saved as libtorch's archive, per rank.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include <ATen/Tensor.h>
+#include <torch/optim/optimizer.h>
+
+namespace deepspeed {
+namespace zero {
+
+enum class MomentFamily { kNone, kAdam, kLion };
+MomentFamily moment_family(const torch::optim::Optimizer* optimizer);
+// The checkpoint format a family's state is saved in (kTorchArchive for kNone).
+const char* moment_format(MomentFamily family);
+
+// The step count of `param`'s state: -1 for kNone, 0 before its first step. And its
+// counterpart for loading (no-op for step < 0; makes zeroed state where there is none).
+int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step);
+
+// [exp_avg, exp_avg_sq] of `param`'s state as 1-D views of all its elements (Lion: exp_avg_sq
+// undefined). Both undefined for kNone, or when there is no state yet and `create` is false;
+// with `create`, zeroed state at step 0 is made.
+std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                     bool create);
+
+}  // namespace zero
+}  // namespace deepspeed

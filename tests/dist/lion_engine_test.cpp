@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <iostream>
-#include <mutex>
 
 #include "deepspeed/errors.h"
 #include "optim/lion.h"
@@ -119,16 +118,12 @@ TEST(LionEngine, OneMomentumPerElementIsTheOptimizerState) {
     for (bool two_groups : {false, true}) {
       SCOPED_TRACE("stage " + std::to_string(stage) + (two_groups ? ", two groups" : ""));
       auto s = spec_at(2, stage, 2, two_groups);
-      std::vector<int64_t> held(2, -1);
-      std::mutex mu;
-      s.after_training = [&](deepspeed::Engine& e) {
+      auto [r, held] = dstest::train_measuring(s, [](deepspeed::Engine& e) {
         int64_t bytes = 0;
         for (auto& [key, state] : e.optimizer()->state())
           bytes += dynamic_cast<deepspeed::optim::LionParamState&>(*state).exp_avg().nbytes();
-        std::lock_guard<std::mutex> lock(mu);
-        held[e.communicator()->rank()] = bytes;
-      };
-      const auto r = dstest::train_gpt(s);
+        return bytes;
+      });
       const int64_t psi = dstest::count_parameters(s.model);
       for (int rank = 0; rank < 2; ++rank) {
         EXPECT_EQ(r.memory[rank].optimizer_states, held[rank]) << "rank " << rank;

@@ -180,21 +180,6 @@ int64_t nbytes(const torch::Tensor& t) {
   return t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
 }
 
-// Trains `s` and returns each rank's bytes `held` reads from its engine after the last step,
-// beside the run (whose memory reports are taken right after).
-std::pair<dstest::RunResult, std::vector<int64_t>> train_measuring(
-    dstest::RunSpec s, std::function<int64_t(deepspeed::Engine&)> held) {
-  std::vector<int64_t> bytes(s.world_size, -1);
-  std::mutex mu;
-  s.after_training = [&](deepspeed::Engine& e) {
-    const int64_t b = held(e);
-    std::lock_guard<std::mutex> lock(mu);
-    bytes[e.communicator()->rank()] = b;
-  };
-  auto r = dstest::train_gpt(s);
-  return {std::move(r), bytes};
-}
-
 // Adagrad's per-parameter sums, as the optimizer holds them.
 int64_t adagrad_sum_bytes(deepspeed::Engine& e) {
   int64_t total = 0;
@@ -257,7 +242,7 @@ TEST(ZeroMemory, AdagradSumsAreTheOptimizerStates) {
       } else {
         s.config["optimizer"] = config_adagrad;
       }
-      auto [r, held] = train_measuring(s, adagrad_sum_bytes);
+      auto [r, held] = dstest::train_measuring(s, adagrad_sum_bytes);
       const int64_t psi = dstest::count_parameters(s.model);
       for (int rank = 0; rank < 2; ++rank) {
         EXPECT_EQ(r.memory[rank].optimizer_states, held[rank]) << "rank " << rank;
@@ -294,7 +279,7 @@ TEST(ZeroMemory, OneBitBuffersAreInTheOptimizerStates) {
     if (c.bf16) s.config["bf16"] = {{"enabled", true}};
     std::vector<int64_t> extra(2, 0);
     std::mutex mu;
-    auto [r, held] = train_measuring(s, [&](deepspeed::Engine& e) {
+    auto [r, held] = dstest::train_measuring(s, [&](deepspeed::Engine& e) {
       auto& o = *e.optimizer();
       const int64_t x = onebit_extra_bytes(o);
       {

@@ -128,6 +128,19 @@ RunResult train_gpt(const RunSpec& spec) {
   return result;
 }
 
+std::pair<RunResult, std::vector<int64_t>> train_measuring(
+    RunSpec spec, const std::function<int64_t(deepspeed::Engine&)>& held) {
+  std::vector<int64_t> bytes(spec.world_size, -1);
+  std::mutex mu;
+  spec.after_training = [&](deepspeed::Engine& e) {
+    const int64_t b = held(e);
+    std::lock_guard<std::mutex> lock(mu);
+    bytes[e.communicator()->rank()] = b;
+  };
+  auto r = train_gpt(spec);
+  return {std::move(r), bytes};
+}
+
 int64_t count_parameters(const gpt::GPTConfig& model) {
   torch::NoGradGuard no_grad;
   gpt::GPTImpl m(model);

@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <utility>
 #include <memory>
 #include <vector>
 
@@ -61,6 +62,10 @@ nlohmann::json base_config(int micro_batch, int accumulation, int stage);
 // Throws std::runtime_error (naming the step) if a loss is not finite: a run that went NaN must
 // not reach a comparison.
 RunResult train_gpt(const RunSpec& spec);
+// train_gpt, and each rank's bytes `held` reads from its engine after the last step (its
+// after_training is replaced), beside the run (whose memory reports are taken right after).
+std::pair<RunResult, std::vector<int64_t>> train_measuring(
+    RunSpec spec, const std::function<int64_t(deepspeed::Engine&)>& held);
 
 // What an fp32 run at another world size or ZeRO stage may differ from its reference by: only
 // summation orders differ, so losses agree to 1e-5 relative and weights to 2e-4 absolute (why:

@@ -17,11 +17,12 @@ std::string library_version() { return "0.1.0"; }
 std::vector<std::string> state_kinds(const std::string& format) {
   if (format == kAdamFragments) return {"fp32", "exp_avg", "exp_avg_sq"};
   if (format == kLionFragments) return {"fp32", "exp_avg"};
+  if (format == kAdagradFragments) return {"fp32", "sum"};
   return {"fp32"};
 }
 
 bool is_fragment_format(const std::string& format) {
-  return format == kAdamFragments || format == kLionFragments;
+  return format == kAdamFragments || format == kLionFragments || format == kAdagradFragments;
 }
 
 namespace {

@@ -36,8 +36,8 @@
 // rank writes 1/N of it). A loader at any world size and stage assembles its own share from the
 // fragments that overlap it, which is what makes resharding work.
 // In an optim file, fragment tensors are named "fp32/<name>", "exp_avg/<name>", "exp_avg_sq/<name>"
-// (1-D fp32, numel elements): the moments the optimizer keeps (Adam's two, Lion's exp_avg alone;
-// state_kinds below). Engine state travels as JSON in the safetensors "__metadata__"
+// (1-D fp32, numel elements), and the moments the optimizer keeps (Adam's two, Lion's exp_avg,
+// Adagrad's "sum/<name>"; state_kinds below). Engine state travels as JSON in the safetensors "__metadata__"
 // under kMetadataKey.
 #pragma once
 #include <cstdint>
@@ -55,11 +55,13 @@ constexpr int kCheckpointFormatVersion = 1;
 // Optimizer state formats (manifest metadata "optimizer.format").
 constexpr const char* kAdamFragments = "adam_fragments";  // moments as fragments: reshardable
 constexpr const char* kLionFragments = "lion_fragments";  // Lion's exp_avg as fragments: the same
+constexpr const char* kAdagradFragments = "adagrad_fragments";  // Adagrad's sum: the same
 constexpr const char* kTorchArchive = "torch_archive";    // libtorch's own serialisation, per rank
 constexpr const char* kNoOptimizerState = "none";
 
 // The fragment kinds an optim file of `format` holds per parameter: "fp32", then the moments
-// ("exp_avg", "exp_avg_sq" for Adam; "exp_avg" for Lion); "fp32" alone for any other format.
+// ("exp_avg", "exp_avg_sq" for Adam; "exp_avg" for Lion; "sum" for Adagrad); "fp32" alone for
+// any other format.
 std::vector<std::string> state_kinds(const std::string& format);
 // Whether `format` saves the optimizer's state as fragments (and so reshards).
 bool is_fragment_format(const std::string& format);

@@ -8,23 +8,25 @@ namespace deepspeed {
 namespace optim {
 namespace {
 
-// Each parameter of `adagrad` without state: step 0 and a sum of initial_accumulator_value, that
-// of its group's options (torch.optim's rule) or of the optimizer's defaults (libtorch's).
-void add_missing_state(torch::optim::Adagrad& adagrad, bool from_group) {
+// `p` (of `group`) gets step 0 and a sum of initial_accumulator_value, that of its group's
+// options (torch.optim's rule) or of the optimizer's defaults (libtorch's), unless it has state.
+void add_state_if_missing(torch::optim::Adagrad& adagrad, torch::optim::OptimizerParamGroup& group,
+                          const at::Tensor& p, bool from_group) {
   auto& state = adagrad.state();
+  auto key = compat::optimizer_state_key(p);
+  if (state.count(key)) return;
   const auto& defaults = static_cast<const torch::optim::AdagradOptions&>(adagrad.defaults());
-  for (auto& group : adagrad.param_groups()) {
-    const auto& options = static_cast<const torch::optim::AdagradOptions&>(group.options());
-    const double start = (from_group ? options : defaults).initial_accumulator_value();
-    for (const auto& p : group.params()) {
-      auto key = compat::optimizer_state_key(p);
-      if (state.count(key)) continue;
-      auto s = std::make_unique<torch::optim::AdagradParamState>();
-      s->step(0);
-      s->sum(torch::full_like(p, start, at::MemoryFormat::Preserve));
-      state[key] = std::move(s);
-    }
-  }
+  const auto& options = static_cast<const torch::optim::AdagradOptions&>(group.options());
+  const double start = (from_group ? options : defaults).initial_accumulator_value();
+  auto s = std::make_unique<torch::optim::AdagradParamState>();
+  s->step(0);
+  s->sum(torch::full_like(p, start, at::MemoryFormat::Preserve));
+  state[key] = std::move(s);
+}
+
+void add_missing_state(torch::optim::Adagrad& adagrad, bool from_group) {
+  for (auto& group : adagrad.param_groups())
+    for (const auto& p : group.params()) add_state_if_missing(adagrad, group, p, from_group);
 }
 
 }  // namespace
@@ -38,6 +40,19 @@ void add_missing_client_adagrad_state(torch::optim::Optimizer& optimizer) {
   auto* adagrad = dynamic_cast<torch::optim::Adagrad*>(&optimizer);
   if (!adagrad || dynamic_cast<LazyStateAdagrad*>(adagrad)) return;
   add_missing_state(*adagrad, /*from_group=*/false);
+}
+
+torch::optim::AdagradParamState& adagrad_state_of(torch::optim::Adagrad& adagrad,
+                                                  const at::Tensor& param) {
+  const auto key = compat::optimizer_state_key(param);
+  const bool from_group = dynamic_cast<LazyStateAdagrad*>(&adagrad) != nullptr;
+  for (auto& group : adagrad.param_groups())
+    for (const auto& p : group.params())
+      if (p.is_same(param)) add_state_if_missing(adagrad, group, p, from_group);
+  auto it = adagrad.state().find(key);
+  TORCH_CHECK(it != adagrad.state().end(),
+              "adagrad_state_of: the tensor is not a parameter of this Adagrad (internal error)");
+  return static_cast<torch::optim::AdagradParamState&>(*it->second);
 }
 
 }  // namespace optim

@@ -27,5 +27,11 @@ class LazyStateAdagrad : public torch::optim::Adagrad {
 // before each step: the shard may replace the tensors (views, a load) between steps.
 void add_missing_client_adagrad_state(torch::optim::Optimizer& optimizer);
 
+// `param`'s state, made when it has none as the step would make it (a LazyStateAdagrad: from
+// param's group's initial_accumulator_value; any other Adagrad: from the default's). For
+// checkpoints, which load into it (zero/moment_state.h). `param` must be one of its parameters.
+torch::optim::AdagradParamState& adagrad_state_of(torch::optim::Adagrad& adagrad,
+                                                  const at::Tensor& param);
+
 }  // namespace optim
 }  // namespace deepspeed

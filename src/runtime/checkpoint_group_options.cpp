@@ -3,6 +3,7 @@
 #include <optional>
 #include <tuple>
 
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
 #include <torch/serialize/archive.h>
 
@@ -25,6 +26,11 @@ nlohmann::json group_options_json(torch::optim::Optimizer& optimizer) {
     } else if (auto* l = dynamic_cast<optim::LionOptions*>(&options)) {
       g["betas"] = {std::get<0>(l->betas()), std::get<1>(l->betas())};
       g["weight_decay"] = l->weight_decay();
+    } else if (auto* a = dynamic_cast<torch::optim::AdagradOptions*>(&options)) {
+      g["lr_decay"] = a->lr_decay();
+      g["weight_decay"] = a->weight_decay();
+      g["initial_accumulator_value"] = a->initial_accumulator_value();
+      g["eps"] = a->eps();
     }
     groups.push_back(std::move(g));
   }
@@ -84,6 +90,12 @@ GroupOptions group_options_from_json(const nlohmann::json& saved,
     } else if (auto* l = dynamic_cast<optim::LionOptions*>(options.get())) {
       if (auto betas = read_betas(s, source, g)) l->betas(*betas);
       if (read_key(s, "weight_decay", value, source, g)) l->weight_decay(value);
+    } else if (auto* a = dynamic_cast<torch::optim::AdagradOptions*>(options.get())) {
+      if (read_key(s, "lr_decay", value, source, g)) a->lr_decay(value);
+      if (read_key(s, "weight_decay", value, source, g)) a->weight_decay(value);
+      if (read_key(s, "initial_accumulator_value", value, source, g))
+        a->initial_accumulator_value(value);
+      if (read_key(s, "eps", value, source, g)) a->eps(value);
     }
     out.push_back(std::move(options));
   }

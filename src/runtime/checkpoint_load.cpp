@@ -242,7 +242,7 @@ std::string group_options_file(const TagReader& reader, const EngineState& s,
 // An Adam-format checkpoint's "param_groups" (checkpoint_group_options.h): one per group of the
 // optimizer, or refused, as DeepSpeed's optimizer load refuses another number of groups. None
 // saved (a checkpoint from before they were): the engine's options stay.
-void plan_adam_group_options(TagReader& reader, EngineState& s,
+void plan_fragment_group_options(TagReader& reader, EngineState& s,
                              const std::vector<std::string>& names, Plan& plan) {
   const std::string file = group_options_file(reader, s, names, plan);
   const nlohmann::json meta = reader.file_metadata(file);
@@ -266,7 +266,8 @@ void plan_adam_group_options(TagReader& reader, EngineState& s,
 std::string format_holds(const std::string& format) {
   if (format == kAdamFragments) return "Adam moments";
   if (format == kLionFragments) return "Lion's momentum";
-  return "a libtorch optimizer archive (an optimizer other than Adam's family or Lion)";
+  if (format == kAdagradFragments) return "Adagrad's sums";
+  return "a libtorch optimizer archive (an optimizer other than Adam's family, Lion or Adagrad)";
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -284,7 +285,10 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   const std::string ours = s.stage->adam_step() >= 0
                                ? zero::moment_format(zero::moment_family(s.optimizer.get()))
                                : kTorchArchive;
-  if (format != ours)
+  // A libtorch archive (checkpoints before Lion's and Adagrad's fragment formats) still loads
+  // into them at the saved layout: libtorch's own load restores libtorch-kept state.
+  const bool archive_into_libtorch_state = format == kTorchArchive && ours != kAdamFragments;
+  if (format != ours && !archive_into_libtorch_state)
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds " + format_holds(format) +
                           " but this engine's optimizer keeps " + format_holds(ours) +
                           ": converting optimizer state is not supported; pass "
@@ -292,7 +296,7 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   if (is_fragment_format(format)) {
     plan_fragments(reader, s, names, format, plan);
     plan.adam_step = reader.meta().at("optimizer").at("adam_step").get<int64_t>();
-    plan_adam_group_options(reader, s, names, plan);
+    plan_fragment_group_options(reader, s, names, plan);
     return;
   }
   if (!plan.masters_from_module.empty())

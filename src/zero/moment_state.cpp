@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/layout.h"
+#include "optim/adagrad_state.h"
 #include "optim/adam_moments.h"
 #include "optim/lion.h"
 #include "util/torch_compat.h"
@@ -45,11 +46,23 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
       });
 }
 
+// Adagrad's state is made by its own rule (optim/adagrad_state.h), not zeroed.
+torch::optim::AdagradParamState* adagrad_state(torch::optim::Optimizer& optimizer,
+                                               const at::Tensor& param, bool create) {
+  auto& adagrad = static_cast<torch::optim::Adagrad&>(optimizer);
+  if (create) return &optim::adagrad_state_of(adagrad, param);
+  auto it = optimizer.state().find(compat::optimizer_state_key(param));
+  return it == optimizer.state().end()
+             ? nullptr
+             : static_cast<torch::optim::AdagradParamState*>(it->second.get());
+}
+
 }  // namespace
 
 MomentFamily moment_family(const torch::optim::Optimizer* optimizer) {
   if (dynamic_cast<const optim::AdamMoments*>(optimizer)) return MomentFamily::kAdam;
   if (dynamic_cast<const optim::Lion*>(optimizer)) return MomentFamily::kLion;
+  if (dynamic_cast<const torch::optim::Adagrad*>(optimizer)) return MomentFamily::kAdagrad;
   return MomentFamily::kNone;
 }
 
@@ -57,6 +70,7 @@ const char* moment_format(MomentFamily family) {
   switch (family) {
     case MomentFamily::kAdam: return checkpoint::kAdamFragments;
     case MomentFamily::kLion: return checkpoint::kLionFragments;
+    case MomentFamily::kAdagrad: return checkpoint::kAdagradFragments;
     case MomentFamily::kNone: break;
   }
   return checkpoint::kTorchArchive;
@@ -72,6 +86,10 @@ int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param)
       auto* s = lion_state(optimizer, param, /*create=*/false);
       return s ? s->step() : 0;
     }
+    case MomentFamily::kAdagrad: {
+      auto* s = adagrad_state(optimizer, param, /*create=*/false);
+      return s ? s->step() : 0;
+    }
     case MomentFamily::kNone: break;
   }
   return -1;
@@ -82,6 +100,7 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
   switch (moment_family(&optimizer)) {
     case MomentFamily::kAdam: adam_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kLion: lion_state(optimizer, param, /*create=*/true)->step(step); break;
+    case MomentFamily::kAdagrad: adagrad_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kNone: break;
   }
 }
@@ -96,9 +115,23 @@ std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const a
     case MomentFamily::kLion:
       if (auto* s = lion_state(optimizer, param, create)) return {s->exp_avg().view({-1}), {}};
       break;
+    case MomentFamily::kAdagrad:
+      if (auto* s = adagrad_state(optimizer, param, create)) return {s->sum().view({-1}), {}};
+      break;
     case MomentFamily::kNone: break;
   }
   return {};
+}
+
+void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment) {
+  const auto family = moment_family(&optimizer);
+  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad,
+              "set_moment: not a one-moment optimizer (internal error)");
+  const at::Tensor shaped = moment.view(param.sizes());
+  if (family == MomentFamily::kLion)
+    lion_state(optimizer, param, /*create=*/false)->exp_avg(shaped);
+  else
+    adagrad_state(optimizer, param, /*create=*/false)->sum(shaped);
 }
 
 }  // namespace zero

@@ -2,10 +2,13 @@
 // (checkpoint/layout.h), whichever optimizer keeps it:
 //   Adam family   FusedAdam, Lamb, OneBitAdam (optim/adam_moments.h): exp_avg and exp_avg_sq
 //                 in torch::optim::AdamWParamState, format "adam_fragments";
-//   Lion          optim::LionParamState's exp_avg, format "lion_fragments".
+//   Lion          optim::LionParamState's exp_avg, format "lion_fragments";
+//   Adagrad       torch::optim::Adagrad (the config's, a client's): its sum,
+//                 format "adagrad_fragments".
 // Each keeps one state per parameter tensor, every tensor stepping in lockstep, so one step
-// count serves the whole partition (the manifest's "adam_step", for either family). Any other
-// optimizer (SGD, Adagrad, a client's) is saved as libtorch's archive, per rank.
+// count serves the whole partition (the manifest's "adam_step", whichever family saved it).
+// Any other optimizer (SGD, a client's libtorch Adam or RMSprop, ...) is saved as libtorch's
+// archive, per rank (docs/decisions.md says why SGD is not a family).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -16,7 +19,7 @@
 namespace deepspeed {
 namespace zero {
 
-enum class MomentFamily { kNone, kAdam, kLion };
+enum class MomentFamily { kNone, kAdam, kLion, kAdagrad };
 MomentFamily moment_family(const torch::optim::Optimizer* optimizer);
 // The checkpoint format a family's state is saved in (kTorchArchive for kNone).
 const char* moment_format(MomentFamily family);
@@ -26,11 +29,15 @@ const char* moment_format(MomentFamily family);
 int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step);
 
-// [exp_avg, exp_avg_sq] of `param`'s state as 1-D views of all its elements (Lion: exp_avg_sq
-// undefined). Both undefined for kNone, or when there is no state yet and `create` is false;
-// with `create`, zeroed state at step 0 is made.
+// The moments of `param`'s state as 1-D views of all its elements: [exp_avg, exp_avg_sq] (Lion:
+// [exp_avg, undefined]; Adagrad: [sum, undefined]). Both undefined for kNone, or when there is
+// no state yet and `create` is false; with `create`, state at step 0 is made as the optimizer's
+// step would make it (zeros; Adagrad's initial_accumulator_value).
 std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                      bool create);
+// For a one-moment family (Lion, Adagrad): `param`'s state, which must exist, keeps `moment`
+// (numel elements of param's, any shape) in place of its own tensor (zero/view_moments.h).
+void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment);
 
 }  // namespace zero
 }  // namespace deepspeed

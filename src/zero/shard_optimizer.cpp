@@ -9,14 +9,13 @@
 #include "offload/swapped_shard.h"
 #include "optim/adagrad_state.h"
 #include "optim/fused_adam.h"
-#include "optim/lion.h"
 #include "optim/self_communicating.h"
-#include "util/torch_compat.h"
 #include "zero/moment_state.h"
 #include "zero/no_optimizer_shard.h"
 #include "zero/optimizer_state_bytes.h"
 #include "zero/step_during_backward.h"
 #include "zero/tensor_facts.h"
+#include "zero/view_moments.h"
 
 namespace deepspeed {
 namespace zero {
@@ -250,8 +249,7 @@ class InMemoryShard : public ShardOptimizer {
   }
 
   int64_t adam_step() const override {
-    if (lion_views_.empty()) return moment_step(*optimizer_, master_);
-    return moment_step(*optimizer_, lion_views_.front());  // the views step in lockstep
+    return view_moments_ ? view_moments_->step() : moment_step(*optimizer_, master_);
   }
 
   void refresh_masters(ParamPartition& params) override {
@@ -350,28 +348,17 @@ class InMemoryShard : public ShardOptimizer {
     for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = views[g];
     segments_ = options.group_segments;
     optimizer_->state().clear();
-    if (moment_family(optimizer_.get()) == MomentFamily::kLion) share_lion_momentum(views);
-  }
-
-  // Lion over the groups' views: each view's momentum is the same view of one partition-sized
-  // momentum (Lion updates it in place), so checkpoints read and write it whole, as the
-  // master's (state() below). Made now, zeroed at step 0, as DeepSpeed's ZeRO optimizers make
-  // their state at initialisation.
-  void share_lion_momentum(const std::vector<std::vector<at::Tensor>>& views) {
-    lion_momentum_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
-    for (const auto& group : views)
-      for (const auto& v : group) {
-        auto state = std::make_unique<optim::LionParamState>();
-        state->exp_avg(lion_momentum_.narrow(0, v.storage_offset() - master_.storage_offset(),
-                                             v.numel()));
-        optimizer_->state()[compat::optimizer_state_key(v)] = std::move(state);
-        lion_views_.push_back(v);
-      }
+    const auto family = moment_family(optimizer_.get());
+    if (family == MomentFamily::kLion || family == MomentFamily::kAdagrad) {
+      std::vector<at::Tensor> all;
+      for (const auto& group : views) all.insert(all.end(), group.begin(), group.end());
+      view_moments_ = std::make_unique<ViewMoments>(*optimizer_, master_, std::move(all));
+    }
   }
 
   void set_step(int64_t step) {
-    if (lion_views_.empty()) return set_moment_step(*optimizer_, master_, step);
-    for (const auto& v : lion_views_) set_moment_step(*optimizer_, v, step);
+    if (view_moments_) return view_moments_->set_step(step);
+    set_moment_step(*optimizer_, master_, step);
   }
 
   // The gradient of the master (1-D, partition numel) as the optimizer reads it: on the master,
@@ -396,7 +383,7 @@ class InMemoryShard : public ShardOptimizer {
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-    if (!lion_views_.empty()) return {master_, lion_momentum_, at::Tensor()};
+    if (view_moments_) return {master_, view_moments_->moment(create_moments), at::Tensor()};
     auto [exp_avg, exp_avg_sq] = moments_of(*optimizer_, master_, create_moments);
     return {master_, exp_avg, exp_avg_sq};
   }
@@ -404,8 +391,7 @@ class InMemoryShard : public ShardOptimizer {
   at::Tensor master_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<GroupSegment> segments_;  // several parameter groups: the partition cut by group
-  at::Tensor lion_momentum_;  // Lion over segments_: the momentum of the whole partition
-  std::vector<at::Tensor> lion_views_;  // ... and the views whose states are its slices
+  std::unique_ptr<ViewMoments> view_moments_;  // a one-moment optimizer over segments_
   optim::FusedAdam* fused_ = nullptr;
   bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself

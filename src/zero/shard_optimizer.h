@@ -160,9 +160,10 @@ class ShardOptimizer {
   virtual std::shared_ptr<torch::optim::Optimizer> optimizer() const = 0;
 
   // ---- checkpoints ----
-  // [master, exp_avg, exp_avg_sq] over the whole partition, fp32, 1-D. Moments are undefined
-  // when the optimizer keeps none (neither the Adam family nor Lion, whose exp_avg_sq is always
-  // undefined; or no state yet unless create_moments). For
+  // [master, exp_avg, exp_avg_sq] over the whole partition, fp32, 1-D: the moments as
+  // zero/moment_state.h's moments_of gives them (Lion's exp_avg and Adagrad's sum in the first
+  // slot, the second undefined). Undefined when the optimizer keeps none (not one of those
+  // families, or no state yet unless create_moments). For
   // saving, reading them saves; after state_for_load(), writing them and then finish_load()
   // loads. A swapped shard returns copies read from its file.
   virtual std::array<at::Tensor, 3> state_for_save() = 0;

@@ -1,0 +1,53 @@
+#include "zero/view_moments.h"
+
+#include <torch/torch.h>
+
+#include "zero/moment_state.h"
+
+namespace deepspeed {
+namespace zero {
+
+ViewMoments::ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master,
+                         std::vector<at::Tensor> views)
+    : optimizer_(optimizer), master_(std::move(master)), views_(std::move(views)) {
+  const auto family = moment_family(&optimizer_);
+  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad,
+              "ViewMoments: not a one-moment optimizer (internal error)");
+  for (const auto& v : views_)
+    TORCH_CHECK(v.dim() == 1 && v.is_contiguous() && v.storage().is_alias_of(master_.storage()),
+                "ViewMoments: a group's tensor is not a 1-D view of the master (internal error)");
+}
+
+void ViewMoments::adopt() {
+  for (const auto& v : views_) {
+    const at::Tensor own = moments_of(optimizer_, v, /*create=*/false)[0];
+    if (!own.defined() || (moment_.defined() && own.storage().is_alias_of(moment_.storage())))
+      continue;
+    if (!moment_.defined()) moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
+    at::Tensor slice = moment_.narrow(0, v.storage_offset() - master_.storage_offset(), v.numel());
+    slice.copy_(own.view({-1}));
+    set_moment(optimizer_, v, slice);
+  }
+}
+
+at::Tensor ViewMoments::moment(bool create) {
+  if (create)
+    for (const auto& v : views_) moments_of(optimizer_, v, /*create=*/true);
+  adopt();
+  return moment_;
+}
+
+int64_t ViewMoments::step() const {
+  int64_t step = 0;
+  for (const auto& v : views_) step = std::max(step, moment_step(optimizer_, v));
+  return step;
+}
+
+void ViewMoments::set_step(int64_t step) {
+  if (step >= 0)
+    for (const auto& v : views_) set_moment_step(optimizer_, v, step);
+  adopt();  // a view without state got one, or a libtorch archive's load replaced them
+}
+
+}  // namespace zero
+}  // namespace deepspeed

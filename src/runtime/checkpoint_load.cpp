@@ -285,10 +285,9 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   const std::string ours = s.stage->adam_step() >= 0
                                ? zero::moment_format(zero::moment_family(s.optimizer.get()))
                                : kTorchArchive;
-  // A libtorch archive (checkpoints before Lion's and Adagrad's fragment formats) still loads
-  // into them at the saved layout: libtorch's own load restores libtorch-kept state.
-  const bool archive_into_libtorch_state = format == kTorchArchive && ours != kAdamFragments;
-  if (format != ours && !archive_into_libtorch_state)
+  // (Lion and Adagrad checkpoints saved before their fragment formats, as a libtorch archive, are
+  // refused too: load them with load_optimizer_states=false.)
+  if (format != ours)
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds " + format_holds(format) +
                           " but this engine's optimizer keeps " + format_holds(ours) +
                           ": converting optimizer state is not supported; pass "

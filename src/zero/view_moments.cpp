@@ -46,7 +46,7 @@ int64_t ViewMoments::step() const {
 void ViewMoments::set_step(int64_t step) {
   if (step >= 0)
     for (const auto& v : views_) set_moment_step(optimizer_, v, step);
-  adopt();  // a view without state got one, or a libtorch archive's load replaced them
+  adopt();  // a view without state got one
 }
 
 }  // namespace zero

@@ -27,8 +27,7 @@ class ViewMoments {
   // The partition's moment (1-D, master's numel); with `create`, every view's state made first.
   at::Tensor moment(bool create);
   // The views' step count (they step in lockstep): 0 before the first step. set_step: every
-  // view's (step >= 0; made where missing), then adopt() (also for step < 0: after a load of
-  // libtorch's archive, whose states are its own tensors).
+  // view's (step >= 0; made where missing), then adopt().
   int64_t step() const;
   void set_step(int64_t step);
 

@@ -285,8 +285,12 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   const std::string ours = s.stage->adam_step() >= 0
                                ? zero::moment_format(zero::moment_family(s.optimizer.get()))
                                : kTorchArchive;
-  // (Lion and Adagrad checkpoints saved before their fragment formats, as a libtorch archive, are
-  // refused too: load them with load_optimizer_states=false.)
+  if (format == kTorchArchive && (ours == kLionFragments || ours == kAdagradFragments))
+    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a libtorch optimizer archive, "
+                          "but this engine's optimizer keeps " + format_holds(ours) +
+                          ", which it loads only from \"" + ours + "\" fragments (earlier "
+                          "builds saved Lion's and Adagrad's state as an archive too): pass "
+                          "load_optimizer_states=false to load the weights alone");
   if (format != ours)
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds " + format_holds(format) +
                           " but this engine's optimizer keeps " + format_holds(ours) +
@@ -511,6 +515,9 @@ void apply_fragments(TagReader& reader, const std::vector<std::string>& names, P
     for (auto [offset, numel] : state.pieces(i)) {
       const auto views = state.piece(i, offset, numel);
       for (size_t k = 0; k < plan.state_kinds.size(); ++k) {
+        // A moment the optimizer keeps none of for this parameter (a stage-0 client optimizer
+        // holding only some of the trainable parameters) is not read; a master always is.
+        if (k > 0 && !views[k].defined()) continue;
         TORCH_CHECK(views[k].defined(), "load_checkpoint: no ", plan.state_kinds[k],
                     " state to load \"", name, "\" into (internal error)");
         reader.read_range(plan.state_kinds[k], name, f.offset + offset, views[k]);

@@ -42,7 +42,8 @@ std::unique_ptr<FragmentState> DataParallelStage::state_to_save() {
   for (auto& p : params_) numels.push_back(p.numel());
   std::vector<StateFragment> out;
   for (auto& r : checkpoint::partition_fragments(numels, ctx_.world_size(), ctx_.rank()))
-    out.push_back(fragment_of(optimizer_.get(), params_[r.param], r.param, r.offset, r.numel, false));
+    out.push_back(fragment_of(optimizer_.get(), params_[r.param], r.param, r.offset, r.numel,
+                              /*create=*/saves_made_state(moment_family(optimizer_.get()))));
   return view_fragment_state(std::move(out));
 }
 

@@ -38,10 +38,19 @@ torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& optimizer,
       });
 }
 
+// Whether `param` is one of the optimizer's (a stage-0 client optimizer may hold only some of
+// the trainable parameters: the others get no state, as its step would make none).
+bool holds(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.is_same(param)) return true;
+  return false;
+}
+
 optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                   bool create) {
   return state_entry<optim::LionParamState>(
-      optimizer, param, create, [&](optim::LionParamState& s) {
+      optimizer, param, create && holds(optimizer, param), [&](optim::LionParamState& s) {
         s.exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
       });
 }
@@ -50,7 +59,7 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
 torch::optim::AdagradParamState* adagrad_state(torch::optim::Optimizer& optimizer,
                                                const at::Tensor& param, bool create) {
   auto& adagrad = static_cast<torch::optim::Adagrad&>(optimizer);
-  if (create) return &optim::adagrad_state_of(adagrad, param);
+  if (create && holds(optimizer, param)) return &optim::adagrad_state_of(adagrad, param);
   auto it = optimizer.state().find(compat::optimizer_state_key(param));
   return it == optimizer.state().end()
              ? nullptr
@@ -65,6 +74,8 @@ MomentFamily moment_family(const torch::optim::Optimizer* optimizer) {
   if (dynamic_cast<const torch::optim::Adagrad*>(optimizer)) return MomentFamily::kAdagrad;
   return MomentFamily::kNone;
 }
+
+bool saves_made_state(MomentFamily family) { return family == MomentFamily::kAdagrad; }
 
 const char* moment_format(MomentFamily family) {
   switch (family) {

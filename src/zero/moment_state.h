@@ -23,6 +23,10 @@ enum class MomentFamily { kNone, kAdam, kLion, kAdagrad };
 MomentFamily moment_family(const torch::optim::Optimizer* optimizer);
 // The checkpoint format a family's state is saved in (kTorchArchive for kNone).
 const char* moment_format(MomentFamily family);
+// Whether a save must make the state of a parameter that has none yet (before its first step,
+// or its state cleared by a stage): Adagrad's starts at initial_accumulator_value, not zeros, so
+// saving zeros would resume otherwise. (Adam's and Lion's start at zeros: nothing to make.)
+bool saves_made_state(MomentFamily family);
 
 // The step count of `param`'s state: -1 for kNone, 0 before its first step. And its
 // counterpart for loading (no-op for step < 0; makes zeroed state where there is none).
@@ -32,7 +36,8 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
 // The moments of `param`'s state as 1-D views of all its elements: [exp_avg, exp_avg_sq] (Lion:
 // [exp_avg, undefined]; Adagrad: [sum, undefined]). Both undefined for kNone, or when there is
 // no state yet and `create` is false; with `create`, state at step 0 is made as the optimizer's
-// step would make it (zeros; Adagrad's initial_accumulator_value).
+// step would make it (zeros; Adagrad's initial_accumulator_value), for Lion and Adagrad only
+// when `param` is one of the optimizer's (a stage-0 client optimizer may hold a subset).
 std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                      bool create);
 // For a one-moment family (Lion, Adagrad): `param`'s state, which must exist, keeps `moment`

@@ -227,7 +227,9 @@ class InMemoryShard : public ShardOptimizer {
 
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
 
-  std::array<at::Tensor, 3> state_for_save() override { return state(/*create_moments=*/false); }
+  std::array<at::Tensor, 3> state_for_save() override {
+    return state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get())));
+  }
   std::array<at::Tensor, 3> state_for_load(bool create_moments) override {
     return state(create_moments);
   }
@@ -383,7 +385,7 @@ class InMemoryShard : public ShardOptimizer {
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-    if (view_moments_) return {master_, view_moments_->moment(create_moments), at::Tensor()};
+    if (view_moments_) return {master_, view_moments_->moment(), at::Tensor()};
     auto [exp_avg, exp_avg_sq] = moments_of(*optimizer_, master_, create_moments);
     return {master_, exp_avg, exp_avg_sq};
   }

@@ -16,23 +16,23 @@ ViewMoments::ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master,
   for (const auto& v : views_)
     TORCH_CHECK(v.dim() == 1 && v.is_contiguous() && v.storage().is_alias_of(master_.storage()),
                 "ViewMoments: a group's tensor is not a 1-D view of the master (internal error)");
+  moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
+  adopt();
 }
 
 void ViewMoments::adopt() {
   for (const auto& v : views_) {
-    const at::Tensor own = moments_of(optimizer_, v, /*create=*/false)[0];
-    if (!own.defined() || (moment_.defined() && own.storage().is_alias_of(moment_.storage())))
-      continue;
-    if (!moment_.defined()) moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
+    // The view's state, made by the optimizer's rule if it has none (a view-sized transient).
+    const at::Tensor own = moments_of(optimizer_, v, /*create=*/true)[0];
+    TORCH_CHECK(own.defined(), "ViewMoments: no state for a group's view (internal error)");
+    if (own.storage().is_alias_of(moment_.storage())) continue;
     at::Tensor slice = moment_.narrow(0, v.storage_offset() - master_.storage_offset(), v.numel());
     slice.copy_(own.view({-1}));
     set_moment(optimizer_, v, slice);
   }
 }
 
-at::Tensor ViewMoments::moment(bool create) {
-  if (create)
-    for (const auto& v : views_) moments_of(optimizer_, v, /*create=*/true);
+at::Tensor ViewMoments::moment() {
   adopt();
   return moment_;
 }
@@ -44,9 +44,8 @@ int64_t ViewMoments::step() const {
 }
 
 void ViewMoments::set_step(int64_t step) {
-  if (step >= 0)
-    for (const auto& v : views_) set_moment_step(optimizer_, v, step);
-  adopt();  // a view without state got one
+  if (step < 0) return;
+  for (const auto& v : views_) set_moment_step(optimizer_, v, step);
 }
 
 }  // namespace zero

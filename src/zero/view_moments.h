@@ -1,12 +1,14 @@
 // A one-moment optimizer (Lion, Adagrad: zero/moment_state.h) stepping several parameter groups
 // over a rank's fp32 master steps views of it, one per group segment (zero/flat_groups.h), and
 // keeps one state per view. Checkpoints read and write the partition's moment as one tensor, as
-// they do the master's. ViewMoments holds that tensor and makes the views' states slices of it
-// when it is asked for (a save, a load): a state the optimizer made at a step (by its own rule:
-// Lion's zeros, Adagrad's initial_accumulator_value) is copied into its slice and replaced by it,
-// and from then on the optimizer updates the slice in place (both update their moment in place).
-// For a load, every view first gets a state, made by the same rule. Before any state exists the
-// moment is undefined (nothing held, zeros saved), as the optimizer alone would have it.
+// they do the master's. ViewMoments holds that tensor and makes the views' states slices of it,
+// from construction: each view's state is made as the optimizer's first step would make it
+// (Lion's zeros; Adagrad's initial_accumulator_value, the group's for the config's Adagrad, the
+// default's for a client's), copied into its slice and pointed at it. Both optimizers find the
+// state and update it in place, so training is unchanged, the state is whole for a save at any
+// step, and a load writes straight into it. The state is made here, at initialisation, as
+// DeepSpeed's ZeRO optimizers make theirs, not at the first step: one partition-sized moment,
+// never two.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,20 +24,22 @@ class ViewMoments {
   // `views`: the groups' views of `master` (1-D, contiguous), each a parameter of `optimizer`.
   ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master, std::vector<at::Tensor> views);
 
-  // Moves the views' states that are not yet slices of the partition's moment into it.
-  void adopt();
-  // The partition's moment (1-D, master's numel); with `create`, every view's state made first.
-  at::Tensor moment(bool create);
+  // The partition's moment (1-D, master's numel); a view whose state something replaced
+  // (optimizer.state().clear(), a client's own load) gets a slice again first.
+  at::Tensor moment();
   // The views' step count (they step in lockstep): 0 before the first step. set_step: every
-  // view's (step >= 0; made where missing), then adopt().
+  // view's (step >= 0).
   int64_t step() const;
   void set_step(int64_t step);
 
  private:
+  // Makes each view's state that is not a slice of moment_ (missing or replaced) one.
+  void adopt();
+
   torch::optim::Optimizer& optimizer_;
   at::Tensor master_;
   std::vector<at::Tensor> views_;
-  at::Tensor moment_;  // undefined until a view has state
+  at::Tensor moment_;
 };
 
 }  // namespace zero

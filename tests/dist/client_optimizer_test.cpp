@@ -269,12 +269,13 @@ dstest::RunSpec adagrad_spec(int world, bool client, bool resumed, int stage = 2
   return s;
 }
 
-// `saving` trains to kAdagradSaveAt and saves; `resuming` loads that checkpoint (with or
+// `saving` trains to `save_at` and saves; `resuming` loads that checkpoint (with or
 // without the optimizer states) and trains on.
 dstest::RunResult save_and_resume(dstest::RunSpec saving, dstest::RunSpec resuming,
-                                  bool load_optimizer_states = true) {
+                                  bool load_optimizer_states = true,
+                                  int save_at = kAdagradSaveAt) {
   dstest::TempDir dir;
-  saving.steps = kAdagradSaveAt;
+  saving.steps = save_at;
   saving.after_training = [&](deepspeed::Engine& e) { e.save_checkpoint(dir.path()); };
   dstest::train_gpt(saving);
   resuming.model_seed = 11;  // other initial weights: the load must replace them
@@ -335,6 +336,48 @@ TEST(AdagradCheckpoint, ResumesAtAnotherWorldSizeAndStage) {
       EXPECT_GT(apart, 1e-3);
     }
   }
+}
+
+// Saved before the first step. At stage 2 a client Adagrad's sums are not made yet (the stage
+// cleared those its constructor made: they were for the module's parameters), so the save makes
+// them as the step would (initial_accumulator_value) and the resumed job steps as the
+// uninterrupted one, bit for bit. Zeros saved instead would make its first step lr·g/|g|.
+TEST(AdagradCheckpoint, SavedBeforeTheFirstStepResumesBitForBit) {
+  for (bool client : {true, false}) {
+    for (int stage : {0, 2}) {
+      for (bool two_groups : {false, true}) {
+        SCOPED_TRACE(std::string(client ? "client" : "config") + " Adagrad, stage " +
+                     std::to_string(stage) + (two_groups ? ", two groups" : ""));
+        const auto saving = adagrad_spec(2, client, false, stage, two_groups);
+        const auto uninterrupted = dstest::train_gpt(saving);
+        const auto resumed = save_and_resume(
+            saving, adagrad_spec(2, client, true, stage, two_groups), true, /*save_at=*/0);
+        EXPECT_EQ(resumed.losses, uninterrupted.losses);
+        EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
+      }
+    }
+  }
+}
+
+// At stage 0 in fp32 a client optimizer may hold only some of the trainable parameters (here
+// the matrices; the vectors keep their initial values): the others get no state to save or
+// load, and the job resumes bit for bit.
+TEST(AdagradCheckpoint, StageZeroClientHoldingSomeParametersResumes) {
+  auto spec = [](bool resumed) {
+    auto s = adagrad_spec(2, true, resumed, 0);
+    s.client_optimizer = [resumed](gpt::GPTImpl& m) {
+      return std::make_shared<torch::optim::Adagrad>(
+          dstest::matrices_and_vectors(m).matrices,
+          torch::optim::AdagradOptions(resumed ? 0.03 : 0.01).initial_accumulator_value(0.5));
+    };
+    return s;
+  };
+  const auto uninterrupted = dstest::train_gpt(spec(false));
+  const std::vector<double> tail(uninterrupted.losses.begin() + kAdagradSaveAt,
+                                 uninterrupted.losses.end());
+  const auto resumed = save_and_resume(spec(false), spec(true));
+  EXPECT_EQ(resumed.losses, tail);
+  EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
 }
 
 }  // namespace client_optimizer_test

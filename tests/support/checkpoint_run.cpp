@@ -1,6 +1,7 @@
 #include "support/checkpoint_run.h"
 
 #include <mutex>
+#include <stdexcept>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/layout.h"
@@ -17,9 +18,14 @@ ConsolidatedState consolidated_state(const std::string& save_dir) {
   ConsolidatedState out;
   out.meta = ckpt::read_manifest(fs, dir).metadata;
   // The kinds the optimizer's format holds (Lion: no exp_avg_sq; SGD: the masters alone).
-  for (const auto& kind : ckpt::state_kinds(out.meta["optimizer"]["format"].get<std::string>()))
-    (kind == "fp32" ? out.fp32 : kind == "exp_avg" ? out.exp_avg : out.exp_avg_sq) =
-        ckpt::consolidate_trainable(fs, dir, kind);
+  for (const auto& kind : ckpt::state_kinds(out.meta["optimizer"]["format"].get<std::string>())) {
+    auto whole = ckpt::consolidate_trainable(fs, dir, kind);
+    if (kind == "fp32") out.fp32 = std::move(whole);
+    else if (kind == "exp_avg") out.exp_avg = std::move(whole);
+    else if (kind == "exp_avg_sq") out.exp_avg_sq = std::move(whole);
+    else if (kind == "sum") out.sum = std::move(whole);
+    else throw std::runtime_error("consolidated_state: unknown state kind " + kind);
+  }
   return out;
 }
 

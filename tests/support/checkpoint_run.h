@@ -39,11 +39,12 @@ struct CheckpointJobResult {
 
 CheckpointJobResult run_checkpoint_job(const CheckpointJob& job);
 
-// A saved checkpoint read whole (its `latest` tag under save_dir): the masters and both Adam
-// moments per parameter, consolidated across ranks and tensor slices, and the manifest metadata.
-// The moments the checkpoint's optimizer format does not hold stay empty.
+// A saved checkpoint read whole (its `latest` tag under save_dir): the masters and the moments
+// per parameter (Adam's two, Lion's exp_avg, Adagrad's sum), consolidated across ranks and tensor
+// slices, and the manifest metadata. The moments the checkpoint's optimizer format does not hold
+// stay empty.
 struct ConsolidatedState {
-  std::vector<std::pair<std::string, torch::Tensor>> fp32, exp_avg, exp_avg_sq;
+  std::vector<std::pair<std::string, torch::Tensor>> fp32, exp_avg, exp_avg_sq, sum;
   nlohmann::json meta;
 };
 ConsolidatedState consolidated_state(const std::string& save_dir);

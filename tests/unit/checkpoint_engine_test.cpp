@@ -297,6 +297,18 @@ TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
   msg = message_of([&] { adam.engine->load_checkpoint(dir.path()); });
   EXPECT_NE(msg.find("holds a libtorch optimizer archive"), std::string::npos) << msg;
   EXPECT_NE(msg.find("keeps Adam moments"), std::string::npos) << msg;
+  // Lion and Adagrad load their state from their fragment formats only; the message says an
+  // archive of theirs is from an earlier build.
+  for (const char* type : {"Lion", "Adagrad"}) {
+    auto other = config(1);
+    other["optimizer"] = {{"type", type}};
+    auto engine = make_single_engine(other);
+    msg = message_of([&] { engine.engine->load_checkpoint(dir.path()); });
+    EXPECT_NE(msg.find("holds a libtorch optimizer archive"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("earlier builds saved Lion's and Adagrad's state as an archive"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("load_optimizer_states=false"), std::string::npos) << msg;
+  }
 }
 
 TEST(CheckpointFaults, DiskFullFailsClearlyAndLosesNothing) {

@@ -42,17 +42,17 @@ void add_missing_client_adagrad_state(torch::optim::Optimizer& optimizer) {
   add_missing_state(*adagrad, /*from_group=*/false);
 }
 
-torch::optim::AdagradParamState& adagrad_state_of(torch::optim::Adagrad& adagrad,
+torch::optim::AdagradParamState* adagrad_state_of(torch::optim::Adagrad& adagrad,
                                                   const at::Tensor& param) {
-  const auto key = compat::optimizer_state_key(param);
   const bool from_group = dynamic_cast<LazyStateAdagrad*>(&adagrad) != nullptr;
   for (auto& group : adagrad.param_groups())
     for (const auto& p : group.params())
-      if (p.is_same(param)) add_state_if_missing(adagrad, group, p, from_group);
-  auto it = adagrad.state().find(key);
-  TORCH_CHECK(it != adagrad.state().end(),
-              "adagrad_state_of: the tensor is not a parameter of this Adagrad (internal error)");
-  return static_cast<torch::optim::AdagradParamState&>(*it->second);
+      if (p.is_same(param)) {
+        add_state_if_missing(adagrad, group, p, from_group);
+        return static_cast<torch::optim::AdagradParamState*>(
+            adagrad.state().at(compat::optimizer_state_key(p)).get());
+      }
+  return nullptr;
 }
 
 }  // namespace optim

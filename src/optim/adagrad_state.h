@@ -28,9 +28,9 @@ class LazyStateAdagrad : public torch::optim::Adagrad {
 void add_missing_client_adagrad_state(torch::optim::Optimizer& optimizer);
 
 // `param`'s state, made when it has none as the step would make it (a LazyStateAdagrad: from
-// param's group's initial_accumulator_value; any other Adagrad: from the default's). For
-// checkpoints, which load into it (zero/moment_state.h). `param` must be one of its parameters.
-torch::optim::AdagradParamState& adagrad_state_of(torch::optim::Adagrad& adagrad,
+// param's group's initial_accumulator_value; any other Adagrad: from the default's); nullptr
+// when `param` is not one of its parameters. For checkpoints (zero/moment_state.h).
+torch::optim::AdagradParamState* adagrad_state_of(torch::optim::Adagrad& adagrad,
                                                   const at::Tensor& param);
 
 }  // namespace optim

@@ -12,21 +12,26 @@ namespace deepspeed {
 namespace zero {
 namespace {
 
+// `param`'s state, nullptr when it has none.
+template <class State>
+State* find_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  auto it = optimizer.state().find(compat::optimizer_state_key(param));
+  return it == optimizer.state().end() ? nullptr : static_cast<State*>(it->second.get());
+}
+
 // `param`'s entry in the optimizer's state, nullptr when there is none and !create; with
 // create, a zeroed State at step 0 whose tensors `fill` sets.
 template <class State, class Fill>
 State* state_entry(torch::optim::Optimizer& optimizer, const at::Tensor& param, bool create,
                    Fill fill) {
-  auto key = compat::optimizer_state_key(param);
-  auto it = optimizer.state().find(key);
-  if (it == optimizer.state().end()) {
-    if (!create) return nullptr;
-    auto s = std::make_unique<State>();
-    s->step(0);
-    fill(*s);
-    it = optimizer.state().emplace(key, std::move(s)).first;
-  }
-  return static_cast<State*>(it->second.get());
+  if (auto* s = find_state<State>(optimizer, param)) return s;
+  if (!create) return nullptr;
+  auto s = std::make_unique<State>();
+  s->step(0);
+  fill(*s);
+  auto* made = s.get();
+  optimizer.state()[compat::optimizer_state_key(param)] = std::move(s);
+  return made;
 }
 
 torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& optimizer,
@@ -55,15 +60,12 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
       });
 }
 
-// Adagrad's state is made by its own rule (optim/adagrad_state.h), not zeroed.
+// Adagrad's state is made by its own rule (optim/adagrad_state.h), not zeroed, and only for
+// its own parameters.
 torch::optim::AdagradParamState* adagrad_state(torch::optim::Optimizer& optimizer,
                                                const at::Tensor& param, bool create) {
-  auto& adagrad = static_cast<torch::optim::Adagrad&>(optimizer);
-  if (create && holds(optimizer, param)) return &optim::adagrad_state_of(adagrad, param);
-  auto it = optimizer.state().find(compat::optimizer_state_key(param));
-  return it == optimizer.state().end()
-             ? nullptr
-             : static_cast<torch::optim::AdagradParamState*>(it->second.get());
+  if (!create) return find_state<torch::optim::AdagradParamState>(optimizer, param);
+  return optim::adagrad_state_of(static_cast<torch::optim::Adagrad&>(optimizer), param);
 }
 
 }  // namespace

@@ -14,8 +14,8 @@
 namespace deepspeed {
 namespace zero {
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
-  // Each storage once: states may be views of one buffer (Lion over parameter groups' views
-  // shares one momentum, zero/shard_optimizer.cpp).
+  // Each storage once: states may be slices of one buffer (Lion's or Adagrad's over parameter
+  // groups' views of a partition, zero/view_moments.h).
   std::set<const void*> counted;
   int64_t total = 0;
   auto add = [&](const at::Tensor& t) {

@@ -107,34 +107,13 @@ void say_off(int world, const std::string& why) {
                world, why.c_str());
 }
 
-// Creates (O_EXCL) and opens a new segment "<stem>_<random>", trying other random parts while
-// the name exists: a crashed job's leftover (containers that share /dev/shm reuse low pids, and
-// the pid and count alone repeat) does not keep this group off shared memory. Returns the fd
-// and sets `name`, or -1 after saying why.
-int open_new(const std::string& stem, int world, std::string& name) {
-  constexpr int kTries = 8;
-  for (int i = 0; i < kTries; ++i) {
-    name = stem + "_" + random_token();
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) return fd;
-    const int err = errno;
-    if (err != EEXIST || i + 1 == kTries) {
-      say_off(world, fmt::format("could not create the segment /dev/shm{} (shm_open: {}{})",
-                                 name, std::strerror(err),
-                                 err == EEXIST ? fmt::format(", {} names tried", kTries) : ""));
-      return -1;
-    }
-  }
-  return -1;
-}
-
 // Rank 0: a fresh segment named "<stem>_<random>" (`name` set to it) with its header and
 // counters initialised, or null, said on stderr (not fatal: the group then keeps to Gloo, the
 // others learn it from the empty name setup_shm_segment publishes).
 std::unique_ptr<ShmSegment> create(const std::string& stem, int world, int slots,
                                    size_t slot_bytes, std::string& name) {
   const size_t bytes = segment_bytes(world, slots, slot_bytes);
-  const int fd = open_new(stem, world, name);
+  const int fd = create_exclusive_segment(stem, world, name, random_token);
   if (fd < 0) return nullptr;
   void* base = nullptr;
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -196,6 +175,26 @@ std::unique_ptr<ShmSegment> attach(const std::string& name, int world, int slots
 }
 
 }  // namespace
+
+// Tries other names while one exists: a crashed job's leftover (containers that share /dev/shm
+// reuse low pids, and the pid and count alone repeat) must not keep this group off shared memory.
+int create_exclusive_segment(const std::string& stem, int world, std::string& name,
+                             const std::function<std::string()>& next_token) {
+  constexpr int kTries = 8;
+  for (int i = 0; i < kTries; ++i) {
+    name = stem + "_" + next_token();
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) return fd;
+    const int err = errno;
+    if (err != EEXIST || i + 1 == kTries) {
+      say_off(world, fmt::format("could not create the segment /dev/shm{} (shm_open: {}{})",
+                                 name, std::strerror(err),
+                                 err == EEXIST ? fmt::format(", {} names tried", kTries) : ""));
+      return -1;
+    }
+  }
+  return -1;
+}
 
 ShmSegment::~ShmSegment() { ::munmap(base_, bytes_); }
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -86,6 +87,13 @@ size_t shm_allreduce_slot_bytes_from_env();
 // (shm_allreduce.h): DS_SHM_ALLREDUCE_SHARE_BYTES, default chosen with bench/shm_allreduce.cpp.
 // ConfigError for a value outside [1, 2^40] (a value above the slot size: never).
 size_t shm_allreduce_share_bytes_from_env();
+
+// Creates (O_EXCL, mode 0600) and opens a new segment "<stem>_<next_token()>", drawing another
+// token while the name exists, at most 8 times. Returns the descriptor and sets `name` to the
+// segment's; or -1 (`name`: the last tried) after saying on stderr why this group of `world`
+// ranks keeps to Gloo. setup_shm_segment draws 64 random bits; tests draw their own.
+int create_exclusive_segment(const std::string& stem, int world, std::string& name,
+                             const std::function<std::string()>& next_token);
 
 // Sets up the segment of a group over its rendezvous store. COLLECTIVE over the group (after the
 // Gloo group is made): every rank publishes whether it wants the shared-memory path and its host

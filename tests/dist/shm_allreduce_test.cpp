@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -161,6 +162,59 @@ TEST(ShmAllReduce, LeftoverSegmentOfTheSamePidDoesNotTurnItOff) {
   for (const auto& name : made) ::shm_unlink(name.c_str());
   EXPECT_GT(limit[0], 0u);
   EXPECT_GT(limit[1], 0u);
+}
+
+// The retry behind the test above, with the names drawn here: a name that exists is left as it
+// is and the next token is tried; when every try meets an existing name the group keeps to Gloo,
+// saying how many names were tried.
+TEST(ShmAllReduce, ExistingNamesAreSkippedNotReused) {
+  const std::string stem = "/ds_shm_test_" + std::to_string(::getpid());
+  std::vector<std::string> tokens;
+  for (char c = 'a'; c <= 'i'; ++c) tokens.emplace_back(1, c);
+  std::vector<std::string> leftovers;  // a crashed job's, holding one byte we check survives
+  auto cleanup = [&] {
+    for (const auto& t : tokens) ::shm_unlink((stem + "_" + t).c_str());
+  };
+  auto leave = [&](const std::string& token) {
+    const std::string name = stem + "_" + token;
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << "no /dev/shm to test with";
+    ASSERT_EQ(::write(fd, "L", 1), 1);
+    ::close(fd);
+    leftovers.push_back(name);
+  };
+  cleanup();
+  leave("a");
+  leave("b");
+  size_t drawn = 0;
+  auto next = [&] { return tokens.at(drawn++); };
+  std::string name;
+  const int fd = comm::create_exclusive_segment(stem, 2, name, next);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(name, stem + "_c");
+  EXPECT_EQ(drawn, 3u);
+  if (fd >= 0) ::close(fd);
+  for (const auto& left : leftovers) {  // untouched: not truncated, not reopened
+    struct stat st {};
+    const int lfd = ::shm_open(left.c_str(), O_RDONLY, 0);
+    ASSERT_GE(lfd, 0) << left;
+    EXPECT_EQ(::fstat(lfd, &st), 0);
+    EXPECT_EQ(st.st_size, 1) << left;
+    ::close(lfd);
+  }
+  // Every one of the 8 tries (a..h; "c" is the segment just made) meets an existing name: -1,
+  // said on stderr naming the last; "i" is never drawn.
+  for (const char* t : {"d", "e", "f", "g", "h"}) leave(t);
+  drawn = 0;
+  testing::internal::CaptureStderr();
+  const int none = comm::create_exclusive_segment(stem, 2, name, next);
+  const std::string said = testing::internal::GetCapturedStderr();
+  cleanup();
+  EXPECT_EQ(none, -1);
+  EXPECT_EQ(drawn, 8u);
+  EXPECT_NE(said.find("8 names tried"), std::string::npos) << said;
+  EXPECT_NE(said.find(stem + "_h"), std::string::npos) << said;
+  EXPECT_NE(said.find("through Gloo"), std::string::npos) << said;
 }
 
 TEST(ShmAllReduce, OnForLocalGroupsOffWithTheSwitch) {

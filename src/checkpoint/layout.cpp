@@ -18,11 +18,13 @@ std::vector<std::string> state_kinds(const std::string& format) {
   if (format == kAdamFragments) return {"fp32", "exp_avg", "exp_avg_sq"};
   if (format == kLionFragments) return {"fp32", "exp_avg"};
   if (format == kAdagradFragments) return {"fp32", "sum"};
+  if (format == kSgdFragments) return {"fp32", "momentum_buffer"};
   return {"fp32"};
 }
 
 bool is_fragment_format(const std::string& format) {
-  return format == kAdamFragments || format == kLionFragments || format == kAdagradFragments;
+  return format == kAdamFragments || format == kLionFragments || format == kAdagradFragments ||
+         format == kSgdFragments;
 }
 
 namespace {

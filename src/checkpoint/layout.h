@@ -56,12 +56,13 @@ constexpr int kCheckpointFormatVersion = 1;
 constexpr const char* kAdamFragments = "adam_fragments";  // moments as fragments: reshardable
 constexpr const char* kLionFragments = "lion_fragments";  // Lion's exp_avg as fragments: the same
 constexpr const char* kAdagradFragments = "adagrad_fragments";  // Adagrad's sum: the same
+constexpr const char* kSgdFragments = "sgd_fragments";  // SGD's momentum_buffer: the same
 constexpr const char* kTorchArchive = "torch_archive";    // libtorch's own serialisation, per rank
 constexpr const char* kNoOptimizerState = "none";
 
 // The fragment kinds an optim file of `format` holds per parameter: "fp32", then the moments
-// ("exp_avg", "exp_avg_sq" for Adam; "exp_avg" for Lion; "sum" for Adagrad); "fp32" alone for
-// any other format.
+// ("exp_avg", "exp_avg_sq" for Adam; "exp_avg" for Lion; "sum" for Adagrad; "momentum_buffer"
+// for SGD); "fp32" alone for any other format.
 std::vector<std::string> state_kinds(const std::string& format);
 // Whether `format` saves the optimizer's state as fragments (and so reshards).
 bool is_fragment_format(const std::string& format);

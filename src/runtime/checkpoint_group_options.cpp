@@ -5,6 +5,7 @@
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
 #include <torch/serialize/archive.h>
 
 #include "deepspeed/errors.h"
@@ -31,6 +32,11 @@ nlohmann::json group_options_json(torch::optim::Optimizer& optimizer) {
       g["weight_decay"] = a->weight_decay();
       g["initial_accumulator_value"] = a->initial_accumulator_value();
       g["eps"] = a->eps();
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
+      g["momentum"] = sgd->momentum();
+      g["dampening"] = sgd->dampening();
+      g["weight_decay"] = sgd->weight_decay();
+      g["nesterov"] = sgd->nesterov();
     }
     groups.push_back(std::move(g));
   }
@@ -96,6 +102,12 @@ GroupOptions group_options_from_json(const nlohmann::json& saved,
       if (read_key(s, "initial_accumulator_value", value, source, g))
         a->initial_accumulator_value(value);
       if (read_key(s, "eps", value, source, g)) a->eps(value);
+    } else if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(options.get())) {
+      if (read_key(s, "momentum", value, source, g)) sgd->momentum(value);
+      if (read_key(s, "dampening", value, source, g)) sgd->dampening(value);
+      if (read_key(s, "weight_decay", value, source, g)) sgd->weight_decay(value);
+      bool nesterov = false;
+      if (read_key(s, "nesterov", nesterov, source, g)) sgd->nesterov(nesterov);
     }
     out.push_back(std::move(options));
   }

@@ -5,8 +5,11 @@
 // - Adam-format checkpoints (FusedAdam, CPU Adam, the swapped Adam, Lamb and the 1-bit types,
 //   whose groups carry torch::optim::AdamWOptions) write each group's options as JSON into every
 //   rank's optim-states file: metadata key "param_groups", [{"lr", "betas", "eps",
-//   "weight_decay", "amsgrad"}] in the optimizer's group order (a group of another options type:
-//   {"lr"} alone). Absent in checkpoints saved before it: the engine's own options stay.
+//   "weight_decay", "amsgrad"}] in the optimizer's group order; the other fragment formats
+//   likewise with their optimizer's keys (Lion: lr, betas, weight_decay; Adagrad: lr, lr_decay,
+//   weight_decay, initial_accumulator_value, eps; SGD: lr, momentum, dampening, weight_decay,
+//   nesterov; a group of another options type: {"lr"} alone). Absent in checkpoints saved
+//   before it: the engine's own options stay.
 // - A non-Adam optimizer's libtorch archive (`optimizer_archive`) already holds each group's
 //   options (param_groups/<g>/options), which libtorch's Optimizer::load reads past: they are
 //   read from it here.

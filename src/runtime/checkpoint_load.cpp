@@ -183,8 +183,8 @@ void plan_torch_archive(TagReader& reader, const EngineState& s, Plan& plan) {
       reader.pipeline_stages() == stages && reader.tensor_parallel_size() == tensor_size(s);
   if (!same_stages || (!replicated && (reader.zero_stage() != stage || saved_dp != world)))
     throw CheckpointError("checkpoint '" + reader.dir() +
-                          "' holds a non-Adam optimizer's state "
-                          "saved at world size " +
+                          "' holds a libtorch optimizer archive (a client optimizer's own "
+                          "state) saved at world size " +
                           std::to_string(reader.world_size()) + " (pipeline stages " +
                           std::to_string(reader.pipeline_stages()) + ", tensor-parallel size " +
                           std::to_string(reader.tensor_parallel_size()) + "), ZeRO stage " +
@@ -267,7 +267,9 @@ std::string format_holds(const std::string& format) {
   if (format == kAdamFragments) return "Adam moments";
   if (format == kLionFragments) return "Lion's momentum";
   if (format == kAdagradFragments) return "Adagrad's sums";
-  return "a libtorch optimizer archive (an optimizer other than Adam's family, Lion or Adagrad)";
+  if (format == kSgdFragments) return "SGD's momentum buffers";
+  return "a libtorch optimizer archive (an optimizer other than Adam's family, Lion, Adagrad or "
+         "SGD)";
 }
 
 void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::string>& names,
@@ -285,11 +287,12 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
   const std::string ours = s.stage->adam_step() >= 0
                                ? zero::moment_format(zero::moment_family(s.optimizer.get()))
                                : kTorchArchive;
-  if (format == kTorchArchive && (ours == kLionFragments || ours == kAdagradFragments))
+  if (format == kTorchArchive &&
+      (ours == kLionFragments || ours == kAdagradFragments || ours == kSgdFragments))
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a libtorch optimizer archive, "
                           "but this engine's optimizer keeps " + format_holds(ours) +
                           ", which it loads only from \"" + ours + "\" fragments (earlier "
-                          "builds saved Lion's and Adagrad's state as an archive too): pass "
+                          "builds saved Lion's, Adagrad's and SGD's state as an archive too): pass "
                           "load_optimizer_states=false to load the weights alone");
   if (format != ours)
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds " + format_holds(format) +
@@ -303,7 +306,7 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
     return;
   }
   if (!plan.masters_from_module.empty())
-    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a non-Adam optimizer's state, "
+    throw CheckpointError("checkpoint '" + reader.dir() + "' holds a libtorch optimizer archive, "
                           "which does not cover trainable parameter \"" +
                           *plan.masters_from_module.begin() +
                           "\"; pass load_optimizer_states=false to load the weights alone");

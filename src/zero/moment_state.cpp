@@ -1,5 +1,7 @@
 #include "zero/moment_state.h"
 
+#include <type_traits>
+
 #include <torch/torch.h>
 
 #include "checkpoint/layout.h"
@@ -27,7 +29,7 @@ State* state_entry(torch::optim::Optimizer& optimizer, const at::Tensor& param, 
   if (auto* s = find_state<State>(optimizer, param)) return s;
   if (!create) return nullptr;
   auto s = std::make_unique<State>();
-  s->step(0);
+  if constexpr (!std::is_same_v<State, torch::optim::SGDParamState>) s->step(0);
   fill(*s);
   auto* made = s.get();
   optimizer.state()[compat::optimizer_state_key(param)] = std::move(s);
@@ -60,6 +62,24 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
       });
 }
 
+// SGD keeps a buffer only for parameters of a group with momentum (its step makes none else).
+bool keeps_sgd_buffer(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      if (p.is_same(param))
+        return static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0;
+  return false;
+}
+
+torch::optim::SGDParamState* sgd_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                                       bool create) {
+  return state_entry<torch::optim::SGDParamState>(
+      optimizer, param, create && keeps_sgd_buffer(optimizer, param),
+      [&](torch::optim::SGDParamState& s) {
+        s.momentum_buffer(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+      });
+}
+
 // Adagrad's state is made by its own rule (optim/adagrad_state.h), not zeroed, and only for
 // its own parameters.
 torch::optim::AdagradParamState* adagrad_state(torch::optim::Optimizer& optimizer,
@@ -74,6 +94,7 @@ MomentFamily moment_family(const torch::optim::Optimizer* optimizer) {
   if (dynamic_cast<const optim::AdamMoments*>(optimizer)) return MomentFamily::kAdam;
   if (dynamic_cast<const optim::Lion*>(optimizer)) return MomentFamily::kLion;
   if (dynamic_cast<const torch::optim::Adagrad*>(optimizer)) return MomentFamily::kAdagrad;
+  if (dynamic_cast<const torch::optim::SGD*>(optimizer)) return MomentFamily::kSgd;
   return MomentFamily::kNone;
 }
 
@@ -84,6 +105,7 @@ const char* moment_format(MomentFamily family) {
     case MomentFamily::kAdam: return checkpoint::kAdamFragments;
     case MomentFamily::kLion: return checkpoint::kLionFragments;
     case MomentFamily::kAdagrad: return checkpoint::kAdagradFragments;
+    case MomentFamily::kSgd: return checkpoint::kSgdFragments;
     case MomentFamily::kNone: break;
   }
   return checkpoint::kTorchArchive;
@@ -103,6 +125,7 @@ int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param)
       auto* s = adagrad_state(optimizer, param, /*create=*/false);
       return s ? s->step() : 0;
     }
+    case MomentFamily::kSgd: return sgd_state(optimizer, param, /*create=*/false) ? 1 : 0;
     case MomentFamily::kNone: break;
   }
   return -1;
@@ -114,6 +137,12 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
     case MomentFamily::kAdam: adam_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kLion: lion_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kAdagrad: adagrad_state(optimizer, param, /*create=*/true)->step(step); break;
+    case MomentFamily::kSgd:
+      if (step > 0)
+        sgd_state(optimizer, param, /*create=*/true);
+      else
+        optimizer.state().erase(compat::optimizer_state_key(param));
+      break;
     case MomentFamily::kNone: break;
   }
 }
@@ -131,6 +160,10 @@ std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const a
     case MomentFamily::kAdagrad:
       if (auto* s = adagrad_state(optimizer, param, create)) return {s->sum().view({-1}), {}};
       break;
+    case MomentFamily::kSgd:
+      if (auto* s = sgd_state(optimizer, param, create))
+        return {s->momentum_buffer().view({-1}), {}};
+      break;
     case MomentFamily::kNone: break;
   }
   return {};
@@ -138,13 +171,16 @@ std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const a
 
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment) {
   const auto family = moment_family(&optimizer);
-  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad,
+  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
+                  family == MomentFamily::kSgd,
               "set_moment: not a one-moment optimizer (internal error)");
   const at::Tensor shaped = moment.view(param.sizes());
   if (family == MomentFamily::kLion)
     lion_state(optimizer, param, /*create=*/false)->exp_avg(shaped);
-  else
+  else if (family == MomentFamily::kAdagrad)
     adagrad_state(optimizer, param, /*create=*/false)->sum(shaped);
+  else
+    sgd_state(optimizer, param, /*create=*/false)->momentum_buffer(shaped);
 }
 
 }  // namespace zero

@@ -4,11 +4,16 @@
 //                 in torch::optim::AdamWParamState, format "adam_fragments";
 //   Lion          optim::LionParamState's exp_avg, format "lion_fragments";
 //   Adagrad       torch::optim::Adagrad (the config's, a client's): its sum,
-//                 format "adagrad_fragments".
+//                 format "adagrad_fragments";
+//   SGD           torch::optim::SGD (the config's, a client's) with momentum: its
+//                 momentum_buffer, format "sgd_fragments".
 // Each keeps one state per parameter tensor, every tensor stepping in lockstep, so one step
 // count serves the whole partition (the manifest's "adam_step", whichever family saved it).
-// Any other optimizer (SGD, a client's libtorch Adam or RMSprop, ...) is saved as libtorch's
-// archive, per rank (docs/decisions.md says why SGD is not a family).
+// SGD counts no steps: its "step" is 1 once its buffers exist, 0 before (its first step makes
+// each buffer a copy of the gradient, where a later one scales it by the momentum and adds
+// (1 - dampening)·gradient, so whether a buffer exists is state a resume must keep).
+// Any other optimizer (a client's libtorch Adam, AdamW or RMSprop, ...) is saved as libtorch's
+// archive, per rank.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -19,7 +24,7 @@
 namespace deepspeed {
 namespace zero {
 
-enum class MomentFamily { kNone, kAdam, kLion, kAdagrad };
+enum class MomentFamily { kNone, kAdam, kLion, kAdagrad, kSgd };
 MomentFamily moment_family(const torch::optim::Optimizer* optimizer);
 // The checkpoint format a family's state is saved in (kTorchArchive for kNone).
 const char* moment_format(MomentFamily family);
@@ -28,19 +33,23 @@ const char* moment_format(MomentFamily family);
 // saving zeros would resume otherwise. (Adam's and Lion's start at zeros: nothing to make.)
 bool saves_made_state(MomentFamily family);
 
-// The step count of `param`'s state: -1 for kNone, 0 before its first step. And its
-// counterpart for loading (no-op for step < 0; makes zeroed state where there is none).
+// The step count of `param`'s state: -1 for kNone, 0 before its first step (SGD: 1 when its
+// buffer exists, else 0). And its counterpart for loading: no-op for step < 0; makes zeroed
+// state where there is none (SGD: for step >= 1; step 0 removes its buffer, so that the next
+// step makes it from the gradient as a first step does).
 int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step);
 
 // The moments of `param`'s state as 1-D views of all its elements: [exp_avg, exp_avg_sq] (Lion:
-// [exp_avg, undefined]; Adagrad: [sum, undefined]). Both undefined for kNone, or when there is
-// no state yet and `create` is false; with `create`, state at step 0 is made as the optimizer's
-// step would make it (zeros; Adagrad's initial_accumulator_value), for Lion and Adagrad only
-// when `param` is one of the optimizer's (a stage-0 client optimizer may hold a subset).
+// [exp_avg, undefined]; Adagrad: [sum, undefined]; SGD: [momentum_buffer, undefined]). Both
+// undefined for kNone, or when there is no state yet and `create` is false; with `create`, state
+// at step 0 is made as the optimizer's step would make it (zeros; Adagrad's
+// initial_accumulator_value), for Lion, Adagrad and SGD only when `param` is one of the
+// optimizer's (a stage-0 client optimizer may hold a subset), for SGD only in a group whose
+// momentum is not 0 (SGD without momentum keeps no state).
 std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                      bool create);
-// For a one-moment family (Lion, Adagrad): `param`'s state, which must exist, keeps `moment`
+// For a one-moment family (Lion, Adagrad, SGD): `param`'s state, which must exist, keeps `moment`
 // (numel elements of param's, any shape) in place of its own tensor (zero/view_moments.h).
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment);
 

@@ -21,6 +21,13 @@ namespace deepspeed {
 namespace zero {
 namespace {
 
+// An SGD without momentum in every group keeps no state: nothing for ViewMoments to hold.
+bool any_group_has_momentum(const torch::optim::Optimizer& sgd) {
+  for (const auto& group : sgd.param_groups())
+    if (static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0) return true;
+  return false;
+}
+
 // Masters and moments in memory, stepped by a torch::optim::Optimizer over one fp32 tensor: the
 // partition itself when it is fp32 and resident (`aliased`), else an fp32 copy. With the home
 // "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in host memory (page-locked with
@@ -308,9 +315,11 @@ class InMemoryShard : public ShardOptimizer {
   // A client's libtorch Adagrad has no state for the master or its views (its constructor made
   // it for the module's parameters; the factory and give_groups_their_views clear it): it gets
   // the state its constructor would have made for them. Nothing for other optimizers.
+  // SGD's first step makes its buffers per view: into the partition's moment with them.
   void step_optimizer() {
     optim::add_missing_client_adagrad_state(*optimizer_);
     optimizer_->step();
+    if (view_moments_) view_moments_->adopt(/*create=*/false);
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
@@ -351,7 +360,8 @@ class InMemoryShard : public ShardOptimizer {
     segments_ = options.group_segments;
     optimizer_->state().clear();
     const auto family = moment_family(optimizer_.get());
-    if (family == MomentFamily::kLion || family == MomentFamily::kAdagrad) {
+    if (family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
+        (family == MomentFamily::kSgd && any_group_has_momentum(*optimizer_))) {
       std::vector<at::Tensor> all;
       for (const auto& group : views) all.insert(all.end(), group.begin(), group.end());
       view_moments_ = std::make_unique<ViewMoments>(*optimizer_, master_, std::move(all));
@@ -385,7 +395,7 @@ class InMemoryShard : public ShardOptimizer {
     if (master_.scalar_type() != at::kFloat)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
-    if (view_moments_) return {master_, view_moments_->moment(), at::Tensor()};
+    if (view_moments_) return {master_, view_moments_->moment(create_moments), at::Tensor()};
     auto [exp_avg, exp_avg_sq] = moments_of(*optimizer_, master_, create_moments);
     return {master_, exp_avg, exp_avg_sq};
   }

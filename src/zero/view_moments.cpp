@@ -11,20 +11,26 @@ ViewMoments::ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master,
                          std::vector<at::Tensor> views)
     : optimizer_(optimizer), master_(std::move(master)), views_(std::move(views)) {
   const auto family = moment_family(&optimizer_);
-  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad,
+  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
+                  family == MomentFamily::kSgd,
               "ViewMoments: not a one-moment optimizer (internal error)");
+  makes_state_ahead_ = family != MomentFamily::kSgd;
   for (const auto& v : views_)
     TORCH_CHECK(v.dim() == 1 && v.is_contiguous() && v.storage().is_alias_of(master_.storage()),
                 "ViewMoments: a group's tensor is not a 1-D view of the master (internal error)");
   moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
-  adopt();
+  adopt(makes_state_ahead_);
 }
 
-void ViewMoments::adopt() {
+void ViewMoments::adopt(bool create) {
+  create = create || makes_state_ahead_;
   for (const auto& v : views_) {
     // The view's state, made by the optimizer's rule if it has none (a view-sized transient).
-    const at::Tensor own = moments_of(optimizer_, v, /*create=*/true)[0];
-    TORCH_CHECK(own.defined(), "ViewMoments: no state for a group's view (internal error)");
+    const at::Tensor own = moments_of(optimizer_, v, create)[0];
+    if (!own.defined()) {  // SGD: no buffer yet, or none kept (no momentum)
+      TORCH_CHECK(!makes_state_ahead_, "ViewMoments: no state for a group's view (internal error)");
+      continue;
+    }
     if (own.storage().is_alias_of(moment_.storage())) continue;
     at::Tensor slice = moment_.narrow(0, v.storage_offset() - master_.storage_offset(), v.numel());
     slice.copy_(own.view({-1}));
@@ -32,8 +38,8 @@ void ViewMoments::adopt() {
   }
 }
 
-at::Tensor ViewMoments::moment() {
-  adopt();
+at::Tensor ViewMoments::moment(bool create) {
+  adopt(create);
   return moment_;
 }
 

@@ -1,14 +1,19 @@
-// A one-moment optimizer (Lion, Adagrad: zero/moment_state.h) stepping several parameter groups
-// over a rank's fp32 master steps views of it, one per group segment (zero/flat_groups.h), and
-// keeps one state per view. Checkpoints read and write the partition's moment as one tensor, as
-// they do the master's. ViewMoments holds that tensor and makes the views' states slices of it,
-// from construction: each view's state is made as the optimizer's first step would make it
+// A one-moment optimizer (Lion, Adagrad, SGD: zero/moment_state.h) stepping several parameter
+// groups over a rank's fp32 master steps views of it, one per group segment (zero/flat_groups.h),
+// and keeps one state per view. Checkpoints read and write the partition's moment as one tensor,
+// as they do the master's. ViewMoments holds that tensor and makes the views' states slices of
+// it, from construction: each view's state is made as the optimizer's first step would make it
 // (Lion's zeros; Adagrad's initial_accumulator_value, the group's for the config's Adagrad, the
-// default's for a client's), copied into its slice and pointed at it. Both optimizers find the
+// default's for a client's), copied into its slice and pointed at it. The optimizers find the
 // state and update it in place, so training is unchanged, the state is whole for a save at any
 // step, and a load writes straight into it. The state is made here, at initialisation, as
 // DeepSpeed's ZeRO optimizers make theirs, not at the first step: one partition-sized moment,
 // never two.
+// SGD is the exception: its first step makes a buffer as a copy of the gradient, and a buffer
+// that exists would be scaled and added to instead (with dampening, another value), so its
+// buffers are not made ahead. After each step adopt(false) moves the ones that step made into
+// their slices (the first step holds both for a moment), and a load makes them (adopt(true)).
+// Views of a group without momentum get no buffer; their slices stay zeros.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -25,18 +30,20 @@ class ViewMoments {
   ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master, std::vector<at::Tensor> views);
 
   // The partition's moment (1-D, master's numel); a view whose state something replaced
-  // (optimizer.state().clear(), a client's own load) gets a slice again first.
-  at::Tensor moment();
+  // (optimizer.state().clear(), a client's own load) gets a slice again first, and with
+  // `create` one without state gets state (SGD: a zero buffer; the others always have it).
+  at::Tensor moment(bool create);
+  // Makes each view's state that is not a slice of the moment (missing when `create`, or
+  // replaced, or made by SGD's step) one.
+  void adopt(bool create);
   // The views' step count (they step in lockstep): 0 before the first step. set_step: every
   // view's (step >= 0).
   int64_t step() const;
   void set_step(int64_t step);
 
  private:
-  // Makes each view's state that is not a slice of moment_ (missing or replaced) one.
-  void adopt();
-
   torch::optim::Optimizer& optimizer_;
+  bool makes_state_ahead_;  // not SGD: every view has state from construction
   at::Tensor master_;
   std::vector<at::Tensor> views_;
   at::Tensor moment_;

@@ -28,7 +28,7 @@ namespace {
 struct Case {
   int world;
   int stage;
-  const char* optimizer;  // "AdamW" (reshardable fragments) or "SGD" (libtorch's own archive)
+  const char* optimizer;  // "AdamW" or "SGD" (momentum buffers): both saved as fragments
   bool bf16 = false;      // bf16 model with fp32 masters (stage 0 then runs PartitionedStage)
 };
 void PrintTo(const Case& c, std::ostream* os) {

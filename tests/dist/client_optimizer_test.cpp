@@ -3,13 +3,16 @@
 // Adam: the client torch::optim::Adam steps the fp32 partition with libtorch's arithmetic, the
 // config's Adam with the fused kernel; the two differ by float rounding only, so the losses agree
 // to 1e-6 over 8 steps. SGD is libtorch's SGD both ways. Under offload the client Adam becomes the
-// CPU Adam with its options: then the runs are the same arithmetic and agree exactly.
+// CPU Adam with its options: then the runs are the same arithmetic and agree exactly. At the
+// end: Adagrad's and SGD's checkpoints (their state saved per element), client and config.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "deepspeed/errors.h"
+#include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/param_groups.h"
@@ -297,18 +300,18 @@ TEST(AdagradCheckpoint, ResumesBitForBitAtStage2) {
     ASSERT_EQ(tail.size(), size_t(kSteps - kAdagradSaveAt));
     EXPECT_EQ(resumed.losses, tail);  // bit for bit
     EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
-    // The resumed job's own options and fresh sums would train otherwise: the match above is
-    // the checkpoint's doing.
+    // Fresh sums (the saved options, the weights loaded) would train otherwise: the match
+    // above is the saved state's doing.
     const auto weights_only = save_and_resume(adagrad_spec(2, client, false),
-                                              adagrad_spec(2, client, true), false);
+                                              adagrad_spec(2, client, false), false);
     EXPECT_NE(weights_only.losses, tail);
   }
 }
 
 // Saved on 2 ranks at stage 2, loaded on 1 or 4 ranks at stages 0-3, with one parameter group or
 // two: each rank assembles its partition's sums from the saved fragments, and training goes on as
-// the uninterrupted run (only summation orders differ). Without the optimizer states it would
-// train otherwise (fresh sums, the resuming job's options).
+// the uninterrupted run (only summation orders differ). Without the optimizer states (the
+// saved options, the weights loaded) it would train otherwise: fresh sums.
 TEST(AdagradCheckpoint, ResumesAtAnotherWorldSizeAndStage) {
   for (bool client : {true, false}) {
     for (bool two_groups : {false, true}) {
@@ -329,11 +332,11 @@ TEST(AdagradCheckpoint, ResumesAtAnotherWorldSizeAndStage) {
           EXPECT_NEAR(resumed.losses[i], tail[i], 1e-5 * tail[i]) << "step " << i;
       }
       const auto weights_only =
-          save_and_resume(saving, adagrad_spec(4, client, true, 1, two_groups), false);
+          save_and_resume(saving, adagrad_spec(4, client, false, 1, two_groups), false);
       double apart = 0;
       for (size_t i = 0; i < tail.size(); ++i)
         apart = std::max(apart, std::abs(weights_only.losses[i] - tail[i]) / tail[i]);
-      EXPECT_GT(apart, 1e-3);
+      EXPECT_GT(apart, 1e-4);  // measured 6.1e-4; the resumed runs above: within 1e-5
     }
   }
 }
@@ -378,6 +381,162 @@ TEST(AdagradCheckpoint, StageZeroClientHoldingSomeParametersResumes) {
   const auto resumed = save_and_resume(spec(false), spec(true));
   EXPECT_EQ(resumed.losses, tail);
   EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
+}
+
+// ---- SGD checkpoints under ZeRO ----
+// SGD's momentum buffers are saved per element ("sgd_fragments", docs/checkpoints.md), with its
+// groups' options (momentum, dampening, weight decay, nesterov). Whether the buffers exist is
+// the format's step (1, or 0 before the first step): torch's first step copies the gradient into
+// a new buffer, a later one scales the buffer and adds (1 - dampening)·gradient.
+namespace {
+constexpr int kSgdSaveAt = 4;
+
+// As adagrad_spec: the config's SGD or a client's torch::optim::SGD, options that differ between
+// the saving and the resuming job (`resumed`). Dampening, so that a first step and a later one
+// differ. `two_groups`: the vectors in a group of their own without momentum (they keep no buffer).
+dstest::RunSpec sgd_spec(int world, bool client, bool resumed, int stage = 2,
+                         bool two_groups = false) {
+  dstest::RunSpec s;
+  s.world_size = world;
+  s.steps = kSteps;
+  s.config = dstest::base_config(4 / world, 1, stage);
+  if (stage == 3) s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+  s.config["gradient_clipping"] = 0.5;
+  const double lr = resumed ? 0.3 : 0.1, momentum = resumed ? 0.5 : 0.9,
+               dampening = resumed ? 0.0 : 0.25, decay = resumed ? 0.0 : 0.01;
+  const auto options =
+      torch::optim::SGDOptions(lr).momentum(momentum).dampening(dampening).weight_decay(decay);
+  if (client) {
+    s.config.erase("optimizer");
+    s.client_optimizer = [=](gpt::GPTImpl& m) {
+      if (!two_groups) return std::make_shared<torch::optim::SGD>(m.parameters(), options);
+      auto [matrices, vectors] = dstest::matrices_and_vectors(m);
+      auto plain = std::make_unique<torch::optim::SGDOptions>(options);
+      plain->momentum(0).dampening(0);
+      return std::make_shared<torch::optim::SGD>(
+          std::vector<torch::optim::OptimizerParamGroup>{
+              torch::optim::OptimizerParamGroup(vectors, std::move(plain)),
+              torch::optim::OptimizerParamGroup(matrices)},
+          options);
+    };
+  } else {
+    s.config["optimizer"] = {{"type", "SGD"},
+                             {"params",
+                              {{"lr", lr},
+                               {"momentum", momentum},
+                               {"dampening", dampening},
+                               {"weight_decay", decay}}}};
+    if (two_groups)
+      s.model_parameters = [=](gpt::GPTImpl& m) {
+        auto [matrices, vectors] = dstest::matrices_and_vectors(m);
+        return std::vector<deepspeed::ParamGroup>{
+            {vectors, {{"momentum", 0.0}, {"dampening", 0.0}}}, {matrices, json::object()}};
+      };
+  }
+  return s;
+}
+}  // namespace
+
+// Saved on 2 ranks at stage 2, resumed at the same layout (bit for bit), and on 1 or 4 ranks at
+// stages 0-3 (each rank assembles its partition's buffers from the fragments; only summation
+// orders differ), with one parameter group or two (one without momentum). The resumed job is
+// built with other options: the saved ones must win. Without the optimizer states (the saved
+// options, the weights loaded) it trains otherwise: no buffers.
+TEST(SgdCheckpoint, ResumesAtAnotherWorldSizeAndStage) {
+  for (bool client : {true, false}) {
+    for (bool two_groups : {false, true}) {
+      SCOPED_TRACE(std::string(client ? "client torch::optim::SGD" : "config \"SGD\"") +
+                   (two_groups ? ", two groups" : ""));
+      const auto saving = sgd_spec(2, client, false, 2, two_groups);
+      const auto uninterrupted = dstest::train_gpt(saving);
+      const std::vector<double> tail(uninterrupted.losses.begin() + kSgdSaveAt,
+                                     uninterrupted.losses.end());
+      {
+        dstest::TempDir dir;
+        auto first = saving;
+        first.steps = kSgdSaveAt;
+        first.after_training = [&](deepspeed::Engine& e) { e.save_checkpoint(dir.path()); };
+        dstest::train_gpt(first);
+        const auto saved = dstest::consolidated_state(dir.path());
+        EXPECT_EQ(saved.meta["optimizer"]["format"], "sgd_fragments");
+        EXPECT_EQ(saved.meta["optimizer"]["adam_step"], 1);
+        ASSERT_EQ(saved.momentum_buffer.size(), saved.fp32.size());
+        int64_t nonzero = 0;
+        for (const auto& [name, buffer] : saved.momentum_buffer)
+          nonzero += buffer.ne(0).sum().item<int64_t>();
+        EXPECT_GT(nonzero, 0);
+      }
+      const auto same =
+          save_and_resume(saving, sgd_spec(2, client, true, 2, two_groups), true, kSgdSaveAt);
+      EXPECT_EQ(same.losses, tail);  // bit for bit
+      EXPECT_EQ(dstest::max_weight_diff(same, uninterrupted), 0.0);
+      for (auto [world, stage] : {std::pair{1, 0}, std::pair{4, 3}, std::pair{4, 1},
+                                  std::pair{1, 2}}) {
+        SCOPED_TRACE("resumed at world size " + std::to_string(world) + ", stage " +
+                     std::to_string(stage));
+        const auto resumed = save_and_resume(
+            saving, sgd_spec(world, client, true, stage, two_groups), true, kSgdSaveAt);
+        ASSERT_EQ(resumed.losses.size(), tail.size());
+        for (size_t i = 0; i < tail.size(); ++i)
+          EXPECT_NEAR(resumed.losses[i], tail[i], 1e-5 * tail[i]) << "step " << i;
+      }
+      const auto weights_only = save_and_resume(
+          saving, sgd_spec(4, client, false, 1, two_groups), false, kSgdSaveAt);
+      double apart = 0;
+      for (size_t i = 0; i < tail.size(); ++i)
+        apart = std::max(apart, std::abs(weights_only.losses[i] - tail[i]) / tail[i]);
+      EXPECT_GT(apart, 1e-3);  // measured 2.2e-2 and 2.6e-2; the resumed runs: within 1e-5
+    }
+  }
+}
+
+// Saved before the first step: no buffers yet, so the resumed job's first step copies the
+// gradient into new ones, as the uninterrupted job's does (bit for bit). Zero buffers kept
+// instead would make it (1 - dampening)·gradient.
+TEST(SgdCheckpoint, SavedBeforeTheFirstStepResumesBitForBit) {
+  for (bool client : {true, false}) {
+    for (int stage : {0, 2}) {
+      for (bool two_groups : {false, true}) {
+        SCOPED_TRACE(std::string(client ? "client" : "config") + " SGD, stage " +
+                     std::to_string(stage) + (two_groups ? ", two groups" : ""));
+        const auto saving = sgd_spec(2, client, false, stage, two_groups);
+        const auto uninterrupted = dstest::train_gpt(saving);
+        const auto resumed = save_and_resume(
+            saving, sgd_spec(2, client, true, stage, two_groups), true, /*save_at=*/0);
+        EXPECT_EQ(resumed.losses, uninterrupted.losses);
+        EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
+      }
+    }
+  }
+}
+
+// Over a ZeRO partition with two groups the first step makes one buffer per view of the group
+// with momentum; they are moved into one partition-sized tensor right after it (what a save
+// reads), so every buffer is a slice of one storage and the memory report counts it once:
+// about one fp32 per element of the rank's partition on two ranks.
+TEST(SgdCheckpoint, GroupViewsKeepSlicesOfOnePartitionBuffer) {
+  for (int stage : {1, 2, 3}) {
+    for (bool client : {true, false}) {
+      SCOPED_TRACE(std::string(client ? "client" : "config") + " SGD, stage " +
+                   std::to_string(stage));
+      auto s = sgd_spec(2, client, false, stage, /*two_groups=*/true);
+      s.steps = 2;
+      auto [r, storages] = dstest::train_measuring(s, [](deepspeed::Engine& e) {
+        std::set<const void*> distinct;
+        for (auto& [key, state] : e.optimizer()->state())
+          distinct.insert(dynamic_cast<torch::optim::SGDParamState&>(*state)
+                              .momentum_buffer()
+                              .storage()
+                              .unsafeGetStorageImpl());
+        return static_cast<int64_t>(distinct.size());
+      });
+      const int64_t psi = dstest::count_parameters(s.model);
+      for (int rank = 0; rank < 2; ++rank) {
+        EXPECT_EQ(storages[rank], 1) << "rank " << rank;
+        EXPECT_NEAR(r.memory[rank].optimizer_states, 2 * psi, 0.05 * psi) << "rank " << rank;
+      }
+    }
+  }
 }
 
 }  // namespace client_optimizer_test

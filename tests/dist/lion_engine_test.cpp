@@ -187,7 +187,9 @@ TEST(LionEngine, ResumesAtAnotherWorldSizeAndStage) {
     auto resume = [&](int world, int stage, bool load_optimizer_states,
                       const std::string& resaved) {
       auto r = spec_at(world, stage, kSteps, two_groups);
-      r.config["optimizer"] = lion(1e-2, 0.3);  // the checkpoint's options must win
+      // Built with other options, which the checkpoint's must replace; the control (weights
+      // only) keeps the saved ones, so that the momentum alone is what it lacks.
+      if (load_optimizer_states) r.config["optimizer"] = lion(1e-2, 0.3);
       r.model_seed = 11;
       r.before_training = [&](deepspeed::Engine& e) {
         e.load_checkpoint(saved.path(), "", true, load_optimizer_states);
@@ -225,7 +227,8 @@ TEST(LionEngine, ResumesAtAnotherWorldSizeAndStage) {
     for (size_t i = 0; i < tail.size(); ++i)
       apart = std::max(apart, std::abs(fresh.losses[i] - tail[i]) / tail[i]);
     EXPECT_GT(apart, 1e-3);  // the comparison above depends on the momentum carried over
-    EXPECT_GT(weights_apart(fresh, uninterrupted), psi / 2);  // measured: 36780 of 42368
+    // Measured 17790 of 42368 (the resumed runs above: at most psi / 200).
+    EXPECT_GT(weights_apart(fresh, uninterrupted), psi / 5);
   }
 }
 

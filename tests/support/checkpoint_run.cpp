@@ -17,13 +17,14 @@ ConsolidatedState consolidated_state(const std::string& save_dir) {
   const std::string dir = ckpt::resolve_tag_dir(fs, save_dir);
   ConsolidatedState out;
   out.meta = ckpt::read_manifest(fs, dir).metadata;
-  // The kinds the optimizer's format holds (Lion: no exp_avg_sq; SGD: the masters alone).
+  // The kinds the optimizer's format holds (Lion: no exp_avg_sq; an archive: the masters alone).
   for (const auto& kind : ckpt::state_kinds(out.meta["optimizer"]["format"].get<std::string>())) {
     auto whole = ckpt::consolidate_trainable(fs, dir, kind);
     if (kind == "fp32") out.fp32 = std::move(whole);
     else if (kind == "exp_avg") out.exp_avg = std::move(whole);
     else if (kind == "exp_avg_sq") out.exp_avg_sq = std::move(whole);
     else if (kind == "sum") out.sum = std::move(whole);
+    else if (kind == "momentum_buffer") out.momentum_buffer = std::move(whole);
     else throw std::runtime_error("consolidated_state: unknown state kind " + kind);
   }
   return out;

@@ -44,7 +44,8 @@ CheckpointJobResult run_checkpoint_job(const CheckpointJob& job);
 // slices, and the manifest metadata. The moments the checkpoint's optimizer format does not hold
 // stay empty.
 struct ConsolidatedState {
-  std::vector<std::pair<std::string, torch::Tensor>> fp32, exp_avg, exp_avg_sq, sum;
+  std::vector<std::pair<std::string, torch::Tensor>> fp32, exp_avg, exp_avg_sq, sum,
+      momentum_buffer;
   nlohmann::json meta;
 };
 ConsolidatedState consolidated_state(const std::string& save_dir);

@@ -278,18 +278,43 @@ TEST(CheckpointRefusal, APythonDeepSpeedCheckpointIsNamedAsSuch) {
   EXPECT_NE(msg.find("mp_rank_00_model_states.pt"), std::string::npos) << msg;
 }
 
-TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
+namespace {
+// An engine (stage `stage`, one process) stepping a client torch::optim::RMSprop with momentum:
+// an optimizer outside the families saved per element, so its state is libtorch's archive.
+SingleEngine rmsprop_engine(int stage) {
+  at::set_num_threads(1);
+  auto c = config(stage);
+  c.erase("optimizer");
+  const gpt::GPTConfig model{256, 16, 2, 2, 32};
+  SingleEngine e;
+  torch::manual_seed(7);
+  e.model = std::make_shared<gpt::GPTImpl>(model);
+  auto r = deepspeed::initialize<gpt::GPTImpl>(
+      {.model = e.model,
+       .config_json = c,
+       .training_data = dstest::test_text_dataset(model.block_size),
+       .optimizer = std::make_shared<torch::optim::RMSprop>(
+           e.model->parameters(), torch::optim::RMSpropOptions(0.01).momentum(0.9)),
+       .comm = deepspeed::comm::make_single_process_communicator()});
+  e.engine = r.engine;
+  e.loader = r.training_dataloader;
+  return e;
+}
+}  // namespace
+
+TEST(CheckpointRefusal, ArchiveStateNeedsTheSameLayout) {
   dstest::TempDir dir;
-  auto sgd = config(1);
-  sgd["optimizer"] = {{"type", "SGD"}, {"params", {{"lr", 0.05}, {"momentum", 0.9}}}};
-  auto e = make_single_engine(sgd);
+  auto e = rmsprop_engine(1);
   e.train(2);
   e.engine->save_checkpoint(dir.path());
-  auto sgd2 = sgd;
-  sgd2["zero_optimization"]["stage"] = 2;
-  auto other_stage = make_single_engine(sgd2);
+  EXPECT_EQ(ckpt::read_manifest(ckpt::posix_file_system(), dir / "global_step2")
+                .metadata["optimizer"]["format"],
+            "torch_archive");
+  auto other_stage = rmsprop_engine(2);
   auto msg = message_of([&] { other_stage.engine->load_checkpoint(dir.path()); });
-  EXPECT_NE(msg.find("non-Adam"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("holds a libtorch optimizer archive (a client optimizer's own state)"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("ZeRO stage 1"), std::string::npos) << msg;
   // Weights alone load anywhere.
   EXPECT_NO_THROW(other_stage.engine->load_checkpoint(dir.path(), "", true, /*load_optimizer_states=*/false));
   EXPECT_TRUE(bit_identical(other_stage.weights(), e.weights()));
@@ -297,15 +322,15 @@ TEST(CheckpointRefusal, NonAdamOptimizerStateNeedsTheSameLayout) {
   msg = message_of([&] { adam.engine->load_checkpoint(dir.path()); });
   EXPECT_NE(msg.find("holds a libtorch optimizer archive"), std::string::npos) << msg;
   EXPECT_NE(msg.find("keeps Adam moments"), std::string::npos) << msg;
-  // Lion and Adagrad load their state from their fragment formats only; the message says an
-  // archive of theirs is from an earlier build.
-  for (const char* type : {"Lion", "Adagrad"}) {
+  // Lion, Adagrad and SGD load their state from their fragment formats only; the message says
+  // an archive of theirs is from an earlier build.
+  for (const char* type : {"Lion", "Adagrad", "SGD"}) {
     auto other = config(1);
     other["optimizer"] = {{"type", type}};
     auto engine = make_single_engine(other);
     msg = message_of([&] { engine.engine->load_checkpoint(dir.path()); });
     EXPECT_NE(msg.find("holds a libtorch optimizer archive"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("earlier builds saved Lion's and Adagrad's state as an archive"),
+    EXPECT_NE(msg.find("earlier builds saved Lion's, Adagrad's and SGD's state as an archive"),
               std::string::npos) << msg;
     EXPECT_NE(msg.find("load_optimizer_states=false"), std::string::npos) << msg;
   }

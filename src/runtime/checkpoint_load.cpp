@@ -586,12 +586,20 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   comm::Communicator& job = job_comm(s);
   std::unique_ptr<TagReader> reader;
   Plan plan;
-  run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
-    require_whole_step(s, "load_checkpoint");
-    refuse_inside_gathered_scope(s, "load_checkpoint");
-    reader = std::make_unique<TagReader>(fs, dir);
-    plan = make_plan(*reader, s, o);
-  });
+  // Planning makes missing optimizer state to load into; a refused load drops what it made
+  // where that would change the next step (SGD's buffers: zero/moment_state.h undo_made_state).
+  const bool had_state = s.optimizer && !s.optimizer->state().empty();
+  try {
+    run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
+      require_whole_step(s, "load_checkpoint");
+      refuse_inside_gathered_scope(s, "load_checkpoint");
+      reader = std::make_unique<TagReader>(fs, dir);
+      plan = make_plan(*reader, s, o);
+    });
+  } catch (...) {
+    if (s.optimizer) zero::undo_made_state(*s.optimizer, had_state);
+    throw;
+  }
   const std::string applying =
       "load_checkpoint '" + dir + "': applying (the engine may be partly loaded)";
   run_agreed(job, applying, [&] { apply_module(s, *reader, plan); });

@@ -62,7 +62,8 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
       });
 }
 
-// SGD keeps a buffer only for parameters of a group with momentum (its step makes none else).
+// Whether SGD's step keeps a buffer for `param`: one of its parameters, in a group with
+// momentum (its step makes none else).
 bool keeps_sgd_buffer(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params())
@@ -71,10 +72,13 @@ bool keeps_sgd_buffer(const torch::optim::Optimizer& optimizer, const at::Tensor
   return false;
 }
 
+// With `create`, a buffer is made for any of the optimizer's parameters, with or without
+// momentum: a load makes them before the saved options replace the engine's, which may give a
+// group momentum it has not now (set_moment_step drops the ones that end up without).
 torch::optim::SGDParamState* sgd_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                        bool create) {
   return state_entry<torch::optim::SGDParamState>(
-      optimizer, param, create && keeps_sgd_buffer(optimizer, param),
+      optimizer, param, create && holds(optimizer, param),
       [&](torch::optim::SGDParamState& s) {
         s.momentum_buffer(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
       });
@@ -138,9 +142,9 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
     case MomentFamily::kLion: lion_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kAdagrad: adagrad_state(optimizer, param, /*create=*/true)->step(step); break;
     case MomentFamily::kSgd:
-      if (step > 0)
+      if (step > 0 && keeps_sgd_buffer(optimizer, param))
         sgd_state(optimizer, param, /*create=*/true);
-      else
+      else  // before the first step, or a group without momentum: no buffer, as a fresh SGD
         optimizer.state().erase(compat::optimizer_state_key(param));
       break;
     case MomentFamily::kNone: break;
@@ -167,6 +171,12 @@ std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const a
     case MomentFamily::kNone: break;
   }
   return {};
+}
+
+void undo_made_state(torch::optim::Optimizer& optimizer, bool stepped) {
+  if (moment_family(&optimizer) != MomentFamily::kSgd) return;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) set_moment_step(optimizer, p, stepped ? 1 : 0);
 }
 
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment) {

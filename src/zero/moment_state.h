@@ -34,9 +34,10 @@ const char* moment_format(MomentFamily family);
 bool saves_made_state(MomentFamily family);
 
 // The step count of `param`'s state: -1 for kNone, 0 before its first step (SGD: 1 when its
-// buffer exists, else 0). And its counterpart for loading: no-op for step < 0; makes zeroed
-// state where there is none (SGD: for step >= 1; step 0 removes its buffer, so that the next
-// step makes it from the gradient as a first step does).
+// buffer exists, else 0). And its counterpart for loading, after the saved group options are in
+// place: no-op for step < 0; makes zeroed state where there is none. SGD: step 0, or a group
+// without momentum, removes the buffer (the next step then makes it from the gradient, as a
+// first step does); step >= 1 keeps or makes it.
 int64_t moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param);
 void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param, int64_t step);
 
@@ -45,10 +46,15 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
 // undefined for kNone, or when there is no state yet and `create` is false; with `create`, state
 // at step 0 is made as the optimizer's step would make it (zeros; Adagrad's
 // initial_accumulator_value), for Lion, Adagrad and SGD only when `param` is one of the
-// optimizer's (a stage-0 client optimizer may hold a subset), for SGD only in a group whose
-// momentum is not 0 (SGD without momentum keeps no state).
+// optimizer's (a stage-0 client optimizer may hold a subset); SGD's in any group, with momentum
+// or not (a load reads the buffers before the saved options say which groups keep them).
 std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                      bool create);
+// A load that failed after state_to_load made SGD's buffers leaves SGD as it was: `stepped`, whether
+// it had any state before the load (a fresh SGD has no buffer, and a zero one would change its
+// first step). The other families' made state is what their first step makes: nothing to undo.
+void undo_made_state(torch::optim::Optimizer& optimizer, bool stepped);
+
 // For a one-moment family (Lion, Adagrad, SGD): `param`'s state, which must exist, keeps `moment`
 // (numel elements of param's, any shape) in place of its own tensor (zero/view_moments.h).
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment);

@@ -21,13 +21,6 @@ namespace deepspeed {
 namespace zero {
 namespace {
 
-// An SGD without momentum in every group keeps no state: nothing for ViewMoments to hold.
-bool any_group_has_momentum(const torch::optim::Optimizer& sgd) {
-  for (const auto& group : sgd.param_groups())
-    if (static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0) return true;
-  return false;
-}
-
 // Masters and moments in memory, stepped by a torch::optim::Optimizer over one fp32 tensor: the
 // partition itself when it is fp32 and resident (`aliased`), else an fp32 copy. With the home
 // "cpu" and a partition on a GPU (ZeRO-Offload) the copy is in host memory (page-locked with
@@ -319,7 +312,7 @@ class InMemoryShard : public ShardOptimizer {
   void step_optimizer() {
     optim::add_missing_client_adagrad_state(*optimizer_);
     optimizer_->step();
-    if (view_moments_) view_moments_->adopt(/*create=*/false);
+    if (view_moments_) view_moments_->after_step();
   }
 
   // ZeRO-Offload with an optimizer other than FusedAdam: the device gradients down into fp32
@@ -361,7 +354,7 @@ class InMemoryShard : public ShardOptimizer {
     optimizer_->state().clear();
     const auto family = moment_family(optimizer_.get());
     if (family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
-        (family == MomentFamily::kSgd && any_group_has_momentum(*optimizer_))) {
+        family == MomentFamily::kSgd) {
       std::vector<at::Tensor> all;
       for (const auto& group : views) all.insert(all.end(), group.begin(), group.end());
       view_moments_ = std::make_unique<ViewMoments>(*optimizer_, master_, std::move(all));

@@ -14,23 +14,23 @@ ViewMoments::ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master,
   TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
                   family == MomentFamily::kSgd,
               "ViewMoments: not a one-moment optimizer (internal error)");
-  makes_state_ahead_ = family != MomentFamily::kSgd;
+  sgd_ = family == MomentFamily::kSgd;
   for (const auto& v : views_)
     TORCH_CHECK(v.dim() == 1 && v.is_contiguous() && v.storage().is_alias_of(master_.storage()),
                 "ViewMoments: a group's tensor is not a 1-D view of the master (internal error)");
-  moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
-  adopt(makes_state_ahead_);
+  if (!sgd_) adopt(/*create=*/true);
 }
 
 void ViewMoments::adopt(bool create) {
-  create = create || makes_state_ahead_;
+  create = create || !sgd_;
   for (const auto& v : views_) {
     // The view's state, made by the optimizer's rule if it has none (a view-sized transient).
     const at::Tensor own = moments_of(optimizer_, v, create)[0];
     if (!own.defined()) {  // SGD: no buffer yet, or none kept (no momentum)
-      TORCH_CHECK(!makes_state_ahead_, "ViewMoments: no state for a group's view (internal error)");
+      TORCH_CHECK(sgd_, "ViewMoments: no state for a group's view (internal error)");
       continue;
     }
+    if (!moment_.defined()) moment_ = at::zeros_like(master_, at::MemoryFormat::Contiguous);
     if (own.storage().is_alias_of(moment_.storage())) continue;
     at::Tensor slice = moment_.narrow(0, v.storage_offset() - master_.storage_offset(), v.numel());
     slice.copy_(own.view({-1}));
@@ -43,7 +43,14 @@ at::Tensor ViewMoments::moment(bool create) {
   return moment_;
 }
 
+void ViewMoments::after_step() {
+  if (!sgd_) return;  // the others update their slices in place
+  sgd_stepped_ = true;
+  adopt(/*create=*/false);
+}
+
 int64_t ViewMoments::step() const {
+  if (sgd_) return sgd_stepped_ ? 1 : 0;
   int64_t step = 0;
   for (const auto& v : views_) step = std::max(step, moment_step(optimizer_, v));
   return step;
@@ -52,6 +59,9 @@ int64_t ViewMoments::step() const {
 void ViewMoments::set_step(int64_t step) {
   if (step < 0) return;
   for (const auto& v : views_) set_moment_step(optimizer_, v, step);
+  if (!sgd_) return;
+  sgd_stepped_ = step > 0;
+  if (!sgd_stepped_) moment_ = at::Tensor();  // no buffer is left (set_moment_step removed them)
 }
 
 }  // namespace zero

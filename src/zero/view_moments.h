@@ -11,9 +11,11 @@
 // never two.
 // SGD is the exception: its first step makes a buffer as a copy of the gradient, and a buffer
 // that exists would be scaled and added to instead (with dampening, another value), so its
-// buffers are not made ahead. After each step adopt(false) moves the ones that step made into
-// their slices (the first step holds both for a moment), and a load makes them (adopt(true)).
-// Views of a group without momentum get no buffer; their slices stay zeros.
+// buffers are not made ahead: the tensor is made when the first buffer is (the first step holds
+// both for a moment: after_step() moves the step's buffers into their slices), or when a load
+// asks (moment(true)). Views of a group without momentum get no buffer; their slices stay zeros.
+// SGD's "step" (1 once it has stepped) is kept here, not read from its buffers: a rank whose
+// views are all in groups without momentum has none, and every rank must save the same step.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -32,21 +34,26 @@ class ViewMoments {
   // The partition's moment (1-D, master's numel); a view whose state something replaced
   // (optimizer.state().clear(), a client's own load) gets a slice again first, and with
   // `create` one without state gets state (SGD: a zero buffer; the others always have it).
+  // Undefined for an SGD that keeps no buffer yet, unless `create`.
   at::Tensor moment(bool create);
-  // Makes each view's state that is not a slice of the moment (missing when `create`, or
-  // replaced, or made by SGD's step) one.
-  void adopt(bool create);
+  // After each optimizer step: SGD's new buffers into their slices.
+  void after_step();
   // The views' step count (they step in lockstep): 0 before the first step. set_step: every
-  // view's (step >= 0).
+  // view's (step >= 0), after a load wrote the moment and the saved options are in place.
   int64_t step() const;
   void set_step(int64_t step);
 
  private:
+  // Makes each view's state that is not a slice of moment_ (missing when `create`, replaced, or
+  // made by SGD's step) one.
+  void adopt(bool create);
+
   torch::optim::Optimizer& optimizer_;
-  bool makes_state_ahead_;  // not SGD: every view has state from construction
+  bool sgd_;              // SGD: state made by its step, or a load; not ahead
+  bool sgd_stepped_ = false;  // SGD's step: it has stepped (since construction or a load of 0)
   at::Tensor master_;
   std::vector<at::Tensor> views_;
-  at::Tensor moment_;
+  at::Tensor moment_;  // SGD: undefined until its first buffer
 };
 
 }  // namespace zero

@@ -392,8 +392,9 @@ namespace {
 constexpr int kSgdSaveAt = 4;
 
 // As adagrad_spec: the config's SGD or a client's torch::optim::SGD, options that differ between
-// the saving and the resuming job (`resumed`). Dampening, so that a first step and a later one
-// differ. `two_groups`: the vectors in a group of their own without momentum (they keep no buffer).
+// the saving and the resuming job (`resumed`: no momentum at all, so the saved options decide
+// which groups keep buffers). Dampening, so that a first step and a later one differ.
+// `two_groups`: the vectors in a group of their own without momentum (they keep no buffer).
 dstest::RunSpec sgd_spec(int world, bool client, bool resumed, int stage = 2,
                          bool two_groups = false) {
   dstest::RunSpec s;
@@ -402,7 +403,7 @@ dstest::RunSpec sgd_spec(int world, bool client, bool resumed, int stage = 2,
   s.config = dstest::base_config(4 / world, 1, stage);
   if (stage == 3) s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
   s.config["gradient_clipping"] = 0.5;
-  const double lr = resumed ? 0.3 : 0.1, momentum = resumed ? 0.5 : 0.9,
+  const double lr = resumed ? 0.3 : 0.1, momentum = resumed ? 0.0 : 0.9,
                dampening = resumed ? 0.0 : 0.25, decay = resumed ? 0.0 : 0.01;
   const auto options =
       torch::optim::SGDOptions(lr).momentum(momentum).dampening(dampening).weight_decay(decay);
@@ -536,6 +537,56 @@ TEST(SgdCheckpoint, GroupViewsKeepSlicesOfOnePartitionBuffer) {
         EXPECT_NEAR(r.memory[rank].optimizer_states, 2 * psi, 0.05 * psi) << "rank " << rank;
       }
     }
+  }
+}
+
+// Every rank saves the same step, also one whose partition lies wholly in groups without
+// momentum (it has no buffer): at world size 4 only the embedding (laid last in the flat
+// buffer) keeps one. A step read from that rank's buffers would save 0, and the load would drop
+// every buffer.
+TEST(SgdCheckpoint, ARankWithoutBuffersSavesTheJobsStep) {
+  auto spec = [](bool resumed) {
+    auto s = sgd_spec(4, false, resumed, 2);
+    s.config["optimizer"]["params"]["momentum"] = 0.0;
+    s.config["optimizer"]["params"]["dampening"] = 0.0;
+    s.model_parameters = [](gpt::GPTImpl& m) {
+      std::vector<at::Tensor> embedding, rest;
+      for (auto& item : m.named_parameters())
+        (item.key() == "wte.weight" ? embedding : rest).push_back(item.value());
+      return std::vector<deepspeed::ParamGroup>{
+          {embedding, {{"momentum", 0.9}, {"dampening", 0.25}}}, {rest, json::object()}};
+    };
+    return s;
+  };
+  const auto uninterrupted = dstest::train_gpt(spec(false));
+  const std::vector<double> tail(uninterrupted.losses.begin() + kSgdSaveAt,
+                                 uninterrupted.losses.end());
+  const auto resumed = save_and_resume(spec(false), spec(true), true, kSgdSaveAt);
+  EXPECT_EQ(resumed.losses, tail);
+  EXPECT_EQ(dstest::max_weight_diff(resumed, uninterrupted), 0.0);
+}
+
+// A refused load (the checkpoint has two parameter groups, the engine one) leaves a fresh SGD
+// without buffers, as it was: training on from there is the run that never tried, bit for bit.
+// (Zero buffers left by the refused plan would make the first step (1 - dampening)·g.)
+TEST(SgdCheckpoint, ARefusedLoadLeavesNoBuffers) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir;
+    auto saving = sgd_spec(2, false, false, stage, /*two_groups=*/true);
+    saving.steps = 1;
+    saving.after_training = [&](deepspeed::Engine& e) { e.save_checkpoint(dir.path()); };
+    dstest::train_gpt(saving);
+    const auto never_tried = dstest::train_gpt(sgd_spec(2, false, false, stage));
+    auto trying = sgd_spec(2, false, false, stage);
+    trying.before_training = [&](deepspeed::Engine& e) {
+      EXPECT_CONTAINS(dstest::message_of<deepspeed::CheckpointError>(
+                          [&] { e.load_checkpoint(dir.path()); }),
+                      "parameter group");
+    };
+    const auto tried = dstest::train_gpt(trying);
+    EXPECT_EQ(tried.losses, never_tried.losses);
+    EXPECT_EQ(dstest::max_weight_diff(tried, never_tried), 0.0);
   }
 }
 

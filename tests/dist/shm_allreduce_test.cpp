@@ -172,20 +172,30 @@ TEST(ShmAllReduce, ExistingNamesAreSkippedNotReused) {
   std::vector<std::string> tokens;
   for (char c = 'a'; c <= 'i'; ++c) tokens.emplace_back(1, c);
   std::vector<std::string> leftovers;  // a crashed job's, holding one byte we check survives
-  auto cleanup = [&] {
-    for (const auto& t : tokens) ::shm_unlink((stem + "_" + t).c_str());
-  };
+  struct Unlink {  // every name the test may make, however it ends
+    std::string stem;
+    std::vector<std::string> tokens;
+    void operator()() const {
+      for (const auto& t : tokens) ::shm_unlink((stem + "_" + t).c_str());
+    }
+    ~Unlink() { (*this)(); }
+  } cleanup{stem, tokens};
+  // false (and a test failure) when /dev/shm cannot hold it
   auto leave = [&](const std::string& token) {
     const std::string name = stem + "_" + token;
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    ASSERT_GE(fd, 0) << "no /dev/shm to test with";
-    ASSERT_EQ(::write(fd, "L", 1), 1);
+    if (fd < 0) {
+      ADD_FAILURE() << "cannot create " << name << " to test with";
+      return false;
+    }
+    const bool wrote = ::write(fd, "L", 1) == 1;
     ::close(fd);
     leftovers.push_back(name);
+    EXPECT_TRUE(wrote) << name;
+    return wrote;
   };
   cleanup();
-  leave("a");
-  leave("b");
+  ASSERT_TRUE(leave("a") && leave("b"));
   size_t drawn = 0;
   auto next = [&] { return tokens.at(drawn++); };
   std::string name;
@@ -204,12 +214,11 @@ TEST(ShmAllReduce, ExistingNamesAreSkippedNotReused) {
   }
   // Every one of the 8 tries (a..h; "c" is the segment just made) meets an existing name: -1,
   // said on stderr naming the last; "i" is never drawn.
-  for (const char* t : {"d", "e", "f", "g", "h"}) leave(t);
+  for (const char* t : {"d", "e", "f", "g", "h"}) ASSERT_TRUE(leave(t));
   drawn = 0;
   testing::internal::CaptureStderr();
   const int none = comm::create_exclusive_segment(stem, 2, name, next);
   const std::string said = testing::internal::GetCapturedStderr();
-  cleanup();
   EXPECT_EQ(none, -1);
   EXPECT_EQ(drawn, 8u);
   EXPECT_NE(said.find("8 names tried"), std::string::npos) << said;

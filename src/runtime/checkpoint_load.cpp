@@ -586,9 +586,10 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
   comm::Communicator& job = job_comm(s);
   std::unique_ptr<TagReader> reader;
   Plan plan;
-  // Planning makes missing optimizer state to load into; a refused load drops what it made
-  // where that would change the next step (SGD's buffers: zero/moment_state.h undo_made_state).
-  const bool had_state = s.optimizer && !s.optimizer->state().empty();
+  // Planning makes missing optimizer state to load into; a refused load drops it again, as a
+  // fresh SGD's first step differs with a (zero) buffer (zero/moment_state.h StateMadeSince).
+  std::optional<zero::StateMadeSince> made_since;
+  if (s.optimizer) made_since.emplace(*s.optimizer);
   try {
     run_agreed(job, "load_checkpoint '" + dir + "'", [&] {
       require_whole_step(s, "load_checkpoint");
@@ -597,7 +598,7 @@ LoadedCheckpoint load_engine_checkpoint(EngineState& s, FileSystem& fs, const st
       plan = make_plan(*reader, s, o);
     });
   } catch (...) {
-    if (s.optimizer) zero::undo_made_state(*s.optimizer, had_state);
+    if (made_since) made_since->drop(*s.optimizer);
     throw;
   }
   const std::string applying =

@@ -70,7 +70,8 @@ void write_pipeline_module_files(EngineState& s, FileSystem& fs, const std::stri
 
 nlohmann::json pipeline_manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
                                           const std::string& tag, const std::string& format,
-                                          int world_size, std::vector<std::string>& files) {
+                                          int64_t step, int world_size,
+                                          std::vector<std::string>& files) {
   const PipelineFiles& p = *s.pipeline_files;
   const int tensor = tensor_size(s);
   const int dp_size = world_size / p.stages / tensor;
@@ -118,7 +119,7 @@ nlohmann::json pipeline_manifest_metadata(EngineState& s, FileSystem& fs, const 
   }
   nlohmann::json tensors = nlohmann::json::object();
   for (const auto& f : files) tensors[f] = safetensors_tensor_list(fs, join_path(dir, f));
-  nlohmann::json meta = manifest_base(s, tag, format, world_size);
+  nlohmann::json meta = manifest_base(s, tag, format, step, world_size);
   meta["pipeline"] = {{"stages", p.stages}, {"data_parallel_size", dp_size}, {"bounds", p.bounds}};
   meta["engine_file"] = model_states_file_name(0);
   meta["module_files"] = module_files;

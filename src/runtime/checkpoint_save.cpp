@@ -121,6 +121,15 @@ std::string optimizer_format(const EngineState& s) {
   return zero::moment_format(zero::moment_family(s.optimizer.get()));
 }
 
+int64_t agreed_optimizer_step(EngineState& s) {
+  comm::Communicator& job = job_comm(s);
+  const int64_t mine = s.stage->adam_step();
+  if (job.world_size() == 1) return mine;
+  at::Tensor step = torch::full({1}, mine, torch::kLong);
+  job.all_reduce(step, comm::ReduceOp::Max)->wait();
+  return step.item<int64_t>();
+}
+
 nlohmann::json trainable_list(const EngineState& s, const std::vector<std::string>& names) {
   nlohmann::json trainable = nlohmann::json::array();
   for (size_t k = 0; k < s.trainable.size(); ++k)
@@ -140,7 +149,8 @@ comm::Communicator& job_comm(const EngineState& s) {
 // time) into a file whose header went first.
 void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
                       const std::string& dir, const std::string& file,
-                      const std::vector<std::string>& names, const std::string& format) {
+                      const std::vector<std::string>& names, const std::string& format,
+                      int64_t step) {
   const bool saves_moments = is_fragment_format(format);
   const std::vector<std::string> kinds = state_kinds(format);
   std::vector<SafetensorsEntry> entries;
@@ -166,7 +176,7 @@ void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs
   nlohmann::json meta = {{"rank", s.comm->rank()},
                          {"world_size", s.comm->world_size()},
                          {"zero_stage", s.config.zero_optimization.stage},
-                         {"adam_step", s.stage->adam_step()},
+                         {"adam_step", step},
                          {"optimizer_format", format},
                          {"fragments", fragments},
                          {"trainable", trainable_list(s, names)}};
@@ -202,7 +212,7 @@ nlohmann::json tensor_split_json(const EngineState& s) {
 }
 
 nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
-                             int world_size) {
+                             int64_t step, int world_size) {
   return {{"format", kCheckpointFormat},
           {"format_version", kCheckpointFormatVersion},
           {"library_version", library_version()},
@@ -210,7 +220,7 @@ nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const
           {"world_size", world_size},
           {"zero_stage", s.config.zero_optimization.stage},
           {"precision", precision_name(s.config)},
-          {"optimizer", {{"format", format}, {"adam_step", s.stage->adam_step()}}},
+          {"optimizer", {{"format", format}, {"adam_step", step}}},
           {"global_steps", s.global_steps},
           {"partition_alignment", partition::kAlignment}};
 }
@@ -282,7 +292,8 @@ std::vector<std::string> plain_files(const EngineState& s) {
 // data-parallel rank; "tensor_parallel" says how to merge the slices (layout.h).
 nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
                                  const std::string& tag, const std::vector<std::string>& names,
-                                 const std::vector<std::string>& files, const std::string& format) {
+                                 const std::vector<std::string>& files, const std::string& format,
+                                 int64_t step) {
   const int data = s.comm->world_size(), tensor = tensor_size(s);
   std::vector<int64_t> numels;
   for (const auto& p : s.trainable) numels.push_back(whole_numel(s, p));
@@ -299,7 +310,7 @@ nlohmann::json manifest_metadata(EngineState& s, FileSystem& fs, const std::stri
   }
   nlohmann::json tensors = nlohmann::json::object();
   for (auto& f : files) tensors[f] = safetensors_tensor_list(fs, join_path(dir, f));
-  nlohmann::json meta = manifest_base(s, tag, format, data * tensor);
+  nlohmann::json meta = manifest_base(s, tag, format, step, data * tensor);
   meta["trainable"] = trainable_list(s, names);
   meta["partitions"] = partitions;
   meta["tensors"] = tensors;
@@ -409,10 +420,11 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
   at::Tensor decision = torch::full({1}, replacing ? 1.0f : 0.0f);
   if (job.world_size() > 1) job.all_reduce(decision, comm::ReduceOp::Max)->wait();
   replacing = decision.item<float>() > 0;
+  const int64_t step = agreed_optimizer_step(s);
   const std::string into = replacing ? replacing_dir(dir) : dir;
   run_agreed(job, "save_checkpoint '" + dir + "': writing the rank files", [&] {
     test_kill_point("before_optim_file", tag);
-    write_optim_file(s, *state, fs, into, optim_file, names, format);
+    write_optim_file(s, *state, fs, into, optim_file, names, format, step);
     state.reset();
     test_kill_point("after_optim_file", tag);
   });
@@ -430,10 +442,10 @@ std::string save_engine_checkpoint(EngineState& s, FileSystem& fs, const std::st
     std::vector<std::string> files;
     nlohmann::json meta;
     if (pipeline) {
-      meta = pipeline_manifest_metadata(s, fs, into, tag, format, job.world_size(), files);
+      meta = pipeline_manifest_metadata(s, fs, into, tag, format, step, job.world_size(), files);
     } else {
       files = plain_files(s);
-      meta = manifest_metadata(s, fs, into, tag, names, files, format);
+      meta = manifest_metadata(s, fs, into, tag, names, files, format, step);
     }
     test_kill_point("before_manifest", tag);
     write_manifest(fs, into, make_manifest(fs, into, files, meta));

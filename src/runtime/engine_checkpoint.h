@@ -114,17 +114,23 @@ nlohmann::json client_state_from_saved(const nlohmann::json& saved, const std::s
 // position, client state (as stored: client_state_to_save), config.
 nlohmann::json engine_metadata(const EngineState& s, const nlohmann::json& client_state);
 std::string optimizer_format(const EngineState& s);  // kAdamFragments, kTorchArchive or kNoOptimizerState
+// The step count the optim files and the manifest save (Stage::adam_step: -1 for an optimizer
+// without a fragment format), the largest over the job: a rank whose partition keeps no state yet
+// (a pipeline stage without trainable parameters, SGD views without momentum) must not save
+// another step than the others. COLLECTIVE over the job (after its agreed checks).
+int64_t agreed_optimizer_step(EngineState& s);
 // [{"name", "shape", "numel"}] of the trainable parameters (whole).
 nlohmann::json trainable_list(const EngineState& s, const std::vector<std::string>& names);
 // This rank's optimizer-state file dir/file: its fragments (streamed from `state`), RNG state, and
 // (non-Adam) optimizer archive; metadata lists the fragments and the trainable parameters.
 void write_optim_file(EngineState& s, zero::FragmentState& state, FileSystem& fs,
                       const std::string& dir, const std::string& file,
-                      const std::vector<std::string>& names, const std::string& format);
+                      const std::vector<std::string>& names, const std::string& format,
+                      int64_t step);
 // The manifest metadata every layout has (format, version, tag, world size, stage, precision,
-// optimizer format and Adam step, global steps).
+// optimizer format and step (agreed_optimizer_step), global steps).
 nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const std::string& format,
-                             int world_size);
+                             int64_t step, int world_size);
 
 // The optimizer's extra state (optim/extra_state.h; checkpoint_extra_state.cpp).
 struct ExtraStateEntries {
@@ -154,7 +160,8 @@ void write_pipeline_module_files(EngineState& s, FileSystem& fs, const std::stri
 // every file of the tag.
 nlohmann::json pipeline_manifest_metadata(EngineState& s, FileSystem& fs, const std::string& dir,
                                           const std::string& tag, const std::string& format,
-                                          int world_size, std::vector<std::string>& files);
+                                          int64_t step, int world_size,
+                                          std::vector<std::string>& files);
 
 }  // namespace checkpoint
 }  // namespace deepspeed

@@ -1,6 +1,7 @@
 #include "zero/moment_state.h"
 
 #include <type_traits>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -173,10 +174,15 @@ std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const a
   return {};
 }
 
-void undo_made_state(torch::optim::Optimizer& optimizer, bool stepped) {
-  if (moment_family(&optimizer) != MomentFamily::kSgd) return;
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params()) set_moment_step(optimizer, p, stepped ? 1 : 0);
+StateMadeSince::StateMadeSince(const torch::optim::Optimizer& optimizer) {
+  for (const auto& entry : optimizer.state()) before_.insert(entry.first);
+}
+
+void StateMadeSince::drop(torch::optim::Optimizer& optimizer) const {
+  std::vector<compat::OptimizerStateKey> made;
+  for (const auto& entry : optimizer.state())
+    if (!before_.count(entry.first)) made.push_back(entry.first);
+  for (const auto& key : made) optimizer.state().erase(key);
 }
 
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment) {

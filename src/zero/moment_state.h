@@ -17,9 +17,12 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <set>
 
 #include <ATen/Tensor.h>
 #include <torch/optim/optimizer.h>
+
+#include "util/torch_compat.h"
 
 namespace deepspeed {
 namespace zero {
@@ -50,10 +53,18 @@ void set_moment_step(torch::optim::Optimizer& optimizer, const at::Tensor& param
 // or not (a load reads the buffers before the saved options say which groups keep them).
 std::array<at::Tensor, 2> moments_of(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                                      bool create);
-// A load that failed after state_to_load made SGD's buffers leaves SGD as it was: `stepped`, whether
-// it had any state before the load (a fresh SGD has no buffer, and a zero one would change its
-// first step). The other families' made state is what their first step makes: nothing to undo.
-void undo_made_state(torch::optim::Optimizer& optimizer, bool stepped);
+// The optimizer's state entries before a load's planning makes state to load into
+// (state_to_load with create). A load that fails afterwards drops the entries made since, so the
+// optimizer is as it was: a fresh SGD keeps having no buffer (a zero one would change its first
+// step from g to (1 - dampening)·g). Entries replaced since stay (none is, by a failed load).
+class StateMadeSince {
+ public:
+  explicit StateMadeSince(const torch::optim::Optimizer& optimizer);
+  void drop(torch::optim::Optimizer& optimizer) const;
+
+ private:
+  std::set<compat::OptimizerStateKey> before_;
+};
 
 // For a one-moment family (Lion, Adagrad, SGD): `param`'s state, which must exist, keeps `moment`
 // (numel elements of param's, any shape) in place of its own tensor (zero/view_moments.h).

@@ -44,13 +44,10 @@ at::Tensor ViewMoments::moment(bool create) {
 }
 
 void ViewMoments::after_step() {
-  if (!sgd_) return;  // the others update their slices in place
-  sgd_stepped_ = true;
-  adopt(/*create=*/false);
+  if (sgd_) adopt(/*create=*/false);  // the others update their slices in place
 }
 
 int64_t ViewMoments::step() const {
-  if (sgd_) return sgd_stepped_ ? 1 : 0;
   int64_t step = 0;
   for (const auto& v : views_) step = std::max(step, moment_step(optimizer_, v));
   return step;
@@ -60,8 +57,11 @@ void ViewMoments::set_step(int64_t step) {
   if (step < 0) return;
   for (const auto& v : views_) set_moment_step(optimizer_, v, step);
   if (!sgd_) return;
-  sgd_stepped_ = step > 0;
-  if (!sgd_stepped_) moment_ = at::Tensor();  // no buffer is left (set_moment_step removed them)
+  // No buffer left (step 0, or only groups without momentum here): the tensor goes too, until
+  // a step makes buffers again.
+  bool kept = false;
+  for (const auto& v : views_) kept = kept || moments_of(optimizer_, v, /*create=*/false)[0].defined();
+  if (!kept) moment_ = at::Tensor();
 }
 
 }  // namespace zero

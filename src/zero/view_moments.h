@@ -14,8 +14,9 @@
 // buffers are not made ahead: the tensor is made when the first buffer is (the first step holds
 // both for a moment: after_step() moves the step's buffers into their slices), or when a load
 // asks (moment(true)). Views of a group without momentum get no buffer; their slices stay zeros.
-// SGD's "step" (1 once it has stepped) is kept here, not read from its buffers: a rank whose
-// views are all in groups without momentum has none, and every rank must save the same step.
+// (A rank whose views are all in groups without momentum has no buffer, so its SGD step reads 0
+// while the others' read 1: the save takes the job's largest, runtime/engine_checkpoint.h
+// agreed_optimizer_step.)
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -38,8 +39,9 @@ class ViewMoments {
   at::Tensor moment(bool create);
   // After each optimizer step: SGD's new buffers into their slices.
   void after_step();
-  // The views' step count (they step in lockstep): 0 before the first step. set_step: every
-  // view's (step >= 0), after a load wrote the moment and the saved options are in place.
+  // The views' step count (they step in lockstep; SGD: 1 when a view has a buffer): 0 before the
+  // first step. set_step: every view's (step >= 0), after a load wrote the moment and the saved
+  // options are in place.
   int64_t step() const;
   void set_step(int64_t step);
 
@@ -49,8 +51,7 @@ class ViewMoments {
   void adopt(bool create);
 
   torch::optim::Optimizer& optimizer_;
-  bool sgd_;              // SGD: state made by its step, or a load; not ahead
-  bool sgd_stepped_ = false;  // SGD's step: it has stepped (since construction or a load of 0)
+  bool sgd_;  // SGD: state made by its step, or a load; not ahead
   at::Tensor master_;
   std::vector<at::Tensor> views_;
   at::Tensor moment_;  // SGD: undefined until its first buffer

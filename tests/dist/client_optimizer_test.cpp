@@ -540,9 +540,9 @@ TEST(SgdCheckpoint, GroupViewsKeepSlicesOfOnePartitionBuffer) {
   }
 }
 
-// Every rank saves the same step, also one whose partition lies wholly in groups without
-// momentum (it has no buffer): at world size 4 only the embedding (laid last in the flat
-// buffer) keeps one. A step read from that rank's buffers would save 0, and the load would drop
+// Every rank saves the job's step, also one whose partition lies wholly in groups without
+// momentum (it has no buffer, so its own step reads 0): at world size 4 only the embedding (laid
+// last in the flat buffer) keeps one. Rank 0's own step in the manifest would make the load drop
 // every buffer.
 TEST(SgdCheckpoint, ARankWithoutBuffersSavesTheJobsStep) {
   auto spec = [](bool resumed) {

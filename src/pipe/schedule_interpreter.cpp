@@ -123,9 +123,12 @@ double PipelineEngine::run(const Schedule& schedule, const DataIterator& data, b
             if (boundary) s.stage->begin_backward(true);
             try {
               if (boundary) s.stage->expect_gradients_from(last ? b.loss : b.output);
+              // An output that needs no gradient (every layer up to here frozen, as when only
+              // the later layers are fine-tuned) has nothing to propagate: autograd would throw
+              // "element 0 of tensors does not require grad" (as DeepSpeed's pipeline does).
               if (last)
                 backward_loss(s, b.loss);
-              else
+              else if (b.output.requires_grad())
                 torch::autograd::backward({b.output}, {b.grad_output});
               if (boundary) s.stage->end_backward(true);
             } catch (...) {

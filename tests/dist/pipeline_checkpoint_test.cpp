@@ -279,4 +279,53 @@ TEST(PipelineCheckpoint, PlainAndPipelineLayoutsRefuseEachOther) {
   EXPECT_NE(error.find("runs a PipelineModule"), std::string::npos) << error;
 }
 
+// Only the later layers trained (stage 0's layers frozen: its output needs no gradient, so its
+// backward has nothing to do; autograd would refuse it). Stage 0 keeps no optimizer state, so
+// its own step stays 0 while stage 1's reaches 3: the manifest (written by global rank 0) must
+// hold the job's step, or stage 1's moments would resume at step 0 (another bias correction).
+// The resume is bit for bit.
+TEST(PipelineCheckpoint, AFrozenFirstStageTrainsAndResumesWithTheJobsStep) {
+  auto module = [] {
+    auto m = gpt::gpt_pipeline(dstest::tiny_pipeline_gpt(/*tied=*/false));
+    m.partition_method = "uniform";  // stage 0: the first ceil(n / 2) layers
+    for (size_t k = 0; k < (m.layers.size() + 1) / 2; ++k) {
+      auto build = m.layers[k].build;
+      if (!build) continue;
+      m.layers[k].build = [build] {
+        torch::nn::AnyModule built = build();
+        for (auto& p : built.ptr()->parameters()) p.set_requires_grad(false);
+        return built;
+      };
+    }
+    return m;
+  };
+  auto run = [&](int from, int to, const std::string& save_dir, const std::string& load_dir) {
+    std::vector<double> losses;
+    std::mutex mu;
+    run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
+      auto engine = dp::initialize_pipeline(dstest::pipeline_args(comm, 2, 0, module()));
+      if (!load_dir.empty()) engine->load_checkpoint(load_dir);
+      const auto mine = dstest::train_pipeline_steps(*engine, comm, from, to);
+      if (!save_dir.empty())
+        ckpt::save_engine_checkpoint(deepspeed::state_of(*engine), ckpt::posix_file_system(),
+                                     save_dir, {});
+      std::lock_guard<std::mutex> lock(mu);
+      if (comm->rank() == 0) losses = mine;
+    });
+    return losses;
+  };
+  dstest::TempDir root;
+  const std::string dir = root.path() + "/ck";
+  const auto uninterrupted = run(0, 5, "", "");
+  ASSERT_EQ(uninterrupted.size(), 5u);
+  EXPECT_LT(uninterrupted.back(), uninterrupted.front());  // the later layers learn
+  const auto first = run(0, 3, dir, "");
+  const auto optimizer = ckpt::read_manifest(ckpt::posix_file_system(), dir + "/global_step3")
+                              .metadata.at("optimizer");
+  EXPECT_EQ(optimizer.at("format"), "adam_fragments");
+  EXPECT_EQ(optimizer.at("adam_step"), 3);
+  const auto rest = run(3, 5, "", dir);
+  EXPECT_EQ(concat(first, rest), uninterrupted);
+}
+
 }  // namespace pipeline_checkpoint_test

@@ -288,7 +288,7 @@ void plan_optimizer(TagReader& reader, EngineState& s, const std::vector<std::st
                                ? zero::moment_format(zero::moment_family(s.optimizer.get()))
                                : kTorchArchive;
   if (format == kTorchArchive &&
-      (ours == kLionFragments || ours == kAdagradFragments || ours == kSgdFragments))
+      zero::keeps_one_moment(zero::moment_family(s.optimizer.get())))
     throw CheckpointError("checkpoint '" + reader.dir() + "' holds a libtorch optimizer archive, "
                           "but this engine's optimizer keeps " + format_holds(ours) +
                           ", which it loads only from \"" + ours + "\" fragments (earlier "

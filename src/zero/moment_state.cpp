@@ -46,13 +46,19 @@ torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& optimizer,
       });
 }
 
-// Whether `param` is one of the optimizer's (a stage-0 client optimizer may hold only some of
-// the trainable parameters: the others get no state, as its step would make none).
-bool holds(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+// The parameter group holding `param`, nullptr when it is not one of the optimizer's (a stage-0
+// client optimizer may hold only some of the trainable parameters: the others get no state, as
+// its step would make none).
+const torch::optim::OptimizerParamGroup* group_of(const torch::optim::Optimizer& optimizer,
+                                                  const at::Tensor& param) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params())
-      if (p.is_same(param)) return true;
-  return false;
+      if (p.is_same(param)) return &group;
+  return nullptr;
+}
+
+bool holds(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  return group_of(optimizer, param) != nullptr;
 }
 
 optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
@@ -66,11 +72,8 @@ optim::LionParamState* lion_state(torch::optim::Optimizer& optimizer, const at::
 // Whether SGD's step keeps a buffer for `param`: one of its parameters, in a group with
 // momentum (its step makes none else).
 bool keeps_sgd_buffer(const torch::optim::Optimizer& optimizer, const at::Tensor& param) {
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params())
-      if (p.is_same(param))
-        return static_cast<const torch::optim::SGDOptions&>(group.options()).momentum() != 0;
-  return false;
+  const auto* group = group_of(optimizer, param);
+  return group && static_cast<const torch::optim::SGDOptions&>(group->options()).momentum() != 0;
 }
 
 // With `create`, a buffer is made for any of the optimizer's parameters, with or without
@@ -104,6 +107,11 @@ MomentFamily moment_family(const torch::optim::Optimizer* optimizer) {
 }
 
 bool saves_made_state(MomentFamily family) { return family == MomentFamily::kAdagrad; }
+
+bool keeps_one_moment(MomentFamily family) {
+  return family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
+         family == MomentFamily::kSgd;
+}
 
 const char* moment_format(MomentFamily family) {
   switch (family) {
@@ -187,9 +195,7 @@ void StateMadeSince::drop(torch::optim::Optimizer& optimizer) const {
 
 void set_moment(torch::optim::Optimizer& optimizer, const at::Tensor& param, const at::Tensor& moment) {
   const auto family = moment_family(&optimizer);
-  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
-                  family == MomentFamily::kSgd,
-              "set_moment: not a one-moment optimizer (internal error)");
+  TORCH_CHECK(keeps_one_moment(family), "set_moment: not a one-moment optimizer (internal error)");
   const at::Tensor shaped = moment.view(param.sizes());
   if (family == MomentFamily::kLion)
     lion_state(optimizer, param, /*create=*/false)->exp_avg(shaped);

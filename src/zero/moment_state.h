@@ -35,6 +35,8 @@ const char* moment_format(MomentFamily family);
 // or its state cleared by a stage): Adagrad's starts at initial_accumulator_value, not zeros, so
 // saving zeros would resume otherwise. (Adam's and Lion's start at zeros: nothing to make.)
 bool saves_made_state(MomentFamily family);
+// Lion, Adagrad, SGD: one per-element state tensor (zero/view_moments.h, set_moment).
+bool keeps_one_moment(MomentFamily family);
 
 // The step count of `param`'s state: -1 for kNone, 0 before its first step (SGD: 1 when its
 // buffer exists, else 0). And its counterpart for loading, after the saved group options are in

@@ -352,9 +352,7 @@ class InMemoryShard : public ShardOptimizer {
     for (size_t g = 0; g < groups.size(); ++g) groups[g].params() = views[g];
     segments_ = options.group_segments;
     optimizer_->state().clear();
-    const auto family = moment_family(optimizer_.get());
-    if (family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
-        family == MomentFamily::kSgd) {
+    if (keeps_one_moment(moment_family(optimizer_.get()))) {
       std::vector<at::Tensor> all;
       for (const auto& group : views) all.insert(all.end(), group.begin(), group.end());
       view_moments_ = std::make_unique<ViewMoments>(*optimizer_, master_, std::move(all));

@@ -11,9 +11,7 @@ ViewMoments::ViewMoments(torch::optim::Optimizer& optimizer, at::Tensor master,
                          std::vector<at::Tensor> views)
     : optimizer_(optimizer), master_(std::move(master)), views_(std::move(views)) {
   const auto family = moment_family(&optimizer_);
-  TORCH_CHECK(family == MomentFamily::kLion || family == MomentFamily::kAdagrad ||
-                  family == MomentFamily::kSgd,
-              "ViewMoments: not a one-moment optimizer (internal error)");
+  TORCH_CHECK(keeps_one_moment(family), "ViewMoments: not a one-moment optimizer (internal error)");
   sgd_ = family == MomentFamily::kSgd;
   for (const auto& v : views_)
     TORCH_CHECK(v.dim() == 1 && v.is_contiguous() && v.storage().is_alias_of(master_.storage()),

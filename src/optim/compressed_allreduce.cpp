@@ -37,6 +37,15 @@ at::Tensor unpack_signs_with(const at::Tensor& bytes, const at::Tensor& weights)
   return set.to(torch::kFloat).mul_(2).sub_(1).reshape(shape);
 }
 
+// The fp32 scales at byte columns [begin, begin + 4p) of a [W, msg] message, as [W, p]. Copied
+// into a buffer of their own: a view of bytes as floats needs its start and row stride divisible
+// by 4, and with one row (world size 1) libtorch takes the column slice as contiguous, so
+// contiguous() would return the slice itself, starting at the signs' byte count.
+at::Tensor scale_columns(const at::Tensor& message, int64_t begin, int64_t p) {
+  const at::Tensor bytes = message.narrow(1, begin, 4 * p);
+  return at::empty(bytes.sizes(), bytes.options()).copy_(bytes).view(at::kFloat);
+}
+
 }  // namespace
 
 at::Tensor pack_signs(const at::Tensor& x) { return pack_signs_with(x, bit_weights(x.device())); }
@@ -312,7 +321,7 @@ void CompressedAllReduce::run_with_tensor_ops(const std::vector<at::Tensor>& ten
   comm_->all_to_all(recv, send)->wait();
 
   // Server: a = Σ_v scale_v/W · sign_v (summed in the loops' order) + server_error.
-  at::Tensor their = recv.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat);  // [W, p]
+  at::Tensor their = scale_columns(recv, s / 8, p);  // [W, p]
   at::Tensor shares = their.mul(1.0f / static_cast<float>(w));
   at::Tensor a;
   for (int64_t v = 0; v < w; ++v) {
@@ -332,7 +341,7 @@ void CompressedAllReduce::run_with_tensor_ops(const std::vector<at::Tensor>& ten
   at::Tensor all = torch::empty({w * msg}, bytes);
   comm_->all_gather(all, mine)->wait();
   at::Tensor got = all.view({w, msg});
-  at::Tensor sent_scales = got.narrow(1, s / 8, 4 * p).contiguous().view(at::kFloat);  // [W, p]
+  at::Tensor sent_scales = scale_columns(got, s / 8, p);  // [W, p]
   at::Tensor values = torch::empty({w, s}, torch::dtype(torch::kFloat).device(device_));
   for (int64_t r = 0; r < w; ++r) {
     at::Tensor out = values[r];

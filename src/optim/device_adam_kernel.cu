@@ -148,6 +148,10 @@ void launch_with_grads(const DeviceAdamBuffers& b, const AdamConsts& c, int64_t 
 void launch_device_adam(const DeviceAdamBuffers& b, const AdamConsts& c, void* stream_ptr) {
   if (b.n <= 0) return;
   const auto stream = static_cast<cudaStream_t>(stream_ptr);
+  // The launch's check below reads the thread's last error, which an earlier, unrelated failure
+  // may have left: named here as that, not blamed on this launch.
+  if (const cudaError_t earlier = cudaGetLastError(); earlier != cudaSuccess)
+    fail("an earlier CUDA error, found before the launch", earlier);
   int64_t head = quad_head(b), quads = 0;
   if (head < 0)
     head = 0;  // every element loose

@@ -18,7 +18,8 @@
 // they restart at zero, as DeepSpeed resets them on every load.
 // In 16 bits it steps the flat fp32 master of zero/flat_stage.h, one segment per parameter
 // (self_communicating.h), and the stage scales the gradients before the step.
-// REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage (not set_grad_scale).
+// REQUIRES: contiguous fp32 parameters, on the CPU or one GPU (the exchange runs as tensor
+// operations there: compressed_allreduce.h); grad scaling done by the stage (not set_grad_scale).
 // step() is COLLECTIVE after the warm-up.
 #pragma once
 #include <memory>

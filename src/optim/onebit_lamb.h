@@ -33,8 +33,8 @@
 // ratio and update on views of the master, its moments and its fresh variance, and compresses
 // the momentum one segment per scale. Elements outside every segment (alignment padding) get no
 // update. A skipped fp16 step (overflow; the stage votes across ranks) never reaches step().
-// REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage. step() is COLLECTIVE
-// after the warm-up.
+// REQUIRES: contiguous fp32 parameters on the CPU or one GPU; grad scaling done by the stage.
+// step() is COLLECTIVE after the warm-up.
 #pragma once
 #include <memory>
 #include <vector>

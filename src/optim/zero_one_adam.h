@@ -36,7 +36,8 @@
 // exchanged local updates of phase 2.
 // In 16 bits it steps the flat fp32 master of zero/flat_stage.h, one segment per parameter
 // (self_communicating.h).
-// REQUIRES: contiguous fp32 CPU parameters; grad scaling done by the stage. step() is COLLECTIVE.
+// REQUIRES: contiguous fp32 parameters on the CPU or one GPU; grad scaling done by the stage.
+// step() is COLLECTIVE.
 #pragma once
 #include <memory>
 

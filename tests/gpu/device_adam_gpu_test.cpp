@@ -166,12 +166,17 @@ TEST(GpuAdamKernel, LibtorchsFusedKernelStaysAChoice) {
   deepspeed::optim::device_adam_step(d_master, grad.cuda(), d_m, d_v, p, at::Tensor());
   deepspeed::optim::adam_step(master.data_ptr<float>(), grad.data_ptr<float>(),
                               m.data_ptr<float>(), v.data_ptr<float>(), n, p);
-  auto rel = [](const at::Tensor& got, const at::Tensor& want) {
-    return ((got.cpu() - want).abs() / want.abs().clamp_min(1e-6)).max().item<double>();
+  // libtorch's fused kernel computes the moments and the decay in double and rounds once; the
+  // CPU kernel rounds β1·m to float before adding (1 − β1)·g. Where those two nearly cancel the
+  // new exp_avg is tiny and the relative difference large, so each tensor is checked against
+  // rtol·|want| + atol, atol a few float ulps of the tensor's own scale (master ~1, exp_avg ~1e-2,
+  // exp_avg_sq ~1e-4): the largest ratio must stay at most 1.
+  auto worst = [](const at::Tensor& got, const at::Tensor& want, double atol) {
+    return ((got.cpu() - want).abs() / (want.abs() * 1e-5 + atol)).max().item<double>();
   };
-  EXPECT_LE(rel(d_master, master), 1e-5);
-  EXPECT_LE(rel(d_m, m), 1e-5);
-  EXPECT_LE(rel(d_v, v), 1e-5);
+  EXPECT_LE(worst(d_master, master, 1e-6), 1.0);
+  EXPECT_LE(worst(d_m, m, 1e-8), 1.0);
+  EXPECT_LE(worst(d_v, v, 1e-11), 1.0);
 }
 
 // ZeRO-Offload's CPU Adam and the GPU kernel are one formula (optim/adam_math.h): ZeRO-2 in bf16

@@ -118,6 +118,10 @@ nlohmann::json config_for(int stage, bool bf16, Home home, const std::string& nv
   auto c = dstest::base_config(/*micro_batch=*/4, /*accumulation=*/1, stage);
   if (bf16) c["bf16"] = {{"enabled", true}};
   auto& z = c["zero_optimization"];
+  // At stage 3 no parameter persists: every parameter of the test GPTs is under the default
+  // threshold (100,000 elements), which would keep them all whole in the root unit and leave the
+  // partitioning, gathering and release on the GPU untested.
+  if (stage == 3) z["stage3_param_persistence_threshold"] = 0;
   if (home == Home::kOptimizerCpu || home == Home::kParamAndOptimizerCpu)
     z["offload_optimizer"] = {{"device", "cpu"}, {"pin_memory", true}};
   if (home == Home::kParamAndOptimizerCpu) z["offload_param"] = {{"device", "cpu"}};
@@ -295,7 +299,6 @@ TEST(OneGpuOffload, SwappedParametersKeepTheGradientsInHostMemory) {
     dstest::RunSpec spec = one_gpu_run(10);
     spec.model.n_layer = 4;  // more blocks than the store's 2 slice buffers
     spec.config = config_for(3, bf16, Home::kOptimizerCpu, "");  // offload_optimizer cpu, pinned
-    spec.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
     spec.config["zero_optimization"]["offload_param"] = {{"device", "nvme"},
                                                          {"nvme_path", nvme.path()},
                                                          {"buffer_count", 2},
@@ -471,7 +474,9 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
 // With parameters and optimizer offloaded the GPU then holds the parameters outside the units, one
 // unit at a time and the buckets: the peak over initialize() (the model is built in host memory)
 // stays well under the whole model's bytes, which moving the module first (as DeepSpeed does
-// without zero.Init) puts on the GPU at once. 8 blocks of 49k parameters, 34k outside them.
+// without zero.Init) puts on the GPU at once. 8 blocks of 49,984 parameters, 34k outside them.
+// No parameter persists (config_for): with the default threshold every block parameter of this
+// small model would stay whole in the root unit, and the root would be the whole model.
 TEST(OneGpuMemory, Stage3InitializeHoldsOneUnitAtATime) {
   SKIP_WITHOUT_GPU();
   dstest::RunSpec spec = one_gpu_run(1);
@@ -495,7 +500,8 @@ TEST(OneGpuMemory, Stage3InitializeHoldsOneUnitAtATime) {
 // A model built under zero::Init trains on the GPU as the same model built whole (ZeRO-3, fp32,
 // and with parameters offloaded): its slices are gathered onto the GPU unit by unit before stage
 // 3 hooks the gradients (a unit gathered in host memory would lose its hooks when its parameters
-// first moved to the GPU, and its gradients would never be reduced).
+// first moved to the GPU, and its gradients would never be reduced). No parameter persists
+// (config_for), so the blocks' parameters are their units'.
 TEST(OneGpuZeroInit, TrainsAsTheModelBuiltWhole) {
   SKIP_WITHOUT_GPU();
   const dstest::Deterministic deterministic;

@@ -21,9 +21,10 @@ std::vector<torch::Tensor> compressor_inputs(const std::vector<int64_t>& sizes, 
 // Runs `reference` (its host loops) on a copy of `inputs` and `other` on a copy on other's device
 // (its tensor operations: run_with_tensor_ops on the CPU; on a GPU run(), whose dispatch chooses
 // them there), and compares the outputs and both error buffers. `exact`: bit for bit;
-// else within 1e-5 of the largest value, but for at most 2 elements per buffer (a server element
-// so near zero that a scale's last bits flip its sign; a layout slip moves hundreds). Each
-// difference, and an output not on other's device, is appended to `failures`, prefixed by `call`.
+// else within 1e-5 of the largest value (of the buffer or the inputs, whichever is larger), but
+// for at most 2 elements per buffer (a server element so near zero that a scale's last bits flip
+// its sign; a layout slip moves hundreds). Each difference, and an output not on other's device,
+// is appended to `failures`, prefixed by `call`.
 void compare_compressor_paths(deepspeed::optim::CompressedAllReduce& reference,
                               deepspeed::optim::CompressedAllReduce& other,
                               const std::vector<torch::Tensor>& inputs, bool exact,

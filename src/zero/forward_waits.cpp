@@ -61,9 +61,12 @@ ForwardWaits::ForwardWaits(torch::nn::Module& model, const FlatParams& flat,
     units_.push_back(std::move(slots));
     ranges_.push_back(merged(std::move(ranges)));
   }
+  // The root waits for the parameters outside every unit, and for those a unit shares with a
+  // module outside every unit (a tied embedding and head): the root may read them first.
+  const auto outside = parameters_outside_units(model);
   std::vector<ElementRange> root;
   for (const auto& [impl, range] : place)
-    if (!in_a_unit.count(impl)) root.push_back(range);
+    if (!in_a_unit.count(impl) || outside.count(impl)) root.push_back(range);
   root_ = merged(std::move(root));
   units_found_ = !units_.empty();
   for (size_t u = 0; u < found.size(); ++u) attach_unit(*found[u], this, static_cast<int>(u));

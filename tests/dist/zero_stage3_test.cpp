@@ -82,6 +82,9 @@ void expect_same_as_stage0(int world, int accumulation = 1) {
 }
 
 TEST_P(Stage3Models, WeightSharedByTwoUnits) { expect_same_as_stage0<dstest::TiedModelImpl>(GetParam()); }
+TEST_P(Stage3Models, UnitWeightTiedToTheRootsEmbedding) {
+  expect_same_as_stage0<dstest::RootTiedModelImpl>(GetParam());
+}
 TEST_P(Stage3Models, UnitUsedTwiceInOneForward) {
   expect_same_as_stage0<dstest::TwiceModelImpl>(GetParam());
   expect_same_as_stage0<dstest::TwiceModelImpl>(GetParam(), /*accumulation=*/2);

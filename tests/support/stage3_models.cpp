@@ -39,6 +39,15 @@ torch::Tensor TiedModelImpl::forward(const torch::Tensor& idx, const torch::Tens
   return cross_entropy(head->forward(body->forward(embed->forward(idx))), targets);
 }
 
+RootTiedModelImpl::RootTiedModelImpl() {
+  embed = register_module("embed", torch::nn::Embedding(kVocab, kWidth));
+  body = register_module("body", std::make_shared<ZeroUnit<Mlp>>(Mlp()));
+  head = register_module("head", std::make_shared<ZeroUnit<TiedHead>>(TiedHead(embed->weight)));
+}
+torch::Tensor RootTiedModelImpl::forward(const torch::Tensor& idx, const torch::Tensor& targets) {
+  return cross_entropy(head->forward(body->forward(embed->forward(idx))), targets);
+}
+
 TwiceModelImpl::TwiceModelImpl() {
   embed = register_module("embed", torch::nn::Embedding(kVocab, kWidth));
   block = register_module("block", std::make_shared<ZeroUnit<Mlp>>(Mlp()));
@@ -106,6 +115,7 @@ ModelRun train_model(int world, const nlohmann::json& config, int steps) {
 }
 
 template ModelRun train_model<TiedModelImpl>(int, const nlohmann::json&, int);
+template ModelRun train_model<RootTiedModelImpl>(int, const nlohmann::json&, int);
 template ModelRun train_model<TwiceModelImpl>(int, const nlohmann::json&, int);
 template ModelRun train_model<OuterModelImpl>(int, const nlohmann::json&, int);
 

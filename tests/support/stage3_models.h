@@ -1,5 +1,7 @@
 // Small models that exercise ZeRO-3's unit rules, and a trainer for them over ranks as threads:
 //   TiedModel:  a weight shared by two units (embedding and head): it joins the root unit;
+//   RootTiedModel: a unit's weight (the head's) registered outside every unit too (the embedding):
+//               it joins the root unit;
 //   TwiceModel: one unit applied twice in one forward (its backward runs twice before it reduces);
 //   OuterModel: a parameter outside every unit (root), the units in a LayerList.
 // engine_over builds one rank's engine over any of them.
@@ -41,6 +43,17 @@ class TiedModelImpl : public torch::nn::Module {
   TiedModelImpl();
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
   std::shared_ptr<deepspeed::ZeroUnit<torch::nn::Embedding>> embed;
+  std::shared_ptr<deepspeed::ZeroUnit<Mlp>> body;
+  std::shared_ptr<deepspeed::ZeroUnit<TiedHead>> head;
+};
+
+// The embedding outside every unit, the head a unit tied to it: the root reads the head's weight
+// before the unit runs.
+class RootTiedModelImpl : public torch::nn::Module {
+ public:
+  RootTiedModelImpl();
+  torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::nn::Embedding embed{nullptr};
   std::shared_ptr<deepspeed::ZeroUnit<Mlp>> body;
   std::shared_ptr<deepspeed::ZeroUnit<TiedHead>> head;
 };

@@ -105,6 +105,28 @@ TEST(Stage3Layout, InnermostUnitSharedAndOutsideParametersGoToTheRoot) {
   EXPECT_EQ(l.partition_numel, expect_offset);
 }
 
+// A unit's parameter that a module outside every unit registers too (a head inside a unit tied to
+// the root's embedding) joins the root: the root reads it outside the unit's forward, where a
+// released unit parameter would be empty. The nested unit's own parameters stay in it.
+TEST(Stage3Layout, AUnitsParameterRegisteredOutsideEveryUnitGoesToTheRoot) {
+  Model m;
+  auto inner = m.outer->inner()->inner->inner();
+  m.register_parameter("tied_w", inner->w);  // the root registers the nested unit's w
+  auto units = deepspeed::zero::find_units(m);
+  deepspeed::ZeroConfig z;
+  z.stage3_param_persistence_threshold = 0;
+  const auto outside = deepspeed::zero::parameters_outside_units(m);
+  EXPECT_EQ(outside.size(), 2u) << "top and tied_w: what the units register is not outside";
+  EXPECT_TRUE(outside.count(inner->w.unsafeGetTensorImpl()));
+  EXPECT_TRUE(outside.count(m.top.unsafeGetTensorImpl()));
+  auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z, outside);
+  EXPECT_TRUE(holds(l.units[0], inner->w));
+  EXPECT_FALSE(holds(l.units[0], inner->b));
+  int holders = 0;
+  for (const auto& slots : l.units) holders += holds(slots, inner->w) ? 1 : 0;
+  EXPECT_EQ(holders, 1) << "one unit holds it";
+}
+
 TEST(Stage3Layout, SmallParametersPersistWithinTheModelCap) {
   Model m;
   auto units = deepspeed::zero::find_units(m);

@@ -1,6 +1,7 @@
 #include "zero/stage3/unit_layout.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <c10/util/accumulate.h>
 #include <unordered_map>
@@ -53,9 +54,21 @@ std::vector<ZeroUnitBase*> find_units(torch::nn::Module& model) {
   return units;
 }
 
+std::unordered_set<const c10::TensorImpl*> parameters_outside_units(torch::nn::Module& model) {
+  std::unordered_set<const c10::TensorImpl*> out;
+  std::function<void(torch::nn::Module&)> visit = [&](torch::nn::Module& m) {
+    if (dynamic_cast<ZeroUnitBase*>(&m) != nullptr) return;  // a unit and all under it
+    for (const auto& p : m.parameters(/*recurse=*/false)) out.insert(p.unsafeGetTensorImpl());
+    for (const auto& child : m.children()) visit(*child);
+  };
+  visit(model);
+  return out;
+}
+
 Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const std::vector<at::Tensor>& trainable, int world_size,
-                                const ZeroConfig& config) {
+                                const ZeroConfig& config,
+                                const std::unordered_set<const c10::TensorImpl*>& outside) {
   std::unordered_map<Key, std::vector<int64_t>> shape;
   for (auto& p : trainable) shape[key(p)] = p.sizes().vec();
   for (auto* u : units)
@@ -70,7 +83,7 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
     const auto& s = shape[key(p)];
     const int64_t n = c10::multiply_integers(s);
     auto it = owner.find(key(p));
-    int unit = it == owner.end() ? 0 : it->second;
+    int unit = it == owner.end() || outside.count(p.unsafeGetTensorImpl()) ? 0 : it->second;
     if (unit != 0 && n <= config.stage3_param_persistence_threshold &&
         persistent_total + n <= config.stage3_model_persistence_threshold) {
       persistent_total += n;

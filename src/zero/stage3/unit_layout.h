@@ -1,7 +1,9 @@
 // Which parameters each stage-3 unit gathers, and where they sit in the flat buffers.
 //
 // Unit 0 is the *root unit*: trainable parameters outside every ZeroUnit, parameters shared by
-// two units that do not nest (a tied embedding and head), and *persistent* parameters (numel <=
+// two units that do not nest (a tied embedding and head), parameters a unit registers that a
+// module outside every unit registers too (a head inside a unit tied to the root's embedding:
+// the root reads it outside the unit's forward), and *persistent* parameters (numel <=
 // stage3_param_persistence_threshold, while their total stays <= stage3_model_persistence_threshold).
 // It is always gathered. Units 1..U are the ZeroUnits in module-tree order; a parameter belongs
 // to the innermost unit that contains it. Frozen parameters are not managed (they stay whole).
@@ -11,6 +13,7 @@
 // (make_partition_layout). The rank's *partition buffer* is its slices of all units laid end to
 // end: unit u's slice starts at partition_offset. Gradients use the same layout.
 #pragma once
+#include <unordered_set>
 #include <vector>
 
 #include <torch/nn/module.h>
@@ -39,11 +42,17 @@ struct Stage3Layout {
 // The ZeroUnits under (and including) `model`, each once, in module-tree order.
 std::vector<ZeroUnitBase*> find_units(torch::nn::Module& model);
 
+// The parameters that a module outside every ZeroUnit registers itself (`model` when it is no
+// unit, and every module not under a unit), whether or not a unit registers them too.
+std::unordered_set<const c10::TensorImpl*> parameters_outside_units(torch::nn::Module& model);
+
 // `trainable`: the parameters with requires_grad, in registration order. Shapes come from the
-// parameters, or from a unit's zero::Init shard for parameters it holds partitioned.
+// parameters, or from a unit's zero::Init shard for parameters it holds partitioned. `outside`
+// (parameters_outside_units): parameters that join the root even when a unit holds them.
 Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const std::vector<at::Tensor>& trainable, int world_size,
-                                const ZeroConfig& config);
+                                const ZeroConfig& config,
+                                const std::unordered_set<const c10::TensorImpl*>& outside = {});
 
 }  // namespace zero
 }  // namespace deepspeed

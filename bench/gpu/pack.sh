@@ -8,7 +8,7 @@ PACKED="lib/libdeepspeed_cpp.so bin/gpt_train bin/bench_cpu_adam bin/bench_trans
         bin/activation_checkpointing_gpu_test bin/flops_profiler_gpu_test"
 
 source_stamp() {  # $1: the source tree
-  (cd "$1" && find src include tests examples cmake CMakeLists.txt bench -type f \
+  (cd "$1" && find src include tests examples tools cmake CMakeLists.txt bench -type f \
      ! -name '*.sh' ! -name '*.py' ! -name '*.md' -print0 | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-40)
 }
 

@@ -276,7 +276,9 @@ row_ours() {  # name stage offload
   # After GpuAdamKernel failed (run_gpu_suite), every row of ours ran libtorch's Adam: said per row.
   [ -n "${DS_DEVICE_ADAM:-}" ] && log "row $1 ran with DS_DEVICE_ADAM=$DS_DEVICE_ADAM"
   [ "${WCB:-0}" = 1 ] && grep -F "time (ms)" "$OUT/$1.log" | tail -2 | tee -a "$OUT/summary.txt"
-  grep -E "error" "$OUT/$1.log" | head -3
+  # A warning may mean the row measured another step than its name says (overlap_forward
+  # ignored, say): shown with the errors.
+  grep -E "error|warning" "$OUT/$1.log" | head -4
 }
 row_peer() {
   export RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29500 + RANDOM % 1000))
@@ -293,7 +295,11 @@ row_peer() {
     timeout $(cap $ROW_CAP) $PY $G/bench/gpt_bench.py --row $1 \
     --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS $extra \
     ${MEMCAP:+--mem_cap_gib $MEMCAP} --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
-  log "row $1 rc=$?: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
+  local rc=$?
+  # Killed at its cap, gpt_bench.py writes no line: the table says so instead of "no result".
+  [ $rc = 124 ] && printf '{"row": "%s", "ok": false, "error": "timed out after %ss (ROW_CAP, BUDGET_S)"}\n' \
+    "$1" "$(cap $ROW_CAP)" >> "$OUT/peers.jsonl"
+  log "row $1 rc=$rc: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
 }
 # DeepSpeed's cpu_adam JIT (~50 s, as gpu-anchor's driver builds it), started as early as the
 # call knows an offload row of DeepSpeed's will run: it builds while the GPU tests run. A marker
@@ -351,7 +357,18 @@ bench() {
       *) row_peer $r ;;
     esac
   done
-  $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee "$OUT/table.md"
+  MEMCAP=${MEMCAP:-} $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee "$OUT/table.md"
+}
+# A step's tables and summary lines (written under $OUT/<step>/ and below), added to the call's:
+# the end of the call archives and removes everything but $OUT's own summary.txt and table.md.
+keep_step_results() {  # the step's folder under $OUT
+  local d
+  for d in "$OUT/$1" "$OUT/$1"/*/; do
+    d=${d%/}
+    [ -f "$d/table.md" ] && { echo; echo "## ${d#$OUT/}"; cat "$d/table.md"; } >> "$OUT/table.md"
+    [ -f "$d/summary.txt" ] && sed "s|^|${d#$OUT/}: |" "$d/summary.txt" >> "$OUT/summary.txt"
+  done
+  return 0
 }
 seed003() {  # in a subshell: its shape and OUT stay there
   ( OUT=$OUT/seed003; mkdir -p "$OUT"; FLOORS=0 MEMCAP=24 LAYERS=48 D=1600 HEADS=25 MB=16 CTX=128
@@ -359,12 +376,14 @@ seed003() {  # in a subshell: its shape and OUT stay there
     ROWS="dscpp_z3_off ds_z3_off dscpp_z2_off ds_z2_off dscpp_z0 torch" bench
     OUT=$OUT/mb1; mkdir -p "$OUT"; MB=1; log "seed 003 at micro-batch 1"
     ROWS="dscpp_z0 torch" bench )
+  keep_step_results seed003
 }
 largest() {
   ( OUT=$OUT/largest; mkdir -p "$OUT"; LAYERS=${BIG_LAYERS:-50} D=${BIG_D:-3584} HEADS=${BIG_HEADS:-28}
     MB=${BIG_MB:-8} CKPT=1 FLOORS=0; export SIZE_GOAL=7.7e9 BSTEPS=${BIG_STEPS:-3} ROW_CAP=${BIG_CAP:-420}
     log "largest: $LAYERS x $D, micro-batch $MB, activation checkpointing"
     ROWS="dscpp_z2_off" bench )
+  keep_step_results largest
 }
 # backtrace: BT_TESTS ("label:gtest_filter" each) under cuda-gdb (the machine has no gdb; it
 # debugs host code too), BT_J at a time, CAP_BT each: where a test that crashed on the wheel

@@ -17,8 +17,10 @@ are recomputed from the mean here). GPU peak: gpt_train resets the allocator's p
 warm-up steps, so its gpu_allocated_peak covers the timed steps only; the column compared with
 the peers is gpu_allocated_peak_total (the whole run, model building and warm-up included); a
 log without it (gpt_train before that field) shows "?" there. A row that failed or is missing
-shows why instead of numbers."""
+shows why instead of numbers; one that ran out of GPU memory says "cannot fit" (under MEMCAP
+GiB, from the environment, when set); one of ours whose final loss is not finite, "failed"."""
 import json
+import math
 import os
 import re
 import sys
@@ -49,6 +51,10 @@ def ours(out, row):
         errors = [l for l in lines if "error" in l.lower()]
         return {"error": (errors or lines or ["empty log"])[-1][:160]}
     kv = dict(f.split("=", 1) for f in m.group(1).split())
+    # A row whose loss went non-finite measured a broken run: no figure, as the peers' script
+    # raises on a non-finite loss.
+    if "final_loss" in kv and not math.isfinite(float(kv["final_loss"])):
+        return {"error": f"final loss {kv['final_loss']}: the run diverged"}
     step_s = float(kv["step_ms"]) / 1e3
     tps = float(kv["tokens_per_s"])
     params = int(kv["num_params"])
@@ -71,7 +77,10 @@ def peers(out):
         line = line.strip()
         if not line:
             continue
-        r = json.loads(line)
+        try:
+            r = json.loads(line)
+        except ValueError:  # a line cut short (a peer killed while writing): the rest still counts
+            continue
         if not r.get("ok"):
             found[r["row"]] = {"error": r.get("error", "failed")[:160]}
             continue
@@ -118,7 +127,14 @@ def main():
         r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
         if "error" in r:
             reason = " ".join(r["error"].replace("|", "/").split())  # one table cell
-            print(f"| {row} | failed: {reason} | | | | | | | | | |")
+            # Out of memory is a result, not a failure, where a row is there to show it (seed 003:
+            # stage 0 and PyTorch at micro-batch 1 under the cap).
+            if re.search(r"out of memory|OutOfMemoryError", reason, re.I):
+                cap = os.environ.get("MEMCAP")
+                print(f"| {row} | cannot fit{f' under {cap} GiB' if cap else ''} (out of memory): "
+                      f"{reason} | | | | | | | | | |")
+            else:
+                print(f"| {row} | failed: {reason} | | | | | | | | | |")
             continue
         versus, goal = "", ""
         size_goal = float(os.environ.get("SIZE_GOAL", "0"))

@@ -57,6 +57,28 @@ TEST(OverlapForwardTraining, TrainsAsTheWaitingStepAtStages1And2) {
   }
 }
 
+// With activation checkpointing (the largest-model benchmark row's setting: every block recomputed
+// in backward, its units' hooks running again there), handing the update over still trains bit for
+// bit as the waiting step: the next backward completes the update before any recomputation.
+TEST(OverlapForwardTraining, WithActivationCheckpointingTrainsAsTheWaitingStep) {
+  dstest::RunSpec s;
+  s.steps = 5;
+  s.model.activation_checkpointing = true;
+  s.config = offload_config(2, true, false);
+  auto waiting = dstest::train_gpt(s);
+  s.config = offload_config(2, true, true);
+  bool handed_over = false;
+  s.after_training = [&](deepspeed::Engine& engine) {
+    handed_over = deepspeed::state_of(engine).stage->step_handed_over();
+  };
+  auto handed = dstest::train_gpt(s);
+  EXPECT_TRUE(handed_over) << "engine.step() waited for the whole update";
+  ASSERT_EQ(handed.losses, waiting.losses);
+  ASSERT_EQ(handed.weights.size(), waiting.weights.size());
+  for (size_t i = 0; i < waiting.weights.size(); ++i)
+    EXPECT_TRUE(torch::equal(handed.weights[i], waiting.weights[i])) << "parameter " << i;
+}
+
 // save_checkpoint right after step() (the update may still be running) completes it first: the
 // masters and both moments are the whole step's, and a job resumed from it (handing over again)
 // continues exactly as one resumed from the waiting run's checkpoint.

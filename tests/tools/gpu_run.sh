@@ -16,7 +16,9 @@
 #   7. the backtrace step runs each BT_TESTS entry under cuda-gdb and keeps the top frames;
 #   8. a GPU Adam kernel whose own case fails turns the rest of the call (the later GPU suites and
 #      our rows) to libtorch's fused Adam, DS_DEVICE_ADAM=libtorch, and says so; another case of
-#      its suite failing does not.
+#      its suite failing does not;
+#   9. seed003's tables and summary reach the call's; out of memory reads "cannot fit", a peer
+#      cut at its cap "timed out".
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
@@ -213,4 +215,30 @@ grep -q "gpu flops_profiler_gpu_test FlopsProfilerGpu: passed" "$T/out9/summary.
   fail "a later GPU suite saw DS_DEVICE_ADAM set"
 grep -q "row dscpp_z2 rc=0: gpt_train: done with DS_DEVICE_ADAM=unset" "$T/out9/summary.txt" ||
   fail "the row did not run with the kernel"
+# 9. STEPS=seed003: its tables and summary lines reach the call's own (the step's folder is
+#    archived and removed); a row out of GPU memory "cannot fit under 24 GiB"; a peer cut at its
+#    cap says it timed out. Stand-ins: every row of ours and the peers at micro-batch 1 run out of
+#    memory, the torch row at micro-batch 16 hangs.
+touch "$B.jit_done"  # no JIT to wait for
+stand_in gpt_train 'echo "gpt_train: error: CUDA out of memory. Tried to allocate 2.00 GiB"; exit 1'
+cat > "$root/.gpu/bench/gpt_bench.py" <<'PY'
+import json, sys, time
+a = sys.argv; row = a[a.index("--row") + 1]; mb = a[a.index("--mb") + 1]; out = a[a.index("--out") + 1]
+if row == "torch" and mb == "16":
+    time.sleep(30)
+err = "OutOfMemoryError: CUDA out of memory" if mb == "1" else "RuntimeError: something else"
+open(out, "a").write(json.dumps({"row": row, "ok": False, "error": err}) + "\n")
+PY
+(cd "$root" && OUT=$T/out10 DSB=$B STEPS=seed003 ROW_CAP=3 bash bench/gpu/run.sh > "$T/log10" 2>&1)
+rm -f "$B.jit_done"
+grep -q "^## seed003/mb1" "$T/out10/table.md" || fail "seed003's micro-batch-1 table is not in the call's"
+sed -n '/^## seed003\/mb1/,$p' "$T/out10/table.md" | grep -q "^| dscpp_z0 | cannot fit under 24 GiB (out of memory)" ||
+  fail "our stage 0 out of memory at micro-batch 1 is not 'cannot fit'"
+sed -n '/^## seed003\/mb1/,$p' "$T/out10/table.md" | grep -q "^| torch | cannot fit under 24 GiB (out of memory)" ||
+  fail "PyTorch out of memory at micro-batch 1 is not 'cannot fit'"
+sed -n '/^## seed003$/,/^## seed003\/mb1/p' "$T/out10/table.md" | grep -q "^| torch | failed: timed out after 3s" ||
+  fail "the peer cut at its cap is not said to have timed out"
+sed -n '/^## seed003$/,/^## seed003\/mb1/p' "$T/out10/table.md" | grep -q "^| ds_z2_off | failed: RuntimeError: something else" ||
+  fail "a peer's other failure is not shown as failed"
+grep -q "^seed003: .*seed 003: 24 GiB cap" "$T/out10/summary.txt" || fail "seed003's summary lines are not in the call's"
 echo "gpu_run: ok"

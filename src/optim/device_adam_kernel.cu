@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -119,18 +120,40 @@ int64_t quad_head(const DeviceAdamBuffers& b) {
                            cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
+// How many blocks of this instantiation the current device runs at once: its multiprocessors
+// times the blocks each holds with the kernel's registers (not 2048 / kThreads: with IEEE division
+// and square root and no fused multiply-add a thread may need more than 32 registers, and a grid
+// sized for 8 blocks per multiprocessor would then run a second, partly filled wave). Asked once
+// per device and instantiation; the grid-stride loop makes any grid correct.
+template <GradFormat G, HalfOut O>
+int64_t resident_blocks() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int64_t> known[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) fail("reading the current device", e);
+  if (device >= 0 && device < kMaxDevices) {
+    if (const int64_t k = known[device].load(std::memory_order_relaxed); k > 0) return k;
+  }
+  int sms = 0, per_sm = 0;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) fail("reading the device's multiprocessor count", e);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, adam_kernel<G, O>, kThreads, 0);
+  if (e != cudaSuccess || per_sm <= 0) {
+    (void)cudaGetLastError();  // not sticky: the launch's own check must not see it
+    per_sm = 2048 / kThreads;
+  }
+  const int64_t blocks = static_cast<int64_t>(sms) * per_sm;
+  if (device >= 0 && device < kMaxDevices) known[device].store(blocks, std::memory_order_relaxed);
+  return blocks;
+}
+
 template <GradFormat G, HalfOut O>
 void launch_as(const DeviceAdamBuffers& b, const AdamConsts& c, int64_t head, int64_t quads,
                cudaStream_t stream) {
-  int device = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (e != cudaSuccess) fail("reading the device's multiprocessor count", e);
   const int64_t work = std::max(quads, head + (b.n - head - 4 * quads));
-  // One wave: as many blocks as the device holds at once (2048 threads per multiprocessor),
-  // fewer for a small partition.
-  const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads,
-                                           static_cast<int64_t>(sms) * (2048 / kThreads));
+  // One wave: as many blocks as the device holds at once, fewer for a small partition.
+  const int64_t blocks = std::min<int64_t>((work + kThreads - 1) / kThreads, resident_blocks<G, O>());
   adam_kernel<G, O><<<static_cast<unsigned>(std::max<int64_t>(blocks, 1)), kThreads, 0, stream>>>(
       b, c, head, quads);
 }

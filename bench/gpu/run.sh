@@ -291,14 +291,15 @@ row_peer() {
   # holds the whole model: docs/gpu.md), built whole in host memory.
   local extra=""; [[ $1 == ds_z3* ]] && extra="--zero_init"
   # The same intra-op threads as our rows (the CPU Adam of the offload rows, the host-side ops).
+  local row_cap; row_cap=$(cap $ROW_CAP)
   env OMP_NUM_THREADS=${OMP_THREADS:-16} PYTHONPATH=$PP TORCH_EXTENSIONS_DIR=/tmp/ds_ext DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 \
-    timeout $(cap $ROW_CAP) $PY $G/bench/gpt_bench.py --row $1 \
+    timeout $row_cap $PY $G/bench/gpt_bench.py --row $1 \
     --layers $LAYERS --d $D --heads $HEADS --mb $MB --ctx $CTX --warmup $WARM --steps $BSTEPS $extra \
     ${MEMCAP:+--mem_cap_gib $MEMCAP} --out "$OUT/peers.jsonl" > "$OUT/$1.log" 2>&1
   local rc=$?
   # Killed at its cap, gpt_bench.py writes no line: the table says so instead of "no result".
   [ $rc = 124 ] && printf '{"row": "%s", "ok": false, "error": "timed out after %ss (ROW_CAP, BUDGET_S)"}\n' \
-    "$1" "$(cap $ROW_CAP)" >> "$OUT/peers.jsonl"
+    "$1" "$row_cap" >> "$OUT/peers.jsonl"
   log "row $1 rc=$rc: $(grep RESULT "$OUT/$1.log" | cut -c1-400)"
 }
 # DeepSpeed's cpu_adam JIT (~50 s, as gpu-anchor's driver builds it), started as early as the
@@ -357,7 +358,8 @@ bench() {
       *) row_peer $r ;;
     esac
   done
-  MEMCAP=${MEMCAP:-} $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee "$OUT/table.md"
+  # Appended: a step before this one (seed003, largest) may have put its tables there already.
+  MEMCAP=${MEMCAP:-} $PY "$ROOT/bench/gpu/table.py" "$OUT" $ROWS | tee -a "$OUT/table.md"
 }
 # A step's tables and summary lines (written under $OUT/<step>/ and below), added to the call's:
 # the end of the call archives and removes everything but $OUT's own summary.txt and table.md.
@@ -365,8 +367,8 @@ keep_step_results() {  # the step's folder under $OUT
   local d
   for d in "$OUT/$1" "$OUT/$1"/*/; do
     d=${d%/}
-    [ -f "$d/table.md" ] && { echo; echo "## ${d#$OUT/}"; cat "$d/table.md"; } >> "$OUT/table.md"
-    [ -f "$d/summary.txt" ] && sed "s|^|${d#$OUT/}: |" "$d/summary.txt" >> "$OUT/summary.txt"
+    [ -f "$d/table.md" ] && { echo; echo "## ${d#"$OUT"/}"; cat "$d/table.md"; } >> "$OUT/table.md"
+    [ -f "$d/summary.txt" ] && sed "s|^|${d#"$OUT"/}: |" "$d/summary.txt" >> "$OUT/summary.txt"
   done
   return 0
 }

@@ -40,6 +40,14 @@ PEERS = {
 GIB = 2.0 ** 30
 
 
+def out_of_gpu_memory(message):
+    """The GPU's memory ran out: the engine's "out of GPU memory on cuda:N in ..." (its own words
+    around libtorch's), libtorch's "CUDA out of memory", PyTorch's OutOfMemoryError. Read before a
+    message is cut for its table cell. Not a bare "CUDA error: out of memory" (page-locked host
+    memory among its causes), nor the engine's "GPU or page-locked host memory"."""
+    return re.search(r"out of GPU memory on|CUDA out of memory|OutOfMemoryError", message) is not None
+
+
 def ours(out, row):
     path = os.path.join(out, row + ".log")
     if not os.path.exists(path):
@@ -49,7 +57,8 @@ def ours(out, row):
     if not m:
         lines = text.strip().splitlines()
         errors = [l for l in lines if "error" in l.lower()]
-        return {"error": (errors or lines or ["empty log"])[-1][:160]}
+        return {"error": (errors or lines or ["empty log"])[-1][:160],
+                "oom": any(out_of_gpu_memory(l) for l in errors)}
     kv = dict(f.split("=", 1) for f in m.group(1).split())
     # A row whose loss went non-finite measured a broken run: no figure, as the peers' script
     # raises on a non-finite loss.
@@ -82,7 +91,8 @@ def peers(out):
         except ValueError:  # a line cut short (a peer killed while writing): the rest still counts
             continue
         if not r.get("ok"):
-            found[r["row"]] = {"error": r.get("error", "failed")[:160]}
+            error = r.get("error", "failed")
+            found[r["row"]] = {"error": error[:160], "oom": out_of_gpu_memory(error)}
             continue
         # The mean of the timed steps, as ours (gpt_bench.py's tokens_per_s is from the median).
         step_s = r["step_s_mean"]
@@ -129,7 +139,7 @@ def main():
             reason = " ".join(r["error"].replace("|", "/").split())  # one table cell
             # Out of memory is a result, not a failure, where a row is there to show it (seed 003:
             # stage 0 and PyTorch at micro-batch 1 under the cap).
-            if re.search(r"out of memory|OutOfMemoryError", reason, re.I):
+            if r.get("oom"):
                 cap = os.environ.get("MEMCAP")
                 print(f"| {row} | cannot fit{f' under {cap} GiB' if cap else ''} (out of memory): "
                       f"{reason} | | | | | | | | | |")

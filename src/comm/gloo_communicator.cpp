@@ -220,8 +220,7 @@ class GlooCommunicator : public CommunicatorBase {
     count("send", tensor);
     if (tensor.numel() == 0) return done();
     // Gloo's point-to-point takes host tensors only (measured with CUDA tensors: it fails).
-    // (.cpu() keeps a strided tensor's strides, which the bits view below refuses.)
-    at::Tensor host = tensor.is_cuda() ? tensor.contiguous().cpu() : tensor;
+    at::Tensor host = tensor.is_cuda() ? tensor.cpu() : tensor;
     std::vector<at::Tensor> bufs{bits_view(host, bits_dtype(tensor.scalar_type(), "send"))};
     auto start = [&] { return pg_->send(bufs, dst, tag); };
     return launch(describe_p2p("send", tensor, dst, true), start, [bufs] {});  // keeps a staged copy alive

@@ -523,27 +523,34 @@ TEST(OneGpuZeroInit, TrainsAsTheModelBuiltWhole) {
 // Stage 3's fetch ahead and release on the GPU: with the defaults a small model's units are all
 // prefetched from step 2 and kept until backward, so nothing is released after its forward, and
 // no fetch runs beside a release. Here every unit is released as soon as its forward (and its
-// backward) is done (reuse distance 0), at most about two blocks are gathered at once, and the
-// prefetch reaches about one block ahead: each fetch (on the side stream, from host memory with
-// parameters offloaded) runs beside another unit's release, as in a model too big for the GPU.
-// It trains as stage 0 (within 1e-6 relative without offload, 1e-5 with the CPU Adam).
+// backward) is done (reuse distance 0), at most two blocks are gathered at once, and the prefetch
+// reaches one block ahead (the CPU suite's `prefetching()`): each fetch (on the side stream, from
+// host memory with parameters offloaded) runs beside another unit's use and release, as in a
+// model too big for the GPU. The peak gathered shows the prefetch happened (more than one block
+// live) within the bound (at most two). It trains as stage 0 (within 1e-6 relative without
+// offload, 1e-5 with the CPU Adam).
 TEST(OneGpuStage3, PrefetchBesideReleaseTrainsAsStageZero) {
   SKIP_WITHOUT_GPU();
   const dstest::Deterministic deterministic;
+  // A block of the test GPT (n_embd 32, with biases and layer norms): 12,704 elements, padded to
+  // at most 12,736.
+  constexpr int64_t kBlock = 12736;
   for (Home home : {Home::kNone, Home::kParamAndOptimizerCpu}) {
     dstest::RunSpec spec = one_gpu_run(12);
     spec.model.n_layer = 6;
-    const int64_t block = 12 * spec.model.n_embd * spec.model.n_embd;  // about one block's weights
     spec.config = config_for(0, false, Home::kNone, "");
     auto reference = dstest::train_gpt(spec);
     spec.config = config_for(3, false, home, "");
     auto& z = spec.config["zero_optimization"];
     z["stage3_max_reuse_distance"] = 0;
-    z["stage3_max_live_parameters"] = 2 * block;
-    z["stage3_prefetch_bucket_size"] = block;
+    z["stage3_max_live_parameters"] = 2 * kBlock;
+    z["stage3_prefetch_bucket_size"] = kBlock;
     auto run = dstest::train_gpt(spec);
     const char* where = home == Home::kNone ? "no offload" : "param+optimizer offload";
     ASSERT_EQ(run.losses.size(), 12u) << where;
+    ASSERT_EQ(run.memory.size(), 1u) << where;
+    EXPECT_GT(run.memory[0].peak_gathered_numel, kBlock) << where << ": nothing was prefetched";
+    EXPECT_LE(run.memory[0].peak_gathered_numel, 2 * kBlock) << where;
     EXPECT_LT(run.losses.back(), run.losses.front()) << where;
     EXPECT_LE(dstest::max_loss_rel_diff(run, reference), home == Home::kNone ? 1e-6 : 1e-5) << where;
   }

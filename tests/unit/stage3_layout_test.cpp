@@ -107,24 +107,53 @@ TEST(Stage3Layout, InnermostUnitSharedAndOutsideParametersGoToTheRoot) {
 
 // A unit's parameter that a module outside every unit registers too (a head inside a unit tied to
 // the root's embedding) joins the root: the root reads it outside the unit's forward, where a
-// released unit parameter would be empty. The nested unit's own parameters stay in it.
-TEST(Stage3Layout, AUnitsParameterRegisteredOutsideEveryUnitGoesToTheRoot) {
-  Model m;
-  auto inner = m.outer->inner()->inner->inner();
-  m.register_parameter("tied_w", inner->w);  // the root registers the nested unit's w
-  auto units = deepspeed::zero::find_units(m);
+// released unit parameter would be empty. One that a plain module inside unit `outer` registers
+// besides the unit nested in it is `outer`'s, for the same reason one level down. Without the
+// model (the units alone) both would stay in the nested unit.
+TEST(Stage3Layout, AParameterGoesToTheUnitAroundEveryModuleRegisteringIt) {
   deepspeed::ZeroConfig z;
   z.stage3_param_persistence_threshold = 0;
-  const auto outside = deepspeed::zero::parameters_outside_units(m);
-  EXPECT_EQ(outside.size(), 2u) << "top and tied_w: what the units register is not outside";
-  EXPECT_TRUE(outside.count(inner->w.unsafeGetTensorImpl()));
-  EXPECT_TRUE(outside.count(m.top.unsafeGetTensorImpl()));
-  auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z, outside);
-  EXPECT_TRUE(holds(l.units[0], inner->w));
-  EXPECT_FALSE(holds(l.units[0], inner->b));
-  int holders = 0;
-  for (const auto& slots : l.units) holders += holds(slots, inner->w) ? 1 : 0;
-  EXPECT_EQ(holders, 1) << "one unit holds it";
+  auto unit_holding = [](const Stage3Layout& l, const torch::Tensor& p) {
+    int found = -1, holders = 0;
+    for (size_t u = 0; u < l.units.size(); ++u)
+      if (holds(l.units[u], p)) found = static_cast<int>(u), ++holders;
+    EXPECT_EQ(holders, 1) << "one unit holds it";
+    return found;
+  };
+  {
+    Model m;
+    auto inner = m.outer->inner()->inner->inner();
+    m.register_parameter("tied_w", inner->w);  // the root registers the nested unit's w
+    auto units = deepspeed::zero::find_units(m);
+    const auto outside = deepspeed::zero::parameters_outside_units(m);
+    EXPECT_EQ(outside.size(), 2u) << "top and tied_w: what the units register is not outside";
+    EXPECT_TRUE(outside.count(inner->w.unsafeGetTensorImpl()));
+    EXPECT_TRUE(outside.count(m.top.unsafeGetTensorImpl()));
+    const auto owners = deepspeed::zero::parameter_units(m, units);
+    auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z, &owners);
+    EXPECT_EQ(unit_holding(l, inner->w), 0);
+    EXPECT_EQ(unit_holding(l, inner->b), 2) << "the nested unit keeps its other parameter";
+    EXPECT_EQ(unit_holding(l, m.outer->inner()->v), 0) << "shared by two sibling units";
+    EXPECT_EQ(unit_holding(l, m.sibling->inner()->own), 3);
+    EXPECT_EQ(unit_holding(l, m.top), 0);
+    auto units_alone = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z);
+    EXPECT_EQ(unit_holding(units_alone, inner->w), 2);
+  }
+  {
+    Model m;
+    auto inner = m.outer->inner()->inner->inner();
+    // outer's own module registers it too (a ZeroUnit takes its module's parameters and children
+    // as its own when built, so a later registration goes on the unit itself)
+    m.outer->register_parameter("w_again", inner->w);
+    auto units = deepspeed::zero::find_units(m);
+    ASSERT_EQ(units.size(), 3u);
+    ASSERT_EQ(units[0], m.outer.get());
+    const auto owners = deepspeed::zero::parameter_units(m, units);
+    auto l = deepspeed::zero::make_stage3_layout(units, trainable(m), 2, z, &owners);
+    EXPECT_EQ(unit_holding(l, inner->w), 1) << "outer, around both modules registering it";
+    EXPECT_EQ(unit_holding(l, inner->b), 2);
+    EXPECT_EQ(unit_holding(l, m.outer->inner()->v), 0);
+  }
 }
 
 TEST(Stage3Layout, SmallParametersPersistWithinTheModelCap) {

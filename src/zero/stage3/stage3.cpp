@@ -29,8 +29,8 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   comm_dtype_ = dtype_from_config(options_.reduction.comm_dtype, param_dtype_);
   modules_ = find_units(model);
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
-  layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero,
-                               parameters_outside_units(model));
+  const auto owners = parameter_units(model, modules_);
+  layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero, &owners);
   params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
                                                   ctx_.device);
   zeropp_ = resolve_zeropp(options_.zero, ctx_.world_size());

@@ -6,13 +6,16 @@
 // the root reads it outside the unit's forward), and *persistent* parameters (numel <=
 // stage3_param_persistence_threshold, while their total stays <= stage3_model_persistence_threshold).
 // It is always gathered. Units 1..U are the ZeroUnits in module-tree order; a parameter belongs
-// to the innermost unit that contains it. Frozen parameters are not managed (they stay whole).
+// to the innermost unit that contains every module registering it (parameter_units: a weight of
+// a unit nested in U that a plain module of U registers too is U's, which reads it outside the
+// nested unit's forward). Frozen parameters are not managed (they stay whole).
 //
 // Each unit's parameters, in registration order, form one flat buffer padded to
 // world_size * partition::kAlignment elements; rank r owns the contiguous slice r of it
 // (make_partition_layout). The rank's *partition buffer* is its slices of all units laid end to
 // end: unit u's slice starts at partition_offset. Gradients use the same layout.
 #pragma once
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -46,13 +49,21 @@ std::vector<ZeroUnitBase*> find_units(torch::nn::Module& model);
 // unit, and every module not under a unit), whether or not a unit registers them too.
 std::unordered_set<const c10::TensorImpl*> parameters_outside_units(torch::nn::Module& model);
 
+// The unit (1-based index into `units`, find_units(model)'s) that gathers each parameter of
+// `model`: the innermost unit around every module that registers it (a unit around itself), or 0,
+// the root, when a module outside every unit registers it or the registering modules' units do
+// not nest (two sibling units sharing a weight).
+std::unordered_map<const c10::TensorImpl*, int> parameter_units(
+    torch::nn::Module& model, const std::vector<ZeroUnitBase*>& units);
+
 // `trainable`: the parameters with requires_grad, in registration order. Shapes come from the
-// parameters, or from a unit's zero::Init shard for parameters it holds partitioned. `outside`
-// (parameters_outside_units): parameters that join the root even when a unit holds them.
+// parameters, or from a unit's zero::Init shard for parameters it holds partitioned. `owners`
+// (parameter_units): where each parameter goes; without it, the units alone decide (the
+// innermost unit holding it), which cannot see a module outside the units registering it too.
 Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const std::vector<at::Tensor>& trainable, int world_size,
                                 const ZeroConfig& config,
-                                const std::unordered_set<const c10::TensorImpl*>& outside = {});
+                                const std::unordered_map<const c10::TensorImpl*, int>* owners = nullptr);
 
 }  // namespace zero
 }  // namespace deepspeed

@@ -110,7 +110,7 @@ run_tests() {
     fi
     if [ ! -f $B/build.ninja ] && [ -f $B/cross_built ]; then run_unpacked "$L"; continue; fi
     local label_cap=$CAP_TEST; [ "$L" = gpu ] && label_cap=${CAP_GPU_TEST:-300}
-    # The gpu tests share RESOURCE_LOCK gpu (tests/CMakeLists.txt): one process on the GPU at a time.
+    # The gpu tests are RUN_SERIAL (tests/CMakeLists.txt): one process on the GPU at a time.
     (cd $B && timeout $(cap $label_cap) env CUBLAS_WORKSPACE_CONFIG=:4096:8 \
        ctest -L $L -j${TEST_J:-6} --timeout 240 --output-on-failure) > "$OUT/ctest_$L.log" 2>&1
     grep -E "tests passed|tests failed|\((Failed|Timeout|SEGFAULT|Subprocess|Exception|Child)" "$OUT/ctest_$L.log" | head -40

@@ -179,11 +179,15 @@ stand_in device_adam_gpu_test "case \"\$1\" in
      echo '[  FAILED  ] GpuAdamKernel.EqualsTheCpuKernelBitForBit (1 ms)'
      echo '[==========] 1 test from 1 test suite ran. (1 ms total)'; exit 1 ;;
 esac"
-stand_in flops_profiler_gpu_test "case \"\$1\" in
+# A GPU suite after the kernel's that passes only if its environment passes the check $1 (says $2).
+later_suite_checks() {
+  stand_in flops_profiler_gpu_test "case \"\$1\" in
   --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
-  *) [ \"\$DS_DEVICE_ADAM\" = libtorch ] || { echo 'DS_DEVICE_ADAM not set after the kernel failed'; exit 1; }
+  *) $1 || { echo '$2'; exit 1; }
      $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
 esac"
+}
+later_suite_checks '[ "$DS_DEVICE_ADAM" = libtorch ]' 'DS_DEVICE_ADAM not set after the kernel failed'
 stand_in gpt_train 'echo "gpt_train: done with DS_DEVICE_ADAM=${DS_DEVICE_ADAM:-unset}"'
 (cd "$root" && OUT=$T/out8 DSB=$B BUDGET_S=120 STEPS="test bench" TEST_LABELS=gpu MIN_SUITE_S=1 \
    FLOORS=0 ROWS=dscpp_z2 bash bench/gpu/run.sh > "$T/log8" 2>&1)
@@ -201,11 +205,7 @@ stand_in device_adam_gpu_test "case \"\$1\" in
      echo '[  FAILED  ] GpuAdamKernel.LibtorchsFusedKernelStaysAChoice (1 ms)'
      echo '[==========] 2 tests from 1 test suite ran. (2 ms total)'; exit 1 ;;
 esac"
-stand_in flops_profiler_gpu_test "case \"\$1\" in
-  --gtest_list_tests) printf 'FlopsProfilerGpu.\n  LatencyIncludesTheKernels\n' ;;
-  *) [ -z \"\${DS_DEVICE_ADAM:-}\" ] || { echo 'DS_DEVICE_ADAM set though the kernel passed'; exit 1; }
-     $(pass_case FlopsProfilerGpu.LatencyIncludesTheKernels); $done_line ;;
-esac"
+later_suite_checks '[ -z "${DS_DEVICE_ADAM:-}" ]' 'DS_DEVICE_ADAM set though the kernel passed'
 (cd "$root" && OUT=$T/out9 DSB=$B BUDGET_S=120 STEPS="test bench" TEST_LABELS=gpu MIN_SUITE_S=1 \
    FLOORS=0 ROWS=dscpp_z2 bash bench/gpu/run.sh > "$T/log9" 2>&1)
 grep -q "gpu device_adam_gpu_test GpuAdamKernel: failed (rc=1); 1 passed, 1 failed" "$T/out9/summary.txt" ||

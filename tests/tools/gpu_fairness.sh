@@ -11,7 +11,8 @@
 #   5. DeepSpeed's ZeRO-3 row builds its model under zero.Init (--zero_init), the others do not;
 #   6. the peers run with our rows' OMP_NUM_THREADS, whatever the caller's;
 #   7. a *_wcb row is its row with the engine's timers printed every step (the others without),
-#      and table.py sets it beside its row's peer with no goal.
+#      and table.py sets it beside its row's peer with no goal;
+#   8. table.py: a diverged row of ours is "failed"; a peers.jsonl line cut short is passed over.
 # usage: gpu_fairness.sh [TABLE_PY]   (default: this tree's bench/gpu/table.py)
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -76,4 +77,13 @@ report > "$T/dscpp_z2_off_wcb.log"
 echo '{"row": "ds_z2_off", "ok": true, "params": 1000000000, "tokens_per_step": 2000, "step_times": [2], "step_s_median": 2.0, "step_s_mean": 2.0, "tokens_per_s": 1000.0, "gpu_peak_alloc_gib": 6.0, "host_peak_rss_gib": 1.0}' > "$T/peers.jsonl"
 /usr/bin/env python3 "$table" "$T" dscpp_z2_off_wcb ds_z2_off > "$T/table.md" || fail "table.py failed"
 grep -q "^| dscpp_z2_off_wcb | 1.00B | .* | 1.00x ds_z2_off |  |$" "$T/table.md" || fail "the _wcb row beside its peer, no goal"
+# 8. A row of ours whose final loss is not finite measured a broken run: "failed", no figures. A
+#    peers.jsonl line cut short (a peer killed while writing) is passed over; the others count.
+report | sed 's/final_loss=1.00000/final_loss=nan/' > "$T/dscpp_z2.log"
+{ echo '{"row": "ds_z2_off", "ok": true, "params": 1000000000, "tokens_per_step": 2000, "step_times": [2], "step_s_median": 2.0, "step_s_mean": 2.0, "tokens_per_s": 1000.0, "gpu_peak_alloc_gib": 6.0, "host_peak_rss_gib": 1.0}'
+  printf '{"row": "torch", "ok": tr'; } > "$T/peers.jsonl"
+/usr/bin/env python3 "$table" "$T" dscpp_z2 ds_z2_off torch > "$T/table.md" || fail "table.py failed on a cut line"
+grep -q "^| dscpp_z2 | failed: final loss nan: the run diverged |" "$T/table.md" || fail "a diverged row of ours was not 'failed'"
+grep -q "^| ds_z2_off | 1.00B | 2.000 | 1000 " "$T/table.md" || fail "the line before the cut one was lost"
+grep -q "^| torch | failed: no result |" "$T/table.md" || fail "the cut line's row"
 echo "gpu_fairness: ok"

@@ -99,6 +99,12 @@ struct ZeroConfig {
   bool stage3_gather_16bit_weights_on_model_save = false;
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
+  // deepspeed.cpp's own key: the gradient partition (stages 2 and 3, on the compute device) is
+  // freed after each step and allocated again when backward's first reduced gradient arrives, so
+  // it does not sit beside the next forward's activations, as DeepSpeed's _release_ipg_buffers
+  // frees grads_in_partition. Unset: on a GPU (the caching allocator hands the block back at no
+  // cost), off on the CPU (a fresh allocation there costs a page fault per page every step).
+  std::optional<bool> release_gradients;
   // ZeRO++ (stage 3 only; ignored with a warning at stages 0-2, as DeepSpeed ignores them there).
   // zero_quantized_weights: the forward all-gather of a unit moves int8 blocks (qwZ).
   bool zero_quantized_weights = false;

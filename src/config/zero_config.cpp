@@ -111,6 +111,7 @@ void read_buckets(ObjectReader& r, ZeroConfig& z) {
   r.read("elastic_checkpoint", z.elastic_checkpoint);
   r.read("ignore_unused_parameters", z.ignore_unused_parameters);
   r.read("round_robin_gradients", z.round_robin_gradients);
+  r.read("release_gradients", z.release_gradients);  // deepspeed.cpp's own key
   read_size(r, "sub_group_size", z.sub_group_size);
   require_positive(r.path_of("sub_group_size"), static_cast<double>(z.sub_group_size));
 }

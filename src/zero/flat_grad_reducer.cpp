@@ -221,7 +221,7 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
                       options.overlap ? kMaxBucketsInFlight : 0,
                       /*hooked=*/true) {  // every gradient is caught as it is produced, to free it
   partition_ = make_grad_partition(flat_.layout().partition_numel, grad_dtype, ctx_.device,
-                                   host_partition, pin);
+                                   host_partition, pin, releases_gradients(options, ctx_.device));
   for (auto& b : buckets_)
     max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
 }

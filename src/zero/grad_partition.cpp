@@ -11,32 +11,66 @@ namespace zero {
 
 int64_t GradPartition::bytes() const { return storage_bytes(tensor()); }
 
-DeviceGradPartition::DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device) {
-  AllocatingFor naming("this rank's gradient partition", -1, numel, c10::elementSize(dtype));
-  tensor_ = torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device));
+DeviceGradPartition::DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
+                                         bool release)
+    : numel_(numel), dtype_(dtype), device_(device), release_(release) {
+  allocate(/*zeroed=*/true);
+}
+
+DeviceGradPartition::DeviceGradPartition(at::Tensor buffer)
+    : tensor_(std::move(buffer)), numel_(tensor_.numel()), dtype_(tensor_.scalar_type()),
+      device_(tensor_.device()), adopted_(true) {}
+
+void DeviceGradPartition::allocate(bool zeroed) const {
+  AllocatingFor naming("this rank's gradient partition", -1, numel_, c10::elementSize(dtype_));
+  const auto options = torch::TensorOptions().dtype(dtype_).device(device_);
+  tensor_ = zeroed ? torch::zeros({numel_}, options) : torch::empty({numel_}, options);
+}
+
+const at::Tensor& DeviceGradPartition::tensor() const {
+  if (!tensor_.defined()) allocate(/*zeroed=*/true);
+  return tensor_;
+}
+
+const at::Tensor& DeviceGradPartition::acquire_uninitialized() {
+  if (!tensor_.defined()) allocate(/*zeroed=*/false);
+  return tensor_;
+}
+
+void DeviceGradPartition::release() {
+  if (release_) tensor_ = at::Tensor();
+}
+
+int64_t DeviceGradPartition::bytes() const {
+  return adopted_ ? storage_bytes(tensor_) : numel_ * int64_t(c10::elementSize(dtype_));
 }
 
 std::shared_ptr<device::CopyFence> DeviceGradPartition::accumulate(int64_t begin,
                                                                    const at::Tensor& reduced) {
   const int64_t n = reduced.numel();
-  TORCH_CHECK(begin >= 0 && begin + n <= tensor_.numel(), "DeviceGradPartition: elements [",
-              begin, ", ", begin + n, ") outside the partition of ", tensor_.numel());
-  tensor_.narrow(0, begin, n).add_(reduced.reshape({-1}));
+  TORCH_CHECK(begin >= 0 && begin + n <= numel_, "DeviceGradPartition: elements [", begin, ", ",
+              begin + n, ") outside the partition of ", numel_);
+  tensor().narrow(0, begin, n).add_(reduced.reshape({-1}));
   return nullptr;
 }
 
-at::Tensor DeviceGradPartition::squared_norm() { return sum_of_squares(tensor_).reshape({1}); }
+at::Tensor DeviceGradPartition::squared_norm() { return sum_of_squares(tensor()).reshape({1}); }
 
-void DeviceGradPartition::clear() { tensor_.zero_(); }
+void DeviceGradPartition::clear() {
+  if (release_)
+    tensor_ = at::Tensor();
+  else
+    tensor_.zero_();
+}
 
 std::unique_ptr<GradPartition> make_grad_partition(int64_t numel, at::ScalarType dtype,
                                                    c10::Device device, bool in_host_memory,
-                                                   bool pin) {
+                                                   bool pin, bool release) {
   if (in_host_memory)
     return std::make_unique<HostGradPartition>(
         numel, dtype, device, pin,
         pin || device.is_cpu() ? nullptr : device::stream_downloader(device));
-  return std::make_unique<DeviceGradPartition>(numel, dtype, device);
+  return std::make_unique<DeviceGradPartition>(numel, dtype, device, release);
 }
 
 }  // namespace zero

@@ -50,32 +50,55 @@ class GradPartition {
   virtual int64_t device_temporary_bytes() const { return 0; }
   // The same in host memory (a pageable host home's page-locked bucket copies).
   virtual int64_t host_temporary_bytes() const { return 0; }
-  int64_t bytes() const;
+  // The partition's size, held or not (a released device partition is allocated again at the
+  // next backward: the bytes count as the step's).
+  virtual int64_t bytes() const;
 };
 
 class DeviceGradPartition final : public GradPartition {
  public:
-  // Owns `numel` zeros of `dtype` on `device`.
-  DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device);
-  // Adopts `buffer` (a view of a larger gradient buffer: the all-reduce stages).
-  explicit DeviceGradPartition(at::Tensor buffer) : tensor_(std::move(buffer)) {}
+  // Owns `numel` zeros of `dtype` on `device`. `release` (zero_optimization.release_gradients):
+  // clear() frees them instead of zeroing, and the next use allocates them again, so between a
+  // step and the next backward's first gradient the partition holds no memory.
+  DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
+                      bool release = false);
+  // Adopts `buffer` (a view of a larger gradient buffer: the all-reduce stages). Never released.
+  explicit DeviceGradPartition(at::Tensor buffer);
 
-  const at::Tensor& tensor() const override { return tensor_; }
+  // Allocates a released partition (zeros) first.
+  const at::Tensor& tensor() const override;
+  // For a writer that writes every element before anything reads it (SingleRankGradients'
+  // first micro-step after a step): a released partition comes back uninitialized, sparing the
+  // zeroing pass; a held one as it is.
+  const at::Tensor& acquire_uninitialized();
+  bool holds_memory() const { return tensor_.defined(); }
+  // A releasing partition's memory is freed (values kept otherwise: the caller writes them all
+  // again before reading).
+  void release();
   std::shared_ptr<device::CopyFence> accumulate(int64_t begin, const at::Tensor& reduced) override;
   at::Tensor squared_norm() override;
   void clear() override;
   bool in_host_memory() const override { return false; }
+  int64_t bytes() const override;
 
  private:
-  at::Tensor tensor_;
+  void allocate(bool zeroed) const;
+  mutable at::Tensor tensor_;  // undefined while released
+  int64_t numel_;
+  at::ScalarType dtype_;
+  c10::Device device_;
+  bool release_ = false;
+  bool adopted_ = false;
 };
 
 // Host memory (page-locked with `pin`; on a GPU without it, pageable and filled through
 // page-locked copies) when the update reads the gradients there
 // (ShardOptimizer::gradients_in_host_memory), else the compute device.
+// `release`: a device partition is freed after each step (DeviceGradPartition); a host partition
+// is kept (it is what the offloaded update reads, and page-locked memory is slow to allocate).
 std::unique_ptr<GradPartition> make_grad_partition(int64_t numel, at::ScalarType dtype,
                                                    c10::Device device, bool in_host_memory,
-                                                   bool pin);
+                                                   bool pin, bool release = false);
 
 }  // namespace zero
 }  // namespace deepspeed

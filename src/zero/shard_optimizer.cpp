@@ -200,8 +200,9 @@ class InMemoryShard : public ShardOptimizer {
       if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
       set_grads(grads.tensor);
       step_optimizer();
-      if (aliased_) return;  // the partition was updated in place
+      // Not kept on the masters: the stage frees or zeroes its gradient partition next.
       set_grads(at::Tensor());
+      if (aliased_) return;  // the partition was updated in place
       params.write_all(master_);
       return;
     }

@@ -20,8 +20,25 @@ SingleRankGradients::SingleRankGradients(const StageContext& context, FlatParams
       written_(flat.slots().size(), false) {
   TORCH_CHECK(context.world_size() == 1, "SingleRankGradients: data-parallel world size ",
               context.world_size(), ", not 1");
-  partition_ = std::make_unique<DeviceGradPartition>(flat_.layout().partition_numel, grad_dtype,
-                                                     ctx_.device);
+  const int64_t numel = flat_.layout().partition_numel;
+  auto partition = std::make_unique<DeviceGradPartition>(
+      numel, grad_dtype, ctx_.device, releases_gradients(options, ctx_.device));
+  device_partition_ = partition.get();
+  partition_ = std::move(partition);
+  std::vector<std::pair<int64_t, int64_t>> covered;
+  for (const auto& slot : flat_.slots()) covered.emplace_back(slot.offset, slot.numel);
+  std::sort(covered.begin(), covered.end());
+  int64_t at = 0;
+  for (const auto& [begin, n] : covered) {
+    if (begin > at) gaps_.emplace_back(at, begin - at);
+    at = std::max(at, begin + n);
+  }
+  if (at < numel) gaps_.emplace_back(at, numel - at);
+}
+
+void SingleRankGradients::zero() {
+  cleared_ = true;
+  device_partition_->release();
 }
 
 // As ReduceScatterBuckets: every micro-step "reduces" (here: writes or adds).
@@ -33,9 +50,20 @@ void SingleRankGradients::begin_backward(bool boundary) {
   start(/*reducing=*/true, boundary);
 }
 
-at::Tensor SingleRankGradients::slot_in_partition(size_t slot_index) const {
+at::Tensor SingleRankGradients::slot_in_partition(size_t slot_index) {
   const auto& slot = flat_.slots()[slot_index];
-  return partition_->tensor().narrow(0, slot.offset - flat_.layout().begin(owner_), slot.numel);
+  return writable_partition().narrow(0, slot.offset - flat_.layout().begin(owner_), slot.numel);
+}
+
+// A released partition is allocated again at the writing micro-step's first use, uninitialized:
+// every slot is written or zeroed before the step reads it; the gaps no slot covers are zeroed
+// now. (Adding into a released partition cannot happen: the micro-step after zero() writes, and
+// it leaves the partition allocated; tensor() would allocate zeros.)
+const at::Tensor& SingleRankGradients::writable_partition() {
+  if (!overwrite_ || device_partition_->holds_memory()) return device_partition_->tensor();
+  const at::Tensor& fresh = device_partition_->acquire_uninitialized();
+  for (const auto& [begin, n] : gaps_) fresh.narrow(0, begin, n).zero_();
+  return fresh;
 }
 
 // The slot's .grad (when it has one) into the partition, freed at once. The values take the old
@@ -67,7 +95,7 @@ void SingleRankGradients::take_grad(size_t slot_index) {
 // gradient from backwards that did not reduce (a pipeline stage's micro-batches before the last
 // accumulate in .grad): it goes in now. On a writing micro-step one with no gradient at all is
 // zeroed, as the old path's zeroed bucket added nothing to a zeroed partition. The padding and
-// the alignment gaps between slots are never written: zeros since construction.
+// the alignment gaps between slots are never written: zeros since they were allocated.
 void SingleRankGradients::launch(Bucket& b) {
   for (size_t s : b.range.slots) {
     take_grad(s);

@@ -13,6 +13,11 @@
 // and added on later ones. Writing instead of adding to a zeroed partition spares zero() its pass;
 // it differs only in the sign of a zero (-0 stays -0, where 0 + -0 gave +0).
 //
+// With zero_optimization.release_gradients (on a GPU by default) zero() frees the partition and
+// the writing micro-step allocates it again, uninitialized, at its first gradient (after the
+// forward's activations began to be freed): every slot is then written or zeroed, and the gaps
+// between slots (alignment, padding) are zeroed as it is allocated.
+//
 // Buckets (the base's BucketOrder) still mark when a range of the partition is final, for
 // on_final; launching one only zeroes, on a writing micro-step, its parameters that got no
 // gradient. A backward that throws keeps what it wrote (as a device gradient buffer keeps what a
@@ -22,6 +27,7 @@
 // With ZeRO-Offload's host partition the buckets stay (ReduceScatterBuckets): each bucket is what
 // goes down to host memory in one copy that the update during backward takes.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "zero/flat_grad_reducer.h"
@@ -37,7 +43,8 @@ class SingleRankGradients : public FlatGradReducer {
                       const ReductionOptions& options, at::ScalarType comm_dtype,
                       at::ScalarType grad_dtype);
   void begin_backward(bool boundary) override;
-  void zero() override { cleared_ = true; }  // the next micro-step writes: nothing to zero now
+  // The next micro-step writes: nothing to zero now (a releasing partition is freed).
+  void zero() override;
   int64_t gradient_bytes() const override { return partition_->bytes(); }
   void drop_unlaunched() override;
 
@@ -46,9 +53,12 @@ class SingleRankGradients : public FlatGradReducer {
   void launch(Bucket& b) override;
   void finish(Bucket& b) override { announce_final(b.range.begin, b.range.end); }
   void take_grad(size_t slot);
-  at::Tensor slot_in_partition(size_t slot) const;
+  at::Tensor slot_in_partition(size_t slot);
+  const at::Tensor& writable_partition();
 
   const GradientScaling scaling_;
+  DeviceGradPartition* device_partition_ = nullptr;  // partition_, as its type
+  std::vector<std::pair<int64_t, int64_t>> gaps_;    // (begin, numel) no slot covers
   bool cleared_ = true;     // nothing written since zero() (or ever: the partition is zeros)
   bool overwrite_ = false;  // this micro-step writes: its first since zero()
   std::vector<bool> written_;  // this micro-step's slots already written (or zeroed)

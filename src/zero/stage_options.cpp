@@ -26,7 +26,12 @@ ReductionOptions reduction_options(const Config& config) {
   r.comm_dtype = config.communication_data_type;
   r.prescale = config.prescale_gradients;
   r.predivide_factor = config.gradient_predivide_factor;
+  r.release_gradients = config.zero_optimization.release_gradients;
   return r;
+}
+
+bool releases_gradients(const ReductionOptions& options, c10::Device device) {
+  return options.release_gradients.value_or(device.is_cuda());
 }
 
 ShardOptions shard_options(const Config& config) {

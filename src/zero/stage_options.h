@@ -48,7 +48,11 @@ struct ReductionOptions {
   // instead of at the end of backward: set when the offloaded update runs during backward, which
   // starts on a bucket only once it is finished.
   bool finish_buckets_early = false;
+  // zero_optimization.release_gradients: the gradient partition on the compute device is freed
+  // after each step (unset: on a GPU). releases_gradients() resolves it for a device.
+  std::optional<bool> release_gradients;
 };
+bool releases_gradients(const ReductionOptions& options, c10::Device device);
 
 // Where the shard optimizer keeps the fp32 masters and moments (zero/shard_optimizer.h).
 struct ShardOptions {

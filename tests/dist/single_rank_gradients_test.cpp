@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <stdexcept>
+
+#include <c10/core/CPUAllocator.h>
 
 #include "deepspeed/comm.h"
 #include "support/expect.h"
 #include "support/training_run.h"
+#include "util/torch_compat.h"
 #include "zero/flat_stage.h"
 
 namespace single_rank_gradients_test {
@@ -112,6 +116,75 @@ TEST(SingleRankGradients, AFailedBackwardLeavesNoEarlierStepsGradient) {
   const at::Tensor clean = stage.grad_square_sums({a});
   EXPECT_NEAR(clean[0].item<double>(), squares(2 * a), 1e-6 * squares(2 * a));
   EXPECT_NEAR(clean[1].item<double>(), b_now, 1e-6 * b_now);
+}
+
+namespace {
+
+// Every CPU allocation made while it is installed starts as 0xFF bytes (a NaN in every float
+// type), so an element read before anything wrote it shows.
+class PoisoningCpuAllocator : public deepspeed::compat::HostAllocator {
+ public:
+  explicit PoisoningCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) DS_ALLOCATE_CONST override {
+    c10::DataPtr p = base_->allocate(n);
+    if (p.get()) std::memset(p.get(), 0xFF, n);
+    return p;  // freed through the wrapped allocator's own deleter
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  c10::Allocator* base() const { return base_; }
+
+ private:
+  c10::Allocator* base_;
+};
+
+class PoisonedAllocations {
+ public:
+  PoisonedAllocations() : allocator_(new PoisoningCpuAllocator(c10::GetCPUAllocator())) {
+    c10::SetCPUAllocator(allocator_, kPriority);
+  }
+  // Left alive, as util::AllocationMeter leaves its own: libtorch may have cached the pointer.
+  ~PoisonedAllocations() { c10::SetCPUAllocator(allocator_->base(), kPriority); }
+
+ private:
+  static constexpr uint8_t kPriority = 200;
+  PoisoningCpuAllocator* allocator_;
+};
+
+}  // namespace
+
+// zero_optimization.release_gradients: the partition freed by the step comes back at the next
+// backward's first gradient uninitialized (no zeroing pass: every parameter's part is written);
+// the gaps between the parameters' parts (each part is aligned to 16 elements: 30 and 41 leave 2
+// and 7) are zeroed then. The norm reads the whole partition, so a gap left as it was allocated
+// makes it NaN here.
+TEST(SingleRankGradients, AReleasedPartitionComesBackWithItsGapsZeroed) {
+  using deepspeed::zero::FlatStage;
+  const PoisonedAllocations poison;
+  torch::manual_seed(5);
+  at::Tensor a = torch::randn({30}).requires_grad_(), b = torch::randn({41}).requires_grad_();
+  deepspeed::zero::FlatStageOptions o;
+  o.scatter_gradients = true;
+  o.reduction.bucket_numel = 30;  // a bucket per parameter
+  o.reduction.release_gradients = true;
+  FlatStage stage({a, b},
+                  {deepspeed::comm::make_single_process_communicator(), torch::kCPU}, o,
+                  [](std::vector<at::Tensor> p) {
+                    return std::make_shared<torch::optim::SGD>(std::move(p),
+                                                               torch::optim::SGDOptions(0.1));
+                  });
+  auto squares = [](const at::Tensor& g) {
+    return g.detach().to(torch::kDouble).pow(2).sum().item<double>();
+  };
+  for (int step = 0; step < 3; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const double want = std::sqrt(squares(2 * a) + squares(3 * b * b));
+    stage.begin_backward(true);
+    ((a * a).sum() + (b * b * b).sum()).backward();
+    stage.end_backward(true);
+    const double norm = stage.global_grad_norm();
+    EXPECT_NEAR(norm, want, 1e-6 * want);
+    stage.step(1.0);
+  }
 }
 
 }  // namespace single_rank_gradients_test

@@ -7,6 +7,7 @@
 
 #include "util/ranges.h"
 #include "zero/grad_partition.h"
+#include "zero/stage_options.h"
 
 namespace grad_partition_test {
 
@@ -86,6 +87,55 @@ TEST(DeviceGradPartition, AnAdoptedViewWritesIntoItsBuffer) {
   EXPECT_TRUE(torch::equal(buffer, torch::tensor({0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0}).to(torch::kFloat)));
   p.clear();
   EXPECT_EQ(buffer.sum().item<float>(), 0.0f);
+}
+
+// zero_optimization.release_gradients: clear() frees the memory (the same accumulation otherwise),
+// the next use allocates zeros again, and the size counts whether held or not. A partition that
+// does not release keeps its storage: the one the step read is the one the next backward adds to.
+TEST(DeviceGradPartition, AReleasingPartitionHoldsNoMemoryBetweenAStepAndItsNextUse) {
+  DeviceGradPartition p(10, torch::kFloat, torch::kCPU, /*release=*/true);
+  ASSERT_TRUE(p.holds_memory());
+  auto a = torch::randn({10}), c = torch::randn({10});
+  micro_step(p, a, true);
+  EXPECT_TRUE(torch::equal(p.tensor(), a));
+  p.clear();
+  EXPECT_FALSE(p.holds_memory());
+  EXPECT_EQ(p.bytes(), 40);  // the step's figure, held or not
+  micro_step(p, c, true);    // allocated again at the first bucket, as zeros + c
+  ASSERT_TRUE(p.holds_memory());
+  EXPECT_TRUE(torch::equal(p.tensor(), c));
+  p.clear();
+  EXPECT_TRUE(torch::equal(p.tensor(), torch::zeros({10})));  // read with no backward: zeros
+  EXPECT_NEAR(p.squared_norm().item<double>(), 0.0, 0.0);
+
+  // release() frees only a releasing partition; acquire_uninitialized() hands back a held one
+  // as it is.
+  DeviceGradPartition kept(10, torch::kFloat, torch::kCPU);
+  micro_step(kept, a, true);
+  const void* storage = kept.tensor().data_ptr();
+  kept.release();
+  ASSERT_TRUE(kept.holds_memory());
+  EXPECT_EQ(kept.acquire_uninitialized().data_ptr(), storage);
+  EXPECT_TRUE(torch::equal(kept.tensor(), a));
+  kept.clear();
+  EXPECT_EQ(kept.tensor().data_ptr(), storage);
+  EXPECT_TRUE(torch::equal(kept.tensor(), torch::zeros({10})));
+  p.release();
+  EXPECT_FALSE(p.holds_memory());
+  EXPECT_EQ(p.acquire_uninitialized().numel(), 10);
+}
+
+// The engine's rule: the key when given, else on a GPU only.
+TEST(ReleasesGradients, TheKeyWhenGivenElseOnAGpu) {
+  using deepspeed::zero::ReductionOptions;
+  using deepspeed::zero::releases_gradients;
+  ReductionOptions o;
+  EXPECT_FALSE(releases_gradients(o, torch::kCPU));
+  EXPECT_TRUE(releases_gradients(o, c10::Device(torch::kCUDA, 0)));
+  o.release_gradients = true;
+  EXPECT_TRUE(releases_gradients(o, torch::kCPU));
+  o.release_gradients = false;
+  EXPECT_FALSE(releases_gradients(o, c10::Device(torch::kCUDA, 0)));
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   shard_ = make_shard_optimizer(shard, *params_, make_optimizer);
   // After the zero::Init slices are gone (a model bigger than RAM needs the room).
   grads_ = make_unit_gradients(layout_, dtype_from_config(options_.grad_accum_dtype, param_dtype_),
-                               options_.shard, options_.aio, ctx_.device, *shard_, *params_);
+                               options_.shard, options_.aio, ctx_.device, *shard_, *params_,
+                               releases_gradients(options_.reduction, ctx_.device));
   gatherer_->regather_root();
   for (size_t u = 1; u < layout_.units.size(); ++u)
     attach_unit(*layout_.units[u].module, gatherer_.get(), static_cast<int>(u));

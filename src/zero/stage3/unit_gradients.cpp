@@ -111,7 +111,8 @@ std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
                                                    const ShardOptions& options,
                                                    const AioConfig& aio, c10::Device device,
                                                    ShardOptimizer& shard,
-                                                   ParamPartition& params) {
+                                                   ParamPartition& params,
+                                                   bool release_gradients) {
   if (is_no_optimizer_shard(shard)) return std::make_unique<NoGradients>();
   // A swapped optimizer swaps the gradients too, as DeepSpeed does; ZeRO-Offload's host update
   // reads them in host memory, where they then accumulate (no device partition).
@@ -120,7 +121,7 @@ std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
   return std::make_unique<GradientsInMemory>(
       layout,
       make_grad_partition(layout.partition_numel, dtype, device, shard.gradients_in_host_memory(),
-                          options.pin_memory),
+                          options.pin_memory, release_gradients),
       shard, params);
 }
 

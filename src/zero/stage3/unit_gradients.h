@@ -52,13 +52,15 @@ class UnitGradients {
 
 // None for a shard without an optimizer; swapped under offload_optimizer nvme (`options.home`),
 // else in memory: in host memory when the
-// shard's update reads them there. `shard` and `params` outlive the result's calls.
+// shard's update reads them there; on the compute device freed after each step with
+// `release_gradients` (zero_optimization.release_gradients, DeviceGradPartition). `shard` and `params` outlive the result's calls.
 std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
                                                    at::ScalarType dtype,
                                                    const ShardOptions& options,
                                                    const AioConfig& aio, c10::Device device,
                                                    ShardOptimizer& shard,
-                                                   ParamPartition& params);
+                                                   ParamPartition& params,
+                                                   bool release_gradients = false);
 
 }  // namespace zero
 }  // namespace deepspeed

@@ -220,8 +220,9 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
     : FlatGradReducer(context, flat, context.rank(), options, comm_dtype,
                       options.overlap ? kMaxBucketsInFlight : 0,
                       /*hooked=*/true) {  // every gradient is caught as it is produced, to free it
+  release_ = releases_gradients(options, ctx_.device);
   partition_ = make_grad_partition(flat_.layout().partition_numel, grad_dtype, ctx_.device,
-                                   host_partition, pin, releases_gradients(options, ctx_.device));
+                                   host_partition, pin, release_);
   for (auto& b : buckets_)
     max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
 }
@@ -233,7 +234,13 @@ void ReduceScatterBuckets::begin_backward(bool boundary) {
   start(true, boundary);
 }
 
-void ReduceScatterBuckets::zero() { partition_->clear(); }
+// After a step every bucket is back in the pool: a releasing stage frees them all.
+void ReduceScatterBuckets::zero() {
+  partition_->clear();
+  if (!release_) return;
+  for (const auto& buffer : pool_) pool_held_bytes_ -= storage_bytes(buffer);
+  pool_.clear();
+}
 
 void ReduceScatterBuckets::drop_unlaunched() {
   for (auto& b : buckets_)
@@ -249,7 +256,8 @@ void ReduceScatterBuckets::borrow_buffer(Bucket& b) {
     AllocatingFor naming("a gradient bucket (reduce_bucket_size)", -1, max_bucket_numel_,
                          c10::elementSize(comm_dtype_));
     pool_.push_back(torch::empty({max_bucket_numel_}, ctx_.options(comm_dtype_)));
-    pool_bytes_ += storage_bytes(pool_.back());
+    pool_held_bytes_ += storage_bytes(pool_.back());
+    pool_bytes_ = std::max(pool_bytes_, pool_held_bytes_);
   }
   b.pooled = pool_.back();
   pool_.pop_back();

@@ -16,6 +16,8 @@
 //       last micro-batch's; the earlier ones accumulate in .grad, taken as the hook fires or,
 //       for a parameter that last backward does not use, as its bucket launches).
 //                                                                gradient bytes: Ψ/N + buckets
+//       With zero_optimization.release_gradients (a GPU's default) the partition and the bucket
+//       pool are freed after each step and allocated again by the next backward.
 //       With ZeRO-Offload's host update (ShardOptimizer::gradients_in_host_memory) the partition
 //       is in host memory and the reduced buckets go down into it (host_grad_partition.h): on the
 //       device only the buckets.
@@ -163,6 +165,10 @@ class ReduceScatterBuckets : public FlatGradReducer {
   void take_grad(Bucket& b, size_t slot);
   std::vector<at::Tensor> pool_;  // free bucket buffers, reused across micro-steps
   int64_t max_bucket_numel_ = 0;  // every pool buffer has this size, so any fits any bucket
+  // zero_optimization.release_gradients: zero() frees the pool with the partition (DeepSpeed's
+  // _release_ipg_buffers drops its ipg_buffer too). pool_bytes_ is then the most held at once.
+  bool release_ = false;
+  int64_t pool_held_bytes_ = 0;
 };
 
 }  // namespace zero

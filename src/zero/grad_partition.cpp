@@ -14,7 +14,7 @@ int64_t GradPartition::bytes() const { return storage_bytes(tensor()); }
 DeviceGradPartition::DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
                                          bool release)
     : numel_(numel), dtype_(dtype), device_(device), release_(release) {
-  allocate(/*zeroed=*/true);
+  if (!release_) allocate(/*zeroed=*/true);  // a releasing one: at its first use
 }
 
 DeviceGradPartition::DeviceGradPartition(at::Tensor buffer)

@@ -59,7 +59,8 @@ class DeviceGradPartition final : public GradPartition {
  public:
   // Owns `numel` zeros of `dtype` on `device`. `release` (zero_optimization.release_gradients):
   // clear() frees them instead of zeroing, and the next use allocates them again, so between a
-  // step and the next backward's first gradient the partition holds no memory.
+  // step and the next backward's first gradient the partition holds no memory (nor before the
+  // first backward).
   DeviceGradPartition(int64_t numel, at::ScalarType dtype, c10::Device device,
                       bool release = false);
   // Adopts `buffer` (a view of a larger gradient buffer: the all-reduce stages). Never released.

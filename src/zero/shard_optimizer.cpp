@@ -198,10 +198,7 @@ class InMemoryShard : public ShardOptimizer {
       return step({grads.tensor.to(master_.device()), nullptr}, params, grad_scale);
     if (!mixed_) {
       if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
-      set_grads(grads.tensor);
-      step_optimizer();
-      // Not kept on the masters: the stage frees or zeroes its gradient partition next.
-      set_grads(at::Tensor());
+      step_over(grads.tensor);
       if (aliased_) return;  // the partition was updated in place
       params.write_all(master_);
       return;
@@ -216,13 +213,11 @@ class InMemoryShard : public ShardOptimizer {
     // (memory.h).
     const bool read_as_they_are = fused_ && optim::FusedAdam::reads_16bit_grads(master_);
     at::Tensor grad = read_as_they_are ? grads.tensor : grads.tensor.to(torch::kFloat);
-    set_grads(grad);
     if (fused_)  // grad is this step's own: a copy, or gradients dropped after it
       fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
     else if (grad_scale != 1.0)
       grad.mul_(grad_scale);
-    step_optimizer();
-    set_grads(at::Tensor());
+    step_over(grad);
     if (!half_copy_) params.write_all(master_.to(params.dtype()));
   }
 
@@ -322,9 +317,7 @@ class InMemoryShard : public ShardOptimizer {
     if (!grad_host_.defined()) grad_host_ = host_buffer(master_.numel(), at::kFloat);
     grad_host_.copy_(grads.tensor.view({-1}));  // D2H with the widening to fp32; waits for it
     if (grad_scale != 1.0) grad_host_.mul_(grad_scale);
-    set_grads(grad_host_);
-    step_optimizer();
-    set_grads(at::Tensor());
+    step_over(grad_host_);
     params.resident().copy_(master_);
   }
 
@@ -363,6 +356,19 @@ class InMemoryShard : public ShardOptimizer {
   void set_step(int64_t step) {
     if (view_moments_) return view_moments_->set_step(step);
     set_moment_step(*optimizer_, master_, step);
+  }
+
+  // One optimizer step with `grad` as the masters' gradient, dropped from them afterwards even
+  // when the step throws: the stage frees or zeroes its gradient partition next
+  // (zero_optimization.release_gradients), and a reference left on the masters would keep the
+  // old one alive beside the next backward's.
+  void step_over(const at::Tensor& grad) {
+    set_grads(grad);
+    struct Dropped {
+      InMemoryShard* shard;
+      ~Dropped() { shard->set_grads(at::Tensor()); }
+    } dropped{this};
+    step_optimizer();
   }
 
   // The gradient of the master (1-D, partition numel) as the optimizer reads it: on the master,

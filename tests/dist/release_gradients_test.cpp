@@ -72,22 +72,28 @@ INSTANTIATE_TEST_SUITE_P(Stages, ReleaseGradients,
                                            Case{2, 3, 2, false}, Case{1, 3, 1, true}),
                          [](const auto& info) { return name_of(info.param); });
 
-// After the step, the bytes libtorch holds on the CPU are lower by the partition with the key
-// than without: it was freed, not zeroed (the rest of the two runs is the same).
+// After the step, the bytes libtorch holds on the CPU are lower with the key than without by the
+// partition, and at stage 2 with peers by the bucket pool too: freed, not zeroed (the rest of the
+// two runs is the same). Ranks are threads of this process: every rank's bytes count, read by
+// rank 0 between two barriers, when every rank has finished its last step and none has gone on.
 TEST(ReleaseGradients, ThePartitionIsFreedAfterTheStep) {
-  for (int stage : {2, 3}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
+  for (const Case c : {Case{1, 2, 1, false}, Case{1, 3, 1, false}, Case{2, 2, 1, false}}) {
+    SCOPED_TRACE(name_of(c));
     int64_t held[2] = {0, 0};
-    int64_t partition = 0;
+    int64_t freed = 0;
     for (bool release : {false, true}) {
       deepspeed::util::AllocationMeter meter;
-      const dstest::RunResult r =
-          train({1, stage, 1, false}, release,
-                [&](deepspeed::Engine&) { held[release] = meter.current_bytes(); });
-      partition = r.memory[0].gradients;
+      const dstest::RunResult r = train(c, release, [&](deepspeed::Engine& e) {
+        e.communicator()->barrier();
+        if (e.communicator()->rank() == 0) held[release] = meter.current_bytes();
+        e.communicator()->barrier();
+      });
+      freed = 0;
+      for (const auto& m : r.memory) freed += m.gradients + (c.stage == 2 ? m.comm_buffers : 0);
     }
-    EXPECT_EQ(held[0] - held[1], partition) << "held without the key " << held[0] << ", with it "
-                                            << held[1] << "; the partition " << partition;
+    EXPECT_EQ(held[0] - held[1], freed) << "held without the key " << held[0] << ", with it "
+                                        << held[1] << "; the partitions (and bucket pools) "
+                                        << freed;
   }
 }
 

@@ -152,21 +152,23 @@ class PoisonedAllocations {
 
 }  // namespace
 
-// zero_optimization.release_gradients: the partition freed by the step comes back at the next
-// backward's first gradient uninitialized (no zeroing pass: every parameter's part is written);
-// the gaps between the parameters' parts (each part is aligned to 16 elements: 30 and 41 leave 2
-// and 7) are zeroed then. The norm reads the whole partition, so a gap left as it was allocated
-// makes it NaN here.
+// zero_optimization.release_gradients: the partition (allocated at the first backward, freed by
+// each step) comes back at the next backward's first gradient uninitialized (no zeroing pass:
+// every parameter's part is written, and the part of one that gets no gradient, `c`, zeroed when
+// its bucket launches); the gaps between the parts (each is aligned to 16 elements: 30, 41 and 5
+// leave 2, 7 and 11) are zeroed then. The norm reads the whole partition, so an element left as
+// it was allocated makes it NaN here.
 TEST(SingleRankGradients, AReleasedPartitionComesBackWithItsGapsZeroed) {
   using deepspeed::zero::FlatStage;
   const PoisonedAllocations poison;
   torch::manual_seed(5);
   at::Tensor a = torch::randn({30}).requires_grad_(), b = torch::randn({41}).requires_grad_();
+  at::Tensor c = torch::randn({5}).requires_grad_();  // in no loss: never a gradient
   deepspeed::zero::FlatStageOptions o;
   o.scatter_gradients = true;
   o.reduction.bucket_numel = 30;  // a bucket per parameter
   o.reduction.release_gradients = true;
-  FlatStage stage({a, b},
+  FlatStage stage({a, b, c},
                   {deepspeed::comm::make_single_process_communicator(), torch::kCPU}, o,
                   [](std::vector<at::Tensor> p) {
                     return std::make_shared<torch::optim::SGD>(std::move(p),

@@ -94,7 +94,8 @@ TEST(DeviceGradPartition, AnAdoptedViewWritesIntoItsBuffer) {
 // does not release keeps its storage: the one the step read is the one the next backward adds to.
 TEST(DeviceGradPartition, AReleasingPartitionHoldsNoMemoryBetweenAStepAndItsNextUse) {
   DeviceGradPartition p(10, torch::kFloat, torch::kCPU, /*release=*/true);
-  ASSERT_TRUE(p.holds_memory());
+  EXPECT_FALSE(p.holds_memory());  // nothing before its first use either
+  EXPECT_EQ(p.bytes(), 40);
   auto a = torch::randn({10}), c = torch::randn({10});
   micro_step(p, a, true);
   EXPECT_TRUE(torch::equal(p.tensor(), a));

@@ -16,7 +16,9 @@ same statistic, its step_s_mean (its own tokens_per_s and TFLOP/s come from the 
 are recomputed from the mean here). GPU peak: gpt_train resets the allocator's peak after the
 warm-up steps, so its gpu_allocated_peak covers the timed steps only; the column compared with
 the peers is gpu_allocated_peak_total (the whole run, model building and warm-up included); a
-log without it (gpt_train before that field) shows "?" there. A row that failed or is missing
+log without it (gpt_train before that field) shows "?" there. "GPU reserved GiB": the whole run's
+reserved peak on both sides (gpt_train's gpu_reserved_peak_total, the peers' max_memory_reserved():
+what the caching allocator took, fragmentation included); blank where a log has none. A row that failed or is missing
 shows why instead of numbers; one that ran out of GPU memory says "cannot fit" (under MEMCAP
 GiB, from the environment, when set); one of ours whose final loss is not finite, "failed"."""
 import json
@@ -73,6 +75,8 @@ def ours(out, row):
             "gpu_peak_gib": (int(kv["gpu_allocated_peak_total"]) / GIB
                              if "gpu_allocated_peak_total" in kv else None),
             "gpu_peak_timed_gib": int(kv["gpu_allocated_peak"]) / GIB,
+            "gpu_reserved_gib": (int(kv["gpu_reserved_peak_total"]) / GIB
+                                 if "gpu_reserved_peak_total" in kv else None),
             "host_peak_gib": int(kv["peak_rss_kb"]) * 1024 / GIB,
             "host_state_gib": int(kv.get("host_state_bytes", 0)) / GIB}
 
@@ -100,6 +104,7 @@ def peers(out):
         found[r["row"]] = {"step_s": step_s, "tokens_per_s": tps,
                            "params": r.get("params", 0), "tflops": 6 * r.get("params", 0) * tps / 1e12,
                            "gpu_peak_gib": r.get("gpu_peak_alloc_gib", 0.0),
+                           "gpu_reserved_gib": r.get("gpu_peak_reserved_gib"),
                            "host_peak_gib": r.get("host_peak_rss_gib", 0.0)}
     return found
 
@@ -123,8 +128,8 @@ def main():
     rows = sys.argv[2:] or sorted(
         {f[:-4] for f in os.listdir(out) if f.startswith("dscpp_") and f.endswith(".log")} | set(theirs))
     print("| row | params | step s | tokens/s | TFLOP/s | GPU peak GiB | GPU peak timed steps GiB "
-          "| host peak GiB | host B/param | vs peer | goal |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+          "| GPU reserved GiB | host peak GiB | host B/param | vs peer | goal |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     skipped = {}  # run.sh's BUDGET_S: rows it did not start, and why
     if os.path.exists(os.path.join(out, "skipped.txt")):
         for line in open(os.path.join(out, "skipped.txt")):
@@ -132,7 +137,7 @@ def main():
             skipped[name] = why
     for row in rows:
         if row in skipped:
-            print(f"| {row} | skipped: {skipped[row]} | | | | | | | | | |")
+            print(f"| {row} | skipped: {skipped[row]} | | | | | | | | | | |")
             continue
         r = ours(out, row) if row.startswith("dscpp_") else theirs.get(row, {"error": "no result"})
         if "error" in r:
@@ -142,9 +147,9 @@ def main():
             if r.get("oom"):
                 cap = os.environ.get("MEMCAP")
                 print(f"| {row} | cannot fit{f' under {cap} GiB' if cap else ''} (out of memory): "
-                      f"{reason} | | | | | | | | | |")
+                      f"{reason} | | | | | | | | | | |")
             else:
-                print(f"| {row} | failed: {reason} | | | | | | | | | |")
+                print(f"| {row} | failed: {reason} | | | | | | | | | | |")
             continue
         versus, goal = "", ""
         size_goal = float(os.environ.get("SIZE_GOAL", "0"))
@@ -165,8 +170,10 @@ def main():
         per_param = f"{r['host_state_gib'] * GIB / p:.1f}" if r.get("host_state_gib") and p else ""
         peak = "?" if r["gpu_peak_gib"] is None else f"{r['gpu_peak_gib']:.2f}"
         timed = f"{r['gpu_peak_timed_gib']:.2f}" if "gpu_peak_timed_gib" in r else ""
+        reserved = "" if r.get("gpu_reserved_gib") is None else f"{r['gpu_reserved_gib']:.2f}"
         print(f"| {row} | {size} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | "
-              f"{peak} | {timed} | {r['host_peak_gib']:.2f} | {per_param} | {versus} | {goal} |")
+              f"{peak} | {timed} | {reserved} | {r['host_peak_gib']:.2f} | {per_param} | {versus} | "
+              f"{goal} |")
     f = floors(out)
     if f:
         print("\nMeasured in the same call (floors of the offloaded rows):")

@@ -53,10 +53,14 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
   // it is read before each engine->step() (the report runs at its end) and before the reset. What
   // a step() does after its last read, the optimizer phase, repeats in the later steps, whose
   // peaks are read too.
-  int64_t gpu_peak_total = 0;
+  // The reserved peak likewise (the peers' max_memory_reserved(): what the caching allocator
+  // took from the GPU, fragmentation included).
+  int64_t gpu_peak_total = 0, gpu_reserved_peak_total = 0;
   const c10::Device device = engine->device();  // (a lambda cannot capture a structured binding)
-  const auto note_gpu_peak = [&gpu_peak_total, device] {
-    gpu_peak_total = std::max(gpu_peak_total, deepspeed::device_memory(device).allocated_peak);
+  const auto note_gpu_peak = [&gpu_peak_total, &gpu_reserved_peak_total, device] {
+    const auto now = deepspeed::device_memory(device);
+    gpu_peak_total = std::max(gpu_peak_total, now.allocated_peak);
+    gpu_reserved_peak_total = std::max(gpu_reserved_peak_total, now.reserved_peak);
   };
   const double tokens_per_step = double(engine->train_batch_size()) * opt.model.block_size;
   // The timed steps start and end with nothing in flight: no kernel queued on the GPU, no update
@@ -121,7 +125,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         "params_bytes=%lld grads_bytes=%lld optim_bytes=%lld comm_bytes=%lld "
         "model_state_bytes=%lld peak_rss_kb=%ld num_params=%lld gathered_peak_bytes=%lld "
         "gpu_allocated_peak=%lld gpu_reserved_peak=%lld comm_payload_bytes_per_step=%lld "
-        "host_state_bytes=%lld gpu_allocated_peak_total=%lld\n",
+        "host_state_bytes=%lld gpu_allocated_peak_total=%lld gpu_reserved_peak_total=%lld\n",
         comm->rank(), 1e3 * seconds / timed_steps, tokens_per_s, engine->last_loss(),
         static_cast<long long>(mem.parameters), static_cast<long long>(mem.gradients),
         static_cast<long long>(mem.optimizer_states), static_cast<long long>(mem.comm_buffers),
@@ -130,7 +134,7 @@ int train_loop(const Run& run, std::shared_ptr<Model> model) {
         static_cast<long long>(gpu.allocated_peak), static_cast<long long>(gpu.reserved_peak),
         static_cast<long long>(steps_run > opt.warmup ? payload / timed_steps : 0),
         static_cast<long long>(mem.host_bytes),
-        static_cast<long long>(gpu_peak_total));
+        static_cast<long long>(gpu_peak_total), static_cast<long long>(gpu_reserved_peak_total));
   }
   if (rank0) {
     auto mem = engine->memory_report();

@@ -6,6 +6,8 @@
 #   2. the peer's step time is its mean (step_s_mean, as ours), not its median, and its tokens/s
 #      and the ratio against it follow from that mean;
 #   3. a log of a gpt_train without the whole-run figure shows "?", not the timed figure;
+#   3b. "GPU reserved GiB" is the whole run's reserved peak on both sides (gpt_train's
+#      gpu_reserved_peak_total, the peer's max_memory_reserved()), blank where a log has none;
 # run.sh (bench/gpu/run.sh)
 #   4. our rows train gpt_bench.py's init (--scaled_residual_init);
 #   5. DeepSpeed's ZeRO-3 row builds its model under zero.Init (--zero_init), the others do not;
@@ -29,22 +31,22 @@ report() {  # extra fields
     "gpu_allocated_peak=$((3 * GIB)) gpu_reserved_peak=$((4 * GIB))" \
     "comm_payload_bytes_per_step=0 host_state_bytes=0 $*"
 }
-report "gpu_allocated_peak_total=$((5 * GIB))" > "$T/dscpp_z2.log"
+report "gpu_allocated_peak_total=$((5 * GIB)) gpu_reserved_peak_total=$((7 * GIB))" > "$T/dscpp_z2.log"
 report > "$T/dscpp_z3.log"
 # The peer: 4 timed steps of 1, 1, 1 and 5 s (median 1, mean 2) at 2000 tokens a step: 1000
 # tokens/s from the mean, 2000 from the median (gpt_bench.py's own tokens_per_s).
 cat > "$T/peers.jsonl" <<'JSON'
-{"row": "torch", "ok": true, "params": 1000000000, "tokens_per_step": 2000, "step_times": [1, 1, 1, 5], "step_s_median": 1.0, "step_s_mean": 2.0, "tokens_per_s": 2000.0, "tflops_6N": 12.0, "gpu_peak_alloc_gib": 6.0, "host_peak_rss_gib": 1.0}
+{"row": "torch", "ok": true, "params": 1000000000, "tokens_per_step": 2000, "step_times": [1, 1, 1, 5], "step_s_median": 1.0, "step_s_mean": 2.0, "tokens_per_s": 2000.0, "tflops_6N": 12.0, "gpu_peak_alloc_gib": 6.0, "gpu_peak_reserved_gib": 8.0, "host_peak_rss_gib": 1.0}
 JSON
 /usr/bin/env python3 "$table" "$T" dscpp_z2 dscpp_z3 torch > "$T/table.md" || fail "table.py failed"
 header=$(grep "^| row " "$T/table.md")
-[[ $header == *"| GPU peak GiB | GPU peak timed steps GiB |"* ]] || fail "the header: $header"
-grep -q "^| dscpp_z2 | 1.00B | 2.000 | 1000 | 6.0 | 5.00 | 3.00 | 1.00 |  | 1.00x torch | >= 1.0x: met |$" \
-  "$T/table.md" || fail "dscpp_z2: the whole-run peak (5.00), the timed one (3.00), 1.00x the peer's mean"
-grep -q "^| torch | 1.00B | 2.000 | 1000 | 6.0 | 6.00 |  | 1.00 |  |  |  |$" "$T/table.md" ||
-  fail "torch: its mean step (2.000 s) and the tokens/s of it (1000)"
-grep -q "^| dscpp_z3 | 1.00B | 2.000 | 1000 | 6.0 | ? | 3.00 | " "$T/table.md" ||
-  fail "dscpp_z3 (no gpu_allocated_peak_total): '?' in the compared column"
+[[ $header == *"| GPU peak GiB | GPU peak timed steps GiB | GPU reserved GiB |"* ]] || fail "the header: $header"
+grep -q "^| dscpp_z2 | 1.00B | 2.000 | 1000 | 6.0 | 5.00 | 3.00 | 7.00 | 1.00 |  | 1.00x torch | >= 1.0x: met |$" \
+  "$T/table.md" || fail "dscpp_z2: the whole-run peak (5.00), the timed one (3.00), the whole run's reserved (7.00), 1.00x the peer's mean"
+grep -q "^| torch | 1.00B | 2.000 | 1000 | 6.0 | 6.00 |  | 8.00 | 1.00 |  |  |  |$" "$T/table.md" ||
+  fail "torch: its mean step (2.000 s), the tokens/s of it (1000), its reserved peak (8.00)"
+grep -q "^| dscpp_z3 | 1.00B | 2.000 | 1000 | 6.0 | ? | 3.00 |  | " "$T/table.md" ||
+  fail "dscpp_z3 (no gpu_allocated_peak_total, no gpu_reserved_peak_total): '?' in the compared column, a blank reserved one"
 
 # 4-6: run.sh's bench step with stand-ins that record their environment's thread count and
 # their arguments (its layout as tests/tools/gpu_run.sh builds it).

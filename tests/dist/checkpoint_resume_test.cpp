@@ -24,7 +24,8 @@ namespace checkpoint_resume_test {
 using dstest::CheckpointJob;
 using dstest::run_checkpoint_job;
 
-namespace {
+// Outside the anonymous namespace: the fixture's base names it (this file's namespace keeps it
+// apart in a unity batch; -Wsubobject-linkage).
 struct Case {
   int world;
   int stage;
@@ -34,6 +35,8 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "world " << c.world << ", stage " << c.stage << ", " << c.optimizer << (c.bf16 ? ", bf16" : "");
 }
+
+namespace {
 
 nlohmann::json config_for(const Case& c) {
   auto config = dstest::base_config(1, 2, c.stage);

@@ -17,14 +17,16 @@
 
 namespace release_gradients_test {
 
-namespace {
-
+// Outside the anonymous namespace: the fixture's base names it (this file's namespace keeps it
+// apart in a unity batch; -Wsubobject-linkage).
 struct Case {
   int world;
   int stage;
   int accumulation;
   bool bf16;
 };
+
+namespace {
 
 std::string name_of(const Case& c) {
   return "w" + std::to_string(c.world) + "_stage" + std::to_string(c.stage) + "_gas" +

@@ -156,12 +156,14 @@ void expect_exact_resume(Job job) {
   if (job.draw_around_save) EXPECT_EQ(again.draw_after_save, whole.draw_after_save);
 }
 
+}  // namespace
+
+// Outside the anonymous namespace: the fixture's base names it (this file's namespace keeps it
+// apart in a unity batch; -Wsubobject-linkage).
 struct Case {
   int world, stage;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << "world " << c.world << ", stage " << c.stage; }
-
-}  // namespace
 
 class RngResume : public ::testing::TestWithParam<Case> {};
 

@@ -17,8 +17,6 @@ namespace activation_checkpoint_state_test {
 namespace ckpt = deepspeed::checkpointing;
 namespace compat = deepspeed::compat;
 
-namespace {
-
 // The configs whose saved inputs differ in kind: the tensor itself, or a copy (cpu_checkpointing
 // copies only GPU tensors, so on the CPU it is the first kind again; partition_activations is
 // covered in tests/dist/partition_activations_test.cpp).
@@ -32,6 +30,8 @@ class CheckpointInputs : public ::testing::TestWithParam<bool> {
   }
   void TearDown() override { ckpt::configure(ckpt::Options{}); }
 };
+
+namespace {
 
 // Runs `f` and returns the message of the deepspeed::Error it throws ("" when none).
 template <class F>

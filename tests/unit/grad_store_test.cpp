@@ -134,11 +134,10 @@ TEST(GradStoreErrors, FolderThatCannotBeMadeNamesTheKey) {
   }
 }
 
-namespace {
-
 using dstest::HeldDownloads;
 
-// A store whose downloads the test holds back.
+// A store whose downloads the test holds back. Outside the anonymous namespace: tests derive
+// from it (this file's namespace keeps it apart in a unity batch; -Wsubobject-linkage).
 class GradStoreDownloads : public ::testing::Test {
  protected:
   dstest::TempDir dir{"grad_store_test", dstest::TempDir::Base::kDisk};
@@ -146,8 +145,6 @@ class GradStoreDownloads : public ::testing::Test {
   HeldDownloads downloads;
   GradStore store{L, torch::kFloat, dir.path(), dstest::small_aio(), downloads.downloader()};
 };
-
-}  // namespace
 
 // A bucket still on its way down is added once its fence has passed, found by a later call
 // without waiting; its unit goes back to the file only after its last bucket is added, even when

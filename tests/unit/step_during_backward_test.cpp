@@ -166,8 +166,8 @@ TEST(StepWorker, RunsTasksInOrderAndRethrowsTheFirstError) {
   EXPECT_EQ(after.load(), 1);
 }
 
-namespace {
-
+// Outside the anonymous namespace: AfterBoundaryBackward holds one (this file's namespace keeps
+// it apart in a unity batch; -Wsubobject-linkage).
 struct Net {
   std::vector<at::Tensor> params;
   explicit Net(at::ScalarType dtype) {
@@ -183,6 +183,8 @@ struct Net {
     return torch::linear(x, params[4], params[5]).to(torch::kFloat).pow(2).mean();
   }
 };
+
+namespace {
 
 std::shared_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
   return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params), hyper());

@@ -53,9 +53,7 @@ int main(int argc, char** argv) try {
     const double s_whole =
         best_seconds(reps, [&] { whole = t.to(at::kDouble).pow(2).sum().item<double>(); });
     const double s_chunks = best_seconds(reps, [&] { chunked_widening(t); });
-    const double s_norm = best_seconds(reps, [&] {
-      at::linalg_vector_norm(t, 2, c10::nullopt, false, c10::nullopt).item<double>();
-    });
+    const double s_norm = best_seconds(reps, [&] { at::linalg_vector_norm(t).item<double>(); });
     const double gb = static_cast<double>(t.numel() * t.element_size()) / 1e9;
     fmt::print("| {} | {:.2f} | {:.2f} | {:.2f} | {:.2f} | {:.1f} | {:.1e} |\n",
                c10::toString(dtype), s_ours * 1e3, s_whole * 1e3, s_chunks * 1e3, s_norm * 1e3,

@@ -170,6 +170,22 @@ double offload_bf16_scratch_path(int64_t n, int threads, int reps) {
   });
 }
 
+// The ZeRO stages' mixed-precision step on the CPU before 2026-12-01: the whole bf16 gradient
+// partition widened by libtorch into a fresh fp32 copy (4 bytes an element allocated, written
+// and read again), then adam_step with the bf16 copy. Since then FusedAdam reads the bf16
+// partition as the "widened in cache" row does.
+double whole_partition_widened_path(int64_t n, int threads, int reps) {
+  at::set_num_threads(threads);
+  AdamBench b(n, threads);
+  at::Tensor g16 = at::full({n}, 0.01, at::kBFloat16);
+  std::vector<uint16_t> p16(n);
+  return b.elements_per_second(reps, [&] {
+    at::Tensor wide = g16.to(at::kFloat);
+    deepspeed::optim::adam_step(b.p.data(), wide.data_ptr<float>(), b.m.data(), b.v.data(), n,
+                                b.hp, p16.data());
+  });
+}
+
 double torch_adamw(int64_t n, int threads, int reps) {
   at::set_num_threads(threads);
   torch::Tensor p = torch::full({n}, 0.5f).requires_grad_(true);
@@ -209,6 +225,8 @@ int main(int argc, char** argv) try {
                     offload_bf16_scratch_path(n, t, reps), 28, limit});
     rows.push_back({"bf16 grads widened in cache, bf16 copy", t, offload_bf16_path(n, t, reps),
                     28, limit});
+    rows.push_back({"ZeRO step before 2026-12-01: whole bf16 partition widened to a copy, bf16 copy",
+                    t, whole_partition_widened_path(n, t, reps), 28, limit});
     rows.push_back({"torch::optim::AdamW", t, torch_adamw(n, t, reps), 28, limit});
   }
   fmt::print("\n| implementation | threads | elements/s | GB/s effective | % of bandwidth limit |\n");

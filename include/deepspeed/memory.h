@@ -51,24 +51,26 @@ struct MemoryReport {
 // DeepSpeed's estimate_zero3_model_states_mem_needs takes no hpZ argument and leaves it out.
 // Two more transients, also in peak() and not in model_states() (the measured MemoryReport holds
 // neither between steps, so model_states() stays comparable with it):
-//   step_transient: in mixed precision the optimizer step widens this rank's gradient partition
-//     to fp32 for the update (zero/shard_optimizer.cpp): 4Ψ/N at stages 1-3, 4Ψ at stage 0 (one
-//     replicated partition). fp32 gradients (an fp32 model, or fp32 accumulation) are stepped
-//     on themselves: 0. This is the CPU's figure: on a GPU, Adam/AdamW (deepspeed.cpp's kernel,
-//     optim/device_adam.h) reads the 16-bit gradients as they are, 0 there too (this estimate
-//     does not know the device and still counts it).
+//   step_transient: an fp32 copy of this rank's 16-bit gradient partition for the length of the
+//     update, where the optimizer step makes one (`widening_step`; zero/shard_optimizer.cpp):
+//     4Ψ/N at stages 1-3, 4Ψ at stage 0 (one replicated partition). deepspeed.cpp's Adam/AdamW
+//     reads 16-bit gradients as they are (optim/fused_adam.h: bf16 on the CPU, bf16 and fp16 on
+//     a GPU): 0, the default. The copy is made for fp16 on the CPU, for the other optimizers and
+//     with DS_DEVICE_ADAM=libtorch on a GPU (DeepSpeed's stages 1/2 always make it). fp32
+//     gradients (an fp32 model, or fp32 accumulation) are stepped on themselves: 0 either way.
 //   largest_layer_working: stage 3 only, given largest_layer_params L (0: left out): the largest
 //     unit gathered whole with its whole gradient, (weight + gradient bytes)·L, 4L in 16 bits.
-// Against DeepSpeed (mixed precision): stage 2's peak is 2Ψ + 18Ψ/N, its
+// Against DeepSpeed (mixed precision, with the widening step): stage 2's peak is 2Ψ + 18Ψ/N, its
 // estimate_zero2_model_states_mem_needs exactly; stage 3's is 4L + 20Ψ/N where DeepSpeed's
 // estimate_zero3 says 4L + 18Ψ/N (it leaves out the 16-bit gradient partition, 2Ψ/N, that this
-// implementation keeps between micro-steps). DeepSpeed has no stage 0/1 estimator.
+// implementation keeps between micro-steps). Adam/AdamW's step here is 4Ψ/N below both.
+// DeepSpeed has no stage 0/1 estimator.
 struct MemoryEstimate {
   int64_t parameters = 0;        // bytes per rank
   int64_t gradients = 0;
   int64_t optimizer_states = 0;  // moments (+ fp32 master weights in mixed precision)
   int64_t hpz_secondary = 0;     // hpZ's secondary partition at its peak (0 without hpZ)
-  int64_t step_transient = 0;    // fp32 copy of the gradient partition during the step
+  int64_t step_transient = 0;    // fp32 copy of the gradient partition during a widening step
   int64_t largest_layer_working = 0;  // stage 3: largest unit gathered + its gradient
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
   int64_t peak() const {
@@ -91,7 +93,8 @@ struct MemoryEstimate {
 // and not narrower than the weights. Throws ConfigError naming the value otherwise.
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, int world_size, int stage,
                                     bool mixed_precision = false, int hpz_partition_size = 1,
-                                    int64_t largest_layer_params = 0, int grad_accum_bytes = 0);
+                                    int64_t largest_layer_params = 0, int grad_accum_bytes = 0,
+                                    bool widening_step = false);
 // A table of all four stages for a model, as printed by the estimator (one line per stage; MB
 // means 2^20 bytes, as in see_memory_usage; with hpZ a column for its secondary partition).
 // "model states" is model_states(); "peak" is peak(), the transients above included.

@@ -21,13 +21,25 @@ struct AdamHyperRun {
   AdamStepParams hyper;
 };
 
+// The kernel for fp32 gradients, or for bf16 ones given as their bits (cpu_adam.h).
+inline void adam_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                        int64_t n, const AdamStepParams& p, uint16_t* param16, Half16Kind kind) {
+  adam_step(param, grad, exp_avg, exp_avg_sq, n, p, param16, kind);
+}
+inline void adam_kernel(float* param, const uint16_t* grad_bf16, float* exp_avg,
+                        float* exp_avg_sq, int64_t n, const AdamStepParams& p, uint16_t* param16,
+                        Half16Kind kind) {
+  adam_step_bf16_grad(param, grad_bf16, exp_avg, exp_avg_sq, n, p, param16, kind);
+}
+
 // adam_step over elements [begin, begin + n) of the buffer, each part with the hyper-parameters
 // of the run that holds it. The pointers are at element `begin` (grad[0] is element begin's
-// gradient, param16 too when not null). REQUIRES: `runs` in order, each element in [begin,
-// begin + n) in one of them.
-inline void adam_step_runs(const std::vector<AdamHyperRun>& runs, float* param, const float* grad,
-                           float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t n,
-                           uint16_t* param16 = nullptr, Half16Kind kind = Half16Kind::BF16) {
+// gradient, param16 too when not null). Grad: fp32, or bf16 bits. REQUIRES: `runs` in order,
+// each element in [begin, begin + n) in one of them.
+template <typename Grad>
+void adam_step_runs(const std::vector<AdamHyperRun>& runs, float* param, const Grad* grad,
+                    float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t n,
+                    uint16_t* param16 = nullptr, Half16Kind kind = Half16Kind::BF16) {
   // The last run beginning at or before `begin` holds it.
   auto run = std::upper_bound(runs.begin(), runs.end(), begin,
                               [](int64_t at, const AdamHyperRun& r) { return at < r.begin; });
@@ -39,8 +51,8 @@ inline void adam_step_runs(const std::vector<AdamHyperRun>& runs, float* param, 
       throw std::logic_error("adam_step_runs: element " + std::to_string(at) +
                              " is in no run of hyper-parameters");
     const int64_t k = at - begin, len = std::min(end, run->begin + run->numel) - at;
-    adam_step(param + k, grad + k, exp_avg + k, exp_avg_sq + k, len, run->hyper,
-              param16 ? param16 + k : nullptr, kind);
+    adam_kernel(param + k, grad + k, exp_avg + k, exp_avg_sq + k, len, run->hyper,
+                param16 ? param16 + k : nullptr, kind);
     at += len;
   }
 }

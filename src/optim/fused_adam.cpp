@@ -83,6 +83,16 @@ void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16
                    half_out, out_kind);
 }
 
+void AdamRangeStep::run_bf16_grads(const uint16_t* grad_bf16, int64_t begin, int64_t n) const {
+  uint16_t* half_out = half ? half + begin : nullptr;
+  if (runs.empty())
+    adam_step_bf16_grad(param + begin, grad_bf16, exp_avg + begin, exp_avg_sq + begin, n, hyper,
+                        half_out, kind);
+  else
+    adam_step_runs(runs, param + begin, grad_bf16, exp_avg + begin, exp_avg_sq + begin, begin, n,
+                   half_out, kind);
+}
+
 void AdamRangeStep::set_num_threads(int n) {
   hyper.num_threads = n;
   for (auto& r : runs) r.hyper.num_threads = n;
@@ -118,20 +128,29 @@ std::vector<AdamHyperRun> FusedAdam::segment_runs(int64_t step) {
   return runs;
 }
 
-bool FusedAdam::reads_16bit_grads(const torch::Tensor& param) {
-  return param.is_cuda() && device_adam_reads_16bit_grads();
+bool FusedAdam::reads_grads_of(const torch::Tensor& param, at::ScalarType grad) {
+  if (grad == torch::kFloat) return true;
+  if (param.is_cpu()) return grad == torch::kBFloat16;
+  return param.is_cuda() && (grad == torch::kBFloat16 || grad == torch::kHalf) &&
+         device_adam_reads_16bit_grads();
 }
 
 namespace {
-// The kernels read and write flat fp32 memory; the GPU kernel also reads 16-bit gradients.
+// The kernels read and write flat fp32 memory, and read the gradients reads_grads_of allows.
 void check_fp32_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
-  const bool grad_ok = g == torch::kFloat || ((g == torch::kBFloat16 || g == torch::kHalf) &&
-                                              FusedAdam::reads_16bit_grads(p));
-  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() && grad_ok &&
-                  p.grad().is_contiguous(),
-              "FusedAdam needs contiguous fp32 parameters and gradients (got gradients of ", g,
-              ")");
+  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+                  FusedAdam::reads_grads_of(p, g) && p.grad().is_contiguous(),
+              "FusedAdam needs contiguous fp32 parameters and gradients it can read (got ",
+              p.scalar_type(), " parameters on ", p.device(), " with gradients of ", g, ")");
+}
+
+// A CPU step over the gradients as they are: fp32, or bf16 widened in cache.
+void run_on_cpu(const AdamRangeStep& r, const at::Tensor& grad, int64_t n) {
+  if (grad.scalar_type() == torch::kBFloat16)
+    r.run_bf16_grads(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), 0, n);
+  else
+    r.run(grad.data_ptr<float>(), 0, n);
 }
 }  // namespace
 
@@ -148,7 +167,7 @@ void FusedAdam::flat_step() {
   if (p.is_cpu()) {
     AdamRangeStep r = range_step_of(p, s, runs.front().hyper);
     r.runs = std::move(runs);
-    r.run(grad.data_ptr<float>(), 0, p.numel());
+    run_on_cpu(r, grad, p.numel());
     return;
   }
   auto copy = half_copies_.find(p.unsafeGetTensorImpl());
@@ -203,8 +222,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
         device_adam_step(p, p.grad(), m, v, hp, target, grads_are_scratch_);
         continue;
       }
-      const AdamRangeStep r = range_step_of(p, s, hp);
-      r.run(p.grad().data_ptr<float>(), 0, p.numel());
+      run_on_cpu(range_step_of(p, s, hp), p.grad(), p.numel());
     }
   }
   grad_scale_ = 1.0f;

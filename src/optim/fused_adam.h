@@ -60,6 +60,9 @@ struct AdamRangeStep {
   // half copy (ZeRO-Offload's upload ring).
   void run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
                 Half16Kind out_kind) const;
+  // run() with element begin's gradient at grad_bf16[0] as bf16 bits (widened in cache, the
+  // same result as run() on the widened values).
+  void run_bf16_grads(const uint16_t* grad_bf16, int64_t begin, int64_t n) const;
   // The OpenMP team of every part's kernel.
   void set_num_threads(int n);
 };
@@ -82,9 +85,10 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   // Mixed precision: after every update of `param` its new value is also written into `target`
   // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
-  // Whether step() reads bf16/fp16 gradients of `param` as they are: on a GPU with this
-  // library's kernel (device_adam.h); elsewhere gradients must be fp32.
-  static bool reads_16bit_grads(const torch::Tensor& param);
+  // Whether step() reads gradients of dtype `grad` for `param` as they are, without a widened
+  // fp32 copy: fp32 always; bf16 on the CPU (adam_step_bf16_grad); bf16 and fp16 on a GPU with
+  // this library's kernel (device_adam.h).
+  static bool reads_grads_of(const torch::Tensor& param, at::ScalarType grad);
   // The next step of `param` (a contiguous fp32 CPU tensor of this optimizer), to be run in
   // ranges: its state is created when missing and its step count advanced now, with the
   // group's current hyperparameters (with set_flat, each segment's group's) and the grad scale

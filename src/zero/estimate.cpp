@@ -9,7 +9,7 @@ namespace deepspeed {
 
 MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
                                     int hpz_partition_size, int64_t largest_layer_params,
-                                    int grad_accum_bytes) {
+                                    int grad_accum_bytes, bool widening_step) {
   if (psi < 0 || n < 1 || stage < 0 || stage > 3)
     throw ConfigError(
         "estimate_zero_memory: need parameters >= 0, world size >= 1, stage 0..3; got " +
@@ -41,13 +41,13 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   e.optimizer_states = stage >= 1 ? part(optim_bytes * psi, n) : optim_bytes * psi;
   // hpZ: 1/hpz of every gathered unit, in the parameters' dtype (memory.h).
   if (stage == 3 && hpz > 1) e.hpz_secondary = part(weight_bytes * psi, hpz);
-  // 16-bit gradients: the step's fp32 copy of the gradient partition (shard_optimizer.cpp's
-  // grad32). Stage 0 steps one replicated partition, all Ψ. fp32 gradients (an fp32 model, or
-  // fp32 accumulation) are stepped in place.
-  if (grad_bytes < 4) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
-  // Left out: the gradient norm's fp64 scratch before the step on the CPU (zero/tensor_facts.cpp's
-  // sum_of_squares: 16 bytes per element of one chunk, at most 4 MiB, freed before the update; on
-  // a GPU the norm kernel holds only its result). Bounded whatever Ψ; docs/monitoring.md says so.
+  // 16-bit gradients and a step that widens them: its fp32 copy of the gradient partition
+  // (shard_optimizer.cpp). Stage 0 steps one replicated partition, all Ψ. fp32 gradients (an fp32
+  // model, or fp32 accumulation) are stepped in place; Adam/AdamW reads 16-bit ones (memory.h).
+  if (grad_bytes < 4 && widening_step) e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
+  // Left out: the gradient norm's scratch (zero/tensor_facts.cpp's sum_of_squares: none for a
+  // contiguous partition in host memory, else at most 4 MiB on the CPU; on a GPU the norm kernel
+  // holds only its result). Bounded whatever Ψ; docs/monitoring.md says so.
   // Stage 3: the largest unit whole, weights gathered and gradient before its reduce-scatter.
   // (Its gradient as autograd produces it, in the weights' dtype, whatever the accumulation's.)
   if (stage == 3) e.largest_layer_working = 2 * weight_bytes * largest_layer_params;
@@ -75,9 +75,12 @@ std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precisio
                     ? (", largest layer " + std::to_string(largest_layer_params)).c_str()
                     : "");
   out += line;
-  out += "  (MB = 2^20 bytes; peak adds the step's fp32 copy of 16-bit gradients";
-  out += largest_layer_params > 0 ? ", stage 3's largest layer" : "";
-  out += hpz ? " and hpZ's secondary partition)\n" : ")\n";
+  // Adam/AdamW's step reads 16-bit gradients as they are: no fp32 copy of them in peak.
+  std::string transients;
+  if (largest_layer_params > 0) transients = "stage 3's largest layer";
+  if (hpz) transients += (transients.empty() ? "" : " and ") + std::string("hpZ's secondary partition");
+  out += "  (MB = 2^20 bytes";
+  out += transients.empty() ? ")\n" : "; peak adds " + transients + ")\n";
   out += hpz ? "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | hpZ secondary (MB) | "
                "model states (MB) | peak (MB)\n"
              : "  stage | parameters (MB) | gradients (MB) | optimizer (MB) | model states (MB) | "

@@ -203,15 +203,18 @@ class InMemoryShard : public ShardOptimizer {
       params.write_all(master_);
       return;
     }
-    // The optimizer works in fp32. On a GPU, deepspeed.cpp's Adam kernel reads 16-bit
-    // gradients as they are (FusedAdam::reads_16bit_grads). Elsewhere a transient widened copy of them (4Ψ/N
-    // for the length of the update, as DeepSpeed's single_partition_of_fp32_groups gradient).
+    // The optimizer works in fp32. deepspeed.cpp's Adam reads 16-bit gradients as they are
+    // (FusedAdam::reads_grads_of: bf16 on the CPU, bf16 and fp16 on a GPU). Elsewhere a transient
+    // widened copy of them (4Ψ/N for the length of the update, as DeepSpeed's
+    // single_partition_of_fp32_groups gradient).
     // Gradients accumulated in fp32 (data_types.grad_accum_dtype; bf16 stage 0's default) are
     // stepped on themselves, as DeepSpeed's BF16_Optimizer steps its fp32 accumulation buffer:
     // every stage drops its gradients after the step (FlatStage::step, Stage3::step), so the
     // scaling below may land in them, and a copy would cost 4Ψ/N more at the step's peak
     // (memory.h).
-    const bool read_as_they_are = fused_ && optim::FusedAdam::reads_16bit_grads(master_);
+    const bool read_as_they_are =
+        fused_ && optim::FusedAdam::reads_grads_of(master_, grads.tensor.scalar_type()) &&
+        grads.tensor.is_contiguous();
     at::Tensor grad = read_as_they_are ? grads.tensor : grads.tensor.to(torch::kFloat);
     if (fused_)  // grad is this step's own: a copy, or gradients dropped after it
       fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);

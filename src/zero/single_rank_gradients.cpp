@@ -25,15 +25,10 @@ SingleRankGradients::SingleRankGradients(const StageContext& context, FlatParams
       numel, grad_dtype, ctx_.device, releases_gradients(options, ctx_.device));
   device_partition_ = partition.get();
   partition_ = std::move(partition);
-  std::vector<std::pair<int64_t, int64_t>> covered;
-  for (const auto& slot : flat_.slots()) covered.emplace_back(slot.offset, slot.numel);
-  std::sort(covered.begin(), covered.end());
-  int64_t at = 0;
-  for (const auto& [begin, n] : covered) {
-    if (begin > at) gaps_.emplace_back(at, begin - at);
-    at = std::max(at, begin + n);
-  }
-  if (at < numel) gaps_.emplace_back(at, numel - at);
+  std::vector<ElementRange> covered;
+  for (const auto& slot : flat_.slots())
+    covered.emplace_back(slot.offset - flat_.layout().begin(owner_), slot.numel);
+  gaps_ = uncovered(std::move(covered), numel, "SingleRankGradients");
 }
 
 void SingleRankGradients::zero() {

@@ -27,9 +27,9 @@
 // With ZeRO-Offload's host partition the buckets stay (ReduceScatterBuckets): each bucket is what
 // goes down to host memory in one copy that the update during backward takes.
 #pragma once
-#include <utility>
 #include <vector>
 
+#include "util/ranges.h"
 #include "zero/flat_grad_reducer.h"
 #include "zero/gradient_scaling.h"
 
@@ -58,7 +58,7 @@ class SingleRankGradients : public FlatGradReducer {
 
   const GradientScaling scaling_;
   DeviceGradPartition* device_partition_ = nullptr;  // partition_, as its type
-  std::vector<std::pair<int64_t, int64_t>> gaps_;    // (begin, numel) no slot covers
+  std::vector<ElementRange> gaps_;                   // what no slot covers (util/ranges.h)
   bool cleared_ = true;     // nothing written since zero() (or ever: the partition is zeros)
   bool overwrite_ = false;  // this micro-step writes: its first since zero()
   std::vector<bool> written_;  // this micro-step's slots already written (or zeroed)

@@ -9,7 +9,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 # run NAME ARGS...: sets RC and OUT (stdout and stderr); 20 s is far beyond a usage line.
 run() { OUT=$(timeout 20 "$bin/$1" "${@:2}" 2>&1); RC=$?; }
 
-for name in activation_checkpointing cpu_adam monitor_write transfer shm_allreduce; do
+for name in activation_checkpointing cpu_adam monitor_write transfer shm_allreduce grad_norm; do
   for flag in --help -h; do
     run bench_$name $flag
     [ $RC -eq 0 ] || fail "bench_$name $flag exited $RC: $OUT"
@@ -18,7 +18,7 @@ for name in activation_checkpointing cpu_adam monitor_write transfer shm_allredu
   done
 done
 
-for name in activation_checkpointing cpu_adam monitor_write transfer; do
+for name in activation_checkpointing cpu_adam monitor_write transfer grad_norm; do
   run bench_$name 12x
   [ $RC -eq 2 ] || fail "bench_$name 12x exited $RC: $OUT"
   [[ $OUT == *"argument 1: '12x' is not a whole number"* && $OUT == *"Usage: "* ]] ||
@@ -28,6 +28,9 @@ run bench_cpu_adam 10 3 4
 [ $RC -eq 2 ] && [[ $OUT == *"at most 2 arguments, got 3"* ]] || fail "bench_cpu_adam 10 3 4 ($RC): $OUT"
 run bench_monitor_write 0
 [ $RC -eq 2 ] && [[ $OUT == *"steps 0 is not positive"* ]] || fail "bench_monitor_write 0 ($RC): $OUT"
+run bench_grad_norm 0
+[ $RC -eq 2 ] && [[ $OUT == *"million_elements 0 is not positive"* ]] ||
+  fail "bench_grad_norm 0 ($RC): $OUT"
 
 run bench_shm_allreduce --dtype fp16
 [ $RC -eq 2 ] && [[ $OUT == *"--dtype 'fp16' is not fp32 or bf16"* ]] ||

@@ -51,9 +51,9 @@ class UnitGradients {
 };
 
 // None for a shard without an optimizer; swapped under offload_optimizer nvme (`options.home`),
-// else in memory: in host memory when the
-// shard's update reads them there; on the compute device freed after each step with
-// `release_gradients` (zero_optimization.release_gradients, DeviceGradPartition). `shard` and `params` outlive the result's calls.
+// else in memory: in host memory when the shard's update reads them there; on the compute device
+// freed after each step with `release_gradients` (zero_optimization.release_gradients,
+// DeviceGradPartition). `shard` and `params` outlive the result's calls.
 std::unique_ptr<UnitGradients> make_unit_gradients(const Stage3Layout& layout,
                                                    at::ScalarType dtype,
                                                    const ShardOptions& options,

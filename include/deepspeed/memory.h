@@ -39,6 +39,13 @@ struct MemoryReport {
 //   fp32:            weights 4Ψ, gradients 4Ψ, moments 8Ψ (the weight partition doubles as master)
 //   mixed precision: 16-bit weights 2Ψ, 16-bit gradients 2Ψ, fp32 master 4Ψ + moments 8Ψ (K = 12)
 // Stage s partitions: 1 → optimizer states, 2 → + gradients, 3 → + weights.
+// Stage 1 here reduce-scatters its gradients at the accumulation boundary into a partition, as
+// stage 2 does every micro-step: with accumulation_steps 1 its gradients are stage 2's (Ψ/N of
+// the gradient bytes, where the ZeRO paper's P_os keeps the full 2Ψ); with accumulation_steps > 1
+// autograd's .grad (the weights' width, Ψ of them) are held between the micro-steps besides. Stage
+// 1 accumulating wider than its weights (grad_accum_bytes above the weights' with
+// accumulation_steps > 1) and stage 1 in a pipeline all-reduce a full buffer instead: the
+// gradient bytes · Ψ of the paper (a pipeline is not modelled here).
 // Gradients accumulated in fp32 in mixed precision (grad_accum_bytes 4 below): 4Ψ of gradients
 // instead of 2Ψ (partitioned from stage 2), e.g. 18Ψ at stage 0, and the step updates from them
 // without the widened copy (step_transient 0).
@@ -87,14 +94,15 @@ struct MemoryEstimate {
 // (DeepSpeed's BF16_Optimizer), else the weights' dtype; stages 0/1 keep that width only with
 // gradient_accumulation_steps > 1 or a communication_data_type wider than the weights (one
 // micro-step sums nothing), else the weights'; stages 2/3 always keep it. So bf16 at stage 0
-// with gradient accumulation is 4.
+// with gradient accumulation is 4. accumulation_steps: gradient_accumulation_steps (stage 1
+// only, above).
 // REQUIRES: num_parameters >= 0, world_size >= 1, 0 <= stage <= 3, hpz_partition_size >= 1
 // dividing world_size, 0 <= largest_layer_params <= num_parameters, grad_accum_bytes 0, 2 or 4
 // and not narrower than the weights. Throws ConfigError naming the value otherwise.
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, int world_size, int stage,
                                     bool mixed_precision = false, int hpz_partition_size = 1,
                                     int64_t largest_layer_params = 0, int grad_accum_bytes = 0,
-                                    bool widening_step = false);
+                                    bool widening_step = false, int accumulation_steps = 1);
 // A table of all four stages for a model, as printed by the estimator (one line per stage; MB
 // means 2^20 bytes, as in see_memory_usage; with hpZ a column for its secondary partition).
 // "model states" is model_states(); "peak" is peak(), the transients above included.

@@ -74,14 +74,6 @@ void validate_offload(const std::string& zero_path, ZeroConfig& zero, Warnings& 
     throw ConfigError("config key '" + path + ".device' is \"nvme\" but '" + path +
                       ".nvme_path' is not set; give the directory for the swap files");
   }
-  // Stage 1's gradients would come down from a GPU into pageable memory on the engine's thread,
-  // so the shard keeps its update after backward there (zero/shard_optimizer.cpp): say so
-  // instead of ignoring the key silently. Stages 2 and 3 stage their copies and overlap either way.
-  if (zero.offload_optimizer.device == "cpu" && zero.offload_optimizer.overlap_step.value_or(false) &&
-      !zero.offload_optimizer.pin_memory && zero.stage == 1)
-    warnings.add(zero_path + ".offload_optimizer.overlap_step is true but pin_memory is false: on "
-                 "a GPU, ZeRO stage 1 then runs the update after backward (pageable copies would "
-                 "stall it); set pin_memory true, or use stage 2");
   if (zero.offload_optimizer.overlap_forward && zero.stage == 3) {
     warnings.add(zero_path + ".offload_optimizer.overlap_forward applies to stages 1 and 2; "
                  "ignored at stage 3 (its units are gathered from the updated partition)");

@@ -173,9 +173,26 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
   zero::FlatStageOptions o;
   o.param_dtype = param_dtype;
   o.partitioned = stage >= 1;
-  o.scatter_gradients = stage >= 2;
   o.accumulation_steps = config.gradient_accumulation_steps;
   o.grad_accum_dtype = grad_accum_dtype(config, stage, param_dtype);
+  // Stage 1 reduce-scatters into its partition at the boundary (zero/flat_grad_reducer.h) unless
+  // it needs the whole gradients: a pipeline sums tied layers' .grad between its stages after
+  // the reduction, and an accumulation wider than the parameters needs a wider buffer for every
+  // gradient between the micro-steps (DeepSpeed's BF16_Optimizer at stage 1). There it
+  // all-reduces its full gradient buffer, as stage 0.
+  const bool wider_accumulation =
+      config.gradient_accumulation_steps > 1 &&
+      zero::dtype_from_config(o.grad_accum_dtype, param_dtype) != param_dtype;
+  o.scatter_gradients = stage >= 2 || (stage == 1 && !pipeline_stage && !wider_accumulation);
+  o.scatter_every_micro_step = stage >= 2;
+  const auto& offload = config.zero_optimization.offload_optimizer;
+  if (print_warnings && stage == 1 && !o.scatter_gradients && offload.device == "cpu" &&
+      offload.overlap_step.value_or(false) && !offload.pin_memory)
+    std::fprintf(stderr,
+                 "[deepspeed] warning: zero_optimization.offload_optimizer.overlap_step is true but "
+                 "pin_memory is false: on a GPU, ZeRO stage 1 %s then runs the update after "
+                 "backward (pageable copies would stall it); set pin_memory true\n",
+                 pipeline_stage ? "in a pipeline" : "accumulating wider than its parameters");
   // A pipeline runs only its batch's last backward through the stage: the micro-batches before
   // it accumulate in the parameters' .grad (pipe/schedule_interpreter.cpp), and tied layers are
   // summed there between stages, at every ZeRO stage. Stages 0/1 keep .grad as views of their
@@ -237,7 +254,8 @@ void build_stage_without_optimizer(EngineState& s) {
 // part and a shard optimizer (docs/architecture.md):
 //   stage 0, fp32     DataParallelStage: the optimizer steps the module's own parameters
 //   stage 0, 16-bit   FlatStage: replicated partition, all-reduce at the boundary
-//   stage 1           FlatStage: sharded partitions,   all-reduce at the boundary
+//   stage 1           FlatStage: sharded partitions,   reduce-scatter at the boundary (all-reduce
+//                     in a pipeline or accumulating wider than the parameters)
 //   stage 2           FlatStage: sharded partitions,   reduce-scatter every micro-step
 //   stage 3           Stage3: per-unit slices gathered and released, reduce-scatter per unit
 // A client optimizer steps the module's parameters at stage 0 in fp32; elsewhere the shard

@@ -9,7 +9,8 @@ namespace deepspeed {
 
 MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
                                     int hpz_partition_size, int64_t largest_layer_params,
-                                    int grad_accum_bytes, bool widening_step) {
+                                    int grad_accum_bytes, bool widening_step,
+                                    int accumulation_steps) {
   if (psi < 0 || n < 1 || stage < 0 || stage > 3)
     throw ConfigError(
         "estimate_zero_memory: need parameters >= 0, world size >= 1, stage 0..3; got " +
@@ -23,6 +24,9 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
     throw ConfigError("estimate_zero_memory: largest_layer_params " +
                       std::to_string(largest_layer_params) + " must be in 0.." +
                       std::to_string(psi) + " (the parameter count)");
+  if (accumulation_steps < 1)
+    throw ConfigError("estimate_zero_memory: accumulation_steps " +
+                      std::to_string(accumulation_steps) + " must be >= 1");
   const int64_t weight_bytes = mixed_precision ? 2 : 4;
   if (grad_accum_bytes != 0 && grad_accum_bytes != 2 && grad_accum_bytes != 4)
     throw ConfigError("estimate_zero_memory: grad_accum_bytes " + std::to_string(grad_accum_bytes) +
@@ -38,6 +42,11 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   MemoryEstimate e;
   e.parameters = stage >= 3 ? part(weight_bytes * psi, n) : weight_bytes * psi;
   e.gradients = stage >= 2 ? part(grad_bytes * psi, n) : grad_bytes * psi;
+  // Stage 1 reduce-scatters at the boundary (memory.h), unless it accumulates wider than its
+  // weights: then it all-reduces its full buffer, as above.
+  const bool accumulating = accumulation_steps > 1;
+  if (stage == 1 && !(accumulating && grad_bytes > weight_bytes))
+    e.gradients = part(grad_bytes * psi, n) + (accumulating ? weight_bytes * psi : 0);
   e.optimizer_states = stage >= 1 ? part(optim_bytes * psi, n) : optim_bytes * psi;
   // hpZ: 1/hpz of every gathered unit, in the parameters' dtype (memory.h).
   if (stage == 3 && hpz > 1) e.hpz_secondary = part(weight_bytes * psi, hpz);

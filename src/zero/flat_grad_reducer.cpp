@@ -81,6 +81,11 @@ void FlatGradReducer::abandon_backward() {
   drop_unlaunched();
 }
 
+void FlatGradReducer::drop_accumulated_grads() {
+  if (every_micro_step_) return;
+  for (const auto& slot : flat_.slots()) slot.param.mutable_grad() = at::Tensor();
+}
+
 void FlatGradReducer::announce_final(int64_t begin, int64_t end,
                                      std::shared_ptr<device::CopyFence> ready) {
   if (!boundary_ || !on_final_) return;
@@ -227,8 +232,9 @@ ReduceScatterBuckets::ReduceScatterBuckets(const StageContext& context, FlatPara
     max_bucket_numel_ = std::max(max_bucket_numel_, b.range.end - b.range.begin);
 }
 
-// The rank never holds a full gradient: every micro-step reduces.
+// Stage 2 never holds a full gradient: every micro-step reduces. Stage 1 only at the boundary.
 void ReduceScatterBuckets::begin_backward(bool boundary) {
+  if (leaves_to_autograd(boundary)) return;
   abandon_backward();  // before the partition's own recovery, which the finished buckets reach
   partition_->begin_micro_step(boundary);
   start(true, boundary);
@@ -237,6 +243,7 @@ void ReduceScatterBuckets::begin_backward(bool boundary) {
 // After a step every bucket is back in the pool: a releasing stage frees them all.
 void ReduceScatterBuckets::zero() {
   partition_->clear();
+  drop_accumulated_grads();
   if (!release_) return;
   for (const auto& buffer : pool_) pool_held_bytes_ -= storage_bytes(buffer);
   pool_.clear();

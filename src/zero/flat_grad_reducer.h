@@ -3,13 +3,14 @@
 // partition. Buckets are contiguous runs of the buffer (make_bucket_ranges), launched strictly in
 // order on every rank (BucketOrder) and finished through the shared InFlight queue.
 //
-//   AllReduceBuckets (stages 0, 1): one full gradient buffer accumulates the micro-steps; at the
+//   AllReduceBuckets (stage 0; stage 1 in a pipeline, whose tied layers sum whole gradients, or
+//       accumulating wider than its parameters, build_engine.cpp): one full gradient buffer accumulates the micro-steps; at the
 //       accumulation boundary each bucket is all-reduced in place (in communication_data_type
 //       when it differs). The partition is a view of the buffer. In the parameter dtype the
 //       parameters' .grad are views of it, so autograd accumulates in place; in a wider
 //       grad_accum_dtype (bf16 stage 0's fp32, as DeepSpeed's BF16_Optimizer) each gradient is
 //       added into it as autograd produces it and freed.       gradient bytes: 2 or 4 Ψ
-//   ReduceScatterBuckets (stage 2): no full gradient buffer. As backward produces a parameter's
+//   ReduceScatterBuckets (stage 2, and stage 1 below): no full gradient buffer. As backward produces a parameter's
 //       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
 //       (uneven splits: each rank receives the part inside its partition) and added to the
 //       contiguous gradient partition. Every micro-step reduces (a pipeline stage: only the
@@ -21,8 +22,17 @@
 //       With ZeRO-Offload's host update (ShardOptimizer::gradients_in_host_memory) the partition
 //       is in host memory and the reduced buckets go down into it (host_grad_partition.h): on the
 //       device only the buckets.
-//   SingleRankGradients (stage 2 at data-parallel world size 1, device partition): nothing to
-//       reduce; each gradient goes straight into the partition (single_rank_gradients.h).
+//       Stage 1 (reduce_at_boundary_only) is the same with one reduction per accumulation: the
+//       micro-steps before the boundary accumulate in the parameters' .grad (autograd's, 2Ψ
+//       between micro-steps), and the boundary's backward moves the sums into the buckets as
+//       they arrive. DeepSpeed's stage 1 also reduces only at the boundary and keeps only its
+//       partition of the result; its buckets are all-reduced, these reduce-scattered (half the
+//       bytes on the wire). Between steps no gradient is held.
+//                                                  gradient bytes: Ψ/N + buckets (+ 2Ψ of .grad
+//                                                  between the micro-steps of an accumulation)
+//   SingleRankGradients (stages 1 and 2 at data-parallel world size 1, device partition):
+//       nothing to reduce; each gradient goes straight into the partition
+//       (single_rank_gradients.h).
 #pragma once
 #include <functional>
 #include <memory>
@@ -68,6 +78,10 @@ class FlatGradReducer {
   // `ready`: with the partition in host memory, the fence of its download (else null).
   using OnFinal = std::function<void(int64_t, int64_t, std::shared_ptr<device::CopyFence>)>;
   void on_final(OnFinal fn) { on_final_ = std::move(fn); }
+  // Stage 1 (the scatterers only): reduce at the accumulation boundary alone. The micro-steps
+  // before it are not caught: autograd accumulates them in the parameters' .grad, and the
+  // boundary's hooks take the sums (as a pipeline stage's earlier micro-batches are taken).
+  void reduce_at_boundary_only() { every_micro_step_ = false; }
   virtual int64_t gradient_bytes() const = 0;
   bool gradients_on_host() const { return partition_->in_host_memory(); }
   // The bucket pool, the all-reduce buckets' copies in communication_data_type and the
@@ -120,6 +134,17 @@ class FlatGradReducer {
   bool reducing_ = false;
   bool launch_from_hooks_ = true;
   bool boundary_ = false;  // this backward ends an accumulation: what it reduces is final
+  bool every_micro_step_ = true;  // false: reduce_at_boundary_only()
+  // A micro-step the scatterer leaves to autograd (reduce_at_boundary_only, not the boundary):
+  // what failed before it is recovered, and nothing is caught.
+  bool leaves_to_autograd(bool boundary) {
+    if (every_micro_step_ || boundary) return false;
+    abandon_backward();
+    return true;
+  }
+  // After a step, or a discarded one: .grad that micro-steps before the boundary left (a discard
+  // during an accumulation) go with the partition's gradients.
+  void drop_accumulated_grads();
   OnFinal on_final_;
   GradientHooks hooks_;
 };

@@ -48,6 +48,13 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
       grads_ = std::make_unique<ReduceScatterBuckets>(
           ctx_, *flat_, reduction, comm_dtype, grad_dtype, shard_->gradients_in_host_memory(),
           options.shard.pin_memory);
+    if (!options.scatter_every_micro_step) {
+      grads_->reduce_at_boundary_only();
+      // Between the micro-steps of an accumulation autograd holds every gradient in .grad.
+      if (options.accumulation_steps > 1)
+        for (const auto& slot : flat_->slots())
+          accumulating_grad_bytes_ += slot.numel * c10::elementSize(options.param_dtype);
+    }
   } else {
     // Stages 0/1: the full buffer accumulates the micro-steps, in grad_accum_dtype. One
     // micro-step sums nothing (its gradients widened and narrowed again are the same values), so
@@ -212,7 +219,7 @@ void FlatStage::before_forward() {
 MemoryReport FlatStage::memory() const {
   MemoryReport r;
   r.parameters = storage_bytes(flat_->buffer());
-  r.gradients = grads_->gradient_bytes();
+  r.gradients = grads_->gradient_bytes() + accumulating_grad_bytes_;
   r.optimizer_states = shard_->resident_bytes();
   r.comm_buffers = grads_->comm_buffer_bytes();
   r.host_comm_buffers = grads_->host_comm_buffer_bytes();

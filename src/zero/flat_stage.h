@@ -2,12 +2,15 @@
 // composed of three parts chosen once by the builder:
 //   - who owns what (flat_ownership.h): sharded partitions all-gathered after the step (1, 2),
 //     or one replicated partition (0);
-//   - how gradients are reduced (flat_grad_reducer.h): all-reduce at the boundary (0, 1) or
+//   - how gradients are reduced (flat_grad_reducer.h): all-reduce at the boundary (0; 1 in a
+//     pipeline or accumulating wider than its parameters), reduce-scatter at the boundary (1) or
 //     reduce-scatter every micro-step (2);
 //   - the shard optimizer (shard_optimizer.h): fp32 masters and moments in memory or on NVMe.
 // Bytes per parameter, Ψ parameters over N ranks:
-//   stage 0 (16-bit): 2Ψ + 2Ψ + 12Ψ;  stage 1: fp32 4Ψ + 4Ψ + 8Ψ/N, 16-bit 4Ψ + 12Ψ/N;
-//   stage 2: fp32 4Ψ + 12Ψ/N, 16-bit 2Ψ + 14Ψ/N.
+//   stage 0 (16-bit): 2Ψ + 2Ψ + 12Ψ;  stage 2: fp32 4Ψ + 12Ψ/N, 16-bit 2Ψ + 14Ψ/N;
+//   stage 1: as stage 2, plus the parameters' .grad between the micro-steps of an accumulation
+//   (fp32 4Ψ, 16-bit 2Ψ); all-reducing, fp32 4Ψ + 4Ψ + 8Ψ/N, 16-bit 2Ψ + 4Ψ (its fp32 buffer)
+//   + 12Ψ/N.
 // In fp32 the partition of the parameter buffer is itself the master copy. The fused Adam writes
 // the updated master and its 16-bit rounding into the parameter buffer in one pass; the updated
 // partitions are then all-gathered back into the buffer.
@@ -120,6 +123,9 @@ class FlatStage : public ZeroStage {
   const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // the optimizer when it is one
   std::unique_ptr<ForwardWaits> forward_waits_;  // overlap_forward with a model given
   bool zero_after_update_ = false;  // the handed-over update still reads the gradients
+  // Stage 1 with gradient_accumulation_steps > 1: the .grad autograd holds between micro-steps
+  // (counted with the gradients in the memory report).
+  int64_t accumulating_grad_bytes_ = 0;
 };
 
 }  // namespace zero

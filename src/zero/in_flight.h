@@ -18,7 +18,7 @@ namespace zero {
 // never holds more than a few buckets of gradient.
 constexpr size_t kMaxBucketsInFlight = 2;
 // All-reduce stages that reduce views of a gradient buffer that exists anyway (AllReduceBuckets:
-// 16-bit stage 0, stage 1, when the buffer's dtype is the communication dtype): nothing to bound.
+// 16-bit stage 0, an all-reducing stage 1, when the buffer's dtype is the communication dtype): nothing to bound.
 constexpr size_t kUnboundedInFlight = std::numeric_limits<size_t>::max();
 
 class InFlight {

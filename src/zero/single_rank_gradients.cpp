@@ -33,11 +33,14 @@ SingleRankGradients::SingleRankGradients(const StageContext& context, FlatParams
 
 void SingleRankGradients::zero() {
   cleared_ = true;
+  drop_accumulated_grads();
   device_partition_->release();
 }
 
-// As ReduceScatterBuckets: every micro-step "reduces" (here: writes or adds).
+// As ReduceScatterBuckets: every micro-step "reduces" (here: writes or adds); at stage 1 only
+// the boundary's.
 void SingleRankGradients::begin_backward(bool boundary) {
+  if (leaves_to_autograd(boundary)) return;
   abandon_backward();  // a failed pass's recovery first (drop_unlaunched)
   overwrite_ = cleared_;
   cleared_ = false;

@@ -78,7 +78,7 @@ struct ShardOptions {
   // Set by the stage: it reduces each bucket into a gradient partition (stages 2 and 3), which
   // the shard's gradients_in_host_memory() puts in host memory, with a fence per range even when
   // pageable (zero/host_grad_partition.h). False: the gradients stay on the compute device until
-  // the shard brings them down (stage 1).
+  // the shard brings them down (a stage 1 that all-reduces a full buffer).
   bool reduces_into_partition = false;
   // A client optimizer with several parameter groups (zero/flat_groups.h), set by the builder:
   // group_of[k] is trainable parameter k's group (empty: one group, the whole partition).
@@ -94,9 +94,15 @@ struct FlatStageOptions {
   // true: each rank owns 1/N of the buffer (stages 1, 2); false: one partition spanning the
   // buffer, the same on every rank (stage 0 in 16 bits).
   bool partitioned = true;
-  // true: reduce-scatter every micro-step into a gradient partition (stage 2); false: all-reduce
-  // a full gradient buffer at the accumulation boundary (stages 0, 1).
+  // true: reduce-scatter into a gradient partition (stages 1 and 2); false: all-reduce a full
+  // gradient buffer at the accumulation boundary (stage 0; stage 1 where whole gradients are
+  // needed: see runtime/build_engine.cpp).
   bool scatter_gradients = false;
+  // With scatter_gradients: true, every micro-step is reduced into the partition (stage 2);
+  // false, only the accumulation boundary's (stage 1): the micro-steps before it accumulate in
+  // the parameters' .grad, as autograd leaves them, and the boundary's backward reduces the sum
+  // (DeepSpeed's stage 1, which reduces only at the boundary).
+  bool scatter_every_micro_step = true;
   // Where the micro-steps accumulate ("" = the parameters' dtype): stage 2's gradient partition,
   // stages 0/1's full gradient buffer (build_engine.cpp resolves DeepSpeed's default).
   std::string grad_accum_dtype;

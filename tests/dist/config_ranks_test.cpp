@@ -107,6 +107,29 @@ TEST(ConfigRanks, APipelinesWiderGradAccumDtypeIsWarnedAtEveryZeroStage) {
   }
 }
 
+// ZeRO-Offload's update during backward at stage 1 without pin_memory: a stage 1 that all-reduces
+// (here: bf16 accumulating in fp32 over 2 micro-steps) would bring its gradients down into
+// pageable memory on the engine's thread, so on a GPU it keeps the update after backward, and
+// initialize says so, once; the reduce-scattering stage 1 stages its copies and is not warned
+// about. (The warning's condition is the stage's choice, made in runtime/build_engine.cpp.)
+TEST(ConfigRanks, AnAllReducingStage1WithOverlapStepAndNoPinnedMemoryIsWarnedOnce) {
+  const char* const warning = "overlap_step is true but pin_memory is false";
+  for (bool all_reducing : {false, true}) {
+    auto config = dstest::base_config(1, 2, 1);
+    config["bf16"] = {{"enabled", true}};
+    config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}, {"overlap_step", true}};
+    if (all_reducing) config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+    ::testing::internal::CaptureStderr();
+    run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+      deepspeed::initialize<gpt::GPTImpl>(
+          {.model = tiny_gpt(), .config_json = config, .comm = comm, .device = "cpu"});
+    });
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(occurrences(err, warning), all_reducing ? 1u : 0u) << err;
+    if (all_reducing) EXPECT_CONTAINS(err, "accumulating wider than its parameters");
+  }
+}
+
 // An error is every rank's: each one throws it (the others would wait for it otherwise).
 TEST(ConfigRanks, AnErrorIsThrownOnEveryRank) {
   auto config = dstest::base_config(1, 1, 0);

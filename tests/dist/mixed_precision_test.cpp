@@ -62,7 +62,7 @@ dstest::RunResult fp32_reference(int steps) {
 double mixed_bytes(int stage, double psi, int n) {
   switch (stage) {
     case 0: return 16 * psi;
-    case 1: return 4 * psi + 12 * psi / n;
+    case 1:  // one micro-step: stage 1 scatters into a partition as stage 2 (memory.h)
     case 2: return 2 * psi + 14 * psi / n;
     default: return 16 * psi / n;
   }

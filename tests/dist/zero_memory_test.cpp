@@ -1,7 +1,10 @@
 // The memory report against the ZeRO paper's fp32 formulas (Ψ parameters, N ranks, Adam):
 //   stage 0: 4Ψ weights + 4Ψ gradients + 8Ψ moments            = 16Ψ
-//   stage 1: 4Ψ + 4Ψ + 8Ψ/N                                     = 8Ψ + 8Ψ/N
+//   stage 1: 4Ψ + 4Ψ + 8Ψ/N                                     = 8Ψ + 8Ψ/N   (the paper's)
 //   stage 2: 4Ψ + 4Ψ/N + 8Ψ/N                                   = 4Ψ + 12Ψ/N
+// Stage 1 here reduce-scatters at the accumulation boundary into a partition: stage 2's figure
+// with one micro-step, and 4Ψ more (autograd's .grad between micro-steps) with accumulation,
+// 8Ψ + 12Ψ/N (include/deepspeed/memory.h).
 //   stage 3: 4Ψ/N + 4Ψ/N + 8Ψ/N                                 = 16Ψ/N (+ the gathered working set,
 //            reported apart: MemoryReport::gathered_bytes)
 // In fp32 the rank's slice of the flat parameter buffer is the master copy, so no extra 4Ψ/N.
@@ -26,7 +29,7 @@ namespace {
 double expected_bytes(int stage, double psi, int n) {
   switch (stage) {
     case 0: return 16 * psi;
-    case 1: return 8 * psi + 8 * psi / n;
+    case 1:  // with one micro-step per step (base_config(2, 1, ...))
     case 2: return 4 * psi + 12 * psi / n;
     default: return 16 * psi / n;
   }
@@ -71,12 +74,45 @@ TEST_P(ZeroMemory, ModelStatesMatchTheFormula) {
 INSTANTIATE_TEST_SUITE_P(Formulas, ZeroMemory,
                          ::testing::Combine(::testing::Values(1, 2, 4), ::testing::Values(0, 1, 2, 3)));
 
+// Stage 1 with gradient accumulation: the partition (Ψ/N) and autograd's .grad between the
+// micro-steps (Ψ); the estimate told the accumulation agrees. Accumulating wider than the
+// weights (bf16 with fp32 accumulation) it all-reduces one fp32 buffer of every gradient: 4Ψ.
+TEST(ZeroMemory, Stage1AccumulatingHoldsTheGradsBetweenMicroSteps) {
+  for (int world : {1, 2}) {
+    for (bool bf16_fp32_accumulation : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) +
+                   (bf16_fp32_accumulation ? ", bf16 accumulating in fp32" : ", fp32"));
+      dstest::RunSpec s;
+      s.world_size = world;
+      s.steps = 2;
+      s.config = dstest::base_config(1, 2, 1);
+      if (bf16_fp32_accumulation) {
+        s.config["bf16"] = {{"enabled", true}};
+        s.config["data_types"] = {{"grad_accum_dtype", "fp32"}};
+      }
+      auto r = dstest::train_gpt(s);
+      const int64_t psi = dstest::count_parameters(s.model);
+      const double want = bf16_fp32_accumulation ? 4.0 * psi : 4.0 * psi + 4.0 * psi / world;
+      const auto e = deepspeed::estimate_zero_memory(psi, world, 1, bf16_fp32_accumulation, 1, 0,
+                                                     bf16_fp32_accumulation ? 4 : 0, false, 2);
+      EXPECT_NEAR(static_cast<double>(e.gradients), want, 0.05 * want);
+      for (int rank = 0; rank < world; ++rank) {
+        EXPECT_NEAR(static_cast<double>(r.memory[rank].gradients), want, 0.05 * want)
+            << "rank " << rank;
+        EXPECT_NEAR(static_cast<double>(r.memory[rank].model_states()),
+                    static_cast<double>(e.model_states()), 0.05 * e.model_states())
+            << "rank " << rank;
+      }
+    }
+  }
+}
+
 // A bucket whose dtype differs from communication_data_type travels as a converted copy (its
 // "wire"). Those copies are held only while in flight (at most 2, + 1 being launched) and counted
-// in comm_buffers: bf16 stage 1 with fp32 communication and bf16 stage 0 accumulating in fp32
-// (GAS 2) with bf16 communication (which all-reduce views of their gradient buffer: unbounded,
-// every bucket's copy would be alive at the end of backward, 4Ψ or 2Ψ bytes), and fp32 stage 0
-// with fp16 communication (its pool buffers are counted beside them).
+// in comm_buffers: bf16 stages 0 and 1 accumulating in
+// fp32 (GAS 2) with bf16 communication (which all-reduce views of their gradient buffer:
+// unbounded, every bucket's copy would be alive at the end of backward, 4Ψ or 2Ψ bytes), and
+// fp32 stage 0 with fp16 communication (its pool buffers are counted beside them).
 TEST(ZeroMemory, WireCopiesOfAllReduceBucketsAreBoundedAndCounted) {
   struct Case {
     int stage, accumulation;
@@ -84,7 +120,7 @@ TEST(ZeroMemory, WireCopiesOfAllReduceBucketsAreBoundedAndCounted) {
     int64_t wire_element;  // bytes
     bool bf16;
   };
-  for (const Case& c : {Case{1, 1, "fp32", 4, true}, Case{0, 2, "bf16", 2, true},
+  for (const Case& c : {Case{0, 2, "bf16", 2, true}, Case{1, 2, "bf16", 2, true},
                         Case{0, 1, "fp16", 2, false}}) {
     SCOPED_TRACE("stage " + std::to_string(c.stage) + ", communication in " + c.comm);
     dstest::RunSpec s;
@@ -95,6 +131,8 @@ TEST(ZeroMemory, WireCopiesOfAllReduceBucketsAreBoundedAndCounted) {
     s.config = dstest::base_config(1, c.accumulation, c.stage);
     s.config["zero_optimization"]["reduce_bucket_size"] = bucket;
     if (c.bf16) s.config["bf16"] = {{"enabled", true}};
+    // Stage 1 all-reduces only when it accumulates wider than its weights (else it scatters).
+    if (c.stage == 1) s.config["data_types"] = {{"grad_accum_dtype", "fp32"}};
     s.config["communication_data_type"] = c.comm;
     auto r = dstest::train_gpt(s);
     const int64_t psi = dstest::count_parameters(s.model);

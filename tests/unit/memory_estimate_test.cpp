@@ -19,15 +19,26 @@ using deepspeed::estimate_zero_memory;
 TEST(EstimateZeroMemory, Fp32Formulas) {
   const int64_t psi = 1000000;
   EXPECT_EQ(estimate_zero_memory(psi, 4, 0).model_states(), 16 * psi);
-  EXPECT_EQ(estimate_zero_memory(psi, 4, 1).model_states(), 8 * psi + 8 * psi / 4);
+  // Stage 1 reduce-scatters at the boundary: stage 2's with one micro-step, and autograd's .grad
+  // (4Ψ) between micro-steps with accumulation (the paper's 8Ψ + 8Ψ/N is 4Ψ/N below that).
+  EXPECT_EQ(estimate_zero_memory(psi, 4, 1).model_states(), 4 * psi + 12 * psi / 4);
+  EXPECT_EQ(estimate_zero_memory(psi, 4, 1, false, 1, 0, 0, false, 2).model_states(),
+            8 * psi + 12 * psi / 4);
   EXPECT_EQ(estimate_zero_memory(psi, 4, 2).model_states(), 4 * psi + 12 * psi / 4);
+  // Only stage 1 reads the accumulation.
+  for (int stage : {0, 2, 3})
+    EXPECT_EQ(estimate_zero_memory(psi, 4, stage, false, 1, 0, 0, false, 4).model_states(),
+              estimate_zero_memory(psi, 4, stage).model_states());
+  EXPECT_THROW(estimate_zero_memory(psi, 4, 1, false, 1, 0, 0, false, 0), deepspeed::ConfigError);
   EXPECT_EQ(estimate_zero_memory(psi, 4, 3).model_states(), 16 * psi / 4);
 }
 
 TEST(EstimateZeroMemory, MixedPrecisionFormulas) {
   const int64_t psi = 1000000;
   EXPECT_EQ(estimate_zero_memory(psi, 8, 0, true).model_states(), 16 * psi);
-  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true).model_states(), 4 * psi + 12 * psi / 8);
+  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true).model_states(), 2 * psi + 14 * psi / 8);
+  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true, 1, 0, 0, false, 3).model_states(),
+            4 * psi + 14 * psi / 8);
   EXPECT_EQ(estimate_zero_memory(psi, 8, 2, true).model_states(), 2 * psi + 14 * psi / 8);
   EXPECT_EQ(estimate_zero_memory(psi, 8, 3, true).model_states(), 16 * psi / 8);
 }
@@ -41,7 +52,8 @@ TEST(EstimateZeroMemory, TableListsEveryStageAndBadInputThrows) {
 }
 
 // Gradients accumulated in fp32 in mixed precision (bf16 at stage 0 with accumulation, or
-// data_types.grad_accum_dtype fp32): 4Ψ of gradients (4Ψ/N from stage 2) and no widened copy in
+// data_types.grad_accum_dtype fp32): 4Ψ of gradients (4Ψ/N from stage 2, and at stage 1 without
+// accumulation) and no widened copy in
 // the step. Stage 0: 2 + 4 + 12 = 18Ψ.
 TEST(EstimateZeroMemory, Fp32AccumulationWidensTheGradientsAndNeedsNoStepCopy) {
   const int64_t psi = 1000000;
@@ -50,7 +62,11 @@ TEST(EstimateZeroMemory, Fp32AccumulationWidensTheGradientsAndNeedsNoStepCopy) {
   EXPECT_EQ(e.model_states(), 18 * psi);
   EXPECT_EQ(e.step_transient, 0);
   EXPECT_EQ(e.peak(), 18 * psi);
-  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true, 1, 0, 4).model_states(), 6 * psi + 12 * psi / 8);
+  // Stage 1: with one micro-step an fp32 partition (4Ψ/N); accumulating, the all-reduced fp32
+  // buffer of every gradient (4Ψ: DeepSpeed's BF16_Optimizer at stage 1).
+  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true, 1, 0, 4).model_states(), 2 * psi + 16 * psi / 8);
+  EXPECT_EQ(estimate_zero_memory(psi, 8, 1, true, 1, 0, 4, false, 2).model_states(),
+            6 * psi + 12 * psi / 8);
   EXPECT_EQ(estimate_zero_memory(psi, 8, 2, true, 1, 0, 4).gradients, 4 * psi / 8);
   EXPECT_EQ(estimate_zero_memory(psi, 8, 3, true, 1, 0, 4).peak(), 18 * psi / 8);
   // The weights' width, said or not, is the default.

@@ -7,6 +7,7 @@
 # over n ranks sends (n-1)/n of it).
 #
 #   sudo bash bench/multinode_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
+#   STAGES="0 1 2 3" LINKS="1gbit" ... picks the rows (default: stages 0 2 3, every link).
 #
 # The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
@@ -30,8 +31,8 @@ JSON
 
 echo "| link | ZeRO stage | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
 echo "|---|---|---|---|---|---|---|"
-for link in loopback 10gbit 1gbit; do
-  for stage in 0 2 3; do
+for link in ${LINKS:-loopback 10gbit 1gbit}; do
+  for stage in ${STAGES:-0 2 3}; do
     config "$stage" "$TMP/z$stage.json"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then

@@ -189,8 +189,8 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
   if (print_warnings && stage == 1 && !o.scatter_gradients && offload.device == "cpu" &&
       offload.overlap_step.value_or(false) && !offload.pin_memory)
     std::fprintf(stderr,
-                 "[deepspeed] warning: zero_optimization.offload_optimizer.overlap_step is true but "
-                 "pin_memory is false: on a GPU, ZeRO stage 1 %s then runs the update after "
+                 "[deepspeed] warning: zero_optimization.offload_optimizer.overlap_step is true "
+                 "but pin_memory is false: on a GPU, ZeRO stage 1 %s then runs the update after "
                  "backward (pageable copies would stall it); set pin_memory true\n",
                  pipeline_stage ? "in a pipeline" : "accumulating wider than its parameters");
   // A pipeline runs only its batch's last backward through the stage: the micro-batches before

@@ -4,18 +4,20 @@
 // order on every rank (BucketOrder) and finished through the shared InFlight queue.
 //
 //   AllReduceBuckets (stage 0; stage 1 in a pipeline, whose tied layers sum whole gradients, or
-//       accumulating wider than its parameters, build_engine.cpp): one full gradient buffer accumulates the micro-steps; at the
-//       accumulation boundary each bucket is all-reduced in place (in communication_data_type
-//       when it differs). The partition is a view of the buffer. In the parameter dtype the
-//       parameters' .grad are views of it, so autograd accumulates in place; in a wider
-//       grad_accum_dtype (bf16 stage 0's fp32, as DeepSpeed's BF16_Optimizer) each gradient is
-//       added into it as autograd produces it and freed.       gradient bytes: 2 or 4 Ψ
-//   ReduceScatterBuckets (stage 2, and stage 1 below): no full gradient buffer. As backward produces a parameter's
-//       gradient it is copied into its bucket and freed; a complete bucket is reduce-scattered
-//       (uneven splits: each rank receives the part inside its partition) and added to the
-//       contiguous gradient partition. Every micro-step reduces (a pipeline stage: only the
-//       last micro-batch's; the earlier ones accumulate in .grad, taken as the hook fires or,
-//       for a parameter that last backward does not use, as its bucket launches).
+//       accumulating wider than its parameters, build_engine.cpp): one full gradient buffer
+//       accumulates the micro-steps; at the accumulation boundary each bucket is all-reduced in
+//       place (in communication_data_type when it differs). The partition is a view of the
+//       buffer. In the parameter dtype the parameters' .grad are views of it, so autograd
+//       accumulates in place; in a wider grad_accum_dtype (bf16 stage 0's fp32, as DeepSpeed's
+//       BF16_Optimizer) each gradient is added into it as autograd produces it and freed.
+//                                                                gradient bytes: 2 or 4 Ψ
+//   ReduceScatterBuckets (stage 2, and stage 1 below): no full gradient buffer. As backward
+//       produces a parameter's gradient it is copied into its bucket and freed; a complete
+//       bucket is reduce-scattered (uneven splits: each rank receives the part inside its
+//       partition) and added to the contiguous gradient partition. Every micro-step reduces (a
+//       pipeline stage: only the last micro-batch's; the earlier ones accumulate in .grad, taken
+//       as the hook fires or, for a parameter that last backward does not use, as its bucket
+//       launches).
 //                                                                gradient bytes: Ψ/N + buckets
 //       With zero_optimization.release_gradients (a GPU's default) the partition and the bucket
 //       pool are freed after each step and allocated again by the next backward.

@@ -223,9 +223,11 @@ MemoryReport FlatStage::memory() const {
   r.optimizer_states = shard_->resident_bytes();
   r.comm_buffers = grads_->comm_buffer_bytes();
   r.host_comm_buffers = grads_->host_comm_buffer_bytes();
-  r.host_bytes = host_share(ctx_.device, r.parameters + r.comm_buffers) +
+  // The accumulating .grad are on the compute device, even where the partition is in host memory.
+  const int64_t partition = grads_->gradient_bytes();
+  r.host_bytes = host_share(ctx_.device, r.parameters + r.comm_buffers + accumulating_grad_bytes_) +
                  (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
-                 (grads_->gradients_on_host() ? r.gradients : host_share(ctx_.device, r.gradients)) +
+                 (grads_->gradients_on_host() ? partition : host_share(ctx_.device, partition)) +
                  shard_->resident_host_bytes();
   return r;
 }

@@ -9,8 +9,8 @@
 // Bytes per parameter, Ψ parameters over N ranks:
 //   stage 0 (16-bit): 2Ψ + 2Ψ + 12Ψ;  stage 2: fp32 4Ψ + 12Ψ/N, 16-bit 2Ψ + 14Ψ/N;
 //   stage 1: as stage 2, plus the parameters' .grad between the micro-steps of an accumulation
-//   (fp32 4Ψ, 16-bit 2Ψ); all-reducing, fp32 4Ψ + 4Ψ + 8Ψ/N, 16-bit 2Ψ + 4Ψ (its fp32 buffer)
-//   + 12Ψ/N.
+//   (fp32 4Ψ, 16-bit 2Ψ); all-reducing, the paper's: fp32 4Ψ + 4Ψ + 8Ψ/N, 16-bit 2Ψ + 2Ψ (4Ψ
+//   in an fp32 buffer) + 12Ψ/N.
 // In fp32 the partition of the parameter buffer is itself the master copy. The fused Adam writes
 // the updated master and its 16-bit rounding into the parameter buffer in one pass; the updated
 // partitions are then all-gathered back into the buffer.

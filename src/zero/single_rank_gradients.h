@@ -1,11 +1,11 @@
 // Stages 1 and 2 at data-parallel world size 1 with the gradient partition on the compute device:
 // there is no peer, so nothing is reduced and each gradient goes straight into its place in the
 // partition as autograd produces it, then is freed (at stage 1 only at the accumulation
-// boundary: the micro-steps before it accumulate in .grad, flat_grad_reducer.h). ReduceScatterBuckets would copy it into a
-// bucket of reduce_bucket_size (up to three held: 2.8 GB for a 1.3B bf16 model), the
-// single-process reduce-scatter would copy the bucket into a fresh buffer and that would be added
-// into the partition: ~18 bytes of memory traffic per parameter per micro-step for the same
-// values. Here: no bucket, no collective, no buffer beside the partition.
+// boundary: the micro-steps before it accumulate in .grad, flat_grad_reducer.h).
+// ReduceScatterBuckets would copy it into a bucket of reduce_bucket_size (up to three held: 2.8 GB
+// for a 1.3B bf16 model), the single-process reduce-scatter would copy the bucket into a fresh
+// buffer and that would be added into the partition: ~18 bytes of memory traffic per parameter
+// per micro-step for the same values. Here: no bucket, no collective, no buffer beside the partition.
 //
 // Same arithmetic, element by element, as that path (so training is bit-identical): the gradient
 // is converted to communication_data_type, multiplied by the world-1 scaling factors

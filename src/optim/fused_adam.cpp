@@ -69,28 +69,32 @@ AdamRangeStep FusedAdam::range_step_of(const torch::Tensor& p, torch::optim::Ada
   return r;
 }
 
+namespace {
+// One group: one kernel call, as without groups; else each run with its own hyper-parameters.
+// Grad: fp32, or bf16 bits (adam_kernel's overloads).
+template <typename Grad>
+void step_range(const AdamRangeStep& r, const Grad* grad, int64_t begin, int64_t n,
+                uint16_t* half_out, Half16Kind out_kind) {
+  if (r.runs.empty())
+    adam_kernel(r.param + begin, grad, r.exp_avg + begin, r.exp_avg_sq + begin, n, r.hyper,
+                half_out, out_kind);
+  else
+    adam_step_runs(r.runs, r.param + begin, grad, r.exp_avg + begin, r.exp_avg_sq + begin, begin,
+                   n, half_out, out_kind);
+}
+}  // namespace
+
 void AdamRangeStep::run(const float* grad, int64_t begin, int64_t n) const {
   run_into(grad, begin, n, half ? half + begin : nullptr, kind);
 }
 
 void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
                              Half16Kind out_kind) const {
-  if (runs.empty())  // one group: one call, as without groups
-    adam_step(param + begin, grad, exp_avg + begin, exp_avg_sq + begin, n, hyper, half_out,
-              out_kind);
-  else
-    adam_step_runs(runs, param + begin, grad, exp_avg + begin, exp_avg_sq + begin, begin, n,
-                   half_out, out_kind);
+  step_range(*this, grad, begin, n, half_out, out_kind);
 }
 
 void AdamRangeStep::run_bf16_grads(const uint16_t* grad_bf16, int64_t begin, int64_t n) const {
-  uint16_t* half_out = half ? half + begin : nullptr;
-  if (runs.empty())
-    adam_step_bf16_grad(param + begin, grad_bf16, exp_avg + begin, exp_avg_sq + begin, n, hyper,
-                        half_out, kind);
-  else
-    adam_step_runs(runs, param + begin, grad_bf16, exp_avg + begin, exp_avg_sq + begin, begin, n,
-                   half_out, kind);
+  step_range(*this, grad_bf16, begin, n, half ? half + begin : nullptr, kind);
 }
 
 void AdamRangeStep::set_num_threads(int n) {

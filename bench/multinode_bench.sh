@@ -7,7 +7,9 @@
 # over n ranks sends (n-1)/n of it).
 #
 #   sudo bash bench/multinode_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
-#   STAGES="0 1 2 3" LINKS="1gbit" ... picks the rows (default: stages 0 2 3, every link).
+#   STAGES="0 1 2 3" LINKS="1gbit" ... picks the rows (default: stages 0 2 3, every link);
+#   GATHERS="wait overlap" adds, at stages 1 and 2, rows with zero_optimization.overlap_param_gather
+#   (the all-gather after the step running into the next forward; default: wait only).
 #
 # The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
@@ -20,34 +22,48 @@ MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 64 --random_tokens --thr
        --steps "$STEPS" --warmup "$WARMUP")
 write_hostfile "$TMP/hostfile1" 1
 
-config() {  # config STAGE FILE
+config() {  # config STAGE FILE OVERLAP_PARAM_GATHER
   cat >"$2" <<JSON
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 0,
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "seed": 1,
- "zero_optimization": {"stage": $1, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6},
+ "zero_optimization": {"stage": $1, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6,
+                       "overlap_param_gather": $3},
  "comm_timeout_seconds": 120}
 JSON
 }
 
-echo "| link | ZeRO stage | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
-echo "|---|---|---|---|---|---|---|"
-for link in ${LINKS:-loopback 10gbit 1gbit}; do
+echo "| link | ZeRO stage | param gather | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
+echo "|---|---|---|---|---|---|---|---|"
+rows() {  # the (stage, gather) pairs: overlap only where there is a gather after the step
   for stage in ${STAGES:-0 2 3}; do
-    config "$stage" "$TMP/z$stage.json"
+    for gather in ${GATHERS:-wait}; do
+      case "$stage:$gather" in
+        1:*|2:*) echo "$stage:$gather" ;;
+        *:wait) echo "$stage:-" ;;
+      esac
+    done
+  done
+}
+for link in ${LINKS:-loopback 10gbit 1gbit}; do
+  for row in $(rows); do
+    stage=${row%%:*}
+    gather=${row#*:}
+    overlap=false; [ "$gather" = overlap ] && overlap=true
+    config "$stage" "$TMP/z$stage.json" "$overlap"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
       shape_links ""
-      run_on_host0 "run_${link}_$stage" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
+      run_on_host0 "run_${link}_${stage}_$gather" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
       sent="-"
     else
       shape_links "$link"
       before=$(link_tx_bytes 1)
-      run_on_host0 "run_${link}_$stage" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
+      run_on_host0 "run_${link}_${stage}_$gather" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
         --master_port "$(free_port)" "${GPT[@]}"
       after=$(link_tx_bytes 1)
       sent=$(( (after - before) / STEPS ))
     fi
-    out="$TMP/run_${link}_$stage.out"
+    out="$TMP/run_${link}_${stage}_$gather.out"
     [ "$RC" -eq 0 ] || fail "$link stage $stage: dsrun exited $RC"
     ms=$(report_field "$out" step_ms)
     payload=$(report_field "$out" comm_payload_bytes_per_step)
@@ -55,14 +71,14 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     factor=2; [ "$stage" = 3 ] && factor=3
     # fp32 communication; a ring over 2 ranks sends half the volume per rank
     expect=$(( psi * 4 * factor / 2 ))
-    python3 - "$link" "$stage" "$ms" "$payload" "$sent" "$expect" <<'PY'
+    python3 - "$link" "$stage" "$gather" "$ms" "$payload" "$sent" "$expect" <<'PY'
 import sys
-link, stage, ms, payload, sent, expect = sys.argv[1:]
+link, stage, gather, ms, payload, sent, expect = sys.argv[1:]
 ms = float(ms)
 rate = {"10gbit": 10e9, "1gbit": 1e9}.get(link)
 sent_mb = "-" if sent == "-" else f"{int(sent) / 1e6:.1f}"
 busy = "-" if sent == "-" else f"{int(sent) * 8 / (rate * ms / 1e3):.0%}"
-print(f"| {link} | {stage} | {ms:.0f} | {int(payload) / 1e6:.1f} | {sent_mb} | {int(expect) / 1e6:.1f} | {busy} |")
+print(f"| {link} | {stage} | {gather} | {ms:.0f} | {int(payload) / 1e6:.1f} | {sent_mb} | {int(expect) / 1e6:.1f} | {busy} |")
 PY
   done
 done

@@ -105,6 +105,12 @@ struct ZeroConfig {
   // frees grads_in_partition. Unset: on a GPU (the caching allocator hands the block back at no
   // cost), off on the CPU (a fresh allocation there costs a page fault per page every step).
   std::optional<bool> release_gradients;
+  // deepspeed.cpp's own key (Megatron-LM's --overlap-param-gather): at stages 1 and 2 with
+  // data-parallel peers, engine.step() launches the all-gather of the updated partitions and
+  // returns; each ZeroUnit waits for its own parameters just before it runs in the next forward.
+  // Off by default: a program that reads the parameters itself between step() and the next
+  // forward calls engine.complete_step() first.
+  bool overlap_param_gather = false;
   // ZeRO++ (stage 3 only; ignored with a warning at stages 0-2, as DeepSpeed ignores them there).
   // zero_quantized_weights: the forward all-gather of a unit moves int8 blocks (qwZ).
   bool zero_quantized_weights = false;

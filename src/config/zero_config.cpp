@@ -112,6 +112,7 @@ void read_buckets(ObjectReader& r, ZeroConfig& z) {
   r.read("ignore_unused_parameters", z.ignore_unused_parameters);
   r.read("round_robin_gradients", z.round_robin_gradients);
   r.read("release_gradients", z.release_gradients);  // deepspeed.cpp's own key
+  r.read("overlap_param_gather", z.overlap_param_gather);  // deepspeed.cpp's own key
   read_size(r, "sub_group_size", z.sub_group_size);
   require_positive(r.path_of("sub_group_size"), static_cast<double>(z.sub_group_size));
 }
@@ -259,6 +260,13 @@ void read_zero(ObjectReader& top, Config& cfg) {
   ObjectReader r = top.child(kZero);
   read_zero_object(r, z);
   validate_offload(kZero, z, top.warnings());
+  if (z.overlap_param_gather && (z.stage == 0 || z.stage == 3)) {
+    top.warnings().add(std::string(kZero) + ".overlap_param_gather applies to stages 1 and 2; "
+                       "ignored at stage " + std::to_string(z.stage) +
+                       (z.stage == 0 ? " (nothing is gathered after the step)"
+                                     : " (its units are gathered in the forward already)"));
+    z.overlap_param_gather = false;
+  }
 }
 
 }  // namespace deepspeed::config

@@ -211,6 +211,12 @@ zero::FlatStageOptions flat_stage_options(const Config& config, int stage,
       o.grad_accum_dtype.clear();
   }
   o.allgather_bucket_numel = config.zero_optimization.allgather_bucket_size;
+  // A pipeline's stages run their forwards from its schedule, not through Engine::forward.
+  o.overlap_param_gather = config.zero_optimization.overlap_param_gather && !pipeline_stage;
+  if (print_warnings && config.zero_optimization.overlap_param_gather && pipeline_stage)
+    std::fprintf(stderr,
+                 "[deepspeed] warning: zero_optimization.overlap_param_gather is ignored in a "
+                 "pipeline: the all-gather after the step is waited for there\n");
   o.reduction = zero::reduction_options(config);
   o.shard = zero::shard_options(config);
   // A pipeline's stages run their forwards by its schedule, not through Engine::forward.

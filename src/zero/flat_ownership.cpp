@@ -24,34 +24,13 @@ StateFragment fragment(size_t param, int64_t offset, int64_t numel, int64_t at, 
 
 class Sharded : public FlatOwnership {
  public:
-  Sharded(const StageContext& context, int64_t allgather_bucket_numel)
+  Sharded(const StageContext& context, FlatParams& flat, int64_t gather_chunk_numel)
       : FlatOwnership(context, context.world_size(), context.rank()),
-        allgather_bucket_numel_(allgather_bucket_numel) {}
+        gather_(context, flat, context.rank(), gather_chunk_numel) {}
 
-  // Chunk c of every partition travels in one all_gather of at most allgather_bucket_size
-  // elements.
-  void share_updates(FlatParams& flat) override {
-    torch::NoGradGuard no_grad;
-    const int world = ctx_.world_size();
-    if (world == 1) return;
-    const auto& layout = flat.layout();
-    at::Tensor own = flat.partition(owner_);
-    at::Tensor& buffer = flat.buffer();
-    const int64_t P = layout.partition_numel;
-    const int64_t chunk = std::max<int64_t>(1, std::min(P, allgather_bucket_numel_ / world));
-    for (int64_t c = 0; c < P; c += chunk) {
-      const int64_t n = std::min(chunk, P - c);
-      at::Tensor mine = own.narrow(0, c, n).clone();
-      if (n == P) {
-        ctx_.comm->all_gather(buffer, mine)->wait();  // partitions are contiguous: in place
-        continue;
-      }
-      at::Tensor gathered = torch::empty({n * world}, buffer.options());
-      ctx_.comm->all_gather(gathered, mine)->wait();
-      for (int r = 0; r < world; ++r)
-        buffer.narrow(0, layout.begin(r) + c, n).copy_(gathered.narrow(0, r * n, n));
-    }
-  }
+  void share_updates(FlatParams&) override { gather_.gather(); }
+  void start_sharing_updates(FlatParams&) override { gather_.launch(); }
+  ParamGather* updates_in_flight() override { return &gather_; }
 
   void sum_over_owners(at::Tensor& squares) override { ctx_.comm->all_reduce(squares)->wait(); }
 
@@ -75,7 +54,7 @@ class Sharded : public FlatOwnership {
   }
 
  private:
-  int64_t allgather_bucket_numel_;
+  ParamGather gather_;
 };
 
 class Replicated : public FlatOwnership {
@@ -110,8 +89,9 @@ class Replicated : public FlatOwnership {
 }  // namespace
 
 std::unique_ptr<FlatOwnership> make_sharded_ownership(const StageContext& context,
-                                                      int64_t allgather_bucket_numel) {
-  return std::make_unique<Sharded>(context, allgather_bucket_numel);
+                                                      FlatParams& flat,
+                                                      int64_t gather_chunk_numel) {
+  return std::make_unique<Sharded>(context, flat, gather_chunk_numel);
 }
 
 std::unique_ptr<FlatOwnership> make_replicated_ownership(const StageContext& context) {

@@ -14,15 +14,34 @@
 
 namespace deepspeed {
 namespace zero {
+namespace {
+
+// Elements of each partition per all-gather: allgather_bucket_size over the ranks. Overlapping
+// the next forward, also at most a sixteenth of the partition (at least 2^16 elements), so the
+// forward's first layers wait for their chunk, not for the whole gather.
+int64_t gather_chunk_numel(const FlatStageOptions& options, int64_t partition_numel, int world) {
+  int64_t chunk = options.allgather_bucket_numel / world;
+  if (options.overlap_param_gather)
+    chunk = std::min(chunk, std::max<int64_t>(int64_t{1} << 16, (partition_numel + 15) / 16));
+  return std::max<int64_t>(1, chunk);
+}
+
+}  // namespace
 
 FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context,
                      const FlatStageOptions& options, const OptimizerFactory& make_optimizer,
                      torch::nn::Module* model)
     : ctx_(context) {
+  const int parts = options.partitioned ? ctx_.world_size() : 1;
+  flat_ = std::make_unique<FlatParams>(params, parts, partition::kAlignment, ctx_.device);
   ownership_ = options.partitioned
-                   ? make_sharded_ownership(ctx_, options.allgather_bucket_numel)
+                   ? make_sharded_ownership(
+                         ctx_, *flat_,
+                         gather_chunk_numel(options, flat_->layout().partition_numel, parts))
                    : make_replicated_ownership(ctx_);
-  flat_ = std::make_unique<FlatParams>(params, ownership_->parts(), partition::kAlignment, ctx_.device);
+  // With one rank nothing is gathered.
+  if (options.overlap_param_gather && parts > 1)
+    overlapped_gather_ = ownership_->updates_in_flight();
   partition_ = std::make_unique<TensorPartition>(flat_->partition(ownership_->owner()).detach());
   ShardOptions shard = options.shard;
   shard.compute_device = ctx_.device;
@@ -73,9 +92,19 @@ FlatStage::FlatStage(std::vector<at::Tensor> params, const StageContext& context
       shard_->gradients_final(begin, grads_->partition().narrow(0, begin, numel), *partition_,
                               std::move(ready));
     });
-  if (shard_->finishes_in_forward() && model) {
+  if (overlapped_gather_ && model) {
+    forward_waits_ = std::make_unique<ForwardWaits>(*model, *flat_, 0, flat_->buffer().numel(),
+                                                    *overlapped_gather_,
+                                                    "zero_optimization.overlap_param_gather");
+    overlapped_gather_->set_forward_order([waits = forward_waits_.get()](int64_t begin,
+                                                                         int64_t end) {
+      return waits->first_read(begin, end);
+    });
+  }
+  if (shard_->finishes_in_forward() && model) {  // one rank: never with the gather's waits
     forward_waits_ = std::make_unique<ForwardWaits>(
-        *model, *flat_, flat_->layout().begin(ownership_->owner()), partition_->numel(), *shard_);
+        *model, *flat_, flat_->layout().begin(ownership_->owner()), partition_->numel(), *shard_,
+        "zero_optimization.offload_optimizer.overlap_forward");
     shard_->set_forward_order(
         [waits = forward_waits_.get()](int64_t begin, int64_t end) {
           return waits->first_read(begin, end);
@@ -194,7 +223,11 @@ void FlatStage::step(double grad_scale) {
   complete_step();  // a step with no backward since the last one
   grads_->settle();
   shard_->step({grads_->partition()}, *partition_, grad_scale);
-  ownership_->share_updates(*flat_);  // nothing at one rank, the only place it hands over
+  // Nothing at one rank, the only place the shard hands its update over.
+  if (overlapped_gather_)
+    ownership_->start_sharing_updates(*flat_);
+  else
+    ownership_->share_updates(*flat_);
   if (shard_->finishes_in_forward())
     zero_after_update_ = true;
   else
@@ -203,13 +236,19 @@ void FlatStage::step(double grad_scale) {
 
 void FlatStage::complete_step() {
   shard_->complete_step();
+  if (overlapped_gather_) overlapped_gather_->complete_step();
   if (!zero_after_update_) return;
   zero_after_update_ = false;
   grads_->zero();
 }
 
+bool FlatStage::step_handed_over() const {
+  return shard_->step_handed_over() ||
+         (overlapped_gather_ && overlapped_gather_->in_flight());
+}
+
 void FlatStage::before_forward() {
-  if (!shard_->finishes_in_forward()) return;
+  if (!shard_->finishes_in_forward() && !step_handed_over()) return;
   if (forward_waits_)
     forward_waits_->before_forward();
   else
@@ -243,6 +282,7 @@ std::unique_ptr<FragmentState> FlatStage::state_to_load(bool create_moments) {
 
 // The loaded masters -> this rank's (16-bit) partition -> every rank.
 void FlatStage::finish_load(int64_t adam_step) {
+  complete_step();
   shard_->finish_load(adam_step, *partition_);
   ownership_->share_updates(*flat_);
 }

@@ -1,7 +1,8 @@
 // ZeRO stages 0 (16-bit), 1 and 2: the trainable parameters in one flat buffer (FlatParams),
 // composed of three parts chosen once by the builder:
-//   - who owns what (flat_ownership.h): sharded partitions all-gathered after the step (1, 2),
-//     or one replicated partition (0);
+//   - who owns what (flat_ownership.h): sharded partitions all-gathered after the step (1, 2;
+//     with overlap_param_gather into the next forward, zero/param_gather.h), or one replicated
+//     partition (0);
 //   - how gradients are reduced (flat_grad_reducer.h): all-reduce at the boundary (0; 1 in a
 //     pipeline or accumulating wider than its parameters), reduce-scatter at the boundary (1) or
 //     reduce-scatter every micro-step (2);
@@ -43,8 +44,8 @@ class FlatStage : public ZeroStage {
  public:
   // `make_optimizer` builds the optimizer over the rank's fp32 master partition. `model`: the
   // module the parameters belong to, whose ZeroUnits wait for their own parameters with
-  // offload_optimizer.overlap_forward (zero/forward_waits.h); null: the whole update is waited
-  // for when a forward begins.
+  // offload_optimizer.overlap_forward or overlap_param_gather (zero/forward_waits.h); null: the
+  // whole update is waited for when a forward begins.
   // REQUIRES: every parameter has options.param_dtype.
   FlatStage(std::vector<at::Tensor> params, const StageContext& context,
             const FlatStageOptions& options, const OptimizerFactory& make_optimizer,
@@ -80,9 +81,10 @@ class FlatStage : public ZeroStage {
     grads_->zero();
   }
   // offload_optimizer.overlap_forward: the update handed over by step() ends here (its
-  // gradients, read until then, are dropped now).
+  // gradients, read until then, are dropped now); overlap_param_gather: the all-gather of the
+  // updated partitions launched by step() is finished here.
   void complete_step() override;
-  bool step_handed_over() const override { return shard_->step_handed_over(); }
+  bool step_handed_over() const override;
   void before_forward() override;
   MemoryReport memory() const override;
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return shard_->optimizer(); }
@@ -106,6 +108,8 @@ class FlatStage : public ZeroStage {
   bool step_lost() const override { return shard_->step_lost(); }
   // Whether step() hands the update's last ranges over to the next forward (tests).
   bool finishes_in_forward() const { return shard_->finishes_in_forward(); }
+  // overlap_param_gather's all-gather, null where the step waits for it (tests, logs).
+  const ParamGather* overlapped_gather() const { return overlapped_gather_; }
 
  private:
   ReductionOptions reduction_for(ReductionOptions configured) const;
@@ -121,7 +125,10 @@ class FlatStage : public ZeroStage {
   std::unique_ptr<FlatGradReducer> grads_;
   std::unique_ptr<ShardOptimizer> shard_;
   const optim::SelfCommunicatingOptimizer* self_comm_ = nullptr;  // the optimizer when it is one
-  std::unique_ptr<ForwardWaits> forward_waits_;  // overlap_forward with a model given
+  // overlap_forward (one rank) or overlap_param_gather (peers), with a model given
+  std::unique_ptr<ForwardWaits> forward_waits_;
+  // overlap_param_gather: step() launches it, the next forward settles it (owned by ownership_)
+  ParamGather* overlapped_gather_ = nullptr;
   bool zero_after_update_ = false;  // the handed-over update still reads the gradients
   // Stage 1 with gradient_accumulation_steps > 1: the .grad autograd holds between micro-steps
   // (counted with the gradients in the memory report).

@@ -30,23 +30,23 @@ std::vector<ElementRange> merged(std::vector<ElementRange> ranges) {
 
 }  // namespace
 
-ForwardWaits::ForwardWaits(torch::nn::Module& model, const FlatParams& flat,
-                           int64_t partition_begin, int64_t partition_numel, ShardOptimizer& shard)
-    : shard_(shard) {
-  // Each trainable parameter's elements in the partition (clipped to it).
+ForwardWaits::ForwardWaits(torch::nn::Module& model, const FlatParams& flat, int64_t window_begin,
+                           int64_t window_numel, PendingUpdate& update, const char* config_key)
+    : update_(update) {
+  // Each trainable parameter's elements in the window (clipped to it).
   std::unordered_map<const c10::TensorImpl*, ElementRange> place;
   for (const auto& slot : flat.slots()) {
-    const int64_t lo = std::max(slot.offset, partition_begin);
-    const int64_t hi = std::min(slot.offset + slot.numel, partition_begin + partition_numel);
-    place[slot.param.unsafeGetTensorImpl()] = {lo - partition_begin, std::max<int64_t>(0, hi - lo)};
+    const int64_t lo = std::max(slot.offset, window_begin);
+    const int64_t hi = std::min(slot.offset + slot.numel, window_begin + window_numel);
+    place[slot.param.unsafeGetTensorImpl()] = {lo - window_begin, std::max<int64_t>(0, hi - lo)};
   }
   std::unordered_set<const c10::TensorImpl*> in_a_unit;
   const std::vector<ZeroUnitBase*> found = find_units(model);
   for (ZeroUnitBase* unit : found) {
     if (detail::ZeroUnitAccess::hooks(*unit))
-      throw Error("zero_optimization.offload_optimizer.overlap_forward: a ZeroUnit of this model "
-                  "is already attached to another engine; destroy that engine first (a unit "
-                  "waits for one engine's update)");
+      throw Error(std::string(config_key) +
+                  ": a ZeroUnit of this model is already attached to another engine; destroy "
+                  "that engine first (a unit waits for one engine's update)");
     UnitSlots slots;
     slots.module = unit;
     std::vector<ElementRange> ranges;
@@ -89,12 +89,12 @@ int64_t ForwardWaits::first_read(int64_t begin, int64_t end) const {
 }
 
 void ForwardWaits::before_forward() {
-  if (!units_found_) return shard_.complete_step();
-  for (const auto& [begin, numel] : root_) shard_.settle(begin, begin + numel);
+  if (!units_found_) return update_.complete_step();
+  for (const auto& [begin, numel] : root_) update_.settle(begin, begin + numel);
 }
 
 void ForwardWaits::pre_forward(int unit) {
-  for (const auto& [begin, numel] : ranges_.at(unit)) shard_.settle(begin, begin + numel);
+  for (const auto& [begin, numel] : ranges_.at(unit)) update_.settle(begin, begin + numel);
 }
 
 }  // namespace zero

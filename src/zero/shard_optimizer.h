@@ -24,6 +24,7 @@
 #include <torch/optim/optimizer.h>
 
 #include "offload/swapped_adam.h"  // ParamSink, GradSource
+#include "zero/pending_update.h"
 #include "zero/stage_options.h"
 
 namespace deepspeed {
@@ -101,10 +102,7 @@ class StateWindows {
   std::vector<std::pair<int64_t, int64_t>> ranges_;
 };
 
-// When a forward first reads elements [begin, end) of a partition: a sort key, lower = sooner.
-using ReadOrder = std::function<int64_t(int64_t begin, int64_t end)>;
-
-class ShardOptimizer {
+class ShardOptimizer : public PendingUpdate {
  public:
   virtual ~ShardOptimizer() = default;
   // One update: gradients times grad_scale, the optimizer's rule, the new values written into
@@ -150,10 +148,10 @@ class ShardOptimizer {
   void set_forward_order(ReadOrder first_read) { first_read_ = std::move(first_read); }
   // Elements [begin, end) of the partition hold the last step's values (and, on a GPU, the
   // compute stream waits for them): nothing to do unless step() handed its update over.
-  virtual void settle(int64_t /*begin*/, int64_t /*end*/) {}
+  void settle(int64_t /*begin*/, int64_t /*end*/) override {}
   // Every element does: the handed-over update is complete. A failed update throws (the step is
   // then lost: step_lost()).
-  virtual void complete_step() {}
+  void complete_step() override {}
   // step() handed its update over and complete_step() has not run since.
   virtual bool step_handed_over() const { return false; }
   // The optimizer the engine and the LR scheduler see (its param group carries lr etc.).

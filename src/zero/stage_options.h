@@ -108,6 +108,10 @@ struct FlatStageOptions {
   std::string grad_accum_dtype;
   int64_t accumulation_steps = 1;  // gradient_accumulation_steps
   int64_t allgather_bucket_numel = 500000000;  // zero_optimization.allgather_bucket_size
+  // zero_optimization.overlap_param_gather (partitioned, with peers): step() launches the
+  // all-gather of the updated partitions and the next forward waits for it part by part
+  // (zero/param_gather.h, zero/forward_waits.h).
+  bool overlap_param_gather = false;
   ReductionOptions reduction;
   ShardOptions shard;
 };

@@ -296,7 +296,7 @@ TEST(ForwardWaits, EachUnitWaitsForItsOwnParametersBeforeItRuns) {
   };
   RecordingShard shard;
   {
-    deepspeed::zero::ForwardWaits waits(*net, flat, 0, flat.buffer().numel(), shard);
+    deepspeed::zero::ForwardWaits waits(*net, flat, 0, flat.buffer().numel(), shard, "key");
     EXPECT_EQ(waits.unit_count(), 3u);
     waits.before_forward();
     // parameters() lists a module's own before its children's: `in` and `head` are neighbours.
@@ -338,7 +338,8 @@ TEST(ForwardWaits, EachUnitWaitsForItsOwnParametersBeforeItRuns) {
         params.push_back(p);
     deepspeed::zero::FlatParams tied_flat(params, 1, 1, torch::kCPU);
     RecordingShard tied_shard;
-    deepspeed::zero::ForwardWaits waits(*tied, tied_flat, 0, tied_flat.buffer().numel(), tied_shard);
+    deepspeed::zero::ForwardWaits waits(*tied, tied_flat, 0, tied_flat.buffer().numel(),
+                                        tied_shard, "key");
     int64_t begin = -1, end = -1;
     for (const auto& slot : tied_flat.slots())
       if (slot.param.is_same(shared)) begin = slot.offset, end = slot.offset + slot.numel;
@@ -353,7 +354,8 @@ TEST(ForwardWaits, EachUnitWaitsForItsOwnParametersBeforeItRuns) {
   plain->blocks.clear();
   deepspeed::zero::FlatParams flat_plain({plain->in, plain->head}, 1, 1, torch::kCPU);
   struct Bare : torch::nn::Module {} bare;
-  deepspeed::zero::ForwardWaits no_units(bare, flat_plain, 0, flat_plain.buffer().numel(), shard);
+  deepspeed::zero::ForwardWaits no_units(bare, flat_plain, 0, flat_plain.buffer().numel(), shard,
+                                         "key");
   no_units.before_forward();
   EXPECT_EQ(shard.completed, 1);
 }

@@ -32,7 +32,8 @@ config() {  # config STAGE FILE OVERLAP_PARAM_GATHER
 JSON
 }
 
-echo "| link | ZeRO stage | param gather | step ms | payload MB/step | host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
+echo -n "| link | ZeRO stage | param gather | step ms | payload MB/step | host-1 sent MB/step "
+echo "| ZeRO volume x (n-1)/n MB | link busy |"
 echo "|---|---|---|---|---|---|---|---|"
 rows() {  # the (stage, gather) pairs: overlap only where there is a gather after the step
   for stage in ${STAGES:-0 2 3}; do
@@ -53,13 +54,14 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
       shape_links ""
-      run_on_host0 "run_${link}_${stage}_$gather" --num_procs 2 --master_port "$(free_port)" "${GPT[@]}"
+      run_on_host0 "run_${link}_${stage}_$gather" --num_procs 2 --master_port "$(free_port)" \
+        "${GPT[@]}"
       sent="-"
     else
       shape_links "$link"
       before=$(link_tx_bytes 1)
-      run_on_host0 "run_${link}_${stage}_$gather" --hostfile "$TMP/hostfile1" --launcher_args "$SSH_ARGS" \
-        --master_port "$(free_port)" "${GPT[@]}"
+      run_on_host0 "run_${link}_${stage}_$gather" --hostfile "$TMP/hostfile1" \
+        --launcher_args "$SSH_ARGS" --master_port "$(free_port)" "${GPT[@]}"
       after=$(link_tx_bytes 1)
       sent=$(( (after - before) / STEPS ))
     fi
@@ -78,7 +80,9 @@ ms = float(ms)
 rate = {"10gbit": 10e9, "1gbit": 1e9}.get(link)
 sent_mb = "-" if sent == "-" else f"{int(sent) / 1e6:.1f}"
 busy = "-" if sent == "-" else f"{int(sent) * 8 / (rate * ms / 1e3):.0%}"
-print(f"| {link} | {stage} | {gather} | {ms:.0f} | {int(payload) / 1e6:.1f} | {sent_mb} | {int(expect) / 1e6:.1f} | {busy} |")
+cells = [link, stage, gather, f"{ms:.0f}", f"{int(payload) / 1e6:.1f}", sent_mb,
+         f"{int(expect) / 1e6:.1f}", busy]
+print("| " + " | ".join(cells) + " |")
 PY
   done
 done

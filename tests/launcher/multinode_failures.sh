@@ -98,10 +98,13 @@ finish_bg 20
 expect_contains "$TMP/term.err" "received SIGTERM; stopping the job on every node"
 no_leftovers
 
-# 5. --max_restarts: rank 2 fails in the first attempt only; the second runs to the end with
-#    DSRUN_RESTART_COUNT=1. Without restarts left, the failure is final.
+# 5. --max_restarts: rank 2 fails in the first attempt only (once every rank has started: the
+#    --started_dir marks); the second runs to the end with DSRUN_RESTART_COUNT=1. Without
+#    restarts left, the failure is final.
+mkdir -p "$TMP/started"
 run_on_host0 restart "${LAUNCH[@]}" --max_restarts 1 --master_port "$(free_port)" "$WORKER" \
-  --mode exit3 --fail_rank 2 --fail_attempts 1 --seconds 1 --marker "$MARKER"
+  --mode exit3 --fail_rank 2 --fail_attempts 1 --seconds 1 --started_dir "$TMP/started" \
+  --marker "$MARKER"
 [ $RC -eq 0 ] || fail "--max_restarts 1: dsrun exited $RC"
 expect_contains "$TMP/restart.err" "dsrun: the job failed (exit status 3); restarting it (restart 1 of 1)"
 expect_contains "$TMP/restart.out" "[$H1 rank 3] rank 3 started (restart 1)"

@@ -3,7 +3,9 @@
 //                    without '\n'; exit 0
 //   exit3            print, then rank --fail_rank exits 3 (or --fail_status S); the others sleep
 //                    (dsrun must stop them) or, with --fail_attempts N, exit 0 after --seconds;
-//                    rank --fail_rank fails only while DSRUN_RESTART_COUNT < N (default: always)
+//                    rank --fail_rank fails only while DSRUN_RESTART_COUNT < N (default: always);
+//                    with --started_dir D every rank marks its start there and the failing rank
+//                    fails only once all WORLD_SIZE ranks of its attempt have (at most 30 s)
 //   hang_collective  every rank joins init_distributed() and loops all_reduce; rank --fail_rank
 //                    writes its pid to --pid_file once the loop runs (the test kill -9s it)
 //   leave_collective like hang_collective, but rank --fail_rank returns 0 from main once the loop
@@ -54,6 +56,7 @@ struct Args {
   int timeout_s = 30;  // hang_collective: the collectives' timeout
   int status = 0;      // linger_exit: rank 0's exit status
   int fail_status = 3;  // exit3: the failing rank's exit status (255: what exit(-1) gives)
+  std::string started_dir;  // exit3: where each rank marks its start (see the header)
 };
 
 Args parse(int argc, char** argv) {
@@ -76,6 +79,8 @@ Args parse(int argc, char** argv) {
       a.fail_status = std::atoi(argv[++i]);
     else if (k == "--timeout")
       a.timeout_s = std::atoi(argv[++i]);
+    else if (k == "--started_dir")
+      a.started_dir = argv[++i];
   }
   return a;
 }
@@ -117,12 +122,34 @@ int mode_ok(int argc, char** argv) {
   return 0;
 }
 
+// The file --started_dir/RANK.RESTART, once this rank has printed its start line.
+std::string start_mark(const Args& a, int rank) {
+  return a.started_dir + "/" + std::to_string(rank) + "." + env("DSRUN_RESTART_COUNT");
+}
+
+// Until every rank of this attempt has marked its start, or 30 s. A fixed pause let a loaded
+// machine tear the job down before a peer on the other host had printed (a test expected it).
+void wait_for_peers_started(const Args& a) {
+  const int world = std::atoi(env("WORLD_SIZE").c_str());
+  for (int tries = 0; tries < 300; ++tries) {
+    int started = 0;
+    for (int r = 0; r < world; ++r) started += ::access(start_mark(a, r).c_str(), F_OK) == 0;
+    if (started == world) return;
+    sleep_for(0.1);
+  }
+  std::cerr << "rank " << my_rank() << ": not every rank started within 30 s" << std::endl;
+}
+
 int mode_exit3(const Args& a) {
   std::cout << "rank " << my_rank() << " started (restart " << env("DSRUN_RESTART_COUNT") << ")"
             << std::endl;
+  if (!a.started_dir.empty()) std::ofstream(start_mark(a, my_rank())) << "started\n";
   const int restart = std::atoi(env("DSRUN_RESTART_COUNT").c_str());
   if (my_rank() == a.fail_rank && restart < a.fail_attempts) {
-    sleep_for(0.3);  // let the peers start, so dsrun really has ranks to terminate
+    if (a.started_dir.empty())
+      sleep_for(0.3);  // let the peers start, so dsrun really has ranks to terminate
+    else
+      wait_for_peers_started(a);
     std::cerr << "rank " << my_rank() << " failing with status " << a.fail_status << std::endl;
     return a.fail_status;
   }

@@ -89,6 +89,13 @@ class Communicator {
   // output: a contiguous tensor of world_size * input.numel() elements; rank r's input lands in
   // slice r.
   virtual WorkPtr all_gather(at::Tensor& output, const at::Tensor& input) = 0;
+  // All-gather into one tensor per rank: rank r's input lands in outputs[r] (world_size tensors
+  // of input.numel() elements and input's dtype, any views: ZeRO's chunk of every rank's
+  // partition in one flat buffer). input may be outputs[rank] itself. The default gathers into
+  // a flat temporary and copies it out on wait(); Gloo receives straight into the views (its
+  // all_gather is one broadcast per rank anyway). Counted and checked as an all_gather.
+  virtual WorkPtr all_gather_into(const std::vector<at::Tensor>& outputs,
+                                  const at::Tensor& input);
   // input: world_size * output.numel() elements; output = op over ranks of slice `rank` of input.
   virtual WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input,
                                  ReduceOp op = ReduceOp::Sum) = 0;

@@ -194,6 +194,14 @@ WorkPtr CheckedCommunicator::all_gather(at::Tensor& output, const at::Tensor& in
   return inner_->all_gather(output, input);
 }
 
+// Checked as an all_gather: its peers may gather the same input either way.
+WorkPtr CheckedCommunicator::all_gather_into(const std::vector<at::Tensor>& outputs,
+                                             const at::Tensor& input) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check("all_gather", input, "");
+  return inner_->all_gather_into(outputs, input);
+}
+
 WorkPtr CheckedCommunicator::reduce_scatter(at::Tensor& output, const at::Tensor& input,
                                             ReduceOp op) {
   std::lock_guard<std::mutex> lock(mu_);

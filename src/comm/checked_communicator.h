@@ -71,6 +71,8 @@ class CheckedCommunicator : public Communicator {
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override;
   WorkPtr broadcast(at::Tensor& tensor, int root) override;
   WorkPtr all_gather(at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr all_gather_into(const std::vector<at::Tensor>& outputs,
+                          const at::Tensor& input) override;
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input,
                            const std::vector<int64_t>& input_splits, ReduceOp op) override;

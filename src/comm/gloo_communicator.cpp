@@ -38,6 +38,7 @@
 #include "comm/dtypes.h"
 #include "comm/local_reduce.h"
 #include "comm/process_info.h"
+#include "comm/all_gather_into.h"
 #include "comm/all_to_all.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/shm_allreduce.h"
@@ -145,6 +146,35 @@ class GlooCommunicator : public CommunicatorBase {
       }
     };
     return launch_all(describe("all_gather", input), start, copy_back(output, flat));
+  }
+
+  // The same broadcasts, rank r's into outputs[r]: each view is received in place (staged
+  // through a contiguous copy only when it is not contiguous).
+  WorkPtr all_gather_into(const std::vector<at::Tensor>& outputs,
+                          const at::Tensor& input) override {
+    check_all_gather_into(*this, outputs, input);
+    count("all_gather", input);
+    if (input.numel() == 0) return done();
+    at::ScalarType wire = bits_dtype(input.scalar_type(), "all_gather");
+    std::vector<at::Tensor> targets(outputs.begin(), outputs.end());
+    at::Tensor& own = targets[rank_];
+    if (own.data_ptr() != input.data_ptr()) own.copy_(input.reshape(own.sizes()));
+    std::vector<std::vector<at::Tensor>> bufs(world_size_);
+    for (int r = 0; r < world_size_; ++r)  // the target itself when contiguous
+      bufs[r].push_back(bits_view(targets[r], wire).view({-1}));
+    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+      works.reserve(world_size_);
+      for (int r = 0; r < world_size_; ++r) {
+        c10d::BroadcastOptions opts;
+        opts.rootRank = r;
+        works.push_back(pg_->broadcast(bufs[r], opts));
+      }
+    };
+    return launch_all(describe("all_gather", input), start, [targets, bufs]() mutable {
+      for (size_t r = 0; r < targets.size(); ++r)
+        if (!targets[r].is_contiguous())
+          targets[r].copy_(bufs[r][0].view(targets[r].scalar_type()).view(targets[r].sizes()));
+    });
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {

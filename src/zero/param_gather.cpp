@@ -54,14 +54,20 @@ ParamGather::Chunk ParamGather::start(int64_t offset) {
   Chunk c;
   c.offset = offset;
   c.numel = std::min(chunk_, layout.partition_numel - offset);
-  c.input = flat_.partition(owner_).narrow(0, offset, c.numel).clone();
   at::Tensor& buffer = flat_.buffer();
-  if (c.numel == layout.partition_numel) {
-    c.work = ctx_.comm->all_gather(buffer, c.input);  // partitions are contiguous: in place
-  } else {
-    c.gathered = torch::empty({c.numel * ctx_.world_size()}, buffer.options());
-    c.work = ctx_.comm->all_gather(c.gathered, c.input);
+  if (c.numel == layout.partition_numel) {  // partitions are contiguous: gathered in place
+    at::Tensor mine = flat_.partition(owner_);
+    c.work = ctx_.comm->all_gather(buffer, mine);
+    return c;
   }
+  // Chunk `offset` of every rank's partition, straight into the buffer where the backend can
+  // (Gloo); otherwise through its temporary (comm.h). The owner's chunk is the input: the step
+  // that wrote it is over, and nothing writes the partition until the gather is finished.
+  std::vector<at::Tensor> views;
+  views.reserve(ctx_.world_size());
+  for (int r = 0; r < ctx_.world_size(); ++r)
+    views.push_back(buffer.narrow(0, layout.begin(r) + offset, c.numel));
+  c.work = ctx_.comm->all_gather_into(views, views[owner_]);
   return c;
 }
 
@@ -69,16 +75,6 @@ void ParamGather::finish(Chunk& c) {
   torch::NoGradGuard no_grad;
   c.work->wait();
   c.work.reset();
-  if (c.gathered.defined()) {
-    const auto& layout = flat_.layout();
-    at::Tensor& buffer = flat_.buffer();
-    for (int r = 0; r < ctx_.world_size(); ++r)
-      if (r != owner_)  // the owner's elements are there already
-        buffer.narrow(0, layout.begin(r) + c.offset, c.numel)
-            .copy_(c.gathered.narrow(0, r * c.numel, c.numel));
-  }
-  c.input = at::Tensor();
-  c.gathered = at::Tensor();
 }
 
 void ParamGather::gather() {

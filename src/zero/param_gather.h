@@ -1,7 +1,8 @@
 // Stages 1 and 2: the owner's updated partition all-gathered back into every rank's flat buffer,
 // in chunks: chunk c is elements [c, c + n) of every partition, at most allgather_bucket_size
 // elements over all ranks (n = allgather_bucket_size / N). One chunk spanning the partitions is
-// gathered in place; smaller ones through a temporary that is copied out when it is finished.
+// one all_gather in place; a smaller one an all_gather_into the N views of the buffer, received
+// in place over Gloo, through the backend's temporary elsewhere (NCCL: deepspeed/comm.h).
 //
 //   gather()  waits for each chunk before launching the next, smallest offset first: what the
 //             step does by default (DeepSpeed's stage 1/2 all-gather after the step).
@@ -15,9 +16,9 @@
 //             any of buffer elements [begin, end) (zero/forward_waits.h calls it per ZeroUnit);
 //             complete_step() all of them. Waiting never launches: every rank launches the same
 //             collectives at the same point of its program (the step), whichever of them waits
-//             sooner. The temporaries of all chunks exist together until each is finished: up
-//             to one more copy of the parameters between step() and the forward that settles
-//             them.
+//             sooner. Where the backend stages a chunk (not Gloo), the temporaries of all
+//             chunks exist together until each is finished: up to one more copy of the
+//             parameters between step() and the forward that settles them.
 // On a GPU a chunk's wait() makes the compute stream wait for the collective (c10d's work), and
 // its copy out follows on that stream: the host does not block.
 #pragma once
@@ -56,8 +57,6 @@ class ParamGather final : public PendingUpdate {
   struct Chunk {
     int64_t offset = 0, numel = 0;  // in each partition
     comm::WorkPtr work;
-    at::Tensor input;     // a copy of the owner's elements (the buffer is the output)
-    at::Tensor gathered;  // [N * numel], undefined when gathered in place
   };
   Chunk start(int64_t offset);
   void finish(Chunk& chunk);

@@ -651,6 +651,62 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
   });
 }
 
+// ZeRO's overlapped parameter gather (zero/param_gather.h): chunk [off, off + n) of every rank's
+// partition of one flat buffer, the input being this rank's own chunk. Gloo receives each chunk
+// in place: no temporary of the gathered size is allocated.
+TEST(Comm, AllGatherIntoViewsOfOneBufferAllocatesNoTemporary) {
+  const int64_t partition = 3 * 256 * 1024, off = 256 * 1024, n = 256 * 1024;  // bf16
+  run_ranks(2, [&](CommunicatorPtr c) {
+    at::Tensor buffer = at::zeros({2 * partition}, at::kBFloat16);
+    std::vector<at::Tensor> views;
+    for (int r = 0; r < 2; ++r) views.push_back(buffer.narrow(0, r * partition + off, n));
+    views[c->rank()].copy_(pattern(n, c->rank(), at::kBFloat16));
+    c->reset_stats();
+    c->barrier();
+    static CountingAllocator* counting = nullptr;
+    at::Allocator* previous = c10::GetCPUAllocator();
+    if (c->rank() == 0) {
+      counting = new CountingAllocator(previous);
+      c10::SetCPUAllocator(counting, /*priority=*/100);
+    }
+    c->barrier();
+    c->all_gather_into(views, views[c->rank()])->wait();
+    c->barrier();
+    if (c->rank() == 0) {
+      EXPECT_LT(counting->bytes.load(), 2 * n * 2 / 8)
+          << "all_gather_into allocated " << counting->bytes.load() << " bytes";
+      c10::SetCPUAllocator(previous, /*priority=*/100);
+    }
+    c->barrier();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(buffer.narrow(0, r * partition + off, n).equal(pattern(n, r, at::kBFloat16)));
+      EXPECT_EQ(buffer.narrow(0, r * partition, off).count_nonzero().item<int64_t>(), 0)
+          << "wrote outside the views";
+    }
+    EXPECT_EQ(c->stats()["all_gather"].calls, 1);
+    EXPECT_EQ(c->stats()["all_gather"].bytes, n * 2);
+  });
+}
+
+// Three ranks, every dtype it moves, a strided view staged and copied back, and an input that
+// is not among the outputs.
+TEST(Comm, AllGatherIntoStridedAndSeparateInputs) {
+  run_ranks(3, [](CommunicatorPtr c) {
+    for (at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong}) {
+      const int64_t n = 7;
+      at::Tensor strided = at::zeros({n, 3}, type);
+      std::vector<at::Tensor> outs{at::zeros({n}, type), strided.select(1, 1),
+                                   at::zeros({n}, type)};
+      ASSERT_FALSE(outs[1].is_contiguous());
+      at::Tensor in = pattern(n, c->rank(), type);
+      c->all_gather_into(outs, in)->wait();
+      for (int r = 0; r < 3; ++r)
+        EXPECT_TRUE(outs[r].equal(pattern(n, r, type))) << "rank " << r << " " << type;
+      EXPECT_EQ(strided.select(1, 0).count_nonzero().item<int64_t>(), 0);
+    }
+  });
+}
+
 // ---- strided outputs and the group of one ----
 
 namespace {

@@ -92,7 +92,8 @@ class Engine {
   // zero_optimization.overlap_param_gather, while the updated partitions are still being
   // all-gathered (each ZeroUnit waits for its own). This waits for all of it: call it before
   // reading the module's parameters yourself between step() and the next forward. The engine's
-  // own readers (backward, checkpoints, gathered_parameters, consolidated_state_dict) call it. Nothing to wait for otherwise. Local.
+  // own readers (backward, checkpoints, gathered_parameters, consolidated_state_dict) call it.
+  // Nothing to wait for otherwise. Local.
   void complete_step();
 
   bool is_gradient_accumulation_boundary() const;

@@ -9,7 +9,10 @@
 #   sudo bash bench/multinode_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
 #   STAGES="0 1 2 3" LINKS="1gbit" ... picks the rows (default: stages 0 2 3, every link);
 #   GATHERS="wait overlap" adds, at stages 1 and 2, rows with zero_optimization.overlap_param_gather
-#   (the all-gather after the step running into the next forward; default: wait only).
+#   (the all-gather after the step running into the next forward; default: wait only);
+#   EXCHANGES="auto 0" adds rows with DS_GLOO_EXCHANGE=0 (reduce-scatter and all-gather through
+#   Gloo's alltoall and broadcasts instead of messages with the receives posted first,
+#   src/comm/gloo_exchange.h; "1" forces the messages on one host too; default: auto only).
 #
 # The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
@@ -32,40 +35,43 @@ config() {  # config STAGE FILE OVERLAP_PARAM_GATHER
 JSON
 }
 
-echo -n "| link | ZeRO stage | param gather | step ms | payload MB/step | host-1 sent MB/step "
-echo "| ZeRO volume x (n-1)/n MB | link busy |"
-echo "|---|---|---|---|---|---|---|---|"
-rows() {  # the (stage, gather) pairs: overlap only where there is a gather after the step
+echo -n "| link | ZeRO stage | param gather | exchange | step ms | payload MB/step "
+echo "| host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
+echo "|---|---|---|---|---|---|---|---|---|"
+rows() {  # stage:gather:exchange; overlap only where there is a gather after the step
   for stage in ${STAGES:-0 2 3}; do
     for gather in ${GATHERS:-wait}; do
-      case "$stage:$gather" in
-        1:*|2:*) echo "$stage:$gather" ;;
-        *:wait) echo "$stage:-" ;;
-      esac
+      for exchange in ${EXCHANGES:-auto}; do
+        case "$stage:$gather" in
+          1:*|2:*) echo "$stage:$gather:$exchange" ;;
+          *:wait) echo "$stage:-:$exchange" ;;
+        esac
+      done
     done
   done
 }
 for link in ${LINKS:-loopback 10gbit 1gbit}; do
   for row in $(rows); do
-    stage=${row%%:*}
-    gather=${row#*:}
+    IFS=: read -r stage gather exchange <<<"$row"
+    export DS_GLOO_EXCHANGE=$exchange
+    name="run_${link}_${stage}_${gather}_$exchange"
     overlap=false; [ "$gather" = overlap ] && overlap=true
     config "$stage" "$TMP/z$stage.json" "$overlap"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
       shape_links ""
-      run_on_host0 "run_${link}_${stage}_$gather" --num_procs 2 --master_port "$(free_port)" \
+      run_on_host0 "$name" --num_procs 2 --master_port "$(free_port)" \
         "${GPT[@]}"
       sent="-"
     else
       shape_links "$link"
       before=$(link_tx_bytes 1)
-      run_on_host0 "run_${link}_${stage}_$gather" --hostfile "$TMP/hostfile1" \
+      run_on_host0 "$name" --hostfile "$TMP/hostfile1" \
         --launcher_args "$SSH_ARGS" --master_port "$(free_port)" "${GPT[@]}"
       after=$(link_tx_bytes 1)
       sent=$(( (after - before) / STEPS ))
     fi
-    out="$TMP/run_${link}_${stage}_$gather.out"
+    out="$TMP/$name.out"
     [ "$RC" -eq 0 ] || fail "$link stage $stage: dsrun exited $RC"
     ms=$(report_field "$out" step_ms)
     payload=$(report_field "$out" comm_payload_bytes_per_step)
@@ -73,14 +79,14 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     factor=2; [ "$stage" = 3 ] && factor=3
     # fp32 communication; a ring over 2 ranks sends half the volume per rank
     expect=$(( psi * 4 * factor / 2 ))
-    python3 - "$link" "$stage" "$gather" "$ms" "$payload" "$sent" "$expect" <<'PY'
+    python3 - "$link" "$stage" "$gather" "$exchange" "$ms" "$payload" "$sent" "$expect" <<'PY'
 import sys
-link, stage, gather, ms, payload, sent, expect = sys.argv[1:]
+link, stage, gather, exchange, ms, payload, sent, expect = sys.argv[1:]
 ms = float(ms)
 rate = {"10gbit": 10e9, "1gbit": 1e9}.get(link)
 sent_mb = "-" if sent == "-" else f"{int(sent) / 1e6:.1f}"
 busy = "-" if sent == "-" else f"{int(sent) * 8 / (rate * ms / 1e3):.0%}"
-cells = [link, stage, gather, f"{ms:.0f}", f"{int(payload) / 1e6:.1f}", sent_mb,
+cells = [link, stage, gather, exchange, f"{ms:.0f}", f"{int(payload) / 1e6:.1f}", sent_mb,
          f"{int(expect) / 1e6:.1f}", busy]
 print("| " + " | ".join(cells) + " |")
 PY

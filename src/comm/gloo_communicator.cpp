@@ -1,18 +1,21 @@
 // Collectives over c10d's ProcessGroupGloo, filling the gaps of its libtorch 1.13 version:
 // - bf16/int16 are rejected: reductions run in fp32/int32 on a converted copy; everything that
-//   only moves data (broadcast, all_gather, send/recv, the alltoall inside reduce_scatter) moves
+//   only moves data (broadcast, all_gather, send/recv, the messages of reduce_scatter) moves
 //   the bits as Half, which is exact.
 // - zero-element collectives crash Gloo (SIGFPE, measured): every rank has the same shapes, so
 //   all of them skip the call together.
-// - no reduce_scatter: built from alltoall_base, which 1.13's Gloo supports on CPU (measured):
-//   rank r receives slice r of every rank's input and sums the world_size chunks locally. Each
-//   rank sends (w-1)/w of its input once, which is what a ring reduce-scatter sends too, while
-//   all_reduce + slice would send twice that and reduce w times more elements.
+// - no reduce_scatter: rank r receives slice r of every rank's input and sums the world_size
+//   chunks locally. Each rank sends (w-1)/w of its input once, which is what a ring
+//   reduce-scatter sends too, while all_reduce + slice would send twice that and reduce w times
+//   more elements.
 // - no _allgather_base, and the vector allgather gathers into a flat tensor of its own and then
 //   copies it into the outputs (a second copy of every gathered unit, measured in the 1.13
-//   source): all_gather is world_size broadcasts instead, rank r's straight from and into slice r
-//   of the caller's output (c10d's broadcast works on the tensor's own memory). Each rank still
-//   receives (w-1)/w of the output once; no extra buffer is allocated.
+//   source): all_gather receives rank r's slice straight into slice r of the caller's output.
+//   Each rank still receives (w-1)/w of the output once; no extra buffer is allocated.
+// - both, and all_to_all, move host tensors as point-to-point messages with every receive posted
+//   first when the group spans hosts (gloo_exchange.h: Gloo's own alltoall and broadcasts ran
+//   each direction of a link at half its rate); otherwise, and for CUDA tensors, they go
+//   through alltoall_base and one broadcast per rank.
 // - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
@@ -21,6 +24,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -36,6 +40,7 @@
 #include "comm/communicator_base.h"
 #include "comm/connect_barrier.h"
 #include "comm/dtypes.h"
+#include "comm/gloo_exchange.h"
 #include "comm/local_reduce.h"
 #include "comm/process_info.h"
 #include "comm/all_gather_into.h"
@@ -55,12 +60,13 @@ class GlooCommunicator : public CommunicatorBase {
                    c10::intrusive_ptr<c10d::Store> store,
                    std::shared_ptr<::gloo::transport::Device> device, int rank, int world,
                    int local_rank, std::chrono::milliseconds timeout,
-                   std::shared_ptr<ShmAllReduce> shm)
+                   std::shared_ptr<ShmAllReduce> shm, bool exchange)
       : CommunicatorBase(rank, world, local_rank, timeout),
         pg_(std::move(pg)),
         store_(std::move(store)),
         device_(std::move(device)),
-        shm_(std::move(shm)) {}
+        shm_(std::move(shm)),
+        exchange_enabled_(exchange) {}
 
   // A group whose job cannot continue (failure_board.h) has Gloo work queued that will never
   // finish: its ProcessGroupGloo's destructor would wait for it until Gloo's timeout, so the
@@ -76,6 +82,7 @@ class GlooCommunicator : public CommunicatorBase {
     watch_with(std::move(board), channel_name_);
   }
   size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
+  bool exchange_enabled() const { return exchange_enabled_; }
   // The shared-memory path's start (launch() for c10d works): an operation it refused (its group
   // already failed, an allocation) is withdrawn. One refused after publishing part of it was
   // refused because the group failed (progress() throws only then), which fails every later
@@ -125,8 +132,8 @@ class GlooCommunicator : public CommunicatorBase {
     return launch(describe("broadcast", tensor), start, copy_back(tensor, staged));
   }
 
-  // Rank r broadcasts slice r of the output, which holds its input: every slice is received in
-  // place, so no flat copy of the gathered tensor exists besides the output itself.
+  // Slice r of the output is rank r's input, received in place (this rank's own slice is copied
+  // in): no flat copy of the gathered tensor exists besides the output itself.
   WorkPtr all_gather(at::Tensor& output, const at::Tensor& input) override {
     check_split("all_gather", output, input);
     count("all_gather", input);
@@ -135,6 +142,12 @@ class GlooCommunicator : public CommunicatorBase {
     at::Tensor flat = bits_view(output, wire).view({-1});  // the output itself when contiguous
     const int64_t n = input.numel();
     copy_into_slice(flat.narrow(0, rank_ * n, n), bits_view(input, wire).view({-1}));
+    if (exchanges(input) && exchanges(output)) {
+      std::vector<at::Tensor> slices;
+      for (int r = 0; r < world_size_; ++r) slices.push_back(flat.narrow(0, r * n, n));
+      std::vector<at::Tensor> mine(world_size_, slices[rank_]);
+      return exchange(describe("all_gather", input), mine, slices, copy_back(output, flat));
+    }
     std::vector<std::vector<at::Tensor>> bufs(world_size_);
     for (int r = 0; r < world_size_; ++r) bufs[r].push_back(flat.narrow(0, r * n, n));
     auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
@@ -148,8 +161,8 @@ class GlooCommunicator : public CommunicatorBase {
     return launch_all(describe("all_gather", input), start, copy_back(output, flat));
   }
 
-  // The same broadcasts, rank r's into outputs[r]: each view is received in place (staged
-  // through a contiguous copy only when it is not contiguous).
+  // The same, rank r's input into outputs[r]: each view is received in place (staged through a
+  // contiguous copy only when it is not contiguous).
   WorkPtr all_gather_into(const std::vector<at::Tensor>& outputs,
                           const at::Tensor& input) override {
     check_all_gather_into(*this, outputs, input);
@@ -162,6 +175,17 @@ class GlooCommunicator : public CommunicatorBase {
     std::vector<std::vector<at::Tensor>> bufs(world_size_);
     for (int r = 0; r < world_size_; ++r)  // the target itself when contiguous
       bufs[r].push_back(bits_view(targets[r], wire).view({-1}));
+    auto copy_back_all = [targets, bufs]() mutable {
+      for (size_t r = 0; r < targets.size(); ++r)
+        if (!targets[r].is_contiguous())
+          targets[r].copy_(bufs[r][0].view(targets[r].scalar_type()).view(targets[r].sizes()));
+    };
+    const auto travel_by_exchange = [&](const at::Tensor& t) { return exchanges(t); };
+    if (exchanges(input) && std::all_of(targets.begin(), targets.end(), travel_by_exchange)) {
+      std::vector<at::Tensor> recvs, mine(world_size_, bufs[rank_][0]);
+      for (auto& b : bufs) recvs.push_back(b[0]);
+      return exchange(describe("all_gather", input), mine, recvs, copy_back_all);
+    }
     auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
       works.reserve(world_size_);
       for (int r = 0; r < world_size_; ++r) {
@@ -170,11 +194,7 @@ class GlooCommunicator : public CommunicatorBase {
         works.push_back(pg_->broadcast(bufs[r], opts));
       }
     };
-    return launch_all(describe("all_gather", input), start, [targets, bufs]() mutable {
-      for (size_t r = 0; r < targets.size(); ++r)
-        if (!targets[r].is_contiguous())
-          targets[r].copy_(bufs[r][0].view(targets[r].scalar_type()).view(targets[r].sizes()));
-    });
+    return launch_all(describe("all_gather", input), start, copy_back_all);
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -185,14 +205,18 @@ class GlooCommunicator : public CommunicatorBase {
     at::ScalarType wire = bits_dtype(type, "reduce_scatter");
     at::Tensor send = bits_view(input, wire).view({-1});
     at::Tensor recv = at::empty({input.numel()}, send.options());
+    const int world = world_size_;
+    auto finish = [output, recv, send, type, op, world]() mutable {
+      at::Tensor chunks = recv.view(type).view({world, -1});
+      output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
+    };
+    if (exchanges(input)) {
+      const std::vector<int64_t> counts(world_size_, output.numel());
+      return exchange_segments(describe("reduce_scatter", input), send, counts, recv, finish);
+    }
     std::vector<int64_t> equal_split;
     auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
-    const int world = world_size_;
-    return launch(describe("reduce_scatter", input), start,
-                  [output, recv, send, type, op, world]() mutable {
-                    at::Tensor chunks = recv.view(type).view({world, -1});
-                    output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
-                  });
+    return launch(describe("reduce_scatter", input), start, finish);
   }
 
   // Uneven reduce-scatter as one uneven all-to-all (Gloo's alltoallv; zero-length segments work,
@@ -216,16 +240,20 @@ class GlooCommunicator : public CommunicatorBase {
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
     const int64_t mine = input_splits[rank_];
     at::Tensor recv = at::empty({mine * world_size_}, send.options());
+    const int world = world_size_;
+    auto finish = [output, recv, send, type, op, world, mine]() mutable {
+      if (mine == 0) return;
+      at::Tensor chunks = recv.view(type).view({world, mine});
+      output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
+    };
+    if (exchanges(input)) {
+      return exchange_segments(describe("reduce_scatter_v", input), send, input_splits, recv,
+                               finish);
+    }
     std::vector<int64_t> in_counts = input_splits;
     std::vector<int64_t> out_counts(world_size_, mine);
     auto start = [&] { return pg_->alltoall_base(recv, send, out_counts, in_counts); };
-    const int world = world_size_;
-    return launch(describe("reduce_scatter_v", input), start,
-                  [output, recv, send, type, op, world, mine]() mutable {
-                    if (mine == 0) return;
-                    at::Tensor chunks = recv.view(type).view({world, mine});
-                    output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
-                  });
+    return launch(describe("reduce_scatter_v", input), start, finish);
   }
 
   // Equal chunks through alltoall_base (1.13's Gloo supports it on CPU, uint8 included).
@@ -236,13 +264,18 @@ class GlooCommunicator : public CommunicatorBase {
     at::ScalarType wire = bits_dtype(input.scalar_type(), "all_to_all");
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
     at::Tensor recv = at::empty({input.numel()}, send.options());
-    std::vector<int64_t> equal_split;
-    auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
     const at::ScalarType type = input.scalar_type();
     // Through a view of the result shaped like the output: a strided output has no flat view.
-    return launch(describe("all_to_all", input), start, [output, recv, send, type]() mutable {
+    auto finish = [output, recv, send, type]() mutable {
       output.copy_(recv.view(type).view(output.sizes()));
-    });
+    };
+    if (exchanges(input) && exchanges(output)) {
+      const std::vector<int64_t> counts(world_size_, input.numel() / world_size_);
+      return exchange_segments(describe("all_to_all", input), send, counts, recv, finish);
+    }
+    std::vector<int64_t> equal_split;
+    auto start = [&] { return pg_->alltoall_base(recv, send, equal_split, equal_split); };
+    return launch(describe("all_to_all", input), start, finish);
   }
 
   WorkPtr send(at::Tensor& tensor, int dst, int tag) override {
@@ -300,6 +333,47 @@ class GlooCommunicator : public CommunicatorBase {
     slice.copy_(overlaps ? input.clone() : input);
   }
 
+  // Whether `t` travels by exchange() (gloo_exchange.h) rather than by Gloo's collectives.
+  bool exchanges(const at::Tensor& t) const { return exchange_enabled_ && exchanges_on(t); }
+  // A collective as post_exchange's messages: sends[r] to and recvs[r] from each peer r; the
+  // caller has filled its own recvs[rank] already. Tags follow the exchanges' order, which is
+  // the same on every rank (the collectives' order).
+  WorkPtr exchange(OpDesc d, const std::vector<at::Tensor>& sends,
+                   const std::vector<at::Tensor>& recvs, std::function<void()> finish) {
+    // Gloo's send and receive works end for good when a timed wait runs out (a slice of the
+    // failure board's polling would close the pairs): waited on whole, as send/recv are.
+    d.position.blocking = d.position.board != nullptr;
+    // c10d takes int tags >= 0; ours stay below 2^31.
+    const int tag = static_cast<int>(kExchangeTagBase + exchanges_++ % kExchangeTagSpan);
+    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+      works.reserve(2 * (world_size_ - 1));
+      auto post = [&](bool receive) {
+        return [&, receive](const at::Tensor& t, int peer) {
+          std::vector<at::Tensor> buf{t};  // c10d's works keep the tensor alive
+          works.push_back(receive ? pg_->recv(buf, peer, tag) : pg_->send(buf, peer, tag));
+        };
+      };
+      post_exchange(rank_, sends, recvs, post(true), post(false));
+    };
+    return launch_all(std::move(d), start, std::move(finish));
+  }
+  // The all-to-all under reduce_scatter(_v) and all_to_all: segment r of `send` (counts[r]
+  // elements, in rank order) goes to rank r; row r of `recv` (counts[rank] elements each)
+  // comes from rank r. This rank's own segment is copied into its row here.
+  WorkPtr exchange_segments(OpDesc d, const at::Tensor& send, const std::vector<int64_t>& counts,
+                            const at::Tensor& recv, std::function<void()> finish) {
+    const int64_t mine = counts[rank_];
+    std::vector<at::Tensor> sends, recvs;
+    int64_t offset = 0;
+    for (int r = 0; r < world_size_; ++r) {
+      sends.push_back(send.narrow(0, offset, counts[r]));
+      recvs.push_back(recv.narrow(0, r * mine, mine));
+      offset += counts[r];
+    }
+    recvs[rank_].copy_(sends[rank_]);
+    return exchange(std::move(d), sends, recvs, std::move(finish));
+  }
+
   // On wait(): copies a staged buffer (a bits view of a non-contiguous tensor) back into `dst`.
   static std::function<void()> copy_back(at::Tensor dst, at::Tensor staged) {
     return [dst, staged]() mutable {
@@ -313,9 +387,11 @@ class GlooCommunicator : public CommunicatorBase {
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
   std::atomic<int> splits_{0};
+  std::atomic<uint32_t> exchanges_{0};  // exchange()'s sequence number: its tag
   // All-reduces and reduce_scatter_v up to its limit when every rank is on this host
   // (shm_allreduce.h); null otherwise or with DS_SHM_ALLREDUCE=0.
   std::shared_ptr<ShmAllReduce> shm_;
+  const bool exchange_enabled_;  // agree_on_gloo_exchange: DS_GLOO_EXCHANGE, hosts spanned
 };
 
 // Gloo writes to peer sockets without MSG_NOSIGNAL: when a peer dies, the next write would kill
@@ -377,8 +453,12 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
     wait_for_every_rank_connected(*store, rank, world_size, timeout);
     auto shm = ShmAllReduce::create(*store, rank, world_size, timeout);
+    const bool exchange = agree_on_gloo_exchange(*store, rank, world_size,
+                                                 gloo_exchange_mode_from_env(),
+                                                 shm_host_identity());
     auto comm = std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank,
-                                                   world_size, local_rank, timeout, std::move(shm));
+                                                   world_size, local_rank, timeout, std::move(shm),
+                                                   exchange);
     comm->watch_as(std::move(board), std::move(channel));
     return comm;
   } catch (...) {
@@ -406,6 +486,13 @@ std::string why_next_collective_is_stuck(const Communicator& comm) {
   if (!gloo) return "";
   const OpPosition pos = gloo->next_position();
   return pos.board ? pos.board->why_stuck(pos) : "";
+}
+
+bool gloo_exchanges_host_tensors(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->exchange_enabled();
+  if (auto* checked = dynamic_cast<const CheckedCommunicator*>(&comm))
+    return gloo_exchanges_host_tensors(checked->inner());
+  return false;
 }
 
 size_t shm_allreduce_limit(const Communicator& comm) {

@@ -57,5 +57,10 @@ std::string why_next_collective_is_stuck(const Communicator& comm);
 // DS_SHM_ALLREDUCE=0). For tests and benchmarks.
 size_t shm_allreduce_limit(const Communicator& comm);
 
+// Whether `comm` moves host tensors' reduce-scatters, all-gathers and all-to-alls as
+// point-to-point messages with the receives posted first (gloo_exchange.h): false when it is not
+// a Gloo communicator. For tests and benchmarks.
+bool gloo_exchanges_host_tensors(const Communicator& comm);
+
 }  // namespace comm
 }  // namespace deepspeed

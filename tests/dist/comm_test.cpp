@@ -21,6 +21,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
+#include "comm/gloo_communicator.h"
 #include "support/expect.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
@@ -705,6 +706,121 @@ TEST(Comm, AllGatherIntoStridedAndSeparateInputs) {
       EXPECT_EQ(strided.select(1, 0).count_nonzero().item<int64_t>(), 0);
     }
   });
+}
+
+// ---- host tensors as point-to-point messages (gloo_exchange.h) against Gloo's collectives ----
+
+namespace {
+
+// Three ranks: reduce_scatter, reduce_scatter_v (uneven, one empty segment), all_gather,
+// all_gather_into and all_to_all, each checked against the reference; three all_gathers in
+// flight at once, waited in reverse order (each exchange has its own tag); and a user send/recv
+// between ranks 0 and 2 in flight across a collective (the exchange's tags are apart from the
+// program's).
+void check_collectives_by_message(CommunicatorPtr c) {
+  const int r = c->rank(), w = c->world_size();
+  for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+    const int64_t n = 10;
+    at::Tensor out = at::zeros({n}, type);
+    c->reduce_scatter(out, pattern(n * w, r, type), ReduceOp::Sum)->wait();
+    EXPECT_TRUE(out.equal(expected_reduce(n * w, w, type, ReduceOp::Sum).narrow(0, r * n, n)))
+        << "reduce_scatter " << type;
+
+    const std::vector<int64_t> splits{4, 0, 9};
+    at::Tensor v_out = at::zeros({splits[r]}, type);
+    c->reduce_scatter_v(v_out, pattern(13, r, type), splits, ReduceOp::Sum)->wait();
+    const int64_t offset = r == 0 ? 0 : 4;
+    EXPECT_TRUE(v_out.equal(expected_reduce(13, w, type, ReduceOp::Sum).narrow(0, offset,
+                                                                               splits[r])))
+        << "reduce_scatter_v " << type;
+
+    at::Tensor gathered = at::zeros({n * w}, type);
+    c->all_gather(gathered, pattern(n, r, type))->wait();
+    for (int p = 0; p < w; ++p)
+      EXPECT_TRUE(gathered.narrow(0, p * n, n).equal(pattern(n, p, type))) << "all_gather";
+
+    at::Tensor buffer = at::zeros({3 * w}, type);
+    std::vector<at::Tensor> views;
+    for (int p = 0; p < w; ++p) views.push_back(buffer.narrow(0, p * 3 + 1, 2));
+    views[r].copy_(pattern(2, r, type));
+    c->all_gather_into(views, views[r])->wait();
+    for (int p = 0; p < w; ++p) EXPECT_TRUE(views[p].equal(pattern(2, p, type)));
+    EXPECT_EQ(buffer.narrow(0, 0, 1).count_nonzero().item<int64_t>(), 0);
+
+    at::Tensor a2a = at::zeros({2 * w}, type);
+    c->all_to_all(a2a, pattern(2 * w, r, type))->wait();
+    for (int p = 0; p < w; ++p)
+      EXPECT_TRUE(a2a.narrow(0, p * 2, 2).equal(pattern(2 * w, p, type).narrow(0, r * 2, 2)))
+          << "all_to_all from " << p;
+  }
+  std::vector<at::Tensor> outs;
+  std::vector<deepspeed::comm::WorkPtr> works;
+  for (int k = 0; k < 3; ++k) {
+    outs.push_back(at::zeros({5 * w}));
+    works.push_back(c->all_gather(outs.back(), pattern(5, r, at::kFloat, k)));
+  }
+  for (int k = 2; k >= 0; --k) {
+    works[k]->wait();
+    for (int p = 0; p < w; ++p)
+      EXPECT_TRUE(outs[k].narrow(0, p * 5, 5).equal(pattern(5, p, at::kFloat, k))) << k;
+  }
+  at::Tensor msg = r == 0 ? pattern(6, 0, at::kFloat, 9) : at::zeros({6});
+  deepspeed::comm::WorkPtr p2p;
+  if (r == 0) p2p = c->send(msg, 2, 0);
+  if (r == 2) p2p = c->recv(msg, 0, 0);
+  at::Tensor gathered = at::zeros({4 * w});
+  c->all_gather(gathered, pattern(4, r, at::kFloat))->wait();
+  if (p2p) p2p->wait();
+  EXPECT_TRUE(gathered.narrow(0, w * 4 - 4, 4).equal(pattern(4, w - 1, at::kFloat)));
+  if (r == 2) EXPECT_TRUE(msg.equal(pattern(6, 0, at::kFloat, 9)));
+}
+
+}  // namespace
+
+// DS_SHM_ALLREDUCE=0 keeps reduce_scatter_v off shared memory: on Gloo either way. The ranks
+// here share one host, where the default (auto) keeps Gloo's collectives: "1" forces messages.
+TEST(Comm, HostCollectivesAsMessagesWithReceivesFirst) {
+  dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", "0"), exchange("DS_GLOO_EXCHANGE", "1");
+  run_ranks(3, [](CommunicatorPtr c) {
+    ASSERT_TRUE(deepspeed::comm::gloo_exchanges_host_tensors(*c));
+    check_collectives_by_message(c);
+  });
+}
+
+// A peer that arrives late (longer than the failure board's polling slice): the messages are
+// waited on whole (a timed-out wait on a Gloo send/recv work closes its pairs for good).
+TEST(Comm, HostCollectiveAsMessagesWaitsForALatePeer) {
+  dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", "1");
+  run_ranks(2, [](CommunicatorPtr c) {
+    ASSERT_TRUE(deepspeed::comm::gloo_exchanges_host_tensors(*c));
+    if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    at::Tensor out = at::zeros({8});
+    c->all_gather(out, pattern(4, c->rank(), at::kFloat))->wait();
+    EXPECT_TRUE(out.narrow(0, 4, 4).equal(pattern(4, 1, at::kFloat)));
+    at::Tensor part = at::zeros({4});
+    if (c->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    c->reduce_scatter(part, pattern(8, c->rank(), at::kFloat), ReduceOp::Sum)->wait();
+    EXPECT_TRUE(part.equal(expected_reduce(8, 2, at::kFloat, ReduceOp::Sum)
+                               .narrow(0, 4 * c->rank(), 4)));
+  });
+}
+
+TEST(Comm, HostCollectivesThroughGlooOnOneHostOrWithTheExchangeOff) {
+  dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", "0");
+  for (const char* mode : {"0", "auto"}) {
+    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", mode);
+    run_ranks(3, [](CommunicatorPtr c) {
+      ASSERT_FALSE(deepspeed::comm::gloo_exchanges_host_tensors(*c));
+      check_collectives_by_message(c);
+    });
+  }
+}
+
+TEST(Comm, GlooExchangeSettingOtherThanOnOrOffNamesTheVariable) {
+  dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", "yes");
+  EXPECT_CONTAINS(
+      dstest::message_of<std::exception>([] { run_ranks(2, [](CommunicatorPtr) {}); }),
+      "environment variable DS_GLOO_EXCHANGE='yes' must be auto");
 }
 
 // ---- strided outputs and the group of one ----

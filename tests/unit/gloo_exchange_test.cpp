@@ -1,0 +1,110 @@
+// post_exchange's order (every receive posted before any send, peers in rotation, empty
+// messages skipped): the order is what makes each direction of a link run at its full rate
+// (gloo_exchange.h), so a change that sends first is a regression these tests catch.
+#include "comm/gloo_exchange.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/expect.h"
+#include "support/scoped_env.h"
+
+namespace gloo_exchange_test {
+
+namespace comm = deepspeed::comm;
+
+struct Posted {
+  char kind;  // 'r' receive, 's' send
+  int peer;
+  int64_t numel;
+};
+
+std::vector<Posted> posted_by(int rank, const std::vector<at::Tensor>& sends,
+                              const std::vector<at::Tensor>& recvs) {
+  std::vector<Posted> log;
+  auto post = [&log](char kind) {
+    return [&log, kind](const at::Tensor& t, int peer) { log.push_back({kind, peer, t.numel()}); };
+  };
+  comm::post_exchange(rank, sends, recvs, post('r'), post('s'));
+  return log;
+}
+
+std::string order(const std::vector<Posted>& log) {
+  std::string s;
+  for (const Posted& p : log) s += p.kind + std::to_string(p.peer) + " ";
+  return s;
+}
+
+TEST(GlooExchange, EveryReceiveIsPostedBeforeAnySendInRotation) {
+  std::vector<at::Tensor> sends, recvs;
+  for (int r = 0; r < 4; ++r) sends.push_back(torch::zeros({3})), recvs.push_back(torch::zeros({3}));
+  // Rank 1 of 4: receives from 0, 3, 2 (rank-1, rank-2, ...), sends to 2, 3, 0.
+  EXPECT_EQ(order(posted_by(1, sends, recvs)), "r0 r3 r2 s2 s3 s0 ");
+  EXPECT_EQ(order(posted_by(0, sends, recvs)), "r3 r2 r1 s1 s2 s3 ");
+}
+
+TEST(GlooExchange, EmptyMessagesAndTheOwnEntryAreNotPosted) {
+  std::vector<at::Tensor> sends{torch::zeros({2}), torch::zeros({0}), torch::zeros({5})};
+  std::vector<at::Tensor> recvs{torch::zeros({0}), torch::zeros({4}), torch::zeros({4})};
+  const auto log = posted_by(1, sends, recvs);
+  EXPECT_EQ(order(log), "r2 s2 s0 ");
+  EXPECT_EQ(log[1].numel, 5);
+}
+
+TEST(GlooExchange, OneRankPostsNothing) {
+  EXPECT_TRUE(posted_by(0, {torch::zeros({2})}, {torch::zeros({2})}).empty());
+}
+
+using Mode = comm::ExchangeMode;
+
+// Each rank's answer when rank r publishes modes[r] and hosts[r] (one thread per rank, one
+// store): every rank must reach the same one.
+bool agreed(const std::vector<Mode>& modes, const std::vector<std::string>& hosts) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const int world = static_cast<int>(modes.size());
+  std::vector<int> answers(world, -1);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      answers[r] = comm::agree_on_gloo_exchange(*store, r, world, modes[r], hosts[r]);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 1; r < world; ++r) EXPECT_EQ(answers[r], answers[0]) << "rank " << r;
+  return answers[0] == 1;
+}
+
+TEST(GlooExchange, AutoUsesMessagesOnlyWhenTheGroupSpansHosts) {
+  EXPECT_FALSE(agreed({Mode::kAuto, Mode::kAuto, Mode::kAuto}, {"a", "a", "a"}));
+  EXPECT_TRUE(agreed({Mode::kAuto, Mode::kAuto, Mode::kAuto}, {"a", "a", "b"}));
+}
+
+TEST(GlooExchange, OnAndOffOverrideTheHostsAndDisagreementKeepsGloo) {
+  EXPECT_TRUE(agreed({Mode::kOn, Mode::kOn}, {"a", "a"}));
+  EXPECT_FALSE(agreed({Mode::kOff, Mode::kOff}, {"a", "b"}));
+  EXPECT_FALSE(agreed({Mode::kAuto, Mode::kOn, Mode::kAuto}, {"a", "b", "c"}));
+  EXPECT_FALSE(agreed({Mode::kOn, Mode::kOn, Mode::kOff}, {"a", "a", "a"}));
+}
+
+TEST(GlooExchange, TheVariableIsReadAndAnythingElseNamed) {
+  {
+    dstest::ScopedEnv unset("DS_GLOO_EXCHANGE", nullptr);
+    EXPECT_EQ(comm::gloo_exchange_mode_from_env(), Mode::kAuto);
+  }
+  const std::vector<std::pair<const char*, Mode>> cases{
+      {"auto", Mode::kAuto}, {"1", Mode::kOn}, {"true", Mode::kOn}, {"0", Mode::kOff},
+      {"false", Mode::kOff}};
+  for (const auto& [value, mode] : cases) {
+    dstest::ScopedEnv env("DS_GLOO_EXCHANGE", value);
+    EXPECT_EQ(comm::gloo_exchange_mode_from_env(), mode) << value;
+  }
+  dstest::ScopedEnv env("DS_GLOO_EXCHANGE", "on");
+  EXPECT_CONTAINS(dstest::message_of<std::exception>([] { comm::gloo_exchange_mode_from_env(); }),
+                  "environment variable DS_GLOO_EXCHANGE='on' must be auto");
+}
+
+}  // namespace gloo_exchange_test

@@ -42,7 +42,10 @@ std::string order(const std::vector<Posted>& log) {
 
 TEST(GlooExchange, EveryReceiveIsPostedBeforeAnySendInRotation) {
   std::vector<at::Tensor> sends, recvs;
-  for (int r = 0; r < 4; ++r) sends.push_back(torch::zeros({3})), recvs.push_back(torch::zeros({3}));
+  for (int r = 0; r < 4; ++r) {
+    sends.push_back(torch::zeros({3}));
+    recvs.push_back(torch::zeros({3}));
+  }
   // Rank 1 of 4: receives from 0, 3, 2 (rank-1, rank-2, ...), sends to 2, 3, 0.
   EXPECT_EQ(order(posted_by(1, sends, recvs)), "r0 r3 r2 s2 s3 s0 ");
   EXPECT_EQ(order(posted_by(0, sends, recvs)), "r3 r2 r1 s1 s2 s3 ");

@@ -608,6 +608,32 @@ class CountingAllocator : public deepspeed::compat::HostAllocator {
   at::Allocator* inner_;
 };
 
+// The bytes the CPU allocator handed out on rank 0 while every rank ran `f` (0 on the others),
+// between barriers so that no other work of the ranks counts.
+int64_t bytes_allocated_on_rank0_during(const CommunicatorPtr& c, const std::function<void()>& f) {
+  c->barrier();
+  static CountingAllocator* counting = nullptr;  // left to the process: tensors may outlive it
+  at::Allocator* previous = c10::GetCPUAllocator();
+  if (c->rank() == 0) {
+    counting = new CountingAllocator(previous);
+    c10::SetCPUAllocator(counting, /*priority=*/100);
+  }
+  c->barrier();
+  f();
+  c->barrier();
+  int64_t bytes = 0;
+  if (c->rank() == 0) {
+    bytes = counting->bytes.load();
+    c10::SetCPUAllocator(previous, /*priority=*/100);
+  }
+  c->barrier();
+  return bytes;
+}
+
+// Both ways Gloo moves host tensors (gloo_exchange.h): its collectives (one host, the default)
+// and the receive-first messages (across hosts; forced here).
+const std::vector<const char*> kExchangeModes = {"auto", "1"};
+
 }  // namespace
 
 // c10d's vector allgather gathers into a flat tensor of its own and copies it out: a second copy
@@ -615,29 +641,19 @@ class CountingAllocator : public deepspeed::compat::HostAllocator {
 // 4 MB each, the CPU allocator hands out (almost) nothing.
 TEST(Comm, AllGatherAllocatesNoSecondCopy) {
   const int64_t n = 512 * 1024;  // per rank, fp32: the output is 4 MiB
-  run_ranks(2, [&](CommunicatorPtr c) {
-    at::Tensor in = pattern(n, c->rank(), at::kFloat);
-    at::Tensor out = at::empty({2 * n}, at::kFloat);
-    c->barrier();
-    static CountingAllocator* counting = nullptr;
-    at::Allocator* previous = c10::GetCPUAllocator();
-    if (c->rank() == 0) {
-      counting = new CountingAllocator(previous);
-      c10::SetCPUAllocator(counting, /*priority=*/100);
-    }
-    c->barrier();
-    c->all_gather(out, in)->wait();
-    c->barrier();
-    if (c->rank() == 0) {
-      const int64_t output_bytes = 2 * n * 4;
-      EXPECT_LT(counting->bytes.load(), output_bytes / 8)
-          << "all_gather allocated " << counting->bytes.load() << " bytes for a " << output_bytes
-          << "-byte output";
-      c10::SetCPUAllocator(previous, /*priority=*/100);
-    }
-    c->barrier();
-    for (int r = 0; r < 2; ++r) EXPECT_TRUE(out.narrow(0, r * n, n).equal(pattern(n, r, at::kFloat)));
-  });
+  for (const char* mode : kExchangeModes) {
+    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", mode);
+    run_ranks(2, [&](CommunicatorPtr c) {
+      at::Tensor in = pattern(n, c->rank(), at::kFloat);
+      at::Tensor out = at::empty({2 * n}, at::kFloat);
+      const int64_t bytes =
+          bytes_allocated_on_rank0_during(c, [&] { c->all_gather(out, in)->wait(); });
+      EXPECT_LT(bytes, 2 * n * 4 / 8) << "all_gather allocated " << bytes << " bytes for a "
+                                      << 2 * n * 4 << "-byte output, DS_GLOO_EXCHANGE=" << mode;
+      for (int r = 0; r < 2; ++r)
+        EXPECT_TRUE(out.narrow(0, r * n, n).equal(pattern(n, r, at::kFloat)));
+    });
+  }
 }
 
 TEST(Comm, AllGatherIntoNonContiguousOutput) {
@@ -657,36 +673,27 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
 // in place: no temporary of the gathered size is allocated.
 TEST(Comm, AllGatherIntoViewsOfOneBufferAllocatesNoTemporary) {
   const int64_t partition = 3 * 256 * 1024, off = 256 * 1024, n = 256 * 1024;  // bf16
-  run_ranks(2, [&](CommunicatorPtr c) {
-    at::Tensor buffer = at::zeros({2 * partition}, at::kBFloat16);
-    std::vector<at::Tensor> views;
-    for (int r = 0; r < 2; ++r) views.push_back(buffer.narrow(0, r * partition + off, n));
-    views[c->rank()].copy_(pattern(n, c->rank(), at::kBFloat16));
-    c->reset_stats();
-    c->barrier();
-    static CountingAllocator* counting = nullptr;
-    at::Allocator* previous = c10::GetCPUAllocator();
-    if (c->rank() == 0) {
-      counting = new CountingAllocator(previous);
-      c10::SetCPUAllocator(counting, /*priority=*/100);
-    }
-    c->barrier();
-    c->all_gather_into(views, views[c->rank()])->wait();
-    c->barrier();
-    if (c->rank() == 0) {
-      EXPECT_LT(counting->bytes.load(), 2 * n * 2 / 8)
-          << "all_gather_into allocated " << counting->bytes.load() << " bytes";
-      c10::SetCPUAllocator(previous, /*priority=*/100);
-    }
-    c->barrier();
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_TRUE(buffer.narrow(0, r * partition + off, n).equal(pattern(n, r, at::kBFloat16)));
-      EXPECT_EQ(buffer.narrow(0, r * partition, off).count_nonzero().item<int64_t>(), 0)
-          << "wrote outside the views";
-    }
-    EXPECT_EQ(c->stats()["all_gather"].calls, 1);
-    EXPECT_EQ(c->stats()["all_gather"].bytes, n * 2);
-  });
+  for (const char* mode : kExchangeModes) {
+    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", mode);
+    run_ranks(2, [&](CommunicatorPtr c) {
+      at::Tensor buffer = at::zeros({2 * partition}, at::kBFloat16);
+      std::vector<at::Tensor> views;
+      for (int r = 0; r < 2; ++r) views.push_back(buffer.narrow(0, r * partition + off, n));
+      views[c->rank()].copy_(pattern(n, c->rank(), at::kBFloat16));
+      c->reset_stats();
+      const int64_t bytes = bytes_allocated_on_rank0_during(
+          c, [&] { c->all_gather_into(views, views[c->rank()])->wait(); });
+      EXPECT_LT(bytes, 2 * n * 2 / 8)
+          << "all_gather_into allocated " << bytes << " bytes, DS_GLOO_EXCHANGE=" << mode;
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(buffer.narrow(0, r * partition + off, n).equal(pattern(n, r, at::kBFloat16)));
+        EXPECT_EQ(buffer.narrow(0, r * partition, off).count_nonzero().item<int64_t>(), 0)
+            << "wrote outside the views";
+      }
+      EXPECT_EQ(c->stats()["all_gather"].calls, 1);
+      EXPECT_EQ(c->stats()["all_gather"].bytes, n * 2);
+    });
+  }
 }
 
 // Three ranks, every dtype it moves, a strided view staged and copied back, and an input that

@@ -8,35 +8,10 @@
 #include <string>
 #include <utility>
 
+#include "comm/work.h"
+
 namespace deepspeed {
 namespace comm {
-namespace {
-
-class CopiedOutWork : public Work {
- public:
-  CopiedOutWork(WorkPtr inner, at::Tensor gathered, std::vector<at::Tensor> outputs, int rank)
-      : inner_(std::move(inner)), gathered_(std::move(gathered)), outputs_(std::move(outputs)),
-        rank_(rank) {}
-  void wait() override {
-    if (!inner_) return;
-    inner_->wait();
-    inner_.reset();
-    const int64_t n = gathered_.numel() / static_cast<int64_t>(outputs_.size());
-    for (size_t r = 0; r < outputs_.size(); ++r) {
-      if (static_cast<int>(r) == rank_) continue;  // holds the input already (see below)
-      outputs_[r].copy_(gathered_.narrow(0, r * n, n).view(outputs_[r].sizes()));
-    }
-    gathered_ = at::Tensor();
-  }
-
- private:
-  WorkPtr inner_;
-  at::Tensor gathered_;
-  std::vector<at::Tensor> outputs_;
-  int rank_;
-};
-
-}  // namespace
 
 void check_all_gather_into(const Communicator& comm, const std::vector<at::Tensor>& outputs,
                            const at::Tensor& input) {
@@ -65,7 +40,15 @@ WorkPtr Communicator::all_gather_into(const std::vector<at::Tensor>& outputs,
   // reads the output before wait().
   at::Tensor own = outputs[rank()];
   if (own.data_ptr() != input.data_ptr()) own.copy_(flat.view(own.sizes()));
-  return std::make_shared<CopiedOutWork>(std::move(inner), std::move(gathered), outputs, rank());
+  const int rank = this->rank();
+  return std::make_shared<ThenWork>(std::move(inner), [gathered, outputs, rank] {
+    const int64_t n = gathered.numel() / static_cast<int64_t>(outputs.size());
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      if (static_cast<int>(r) == rank) continue;  // holds the input already (see above)
+      at::Tensor out = outputs[r];
+      out.copy_(gathered.narrow(0, r * n, n).view(out.sizes()));
+    }
+  });
 }
 
 }  // namespace comm

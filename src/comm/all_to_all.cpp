@@ -7,33 +7,10 @@
 
 #include <string>
 
+#include "comm/work.h"
+
 namespace deepspeed {
 namespace comm {
-namespace {
-
-// Waits for the gather, then copies chunk `rank` of every rank's input into the output.
-class GatheredChunksWork : public Work {
- public:
-  GatheredChunksWork(WorkPtr inner, at::Tensor gathered, at::Tensor output, int rank, int world)
-      : inner_(std::move(inner)), gathered_(std::move(gathered)), output_(std::move(output)),
-        rank_(rank), world_(world) {}
-  void wait() override {
-    if (!inner_) return;
-    inner_->wait();
-    inner_.reset();
-    // gathered_: [sender][chunk j], j = destination. Keep [sender][rank].
-    // reshape: `mine` is strided (one chunk per sender), and so may the output be.
-    at::Tensor mine = gathered_.view({world_, world_, -1}).select(1, rank_);
-    output_.copy_(mine.reshape(output_.sizes()));
-  }
-
- private:
-  WorkPtr inner_;
-  at::Tensor gathered_, output_;
-  int rank_, world_;
-};
-
-}  // namespace
 
 int64_t check_all_to_all(const Communicator& comm, const at::Tensor& output,
                          const at::Tensor& input) {
@@ -53,8 +30,13 @@ WorkPtr Communicator::all_to_all(at::Tensor& output, const at::Tensor& input) {
   at::Tensor flat = input.contiguous().view({-1});
   at::Tensor gathered = at::empty({flat.numel() * world_size()}, flat.options());
   WorkPtr inner = all_gather(gathered, flat);
-  return std::make_shared<GatheredChunksWork>(std::move(inner), gathered, output, rank(),
-                                              world_size());
+  const int rank = this->rank(), world = world_size();
+  return std::make_shared<ThenWork>(std::move(inner), [gathered, output, rank, world]() mutable {
+    // gathered: [sender][chunk j], j = destination. Keep [sender][rank].
+    // reshape: `mine` is strided (one chunk per sender), and so may the output be.
+    at::Tensor mine = gathered.view({world, world, -1}).select(1, rank);
+    output.copy_(mine.reshape(output.sizes()));
+  });
 }
 
 }  // namespace comm

@@ -142,23 +142,10 @@ class GlooCommunicator : public CommunicatorBase {
     at::Tensor flat = bits_view(output, wire).view({-1});  // the output itself when contiguous
     const int64_t n = input.numel();
     copy_into_slice(flat.narrow(0, rank_ * n, n), bits_view(input, wire).view({-1}));
-    if (exchanges(input) && exchanges(output)) {
-      std::vector<at::Tensor> slices;
-      for (int r = 0; r < world_size_; ++r) slices.push_back(flat.narrow(0, r * n, n));
-      std::vector<at::Tensor> mine(world_size_, slices[rank_]);
-      return exchange(describe("all_gather", input), mine, slices, copy_back(output, flat));
-    }
-    std::vector<std::vector<at::Tensor>> bufs(world_size_);
-    for (int r = 0; r < world_size_; ++r) bufs[r].push_back(flat.narrow(0, r * n, n));
-    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-      works.reserve(world_size_);  // a broadcast queued is a broadcast counted
-      for (int r = 0; r < world_size_; ++r) {
-        c10d::BroadcastOptions opts;
-        opts.rootRank = r;
-        works.push_back(pg_->broadcast(bufs[r], opts));
-      }
-    };
-    return launch_all(describe("all_gather", input), start, copy_back(output, flat));
+    std::vector<at::Tensor> slices;
+    for (int r = 0; r < world_size_; ++r) slices.push_back(flat.narrow(0, r * n, n));
+    return gather_into(describe("all_gather", input), slices,
+                       exchanges(input) && exchanges(output), copy_back(output, flat));
   }
 
   // The same, rank r's input into outputs[r]: each view is received in place (staged through a
@@ -172,29 +159,18 @@ class GlooCommunicator : public CommunicatorBase {
     std::vector<at::Tensor> targets(outputs.begin(), outputs.end());
     at::Tensor& own = targets[rank_];
     if (own.data_ptr() != input.data_ptr()) own.copy_(input.reshape(own.sizes()));
-    std::vector<std::vector<at::Tensor>> bufs(world_size_);
-    for (int r = 0; r < world_size_; ++r)  // the target itself when contiguous
-      bufs[r].push_back(bits_view(targets[r], wire).view({-1}));
+    std::vector<at::Tensor> bufs;
+    for (const at::Tensor& t : targets)  // the target itself when contiguous
+      bufs.push_back(bits_view(t, wire).view({-1}));
     auto copy_back_all = [targets, bufs]() mutable {
       for (size_t r = 0; r < targets.size(); ++r)
         if (!targets[r].is_contiguous())
-          targets[r].copy_(bufs[r][0].view(targets[r].scalar_type()).view(targets[r].sizes()));
+          targets[r].copy_(bufs[r].view(targets[r].scalar_type()).view(targets[r].sizes()));
     };
     const auto travel_by_exchange = [&](const at::Tensor& t) { return exchanges(t); };
-    if (exchanges(input) && std::all_of(targets.begin(), targets.end(), travel_by_exchange)) {
-      std::vector<at::Tensor> recvs, mine(world_size_, bufs[rank_][0]);
-      for (auto& b : bufs) recvs.push_back(b[0]);
-      return exchange(describe("all_gather", input), mine, recvs, copy_back_all);
-    }
-    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
-      works.reserve(world_size_);
-      for (int r = 0; r < world_size_; ++r) {
-        c10d::BroadcastOptions opts;
-        opts.rootRank = r;
-        works.push_back(pg_->broadcast(bufs[r], opts));
-      }
-    };
-    return launch_all(describe("all_gather", input), start, copy_back_all);
+    const bool by_exchange =
+        exchanges(input) && std::all_of(targets.begin(), targets.end(), travel_by_exchange);
+    return gather_into(describe("all_gather", input), bufs, by_exchange, copy_back_all);
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -333,6 +309,25 @@ class GlooCommunicator : public CommunicatorBase {
     slice.copy_(overlaps ? input.clone() : input);
   }
 
+  // The transport of all_gather and all_gather_into: rank r's data into bufs[r] (contiguous
+  // wire views; this rank's own filled already), by exchange() or by one broadcast per rank.
+  WorkPtr gather_into(OpDesc d, const std::vector<at::Tensor>& bufs, bool by_exchange,
+                      std::function<void()> finish) {
+    if (by_exchange) {
+      const std::vector<at::Tensor> mine(world_size_, bufs[rank_]);
+      return exchange(std::move(d), mine, bufs, std::move(finish));
+    }
+    auto start = [&](std::vector<c10::intrusive_ptr<c10d::Work>>& works) {
+      works.reserve(world_size_);  // a broadcast queued is a broadcast counted
+      for (int r = 0; r < world_size_; ++r) {
+        std::vector<at::Tensor> buf{bufs[r]};  // c10d's works keep the tensor alive
+        c10d::BroadcastOptions opts;
+        opts.rootRank = r;
+        works.push_back(pg_->broadcast(buf, opts));
+      }
+    };
+    return launch_all(std::move(d), start, std::move(finish));
+  }
   // Whether `t` travels by exchange() (gloo_exchange.h) rather than by Gloo's collectives.
   bool exchanges(const at::Tensor& t) const { return exchange_enabled_ && exchanges_on(t); }
   // A collective as post_exchange's messages: sends[r] to and recvs[r] from each peer r; the

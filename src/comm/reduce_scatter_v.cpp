@@ -6,30 +6,11 @@
 #include <torch/torch.h>
 
 #include "comm/reduce_scatter_v.h"
+#include "comm/work.h"
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
 namespace comm {
-namespace {
-
-class SegmentWork : public Work {
- public:
-  SegmentWork(WorkPtr inner, at::Tensor reduced, at::Tensor output, int64_t offset)
-      : inner_(std::move(inner)), reduced_(std::move(reduced)), output_(std::move(output)),
-        offset_(offset) {}
-  void wait() override {
-    inner_->wait();
-    // Shaped like the output (a strided output has no flat view to copy into).
-    output_.copy_(reduced_.narrow(0, offset_, output_.numel()).view(output_.sizes()));
-  }
-
- private:
-  WorkPtr inner_;
-  at::Tensor reduced_, output_;
-  int64_t offset_;
-};
-
-}  // namespace
 
 int64_t check_reduce_scatter_v(const Communicator& comm, const at::Tensor& output,
                                const at::Tensor& input, const std::vector<int64_t>& splits) {
@@ -50,7 +31,10 @@ WorkPtr Communicator::reduce_scatter_v(at::Tensor& output, const at::Tensor& inp
   const int64_t offset = check_reduce_scatter_v(*this, output, input, input_splits);
   at::Tensor reduced = input.contiguous().view({-1}).clone();
   WorkPtr inner = all_reduce(reduced, op);
-  return std::make_shared<SegmentWork>(std::move(inner), reduced, output, offset);
+  // Shaped like the output (a strided output has no flat view to copy into).
+  return std::make_shared<ThenWork>(std::move(inner), [reduced, output, offset]() mutable {
+    output.copy_(reduced.narrow(0, offset, output.numel()).view(output.sizes()));
+  });
 }
 
 }  // namespace comm

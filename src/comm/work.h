@@ -43,6 +43,25 @@ class DoneWork : public Work {
   void wait() override {}
 };
 
+// Waits for `inner`, then runs `finish` once (the default collectives built on another one:
+// copying a temporary out into the caller's tensors). wait() again returns at once.
+class ThenWork : public Work {
+ public:
+  ThenWork(WorkPtr inner, std::function<void()> finish)
+      : inner_(std::move(inner)), finish_(std::move(finish)) {}
+  void wait() override {
+    if (!inner_) return;
+    inner_->wait();
+    inner_.reset();
+    finish_();
+    finish_ = nullptr;
+  }
+
+ private:
+  WorkPtr inner_;
+  std::function<void()> finish_;
+};
+
 // Wraps c10d works (one, or several that make one collective, e.g. all_gather's per-rank
 // broadcasts): wait() waits for each, turns the first failure into CommError and then runs
 // `finish` (copying a converted or staged result back into the caller's tensor). wait() may be

@@ -12,9 +12,9 @@
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
-#include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
+#include "support/resume_alike.h"
 #include "support/training_run.h"
 
 namespace overlap_forward_training_test {
@@ -83,40 +83,18 @@ TEST(OverlapForwardTraining, WithActivationCheckpointingTrainsAsTheWaitingStep) 
 // masters and both moments are the whole step's, and a job resumed from it (handing over again)
 // continues exactly as one resumed from the waiting run's checkpoint.
 TEST(OverlapForwardTraining, ACheckpointRightAfterAHandedOverStepHoldsTheWholeStep) {
-  dstest::TempDir waiting_dir, handed_dir;
-  auto job = [](const std::string& dir, bool overlap_forward) {
-    dstest::CheckpointJob j;
-    j.config = offload_config(2, true, overlap_forward);
-    j.steps = 3;
-    j.save_dir = dir;
-    j.save_at_end = true;
-    return j;
+  dstest::ResumeAlike spec;
+  spec.config = [](bool overlap_forward) { return offload_config(2, true, overlap_forward); };
+  spec.check_saved = [](const std::string& waiting_dir, const std::string& handed_dir) {
+    auto a = dstest::consolidated_state(waiting_dir), b = dstest::consolidated_state(handed_dir);
+    for (auto [x, y] : {std::pair{&a.fp32, &b.fp32}, {&a.exp_avg, &b.exp_avg},
+                        {&a.exp_avg_sq, &b.exp_avg_sq}}) {
+      ASSERT_EQ(x->size(), y->size());
+      for (size_t i = 0; i < x->size(); ++i)
+        EXPECT_TRUE(torch::equal((*x)[i].second, (*y)[i].second)) << (*x)[i].first;
+    }
   };
-  auto waiting = dstest::run_checkpoint_job(job(waiting_dir.path(), false));
-  auto handed = dstest::run_checkpoint_job(job(handed_dir.path(), true));
-  EXPECT_EQ(handed.losses, waiting.losses);
-  auto a = dstest::consolidated_state(waiting_dir.path()), b = dstest::consolidated_state(handed_dir.path());
-  for (auto [x, y] : {std::pair{&a.fp32, &b.fp32}, {&a.exp_avg, &b.exp_avg},
-                      {&a.exp_avg_sq, &b.exp_avg_sq}}) {
-    ASSERT_EQ(x->size(), y->size());
-    for (size_t i = 0; i < x->size(); ++i)
-      EXPECT_TRUE(torch::equal((*x)[i].second, (*y)[i].second)) << (*x)[i].first;
-  }
-  auto resume = [](const std::string& dir, bool overlap_forward) {
-    dstest::CheckpointJob j;
-    j.config = offload_config(2, true, overlap_forward);
-    j.steps = 6;
-    j.model_seed = 99;
-    j.load_dir = dir;
-    return dstest::run_checkpoint_job(j);
-  };
-  auto resumed_waiting = resume(waiting_dir.path(), false);
-  auto resumed_handed = resume(handed_dir.path(), true);
-  EXPECT_EQ(resumed_handed.losses, resumed_waiting.losses);
-  ASSERT_EQ(resumed_handed.weights.size(), resumed_waiting.weights.size());
-  for (size_t i = 0; i < resumed_waiting.weights.size(); ++i)
-    EXPECT_TRUE(torch::equal(resumed_handed.weights[i], resumed_waiting.weights[i]))
-        << "parameter " << i;
+  dstest::expect_resumed_alike(spec);
 }
 
 // Two data-parallel ranks all-gather the updated partitions at the step, and stage 3 gathers its

@@ -10,11 +10,10 @@
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/pipe.h"
 #include "runtime/engine_state.h"
-#include "support/checkpoint_run.h"
 #include "support/expect.h"
-#include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
+#include "support/resume_alike.h"
 #include "support/training_run.h"
 
 namespace overlap_param_gather_test {
@@ -71,35 +70,10 @@ TEST(OverlapParamGather, TrainsAsTheWaitingGatherAtStages1And2) {
 // save_checkpoint right after step() (the gather still in flight) completes it first, and a job
 // resumed from it continues exactly as one resumed from the waiting run's checkpoint.
 TEST(OverlapParamGather, ACheckpointRightAfterTheStepHoldsTheWholeStep) {
-  dstest::TempDir waiting_dir, overlapped_dir;
-  auto job = [](const std::string& dir, bool overlap) {
-    dstest::CheckpointJob j;
-    j.world_size = 2;
-    j.config = config(2, true, overlap);
-    j.steps = 3;
-    j.save_dir = dir;
-    j.save_at_end = true;
-    return j;
-  };
-  auto waiting = dstest::run_checkpoint_job(job(waiting_dir.path(), false));
-  auto overlapped = dstest::run_checkpoint_job(job(overlapped_dir.path(), true));
-  EXPECT_EQ(overlapped.losses, waiting.losses);
-  auto resume = [](const std::string& dir, bool overlap) {
-    dstest::CheckpointJob j;
-    j.world_size = 2;
-    j.config = config(2, true, overlap);
-    j.steps = 6;
-    j.model_seed = 99;
-    j.load_dir = dir;
-    return dstest::run_checkpoint_job(j);
-  };
-  auto resumed_waiting = resume(waiting_dir.path(), false);
-  auto resumed_overlapped = resume(overlapped_dir.path(), true);
-  EXPECT_EQ(resumed_overlapped.losses, resumed_waiting.losses);
-  ASSERT_EQ(resumed_overlapped.weights.size(), resumed_waiting.weights.size());
-  for (size_t i = 0; i < resumed_waiting.weights.size(); ++i)
-    EXPECT_TRUE(torch::equal(resumed_overlapped.weights[i], resumed_waiting.weights[i]))
-        << "parameter " << i;
+  dstest::ResumeAlike spec;
+  spec.world_size = 2;
+  spec.config = [](bool overlap) { return config(2, true, overlap); };
+  dstest::expect_resumed_alike(spec);
 }
 
 // A pipeline's stages run their forwards by its schedule, not through Engine::forward.

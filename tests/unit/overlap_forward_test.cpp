@@ -18,6 +18,7 @@
 #include "offload/step_worker.h"
 #include "optim/adamw_state.h"
 #include "optim/fused_adam.h"
+#include "support/flat_stage_steps.h"
 #include "util/torch_compat.h"
 #include "zero/flat_stage.h"
 #include "zero/forward_waits.h"
@@ -228,15 +229,9 @@ Trained train(bool overlap_forward, bool scatter, at::ScalarType dtype, bool wit
     deepspeed::zero::FlatStage stage(net->parameters(), ctx, o, adam,
                                      with_model ? net.get() : nullptr);
     t.attached = deepspeed::detail::ZeroUnitAccess::hooks(*net->blocks[1]) != nullptr;
-    for (int step = 0; step < 4; ++step) {
-      stage.before_forward();
-      at::Tensor loss = net->loss(step);
-      stage.begin_backward(true);
-      loss.backward();
-      stage.end_backward(true);
-      stage.step(1.0);
-      t.handed_over = t.handed_over && stage.step_handed_over();
-    }
+    dstest::run_flat_stage_steps(
+        stage, 4, [&](int step) { return net->loss(step); },
+        [&](int, const at::Tensor&) { t.handed_over = t.handed_over && stage.step_handed_over(); });
     stage.complete_step();
     EXPECT_FALSE(stage.step_handed_over());
     for (auto& p : net->parameters()) t.params.push_back(p.detach().clone());

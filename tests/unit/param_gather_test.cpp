@@ -15,6 +15,7 @@
 #include "deepspeed/zero_unit.h"
 #include "optim/fused_adam.h"
 #include "support/fake_communicator.h"
+#include "support/flat_stage_steps.h"
 #include "zero/flat_stage.h"
 #include "zero/param_gather.h"
 
@@ -172,18 +173,15 @@ Trained train(bool overlap, bool scatter) {
     deepspeed::zero::FlatStage stage(net->parameters(), StageContext{comm, torch::kCPU}, o, adam,
                                      net.get());
     EXPECT_EQ(stage.overlapped_gather() != nullptr, overlap);
-    for (int step = 0; step < 4; ++step) {
-      stage.before_forward();
+    auto forward = [&](int step) {
       if (overlap && step > 0)
         t.root_waited_for_all = t.root_waited_for_all || !stage.overlapped_gather()->in_flight();
-      at::Tensor loss = net->loss(step);
+      return net->loss(step);
+    };
+    dstest::run_flat_stage_steps(stage, 4, forward, [&](int, const at::Tensor& loss) {
       t.losses.push_back(loss.item<float>());
-      stage.begin_backward(true);
-      loss.backward();
-      stage.end_backward(true);
-      stage.step(1.0);
       t.handed_over = t.handed_over && stage.step_handed_over();
-    }
+    });
     stage.complete_step();
     EXPECT_FALSE(stage.step_handed_over());
     for (auto& p : net->parameters()) t.params.push_back(p.detach().clone());

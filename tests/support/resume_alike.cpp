@@ -1,0 +1,41 @@
+#include "support/resume_alike.h"
+
+#include <gtest/gtest.h>
+
+#include "support/checkpoint_run.h"
+#include "support/expect.h"
+#include "support/files.h"
+
+namespace dstest {
+
+void expect_resumed_alike(const ResumeAlike& spec) {
+  TempDir waiting_dir, overlapped_dir;
+  auto job = [&](bool overlap) {
+    CheckpointJob j;
+    j.world_size = spec.world_size;
+    j.config = spec.config(overlap);
+    return j;
+  };
+  auto save = [&](const std::string& dir, bool overlap) {
+    CheckpointJob j = job(overlap);
+    j.steps = spec.save_after;
+    j.save_dir = dir;
+    j.save_at_end = true;
+    return run_checkpoint_job(j);
+  };
+  EXPECT_EQ(save(overlapped_dir.path(), true).losses, save(waiting_dir.path(), false).losses);
+  if (spec.check_saved) spec.check_saved(waiting_dir.path(), overlapped_dir.path());
+  auto resume = [&](const std::string& dir, bool overlap) {
+    CheckpointJob j = job(overlap);
+    j.steps = spec.resume_to;
+    j.model_seed = 99;  // loading must win
+    j.load_dir = dir;
+    return run_checkpoint_job(j);
+  };
+  const auto waiting = resume(waiting_dir.path(), false);
+  const auto overlapped = resume(overlapped_dir.path(), true);
+  EXPECT_EQ(overlapped.losses, waiting.losses);
+  EXPECT_TRUE(bit_identical(overlapped.weights, waiting.weights)) << "resumed weights differ";
+}
+
+}  // namespace dstest

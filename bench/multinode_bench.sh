@@ -1,10 +1,10 @@
 #!/bin/bash
-# ZeRO-0/2/3 step time of the example GPT on 2 hosts x 1 rank over links shaped with tbf to
-# 10 Gbit/s and 1 Gbit/s, against 2 ranks on one host (loopback), in one run, with the bytes moved
-# per step: the payload handed to the collectives (gpt_train's communicator counters, timed steps)
-# and the bytes host 1 sent on its link (its interface counters, whole run / steps), set against
-# the ZeRO paper's per-rank volume (stages 0-2: 2 psi, stage 3: 3 psi elements per step; a ring
-# over n ranks sends (n-1)/n of it).
+# ZeRO-0/2/3 step time of the example GPT on 2 hosts x PER_HOST ranks (default 1) over links
+# shaped with tbf to 10 Gbit/s and 1 Gbit/s, against as many ranks on one host (loopback), in one
+# run, with the bytes moved per step: the payload handed to the collectives (gpt_train's
+# communicator counters, timed steps) and the bytes host 1 sent on its link (its interface
+# counters, whole run / steps; all its ranks'), set against the ZeRO paper's per-rank volume
+# (stages 0-2: 2 psi, stage 3: 3 psi elements per step; a ring over n ranks sends (n-1)/n of it).
 #
 #   sudo bash bench/multinode_bench.sh [BUILD_DIR]       (root: network namespaces, sshd)
 #   STAGES="0 1 2 3" LINKS="1gbit" ... picks the rows (default: stages 0 2 3, every link);
@@ -12,7 +12,8 @@
 #   (the all-gather after the step running into the next forward; default: wait only);
 #   EXCHANGES="auto 0" adds rows with DS_GLOO_EXCHANGE=0 (reduce-scatter and all-gather through
 #   Gloo's alltoall and broadcasts instead of messages with the receives posted first,
-#   src/comm/gloo_exchange.h; "1" forces the messages on one host too; default: auto only).
+#   src/comm/gloo_exchange.h; "1" forces the messages on one host too; default: auto only);
+#   PER_HOST=2 runs 2 ranks on each host (4 on the loopback rows).
 #
 # The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
@@ -23,7 +24,9 @@ STEPS=${STEPS:-8}
 WARMUP=2
 MODEL=(--n_layer 4 --n_head 4 --n_embd 256 --block_size 64 --random_tokens --threads 1
        --steps "$STEPS" --warmup "$WARMUP")
-write_hostfile "$TMP/hostfile1" 1
+PER_HOST=${PER_HOST:-1}
+WORLD=$((2 * PER_HOST))
+write_hostfile "$TMP/hostfile1" "$PER_HOST"
 
 config() {  # config STAGE FILE OVERLAP_PARAM_GATHER
   cat >"$2" <<JSON
@@ -60,7 +63,7 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
     if [ "$link" = loopback ]; then
       shape_links ""
-      run_on_host0 "$name" --num_procs 2 --master_port "$(free_port)" \
+      run_on_host0 "$name" --num_procs "$WORLD" --master_port "$(free_port)" \
         "${GPT[@]}"
       sent="-"
     else
@@ -77,8 +80,8 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     payload=$(report_field "$out" comm_payload_bytes_per_step)
     psi=$(report_field "$out" num_params)
     factor=2; [ "$stage" = 3 ] && factor=3
-    # fp32 communication; a ring over 2 ranks sends half the volume per rank
-    expect=$(( psi * 4 * factor / 2 ))
+    # fp32 communication; a ring over n ranks sends (n-1)/n of the volume per rank
+    expect=$(( psi * 4 * factor * (WORLD - 1) / WORLD ))
     python3 - "$link" "$stage" "$gather" "$exchange" "$ms" "$payload" "$sent" "$expect" <<'PY'
 import sys
 link, stage, gather, exchange, ms, payload, sent, expect = sys.argv[1:]

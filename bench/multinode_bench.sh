@@ -13,7 +13,9 @@
 #   EXCHANGES="auto 0" adds rows with DS_GLOO_EXCHANGE=0 (reduce-scatter and all-gather through
 #   Gloo's alltoall and broadcasts instead of messages with the receives posted first,
 #   src/comm/gloo_exchange.h; "1" forces the messages on one host too; default: auto only);
-#   PER_HOST=2 runs 2 ranks on each host (4 on the loopback rows).
+#   PER_HOST=2 runs 2 ranks on each host (4 on the loopback rows); HIERARCHICAL="1 0" adds rows
+#   with DS_GLOO_HIERARCHICAL=0 (every rank to every rank instead of within each host and then
+#   across, src/comm/gloo_hierarchy.h; it applies with 2+ ranks per host; default: 1 only).
 #
 # The hosts are network namespaces joined by veth links to a bridge, with sshd, launched through
 # dsrun's real ssh path (tests/launcher/netns.bash). tbf shapes each host's egress on its link.
@@ -38,26 +40,28 @@ config() {  # config STAGE FILE OVERLAP_PARAM_GATHER
 JSON
 }
 
-echo -n "| link | ZeRO stage | param gather | exchange | step ms | payload MB/step "
+echo -n "| link | ZeRO stage | param gather | exchange | hierarchical | step ms | payload MB/step "
 echo "| host-1 sent MB/step | ZeRO volume x (n-1)/n MB | link busy |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 rows() {  # stage:gather:exchange; overlap only where there is a gather after the step
   for stage in ${STAGES:-0 2 3}; do
     for gather in ${GATHERS:-wait}; do
       for exchange in ${EXCHANGES:-auto}; do
-        case "$stage:$gather" in
-          1:*|2:*) echo "$stage:$gather:$exchange" ;;
-          *:wait) echo "$stage:-:$exchange" ;;
-        esac
+        for hier in ${HIERARCHICAL:-1}; do
+          case "$stage:$gather" in
+            1:*|2:*) echo "$stage:$gather:$exchange:$hier" ;;
+            *:wait) echo "$stage:-:$exchange:$hier" ;;
+          esac
+        done
       done
     done
   done
 }
 for link in ${LINKS:-loopback 10gbit 1gbit}; do
   for row in $(rows); do
-    IFS=: read -r stage gather exchange <<<"$row"
-    export DS_GLOO_EXCHANGE=$exchange
-    name="run_${link}_${stage}_${gather}_$exchange"
+    IFS=: read -r stage gather exchange hier <<<"$row"
+    export DS_GLOO_EXCHANGE=$exchange DS_GLOO_HIERARCHICAL=$hier
+    name="run_${link}_${stage}_${gather}_${exchange}_$hier"
     overlap=false; [ "$gather" = overlap ] && overlap=true
     config "$stage" "$TMP/z$stage.json" "$overlap"
     GPT=("$BIN/gpt_train" --deepspeed_config "$TMP/z$stage.json" "${MODEL[@]}")
@@ -82,14 +86,15 @@ for link in ${LINKS:-loopback 10gbit 1gbit}; do
     factor=2; [ "$stage" = 3 ] && factor=3
     # fp32 communication; a ring over n ranks sends (n-1)/n of the volume per rank
     expect=$(( psi * 4 * factor * (WORLD - 1) / WORLD ))
-    python3 - "$link" "$stage" "$gather" "$exchange" "$ms" "$payload" "$sent" "$expect" <<'PY'
+    python3 - "$link" "$stage" "$gather" "$exchange" "$hier" "$ms" "$payload" "$sent" \
+      "$expect" <<'PY'
 import sys
-link, stage, gather, exchange, ms, payload, sent, expect = sys.argv[1:]
+link, stage, gather, exchange, hier, ms, payload, sent, expect = sys.argv[1:]
 ms = float(ms)
 rate = {"10gbit": 10e9, "1gbit": 1e9}.get(link)
 sent_mb = "-" if sent == "-" else f"{int(sent) / 1e6:.1f}"
 busy = "-" if sent == "-" else f"{int(sent) * 8 / (rate * ms / 1e3):.0%}"
-cells = [link, stage, gather, exchange, f"{ms:.0f}", f"{int(payload) / 1e6:.1f}", sent_mb,
+cells = [link, stage, gather, exchange, hier, f"{ms:.0f}", f"{int(payload) / 1e6:.1f}", sent_mb,
          f"{int(expect) / 1e6:.1f}", busy]
 print("| " + " | ".join(cells) + " |")
 PY

@@ -16,6 +16,9 @@
 //   first when the group spans hosts (gloo_exchange.h: Gloo's own alltoall and broadcasts ran
 //   each direction of a link at half its rate); otherwise, and for CUDA tensors, they go
 //   through alltoall_base and one broadcast per rank.
+// - where every host runs the same number (>= 2) of the group's ranks, reduce-scatters and
+//   all-gathers of host tensors go within each host and then across (gloo_hierarchy.h): each
+//   host sends its link (H-1)/H of the data instead of L times that.
 // - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
@@ -28,6 +31,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -41,12 +45,15 @@
 #include "comm/connect_barrier.h"
 #include "comm/dtypes.h"
 #include "comm/gloo_exchange.h"
+#include "comm/gloo_group_plan.h"
+#include "comm/gloo_hierarchy.h"
 #include "comm/local_reduce.h"
 #include "comm/process_info.h"
 #include "comm/all_gather_into.h"
 #include "comm/all_to_all.h"
 #include "comm/reduce_scatter_v.h"
 #include "comm/shm_allreduce.h"
+#include "comm/shm_segment.h"
 #include "comm/split.h"
 #include "comm/work.h"
 
@@ -60,11 +67,12 @@ class GlooCommunicator : public CommunicatorBase {
                    c10::intrusive_ptr<c10d::Store> store,
                    std::shared_ptr<::gloo::transport::Device> device, int rank, int world,
                    int local_rank, std::chrono::milliseconds timeout,
-                   std::shared_ptr<ShmAllReduce> shm, bool exchange)
+                   std::shared_ptr<ShmAllReduce> shm, bool exchange, std::string host)
       : CommunicatorBase(rank, world, local_rank, timeout),
         pg_(std::move(pg)),
         store_(std::move(store)),
         device_(std::move(device)),
+        host_(std::move(host)),
         shm_(std::move(shm)),
         exchange_enabled_(exchange) {}
 
@@ -72,8 +80,26 @@ class GlooCommunicator : public CommunicatorBase {
   // finish: its ProcessGroupGloo's destructor would wait for it until Gloo's timeout, so the
   // process could not leave. It is left to the process's end instead.
   ~GlooCommunicator() override {
+    hierarchy_.reset();  // its thread issues work on sub-groups of this group
     if (failure_board() && failure_board()->broken()) (void)pg_.release();
   }
+
+  // Builds the two sub-groups of the within-host/across-hosts collectives (gloo_hierarchy.h) and
+  // their thread. COLLECTIVE: every rank of a group whose plan has a hierarchy calls it at setup.
+  void build_hierarchy(const HostLayout& layout) {
+    const int host = layout.host_of[rank_], local = layout.local_of[rank_];
+    auto group = [&](const std::string& name, int sub_rank, int sub_world) {
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ds_hier/" + name, store_);
+      return sub_group(make_gloo_communicator_on(prefixed, sub_rank, sub_world, local_rank_,
+                                                 timeout_, device_, failure_board(),
+                                                 channel_name_ + "/" + name, host_));
+    };
+    CommunicatorPtr within = group(fmt::format("host{}", host), local, layout.per_host);
+    CommunicatorPtr across = group(fmt::format("across{}", local), host, layout.hosts);
+    hierarchy_ = std::make_unique<HierarchicalCollectives>(layout, rank_, std::move(within),
+                                                           std::move(across));
+  }
+  bool hierarchical() const { return hierarchy_ != nullptr; }
 
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
   // Its channel on the job's failure board; its sub-groups are named under it.
@@ -145,7 +171,7 @@ class GlooCommunicator : public CommunicatorBase {
     std::vector<at::Tensor> slices;
     for (int r = 0; r < world_size_; ++r) slices.push_back(flat.narrow(0, r * n, n));
     return gather_into(describe("all_gather", input), slices,
-                       exchanges(input) && exchanges(output), copy_back(output, flat));
+                       exchanges_on(input) && exchanges_on(output), copy_back(output, flat));
   }
 
   // The same, rank r's input into outputs[r]: each view is received in place (staged through a
@@ -167,10 +193,10 @@ class GlooCommunicator : public CommunicatorBase {
         if (!targets[r].is_contiguous())
           targets[r].copy_(bufs[r].view(targets[r].scalar_type()).view(targets[r].sizes()));
     };
-    const auto travel_by_exchange = [&](const at::Tensor& t) { return exchanges(t); };
-    const bool by_exchange =
-        exchanges(input) && std::all_of(targets.begin(), targets.end(), travel_by_exchange);
-    return gather_into(describe("all_gather", input), bufs, by_exchange, copy_back_all);
+    const bool on_host = exchanges_on(input) &&
+                         std::all_of(targets.begin(), targets.end(),
+                                     [](const at::Tensor& t) { return exchanges_on(t); });
+    return gather_into(describe("all_gather", input), bufs, on_host, copy_back_all);
   }
 
   WorkPtr reduce_scatter(at::Tensor& output, const at::Tensor& input, ReduceOp op) override {
@@ -186,6 +212,10 @@ class GlooCommunicator : public CommunicatorBase {
       at::Tensor chunks = recv.view(type).view({world, -1});
       output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
     };
+    if (by_hierarchy(input)) {
+      const std::vector<int64_t> counts(world_size_, output.numel());
+      return through_hierarchy(describe("reduce_scatter", input), output, input, counts, op);
+    }
     if (exchanges(input)) {
       const std::vector<int64_t> counts(world_size_, output.numel());
       return exchange_segments(describe("reduce_scatter", input), send, counts, recv, finish);
@@ -210,6 +240,10 @@ class GlooCommunicator : public CommunicatorBase {
       auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
       return withdrawn_if_thrown(
           d, [&] { return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish)); });
+    }
+    if (by_hierarchy(input)) {
+      return through_hierarchy(describe("reduce_scatter_v", input), output, input, input_splits,
+                               op);
     }
     at::ScalarType type = input.scalar_type();
     at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
@@ -294,7 +328,7 @@ class GlooCommunicator : public CommunicatorBase {
         *this, splits_++, color, key, [&](const std::string& prefix, int sub_rank, int sub_world) {
           return make_gloo_communicator_on(c10::make_intrusive<c10d::PrefixStore>(prefix, store_),
                                            sub_rank, sub_world, local_rank_, timeout_, device_,
-                                           failure_board(), channel_name_ + "/" + prefix);
+                                           failure_board(), channel_name_ + "/" + prefix, host_);
         }));
   }
 
@@ -310,10 +344,16 @@ class GlooCommunicator : public CommunicatorBase {
   }
 
   // The transport of all_gather and all_gather_into: rank r's data into bufs[r] (contiguous
-  // wire views; this rank's own filled already), by exchange() or by one broadcast per rank.
-  WorkPtr gather_into(OpDesc d, const std::vector<at::Tensor>& bufs, bool by_exchange,
+  // wire views; this rank's own filled already; `on_host`: all host tensors) within and across
+  // hosts, by exchange(), or by one broadcast per rank.
+  WorkPtr gather_into(OpDesc d, const std::vector<at::Tensor>& bufs, bool on_host,
                       std::function<void()> finish) {
-    if (by_exchange) {
+    if (hierarchy_ && on_host) {
+      auto timed_finish = timed(d, std::chrono::steady_clock::now(), std::move(finish));
+      return withdrawn_if_thrown(
+          d, [&] { return hierarchy_->gather_into(bufs, std::move(timed_finish)); });
+    }
+    if (exchange_enabled_ && on_host) {
       const std::vector<at::Tensor> mine(world_size_, bufs[rank_]);
       return exchange(std::move(d), mine, bufs, std::move(finish));
     }
@@ -327,6 +367,15 @@ class GlooCommunicator : public CommunicatorBase {
       }
     };
     return launch_all(std::move(d), start, std::move(finish));
+  }
+  // Whether a reduce-scatter of `t` goes within and across hosts (gloo_hierarchy.h).
+  bool by_hierarchy(const at::Tensor& t) const { return hierarchy_ && exchanges_on(t); }
+  WorkPtr through_hierarchy(OpDesc d, const at::Tensor& output, const at::Tensor& input,
+                            const std::vector<int64_t>& splits, ReduceOp op) {
+    auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
+    return withdrawn_if_thrown(d, [&] {
+      return hierarchy_->reduce_scatter_v(output, input, splits, op, std::move(finish));
+    });
   }
   // Whether `t` travels by exchange() (gloo_exchange.h) rather than by Gloo's collectives.
   bool exchanges(const at::Tensor& t) const { return exchange_enabled_ && exchanges_on(t); }
@@ -381,12 +430,15 @@ class GlooCommunicator : public CommunicatorBase {
   std::string channel_name_;  // on the failure board: "w", "w/split0/1", ...
   c10::intrusive_ptr<c10d::Store> store_;  // the rendezvous store: sub-groups and comms_check
   std::shared_ptr<::gloo::transport::Device> device_;
+  // This rank's host identity (shm_host_identity(), or a test's): its sub-groups plan with it.
+  const std::string host_;
   std::atomic<int> splits_{0};
   std::atomic<uint32_t> exchanges_{0};  // exchange()'s sequence number: its tag
   // All-reduces and reduce_scatter_v up to its limit when every rank is on this host
   // (shm_allreduce.h); null otherwise or with DS_SHM_ALLREDUCE=0.
   std::shared_ptr<ShmAllReduce> shm_;
-  const bool exchange_enabled_;  // agree_on_gloo_exchange: DS_GLOO_EXCHANGE, hosts spanned
+  const bool exchange_enabled_;  // plan_gloo_group: DS_GLOO_EXCHANGE, hosts spanned
+  std::unique_ptr<HierarchicalCollectives> hierarchy_;  // plan_gloo_group: layout, setting
 };
 
 // Gloo writes to peer sockets without MSG_NOSIGNAL: when a peer dies, the next write would kill
@@ -423,11 +475,12 @@ std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& ma
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
                                           int world_size, int local_rank,
                                           std::chrono::milliseconds timeout,
-                                          std::shared_ptr<::gloo::transport::Device> device) {
+                                          std::shared_ptr<::gloo::transport::Device> device,
+                                          std::string host) {
   // A root group: the job's failure board lives in its store, and its sub-groups share it.
   auto board = std::make_shared<FailureBoard>(store, rank, world_size, timeout);
   return make_gloo_communicator_on(std::move(store), rank, world_size, local_rank, timeout,
-                                   std::move(device), std::move(board), "w");
+                                   std::move(device), std::move(board), "w", std::move(host));
 }
 
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
@@ -435,7 +488,8 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
                                           std::chrono::milliseconds timeout,
                                           std::shared_ptr<::gloo::transport::Device> device,
                                           std::shared_ptr<FailureBoard> board,
-                                          std::string channel) {
+                                          std::string channel, std::string host) {
+  if (host.empty()) host = shm_host_identity();
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     throw CommError(
         fmt::format("Gloo group setup: rank {} is not in [0, world_size {})", rank, world_size));
@@ -447,14 +501,15 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
   try {
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
     wait_for_every_rank_connected(*store, rank, world_size, timeout);
-    auto shm = ShmAllReduce::create(*store, rank, world_size, timeout);
-    const bool exchange = agree_on_gloo_exchange(*store, rank, world_size,
-                                                 gloo_exchange_mode_from_env(),
-                                                 shm_host_identity());
+    auto shm = ShmAllReduce::create(*store, rank, world_size, timeout, host);
+    const GlooGroupPlan plan =
+        plan_gloo_group(*store, rank, world_size, gloo_exchange_mode_from_env(),
+                        gloo_hierarchical_from_env(), host);
     auto comm = std::make_shared<GlooCommunicator>(pg, store, opts->devices.front(), rank,
                                                    world_size, local_rank, timeout, std::move(shm),
-                                                   exchange);
+                                                   plan.exchange, host);
     comm->watch_as(std::move(board), std::move(channel));
+    if (plan.hierarchy) comm->build_hierarchy(*plan.hierarchy);
     return comm;
   } catch (...) {
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
@@ -481,6 +536,13 @@ std::string why_next_collective_is_stuck(const Communicator& comm) {
   if (!gloo) return "";
   const OpPosition pos = gloo->next_position();
   return pos.board ? pos.board->why_stuck(pos) : "";
+}
+
+bool gloo_hierarchical(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->hierarchical();
+  if (auto* checked = dynamic_cast<const CheckedCommunicator*>(&comm))
+    return gloo_hierarchical(checked->inner());
+  return false;
 }
 
 bool gloo_exchanges_host_tensors(const Communicator& comm) {

@@ -26,11 +26,14 @@ class FailureBoard;
 std::shared_ptr<::gloo::transport::Device> gloo_device_for(const std::string& master_addr);
 
 // Joins a Gloo group over `store` (COLLECTIVE: all world_size ranks must call it). Throws
-// CommError naming the rank when the rendezvous fails or times out.
+// CommError naming the rank when the rendezvous fails or times out. `host`: which host this rank
+// counts as on (gloo_group_plan.h); empty: shm_host_identity(). Tests give ranks that share a
+// process identities of their own, to run the multi-host paths on one machine.
 CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store, int rank,
                                           int world_size, int local_rank,
                                           std::chrono::milliseconds timeout,
-                                          std::shared_ptr<::gloo::transport::Device> device);
+                                          std::shared_ptr<::gloo::transport::Device> device,
+                                          std::string host = "");
 
 // The rendezvous store of a Gloo communicator (what its sub-groups and the desync checker build
 // on), or null for any other communicator.
@@ -42,7 +45,7 @@ CommunicatorPtr make_gloo_communicator_on(c10::intrusive_ptr<c10d::Store> store,
                                           std::chrono::milliseconds timeout,
                                           std::shared_ptr<::gloo::transport::Device> device,
                                           std::shared_ptr<FailureBoard> board,
-                                          std::string channel);
+                                          std::string channel, std::string host = "");
 
 // The failure board (failure_board.h) that `comm`'s operations are numbered on, seen through the
 // desync checker; null for communicators without one (world size 1, NCCL, test doubles).
@@ -61,6 +64,10 @@ size_t shm_allreduce_limit(const Communicator& comm);
 // point-to-point messages with the receives posted first (gloo_exchange.h): false when it is not
 // a Gloo communicator. For tests and benchmarks.
 bool gloo_exchanges_host_tensors(const Communicator& comm);
+
+// Whether `comm` runs host tensors' reduce-scatters and all-gathers within and then across hosts
+// (gloo_hierarchy.h): false when it is not a Gloo communicator. For tests and benchmarks.
+bool gloo_hierarchical(const Communicator& comm);
 
 }  // namespace comm
 }  // namespace deepspeed

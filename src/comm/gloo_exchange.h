@@ -13,10 +13,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
-
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace deepspeed {
 namespace comm {
@@ -42,22 +39,6 @@ void post_exchange(int rank, const std::vector<at::Tensor>& sends,
 // Whether tensors of this device can travel by post_exchange (host tensors) rather than by
 // Gloo's collectives (CUDA tensors).
 inline bool exchanges_on(const at::Tensor& t) { return t.device().is_cpu(); }
-
-// DS_GLOO_EXCHANGE: "auto" or unset (the default): post_exchange for host tensors when the
-// group spans more than one host (on one host Gloo's own collectives were as fast or faster:
-// ZeRO-3 on 2 local ranks 146 against 175 ms a step, docs/benchmarks.md); "1"/"true": always;
-// "0"/"false": never (the benchmark's peer, and a way back). Throws ConfigError naming the
-// variable for any other value.
-enum class ExchangeMode { kAuto, kOn, kOff };
-ExchangeMode gloo_exchange_mode_from_env();
-
-// Whether this group moves host tensors by post_exchange, the same answer on every rank.
-// COLLECTIVE over the group's store, at setup: each rank publishes its mode (the caller's
-// gloo_exchange_mode_from_env()) and host identity (shm_host_identity()); ranks whose modes
-// differ keep Gloo's collectives (the safe side), equal modes decide as above. Store waits are
-// bounded by the store's timeout.
-bool agree_on_gloo_exchange(c10d::Store& store, int rank, int world, ExchangeMode mode,
-                            const std::string& host);
 
 }  // namespace comm
 }  // namespace deepspeed

@@ -154,14 +154,15 @@ class ShmWork : public Work {
 };
 
 std::shared_ptr<ShmAllReduce> ShmAllReduce::create(c10d::Store& store, int rank, int world,
-                                                   std::chrono::milliseconds timeout) {
+                                                   std::chrono::milliseconds timeout,
+                                                   const std::string& host) {
   const size_t max_bytes = shm_allreduce_max_bytes_from_env();
   const size_t slot_bytes = shm_allreduce_slot_bytes_from_env();
   const size_t share_bytes = shm_allreduce_share_bytes_from_env();
   // Ranks that disagree on any size would cut pieces differently: such a group keeps to Gloo.
   const std::string settings =
       fmt::format("max={} slot={} share={}", max_bytes, slot_bytes, share_bytes);
-  auto seg = setup_shm_segment(store, rank, world, kSlots, slot_bytes, settings);
+  auto seg = setup_shm_segment(store, rank, world, kSlots, slot_bytes, settings, host);
   if (!seg) return nullptr;
   return std::make_shared<ShmAllReduce>(std::move(seg), rank, world, max_bytes, share_bytes,
                                         timeout);

@@ -66,9 +66,10 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
   static constexpr int kSlots = 4;
 
   // The group's shared-memory all-reduce, or null when the group cannot use one (see
-  // setup_shm_segment). COLLECTIVE over the group.
+  // setup_shm_segment; `host` as there). COLLECTIVE over the group.
   static std::shared_ptr<ShmAllReduce> create(c10d::Store& store, int rank, int world,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout,
+                                              const std::string& host);
   ShmAllReduce(std::unique_ptr<ShmSegment> seg, int rank, int world, size_t max_bytes,
                size_t share_bytes, std::chrono::milliseconds timeout);
   ~ShmAllReduce();  // tells the peers this rank is gone

@@ -245,11 +245,12 @@ size_t shm_allreduce_share_bytes_from_env() {
 }
 
 std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
-                                              size_t slot_bytes, const std::string& settings) {
+                                              size_t slot_bytes, const std::string& settings,
+                                              const std::string& host) {
   slot_bytes = round_up(slot_bytes, 64);
   // 1. Does every rank want it, with the same sizes, and is every rank here?
   const bool enabled = shm_allreduce_enabled_from_env();
-  const std::string me = (enabled ? "1 " : "0 ") + shm_host_identity() + " " + settings;
+  const std::string me = (enabled ? "1 " : "0 ") + host + " " + settings;
   store.set(fmt::format("ds_shm/host/{}", rank), store_bytes(me));
   bool local = enabled;
   for (int r = 0; r < world && local; ++r)

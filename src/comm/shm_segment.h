@@ -107,8 +107,10 @@ int create_exclusive_segment(const std::string& stem, int world, std::string& na
 // disabled the path, /dev/shm has no room for the segment (rank 0 reserves every page up front
 // and says so on stderr), or any rank failed to attach. Store waits are bounded by the store's
 // timeout; a rank that never reports makes this throw (the name is unlinked first).
+// `host`: this rank's shm_host_identity() (or the identity a test gives its ranks).
 std::unique_ptr<ShmSegment> setup_shm_segment(c10d::Store& store, int rank, int world, int slots,
-                                              size_t slot_bytes, const std::string& settings);
+                                              size_t slot_bytes, const std::string& settings,
+                                              const std::string& host);
 
 }  // namespace comm
 }  // namespace deepspeed

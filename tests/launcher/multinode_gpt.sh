@@ -1,7 +1,8 @@
 # The example GPT with ZeRO-2 across two network-namespace hosts (netns.bash) x 2 ranks, launched
 # over ssh from host 0, Gloo finding its interface by the route to MASTER_ADDR (no
 # GLOO_SOCKET_IFNAME):
-#   - the losses equal those of 4 ranks on one host, bit for bit (fp32, --exact_loss);
+#   - the losses equal those of 4 ranks on one host, bit for bit (fp32, --exact_loss) with
+#     DS_GLOO_HIERARCHICAL=0, within 1e-5 with the default (sums added within hosts first);
 #   - --max_restarts 1 after kill -9 of a remote rank resumes from `latest` (--load_dir) and
 #     continues exactly as an uninterrupted run;
 #   - a link cut mid-run (ip link set ... down) ends the job with a named timeout error within
@@ -28,17 +29,32 @@ losses() {  # losses FILE FROM TO: "step N loss X exact H" of steps FROM..TO, pr
   grep -oE "step [0-9]+ loss [0-9.]+ exact [0-9a-fx.p+-]+" "$1" | awk -v a="$2" -v b="$3" '$2 >= a && $2 <= b'
 }
 
-# 1. Same losses as 4 local ranks.
+# 1. Same losses as 4 local ranks: bit for bit when every rank sends to every rank; within
+#    rounding with the default within-host-then-across reduce-scatter (src/comm/gloo_hierarchy.h:
+#    its partial sums add in another order).
 run_on_host0 local --num_procs 4 --master_port "$(free_port)" "${GPT[@]}" --steps 6
 [ $RC -eq 0 ] || fail "4 local ranks: dsrun exited $RC"
-run_on_host0 multi "${MULTI[@]}" --master_port "$(free_port)" "${GPT[@]}" --steps 6
-[ $RC -eq 0 ] || fail "2 hosts x 2 ranks: dsrun exited $RC"
+DS_GLOO_HIERARCHICAL=0 run_on_host0 flat "${MULTI[@]}" --master_port "$(free_port)" "${GPT[@]}" \
+  --steps 6
+[ $RC -eq 0 ] || fail "2 hosts x 2 ranks, DS_GLOO_HIERARCHICAL=0: dsrun exited $RC"
 want=$(losses "$TMP/local.out" 1 6)
-got=$(losses "$TMP/multi.out" 1 6)
+got=$(losses "$TMP/flat.out" 1 6)
 [ "$(echo "$want" | wc -l)" -eq 6 ] || fail "4 local ranks printed no 6 losses: '$want'"
 [ "$want" = "$got" ] || fail "2 hosts x 2 ranks differ from 4 local ranks: want '$want', got '$got'"
-expect_contains "$TMP/multi.out" "gpt_train: "  # rank 0's banner came through
-echo "2 hosts x 2 ranks = 4 local ranks (6 steps, bit-identical)"
+expect_contains "$TMP/flat.out" "gpt_train: "  # rank 0's banner came through
+echo "2 hosts x 2 ranks (every rank to every rank) = 4 local ranks (6 steps, bit-identical)"
+run_on_host0 multi "${MULTI[@]}" --master_port "$(free_port)" "${GPT[@]}" --steps 6
+[ $RC -eq 0 ] || fail "2 hosts x 2 ranks: dsrun exited $RC"
+got=$(losses "$TMP/multi.out" 1 6)
+python3 - "$want" "$got" <<'PY' || fail "2 hosts x 2 ranks (within, then across hosts) differ"
+import sys
+want, got = ([float.fromhex(line.split()[-1]) for line in text.splitlines()]
+             for text in sys.argv[1:])
+assert len(got) == len(want) == 6, f"{len(got)} losses, want 6"
+for step, (w, g) in enumerate(zip(want, got), 1):
+    assert abs(g - w) <= 1e-5 * abs(w), f"step {step}: {g} against {w}"
+PY
+echo "2 hosts x 2 ranks (within hosts, then across) = 4 local ranks within 1e-5"
 
 # 2. --max_restarts 1: the first attempt trains 4 steps (checkpoint global_step4), then rank 3 (on
 #    host 1) dies by SIGKILL while the others wait; the restart (DSRUN_RESTART_COUNT=1) resumes

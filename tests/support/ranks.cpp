@@ -20,6 +20,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <vector>
 
+#include "comm/gloo_communicator.h"
+
 namespace dstest {
 
 namespace {
@@ -86,8 +88,12 @@ void run_threads(int n, const std::function<void(int)>& body) {
   error.rethrow("thread");
 }
 
-void run_ranks(int world_size, const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
-               std::chrono::milliseconds timeout) {
+namespace {
+
+// run_ranks and run_ranks_on_hosts (`hosts` empty: this machine's identity for every rank).
+void run_ranks_as(int world_size, const std::vector<std::string>& hosts,
+                  const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
+                  std::chrono::milliseconds timeout) {
   namespace comm = deepspeed::comm;
   static std::atomic<int> calls{0};
   const std::string prefix = "run_ranks/" + std::to_string(calls++);
@@ -113,7 +119,11 @@ void run_ranks(int world_size, const std::function<void(deepspeed::comm::Communi
         } else {
           c10::intrusive_ptr<c10d::Store> scoped =
               c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-          c = comm::make_gloo_communicator(scoped, rank, world_size, timeout, rank);
+          c = hosts.empty()
+                  ? comm::make_gloo_communicator(scoped, rank, world_size, timeout, rank)
+                  : comm::make_gloo_communicator_on(scoped, rank, world_size, rank, timeout,
+                                                    comm::gloo_device_for("127.0.0.1"),
+                                                    hosts[rank]);
         }
         body(c);
       } catch (...) {
@@ -123,6 +133,19 @@ void run_ranks(int world_size, const std::function<void(deepspeed::comm::Communi
   }
   join_all(threads);
   error.rethrow("rank");
+}
+
+}  // namespace
+
+void run_ranks(int world_size, const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
+               std::chrono::milliseconds timeout) {
+  run_ranks_as(world_size, {}, body, timeout);
+}
+
+void run_ranks_on_hosts(const std::vector<std::string>& host_of_rank,
+                        const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
+                        std::chrono::milliseconds timeout) {
+  run_ranks_as(static_cast<int>(host_of_rank.size()), host_of_rank, body, timeout);
 }
 
 int free_tcp_port() {

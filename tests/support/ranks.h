@@ -5,6 +5,8 @@
 #pragma once
 #include <chrono>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "deepspeed/comm.h"
 
@@ -15,6 +17,11 @@ namespace dstest {
 // runs with at::set_num_threads(1).
 void run_ranks(int world_size, const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
                std::chrono::milliseconds timeout = std::chrono::seconds(20));
+// The same, rank r counting as on host host_of_rank[r] (any identity string): the paths of a
+// group that spans hosts (gloo_group_plan.h) on one machine. World size = host_of_rank.size().
+void run_ranks_on_hosts(const std::vector<std::string>& host_of_rank,
+                        const std::function<void(deepspeed::comm::CommunicatorPtr)>& body,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
 // Runs body(i) for i in [0, n) on n threads, joins them all, rethrows the first exception.
 void run_threads(int n, const std::function<void(int)>& body);

@@ -115,6 +115,10 @@ RunResult train_gpt(const RunSpec& spec) {
                                       "(NCCL refuses two ranks on one GPU)");
     body(deepspeed::comm::make_nccl_communicator_on(c10::make_intrusive<c10d::HashStore>(), 0, 1,
                                                     0, 0, std::chrono::seconds(60)));
+  } else if (!spec.hosts.empty()) {
+    TORCH_CHECK(static_cast<int>(spec.hosts.size()) == spec.world_size,
+                "train_gpt: hosts needs world_size entries");
+    run_ranks_on_hosts(spec.hosts, body);
   } else {
     run_ranks(spec.world_size, body);
   }

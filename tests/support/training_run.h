@@ -40,6 +40,8 @@ struct RunSpec {
   // "gloo": ranks as threads over Gloo (world size 1: the single-process communicator);
   // "nccl": world size 1 only, an NCCL group of one over an in-process store.
   std::string backend = "gloo";
+  // If set (world_size entries): rank r counts as on host hosts[r] (run_ranks_on_hosts).
+  std::vector<std::string> hosts;
   // Called on every rank after the last step (e.g. to save a checkpoint); may be empty.
   std::function<void(deepspeed::Engine&)> after_training;
   // Called on every rank after initialize(), before the first step (e.g. to load a checkpoint).

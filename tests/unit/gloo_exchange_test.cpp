@@ -4,15 +4,11 @@
 #include "comm/gloo_exchange.h"
 
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "support/expect.h"
-#include "support/scoped_env.h"
 
 namespace gloo_exchange_test {
 
@@ -61,53 +57,6 @@ TEST(GlooExchange, EmptyMessagesAndTheOwnEntryAreNotPosted) {
 
 TEST(GlooExchange, OneRankPostsNothing) {
   EXPECT_TRUE(posted_by(0, {torch::zeros({2})}, {torch::zeros({2})}).empty());
-}
-
-using Mode = comm::ExchangeMode;
-
-// Each rank's answer when rank r publishes modes[r] and hosts[r] (one thread per rank, one
-// store): every rank must reach the same one.
-bool agreed(const std::vector<Mode>& modes, const std::vector<std::string>& hosts) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  const int world = static_cast<int>(modes.size());
-  std::vector<int> answers(world, -1);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r)
-    ranks.emplace_back([&, r] {
-      answers[r] = comm::agree_on_gloo_exchange(*store, r, world, modes[r], hosts[r]);
-    });
-  for (auto& t : ranks) t.join();
-  for (int r = 1; r < world; ++r) EXPECT_EQ(answers[r], answers[0]) << "rank " << r;
-  return answers[0] == 1;
-}
-
-TEST(GlooExchange, AutoUsesMessagesOnlyWhenTheGroupSpansHosts) {
-  EXPECT_FALSE(agreed({Mode::kAuto, Mode::kAuto, Mode::kAuto}, {"a", "a", "a"}));
-  EXPECT_TRUE(agreed({Mode::kAuto, Mode::kAuto, Mode::kAuto}, {"a", "a", "b"}));
-}
-
-TEST(GlooExchange, OnAndOffOverrideTheHostsAndDisagreementKeepsGloo) {
-  EXPECT_TRUE(agreed({Mode::kOn, Mode::kOn}, {"a", "a"}));
-  EXPECT_FALSE(agreed({Mode::kOff, Mode::kOff}, {"a", "b"}));
-  EXPECT_FALSE(agreed({Mode::kAuto, Mode::kOn, Mode::kAuto}, {"a", "b", "c"}));
-  EXPECT_FALSE(agreed({Mode::kOn, Mode::kOn, Mode::kOff}, {"a", "a", "a"}));
-}
-
-TEST(GlooExchange, TheVariableIsReadAndAnythingElseNamed) {
-  {
-    dstest::ScopedEnv unset("DS_GLOO_EXCHANGE", nullptr);
-    EXPECT_EQ(comm::gloo_exchange_mode_from_env(), Mode::kAuto);
-  }
-  const std::vector<std::pair<const char*, Mode>> cases{
-      {"auto", Mode::kAuto}, {"1", Mode::kOn}, {"true", Mode::kOn}, {"0", Mode::kOff},
-      {"false", Mode::kOff}};
-  for (const auto& [value, mode] : cases) {
-    dstest::ScopedEnv env("DS_GLOO_EXCHANGE", value);
-    EXPECT_EQ(comm::gloo_exchange_mode_from_env(), mode) << value;
-  }
-  dstest::ScopedEnv env("DS_GLOO_EXCHANGE", "on");
-  EXPECT_CONTAINS(dstest::message_of<std::exception>([] { comm::gloo_exchange_mode_from_env(); }),
-                  "environment variable DS_GLOO_EXCHANGE='on' must be auto");
 }
 
 }  // namespace gloo_exchange_test

@@ -212,7 +212,7 @@ class GlooCommunicator : public CommunicatorBase {
       at::Tensor chunks = recv.view(type).view({world, -1});
       output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
     };
-    if (by_hierarchy(input)) {
+    if (by_hierarchy(input, output)) {
       const std::vector<int64_t> counts(world_size_, output.numel());
       return through_hierarchy(describe("reduce_scatter", input), output, input, counts, op);
     }
@@ -241,7 +241,7 @@ class GlooCommunicator : public CommunicatorBase {
       return withdrawn_if_thrown(
           d, [&] { return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish)); });
     }
-    if (by_hierarchy(input)) {
+    if (by_hierarchy(input, output)) {
       return through_hierarchy(describe("reduce_scatter_v", input), output, input, input_splits,
                                op);
     }
@@ -368,8 +368,10 @@ class GlooCommunicator : public CommunicatorBase {
     };
     return launch_all(std::move(d), start, std::move(finish));
   }
-  // Whether a reduce-scatter of `t` goes within and across hosts (gloo_hierarchy.h).
-  bool by_hierarchy(const at::Tensor& t) const { return hierarchy_ && exchanges_on(t); }
+  // Whether a reduce-scatter goes within and across hosts (gloo_hierarchy.h): host tensors.
+  bool by_hierarchy(const at::Tensor& input, const at::Tensor& output) const {
+    return hierarchy_ && exchanges_on(input) && exchanges_on(output);
+  }
   WorkPtr through_hierarchy(OpDesc d, const at::Tensor& output, const at::Tensor& input,
                             const std::vector<int64_t>& splits, ReduceOp op) {
     auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);

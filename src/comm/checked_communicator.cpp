@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/dtypes.h"
+#include "comm/env_flag.h"
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
 #include "deepspeed/topology.h"
@@ -284,13 +285,7 @@ void require_checked_topology(const Topology& topology, const std::string& what,
 }
 
 bool comms_check_from_env() {
-  const char* v = std::getenv("DS_COMMS_CHECK");
-  if (!v || !*v) return false;
-  const std::string s = v;
-  if (s == "1" || s == "true") return true;
-  if (s == "0" || s == "false") return false;
-  throw ConfigError("environment variable DS_COMMS_CHECK='" + s +
-                    "' must be 1/true (check every collective) or 0/false");
+  return flag_from_env("DS_COMMS_CHECK", false, "check every collective", "the default");
 }
 
 }  // namespace comm

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/env_flag.h"
 #include "comm/store_bytes.h"
 #include "deepspeed/errors.h"
 
@@ -27,16 +28,10 @@ ExchangeMode gloo_exchange_mode_from_env() {
 }
 
 bool gloo_hierarchical_from_env() {
-  const char* v = std::getenv("DS_GLOO_HIERARCHICAL");
-  if (v == nullptr || *v == 0) return true;
-  const std::string s = v;
-  if (s == "1" || s == "true") return true;
-  if (s == "0" || s == "false") return false;
-  throw ConfigError(fmt::format(
-      "environment variable DS_GLOO_HIERARCHICAL='{}' must be 1/true (reduce-scatters and "
-      "all-gathers within each host, then across hosts, where every host has the same number of "
-      "ranks; the default) or 0/false (every rank to every rank)",
-      s));
+  return flag_from_env("DS_GLOO_HIERARCHICAL", true,
+                       "reduce-scatters and all-gathers within each host, then across hosts, "
+                       "where every host has the same number of ranks; the default",
+                       "every rank to every rank");
 }
 
 std::optional<HostLayout> host_layout_of(const std::vector<std::string>& host_of_rank) {

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "comm/env_flag.h"
 #include "comm/shm_name.h"
 #include "deepspeed/errors.h"
 
@@ -219,14 +220,9 @@ std::string shm_host_identity() {
 }
 
 bool shm_allreduce_enabled_from_env() {
-  const char* v = std::getenv("DS_SHM_ALLREDUCE");
-  if (v == nullptr || *v == 0) return true;
-  const std::string s = v;
-  if (s == "1" || s == "true") return true;
-  if (s == "0" || s == "false") return false;
-  throw ConfigError(fmt::format(
-      "environment variable DS_SHM_ALLREDUCE='{}' must be 1/true (shared-memory all-reduce for "
-      "groups on one host, the default) or 0/false (always Gloo)", s));
+  return flag_from_env("DS_SHM_ALLREDUCE", true,
+                       "shared-memory all-reduce for groups on one host, the default",
+                       "always Gloo");
 }
 
 size_t shm_allreduce_max_bytes_from_env() {

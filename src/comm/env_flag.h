@@ -1,0 +1,14 @@
+// The on/off environment variables of the communication layer (DS_SHM_ALLREDUCE,
+// DS_GLOO_HIERARCHICAL, DS_COMMS_CHECK), read alike.
+#pragma once
+#include <string>
+
+namespace deepspeed {
+namespace comm {
+
+// `name`'s value: "1"/"true" on, "0"/"false" off, unset or empty `unset`. Any other value throws
+// ConfigError: "environment variable NAME='value' must be 1/true (<on>) or 0/false (<off>)".
+bool flag_from_env(const char* name, bool unset, const std::string& on, const std::string& off);
+
+}  // namespace comm
+}  // namespace deepspeed

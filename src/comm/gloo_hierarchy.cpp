@@ -1,9 +1,11 @@
 #include "comm/gloo_hierarchy.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "comm/gloo_communicator.h"
 #include "comm/local_reduce.h"
 #include "deepspeed/errors.h"
 
@@ -83,6 +85,31 @@ void HierarchicalCollectives::run() {
   }
 }
 
+namespace {
+
+// Views of `parts` (consecutive pieces of one segment) covering its elements [lo, hi).
+void append_range(const std::vector<at::Tensor>& parts, int64_t lo, int64_t hi,
+                  std::vector<at::Tensor>& out) {
+  int64_t start = 0;
+  for (const at::Tensor& part : parts) {
+    const int64_t end = start + part.numel();
+    const int64_t from = std::max(lo, start), to = std::min(hi, end);
+    if (from < to) out.push_back(part.narrow(0, from - start, to - from));
+    start = end;
+  }
+}
+
+// How many pieces the within-host reduce-scatter of `total` elements over `segments` ranks is cut
+// into so that each fits `limit` bytes (the host group's shared-memory path; 0: it has none): a
+// piece takes the same fraction of every segment, at most total / pieces + segments elements.
+int64_t pieces_for(int64_t total, int64_t element_size, size_t limit, int segments) {
+  const int64_t fits = static_cast<int64_t>(limit) / element_size - segments;
+  if (limit == 0 || fits <= 0 || total == 0) return 1;
+  return std::max<int64_t>(1, (total + fits - 1) / fits);
+}
+
+}  // namespace
+
 WorkPtr HierarchicalCollectives::reduce_scatter_v(at::Tensor output, at::Tensor input,
                                                   std::vector<int64_t> splits, ReduceOp op,
                                                   std::function<void()> finish) {
@@ -91,20 +118,39 @@ WorkPtr HierarchicalCollectives::reduce_scatter_v(at::Tensor output, at::Tensor 
     std::vector<int64_t> offset(world + 1, 0);
     for (int r = 0; r < world; ++r) offset[r + 1] = offset[r] + splits[r];
     // Within the host: local index l gets, summed over this host's ranks, the segments of the
-    // ranks with local index l on hosts 0..H-1, in that order.
+    // ranks with local index l on hosts 0..H-1, in that order (segment l below).
     const at::Tensor flat = input.reshape({-1});
-    std::vector<at::Tensor> grouped;
-    std::vector<int64_t> host_splits(layout_.per_host, 0);
-    for (int l = 0; l < layout_.per_host; ++l)
+    const int per_host = layout_.per_host;
+    std::vector<std::vector<at::Tensor>> segment(per_host);
+    std::vector<int64_t> host_splits(per_host, 0);
+    for (int l = 0; l < per_host; ++l)
       for (int h = 0; h < layout_.hosts; ++h) {
         const int r = layout_.ranks[h][l];
-        grouped.push_back(flat.narrow(0, offset[r], splits[r]));
+        segment[l].push_back(flat.narrow(0, offset[r], splits[r]));
         host_splits[l] += splits[r];
       }
-    at::Tensor within = at::cat(grouped);
     at::Tensor partial = at::empty({host_splits[local_]}, flat.options());
     const ReduceOp phase_op = op == ReduceOp::Avg ? ReduceOp::Sum : op;
-    host_group_->reduce_scatter_v(partial, within, host_splits, phase_op)->wait();
+    // In pieces that fit the host group's shared-memory path: larger, it would go over loopback
+    // TCP (3.7x slower at 4 MB, docs/benchmarks.md "Shared-memory all-reduce").
+    const int64_t pieces = pieces_for(offset[world], flat.element_size(),
+                                      shm_allreduce_limit(*host_group_), per_host);
+    std::vector<WorkPtr> works;
+    for (int64_t j = 0; j < pieces; ++j) {
+      std::vector<at::Tensor> parts;
+      std::vector<int64_t> piece_splits(per_host);
+      int64_t mine_lo = 0;
+      for (int l = 0; l < per_host; ++l) {
+        const int64_t lo = host_splits[l] * j / pieces, hi = host_splits[l] * (j + 1) / pieces;
+        append_range(segment[l], lo, hi, parts);
+        piece_splits[l] = hi - lo;
+        if (l == local_) mine_lo = lo;
+      }
+      at::Tensor piece = parts.empty() ? flat.narrow(0, 0, 0) : at::cat(parts);
+      at::Tensor out = partial.narrow(0, mine_lo, piece_splits[local_]);
+      works.push_back(host_group_->reduce_scatter_v(out, piece, piece_splits, phase_op));
+    }
+    for (auto& w : works) w->wait();
     // Across: the H partial sums of this rank's segment, one from each host.
     std::vector<int64_t> across_splits(layout_.hosts);
     for (int h = 0; h < layout_.hosts; ++h) across_splits[h] = splits[layout_.ranks[h][local_]];

@@ -104,6 +104,26 @@ TEST(GlooHierarchy, EveryCollectiveOnInterleavedAndThreeHosts) {
   dstest::run_ranks_on_hosts({"x", "y", "z", "x", "y", "z"}, check_collectives);
 }
 
+// The within-host phase is cut into pieces that fit the host group's shared-memory path
+// (here 256 bytes: 62 floats a piece, so ~40 pieces, all in flight at once).
+TEST(GlooHierarchy, TheWithinHostPhaseGoesInPiecesThatFitSharedMemory) {
+  dstest::ScopedEnv limit("DS_SHM_ALLREDUCE_MAX_BYTES", "256");
+  dstest::run_ranks_on_hosts({"a", "b", "a", "b"}, [](CommunicatorPtr c) {
+    ASSERT_TRUE(deepspeed::comm::gloo_hierarchical(*c));
+    const int r = c->rank();
+    for (at::ScalarType type : {at::kFloat, at::kBFloat16}) {
+      const std::vector<int64_t> splits{700, 0, 1301, 499};
+      int64_t offset = 0;
+      for (int p = 0; p < r; ++p) offset += splits[p];
+      at::Tensor out = at::zeros({splits[r]}, type);
+      c->reduce_scatter_v(out, pattern(2500, r, type), splits, ReduceOp::Sum)->wait();
+      EXPECT_TRUE(out.to(at::kDouble).equal(expected(2500, 4, ReduceOp::Sum)
+                                                .narrow(0, offset, splits[r])))
+          << c10::toString(type);
+    }
+  });
+}
+
 TEST(GlooHierarchy, OnlyWhereEveryHostHasTheSameSeveralRanksAndNotWhenTurnedOff) {
   dstest::run_ranks_on_hosts({"a", "a", "b"}, [](CommunicatorPtr c) {
     EXPECT_FALSE(deepspeed::comm::gloo_hierarchical(*c));

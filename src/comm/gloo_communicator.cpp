@@ -351,7 +351,7 @@ class GlooCommunicator : public CommunicatorBase {
     if (hierarchy_ && on_host) {
       auto timed_finish = timed(d, std::chrono::steady_clock::now(), std::move(finish));
       return withdrawn_if_thrown(
-          d, [&] { return hierarchy_->gather_into(bufs, std::move(timed_finish)); });
+          d, [&] { return hierarchy_->gather_into(bufs, d, std::move(timed_finish)); });
     }
     if (exchange_enabled_ && on_host) {
       const std::vector<at::Tensor> mine(world_size_, bufs[rank_]);
@@ -376,7 +376,7 @@ class GlooCommunicator : public CommunicatorBase {
                             const std::vector<int64_t>& splits, ReduceOp op) {
     auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
     return withdrawn_if_thrown(d, [&] {
-      return hierarchy_->reduce_scatter_v(output, input, splits, op, std::move(finish));
+      return hierarchy_->reduce_scatter_v(output, input, splits, op, d, std::move(finish));
     });
   }
   // Whether `t` travels by exchange() (gloo_exchange.h) rather than by Gloo's collectives.

@@ -51,12 +51,13 @@ HierarchicalCollectives::~HierarchicalCollectives() {
   thread_.join();
 }
 
-WorkPtr HierarchicalCollectives::enqueue(std::function<void()> job, std::function<void()> finish) {
-  std::promise<void> done;
-  std::shared_future<void> future = done.get_future().share();
+WorkPtr HierarchicalCollectives::enqueue(std::function<void()> job, OpDesc desc,
+                                         std::function<void()> finish) {
+  Job queued{std::move(job), std::move(desc), std::chrono::steady_clock::now(), {}};
+  std::shared_future<void> future = queued.done.get_future().share();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(std::move(job), std::move(done));
+    queue_.push_back(std::move(queued));
   }
   ready_.notify_one();
   return std::make_shared<QueuedWork>(std::move(future), std::move(finish));
@@ -67,20 +68,23 @@ void HierarchicalCollectives::run() {
     std::unique_lock<std::mutex> lock(mu_);
     ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
     if (stopping_) {
-      for (auto& queued : queue_)
-        queued.second.set_exception(std::make_exception_ptr(
-            CommError("the Gloo group was destroyed before this collective started")));
+      for (Job& queued : queue_)
+        queued.done.set_exception(std::make_exception_ptr(CommError(failure_message(
+            queued.desc, 0.0, "the Gloo group was destroyed before this collective started"))));
       queue_.clear();
       return;
     }
-    auto [job, done] = std::move(queue_.front());
+    Job job = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
     try {
-      job();
-      done.set_value();
+      job.run();
+      job.done.set_value();
     } catch (...) {
-      done.set_exception(std::current_exception());
+      const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - job.queued;
+      job.done.set_exception(std::make_exception_ptr(CommError(failure_message(
+          job.desc, elapsed.count(),
+          "within hosts, then across (DS_GLOO_HIERARCHICAL): " + current_exception_message()))));
     }
   }
 }
@@ -112,7 +116,7 @@ int64_t pieces_for(int64_t total, int64_t element_size, size_t limit, int segmen
 
 WorkPtr HierarchicalCollectives::reduce_scatter_v(at::Tensor output, at::Tensor input,
                                                   std::vector<int64_t> splits, ReduceOp op,
-                                                  std::function<void()> finish) {
+                                                  OpDesc desc, std::function<void()> finish) {
   auto job = [this, output, input, splits, op]() mutable {
     const int world = static_cast<int>(splits.size());
     std::vector<int64_t> offset(world + 1, 0);
@@ -159,10 +163,10 @@ WorkPtr HierarchicalCollectives::reduce_scatter_v(at::Tensor output, at::Tensor 
     if (op == ReduceOp::Avg) divide_by(result, world);
     output.copy_(result.view(output.sizes()));
   };
-  return enqueue(std::move(job), std::move(finish));
+  return enqueue(std::move(job), std::move(desc), std::move(finish));
 }
 
-WorkPtr HierarchicalCollectives::gather_into(std::vector<at::Tensor> bufs,
+WorkPtr HierarchicalCollectives::gather_into(std::vector<at::Tensor> bufs, OpDesc desc,
                                              std::function<void()> finish) {
   auto job = [this, bufs] {
     // Across: this rank's chunk to the rank with its local index on every host, and theirs here.
@@ -178,7 +182,7 @@ WorkPtr HierarchicalCollectives::gather_into(std::vector<at::Tensor> bufs,
     }
     for (auto& w : works) w->wait();
   };
-  return enqueue(std::move(job), std::move(finish));
+  return enqueue(std::move(job), std::move(desc), std::move(finish));
 }
 
 }  // namespace comm

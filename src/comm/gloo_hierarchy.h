@@ -17,6 +17,7 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "comm/gloo_group_plan.h"
+#include "comm/work.h"
 #include "deepspeed/comm.h"
 
 namespace deepspeed {
@@ -44,17 +46,18 @@ class HierarchicalCollectives {
   // reduce_scatter_v's contract (input in rank order, splits[r] elements for rank r); the
   // result is written into `output` by the thread; `finish` runs on the caller's wait() after.
   // Partial sums travel in the input's dtype (16-bit ones are rounded once more than a flat
-  // reduce-scatter's). Avg sums both phases and divides by the world size once.
+  // reduce-scatter's). Avg sums both phases and divides by the world size once. A failure is
+  // CommError naming `desc` (the caller's collective on the whole group), then the phase's own.
   WorkPtr reduce_scatter_v(at::Tensor output, at::Tensor input, std::vector<int64_t> splits,
-                           ReduceOp op, std::function<void()> finish);
+                           ReduceOp op, OpDesc desc, std::function<void()> finish);
   // All-gather into bufs[r] (rank r's data; contiguous, equal sizes; this rank's own filled).
-  WorkPtr gather_into(std::vector<at::Tensor> bufs, std::function<void()> finish);
+  WorkPtr gather_into(std::vector<at::Tensor> bufs, OpDesc desc, std::function<void()> finish);
 
   const CommunicatorPtr& host_group() const { return host_group_; }
   const CommunicatorPtr& across() const { return across_; }
 
  private:
-  WorkPtr enqueue(std::function<void()> job, std::function<void()> finish);
+  WorkPtr enqueue(std::function<void()> job, OpDesc desc, std::function<void()> finish);
   void run();
 
   const HostLayout layout_;
@@ -62,7 +65,13 @@ class HierarchicalCollectives {
   CommunicatorPtr host_group_, across_;
   std::mutex mu_;
   std::condition_variable ready_;
-  std::deque<std::pair<std::function<void()>, std::promise<void>>> queue_;
+  struct Job {
+    std::function<void()> run;
+    OpDesc desc;
+    std::chrono::steady_clock::time_point queued;
+    std::promise<void> done;
+  };
+  std::deque<Job> queue_;
   bool stopping_ = false;
   std::thread thread_;  // last: started once everything above exists
 };

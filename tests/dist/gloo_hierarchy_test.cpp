@@ -134,19 +134,27 @@ TEST(GlooHierarchy, OnlyWhereEveryHostHasTheSameSeveralRanksAndNotWhenTurnedOff)
   });
 }
 
-// A rank that never joins: the others' waits end with CommError (the group's timeout), no hang.
-TEST(GlooHierarchy, ARankThatNeverComesFailsTheOthersWaits) {
-  const std::string message = dstest::message_of<std::exception>([] {
-    dstest::run_ranks_on_hosts(
-        {"a", "a", "b", "b"},
-        [](CommunicatorPtr c) {
-          if (c->rank() == 3) throw std::runtime_error("rank 3 leaves");
-          at::Tensor out = at::zeros({2});
+// A rank that leaves instead of joining: the others' waits end with CommError naming the
+// collective they called (not only the phase's sub-group), no hang.
+TEST(GlooHierarchy, ARankThatLeavesFailsTheOthersWaitsNamingTheirCollective) {
+  std::vector<std::string> messages(4);
+  dstest::run_ranks_on_hosts(
+      {"a", "a", "b", "b"},
+      [&](CommunicatorPtr c) {
+        if (c->rank() == 3) return;  // its group closes as it returns
+        at::Tensor out = at::zeros({2});
+        try {
           c->reduce_scatter(out, at::ones({8}), ReduceOp::Sum)->wait();
-        },
-        std::chrono::seconds(3));
-  });
-  EXPECT_CONTAINS(message, "rank 3 leaves");
+        } catch (const deepspeed::CommError& e) {
+          messages[c->rank()] = e.what();
+        }
+      },
+      std::chrono::seconds(3));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_CONTAINS(messages[r], "reduce_scatter of 8 elements (float) on rank " +
+                                     std::to_string(r) + " of 4");
+    EXPECT_CONTAINS(messages[r], "within hosts, then across (DS_GLOO_HIERARCHICAL)");
+  }
 }
 
 // ZeRO-2 and ZeRO-3 train the same as with every rank sending to every rank: the sums are

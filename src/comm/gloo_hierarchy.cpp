@@ -36,7 +36,6 @@ HierarchicalCollectives::HierarchicalCollectives(HostLayout layout, int rank,
                                                  CommunicatorPtr host_group, CommunicatorPtr across)
     : layout_(std::move(layout)),
       rank_(rank),
-      host_(layout_.host_of[rank]),
       local_(layout_.local_of[rank]),
       host_group_(std::move(host_group)),
       across_(std::move(across)),

@@ -53,15 +53,12 @@ class HierarchicalCollectives {
   // All-gather into bufs[r] (rank r's data; contiguous, equal sizes; this rank's own filled).
   WorkPtr gather_into(std::vector<at::Tensor> bufs, OpDesc desc, std::function<void()> finish);
 
-  const CommunicatorPtr& host_group() const { return host_group_; }
-  const CommunicatorPtr& across() const { return across_; }
-
  private:
   WorkPtr enqueue(std::function<void()> job, OpDesc desc, std::function<void()> finish);
   void run();
 
   const HostLayout layout_;
-  const int rank_, host_, local_;
+  const int rank_, local_;  // this rank, and its index on its host
   CommunicatorPtr host_group_, across_;
   std::mutex mu_;
   std::condition_variable ready_;

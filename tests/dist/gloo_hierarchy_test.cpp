@@ -1,8 +1,8 @@
 // Reduce-scatters and all-gathers within and then across hosts (gloo_hierarchy.h), on ranks as
 // threads that count as on several hosts (run_ranks_on_hosts): the values of every collective that
 // takes the path, for the host layouts it accepts (hosts in rank blocks, interleaved, 3 hosts),
-// several in flight, a rank that never comes, and ZeRO-2/3 training against every rank to every
-// rank.
+// several in flight, the within-host phase in shared-memory pieces, a rank that leaves (the
+// others' errors name their collective), and ZeRO-2/3 training against every rank to every rank.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

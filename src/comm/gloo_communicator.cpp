@@ -205,6 +205,10 @@ class GlooCommunicator : public CommunicatorBase {
     if (output.numel() == 0) return done();
     at::ScalarType type = input.scalar_type();
     at::ScalarType wire = bits_dtype(type, "reduce_scatter");
+    if (by_hierarchy(input, output)) {
+      const std::vector<int64_t> counts(world_size_, output.numel());
+      return through_hierarchy(describe("reduce_scatter", input), output, input, counts, op);
+    }
     at::Tensor send = bits_view(input, wire).view({-1});
     at::Tensor recv = at::empty({input.numel()}, send.options());
     const int world = world_size_;
@@ -212,10 +216,6 @@ class GlooCommunicator : public CommunicatorBase {
       at::Tensor chunks = recv.view(type).view({world, -1});
       output.copy_(reduce_chunks(chunks, op, world).view(output.sizes()));
     };
-    if (by_hierarchy(input, output)) {
-      const std::vector<int64_t> counts(world_size_, output.numel());
-      return through_hierarchy(describe("reduce_scatter", input), output, input, counts, op);
-    }
     if (exchanges(input)) {
       const std::vector<int64_t> counts(world_size_, output.numel());
       return exchange_segments(describe("reduce_scatter", input), send, counts, recv, finish);
@@ -241,12 +241,12 @@ class GlooCommunicator : public CommunicatorBase {
       return withdrawn_if_thrown(
           d, [&] { return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish)); });
     }
+    at::ScalarType type = input.scalar_type();
+    at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
     if (by_hierarchy(input, output)) {
       return through_hierarchy(describe("reduce_scatter_v", input), output, input, input_splits,
                                op);
     }
-    at::ScalarType type = input.scalar_type();
-    at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
     const int64_t mine = input_splits[rank_];
     at::Tensor recv = at::empty({mine * world_size_}, send.options());

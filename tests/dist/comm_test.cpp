@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/gloo_communicator.h"
+#include "support/comm_patterns.h"
 #include "support/expect.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
@@ -41,33 +42,8 @@ const std::vector<at::ScalarType> kTypes = {at::kFloat, at::kDouble, at::kBFloat
 // At the large count only the dtypes the engine moves in bulk, to keep the suite fast.
 const std::vector<at::ScalarType> kBulkTypes = {at::kFloat, at::kBFloat16};
 
-// Rank r's data at positions [offset, offset + n): small integers in [-8, 8] that differ
-// between ranks and positions.
-at::Tensor pattern(int64_t n, int r, at::ScalarType type, int salt = 0, int64_t offset = 0) {
-  return at::arange(offset, offset + n, at::kLong)
-      .mul(7)
-      .add(r * 13 + salt * 5)
-      .remainder(17)
-      .sub(8)
-      .to(type);
-}
-
-// Reference reduction over all ranks' patterns, in double, cast to `type` at the end.
-at::Tensor expected_reduce(int64_t n, int world, at::ScalarType type, ReduceOp op,
-                           int64_t offset = 0) {
-  at::Tensor acc = pattern(n, 0, at::kDouble, 0, offset);
-  for (int r = 1; r < world; ++r) {
-    at::Tensor x = pattern(n, r, at::kDouble, 0, offset);
-    if (op == ReduceOp::Max)
-      acc = at::maximum(acc, x);
-    else if (op == ReduceOp::Min)
-      acc = at::minimum(acc, x);
-    else
-      acc = acc + x;
-  }
-  if (op == ReduceOp::Avg) acc = acc / world;
-  return acc.to(type);
-}
+using dstest::expected_reduce;
+using dstest::pattern;
 
 std::string what(at::ScalarType type, int64_t n, int rank) {
   return std::string(c10::toString(type)) + " n=" + std::to_string(n) + " rank " +

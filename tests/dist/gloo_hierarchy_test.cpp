@@ -12,6 +12,7 @@
 #include "comm/gloo_communicator.h"
 #include "deepspeed/errors.h"
 #include "runtime/engine_state.h"
+#include "support/comm_patterns.h"
 #include "support/expect.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
@@ -22,19 +23,11 @@ namespace gloo_hierarchy_test {
 using deepspeed::comm::CommunicatorPtr;
 using deepspeed::comm::ReduceOp;
 
-// Small integers: every partial sum is exact in bf16 too, so results compare exactly.
-at::Tensor pattern(int64_t n, int r, at::ScalarType type, int salt = 0) {
-  return at::arange(n, at::kLong).mul(5).add(r * 3 + salt).remainder(11).sub(5).to(type);
-}
+using dstest::pattern;
 
+// Small integers (comm_patterns.h): every partial sum is exact in bf16 too.
 at::Tensor expected(int64_t n, int world, ReduceOp op) {
-  at::Tensor acc = pattern(n, 0, at::kDouble);
-  for (int r = 1; r < world; ++r) {
-    at::Tensor x = pattern(n, r, at::kDouble);
-    acc = op == ReduceOp::Max ? at::maximum(acc, x) : op == ReduceOp::Min ? at::minimum(acc, x)
-                                                                         : acc + x;
-  }
-  return op == ReduceOp::Avg ? acc / world : acc;
+  return dstest::expected_reduce(n, world, at::kDouble, op);
 }
 
 void check_collectives(CommunicatorPtr c) {

@@ -3,7 +3,8 @@
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
                                                    [--stages 0,1,2,3] [--precisions fp32,bf16]
-                                                   [--micro_batch N] [--shm on,large,off] [--no_memory]
+                                                   [--micro_batch N] [--shm on,large,gloo_gather,off]
+                                                   [--no_memory]
 
 For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
 torch.autocast, PyTorch's own bf16 mixed precision) it runs the example GPT
@@ -12,10 +13,12 @@ twice: once for speed (plain malloc) and once for memory (MALLOC_MMAP_THRESHOLD_
 blocks go back to the OS and VmHWM shows what was really needed). Prints a markdown table:
 step time, tokens/s, model-state bytes per rank (from the engine's memory report / the tensors'
 storages) against the ZeRO formula, and peak RSS per rank (VmHWM, max over ranks).
---shm on,large,off runs every deepspeed.cpp stage with the shared-memory all-reduce on (the
-default: all-reduces up to DS_SHM_ALLREDUCE_MAX_BYTES), on for every size (large:
-DS_SHM_ALLREDUCE_MAX_BYTES=2^30, larger ones in pieces) and off (DS_SHM_ALLREDUCE=0: every
-collective through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the memory run (its
+--shm on,large,gloo_gather,off runs every deepspeed.cpp stage with the shared-memory path on (the
+default: all-reduces up to DS_SHM_ALLREDUCE_MAX_BYTES, all-gathers up to
+DS_SHM_ALLGATHER_MAX_BYTES), on for all-reduces of every size (large:
+DS_SHM_ALLREDUCE_MAX_BYTES=2^30, larger ones in pieces), on but with every all-gather through Gloo
+(gloo_gather: DS_SHM_ALLGATHER_MAX_BYTES=1) and off (DS_SHM_ALLREDUCE=0: every collective
+through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the memory run (its
 columns then read 0).
 DDP runs with its defaults (broadcast_buffers=True, gradient_as_bucket_view=False: the published
 rows); --ddp_no_broadcast_buffers and --ddp_gradient_as_bucket_view pass ddp_baseline.py's lean
@@ -62,13 +65,17 @@ def main():
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--micro_batch", type=int, default=0, help="override the config's micro-batch per rank")
-    p.add_argument("--shm", default="on", help="deepspeed.cpp runs: on, large and/or off (see above)")
+    p.add_argument("--shm", default="on",
+                   help="deepspeed.cpp runs: on, large, gloo_gather and/or off (see above)")
     p.add_argument("--no_memory", action="store_true", help="speed run only")
     p.add_argument("--ddp_no_broadcast_buffers", action="store_true",
                    help="DDP without broadcast_buffers (its default re-broadcasts the causal masks every forward)")
     p.add_argument("--ddp_gradient_as_bucket_view", action="store_true",
                    help="DDP with gradient_as_bucket_view (its default keeps a second fp32 gradient copy)")
     a = p.parse_args()
+    for shm in a.shm.split(","):
+        if shm not in ("on", "large", "gloo_gather", "off"):
+            p.error(f"--shm: '{shm}' is not on, large, gloo_gather or off")
     model = ["--n_layer", str(a.n_layer), "--n_head", str(a.n_head), "--n_embd", str(a.n_embd), "--block_size", "128"]
     data = os.path.join(ROOT, "data", "fortunes.txt")
     base = json.load(open(os.path.join(ROOT, "examples", "gpt", "ds_config.json")))
@@ -83,6 +90,7 @@ def main():
             for s in a.stages.split(","):
                 for shm in a.shm.split(","):
                     how = "" if a.shm == "on" else {"on": ", shm up to the limit", "large": ", shm any size",
+                                                    "gloo_gather": ", all-gathers through Gloo",
                                                     "off": ", Gloo only"}[shm]
                     runs.append((f"deepspeed.cpp ZeRO-{s} {prec}{how}", int(s), prec, shm))
             lean = [o for o, on in (("no broadcast_buffers", a.ddp_no_broadcast_buffers),
@@ -127,6 +135,8 @@ def main():
                 shm_env = {"DS_SHM_ALLREDUCE": "0" if shm == "off" else "1"}
                 if shm == "large":
                     shm_env["DS_SHM_ALLREDUCE_MAX_BYTES"] = str(1 << 30)
+                if shm == "gloo_gather":
+                    shm_env["DS_SHM_ALLGATHER_MAX_BYTES"] = "1"
                 results[mode] = run(cmd, dict(env, **shm_env))
                 print(f"  {name} ({mode}): done", file=sys.stderr, flush=True)
             speed = results["speed"]

@@ -19,6 +19,10 @@
 // - where every host runs the same number (>= 2) of the group's ranks, reduce-scatters and
 //   all-gathers of host tensors go within each host and then across (gloo_hierarchy.h): each
 //   host sends its link (H-1)/H of the data instead of L times that.
+// - when every rank of the group is on this host, small all-reduces and reduce_scatter_v go
+//   through a shared-memory segment (shm_allreduce.h), and so do all-gathers: each rank writes
+//   its chunk once and copies the others' out, where loopback TCP copies every byte through the
+//   kernel twice per receiver.
 // - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
@@ -108,6 +112,7 @@ class GlooCommunicator : public CommunicatorBase {
     watch_with(std::move(board), channel_name_);
   }
   size_t shm_limit() const { return shm_ ? shm_->max_bytes() : 0; }
+  size_t shm_gather_limit() const { return shm_ ? shm_->max_gather_bytes() : 0; }
   bool exchange_enabled() const { return exchange_enabled_; }
   // The shared-memory path's start (launch() for c10d works): an operation it refused (its group
   // already failed, an allocation) is withdrawn. One refused after publishing part of it was
@@ -348,6 +353,12 @@ class GlooCommunicator : public CommunicatorBase {
   // hosts, by exchange(), or by one broadcast per rank.
   WorkPtr gather_into(OpDesc d, const std::vector<at::Tensor>& bufs, bool on_host,
                       std::function<void()> finish) {
+    // Shared memory when every rank is here; every rank decides alike (same sizes).
+    if (shm_ && on_host && shm_->accepts_gather(bufs[rank_])) {
+      auto timed_finish = timed(d, std::chrono::steady_clock::now(), std::move(finish));
+      return withdrawn_if_thrown(
+          d, [&] { return shm_->all_gather(bufs, bufs[rank_], d, std::move(timed_finish)); });
+    }
     if (hierarchy_ && on_host) {
       auto timed_finish = timed(d, std::chrono::steady_clock::now(), std::move(finish));
       return withdrawn_if_thrown(
@@ -556,6 +567,11 @@ bool gloo_exchanges_host_tensors(const Communicator& comm) {
 
 size_t shm_allreduce_limit(const Communicator& comm) {
   if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->shm_limit();
+  return 0;
+}
+
+size_t shm_allgather_limit(const Communicator& comm) {
+  if (auto* gloo = dynamic_cast<const GlooCommunicator*>(&comm)) return gloo->shm_gather_limit();
   return 0;
 }
 

@@ -59,6 +59,8 @@ std::string why_next_collective_is_stuck(const Communicator& comm);
 // when it has no shared-memory path (not a Gloo communicator, ranks on several hosts, or
 // DS_SHM_ALLREDUCE=0). For tests and benchmarks.
 size_t shm_allreduce_limit(const Communicator& comm);
+// The same for all-gathers (bytes gathered, world x chunk): 0 without a shared-memory path.
+size_t shm_allgather_limit(const Communicator& comm);
 
 // Whether `comm` moves host tensors' reduce-scatters, all-gathers and all-to-alls as
 // point-to-point messages with the receives posted first (gloo_exchange.h): false when it is not

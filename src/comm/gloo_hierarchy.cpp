@@ -157,10 +157,14 @@ WorkPtr HierarchicalCollectives::reduce_scatter_v(at::Tensor output, at::Tensor 
     // Across: the H partial sums of this rank's segment, one from each host.
     std::vector<int64_t> across_splits(layout_.hosts);
     for (int h = 0; h < layout_.hosts; ++h) across_splits[h] = splits[layout_.ranks[h][local_]];
-    at::Tensor result = at::empty({splits[rank_]}, flat.options());
+    // Received in place where the caller's output allows it (the caller reads it only after
+    // its wait()).
+    const bool in_place = output.is_contiguous() && output.scalar_type() == flat.scalar_type();
+    at::Tensor result =
+        in_place ? output.view({-1}) : at::empty({splits[rank_]}, flat.options());
     across_->reduce_scatter_v(result, partial, across_splits, phase_op)->wait();
     if (op == ReduceOp::Avg) divide_by(result, world);
-    output.copy_(result.view(output.sizes()));
+    if (!in_place) output.copy_(result.view(output.sizes()));
   };
   return enqueue(std::move(job), std::move(desc), std::move(finish));
 }

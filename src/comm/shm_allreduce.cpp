@@ -157,23 +157,27 @@ std::shared_ptr<ShmAllReduce> ShmAllReduce::create(c10d::Store& store, int rank,
                                                    std::chrono::milliseconds timeout,
                                                    const std::string& host) {
   const size_t max_bytes = shm_allreduce_max_bytes_from_env();
+  const size_t max_gather_bytes = shm_allgather_max_bytes_from_env();
   const size_t slot_bytes = shm_allreduce_slot_bytes_from_env();
   const size_t share_bytes = shm_allreduce_share_bytes_from_env();
   // Ranks that disagree on any size would cut pieces differently: such a group keeps to Gloo.
   const std::string settings =
-      fmt::format("max={} slot={} share={}", max_bytes, slot_bytes, share_bytes);
+      fmt::format("max={} gather={} slot={} share={}", max_bytes, max_gather_bytes, slot_bytes,
+                  share_bytes);
   auto seg = setup_shm_segment(store, rank, world, kSlots, slot_bytes, settings, host);
   if (!seg) return nullptr;
-  return std::make_shared<ShmAllReduce>(std::move(seg), rank, world, max_bytes, share_bytes,
-                                        timeout);
+  return std::make_shared<ShmAllReduce>(std::move(seg), rank, world, max_bytes,
+                                        max_gather_bytes, share_bytes, timeout);
 }
 
 ShmAllReduce::ShmAllReduce(std::unique_ptr<ShmSegment> seg, int rank, int world,
-                           size_t max_bytes, size_t share_bytes, std::chrono::milliseconds timeout)
+                           size_t max_bytes, size_t max_gather_bytes, size_t share_bytes,
+                           std::chrono::milliseconds timeout)
     : seg_(std::move(seg)),
       rank_(rank),
       world_(world),
       max_bytes_(max_bytes),
+      max_gather_bytes_(max_gather_bytes),
       slot_bytes_(seg_->header().slot_bytes),
       share_bytes_(share_bytes),
       timeout_(timeout) {}
@@ -183,6 +187,11 @@ ShmAllReduce::~ShmAllReduce() { seg_->rank_state(rank_).closed.store(1); }
 bool ShmAllReduce::accepts(const at::Tensor& t) const {
   return t.device().is_cpu() && reduced_here(t.scalar_type()) &&
          static_cast<size_t>(t.numel()) * t.element_size() <= max_bytes_;
+}
+
+bool ShmAllReduce::accepts_gather(const at::Tensor& chunk) const {
+  return chunk.device().is_cpu() &&
+         static_cast<size_t>(chunk.numel()) * chunk.element_size() * world_ <= max_gather_bytes_;
 }
 
 ShmAllReduce::Pending ShmAllReduce::pending_for(const at::Tensor& input, ReduceOp op, OpDesc desc,
@@ -210,6 +219,18 @@ WorkPtr ShmAllReduce::reduce_scatter_v(at::Tensor& output, const at::Tensor& inp
   p.out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
   p.lo = offset;
   p.hi = offset + output.numel();
+  return issue(std::move(p));
+}
+
+WorkPtr ShmAllReduce::all_gather(std::vector<at::Tensor> outputs, const at::Tensor& chunk,
+                                 OpDesc desc, std::function<void()> finish) {
+  Pending p = pending_for(chunk, ReduceOp::Sum, std::move(desc), std::move(finish));
+  for (const at::Tensor& out : outputs)
+    if (!out.is_contiguous() || out.numel() != chunk.numel() ||
+        out.scalar_type() != chunk.scalar_type())
+      throw CommError("shared-memory all_gather: each output must be contiguous, with the "
+                      "input's dtype and size (internal error)");
+  p.gathered = std::move(outputs);
   return issue(std::move(p));
 }
 
@@ -256,7 +277,7 @@ ShmAllReduce::Piece ShmAllReduce::piece(uint64_t seq) {
     const int64_t per_piece = static_cast<int64_t>(slot_bytes_) / size;
     const int64_t begin = static_cast<int64_t>(seq - op.first) * per_piece;
     const int64_t numel = std::min(per_piece, op.dense.numel() - begin);
-    const bool shares = !op.out.defined() && world_ > 2 &&
+    const bool shares = !op.out.defined() && op.gathered.empty() && world_ > 2 &&
                         static_cast<size_t>(numel * size) >= share_bytes_;
     return Piece{&op, static_cast<char*>(op.dense.data_ptr()) + begin * size, begin, numel,
                  shares};
@@ -323,7 +344,12 @@ bool ShmAllReduce::try_finish(bool block) {
     await_all(need, seq, seq);
   }
   const int64_t size = p.op->dense.element_size();
-  if (p.op->out.defined()) {  // reduce-scatter: only the part inside this rank's segment
+  if (!p.op->gathered.empty()) {  // all-gather: every row into its rank's output
+    for (int r = 0; r < world_; ++r) {
+      char* to = static_cast<char*>(p.op->gathered[r].data_ptr()) + p.begin * size;
+      if (to != p.data) std::memcpy(to, seg_->slot(seq, r), p.numel * size);
+    }
+  } else if (p.op->out.defined()) {  // reduce-scatter: only the part inside this rank's segment
     const int64_t begin = std::max(p.begin, p.op->lo);
     const int64_t end = std::min(p.begin + p.numel, p.op->hi);
     if (end > begin) {
@@ -348,7 +374,9 @@ bool ShmAllReduce::try_finish(bool block) {
   read_ = seq;
   if (seq == p.op->last) {  // the operation is complete
     Pending& op = pending_.front();
-    if (op.out.defined()) {
+    if (!op.gathered.empty()) {
+      // nothing to write back: the outputs are contiguous, and the input is only read
+    } else if (op.out.defined()) {
       if (!op.out.is_same(op.output)) op.output.copy_(op.out);
     } else if (!op.dense.is_same(op.tensor)) {
       op.tensor.copy_(op.dense);

@@ -4,7 +4,9 @@
 // one wait for the peers and a local reduce (docs/benchmarks.md, "Shared-memory all-reduce").
 //
 // The same machinery serves reduce_scatter_v (below): pieces are published alike, and a rank
-// finishes a piece by reducing only the part inside its own segment.
+// finishes a piece by reducing only the part inside its own segment; and all_gather: each rank
+// publishes pieces of its own chunk, and finishes a piece by copying every row into the output of
+// the rank that wrote it (no reduction).
 //
 // Vocabulary: a **piece** is at most one slot row (slot_bytes, 1 MiB by default) of an
 // all-reduce; an all-reduce of B bytes is ceil(B / slot_bytes) pieces, numbered by `seq` (1, 2,
@@ -71,7 +73,7 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
                                               std::chrono::milliseconds timeout,
                                               const std::string& host);
   ShmAllReduce(std::unique_ptr<ShmSegment> seg, int rank, int world, size_t max_bytes,
-               size_t share_bytes, std::chrono::milliseconds timeout);
+               size_t max_gather_bytes, size_t share_bytes, std::chrono::milliseconds timeout);
   ~ShmAllReduce();  // tells the peers this rank is gone
 
   // Whether this path takes `t`: a CPU tensor of a dtype reduced here (fp32, fp64, fp16, bf16,
@@ -92,6 +94,19 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
   WorkPtr reduce_scatter_v(at::Tensor& output, const at::Tensor& input, int64_t offset,
                            ReduceOp op, OpDesc desc, std::function<void()> finish);
 
+  // Whether this path takes the all-gather of `chunk` (this rank's part; every rank's of the same
+  // size): a CPU tensor of any dtype (moved as bytes) whose gathered whole, world x chunk, is at
+  // most max_gather_bytes.
+  bool accepts_gather(const at::Tensor& chunk) const;
+  size_t max_gather_bytes() const { return max_gather_bytes_; }
+
+  // Issues the all-gather of `chunk` (REQUIRES accepts_gather(chunk), chunk.numel() > 0):
+  // outputs[r] (contiguous, chunk's dtype and numel; outputs[rank] may be chunk itself) receives
+  // rank r's chunk. The same pieces as an all-reduce of the chunk; finishing a piece copies every
+  // peer's row into its output.
+  WorkPtr all_gather(std::vector<at::Tensor> outputs, const at::Tensor& chunk, OpDesc desc,
+                     std::function<void()> finish);
+
  private:
   using Clock = std::chrono::steady_clock;
   enum class Step { kArrived, kReduced, kDone };  // which counter of ShmRankState
@@ -108,6 +123,8 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
     // `out` (contiguous: the output itself, or a staged copy written back at the end).
     at::Tensor output, out;
     int64_t lo = 0, hi = 0;
+    // All-gather only (non-empty): rank r's chunk goes into gathered[r]; `dense` is this rank's.
+    std::vector<at::Tensor> gathered;
   };
   // A pending operation on `input` with the fields every kind sets (reduce_scatter_v adds its
   // output and segment).
@@ -146,7 +163,7 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
 
   std::unique_ptr<ShmSegment> seg_;
   const int rank_, world_;
-  const size_t max_bytes_, slot_bytes_, share_bytes_;
+  const size_t max_bytes_, max_gather_bytes_, slot_bytes_, share_bytes_;
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
   uint64_t operations_ = 0;  // all-reduces issued here

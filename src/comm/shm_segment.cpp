@@ -31,6 +31,9 @@ constexpr uint64_t kMagic = 0x64735f73686d3032ull;  // "ds_shm02"
 // Chosen with bench/shm_allreduce.cpp and bench/zero_memory_and_speed.py (docs/benchmarks.md,
 // "Shared-memory all-reduce").
 constexpr size_t kDefaultMaxBytes = 1 << 20;
+// The largest all-gather (bytes of the gathered whole) through shared memory: chosen with
+// bench/shm_allreduce.cpp --op all_gather (docs/benchmarks.md, "Shared-memory all-gather").
+constexpr size_t kDefaultMaxGatherBytes = size_t{1} << 40;  // any size: faster at every size
 // One piece: large enough that the per-piece handshake (a few us) is small against copying it
 // (~100 us), small enough that the segment (4 slots x world x this) stays a few MiB.
 constexpr size_t kDefaultSlotBytes = 1 << 20;
@@ -228,6 +231,11 @@ bool shm_allreduce_enabled_from_env() {
 size_t shm_allreduce_max_bytes_from_env() {
   return bytes_from_env("DS_SHM_ALLREDUCE_MAX_BYTES", kDefaultMaxBytes, 1, 1ll << 40,
                         "the largest all-reduce (bytes) through shared memory");
+}
+
+size_t shm_allgather_max_bytes_from_env() {
+  return bytes_from_env("DS_SHM_ALLGATHER_MAX_BYTES", kDefaultMaxGatherBytes, 1, 1ll << 40,
+                        "the largest all-gather (bytes gathered) through shared memory");
 }
 
 size_t shm_allreduce_slot_bytes_from_env() {

@@ -126,6 +126,12 @@ void sweep(int world) {
 TEST(CommSweep, WorldSize2) { sweep(2); }
 TEST(CommSweep, WorldSize3) { sweep(3); }
 TEST(CommSweep, WorldSize4) { sweep(4); }
+// On one host small all-reduces, reduce_scatter_v and all-gathers go through shared memory by
+// default (shm_allreduce.h): the same sweep over Gloo alone.
+TEST(CommSweep, WorldSize3WithoutSharedMemory) {
+  dstest::ScopedEnv off("DS_SHM_ALLREDUCE", "0");
+  sweep(3);
+}
 
 // bf16 and int16 travel as Half bits: every bit pattern must arrive unchanged, NaNs included.
 TEST(Comm, SixteenBitTypesMoveBitExact) {
@@ -606,9 +612,17 @@ int64_t bytes_allocated_on_rank0_during(const CommunicatorPtr& c, const std::fun
   return bytes;
 }
 
-// Both ways Gloo moves host tensors (gloo_exchange.h): its collectives (one host, the default)
-// and the receive-first messages (across hosts; forced here).
-const std::vector<const char*> kExchangeModes = {"auto", "1"};
+// The three ways a Gloo group on one host gathers host tensors: shared memory (the default),
+// Gloo's collectives (DS_SHM_ALLREDUCE=0) and the receive-first messages (gloo_exchange.h; across
+// hosts, forced here).
+struct GatherPath {
+  const char* shm;       // DS_SHM_ALLREDUCE
+  const char* exchange;  // DS_GLOO_EXCHANGE
+};
+const std::vector<GatherPath> kGatherPaths = {{"1", "auto"}, {"0", "auto"}, {"0", "1"}};
+std::string describe(const GatherPath& p) {
+  return std::string("DS_SHM_ALLREDUCE=") + p.shm + " DS_GLOO_EXCHANGE=" + p.exchange;
+}
 
 }  // namespace
 
@@ -617,15 +631,15 @@ const std::vector<const char*> kExchangeModes = {"auto", "1"};
 // 4 MB each, the CPU allocator hands out (almost) nothing.
 TEST(Comm, AllGatherAllocatesNoSecondCopy) {
   const int64_t n = 512 * 1024;  // per rank, fp32: the output is 4 MiB
-  for (const char* mode : kExchangeModes) {
-    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", mode);
+  for (const GatherPath& path : kGatherPaths) {
+    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm), exchange("DS_GLOO_EXCHANGE", path.exchange);
     run_ranks(2, [&](CommunicatorPtr c) {
       at::Tensor in = pattern(n, c->rank(), at::kFloat);
       at::Tensor out = at::empty({2 * n}, at::kFloat);
       const int64_t bytes =
           bytes_allocated_on_rank0_during(c, [&] { c->all_gather(out, in)->wait(); });
       EXPECT_LT(bytes, 2 * n * 4 / 8) << "all_gather allocated " << bytes << " bytes for a "
-                                      << 2 * n * 4 << "-byte output, DS_GLOO_EXCHANGE=" << mode;
+                                      << 2 * n * 4 << "-byte output, " << describe(path);
       for (int r = 0; r < 2; ++r)
         EXPECT_TRUE(out.narrow(0, r * n, n).equal(pattern(n, r, at::kFloat)));
     });
@@ -649,8 +663,8 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
 // in place: no temporary of the gathered size is allocated.
 TEST(Comm, AllGatherIntoViewsOfOneBufferAllocatesNoTemporary) {
   const int64_t partition = 3 * 256 * 1024, off = 256 * 1024, n = 256 * 1024;  // bf16
-  for (const char* mode : kExchangeModes) {
-    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", mode);
+  for (const GatherPath& path : kGatherPaths) {
+    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm), exchange("DS_GLOO_EXCHANGE", path.exchange);
     run_ranks(2, [&](CommunicatorPtr c) {
       at::Tensor buffer = at::zeros({2 * partition}, at::kBFloat16);
       std::vector<at::Tensor> views;
@@ -660,7 +674,7 @@ TEST(Comm, AllGatherIntoViewsOfOneBufferAllocatesNoTemporary) {
       const int64_t bytes = bytes_allocated_on_rank0_during(
           c, [&] { c->all_gather_into(views, views[c->rank()])->wait(); });
       EXPECT_LT(bytes, 2 * n * 2 / 8)
-          << "all_gather_into allocated " << bytes << " bytes, DS_GLOO_EXCHANGE=" << mode;
+          << "all_gather_into allocated " << bytes << " bytes, " << describe(path);
       for (int r = 0; r < 2; ++r) {
         EXPECT_TRUE(buffer.narrow(0, r * partition + off, n).equal(pattern(n, r, at::kBFloat16)));
         EXPECT_EQ(buffer.narrow(0, r * partition, off).count_nonzero().item<int64_t>(), 0)
@@ -773,7 +787,7 @@ TEST(Comm, HostCollectivesAsMessagesWithReceivesFirst) {
 // A peer that arrives late (longer than the failure board's polling slice): the messages are
 // waited on whole (a timed-out wait on a Gloo send/recv work closes its pairs for good).
 TEST(Comm, HostCollectiveAsMessagesWaitsForALatePeer) {
-  dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", "1");
+  dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", "0"), exchange("DS_GLOO_EXCHANGE", "1");
   run_ranks(2, [](CommunicatorPtr c) {
     ASSERT_TRUE(deepspeed::comm::gloo_exchanges_host_tensors(*c));
     if (c->rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));

@@ -166,7 +166,7 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
   const size_t max_bytes_, max_gather_bytes_, slot_bytes_, share_bytes_;
   const std::chrono::milliseconds timeout_;
   std::mutex mu_;
-  uint64_t operations_ = 0;  // all-reduces issued here
+  uint64_t operations_ = 0;  // operations issued here (all-reduces, reduce-scatters, gathers)
   // Pieces: issued >= published >= reduced >= read (finished) here.
   uint64_t issued_ = 0, published_ = 0, reduced_ = 0, read_ = 0;
   std::deque<Pending> pending_;  // issued, not finished

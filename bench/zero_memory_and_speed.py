@@ -3,7 +3,8 @@
 
     /usr/bin/python3 bench/zero_memory_and_speed.py [--build build] [--procs 2] [--steps 8]
                                                    [--stages 0,1,2,3] [--precisions fp32,bf16]
-                                                   [--micro_batch N] [--shm on,large,gloo_gather,off]
+                                                   [--micro_batch N]
+                                                   [--shm on,large,gloo_gather,off]
                                                    [--no_memory]
 
 For each precision, each deepspeed.cpp stage and PyTorch DDP (Gloo; for bf16 DDP runs under
@@ -18,8 +19,8 @@ default: all-reduces up to DS_SHM_ALLREDUCE_MAX_BYTES, all-gathers up to
 DS_SHM_ALLGATHER_MAX_BYTES), on for all-reduces of every size (large:
 DS_SHM_ALLREDUCE_MAX_BYTES=2^30, larger ones in pieces), on but with every all-gather through Gloo
 (gloo_gather: DS_SHM_ALLGATHER_MAX_BYTES=1) and off (DS_SHM_ALLREDUCE=0: every collective
-through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the memory run (its
-columns then read 0).
+through Gloo); the other DS_SHM_* variables pass through from the caller. --no_memory skips the
+memory run (its columns then read 0).
 DDP runs with its defaults (broadcast_buffers=True, gradient_as_bucket_view=False: the published
 rows); --ddp_no_broadcast_buffers and --ddp_gradient_as_bucket_view pass ddp_baseline.py's lean
 options through (the row's name says which), e.g. both for the DDP that keeps no second fp32

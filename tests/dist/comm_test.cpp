@@ -632,7 +632,8 @@ std::string describe(const GatherPath& p) {
 TEST(Comm, AllGatherAllocatesNoSecondCopy) {
   const int64_t n = 512 * 1024;  // per rank, fp32: the output is 4 MiB
   for (const GatherPath& path : kGatherPaths) {
-    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm), exchange("DS_GLOO_EXCHANGE", path.exchange);
+    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm);
+    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", path.exchange);
     run_ranks(2, [&](CommunicatorPtr c) {
       at::Tensor in = pattern(n, c->rank(), at::kFloat);
       at::Tensor out = at::empty({2 * n}, at::kFloat);
@@ -664,7 +665,8 @@ TEST(Comm, AllGatherIntoNonContiguousOutput) {
 TEST(Comm, AllGatherIntoViewsOfOneBufferAllocatesNoTemporary) {
   const int64_t partition = 3 * 256 * 1024, off = 256 * 1024, n = 256 * 1024;  // bf16
   for (const GatherPath& path : kGatherPaths) {
-    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm), exchange("DS_GLOO_EXCHANGE", path.exchange);
+    dstest::ScopedEnv shm("DS_SHM_ALLREDUCE", path.shm);
+    dstest::ScopedEnv exchange("DS_GLOO_EXCHANGE", path.exchange);
     run_ranks(2, [&](CommunicatorPtr c) {
       at::Tensor buffer = at::zeros({2 * partition}, at::kBFloat16);
       std::vector<at::Tensor> views;

@@ -245,7 +245,12 @@ TEST(ShmAllReduce, BadSwitchValueIsNamed) {
   }
 }
 
+// The sweeps' last cases are at a size limit and one element above it (Gloo): 1 MiB here (the
+// default is any size).
+constexpr char kSweepLimit[] = "1048576";
+
 TEST(ShmAllReduce, EqualsGlooBitwiseOnTwoRanks) {
+  ScopedEnv limit("DS_SHM_ALLREDUCE_MAX_BYTES", kSweepLimit);
   Results gloo;
   {
     ScopedEnv off("DS_SHM_ALLREDUCE", "0");
@@ -260,6 +265,7 @@ TEST(ShmAllReduce, EqualsGlooBitwiseOnTwoRanks) {
 }
 
 TEST(ShmAllReduce, MatchesGlooOnThreeAndFourRanks) {
+  ScopedEnv limit("DS_SHM_ALLREDUCE_MAX_BYTES", kSweepLimit);
   for (int world : {3, 4}) {
     const auto cases = sweep_cases(comm::shm_allreduce_max_bytes_from_env());
     Results gloo;

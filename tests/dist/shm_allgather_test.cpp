@@ -15,6 +15,7 @@
 #include "comm/shm_segment.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
+#include "support/shm_stats.h"
 
 namespace shm_allgather_test {
 
@@ -206,30 +207,15 @@ TEST(ShmAllGather, PeerThatLeavesFailsTheGatherNamingThePiece) {
 }
 
 TEST(ShmAllGather, StatsCountTheSameAsGloo) {
-  auto record = [] {
-    std::vector<comm::CommStats> stats(2);
-    run_ranks(2, [&](CommunicatorPtr c) {
-      c->reset_stats();
-      for (int64_t n : {0, 1, 768, 5000}) {
-        at::Tensor out = at::empty({2 * n});
-        c->all_gather(out, at::ones({n}))->wait();
-      }
-      at::Tensor grid = at::zeros({2, 9}, at::kBFloat16);
-      c->all_gather_into({grid[0], grid[1]}, at::ones({9}, at::kBFloat16))->wait();
-      stats[c->rank()] = c->stats();
-    });
-    return stats[0];
-  };
-  comm::CommStats gloo;
-  {
-    ScopedEnv off("DS_SHM_ALLREDUCE", "0");
-    gloo = record();
-  }
-  comm::CommStats shm = record();
-  ASSERT_EQ(shm.count("all_gather"), 1u);
-  EXPECT_EQ(shm["all_gather"].calls, 5);
-  EXPECT_EQ(shm["all_gather"].calls, gloo["all_gather"].calls);
-  EXPECT_EQ(shm["all_gather"].bytes, gloo["all_gather"].bytes);
+  const auto stats = dstest::stats_without_and_with_shm([](CommunicatorPtr c) {
+    for (int64_t n : {0, 1, 768, 5000}) {
+      at::Tensor out = at::empty({2 * n});
+      c->all_gather(out, at::ones({n}))->wait();
+    }
+    at::Tensor grid = at::zeros({2, 9}, at::kBFloat16);
+    c->all_gather_into({grid[0], grid[1]}, at::ones({9}, at::kBFloat16))->wait();
+  });
+  dstest::expect_counted_alike(stats, "all_gather", 5);
 }
 
 }  // namespace

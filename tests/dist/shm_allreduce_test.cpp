@@ -24,6 +24,7 @@
 #include "comm/shm_segment.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
+#include "support/shm_stats.h"
 
 namespace shm_allreduce_test {
 
@@ -495,33 +496,15 @@ TEST(ShmAllReduce, ReduceScatterVMatchesGloo) {
 }
 
 TEST(ShmAllReduce, StatsCountTheSameAsGloo) {
-  auto record = [] {
-    std::vector<comm::CommStats> stats(2);
-    run_ranks(2, [&](CommunicatorPtr c) {
-      c->reset_stats();
-      for (int64_t n : {0, 1, 768, 1000}) {
-        at::Tensor t = at::ones({n}, at::kFloat);
-        c->all_reduce(t)->wait();
-      }
-      at::Tensor b = at::ones({3}, at::kBFloat16);
-      c->all_reduce(b, ReduceOp::Avg)->wait();
-      stats[c->rank()] = c->stats();
-    });
-    return stats[0];
-  };
-  comm::CommStats gloo;
-  {
-    ScopedEnv off("DS_SHM_ALLREDUCE", "0");
-    gloo = record();
-  }
-  comm::CommStats shm = record();
-  ASSERT_EQ(shm.count("all_reduce"), 1u);
-  EXPECT_EQ(shm["all_reduce"].calls, 5);
-  EXPECT_EQ(shm["all_reduce"].calls, gloo["all_reduce"].calls);
-  EXPECT_EQ(shm["all_reduce"].bytes, gloo["all_reduce"].bytes);
-  ASSERT_EQ(shm["all_reduce"].by_size.size(), gloo["all_reduce"].by_size.size());
-  for (const auto& [bytes, s] : gloo["all_reduce"].by_size)
-    EXPECT_EQ(shm["all_reduce"].by_size[bytes].calls, s.calls) << bytes << " bytes";
+  const auto stats = dstest::stats_without_and_with_shm([](CommunicatorPtr c) {
+    for (int64_t n : {0, 1, 768, 1000}) {
+      at::Tensor t = at::ones({n}, at::kFloat);
+      c->all_reduce(t)->wait();
+    }
+    at::Tensor b = at::ones({3}, at::kBFloat16);
+    c->all_reduce(b, ReduceOp::Avg)->wait();
+  });
+  dstest::expect_counted_alike(stats, "all_reduce", 5);
 }
 
 // Nothing is left in /dev/shm: names are unlinked once every rank has attached.

@@ -19,10 +19,10 @@
 // - where every host runs the same number (>= 2) of the group's ranks, reduce-scatters and
 //   all-gathers of host tensors go within each host and then across (gloo_hierarchy.h): each
 //   host sends its link (H-1)/H of the data instead of L times that.
-// - when every rank of the group is on this host, small all-reduces and reduce_scatter_v go
-//   through a shared-memory segment (shm_allreduce.h), and so do all-gathers: each rank writes
-//   its chunk once and copies the others' out, where loopback TCP copies every byte through the
-//   kernel twice per receiver.
+// - when every rank of the group is on this host, all-reduces, reduce_scatter_v and all-gathers
+//   (any size by default) go through a shared-memory segment (shm_allreduce.h): each rank writes
+//   its part once and reads the others', where loopback TCP copies every byte through the kernel
+//   twice per receiver.
 // - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO

@@ -2,7 +2,8 @@
 //
 //   build/bin/dsrun --num_procs 2 build/bin/bench_shm_allreduce [--dtype fp32|bf16]
 //       [--sizes 768,1024,...] (elements of a [1, C] row) [--ms 300] (time per point and path)
-//       [--op all_reduce|all_gather] (all_gather: C elements gathered, C / ranks from each)
+//       [--op all_reduce|all_gather|all_to_all] (all_gather: C elements gathered, C / ranks
+//       from each; all_to_all: C elements in and out on each rank)
 //
 // The world communicator (init_distributed) has the shared-memory path, with its size limit
 // raised for this run so that every size can be measured on both paths; a sub-group of the same
@@ -34,13 +35,13 @@ struct Args {
   at::ScalarType dtype = at::kFloat;
   std::vector<int64_t> sizes = {768, 1024, 4096, 16384, 65536, 262144, 1048576};
   double ms = 300;
-  bool gather = false;  // --op all_gather
+  std::string op = "all_reduce";  // --op
 };
 
 constexpr const char* kUsage =
     "Usage: dsrun --num_procs N bench_shm_allreduce [--dtype fp32|bf16] [--sizes 768,1024,...] "
     "[--ms 300] "
-    "[--op all_reduce|all_gather]";
+    "[--op all_reduce|all_gather|all_to_all]";
 
 // Exits 0 after the usage line on -h/--help, 2 naming the argument on a bad one (BenchArgs).
 Args parse(int argc, char** argv) {
@@ -73,9 +74,9 @@ Args parse(int argc, char** argv) {
       }
       if (a.sizes.empty()) cl.fail("--sizes '" + v + "' names no size");
     } else if (k == "--op") {
-      if (v != "all_reduce" && v != "all_gather")
-        cl.fail("--op '" + v + "' is not all_reduce or all_gather");
-      a.gather = v == "all_gather";
+      if (v != "all_reduce" && v != "all_gather" && v != "all_to_all")
+        cl.fail("--op '" + v + "' is not all_reduce, all_gather or all_to_all");
+      a.op = v;
     } else if (k == "--ms") {
       a.ms = cl.real_number(v, "--ms");
       if (!(a.ms > 0)) cl.fail("--ms '" + v + "' is not positive");
@@ -84,14 +85,21 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Mean microseconds per all_reduce of `t` (gather: all_gather into `t`, each rank's chunk of it
-// its input) over `iters` calls (a barrier first so ranks start together).
-double time_calls(comm::Communicator& c, at::Tensor& t, bool gather, int iters) {
+// Mean microseconds per `op` over `iters` calls (a barrier first so ranks start together):
+// all_reduce of `t`; all_gather into `t`, each rank's chunk of it its input; all_to_all of a copy
+// of `t` into `t`.
+double time_calls(comm::Communicator& c, at::Tensor& t, const std::string& op, int iters) {
   const int64_t chunk = t.numel() / c.world_size();
   const at::Tensor mine = t.view({-1}).narrow(0, c.rank() * chunk, chunk).clone();
+  const at::Tensor whole = t.clone();
+  auto call = [&] {
+    if (op == "all_gather") return c.all_gather(t, mine);
+    if (op == "all_to_all") return c.all_to_all(t, whole);
+    return c.all_reduce(t);
+  };
   c.barrier();
   const auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) (gather ? c.all_gather(t, mine) : c.all_reduce(t))->wait();
+  for (int i = 0; i < iters; ++i) call()->wait();
   const std::chrono::duration<double, std::micro> us = Clock::now() - t0;
   return us.count() / iters;
 }
@@ -108,7 +116,7 @@ int main(int argc, char** argv) try {
   at::set_num_threads(1);
   const int64_t biggest = *std::max_element(a.sizes.begin(), a.sizes.end());
   const std::string biggest_bytes = std::to_string(biggest * c10::elementSize(a.dtype));
-  ::setenv(a.gather ? "DS_SHM_ALLGATHER_MAX_BYTES" : "DS_SHM_ALLREDUCE_MAX_BYTES",
+  ::setenv(a.op == "all_reduce" ? "DS_SHM_ALLREDUCE_MAX_BYTES" : "DS_SHM_ALLGATHER_MAX_BYTES",
            biggest_bytes.c_str(), 1);
   auto world = deepspeed::init_distributed();
   ::setenv("DS_SHM_ALLREDUCE", "0", 1);
@@ -123,21 +131,21 @@ int main(int argc, char** argv) try {
                              "| ---: | ---: | ---: | ---: | ---: |\n");
   }
   for (int64_t n : a.sizes) {
-    if (a.gather) n -= n % world->world_size();  // equal chunks
+    if (a.op != "all_reduce") n -= n % world->world_size();  // equal chunks
     if (n == 0) continue;
     at::Tensor t = at::ones({1, n}, a.dtype);
     // Calibrate the iteration count on the slower path (Gloo) so a round takes ~ms/5; every rank
     // uses rank 0's count.
-    time_calls(*gloo, t, a.gather, 3);
-    time_calls(*world, t, a.gather, 3);
+    time_calls(*gloo, t, a.op, 3);
+    time_calls(*world, t, a.op, 3);
     at::Tensor iters = at::tensor(
-        {static_cast<int64_t>(std::max(3.0, a.ms / 5 * 1000 / time_calls(*gloo, t, a.gather, 5)))});
+        {static_cast<int64_t>(std::max(3.0, a.ms / 5 * 1000 / time_calls(*gloo, t, a.op, 5)))});
     world->broadcast(iters, 0)->wait();
     const int k = static_cast<int>(iters.item<int64_t>());
     std::vector<double> shm_us, gloo_us;
     for (int round = 0; round < 5; ++round) {
-      shm_us.push_back(time_calls(*world, t, a.gather, k));
-      gloo_us.push_back(time_calls(*gloo, t, a.gather, k));
+      shm_us.push_back(time_calls(*world, t, a.op, k));
+      gloo_us.push_back(time_calls(*gloo, t, a.op, k));
     }
     if (world->rank() == 0) {
       const double s = median(shm_us), g = median(gloo_us);

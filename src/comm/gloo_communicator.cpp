@@ -19,10 +19,10 @@
 // - where every host runs the same number (>= 2) of the group's ranks, reduce-scatters and
 //   all-gathers of host tensors go within each host and then across (gloo_hierarchy.h): each
 //   host sends its link (H-1)/H of the data instead of L times that.
-// - when every rank of the group is on this host, all-reduces, reduce_scatter_v and all-gathers
-//   (any size by default) go through a shared-memory segment (shm_allreduce.h): each rank writes
-//   its part once and reads the others', where loopback TCP copies every byte through the kernel
-//   twice per receiver.
+// - when every rank of the group is on this host, all-reduces, reduce_scatter_v, all-gathers and
+//   all-to-alls (any size by default) go through a shared-memory segment (shm_allreduce.h): each
+//   rank writes its part once and reads what it needs, where loopback TCP copies every byte
+//   through the kernel twice per receiver.
 // - split: a new ProcessGroupGloo per sub-group, over a PrefixStore of this group's store.
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
@@ -276,6 +276,13 @@ class GlooCommunicator : public CommunicatorBase {
     check_all_to_all(*this, output, input);
     count("all_to_all", input);
     if (input.numel() == 0) return done();
+    // Shared memory when every rank is here; every rank decides alike (same sizes).
+    if (shm_ && shm_->accepts_all_to_all(input) && output.device().is_cpu()) {
+      OpDesc d = describe("all_to_all", input);
+      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
+      return withdrawn_if_thrown(
+          d, [&] { return shm_->all_to_all(output, input, d, std::move(finish)); });
+    }
     at::ScalarType wire = bits_dtype(input.scalar_type(), "all_to_all");
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});
     at::Tensor recv = at::empty({input.numel()}, send.options());

@@ -234,6 +234,23 @@ WorkPtr ShmAllReduce::all_gather(std::vector<at::Tensor> outputs, const at::Tens
   return issue(std::move(p));
 }
 
+bool ShmAllReduce::accepts_all_to_all(const at::Tensor& input) const {
+  return input.device().is_cpu() &&
+         static_cast<size_t>(input.numel()) * input.element_size() <= max_gather_bytes_;
+}
+
+WorkPtr ShmAllReduce::all_to_all(at::Tensor& output, const at::Tensor& input, OpDesc desc,
+                                 std::function<void()> finish) {
+  Pending p = pending_for(input, ReduceOp::Sum, std::move(desc), std::move(finish));
+  p.output = output;
+  p.out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  const int64_t chunk = input.numel() / world_;
+  p.lo = rank_ * chunk;
+  p.hi = p.lo + chunk;
+  p.all_to_all = true;
+  return issue(std::move(p));
+}
+
 WorkPtr ShmAllReduce::issue(Pending p) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!error_.empty()) throw CommError(error_);
@@ -349,6 +366,14 @@ bool ShmAllReduce::try_finish(bool block) {
       char* to = static_cast<char*>(p.op->gathered[r].data_ptr()) + p.begin * size;
       if (to != p.data) std::memcpy(to, seg_->slot(seq, r), p.numel * size);
     }
+  } else if (p.op->all_to_all) {  // from every row the part inside chunk `rank`, into chunk r
+    const int64_t begin = std::max(p.begin, p.op->lo);
+    const int64_t end = std::min(p.begin + p.numel, p.op->hi);
+    const int64_t chunk = p.op->hi - p.op->lo;
+    char* out = static_cast<char*>(p.op->out.data_ptr());
+    for (int r = 0; r < world_ && end > begin; ++r)
+      std::memcpy(out + (r * chunk + begin - p.op->lo) * size,
+                  seg_->slot(seq, r) + (begin - p.begin) * size, (end - begin) * size);
   } else if (p.op->out.defined()) {  // reduce-scatter: only the part inside this rank's segment
     const int64_t begin = std::max(p.begin, p.op->lo);
     const int64_t end = std::min(p.begin + p.numel, p.op->hi);

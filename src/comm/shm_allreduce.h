@@ -6,7 +6,8 @@
 // The same machinery serves reduce_scatter_v (below): pieces are published alike, and a rank
 // finishes a piece by reducing only the part inside its own segment; and all_gather: each rank
 // publishes pieces of its own chunk, and finishes a piece by copying every row into the output of
-// the rank that wrote it (no reduction).
+// the rank that wrote it (no reduction); and all_to_all: each rank publishes its whole input and
+// finishes a piece by copying, from every row, the part addressed to it.
 //
 // Vocabulary: a **piece** is at most one slot row (slot_bytes, 1 MiB by default) of an
 // all-reduce; an all-reduce of B bytes is ceil(B / slot_bytes) pieces, numbered by `seq` (1, 2,
@@ -107,6 +108,17 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
   WorkPtr all_gather(std::vector<at::Tensor> outputs, const at::Tensor& chunk, OpDesc desc,
                      std::function<void()> finish);
 
+  // Whether this path takes the all-to-all of `input`: a CPU tensor of any dtype of at most
+  // max_gather_bytes (an all-to-all only moves bytes, as an all-gather does).
+  bool accepts_all_to_all(const at::Tensor& input) const;
+
+  // Issues the all-to-all of `input` (REQUIRES accepts_all_to_all(input), input.numel() > 0,
+  // a multiple of the world size; output on the CPU, input's dtype and size): chunk r of
+  // `output` receives chunk `rank` of rank r's input. The same pieces as an all-reduce of the
+  // input; finishing a piece copies, from every row, the part inside chunk `rank`.
+  WorkPtr all_to_all(at::Tensor& output, const at::Tensor& input, OpDesc desc,
+                     std::function<void()> finish);
+
  private:
   using Clock = std::chrono::steady_clock;
   enum class Step { kArrived, kReduced, kDone };  // which counter of ShmRankState
@@ -125,6 +137,9 @@ class ShmAllReduce : public std::enable_shared_from_this<ShmAllReduce> {
     int64_t lo = 0, hi = 0;
     // All-gather only (non-empty): rank r's chunk goes into gathered[r]; `dense` is this rank's.
     std::vector<at::Tensor> gathered;
+    // All-to-all: `output`/`out` as for a reduce-scatter, [lo, hi) chunk `rank` of every row;
+    // row r's part of it goes into chunk r of `out`.
+    bool all_to_all = false;
   };
   // A pending operation on `input` with the fields every kind sets (reduce_scatter_v adds its
   // output and segment).

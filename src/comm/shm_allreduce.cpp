@@ -243,7 +243,10 @@ WorkPtr ShmAllReduce::all_to_all(at::Tensor& output, const at::Tensor& input, Op
                                  std::function<void()> finish) {
   Pending p = pending_for(input, ReduceOp::Sum, std::move(desc), std::move(finish));
   p.output = output;
-  p.out = output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  // Staged when the output shares the input's storage: rows are read while later pieces of the
+  // input are still to be published.
+  const bool direct = output.is_contiguous() && !output.is_alias_of(input);
+  p.out = direct ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
   const int64_t chunk = input.numel() / world_;
   p.lo = rank_ * chunk;
   p.hi = p.lo + chunk;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/gloo_communicator.h"
+#include "support/moved_values.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
 #include "support/shm_stats.h"
@@ -33,11 +34,7 @@ struct Case {
 
 // Rank r's whole input for case i (world chunks): values that differ by rank, chunk and case.
 at::Tensor input(const Case& c, int world, int rank, int i) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(104729 * rank + i);
-  const int64_t n = c.chunk * world;
-  if (c.type == at::kBool) return at::randint(0, 2, {n}, gen, at::kLong).to(at::kBool);
-  if (at::isFloatingType(c.type)) return at::randn({n}, gen, at::kDouble).to(c.type);
-  return at::randint(-100, 101, {n}, gen, at::kLong).to(c.type);
+  return dstest::random_values(c.type, c.chunk * world, 104729 * rank + i);
 }
 
 // What rank `rank` must receive: chunk `rank` of every rank's input, in rank order.
@@ -50,8 +47,7 @@ at::Tensor expected(const Case& c, int world, int rank, int i) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
-                           at::kShort, at::kChar, at::kByte, at::kBool})
+  for (at::ScalarType t : dstest::moved_dtypes())
     for (int64_t chunk : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{2500}})
       out.push_back({chunk, t});
   return out;
@@ -78,13 +74,10 @@ std::vector<std::vector<at::Tensor>> run_cases(int world, bool strided) {
       }
       results.push_back(result);
       works.push_back(c->all_to_all(results.back(), in));
-      sums.push_back(at::arange(3000, at::kFloat).add(rank));
-      works.push_back(c->all_reduce(sums.back()));
+      dstest::issue_all_reduce_beside(*c, sums, works);
     }
     for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
-    const at::Tensor want = at::arange(3000, at::kFloat).mul(world).add(world * (world - 1) / 2);
-    for (size_t i = 0; i < all.size(); ++i)
-      EXPECT_TRUE(sums[i].equal(want)) << "the all-reduce after case " << i;
+    dstest::expect_all_reduces_beside(sums, world);
     out[rank] = std::move(results);
   });
   return out;

@@ -13,6 +13,7 @@
 
 #include "comm/gloo_communicator.h"
 #include "comm/shm_segment.h"
+#include "support/moved_values.h"
 #include "support/ranks.h"
 #include "support/scoped_env.h"
 #include "support/shm_stats.h"
@@ -35,16 +36,12 @@ struct Case {
 
 // Rank r's chunk for case i: values that differ between ranks and cases, the same in every run.
 at::Tensor chunk(const Case& c, int rank, int i) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7919 * rank + i);
-  if (c.type == at::kBool) return at::randint(0, 2, {c.numel}, gen, at::kLong).to(at::kBool);
-  if (at::isFloatingType(c.type)) return at::randn({c.numel}, gen, at::kDouble).to(c.type);
-  return at::randint(-100, 101, {c.numel}, gen, at::kLong).to(c.type);
+  return dstest::random_values(c.type, c.numel, 7919 * rank + i);
 }
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (at::ScalarType t : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kInt, at::kLong,
-                           at::kShort, at::kChar, at::kByte, at::kBool})
+  for (at::ScalarType t : dstest::moved_dtypes())
     // 1, odd, one piece of 4 KiB exactly for fp32, several pieces with a partial last one, and
     // more pieces than the segment's 4 slots.
     for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{2500}, int64_t{9000}})
@@ -99,14 +96,11 @@ std::vector<std::vector<at::Tensor>> run_cases(int world, Form f) {
         works.push_back(c->all_gather_into(views, mine));
         results.push_back(grid);
       }
-      sums.push_back(at::arange(3000, at::kFloat).add(rank));
-      works.push_back(c->all_reduce(sums.back()));
+      dstest::issue_all_reduce_beside(*c, sums, works);
     }
     for (auto w = works.rbegin(); w != works.rend(); ++w) (*w)->wait();
+    dstest::expect_all_reduces_beside(sums, world);
     for (size_t i = 0; i < all.size(); ++i) {
-      // sum over r of (k + r): exact in fp32.
-      const at::Tensor want = at::arange(3000, at::kFloat).mul(world).add(world * (world - 1) / 2);
-      EXPECT_TRUE(sums[i].equal(want)) << "the all-reduce after case " << i;
       if (f == Form::kInto) {  // the rows' margins untouched, their middles compared
         const int64_t n = all[i].numel;
         const at::Tensor grid = results[i];

@@ -127,16 +127,23 @@ class GlooCommunicator : public CommunicatorBase {
       throw;
     }
   }
+  // A collective on the shared-memory path: `issue(desc, finish)` gets the operation's
+  // description and its latency timer; withdrawn if it throws.
+  template <class Issue>
+  WorkPtr through_shm(const char* op, const at::Tensor& t, Issue&& issue) {
+    OpDesc d = describe(op, t);
+    auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
+    return withdrawn_if_thrown(d, [&] { return issue(d, std::move(finish)); });
+  }
   std::string backend() const override { return "gloo"; }
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     count("all_reduce", tensor);
     if (tensor.numel() == 0) return done();
     if (shm_ && shm_->accepts(tensor)) {  // every rank decides alike: same shapes and dtypes
-      OpDesc d = describe("all_reduce", tensor);
-      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
-      return withdrawn_if_thrown(d,
-                                 [&] { return shm_->all_reduce(tensor, op, d, std::move(finish)); });
+      return through_shm("all_reduce", tensor, [&](const OpDesc& d, auto finish) {
+        return shm_->all_reduce(tensor, op, d, std::move(finish));
+      });
     }
     at::ScalarType wire = reduce_dtype(tensor.scalar_type(), "all_reduce");
     at::Tensor staged = tensor.to(wire).contiguous();
@@ -241,10 +248,9 @@ class GlooCommunicator : public CommunicatorBase {
     // Shared memory when every rank is here; every rank decides alike (same input shape, dtype).
     if (shm_ && shm_->accepts(input) && output.scalar_type() == input.scalar_type() &&
         output.device().is_cpu()) {
-      OpDesc d = describe("reduce_scatter_v", input);
-      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
-      return withdrawn_if_thrown(
-          d, [&] { return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish)); });
+      return through_shm("reduce_scatter_v", input, [&](const OpDesc& d, auto finish) {
+        return shm_->reduce_scatter_v(output, input, offset, op, d, std::move(finish));
+      });
     }
     at::ScalarType type = input.scalar_type();
     at::ScalarType wire = bits_dtype(type, "reduce_scatter_v");
@@ -278,10 +284,9 @@ class GlooCommunicator : public CommunicatorBase {
     if (input.numel() == 0) return done();
     // Shared memory when every rank is here; every rank decides alike (same sizes).
     if (shm_ && shm_->accepts_all_to_all(input) && output.device().is_cpu()) {
-      OpDesc d = describe("all_to_all", input);
-      auto finish = timed(d, std::chrono::steady_clock::now(), nullptr);
-      return withdrawn_if_thrown(
-          d, [&] { return shm_->all_to_all(output, input, d, std::move(finish)); });
+      return through_shm("all_to_all", input, [&](const OpDesc& d, auto finish) {
+        return shm_->all_to_all(output, input, d, std::move(finish));
+      });
     }
     at::ScalarType wire = bits_dtype(input.scalar_type(), "all_to_all");
     at::Tensor send = bits_view(input.contiguous(), wire).view({-1});

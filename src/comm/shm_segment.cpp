@@ -237,7 +237,7 @@ size_t shm_allreduce_max_bytes_from_env() {
 
 size_t shm_allgather_max_bytes_from_env() {
   return bytes_from_env("DS_SHM_ALLGATHER_MAX_BYTES", kDefaultMaxGatherBytes, 1, 1ll << 40,
-                        "the largest all-gather (bytes gathered) through shared memory");
+                        "the largest all-gather or all-to-all (bytes) through shared memory");
 }
 
 size_t shm_allreduce_slot_bytes_from_env() {

@@ -79,8 +79,8 @@ bool shm_allreduce_enabled_from_env();
 // integer in [1, 2^40].
 size_t shm_allreduce_max_bytes_from_env();
 
-// The largest all-gather (bytes of the gathered whole, world x chunk) the shared-memory path
-// takes, in pieces of at most the slot size: DS_SHM_ALLGATHER_MAX_BYTES, or the default chosen
+// The largest all-gather (bytes of the gathered whole, world x chunk) or all-to-all (bytes of the
+// input) the shared-memory path takes, in pieces of at most the slot size: DS_SHM_ALLGATHER_MAX_BYTES, or the default chosen
 // with bench/shm_allreduce.cpp --op all_gather. ConfigError outside [1, 2^40].
 size_t shm_allgather_max_bytes_from_env();
 

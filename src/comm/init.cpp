@@ -13,6 +13,7 @@
 #include "deepspeed/device.h"
 #include "comm/process_info.h"
 #include "comm/work.h"
+#include "util/host_allocator.h"
 
 namespace deepspeed {
 namespace comm {
@@ -118,6 +119,7 @@ CommunicatorPtr init_from_process_info(const ProcessInfo& info, const InitOption
 CommunicatorPtr init_distributed(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_world_mu);
   if (g_world) return g_world;
+  util::tune_host_allocator();  // once per process: every rank's steps reuse freed host memory
   InitOptions resolved = options;
   resolved.timeout = resolve_timeout(options);
   const ProcessInfo info = detect_process_info();

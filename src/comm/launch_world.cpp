@@ -3,12 +3,15 @@
 #include <cstdio>
 
 #include "config/blocks.h"
+#include "util/host_allocator.h"
 
 namespace deepspeed {
 namespace comm {
 
 CommunicatorPtr world_or_launch(const std::string& caller, CommunicatorPtr given,
                                 const InitOptions& options) {
+  // Every entry point passes here, with or without a communicator of its own (util/host_allocator.h).
+  util::tune_host_allocator();
   if (given) return given;
   if (auto w = world()) return w;
   const ProcessInfo info = detect_process_info();

@@ -19,7 +19,8 @@ namespace comm {
 // `given` when set; else init_distributed()'s world when it was called; else, when the
 // environment says this process is one of several (world size > 1), init_distributed(options) is
 // called here and rank 0 prints one line saying so, naming `caller` ("initialize()"); else (no
-// launcher variables, or a world of 1) the single-process communicator, as before.
+// launcher variables, or a world of 1) the single-process communicator, as before. First, in every
+// case, util::tune_host_allocator() (once per process).
 // COLLECTIVE in the launched case (the rendezvous). Throws what init_distributed throws
 // (ConfigError for inconsistent variables, CommError for a failed rendezvous).
 CommunicatorPtr world_or_launch(const std::string& caller, CommunicatorPtr given,

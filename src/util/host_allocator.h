@@ -1,0 +1,51 @@
+// glibc malloc set to keep freed memory for reuse, once per process, when an entry point starts
+// (deepspeed.initialize, initialize_pipeline, zero::Init, init_inference, init_distributed).
+//
+// Why: libtorch's CPU allocator is plain malloc. glibc serves blocks above its mmap threshold
+// (128 KiB, raised as such blocks are freed, never above 32 MiB) with mmap and gives them back at
+// free, and trims the heap top above its trim threshold: a training step that allocates and frees
+// the same activations, gradients and ZeRO-3 gathered units every step then takes a page fault per
+// 4 KiB of them every step. On the 2-core VM these figures come from a fault costs microseconds
+// (paravirtualized): 20% of a ZeRO-3 step's samples were page faults, and with the settings below
+// ZeRO-3 fp32 ran 1.8x and ZeRO-0/2 fp32 1.2-1.3x shorter steps (docs/benchmarks.md,
+// "Host allocator"). The CUDA caching allocator keeps device memory for the same reason; PyTorch's
+// CPU users preload jemalloc or tcmalloc.
+//
+// The settings: M_MMAP_THRESHOLD 32 MiB (glibc's maximum: larger blocks are still mapped and given
+// back at once) and M_TRIM_THRESHOLD 1 GiB (the heap keeps up to that much freed memory at its
+// top). The cost: resident memory stays at the peak of what was freed, ~8% more peak RSS in those
+// runs. Left alone (with the reason) when DS_MALLOC_TUNING is 0/false, when the user chose glibc's
+// malloc settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
+// MALLOC_MMAP_MAX_, or glibc.malloc tunables in GLIBC_TUNABLES: the benchmarks' memory runs set
+// MALLOC_MMAP_THRESHOLD_=65536 so that peak RSS shows what was needed), when LD_PRELOAD names
+// another allocator (a *malloc* library: jemalloc, tcmalloc, mimalloc), and without glibc.
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace deepspeed {
+namespace util {
+
+struct HostAllocatorTuning {
+  bool apply = false;  // decide's answer; after apply_host_allocator_tuning: whether it was set
+  std::string reason;  // why not, when !apply; what was set, when applied
+  size_t mmap_threshold = size_t{32} << 20;
+  size_t trim_threshold = size_t{1} << 30;
+};
+
+// The decision for an environment read through `getenv` (std::getenv in the process). Throws
+// ConfigError naming DS_MALLOC_TUNING for a value other than 1/true/0/false.
+HostAllocatorTuning decide_host_allocator_tuning(
+    const std::function<const char*(const char*)>& getenv);
+
+// Sets glibc's thresholds as `t` says (nothing unless t.apply). False, with t.reason saying so,
+// when glibc refused a value.
+bool apply_host_allocator_tuning(HostAllocatorTuning& t);
+
+// Decides from the process environment and applies, the first time only; later calls return the
+// first outcome. Thread-safe.
+const HostAllocatorTuning& tune_host_allocator();
+
+}  // namespace util
+}  // namespace deepspeed

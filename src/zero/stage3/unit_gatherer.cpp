@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "device/out_of_memory.h"
 #include "zero/stage3/quantized_gather.h"
 
@@ -20,6 +22,9 @@ UnitGatherer::UnitGatherer(const Stage3Layout& layout, offload::ParamStore& stor
       side_stream_fetches_(device.is_cuda() &&
                            (comm_->world_size() == 1 || comm_->backend() == "nccl")),
       state_(layout.units.size()) {
+  spare_cap_ = config.stage3_prefetch_bucket_size;
+  for (size_t u = 1; u < layout.units.size(); ++u)
+    spare_cap_ = std::max(spare_cap_, layout.units[u].layout.padded_numel);
   if (hpz_group)
     secondary_ = std::make_unique<SecondaryShards>(std::move(hpz_group), layout.units.size());
   // A unit gathered and in use (pinned) may still hold its store slice when the store is read or
@@ -38,7 +43,8 @@ UnitGatherer::~UnitGatherer() {
 GatherStats UnitGatherer::stats() const {
   GatherStats g = stats_;
   g.secondary_bytes = secondary_ ? secondary_->bytes() : 0;
-  g.bytes += g.secondary_bytes;
+  g.spare_bytes = spares_.bytes();
+  g.bytes += g.secondary_bytes + g.spare_bytes;
   return g;
 }
 
@@ -62,8 +68,11 @@ void UnitGatherer::record(int u) {
 }
 
 // Unit u's whole buffer, named for an out-of-memory report.
-at::Tensor UnitGatherer::gathered_buffer(int u, const at::TensorOptions& options) const {
+at::Tensor UnitGatherer::gathered_buffer(int u, const at::TensorOptions& options) {
   const int64_t numel = layout_.units[u].layout.padded_numel;
+  if (at::Tensor kept = spares_.take(numel, options); kept.defined()) return kept;
+  spares_.shrink_to(
+      std::max<int64_t>(0, config_.stage3_max_live_parameters - stats_.numel - numel));
   AllocatingFor naming("stage 3's gathered parameters of unit", u, numel,
                        c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
   return torch::empty({numel}, options);
@@ -122,7 +131,7 @@ void UnitGatherer::issue_unguarded(int u, bool exact) {
                      : 0;
   const int64_t bytes = s.full.numel() * s.full.element_size() + s.wire_bytes;
   stats_.bytes += bytes;
-  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes);
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.bytes + spares_.bytes());
   if (u != 0) {
     stats_.numel += s.full.numel();
     stats_.peak_numel = std::max(stats_.peak_numel, stats_.numel);
@@ -215,6 +224,12 @@ void UnitGatherer::forget_buffer(int u) {
   auto& s = state_[u];
   stats_.bytes -= s.full.numel() * s.full.element_size();
   stats_.numel -= s.full.numel();
+  const int64_t room =
+      std::min(spare_cap_, config_.stage3_max_live_parameters - stats_.numel);
+  if (u != 0 && s.full.numel() <= room && spares_.worth_keeping(s.full)) {
+    spares_.shrink_to(room - s.full.numel());
+    spares_.keep(std::move(s.full));
+  }
   s.full = at::Tensor();
   s.params_set = false;
 }

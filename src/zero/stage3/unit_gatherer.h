@@ -25,6 +25,11 @@
 // the trace and the counts, which are identical on every rank, so every rank issues the same
 // all_gathers in the same order.
 //
+// A released unit's buffer in host memory of at least 32 MiB is kept for the next gather of its
+// size (spare_buffers.h: glibc would unmap it, and the next gather fault it in again), at most
+// max(stage3_prefetch_bucket_size, the largest unit) elements, and only while the kept and the
+// gathered elements together stay within stage3_max_live_parameters; kept bytes count as gathered.
+//
 // The root unit (0) is gathered at construction and stays gathered; it is not counted against
 // stage3_max_live_parameters. Not thread-safe: hooks run on the thread running forward/backward.
 //
@@ -51,6 +56,7 @@
 #include "offload/param_store.h"
 #include "zero/stage3/unit_internals.h"
 #include "zero/stage3/secondary_shard.h"
+#include "zero/stage3/spare_buffers.h"
 #include "zero/stage3/unit_layout.h"
 #include "zero/stage3/zeropp_options.h"
 
@@ -64,6 +70,7 @@ struct GatherStats {
                             // wire forms while their gather is in flight
   int64_t peak_bytes = 0;
   int64_t secondary_bytes = 0;  // hpZ secondary slices held now (included in bytes)
+  int64_t spare_bytes = 0;      // released host buffers kept for reuse (spare_buffers.h; included)
 };
 
 class UnitGatherer : public UnitHooks {
@@ -134,8 +141,13 @@ class UnitGatherer : public UnitHooks {
   void use(int u, bool exact = false);  // gather if needed, wait, point the parameters at the buffer
   void release(int u);
   void release_idle_units();  // every unit not in use, and the hpZ secondaries
-  at::Tensor gathered_buffer(int u, const at::TensorOptions& options) const;
-  void forget_buffer(int u);  // the buffer is no longer the unit's (its parameters are not touched)
+  // A buffer for unit u: a kept spare of its size, else a new one (spares that no longer fit
+  // beside the gathered units under max-live are freed first).
+  at::Tensor gathered_buffer(int u, const at::TensorOptions& options);
+  // The buffer is no longer the unit's (its parameters are not touched): kept as a spare when it
+  // is host memory nothing else references and fits (spare_cap_, and max-live with the gathered
+  // units), else freed.
+  void forget_buffer(int u);
   void make_room(int64_t numel, int gathering);
   void prefetch();
   int64_t next_use_distance(int u, bool count_elements) const;  // -1: not used again
@@ -152,6 +164,8 @@ class UnitGatherer : public UnitHooks {
   const bool side_stream_fetches_;  // slices from host memory go up through fetches_
   std::vector<UnitState> state_;
   GatherStats stats_;
+  SpareBuffers spares_;
+  int64_t spare_cap_ = 0;  // max(stage3_prefetch_bucket_size, the largest unit) elements
   std::vector<int> trace_;
   bool trace_valid_ = false;
   bool recording_ = true;

@@ -77,7 +77,7 @@ def main():
     p.add_argument("--malloc", default="tuned",
                    help="deepspeed.cpp runs: tuned (default) and/or glibc (DS_MALLOC_TUNING=0)")
     p.add_argument("--ddp_malloc_as_ours", action="store_true",
-                   help="DDP with the same malloc thresholds as deepspeed.cpp's tuned host allocator")
+                   help="DDP with the malloc thresholds of deepspeed.cpp's host allocator")
     p.add_argument("--no_memory", action="store_true", help="speed run only")
     p.add_argument("--ddp_no_broadcast_buffers", action="store_true",
                    help="DDP without broadcast_buffers (its default re-broadcasts the causal masks every forward)")
@@ -104,11 +104,11 @@ def main():
             for s in a.stages.split(","):
                 for shm in a.shm.split(","):
                     for m in a.malloc.split(","):
-                        how = "" if a.shm == "on" else {"on": ", shm up to the limit", "large": ", shm any size",
-                                                        "gloo_gather": ", all-gathers through Gloo",
-                                                        "off": ", Gloo only"}[shm]
-                        how += "" if a.malloc == "tuned" else {"tuned": ", malloc tuned",
-                                                               "glibc": ", glibc's malloc settings"}[m]
+                        how = "" if a.shm == "on" else {
+                            "on": ", shm up to the limit", "large": ", shm any size",
+                            "gloo_gather": ", all-gathers through Gloo", "off": ", Gloo only"}[shm]
+                        how += "" if a.malloc == "tuned" else {
+                            "tuned": ", malloc tuned", "glibc": ", glibc's malloc settings"}[m]
                         runs.append((f"deepspeed.cpp ZeRO-{s} {prec}{how}", int(s), prec, shm, m))
             lean = [o for o, on in (("no broadcast_buffers", a.ddp_no_broadcast_buffers),
                                     ("gradient_as_bucket_view", a.ddp_gradient_as_bucket_view),
@@ -159,7 +159,8 @@ def main():
                 if malloc == "glibc":
                     run_env["DS_MALLOC_TUNING"] = "0"
                 elif stage is None and mode == "speed":  # DDP given deepspeed.cpp's thresholds
-                    run_env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(1 << 30))
+                    run_env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20),
+                                   MALLOC_TRIM_THRESHOLD_=str(1 << 30))
                 results[mode] = run(cmd, dict(env, **run_env))
                 print(f"  {name} ({mode}): done", file=sys.stderr, flush=True)
             speed = results["speed"]
@@ -181,7 +182,9 @@ def main():
     print(f"\n{a.procs} ranks x 1 thread, GPT n_layer {a.n_layer} n_head {a.n_head} n_embd {a.n_embd} block 128, "
           f"{rows[0]['psi'] / 1e6:.1f}M parameters, micro-batch {base['train_micro_batch_size_per_gpu']} per rank, "
           f"AdamW, {a.steps} steps (first step not timed)\n")
-    print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | ZeRO formula MB | ZeRO-3 gathered peak MB | peak RSS MB per rank | speed run's peak RSS MB |")
+    print("| run | step time (ms) | tokens/s | loss after last step | model-state MB per rank | "
+          "ZeRO formula MB | ZeRO-3 gathered peak MB | peak RSS MB per rank | "
+          "speed run's peak RSS MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         # DDP under autocast keeps fp32 weights, gradients and moments: the fp32 formula applies.

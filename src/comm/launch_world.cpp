@@ -10,7 +10,8 @@ namespace comm {
 
 CommunicatorPtr world_or_launch(const std::string& caller, CommunicatorPtr given,
                                 const InitOptions& options) {
-  // Every entry point passes here, with or without a communicator of its own (util/host_allocator.h).
+  // Every entry point passes here, with or without a communicator of its own
+  // (util/host_allocator.h).
   util::tune_host_allocator();
   if (given) return given;
   if (auto w = world()) return w;

@@ -43,7 +43,8 @@ struct BigModelImpl : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(dstest::kWidth, dstest::kVocab));
   }
   torch::Tensor forward(const torch::Tensor& idx, const torch::Tensor& targets) {
-    auto logits = deepspeed::zero::linear(big->forward(embed->forward(idx)), head->weight, head->bias);
+    auto x = big->forward(embed->forward(idx));
+    auto logits = deepspeed::zero::linear(x, head->weight, head->bias);
     return torch::nn::functional::cross_entropy(logits.reshape({-1, dstest::kVocab}),
                                                 targets.reshape({-1}));
   }
@@ -53,8 +54,12 @@ struct BigModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(BigModel);
 
-int64_t unit_numel() { return kInner * (dstest::kWidth + 1) + kWide * kInner + dstest::kWidth * (kWide + 1); }
-int64_t root_numel() { return dstest::kVocab * dstest::kWidth + dstest::kVocab * (dstest::kWidth + 1); }
+int64_t unit_numel() {
+  return kInner * (dstest::kWidth + 1) + kWide * kInner + dstest::kWidth * (kWide + 1);
+}
+int64_t root_numel() {
+  return dstest::kVocab * dstest::kWidth + dstest::kVocab * (dstest::kWidth + 1);
+}
 
 struct Trained {
   std::vector<double> losses;                        // rank 0's

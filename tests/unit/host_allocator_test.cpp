@@ -162,7 +162,8 @@ TEST(HostAllocator, EntryPointTunesTheProcess) {
   int status = -1;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << status;
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "HostAllocatorFresh.WorldOrLaunchTunes failed (output above)";
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "HostAllocatorFresh.WorldOrLaunchTunes failed (output above)";
 }
 
 TEST(HostAllocatorFresh, WorldOrLaunchTunes) {

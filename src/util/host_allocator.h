@@ -7,14 +7,15 @@
 // the same activations, gradients and ZeRO-3 gathered units every step then takes a page fault per
 // 4 KiB of them every step. On the 2-core VM these figures come from a fault costs microseconds
 // (paravirtualized): 20% of a ZeRO-3 step's samples were page faults, and with the settings below
-// ZeRO-3 fp32 ran 1.8x and ZeRO-0/2 fp32 1.2-1.3x shorter steps (docs/benchmarks.md,
-// "Host allocator"). The CUDA caching allocator keeps device memory for the same reason; PyTorch's
-// CPU users preload jemalloc or tcmalloc.
+// ZeRO-3 ran 1.4-2.1x, ZeRO-1 fp32 1.3-1.4x and the demo (ZeRO-2 fp32) 1.4x shorter steps
+// (docs/benchmarks.md, "Host allocator"). The CUDA caching allocator keeps device memory for the
+// same reason; PyTorch's CPU users preload jemalloc or tcmalloc. Blocks over 32 MiB are still
+// mapped: stage 3 keeps its large unit buffers itself (zero/stage3/spare_buffers.h).
 //
 // The settings: M_MMAP_THRESHOLD 32 MiB (glibc's maximum: larger blocks are still mapped and given
 // back at once) and M_TRIM_THRESHOLD 1 GiB (the heap keeps up to that much freed memory at its
-// top). The cost: resident memory stays at the peak of what was freed, ~8% more peak RSS in those
-// runs. Left alone (with the reason) when DS_MALLOC_TUNING is 0/false, when the user chose glibc's
+// top). The cost: resident memory stays at the peak of what was freed: 5-10% more peak RSS at
+// 19M parameters, 15-19% at 52M. Left alone (with the reason) when DS_MALLOC_TUNING is 0/false, when the user chose glibc's
 // malloc settings (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
 // MALLOC_MMAP_MAX_, or glibc.malloc tunables in GLIBC_TUNABLES: the benchmarks' memory runs set
 // MALLOC_MMAP_THRESHOLD_=65536 so that peak RSS shows what was needed), when LD_PRELOAD names

@@ -10,7 +10,11 @@ namespace deepspeed {
 namespace comm {
 
 bool flag_from_env(const char* name, bool unset, const std::string& on, const std::string& off) {
-  const char* v = std::getenv(name);
+  return flag_from_value(name, std::getenv(name), unset, on, off);
+}
+
+bool flag_from_value(const char* name, const char* v, bool unset, const std::string& on,
+                     const std::string& off) {
   if (v == nullptr || *v == 0) return unset;
   const std::string s = v;
   if (s == "1" || s == "true") return true;

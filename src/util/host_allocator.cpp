@@ -6,7 +6,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "deepspeed/errors.h"
+#include "comm/env_flag.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -28,17 +28,12 @@ bool set(const char* v) { return v != nullptr && *v != 0; }
 HostAllocatorTuning decide_host_allocator_tuning(
     const std::function<const char*(const char*)>& getenv) {
   HostAllocatorTuning t;
-  if (const char* v = getenv("DS_MALLOC_TUNING"); set(v)) {
-    const std::string s = v;
-    if (s == "0" || s == "false") {
-      t.reason = "DS_MALLOC_TUNING=" + s;
-      return t;
-    }
-    if (s != "1" && s != "true")
-      throw ConfigError(fmt::format(
-          "environment variable DS_MALLOC_TUNING='{}' must be 1/true (glibc malloc keeps freed "
-          "memory for reuse: the default) or 0/false (malloc left as the process started)",
-          s));
+  const char* v = getenv("DS_MALLOC_TUNING");
+  if (!comm::flag_from_value("DS_MALLOC_TUNING", v, true,
+                             "glibc malloc keeps freed memory for reuse: the default",
+                             "malloc left as the process started")) {
+    t.reason = std::string("DS_MALLOC_TUNING=") + v;
+    return t;
   }
 #if !defined(__GLIBC__)
   t.reason = "not glibc's malloc";

@@ -13,7 +13,7 @@ at::Tensor SpareBuffers::take(int64_t numel, const at::TensorOptions& options) {
     at::Tensor t = std::move(kept_[i]);
     kept_.erase(kept_.begin() + static_cast<std::ptrdiff_t>(i));
     numel_ -= t.numel();
-    bytes_ -= t.numel() * static_cast<int64_t>(t.element_size());
+    bytes_ -= static_cast<int64_t>(t.nbytes());
     return t;
   }
   return at::Tensor();
@@ -21,21 +21,21 @@ at::Tensor SpareBuffers::take(int64_t numel, const at::TensorOptions& options) {
 
 bool SpareBuffers::worth_keeping(const at::Tensor& buffer) const {
   return buffer.defined() && buffer.device().is_cpu() && buffer.is_contiguous() &&
-         buffer.numel() * static_cast<int64_t>(buffer.element_size()) >= min_bytes_ &&
+         static_cast<int64_t>(buffer.nbytes()) >= min_bytes_ &&
          buffer.storage_offset() == 0 && buffer.use_count() == 1 &&
          buffer.storage().use_count() == 1;
 }
 
 void SpareBuffers::keep(at::Tensor buffer) {
   numel_ += buffer.numel();
-  bytes_ += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+  bytes_ += static_cast<int64_t>(buffer.nbytes());
   kept_.push_back(std::move(buffer));
 }
 
 void SpareBuffers::shrink_to(int64_t numel) {
   while (numel_ > numel && !kept_.empty()) {
     numel_ -= kept_.front().numel();
-    bytes_ -= kept_.front().numel() * static_cast<int64_t>(kept_.front().element_size());
+    bytes_ -= static_cast<int64_t>(kept_.front().nbytes());
     kept_.erase(kept_.begin());
   }
 }

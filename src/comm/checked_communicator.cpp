@@ -12,7 +12,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "comm/dtypes.h"
-#include "comm/env_flag.h"
+#include "util/env_flag.h"
 #include "comm/failure_board.h"
 #include "comm/gloo_communicator.h"
 #include "deepspeed/topology.h"
@@ -285,7 +285,7 @@ void require_checked_topology(const Topology& topology, const std::string& what,
 }
 
 bool comms_check_from_env() {
-  return flag_from_env("DS_COMMS_CHECK", false, "check every collective", "the default");
+  return util::flag_from_env("DS_COMMS_CHECK", false, "check every collective", "the default");
 }
 
 }  // namespace comm

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "comm/env_flag.h"
+#include "util/env_flag.h"
 #include "comm/store_bytes.h"
 #include "deepspeed/errors.h"
 
@@ -28,10 +28,10 @@ ExchangeMode gloo_exchange_mode_from_env() {
 }
 
 bool gloo_hierarchical_from_env() {
-  return flag_from_env("DS_GLOO_HIERARCHICAL", true,
-                       "reduce-scatters and all-gathers within each host, then across hosts, "
-                       "where every host has the same number of ranks; the default",
-                       "every rank to every rank");
+  return util::flag_from_env("DS_GLOO_HIERARCHICAL", true,
+                             "reduce-scatters and all-gathers within each host, then across hosts, "
+                             "where every host has the same number of ranks; the default",
+                             "every rank to every rank");
 }
 
 std::optional<HostLayout> host_layout_of(const std::vector<std::string>& host_of_rank) {

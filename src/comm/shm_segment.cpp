@@ -19,7 +19,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "comm/env_flag.h"
+#include "util/env_flag.h"
 #include "comm/shm_name.h"
 #include "deepspeed/errors.h"
 
@@ -225,9 +225,9 @@ std::string shm_host_identity() {
 }
 
 bool shm_allreduce_enabled_from_env() {
-  return flag_from_env("DS_SHM_ALLREDUCE", true,
-                       "shared-memory all-reduce for groups on one host, the default",
-                       "always Gloo");
+  return util::flag_from_env("DS_SHM_ALLREDUCE", true,
+                             "shared-memory all-reduce for groups on one host, the default",
+                             "always Gloo");
 }
 
 size_t shm_allreduce_max_bytes_from_env() {

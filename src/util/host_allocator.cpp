@@ -6,7 +6,7 @@
 #include <cstring>
 #include <mutex>
 
-#include "comm/env_flag.h"
+#include "util/env_flag.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -29,9 +29,9 @@ HostAllocatorTuning decide_host_allocator_tuning(
     const std::function<const char*(const char*)>& getenv) {
   HostAllocatorTuning t;
   const char* v = getenv("DS_MALLOC_TUNING");
-  if (!comm::flag_from_value("DS_MALLOC_TUNING", v, true,
-                             "glibc malloc keeps freed memory for reuse: the default",
-                             "malloc left as the process started")) {
+  if (!flag_from_value("DS_MALLOC_TUNING", v, true,
+                       "glibc malloc keeps freed memory for reuse: the default",
+                       "malloc left as the process started")) {
     t.reason = std::string("DS_MALLOC_TUNING=") + v;
     return t;
   }

@@ -1,4 +1,4 @@
-#include "comm/env_flag.h"
+#include "util/env_flag.h"
 
 #include <cstdlib>
 
@@ -7,7 +7,7 @@
 #include "deepspeed/errors.h"
 
 namespace deepspeed {
-namespace comm {
+namespace util {
 
 bool flag_from_env(const char* name, bool unset, const std::string& on, const std::string& off) {
   return flag_from_value(name, std::getenv(name), unset, on, off);
@@ -23,5 +23,5 @@ bool flag_from_value(const char* name, const char* v, bool unset, const std::str
       "environment variable {}='{}' must be 1/true ({}) or 0/false ({})", name, s, on, off));
 }
 
-}  // namespace comm
+}  // namespace util
 }  // namespace deepspeed

@@ -1,11 +1,10 @@
-// The on/off environment variables of the communication layer (DS_SHM_ALLREDUCE,
-// DS_GLOO_HIERARCHICAL, DS_COMMS_CHECK) and of util/host_allocator.h (DS_MALLOC_TUNING), read
-// alike.
+// The on/off environment variables (the communication layer's DS_SHM_ALLREDUCE,
+// DS_GLOO_HIERARCHICAL and DS_COMMS_CHECK; util/host_allocator.h's DS_MALLOC_TUNING), read alike.
 #pragma once
 #include <string>
 
 namespace deepspeed {
-namespace comm {
+namespace util {
 
 // `name`'s value: "1"/"true" on, "0"/"false" off, unset or empty `unset`. Any other value throws
 // ConfigError: "environment variable NAME='value' must be 1/true (<on>) or 0/false (<off>)".
@@ -14,5 +13,5 @@ bool flag_from_env(const char* name, bool unset, const std::string& on, const st
 bool flag_from_value(const char* name, const char* value, bool unset, const std::string& on,
                      const std::string& off);
 
-}  // namespace comm
+}  // namespace util
 }  // namespace deepspeed

@@ -162,19 +162,19 @@ class Engine {
                                    bool load_lr_scheduler_states = true,
                                    bool load_module_only = false);
   // DeepSpeed's save_16bit_model: the module's parameters as it trains them (16-bit under
-  // bf16/fp16, else fp32) and its buffers, whole, in one safetensors file
-  // <save_dir>/<save_filename>, written atomically by global rank 0 (the folder created). Stage 3
-  // gathers one unit at a time into it, and only when
+  // bf16/fp16, else fp32) and its buffers, whole, in one file <save_dir>/<save_filename>, written
+  // atomically by global rank 0 (the folder created): a torch.save state dict as DeepSpeed's
+  // (pytorch_model.bin by default; Python's torch.load reads it), or safetensors for a name
+  // ending in ".safetensors". Stage 3 gathers one unit at a time into it, and only when
   // zero_optimization.stage3_gather_16bit_weights_on_model_save is true: otherwise it warns,
   // writes nothing and returns false, as DeepSpeed does. A tied parameter is written under each of
   // its names; exclude_frozen_parameters leaves out those with requires_grad false. Throws
-  // CheckpointError (on every rank) when the file could not be written, for a *.bin/*.pt name
-  // (DeepSpeed writes a torch.save pickle, pytorch_model.bin by default; this is safetensors), and
-  // for a pipeline or tensor-parallel engine (save_checkpoint, then ds_to_fp32), and inside a
-  // gathered_parameters scope (as save_checkpoint). Returns true.
+  // CheckpointError (on every rank) when the file could not be written, for a name that names no
+  // file, for a pipeline or tensor-parallel engine (save_checkpoint, then ds_to_fp32), and inside
+  // a gathered_parameters scope (as save_checkpoint). Returns true.
   // COLLECTIVE.
   bool save_16bit_model(const std::string& save_dir,
-                        const std::string& save_filename = "model.safetensors",
+                        const std::string& save_filename = "pytorch_model.bin",
                         bool exclude_frozen_parameters = false);
   // ZeRO-3 whole-model access: the full parameters of `modules` (all when empty) are gathered and
   // writable on every rank until the scope ends; then, if modifier_rank is set, that rank's

@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include "checkpoint/file_system.h"
+#include "checkpoint/tensor_sink.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -63,10 +64,10 @@ std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
 // append(piece) adds the next bytes of the current tensor (any number of pieces per tensor, each
 // of the tensor's dtype; contiguous CPU). So a file is written without any of its tensors whole in
 // memory. Throws CheckpointError for a piece of the wrong dtype or one that runs past the tensors.
-class SafetensorsWriter {
+class SafetensorsWriter final : public TensorSink {
  public:
   SafetensorsWriter(WritableFile& file, std::string path, std::vector<SafetensorsEntry> entries);
-  void append(const at::Tensor& piece);
+  void append(const at::Tensor& piece) override;
   void append_zeros(at::ScalarType dtype, int64_t numel);
   // Every tensor's bytes were appended; throws CheckpointError naming the first short one.
   void finish() const;

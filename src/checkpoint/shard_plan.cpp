@@ -39,10 +39,36 @@ uint64_t unit_bytes(const std::string& unit, bool* known) {
   return *known ? it->second : 0;
 }
 
-std::string shard_file_name(size_t i, size_t n) {
-  char name[64];
-  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+std::string shard_file_name(size_t i, size_t n, WeightsFormat format) {
+  char name[80];
+  if (format == WeightsFormat::safetensors)
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  else
+    std::snprintf(name, sizeof name, "pytorch_model-%05zu-of-%05zu.bin", i + 1, n);
   return name;
+}
+
+// <prefix><digits>-of-<digits><suffix>
+bool is_numbered_shard_name(const std::string& name, const std::string& prefix,
+                            const std::string& suffix) {
+  const std::string middle = "-of-";
+  if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + suffix.size() ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  const std::string numbers =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  const size_t split = numbers.find(middle);
+  if (split == std::string::npos || split == 0 || split + middle.size() == numbers.size())
+    return false;
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    if (i >= split && i < split + middle.size()) continue;
+    if (!std::isdigit(static_cast<unsigned char>(numbers[i]))) return false;
+  }
+  return true;
+}
+
+bool is_index_file_name(const std::string& name) {
+  return name == kHfIndexFileName || name == kHfTorchSaveIndexFileName;
 }
 
 // The digits of `s` from `pos` on, advancing pos past them.
@@ -53,6 +79,14 @@ std::string take_digits(const std::string& s, size_t& pos) {
 }
 
 }  // namespace
+
+std::string hf_single_file_name(WeightsFormat format) {
+  return format == WeightsFormat::safetensors ? kHfSingleFileName : kHfTorchSaveFileName;
+}
+
+std::string hf_index_file_name(WeightsFormat format) {
+  return format == WeightsFormat::safetensors ? kHfIndexFileName : kHfTorchSaveIndexFileName;
+}
 
 uint64_t parse_byte_size(const std::string& text, const std::string& what) {
   size_t pos = 0;
@@ -99,8 +133,9 @@ std::string ShardPlan::index_json() const {
 }
 
 ShardPlan plan_shards(const std::vector<std::pair<std::string, uint64_t>>& sizes,
-                      uint64_t max_shard_size) {
+                      uint64_t max_shard_size, WeightsFormat format) {
   ShardPlan plan;
+  plan.format = format;
   ShardPlan::Shard current;
   for (const auto& [name, bytes] : sizes) {
     plan.total_size += bytes;
@@ -120,50 +155,39 @@ ShardPlan plan_shards(const std::vector<std::pair<std::string, uint64_t>>& sizes
   if (!current.names.empty() || plan.shards.empty()) plan.shards.push_back(std::move(current));
   const size_t n = plan.shards.size();
   for (size_t i = 0; i < n; ++i)
-    plan.shards[i].file = n == 1 ? kHfSingleFileName : shard_file_name(i, n);
+    plan.shards[i].file = n == 1 ? hf_single_file_name(format) : shard_file_name(i, n, format);
   return plan;
 }
 
-ShardPlan plan_shards(const NamedTensors& tensors, uint64_t max_shard_size) {
+ShardPlan plan_shards(const NamedTensors& tensors, uint64_t max_shard_size,
+                      WeightsFormat format) {
   std::vector<std::pair<std::string, uint64_t>> sizes;
   sizes.reserve(tensors.size());
   for (const auto& [name, t] : tensors)
     sizes.emplace_back(name, static_cast<uint64_t>(t.numel()) * t.element_size());
-  return plan_shards(sizes, max_shard_size);
+  return plan_shards(sizes, max_shard_size, format);
 }
 
 bool is_hf_export_file_name(const std::string& name) {
-  if (name == kHfSingleFileName || name == kHfIndexFileName) return true;
-  // model-<digits>-of-<digits>.safetensors
-  const std::string prefix = "model-", middle = "-of-", suffix = ".safetensors";
-  if (name.rfind(prefix, 0) != 0 || name.size() <= prefix.size() + suffix.size() ||
-      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-    return false;
-  const std::string numbers =
-      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  const size_t split = numbers.find(middle);
-  if (split == std::string::npos || split == 0 || split + middle.size() == numbers.size())
-    return false;
-  for (size_t i = 0; i < numbers.size(); ++i) {
-    if (i >= split && i < split + middle.size()) continue;
-    if (!std::isdigit(static_cast<unsigned char>(numbers[i]))) return false;
-  }
-  return true;
+  return name == kHfSingleFileName || name == kHfTorchSaveFileName || is_index_file_name(name) ||
+         is_numbered_shard_name(name, "model-", ".safetensors") ||
+         is_numbered_shard_name(name, "pytorch_model-", ".bin");
 }
 
-HfExport write_hf_safetensors(FileSystem& fs, const std::string& dir, const NamedTensors& tensors,
-                              uint64_t max_shard_size, const SafetensorsMetadata& metadata) {
+HfExport write_hf_export(FileSystem& fs, const std::string& dir, WeightsFormat format,
+                         const NamedTensors& tensors, uint64_t max_shard_size,
+                         const SafetensorsMetadata& metadata) {
   HfExport out;
-  out.plan = plan_shards(tensors, max_shard_size);
+  out.plan = plan_shards(tensors, max_shard_size, format);
   fs.make_dirs(dir);
   std::set<std::string> ours;
   for (const auto& shard : out.plan.shards) ours.insert(shard.file);
-  // The old index goes first, even when this export writes one again: until the new index is
+  // The old indexes go first, even when this export writes one again: until the new index is
   // written, shards of the same names are being replaced and it would describe a mix.
   std::vector<std::string> stale;
   for (const auto& name : fs.list_dir(dir)) {
     if (!is_hf_export_file_name(name)) continue;
-    if (name == kHfIndexFileName)
+    if (is_index_file_name(name))
       stale.insert(stale.begin(), name);
     else if (!ours.count(name))
       stale.push_back(name);
@@ -177,12 +201,12 @@ HfExport write_hf_safetensors(FileSystem& fs, const std::string& dir, const Name
     NamedTensors part;
     part.reserve(shard.names.size());
     for (const auto& name : shard.names) part.emplace_back(name, *by_name.at(name));
-    write_safetensors(fs, join_path(dir, shard.file), part, metadata);
+    write_weights(fs, join_path(dir, shard.file), format, part, metadata);
   }
   // Last: its presence says every shard above is in place (write_file_atomic syncs the folder,
   // which also makes the removals above durable).
   if (out.plan.sharded())
-    fs.write_file_atomic(join_path(dir, kHfIndexFileName), out.plan.index_json());
+    fs.write_file_atomic(join_path(dir, hf_index_file_name(format)), out.plan.index_json());
   return out;
 }
 

@@ -1,6 +1,6 @@
-// save_16bit_model: the module's weights alone, whole, in one safetensors file (DeepSpeed's
-// engine.save_16bit_model writes a torch.save pickle, pytorch_model.bin by default; a pickle is
-// not written here, so the default name is model.safetensors, which transformers also reads).
+// save_16bit_model: the module's weights alone, whole, in one file: a torch.save state dict as
+// DeepSpeed's engine.save_16bit_model writes (pytorch_model.bin by default), or safetensors when
+// the name says so (model.safetensors, which transformers also reads).
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -22,16 +22,9 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
 namespace checkpoint {
 namespace {
 
-// A safetensors file under a pickle's name would be opened with torch.load and fail there, far
-// from the cause: refused here, naming the value.
 void check_filename(const std::string& name) {
   if (name.empty() || ends_with(name, "/"))
     throw CheckpointError("save_16bit_model: save_filename \"" + name + "\" names no file");
-  for (const char* pickle : {".bin", ".pt", ".pth"})
-    if (ends_with(name, pickle))
-      throw CheckpointError("save_16bit_model: save_filename \"" + name +
-                            "\": the file is safetensors, not a torch.save pickle; name it "
-                            "*.safetensors (the default is model.safetensors)");
 }
 
 }  // namespace
@@ -75,8 +68,10 @@ bool save_16bit_model(EngineState& s, FileSystem& fs, const std::string& save_di
     if (rank0) fs.make_dirs(parent_dir(path));
   });
   run_agreed(job, what, [&] {
-    // transformers reads a safetensors file whose metadata says "format": "pt".
-    write_whole_module(s, fs, path, {{"format", "pt"}}, rank0, !exclude_frozen_parameters);
+    // transformers reads a safetensors file whose metadata says "format": "pt" (a torch.save
+    // file has no metadata).
+    write_whole_module(s, fs, path, weights_format_for(save_filename), {{"format", "pt"}}, rank0,
+                       !exclude_frozen_parameters);
   });
   return true;
 }

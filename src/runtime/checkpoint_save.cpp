@@ -19,6 +19,7 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "checkpoint/tag_replacement.h"
+#include "checkpoint/weights_file.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/tp.h"
 #include "partition/partition.h"
@@ -226,7 +227,8 @@ nlohmann::json manifest_base(const EngineState& s, const std::string& tag, const
 }
 
 void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
-                        const SafetensorsMetadata& metadata, bool writer, bool frozen_parameters) {
+                        WeightsFormat format, const SafetensorsMetadata& metadata, bool writer,
+                        bool frozen_parameters) {
   std::vector<SafetensorsEntry> entries;
   std::vector<bool> kept;  // per named_parameters() entry, the order of the walk
   for (auto& item : s.module->named_parameters()) {
@@ -240,7 +242,7 @@ void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
     entries.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
     buffers.push_back(item.value().detach());
   }
-  auto walk = [&](SafetensorsWriter* w) {
+  auto walk = [&](TensorSink* w) {
     size_t i = 0;
     for_each_whole_parameter(s, std::nullopt, [&](const std::string&, const at::Tensor& p, bool) {
       if (w && kept[i]) w->append(p.to(at::kCPU).contiguous());
@@ -250,7 +252,7 @@ void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
   if (!writer) return walk(nullptr);
   bool walked = false;
   try {
-    write_safetensors_streamed(fs, path, entries, metadata, [&](SafetensorsWriter& w) {
+    write_weights_streamed(fs, path, format, entries, metadata, [&](TensorSink& w) {
       walked = true;
       walk(&w);
       for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
@@ -272,7 +274,7 @@ void write_model_file(EngineState& s, FileSystem& fs, const std::string& dir,
   for (auto& item : s.module->named_buffers()) buffer_names.push_back(item.key());
   meta["buffer_names"] = buffer_names;
   write_whole_module(s, fs, join_path(dir, model_states_file_name(tensor_rank(s))),
-                     {{kMetadataKey, meta.dump()}}, s.comm->rank() == 0,
+                     WeightsFormat::safetensors, {{kMetadataKey, meta.dump()}}, s.comm->rank() == 0,
                      /*frozen_parameters=*/true);
 }
 

@@ -11,6 +11,7 @@
 
 #include "checkpoint/file_system.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/weights_file.h"
 #include "optim/extra_state.h"
 #include "runtime/engine_state.h"
 
@@ -53,12 +54,14 @@ void for_each_whole_parameter(
     EngineState& s, std::optional<int> modifier_rank,
     const std::function<void(const std::string&, const at::Tensor&, bool grouped)>& visit);
 
-// `path` (written atomically by `writer`): the module's parameters whole, in named_parameters()
-// order (frozen ones only with `frozen_parameters`; a tied one under each of its names), then
-// its buffers, each in its own dtype, with `metadata`. Every rank walks the parameters (the
-// stage-3 gathers are collective), also when the writer cannot create the file. COLLECTIVE.
+// `path` (written atomically by `writer`, in `format`): the module's parameters whole, in
+// named_parameters() order (frozen ones only with `frozen_parameters`; a tied one under each of
+// its names), then its buffers, each in its own dtype, with `metadata` (safetensors only). Every
+// rank walks the parameters (the stage-3 gathers are collective), also when the writer cannot
+// create the file. COLLECTIVE.
 void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
-                        const SafetensorsMetadata& metadata, bool writer, bool frozen_parameters);
+                        WeightsFormat format, const SafetensorsMetadata& metadata, bool writer,
+                        bool frozen_parameters);
 
 // DeepSpeed's save_16bit_model (Engine::save_16bit_model). Returns false, writing nothing, at
 // stage 3 without stage3_gather_16bit_weights_on_model_save. COLLECTIVE.

@@ -1,7 +1,8 @@
 // ds_to_fp32: a checkpoint saved by 3 ranks at ZeRO stage 2 (each holding a third of the masters)
 // consolidates into one safetensors file of full fp32 weights; Debian's python3-torch reads it
 // with its own parser (tests/support/checkpoint_read_safetensors.py) and finds every tensor equal
-// to the trained weights.
+// to the trained weights, and reads an output folder's pytorch_model.bin (zero_to_fp32's default
+// format) with torch.load equal to it.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
+#include "checkpoint/weights_file.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/zero_to_fp32.h"
 #include "support/checkpoint_run.h"
@@ -24,6 +26,7 @@
 #include "support/files.h"
 #include "support/forked_child.h"
 #include "support/stage3_models.h"
+#include "support/torch_save_files.h"
 #include "support/training_run.h"
 
 namespace checkpoint_export_test {
@@ -40,8 +43,11 @@ std::pair<int, std::string> ds_to_fp32(const std::string& args, const std::strin
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, dstest::read_bytes(log)};
 }
 
+// A weights file of either format, by name.
 std::map<std::string, torch::Tensor> read_by_name(const std::string& path) {
-  auto tensors = ckpt::read_safetensors(path).tensors;
+  auto tensors = ckpt::weights_format_for(path) == ckpt::WeightsFormat::safetensors
+                     ? ckpt::read_safetensors(path).tensors
+                     : dstest::read_torch_save(path);
   return {tensors.begin(), tensors.end()};
 }
 
@@ -132,6 +138,13 @@ TEST(CheckpointExport, DsToFp32WritesSafetensorsThatPyTorchReads) {
   status = std::system(("/usr/bin/python3 " + script + " " + out + " " + dir.path() + " > " +
                         (dir / "py.log") + " 2>&1").c_str());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << dstest::read_bytes(dir / "py.log");
+
+  const auto [code, log] = ds_to_fp32((dir / "ckpt") + " " + (dir / "out"), dir / "tool.log");
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_CONTAINS(log, dir / "out/pytorch_model.bin");
+  const std::string compared =
+      dstest::python_compare_torch_save(dir / "out/pytorch_model.bin", out);
+  EXPECT_EQ(compared.rfind("ok\n", 0), 0u) << compared;
 }
 
 TEST(CheckpointExport, DsToFp32RefusesACorruptedCheckpoint) {
@@ -210,8 +223,9 @@ TEST(CheckpointExport, ARankFileChangedAfterItWasClosedIsNamed) {
 }
 
 // The output may be an existing folder (zero_to_fp32 takes an output folder): <folder>/
-// model.safetensors. --exclude_frozen_parameters (zero_to_fp32's option) leaves the frozen
-// parameter out and keeps the buffers; without it the frozen one is there.
+// pytorch_model.bin, zero_to_fp32's default torch.save file. --exclude_frozen_parameters
+// (zero_to_fp32's option) leaves the frozen parameter out and keeps the buffers; without it the
+// frozen one is there.
 TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
   dstest::TempDir dir;
   const gpt::GPTConfig model{256, 8, 1, 2, 16};
@@ -222,8 +236,8 @@ TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
 
   auto [code, log] = ds_to_fp32((dir / "ckpt") + " " + (dir / "out"), dir / "tool.log");
   ASSERT_EQ(code, 0) << log;
-  EXPECT_CONTAINS(log, dir / "out/model.safetensors");
-  auto whole = read_by_name(dir / "out/model.safetensors");
+  EXPECT_CONTAINS(log, dir / "out/pytorch_model.bin");
+  auto whole = read_by_name(dir / "out/pytorch_model.bin");
   EXPECT_EQ(whole.count("wpe.weight"), 1u);
 
   std::tie(code, log) = ds_to_fp32((dir / "ckpt") + " " + (dir / "trained.safetensors") +
@@ -252,9 +266,9 @@ TEST(CheckpointExport, DsToFp32WritesIntoAFolderAndExcludesFrozenParameters) {
 // An output folder is split as zero_to_fp32 --max_shard_size splits it (Hugging Face's layout):
 // at 4KiB the tied 8 KiB embedding and head (one parameter, two names) get a shard each and the
 // rest fill several, every tensor equal to the single-file export and listed, with its file, in
-// the index; a default-size export into the same folder then leaves one model.safetensors, the
-// shards and index removed. A bad size, or a size with a file output, is refused naming
-// --max_shard_size.
+// the index; a default-size export into the same folder then leaves one pytorch_model.bin (the
+// default format), the safetensors shards and index removed. A bad size, or a size with a file
+// output, is refused naming --max_shard_size; --safe_serialization with a .bin file is refused.
 TEST(CheckpointExport, DsToFp32ShardsAnOutputFolderByMaxShardSize) {
   dstest::TempDir dir;
   torch::manual_seed(11);
@@ -325,12 +339,23 @@ TEST(CheckpointExport, DsToFp32ShardsAnOutputFolderByMaxShardSize) {
   }
   EXPECT_TRUE(torch::equal(read_back["head.weight"], read_back["embed.weight"]));
 
-  // The default 5GB: one file; the earlier export's shards and index are gone.
+  // The default 5GB and format: one torch.save file; the earlier export's shards and index are
+  // gone.
   std::tie(code, log) = export_to(out);
   ASSERT_EQ(code, 0) << log;
   EXPECT_CONTAINS(log, "removed " + out + "/model-00001-of-");
-  EXPECT_EQ(files_in(out), std::set<std::string>{"model.safetensors"});
-  EXPECT_EQ(read_by_name(out + "/model.safetensors").size(), whole.size());
+  EXPECT_EQ(files_in(out), std::set<std::string>{"pytorch_model.bin"});
+  const auto pickled = read_by_name(out + "/pytorch_model.bin");
+  ASSERT_EQ(pickled.size(), whole.size());
+  for (const auto& [n, t] : whole) EXPECT_TRUE(torch::equal(pickled.at(n), t)) << n;
+  // One .bin file of its own, as a named output.
+  std::tie(code, log) = export_to(dir / "whole.bin");
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_CONTAINS(log, "(torch.save)");
+  EXPECT_EQ(read_by_name(dir / "whole.bin").size(), whole.size());
+  std::tie(code, log) = export_to((dir / "other.bin") + " --safe_serialization");
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_CONTAINS(log, dir / "other.bin");
 
   std::tie(code, log) = export_to(out + " --max_shard_size 5XB");
   EXPECT_EQ(code, 1) << log;

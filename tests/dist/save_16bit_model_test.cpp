@@ -1,6 +1,7 @@
 // Engine::save_16bit_model (DeepSpeed's engine.save_16bit_model): every rank calls it, rank 0
-// writes one safetensors file of the whole module in its training dtype. At stage 3 the weights
-// are gathered one unit at a time into the file, and only when
+// writes one file of the whole module in its training dtype: a torch.save state dict
+// (pytorch_model.bin, DeepSpeed's default, read by Python's torch.load) or safetensors. At stage
+// 3 the weights are gathered one unit at a time into the file, and only when
 // stage3_gather_16bit_weights_on_model_save is true (else false, nothing written). A pipeline or
 // tensor-parallel engine is refused.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include "support/files.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
+#include "support/torch_save_files.h"
 #include "support/training_run.h"
 
 namespace save_16bit_model_test {
@@ -79,19 +81,33 @@ TEST(Save16bitModel, WritesTheWholeModuleAtStagesTwoAndThree) {
       EXPECT_TRUE(engine.save_16bit_model(dir / "out"));
       engine.save_checkpoint(dir / "ck");
     });
-    auto file = ckpt::read_safetensors(dir / "out/model.safetensors");
+    const auto file = dstest::read_torch_save(dir / "out/pytorch_model.bin");
     std::map<std::string, at::Tensor> masters;
     for (auto& [name, t] : deepspeed::get_fp32_state_dict_from_zero_checkpoint(dir / "ck"))
       masters[name] = t;
     ASSERT_FALSE(masters.empty());
-    EXPECT_EQ(file.tensors.size(), masters.size());
-    for (const auto& [name, t] : file.tensors) {
+    EXPECT_EQ(file.size(), masters.size());
+    for (const auto& [name, t] : file) {
       ASSERT_TRUE(masters.count(name)) << name << " is in the file, not in the checkpoint";
       EXPECT_EQ(t.scalar_type(), torch::kBFloat16) << name;
       EXPECT_TRUE(torch::equal(t, masters.at(name).to(torch::kBFloat16))) << name;
     }
-    EXPECT_EQ(file.metadata.at("format"), "pt");
   }
+}
+
+// The default file as a DeepSpeed user opens it: Python's torch.load (weights_only=True) gives
+// the same state dict, key order and bf16 bits, as the safetensors file of the same call.
+TEST(Save16bitModel, PythonTorchLoadReadsTheDefaultFile) {
+  if (!dstest::python_has_torch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch (Debian's python3-torch) is not installed";
+  dstest::TempDir dir;
+  after_training(2, bf16_config(3, true), [&](deepspeed::Engine& engine) {
+    EXPECT_TRUE(engine.save_16bit_model(dir.path()));
+    EXPECT_TRUE(engine.save_16bit_model(dir.path(), "model.safetensors"));
+  });
+  const std::string out =
+      dstest::python_compare_torch_save(dir / "pytorch_model.bin", dir / "model.safetensors");
+  EXPECT_EQ(out.rfind("ok\n", 0), 0u) << out;
 }
 
 TEST(Save16bitModel, StageThreeWithoutGatherOnSaveWritesNothing) {
@@ -102,26 +118,34 @@ TEST(Save16bitModel, StageThreeWithoutGatherOnSaveWritesNothing) {
   EXPECT_FALSE(std::filesystem::exists(dir / "out"));
 }
 
-TEST(Save16bitModel, ExcludesFrozenParametersAndRefusesAPickleName) {
+// exclude_frozen_parameters in either format (the safetensors file with transformers' "format":
+// "pt" metadata; *.pt is torch.save as DeepSpeed's); a name that names no file is refused.
+TEST(Save16bitModel, ExcludesFrozenParametersInEitherFormat) {
   dstest::TempDir dir;
   after_training(
       1, bf16_config(2, false),
       [&](deepspeed::Engine& engine) {
         EXPECT_TRUE(engine.save_16bit_model(dir.path(), "weights.safetensors",
                                             /*exclude_frozen_parameters=*/true));
+        EXPECT_TRUE(engine.save_16bit_model(dir.path(), "weights.pt", true));
         auto msg = dstest::message_of<deepspeed::CheckpointError>(
-            [&] { engine.save_16bit_model(dir.path(), "pytorch_model.bin"); });
-        EXPECT_CONTAINS(msg, "pytorch_model.bin");
+            [&] { engine.save_16bit_model(dir.path(), ""); });
+        EXPECT_CONTAINS(msg, "save_filename \"\" names no file");
       },
       {"wpe.weight"});
-  auto file = ckpt::read_safetensors(dir / "weights.safetensors");
+  const auto file = ckpt::read_safetensors(dir / "weights.safetensors");
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  const auto pickled = dstest::read_torch_save(dir / "weights.pt");
+  ASSERT_EQ(pickled.size(), file.tensors.size());
   bool wte = false;
-  for (auto& [name, t] : file.tensors) {
+  for (size_t i = 0; i < pickled.size(); ++i) {
+    const auto& [name, t] = file.tensors[i];
     EXPECT_NE(name, "wpe.weight");
+    EXPECT_EQ(pickled[i].first, name);
+    EXPECT_TRUE(torch::equal(pickled[i].second, t)) << name;
     wte = wte || name == "wte.weight";
   }
   EXPECT_TRUE(wte);
-  EXPECT_FALSE(std::filesystem::exists(dir / "pytorch_model.bin"));
 }
 
 // Each stage of a pipeline holds its own layers: no rank's file would be the model. Refused on

@@ -318,7 +318,7 @@ TEST(Stage3Access, A16BitSaveInsideAScopeIsRefused) {
     EXPECT_TRUE(engine->save_16bit_model(out / "after"));
   });
   EXPECT_FALSE(std::filesystem::exists(out / "inside"));
-  EXPECT_TRUE(std::filesystem::exists(out / "after/model.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(out / "after/pytorch_model.bin"));
 }
 
 // With the update during backward (ZeRO-Offload's overlap_step), a boundary backward inside a

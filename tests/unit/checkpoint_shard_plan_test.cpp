@@ -17,11 +17,14 @@
 #include "deepspeed/errors.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/torch_save_files.h"
 
 namespace checkpoint_shard_plan_test {
 
 namespace ckpt = deepspeed::checkpoint;
 using Sizes = std::vector<std::pair<std::string, uint64_t>>;
+constexpr auto kSafetensors = ckpt::WeightsFormat::safetensors;
+constexpr auto kTorchSave = ckpt::WeightsFormat::torch_save;
 
 std::vector<std::vector<std::string>> names_by_shard(const ckpt::ShardPlan& plan) {
   std::vector<std::vector<std::string>> out;
@@ -136,8 +139,59 @@ TEST(ShardPlan, TellsExportFileNames) {
   for (const std::string name :
        {"model-extra.safetensors", "model-00001-of-.safetensors", "model--of-00002.safetensors",
         "model-0000a-of-00002.safetensors", "model-00001-of-00002.safetensors.tmp.12",
-        "other.safetensors", "model-00001-of-00002.bin", "config.json"})
+        "other.safetensors", "model-00001-of-00002.bin", "pytorch_model-00001-of-00002.pt",
+        "pytorch_model-1-of-.bin", "pytorch_model.pt", "config.json"})
     EXPECT_FALSE(ckpt::is_hf_export_file_name(name)) << name;
+  for (const std::string name : {"pytorch_model.bin", "pytorch_model.bin.index.json",
+                                 "pytorch_model-00001-of-00003.bin"})
+    EXPECT_TRUE(ckpt::is_hf_export_file_name(name)) << name;
+}
+
+// zero_to_fp32's default format: torch.save files named pytorch_model*.bin and their index. An
+// earlier safetensors export in the folder goes (transformers would load its model.safetensors
+// first), and a later safetensors export removes this one's files in turn.
+TEST(ShardPlan, TorchSaveExportsUsePytorchModelNamesAndReplaceTheOtherFormat) {
+  const auto named = ckpt::plan_shards(Sizes{{"w", 8}, {"b", 4}, {"a", 8}}, 12,
+                                       kTorchSave);
+  EXPECT_EQ(files_of(named), (std::vector<std::string>{"pytorch_model-00001-of-00002.bin",
+                                                       "pytorch_model-00002-of-00002.bin"}));
+  EXPECT_EQ(files_of(ckpt::plan_shards(Sizes{{"w", 8}}, 12, kTorchSave)),
+            std::vector<std::string>{"pytorch_model.bin"});
+
+  dstest::TempDir dir;
+  const std::string out = dir / "out";
+  const auto tensors = numbered_tensors({4, 6, 3, 7, 1});
+  auto& fs = ckpt::posix_file_system();
+  ckpt::write_hf_export(fs, out, kSafetensors, tensors, 40);
+  const auto result = ckpt::write_hf_export(fs, out, kTorchSave, tensors, 40);
+  EXPECT_EQ(result.removed, (std::vector<std::string>{"model.safetensors.index.json",
+                                                      "model-00001-of-00003.safetensors",
+                                                      "model-00002-of-00003.safetensors",
+                                                      "model-00003-of-00003.safetensors"}));
+  EXPECT_EQ(fs.list_dir(out), (std::vector<std::string>{"pytorch_model-00001-of-00003.bin",
+                                                        "pytorch_model-00002-of-00003.bin",
+                                                        "pytorch_model-00003-of-00003.bin",
+                                                        "pytorch_model.bin.index.json"}));
+  const auto index = nlohmann::json::parse(fs.read_file(out + "/pytorch_model.bin.index.json"));
+  EXPECT_EQ(index.at("metadata").at("total_size").get<uint64_t>(), 84u);
+  ckpt::NamedTensors read;
+  for (int i = 1; i <= 3; ++i) {
+    const std::string file = "pytorch_model-0000" + std::to_string(i) + "-of-00003.bin";
+    for (auto& item : dstest::read_torch_save(out + "/" + file)) {
+      EXPECT_EQ(index.at("weight_map").at(item.first), file);
+      read.push_back(item);
+    }
+  }
+  ASSERT_EQ(read.size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    bool found = false;
+    for (const auto& [n, v] : read) found = found || (n == name && torch::equal(v, t));
+    EXPECT_TRUE(found) << name;
+  }
+
+  const auto back = ckpt::write_hf_export(fs, out, kSafetensors, tensors, 1000);
+  EXPECT_EQ(back.removed.size(), 4u);
+  EXPECT_EQ(fs.list_dir(out), std::vector<std::string>{"model.safetensors"});
 }
 
 // Shards, then the index; an earlier export's index and the files this one does not write again
@@ -155,7 +209,7 @@ TEST(ShardPlan, WritesTheFolderAndRemovesAnEarlierExportsStaleFiles) {
 
   const auto tensors = numbered_tensors({4, 6, 3, 7, 1});  // 16, 24, 12, 28, 4 bytes
   auto& fs = ckpt::posix_file_system();
-  const auto result = ckpt::write_hf_safetensors(fs, out, tensors, 40, {{"format", "pt"}});
+  const auto result = ckpt::write_hf_export(fs, out, kSafetensors, tensors, 40, {{"format", "pt"}});
   ASSERT_EQ(result.plan.shards.size(), 3u);
   EXPECT_EQ(result.removed,
             (std::vector<std::string>{"model.safetensors.index.json",
@@ -179,7 +233,7 @@ TEST(ShardPlan, WritesTheFolderAndRemovesAnEarlierExportsStaleFiles) {
   }
 
   // A smaller export afterwards: one model.safetensors, the shards and index gone.
-  const auto single = ckpt::write_hf_safetensors(fs, out, tensors, 1000);
+  const auto single = ckpt::write_hf_export(fs, out, kSafetensors, tensors, 1000);
   EXPECT_FALSE(single.plan.sharded());
   EXPECT_EQ(fs.list_dir(out), (std::vector<std::string>{"config.json", "model-extra.safetensors",
                                                         "model.safetensors"}));
@@ -192,11 +246,12 @@ TEST(ShardPlan, AFailedShardWriteIsNamedAndLeavesNoIndex) {
   dstest::TempDir dir;
   const std::string out = dir / "out";
   const auto tensors = numbered_tensors({4, 6, 3, 7, 1});
-  ckpt::write_hf_safetensors(ckpt::posix_file_system(), out, tensors, 40);
+  ckpt::write_hf_export(ckpt::posix_file_system(), out, kSafetensors,
+                        tensors, 40);
   ckpt::FaultInjectingFileSystem fs(ckpt::posix_file_system());
   fs.fail_at(ckpt::FsOp::kCreate, 2, ENOSPC);  // the second shard's (temporary) file
   const std::string msg = dstest::message_of<deepspeed::IOError>(
-      [&] { ckpt::write_hf_safetensors(fs, out, tensors, 40); });
+      [&] { ckpt::write_hf_export(fs, out, kSafetensors, tensors, 40); });
   EXPECT_CONTAINS(msg, out + "/model-00002-of-00003.safetensors");
   EXPECT_FALSE(fs.exists(out + "/model.safetensors.index.json"));
 }

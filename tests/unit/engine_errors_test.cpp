@@ -275,7 +275,7 @@ TEST(EngineErrors, WithoutAnOptimizerCheckpointsTheWeights) {
           deepspeed::initialize<gpt::GPTImpl>({.model = seeded_gpt(5), .config_json = config});
       ASSERT_TRUE(saved.engine->save_checkpoint(dir.path(), "eval"));
       ASSERT_TRUE(saved.engine->save_16bit_model(dir.path()));
-      EXPECT_TRUE(std::filesystem::exists(dir / "model.safetensors"));
+      EXPECT_TRUE(std::filesystem::exists(dir / "pytorch_model.bin"));
       torch::NoGradGuard no_grad;
       const double want = saved.engine->forward(x, y).item<double>();
       auto loaded =

@@ -1,0 +1,37 @@
+// A file of weights for others to load (save_16bit_model, ds_to_fp32): safetensors or a
+// torch.save pickle, chosen by the caller, written the same way (atomically, tensors streamed in
+// entry order through a TensorSink).
+// Thread-safety: free functions, no shared state.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint/file_system.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tensor_sink.h"
+
+namespace deepspeed {
+namespace checkpoint {
+
+enum class WeightsFormat {
+  safetensors,  // metadata kept in the header
+  torch_save,   // DeepSpeed's default (pytorch_model.bin); metadata is not stored
+};
+
+// By the file name, as a user reads it: "*.safetensors" is safetensors, anything else (DeepSpeed's
+// pytorch_model.bin, *.pt, *.pth, no extension) a torch.save file.
+WeightsFormat weights_format_for(const std::string& path);
+const char* weights_format_name(WeightsFormat format);  // "safetensors", "torch.save"
+
+// Whole-file writers of either format. The sink takes each tensor whole (torch.save needs that;
+// safetensors would take pieces). IOError / CheckpointError as the format's own writer.
+void write_weights_streamed(FileSystem& fs, const std::string& path, WeightsFormat format,
+                            const std::vector<SafetensorsEntry>& entries,
+                            const SafetensorsMetadata& metadata,
+                            const std::function<void(TensorSink&)>& fill);
+void write_weights(FileSystem& fs, const std::string& path, WeightsFormat format,
+                   const NamedTensors& tensors, const SafetensorsMetadata& metadata = {});
+
+}  // namespace checkpoint
+}  // namespace deepspeed

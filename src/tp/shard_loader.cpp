@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <map>
 
 #include "checkpoint/consolidate.h"
@@ -101,6 +102,15 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
       throw CheckpointError("init_inference: weights file '" + path + "' does not exist");
     return std::make_unique<SafetensorsSource>(path);
   }
+  // Any other file is no checkpoint folder either; most likely a torch.save file, the default of
+  // save_16bit_model and ds_to_fp32 (pytorch_model.bin), which is not read here.
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec))
+    throw CheckpointError("init_inference: checkpoint '" + path +
+                          "' is a file, not a .safetensors file nor a checkpoint folder (a "
+                          "torch.save file such as pytorch_model.bin is not read here): give the "
+                          "save folder, or export it with `ds_to_fp32 <save folder> "
+                          "<file>.safetensors` (or save_16bit_model(dir, \"model.safetensors\"))");
   return std::make_unique<CheckpointSource>(path, tag);
 }
 

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/torch_save.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
@@ -462,6 +463,9 @@ TEST(AutoTP, BadInputIsNamed) {
   };
   write("wide.safetensors", {256, 32, 2, 4, 64});
   write("shallow.safetensors", {256, 32, 1, 4, 32});
+  deepspeed::checkpoint::write_torch_save(deepspeed::checkpoint::posix_file_system(),
+                                          dir / "pytorch_model.bin",
+                                          {{"wte.weight", torch::zeros({256, 32})}});
   run_ranks(3, [&](CommunicatorPtr comm) {
     // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
     auto msg = dstest::message_of<deepspeed::ConfigError>(
@@ -486,6 +490,14 @@ TEST(AutoTP, BadInputIsNamed) {
           {.tp_size = 2, .checkpoint = dir / "shallow.safetensors", .comm = comm});
     });
     EXPECT_NE(msg.find("has no tensor \"block1.ln1.weight\""), std::string::npos) << msg;
+    // A torch.save file (save_16bit_model's and ds_to_fp32's default) is named, with the way out.
+    msg = dstest::message_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(
+          seeded_gpt(kModel),
+          {.tp_size = 2, .checkpoint = dir / "pytorch_model.bin", .comm = comm});
+    });
+    EXPECT_CONTAINS(msg, "checkpoint '" + dir / "pytorch_model.bin" + "' is a file");
+    EXPECT_CONTAINS(msg, "ds_to_fp32 <save folder> <file>.safetensors");
     msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;

@@ -3,7 +3,7 @@
 //                --temperature T --seed S] [model flags as given to gpt_train: --n_layer ...]
 // The model flags default to those gpt_train saved beside the checkpoint (<tag>/gpt_model.json,
 // model_flags.h); one given that differs is refused. A checkpoint without that file (an older
-// gpt_train, a .safetensors file) takes the flags given, and refuses tensors the model would leave
+// gpt_train, a weights file) takes the flags given, and refuses tensors the model would leave
 // unread (gpt::check_no_leftovers).
 // Reads the checkpoint DIR/latest names (any world size, ZeRO stage or pipeline layout) through
 // deepspeed::init_inference, generates with a kv-cache, and prints the prompt and its
@@ -11,7 +11,8 @@
 //   dsrun --num_procs N gpt_generate --tensor_parallel N ...   splits the blocks over N ranks
 //   (AutoTP), each rank reading only its slices of the checkpoint. The model is built in
 //   placeholder memory (deepspeed::inference::DeferredInit), so no rank ever holds all of it.
-// --load_dir may also name a ds_to_fp32 .safetensors file.
+// --load_dir may also name a weights file: ds_to_fp32's or save_16bit_model's pytorch_model.bin
+// (torch.save) or a .safetensors file.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>

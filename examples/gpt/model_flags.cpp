@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "deepspeed/errors.h"
+#include "deepspeed/state_dict_file.h"
 
 namespace gpt {
 namespace {
@@ -106,7 +107,7 @@ nlohmann::json model_flags_json(const GPTConfig& c) {
 
 std::string checkpoint_tag_dir(const std::string& load_dir, const std::string& tag) {
   std::error_code ec;
-  if (ends_with(load_dir, ".safetensors")) return "";
+  if (ends_with(load_dir, ".safetensors") || fs::is_regular_file(load_dir, ec)) return "";
   if (tag.empty() && fs::exists(fs::path(load_dir) / "manifest.json", ec)) return load_dir;
   std::string t = tag;
   if (t.empty()) {
@@ -197,30 +198,9 @@ GPTConfig resolve_model_flags(const GPTConfig& parsed, const std::set<std::strin
 std::vector<std::string> stored_tensor_names(const std::string& load_dir, const std::string& tag) {
   std::vector<std::string> names;
   std::error_code ec;
-  if (ends_with(load_dir, ".safetensors")) {
-    // safetensors: an 8-byte little-endian header length, then the header (JSON: name ->
-    // dtype, shape, offsets; plus "__metadata__").
-    std::ifstream in(load_dir, std::ios::binary);
-    unsigned char len[8];
-    if (!in.read(reinterpret_cast<char*>(len), 8)) return names;  // the loader reports it
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
-    const uint64_t size = fs::file_size(load_dir, ec);
-    if (ec || n > size - 8)
-      throw deepspeed::CheckpointError("'" + load_dir + "': safetensors header of " +
-                                       std::to_string(n) + " bytes in a file of " +
-                                       std::to_string(size));
-    std::string header(n, '\0');
-    in.read(header.data(), static_cast<std::streamsize>(n));
-    try {
-      const auto j = nlohmann::json::parse(header);
-      for (const auto& [name, entry] : j.items())
-        if (name != "__metadata__") names.push_back(name);
-    } catch (const nlohmann::json::exception& e) {
-      throw deepspeed::CheckpointError("'" + load_dir + "': bad safetensors header: " + e.what());
-    }
-    return names;
-  }
+  // A weights file (safetensors, or a torch.save state dict such as pytorch_model.bin); a
+  // missing one is reported by the loader.
+  if (fs::is_regular_file(load_dir, ec)) return deepspeed::state_dict_file_names(load_dir);
   const std::string dir = checkpoint_tag_dir(load_dir, tag);
   const std::string manifest = dir + "/manifest.json";
   if (dir.empty() || !fs::exists(manifest, ec)) return names;

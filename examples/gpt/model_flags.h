@@ -35,7 +35,8 @@ nlohmann::json model_flags_json(const GPTConfig& c);
 // The tag folder `load_dir` and `tag` name, as init_inference resolves them: `load_dir` itself
 // when no tag is given and it holds a manifest.json (a tag folder), else load_dir/<tag>, the tag
 // being `tag` or the content of load_dir/latest (a save interrupted mid-swap: <tag>.replacing).
-// "" for a .safetensors file or a folder without `latest` (the loader reports what is missing).
+// "" for a weights file (.safetensors, or a torch.save file) or a folder without `latest` (the
+// loader reports what is missing).
 std::string checkpoint_tag_dir(const std::string& load_dir, const std::string& tag);
 
 // Writes <the tag folder save_dir/latest names>/gpt_model.json atomically (a temporary file,
@@ -44,7 +45,7 @@ std::string checkpoint_tag_dir(const std::string& load_dir, const std::string& t
 void save_model_flags(const std::string& save_dir, const GPTConfig& c);
 
 // The model <tag_dir>/gpt_model.json describes; nullopt when there is no such file (a checkpoint
-// of an older gpt_train, a .safetensors file: tag_dir ""). Throws deepspeed::ConfigError naming
+// of an older gpt_train, a weights file: tag_dir ""). Throws deepspeed::ConfigError naming
 // the file and the key when a key is missing, unknown or of the wrong type.
 std::optional<GPTConfig> read_model_flags(const std::string& tag_dir);
 
@@ -56,9 +57,9 @@ GPTConfig resolve_model_flags(const GPTConfig& parsed, const std::set<std::strin
                               const std::optional<GPTConfig>& saved, const std::string& file);
 
 // The names of the tensors a checkpoint holds, read without any weight: a tag folder's trainable
-// parameters (its manifest.json), or a safetensors file's tensors (its header). Empty when there
-// is neither (the loader reports that). Throws deepspeed::CheckpointError for a header or
-// manifest it cannot parse.
+// parameters (its manifest.json), or a weights file's tensors (a safetensors header, a torch.save
+// pickle). Empty when there is neither (the loader reports that). Throws
+// deepspeed::CheckpointError for a file or manifest it cannot parse.
 std::vector<std::string> stored_tensor_names(const std::string& load_dir, const std::string& tag);
 
 }  // namespace gpt

@@ -30,8 +30,8 @@
 // replace_with_kernel_inject (fused inference kernels), injection_policy (a user's row-layer
 // names: AutoTP's rule only), max_out_tokens / min_out_tokens (the model keeps its own KV cache),
 // quant (int8 weights), enable_cuda_graph, an mpu / tp_group of the caller's (the groups are
-// consecutive ranks of `comm`), moe, and a checkpoint JSON descriptor (`checkpoint` is a folder
-// or .safetensors file here).
+// consecutive ranks of `comm`), moe, and a checkpoint JSON descriptor (`checkpoint` is a folder,
+// a .safetensors file or a torch.save state dict here).
 //
 // Building the model without holding it (DeepSpeed's `with deepspeed.OnDevice(dtype,
 // device="meta")`): libtorch's C++ modules have no device argument and their constructors fill
@@ -80,11 +80,13 @@ struct InferenceConfig {
   // head), naming the layer and the heads; without it such a model fails in its first forward.
   int64_t head_dim = 0;
   // A training checkpoint (a save folder: its `latest` tag, or `tag`; or a tag folder) of any
-  // ZeRO stage, world size or pipeline layout, or a ds_to_fp32 .safetensors file. Empty: the
+  // ZeRO stage, world size or pipeline layout, a .safetensors file, or any other file as a
+  // torch.save state dict (pytorch_model.bin of ds_to_fp32, save_16bit_model or PyTorch; read by
+  // a restricted reader that runs no code, as torch.load(weights_only=True)). Empty: the
   // module's own weights are sharded (every rank must hold the same, e.g. seeded alike).
   std::string checkpoint;
   // A tag folder of the save folder `checkpoint` (default: the one its `latest` names). With a
-  // .safetensors file or no checkpoint it would mean nothing: ConfigError naming it.
+  // weights file or no checkpoint it would mean nothing: ConfigError naming it.
   std::string tag;
   // The names a model tensor may have in the checkpoint, tried in order (default: its own name).
   // A pipeline checkpoint names layers layer_XX.*: the model supplies that mapping.

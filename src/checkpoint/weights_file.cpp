@@ -1,6 +1,9 @@
 #include "checkpoint/weights_file.h"
 
+#include "checkpoint/torch_load.h"
 #include "checkpoint/torch_save.h"
+#include "deepspeed/errors.h"
+#include "deepspeed/state_dict_file.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -32,5 +35,32 @@ void write_weights(FileSystem& fs, const std::string& path, WeightsFormat format
   write_torch_save(fs, path, tensors);
 }
 
+NamedTensors read_weights(FileSystem& fs, const std::string& path) {
+  if (weights_format_for(path) == WeightsFormat::safetensors)
+    return read_safetensors(fs, path).tensors;
+  return read_torch_save(fs, path);
+}
+
+std::vector<std::string> read_weights_names(FileSystem& fs, const std::string& path) {
+  if (!fs.exists(path)) throw CheckpointError("weights file '" + path + "' does not exist");
+  auto file = fs.open_file(path);
+  std::vector<std::string> names;
+  if (weights_format_for(path) == WeightsFormat::safetensors) {
+    for (const auto& e : read_safetensors_index(*file, path).entries) names.push_back(e.name);
+  } else {
+    for (const auto& t : read_torch_save_index(*file, path).tensors) names.push_back(t.name);
+  }
+  return names;
+}
+
 }  // namespace checkpoint
+
+std::vector<std::pair<std::string, at::Tensor>> load_state_dict_file(const std::string& path) {
+  return checkpoint::read_weights(checkpoint::posix_file_system(), path);
+}
+
+std::vector<std::string> state_dict_file_names(const std::string& path) {
+  return checkpoint::read_weights_names(checkpoint::posix_file_system(), path);
+}
+
 }  // namespace deepspeed

@@ -1,6 +1,6 @@
-// A file of weights for others to load (save_16bit_model, ds_to_fp32): safetensors or a
-// torch.save pickle, chosen by the caller, written the same way (atomically, tensors streamed in
-// entry order through a TensorSink).
+// A file of weights for others to load (save_16bit_model, ds_to_fp32) or loaded from others
+// (init_inference, deepspeed/state_dict_file.h): safetensors or a torch.save pickle, written the
+// same way (atomically, tensors streamed in entry order through a TensorSink) and read by name.
 // Thread-safety: free functions, no shared state.
 #pragma once
 #include <functional>
@@ -32,6 +32,11 @@ void write_weights_streamed(FileSystem& fs, const std::string& path, WeightsForm
                             const std::function<void(TensorSink&)>& fill);
 void write_weights(FileSystem& fs, const std::string& path, WeightsFormat format,
                    const NamedTensors& tensors, const SafetensorsMetadata& metadata = {});
+
+// A file of either format (weights_format_for its name), whole, or its tensors' names alone.
+// CheckpointError naming the file.
+NamedTensors read_weights(FileSystem& fs, const std::string& path);
+std::vector<std::string> read_weights_names(FileSystem& fs, const std::string& path);
 
 }  // namespace checkpoint
 }  // namespace deepspeed

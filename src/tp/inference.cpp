@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -137,9 +138,11 @@ void check_tag(const InferenceConfig& config) {
     throw ConfigError("init_inference: InferenceConfig::tag \"" + config.tag +
                       "\" is given without InferenceConfig::checkpoint: a tag names a tag folder "
                       "of a training checkpoint; set the checkpoint or remove the tag");
-  if (ends_with(config.checkpoint, ".safetensors"))
+  std::error_code ec;
+  if (ends_with(config.checkpoint, ".safetensors") ||
+      std::filesystem::is_regular_file(config.checkpoint, ec))
     throw ConfigError("init_inference: InferenceConfig::tag \"" + config.tag +
-                      "\" is given with the .safetensors file '" + config.checkpoint +
+                      "\" is given with the weights file '" + config.checkpoint +
                       "', which has no tags (a tag names a tag folder of a training "
                       "checkpoint); remove the tag");
 }

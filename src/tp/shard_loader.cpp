@@ -9,6 +9,7 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
+#include "checkpoint/torch_load.h"
 #include "deepspeed/errors.h"
 #include "util/text.h"
 
@@ -88,6 +89,34 @@ class SafetensorsSource : public WeightSource {
   checkpoint::SafetensorsIndex index_;
 };
 
+// A torch.save state dict (pytorch_model.bin of save_16bit_model or ds_to_fp32, or of PyTorch):
+// ranges read straight from its records.
+class TorchSaveSource : public WeightSource {
+ public:
+  explicit TorchSaveSource(const std::string& path)
+      : path_(path),
+        file_(posix_file_system().open_file(path)),
+        index_(checkpoint::read_torch_save_index(*file_, path)) {}
+  std::optional<std::vector<int64_t>> shape(const std::string& name) override {
+    if (const auto* t = index_.find(name)) return t->shape;
+    return std::nullopt;
+  }
+  void read(const std::string& name, int64_t offset, at::Tensor dst) override {
+    const auto* t = index_.find(name);
+    if (t->dtype == dst.scalar_type())
+      return checkpoint::read_torch_save_range(*file_, path_, index_, *t, offset, dst);
+    at::Tensor tmp = at::empty({dst.numel()}, dst.options().dtype(t->dtype));
+    checkpoint::read_torch_save_range(*file_, path_, index_, *t, offset, tmp);
+    dst.copy_(tmp.view(dst.sizes()));
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  std::unique_ptr<checkpoint::ReadableFile> file_;
+  checkpoint::TorchSaveIndex index_;
+};
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -102,15 +131,10 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
       throw CheckpointError("init_inference: weights file '" + path + "' does not exist");
     return std::make_unique<SafetensorsSource>(path);
   }
-  // Any other file is no checkpoint folder either; most likely a torch.save file, the default of
-  // save_16bit_model and ds_to_fp32 (pytorch_model.bin), which is not read here.
+  // Any other file: a torch.save state dict (save_16bit_model's and ds_to_fp32's default); one
+  // that is not is named by the reader.
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec))
-    throw CheckpointError("init_inference: checkpoint '" + path +
-                          "' is a file, not a .safetensors file nor a checkpoint folder (a "
-                          "torch.save file such as pytorch_model.bin is not read here): give the "
-                          "save folder, or export it with `ds_to_fp32 <save folder> "
-                          "<file>.safetensors` (or save_16bit_model(dir, \"model.safetensors\"))");
+  if (std::filesystem::is_regular_file(path, ec)) return std::make_unique<TorchSaveSource>(path);
   return std::make_unique<CheckpointSource>(path, tag);
 }
 

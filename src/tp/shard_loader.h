@@ -1,6 +1,7 @@
 // Where init_inference reads weights from, a range of elements at a time, so a rank reads only
 // its slices: a training checkpoint's fp32 masters (any ZeRO stage, world size or pipeline
-// layout; buffers and frozen parameters from the module files) or a ds_to_fp32 safetensors file.
+// layout; buffers and frozen parameters from the module files), a safetensors file or a
+// torch.save state dict (ds_to_fp32's or save_16bit_model's output, or PyTorch's).
 #pragma once
 #include <ATen/Tensor.h>
 
@@ -25,8 +26,9 @@ class WeightSource {
   virtual const std::string& path() const = 0;
 };
 
-// A path ending in .safetensors is a file; anything else a checkpoint (save folder or tag
-// folder; `tag` as Engine::load_checkpoint). Throws CheckpointError naming what is missing.
+// A path ending in .safetensors is a safetensors file, any other file a torch.save state dict,
+// anything else a checkpoint (save folder or tag folder; `tag` as Engine::load_checkpoint).
+// Throws CheckpointError naming what is missing or unreadable.
 std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::string& tag);
 
 // Reads the slices: `shape` is the whole tensor's. Results are new fp32 (or integer) tensors.

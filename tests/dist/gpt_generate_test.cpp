@@ -316,6 +316,30 @@ TEST_F(GptGenerateCli, WithoutTheSavedFileLeftoverTensorsAreRefused) {
                   "has tensor \"block1.");
 }
 
+// ds_to_fp32's default output, pytorch_model.bin (a torch.save file), generates what the
+// checkpoint does (both are its fp32 masters), and its tensor names (read from the pickle) still
+// refuse a model that would leave some unread.
+TEST_F(GptGenerateCli, ReadsDsToFp32sPytorchModelBin) {
+  const std::string out = *dir_ / "export";
+  const std::string log = *dir_ / "export.log";
+  ASSERT_EQ(std::system((dstest::bin_dir() + "/ds_to_fp32 " + ck() + " " + out + " > " + log +
+                         " 2>&1")
+                            .c_str()),
+            0)
+      << dstest::read_bytes(log);
+  const std::string tail = " --prompt 'The ' --max_new_tokens 8 --greedy";
+  const auto from_checkpoint = generate("--load_dir " + ck() + kModel + tail);
+  ASSERT_EQ(from_checkpoint.status, 0) << from_checkpoint.output;
+  const std::string bin = out + "/pytorch_model.bin";
+  const auto from_bin = generate("--load_dir " + bin + kModel + tail);
+  ASSERT_EQ(from_bin.status, 0) << from_bin.output;
+  EXPECT_EQ(from_bin.last_line(), from_checkpoint.last_line());
+  const auto one_layer =
+      generate("--load_dir " + bin + " --n_layer 1 --n_head 2 --n_embd 32 --block_size 32" + tail);
+  EXPECT_NE(one_layer.status, 0) << one_layer.output;
+  EXPECT_CONTAINS(one_layer.output, "has tensor \"block1.");
+}
+
 // top_p 0 keeps only the most likely token: the greedy continuation (it used to fail in
 // multinomial). Sampling flags HF refuses are refused naming the flag, before anything loads.
 TEST_F(GptGenerateCli, TopP0IsGreedyAndBadSamplingFlagsAreRefused) {

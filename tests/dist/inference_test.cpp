@@ -230,23 +230,30 @@ TEST(AutoTP, BatchedSamplingAndBf16AtTp2) {
   });
 }
 
-TEST(AutoTP, ReadsASafetensorsFileSliceBySlice) {
+// The same weights from a safetensors file and from a torch.save file (pytorch_model.bin, the
+// default of ds_to_fp32 and save_16bit_model), each read slice by slice.
+TEST(AutoTP, ReadsASafetensorsOrTorchSaveFileSliceBySlice) {
   dstest::TempDir dir("autotp_st");
   auto source = seeded_gpt(kModel, 99);
   deepspeed::checkpoint::NamedTensors tensors;
   for (auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
   for (auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value());
   deepspeed::checkpoint::write_safetensors(dir / "model.safetensors", tensors);
+  deepspeed::checkpoint::write_torch_save(deepspeed::checkpoint::posix_file_system(),
+                                          dir / "pytorch_model.bin", tensors);
   torch::NoGradGuard no_grad;
   const auto idx = prompts();
   const auto ref = source->logits(idx);
-  run_ranks(2, [&](CommunicatorPtr comm) {
-    torch::NoGradGuard no_grad;
-    auto model = seeded_gpt(kModel, 1);  // other weights: the file's must replace them
-    auto engine = deepspeed::init_inference(
-        model, {.tp_size = 2, .checkpoint = dir / "model.safetensors", .comm = comm});
-    EXPECT_LT((model->logits(idx) - ref).abs().max().item<double>(), 1e-5);
-  });
+  for (const std::string file : {"model.safetensors", "pytorch_model.bin"}) {
+    SCOPED_TRACE(file);
+    run_ranks(2, [&](CommunicatorPtr comm) {
+      torch::NoGradGuard no_grad;
+      auto model = seeded_gpt(kModel, 1);  // other weights: the file's must replace them
+      auto engine = deepspeed::init_inference(
+          model, {.tp_size = 2, .checkpoint = dir / file, .comm = comm});
+      EXPECT_LT((model->logits(idx) - ref).abs().max().item<double>(), 1e-5);
+    });
+  }
 }
 
 // The last line of a dsrun log, without dsrun's "[rank 0] " prefix.
@@ -466,6 +473,7 @@ TEST(AutoTP, BadInputIsNamed) {
   deepspeed::checkpoint::write_torch_save(deepspeed::checkpoint::posix_file_system(),
                                           dir / "pytorch_model.bin",
                                           {{"wte.weight", torch::zeros({256, 32})}});
+  dstest::write_bytes(dir / "notes.txt", "not weights");
   run_ranks(3, [&](CommunicatorPtr comm) {
     // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
     auto msg = dstest::message_of<deepspeed::ConfigError>(
@@ -490,14 +498,19 @@ TEST(AutoTP, BadInputIsNamed) {
           {.tp_size = 2, .checkpoint = dir / "shallow.safetensors", .comm = comm});
     });
     EXPECT_NE(msg.find("has no tensor \"block1.ln1.weight\""), std::string::npos) << msg;
-    // A torch.save file (save_16bit_model's and ds_to_fp32's default) is named, with the way out.
+    // A torch.save file lacking a tensor, and a file that is no weights file, are named.
     msg = dstest::message_of<deepspeed::CheckpointError>([&] {
       deepspeed::init_inference(
           seeded_gpt(kModel),
           {.tp_size = 2, .checkpoint = dir / "pytorch_model.bin", .comm = comm});
     });
-    EXPECT_CONTAINS(msg, "checkpoint '" + dir / "pytorch_model.bin" + "' is a file");
-    EXPECT_CONTAINS(msg, "ds_to_fp32 <save folder> <file>.safetensors");
+    EXPECT_CONTAINS(msg, dir / "pytorch_model.bin");
+    EXPECT_CONTAINS(msg, "has no tensor");
+    msg = dstest::message_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(seeded_gpt(kModel),
+                                {.tp_size = 2, .checkpoint = dir / "notes.txt", .comm = comm});
+    });
+    EXPECT_CONTAINS(msg, "torch.save file '" + dir / "notes.txt" + "': not a zip archive");
     msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;

@@ -1,8 +1,10 @@
 // Writes one state dict in both weight formats deepspeed.cpp exports (torch.save and
-// safetensors) through the library's writers, best of `reps`, and prints one JSON line per format:
-//   bench_weights_export SPEC.json OUT_DIR [reps=3]
-// SPEC.json: {"dtype": "fp32"|"bf16", "tensors": [[name, [shape...]], ...]} (bench/weights_export.py
-// writes it and runs PyTorch's torch.save on the same shapes beside this). Values are seeded
+// safetensors) through the library's writers, then reads each file back (and READ_ALSO, e.g. a
+// file PyTorch wrote) with deepspeed::load_state_dict_file, best of `reps`, printing one JSON
+// line per row:
+//   bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO]
+// SPEC.json: {"dtype": "fp32"|"bf16", "tensors": [[name, [shape...]], ...]}
+// (bench/weights_export.py writes it and runs PyTorch's torch.save on the same shapes beside this). Values are seeded
 // normal draws; files go to OUT_DIR/dscpp.bin and OUT_DIR/dscpp.safetensors (left there for the
 // script to read back).
 #include <torch/torch.h>
@@ -14,12 +16,14 @@
 #include "best_seconds.h"
 #include "bench_args.h"
 #include "checkpoint/weights_file.h"
+#include "deepspeed/state_dict_file.h"
 
 namespace ckpt = deepspeed::checkpoint;
 
 int main(int argc, char** argv) {
-  BenchArgs args(argc, argv, "Usage: bench_weights_export SPEC.json OUT_DIR [reps=3]");
-  args.at_most(3);
+  BenchArgs args(argc, argv,
+                 "Usage: bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO]");
+  args.at_most(4);
   if (argc < 3) args.fail("SPEC.json and OUT_DIR are required");
   const std::string out_dir = argv[2];
   const int reps = static_cast<int>(args.number(3, 3));
@@ -37,12 +41,24 @@ int main(int argc, char** argv) {
     bytes += tensors.back().second.nbytes();
   }
   auto& fs = ckpt::posix_file_system();
+  std::vector<std::string> written;
   for (const auto format : {ckpt::WeightsFormat::torch_save, ckpt::WeightsFormat::safetensors}) {
     const bool pickle = format == ckpt::WeightsFormat::torch_save;
     const std::string path = out_dir + (pickle ? "/dscpp.bin" : "/dscpp.safetensors");
     const double s = best_seconds(reps, [&] { ckpt::write_weights(fs, path, format, tensors); });
-    std::printf("{\"format\": \"%s\", \"path\": \"%s\", \"bytes\": %llu, \"seconds\": %.6f}\n",
+    std::printf("{\"op\": \"write\", \"format\": \"%s\", \"path\": \"%s\", \"bytes\": %llu, "
+                "\"seconds\": %.6f}\n",
                 ckpt::weights_format_name(format), path.c_str(),
+                static_cast<unsigned long long>(bytes), s);
+    written.push_back(path);
+  }
+  tensors.clear();  // the reads below hold one state dict at a time
+  if (argc > 4) written.push_back(argv[4]);
+  for (const auto& path : written) {
+    const double s = best_seconds(reps, [&] { deepspeed::load_state_dict_file(path); });
+    std::printf("{\"op\": \"read\", \"format\": \"%s\", \"path\": \"%s\", \"bytes\": %llu, "
+                "\"seconds\": %.6f}\n",
+                ckpt::weights_format_name(ckpt::weights_format_for(path)), path.c_str(),
                 static_cast<unsigned long long>(bytes), s);
   }
   return 0;

@@ -10,7 +10,10 @@ The state dict is a GPT's (the example GPT's names and shapes: wte, wpe, per blo
 attn.proj, ln2, mlp.fc, mlp.proj, then ln_f and head). bench_weights_export writes it through the
 library (atomically: a temporary file, fsync, rename, fsync of the folder) as pytorch_model.bin
 (torch.save) and model.safetensors; this interpreter's torch.save writes the same shapes
-(plain open + write, no fsync). Every row is the best of --reps after one warm-up. --dir: where
+(plain open + write, no fsync). Then each file is read back: by deepspeed::load_state_dict_file
+(PyTorch's file too) and by torch.load(weights_only=True). Every row is the best of --reps after
+one warm-up; the library's rows twice: under glibc's default malloc (this program) and under the
+settings the library applies at initialize / init_inference. --dir: where
 the files go (/dev/shm by default: fsync costs nothing there, so the rows compare the writers'
 CPU work; a disk folder adds the device). Prints a markdown table: bytes, seconds, GB/s.
 """
@@ -25,6 +28,12 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The bench program is no entry point, so it runs under glibc's default malloc; a program after
+# deepspeed::initialize / init_inference runs under the library's settings
+# (src/util/host_allocator.h), given here through glibc's own variables.
+MALLOC = {"": {},
+          " (library's malloc settings)": {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                            "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}}
 
 
 def gpt_shapes(n_layer, d, vocab, ctx):
@@ -76,25 +85,30 @@ def main():
             spec = os.path.join(tmp, "spec.json")
             with open(spec, "w") as f:
                 json.dump({"dtype": dtype_name, "tensors": shapes}, f)
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            out = subprocess.run([exe, spec, tmp, str(a.reps)], check=True, env=env,
-                                 capture_output=True, text=True).stdout
-            ours = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            for r in ours:
-                rows.append((dtype_name, "deepspeed.cpp", r["format"], r["bytes"], r["seconds"]))
             dtype = torch.bfloat16 if dtype_name == "bf16" else torch.float32
             torch.manual_seed(0)
             state = {n: torch.randn(s).to(dtype) for n, s in shapes}
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
             theirs = os.path.join(tmp, "pytorch.bin")
-            rows.append((dtype_name, "PyTorch " + torch.__version__, "torch.save", nbytes,
-                         best(a.reps, lambda: torch.save(state, theirs))))
+            rows.append((dtype_name, "write: PyTorch " + torch.__version__ + " torch.save",
+                         "torch.save", nbytes, best(a.reps, lambda: torch.save(state, theirs))))
+            del state
+            for malloc, extra in MALLOC.items():
+                env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+                out = subprocess.run([exe, spec, tmp, str(a.reps), theirs], check=True, env=env,
+                                     capture_output=True, text=True).stdout
+                for r in (json.loads(line) for line in out.splitlines() if line.startswith("{")):
+                    whose = "PyTorch's" if r["path"] == theirs else "its own"
+                    who = ("write: deepspeed.cpp" if r["op"] == "write" else
+                           "read: deepspeed.cpp load_state_dict_file, " + whose + " file")
+                    rows.append((dtype_name, who + malloc, r["format"], r["bytes"],
+                                 r["seconds"]))
             for who, path in (("deepspeed.cpp's file", os.path.join(tmp, "dscpp.bin")),
                               ("PyTorch's file", theirs)):
                 seconds = best(a.reps, lambda: torch.load(path, map_location="cpu",
                                                           weights_only=True))
-                rows.append((dtype_name, "torch.load of " + who, "torch.save", nbytes, seconds))
-            del state
+                rows.append((dtype_name, "read: torch.load of " + who, "torch.save", nbytes,
+                             seconds))
     print("GPT state dict: %d layers, d %d, vocab %d: %.1fM parameters; files in %s; best of %d"
           % (a.n_layer, a.n_embd, a.vocab, params / 1e6, a.dir, a.reps))
     print()

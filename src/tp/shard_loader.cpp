@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <map>
+#include <utility>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/file_system.h"
@@ -62,13 +63,16 @@ class CheckpointSource : public WeightSource {
   std::map<std::string, Other> others_;
 };
 
-// ds_to_fp32's output (or any safetensors file): ranges read straight from the file.
-class SafetensorsSource : public WeightSource {
+// A weights file (ds_to_fp32's or save_16bit_model's output, or PyTorch's): ranges read straight
+// from the file, converted when the caller's dtype differs. `Format` gives the file's index and
+// its range read (below).
+template <typename Format>
+class WeightsFileSource : public WeightSource {
  public:
-  explicit SafetensorsSource(const std::string& path)
+  explicit WeightsFileSource(const std::string& path)
       : path_(path),
         file_(posix_file_system().open_file(path)),
-        index_(checkpoint::read_safetensors_index(*file_, path)) {}
+        index_(Format::read_index(*file_, path)) {}
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
     if (const auto* e = index_.find(name)) return e->shape;
     return std::nullopt;
@@ -76,9 +80,9 @@ class SafetensorsSource : public WeightSource {
   void read(const std::string& name, int64_t offset, at::Tensor dst) override {
     const auto* e = index_.find(name);
     if (e->dtype == dst.scalar_type())
-      return checkpoint::read_safetensors_range(*file_, path_, index_, *e, offset, dst);
+      return Format::read_range(*file_, path_, index_, *e, offset, dst);
     at::Tensor tmp = at::empty({dst.numel()}, dst.options().dtype(e->dtype));
-    checkpoint::read_safetensors_range(*file_, path_, index_, *e, offset, tmp);
+    Format::read_range(*file_, path_, index_, *e, offset, tmp);
     dst.copy_(tmp.view(dst.sizes()));
   }
   const std::string& path() const override { return path_; }
@@ -86,35 +90,17 @@ class SafetensorsSource : public WeightSource {
  private:
   std::string path_;
   std::unique_ptr<checkpoint::ReadableFile> file_;
-  checkpoint::SafetensorsIndex index_;
+  decltype(Format::read_index(std::declval<checkpoint::ReadableFile&>(), "")) index_;
 };
 
-// A torch.save state dict (pytorch_model.bin of save_16bit_model or ds_to_fp32, or of PyTorch):
-// ranges read straight from its records.
-class TorchSaveSource : public WeightSource {
- public:
-  explicit TorchSaveSource(const std::string& path)
-      : path_(path),
-        file_(posix_file_system().open_file(path)),
-        index_(checkpoint::read_torch_save_index(*file_, path)) {}
-  std::optional<std::vector<int64_t>> shape(const std::string& name) override {
-    if (const auto* t = index_.find(name)) return t->shape;
-    return std::nullopt;
-  }
-  void read(const std::string& name, int64_t offset, at::Tensor dst) override {
-    const auto* t = index_.find(name);
-    if (t->dtype == dst.scalar_type())
-      return checkpoint::read_torch_save_range(*file_, path_, index_, *t, offset, dst);
-    at::Tensor tmp = at::empty({dst.numel()}, dst.options().dtype(t->dtype));
-    checkpoint::read_torch_save_range(*file_, path_, index_, *t, offset, tmp);
-    dst.copy_(tmp.view(dst.sizes()));
-  }
-  const std::string& path() const override { return path_; }
-
- private:
-  std::string path_;
-  std::unique_ptr<checkpoint::ReadableFile> file_;
-  checkpoint::TorchSaveIndex index_;
+struct SafetensorsFormat {
+  static constexpr auto read_index = &checkpoint::read_safetensors_index;
+  static constexpr auto read_range = &checkpoint::read_safetensors_range;
+};
+// A torch.save state dict: its pickle read without running code, ranges from its zip records.
+struct TorchSaveFormat {
+  static constexpr auto read_index = &checkpoint::read_torch_save_index;
+  static constexpr auto read_range = &checkpoint::read_torch_save_range;
 };
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -129,12 +115,13 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
   if (ends_with(path, ".safetensors")) {
     if (!posix_file_system().exists(path))
       throw CheckpointError("init_inference: weights file '" + path + "' does not exist");
-    return std::make_unique<SafetensorsSource>(path);
+    return std::make_unique<WeightsFileSource<SafetensorsFormat>>(path);
   }
   // Any other file: a torch.save state dict (save_16bit_model's and ds_to_fp32's default); one
   // that is not is named by the reader.
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec)) return std::make_unique<TorchSaveSource>(path);
+  if (std::filesystem::is_regular_file(path, ec))
+    return std::make_unique<WeightsFileSource<TorchSaveFormat>>(path);
   return std::make_unique<CheckpointSource>(path, tag);
 }
 

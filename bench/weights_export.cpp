@@ -4,9 +4,9 @@
 // line per row:
 //   bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO]
 // SPEC.json: {"dtype": "fp32"|"bf16", "tensors": [[name, [shape...]], ...]}
-// (bench/weights_export.py writes it and runs PyTorch's torch.save on the same shapes beside this). Values are seeded
-// normal draws; files go to OUT_DIR/dscpp.bin and OUT_DIR/dscpp.safetensors (left there for the
-// script to read back).
+// (bench/weights_export.py writes it and runs PyTorch's torch.save on the same shapes beside
+// this). Values are seeded normal draws; files go to OUT_DIR/dscpp.bin and
+// OUT_DIR/dscpp.safetensors (left there for the script to read back).
 #include <torch/torch.h>
 
 #include <cstdio>

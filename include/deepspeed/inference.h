@@ -80,9 +80,10 @@ struct InferenceConfig {
   // head), naming the layer and the heads; without it such a model fails in its first forward.
   int64_t head_dim = 0;
   // A training checkpoint (a save folder: its `latest` tag, or `tag`; or a tag folder) of any
-  // ZeRO stage, world size or pipeline layout, a .safetensors file, or any other file as a
+  // ZeRO stage, world size or pipeline layout, a .safetensors file, any other file as a
   // torch.save state dict (pytorch_model.bin of ds_to_fp32, save_16bit_model or PyTorch; read by
-  // a restricted reader that runs no code, as torch.load(weights_only=True)). Empty: the
+  // a restricted reader that runs no code, as torch.load(weights_only=True)), or a ds_to_fp32
+  // output folder (its index and shards, or its one file). Empty: the
   // module's own weights are sharded (every rank must hold the same, e.g. seeded alike).
   std::string checkpoint;
   // A tag folder of the save folder `checkpoint` (default: the one its `latest` names). With a

@@ -4,10 +4,12 @@
 
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/file_system.h"
+#include "checkpoint/shard_plan.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "checkpoint/torch_load.h"
@@ -103,6 +105,67 @@ struct TorchSaveFormat {
   static constexpr auto read_range = &checkpoint::read_torch_save_range;
 };
 
+std::unique_ptr<WeightSource> open_weights_file(const std::string& path) {
+  if (ends_with(path, ".safetensors"))
+    return std::make_unique<WeightsFileSource<SafetensorsFormat>>(path);
+  return std::make_unique<WeightsFileSource<TorchSaveFormat>>(path);
+}
+
+// An export folder of ds_to_fp32 (zero_to_fp32's layout) split into shards: the index's
+// weight_map says which file holds each tensor; a file is opened when first read.
+class ShardedExportSource : public WeightSource {
+ public:
+  ShardedExportSource(const std::string& dir, const std::string& index_file)
+      : index_path_(checkpoint::join_path(dir, index_file)) {
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(posix_file_system().read_file(index_path_));
+      for (const auto& [name, file] : index.at("weight_map").items())
+        file_of_[name] = checkpoint::join_path(dir, file.get<std::string>());
+    } catch (const nlohmann::json::exception& e) {
+      throw CheckpointError("init_inference: index '" + index_path_ +
+                            "' is not {\"weight_map\": {name: file}}: " + e.what());
+    }
+  }
+  std::optional<std::vector<int64_t>> shape(const std::string& name) override {
+    auto it = file_of_.find(name);
+    if (it == file_of_.end()) return std::nullopt;
+    auto shape = source(it->second).shape(name);
+    if (!shape)
+      throw CheckpointError("init_inference: index '" + index_path_ + "' puts tensor \"" + name +
+                            "\" in '" + it->second + "', which does not hold it");
+    return shape;
+  }
+  void read(const std::string& name, int64_t offset, at::Tensor dst) override {
+    source(file_of_.at(name)).read(name, offset, dst);
+  }
+  const std::string& path() const override { return index_path_; }
+
+ private:
+  WeightSource& source(const std::string& file) {
+    auto& s = open_[file];
+    if (!s) {
+      if (!posix_file_system().exists(file))
+        throw CheckpointError("init_inference: shard '" + file + "' named by '" + index_path_ +
+                              "' does not exist");
+      s = open_weights_file(file);
+    }
+    return *s;
+  }
+  std::string index_path_;
+  std::map<std::string, std::string> file_of_;
+  std::map<std::string, std::unique_ptr<WeightSource>> open_;
+};
+
+// What an export folder holds: an index (sharded) or one weights file; "" for neither.
+std::string export_file_in(const std::string& dir) {
+  auto& fs = posix_file_system();
+  for (const char* name : {checkpoint::kHfTorchSaveIndexFileName, checkpoint::kHfIndexFileName,
+                           checkpoint::kHfTorchSaveFileName, checkpoint::kHfSingleFileName})
+    if (fs.exists(checkpoint::join_path(dir, name))) return name;
+  return "";
+}
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -120,8 +183,17 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
   // Any other file: a torch.save state dict (save_16bit_model's and ds_to_fp32's default); one
   // that is not is named by the reader.
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec))
-    return std::make_unique<WeightsFileSource<TorchSaveFormat>>(path);
+  if (std::filesystem::is_regular_file(path, ec)) return open_weights_file(path);
+  // A folder without a checkpoint's `latest` or manifest but with ds_to_fp32's output.
+  auto& fs = posix_file_system();
+  if (tag.empty() && std::filesystem::is_directory(path, ec) &&
+      !fs.exists(checkpoint::join_path(path, "latest")) &&
+      !fs.exists(checkpoint::join_path(path, "manifest.json"))) {
+    const std::string file = export_file_in(path);
+    if (file == checkpoint::kHfTorchSaveIndexFileName || file == checkpoint::kHfIndexFileName)
+      return std::make_unique<ShardedExportSource>(path, file);
+    if (!file.empty()) return open_weights_file(checkpoint::join_path(path, file));
+  }
   return std::make_unique<CheckpointSource>(path, tag);
 }
 

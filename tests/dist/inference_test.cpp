@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "checkpoint/safetensors.h"
+#include "checkpoint/shard_plan.h"
 #include "checkpoint/torch_save.h"
 #include "deepspeed/comm.h"
 #include "deepspeed/errors.h"
@@ -230,21 +231,31 @@ TEST(AutoTP, BatchedSamplingAndBf16AtTp2) {
   });
 }
 
-// The same weights from a safetensors file and from a torch.save file (pytorch_model.bin, the
-// default of ds_to_fp32 and save_16bit_model), each read slice by slice.
-TEST(AutoTP, ReadsASafetensorsOrTorchSaveFileSliceBySlice) {
+// The same weights from a safetensors file, a torch.save file (pytorch_model.bin, the default of
+// ds_to_fp32 and save_16bit_model) and export folders as ds_to_fp32 writes them (split into
+// shards with an index, in either format, or one pytorch_model.bin), each read slice by slice.
+TEST(AutoTP, ReadsWeightsFilesAndExportFoldersSliceBySlice) {
   dstest::TempDir dir("autotp_st");
   auto source = seeded_gpt(kModel, 99);
   deepspeed::checkpoint::NamedTensors tensors;
   for (auto& p : source->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
   for (auto& b : source->named_buffers()) tensors.emplace_back(b.key(), b.value());
   deepspeed::checkpoint::write_safetensors(dir / "model.safetensors", tensors);
-  deepspeed::checkpoint::write_torch_save(deepspeed::checkpoint::posix_file_system(),
-                                          dir / "pytorch_model.bin", tensors);
+  auto& fs = deepspeed::checkpoint::posix_file_system();
+  deepspeed::checkpoint::write_torch_save(fs, dir / "pytorch_model.bin", tensors);
+  using deepspeed::checkpoint::WeightsFormat;
+  const auto sharded_bin = deepspeed::checkpoint::write_hf_export(
+      fs, dir / "sharded_bin", WeightsFormat::torch_save, tensors, 16384);
+  ASSERT_GT(sharded_bin.plan.shards.size(), 2u);
+  deepspeed::checkpoint::write_hf_export(fs, dir / "sharded_st", WeightsFormat::safetensors,
+                                         tensors, 16384);
+  deepspeed::checkpoint::write_hf_export(fs, dir / "single", WeightsFormat::torch_save, tensors,
+                                         uint64_t(1) << 30);
   torch::NoGradGuard no_grad;
   const auto idx = prompts();
   const auto ref = source->logits(idx);
-  for (const std::string file : {"model.safetensors", "pytorch_model.bin"}) {
+  for (const std::string file :
+       {"model.safetensors", "pytorch_model.bin", "sharded_bin", "sharded_st", "single"}) {
     SCOPED_TRACE(file);
     run_ranks(2, [&](CommunicatorPtr comm) {
       torch::NoGradGuard no_grad;

@@ -35,15 +35,16 @@ ValuePtr make(Value::Kind kind) {
 }
 
 // torch.<name>: the storage classes torch.save names.
-const std::map<std::string, at::ScalarType>& storage_classes() {
-  static const std::map<std::string, at::ScalarType> m = {
-      {"FloatStorage", at::kFloat},   {"BFloat16Storage", at::kBFloat16},
-      {"HalfStorage", at::kHalf},     {"DoubleStorage", at::kDouble},
-      {"LongStorage", at::kLong},     {"IntStorage", at::kInt},
-      {"ShortStorage", at::kShort},   {"CharStorage", at::kChar},
-      {"ByteStorage", at::kByte},     {"BoolStorage", at::kBool}};
-  return m;
-}
+struct StorageClass {
+  at::ScalarType type;
+  const char* name;
+};
+constexpr StorageClass kStorageClasses[] = {
+    {at::kFloat, "FloatStorage"}, {at::kBFloat16, "BFloat16Storage"},
+    {at::kHalf, "HalfStorage"},   {at::kDouble, "DoubleStorage"},
+    {at::kLong, "LongStorage"},   {at::kInt, "IntStorage"},
+    {at::kShort, "ShortStorage"}, {at::kChar, "CharStorage"},
+    {at::kByte, "ByteStorage"},   {at::kBool, "BoolStorage"}};
 
 const std::set<std::string>& callables() {
   static const std::set<std::string> s = {"collections.OrderedDict",
@@ -222,8 +223,8 @@ class Unpickler {
   ValuePtr global(const std::string& module, const std::string& name, size_t at) {
     auto v = make(Value::kGlobal);
     v->text = module + "." + name;
-    if (module == "torch" && storage_classes().count(name)) {
-      v->dtype = storage_classes().at(name);
+    if (module == "torch" && dtype_of_torch_storage_class(name) != at::ScalarType::Undefined) {
+      v->dtype = dtype_of_torch_storage_class(name);
     } else if (!callables().count(v->text)) {
       bad("global " + v->text + " is not allowed in a weights file (only what a state dict of "
           "tensors needs, as torch.load(weights_only=True))",
@@ -249,7 +250,7 @@ class Unpickler {
         p[2]->kind != Value::kString)
       bad("a persistent id that is not ('storage', torch.<Dtype>Storage, key, location, numel)",
           at);
-    if (!storage_classes().count(p[1]->text.substr(6)))
+    if (dtype_of_torch_storage_class(p[1]->text.substr(6)) == at::ScalarType::Undefined)
       bad(p[1]->text + " is not a storage class", at);
     auto v = make(Value::kStorage);
     v->dtype = p[1]->dtype;
@@ -296,6 +297,18 @@ class Unpickler {
 };
 
 }  // namespace
+
+const char* torch_storage_class(at::ScalarType dtype) {
+  for (const auto& s : kStorageClasses)
+    if (s.type == dtype) return s.name;
+  return nullptr;
+}
+
+at::ScalarType dtype_of_torch_storage_class(const std::string& name) {
+  for (const auto& s : kStorageClasses)
+    if (name == s.name) return s.type;
+  return at::ScalarType::Undefined;
+}
 
 int64_t PickledTensor::numel() const {
   int64_t n = 1;

@@ -15,6 +15,12 @@
 namespace deepspeed {
 namespace checkpoint {
 
+// torch.save's storage class for a dtype ("FloatStorage", "BFloat16Storage", ...), nullptr for a
+// dtype it is not written for here; and back (kUndefined for a name that is no storage class).
+// One table for the writer (torch_save.cpp) and the reader.
+const char* torch_storage_class(at::ScalarType dtype);
+at::ScalarType dtype_of_torch_storage_class(const std::string& name);
+
 // One tensor of a state dict as its pickle describes it.
 struct PickledTensor {
   std::string name;

@@ -2,10 +2,10 @@
 
 #include <caffe2/serialize/inline_container.h>
 
-#include <array>
 #include <cstring>
 #include <set>
 
+#include "checkpoint/state_dict_pickle.h"
 #include "deepspeed/errors.h"
 
 // The data records are the tensors' raw memory, and torch.load reads them as little-endian.
@@ -16,26 +16,10 @@ namespace deepspeed {
 namespace checkpoint {
 namespace {
 
-struct StorageClass {
-  at::ScalarType type;
-  const char* name;  // torch.<name>, the class torch.save names for a tensor of this dtype
-};
-constexpr std::array<StorageClass, 10> kStorageClasses = {{{at::kFloat, "FloatStorage"},
-                                                          {at::kBFloat16, "BFloat16Storage"},
-                                                          {at::kHalf, "HalfStorage"},
-                                                          {at::kDouble, "DoubleStorage"},
-                                                          {at::kLong, "LongStorage"},
-                                                          {at::kInt, "IntStorage"},
-                                                          {at::kShort, "ShortStorage"},
-                                                          {at::kChar, "CharStorage"},
-                                                          {at::kByte, "ByteStorage"},
-                                                          {at::kBool, "BoolStorage"}}};
-
 std::string named_tensor(const std::string& name) { return "tensor \"" + name + "\": "; }
 
 const char* storage_class(const SafetensorsEntry& e) {
-  for (const auto& s : kStorageClasses)
-    if (s.type == e.dtype) return s.name;
+  if (const char* name = torch_storage_class(e.dtype)) return name;
   throw CheckpointError(named_tensor(e.name) + "dtype " + c10::toString(e.dtype) +
                         " cannot be stored in a torch.save file here");
 }

@@ -4,15 +4,13 @@
 #include "checkpoint/torch_save.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/state_dict_file.h"
+#include "util/text.h"
 
 namespace deepspeed {
 namespace checkpoint {
 
 WeightsFormat weights_format_for(const std::string& path) {
-  const std::string suffix = ".safetensors";
-  const bool safetensors = path.size() >= suffix.size() &&
-                           path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0;
-  return safetensors ? WeightsFormat::safetensors : WeightsFormat::torch_save;
+  return ends_with(path, ".safetensors") ? WeightsFormat::safetensors : WeightsFormat::torch_save;
 }
 
 const char* weights_format_name(WeightsFormat format) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "deepspeed/device.h"
+#include "util/host_allocator.h"
 
 namespace deepspeed {
 namespace {
@@ -57,8 +58,8 @@ std::string bytes_asked(const std::string& message) {
 }
 
 // What frees the memory that ran out. Offloading to "cpu" moves GPU bytes into host memory:
-// for host memory it is "nvme" that helps.
-std::string hint(int zero_stage, c10::Device device, bool gpu) {
+// for host memory it is "nvme" that helps, and malloc's own keeping of freed memory is named.
+std::string hint(int zero_stage, c10::Device device, bool gpu, bool host) {
   const std::string offload = gpu ? "\"cpu\"" : "\"nvme\"";
   std::string h = zero_stage < 3 ? "a higher zero_optimization.stage, \"offload_optimizer\": "
                                    "{\"device\": " + offload + "}"
@@ -68,6 +69,10 @@ std::string hint(int zero_stage, c10::Device device, bool gpu) {
                                        "stage3_prefetch_bucket_size";
   h += ", or a smaller train_micro_batch_size_per_gpu";
   if (!gpu && device.is_cuda()) h += " (or fewer processes per host)";
+  if (host && util::host_allocator_tuned())
+    h += "; DS_MALLOC_TUNING=0 also gives back what malloc keeps of freed host memory (up to " +
+         std::to_string(util::tune_host_allocator().trim_threshold >> 20) +
+         " MiB per process, kept to spare page faults: src/util/host_allocator.h)";
   return h;
 }
 
@@ -165,7 +170,7 @@ std::optional<std::string> out_of_memory_message(const std::string& libtorch_mes
     what = " (in no buffer deepspeed names: most likely the model's " +
            std::string(phase_tensors) + ")";
   return "out of " + memory + " in " + where + what + " (zero stage " + std::to_string(zero_stage) + "): " +
-         bytes_asked(libtorch_message) + held + ". Try " + hint(zero_stage, device, gpu);
+         bytes_asked(libtorch_message) + held + ". Try " + hint(zero_stage, device, gpu, host);
 }
 
 }  // namespace deepspeed

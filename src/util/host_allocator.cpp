@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -76,15 +77,21 @@ bool apply_host_allocator_tuning(HostAllocatorTuning& t) {
   return false;
 }
 
+namespace {
+std::atomic<bool> tuned{false};
+}  // namespace
+
 const HostAllocatorTuning& tune_host_allocator() {
   static std::once_flag once;
   static HostAllocatorTuning outcome;
   std::call_once(once, [] {
     outcome = decide_host_allocator_tuning([](const char* name) { return std::getenv(name); });
-    apply_host_allocator_tuning(outcome);
+    tuned = apply_host_allocator_tuning(outcome);
   });
   return outcome;
 }
+
+bool host_allocator_tuned() { return tuned; }
 
 }  // namespace util
 }  // namespace deepspeed

@@ -48,5 +48,10 @@ bool apply_host_allocator_tuning(HostAllocatorTuning& t);
 // first outcome. Thread-safe.
 const HostAllocatorTuning& tune_host_allocator();
 
+// Whether tune_host_allocator has set the thresholds in this process (without deciding anything:
+// false before its first call). For messages: an out-of-host-memory report names
+// DS_MALLOC_TUNING=0 then (device/out_of_memory.h).
+bool host_allocator_tuned();
+
 }  // namespace util
 }  // namespace deepspeed

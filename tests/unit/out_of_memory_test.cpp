@@ -17,6 +17,7 @@
 #include "support/failing_cpu_allocator.h"
 #include "support/fake_communicator.h"
 #include "support/two_layers.h"
+#include "util/host_allocator.h"
 
 namespace out_of_memory_test {
 
@@ -48,6 +49,23 @@ TEST(OutOfMemory, TheCpuAllocatorsFailureIsHostMemoryWithTheBytesAsked) {
   EXPECT_CONTAINS(*msg, "tried to allocate 8.0 MiB");
   EXPECT_CONTAINS(*msg, "\"nvme\"") << "for host memory, offloading to \"cpu\" is no help";
   EXPECT_FALSE(out_of_memory_message("size mismatch", "rank 0's step", 2, c10::kCPU));
+}
+
+// Once the library has tuned malloc to keep freed memory (every entry point does), a host report
+// names the switch that gives it back; a report of device memory does not (what malloc keeps is
+// host memory).
+TEST(OutOfMemory, AHostReportNamesTheMallocTuningOnceApplied) {
+  const auto& tuning = deepspeed::util::tune_host_allocator();
+  if (!tuning.apply) GTEST_SKIP() << "malloc left alone here: " << tuning.reason;
+  ASSERT_TRUE(deepspeed::util::host_allocator_tuned());
+  auto msg = out_of_memory_message(cpu_allocator_failure(), "rank 0's step", 1, c10::kCPU);
+  ASSERT_TRUE(msg.has_value());
+  EXPECT_CONTAINS(*msg, "; DS_MALLOC_TUNING=0 also gives back what malloc keeps of freed host "
+                        "memory (up to 1024 MiB per process");
+  msg = out_of_memory_message("CUDA error: out of memory", "rank 0's step", 1,
+                              c10::Device(c10::kCUDA, 0));
+  ASSERT_TRUE(msg.has_value());
+  EXPECT_EQ(msg->find("DS_MALLOC_TUNING"), std::string::npos) << *msg;
 }
 
 TEST(OutOfMemory, TheInnermostScopeAnExceptionLeavesNamesTheBuffer) {

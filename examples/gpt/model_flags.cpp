@@ -203,6 +203,9 @@ std::vector<std::string> stored_tensor_names(const std::string& load_dir, const 
   if (fs::is_regular_file(load_dir, ec)) return deepspeed::state_dict_file_names(load_dir);
   const std::string dir = checkpoint_tag_dir(load_dir, tag);
   const std::string manifest = dir + "/manifest.json";
+  // No checkpoint: a model folder (ds_to_fp32's output), as the loader read it.
+  if (dir.empty() && tag.empty() && fs::is_directory(load_dir, ec))
+    return deepspeed::state_dict_file_names(load_dir);
   if (dir.empty() || !fs::exists(manifest, ec)) return names;
   // The manifest's metadata.trainable: [{"name", "numel", "shape"}, ...] (docs/checkpoints.md).
   try {

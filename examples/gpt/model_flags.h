@@ -58,7 +58,8 @@ GPTConfig resolve_model_flags(const GPTConfig& parsed, const std::set<std::strin
 
 // The names of the tensors a checkpoint holds, read without any weight: a tag folder's trainable
 // parameters (its manifest.json), or a weights file's tensors (a safetensors header, a torch.save
-// pickle). Empty when there is neither (the loader reports that). Throws
+// pickle), or a model folder's (ds_to_fp32's output: its one file, or its index's shards). Empty
+// when there is none of them (the loader reports that). Throws
 // deepspeed::CheckpointError for a file or manifest it cannot parse.
 std::vector<std::string> stored_tensor_names(const std::string& load_dir, const std::string& tag);
 

@@ -121,28 +121,31 @@ void read_torch_save_range(ReadableFile& file, const std::string& path,
   if (!into.is_same(dst)) dst.copy_(into.view(dst.sizes()));
 }
 
+at::Tensor read_torch_save_tensor(ReadableFile& file, const std::string& path,
+                                  const TorchSaveIndex& index, const PickledTensor& t) {
+  if (t.contiguous() || t.numel() == 0) {
+    at::Tensor whole = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+    read_torch_save_range(file, path, index, t, 0, whole.view({-1}));
+    return whole;
+  }
+  // The storage's span it reaches, then the view copied out.
+  int64_t span = 1;
+  for (size_t d = 0; d < t.shape.size(); ++d) span += (t.shape[d] - 1) * t.stride[d];
+  at::Tensor storage = at::empty({span}, at::TensorOptions().dtype(t.dtype));
+  PickledTensor flat = t;
+  flat.shape = {span};
+  flat.stride = {1};
+  read_torch_save_range(file, path, index, flat, 0, storage);
+  return storage.as_strided(t.shape, t.stride).contiguous();
+}
+
 NamedTensors read_torch_save(FileSystem& fs, const std::string& path) {
   if (!fs.exists(path)) throw CheckpointError(torch_file(path) + "does not exist");
   auto file = fs.open_file(path);
   const TorchSaveIndex index = read_torch_save_index(*file, path);
   NamedTensors out;
-  for (const auto& t : index.tensors) {
-    at::Tensor whole;
-    if (t.contiguous() || t.numel() == 0) {
-      whole = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
-      read_torch_save_range(*file, path, index, t, 0, whole.view({-1}));
-    } else {  // the storage's span it reaches, then the view copied out
-      int64_t span = 1;
-      for (size_t d = 0; d < t.shape.size(); ++d) span += (t.shape[d] - 1) * t.stride[d];
-      at::Tensor storage = at::empty({span}, at::TensorOptions().dtype(t.dtype));
-      PickledTensor flat = t;
-      flat.shape = {span};
-      flat.stride = {1};
-      read_torch_save_range(*file, path, index, flat, 0, storage);
-      whole = storage.as_strided(t.shape, t.stride).contiguous();
-    }
-    out.emplace_back(t.name, std::move(whole));
-  }
+  for (const auto& t : index.tensors)
+    out.emplace_back(t.name, read_torch_save_tensor(*file, path, index, t));
   return out;
 }
 

@@ -33,6 +33,11 @@ void read_torch_save_range(ReadableFile& file, const std::string& path,
                            const TorchSaveIndex& index, const PickledTensor& tensor,
                            int64_t offset, at::Tensor dst);
 
+// One tensor whole, row-major in its own memory (any strides: a view's storage span is read,
+// then copied out).
+at::Tensor read_torch_save_tensor(ReadableFile& file, const std::string& path,
+                                  const TorchSaveIndex& index, const PickledTensor& tensor);
+
 // Every tensor whole, each in its own memory, in the file's order (any strides).
 NamedTensors read_torch_save(FileSystem& fs, const std::string& path);
 

@@ -3,7 +3,6 @@
 #include "checkpoint/torch_load.h"
 #include "checkpoint/torch_save.h"
 #include "deepspeed/errors.h"
-#include "deepspeed/state_dict_file.h"
 #include "util/text.h"
 
 namespace deepspeed {
@@ -52,13 +51,4 @@ std::vector<std::string> read_weights_names(FileSystem& fs, const std::string& p
 }
 
 }  // namespace checkpoint
-
-std::vector<std::pair<std::string, at::Tensor>> load_state_dict_file(const std::string& path) {
-  return checkpoint::read_weights(checkpoint::posix_file_system(), path);
-}
-
-std::vector<std::string> state_dict_file_names(const std::string& path) {
-  return checkpoint::read_weights_names(checkpoint::posix_file_system(), path);
-}
-
 }  // namespace deepspeed

@@ -4,15 +4,14 @@
 
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/file_system.h"
-#include "checkpoint/shard_plan.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tag_reader.h"
 #include "checkpoint/torch_load.h"
+#include "checkpoint/weights_folder.h"
 #include "deepspeed/errors.h"
 #include "util/text.h"
 
@@ -81,6 +80,17 @@ class WeightsFileSource : public WeightSource {
   }
   void read(const std::string& name, int64_t offset, at::Tensor dst) override {
     const auto* e = index_.find(name);
+    if constexpr (Format::may_have_strides) {
+      // A view stored with strides (a transposed weight of a Python state dict) has no ranges in
+      // place: it is read whole once, row-major, and its ranges copied from there.
+      if (!e->contiguous()) {
+        auto& whole = strided_[name];
+        if (!whole.defined())
+          whole = Format::read_tensor(*file_, path_, index_, *e).reshape({-1});
+        dst.copy_(whole.narrow(0, offset, dst.numel()).view(dst.sizes()));
+        return;
+      }
+    }
     if (e->dtype == dst.scalar_type())
       return Format::read_range(*file_, path_, index_, *e, offset, dst);
     at::Tensor tmp = at::empty({dst.numel()}, dst.options().dtype(e->dtype));
@@ -93,16 +103,20 @@ class WeightsFileSource : public WeightSource {
   std::string path_;
   std::unique_ptr<checkpoint::ReadableFile> file_;
   decltype(Format::read_index(std::declval<checkpoint::ReadableFile&>(), "")) index_;
+  std::map<std::string, at::Tensor> strided_;  // whole copies of the tensors stored with strides
 };
 
 struct SafetensorsFormat {
+  static constexpr bool may_have_strides = false;  // always row-major
   static constexpr auto read_index = &checkpoint::read_safetensors_index;
   static constexpr auto read_range = &checkpoint::read_safetensors_range;
 };
 // A torch.save state dict: its pickle read without running code, ranges from its zip records.
 struct TorchSaveFormat {
+  static constexpr bool may_have_strides = true;
   static constexpr auto read_index = &checkpoint::read_torch_save_index;
   static constexpr auto read_range = &checkpoint::read_torch_save_range;
+  static constexpr auto read_tensor = &checkpoint::read_torch_save_tensor;
 };
 
 std::unique_ptr<WeightSource> open_weights_file(const std::string& path) {
@@ -111,60 +125,39 @@ std::unique_ptr<WeightSource> open_weights_file(const std::string& path) {
   return std::make_unique<WeightsFileSource<TorchSaveFormat>>(path);
 }
 
-// An export folder of ds_to_fp32 (zero_to_fp32's layout) split into shards: the index's
-// weight_map says which file holds each tensor; a file is opened when first read.
-class ShardedExportSource : public WeightSource {
+// A model folder split into shards (ds_to_fp32's with --max_shard_size, or Hugging Face's): the
+// index's weight_map says which file holds each tensor; a file is opened when first read.
+class ShardedFolderSource : public WeightSource {
  public:
-  ShardedExportSource(const std::string& dir, const std::string& index_file)
-      : index_path_(checkpoint::join_path(dir, index_file)) {
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(posix_file_system().read_file(index_path_));
-      for (const auto& [name, file] : index.at("weight_map").items())
-        file_of_[name] = checkpoint::join_path(dir, file.get<std::string>());
-    } catch (const nlohmann::json::exception& e) {
-      throw CheckpointError("init_inference: index '" + index_path_ +
-                            "' is not {\"weight_map\": {name: file}}: " + e.what());
-    }
-  }
+  explicit ShardedFolderSource(checkpoint::WeightsFolder folder) : folder_(std::move(folder)) {}
   std::optional<std::vector<int64_t>> shape(const std::string& name) override {
-    auto it = file_of_.find(name);
-    if (it == file_of_.end()) return std::nullopt;
+    auto it = folder_.file_of.find(name);
+    if (it == folder_.file_of.end()) return std::nullopt;
     auto shape = source(it->second).shape(name);
     if (!shape)
-      throw CheckpointError("init_inference: index '" + index_path_ + "' puts tensor \"" + name +
-                            "\" in '" + it->second + "', which does not hold it");
+      throw CheckpointError("init_inference: index '" + folder_.index_path + "' puts tensor \"" +
+                            name + "\" in '" + it->second + "', which does not hold it");
     return shape;
   }
   void read(const std::string& name, int64_t offset, at::Tensor dst) override {
-    source(file_of_.at(name)).read(name, offset, dst);
+    source(folder_.file_of.at(name)).read(name, offset, dst);
   }
-  const std::string& path() const override { return index_path_; }
+  const std::string& path() const override { return folder_.index_path; }
 
  private:
   WeightSource& source(const std::string& file) {
     auto& s = open_[file];
     if (!s) {
       if (!posix_file_system().exists(file))
-        throw CheckpointError("init_inference: shard '" + file + "' named by '" + index_path_ +
-                              "' does not exist");
+        throw CheckpointError("init_inference: shard '" + file + "' named by '" +
+                              folder_.index_path + "' does not exist");
       s = open_weights_file(file);
     }
     return *s;
   }
-  std::string index_path_;
-  std::map<std::string, std::string> file_of_;
+  checkpoint::WeightsFolder folder_;
   std::map<std::string, std::unique_ptr<WeightSource>> open_;
 };
-
-// What an export folder holds: an index (sharded) or one weights file; "" for neither.
-std::string export_file_in(const std::string& dir) {
-  auto& fs = posix_file_system();
-  for (const char* name : {checkpoint::kHfTorchSaveIndexFileName, checkpoint::kHfIndexFileName,
-                           checkpoint::kHfTorchSaveFileName, checkpoint::kHfSingleFileName})
-    if (fs.exists(checkpoint::join_path(dir, name))) return name;
-  return "";
-}
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -180,19 +173,25 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
       throw CheckpointError("init_inference: weights file '" + path + "' does not exist");
     return std::make_unique<WeightsFileSource<SafetensorsFormat>>(path);
   }
+  // A sharded folder's index named itself.
+  if (ends_with(path, ".index.json"))
+    return std::make_unique<ShardedFolderSource>(
+        checkpoint::read_weights_index(posix_file_system(), path));
   // Any other file: a torch.save state dict (save_16bit_model's and ds_to_fp32's default); one
   // that is not is named by the reader.
   std::error_code ec;
   if (std::filesystem::is_regular_file(path, ec)) return open_weights_file(path);
-  // A folder without a checkpoint's `latest` or manifest but with ds_to_fp32's output.
+  // A folder without a checkpoint's `latest` or manifest but with ds_to_fp32's output (or a
+  // Hugging Face model's weights).
   auto& fs = posix_file_system();
   if (tag.empty() && std::filesystem::is_directory(path, ec) &&
       !fs.exists(checkpoint::join_path(path, "latest")) &&
       !fs.exists(checkpoint::join_path(path, "manifest.json"))) {
-    const std::string file = export_file_in(path);
-    if (file == checkpoint::kHfTorchSaveIndexFileName || file == checkpoint::kHfIndexFileName)
-      return std::make_unique<ShardedExportSource>(path, file);
-    if (!file.empty()) return open_weights_file(checkpoint::join_path(path, file));
+    if (auto folder = checkpoint::find_weights_folder(fs, path)) {
+      if (folder->index_path.empty()) return open_weights_file(folder->files.front());
+      return std::make_unique<ShardedFolderSource>(std::move(*folder));
+    }
+    throw CheckpointError("init_inference: " + checkpoint::neither_weights_nor_checkpoint(path));
   }
   return std::make_unique<CheckpointSource>(path, tag);
 }

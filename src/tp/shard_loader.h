@@ -26,11 +26,12 @@ class WeightSource {
   virtual const std::string& path() const = 0;
 };
 
-// A path ending in .safetensors is a safetensors file, any other file a torch.save state dict; a
-// folder without `latest` or a manifest holding ds_to_fp32's output (an index and its shards,
-// or pytorch_model.bin / model.safetensors) is that export; anything else a checkpoint (save
-// folder or tag folder; `tag` as Engine::load_checkpoint). Throws CheckpointError naming what is
-// missing or unreadable.
+// A path ending in .safetensors is a safetensors file, one ending in .index.json a sharded
+// folder's index, any other file a torch.save state dict; a folder without `latest` or a
+// manifest holding ds_to_fp32's output or a Hugging Face model's weights (checkpoint/
+// weights_folder.h: an index and its shards, or model.safetensors / pytorch_model.bin) is that
+// folder; anything else a checkpoint (save folder or tag folder; `tag` as
+// Engine::load_checkpoint). Throws CheckpointError naming what is missing or unreadable.
 std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::string& tag);
 
 // Reads the slices: `shape` is the whole tensor's. Results are new fp32 (or integer) tensors.

@@ -317,8 +317,8 @@ TEST_F(GptGenerateCli, WithoutTheSavedFileLeftoverTensorsAreRefused) {
 }
 
 // ds_to_fp32's default output, pytorch_model.bin (a torch.save file), generates what the
-// checkpoint does (both are its fp32 masters), and its tensor names (read from the pickle) still
-// refuse a model that would leave some unread.
+// checkpoint does (both are its fp32 masters), as does its folder, and its tensor names (read
+// from the pickle) still refuse a model that would leave some unread, from the file or folder.
 TEST_F(GptGenerateCli, ReadsDsToFp32sPytorchModelBin) {
   const std::string out = *dir_ / "export";
   const std::string log = *dir_ / "export.log";
@@ -334,10 +334,16 @@ TEST_F(GptGenerateCli, ReadsDsToFp32sPytorchModelBin) {
   const auto from_bin = generate("--load_dir " + bin + kModel + tail);
   ASSERT_EQ(from_bin.status, 0) << from_bin.output;
   EXPECT_EQ(from_bin.last_line(), from_checkpoint.last_line());
-  const auto one_layer =
-      generate("--load_dir " + bin + " --n_layer 1 --n_head 2 --n_embd 32 --block_size 32" + tail);
-  EXPECT_NE(one_layer.status, 0) << one_layer.output;
-  EXPECT_CONTAINS(one_layer.output, "has tensor \"block1.");
+  // The export folder itself: the same tokens, and the same refusal, read through its file.
+  const auto from_folder = generate("--load_dir " + out + kModel + tail);
+  ASSERT_EQ(from_folder.status, 0) << from_folder.output;
+  EXPECT_EQ(from_folder.last_line(), from_checkpoint.last_line());
+  for (const std::string& load : {bin, out}) {
+    const auto one_layer = generate("--load_dir " + load +
+                                    " --n_layer 1 --n_head 2 --n_embd 32 --block_size 32" + tail);
+    EXPECT_NE(one_layer.status, 0) << one_layer.output;
+    EXPECT_CONTAINS(one_layer.output, "has tensor \"block1.");
+  }
 }
 
 // top_p 0 keeps only the most likely token: the greedy continuation (it used to fail in

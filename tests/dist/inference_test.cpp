@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -233,7 +234,8 @@ TEST(AutoTP, BatchedSamplingAndBf16AtTp2) {
 
 // The same weights from a safetensors file, a torch.save file (pytorch_model.bin, the default of
 // ds_to_fp32 and save_16bit_model) and export folders as ds_to_fp32 writes them (split into
-// shards with an index, in either format, or one pytorch_model.bin), each read slice by slice.
+// shards with an index, in either format, or one pytorch_model.bin; the index may be named
+// itself), each read slice by slice.
 TEST(AutoTP, ReadsWeightsFilesAndExportFoldersSliceBySlice) {
   dstest::TempDir dir("autotp_st");
   auto source = seeded_gpt(kModel, 99);
@@ -255,7 +257,8 @@ TEST(AutoTP, ReadsWeightsFilesAndExportFoldersSliceBySlice) {
   const auto idx = prompts();
   const auto ref = source->logits(idx);
   for (const std::string file :
-       {"model.safetensors", "pytorch_model.bin", "sharded_bin", "sharded_st", "single"}) {
+       {"model.safetensors", "pytorch_model.bin", "sharded_bin", "sharded_st", "single",
+        "sharded_st/model.safetensors.index.json"}) {
     SCOPED_TRACE(file);
     run_ranks(2, [&](CommunicatorPtr comm) {
       torch::NoGradGuard no_grad;
@@ -485,6 +488,7 @@ TEST(AutoTP, BadInputIsNamed) {
                                           dir / "pytorch_model.bin",
                                           {{"wte.weight", torch::zeros({256, 32})}});
   dstest::write_bytes(dir / "notes.txt", "not weights");
+  std::filesystem::create_directories(dir / "nothing");
   run_ranks(3, [&](CommunicatorPtr comm) {
     // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
     auto msg = dstest::message_of<deepspeed::ConfigError>(
@@ -522,6 +526,13 @@ TEST(AutoTP, BadInputIsNamed) {
                                 {.tp_size = 2, .checkpoint = dir / "notes.txt", .comm = comm});
     });
     EXPECT_CONTAINS(msg, "torch.save file '" + dir / "notes.txt" + "': not a zip archive");
+    // A folder with neither a model's weights nor a checkpoint says what it looked for.
+    msg = dstest::message_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(seeded_gpt(kModel),
+                                {.tp_size = 2, .checkpoint = dir / "nothing", .comm = comm});
+    });
+    EXPECT_CONTAINS(msg, "init_inference: '" + dir / "nothing" +
+                             "' holds neither a model's weights (model.safetensors, ");
     msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;

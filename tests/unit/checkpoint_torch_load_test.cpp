@@ -1,8 +1,9 @@
 // Reading torch.save state dicts without Python (src/checkpoint/torch_load.h,
 // state_dict_pickle.h, deepspeed/state_dict_file.h): our own files whole and by range; files
 // PyTorch wrote (an OrderedDict with _metadata, tied names sharing a storage, protocol 4, a
-// Parameter, views at a storage offset and with strides); and what must be refused, named: a
-// global that could run code, a nested checkpoint, a file that is no zip, a truncated one.
+// Parameter, views at a storage offset and with strides, the latter sliced by init_inference's
+// reader); and what must be refused, named: a global that could run code, a nested checkpoint, a
+// file that is no zip, a truncated one.
 #include <gtest/gtest.h>
 
 #include <caffe2/serialize/inline_container.h>
@@ -18,6 +19,7 @@
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/torch_save_files.h"
+#include "tp/shard_loader.h"
 
 namespace checkpoint_torch_load_test {
 
@@ -111,6 +113,18 @@ TEST(TorchLoad, ReadsWhatPyTorchWrites) {
                   "tensor \"transposed\": stored with strides [1, 4]");
   ckpt::read_torch_save_range(*file, dir / "views.bin", index, *index.find("narrowed"), 1, row);
   EXPECT_TRUE(torch::equal(row, torch::tensor({5.f, 6.f, 7.f})));  // storage offset 4
+  // init_inference's reader takes such a view whole, once, and cuts its slices from that.
+  auto source = deepspeed::tp::open_weights(dir / "views.bin", "");
+  const auto shape = source->shape("transposed");
+  ASSERT_TRUE(shape.has_value());
+  const at::Tensor transposed = torch::arange(12, torch::kFloat).view({3, 4}).t();
+  EXPECT_TRUE(torch::equal(deepspeed::tp::read_rows(*source, "transposed", *shape, 2, {1, 2}),
+                           torch::cat({transposed.narrow(0, 1, 1), transposed.narrow(0, 3, 1)})));
+  EXPECT_TRUE(torch::equal(deepspeed::tp::read_columns(*source, "transposed", *shape, {1, 3}),
+                           transposed.narrow(1, 1, 2)));
+  EXPECT_TRUE(torch::equal(
+      deepspeed::tp::read_whole(*source, "transposed", *shape, torch::kDouble),
+      transposed.to(torch::kDouble)));
 }
 
 // A pickle naming any other global is refused before anything is called, as

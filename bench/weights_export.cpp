@@ -3,12 +3,15 @@
 // file PyTorch wrote) with deepspeed::load_state_dict_file, best of `reps`, printing one JSON
 // line per row:
 //   bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO]
+//   bench_weights_export --read_once FILE    one load_state_dict_file of FILE, no warm-up: the
+//                                            first read of a fresh process
 // SPEC.json: {"dtype": "fp32"|"bf16", "tensors": [[name, [shape...]], ...]}
 // (bench/weights_export.py writes it and runs PyTorch's torch.save on the same shapes beside
 // this). Values are seeded normal draws; files go to OUT_DIR/dscpp.bin and
 // OUT_DIR/dscpp.safetensors (left there for the script to read back).
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,10 +23,28 @@
 
 namespace ckpt = deepspeed::checkpoint;
 
+void print_read(const std::string& path, uint64_t bytes, double seconds) {
+  std::printf("{\"op\": \"read\", \"format\": \"%s\", \"path\": \"%s\", \"bytes\": %llu, "
+              "\"seconds\": %.6f}\n",
+              ckpt::weights_format_name(ckpt::weights_format_for(path)), path.c_str(),
+              static_cast<unsigned long long>(bytes), seconds);
+}
+
 int main(int argc, char** argv) {
   BenchArgs args(argc, argv,
-                 "Usage: bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO]");
+                 "Usage: bench_weights_export SPEC.json OUT_DIR [reps=3] [READ_ALSO] | "
+                 "--read_once FILE");
   args.at_most(4);
+  if (argc == 3 && std::string(argv[1]) == "--read_once") {
+    const auto start = std::chrono::steady_clock::now();
+    const auto tensors = deepspeed::load_state_dict_file(argv[2]);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    uint64_t bytes = 0;
+    for (const auto& [name, t] : tensors) bytes += t.nbytes();
+    print_read(argv[2], bytes, s);
+    return 0;
+  }
   if (argc < 3) args.fail("SPEC.json and OUT_DIR are required");
   const std::string out_dir = argv[2];
   const int reps = static_cast<int>(args.number(3, 3));
@@ -55,11 +76,7 @@ int main(int argc, char** argv) {
   tensors.clear();  // the reads below hold one state dict at a time
   if (argc > 4) written.push_back(argv[4]);
   for (const auto& path : written) {
-    const double s = best_seconds(reps, [&] { deepspeed::load_state_dict_file(path); });
-    std::printf("{\"op\": \"read\", \"format\": \"%s\", \"path\": \"%s\", \"bytes\": %llu, "
-                "\"seconds\": %.6f}\n",
-                ckpt::weights_format_name(ckpt::weights_format_for(path)), path.c_str(),
-                static_cast<unsigned long long>(bytes), s);
+    print_read(path, bytes, best_seconds(reps, [&] { deepspeed::load_state_dict_file(path); }));
   }
   return 0;
 }

@@ -13,7 +13,10 @@ library (atomically: a temporary file, fsync, rename, fsync of the folder) as py
 (plain open + write, no fsync). Then each file is read back: by deepspeed::load_state_dict_file
 (PyTorch's file too) and by torch.load(weights_only=True). Every row is the best of --reps after
 one warm-up; the library's rows twice: under glibc's default malloc (this program) and under the
-settings the library applies at initialize / init_inference. --dir: where
+settings the library applies at initialize / init_inference. Last, PyTorch's file read once by
+a fresh process, --reps processes each, the best: a program's first load, before anything it
+freed can be reused (a warm process reuses freed memory, and Python's heap keeps more of it than
+glibc gives a C++ program: the best-of rows above favour torch.load for that). --dir: where
 the files go (/dev/shm by default: fsync costs nothing there, so the rows compare the writers'
 CPU work; a disk folder adds the device). Prints a markdown table: bytes, seconds, GB/s.
 """
@@ -58,6 +61,30 @@ def best(reps, fn):
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+# A fresh process's first read of `path`, best of `reps` processes: the library's reader (glibc's
+# default malloc: a program that has not called initialize) and torch.load (import not timed).
+TORCH_LOAD_ONCE = ("import sys, time, torch\n"
+                   "t = time.perf_counter()\n"
+                   "torch.load(sys.argv[1], map_location='cpu', weights_only=True)\n"
+                   "print(time.perf_counter() - t)\n")
+
+
+def read_once_rows(exe, path, dtype_name, nbytes, reps):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    ours, theirs = [], []
+    for _ in range(reps):
+        out = subprocess.run([exe, "--read_once", path], check=True, env=env,
+                             capture_output=True, text=True).stdout
+        ours.append(json.loads(out.splitlines()[-1])["seconds"])
+        out = subprocess.run([sys.executable, "-c", TORCH_LOAD_ONCE, path], check=True, env=env,
+                             capture_output=True, text=True).stdout
+        theirs.append(float(out.split()[-1]))
+    return [(dtype_name, "read once, fresh process: deepspeed.cpp load_state_dict_file, "
+             "PyTorch's file", "torch.save", nbytes, min(ours)),
+            (dtype_name, "read once, fresh process: torch.load of PyTorch's file", "torch.save",
+             nbytes, min(theirs))]
 
 
 def main():
@@ -109,6 +136,7 @@ def main():
                                                           weights_only=True))
                 rows.append((dtype_name, "read: torch.load of " + who, "torch.save", nbytes,
                              seconds))
+            rows += read_once_rows(exe, theirs, dtype_name, nbytes, a.reps)
     print("GPT state dict: %d layers, d %d, vocab %d: %.1fM parameters; files in %s; best of %d"
           % (a.n_layer, a.n_embd, a.vocab, params / 1e6, a.dir, a.reps))
     print()

@@ -82,9 +82,32 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
 // Python's pickler batches SETITEMS by 1000 entries; unpicklers take any count, this matches it.
 constexpr size_t kBatch = 1000;
 
+// storage_of, checked, or every entry its own when empty.
+StorageOwners checked_owners(const std::vector<SafetensorsEntry>& entries,
+                             const StorageOwners& storage_of) {
+  StorageOwners owners = storage_of;
+  if (owners.empty())
+    for (size_t i = 0; i < entries.size(); ++i) owners.push_back(i);
+  if (owners.size() != entries.size())
+    throw CheckpointError("storage owners given for " + std::to_string(owners.size()) + " of " +
+                          std::to_string(entries.size()) + " tensors");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t j = owners[i];
+    if (j == i) continue;
+    const SafetensorsEntry &e = entries[i], &owner = entries[std::min(j, i)];
+    if (j > i || owners[j] != j || e.dtype != owner.dtype || e.shape != owner.shape)
+      throw CheckpointError(named_tensor(e.name) + "cannot share the storage of entry " +
+                            std::to_string(j) + (j < i ? " (\"" + owner.name + "\")" : "") +
+                            ": an earlier tensor of its own storage, dtype and shape is needed");
+  }
+  return owners;
+}
+
 }  // namespace
 
-std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries) {
+std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries,
+                              const StorageOwners& storage_of) {
+  const StorageOwners owners = checked_owners(entries, storage_of);
   Pickle p;
   p.proto2();
   // A plain dict, as zero_to_fp32's shards (Python keeps its order): libtorch's reader
@@ -103,9 +126,9 @@ std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries) {
     p.mark();
     p.string("storage");
     p.global("torch", storage_class(e));
-    p.string(std::to_string(i));
+    p.string(std::to_string(owners[i]));
     p.string("cpu");
-    p.integer(e.numel());
+    p.integer(entries[owners[i]].numel());
     p.tuple();
     p.binpersid();
     p.integer(0);  // storage offset
@@ -124,11 +147,12 @@ std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries) {
 }
 
 TorchSaveWriter::TorchSaveWriter(WritableFile& file, std::string path,
-                                 std::vector<SafetensorsEntry> entries)
+                                 std::vector<SafetensorsEntry> entries, StorageOwners storage_of)
     : file_(file), path_(std::move(path)), entries_(std::move(entries)) {
   std::string pickle;
   try {
-    pickle = torch_save_pickle(entries_);
+    storage_of_ = checked_owners(entries_, storage_of);
+    pickle = torch_save_pickle(entries_, storage_of_);
   } catch (const CheckpointError& e) {  // the file it was for, not only the tensor at fault
     throw CheckpointError("torch.save file '" + path_ + "': " + e.what());
   }
@@ -180,6 +204,10 @@ void TorchSaveWriter::append(const at::Tensor& tensor) {
                           c10::str(tensor.sizes()) + " for an entry of " + c10::toString(e.dtype) +
                           " of shape " + c10::str(at::IntArrayRef(e.shape)) +
                           " (a torch.save record holds a tensor whole)");
+  if (storage_of_[next_] != next_) {  // its bytes are the owner's record
+    ++next_;
+    return;
+  }
   const at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
   static const char kNothing = 0;  // a zero-size record still needs an address
   archive_->writeRecord("data/" + std::to_string(next_),
@@ -199,9 +227,10 @@ void TorchSaveWriter::finish() {
 
 void write_torch_save_streamed(FileSystem& fs, const std::string& path,
                                const std::vector<SafetensorsEntry>& entries,
-                               const std::function<void(TorchSaveWriter&)>& fill) {
+                               const std::function<void(TorchSaveWriter&)>& fill,
+                               const StorageOwners& storage_of) {
   fs.write_file_atomic(path, [&](WritableFile& f) {
-    TorchSaveWriter writer(f, path, entries);
+    TorchSaveWriter writer(f, path, entries, storage_of);
     fill(writer);
     writer.finish();
   });

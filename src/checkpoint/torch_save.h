@@ -33,18 +33,28 @@ class PyTorchStreamWriter;
 namespace deepspeed {
 namespace checkpoint {
 
-// The data.pkl bytes for tensors described by (name, dtype, shape), storage keys "0", "1", ...
-// in order: exposed so tests can check them. Throws CheckpointError naming a tensor whose dtype
-// torch.save has no storage class for here (or a name used twice).
-std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries);
+// Which entry's storage holds each entry's bytes: storage_of[i] == i for its own, or an earlier
+// entry j (storage_of[j] == j, same dtype and shape) whose storage it shares, as a tied
+// parameter's second name does: that storage is written once and torch.load gives both names one
+// memory, as torch.save does for tensors that share it. Empty: every entry has its own.
+using StorageOwners = std::vector<size_t>;
+
+// The data.pkl bytes for tensors described by (name, dtype, shape), entry i in storage key
+// "<storage_of[i]>" ("0", "1", ... when none is shared): exposed so tests can check them. Throws
+// CheckpointError naming a tensor whose dtype torch.save has no storage class for here, a name
+// used twice, or a storage shared with a later entry or one of another dtype or shape.
+std::string torch_save_pickle(const std::vector<SafetensorsEntry>& entries,
+                              const StorageOwners& storage_of = {});
 
 // Receives the tensors of a file whose pickle is already written, whole and in entry order.
 class TorchSaveWriter final : public TensorSink {
  public:
-  TorchSaveWriter(WritableFile& file, std::string path, std::vector<SafetensorsEntry> entries);
+  TorchSaveWriter(WritableFile& file, std::string path, std::vector<SafetensorsEntry> entries,
+                  StorageOwners storage_of = {});
   ~TorchSaveWriter() override;
   // The next tensor, whole, of its entry's dtype and shape (any device; copied to the host when
-  // needed). CheckpointError naming the file and tensor otherwise; IOError from the file.
+  // needed). CheckpointError naming the file and tensor otherwise; IOError from the file. An
+  // entry sharing an earlier one's storage writes nothing (its tensor is checked, not compared).
   void append(const at::Tensor& tensor) override;
   // Every tensor came: closes the archive (its central directory). CheckpointError naming the
   // first missing tensor otherwise.
@@ -56,6 +66,7 @@ class TorchSaveWriter final : public TensorSink {
   WritableFile& file_;
   std::string path_;
   std::vector<SafetensorsEntry> entries_;
+  StorageOwners storage_of_;
   size_t next_ = 0;
   // miniz must never see a short write or an exception: a failure is kept here, later writes are
   // dropped, and the error is rethrown once the archive call returns.
@@ -67,7 +78,8 @@ class TorchSaveWriter final : public TensorSink {
 // I/O failures, CheckpointError for names, dtypes or data that do not match the entries.
 void write_torch_save_streamed(FileSystem& fs, const std::string& path,
                                const std::vector<SafetensorsEntry>& entries,
-                               const std::function<void(TorchSaveWriter&)>& fill);
+                               const std::function<void(TorchSaveWriter&)>& fill,
+                               const StorageOwners& storage_of = {});
 // The same for tensors in memory (any device, any layout).
 void write_torch_save(FileSystem& fs, const std::string& path, const NamedTensors& tensors);
 

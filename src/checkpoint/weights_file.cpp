@@ -19,11 +19,13 @@ const char* weights_format_name(WeightsFormat format) {
 void write_weights_streamed(FileSystem& fs, const std::string& path, WeightsFormat format,
                             const std::vector<SafetensorsEntry>& entries,
                             const SafetensorsMetadata& metadata,
-                            const std::function<void(TensorSink&)>& fill) {
+                            const std::function<void(TensorSink&)>& fill,
+                            const StorageOwners& storage_of) {
   if (format == WeightsFormat::safetensors)
     return write_safetensors_streamed(fs, path, entries, metadata,
                                       [&](SafetensorsWriter& w) { fill(w); });
-  write_torch_save_streamed(fs, path, entries, [&](TorchSaveWriter& w) { fill(w); });
+  write_torch_save_streamed(
+      fs, path, entries, [&](TorchSaveWriter& w) { fill(w); }, storage_of);
 }
 
 void write_weights(FileSystem& fs, const std::string& path, WeightsFormat format,

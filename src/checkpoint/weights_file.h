@@ -10,6 +10,7 @@
 #include "checkpoint/file_system.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tensor_sink.h"
+#include "checkpoint/torch_save.h"
 
 namespace deepspeed {
 namespace checkpoint {
@@ -26,10 +27,13 @@ const char* weights_format_name(WeightsFormat format);  // "safetensors", "torch
 
 // Whole-file writers of either format. The sink takes each tensor whole (torch.save needs that;
 // safetensors would take pieces). IOError / CheckpointError as the format's own writer.
+// `storage_of` (torch_save.h): entries that share an earlier one's storage (a tied parameter's
+// names); torch.save writes it once, safetensors (which cannot share) a copy per name.
 void write_weights_streamed(FileSystem& fs, const std::string& path, WeightsFormat format,
                             const std::vector<SafetensorsEntry>& entries,
                             const SafetensorsMetadata& metadata,
-                            const std::function<void(TensorSink&)>& fill);
+                            const std::function<void(TensorSink&)>& fill,
+                            const StorageOwners& storage_of = {});
 void write_weights(FileSystem& fs, const std::string& path, WeightsFormat format,
                    const NamedTensors& tensors, const SafetensorsMetadata& metadata = {});
 

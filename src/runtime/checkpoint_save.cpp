@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <unordered_map>
 
 #include "activation/rng_state.h"
 #include "checkpoint/checksum.h"
@@ -231,14 +232,20 @@ void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
                         bool frozen_parameters) {
   std::vector<SafetensorsEntry> entries;
   std::vector<bool> kept;  // per named_parameters() entry, the order of the walk
+  // A parameter registered under several names (a tied embedding and head) is one tensor: a
+  // torch.save file stores it once for all its names, as DeepSpeed's does.
+  StorageOwners storage_of;
+  std::unordered_map<const c10::TensorImpl*, size_t> first_name;
   for (auto& item : s.module->named_parameters()) {
     kept.push_back(frozen_parameters || item.value().requires_grad());
-    if (kept.back())
-      entries.push_back(
-          {item.key(), item.value().scalar_type(), s.stage->whole_shape(item.value())});
+    if (!kept.back()) continue;
+    storage_of.push_back(
+        first_name.emplace(item.value().unsafeGetTensorImpl(), entries.size()).first->second);
+    entries.push_back({item.key(), item.value().scalar_type(), s.stage->whole_shape(item.value())});
   }
   std::vector<at::Tensor> buffers;
   for (auto& item : s.module->named_buffers()) {
+    storage_of.push_back(entries.size());
     entries.push_back({item.key(), item.value().scalar_type(), item.value().sizes().vec()});
     buffers.push_back(item.value().detach());
   }
@@ -252,11 +259,14 @@ void write_whole_module(EngineState& s, FileSystem& fs, const std::string& path,
   if (!writer) return walk(nullptr);
   bool walked = false;
   try {
-    write_weights_streamed(fs, path, format, entries, metadata, [&](TensorSink& w) {
-      walked = true;
-      walk(&w);
-      for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
-    });
+    write_weights_streamed(
+        fs, path, format, entries, metadata,
+        [&](TensorSink& w) {
+          walked = true;
+          walk(&w);
+          for (auto& b : buffers) w.append(b.to(at::kCPU).contiguous());
+        },
+        storage_of);
   } catch (...) {
     if (!walked) walk(nullptr);  // the file could not be created: still match the others' gathers
     throw;

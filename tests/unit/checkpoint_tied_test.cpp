@@ -5,14 +5,19 @@
 // One rank, bf16 (the masters are not the module's weights), stages 0 and 2.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "checkpoint/consolidate.h"
 #include "checkpoint/layout.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/torch_load.h"
+#include "deepspeed/state_dict_file.h"
 #include "deepspeed/engine.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/torch_save_files.h"
 #include "support/stage3_models.h"
 
 namespace checkpoint_tied_test {
@@ -141,6 +146,46 @@ TEST(CheckpointTied, TieRegisteredLastConsolidatesTheAliasFromItsMaster) {
 
 TEST(CheckpointTied, TieRegisteredFirstConsolidatesEveryNameWithItsShape) {
   for (int stage : {0, 2}) consolidates_every_name<HeadFirstImpl>(stage);
+}
+
+// save_16bit_model's torch.save file stores the tied parameter once, for both names (as
+// DeepSpeed's: torch.save writes one storage for tensors that share it); Python's torch.load then
+// gives both names one memory. The safetensors file, which cannot share, holds a copy per name.
+TEST(CheckpointTied, Save16bitModelStoresTheTiedParameterOnce) {
+  for (int stage : {0, 2}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    dstest::TempDir dir;
+    Tied<HeadFirstImpl> e(stage, 11);
+    e.train(1);
+    ASSERT_TRUE(e.engine->save_16bit_model(dir.path()));
+    ASSERT_TRUE(e.engine->save_16bit_model(dir.path(), "model.safetensors"));
+    const std::string bin = dir / "pytorch_model.bin";
+    auto file = ckpt::posix_file_system().open_file(bin);
+    const auto index = ckpt::read_torch_save_index(*file, bin);
+    ASSERT_NE(index.find("head.weight"), nullptr);
+    ASSERT_NE(index.find("embed.weight"), nullptr);
+    EXPECT_EQ(index.find("head.weight")->storage_key, index.find("embed.weight")->storage_key);
+    EXPECT_EQ(index.storage_offsets.size(), index.tensors.size() - 1);
+    const auto st = ckpt::read_safetensors(dir / "model.safetensors").tensors;
+    const auto read = by_name(deepspeed::load_state_dict_file(bin));
+    ASSERT_EQ(read.size(), st.size());
+    for (const auto& [name, t] : st) EXPECT_TRUE(torch::equal(read.at(name), t)) << name;
+    EXPECT_TRUE(torch::equal(read.at("head.weight"),
+                             e.model->named_parameters()["embed.weight"].detach()));
+    // The safetensors file is larger by the tied tensor's bytes.
+    const int64_t tied_bytes = read.at("head.weight").nbytes();
+    EXPECT_GT(static_cast<int64_t>(ckpt::posix_file_system().file_size(dir / "model.safetensors")),
+              static_cast<int64_t>(ckpt::posix_file_system().file_size(bin)) + tied_bytes / 2);
+    if (!dstest::python_has_torch()) {
+      std::printf("[   NOTE   ] torch.load not run: /usr/bin/python3 has no torch\n");
+      continue;
+    }
+    const std::string check =
+        "import sys, torch; sd = torch.load(sys.argv[1], weights_only=True); "
+        "assert sd['head.weight'].data_ptr() == sd['embed.weight'].data_ptr(), 'two memories'; "
+        "assert sd['body.fc.weight'].data_ptr() != sd['embed.weight'].data_ptr()";
+    EXPECT_EQ(std::system(("/usr/bin/python3 -c \"" + check + "\" " + bin).c_str()), 0);
+  }
 }
 
 TEST(CheckpointTied, ModelStatesFileRecordsSharedParams) {

@@ -7,8 +7,11 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include <caffe2/serialize/inline_container.h>
+
 #include "checkpoint/fault_injecting_file_system.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/torch_load.h"
 #include "checkpoint/torch_save.h"
 #include "checkpoint/weights_file.h"
 #include "deepspeed/errors.h"
@@ -169,6 +172,43 @@ TEST(TorchSave, DataThatDoesNotMatchTheEntriesIsNamed) {
   EXPECT_CONTAINS(msg, path);
   EXPECT_CONTAINS(msg, "tensor \"z\"");
   expect_same(dstest::read_torch_save(path), {{"old", torch::ones({1})}});
+}
+
+// Entries that share an earlier entry's storage (a tied parameter's names) are written once: one
+// record, both names rebuilt from it, read back equal; sharing with a later entry, or with one of
+// another dtype or shape, is refused naming the tensor.
+TEST(TorchSave, ASharedStorageIsWrittenOnce) {
+  dstest::TempDir dir;
+  const std::string path = dir / "tied.bin";
+  auto& fs = ckpt::posix_file_system();
+  const at::Tensor a = torch::arange(6, torch::kFloat).view({2, 3}), b = torch::ones({4});
+  const std::vector<ckpt::SafetensorsEntry> entries = {
+      {"a", torch::kFloat, {2, 3}}, {"b", torch::kFloat, {4}}, {"a_too", torch::kFloat, {2, 3}}};
+  ckpt::write_torch_save_streamed(
+      fs, path, entries,
+      [&](ckpt::TorchSaveWriter& w) {
+        w.append(a);
+        w.append(b);
+        w.append(a);
+      },
+      {0, 1, 0});
+  auto file = fs.open_file(path);
+  const auto index = ckpt::read_torch_save_index(*file, path);
+  EXPECT_EQ(index.find("a_too")->storage_key, "0");
+  EXPECT_EQ(index.storage_offsets.size(), 2u);
+  EXPECT_FALSE(caffe2::serialize::PyTorchStreamReader(path).hasRecord("data/2"));
+  expect_same(dstest::read_torch_save(path), {{"a", a}, {"b", b}, {"a_too", a}});
+
+  for (const ckpt::StorageOwners& bad :
+       {ckpt::StorageOwners{0, 0, 0}, ckpt::StorageOwners{2, 1, 2}, ckpt::StorageOwners{0, 1}}) {
+    const std::string msg = dstest::message_of<deepspeed::CheckpointError>(
+        [&] { ckpt::write_torch_save_streamed(fs, path, entries, [](auto&) {}, bad); });
+    EXPECT_CONTAINS(msg, path);
+    EXPECT_TRUE(msg.find("cannot share the storage of entry") != std::string::npos ||
+                msg.find("storage owners given for 2 of 3") != std::string::npos)
+        << msg;
+  }
+  expect_same(dstest::read_torch_save(path), {{"a", a}, {"b", b}, {"a_too", a}});
 }
 
 TEST(TorchSave, TheFormatFollowsTheFileName) {

@@ -459,6 +459,11 @@ EngineStatePtr build_engine_state(BuildInput in) {
                 [&] { build_stage(*s, in.optimizer, groups, in.pipeline_stage, print_warnings); });
   s->stage = zero::counting_frozen_parameters(std::move(s->stage), std::move(frozen));
   wrap_tensor_parallel(*s);
+  // A ZeRO key: stage 0 (DeepSpeed's engine without its ZeRO optimizer) takes no notice of it.
+  if (!s->config.zero_optimization.ignore_unused_parameters &&
+      s->config.zero_optimization.stage >= 1 && s->optimizer)
+    s->unused_parameters =
+        std::make_unique<UnusedParameterCheck>(s->trainable, s->trainable_names);
   s->loss_scaler = precision::make_loss_scaler(s->config.fp16,
                                                fp16_wrapper_for(s->config, in.optimizer != nullptr));
 

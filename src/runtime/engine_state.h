@@ -15,6 +15,7 @@
 #include "deepspeed/topology.h"
 #include "precision/loss_scaler.h"
 #include "runtime/throughput_log.h"
+#include "runtime/unused_parameters.h"
 #include "zero/stage.h"
 
 namespace deepspeed {
@@ -44,6 +45,9 @@ struct EngineState {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::shared_ptr<LRScheduler> scheduler;
   std::unique_ptr<zero::ZeroStage> stage;
+  // zero_optimization.ignore_unused_parameters false at stages 1-3: fails a step in which a
+  // trainable parameter got no gradient (runtime/unused_parameters.h). Null otherwise.
+  std::unique_ptr<UnusedParameterCheck> unused_parameters;
   // Never null: dynamic or static for fp16, a static scale of 1 otherwise.
   std::unique_ptr<precision::LossScaler> loss_scaler;
   std::shared_ptr<Dataset> training_data;

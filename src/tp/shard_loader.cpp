@@ -149,7 +149,7 @@ class ShardedFolderSource : public WeightSource {
     auto& s = open_[file];
     if (!s) {
       if (!posix_file_system().exists(file))
-        throw CheckpointError("init_inference: shard '" + file + "' named by '" +
+        throw CheckpointError("init_inference: shard '" + file + "' named by index '" +
                               folder_.index_path + "' does not exist");
       s = open_weights_file(file);
     }

@@ -489,6 +489,17 @@ TEST(AutoTP, BadInputIsNamed) {
                                           {{"wte.weight", torch::zeros({256, 32})}});
   dstest::write_bytes(dir / "notes.txt", "not weights");
   std::filesystem::create_directories(dir / "nothing");
+  {  // a sharded folder that lost a shard
+    auto m = seeded_gpt(kModel);
+    deepspeed::checkpoint::NamedTensors tensors;
+    for (auto& p : m->named_parameters()) tensors.emplace_back(p.key(), p.value().detach());
+    for (auto& b : m->named_buffers()) tensors.emplace_back(b.key(), b.value());
+    const auto sharded = deepspeed::checkpoint::write_hf_export(
+        deepspeed::checkpoint::posix_file_system(), dir / "lost_shard",
+        deepspeed::checkpoint::WeightsFormat::torch_save, tensors, 16384);
+    ASSERT_GT(sharded.plan.shards.size(), 2u);
+    std::filesystem::remove(dir / ("lost_shard/" + sharded.plan.shards[1].file));
+  }
   run_ranks(3, [&](CommunicatorPtr comm) {
     // tp 3 does not divide 32 (the q/k/v rows, 4 heads x 8).
     auto msg = dstest::message_of<deepspeed::ConfigError>(
@@ -533,6 +544,12 @@ TEST(AutoTP, BadInputIsNamed) {
     });
     EXPECT_CONTAINS(msg, "init_inference: '" + dir / "nothing" +
                              "' holds neither a model's weights (model.safetensors, ");
+    msg = dstest::message_of<deepspeed::CheckpointError>([&] {
+      deepspeed::init_inference(seeded_gpt(kModel),
+                                {.tp_size = 2, .checkpoint = dir / "lost_shard", .comm = comm});
+    });
+    EXPECT_CONTAINS(msg, "' named by index '" + dir / "lost_shard/pytorch_model.bin.index.json" +
+                             "' does not exist");
     msg = dstest::message_of<deepspeed::ConfigError>(
         [&] { deepspeed::init_inference(seeded_gpt(kModel), {.tp_size = 3, .comm = comm}); });
     EXPECT_NE(msg.find("tp_size 3 does not divide the world size 2"), std::string::npos) << msg;

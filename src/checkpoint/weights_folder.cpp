@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/layout.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/shard_plan.h"
 #include "checkpoint/weights_file.h"
 #include "deepspeed/errors.h"
@@ -47,6 +49,10 @@ void require_shard(FileSystem& fs, const WeightsFolder& folder, const std::strin
 }
 
 }  // namespace
+
+bool holds_checkpoint(FileSystem& fs, const std::string& dir) {
+  return fs.exists(join_path(dir, kLatestFileName)) || fs.exists(join_path(dir, kManifestFileName));
+}
 
 std::string neither_weights_nor_checkpoint(const std::string& dir) {
   return "'" + dir + "' holds neither a model's weights (" + kFolderNames +
@@ -130,8 +136,7 @@ std::optional<checkpoint::WeightsFolder> folder_at(checkpoint::FileSystem& fs,
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return std::nullopt;
   if (auto folder = checkpoint::find_weights_folder(fs, path)) return folder;
-  if (fs.exists(checkpoint::join_path(path, "latest")) ||
-      fs.exists(checkpoint::join_path(path, "manifest.json")))
+  if (checkpoint::holds_checkpoint(fs, path))
     throw CheckpointError("'" + path + "' is a training checkpoint, not a model's weights: "
                           "ds_to_fp32 exports them (get_fp32_state_dict_from_zero_checkpoint "
                           "reads them)");

@@ -20,6 +20,10 @@ namespace checkpoint {
 // what a reader that takes either says of a folder with neither.
 std::string neither_weights_nor_checkpoint(const std::string& dir);
 
+// Whether `dir` holds a training checkpoint (a save folder's `latest`, a tag folder's manifest):
+// readers that take either look for that before a model's weights.
+bool holds_checkpoint(FileSystem& fs, const std::string& dir);
+
 struct WeightsFolder {
   std::string dir;
   std::string index_path;  // the index read; "" for a folder of one file

@@ -185,8 +185,7 @@ std::unique_ptr<WeightSource> open_weights(const std::string& path, const std::s
   // Hugging Face model's weights).
   auto& fs = posix_file_system();
   if (tag.empty() && std::filesystem::is_directory(path, ec) &&
-      !fs.exists(checkpoint::join_path(path, "latest")) &&
-      !fs.exists(checkpoint::join_path(path, "manifest.json"))) {
+      !checkpoint::holds_checkpoint(fs, path)) {
     if (auto folder = checkpoint::find_weights_folder(fs, path)) {
       if (folder->index_path.empty()) return open_weights_file(folder->files.front());
       return std::make_unique<ShardedFolderSource>(std::move(*folder));

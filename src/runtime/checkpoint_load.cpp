@@ -63,6 +63,10 @@ struct Plan {
   // 16-bit value, or its current one when the checkpoint lacks it), as DeepSpeed rebuilds every
   // master under load_optimizer_states=false.
   std::set<std::string> masters_from_module;
+  // zero_optimization.load_from_fp32_weights false: every master is taken from the loaded
+  // module's (16-bit) weights and only the moments from the fragments, as DeepSpeed's
+  // _restore_from_bit16_weights does (less precise; for a module whose weights were edited).
+  bool masters_from_weights = false;
 };
 
 // Name -> whole shape of every parameter and buffer of the module.
@@ -431,6 +435,7 @@ Plan make_plan(TagReader& reader, EngineState& s, const LoadOptions& o) {
   plan.masters_from_module =
       check_trainable(reader, s, names, !o.load_optimizer_states || !o.load_module_strict);
   plan_optimizer(reader, s, names, o.load_optimizer_states, plan);
+  plan.masters_from_weights = plan.state && !s.config.zero_optimization.load_from_fp32_weights;
   // An optimizer's extra state (optim/extra_state.h) is per rank's parameters: not carried
   // across tensor sizes, nor to a model that trains parameters the checkpoint did not.
   if (o.load_optimizer_states && s.optimizer && reader.tensor_parallel_size() == tensor_size(s) &&
@@ -517,7 +522,9 @@ void apply_fragments(TagReader& reader, const std::vector<std::string>& names, P
     if (plan.masters_from_module.count(name)) continue;  // refreshed from the module (apply_rest)
     for (auto [offset, numel] : state.pieces(i)) {
       const auto views = state.piece(i, offset, numel);
-      for (size_t k = 0; k < plan.state_kinds.size(); ++k) {
+      // Kind 0 is the master: under masters_from_weights it keeps the module's value, which
+      // refresh_masters_from_model put there (a swapped window is read whole, so it stays).
+      for (size_t k = plan.masters_from_weights ? 1 : 0; k < plan.state_kinds.size(); ++k) {
         // A moment the optimizer keeps none of for this parameter (a stage-0 client optimizer
         // holding only some of the trainable parameters) is not read; a master always is.
         if (k > 0 && !views[k].defined()) continue;
@@ -538,7 +545,8 @@ void apply_rest(EngineState& s, TagReader& reader, Plan& plan, const LoadOptions
   // Every master from the module first, then the saved ones over it: what stays is the module's
   // for the parameters the checkpoint holds no state for. (A window the fragments touch is read
   // whole before it is written: zero/shard_optimizer.h.)
-  if (plan.state && !plan.masters_from_module.empty()) s.stage->refresh_masters_from_model();
+  if (plan.state && (!plan.masters_from_module.empty() || plan.masters_from_weights))
+    s.stage->refresh_masters_from_model();
   if (plan.state) apply_fragments(reader, s.trainable_names, plan);
   if (!plan.optimizer_archive.empty()) {
     torch::serialize::InputArchive archive;

@@ -23,7 +23,9 @@ struct Case {
   int stage;
   std::string precision;  // "bf16" or "fp32" (libtorch 1.13 has no CPU fp16 LayerNorm)
   std::string offload;    // offload_optimizer.device: "none", "cpu" or "nvme"
-  std::string label() const { return "stage " + std::to_string(stage) + " " + precision + " " + offload; }
+  std::string label() const {
+    return "stage " + std::to_string(stage) + " " + precision + " " + offload;
+  }
 };
 
 CheckpointJob job(const Case& c, const std::string& swap_dir) {

@@ -270,7 +270,9 @@ void Engine::step_in() try {
   }
   refuse_inside_gathered_scope(s, "engine.step()");
   // Before anything of the step happens: a step called again after it threw finds the same.
-  if (s.unused_parameters) s.unused_parameters->check_step(*s.comm, s.device);
+  if (s.unused_parameters)
+    s.unused_parameters->check_step(*s.comm, s.topology ? *s.topology->world() : *s.comm,
+                                    s.device);
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   // Reduced in a copy, and the sum dropped only once the step went through: a step called again
   // after it threw reports the same loss.

@@ -17,7 +17,8 @@ UnusedParameterCheck::UnusedParameterCheck(const std::vector<at::Tensor>& traina
     hooks_.add(trainable[k], [this, k] { got_gradient_[k] = 1; });
 }
 
-void UnusedParameterCheck::check_step(comm::Communicator& comm, c10::Device device) {
+void UnusedParameterCheck::check_step(comm::Communicator& comm, comm::Communicator& job,
+                                      c10::Device device) {
   // 1 where this rank's backward passes gave no gradient; summed, nonzero where some rank's did
   // not: every rank then throws alike.
   at::Tensor missing = torch::zeros({static_cast<int64_t>(got_gradient_.size())}, torch::kFloat);
@@ -29,6 +30,21 @@ void UnusedParameterCheck::check_step(comm::Communicator& comm, c10::Device devi
   std::vector<std::string> unused;
   for (size_t k = 0; k < names_.size(); ++k)
     if (missing.data_ptr<float>()[k] > 0.f) unused.push_back(names_[k]);
+  // The other pipeline stages (and tensor ranks) hold other parameters: one more all-reduce, of
+  // a count, over the whole job, so that the other stages fail with the same error instead of
+  // going on into the step's collectives and failing there because this stage's ranks left.
+  bool elsewhere = false;
+  if (job.world_size() > comm.world_size()) {
+    at::Tensor count = torch::full({1}, static_cast<float>(unused.size()), torch::kFloat);
+    if (device != count.device()) count = count.to(device);
+    job.all_reduce(count)->wait();
+    elsewhere = unused.empty() && count.to(at::kCPU).item<float>() > 0.f;
+  }
+  if (elsewhere)
+    throw ConfigError(
+        "zero_optimization.ignore_unused_parameters is false, and trainable parameters of "
+        "another pipeline stage or tensor-parallel rank got no gradient from this step's "
+        "backward passes (its ranks name them); this rank's step fails with it");
   if (unused.empty()) {
     std::fill(got_gradient_.begin(), got_gradient_.end(), 0);
     return;

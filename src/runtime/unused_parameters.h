@@ -20,11 +20,13 @@ class UnusedParameterCheck {
  public:
   // `trainable`: leaves with requires_grad, each once; `names[k]` names trainable[k].
   UnusedParameterCheck(const std::vector<at::Tensor>& trainable, std::vector<std::string> names);
-  // At an optimizer step (COLLECTIVE over `comm`: one all-reduce of a flag per parameter on
-  // `device`): throws ConfigError naming the parameters that got no gradient since the last step
-  // on some rank. After a step that passes, the record starts again; after a throw it is kept
-  // (the same step called again fails again).
-  void check_step(comm::Communicator& comm, c10::Device device);
+  // At an optimizer step (COLLECTIVE over `comm`, the data-parallel group: one all-reduce of a
+  // flag per parameter on `device`; and over `job` when it is larger, the pipeline stages and
+  // tensor ranks: one of a count): throws ConfigError naming the parameters that got no gradient
+  // since the last step on some rank of `comm`, or saying that another stage's did. After a step
+  // that passes, the record starts again; after a throw it is kept (the same step called again
+  // fails again).
+  void check_step(comm::Communicator& comm, comm::Communicator& job, c10::Device device);
 
  private:
   zero::GradientHooks hooks_;

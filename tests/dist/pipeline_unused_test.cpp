@@ -19,8 +19,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "deepspeed/pipe.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/pipe.h"
 #include "support/expect.h"
 #include "support/ranks.h"
 

@@ -141,10 +141,6 @@ nlohmann::json trainable_list(const EngineState& s, const std::vector<std::strin
   return trainable;
 }
 
-comm::Communicator& job_comm(const EngineState& s) {
-  return s.topology ? *s.topology->world() : *s.comm;
-}
-
 // This rank's share of masters and moments, its RNG states and (non-Adam) optimizer archive, or
 // (Adam) its parameter groups' options (checkpoint_group_options.h). The fragments are streamed
 // from the stage's state piece by piece (a swapped shard: one sub-group read from its file at a

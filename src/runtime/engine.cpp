@@ -84,6 +84,10 @@ void capture_rng_at_boundary(EngineState& s) {
       s.device.is_cuda() ? checkpointing::generator_state(s.device) : at::Tensor();
 }
 
+comm::Communicator& job_comm(const EngineState& s) {
+  return s.topology ? *s.topology->world() : *s.comm;
+}
+
 bool between_boundaries(const EngineState& s) {
   return s.micro_steps % s.config.gradient_accumulation_steps != 0 ||
          s.loss_since_boundary.defined();
@@ -270,9 +274,7 @@ void Engine::step_in() try {
   }
   refuse_inside_gathered_scope(s, "engine.step()");
   // Before anything of the step happens: a step called again after it threw finds the same.
-  if (s.unused_parameters)
-    s.unused_parameters->check_step(*s.comm, s.topology ? *s.topology->world() : *s.comm,
-                                    s.device);
+  if (s.unused_parameters) s.unused_parameters->check_step(*s.comm, job_comm(s), s.device);
   // Mean training loss over the data-parallel ranks: one scalar all-reduce per optimizer step.
   // Reduced in a copy, and the sum dropped only once the step went through: a step called again
   // after it threw reports the same loss.

@@ -97,10 +97,6 @@ nlohmann::json tensor_split_json(const EngineState& s);
 // data-parallel rank 0. REQUIRES: the checkpoint has this job's pipeline stages and tensor size.
 int first_saved_rank_of_group(const TagReader& reader, const EngineState& s);
 
-// Every rank that saves into one tag: the topology's world (a pipeline's stages together), else
-// the engine's communicator.
-comm::Communicator& job_comm(const EngineState& s);
-
 // save_checkpoint's client_state as stored (checkpoint_client_state.cpp): inf, -inf and NaN, which
 // JSON lacks, become {kNonFiniteKey: "inf" | "-inf" | "nan"}. Throws CheckpointError naming the
 // JSON pointer of a string or key that is not UTF-8 (the metadata could not be written), of a

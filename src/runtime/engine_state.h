@@ -125,6 +125,11 @@ void capture_rng_at_boundary(EngineState& s);
 // and generator states instead).
 bool between_boundaries(const EngineState& s);
 
+// Every rank of the job: the topology's world (a pipeline's stages and the tensor ranks
+// together), else the engine's (data-parallel) communicator. A checkpoint's ranks save into one
+// tag over it; the unused-parameter check agrees over it.
+comm::Communicator& job_comm(const EngineState& s);
+
 // Throws deepspeed::Error when `what` (a forward, a checkpoint's save or load, a look at the whole
 // parameters) comes between an accumulation boundary's backward and engine.step() while
 // ZeRO-Offload's update during backward has already updated part of the optimizer partition:

@@ -97,6 +97,9 @@ struct ZeroConfig {
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_max_reuse_distance = 1000000000;
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // Units nested in a module of at most this many parameters per layer are gathered with the
+  // unit around them (docs/zero3.md, "Fewer, larger gathers"); 0: every ZeroUnit on its own.
+  int64_t stage3_module_granularity_threshold = 0;
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
   // deepspeed.cpp's own key: the gradient partition (stages 2 and 3, on the compute device) is

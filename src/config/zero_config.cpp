@@ -133,9 +133,8 @@ void read_stage3(ObjectReader& r, ZeroConfig& z) {
                {{"gather_16bit_weights_on_model_save", false},
                 {"stage3_gather_fp16_weights_on_model_save", true}},
                z.stage3_gather_16bit_weights_on_model_save);
-  int64_t granularity = 0;
   read_aliased_count(r, "stage3_module_granularity_threshold", "module_granularity_threshold",
-                     granularity);
+                     z.stage3_module_granularity_threshold);
   bool all_reduce_fetch = false;
   read_aliased(r, "stage3_use_all_reduce_for_fetch_params",
                {{"use_all_reduce_for_fetch_params", false}}, all_reduce_fetch);

@@ -16,6 +16,7 @@
 #include "zero/gradient_scaling.h"
 #include "zero/stage3/init_shard.h"
 #include "zero/stage3/quantized_reduce.h"
+#include "zero/stage3/unit_granularity.h"
 #include "zero/tensor_facts.h"
 
 namespace deepspeed {
@@ -27,10 +28,15 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
       in_flight_(options.reduction.overlap ? kMaxBucketsInFlight : 0) {
   param_dtype_ = options_.param_dtype;
   comm_dtype_ = dtype_from_config(options_.reduction.comm_dtype, param_dtype_);
-  modules_ = find_units(model);
+  FetchUnits fetch = choose_fetch_units(model, options_.zero.stage3_module_granularity_threshold);
+  if (ctx_.rank() == 0)  // one write: ranks sharing a terminal must not interleave mid-line
+    std::cerr << describe_fetch_units(fetch, options_.zero.stage3_module_granularity_threshold);
+  modules_ = fetch.units;
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
   const auto owners = parameter_units(model, modules_);
   layout_ = make_stage3_layout(modules_, trainable, ctx_.world_size(), options_.zero, &owners);
+  for (size_t u = 0; u < modules_.size(); ++u)
+    layout_.units[u + 1].folded = std::move(fetch.folded[u]);
   params_ = std::make_unique<offload::ParamStore>(layout_, param_dtype_, options_.zero, options_.aio,
                                                   ctx_.device);
   zeropp_ = resolve_zeropp(options_.zero, ctx_.world_size());
@@ -81,6 +87,7 @@ Stage3::~Stage3() {
 // (while they still have their full shape: the gradient accumulator records it) and releases them.
 void Stage3::partition_unit(int u) {
   const auto& slots = layout_.units[u];
+  for (auto* folded : slots.folded) restore_init_shard(*folded, *ctx_.comm, ctx_.device);
   if (slots.module) restore_init_shard(*slots.module, *ctx_.comm, ctx_.device);
   torch::NoGradGuard no_grad;
   const auto& L = slots.layout;

@@ -30,6 +30,10 @@ namespace zero {
 
 struct UnitSlots {
   ZeroUnitBase* module = nullptr;  // nullptr for the root unit
+  // ZeroUnits folded into this one by stage3_module_granularity_threshold (unit_granularity.h):
+  // not attached, they run as plain modules inside this unit's forward; their parameters are
+  // this unit's, and their zero::Init slices are adopted with it.
+  std::vector<ZeroUnitBase*> folded;
   std::vector<at::Tensor> params;  // trainable parameters, in registration order
   std::vector<std::vector<int64_t>> shapes;
   std::vector<int64_t> offsets;    // first element of each parameter in the unit's flat buffer
@@ -57,9 +61,10 @@ std::unordered_map<const c10::TensorImpl*, int> parameter_units(
     torch::nn::Module& model, const std::vector<ZeroUnitBase*>& units);
 
 // `trainable`: the parameters with requires_grad, in registration order. Shapes come from the
-// parameters, or from a unit's zero::Init shard for parameters it holds partitioned. `owners`
-// (parameter_units): where each parameter goes; without it, the units alone decide (the
-// innermost unit holding it), which cannot see a module outside the units registering it too.
+// parameters, or from the zero::Init shard of a unit (or of a unit folded into it) for
+// parameters it holds partitioned. `owners` (parameter_units): where each parameter goes;
+// without it, the units alone decide (the innermost unit holding it), which cannot see a module
+// outside the units registering it too.
 Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const std::vector<at::Tensor>& trainable, int world_size,
                                 const ZeroConfig& config,

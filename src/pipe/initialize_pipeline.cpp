@@ -199,7 +199,11 @@ std::shared_ptr<PipelineEngine> initialize_pipeline(PipelineInitializeArgs args)
   if (tensor > 1) checkpointing::set_model_parallel_group(rt->topology->tensor_parallel());
   rt->pipe = rt->topology->pipe_parallel();
   rt->stage = rt->topology->coordinates().pipe;
-  rt->link = std::make_unique<StageLink>(rt->pipe, rt->stage, args.dynamic_shape);
+  LinkSlicing slicing;
+  if (tensor > 1) slicing.tensor_group = rt->topology->tensor_parallel();
+  slicing.activations = config.pipeline.pipe_partitioned;
+  slicing.gradients = config.pipeline.grad_partitioned;
+  rt->link = std::make_unique<StageLink>(rt->pipe, rt->stage, args.dynamic_shape, slicing);
 
   build_stage_layers(*rt, config, world->rank() == 0);
   tp::check_split_layers(*rt->module, args.topology.get(),

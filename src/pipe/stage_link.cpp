@@ -1,9 +1,11 @@
-// StageLink: activations and gradients between neighbouring stages (stage_link.h), and the
-// shape metadata message that lets the receiver of an activation allocate it.
+// StageLink: activations and gradients between neighbouring stages (stage_link.h), the shape
+// metadata message that lets the receiver of an activation allocate it, and the slicing over the
+// tensor group (pipe_partitioned / grad_partitioned).
 #include "pipe/stage_link.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 
 #include "deepspeed/errors.h"
@@ -36,10 +38,56 @@ void recv_meta(comm::Communicator& c, int src, std::vector<int64_t>& shape, at::
   for (int64_t i = 0; i < ndim; ++i) shape.push_back(meta[2 + i].item<int64_t>());
 }
 
+// Elements of each of `parts` equal slices of n (the last padded with zeros), as DeepSpeed's
+// PartitionedTensor cuts a flat tensor.
+int64_t slice_numel(int64_t n, int parts) { return (n + parts - 1) / parts; }
+
 }  // namespace
 
-StageLink::StageLink(comm::CommunicatorPtr pipe, int stage, bool dynamic_shape)
-    : pipe_(std::move(pipe)), stage_(stage), dynamic_shape_(dynamic_shape) {}
+StageLink::StageLink(comm::CommunicatorPtr pipe, int stage, bool dynamic_shape,
+                     LinkSlicing slicing)
+    : pipe_(std::move(pipe)), stage_(stage), dynamic_shape_(dynamic_shape),
+      slicing_(std::move(slicing)) {
+  if (!slicing_.tensor_group || slicing_.tensor_group->world_size() == 1)
+    slicing_.activations = slicing_.gradients = false;
+}
+
+void StageLink::send(at::Tensor t, int dst, bool sliced) {
+  if (!sliced) {
+    pipe_->send(t, dst)->wait();
+    return;
+  }
+  const auto& group = *slicing_.tensor_group;
+  const int64_t n = t.numel(), per = slice_numel(n, group.world_size());
+  const int64_t begin = std::min(n, per * group.rank()), end = std::min(n, begin + per);
+  at::Tensor slice = t.reshape({-1}).narrow(0, begin, end - begin);
+  if (end - begin < per) {  // the padded last slice
+    at::Tensor padded = torch::zeros({per}, t.options());
+    padded.narrow(0, 0, end - begin).copy_(slice);
+    slice = padded;
+  }
+  slice = slice.contiguous();
+  pipe_->send(slice, dst)->wait();
+}
+
+void StageLink::recv(at::Tensor& out, int src, bool sliced) {
+  if (!sliced) {
+    pipe_->recv(out, src)->wait();
+    return;
+  }
+  auto& group = *slicing_.tensor_group;
+  const int64_t n = out.numel(), per = slice_numel(n, group.world_size());
+  at::Tensor slice = torch::empty({per}, out.options());
+  pipe_->recv(slice, src)->wait();
+  if (per * group.world_size() == n) {  // straight into `out`
+    at::Tensor flat = out.view({-1});
+    group.all_gather(flat, slice)->wait();
+    return;
+  }
+  at::Tensor whole = torch::empty({per * group.world_size()}, out.options());
+  group.all_gather(whole, slice)->wait();
+  out.view({-1}).copy_(whole.narrow(0, 0, n));
+}
 
 void StageLink::send_activation(const at::Tensor& output) {
   at::Tensor t = output.detach().contiguous();
@@ -56,7 +104,7 @@ void StageLink::send_activation(const at::Tensor& output) {
                 "Set it for micro-batches of changing shape (a short last micro-batch of an "
                 "epoch with dataloader_drop_last false, sequences of changing length)");
   }
-  pipe_->send(t, stage_ + 1)->wait();
+  send(t, stage_ + 1, slicing_.activations);
 }
 
 at::Tensor StageLink::recv_activation(const c10::Device& device) {
@@ -65,19 +113,18 @@ at::Tensor StageLink::recv_activation(const c10::Device& device) {
     have_recv_meta_ = true;
   }
   at::Tensor t = torch::empty(recv_shape_, at::TensorOptions().dtype(recv_dtype_).device(device));
-  pipe_->recv(t, stage_ - 1)->wait();
+  recv(t, stage_ - 1, slicing_.activations);
   return t;
 }
 
 at::Tensor StageLink::recv_grad(const at::Tensor& output) {
   at::Tensor g = torch::empty_like(output, at::MemoryFormat::Contiguous);
-  pipe_->recv(g, stage_ + 1)->wait();
+  recv(g, stage_ + 1, slicing_.gradients);
   return g;
 }
 
 void StageLink::send_grad(const at::Tensor& grad) {
-  at::Tensor g = grad.contiguous();
-  pipe_->send(g, stage_ - 1)->wait();
+  send(grad.contiguous(), stage_ - 1, slicing_.gradients);
 }
 
 }  // namespace pipe

@@ -33,6 +33,7 @@ constexpr double kClip = 0.05;  // far below this model's gradient norm: every s
 
 struct Trained {
   std::vector<std::vector<double>> losses, norms;  // per rank, per step
+  std::vector<int64_t> sent_bytes;                 // per rank: sends between stages
 };
 
 // The same layers as one module, ZeRO stage 0 at world 4 (pipeline_test.cpp's reference).
@@ -69,6 +70,7 @@ Trained pipeline(int stages, int tensor, int zero, bool tied,
   Trained out;
   out.losses.resize(kWorld);
   out.norms.resize(kWorld);
+  out.sent_bytes.resize(kWorld);
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
     auto topology = std::make_shared<deepspeed::comm::Topology>(
         comm, deepspeed::comm::TopologySizes{stages, tensor});
@@ -90,6 +92,7 @@ Trained pipeline(int stages, int tensor, int zero, bool tied,
       out.losses[comm->rank()].push_back(engine->train_batch(next));
       out.norms[comm->rank()].push_back(engine->get_global_grad_norm());
     }
+    out.sent_bytes[comm->rank()] = topology->pipe_parallel()->stats()["send"].bytes;
   });
   return out;
 }
@@ -121,6 +124,31 @@ TEST(PipelineTensorParallel, PipeTwoTensorTwoMatchesStage0AtWorld4) {
   expect_matches(pipeline(2, 2, 1, false), ref, "pipe 2 x tensor 2 x data 1, ZeRO-1");
   // The topology path without tensor parallelism still trains pipe x data as before.
   expect_matches(pipeline(2, 1, 1, false), ref, "pipe 2 x tensor 1 x data 2, ZeRO-1");
+}
+
+// pipe_partitioned / grad_partitioned (on by default, as DeepSpeed's): each tensor rank sends
+// half of every activation and gradient between the stages and the receiving stage all-gathers
+// them over its tensor group. The activations and gradients crossing a stage boundary are the
+// same on both tensor ranks, so training is bit for bit that of whole sends, at half the bytes.
+TEST(PipelineTensorParallel, SlicedSendsBetweenStagesTrainAsWholeOnes) {
+  const Trained sliced = pipeline(2, 2, 1, false);
+  const Trained whole = pipeline(
+      2, 2, 1, false, {{"pipeline", {{"pipe_partitioned", false}, {"grad_partitioned", false}}}});
+  const Trained activations_only =
+      pipeline(2, 2, 1, false, {{"pipeline", {{"grad_partitioned", false}}}});
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_EQ(sliced.losses[rank], whole.losses[rank]) << "rank " << rank;
+    EXPECT_EQ(activations_only.losses[rank], whole.losses[rank]) << "rank " << rank;
+    // Stage 0 sends activations, stage 1 gradients: each half (stage 0 also its shape message).
+    EXPECT_GT(whole.sent_bytes[rank], 0) << "rank " << rank;
+    EXPECT_LT(sliced.sent_bytes[rank], 0.55 * whole.sent_bytes[rank]) << "rank " << rank;
+  }
+  for (int rank = 0; rank < kWorld; ++rank)
+    std::printf("rank %d sent %lld bytes to its neighbour stage whole, %lld sliced, %lld with "
+                "only the activations sliced\n",
+                rank, static_cast<long long>(whole.sent_bytes[rank]),
+                static_cast<long long>(sliced.sent_bytes[rank]),
+                static_cast<long long>(activations_only.sent_bytes[rank]));
 }
 
 // The embedding (split by vocabulary) is tied to the head across the first and last stage: its

@@ -92,6 +92,9 @@ class ZeroUnitBase : public torch::nn::Module {
   int id_ = -1;
   std::shared_ptr<torch::nn::Module> inner_;
   std::shared_ptr<zero::InitShard> shard_;  // set while zero::Init holds only this rank's slice
+  // Set when the stage-3 engine that partitioned this unit is destroyed: its released parameters
+  // (numel 0) cannot be rebuilt by another engine, which refuses them naming one.
+  bool partitioned_by_ended_engine_ = false;
 };
 
 namespace detail {

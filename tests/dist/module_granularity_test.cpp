@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <optional>
+#include <string>
 
 #include "deepspeed/zero_init.h"
 #include "support/expect.h"
+#include "support/files.h"
 #include "support/ranks.h"
 #include "support/stage3_models.h"
 #include "support/training_run.h"
@@ -91,7 +94,16 @@ struct TrainingRun {
 // leaf; its outermost units, the blocks, stay units and the Mlps in them fold into them.
 constexpr int64_t kFoldAll = 100000;
 
-TrainingRun train(bool nested, int64_t threshold, bool under_init = false) {
+// `resume`: train the first `resume->at` steps at `resume->threshold`, save, and go on in a new
+// engine at `threshold` from that checkpoint.
+struct Resume {
+  int64_t threshold;
+  int at;
+  std::string dir;
+};
+
+TrainingRun train(bool nested, int64_t threshold, bool under_init = false,
+                  const std::optional<Resume>& resume = std::nullopt) {
   auto config = dstest::stage3_test_config(3);
   config["zero_optimization"]["stage3_module_granularity_threshold"] = threshold;
   TrainingRun run;
@@ -102,10 +114,28 @@ TrainingRun train(bool nested, int64_t threshold, bool under_init = false) {
       deepspeed::zero::Init init(comm, under_init);
       model = std::make_shared<ModelImpl>(nested);
     }
-    auto engine = dstest::engine_over(model, config, comm);
-    engine->communicator()->reset_stats();
     std::vector<double> losses;
-    for (int64_t step = 0; step < kSteps; ++step) {
+    int64_t first = 0;
+    if (resume) {
+      auto before = config;
+      before["zero_optimization"]["stage3_module_granularity_threshold"] = resume->threshold;
+      auto engine = dstest::engine_over(model, before, comm);
+      for (; first < resume->at; ++first) {
+        auto b = dstest::token_batch(comm->rank(), first);
+        engine->backward(engine->forward(b.idx, b.targets));
+        engine->step();
+        losses.push_back(engine->last_loss());
+      }
+      engine->save_checkpoint(resume->dir);
+      // A released unit cannot be partitioned again by another engine: a new model, whose
+      // values load_checkpoint replaces.
+      deepspeed::zero::Init init(comm, under_init);
+      model = std::make_shared<ModelImpl>(nested);
+    }
+    auto engine = dstest::engine_over(model, config, comm);
+    if (resume) engine->load_checkpoint(resume->dir);
+    engine->communicator()->reset_stats();
+    for (int64_t step = first; step < kSteps; ++step) {
       auto b = dstest::token_batch(comm->rank(), step);
       engine->backward(engine->forward(b.idx, b.targets));
       engine->step();
@@ -159,6 +189,21 @@ TEST(ModuleGranularity, UnitsPartitionedByZeroInitFoldFromTheirSlices) {
   EXPECT_EQ(init.gathers, folded.gathers);
   EXPECT_EQ(init.losses, folded.losses);
   EXPECT_TRUE(dstest::bit_identical(init.weights, folded.weights));
+}
+
+TEST(ModuleGranularity, ACheckpointResumesUnderAnotherThreshold) {
+  // Saved with every unit on its own, resumed with the Mlps folded into their blocks (and back):
+  // the checkpoint's per-element fragments load into either layout, and training goes on as the
+  // uninterrupted run's (which gathers differently but computes the same).
+  const TrainingRun fine = train(/*nested=*/true, 0);
+  dstest::TempDir dir_a, dir_b;
+  const TrainingRun to_folded = train(/*nested=*/true, kFoldAll, false, Resume{0, 2, dir_a.path()});
+  const TrainingRun to_fine = train(/*nested=*/true, 0, false, Resume{kFoldAll, 2, dir_b.path()});
+  ASSERT_EQ(to_folded.losses.size(), fine.losses.size());
+  for (size_t i = 0; i < fine.losses.size(); ++i) {
+    EXPECT_NEAR(to_folded.losses[i], fine.losses[i], 1e-6 * std::abs(fine.losses[i])) << i;
+    EXPECT_NEAR(to_fine.losses[i], fine.losses[i], 1e-6 * std::abs(fine.losses[i])) << i;
+  }
 }
 
 }  // namespace module_granularity_test

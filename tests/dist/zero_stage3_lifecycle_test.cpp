@@ -674,6 +674,28 @@ TEST(Stage3Memory, ModelStatesAreSixteenPsiOverN) {
   }
 }
 
+// A stage-3 engine releases its units' parameters; when it is destroyed their slices go with it.
+// A second engine over the same model is refused naming an empty parameter (it used to partition
+// the empty tensors and fail later, in forward or load_checkpoint, far from the cause).
+TEST(Stage3Init, ASecondEngineOverAModelAnEndedEngineReleasedIsRefused) {
+  run_ranks(2, [](deepspeed::comm::CommunicatorPtr comm) {
+    auto model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+    auto config = dstest::base_config(2, 1, 3);
+    config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    dstest::engine_over(model, config, comm).reset();  // built and destroyed
+    const std::string msg = dstest::message_of<deepspeed::ConfigError>(
+        [&] { dstest::engine_over(model, config, comm); });
+    EXPECT_CONTAINS(msg, "parameter 'block0.");
+    EXPECT_CONTAINS(msg, "a stage-3 engine that has been destroyed partitioned this model");
+    // A model built again trains.
+    model = std::make_shared<gpt::GPTImpl>(gpt::GPTConfig{256, 16, 2, 2, 32});
+    auto engine = dstest::engine_over(model, config, comm);
+    auto idx = torch::randint(256, {2, 16}, torch::kLong);
+    engine->backward(engine->forward(idx, idx));
+    engine->step();
+  });
+}
+
 // Units nested in a LayerList: the consolidated dict has every name, in named_parameters() order,
 // with the values the whole-model scope shows.
 TEST(Stage3Access, ConsolidatedStateDictWalksIntoContainers) {

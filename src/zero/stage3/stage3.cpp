@@ -28,6 +28,7 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
       in_flight_(options.reduction.overlap ? kMaxBucketsInFlight : 0) {
   param_dtype_ = options_.param_dtype;
   comm_dtype_ = dtype_from_config(options_.reduction.comm_dtype, param_dtype_);
+  refuse_units_of_an_ended_engine(model);
   FetchUnits fetch = choose_fetch_units(model, options_.zero.stage3_module_granularity_threshold);
   if (ctx_.rank() == 0)  // one write: ranks sharing a terminal must not interleave mid-line
     std::cerr << describe_fetch_units(fetch, options_.zero.stage3_module_granularity_threshold);
@@ -79,8 +80,34 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
 
 Stage3::~Stage3() {
   hooks_.clear();
+  for (size_t u = 1; u < layout_.units.size(); ++u) {
+    auto& slots = layout_.units[u];
+    detail::ZeroUnitAccess::partitioned_by_ended_engine(*slots.module) = true;
+    for (auto* folded : slots.folded)
+      detail::ZeroUnitAccess::partitioned_by_ended_engine(*folded) = true;
+  }
   for (auto* m : modules_) attach_unit(*m, nullptr, -1);
   for (auto& b : buckets_) wait_quietly(b.work);
+}
+
+// A unit an earlier stage-3 engine partitioned holds only empty parameters once that engine is
+// gone (its slices went with it); partitioning them again would build a model of empty tensors,
+// which fails later, far from the cause. Every rank sees the same, so every rank throws.
+void Stage3::refuse_units_of_an_ended_engine(torch::nn::Module& model) {
+  for (auto* unit : find_units(model)) {
+    if (!detail::ZeroUnitAccess::partitioned_by_ended_engine(*unit)) continue;
+    for (const auto& p : unit->parameters()) {
+      if (p.numel() != 0) continue;
+      std::string name = "?";
+      for (const auto& kv : model.named_parameters())
+        if (kv.value().is_same(p)) name = kv.key();
+      throw ConfigError("zero_optimization.stage 3: parameter '" + name +
+                        "' is empty: a stage-3 engine that has been destroyed partitioned this "
+                        "model, and its slices went with it. Build the model again for a new "
+                        "engine (load_checkpoint restores the trained values), or keep the first "
+                        "engine");
+    }
+  }
 }
 
 // Copies this rank's slice of unit u into the partition buffer, hooks its parameters' gradients

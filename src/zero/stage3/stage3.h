@@ -111,6 +111,7 @@ class Stage3 : public ZeroStage {
     comm::WorkPtr work;
   };
   void make_buckets();
+  void refuse_units_of_an_ended_engine(torch::nn::Module& model);
   void partition_unit(int u);
   void on_grad_ready(int u, size_t i);
   // The launch order's position `position` (BucketOrder's bucket) is buckets_[size - 1 - position].

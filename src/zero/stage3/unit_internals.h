@@ -49,6 +49,9 @@ struct ZeroUnitAccess {
   static int id(const ZeroUnitBase& unit) { return unit.id_; }
   static std::shared_ptr<zero::InitShard>& shard(ZeroUnitBase& unit) { return unit.shard_; }
   static zero::InitShard* shard(const ZeroUnitBase& unit) { return unit.shard_.get(); }
+  static bool& partitioned_by_ended_engine(ZeroUnitBase& unit) {
+    return unit.partitioned_by_ended_engine_;
+  }
 };
 }  // namespace detail
 

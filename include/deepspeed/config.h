@@ -77,6 +77,17 @@ struct OffloadConfig {
   bool enabled() const { return device != "none"; }
 };
 
+// zero_optimization.leaf_module (DeepSpeed 0.18): modules stage 3 gathers whole, with every
+// ZeroUnit under them (docs/zero3.md, "Fewer, larger gathers"). Each entry may match any module.
+struct LeafModuleConfig {
+  // C++ type names, with or without namespaces and "Impl": "gpt::MLPImpl", "MLPImpl", "MLP". A
+  // ZeroUnit matches by the module it wraps too.
+  std::vector<std::string> classes;
+  std::vector<std::string> names;          // qualified module names: "block0.mlp"
+  std::vector<std::string> name_suffixes;  // the end of a qualified name: "mlp" or ".mlp"
+  bool empty() const { return classes.empty() && names.empty() && name_suffixes.empty(); }
+};
+
 struct ZeroConfig {
   int stage = 0;                                  // 0 off, 1 optimizer states, 2 +gradients, 3 +params
   bool contiguous_gradients = true;
@@ -100,6 +111,7 @@ struct ZeroConfig {
   // Units nested in a module of at most this many parameters per layer are gathered with the
   // unit around them (docs/zero3.md, "Fewer, larger gathers"); 0: every ZeroUnit on its own.
   int64_t stage3_module_granularity_threshold = 0;
+  LeafModuleConfig leaf_module;
   bool ignore_unused_parameters = true;
   bool round_robin_gradients = false;
   // deepspeed.cpp's own key: the gradient partition (stages 2 and 3, on the compute device) is

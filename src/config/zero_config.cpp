@@ -117,6 +117,28 @@ void read_buckets(ObjectReader& r, ZeroConfig& z) {
   require_positive(r.path_of("sub_group_size"), static_cast<double>(z.sub_group_size));
 }
 
+// zero_optimization.leaf_module: lists of strings; one string stands for a list of one, as
+// DeepSpeed's validator coerces it. Strict, as DeepSpeed's pydantic model.
+void read_leaf_modules(ObjectReader& r, LeafModuleConfig& leaf) {
+  ObjectReader l = r.child("leaf_module");
+  auto list = [&l](const char* key, std::vector<std::string>& out) {
+    const json* v = l.find(key);
+    if (!v) return;
+    if (v->is_string()) {
+      out = {v->get<std::string>()};
+      return;
+    }
+    if (!v->is_array()) fail(l.path_of(key), *v, "a list of strings (or one string)");
+    out.clear();
+    for (size_t i = 0; i < v->size(); ++i)
+      out.push_back(to_string((*v)[i], l.path_of(key) + "[" + std::to_string(i) + "]"));
+  };
+  list("classes", leaf.classes);
+  list("names", leaf.names);
+  list("name_suffixes", leaf.name_suffixes);
+  l.finish(UnknownKeys::kError);
+}
+
 void read_stage3(ObjectReader& r, ZeroConfig& z) {
   read_aliased_size(r, "stage3_prefetch_bucket_size", "prefetch_bucket_size",
                      z.stage3_prefetch_bucket_size);
@@ -135,6 +157,7 @@ void read_stage3(ObjectReader& r, ZeroConfig& z) {
                z.stage3_gather_16bit_weights_on_model_save);
   read_aliased_count(r, "stage3_module_granularity_threshold", "module_granularity_threshold",
                      z.stage3_module_granularity_threshold);
+  read_leaf_modules(r, z.leaf_module);
   bool all_reduce_fetch = false;
   read_aliased(r, "stage3_use_all_reduce_for_fetch_params",
                {{"use_all_reduce_for_fetch_params", false}}, all_reduce_fetch);

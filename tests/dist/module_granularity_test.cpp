@@ -103,9 +103,11 @@ struct Resume {
 };
 
 TrainingRun train(bool nested, int64_t threshold, bool under_init = false,
-                  const std::optional<Resume>& resume = std::nullopt) {
+                  const std::optional<Resume>& resume = std::nullopt,
+                  const nlohmann::json& zero_patch = nlohmann::json::object()) {
   auto config = dstest::stage3_test_config(3);
   config["zero_optimization"]["stage3_module_granularity_threshold"] = threshold;
+  config["zero_optimization"].merge_patch(zero_patch);
   TrainingRun run;
   std::mutex mu;
   run_ranks(kWorld, [&](deepspeed::comm::CommunicatorPtr comm) {
@@ -171,6 +173,21 @@ TEST(ModuleGranularity, FoldedUnitsTrainAsTheModelWrappedByHand) {
   ASSERT_EQ(fine.losses.size(), folded.losses.size());
   for (size_t i = 0; i < fine.losses.size(); ++i)
     EXPECT_NEAR(fine.losses[i], folded.losses[i], 1e-6 * std::abs(fine.losses[i]));
+}
+
+// zero_optimization.leaf_module names the blocks (by the type the units wrap, or by name): the
+// same folding as the threshold's.
+TEST(ModuleGranularity, LeafModulesNamedInTheConfigFoldAsTheThresholdDoes) {
+  const TrainingRun by_hand = train(/*nested=*/false, 0);
+  const TrainingRun by_type =
+      train(/*nested=*/true, 0, false, std::nullopt, {{"leaf_module", {{"classes", {"Block"}}}}});
+  const TrainingRun by_name = train(/*nested=*/true, 0, false, std::nullopt,
+                                    {{"leaf_module", {{"names", {"block0", "block1"}}}}});
+  for (const TrainingRun* run : {&by_type, &by_name}) {
+    EXPECT_EQ(run->losses, by_hand.losses);
+    EXPECT_TRUE(dstest::bit_identical(run->weights, by_hand.weights));
+    EXPECT_EQ(run->gathers, by_hand.gathers);
+  }
 }
 
 TEST(ModuleGranularity, BelowEveryGranularityEveryUnitStays) {

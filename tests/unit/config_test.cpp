@@ -586,6 +586,31 @@ TEST(ConfigErrors, ZeroAllgatherBucketSizeIsRefusedNamingTheKey) {
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 0);
 }
 
+// zero_optimization.leaf_module (DeepSpeed 0.18's DeepSpeedZeroLeafModuleConfig): lists of
+// strings, one string as a list of one; other keys and types refused naming the path.
+TEST(ConfigZero, LeafModuleListsAndStrictKeys) {
+  Config c = parse_config(
+      with({{"zero_optimization",
+             {{"stage", 3},
+              {"leaf_module",
+               {{"classes", {"gpt::MLPImpl", "Block"}}, {"names", "block0.attn"}}}}}}),
+      1);
+  EXPECT_EQ(c.zero_optimization.leaf_module.classes,
+            (std::vector<std::string>{"gpt::MLPImpl", "Block"}));
+  EXPECT_EQ(c.zero_optimization.leaf_module.names, (std::vector<std::string>{"block0.attn"}));
+  EXPECT_TRUE(c.zero_optimization.leaf_module.name_suffixes.empty());
+  EXPECT_TRUE(parse_config(with(json::object()), 1).zero_optimization.leaf_module.empty());
+  EXPECT_CONTAINS(
+      error_of(with({{"zero_optimization", {{"leaf_module", {{"classes", 3}}}}}})),
+      "'zero_optimization.leaf_module.classes' has value 3; expected a list of strings");
+  EXPECT_CONTAINS(
+      error_of(with({{"zero_optimization", {{"leaf_module", {{"names", {"a", 1}}}}}}})),
+      "zero_optimization.leaf_module.names[1]");
+  EXPECT_CONTAINS(
+      error_of(with({{"zero_optimization", {{"leaf_module", {{"clases", {"a"}}}}}}})),
+      "zero_optimization.leaf_module.clases");
+}
+
 TEST(ConfigErrors, OtherRanges) {
   EXPECT_CONTAINS(error_of(with({{"comm_timeout_seconds", 0}})), "'comm_timeout_seconds'");
   EXPECT_CONTAINS(error_of(with({{"fp16", {{"hysteresis", 0}}}})), "'fp16.hysteresis'");

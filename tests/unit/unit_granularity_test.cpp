@@ -170,4 +170,51 @@ TEST(UnitGranularity, ContainersAreNeverLeaves) {
   EXPECT_EQ(f.units.size(), 2u);
 }
 
+namespace {
+deepspeed::zero::LeafRules named(std::vector<std::string> classes, std::vector<std::string> names,
+                                 std::vector<std::string> suffixes) {
+  deepspeed::zero::LeafRules rules;
+  rules.modules.classes = std::move(classes);
+  rules.modules.names = std::move(names);
+  rules.modules.name_suffixes = std::move(suffixes);
+  return rules;
+}
+}  // namespace
+
+TEST(UnitGranularity, LeafModulesNamedByTypeFoldTheUnitsInThem) {
+  // A ZeroUnit matches by the module it wraps: with and without namespace and "Impl".
+  for (const std::string type :
+       {"unit_granularity_test::(anonymous namespace)::BlockImpl", "BlockImpl", "Block"}) {
+    Model m;
+    FetchUnits f = choose_fetch_units(m, named({type}, {}, {}));
+    EXPECT_EQ(f.leaves, (std::vector<std::string>{"block0", "block1"})) << type;
+    EXPECT_EQ(f.units.size(), 2u) << type;
+    EXPECT_TRUE(f.unmatched.empty()) << type;
+  }
+}
+
+TEST(UnitGranularity, LeafModulesNamedByNameOrSuffix) {
+  Model m;
+  FetchUnits f = choose_fetch_units(m, named({}, {"block1"}, {}));
+  EXPECT_EQ(f.leaves, (std::vector<std::string>{"block1"}));
+  EXPECT_EQ(f.units.size(), 4u);  // block0 and its two, block1 with its two folded
+  f = choose_fetch_units(m, named({}, {}, {"0"}));  // "block0"
+  EXPECT_EQ(f.leaves, (std::vector<std::string>{"block0"}));
+  EXPECT_EQ(describe_fetch_units(f, named({}, {}, {"0"})),
+            "[deepspeed] leaf_module: 1 leaf module ('block0'); 2 ZeroUnits folded into the unit "
+            "around them, 4 gathered on their own\n");
+}
+
+TEST(UnitGranularity, ALeafModuleEntryThatMatchesNothingIsWarnedAbout) {
+  Model m;
+  const auto rules = named({"Mixtral"}, {"block9"}, {"block1"});
+  FetchUnits f = choose_fetch_units(m, rules);
+  EXPECT_EQ(f.unmatched, (std::vector<std::string>{"classes 'Mixtral'", "names 'block9'"}));
+  const std::string said = describe_fetch_units(f, rules);
+  EXPECT_CONTAINS(said,
+                  "warning: zero_optimization.leaf_module classes 'Mixtral' matches no module");
+  EXPECT_CONTAINS(said, "warning: zero_optimization.leaf_module names 'block9' matches no module");
+  EXPECT_CONTAINS(said, "1 leaf module ('block1')");
+}
+
 }  // namespace unit_granularity_test

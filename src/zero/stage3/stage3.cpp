@@ -29,9 +29,11 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   param_dtype_ = options_.param_dtype;
   comm_dtype_ = dtype_from_config(options_.reduction.comm_dtype, param_dtype_);
   refuse_units_of_an_ended_engine(model);
-  FetchUnits fetch = choose_fetch_units(model, options_.zero.stage3_module_granularity_threshold);
+  const LeafRules leaf_rules{options_.zero.stage3_module_granularity_threshold,
+                             options_.zero.leaf_module};
+  FetchUnits fetch = choose_fetch_units(model, leaf_rules);
   if (ctx_.rank() == 0)  // one write: ranks sharing a terminal must not interleave mid-line
-    std::cerr << describe_fetch_units(fetch, options_.zero.stage3_module_granularity_threshold);
+    std::cerr << describe_fetch_units(fetch, leaf_rules);
   modules_ = fetch.units;
   for (size_t k = 0; k < trainable.size(); ++k) param_index_[trainable[k].unsafeGetTensorImpl()] = k;
   const auto owners = parameter_units(model, modules_);

@@ -34,6 +34,78 @@ bool is_container(const torch::nn::Module& m) {
          dynamic_cast<const LayerListImpl*>(&m);
 }
 
+// The type name without namespaces (at template depth 0): "deepspeed::ZeroUnit<gpt::Block>" ->
+// "ZeroUnit<gpt::Block>".
+std::string short_type(const std::string& full) {
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i + 1 < full.size(); ++i) {
+    if (full[i] == '<') ++depth;
+    if (full[i] == '>') --depth;
+    if (depth == 0 && full[i] == ':' && full[i + 1] == ':') start = i + 2;
+  }
+  return full.substr(start);
+}
+
+bool type_is(const torch::nn::Module& m, const std::string& wanted) {
+  const std::string full = m.name(), brief = short_type(full);
+  const bool impl = brief.size() > 4 && brief.compare(brief.size() - 4, 4, "Impl") == 0;
+  return wanted == full || wanted == brief || (impl && wanted == brief.substr(0, brief.size() - 4));
+}
+
+// zero_optimization.leaf_module's entries, matched against a module and its qualified name.
+class LeafNames {
+ public:
+  explicit LeafNames(const LeafModuleConfig& c) : c_(c) {}
+
+  bool match(const torch::nn::Module& m, const std::string& name) const {
+    for (const auto& n : c_.names)
+      if (name == n) return true;
+    for (const auto& s : c_.name_suffixes)
+      if (!name.empty() && ends_with(name, s)) return true;
+    const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
+    for (const auto& t : c_.classes)
+      if (type_is(m, t) || (unit && unit->inner_module() && type_is(*unit->inner_module(), t)))
+        return true;
+    return false;
+  }
+
+  // Each entry no module of `model` matches, as "classes 'MLP'".
+  std::vector<std::string> unmatched(torch::nn::Module& model) const {
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (const auto& t : c_.classes) entries.emplace_back("classes", t);
+    for (const auto& n : c_.names) entries.emplace_back("names", n);
+    for (const auto& s : c_.name_suffixes) entries.emplace_back("name_suffixes", s);
+    std::vector<bool> hit(entries.size(), false);
+    std::function<void(torch::nn::Module&, const std::string&)> visit =
+        [&](torch::nn::Module& m, const std::string& name) {
+          for (size_t i = 0; i < entries.size(); ++i)
+            if (!hit[i]) hit[i] = match_one(m, name, entries[i].first, entries[i].second);
+          for (const auto& c : m.named_children())
+            visit(*c.value(), name.empty() ? c.key() : name + "." + c.key());
+        };
+    visit(model, "");
+    std::vector<std::string> out;
+    for (size_t i = 0; i < entries.size(); ++i)
+      if (!hit[i]) out.push_back(entries[i].first + " '" + entries[i].second + "'");
+    return out;
+  }
+
+ private:
+  static bool ends_with(const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  }
+  bool match_one(const torch::nn::Module& m, const std::string& name, const std::string& kind,
+                 const std::string& entry) const {
+    LeafModuleConfig one;
+    if (kind == "classes") one.classes = {entry};
+    if (kind == "names") one.names = {entry};
+    if (kind == "name_suffixes") one.name_suffixes = {entry};
+    return LeafNames(one).match(m, name);
+  }
+  const LeafModuleConfig& c_;
+};
+
 class Granularity {
  public:
   explicit Granularity(torch::nn::Module& model) : full_(partitioned_parameter_numels(model)) {}
@@ -84,10 +156,10 @@ class Granularity {
 };
 }  // namespace
 
-FetchUnits choose_fetch_units(torch::nn::Module& model, int64_t threshold) {
+FetchUnits choose_fetch_units(torch::nn::Module& model, const LeafRules& rules) {
   FetchUnits out;
   const std::vector<ZeroUnitBase*> all = find_units(model);
-  if (threshold <= 0) {
+  if (!rules.any()) {
     out.units = all;
     out.folded.resize(all.size());
     return out;
@@ -96,13 +168,16 @@ FetchUnits choose_fetch_units(torch::nn::Module& model, int64_t threshold) {
   g.measure(model, "");
   out.smallest_granularity = g.smallest;
   out.smallest_module = g.smallest_name;
+  const LeafNames named(rules.modules);
+  out.unmatched = named.unmatched(model);
 
-  // DeepSpeed's preorder: the first module on a path at or below the threshold is the leaf.
+  // DeepSpeed's preorder: the first module on a path named a leaf, or at or below the threshold,
+  // is the leaf.
   std::unordered_set<const torch::nn::Module*> leaves;
   std::function<void(torch::nn::Module&, const std::string&)> pick = [&](torch::nn::Module& m,
                                                                          const std::string& name) {
     if (g.total(m) == 0) return;
-    if (g.of(m) <= threshold) {
+    if (named.match(m, name) || (rules.threshold > 0 && g.of(m) <= rules.threshold)) {
       if (leaves.insert(&m).second) out.leaves.push_back(name);
       return;
     }
@@ -145,19 +220,31 @@ FetchUnits choose_fetch_units(torch::nn::Module& model, int64_t threshold) {
   return out;
 }
 
-std::string describe_fetch_units(const FetchUnits& fetch, int64_t threshold) {
-  if (threshold <= 0) return "";
-  const std::string key = "stage3_module_granularity_threshold " + std::to_string(threshold);
+std::string describe_fetch_units(const FetchUnits& fetch, const LeafRules& rules) {
+  if (!rules.any()) return "";
+  std::string said;
+  for (const auto& entry : fetch.unmatched)
+    said += "[deepspeed] warning: zero_optimization.leaf_module " + entry +
+            " matches no module of the model\n";
+  const std::string threshold_key =
+      "stage3_module_granularity_threshold " + std::to_string(rules.threshold);
   if (fetch.leaves.empty()) {
+    if (rules.threshold <= 0)
+      return said +
+             "[deepspeed] zero_optimization.leaf_module: no module with parameters is a "
+             "leaf; every ZeroUnit is gathered on its own\n";
     if (fetch.smallest_granularity == kNone)
-      return "[deepspeed] warning: " + key + ": no module has a granularity (no module with " +
-             "both parameters and submodules); every ZeroUnit is gathered on its own\n";
-    return "[deepspeed] warning: " + key + " is below the smallest module granularity, " +
+      return said + "[deepspeed] warning: " + threshold_key + ": no module has a granularity (no " +
+             "module with both parameters and submodules); every ZeroUnit is gathered on its own\n";
+    return said + "[deepspeed] warning: " + threshold_key +
+           " is below the smallest module granularity, " +
            std::to_string(fetch.smallest_granularity) + " (" +
            (fetch.smallest_module.empty() ? "the model" : "'" + fetch.smallest_module + "'") +
            "): no ZeroUnit is folded. Set it to at least " +
            std::to_string(fetch.smallest_granularity) + " to gather that module whole\n";
   }
+  std::string key = rules.threshold > 0 ? threshold_key : "";
+  if (!rules.modules.empty()) key += (key.empty() ? "" : " and ") + std::string("leaf_module");
   size_t folded = 0;
   for (const auto& f : fetch.folded) folded += f.size();
   std::string leaves;
@@ -167,7 +254,7 @@ std::string describe_fetch_units(const FetchUnits& fetch, int64_t threshold) {
         (i ? ", " : "") + (fetch.leaves[i].empty() ? "the model" : "'" + fetch.leaves[i] + "'");
   if (fetch.leaves.size() > shown)
     leaves += " and " + std::to_string(fetch.leaves.size() - shown) + " more";
-  return "[deepspeed] " + key + ": " + std::to_string(fetch.leaves.size()) + " leaf module" +
+  return said + "[deepspeed] " + key + ": " + std::to_string(fetch.leaves.size()) + " leaf module" +
          (fetch.leaves.size() == 1 ? "" : "s") + " (" + leaves + "); " + std::to_string(folded) +
          " ZeroUnit" + (folded == 1 ? "" : "s") + " folded into the unit around them, " +
          std::to_string(fetch.units.size()) + " gathered on their own\n";

@@ -13,6 +13,8 @@
 // itself a unit) that has a kept unit around it is folded into that unit, the innermost one. A
 // unit with no unit around it stays a unit (folding it would put it into the root unit, which is
 // never released: that changes memory, not the number of gathers).
+// zero_optimization.leaf_module (DeepSpeed's set_z3_leaf_modules, as config) names leaves
+// outright, by type or by name; the walk stops at them as at a leaf by granularity.
 #pragma once
 #include <torch/nn/module.h>
 
@@ -20,10 +22,18 @@
 #include <string>
 #include <vector>
 
+#include "deepspeed/config.h"
 #include "deepspeed/zero_unit.h"
 
 namespace deepspeed {
 namespace zero {
+
+// What makes a module a leaf.
+struct LeafRules {
+  int64_t threshold = 0;     // stage3_module_granularity_threshold (0: no granularity rule)
+  LeafModuleConfig modules;  // zero_optimization.leaf_module
+  bool any() const { return threshold > 0 || !modules.empty(); }
+};
 
 struct FetchUnits {
   std::vector<ZeroUnitBase*> units;                // kept, in find_units order
@@ -33,15 +43,24 @@ struct FetchUnits {
   // for the warning when the threshold is below it (nothing can become a leaf).
   int64_t smallest_granularity = INT64_MAX;
   std::string smallest_module;
+  // leaf_module entries that match no module of the model ("classes 'MLP'").
+  std::vector<std::string> unmatched;
 };
 
-// threshold 0: every unit kept (find_units(model)), nothing folded, no granularity computed.
-FetchUnits choose_fetch_units(torch::nn::Module& model, int64_t threshold);
+// Without rules: every unit kept (find_units(model)), nothing folded, no granularity computed.
+FetchUnits choose_fetch_units(torch::nn::Module& model, const LeafRules& rules);
+inline FetchUnits choose_fetch_units(torch::nn::Module& model, int64_t threshold) {
+  return choose_fetch_units(model, LeafRules{threshold, {}});
+}
 
-// What rank 0 says at initialize() (one line, ending in a newline): the units folded and the leaf
+// What rank 0 says at initialize() (lines ending in a newline): the units folded and the leaf
 // modules, or a warning when the threshold is below every module's granularity (the value it
-// needs, as DeepSpeed's warning). Empty for threshold 0.
-std::string describe_fetch_units(const FetchUnits& fetch, int64_t threshold);
+// needs, as DeepSpeed's warning), and one per leaf_module entry that matches nothing. Empty
+// without rules.
+std::string describe_fetch_units(const FetchUnits& fetch, const LeafRules& rules);
+inline std::string describe_fetch_units(const FetchUnits& fetch, int64_t threshold) {
+  return describe_fetch_units(fetch, LeafRules{threshold, {}});
+}
 
 }  // namespace zero
 }  // namespace deepspeed

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <iostream>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -14,6 +15,7 @@
 #include "config/json_reader.h"
 #include "device/out_of_memory.h"
 #include "monitor/training_monitor.h"
+#include "runtime/dump_state.h"
 #include "runtime/engine_state.h"
 #include "runtime/module_placement.h"
 #include "deepspeed/tp.h"
@@ -493,6 +495,10 @@ EngineStatePtr build_engine_state(BuildInput in) {
   s->monitor->attach({s->module, [raw] { return raw->stage->memory(); }, grid.world_size(),
                       grid.data_size(), grid.tensor_size()});
   s->monitor->mark_comms_start();
+  if (s->config.dump_state && world->rank() == 0) {
+    std::cout << describe_engine_state(*s);  // one write: ranks sharing a terminal
+    std::cout.flush();
+  }
   return s;
 }
 

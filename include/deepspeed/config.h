@@ -77,8 +77,9 @@ struct OffloadConfig {
   bool enabled() const { return device != "none"; }
 };
 
-// zero_optimization.leaf_module (DeepSpeed 0.18): modules stage 3 gathers whole, with every
-// ZeroUnit under them (docs/zero3.md, "Fewer, larger gathers"). Each entry may match any module.
+// zero_optimization.leaf_module (recent DeepSpeed releases): modules stage 3 gathers whole, with
+// every ZeroUnit under them (docs/zero3.md, "Fewer, larger gathers"). Each entry may match any
+// module.
 struct LeafModuleConfig {
   // C++ type names, with or without namespaces and "Impl": "gpt::MLPImpl", "MLPImpl", "MLP". A
   // ZeroUnit matches by the module it wraps too.

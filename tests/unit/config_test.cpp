@@ -586,7 +586,7 @@ TEST(ConfigErrors, ZeroAllgatherBucketSizeIsRefusedNamingTheKey) {
   EXPECT_EQ(c.zero_optimization.reduce_bucket_size, 0);
 }
 
-// zero_optimization.leaf_module (DeepSpeed 0.18's DeepSpeedZeroLeafModuleConfig): lists of
+// zero_optimization.leaf_module (DeepSpeed's DeepSpeedZeroLeafModuleConfig): lists of
 // strings, one string as a list of one; other keys and types refused naming the path.
 TEST(ConfigZero, LeafModuleListsAndStrictKeys) {
   Config c = parse_config(

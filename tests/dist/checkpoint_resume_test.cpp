@@ -157,11 +157,6 @@ void expect_one_loadable_checkpoint_under_rank_zeros_tag(const std::filesystem::
   EXPECT_EQ(loaded.load(), 2);
 }
 
-size_t occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
 }  // namespace
 
 // The default, "Warn" (DeepSpeed's too): the tag check does not refuse the save, rank 0 alone
@@ -172,7 +167,7 @@ TEST(CheckpointTag, DifferentTagsAcrossRanksWarnByDefault) {
   std::vector<std::string> errors;
   const std::string err = save_under_different_tags(dir / "ck", nullptr, errors);
   for (const auto& e : errors) EXPECT_EQ(e, "");
-  EXPECT_EQ(occurrences(err, "different tags"), 1u) << err;
+  EXPECT_EQ(dstest::occurrences(err, "different tags"), 1u) << err;
   EXPECT_CONTAINS(err,
                   "[deepspeed] WARNING: save_checkpoint: the ranks were given different tags "
                   "(rank 0: \"tag0\"); checkpoint.tag_validation is Warn: every rank saves "

@@ -19,12 +19,6 @@ namespace {
 
 const char* const kWarning = "unknown config key 'gradient_cliping'";
 
-size_t occurrences(const std::string& text, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 std::shared_ptr<gpt::GPTImpl> tiny_gpt() {
   static std::mutex mu;  // module construction draws from the global generator
   std::lock_guard<std::mutex> lock(mu);
@@ -42,7 +36,7 @@ TEST(ConfigRanks, AWarningIsPrintedOnceNotOncePerRank) {
         {.model = tiny_gpt(), .config_json = config, .comm = comm, .device = "cpu"});
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+  EXPECT_EQ(dstest::occurrences(err, kWarning), 1u) << err;
 }
 
 // Under tensor parallelism the engine's communicator is a data-parallel group, of which every
@@ -58,7 +52,7 @@ TEST(ConfigRanks, ATensorParallelJobPrintsItOnce) {
         {.model = tiny_gpt(), .config_json = config, .device = "cpu", .topology = topology});
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+  EXPECT_EQ(dstest::occurrences(err, kWarning), 1u) << err;
 }
 
 // Each pipeline stage builds its engine over its own data-parallel group, whose rank 0 is not
@@ -72,7 +66,7 @@ TEST(ConfigRanks, APipelinePrintsItOnce) {
     deepspeed::pipe::initialize_pipeline(args);
   });
   const std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(occurrences(err, kWarning), 1u) << err;
+  EXPECT_EQ(dstest::occurrences(err, kWarning), 1u) << err;
 }
 
 // A pipeline's micro-batches before the last accumulate in the parameters' .grad at every ZeRO
@@ -98,7 +92,7 @@ TEST(ConfigRanks, APipelinesWiderGradAccumDtypeIsWarnedAtEveryZeroStage) {
         }
       });
       const std::string err = ::testing::internal::GetCapturedStderr();
-      EXPECT_EQ(occurrences(err, "grad_accum_dtype = fp32 is not taken by a pipeline"),
+      EXPECT_EQ(dstest::occurrences(err, "grad_accum_dtype = fp32 is not taken by a pipeline"),
                 wider ? 1u : 0u)
           << "ZeRO-" << stage << "\n"
           << err;
@@ -125,7 +119,7 @@ TEST(ConfigRanks, AnAllReducingStage1WithOverlapStepAndNoPinnedMemoryIsWarnedOnc
           {.model = tiny_gpt(), .config_json = config, .comm = comm, .device = "cpu"});
     });
     const std::string err = ::testing::internal::GetCapturedStderr();
-    EXPECT_EQ(occurrences(err, warning), all_reducing ? 1u : 0u) << err;
+    EXPECT_EQ(dstest::occurrences(err, warning), all_reducing ? 1u : 0u) << err;
     if (all_reducing) EXPECT_CONTAINS(err, "accumulating wider than its parameters");
   }
 }

@@ -22,17 +22,12 @@ std::string printed_by_initialize(bool dump_state, int stage) {
   });
   return testing::internal::GetCapturedStdout();
 }
-
-size_t occurrences(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
 }  // namespace
 
 TEST(DumpState, PrintsTheEngineOnceOnRankZero) {
   const std::string out = printed_by_initialize(true, 3);
-  EXPECT_EQ(occurrences(out, "[deepspeed] dump_state: the engine after initialize()"), 1u) << out;
+  EXPECT_EQ(dstest::occurrences(out, "[deepspeed] dump_state: the engine after initialize()"), 1u)
+      << out;
   EXPECT_CONTAINS(out, "  world ........................ 2 = pipe 1 x data 2 x tensor 1\n");
   EXPECT_CONTAINS(out, "  zero_optimization.stage ...... 3\n");
   EXPECT_CONTAINS(out, "  train_batch_size ............. 12 = micro 2 x accumulation 3 x data 2\n");

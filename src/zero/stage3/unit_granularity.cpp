@@ -53,57 +53,56 @@ bool type_is(const torch::nn::Module& m, const std::string& wanted) {
   return wanted == full || wanted == brief || (impl && wanted == brief.substr(0, brief.size() - 4));
 }
 
-// zero_optimization.leaf_module's entries, matched against a module and its qualified name.
+bool ends_with(const std::string& s, const std::string& end) {
+  return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+}
+
+// One zero_optimization.leaf_module entry: its list ("classes", "names", "name_suffixes") and text.
+struct LeafEntry {
+  std::string kind, text;
+  // Whether the module `m`, named `name` in the model, is the one this entry names.
+  bool matches(const torch::nn::Module& m, const std::string& name) const {
+    if (kind == "names") return name == text;
+    if (kind == "name_suffixes") return !name.empty() && ends_with(name, text);
+    const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
+    const auto* inner = unit ? unit->inner_module().get() : nullptr;
+    return type_is(m, text) || (inner && type_is(*inner, text));
+  }
+};
+
+// Every entry of the config, and the ones no module of `model` matches (as "classes 'MLP'").
 class LeafNames {
  public:
-  explicit LeafNames(const LeafModuleConfig& c) : c_(c) {}
+  explicit LeafNames(const LeafModuleConfig& c) {
+    for (const auto& t : c.classes) entries_.push_back({"classes", t});
+    for (const auto& n : c.names) entries_.push_back({"names", n});
+    for (const auto& s : c.name_suffixes) entries_.push_back({"name_suffixes", s});
+  }
 
   bool match(const torch::nn::Module& m, const std::string& name) const {
-    for (const auto& n : c_.names)
-      if (name == n) return true;
-    for (const auto& s : c_.name_suffixes)
-      if (!name.empty() && ends_with(name, s)) return true;
-    const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
-    for (const auto& t : c_.classes)
-      if (type_is(m, t) || (unit && unit->inner_module() && type_is(*unit->inner_module(), t)))
-        return true;
+    for (const auto& e : entries_)
+      if (e.matches(m, name)) return true;
     return false;
   }
 
-  // Each entry no module of `model` matches, as "classes 'MLP'".
   std::vector<std::string> unmatched(torch::nn::Module& model) const {
-    std::vector<std::pair<std::string, std::string>> entries;
-    for (const auto& t : c_.classes) entries.emplace_back("classes", t);
-    for (const auto& n : c_.names) entries.emplace_back("names", n);
-    for (const auto& s : c_.name_suffixes) entries.emplace_back("name_suffixes", s);
-    std::vector<bool> hit(entries.size(), false);
+    std::vector<bool> hit(entries_.size(), false);
     std::function<void(torch::nn::Module&, const std::string&)> visit =
         [&](torch::nn::Module& m, const std::string& name) {
-          for (size_t i = 0; i < entries.size(); ++i)
-            if (!hit[i]) hit[i] = match_one(m, name, entries[i].first, entries[i].second);
+          for (size_t i = 0; i < entries_.size(); ++i)
+            hit[i] = hit[i] || entries_[i].matches(m, name);
           for (const auto& c : m.named_children())
             visit(*c.value(), name.empty() ? c.key() : name + "." + c.key());
         };
     visit(model, "");
     std::vector<std::string> out;
-    for (size_t i = 0; i < entries.size(); ++i)
-      if (!hit[i]) out.push_back(entries[i].first + " '" + entries[i].second + "'");
+    for (size_t i = 0; i < entries_.size(); ++i)
+      if (!hit[i]) out.push_back(entries_[i].kind + " '" + entries_[i].text + "'");
     return out;
   }
 
  private:
-  static bool ends_with(const std::string& s, const std::string& end) {
-    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
-  }
-  bool match_one(const torch::nn::Module& m, const std::string& name, const std::string& kind,
-                 const std::string& entry) const {
-    LeafModuleConfig one;
-    if (kind == "classes") one.classes = {entry};
-    if (kind == "names") one.names = {entry};
-    if (kind == "name_suffixes") one.name_suffixes = {entry};
-    return LeafNames(one).match(m, name);
-  }
-  const LeafModuleConfig& c_;
+  std::vector<LeafEntry> entries_;
 };
 
 class Granularity {

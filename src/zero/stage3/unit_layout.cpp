@@ -122,12 +122,13 @@ Stage3Layout make_stage3_layout(const std::vector<ZeroUnitBase*>& units,
                                 const std::unordered_map<const c10::TensorImpl*, int>* owners_in) {
   std::unordered_map<Key, std::vector<int64_t>> shape;
   for (auto& p : trainable) shape[key(p)] = p.sizes().vec();
-  // The units' own shards and those of units folded into them (stage3_module_granularity_threshold:
-  // plain modules now, their slices still waiting).
+  // The units' own shards and those of units folded into them (unit_granularity.h: plain modules
+  // now, their slices still waiting).
   auto shapes_from = [&](const torch::nn::Module& m) {
     const auto* unit = dynamic_cast<const ZeroUnitBase*>(&m);
     if (const auto* shard = unit ? init_shard(*unit) : nullptr)
-      for (size_t i = 0; i < shard->params.size(); ++i) shape[key(shard->params[i])] = shard->shapes[i];
+      for (size_t i = 0; i < shard->params.size(); ++i)
+        shape[key(shard->params[i])] = shard->shapes[i];
   };
   for (auto* u : units) {
     shapes_from(*u);

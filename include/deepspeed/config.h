@@ -39,6 +39,9 @@ struct Fp16Config {
   int hysteresis = 2;                // fp16.hysteresis: overflows tolerated before halving
   bool consecutive_hysteresis = false;  // fp16.consecutive_hysteresis
   double min_loss_scale = 1.0;       // fp16.min_loss_scale: floor of the scale
+  // fp16.fp16_master_weights_and_grads (default false): the ZeRO optimizer keeps its master
+  // weights (and the gradient partition) in fp16 instead of fp32, with fp32 moments, updated by
+  // the CPU Adam. Stages 1-3 with offload_optimizer.device "cpu" and Adam/AdamW, as DeepSpeed.
   bool fp16_master_weights_and_grads = false;
   // True when the block named any of the five dynamic-scaler keys; DeepSpeed's ZeRO scaler then
   // uses them, otherwise its built-in defaults (2^32 initial, hysteresis 1). See docs/config.md.
@@ -52,6 +55,13 @@ struct Bf16Config {
   // and an overflowed step is skipped (no update, no scheduler step, skipped_steps += 1), as fp16
   // always does. bf16's scaler is static, so no scale changes.
   bool check_grad_overflow = false;
+  // bf16.bf16_master_weights_and_grads (default false): master weights and gradient partition in
+  // bf16 instead of fp32 (ZeRO stages 1-3, Adam/AdamW). Without bf16_optimizer_states the moments
+  // stay fp32 and the update runs on the CPU (offload_optimizer.device "cpu"), as DeepSpeed.
+  bool bf16_master_weights_and_grads = false;
+  // bf16.bf16_optimizer_states (default false): Adam's moments in bf16 too; needs
+  // bf16_master_weights_and_grads.
+  bool bf16_optimizer_states = false;
 };
 
 // offload_param / offload_optimizer blocks. After parsing, offload_param is enabled only at stage 3

@@ -61,8 +61,8 @@ struct MemoryReport {
 //   step_transient: an fp32 copy of this rank's 16-bit gradient partition for the length of the
 //     update, where the optimizer step makes one (`widening_step`; zero/shard_optimizer.cpp):
 //     4Ψ/N at stages 1-3, 4Ψ at stage 0 (one replicated partition). deepspeed.cpp's Adam/AdamW
-//     reads 16-bit gradients as they are (optim/fused_adam.h: bf16 on the CPU, bf16 and fp16 on
-//     a GPU): 0, the default. The copy is made for fp16 on the CPU, for the other optimizers and
+//     reads 16-bit gradients as they are (optim/fused_adam.h: bf16 and fp16, on the CPU and on
+//     a GPU): 0, the default. The copy is made for the other optimizers and
 //     with DS_DEVICE_ADAM=libtorch on a GPU (DeepSpeed's stages 1/2 always make it). fp32
 //     gradients (an fp32 model, or fp32 accumulation) are stepped on themselves: 0 either way.
 //   largest_layer_working: stage 3 only, given largest_layer_params L (0: left out): the largest

@@ -30,6 +30,12 @@ void read_fp16(ObjectReader& top, Fp16Config& fp16) {
   }
   r.find("opt_level");
   r.finish();
+  // DeepSpeed reads it only from an enabled fp16 block.
+  if (fp16.fp16_master_weights_and_grads && !fp16.enabled) {
+    r.warnings().add("config key '" + r.path_of("fp16_master_weights_and_grads") +
+                     "' is ignored: '" + r.path_of("enabled") + "' is false");
+    fp16.fp16_master_weights_and_grads = false;
+  }
   require_at_least(r.path_of("loss_scale"), fp16.loss_scale, 0);
   // 2^power must be a finite float scale; 2^63 is already far beyond any useful value.
   require_in_range(r.path_of("initial_scale_power"), fp16.initial_scale_power, 0, 63);
@@ -52,7 +58,19 @@ void read_bf16(ObjectReader& top, Bf16Config& bf16) {
   r.read("enabled", bf16.enabled);
   r.read("immediate_grad_update", bf16.immediate_grad_update);
   r.read("check_grad_overflow", bf16.check_grad_overflow);
+  r.read("bf16_master_weights_and_grads", bf16.bf16_master_weights_and_grads);
+  r.read("bf16_optimizer_states", bf16.bf16_optimizer_states);
   r.finish();
+  if (bf16.bf16_optimizer_states && !bf16.bf16_master_weights_and_grads) {
+    throw ConfigError("config key '" + r.path_of("bf16_optimizer_states") +
+                      "' is true but '" + r.path_of("bf16_master_weights_and_grads") +
+                      "' is not: bf16 optimizer states need bf16 master weights (as DeepSpeed)");
+  }
+  if (bf16.bf16_master_weights_and_grads && !bf16.enabled) {
+    r.warnings().add("config key '" + r.path_of("bf16_master_weights_and_grads") +
+                     "' is ignored: '" + r.path_of("enabled") + "' is false");
+    bf16.bf16_master_weights_and_grads = bf16.bf16_optimizer_states = false;
+  }
 }
 
 }  // namespace

@@ -211,8 +211,11 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
       void* out = sink.begin_group(g.begin, g.numel);
       uint16_t* half = fp32_out ? nullptr : static_cast<uint16_t*>(out);
       ++groups_updated_;  // from here the parameters and the buffer hold the new values
-      optim::adam_step_runs(runs, master, gptr, master + stride, master + 2 * stride, g.begin,
-                            g.numel, half, kind);
+      optim::AdamBuffers state;
+      state.param = master;
+      state.exp_avg = master + stride;
+      state.exp_avg_sq = master + 2 * stride;
+      optim::adam_step_runs(runs, state, gptr, optim::AdamElem::F32, g.begin, g.numel, half, kind);
       if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
       sink.end_group(g.begin, g.numel);
       grads.release(g.begin, g.numel);

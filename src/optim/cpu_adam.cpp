@@ -49,8 +49,8 @@ using detail::AdamConsts;
 
 // Chunk of the OpenMP split: large enough to amortise the loop overhead, a multiple of every
 // vector width, and small enough that 2 threads get balanced work from a few-MB partition.
-constexpr int64_t kChunk = int64_t{1} << 15;
-constexpr int64_t kParallelMin = 2 * kChunk;
+constexpr int64_t kChunk = detail::kAdamChunk;
+constexpr int64_t kParallelMin = detail::kAdamParallelMin;
 
 bool cpu_has(AdamIsa isa) {
   switch (isa) {
@@ -211,6 +211,12 @@ void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg
     for (int64_t k = 0; k < chunks; ++k) one(k, wide);
   }
 }
+
+detail::AdamKernel detail::current_kernel() {
+  return kernel_for(current_isa().load(std::memory_order_relaxed));
+}
+
+int detail::adam_thread_count(const AdamStepParams& p) { return thread_count(p); }
 
 const char* adam_kernel_isa() { return isa_name(current_isa().load()); }
 

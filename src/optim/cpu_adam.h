@@ -56,6 +56,40 @@ void adam_step_bf16_grad(float* param, const uint16_t* grad_bf16, float* exp_avg
                          float* exp_avg_sq, int64_t n, const AdamStepParams& p,
                          uint16_t* param16 = nullptr, Half16Kind kind = Half16Kind::BF16);
 
+// The formats the update's buffers can be stored in.
+enum class AdamElem { F32, BF16, FP16 };
+
+// Where the update's per-element state lives: the master weights and the two moments, each in a
+// format. fp32 throughout is adam_step's case. Masters in 16 bits (DeepSpeed's
+// fp16.fp16_master_weights_and_grads, bf16.bf16_master_weights_and_grads) and moments in bf16
+// (bf16.bf16_optimizer_states) cost 2 bytes per element instead of 4.
+struct AdamBuffers {
+  void* param = nullptr;
+  AdamElem param_format = AdamElem::F32;
+  void* exp_avg = nullptr;
+  void* exp_avg_sq = nullptr;
+  AdamElem moment_format = AdamElem::F32;  // F32 or BF16
+  // The same buffers from element k on.
+  AdamBuffers at(int64_t k) const;
+};
+
+// adam_step over buffers in any formats, with gradients as fp32, bf16 or fp16 bits. Each thread
+// widens a block of its elements into fp32 arrays that stay in its cache, runs adam_step's kernel
+// on them and rounds what it updated back into 16-bit buffers (to nearest even), so the result is
+// adam_step's on the widened values, rounded (widening is exact): with fp32 buffers and fp32
+// gradients it is adam_step itself, bit for bit. No extra pass over memory, no temporary buffer.
+// copy16: as adam_step's param16, the updated masters' 16-bit values in `copy_kind` (when the
+// masters are 16-bit in that format, their own bits; in the other format, the fp32 update
+// rounded to it). REQUIRES: n >= 0; no buffer overlaps another.
+void adam_step_buffers(const AdamBuffers& b, const void* grad, AdamElem grad_format, int64_t n,
+                       const AdamStepParams& p, uint16_t* copy16 = nullptr,
+                       Half16Kind copy_kind = Half16Kind::BF16);
+
+// The AdamElem of a 16-bit kind.
+inline AdamElem elem_of(Half16Kind kind) {
+  return kind == Half16Kind::FP16 ? AdamElem::FP16 : AdamElem::BF16;
+}
+
 // Instruction-set paths of the kernel. All give bit-identical results.
 enum class AdamIsa { Scalar, Avx2, Avx512 };
 

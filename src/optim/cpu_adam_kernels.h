@@ -28,4 +28,12 @@ inline void widen_bf16_scalar(const uint16_t* in, float* out, int64_t n) {
 }
 void widen_bf16_avx512(const uint16_t* in, float* out, int64_t n);
 
+// The kernel of the instruction set in use now, and the OpenMP team an adam_step call with these
+// parameters runs (cpu_adam.cpp), for adam_step_buffers (cpu_adam_buffers.cpp).
+AdamKernel current_kernel();
+int adam_thread_count(const AdamStepParams& p);
+// adam_step's OpenMP split: chunks of this many elements; calls below kParallelMin run serially.
+constexpr int64_t kAdamChunk = int64_t{1} << 15;
+constexpr int64_t kAdamParallelMin = 2 * kAdamChunk;
+
 }  // namespace deepspeed::optim::detail

@@ -12,6 +12,16 @@
 
 namespace deepspeed {
 namespace optim {
+namespace {
+// The CPU kernels' name for a tensor's dtype (fp32, bf16, fp16).
+AdamElem elem_of_dtype(at::ScalarType t) {
+  if (t == torch::kFloat) return AdamElem::F32;
+  if (t == torch::kBFloat16) return AdamElem::BF16;
+  TORCH_CHECK(t == torch::kHalf, "FusedAdam: no CPU kernel reads ", t, " buffers");
+  return AdamElem::FP16;
+}
+}  // namespace
+
 FusedAdam::FusedAdam(std::vector<torch::Tensor> params, const AdamHyper& hyper)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                               std::make_unique<torch::optim::AdamWOptions>(adamw_options(hyper))),
@@ -25,16 +35,27 @@ void FusedAdam::set_half_copy(const torch::Tensor& param, torch::Tensor target) 
   half_copies_[param.unsafeGetTensorImpl()] = std::move(target);
 }
 
+void FusedAdam::keep_moments_in(at::ScalarType dtype) {
+  TORCH_CHECK(dtype == torch::kFloat || dtype == torch::kBFloat16,
+              "FusedAdam::keep_moments_in: moments in fp32 or bf16, not ", dtype);
+  moment_dtype_ = dtype;
+}
+
+at::ScalarType FusedAdam::moment_dtype_for(const torch::Tensor& param) const {
+  return param.scalar_type() == torch::kFloat ? torch::kFloat : moment_dtype_;
+}
+
 torch::optim::AdamWParamState& FusedAdam::state_of(const torch::Tensor& p) {
   auto key = compat::optimizer_state_key(p);
   auto it = state().find(key);
   if (it == state().end()) {
     auto s = std::make_unique<torch::optim::AdamWParamState>();
     s->step(0);
+    const auto options = p.options().dtype(moment_dtype_for(p));
     AllocatingFor naming("Adam's moments (exp_avg and exp_avg_sq, each)", -1, p.numel(),
-                         p.element_size());
-    s->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    s->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
+                         c10::elementSize(moment_dtype_for(p)));
+    s->exp_avg(torch::zeros(p.sizes(), options));
+    s->exp_avg_sq(torch::zeros(p.sizes(), options));
     it = state().emplace(key, std::move(s)).first;
   }
   return static_cast<torch::optim::AdamWParamState&>(*it->second);
@@ -58,9 +79,11 @@ AdamRangeStep FusedAdam::range_step_of(const torch::Tensor& p, torch::optim::Ada
                                        const AdamStepParams& hp) {
   AdamRangeStep r;
   r.hyper = hp;
-  r.param = p.data_ptr<float>();
-  r.exp_avg = s.exp_avg().data_ptr<float>();
-  r.exp_avg_sq = s.exp_avg_sq().data_ptr<float>();
+  r.state.param = p.data_ptr();
+  r.state.param_format = elem_of_dtype(p.scalar_type());
+  r.state.exp_avg = s.exp_avg().data_ptr();
+  r.state.exp_avg_sq = s.exp_avg_sq().data_ptr();
+  r.state.moment_format = elem_of_dtype(s.exp_avg().scalar_type());
   auto copy = half_copies_.find(p.unsafeGetTensorImpl());
   if (copy != half_copies_.end()) {
     r.half = static_cast<uint16_t*>(copy->second.data_ptr());
@@ -71,30 +94,22 @@ AdamRangeStep FusedAdam::range_step_of(const torch::Tensor& p, torch::optim::Ada
 
 namespace {
 // One group: one kernel call, as without groups; else each run with its own hyper-parameters.
-// Grad: fp32, or bf16 bits (adam_kernel's overloads).
-template <typename Grad>
-void step_range(const AdamRangeStep& r, const Grad* grad, int64_t begin, int64_t n,
-                uint16_t* half_out, Half16Kind out_kind) {
+void step_range(const AdamRangeStep& r, const void* grad, AdamElem format, int64_t begin,
+                int64_t n, uint16_t* half_out, Half16Kind out_kind) {
   if (r.runs.empty())
-    adam_kernel(r.param + begin, grad, r.exp_avg + begin, r.exp_avg_sq + begin, n, r.hyper,
-                half_out, out_kind);
+    adam_step_buffers(r.state.at(begin), grad, format, n, r.hyper, half_out, out_kind);
   else
-    adam_step_runs(r.runs, r.param + begin, grad, r.exp_avg + begin, r.exp_avg_sq + begin, begin,
-                   n, half_out, out_kind);
+    adam_step_runs(r.runs, r.state.at(begin), grad, format, begin, n, half_out, out_kind);
 }
 }  // namespace
 
-void AdamRangeStep::run(const float* grad, int64_t begin, int64_t n) const {
-  run_into(grad, begin, n, half ? half + begin : nullptr, kind);
+void AdamRangeStep::run_grads(const void* grad, AdamElem format, int64_t begin, int64_t n) const {
+  step_range(*this, grad, format, begin, n, half ? half + begin : nullptr, kind);
 }
 
-void AdamRangeStep::run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
-                             Half16Kind out_kind) const {
-  step_range(*this, grad, begin, n, half_out, out_kind);
-}
-
-void AdamRangeStep::run_bf16_grads(const uint16_t* grad_bf16, int64_t begin, int64_t n) const {
-  step_range(*this, grad_bf16, begin, n, half ? half + begin : nullptr, kind);
+void AdamRangeStep::run_grads_into(const void* grad, AdamElem format, int64_t begin, int64_t n,
+                                   uint16_t* half_out, Half16Kind out_kind) const {
+  step_range(*this, grad, format, begin, n, half_out, out_kind);
 }
 
 void AdamRangeStep::set_num_threads(int n) {
@@ -134,27 +149,44 @@ std::vector<AdamHyperRun> FusedAdam::segment_runs(int64_t step) {
 
 bool FusedAdam::reads_grads_of(const torch::Tensor& param, at::ScalarType grad) {
   if (grad == torch::kFloat) return true;
-  if (param.is_cpu()) return grad == torch::kBFloat16;
+  if (param.is_cpu()) return grad == torch::kBFloat16 || grad == torch::kHalf;
   return param.is_cuda() && (grad == torch::kBFloat16 || grad == torch::kHalf) &&
          device_adam_reads_16bit_grads();
 }
 
 namespace {
-// The kernels read and write flat fp32 memory, and read the gradients reads_grads_of allows.
-void check_fp32_contiguous(const torch::Tensor& p) {
+bool is_16bit(at::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
+
+// The kernels read and write flat memory: fp32 parameters, or 16-bit masters (keep_moments_in),
+// and the gradients reads_grads_of allows.
+void check_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
-  TORCH_CHECK(p.scalar_type() == torch::kFloat && p.is_contiguous() &&
-                  FusedAdam::reads_grads_of(p, g) && p.grad().is_contiguous(),
-              "FusedAdam needs contiguous fp32 parameters and gradients it can read (got ",
-              p.scalar_type(), " parameters on ", p.device(), " with gradients of ", g, ")");
+  TORCH_CHECK((p.scalar_type() == torch::kFloat || is_16bit(p.scalar_type())) &&
+                  p.is_contiguous() && FusedAdam::reads_grads_of(p, g) &&
+                  p.grad().is_contiguous(),
+              "FusedAdam needs contiguous fp32 (or 16-bit master) parameters and gradients it can "
+              "read (got ", p.scalar_type(), " parameters on ", p.device(), " with gradients of ",
+              g, ")");
 }
 
-// A CPU step over the gradients as they are: fp32, or bf16 widened in cache.
+// A CPU step over the gradients as they are: fp32, or 16-bit widened in cache.
 void run_on_cpu(const AdamRangeStep& r, const at::Tensor& grad, int64_t n) {
-  if (grad.scalar_type() == torch::kBFloat16)
-    r.run_bf16_grads(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), 0, n);
-  else
-    r.run(grad.data_ptr<float>(), 0, n);
+  r.run_grads(grad.data_ptr(), elem_of_dtype(grad.scalar_type()), 0, n);
+}
+
+// A GPU step of a 16-bit master (and its moments, fp32 or bf16): the fp32 update on widened
+// copies of them, rounded back. Transient: 4 bytes per element for each 16-bit tensor.
+void device_adam_step_any(at::Tensor& param, const at::Tensor& grad, at::Tensor& m,
+                          at::Tensor& v, const AdamStepParams& hp, const at::Tensor& target,
+                          bool grads_are_scratch) {
+  if (param.scalar_type() == torch::kFloat && m.scalar_type() == torch::kFloat)
+    return device_adam_step(param, grad, m, v, hp, target, grads_are_scratch);
+  at::Tensor p32 = param.to(torch::kFloat), m32 = m.to(torch::kFloat), v32 = v.to(torch::kFloat);
+  device_adam_step(p32, grad, m32, v32, hp, at::Tensor(), grads_are_scratch);
+  param.copy_(p32);
+  m.copy_(m32);
+  v.copy_(v32);
+  if (target.defined()) target.copy_(param);
 }
 }  // namespace
 
@@ -163,7 +195,7 @@ void FusedAdam::flat_step() {
   auto& groups = param_groups();
   torch::Tensor p = groups[0].params()[0];
   if (!p.grad().defined()) return;
-  check_fp32_contiguous(p);
+  check_contiguous(p);
   auto& s = state_of(p);
   s.step(s.step() + 1);
   const at::Tensor grad = p.grad().view({-1});
@@ -179,13 +211,14 @@ void FusedAdam::flat_step() {
     auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, run.begin, run.numel); };
     at::Tensor target = copy != half_copies_.end() ? part(copy->second) : at::Tensor();
     at::Tensor param = part(p), m = part(s.exp_avg()), v = part(s.exp_avg_sq());
-    device_adam_step(param, part(grad), m, v, run.hyper, target, grads_are_scratch_);
+    device_adam_step_any(param, part(grad), m, v, run.hyper, target, grads_are_scratch_);
   }
 }
 
 AdamRangeStep FusedAdam::prepare_step(const torch::Tensor& param) {
-  TORCH_CHECK(param.is_cpu() && param.scalar_type() == torch::kFloat && param.is_contiguous(),
-              "FusedAdam::prepare_step needs a contiguous fp32 CPU parameter");
+  TORCH_CHECK(param.is_cpu() && (param.scalar_type() == torch::kFloat ||
+                                  is_16bit(param.scalar_type())) && param.is_contiguous(),
+              "FusedAdam::prepare_step needs a contiguous fp32 (or 16-bit master) CPU parameter");
   for (auto& group : param_groups()) {
     for (auto& p : group.params()) {
       if (!p.is_same(param)) continue;
@@ -215,7 +248,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
     auto& o = static_cast<torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      check_fp32_contiguous(p);
+      check_contiguous(p);
       auto& s = state_of(p);
       s.step(s.step() + 1);
       const AdamStepParams hp = hyper_for(o, s.step());
@@ -223,7 +256,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       if (!p.is_cpu()) {
         at::Tensor target = copy != half_copies_.end() ? copy->second : at::Tensor();
         at::Tensor m = s.exp_avg(), v = s.exp_avg_sq();
-        device_adam_step(p, p.grad(), m, v, hp, target, grads_are_scratch_);
+        device_adam_step_any(p, p.grad(), m, v, hp, target, grads_are_scratch_);
         continue;
       }
       run_on_cpu(range_step_of(p, s, hp), p.grad(), p.numel());

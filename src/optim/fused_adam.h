@@ -5,7 +5,8 @@
 // Groups carry torch::optim::AdamWOptions (lr, betas, eps, weight_decay), so LR schedulers and
 // OneCycle's beta cycling work through the usual options; per-parameter state is
 // torch::optim::AdamWParamState (step, exp_avg, exp_avg_sq).
-// REQUIRES: every parameter is a contiguous fp32 CPU tensor with a contiguous fp32 gradient.
+// REQUIRES: every parameter is a contiguous fp32 tensor (or a 16-bit master, keep_moments_in)
+// with a contiguous gradient it can read (reads_grads_of).
 #pragma once
 #include <unordered_map>
 #include <vector>
@@ -49,20 +50,26 @@ struct AdamRangeStep {
   AdamStepParams hyper;  // the constants (of the parameter's group; group 0's with `runs`)
   // set_flat's segments with their groups' constants, in order; empty: `hyper` for every element.
   std::vector<AdamHyperRun> runs;
-  float* param = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
+  // The parameter and its moments at element 0: fp32, or a 16-bit master and fp32 or bf16
+  // moments (FusedAdam::keep_moments_in).
+  AdamBuffers state;
   uint16_t* half = nullptr;  // the 16-bit copy (set_half_copy), or null
   Half16Kind kind = Half16Kind::BF16;
-  // Updates elements [begin, begin + n); grad[0] is element begin's fp32 gradient.
-  void run(const float* grad, int64_t begin, int64_t n) const;
+  // Updates elements [begin, begin + n); grad[0] is element begin's gradient, in `format` (16-bit
+  // ones widened in cache: the same result as on the widened values).
+  void run_grads(const void* grad, AdamElem format, int64_t begin, int64_t n) const;
   // The same, writing the updated values' 16-bit rounding to half_out[0..n) instead of the
   // half copy (ZeRO-Offload's upload ring).
+  void run_grads_into(const void* grad, AdamElem format, int64_t begin, int64_t n,
+                      uint16_t* half_out, Half16Kind out_kind) const;
+  // run_grads with fp32 gradients.
+  void run(const float* grad, int64_t begin, int64_t n) const {
+    run_grads(grad, AdamElem::F32, begin, n);
+  }
   void run_into(const float* grad, int64_t begin, int64_t n, uint16_t* half_out,
-                Half16Kind out_kind) const;
-  // run() with element begin's gradient at grad_bf16[0] as bf16 bits (widened in cache, the
-  // same result as run() on the widened values).
-  void run_bf16_grads(const uint16_t* grad_bf16, int64_t begin, int64_t n) const;
+                Half16Kind out_kind) const {
+    run_grads_into(grad, AdamElem::F32, begin, n, half_out, out_kind);
+  }
   // The OpenMP team of every part's kernel.
   void set_num_threads(int n);
 };
@@ -82,14 +89,21 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
     grad_scale_ = scale;
     grads_are_scratch_ = grads_are_scratch;
   }
+  // Low-precision masters (DeepSpeed's fp16/bf16_master_weights_and_grads): a parameter in
+  // bf16 or fp16 is the master itself, updated in fp32 element by element and rounded back, its
+  // moments in `dtype` (fp32, the default; bf16 with bf16.bf16_optimizer_states). Moments already
+  // made keep their dtype. On the CPU the update widens in cache (cpu_adam.h
+  // adam_step_buffers); on a GPU it runs on widened copies of the parameter's segment.
+  void keep_moments_in(at::ScalarType dtype);
+  at::ScalarType moment_dtype_for(const torch::Tensor& param) const;
   // Mixed precision: after every update of `param` its new value is also written into `target`
   // (bf16 or fp16, same numel, contiguous) in the same pass: the model's 16-bit copy of the master.
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
   // Whether step() reads gradients of dtype `grad` for `param` as they are, without a widened
-  // fp32 copy: fp32 always; bf16 on the CPU (adam_step_bf16_grad); bf16 and fp16 on a GPU with
-  // this library's kernel (device_adam.h).
+  // fp32 copy: fp32 always; bf16 and fp16 on the CPU (widened in cache); bf16 and fp16 on a GPU
+  // with this library's kernel (device_adam.h).
   static bool reads_grads_of(const torch::Tensor& param, at::ScalarType grad);
-  // The next step of `param` (a contiguous fp32 CPU tensor of this optimizer), to be run in
+  // The next step of `param` (a contiguous CPU tensor of this optimizer), to be run in
   // ranges: its state is created when missing and its step count advanced now, with the
   // group's current hyperparameters (with set_flat, each segment's group's) and the grad scale
   // set for this step (then reset to 1).
@@ -121,6 +135,7 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   float grad_scale_ = 1.0f;
   bool grads_are_scratch_ = false;
   std::unordered_map<const void*, torch::Tensor> half_copies_;  // by param TensorImpl
+  at::ScalarType moment_dtype_ = at::kFloat;  // keep_moments_in: for 16-bit parameters
   std::vector<Segment> segments_;  // set_flat: the master's elements by group
   void flat_step();
 };

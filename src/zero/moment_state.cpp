@@ -8,6 +8,7 @@
 #include "checkpoint/layout.h"
 #include "optim/adagrad_state.h"
 #include "optim/adam_moments.h"
+#include "optim/fused_adam.h"
 #include "optim/lion.h"
 #include "util/torch_compat.h"
 
@@ -41,8 +42,12 @@ torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& optimizer,
                                           const at::Tensor& param, bool create) {
   return state_entry<torch::optim::AdamWParamState>(
       optimizer, param, create, [&](torch::optim::AdamWParamState& s) {
-        s.exp_avg(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
-        s.exp_avg_sq(torch::zeros_like(param, torch::MemoryFormat::Contiguous));
+        // FusedAdam keeps a 16-bit master's moments in its own dtype (keep_moments_in).
+        const auto* fused = dynamic_cast<const optim::FusedAdam*>(&optimizer);
+        const auto options =
+            param.options().dtype(fused ? fused->moment_dtype_for(param) : param.scalar_type());
+        s.exp_avg(torch::zeros(param.sizes(), options));
+        s.exp_avg_sq(torch::zeros(param.sizes(), options));
       });
 }
 

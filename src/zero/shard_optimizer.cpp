@@ -32,7 +32,10 @@ namespace {
 // offload_param without offload_optimizer) the masters and moments are on the GPU and the step
 // runs there, its result written back to the store (`device_master_`). With the home "cpu" and a
 // partition in a file (offload_param "nvme" beyond max_in_cpu) the masters are a host copy and
-// every step writes their rounding back to the store (`swapped_`).
+// every step writes their rounding back to the store (`swapped_`). With 16-bit masters
+// (fp16/bf16_master_weights_and_grads, `low_precision_`) all of this holds in the partition's
+// dtype: the partition itself where it is in memory, else a 16-bit copy, with FusedAdam's moments
+// in fp32 or bf16.
 class InMemoryShard : public ShardOptimizer {
  public:
   InMemoryShard(ParamPartition& params, const OptimizerFactory& make_optimizer,
@@ -42,7 +45,15 @@ class InMemoryShard : public ShardOptimizer {
     at::Tensor resident = params.resident();
     if (resident.defined()) partition_device_ = resident.device();
     host_ = home == OffloadDevice::kCpu && resident.defined() && !resident.is_cpu();
-    mixed_ = params.dtype() != at::kFloat;
+    // 16-bit masters (fp16/bf16_master_weights_and_grads) are in the partition's dtype: where the
+    // partition is in memory beside the update they are the partition itself.
+    low_precision_ = !options.low_precision_masters.empty();
+    if (low_precision_ && params.dtype() == at::kFloat)
+      throw ConfigError("config key '" + options.low_precision_masters +
+                        "' needs a 16-bit model (fp16.enabled or bf16.enabled); the parameters "
+                        "are fp32");
+    const at::ScalarType master_dtype = low_precision_ ? params.dtype() : at::kFloat;
+    mixed_ = params.dtype() != master_dtype;
     // DeepSpeed's stage 3 puts its fp32 partitions, and so the moments and the step, on the
     // compute device unless the optimizer is offloaded (stage3.py: self.device); offload_param
     // alone moves only the 16-bit partition. On the host they would cost 12Ψ/N host bytes, a
@@ -52,21 +63,23 @@ class InMemoryShard : public ShardOptimizer {
     aliased_ = !mixed_ && resident.defined() && !host_ && !device_master_;
     swapped_ = home == OffloadDevice::kCpu && !resident.defined();
     {
-      AllocatingFor naming("the fp32 master weights of this rank's partition", -1, params.numel(),
-                           4);
+      const std::string what = std::string("the ") + c10::toString(master_dtype) +
+                               " master weights of this rank's partition";
+      AllocatingFor naming(what.c_str(), -1, params.numel(), c10::elementSize(master_dtype));
       if (host_) {
-        master_ = host_buffer(resident.numel(), at::kFloat);
+        master_ = host_buffer(resident.numel(), master_dtype);
         master_.copy_(resident);
       } else if (device_master_) {
         master_ = (resident.defined() ? resident : params.read_all())
-                      .to(options.compute_device, torch::kFloat, /*non_blocking=*/false,
+                      .to(options.compute_device, master_dtype, /*non_blocking=*/false,
                           /*copy=*/true);
       } else {
-        master_ = aliased_ ? resident : params.read_all().to(torch::kFloat);
+        master_ = aliased_ ? resident : params.read_all().to(master_dtype);
       }
     }
     optimizer_ = make_optimizer({master_});
     fused_ = dynamic_cast<optim::FusedAdam*>(optimizer_.get());
+    if (low_precision_) take_low_precision_masters(options);
     if (!options.group_segments.empty()) give_groups_their_views(options);
     // 1-bit Adam and 0/1 Adam are FusedAdams only for their exact-Adam steps; their compressed
     // and local steps neither apply set_grad_scale nor write the 16-bit copy, so they get the
@@ -197,7 +210,12 @@ class InMemoryShard : public ShardOptimizer {
     if (grads.tensor.device() != master_.device())
       return step({grads.tensor.to(master_.device()), nullptr}, params, grad_scale);
     if (!mixed_) {
-      if (grad_scale != 1.0) grads.tensor.mul_(grad_scale);
+      // 16-bit gradients of 16-bit masters are scaled inside the kernel, in fp32, not rounded
+      // to 16 bits first.
+      if (low_precision_)
+        fused_->set_grad_scale(static_cast<float>(grad_scale), /*grads_are_scratch=*/true);
+      else if (grad_scale != 1.0)
+        grads.tensor.mul_(grad_scale);
       step_over(grads.tensor);
       if (aliased_) return;  // the partition was updated in place
       params.write_all(master_);
@@ -226,11 +244,18 @@ class InMemoryShard : public ShardOptimizer {
 
   std::shared_ptr<torch::optim::Optimizer> optimizer() const override { return optimizer_; }
 
+  // Checkpoints hold fp32 masters and moments whatever their dtype here: 16-bit ones are saved
+  // widened (exact) and loaded through fp32 copies that finish_load rounds into them.
   std::array<at::Tensor, 3> state_for_save() override {
-    return state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get())));
+    auto state = this->state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get())));
+    return low_precision_ ? widened(state) : state;
   }
   std::array<at::Tensor, 3> state_for_load(bool create_moments) override {
-    return state(create_moments);
+    auto state = this->state(create_moments);
+    if (!low_precision_) return state;
+    loading_into_ = state;
+    loaded_ = widened(state);
+    return loaded_;
   }
   std::unique_ptr<StateWindows> windows_for_save() override {
     return whole_state_windows(state_for_save());
@@ -245,6 +270,9 @@ class InMemoryShard : public ShardOptimizer {
     // The loaded masters, moments and step count replace the partly stepped ones; a load of the
     // weights alone (adam_step < 0) leaves the moments half a step on.
     if (host_step_ && adam_step >= 0) host_step_->forget_lost();
+    for (size_t k = 0; k < loaded_.size(); ++k)  // 16-bit masters or moments: rounded into them
+      if (loaded_[k].defined() && loading_into_[k].defined()) loading_into_[k].copy_(loaded_[k]);
+    loaded_ = loading_into_ = {};
     set_step(adam_step);
     if (!aliased_) params.write_all(master_.to(params.dtype()));
   }
@@ -393,7 +421,7 @@ class InMemoryShard : public ShardOptimizer {
   // The masters and moments as the last step left them: a handed-over update completed first.
   std::array<at::Tensor, 3> state(bool create_moments) {
     complete_step();
-    if (master_.scalar_type() != at::kFloat)
+    if (master_.scalar_type() != at::kFloat && !low_precision_)
       throw CheckpointError("checkpoint: the ZeRO master partition is " +
                             std::string(c10::toString(master_.scalar_type())) + ", expected fp32");
     if (view_moments_) return {master_, view_moments_->moment(create_moments), at::Tensor()};
@@ -401,12 +429,33 @@ class InMemoryShard : public ShardOptimizer {
     return {master_, exp_avg, exp_avg_sq};
   }
 
+  // 16-bit masters: only FusedAdam updates them (DeepSpeed: its CPU Adam, or with bf16 moments
+  // its FusedAdam), the moments in fp32 or bf16.
+  void take_low_precision_masters(const ShardOptions& options) {
+    if (!fused_ || dynamic_cast<optim::SelfCommunicatingOptimizer*>(optimizer_.get()))
+      throw ConfigError("config key '" + options.low_precision_masters +
+                        "' needs the config's optimizer \"Adam\" or \"AdamW\" (the CPU Adam "
+                        "updates 16-bit masters); this engine's optimizer is another");
+    fused_->keep_moments_in(options.bf16_moments ? at::kBFloat16 : at::kFloat);
+  }
+
+  static std::array<at::Tensor, 3> widened(const std::array<at::Tensor, 3>& state) {
+    std::array<at::Tensor, 3> out;
+    for (size_t k = 0; k < state.size(); ++k)
+      if (state[k].defined())
+        out[k] = state[k].to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    return out;
+  }
+
   at::Tensor master_;
+  bool low_precision_ = false;  // 16-bit masters (ShardOptions::low_precision_masters)
+  // A load into 16-bit masters or moments: the fp32 tensors handed out, and what they go into.
+  std::array<at::Tensor, 3> loaded_, loading_into_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::vector<GroupSegment> segments_;  // several parameter groups: the partition cut by group
   std::unique_ptr<ViewMoments> view_moments_;  // a one-moment optimizer over segments_
   optim::FusedAdam* fused_ = nullptr;
-  bool mixed_ = false;      // the partition is 16-bit: master_ is a separate fp32 copy
+  bool mixed_ = false;      // a 16-bit partition with fp32 masters: master_ a separate copy
   bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
   bool host_ = false;       // masters in host memory, the partition on a GPU

@@ -34,6 +34,43 @@ bool releases_gradients(const ReductionOptions& options, c10::Device device) {
   return options.release_gradients.value_or(device.is_cuda());
 }
 
+namespace {
+
+// fp16.fp16_master_weights_and_grads / bf16.bf16_master_weights_and_grads: the key that asks for
+// 16-bit masters, or empty, after DeepSpeed's checks (its config and ZeRO optimizer asserts).
+std::string low_precision_masters(const Config& config) {
+  const bool fp16 = config.fp16.fp16_master_weights_and_grads;
+  const bool bf16 = config.bf16.bf16_master_weights_and_grads;
+  if (!fp16 && !bf16) return "";
+  const std::string key =
+      fp16 ? "fp16.fp16_master_weights_and_grads" : "bf16.bf16_master_weights_and_grads";
+  const int stage = config.zero_optimization.stage;
+  if (stage < 1 || stage > 3)
+    throw ConfigError("config key '" + key + "' needs ZeRO stage 1, 2 or 3 (zero_optimization." +
+                      "stage is " + std::to_string(stage) + "), as in DeepSpeed");
+  const std::string device = config.zero_optimization.offload_optimizer.device;
+  if (device == "nvme")
+    throw ConfigError("config key '" + key + "' with zero_optimization.offload_optimizer.device "
+                      "\"nvme\" is not supported: the NVMe optimizer swap keeps fp32 masters; use "
+                      "\"cpu\", or fp32 masters");
+  // fp32 moments beside 16-bit masters: DeepSpeed's CPU Adam is the optimizer that keeps them.
+  const bool cpu_update_needed = fp16 || !config.bf16.bf16_optimizer_states;
+  if (cpu_update_needed && device != "cpu")
+    throw ConfigError(
+        "config key '" + key + "' needs zero_optimization.offload_optimizer.device \"cpu\" " +
+        (fp16 ? std::string("(fp16 masters are updated by the CPU Adam, as in DeepSpeed)")
+              : std::string("unless bf16.bf16_optimizer_states is true (bf16 masters with fp32 "
+                            "moments are updated by the CPU Adam, as in DeepSpeed)")) +
+        "; offload_optimizer.device is \"" + device + "\"");
+  // "and grads": the gradient partition is in the model's 16 bits.
+  if (!config.grad_accum_dtype.empty() && config.grad_accum_dtype == "fp32")
+    throw ConfigError("config key '" + key + "' keeps the gradients in 16 bits, but "
+                      "data_types.grad_accum_dtype is \"fp32\"; remove one of them");
+  return key;
+}
+
+}  // namespace
+
 ShardOptions shard_options(const Config& config) {
   const auto& off = config.zero_optimization.offload_optimizer;
   ShardOptions s;
@@ -49,6 +86,8 @@ ShardOptions shard_options(const Config& config) {
       !precision::votes_on_overflow(config) && config.gradient_clipping <= 0.0;
   s.overlap_step = off.overlap_step;
   s.overlap_forward = off.overlap_forward;
+  s.low_precision_masters = low_precision_masters(config);
+  s.bf16_moments = config.bf16.bf16_optimizer_states;
   return s;
 }
 

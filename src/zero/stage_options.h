@@ -74,6 +74,12 @@ struct ShardOptions {
   // offload_optimizer.overlap_forward: the update's last ranges run on into the next forward
   // (zero/forward_waits.h). The stage clears it where it cannot apply (see FlatStage).
   bool overlap_forward = false;
+  // fp16.fp16_master_weights_and_grads / bf16.bf16_master_weights_and_grads: the key that asked
+  // for the masters in the model's 16-bit dtype instead of fp32 (the partition itself where it is
+  // in memory: no copy at all), or empty. Only FusedAdam (Adam/AdamW) updates them.
+  std::string low_precision_masters;
+  // bf16.bf16_optimizer_states: with 16-bit masters, Adam's moments in bf16 (else fp32).
+  bool bf16_moments = false;
   c10::Device compute_device = c10::kCPU;  // set by the stage: its context's device
   // Set by the stage: it reduces each bucket into a gradient partition (stages 2 and 3), which
   // the shard's gradients_in_host_memory() puts in host memory, with a fence per range even when

@@ -86,8 +86,10 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
     return;
   }
   at::Tensor target = partition.narrow(0, begin, n);
-  const bool fp32 = partition.scalar_type() == at::kFloat;
-  if (fp32) {  // the masters are what goes up
+  // Masters in the partition's dtype (fp32, or 16-bit masters: fp16/bf16_master_weights_and_grads)
+  // are themselves what goes up.
+  const bool masters_go_up = partition.scalar_type() == master_.scalar_type();
+  if (masters_go_up) {
     step_.run(g, begin, n);
     if (options_.pin) {  // page-locked: straight from them
       uploads_.copy(target, master_.narrow(0, begin, n));
@@ -98,7 +100,7 @@ void StepDuringBackward::update_chunk(int64_t begin, const at::Tensor& grads,
   next_slot_ = (next_slot_ + 1) % ring_.size();
   if (slot.uploaded) slot.uploaded->wait();  // its previous chunk has gone up
   at::Tensor values = slot.values.narrow(0, 0, n);
-  if (fp32)
+  if (masters_go_up)
     values.copy_(master_.narrow(0, begin, n));
   else
     step_.run_into(g, begin, n, static_cast<uint16_t*>(values.data_ptr()),
@@ -115,9 +117,9 @@ void StepDuringBackward::reserve(at::ScalarType grad_dtype, const at::Tensor& pa
     scratch_ = at::empty({options_.chunk}, at::kFloat);
   // Page-locked whatever pin_memory says (ring_slots chunks: 32 MiB at the defaults in 16 bits):
   // an upload from pageable memory would hold the worker until the upload stream had caught up,
-  // at every chunk. fp32 needs it only when the masters themselves are pageable: a chunk is then
-  // copied into a slot (a host memcpy) and goes up from there.
-  const bool needs_ring = partition.scalar_type() != at::kFloat || !options_.pin;
+  // at every chunk. Masters in the partition's dtype need it only when they are pageable: a chunk
+  // is then copied into a slot (a host memcpy) and goes up from there.
+  const bool needs_ring = partition.scalar_type() != master_.scalar_type() || !options_.pin;
   if (options_.upload && needs_ring && ring_.empty()) {
     std::vector<Slot> ring(options_.ring_slots);
     AllocatingFor naming("ZeRO-Offload's page-locked upload ring (each slot)", -1, options_.chunk,

@@ -17,6 +17,7 @@
 #include "checkpoint/manifest.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/pipe.h"
+#include "gpt/pipeline_model.h"
 #include "runtime/engine_checkpoint.h"
 #include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"

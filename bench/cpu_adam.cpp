@@ -186,6 +186,33 @@ double whole_partition_widened_path(int64_t n, int threads, int reps) {
   });
 }
 
+// Low-precision masters (DeepSpeed's bf16/fp16_master_weights_and_grads, bf16_optimizer_states):
+// 16-bit master and gradient, moments in fp32 or bf16, widened in cache and rounded back
+// (adam_step_buffers). Bytes an element: master 2 + 2, gradient 2, moments 4 + 4 each (fp32) or
+// 2 + 2 each (bf16): 22 or 14.
+double low_precision_path(int64_t n, int threads, int reps, deepspeed::optim::AdamElem master,
+                          deepspeed::optim::AdamElem moments) {
+  using deepspeed::optim::AdamElem;
+  AdamBench b(0, threads);
+  // 0x3C24 is bf16 ~0.01 and 0x211F fp16 ~0.01; the master 0.5 in each.
+  const bool fp16 = master == AdamElem::FP16;
+  std::vector<uint16_t> p16(n, fp16 ? 0x3800 : 0x3F00), g16(n, fp16 ? 0x211F : 0x3C24);
+  std::vector<float> m32(moments == AdamElem::F32 ? n : 0), v32(m32.size());
+  std::vector<uint16_t> m16(moments == AdamElem::F32 ? 0 : n), v16(m16.size());
+  deepspeed::optim::AdamBuffers buffers;
+  buffers.param = p16.data();
+  buffers.param_format = master;
+  buffers.exp_avg = moments == AdamElem::F32 ? static_cast<void*>(m32.data()) : m16.data();
+  buffers.exp_avg_sq = moments == AdamElem::F32 ? static_cast<void*>(v32.data()) : v16.data();
+  buffers.moment_format = moments;
+  int64_t step = 0;
+  const double s = best_seconds(reps, [&] {
+    b.hp.step = ++step;
+    deepspeed::optim::adam_step_buffers(buffers, g16.data(), master, n, b.hp);
+  });
+  return static_cast<double>(n) / s;
+}
+
 double torch_adamw(int64_t n, int threads, int reps) {
   at::set_num_threads(threads);
   torch::Tensor p = torch::full({n}, 0.5f).requires_grad_(true);
@@ -227,6 +254,13 @@ int main(int argc, char** argv) try {
                     28, limit});
     rows.push_back({"ZeRO step before 2026-12-01: whole bf16 partition widened to a copy, bf16 copy",
                     t, whole_partition_widened_path(n, t, reps), 28, limit});
+    using deepspeed::optim::AdamElem;
+    rows.push_back({"bf16 masters, fp32 moments, bf16 grads (bf16_master_weights_and_grads)", t,
+                    low_precision_path(n, t, reps, AdamElem::BF16, AdamElem::F32), 22, limit});
+    rows.push_back({"bf16 masters, bf16 moments, bf16 grads (+ bf16_optimizer_states)", t,
+                    low_precision_path(n, t, reps, AdamElem::BF16, AdamElem::BF16), 14, limit});
+    rows.push_back({"fp16 masters, fp32 moments, fp16 grads (fp16_master_weights_and_grads)", t,
+                    low_precision_path(n, t, reps, AdamElem::FP16, AdamElem::F32), 22, limit});
     rows.push_back({"torch::optim::AdamW", t, torch_adamw(n, t, reps), 28, limit});
   }
   fmt::print("\n| implementation | threads | elements/s | GB/s effective | % of bandwidth limit |\n");

@@ -216,6 +216,8 @@ detail::AdamKernel detail::current_kernel() {
   return kernel_for(current_isa().load(std::memory_order_relaxed));
 }
 
+AdamIsa detail::current_adam_isa() { return current_isa().load(std::memory_order_relaxed); }
+
 int detail::adam_thread_count(const AdamStepParams& p) { return thread_count(p); }
 
 const char* adam_kernel_isa() { return isa_name(current_isa().load()); }

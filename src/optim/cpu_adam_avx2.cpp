@@ -64,4 +64,35 @@ __attribute__((target("avx2,fma,f16c"))) void adam_kernel_avx2(float* param, con
                      param16 != nullptr ? param16 + body : nullptr, kind);
 }
 
+__attribute__((target("avx2,fma,f16c"))) void widen_16_avx2(const uint16_t* in, bool fp16,
+                                                            float* out, int64_t n) {
+  const int64_t body = n - n % 8;
+  for (int64_t i = 0; i < body; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    const __m256 f = fp16 ? _mm256_cvtph_ps(h)
+                          : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    _mm256_storeu_ps(out + i, f);
+  }
+  for (int64_t i = body; i < n; ++i)
+    out[i] = fp16 ? _cvtsh_ss(in[i]) : [&] {
+      const uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+      float f;
+      __builtin_memcpy(&f, &u, 4);
+      return f;
+    }();
+}
+
+__attribute__((target("avx2,fma,f16c"))) void narrow_16_avx2(const float* in, bool fp16,
+                                                             uint16_t* out, int64_t n) {
+  const int64_t body = n - n % 8;
+  for (int64_t i = 0; i < body; i += 8) {
+    const __m256 f = _mm256_loadu_ps(in + i);
+    const __m128i h =
+        fp16 ? _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC) : to_bf16(f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+  }
+  for (int64_t i = body; i < n; ++i)
+    out[i] = fp16 ? _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT) : float_to_bf16_bits(in[i]);
+}
+
 }  // namespace deepspeed::optim::detail

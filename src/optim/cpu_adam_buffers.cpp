@@ -25,14 +25,20 @@ void* advance(void* p, AdamElem e, int64_t k) {
   return p == nullptr ? nullptr : static_cast<char*>(p) + k * static_cast<int64_t>(size_of(e));
 }
 
+// With the scalar kernel (DS_ADAM_ISA=scalar, or a CPU without AVX2) the conversions are scalar
+// too; else 8 at a time (an AVX-512 CPU has AVX2 and F16C). Both give the same bits.
+bool vector_conversions() { return detail::current_adam_isa() != AdamIsa::Scalar; }
+
 // 16-bit bits -> fp32, exactly.
 void widen(const uint16_t* in, AdamElem e, float* out, int64_t n) {
+  if (vector_conversions()) return detail::widen_16_avx2(in, e == AdamElem::FP16, out, n);
   if (e == AdamElem::BF16) return detail::widen_bf16_scalar(in, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = c10::detail::fp16_ieee_to_fp32_value(in[i]);
 }
 
 // fp32 -> 16-bit bits, to nearest even (c10::BFloat16's and c10::Half's rounding).
 void narrow(const float* in, AdamElem e, uint16_t* out, int64_t n) {
+  if (vector_conversions()) return detail::narrow_16_avx2(in, e == AdamElem::FP16, out, n);
   if (e == AdamElem::BF16) {
     for (int64_t i = 0; i < n; ++i) out[i] = detail::float_to_bf16_bits(in[i]);
     return;

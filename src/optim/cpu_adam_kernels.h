@@ -27,10 +27,15 @@ inline void widen_bf16_scalar(const uint16_t* in, float* out, int64_t n) {
   }
 }
 void widen_bf16_avx512(const uint16_t* in, float* out, int64_t n);
+// 16-bit (bf16 or fp16) bits <-> fp32, 8 at a time (AVX2 + F16C): widening exact, narrowing to
+// nearest even, bit for bit c10::BFloat16's / c10::Half's (cpu_adam_buffers.cpp's scalar ones).
+void widen_16_avx2(const uint16_t* in, bool fp16, float* out, int64_t n);
+void narrow_16_avx2(const float* in, bool fp16, uint16_t* out, int64_t n);
 
 // The kernel of the instruction set in use now, and the OpenMP team an adam_step call with these
 // parameters runs (cpu_adam.cpp), for adam_step_buffers (cpu_adam_buffers.cpp).
 AdamKernel current_kernel();
+AdamIsa current_adam_isa();
 int adam_thread_count(const AdamStepParams& p);
 // adam_step's OpenMP split: chunks of this many elements; calls below kParallelMin run serially.
 constexpr int64_t kAdamChunk = int64_t{1} << 15;

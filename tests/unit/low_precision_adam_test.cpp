@@ -108,25 +108,32 @@ INSTANTIATE_TEST_SUITE_P(
              name_of(std::get<1>(info.param)) + "_grads_" + name_of(std::get<2>(info.param));
     });
 
-// Every instruction-set path the CPU has gives the same bits (the widening and rounding are
-// scalar; the update is the ISA's kernel, which equals the scalar one).
+// Every instruction-set path the CPU has gives the same bits (the update is the ISA's kernel,
+// which equals the scalar one; the widening and rounding are 8 at a time beside AVX2, scalar with
+// the scalar kernel), for each 16-bit master format and moment format.
 TEST(AdamBuffersIsa, EveryPathGivesTheSameBits) {
   const int64_t n = 4099;
-  torch::manual_seed(5);
-  const at::Tensor start = (torch::randn({n}) * 0.1).to(at::kBFloat16);
-  const at::Tensor grad = torch::randn({n}).to(at::kHalf);
-  std::vector<at::Tensor> results;
-  for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512}) {
-    if (!adam_isa_supported(isa)) continue;
-    set_adam_isa(isa);
-    at::Tensor param = start.clone(), m = torch::zeros({n}, at::kBFloat16), v = m.clone();
-    AdamBuffers b{param.data_ptr(), AdamElem::BF16, m.data_ptr(), v.data_ptr(), AdamElem::BF16};
-    for (int64_t step = 1; step <= 2; ++step)
-      adam_step_buffers(b, grad.data_ptr(), AdamElem::FP16, n, hyper(step));
-    results.push_back(torch::cat({param, m, v}));
+  for (AdamElem master : {AdamElem::BF16, AdamElem::FP16}) {
+    for (AdamElem moments : {AdamElem::F32, AdamElem::BF16}) {
+      torch::manual_seed(5);
+      const at::Tensor start = (torch::randn({n}) * 0.1).to(dtype_of(master));
+      const at::Tensor grad = torch::randn({n}).to(dtype_of(master));
+      std::vector<at::Tensor> results;
+      for (AdamIsa isa : {AdamIsa::Scalar, AdamIsa::Avx2, AdamIsa::Avx512}) {
+        if (!adam_isa_supported(isa)) continue;
+        set_adam_isa(isa);
+        at::Tensor param = start.clone(), m = torch::zeros({n}, dtype_of(moments)), v = m.clone();
+        AdamBuffers b{param.data_ptr(), master, m.data_ptr(), v.data_ptr(), moments};
+        for (int64_t step = 1; step <= 2; ++step)
+          adam_step_buffers(b, grad.data_ptr(), master, n, hyper(step));
+        results.push_back(torch::cat({param.to(at::kFloat), m.to(at::kFloat), v.to(at::kFloat)}));
+      }
+      reset_adam_isa();
+      for (size_t k = 1; k < results.size(); ++k)
+        EXPECT_TRUE(torch::equal(results[k], results[0]))
+            << name_of(master) << " masters, " << name_of(moments) << " moments, path " << k;
+    }
   }
-  reset_adam_isa();
-  for (size_t k = 1; k < results.size(); ++k) EXPECT_TRUE(torch::equal(results[k], results[0]));
 }
 
 TEST(AdamBuffersErrors, Fp16MomentsAreRefused) {

@@ -872,3 +872,43 @@ TEST(OneGpuLion, StepEqualsTheHostPassAndStagesTrainAsStageZero) {
     EXPECT_LE(dstest::max_loss_rel_diff(run, reference), 1e-4) << "stage " << stage;
   }
 }
+
+// Low-precision masters on the GPU (bf16.bf16_master_weights_and_grads): the 16-bit partition on
+// the GPU is the master (bf16 moments, no offload: the GPU Adam on widened copies), or a bf16 host
+// copy beside it (CPU offload, the CPU Adam during backward, uploads straight from it). Each first
+// step is the fp32-master run's bit for bit in the same home, the optimizer holds 4 or 8 bytes per
+// element where fp32 masters hold 12, and training goes on.
+TEST(OneGpuLowPrecision, FirstStepAsFp32MastersLessMemoryAndTrains) {
+  SKIP_WITHOUT_GPU();
+  const dstest::Deterministic deterministic;
+  struct Variant {
+    int stage;
+    Home home;
+    bool bf16_moments;
+  };
+  for (const Variant v : {Variant{2, Home::kNone, true}, Variant{3, Home::kNone, true},
+                          Variant{2, Home::kOptimizerCpu, false},
+                          Variant{2, Home::kOptimizerCpu, true},
+                          Variant{3, Home::kParamAndOptimizerCpu, false}}) {
+    const std::string where = "stage " + std::to_string(v.stage) + " " + name_of(v.home) +
+                              (v.bf16_moments ? " bf16 moments" : " fp32 moments");
+    auto run = [&](bool low, int steps) {
+      dstest::RunSpec spec = one_gpu_run(steps);
+      spec.config = config_for(v.stage, /*bf16=*/true, v.home, "");
+      if (low) {
+        spec.config["bf16"]["bf16_master_weights_and_grads"] = true;
+        spec.config["bf16"]["bf16_optimizer_states"] = v.bf16_moments;
+      }
+      return dstest::train_gpt(spec);
+    };
+    const auto fp32 = run(false, 1), low = run(true, 1);
+    EXPECT_EQ(low.losses, fp32.losses) << where;
+    for (size_t i = 0; i < fp32.weights.size(); ++i)
+      EXPECT_TRUE(torch::equal(low.weights[i], fp32.weights[i])) << where << " parameter " << i;
+    EXPECT_EQ(low.memory[0].optimizer_states * 12,
+              fp32.memory[0].optimizer_states * (v.bf16_moments ? 4 : 8))
+        << where;
+    const auto longer = run(true, 10);
+    EXPECT_LT(longer.losses.back(), longer.losses.front()) << where << ": the loss did not fall";
+  }
+}

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "device/out_of_memory.h"
@@ -175,18 +176,31 @@ void run_on_cpu(const AdamRangeStep& r, const at::Tensor& grad, int64_t n) {
 }
 
 // A GPU step of a 16-bit master (and its moments, fp32 or bf16): the fp32 update on widened
-// copies of them, rounded back. Transient: 4 bytes per element for each 16-bit tensor.
+// copies of them, rounded back, 2^24 elements at a time so that the copies (4 bytes an element
+// for each 16-bit tensor) stay a bounded transient: widening the whole partition at once would
+// raise the step's peak above fp32 masters' 12 bytes an element.
 void device_adam_step_any(at::Tensor& param, const at::Tensor& grad, at::Tensor& m,
                           at::Tensor& v, const AdamStepParams& hp, const at::Tensor& target,
                           bool grads_are_scratch) {
   if (param.scalar_type() == torch::kFloat && m.scalar_type() == torch::kFloat)
     return device_adam_step(param, grad, m, v, hp, target, grads_are_scratch);
-  at::Tensor p32 = param.to(torch::kFloat), m32 = m.to(torch::kFloat), v32 = v.to(torch::kFloat);
-  device_adam_step(p32, grad, m32, v32, hp, at::Tensor(), grads_are_scratch);
-  param.copy_(p32);
-  m.copy_(m32);
-  v.copy_(v32);
-  if (target.defined()) target.copy_(param);
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  const int64_t n = param.numel();
+  auto piece = [](const at::Tensor& t, int64_t off, int64_t len) {
+    return t.view({-1}).narrow(0, off, len);
+  };
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    at::Tensor p16 = piece(param, off, len), m_in = piece(m, off, len), v_in = piece(v, off, len);
+    // to(kFloat) of fp32 moments is the moments themselves: updated in place, no copy.
+    at::Tensor p32 = p16.to(torch::kFloat), m32 = m_in.to(torch::kFloat),
+               v32 = v_in.to(torch::kFloat);
+    device_adam_step(p32, piece(grad, off, len), m32, v32, hp, at::Tensor(), grads_are_scratch);
+    p16.copy_(p32);
+    if (!m32.is_same(m_in)) m_in.copy_(m32);
+    if (!v32.is_same(v_in)) v_in.copy_(v32);
+    if (target.defined()) piece(target, off, len).copy_(p16);
+  }
 }
 }  // namespace
 

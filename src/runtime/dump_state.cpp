@@ -71,6 +71,11 @@ std::string describe_engine_state(const EngineState& s) {
                   ? (c.optimizer ? c.optimizer->type : std::string("client optimizer")) + ", " +
                         std::to_string(s.optimizer->param_groups().size()) + " parameter group(s)"
                   : std::string("none"));
+  // What the optimizer steps: fp32 masters, or the 16-bit partition itself (low-precision masters).
+  if (s.optimizer && !s.optimizer->param_groups().empty() &&
+      !s.optimizer->param_groups()[0].params().empty())
+    out += line("master weights", c10::toString(
+                                      s.optimizer->param_groups()[0].params()[0].scalar_type()));
   out += line("lr_scheduler",
               s.scheduler ? (c.scheduler ? c.scheduler->type : std::string("client scheduler"))
                           : std::string("none"));

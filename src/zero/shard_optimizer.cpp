@@ -456,7 +456,7 @@ class InMemoryShard : public ShardOptimizer {
   std::unique_ptr<ViewMoments> view_moments_;  // a one-moment optimizer over segments_
   optim::FusedAdam* fused_ = nullptr;
   bool mixed_ = false;      // a 16-bit partition with fp32 masters: master_ a separate copy
-  bool aliased_ = false;    // master_ is the (fp32, resident) partition itself
+  bool aliased_ = false;    // master_ is the resident partition itself (fp32, or 16-bit masters)
   bool half_copy_ = false;  // FusedAdam writes the 16-bit partition during its update
   bool host_ = false;       // masters in host memory, the partition on a GPU
   bool device_master_ = false;  // masters on the GPU, the partition in host memory or a file

@@ -63,7 +63,7 @@ std::string low_precision_masters(const Config& config) {
                             "moments are updated by the CPU Adam, as in DeepSpeed)")) +
         "; offload_optimizer.device is \"" + device + "\"");
   // "and grads": the gradient partition is in the model's 16 bits.
-  if (!config.grad_accum_dtype.empty() && config.grad_accum_dtype == "fp32")
+  if (config.grad_accum_dtype == "fp32")
     throw ConfigError("config key '" + key + "' keeps the gradients in 16 bits, but "
                       "data_types.grad_accum_dtype is \"fp32\"; remove one of them");
   return key;

@@ -34,6 +34,7 @@ TEST(DumpState, PrintsTheEngineOnceOnRankZero) {
   // Full sizes at stage 3, where the units' parameters are released.
   const int64_t params = dstest::count_parameters(gpt::GPTConfig{256, 16, 2, 2, 32});
   EXPECT_CONTAINS(out, "  trainable parameters ......... " + std::to_string(params) + " (");
+  EXPECT_CONTAINS(out, "  master weights ............... Float\n");  // fp32 masters
   EXPECT_CONTAINS(out, "model states (MB)");
   EXPECT_CONTAINS(out, "\"dump_state\": true");  // the config as read
 }

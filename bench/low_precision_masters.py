@@ -17,11 +17,11 @@ per rank (max over ranks).
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zero_memory_and_speed import ROOT, run  # noqa: E402  (dsrun + gpt_train, its report lines)
 
 VARIANTS = [
     ("fp32 masters, fp32 moments (default)", {}),
@@ -29,19 +29,6 @@ VARIANTS = [
     ("bf16 masters, bf16 moments",
      {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}),
 ]
-
-
-def run(cmd, env_extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", **env_extra)
-    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         timeout=3600)
-    if out.returncode != 0:
-        sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout[-3000:]}")
-    reports = [dict(kv.split("=") for kv in line.split("gpt_train_report ")[1].split())
-               for line in out.stdout.splitlines() if "gpt_train_report " in line]
-    if not reports:
-        sys.exit(f"no report from: {' '.join(cmd)}\n{out.stdout[-3000:]}")
-    return reports
 
 
 def main():

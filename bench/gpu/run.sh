@@ -17,7 +17,12 @@
 #           dscpp_z2_wcb dscpp_z2_off_wcb dscpp_z2_off_serial_wcb: the same with the engine's
 #           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics);
 #           dscpp_z2_tadam: dscpp_z2 with libtorch's fused Adam on a widened gradient copy
-#           (DS_DEVICE_ADAM=libtorch) instead of this library's kernel, what it bought
+#           (DS_DEVICE_ADAM=libtorch) instead of this library's kernel, what it bought;
+#           dscpp_z2_off_lowp: dscpp_z2_off with bf16.bf16_master_weights_and_grads (bf16 host
+#           masters: 8 host bytes a parameter for the optimizer instead of 12); dscpp_z2_lowp:
+#           dscpp_z2 with bf16 masters and bf16_optimizer_states (4 GPU bytes instead of 12);
+#           LOWP=fp32_moments|bf16_moments in the environment gives every row of ours those keys
+#           (e.g. with STEPS=largest)
 #   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
 #           d 1600, 25 heads), micro-batch 16 of 128 tokens: ZeRO-3 and ZeRO-2 with CPU offload
 #           beside DeepSpeed's, stage 0 / PyTorch at micro-batch 16 and 1 (expected: out of memory)
@@ -251,8 +256,15 @@ ds_config() {  # stage, offload
     opt_serial) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true, \"overlap_step\": false}" ;;
     param_opt) z="$z, \"offload_optimizer\": {\"device\": \"cpu\", \"pin_memory\": true}, \"offload_param\": {\"device\": \"cpu\", \"pin_memory\": true}, \"stage3_max_live_parameters\": 1000000000, \"stage3_prefetch_bucket_size\": 50000000" ;;
   esac
+  # LOWP: DeepSpeed's low-precision masters (docs/config.md): "fp32_moments" (bf16 masters, the
+  # CPU Adam's fp32 moments: with offload) or "bf16_moments" (+ bf16_optimizer_states).
+  local bf16='"enabled": true'
+  case ${LOWP:-} in
+    fp32_moments) bf16="$bf16, \"bf16_master_weights_and_grads\": true" ;;
+    bf16_moments) bf16="$bf16, \"bf16_master_weights_and_grads\": true, \"bf16_optimizer_states\": true" ;;
+  esac
   cat <<JSON
-{"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+{"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": 1, "bf16": {$bf16},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
  "steps_per_print": $( [ "${WCB:-0}" = 1 ] && echo 1 || echo 1000000000 ), "zero_optimization": {$z}}
 JSON
@@ -354,6 +366,8 @@ bench() {
       dscpp_z2_wcb) WCB=1 row_ours $r 2 none ;; dscpp_z2_off_wcb) WCB=1 row_ours $r 2 opt ;;
       dscpp_z2_tadam) DS_DEVICE_ADAM=libtorch row_ours $r 2 none ;;  # libtorch's fused Adam
       dscpp_z2_off_serial_wcb) WCB=1 row_ours $r 2 opt_serial ;;
+      dscpp_z2_off_lowp) LOWP=fp32_moments row_ours $r 2 opt ;;  # bf16 masters, host copy
+      dscpp_z2_lowp) LOWP=bf16_moments row_ours $r 2 none ;;  # bf16 masters and moments on the GPU
       ds_*off) row_peer $r ;;
       *) row_peer $r ;;
     esac

@@ -9,6 +9,8 @@
 //    instead of 12;
 //  - training goes on (the loss falls), checkpoints resume bit for bit and load into fp32-master
 //    runs (the files hold fp32, as always);
+//  - the update during backward (overlap_step, overlap_forward) and a pipeline's stages step them
+//    as the plain step does;
 //  - DeepSpeed's rules are enforced, naming the keys.
 #include <gtest/gtest.h>
 
@@ -17,10 +19,13 @@
 
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/errors.h"
+#include "deepspeed/pipe.h"
+#include "runtime/engine_state.h"
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
 #include "support/half_mlp.h"
+#include "support/pipeline_gpt.h"
 #include "support/ranks.h"
 #include "support/training_run.h"
 #include "util/torch_compat.h"
@@ -126,6 +131,50 @@ TEST(Bf16MastersOverlap, UpdateDuringBackwardTrainsAsTheSerialStep) {
     const auto overlapped = dstest::train_gpt(s);
     EXPECT_EQ(overlapped.losses, serial.losses);
     EXPECT_TRUE(dstest::bit_identical(overlapped.weights, serial.weights));
+  }
+  // overlap_forward (one rank, stages 1-2): the update's last ranges run into the next forward.
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE("overlap_forward, stage " + std::to_string(stage));
+    dstest::RunSpec s;
+    s.steps = 4;
+    s.config = bf16_config(stage, Masters::kBf16WithFp32Moments);
+    s.config["zero_optimization"]["offload_optimizer"]["overlap_step"] = true;
+    const auto waiting = dstest::train_gpt(s);
+    s.config["zero_optimization"]["offload_optimizer"]["overlap_forward"] = true;
+    bool handed_over = false;
+    s.after_training = [&](deepspeed::Engine& engine) {
+      handed_over = deepspeed::state_of(engine).stage->step_handed_over();
+    };
+    const auto forward = dstest::train_gpt(s);
+    EXPECT_TRUE(handed_over) << "the last step was not handed over to the next forward";
+    EXPECT_EQ(forward.losses, waiting.losses);
+    EXPECT_TRUE(dstest::bit_identical(forward.weights, waiting.weights));
+  }
+}
+
+// In a pipeline (2 stages, one rank each) at ZeRO stages 1 and 2 with bf16 masters: the first
+// step is the fp32 masters' (the second batch's loss is theirs), later steps part, the loss falls.
+TEST(Bf16MastersPipeline, FirstStepAsFp32MastersThenTrains) {
+  for (int zero : {1, 2}) {
+    SCOPED_TRACE("ZeRO stage " + std::to_string(zero));
+    std::map<bool, std::vector<double>> losses;
+    std::mutex mu;
+    for (bool low : {false, true}) {
+      dstest::run_ranks(2, [&](deepspeed::comm::CommunicatorPtr comm) {
+        auto args = dstest::pipeline_args(comm, 2, zero, dstest::tiny_pipeline_gpt(false));
+        args.config_json["bf16"] = {{"enabled", true}, {"bf16_master_weights_and_grads", low}};
+        args.config_json["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+        auto engine = deepspeed::pipe::initialize_pipeline(args);
+        auto mine = dstest::train_pipeline_steps(*engine, comm, 0, 6);
+        std::lock_guard<std::mutex> lock(mu);
+        if (comm->rank() == 0) losses[low] = mine;
+      });
+    }
+    ASSERT_EQ(losses[true].size(), 6u);
+    EXPECT_EQ(losses[true][0], losses[false][0]);
+    EXPECT_EQ(losses[true][1], losses[false][1]);
+    EXPECT_NE(losses[true], losses[false]);
+    EXPECT_LT(losses[true].back(), losses[true].front());
   }
 }
 

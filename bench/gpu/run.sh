@@ -261,7 +261,8 @@ ds_config() {  # stage, offload
   local bf16='"enabled": true'
   case ${LOWP:-} in
     fp32_moments) bf16="$bf16, \"bf16_master_weights_and_grads\": true" ;;
-    bf16_moments) bf16="$bf16, \"bf16_master_weights_and_grads\": true, \"bf16_optimizer_states\": true" ;;
+    bf16_moments)
+      bf16="$bf16, \"bf16_master_weights_and_grads\": true, \"bf16_optimizer_states\": true" ;;
   esac
   cat <<JSON
 {"train_micro_batch_size_per_gpu": $MB, "gradient_accumulation_steps": 1, "bf16": {$bf16},

@@ -90,6 +90,32 @@ TEST_P(Bf16Masters, FirstStepAsFp32MastersThenTheirOwnWithLessMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, Bf16Masters, ::testing::Values(1, 2, 3));
 
+// Stage 3 with its parameter partition in a file (offload_param "nvme", the masters then a bf16
+// host copy beside it, written back to the file after each step): the first step is the fp32
+// masters', the optimizer holds 10 bytes an element (2 + 8) where fp32 masters hold 12.
+TEST(Bf16MastersParamSwap, AHostCopyBesideTheFile) {
+  dstest::TempDir dir;
+  auto run = [&](Masters m) {
+    dstest::RunSpec s;
+    s.world_size = 2;
+    s.steps = 1;
+    s.config = bf16_config(3, m);
+    s.config["zero_optimization"]["stage3_param_persistence_threshold"] = 0;
+    s.config["zero_optimization"]["offload_param"] = {{"device", "nvme"},
+                                                      {"nvme_path", dir.path()},
+                                                      {"buffer_count", 2},
+                                                      {"buffer_size", 100000},
+                                                      {"max_in_cpu", 0}};
+    s.config["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
+    return dstest::train_gpt(s);
+  };
+  const auto fp32 = run(Masters::kFp32), low = run(Masters::kBf16WithFp32Moments);
+  EXPECT_EQ(low.losses, fp32.losses);
+  EXPECT_TRUE(dstest::bit_identical(low.weights, fp32.weights));
+  EXPECT_EQ(optimizer_bytes(low) * 12, optimizer_bytes(fp32) * 10)
+      << optimizer_bytes(low) << " bytes against fp32 masters' " << optimizer_bytes(fp32);
+}
+
 // The 16-bit masters are what the optimizer holds (no fp32 copy), with moments in the dtype the
 // config names.
 TEST(Bf16MastersState, TheOptimizerStepsThePartitionItself) {

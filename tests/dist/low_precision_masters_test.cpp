@@ -206,7 +206,7 @@ TEST(Bf16MastersPipeline, FirstStepAsFp32MastersThenTrains) {
 
 // Saved with bf16 masters at step 2 and resumed: bit for bit the uninterrupted run. The same
 // checkpoint loads into an fp32-master run, which then takes the same first step (the masters'
-// values are the bf16 weights, the moments fp32 in both).
+// values are the bf16 weights, the moments fp32 in both), at two ranks and resharded to one.
 TEST(Bf16MastersCheckpoint, ResumesBitForBitAndLoadsIntoFp32Masters) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE("stage " + std::to_string(stage));
@@ -240,6 +240,16 @@ TEST(Bf16MastersCheckpoint, ResumesBitForBitAndLoadsIntoFp32Masters) {
     resume.config = bf16_config(stage, Masters::kBf16WithFp32Moments);
     const auto three = dstest::run_checkpoint_job(resume);
     EXPECT_TRUE(dstest::bit_identical(into_fp32.weights, three.weights));
+
+    // Resharded to one rank: bf16 masters and fp32 masters loaded from the same checkpoint take
+    // the same step (the reshard hands both the same fp32 values).
+    resume.world_size = 1;
+    const auto one_low = dstest::run_checkpoint_job(resume);
+    resume.config = bf16_config(stage, Masters::kFp32);
+    const auto one_fp32 = dstest::run_checkpoint_job(resume);
+    EXPECT_EQ(one_low.start_step, 2);
+    EXPECT_EQ(one_low.losses, one_fp32.losses);
+    EXPECT_TRUE(dstest::bit_identical(one_low.weights, one_fp32.weights));
   }
 }
 

@@ -73,13 +73,8 @@ __attribute__((target("avx2,fma,f16c"))) void widen_16_avx2(const uint16_t* in, 
                           : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     _mm256_storeu_ps(out + i, f);
   }
-  for (int64_t i = body; i < n; ++i)
-    out[i] = fp16 ? _cvtsh_ss(in[i]) : [&] {
-      const uint32_t u = static_cast<uint32_t>(in[i]) << 16;
-      float f;
-      __builtin_memcpy(&f, &u, 4);
-      return f;
-    }();
+  if (!fp16) return widen_bf16_scalar(in + body, out + body, n - body);
+  for (int64_t i = body; i < n; ++i) out[i] = _cvtsh_ss(in[i]);
 }
 
 __attribute__((target("avx2,fma,f16c"))) void narrow_16_avx2(const float* in, bool fp16,

@@ -25,20 +25,16 @@ void* advance(void* p, AdamElem e, int64_t k) {
   return p == nullptr ? nullptr : static_cast<char*>(p) + k * static_cast<int64_t>(size_of(e));
 }
 
-// With the scalar kernel (DS_ADAM_ISA=scalar, or a CPU without AVX2) the conversions are scalar
-// too; else 8 at a time (an AVX-512 CPU has AVX2 and F16C). Both give the same bits.
-bool vector_conversions() { return detail::current_adam_isa() != AdamIsa::Scalar; }
-
-// 16-bit bits -> fp32, exactly.
-void widen(const uint16_t* in, AdamElem e, float* out, int64_t n) {
-  if (vector_conversions()) return detail::widen_16_avx2(in, e == AdamElem::FP16, out, n);
+// 16-bit bits -> fp32, exactly. `vector`: 8 at a time (AVX2 + F16C), else scalar; the same bits.
+void widen(const uint16_t* in, AdamElem e, float* out, int64_t n, bool vector) {
+  if (vector) return detail::widen_16_avx2(in, e == AdamElem::FP16, out, n);
   if (e == AdamElem::BF16) return detail::widen_bf16_scalar(in, out, n);
   for (int64_t i = 0; i < n; ++i) out[i] = c10::detail::fp16_ieee_to_fp32_value(in[i]);
 }
 
 // fp32 -> 16-bit bits, to nearest even (c10::BFloat16's and c10::Half's rounding).
-void narrow(const float* in, AdamElem e, uint16_t* out, int64_t n) {
-  if (vector_conversions()) return detail::narrow_16_avx2(in, e == AdamElem::FP16, out, n);
+void narrow(const float* in, AdamElem e, uint16_t* out, int64_t n, bool vector) {
+  if (vector) return detail::narrow_16_avx2(in, e == AdamElem::FP16, out, n);
   if (e == AdamElem::BF16) {
     for (int64_t i = 0; i < n; ++i) out[i] = detail::float_to_bf16_bits(in[i]);
     return;
@@ -47,9 +43,9 @@ void narrow(const float* in, AdamElem e, uint16_t* out, int64_t n) {
 }
 
 // fp32 buffers are used in place; 16-bit ones through the block's array.
-float* fp32_view(void* buffer, AdamElem e, int64_t off, int64_t len, float* block) {
+float* fp32_view(void* buffer, AdamElem e, int64_t off, int64_t len, float* block, bool vector) {
   if (e == AdamElem::F32) return static_cast<float*>(buffer) + off;
-  widen(static_cast<const uint16_t*>(buffer) + off, e, block, len);
+  widen(static_cast<const uint16_t*>(buffer) + off, e, block, len, vector);
   return block;
 }
 
@@ -61,16 +57,20 @@ struct Job {
   Half16Kind copy_kind;
   detail::AdamConsts c;
   detail::AdamKernel kernel;
+  // With the scalar kernel (DS_ADAM_ISA=scalar, or a CPU without AVX2) the conversions are scalar
+  // too; else 8 at a time (an AVX-512 CPU has AVX2 and F16C). Chosen once per call.
+  bool vector_conversions;
 };
 
 // Elements [off, off + len) of the job, len <= kBlock.
 void run_block(const Job& j, int64_t off, int64_t len) {
   alignas(64) float wide_p[kBlock], wide_g[kBlock], wide_m[kBlock], wide_v[kBlock];
   const AdamBuffers& b = j.b;
-  float* p = fp32_view(b.param, b.param_format, off, len, wide_p);
-  const float* g = fp32_view(const_cast<void*>(j.grad), j.grad_format, off, len, wide_g);
-  float* m = fp32_view(b.exp_avg, b.moment_format, off, len, wide_m);
-  float* v = fp32_view(b.exp_avg_sq, b.moment_format, off, len, wide_v);
+  const bool vec = j.vector_conversions;
+  float* p = fp32_view(b.param, b.param_format, off, len, wide_p, vec);
+  const float* g = fp32_view(const_cast<void*>(j.grad), j.grad_format, off, len, wide_g, vec);
+  float* m = fp32_view(b.exp_avg, b.moment_format, off, len, wide_m, vec);
+  float* v = fp32_view(b.exp_avg_sq, b.moment_format, off, len, wide_v, vec);
   const bool master16 = b.param_format != AdamElem::F32;
   // A 16-bit master takes the kernel's 16-bit store of the update: its own rounding.
   uint16_t* out16 = master16 ? static_cast<uint16_t*>(b.param) + off
@@ -83,11 +83,11 @@ void run_block(const Job& j, int64_t off, int64_t len) {
     if (elem_of(j.copy_kind) == b.param_format)
       std::memcpy(j.copy16 + off, out16, static_cast<size_t>(len) * 2);
     else
-      narrow(p, elem_of(j.copy_kind), j.copy16 + off, len);
+      narrow(p, elem_of(j.copy_kind), j.copy16 + off, len, vec);
   }
   if (b.moment_format != AdamElem::F32) {
-    narrow(m, b.moment_format, static_cast<uint16_t*>(b.exp_avg) + off, len);
-    narrow(v, b.moment_format, static_cast<uint16_t*>(b.exp_avg_sq) + off, len);
+    narrow(m, b.moment_format, static_cast<uint16_t*>(b.exp_avg) + off, len, vec);
+    narrow(v, b.moment_format, static_cast<uint16_t*>(b.exp_avg_sq) + off, len, vec);
   }
 }
 
@@ -127,7 +127,8 @@ void adam_step_buffers(const AdamBuffers& b, const void* grad, AdamElem grad_for
                 copy16,
                 copy_kind,
                 detail::make_adam_consts(p),
-                detail::current_kernel()};
+                detail::current_kernel(),
+                detail::current_adam_isa() != AdamIsa::Scalar};
   if (n == 0) return;
   const int threads = detail::adam_thread_count(p);
   if (threads <= 1 || n < detail::kAdamParallelMin) return run_chunk(job, 0, n);

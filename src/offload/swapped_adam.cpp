@@ -12,7 +12,29 @@ namespace deepspeed::offload {
 namespace {
 
 // The three arrays of a sub-group start on 64-byte boundaries inside its buffer.
-int64_t stride_of(int64_t numel) { return round_up(numel, 16); }
+constexpr int64_t kArrayAlignment = 64;
+
+int64_t bytes_of(optim::AdamElem format) { return format == optim::AdamElem::F32 ? 4 : 2; }
+
+at::ScalarType dtype_of(optim::AdamElem format) {
+  switch (format) {
+    case optim::AdamElem::F32: return at::kFloat;
+    case optim::AdamElem::BF16: return at::kBFloat16;
+    case optim::AdamElem::FP16: return at::kHalf;
+  }
+  return at::kFloat;
+}
+
+// The update reads these gradient dtypes as they are; any other is widened first.
+bool readable_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+}
+
+optim::AdamElem elem_of(at::ScalarType t) {
+  return t == at::kBFloat16 ? optim::AdamElem::BF16
+         : t == at::kHalf   ? optim::AdamElem::FP16
+                            : optim::AdamElem::F32;
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -36,19 +58,24 @@ SwappedAdam::SwappedAdam(int64_t numel, const GroupSource& initial_master, SwapO
         "zero_optimization.offload_optimizer.buffer_count must be >= 1 with device \"nvme\", "
         "got {}",
         options_.buffer_count));
+  TORCH_CHECK(options_.moment_format != optim::AdamElem::FP16,
+              "SwappedAdam: moments in fp32 or bf16, not fp16");
   file_ = create_swap_file(options_.dir, "offload_optimizer.nvme_path", "optimizer_swap");
   path_ = file_->path();
   make_groups();
   const int buffers = static_cast<int>(std::min<int64_t>(options_.buffer_count, groups_.size()));
-  int64_t max_bytes = 0, max_numel = 0;
-  for (auto& g : groups_) max_bytes = std::max(max_bytes, g.bytes), max_numel = std::max(max_numel, g.numel);
+  int64_t max_bytes = 0;
+  for (auto& g : groups_) {
+    max_bytes = std::max(max_bytes, g.bytes);
+    max_group_numel_ = std::max(max_group_numel_, g.numel);
+  }
   for (int b = 0; b < buffers; ++b) ring_.emplace_back(max_bytes);
-  grad_scratch_ = AlignedBuffer(max_numel * 4);
+  if (options_.device_gradients) grad_landing_ = AlignedBuffer(max_group_numel_ * 4);
   torch::NoGradGuard no_grad;
   for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
     const Group& g = groups_[k];
-    float* buf = ring_[0].as<float>();
-    std::memset(buf, 0, g.bytes);  // zero moments
+    void* buf = ring_[0].data();
+    std::memset(buf, 0, g.bytes);  // zero moments (0 in bf16 too)
     fill(k, buf, initial_master(g.begin, g.numel), 0);
     queue_.wait(queue_.write(*file_, g.offset, buf, g.bytes));
   }
@@ -69,7 +96,12 @@ void SwappedAdam::make_groups() {
     g.begin = begin;
     g.numel = numel;
     g.offset = offset;
-    g.bytes = round_up(3 * stride_of(g.numel) * 4, kDirectIoAlignment);
+    const int64_t master_bytes =
+        round_up(numel * bytes_of(options_.master_format), kArrayAlignment);
+    const int64_t moment_bytes =
+        round_up(numel * bytes_of(options_.moment_format), kArrayAlignment);
+    g.at = {0, master_bytes, master_bytes + moment_bytes};
+    g.bytes = round_up(master_bytes + 2 * moment_bytes, kDirectIoAlignment);
     offset += g.bytes;
     expected = begin + numel;
     groups_.push_back(g);
@@ -84,8 +116,24 @@ SwappedAdam::~SwappedAdam() {
   }
 }
 
+at::Tensor SwappedAdam::view(void* base, const Group& g, int which) const {
+  const optim::AdamElem format = which == 0 ? options_.master_format : options_.moment_format;
+  return at::from_blob(static_cast<char*>(base) + g.at[which], {g.numel}, dtype_of(format));
+}
+
+optim::AdamBuffers SwappedAdam::buffers(void* base, const Group& g) const {
+  char* bytes = static_cast<char*>(base);
+  optim::AdamBuffers b;
+  b.param = bytes + g.at[0];
+  b.param_format = options_.master_format;
+  b.exp_avg = bytes + g.at[1];
+  b.exp_avg_sq = bytes + g.at[2];
+  b.moment_format = options_.moment_format;
+  return b;
+}
+
 int64_t SwappedAdam::resident_bytes() const {
-  int64_t total = grad_scratch_.bytes();
+  int64_t total = grad_landing_.bytes();
   for (auto& b : ring_) total += b.bytes();
   return total;
 }
@@ -194,29 +242,16 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
 
       t0 = std::chrono::steady_clock::now();
       const Group& g = groups_[k];
-      const int64_t stride = stride_of(g.numel);
-      float* master = ring_[b].as<float>();
+      void* base = ring_[b].data();
       const at::Tensor grad = grads.get(g.begin, g.numel);
       TORCH_CHECK(grad.numel() == g.numel, "SwappedAdam::step: the gradient source gave ",
                   grad.numel(), " elements for a sub-group of ", g.numel);
-      const float* gptr;
-      // Read in place only in host memory: stages 1 and 2 keep the gradient partition on the
-      // compute device (a GPU) when the optimizer is swapped; the copy brings it down.
-      if (grad.scalar_type() == torch::kFloat && grad.is_contiguous() && grad.is_cpu()) {
-        gptr = grad.data_ptr<float>();
-      } else {
-        at::from_blob(grad_scratch_.data(), {g.numel}, torch::kFloat).copy_(grad);
-        gptr = grad_scratch_.as<float>();
-      }
+      const auto [gptr, gformat] = readable_grads(grad, g);
       void* out = sink.begin_group(g.begin, g.numel);
       uint16_t* half = fp32_out ? nullptr : static_cast<uint16_t*>(out);
       ++groups_updated_;  // from here the parameters and the buffer hold the new values
-      optim::AdamBuffers state;
-      state.param = master;
-      state.exp_avg = master + stride;
-      state.exp_avg_sq = master + 2 * stride;
-      optim::adam_step_runs(runs, state, gptr, optim::AdamElem::F32, g.begin, g.numel, half, kind);
-      if (fp32_out) std::memcpy(out, master, g.numel * sizeof(float));
+      optim::adam_step_runs(runs, buffers(base, g), gptr, gformat, g.begin, g.numel, half, kind);
+      if (fp32_out) at::from_blob(out, {g.numel}, at::kFloat).copy_(view(base, g, 0));
       sink.end_group(g.begin, g.numel);
       grads.release(g.begin, g.numel);
       stats_.seconds_updating += seconds_since(t0);
@@ -238,22 +273,33 @@ void SwappedAdam::step(GradSource& grads, ParamSink& sink, at::ScalarType out_dt
   stats_.bytes_written = queue_.bytes_written();
 }
 
-void SwappedAdam::fill(int64_t group, float* into, const at::Tensor& source, int which) const {
+// Host gradients of a dtype the update reads are read where they are (in device memory they
+// are copied down first: stages 1 and 2 keep the gradient partition on a GPU when the optimizer
+// is swapped). Before the sub-group counts as updated: a failed allocation here leaves it clean.
+std::pair<const void*, optim::AdamElem> SwappedAdam::readable_grads(const at::Tensor& grad,
+                                                                    const Group& g) {
+  if (grad.is_cpu() && grad.is_contiguous() && readable_dtype(grad.scalar_type()))
+    return {grad.data_ptr(), elem_of(grad.scalar_type())};
+  if (grad_landing_.bytes() == 0) grad_landing_ = AlignedBuffer(max_group_numel_ * 4);
+  const at::ScalarType dtype = readable_dtype(grad.scalar_type()) ? grad.scalar_type() : at::kFloat;
+  at::from_blob(grad_landing_.data(), {g.numel}, dtype).copy_(grad);
+  return {grad_landing_.data(), elem_of(dtype)};
+}
+
+void SwappedAdam::fill(int64_t group, void* base, const at::Tensor& source, int which) const {
   const Group& g = groups_[group];
   TORCH_CHECK(source.numel() == g.numel, "SwappedAdam: sub-group source has ", source.numel(),
               " elements, expected ", g.numel);
-  auto dst = at::from_blob(into + which * stride_of(g.numel), {g.numel}, torch::kFloat);
-  dst.copy_(source.reshape({-1}));
+  view(base, g, which).copy_(source.reshape({-1}));
 }
 
-void SwappedAdam::rewrite_groups(
-    const std::function<void(const Group&, float* state, int64_t stride)>& edit) {
+void SwappedAdam::rewrite_groups(const std::function<void(const Group&, void* base)>& edit) {
   torch::NoGradGuard no_grad;
   group_in_buffer_ = -1;
   for (const Group& g : groups_) {
-    float* buf = ring_[0].as<float>();
+    void* buf = ring_[0].data();
     queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
-    edit(g, buf, stride_of(g.numel));
+    edit(g, buf);
     queue_.wait(queue_.write(*file_, g.offset, buf, g.bytes));
   }
 }
@@ -266,7 +312,7 @@ void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_av
   group_in_buffer_ = -1;
   for (int64_t k = 0; k < static_cast<int64_t>(groups_.size()); ++k) {
     const Group& g = groups_[k];
-    float* buf = ring_[0].as<float>();
+    void* buf = ring_[0].data();
     std::memset(buf, 0, g.bytes);
     int which = 0;
     for (auto* t : {&master, &exp_avg, &exp_avg_sq})
@@ -277,7 +323,7 @@ void SwappedAdam::write_state(const at::Tensor& master, const at::Tensor& exp_av
 
 void SwappedAdam::reset_masters(const GroupSource& source) {
   int64_t k = 0;
-  rewrite_groups([&](const Group& g, float* state, int64_t) { fill(k++, state, source(g.begin, g.numel), 0); });
+  rewrite_groups([&](const Group& g, void* base) { fill(k++, base, source(g.begin, g.numel), 0); });
 }
 
 void SwappedAdam::set_masters(int64_t begin, const at::Tensor& values) {
@@ -301,12 +347,9 @@ std::array<at::Tensor, 3> SwappedAdam::read_state() {
   std::array<at::Tensor, 3> out{torch::empty({numel_}), torch::empty({numel_}),
                                 torch::empty({numel_})};
   for (const Group& g : groups_) {
-    float* buf = ring_[0].as<float>();
+    void* buf = ring_[0].data();
     queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
-    const int64_t stride = stride_of(g.numel);
-    for (int i = 0; i < 3; ++i)
-      out[i].narrow(0, g.begin, g.numel)
-          .copy_(at::from_blob(buf + i * stride, {g.numel}, torch::kFloat));
+    for (int i = 0; i < 3; ++i) out[i].narrow(0, g.begin, g.numel).copy_(view(buf, g, i));
   }
   return out;
 }
@@ -321,13 +364,10 @@ std::array<at::Tensor, 3> SwappedAdam::read_group(size_t k) {
   TORCH_CHECK(k < groups_.size(), "SwappedAdam::read_group: no sub-group ", k, " of ",
               groups_.size());
   const Group& g = groups_[k];
-  float* buf = ring_[0].as<float>();
+  void* buf = ring_[0].data();
   queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
   group_in_buffer_ = static_cast<int64_t>(k);
-  const int64_t stride = stride_of(g.numel);
-  std::array<at::Tensor, 3> out;
-  for (int i = 0; i < 3; ++i) out[i] = at::from_blob(buf + i * stride, {g.numel}, torch::kFloat);
-  return out;
+  return {view(buf, g, 0), view(buf, g, 1), view(buf, g, 2)};
 }
 
 void SwappedAdam::write_group(size_t k) {
@@ -343,10 +383,10 @@ void SwappedAdam::write_masters(ParamSink& sink, at::ScalarType dtype) {
   torch::NoGradGuard no_grad;
   group_in_buffer_ = -1;
   for (const Group& g : groups_) {
-    float* buf = ring_[0].as<float>();
+    void* buf = ring_[0].data();
     queue_.wait(queue_.read(*file_, g.offset, buf, g.bytes));
     void* out = sink.begin_group(g.begin, g.numel);
-    at::from_blob(out, {g.numel}, dtype).copy_(at::from_blob(buf, {g.numel}, torch::kFloat));
+    at::from_blob(out, {g.numel}, dtype).copy_(view(buf, g, 0));
     sink.end_group(g.begin, g.numel);
   }
   sink.finish();

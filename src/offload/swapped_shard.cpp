@@ -57,6 +57,18 @@ SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartiti
   o.aio.block_size = options.aio.block_size;
   o.aio.queue_depth = static_cast<int>(options.aio.queue_depth);
   o.groups = params.swap_groups(options.sub_group_size);
+  o.device_gradients = !options.compute_device.is_cpu();
+  // 16-bit masters (fp16/bf16_master_weights_and_grads) in the model's dtype, with fp32 or bf16
+  // moments (bf16_optimizer_states): 10 or 6 bytes an element in the file instead of 12.
+  if (!options.low_precision_masters.empty()) {
+    if (params.dtype() != at::kBFloat16 && params.dtype() != at::kHalf)
+      throw ConfigError("config key '" + options.low_precision_masters +
+                        "' needs a 16-bit model (fp16.enabled or bf16.enabled); the parameters "
+                        "are " + std::string(c10::toString(params.dtype())));
+    o.master_format =
+        params.dtype() == at::kHalf ? optim::AdamElem::FP16 : optim::AdamElem::BF16;
+    o.moment_format = options.bf16_moments ? optim::AdamElem::BF16 : optim::AdamElem::F32;
+  }
   adam_ = std::make_unique<SwappedAdam>(params.numel(), group_source(params), o);
   // A client optimizer's groups: the factory gave the placeholder one group per client group.
   segments_ = options.group_segments;

@@ -1,5 +1,6 @@
 // The shard optimizer at home "nvme" (ZeRO-Infinity's optimizer offload, any ZeRO stage 1-3):
-// the rank's fp32 masters and Adam moments live in a SwappedAdam file under nvme_path; the
+// the rank's masters and Adam moments (fp32; or low-precision: a 16-bit master with fp32 or bf16
+// moments) live in a SwappedAdam file under nvme_path; the
 // optimizer object the engine and the LR scheduler see is a FusedAdam over a 0-element
 // placeholder that only carries lr/betas/eps/weight decay: one group, or one per parameter group
 // of a client optimizer, whose segments of the partition (zero/flat_groups.h) each step with

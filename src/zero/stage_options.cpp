@@ -49,15 +49,13 @@ std::string low_precision_masters(const Config& config) {
     throw ConfigError("config key '" + key + "' needs ZeRO stage 1, 2 or 3 (zero_optimization." +
                       "stage is " + std::to_string(stage) + "), as in DeepSpeed");
   const std::string device = config.zero_optimization.offload_optimizer.device;
-  if (device == "nvme")
-    throw ConfigError("config key '" + key + "' with zero_optimization.offload_optimizer.device "
-                      "\"nvme\" is not supported: the NVMe optimizer swap keeps fp32 masters; use "
-                      "\"cpu\", or fp32 masters");
   // fp32 moments beside 16-bit masters: DeepSpeed's CPU Adam is the optimizer that keeps them.
+  // The NVMe swap's update is that CPU Adam too (offload/swapped_adam.h).
   const bool cpu_update_needed = fp16 || !config.bf16.bf16_optimizer_states;
-  if (cpu_update_needed && device != "cpu")
+  if (cpu_update_needed && device != "cpu" && device != "nvme")
     throw ConfigError(
-        "config key '" + key + "' needs zero_optimization.offload_optimizer.device \"cpu\" " +
+        "config key '" + key + "' needs zero_optimization.offload_optimizer.device \"cpu\" (or "
+        "\"nvme\") " +
         (fp16 ? std::string("(fp16 masters are updated by the CPU Adam, as in DeepSpeed)")
               : std::string("unless bf16.bf16_optimizer_states is true (bf16 masters with fp32 "
                             "moments are updated by the CPU Adam, as in DeepSpeed)")) +

@@ -78,11 +78,10 @@ std::vector<int64_t> unit_slices(const gpt::GPTConfig& c, int world) {
 // The swapped Adam's resident bytes (optimizer_states), from docs/config.md's
 // offload_optimizer.buffer_count row: min(buffer_count, sub-groups) buffers each holding one
 // sub-group's master, exp_avg and exp_avg_sq (12 bytes per element; the three arrays start on
-// 64-byte boundaries, swapped_adam.cpp) rounded up to 4096 bytes, and one widened-gradient scratch
-// (4 bytes per element) rounded up to 4096; s = the largest sub-group.
+// 64-byte boundaries, swapped_adam.cpp) rounded up to 4096 bytes; s = the largest sub-group. On
+// the CPU the gradients are read where they are: no landing buffer beside them.
 std::pair<int64_t, int64_t> swapped_adam_bytes_range(int64_t buffers, int64_t s) {
-  return {buffers * 12 * s + 4 * s,
-          buffers * round_up(12 * s + 3 * 64, 4096) + round_up(4 * s, 4096)};
+  return {buffers * 12 * s, buffers * round_up(12 * s + 3 * 64, 4096)};
 }
 
 nlohmann::json nvme_config(nlohmann::json c, const std::string& dir, int64_t sub_group, int buffers) {

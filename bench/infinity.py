@@ -7,6 +7,7 @@ states offloaded to NVMe, and measure what it costs.
                                        [--n_head H] [--block_size T] [--micro_batch B] [--lr LR]
                                        [--nvme_dir DIR] [--no_param_offload]
                                        [--disk_test_gib G] [--set KEY.PATH=JSON ...] [--dry_run]
+                                       [--compare | --compare_states]
 
 --scale full (the default) sizes the example GPT (n_embd 4096, n_head 32, block 64) with the
 smallest n_layer whose model states, 16 bytes per parameter (bf16 weights and gradients, fp32
@@ -15,6 +16,10 @@ master and two Adam moments), are at least 1.5x this machine's RAM (MemTotal). I
 on "nvme" in a fresh folder under --nvme_dir (default /var/tmp: the real disk, never a tmpfs), for
 --steps steps. --scale small is a quick check (n_layer 2, n_embd 256, 3 steps, a 1 GiB disk test);
 --no_param_offload keeps the parameters in RAM (only the optimizer states go to disk).
+--compare trains one model that fits in RAM in memory and with each NVMe path; --compare_states
+trains it with parameters and optimizer on NVMe in each optimizer-state format: fp32 masters and
+moments, bf16 masters (bf16.bf16_master_weights_and_grads) with fp32 moments, and bf16 masters
+and moments (+ bf16.bf16_optimizer_states).
 
 In the same run, on the same folder, it first measures the disk's sequential throughput: one file
 (min(--disk_test_gib, 10% of the free space)) written with O_DIRECT in 8 MiB requests and fsync'd,
@@ -231,7 +236,7 @@ def set_key(cfg, assignment):
     cfg[last] = value
 
 
-def make_config(a, params, swap):
+def make_config(a, params, swap, extra=()):
     """The DeepSpeed config: stage 3, bf16, NVMe offload; working set bounded to about two blocks."""
     block = block_params(a.n_embd)
     partition = math.ceil(params / a.procs)
@@ -265,7 +270,7 @@ def make_config(a, params, swap):
         "aio": {"block_size": 1 << 20, "queue_depth": 8},
         "seed": 1234,
     }
-    for s in a.set:
+    for s in list(a.set) + list(extra):
         set_key(cfg, s)
     return cfg
 
@@ -349,6 +354,9 @@ def parse_args():
     p.add_argument("--compare", action="store_true",
                    help="same model three times: in memory, optimizer on NVMe, both on NVMe "
                         "(default model n_layer 2: it must fit in RAM)")
+    p.add_argument("--compare_states", action="store_true",
+                   help="same model, parameters and optimizer on NVMe, in each optimizer-state "
+                        "format (fp32; bf16 masters; bf16 masters and moments)")
     p.add_argument("--timeout_min", type=float, default=180)
     p.add_argument("--set", action="append", default=[], metavar="KEY.PATH=JSON",
                    help="override a config key, e.g. zero_optimization.sub_group_size=1e7")
@@ -463,7 +471,7 @@ def summarize(a, ram, params, job, disk, fs):
 def main():
     a = parse_args()
     ram = meminfo_bytes("MemTotal")
-    if a.compare and a.n_layer is None:
+    if (a.compare or a.compare_states) and a.n_layer is None:
         a.n_layer = 2
     if a.n_layer is None:
         a.n_layer = layers_for(ram, a.n_embd, a.block_size)
@@ -486,6 +494,8 @@ def main():
             disk = disk_speed(job_dir, size)
         if a.compare:
             return compare(a, ram, params, job_dir)
+        if a.compare_states:
+            return compare_states(a, ram, params, job_dir)
         job = run_job(a, params, job_dir, ["optimizer"] if a.no_param_offload else ["optimizer", "param"])
         return summarize(a, ram, params, job, disk, fs)
     finally:
@@ -494,14 +504,15 @@ def main():
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def run_job(a, params, job_dir, offloaded):
-    """One training job with the given parts ("optimizer", "param") swapped under job_dir."""
+def run_job(a, params, job_dir, offloaded, extra=()):
+    """One training job with the given parts ("optimizer", "param") swapped under job_dir; `extra`:
+    more KEY.PATH=JSON config assignments."""
     swap = {name: os.path.join(job_dir, name) for name in offloaded}
     for d in swap.values():
         os.makedirs(d, exist_ok=True)
     config = os.path.join(job_dir, "ds_config.json")
     with open(config, "w") as f:
-        json.dump(make_config(a, params, swap), f, indent=1)
+        json.dump(make_config(a, params, swap, extra), f, indent=1)
     cmd = [os.path.join(a.build, "bin", "dsrun"), "--num_procs", str(a.procs), "--master_port", str(free_port()),
            os.path.join(a.build, "bin", "gpt_train"), "--deepspeed_config", config, "--zero_init",
            "--data", os.path.join(ROOT, "data", "fortunes.txt"), "--steps", str(a.steps),
@@ -518,35 +529,68 @@ def run_job(a, params, job_dir, offloaded):
         job.stop()
 
 
+def measure(a, name, job, job_dir):
+    """(name, step time s, peak RSS, disk I/O per step, first loss, final loss) of a finished job, or
+    None if it failed; the job folder is emptied for the next one."""
+    if job.returncode != 0 or len(job.reports) != a.procs:
+        print(f"{name}: job failed (exit {job.returncode}):\n" + "\n".join(job.tail), file=sys.stderr)
+        return None
+    step_s = max(float(r["step_ms"]) for r in job.reports) / 1e3
+    rss = max(sum(int(r["peak_rss_kb"]) * 1024 for r in job.reports), job.watch.rss_peak)
+    steps = max(1, len(job.steps) - 1)
+    io = (job.steps[-1][3] - job.steps[0][3] + job.steps[-1][4] - job.steps[0][4]) / steps
+    shutil.rmtree(job_dir, ignore_errors=True)
+    os.makedirs(job_dir)
+    return (name, step_s, rss, io, job.steps[0][1], job.steps[-1][1])
+
+
+def print_rows(a, ram, rows, peer):
+    print("| run | step time | vs " + peer + " | peak RSS (sum over ranks) | disk I/O per step | loss, first -> final |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base = rows[0][1]
+    for name, step_s, rss, io, first, loss in rows:
+        print(f"| {name} | {step_s:.2f} s | {step_s / base:.2f}x | {mb(rss)} ({100 * rss / ram:.0f}% of RAM) "
+              f"| {gb(io)} | {first:.4f} -> {loss:.4f} |")
+
+
 def compare(a, ram, params, job_dir):
     """The NVMe paths' step time against the in-memory step time on the same model and data."""
     modes = [("in memory", []), ("optimizer on NVMe", ["optimizer"]),
              ("parameters + optimizer on NVMe", ["optimizer", "param"])]
     rows = []
     for name, offloaded in modes:
-        job = run_job(a, params, job_dir, offloaded)
-        if job.returncode != 0 or len(job.reports) != a.procs:
-            print(f"{name}: job failed (exit {job.returncode}):\n" + "\n".join(job.tail), file=sys.stderr)
+        row = measure(a, name, run_job(a, params, job_dir, offloaded), job_dir)
+        if row is None:
             return 1
-        step_s = max(float(r["step_ms"]) for r in job.reports) / 1e3
-        rss = max(sum(int(r["peak_rss_kb"]) * 1024 for r in job.reports), job.watch.rss_peak)
-        steps = max(1, len(job.steps) - 1)
-        io = (job.steps[-1][3] - job.steps[0][3] + job.steps[-1][4] - job.steps[0][4]) / steps
-        rows.append((name, step_s, rss, io, job.steps[-1][1]))
-        shutil.rmtree(job_dir, ignore_errors=True)
-        os.makedirs(job_dir)
-    base = rows[0][1]
+        rows.append(row)
     print(f"\nSame model, three ways: GPT n_layer {a.n_layer} n_embd {a.n_embd} ({params / 1e9:.3g}B parameters, "
           f"model states {gb(STATE_BYTES_PER_PARAM * params)}), {a.procs} ranks x 1 thread, bf16, ZeRO-3, "
           f"micro-batch {a.micro_batch}, {a.steps} steps (step time: steps 2..N)\n")
-    print("| run | step time | vs in memory | peak RSS (sum over ranks) | disk I/O per step | final loss |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, step_s, rss, io, loss in rows:
-        print(f"| {name} | {step_s:.2f} s | {step_s / base:.2f}x | {mb(rss)} ({100 * rss / ram:.0f}% of RAM) "
-              f"| {gb(io)} | {loss:.4f} |")
-    same = len({r[4] for r in rows}) == 1
+    print_rows(a, ram, rows, "in memory")
+    same = len({r[5] for r in rows}) == 1
     print(f"\nfinal losses identical across the three runs: {'yes' if same else 'NO'}")
     return 0 if same else 1
+
+
+def compare_states(a, ram, params, job_dir):
+    """Parameters and optimizer on NVMe, the optimizer state in each format, same model and data."""
+    formats = [("fp32 masters + moments (12 B/param on disk)", []),
+               ("bf16 masters, fp32 moments (10 B/param)", ["bf16.bf16_master_weights_and_grads=true"]),
+               ("bf16 masters + moments (6 B/param)", ["bf16.bf16_master_weights_and_grads=true",
+                                                      "bf16.bf16_optimizer_states=true"])]
+    rows = []
+    for name, extra in formats:
+        row = measure(a, name, run_job(a, params, job_dir, ["optimizer", "param"], extra), job_dir)
+        if row is None:
+            return 1
+        rows.append(row)
+    print(f"\nSame model, parameters and optimizer on NVMe, three optimizer-state formats: GPT n_layer "
+          f"{a.n_layer} n_embd {a.n_embd} ({params / 1e9:.3g}B parameters), {a.procs} ranks x 1 thread, "
+          f"bf16, ZeRO-3, micro-batch {a.micro_batch}, {a.steps} steps (step time: steps 2..N)\n")
+    print_rows(a, ram, rows, "fp32 masters")
+    falling = all(loss < first for _, _, _, _, first, loss in rows)
+    print(f"\nloss falls in every run: {'yes' if falling else 'NO'}")
+    return 0 if falling else 1
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ struct MemoryReport {
   // CPU that is everything; on a GPU, what offload keeps on the host (ZeRO-Offload's masters,
   // moments and pinned buffers; offload_param's partition; swap buffers).
   int64_t host_bytes = 0;
+  // Beside memory: the bytes of this rank's swap files (offload_optimizer / offload_param
+  // "nvme": the optimizer's state, stage 3's parameter partition beyond max_in_cpu and, with the
+  // optimizer there, its gradient partition). Not in total().
+  int64_t nvme_bytes = 0;
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
   int64_t total() const { return model_states() + comm_buffers + gathered_bytes; }
   int64_t device_bytes() const { return total() - host_bytes; }
@@ -79,11 +83,78 @@ struct MemoryEstimate {
   int64_t hpz_secondary = 0;     // hpZ's secondary partition at its peak (0 without hpZ)
   int64_t step_transient = 0;    // fp32 copy of the gradient partition during a widening step
   int64_t largest_layer_working = 0;  // stage 3: largest unit gathered + its gradient
+  // Where they are (ZeroMemoryOptions below): of model_states(), the bytes in host memory (all
+  // of it on the CPU); of the three transients, those in host memory. The rest is the GPU's.
+  int64_t host_bytes = 0;
+  int64_t host_transient = 0;
+  // In swap files (NVMe offload), beside memory: not in model_states(); MemoryReport::nvme_bytes.
+  int64_t nvme_bytes = 0;
   int64_t model_states() const { return parameters + gradients + optimizer_states; }
   int64_t peak() const {
     return model_states() + hpz_secondary + step_transient + largest_layer_working;
   }
+  int64_t peak_host() const { return host_bytes + host_transient; }
+  int64_t peak_device() const { return peak() - peak_host(); }
 };
+
+// Everything estimate_zero_memory reads. The first eight are the positional arguments below;
+// the rest place the states as initialize() does (zero/shard_optimizer.cpp, offload/):
+//   low_precision_masters (DeepSpeed's bf16/fp16_master_weights_and_grads; mixed precision,
+//     stages 1-3): a 16-bit master (2 bytes) instead of fp32; with bf16_moments
+//     (bf16.bf16_optimizer_states) the two moments in bf16 (4 bytes) instead of fp32 (8).
+//   The master is the partition itself (0 bytes of its own) where it has the partition's dtype
+//     and sits beside the update: an fp32 model, or 16-bit masters, on the CPU or on a GPU
+//     without offload. Else it is a copy: fp32 masters of a 16-bit model; on a GPU, the host
+//     copy of ZeRO-Offload (offload_optimizer "cpu") and stage 3's device copy when offload_param
+//     moves the partition to the host without offload_optimizer; a partition partly in a file.
+//     So the optimizer's bytes per partition element: 12 (mixed), 8 (fp32 model, or 16-bit
+//     masters aliased), 4 (+ bf16 moments), 10 / 6 (a 16-bit master copy).
+//   offload_optimizer "cpu": the same bytes in host memory, and from stage 2 the gradient
+//     partition there too. "nvme": the state in a file, 12 / 10 / 6 bytes an element (offload/
+//     swapped_adam.h: sub-groups of sub_group_size elements, arrays on 64 bytes, regions on 4096);
+//     in memory a ring of min(optimizer_buffer_count, sub-groups) whole sub-groups' regions, and on
+//     a GPU at stages 1-2 a landing buffer of one sub-group's fp32 gradients. At stage 3 the
+//     gradient partition goes to a file too (offload/grad_store.h), one unit's slice in memory
+//     at a time (largest_layer_params' share; 0 when not given).
+//   offload_param (stage 3) "cpu": the parameter partition in host memory. "nvme": its first
+//     param_max_in_cpu elements stay in memory (whole units there; counted as elements here), the
+//     rest is in a file, read through a pool of buffers of the largest unit's slice (rounded to
+//     4096 bytes), one a unit in the file, at most param_buffer_count (none counted when
+//     largest_layer_params is not given). Whole units stay in memory: at most max_in_cpu.
+//   Offload below its stage is ignored, as initialize() ignores it (with a warning). Stage 3's
+//   gathered layer and hpZ's secondary partition are on the compute device; the widening step's
+//   copy in host memory where the optimizer is offloaded. Left out: page-locked staging buffers
+//   (MemoryReport::host_comm_buffers), ZeRO-Offload's host gradient landing buffers.
+// Throws ConfigError as the positional form does, for an offload device other than "none",
+// "cpu", "nvme", and for low-precision keys initialize() refuses (stage 0, an fp32 model,
+// bf16_moments without low_precision_masters, fp32 moments without offload_optimizer).
+struct ZeroMemoryOptions {
+  int world_size = 1;
+  int stage = 0;
+  bool mixed_precision = false;
+  int hpz_partition_size = 1;
+  int64_t largest_layer_params = 0;
+  int grad_accum_bytes = 0;
+  bool widening_step = false;
+  int accumulation_steps = 1;
+  bool low_precision_masters = false;
+  bool bf16_moments = false;
+  bool gpu = false;                          // the compute device is a GPU
+  std::string offload_optimizer = "none";    // zero_optimization.offload_optimizer.device
+  std::string offload_param = "none";        // zero_optimization.offload_param.device
+  int64_t sub_group_size = 1000000000;       // zero_optimization.sub_group_size
+  int optimizer_buffer_count = 4;            // offload_optimizer.buffer_count
+  int param_buffer_count = 5;                // offload_param.buffer_count
+  int64_t param_max_in_cpu = 1000000000;     // offload_param.max_in_cpu
+};
+MemoryEstimate estimate_zero_memory(int64_t num_parameters, const ZeroMemoryOptions& options);
+// The options of a parsed ds_config (load_config / parse_config), read as initialize() reads it:
+// stage, fp16/bf16, zero_hpz_partition_size, data_types.grad_accum_dtype resolved (above),
+// gradient_accumulation_steps, an optimizer other than Adam/AdamW as a widening step, the
+// low-precision keys of the enabled block, the offload devices and their NVMe sizes.
+// largest_layer_params is the model's: set it after. Throws ConfigError for world_size < 1.
+struct Config;
+ZeroMemoryOptions zero_memory_options(const Config& config, int world_size, bool gpu = false);
 
 // hpz_partition_size: zero_optimization.zero_hpz_partition_size (1: no hpZ; counted at stage 3
 // only; above world_size it means world_size, as the engine reads it). largest_layer_params:
@@ -111,6 +182,10 @@ std::string format_zero_memory_estimates(int64_t num_parameters, int world_size,
                                          bool mixed_precision = false, int hpz_partition_size = 1,
                                          int64_t largest_layer_params = 0,
                                          int grad_accum_bytes = 0);
+// The same for the placement of `options` (its stage is each row's; the stage-0 row without the
+// low-precision keys, which need stage 1-3). On a GPU an "on host (MB)" column (of peak), with
+// NVMe offload an "NVMe (MB)" one.
+std::string format_zero_memory_estimates(int64_t num_parameters, const ZeroMemoryOptions& options);
 
 // DeepSpeed's own estimators, formula for formula (deepspeed/runtime/zero/stage_1_and_2.py and
 // stage3.py), to compare with what DeepSpeed prints or budgets. Mixed precision with Adam; Ψ =

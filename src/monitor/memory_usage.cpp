@@ -67,6 +67,7 @@ std::vector<std::string> memory_usage_lines(const std::string& message, const Me
   if (s.peak_gathered_bytes > 0)
     states += " | gathered " + mb(s.gathered_bytes) + " (peak " + mb(s.peak_gathered_bytes) + ")";
   states += " | total " + mb(s.total());
+  if (s.nvme_bytes > 0) states += " | on NVMe " + mb(s.nvme_bytes);
   lines.push_back(states);
   lines.push_back("process RSS (MB): now " + mb(h.rss) + " | peak (VmHWM) " + mb(h.peak_rss));
   return lines;

@@ -53,6 +53,7 @@ class SwappedShard : public zero::ShardOptimizer {
     adam_->set_masters(begin, values);
   }
   int64_t resident_bytes() const override { return adam_->resident_bytes(); }
+  int64_t file_bytes() const override { return adam_->file_bytes(); }
 
   SwappedAdam& adam() { return *adam_; }
 

@@ -268,6 +268,7 @@ MemoryReport FlatStage::memory() const {
                  (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
                  (grads_->gradients_on_host() ? partition : host_share(ctx_.device, partition)) +
                  shard_->resident_host_bytes();
+  r.nvme_bytes = shard_->file_bytes();
   return r;
 }
 

@@ -188,6 +188,8 @@ class ShardOptimizer : public PendingUpdate {
   virtual int64_t resident_bytes() const = 0;
   // The part of resident_bytes() in host memory (all of it unless the masters are on a GPU).
   virtual int64_t resident_host_bytes() const { return resident_bytes(); }
+  // Bytes of optimizer state in a swap file (offload_optimizer "nvme"), beside memory.
+  virtual int64_t file_bytes() const { return 0; }
 
  protected:
   ReadOrder first_read_ = [](int64_t, int64_t) { return int64_t{0}; };

@@ -23,6 +23,7 @@
 #include "comm/nccl_communicator.h"
 #include "deepspeed/device.h"
 #include "deepspeed/engine.h"
+#include "deepspeed/memory.h"
 #include "device/pinned_memory.h"
 #include "device/transfer_stream.h"
 #include "offload/param_store.h"
@@ -467,6 +468,16 @@ TEST(OneGpuMemory, DeviceAndHostBytesFollowTheFormulas) {
   const double chunk = std::min(4194304.0, std::ceil(psi / 4));
   const double host = 14 * psi + 12 * chunk;
   EXPECT_NEAR(static_cast<double>(m.host_bytes), host, 0.05 * host);
+  // The estimator's placement says the same (it leaves the update's bounded scratch and ring
+  // out: 12 * chunk).
+  deepspeed::ZeroMemoryOptions o;
+  o.stage = 2;
+  o.mixed_precision = true;
+  o.gpu = true;
+  o.offload_optimizer = "cpu";
+  const auto e = deepspeed::estimate_zero_memory(dstest::count_parameters(spec.model), o);
+  EXPECT_NEAR(static_cast<double>(m.host_bytes), e.host_bytes + 12 * chunk, 0.05 * host);
+  EXPECT_NEAR(static_cast<double>(m.parameters), e.peak_device(), 0.05 * 2 * psi);
 }
 
 // Stage 3 never holds the whole model on the GPU at initialize(): the units' parameters stay in

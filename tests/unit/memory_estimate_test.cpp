@@ -348,4 +348,208 @@ TEST(EstimateZeroMemory, PeakCoversWhatTheMixedPrecisionStepAllocates) {
   }
 }
 
+// The placement options (memory.h's ZeroMemoryOptions): what initialize() keeps where, by hand.
+deepspeed::ZeroMemoryOptions options(int n, int stage, bool mixed = true) {
+  deepspeed::ZeroMemoryOptions o;
+  o.world_size = n;
+  o.stage = stage;
+  o.mixed_precision = mixed;
+  return o;
+}
+
+// DeepSpeed's low-precision masters: the 16-bit partition is the master where it sits beside the
+// update (the CPU; a GPU without offload): 8 bytes an element (fp32 moments) or 4 (bf16 moments)
+// against 12. ZeRO-Offload on a GPU keeps a 16-bit host copy: 10 or 6.
+TEST(EstimateZeroMemory, LowPrecisionMastersCountTheirBytes) {
+  const int64_t psi = 1000000;
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    auto o = options(4, stage);
+    o.low_precision_masters = true;
+    o.offload_optimizer = "cpu";
+    auto e = estimate_zero_memory(psi, o);
+    EXPECT_EQ(e.optimizer_states, 8 * psi / 4);
+    EXPECT_EQ(e.host_bytes, e.model_states());  // the CPU: all of it in host memory
+    o.bf16_moments = true;
+    EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, 4 * psi / 4);
+    o.gpu = true;
+    e = estimate_zero_memory(psi, o);
+    EXPECT_EQ(e.optimizer_states, 6 * psi / 4);
+    // ZeRO-Offload: the optimizer, and from stage 2 the gradient partition, in host memory.
+    EXPECT_EQ(e.host_bytes, 6 * psi / 4 + (stage >= 2 ? 2 * psi / 4 : 0));
+    o.bf16_moments = false;
+    EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, 10 * psi / 4);
+    o.offload_optimizer = "none";
+    o.bf16_moments = true;
+    e = estimate_zero_memory(psi, o);
+    EXPECT_EQ(e.optimizer_states, 4 * psi / 4);
+    EXPECT_EQ(e.host_bytes, 0);
+  }
+}
+
+TEST(EstimateZeroMemory, LowPrecisionRulesAreInitializes) {
+  auto o = options(4, 0);
+  o.low_precision_masters = true;
+  o.offload_optimizer = "cpu";
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "stage 1-3");
+  o = options(4, 2, /*mixed=*/false);
+  o.low_precision_masters = true;
+  o.offload_optimizer = "cpu";
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "16-bit model");
+  o = options(4, 2);
+  o.bf16_moments = true;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads");
+  o = options(4, 2);
+  o.low_precision_masters = true;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "zero_optimization.offload_optimizer.device \"cpu\"");
+  o = options(4, 2);
+  o.offload_optimizer = "disk";
+  EXPECT_EQ(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+            "estimate_zero_memory: zero_optimization.offload_optimizer.device \"disk\" must be "
+            "\"none\", \"cpu\" or \"nvme\"");
+}
+
+// On a GPU what offload moves is in host memory and the rest in the GPU's; on the CPU all of it
+// is host memory. Offload below its stage is ignored, as initialize() ignores it.
+TEST(EstimateZeroMemory, OffloadSplitsHostAndDeviceOnAGpu) {
+  const int64_t psi = 1000000, largest = 50000;
+  auto o = options(4, 2);
+  o.gpu = true;
+  auto e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.host_bytes, 0);
+  EXPECT_EQ(e.peak_device(), e.peak());
+  o.offload_optimizer = "cpu";
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.model_states(), 2 * psi + 14 * psi / 4);  // the same bytes, elsewhere
+  EXPECT_EQ(e.host_bytes, 14 * psi / 4);                // gradient partition + masters + moments
+  EXPECT_EQ(e.peak_device(), 2 * psi);                  // DeepSpeed's "GPU 2Ψ" of cpu_offload
+  o.offload_param = "cpu";                              // stage 2: ignored
+  EXPECT_EQ(estimate_zero_memory(psi, o).host_bytes, 14 * psi / 4);
+  // ZeRO-3 with parameters and optimizer on the CPU: the GPU holds the gathered layer only.
+  o.stage = 3;
+  o.largest_layer_params = largest;
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.host_bytes, e.model_states());
+  EXPECT_EQ(e.peak_device(), 4 * largest);
+  // offload_param alone: the fp32 masters and the step stay on the GPU (a copy; DeepSpeed's too).
+  o.offload_optimizer = "none";
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.host_bytes, 2 * psi / 4);
+  EXPECT_EQ(e.peak_device(), 4 * largest + 2 * psi / 4 + 12 * psi / 4);
+  // An fp32 model: the master is the partition unless it is elsewhere than the update.
+  auto fp32 = options(4, 3, /*mixed=*/false);
+  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 8 * psi / 4);
+  fp32.gpu = true;
+  fp32.offload_param = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 12 * psi / 4);
+  fp32.offload_optimizer = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 12 * psi / 4);
+  fp32.gpu = false;  // the CPU: the partition is beside the update
+  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 8 * psi / 4);
+  // The CPU: everything, transients included, is host memory.
+  auto cpu = options(4, 3);
+  cpu.offload_optimizer = cpu.offload_param = "cpu";
+  cpu.largest_layer_params = largest;
+  e = estimate_zero_memory(psi, cpu);
+  EXPECT_EQ(e.peak_host(), e.peak());
+  EXPECT_EQ(e.peak_device(), 0);
+  // A widening step runs where the update does: on the host under ZeRO-Offload.
+  o = options(4, 2);
+  o.gpu = true;
+  o.widening_step = true;
+  o.offload_optimizer = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, o).host_transient, 4 * psi / 4);
+  o.offload_optimizer = "none";
+  EXPECT_EQ(estimate_zero_memory(psi, o).host_transient, 0);
+}
+
+// The NVMe swap by hand (offload/swapped_adam.cpp): 1000001 elements a rank in sub-groups of
+// 300000 (three, and one of 100001); each a region [master | exp_avg | exp_avg_sq], arrays on 64
+// bytes, the region on 4096.
+TEST(EstimateZeroMemory, NvmeCountsTheFilesAndTheRingInMemory) {
+  const int64_t psi = 2000002;  // 1000001 a rank
+  auto o = options(2, 2);
+  o.offload_optimizer = "nvme";
+  o.sub_group_size = 300000;
+  o.optimizer_buffer_count = 2;
+  // fp32: 300000 x (4 + 4 + 4) = 3600000 -> 3600384; 100001 x 4 = 400004 -> 400064 each,
+  // 1200192 -> 1204224.
+  auto e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.nvme_bytes, 3 * 3600384 + 1204224);
+  EXPECT_EQ(e.optimizer_states, 2 * 3600384);  // the ring: two of the four sub-groups
+  EXPECT_EQ(e.host_bytes, e.model_states());
+  // bf16 master and moments: 300000 x 2 x 3 = 1800000 -> 1802240; 200002 -> 200064 each,
+  // 600192 -> 602112.
+  o.low_precision_masters = o.bf16_moments = true;
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.nvme_bytes, 3 * 1802240 + 602112);
+  EXPECT_EQ(e.optimizer_states, 2 * 1802240);
+  // bf16 master, fp32 moments: 600000 + 2 x 1200000 = 3000000 -> 3002368; 200064 + 2 x 400064 =
+  // 1000192 -> 1003520.
+  o.bf16_moments = false;
+  EXPECT_EQ(estimate_zero_memory(psi, o).nvme_bytes, 3 * 3002368 + 1003520);
+  // On a GPU at stage 2 one sub-group of fp32 gradients lands in host memory: 1200000 -> 1200128.
+  o.gpu = true;
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.optimizer_states, 2 * 3002368 + 1200128);
+  EXPECT_EQ(e.host_bytes, e.optimizer_states + e.gradients);
+  // More buffers than sub-groups: one buffer a sub-group.
+  o = options(2, 1);
+  o.offload_optimizer = "nvme";
+  o.optimizer_buffer_count = 8;
+  o.sub_group_size = 500001;  // two sub-groups: 500001 and 500000
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.optimizer_states, 2 * 6000640);  // 500001 x 4 = 2000004 -> 2000064, x 3 -> 6000640
+  // Stage 3: the gradient partition in a file as well, a unit's slice of it in memory.
+  o = options(2, 3);
+  o.offload_optimizer = "nvme";
+  o.largest_layer_params = 40000;
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.gradients, 2 * 20000);
+  // One sub-group: 1000001 x 4 = 4000004 -> 4000064, x 3 = 12000192 -> 12001280.
+  EXPECT_EQ(e.nvme_bytes, 12001280 + 2 * 1000001);
+  // offload_param "nvme": max_in_cpu elements stay in memory, the rest in a file read through
+  // buffer_count buffers of the largest unit's slice (20000 x 2 = 40000 -> 40960).
+  o.offload_optimizer = "cpu";
+  o.offload_param = "nvme";
+  o.param_max_in_cpu = 100000;
+  o.low_precision_masters = true;
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.nvme_bytes, 2 * (1000001 - 100000));
+  EXPECT_EQ(e.parameters, 2 * 100000 + 5 * 40960);
+  // ... and a 16-bit master is then a copy of the partition, not the partition: 2 + 8 bytes.
+  EXPECT_EQ(e.optimizer_states, 10 * 1000001);
+  o.param_max_in_cpu = 1000000000;  // the default: all of it in memory, no file
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.nvme_bytes, 0);
+  EXPECT_EQ(e.parameters, 2 * 1000001);
+  EXPECT_EQ(e.optimizer_states, 8 * 1000001);
+}
+
+TEST(EstimateZeroMemory, TableShowsHostAndNvmeColumnsWhenPlaced) {
+  auto o = options(8, 0);
+  o.gpu = true;
+  o.offload_optimizer = "nvme";
+  o.offload_param = "cpu";
+  const auto table = deepspeed::format_zero_memory_estimates(int64_t{1} << 22, o);
+  EXPECT_CONTAINS(table, "on a GPU, optimizer offloaded to nvme, parameters offloaded to cpu");
+  EXPECT_CONTAINS(table, "| peak (MB) | on host (MB) | NVMe (MB)\n");
+  // Stage 0 ignores the offload: 8 + 8 + 48 MB on the GPU.
+  EXPECT_CONTAINS(table, "      0 |             8.0 |            8.0 |           48.0 |"
+                         "              64.0 |      64.0 |          0.0 |       0.0\n");
+  // Stage 3: 524288 elements a rank; the parameters (1 MB) on the host, the gradients in a file
+  // (1 MB; no unit's slice counted without largest_layer_params), the optimizer in a file (6 MB)
+  // and in its ring (one sub-group: 6 MB).
+  EXPECT_CONTAINS(table, "      3 |             1.0 |            0.0 |            6.0 |"
+                         "               7.0 |       7.0 |          7.0 |       7.0\n");
+  const auto plain = deepspeed::format_zero_memory_estimates(int64_t{1} << 20, options(8, 0, false));
+  EXPECT_EQ(plain.find("on host"), std::string::npos);
+  EXPECT_EQ(plain.find("NVMe"), std::string::npos);
+  EXPECT_EQ(plain, deepspeed::format_zero_memory_estimates(int64_t{1} << 20, 8));
+}
+
 }  // namespace memory_estimate_test

@@ -417,6 +417,7 @@ MemoryReport Stage3::memory() const {
                  (ctx_.device.is_cpu() ? 0 : r.host_comm_buffers) +
                  (grads_->in_host_memory() ? r.gradients : host_share(ctx_.device, r.gradients)) +
                  params_->host_bytes() + shard_->resident_host_bytes();
+  r.nvme_bytes = params_->file_bytes() + grads_->file_bytes() + shard_->file_bytes();
   return r;
 }
 

@@ -98,6 +98,7 @@ class SwappedGradients final : public UnitGradients {
   int64_t bytes() const override { return store_.peak_resident_bytes(); }
   bool in_host_memory() const override { return true; }
   int64_t device_temporary_bytes() const override { return store_.peak_pending_device_bytes(); }
+  int64_t file_bytes() const override { return store_.file_bytes(); }
 
  private:
   c10::Device device_;

@@ -48,6 +48,8 @@ class UnitGradients {
   // The same in host memory (a pageable host partition's page-locked copies; the swapped
   // gradients count theirs in bytes()).
   virtual int64_t host_temporary_bytes() const { return 0; }
+  // Bytes in a swap file (with the optimizer on NVMe), beside memory.
+  virtual int64_t file_bytes() const { return 0; }
 };
 
 // None for a shard without an optimizer; swapped under offload_optimizer nvme (`options.home`),

@@ -3,6 +3,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/memory.h"
+#include "zero/estimate_options.h"
 
 namespace deepspeed {
 namespace {
@@ -198,10 +199,11 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
   return e;
 }
 
-MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
-                                    int hpz_partition_size, int64_t largest_layer_params,
-                                    int grad_accum_bytes, bool widening_step,
-                                    int accumulation_steps) {
+ZeroMemoryOptions positional_zero_memory_options(int n, int stage, bool mixed_precision,
+                                                 int hpz_partition_size,
+                                                 int64_t largest_layer_params,
+                                                 int grad_accum_bytes, bool widening_step,
+                                                 int accumulation_steps) {
   ZeroMemoryOptions o;
   o.world_size = n;
   o.stage = stage;
@@ -211,7 +213,17 @@ MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_pr
   o.grad_accum_bytes = grad_accum_bytes;
   o.widening_step = widening_step;
   o.accumulation_steps = accumulation_steps;
-  return estimate_zero_memory(psi, o);
+  return o;
+}
+
+MemoryEstimate estimate_zero_memory(int64_t psi, int n, int stage, bool mixed_precision,
+                                    int hpz_partition_size, int64_t largest_layer_params,
+                                    int grad_accum_bytes, bool widening_step,
+                                    int accumulation_steps) {
+  return estimate_zero_memory(
+      psi, positional_zero_memory_options(n, stage, mixed_precision, hpz_partition_size,
+                                          largest_layer_params, grad_accum_bytes, widening_step,
+                                          accumulation_steps));
 }
 
 }  // namespace deepspeed

@@ -20,7 +20,7 @@ int dtype_bytes(const std::string& dtype, int weight_bytes) {
 // micro-step, or a wider communication_data_type), stages 2 and 3 always. 0: the weights'.
 int grad_accum_bytes(const Config& c, int weight_bytes) {
   const int stage = c.zero_optimization.stage;
-  int bytes = !c.grad_accum_dtype.empty()      ? dtype_bytes(c.grad_accum_dtype, weight_bytes)
+  int bytes = !c.grad_accum_dtype.empty()    ? dtype_bytes(c.grad_accum_dtype, weight_bytes)
               : stage == 0 && c.bf16.enabled ? 4
                                              : weight_bytes;
   if (stage <= 1 && bytes > weight_bytes && c.gradient_accumulation_steps <= 1 &&
@@ -50,9 +50,8 @@ ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu)
     const std::string type = ascii_lower(c.optimizer->type);
     o.widening_step = type != "adam" && type != "adamw";
   }
-  o.low_precision_masters =
-      (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) ||
-      (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads);
+  o.low_precision_masters = (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) ||
+                            (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads);
   o.bf16_moments = o.low_precision_masters && c.bf16.enabled && c.bf16.bf16_optimizer_states;
   o.gpu = gpu;
   o.offload_optimizer = z.offload_optimizer.device;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "deepspeed/memory.h"
+#include "zero/estimate_options.h"
 
 namespace deepspeed {
 namespace {
@@ -16,15 +17,14 @@ std::string setup_line(int64_t psi, const ZeroMemoryOptions& o) {
   const bool fp32_accumulation = o.mixed_precision && o.grad_accum_bytes == 4;
   std::string s = "Estimated model-state memory per rank: " + std::to_string(psi) +
                   " parameters, " + std::to_string(o.world_size) + " ranks, ";
-  s += !o.mixed_precision    ? "fp32"
+  s += !o.mixed_precision  ? "fp32"
        : fp32_accumulation ? "mixed precision with fp32 gradient accumulation"
                            : "mixed precision";
   s += ", Adam";
   if (o.low_precision_masters)
     s += o.bf16_moments ? " (16-bit masters, bf16 moments)" : " (16-bit masters)";
   if (o.hpz_partition_size > 1) s += ", hpZ groups of " + std::to_string(o.hpz_partition_size);
-  if (o.largest_layer_params > 0)
-    s += ", largest layer " + std::to_string(o.largest_layer_params);
+  if (o.largest_layer_params > 0) s += ", largest layer " + std::to_string(o.largest_layer_params);
   if (o.gpu) s += ", on a GPU";
   if (o.offload_optimizer != "none") s += ", optimizer offloaded to " + o.offload_optimizer;
   if (o.offload_param != "none") s += ", parameters offloaded to " + o.offload_param + " (stage 3)";
@@ -39,7 +39,8 @@ std::string format_zero_memory_estimates(int64_t psi, const ZeroMemoryOptions& o
   std::string out = setup_line(psi, options);
   std::string transients;
   if (options.largest_layer_params > 0) transients = "stage 3's largest layer";
-  if (hpz) transients += (transients.empty() ? "" : " and ") + std::string("hpZ's secondary partition");
+  if (hpz)
+    transients += (transients.empty() ? "" : " and ") + std::string("hpZ's secondary partition");
   out += "  (MB = 2^20 bytes";
   out += transients.empty() ? "" : "; peak adds " + transients;
   if (options.gpu) out += "; on host: of peak, in host memory, the rest in the GPU's";
@@ -55,8 +56,10 @@ std::string format_zero_memory_estimates(int64_t psi, const ZeroMemoryOptions& o
       {"gradients (MB)", [](const MemoryEstimate& e) { return e.gradients; }},
       {"optimizer (MB)", [](const MemoryEstimate& e) { return e.optimizer_states; }}};
   if (hpz)
-    columns.push_back({"hpZ secondary (MB)", [](const MemoryEstimate& e) { return e.hpz_secondary; }});
-  columns.push_back({"model states (MB)", [](const MemoryEstimate& e) { return e.model_states(); }});
+    columns.push_back(
+        {"hpZ secondary (MB)", [](const MemoryEstimate& e) { return e.hpz_secondary; }});
+  columns.push_back(
+      {"model states (MB)", [](const MemoryEstimate& e) { return e.model_states(); }});
   columns.push_back({"peak (MB)", [](const MemoryEstimate& e) { return e.peak(); }});
   if (options.gpu)
     columns.push_back({"on host (MB)", [](const MemoryEstimate& e) { return e.peak_host(); }});
@@ -87,13 +90,10 @@ std::string format_zero_memory_estimates(int64_t psi, const ZeroMemoryOptions& o
 std::string format_zero_memory_estimates(int64_t psi, int n, bool mixed_precision,
                                          int hpz_partition_size, int64_t largest_layer_params,
                                          int grad_accum_bytes) {
-  ZeroMemoryOptions o;
-  o.world_size = n;
-  o.mixed_precision = mixed_precision;
-  o.hpz_partition_size = hpz_partition_size;
-  o.largest_layer_params = largest_layer_params;
-  o.grad_accum_bytes = grad_accum_bytes;
-  return format_zero_memory_estimates(psi, o);
+  // The stage is each row's (format_zero_memory_estimates(psi, options) sets it).
+  return format_zero_memory_estimates(
+      psi, positional_zero_memory_options(n, /*stage=*/0, mixed_precision, hpz_partition_size,
+                                          largest_layer_params, grad_accum_bytes));
 }
 
 }  // namespace deepspeed

@@ -27,6 +27,7 @@
 #include "support/half_mlp.h"
 #include "support/pipeline_gpt.h"
 #include "support/ranks.h"
+#include "support/resume_alike.h"
 #include "support/training_run.h"
 #include "util/torch_compat.h"
 
@@ -214,23 +215,9 @@ TEST(Bf16MastersCheckpoint, ResumesBitForBitAndLoadsIntoFp32Masters) {
     dstest::CheckpointJob job;
     job.world_size = 2;
     job.config = bf16_config(stage, Masters::kBf16WithFp32Moments);
-    job.steps = 4;
-    const auto whole = dstest::run_checkpoint_job(job);
-    job.steps = 2;
-    job.save_dir = dir.path();
-    job.save_at_end = true;
-    dstest::run_checkpoint_job(job);
-    dstest::CheckpointJob resume = job;
-    resume.save_dir.clear();
-    resume.save_at_end = false;
-    resume.steps = 4;
-    resume.model_seed = 8;
-    resume.load_dir = dir.path();
-    const auto resumed = dstest::run_checkpoint_job(resume);
-    ASSERT_EQ(resumed.losses.size(), 2u);
-    EXPECT_EQ(resumed.losses[0], whole.losses[2]);
-    EXPECT_EQ(resumed.losses[1], whole.losses[3]);
-    EXPECT_TRUE(dstest::bit_identical(resumed.weights, whole.weights));
+    const auto midway = dstest::expect_resumed_midway_bit_for_bit(job, dir.path());
+    dstest::CheckpointJob resume = midway.resume;
+    const auto& whole = midway.whole;
 
     resume.config = bf16_config(stage, Masters::kFp32);
     resume.steps = 3;

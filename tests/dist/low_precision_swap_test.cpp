@@ -12,6 +12,7 @@
 #include "support/checkpoint_run.h"
 #include "support/expect.h"
 #include "support/files.h"
+#include "support/resume_alike.h"
 #include "support/training_run.h"
 
 namespace low_precision_swap_test {
@@ -124,23 +125,10 @@ TEST(Bf16MastersSwappedCheckpoint, ResumesBitForBitAndLoadsIntoCpuOffload) {
     dstest::CheckpointJob job;
     job.world_size = 2;
     job.config = config(stage, Masters::kBf16WithBf16Moments, nvme.path());
-    job.steps = 4;
-    const auto whole = dstest::run_checkpoint_job(job);
-    job.steps = 2;
-    job.save_dir = dir.path();
-    job.save_at_end = true;
-    dstest::run_checkpoint_job(job);
-    dstest::CheckpointJob resume = job;
-    resume.save_dir.clear();
-    resume.save_at_end = false;
-    resume.steps = 4;
-    resume.model_seed = 8;
-    resume.load_dir = dir.path();
-    const auto resumed = dstest::run_checkpoint_job(resume);
-    ASSERT_EQ(resumed.losses.size(), 2u);
-    EXPECT_EQ(resumed.losses[0], whole.losses[2]);
-    EXPECT_EQ(resumed.losses[1], whole.losses[3]);
-    EXPECT_TRUE(dstest::bit_identical(resumed.weights, whole.weights));
+    const auto midway = dstest::expect_resumed_midway_bit_for_bit(job, dir.path());
+    dstest::CheckpointJob resume = midway.resume;
+    const auto& whole = midway.whole;
+    const auto& resumed = midway.resumed;
 
     resume.config = config(stage, Masters::kBf16WithBf16Moments, "");
     const auto in_memory = dstest::run_checkpoint_job(resume);

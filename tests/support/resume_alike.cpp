@@ -38,4 +38,30 @@ void expect_resumed_alike(const ResumeAlike& spec) {
   EXPECT_TRUE(bit_identical(overlapped.weights, waiting.weights)) << "resumed weights differ";
 }
 
+ResumedMidway expect_resumed_midway_bit_for_bit(CheckpointJob job, const std::string& save_dir,
+                                                int split, int total) {
+  ResumedMidway out;
+  job.steps = total;
+  out.whole = run_checkpoint_job(job);
+  if (out.whole.losses.size() != static_cast<size_t>(total)) {
+    ADD_FAILURE() << "the whole run took " << out.whole.losses.size() << " steps, not " << total;
+    return out;
+  }
+  job.steps = split;
+  job.save_dir = save_dir;
+  job.save_at_end = true;
+  run_checkpoint_job(job);
+  out.resume = job;
+  out.resume.save_dir.clear();
+  out.resume.save_at_end = false;
+  out.resume.steps = total;
+  out.resume.model_seed = job.model_seed + 1;  // loading must win
+  out.resume.load_dir = save_dir;
+  out.resumed = run_checkpoint_job(out.resume);
+  const std::vector<double> after_split(out.whole.losses.begin() + split, out.whole.losses.end());
+  EXPECT_EQ(out.resumed.losses, after_split);
+  EXPECT_TRUE(bit_identical(out.resumed.weights, out.whole.weights)) << "resumed weights differ";
+  return out;
+}
+
 }  // namespace dstest

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/checkpoint_run.h"
+
 namespace dstest {
 
 struct ResumeAlike {
@@ -21,5 +23,17 @@ struct ResumeAlike {
 // Checks (gtest) equal losses of the saving jobs, and equal losses and bit-identical weights of
 // the resumed ones.
 void expect_resumed_alike(const ResumeAlike& spec);
+
+// One job saved midway and resumed: `job` trained whole to `total` steps, then to `split` saving
+// at its end into `save_dir`, then loaded from there (another model seed) and trained to
+// `total`. Checks (gtest) that the resumed losses and final weights equal the whole run's.
+// Returns the resume job (a test loads the same checkpoint under other configs with it) and
+// both results.
+struct ResumedMidway {
+  CheckpointJob resume;
+  CheckpointJobResult whole, resumed;
+};
+ResumedMidway expect_resumed_midway_bit_for_bit(CheckpointJob job, const std::string& save_dir,
+                                                int split = 2, int total = 4);
 
 }  // namespace dstest

@@ -44,15 +44,14 @@ std::pair<int, std::string> ds_estimate(const std::string& args, const std::stri
 
 TEST(ZeroMemoryOptions, ReadsPlacementAndPrecisionKeys) {
   json doc = base(3);
-  doc["bf16"] = {{"enabled", true},
-                 {"bf16_master_weights_and_grads", true},
-                 {"bf16_optimizer_states", true}};
+  doc["bf16"] = {
+      {"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
   doc["zero_optimization"]["sub_group_size"] = 1000;
   doc["zero_optimization"]["zero_hpz_partition_size"] = 2;
   doc["zero_optimization"]["offload_optimizer"] = {
       {"device", "nvme"}, {"nvme_path", "/tmp"}, {"buffer_count", 3}};
-  doc["zero_optimization"]["offload_param"] = {{"device", "nvme"}, {"nvme_path", "/tmp"},
-                                               {"max_in_cpu", 12345}};
+  doc["zero_optimization"]["offload_param"] = {
+      {"device", "nvme"}, {"nvme_path", "/tmp"}, {"max_in_cpu", 12345}};
   const auto o = options_of(doc, 4, /*gpu=*/true);
   EXPECT_EQ(o.world_size, 4);
   EXPECT_EQ(o.stage, 3);
@@ -106,9 +105,8 @@ TEST(ZeroMemoryOptions, ResolvesTheGradientWidthAndTheOptimizer) {
   EXPECT_FALSE(options_of(adam).widening_step);
   // The estimate of a config follows its keys: bf16 masters and moments take 4 of 12 bytes.
   json lowp = base(2);
-  lowp["bf16"] = {{"enabled", true},
-                  {"bf16_master_weights_and_grads", true},
-                  {"bf16_optimizer_states", true}};
+  lowp["bf16"] = {
+      {"enabled", true}, {"bf16_master_weights_and_grads", true}, {"bf16_optimizer_states", true}};
   EXPECT_EQ(deepspeed::estimate_zero_memory(4000000, options_of(lowp)).optimizer_states,
             4 * 4000000 / 4);
 }
@@ -121,11 +119,11 @@ TEST(DsEstimate, PrintsTheConfigsPlacementAndWhetherItFits) {
   doc["zero_optimization"]["offload_param"] = {{"device", "cpu"}};
   std::ofstream(dir / "ds_config.json") << doc.dump();
   // 1.5B parameters (GPT-2 XL's shape, seed 003) on 8 GPUs of one node, largest layer 31.5M.
-  const auto [status, out] = ds_estimate(
-      "--deepspeed_config " + (dir / "ds_config.json") +
-          " --params 1500000000 --largest_layer 31500000 --world_size 8 --device cuda "
-          "--gpu_gib 24 --host_gib 64",
-      dir / "log");
+  const auto [status, out] =
+      ds_estimate("--deepspeed_config " + (dir / "ds_config.json") +
+                      " --params 1500000000 --largest_layer 31500000 --world_size 8 --device cuda "
+                      "--gpu_gib 24 --host_gib 64",
+                  dir / "log");
   ASSERT_EQ(status, 0) << out;
   EXPECT_CONTAINS(out, "on a GPU, optimizer offloaded to cpu, parameters offloaded to cpu");
   EXPECT_CONTAINS(out, "| on host (MB)\n");
@@ -137,8 +135,8 @@ TEST(DsEstimate, PrintsTheConfigsPlacementAndWhetherItFits) {
   // A key the config parser refuses is named; so is a missing file.
   doc["zero_optimization"]["offload_optimizer"]["device"] = "disk";
   std::ofstream(dir / "bad.json") << doc.dump();
-  auto [bad_status, bad] = ds_estimate("--deepspeed_config " + (dir / "bad.json") + " --params 10",
-                                       dir / "log2");
+  auto [bad_status, bad] =
+      ds_estimate("--deepspeed_config " + (dir / "bad.json") + " --params 10", dir / "log2");
   EXPECT_EQ(bad_status, 1);
   EXPECT_CONTAINS(bad, "ds_estimate: error:");
   EXPECT_CONTAINS(bad, "zero_optimization.offload_optimizer.device");

@@ -25,8 +25,8 @@ double gib(int64_t bytes) { return static_cast<double>(bytes) / (int64_t{1} << 3
 std::string against(double need_gib, double budget_gib) {
   if (budget_gib <= 0) return "";
   char s[96];
-  std::snprintf(s, sizeof s, " (%s %.2f GiB)", need_gib <= budget_gib ? "fits in" : "DOES NOT fit in",
-                budget_gib);
+  std::snprintf(s, sizeof s, " (%s %.2f GiB)",
+                need_gib <= budget_gib ? "fits in" : "DOES NOT fit in", budget_gib);
   return s;
 }
 
@@ -50,13 +50,15 @@ int main(int argc, char** argv) try {
   app.add_option("--host_gib", host_gib, "host memory of a node, GiB: says whether it fits");
   app.add_option("--gpu_gib", gpu_gib, "memory of one GPU, GiB: says whether it fits");
   CLI11_PARSE(app, argc, argv);
-  if (params < 1) throw deepspeed::ConfigError("--params " + std::to_string(params) + " must be >= 1");
+  if (params < 1)
+    throw deepspeed::ConfigError("--params " + std::to_string(params) + " must be >= 1");
   if (ranks_per_node < 0 || world_size < 1)
     throw deepspeed::ConfigError("--world_size must be >= 1 and --ranks_per_node >= 1");
   if (ranks_per_node == 0) ranks_per_node = world_size;
 
   const deepspeed::Config config = deepspeed::load_config(config_path, world_size);
-  deepspeed::ZeroMemoryOptions o = deepspeed::zero_memory_options(config, world_size, device == "cuda");
+  deepspeed::ZeroMemoryOptions o =
+      deepspeed::zero_memory_options(config, world_size, device == "cuda");
   o.largest_layer_params = largest_layer;
   std::printf("%s", deepspeed::format_zero_memory_estimates(params, o).c_str());
   const auto e = deepspeed::estimate_zero_memory(params, o);

@@ -53,12 +53,6 @@ dstest::RunResult train(int stage, Masters masters, int steps) {
   return dstest::train_gpt(s);
 }
 
-int64_t optimizer_bytes(const dstest::RunResult& r) {
-  int64_t total = 0;
-  for (const auto& m : r.memory) total += m.optimizer_states;
-  return total;
-}
-
 }  // namespace
 
 class Bf16Masters : public ::testing::TestWithParam<int> {};
@@ -74,8 +68,9 @@ TEST_P(Bf16Masters, FirstStepAsFp32MastersThenTheirOwnWithLessMemory) {
     // Per partition element: fp32 masters 4 + moments 8 = 12; bf16 masters are the partition (0)
     // beside moments of 8 (fp32) or 4 (bf16).
     const int64_t want = m == Masters::kBf16WithBf16Moments ? 4 : 8;
-    EXPECT_EQ(optimizer_bytes(one) * 12, optimizer_bytes(fp32) * want)
-        << optimizer_bytes(one) << " bytes against fp32 masters' " << optimizer_bytes(fp32);
+    EXPECT_EQ(dstest::optimizer_state_bytes(one) * 12, dstest::optimizer_state_bytes(fp32) * want)
+        << dstest::optimizer_state_bytes(one) << " bytes against fp32 masters' "
+        << dstest::optimizer_state_bytes(fp32);
   }
   // Over more steps the fp32 masters keep what bf16 rounds away: the runs part, both train.
   const int steps = 12;
@@ -113,8 +108,9 @@ TEST(Bf16MastersParamSwap, AHostCopyBesideTheFile) {
   const auto fp32 = run(Masters::kFp32), low = run(Masters::kBf16WithFp32Moments);
   EXPECT_EQ(low.losses, fp32.losses);
   EXPECT_TRUE(dstest::bit_identical(low.weights, fp32.weights));
-  EXPECT_EQ(optimizer_bytes(low) * 12, optimizer_bytes(fp32) * 10)
-      << optimizer_bytes(low) << " bytes against fp32 masters' " << optimizer_bytes(fp32);
+  EXPECT_EQ(dstest::optimizer_state_bytes(low) * 12, dstest::optimizer_state_bytes(fp32) * 10)
+      << dstest::optimizer_state_bytes(low) << " bytes against fp32 masters' "
+      << dstest::optimizer_state_bytes(fp32);
 }
 
 // The 16-bit masters are what the optimizer holds (no fp32 copy), with moments in the dtype the

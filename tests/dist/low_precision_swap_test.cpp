@@ -52,12 +52,6 @@ dstest::RunResult train(int stage, Masters masters, const std::string& nvme_dir,
   return dstest::train_gpt(s);
 }
 
-int64_t optimizer_bytes(const dstest::RunResult& r) {
-  int64_t total = 0;
-  for (const auto& m : r.memory) total += m.optimizer_states;
-  return total;
-}
-
 }  // namespace
 
 class Bf16MastersSwapped : public ::testing::TestWithParam<int> {};
@@ -76,9 +70,10 @@ TEST_P(Bf16MastersSwapped, TrainsAsCpuOffloadWithLessStateInMemory) {
     // element where fp32 masters take 12 (each array on 64 bytes, each buffer rounded up to 4096
     // bytes: at most 4096 more a buffer, two buffers a rank).
     const int64_t want = m == Masters::kBf16WithBf16Moments ? 6 : 10;
-    EXPECT_NEAR(static_cast<double>(optimizer_bytes(swapped)),
-                static_cast<double>(optimizer_bytes(fp32)) * want / 12, 2 * 2 * 4096)
-        << optimizer_bytes(swapped) << " bytes against fp32 masters' " << optimizer_bytes(fp32);
+    EXPECT_NEAR(static_cast<double>(dstest::optimizer_state_bytes(swapped)),
+                static_cast<double>(dstest::optimizer_state_bytes(fp32)) * want / 12, 2 * 2 * 4096)
+        << dstest::optimizer_state_bytes(swapped) << " bytes against fp32 masters' "
+        << dstest::optimizer_state_bytes(fp32);
   }
   // The swapped runs part from fp32 masters' as the in-memory ones do, and train.
   const auto fp32_long = train(stage, Masters::kFp32, dir.path(), 12);
@@ -112,7 +107,7 @@ TEST(Bf16MastersSwapped, WithTheParametersSwappedToo) {
   const auto host = run(""), swapped = run(optimizer.path());
   EXPECT_EQ(swapped.losses, host.losses);
   EXPECT_TRUE(dstest::bit_identical(swapped.weights, host.weights));
-  EXPECT_LT(optimizer_bytes(swapped), optimizer_bytes(host));
+  EXPECT_LT(dstest::optimizer_state_bytes(swapped), dstest::optimizer_state_bytes(host));
 }
 
 // Saved from the swap (bf16 masters and moments) at step 2 and resumed from it: bit for bit the

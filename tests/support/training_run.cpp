@@ -34,6 +34,12 @@ std::shared_ptr<deepspeed::Dataset> test_text_dataset(int64_t block) {
   return std::make_shared<gpt::TextDataset>(source_dir() + "/data/fortunes.txt", block, block);
 }
 
+int64_t optimizer_state_bytes(const RunResult& result) {
+  int64_t total = 0;
+  for (const auto& m : result.memory) total += m.optimizer_states;
+  return total;
+}
+
 RunResult train_gpt(const RunSpec& spec) {
   at::set_num_threads(1);
   // Models are built up front on this thread: the global RNG is not per-thread.

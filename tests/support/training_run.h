@@ -64,6 +64,8 @@ nlohmann::json base_config(int micro_batch, int accumulation, int stage);
 // Throws std::runtime_error (naming the step) if a loss is not finite: a run that went NaN must
 // not reach a comparison.
 RunResult train_gpt(const RunSpec& spec);
+// The optimizer-state bytes of every rank's MemoryReport, summed.
+int64_t optimizer_state_bytes(const RunResult& result);
 // train_gpt, and each rank's bytes `held` reads from its engine after the last step (its
 // after_training is replaced), beside the run (whose memory reports are taken right after).
 std::pair<RunResult, std::vector<int64_t>> train_measuring(

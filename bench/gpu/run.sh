@@ -18,11 +18,12 @@
 #           timers printed every step (wall_clock_breakdown; they synchronize: diagnostics);
 #           dscpp_z2_tadam: dscpp_z2 with libtorch's fused Adam on a widened gradient copy
 #           (DS_DEVICE_ADAM=libtorch) instead of this library's kernel, what it bought;
-#           dscpp_z2_off_lowp: dscpp_z2_off with bf16.bf16_master_weights_and_grads (bf16 host
-#           masters: 8 host bytes a parameter for the optimizer instead of 12); dscpp_z2_lowp:
-#           dscpp_z2 with bf16 masters and bf16_optimizer_states (4 GPU bytes instead of 12);
-#           LOWP=fp32_moments|bf16_moments in the environment gives every row of ours those keys
-#           (e.g. with STEPS=largest)
+#           dscpp_z2_off_lowp: dscpp_z2_off with bf16.bf16_master_weights_and_grads (a bf16 host
+#           copy of the masters: 10 host bytes a parameter for the optimizer instead of 12);
+#           dscpp_z2_lowp: dscpp_z2 with bf16 masters and bf16_optimizer_states (the partition
+#           is the master: 4 GPU bytes instead of 12); LOWP=fp32_moments|bf16_moments in the
+#           environment gives every row of ours those keys where initialize() accepts them
+#           (stage 1-3; fp32_moments with the optimizer offloaded), e.g. with STEPS=largest
 #   seed003 seed 003's setting into $OUT/seed003: GPU capped at 24 GiB, GPT-2-XL shape (48 layers,
 #           d 1600, 25 heads), micro-batch 16 of 128 tokens: ZeRO-3 and ZeRO-2 with CPU offload
 #           beside DeepSpeed's, stage 0 / PyTorch at micro-batch 16 and 1 (expected: out of memory)
@@ -258,8 +259,14 @@ ds_config() {  # stage, offload
   esac
   # LOWP: DeepSpeed's low-precision masters (docs/config.md): "fp32_moments" (bf16 masters, the
   # CPU Adam's fp32 moments: with offload) or "bf16_moments" (+ bf16_optimizer_states).
-  local bf16='"enabled": true'
-  case ${LOWP:-} in
+  local bf16='"enabled": true' lowp=${LOWP:-}
+  # initialize() refuses the keys at stage 0, and fp32 moments without an offloaded optimizer:
+  # such a row runs without them, saying so, instead of failing.
+  if [ -n "$lowp" ] && { [ "$1" = 0 ] || { [ "$lowp" = fp32_moments ] && [ "$2" = none ]; }; }; then
+    echo "run.sh: LOWP=$lowp does not apply at stage $1 with offload '$2': not set for this row" >&2
+    lowp=""
+  fi
+  case $lowp in
     fp32_moments) bf16="$bf16, \"bf16_master_weights_and_grads\": true" ;;
     bf16_moments)
       bf16="$bf16, \"bf16_master_weights_and_grads\": true, \"bf16_optimizer_states\": true" ;;

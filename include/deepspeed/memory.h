@@ -104,18 +104,21 @@ struct MemoryEstimate {
 //     (bf16.bf16_optimizer_states) the two moments in bf16 (4 bytes) instead of fp32 (8).
 //   The master is the partition itself (0 bytes of its own) where it has the partition's dtype
 //     and sits beside the update: an fp32 model, or 16-bit masters, on the CPU or on a GPU
-//     without offload. Else it is a copy: fp32 masters of a 16-bit model; on a GPU, the host
-//     copy of ZeRO-Offload (offload_optimizer "cpu") and stage 3's device copy when offload_param
-//     moves the partition to the host without offload_optimizer; a partition partly in a file.
-//     So the optimizer's bytes per partition element: 12 (mixed), 8 (fp32 model, or 16-bit
-//     masters aliased), 4 (+ bf16 moments), 10 / 6 (a 16-bit master copy).
-//   offload_optimizer "cpu": the same bytes in host memory, and from stage 2 the gradient
-//     partition there too. "nvme": the state in a file, 12 / 10 / 6 bytes an element (offload/
-//     swapped_adam.h: sub-groups of sub_group_size elements, arrays on 64 bytes, regions on 4096);
-//     in memory a ring of min(optimizer_buffer_count, sub-groups) whole sub-groups' regions, and on
-//     a GPU at stages 1-2 a landing buffer of one sub-group's fp32 gradients. At stage 3 the
-//     gradient partition goes to a file too (offload/grad_store.h), one unit's slice in memory
-//     at a time (largest_layer_params' share; 0 when not given).
+//     without offload, or stage 3's partition offloaded to the host beside ZeRO-Offload's CPU
+//     update. Else it is a copy: fp32 masters of a 16-bit model; on a GPU, the host copy of
+//     ZeRO-Offload (offload_optimizer "cpu") of a partition on the GPU and stage 3's device
+//     copy when offload_param moves the partition to the host without offload_optimizer; a
+//     partition partly in a file. So the optimizer's bytes per partition element: 12 (mixed),
+//     8 (fp32 model, or 16-bit masters aliased), 4 (+ bf16 moments), 10 / 6 (a 16-bit master
+//     copy).
+//   offload_optimizer "cpu": the same bytes in host memory, and the gradient partition there too
+//     (at stage 1 where it reduces into one: not when it accumulates wider than its weights).
+//     "nvme": the state in a file, 12 / 10 / 6 bytes an element (offload/swapped_adam.h:
+//     sub-groups of sub_group_size elements, arrays on 64 bytes, regions on 4096); in memory a
+//     ring of min(optimizer_buffer_count, sub-groups) whole sub-groups' regions, and on a GPU at
+//     stages 1-2 a landing buffer of one sub-group's fp32 gradients (their partition stays on the
+//     GPU). At stage 3 the gradient partition goes to a file too (offload/grad_store.h), one
+//     unit's slice in memory at a time (largest_layer_params' share; 0 when not given).
 //   offload_param (stage 3) "cpu": the parameter partition in host memory. "nvme": its first
 //     param_max_in_cpu elements stay in memory (whole units there; counted as elements here), the
 //     rest is in a file, read through a pool of buffers of the largest unit's slice (rounded to

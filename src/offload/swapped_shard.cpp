@@ -57,7 +57,9 @@ SwappedShard::SwappedShard(const zero::ShardOptions& options, zero::ParamPartiti
   o.aio.block_size = options.aio.block_size;
   o.aio.queue_depth = static_cast<int>(options.aio.queue_depth);
   o.groups = params.swap_groups(options.sub_group_size);
-  o.device_gradients = !options.compute_device.is_cpu();
+  // Stages 1-2 on a GPU keep the gradient partition there (one sub-group copied down at a time);
+  // stage 3's come from its swapped gradient store in host memory.
+  o.device_gradients = !options.compute_device.is_cpu() && !options.gradients_from_host;
   // 16-bit masters (fp16/bf16_master_weights_and_grads) in the model's dtype, with fp32 or bf16
   // moments (bf16_optimizer_states): 10 or 6 bytes an element in the file instead of 12.
   if (!options.low_precision_masters.empty()) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
@@ -148,6 +149,35 @@ void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp
 #endif
   tensor_adam_step(param, grad, exp_avg, exp_avg_sq, p, grad_is_scratch);
   if (half_copy.defined()) half_copy.copy_(param.view(half_copy.sizes()));
+}
+
+void device_adam_step_any_master(at::Tensor& param, const at::Tensor& grad, at::Tensor& m,
+                                 at::Tensor& v, const AdamStepParams& hp, const at::Tensor& target,
+                                 bool grads_are_scratch, int64_t chunk) {
+  if (param.scalar_type() == at::kFloat && m.scalar_type() == at::kFloat)
+    return device_adam_step(param, grad, m, v, hp, target, grads_are_scratch);
+  TORCH_CHECK(chunk > 0, "device_adam_step_any_master: chunk must be positive, got ", chunk);
+  torch::NoGradGuard no_grad;
+  // libtorch's kernel and the tensor formula read fp32 gradients only: 16-bit ones are widened
+  // a chunk at a time too (4 bytes an element of the chunk, beside the master's and moments').
+  const bool widen_grads =
+      grad.scalar_type() != at::kFloat && !(param.is_cuda() && device_adam_reads_16bit_grads());
+  const int64_t n = param.numel();
+  auto piece = [](const at::Tensor& t, int64_t off, int64_t len) {
+    return t.view({-1}).narrow(0, off, len);
+  };
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int64_t len = std::min(chunk, n - off);
+    at::Tensor p16 = piece(param, off, len), m_in = piece(m, off, len), v_in = piece(v, off, len);
+    // to(kFloat) of fp32 moments is the moments themselves: updated in place, no copy.
+    at::Tensor p32 = p16.to(at::kFloat), m32 = m_in.to(at::kFloat), v32 = v_in.to(at::kFloat);
+    const at::Tensor g = widen_grads ? piece(grad, off, len).to(at::kFloat) : piece(grad, off, len);
+    device_adam_step(p32, g, m32, v32, hp, at::Tensor(), grads_are_scratch || widen_grads);
+    p16.copy_(p32);
+    if (!m32.is_same(m_in)) m_in.copy_(m32);
+    if (!v32.is_same(v_in)) v_in.copy_(v32);
+    if (target.defined()) piece(target, off, len).copy_(p16);
+  }
 }
 
 }  // namespace optim

@@ -9,6 +9,8 @@
 #pragma once
 #include <ATen/Tensor.h>
 
+#include <cstdint>
+
 #include "optim/cpu_adam.h"
 
 namespace deepspeed {
@@ -32,6 +34,18 @@ bool device_adam_kernel_built();
 void device_adam_step(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                       at::Tensor& exp_avg_sq, const AdamStepParams& p, at::Tensor half_copy,
                       bool grad_is_scratch = false);
+
+// The same for a master of any format FusedAdam keeps on a device: fp32 (device_adam_step), or
+// a 16-bit master (bf16/fp16_master_weights_and_grads) with fp32 or bf16 moments, updated in fp32
+// on widened copies and rounded back, `chunk` elements at a time so that the copies stay a
+// bounded transient (widening the whole partition at once would raise the step's peak above fp32
+// masters' 12 bytes an element). 16-bit gradients are read as they are where the kernel can
+// (device_adam_reads_16bit_grads), else widened with their chunk. `target` (optional): where the
+// updated 16-bit values are also written.
+void device_adam_step_any_master(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                                 at::Tensor& exp_avg_sq, const AdamStepParams& p,
+                                 const at::Tensor& target, bool grad_is_scratch = false,
+                                 int64_t chunk = int64_t{1} << 24);
 
 }  // namespace optim
 }  // namespace deepspeed

@@ -162,8 +162,12 @@ bool is_16bit(at::ScalarType t) { return t == torch::kBFloat16 || t == torch::kH
 // and the gradients reads_grads_of allows.
 void check_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
+  // A 16-bit master on a device is stepped chunk by chunk on widened copies
+  // (device_adam_step_any_master), its 16-bit gradients with them where the kernel cannot read
+  // them as they are.
+  const bool chunked = !p.is_cpu() && is_16bit(p.scalar_type()) && is_16bit(g);
   TORCH_CHECK((p.scalar_type() == torch::kFloat || is_16bit(p.scalar_type())) &&
-                  p.is_contiguous() && FusedAdam::reads_grads_of(p, g) &&
+                  p.is_contiguous() && (FusedAdam::reads_grads_of(p, g) || chunked) &&
                   p.grad().is_contiguous(),
               "FusedAdam needs contiguous fp32 (or 16-bit master) parameters and gradients it can "
               "read (got ", p.scalar_type(), " parameters on ", p.device(), " with gradients of ",
@@ -175,33 +179,6 @@ void run_on_cpu(const AdamRangeStep& r, const at::Tensor& grad, int64_t n) {
   r.run_grads(grad.data_ptr(), elem_of_dtype(grad.scalar_type()), 0, n);
 }
 
-// A GPU step of a 16-bit master (and its moments, fp32 or bf16): the fp32 update on widened
-// copies of them, rounded back, 2^24 elements at a time so that the copies (4 bytes an element
-// for each 16-bit tensor) stay a bounded transient: widening the whole partition at once would
-// raise the step's peak above fp32 masters' 12 bytes an element.
-void device_adam_step_any(at::Tensor& param, const at::Tensor& grad, at::Tensor& m,
-                          at::Tensor& v, const AdamStepParams& hp, const at::Tensor& target,
-                          bool grads_are_scratch) {
-  if (param.scalar_type() == torch::kFloat && m.scalar_type() == torch::kFloat)
-    return device_adam_step(param, grad, m, v, hp, target, grads_are_scratch);
-  constexpr int64_t kChunk = int64_t{1} << 24;
-  const int64_t n = param.numel();
-  auto piece = [](const at::Tensor& t, int64_t off, int64_t len) {
-    return t.view({-1}).narrow(0, off, len);
-  };
-  for (int64_t off = 0; off < n; off += kChunk) {
-    const int64_t len = std::min(kChunk, n - off);
-    at::Tensor p16 = piece(param, off, len), m_in = piece(m, off, len), v_in = piece(v, off, len);
-    // to(kFloat) of fp32 moments is the moments themselves: updated in place, no copy.
-    at::Tensor p32 = p16.to(torch::kFloat), m32 = m_in.to(torch::kFloat),
-               v32 = v_in.to(torch::kFloat);
-    device_adam_step(p32, piece(grad, off, len), m32, v32, hp, at::Tensor(), grads_are_scratch);
-    p16.copy_(p32);
-    if (!m32.is_same(m_in)) m_in.copy_(m32);
-    if (!v32.is_same(v_in)) v_in.copy_(v32);
-    if (target.defined()) piece(target, off, len).copy_(p16);
-  }
-}
 }  // namespace
 
 // One step of the master, segment by segment, each with its group's options.
@@ -225,7 +202,7 @@ void FusedAdam::flat_step() {
     auto part = [&](const at::Tensor& t) { return t.view({-1}).narrow(0, run.begin, run.numel); };
     at::Tensor target = copy != half_copies_.end() ? part(copy->second) : at::Tensor();
     at::Tensor param = part(p), m = part(s.exp_avg()), v = part(s.exp_avg_sq());
-    device_adam_step_any(param, part(grad), m, v, run.hyper, target, grads_are_scratch_);
+    device_adam_step_any_master(param, part(grad), m, v, run.hyper, target, grads_are_scratch_);
   }
 }
 
@@ -270,7 +247,7 @@ torch::Tensor FusedAdam::step(LossClosure closure) {
       if (!p.is_cpu()) {
         at::Tensor target = copy != half_copies_.end() ? copy->second : at::Tensor();
         at::Tensor m = s.exp_avg(), v = s.exp_avg_sq();
-        device_adam_step_any(p, p.grad(), m, v, hp, target, grads_are_scratch_);
+        device_adam_step_any_master(p, p.grad(), m, v, hp, target, grads_are_scratch_);
         continue;
       }
       run_on_cpu(range_step_of(p, s, hp), p.grad(), p.numel());

@@ -133,7 +133,8 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
   // swaps its partition into a file (offload/grad_store.h), holding a unit's slice at a time.
   e.gradients = stage >= 2 ? part(grad_bytes * psi, n) : grad_bytes * psi;
   const bool accumulating = o.accumulation_steps > 1;
-  if (stage == 1 && !(accumulating && grad_bytes > weight_bytes))
+  const bool stage1_scatters = stage == 1 && !(accumulating && grad_bytes > weight_bytes);
+  if (stage1_scatters)
     e.gradients = part(grad_bytes * psi, n) + (accumulating ? weight_bytes * psi : 0);
   int64_t grad_file = 0;
   if (stage == 3 && opt_nvme) {
@@ -150,7 +151,10 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
                                    ? weight_bytes
                                    : 4;
   const int64_t moment_bytes = o.bf16_moments ? 4 : 8;
-  const bool master_is_partition = master_bytes == weight_bytes && !(o.gpu && opt_cpu) &&
+  // (ZeRO-Offload's host copy is made only of a partition on the GPU: stage 3's offloaded one is
+  // already in host memory.)
+  const bool master_is_partition = master_bytes == weight_bytes &&
+                                   !(o.gpu && opt_cpu && !param_off) &&
                                    !(o.gpu && param_off && optimizer_home == "none") &&
                                    param_file == 0;
   const int64_t optim_partition = stage >= 1 ? part(psi, n) : psi;
@@ -172,8 +176,17 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
     e.host_bytes = e.model_states();
   } else {
     const bool optimizer_on_host = opt_cpu || opt_nvme;
-    e.host_bytes = (param_off ? e.parameters : 0) +
-                   (optimizer_on_host && stage >= 2 ? e.gradients : 0) +
+    // The gradient partition is in host memory where the update reads it there
+    // (ShardOptimizer::gradients_in_host_memory): ZeRO-Offload's at every stage that reduces into
+    // a partition (stage 1 too, unless it all-reduces a full buffer; its .grad between the
+    // micro-steps stay on the GPU), and stage 3's swapped gradients. Stages 1-2 with the
+    // optimizer swapped keep it on the GPU and copy a sub-group at a time down into the landing
+    // buffer (in optimizer_states).
+    int64_t host_gradients = 0;
+    if (opt_cpu && stage >= 2) host_gradients = e.gradients;
+    if (opt_cpu && stage1_scatters) host_gradients = part(grad_bytes * psi, n);
+    if (opt_nvme && stage == 3) host_gradients = e.gradients;
+    e.host_bytes = (param_off ? e.parameters : 0) + host_gradients +
                    (optimizer_on_host ? e.optimizer_states : 0);
   }
 

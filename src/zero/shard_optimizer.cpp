@@ -439,11 +439,14 @@ class InMemoryShard : public ShardOptimizer {
     fused_->keep_moments_in(options.bf16_moments ? at::kBFloat16 : at::kFloat);
   }
 
+  // In host memory wherever the state is: on a GPU the fp32 copies (12 bytes an element with
+  // fp32 moments) would otherwise be GPU memory that a run chose 16-bit masters to save, at
+  // every save and load; the checkpoint files are written and read from host memory anyway.
   static std::array<at::Tensor, 3> widened(const std::array<at::Tensor, 3>& state) {
     std::array<at::Tensor, 3> out;
     for (size_t k = 0; k < state.size(); ++k)
       if (state[k].defined())
-        out[k] = state[k].to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+        out[k] = state[k].to(at::kCPU, at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     return out;
   }
 

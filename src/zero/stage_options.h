@@ -86,6 +86,10 @@ struct ShardOptions {
   // pageable (zero/host_grad_partition.h). False: the gradients stay on the compute device until
   // the shard brings them down (a stage 1 that all-reduces a full buffer).
   bool reduces_into_partition = false;
+  // Set by stage 3: with the optimizer on NVMe its gradients are swapped too and reach the update
+  // from host memory (offload/grad_store.h), never from the compute device, so the swapped
+  // optimizer keeps no landing buffer for device gradients.
+  bool gradients_from_host = false;
   // A client optimizer with several parameter groups (zero/flat_groups.h), set by the builder:
   // group_of[k] is trainable parameter k's group (empty: one group, the whole partition).
   std::vector<int> group_of;

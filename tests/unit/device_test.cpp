@@ -131,6 +131,60 @@ TEST(DeviceAdam, MatchesTheCpuKernel) {
   }
 }
 
+// A 16-bit master on a device (bf16_master_weights_and_grads without offload) is stepped chunk by
+// chunk on widened copies: with 16-bit gradients where the kernel cannot read them (libtorch's
+// kernel, the tensor formula: here on CPU tensors, as on a GPU under DS_DEVICE_ADAM=libtorch)
+// they are widened with their chunk instead of refused. Each variant is the widened fp32 update
+// rounded back, whatever the chunk (several chunks and a part, or one), and the optional 16-bit
+// target receives the rounded master.
+TEST(DeviceAdam, SixteenBitMasterStepsInChunksOnWidenedCopies) {
+  const dstest::ScopedEnv guard("DS_DEVICE_ADAM");
+  setenv("DS_DEVICE_ADAM", "libtorch", 1);
+  torch::manual_seed(4);
+  const int64_t n = 1000;
+  deepspeed::optim::AdamStepParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  hp.step = 3;
+  hp.grad_scale = 0.5f;
+  for (auto moments : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(moments == torch::kFloat ? "fp32 moments" : "bf16 moments");
+    const auto p = torch::randn({n}).to(torch::kBFloat16);
+    const auto g = torch::randn({n}).to(torch::kBFloat16);
+    const auto m = (torch::randn({n}) * 0.1).to(moments), v = (torch::rand({n}) * 0.01).to(moments);
+    // The reference: the whole partition widened, one fp32 step, rounded back.
+    // (clone: to(kFloat) of fp32 moments is the moments themselves.)
+    auto p32 = p.to(torch::kFloat), m32 = m.to(torch::kFloat).clone(),
+         v32 = v.to(torch::kFloat).clone();
+    deepspeed::optim::device_adam_step(p32, g.to(torch::kFloat), m32, v32, hp, at::Tensor());
+    for (int64_t chunk : {int64_t{300}, int64_t{1} << 24}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      auto p16 = p.clone(), m_ = m.clone(), v_ = v.clone();
+      const auto g_before = g.clone();
+      auto target = torch::empty({n}, torch::kBFloat16);
+      deepspeed::optim::device_adam_step_any_master(p16, g, m_, v_, hp, target,
+                                                    /*grad_is_scratch=*/false, chunk);
+      EXPECT_TRUE(torch::equal(g, g_before)) << "the caller's gradients are not modified";
+      EXPECT_EQ(p16.scalar_type(), torch::kBFloat16);
+      EXPECT_EQ(m_.scalar_type(), moments);
+      // Elementwise arithmetic: the chunks change nothing but which copy holds an element (at
+      // most a 16-bit rounding step apart, should a vectorised tail round differently).
+      EXPECT_LE((p16.to(torch::kFloat) - p32.to(torch::kBFloat16).to(torch::kFloat))
+                    .abs()
+                    .max()
+                    .item<double>(),
+                p32.abs().max().item<double>() / 128);
+      EXPECT_LE(
+          (m_.to(torch::kFloat) - m32.to(moments).to(torch::kFloat)).abs().max().item<double>(),
+          1e-6 + m32.abs().max().item<double>() / 128 * (moments == torch::kFloat ? 0 : 1));
+      EXPECT_LE(
+          (v_.to(torch::kFloat) - v32.to(moments).to(torch::kFloat)).abs().max().item<double>(),
+          1e-7 + v32.abs().max().item<double>() / 128 * (moments == torch::kFloat ? 0 : 1));
+      EXPECT_TRUE(torch::equal(target, p16)) << "the 16-bit target holds the updated master";
+    }
+  }
+}
+
 // DS_DEVICE_ADAM chooses the GPU Adam: this library's kernel (the default, where built) or
 // libtorch's ("libtorch"); another value is refused naming the variable and both choices. (A CPU
 // build has no kernel: the default reads as false there, true in a CUDA build.)

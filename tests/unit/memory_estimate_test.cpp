@@ -375,8 +375,9 @@ TEST(EstimateZeroMemory, LowPrecisionMastersCountTheirBytes) {
     o.gpu = true;
     e = estimate_zero_memory(psi, o);
     EXPECT_EQ(e.optimizer_states, 6 * psi / 4);
-    // ZeRO-Offload: the optimizer, and from stage 2 the gradient partition, in host memory.
-    EXPECT_EQ(e.host_bytes, 6 * psi / 4 + (stage >= 2 ? 2 * psi / 4 : 0));
+    // ZeRO-Offload: the optimizer and the gradient partition in host memory (stage 1 reduces
+    // into one as well without gradient accumulation).
+    EXPECT_EQ(e.host_bytes, 6 * psi / 4 + 2 * psi / 4);
     o.bf16_moments = false;
     EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, 10 * psi / 4);
     o.offload_optimizer = "none";
@@ -440,14 +441,35 @@ TEST(EstimateZeroMemory, OffloadSplitsHostAndDeviceOnAGpu) {
   e = estimate_zero_memory(psi, o);
   EXPECT_EQ(e.host_bytes, 2 * psi / 4);
   EXPECT_EQ(e.peak_device(), 4 * largest + 2 * psi / 4 + 12 * psi / 4);
+  // 16-bit masters: ZeRO-Offload's host copy is made of a partition on the GPU only; stage 3's
+  // offloaded partition is already in host memory, beside the CPU update, and is the master.
+  auto lowp = options(4, 3);
+  lowp.gpu = true;
+  lowp.low_precision_masters = true;
+  lowp.offload_optimizer = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, lowp).optimizer_states, (2 + 8) * psi / 4);
+  lowp.offload_param = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, lowp).optimizer_states, 8 * psi / 4);
+  // Stage 1 under ZeRO-Offload: its gradient partition in host memory; accumulating wider than
+  // the weights it all-reduces a full buffer on the GPU instead.
+  auto one = options(4, 1);
+  one.gpu = true;
+  one.offload_optimizer = "cpu";
+  EXPECT_EQ(estimate_zero_memory(psi, one).host_bytes, (12 + 2) * psi / 4);
+  one.accumulation_steps = 2;
+  one.grad_accum_bytes = 4;
+  e = estimate_zero_memory(psi, one);
+  EXPECT_EQ(e.host_bytes, 12 * psi / 4);
+  EXPECT_EQ(e.peak_device(), 2 * psi + 4 * psi);
   // An fp32 model: the master is the partition unless it is elsewhere than the update.
   auto fp32 = options(4, 3, /*mixed=*/false);
   EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 8 * psi / 4);
   fp32.gpu = true;
   fp32.offload_param = "cpu";
   EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 12 * psi / 4);
+  // With the optimizer offloaded too the host partition is beside the CPU update: the master.
   fp32.offload_optimizer = "cpu";
-  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 12 * psi / 4);
+  EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 8 * psi / 4);
   fp32.gpu = false;  // the CPU: the partition is beside the update
   EXPECT_EQ(estimate_zero_memory(psi, fp32).optimizer_states, 8 * psi / 4);
   // The CPU: everything, transients included, is host memory.
@@ -492,11 +514,13 @@ TEST(EstimateZeroMemory, NvmeCountsTheFilesAndTheRingInMemory) {
   // 1000192 -> 1003520.
   o.bf16_moments = false;
   EXPECT_EQ(estimate_zero_memory(psi, o).nvme_bytes, 3 * 3002368 + 1003520);
-  // On a GPU at stage 2 one sub-group of fp32 gradients lands in host memory: 1200000 -> 1200128.
+  // On a GPU at stage 2 the gradient partition stays on the GPU and one sub-group of it lands in
+  // host memory at a time, widened to fp32: 1200000 -> 1200128.
   o.gpu = true;
   e = estimate_zero_memory(psi, o);
   EXPECT_EQ(e.optimizer_states, 2 * 3002368 + 1200128);
-  EXPECT_EQ(e.host_bytes, e.optimizer_states + e.gradients);
+  EXPECT_EQ(e.host_bytes, e.optimizer_states);
+  EXPECT_EQ(e.peak_device(), e.parameters + e.gradients);
   // More buffers than sub-groups: one buffer a sub-group.
   o = options(2, 1);
   o.offload_optimizer = "nvme";

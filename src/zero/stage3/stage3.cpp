@@ -58,6 +58,7 @@ Stage3::Stage3(torch::nn::Module& model, std::vector<at::Tensor> trainable,
   ShardOptions shard = options_.shard;
   shard.compute_device = ctx_.device;
   shard.reduces_into_partition = true;
+  shard.gradients_from_host = options_.shard.home == OffloadDevice::kNvme;  // make_unit_gradients
   if (!shard.group_of.empty())
     shard.group_segments = group_segments(own_fragments(), shard.group_of, params_->numel());
   shard_ = make_shard_optimizer(shard, *params_, make_optimizer);

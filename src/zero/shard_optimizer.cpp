@@ -281,16 +281,22 @@ class InMemoryShard : public ShardOptimizer {
     return view_moments_ ? view_moments_->step() : moment_step(*optimizer_, master_);
   }
 
+  // During a load of 16-bit masters (state_for_load) finish_load rounds the widened copies it
+  // handed out into the masters: a master refreshed or edited meanwhile (load_from_fp32_weights
+  // false, a parameter the checkpoint holds no state for) goes into its copy too, or finish_load
+  // would put the value from before the load back.
   void refresh_masters(ParamPartition& params) override {
     torch::NoGradGuard no_grad;
     complete_step();
     if (!aliased_) master_.copy_(params.read_all());
+    if (loaded_[0].defined()) loaded_[0].copy_(master_);
   }
 
   void masters_edited(ParamPartition&, int64_t begin, const at::Tensor& values) override {
     torch::NoGradGuard no_grad;
     complete_step();
     if (!aliased_) master_.narrow(0, begin, values.numel()).copy_(values);
+    if (loaded_[0].defined()) loaded_[0].narrow(0, begin, values.numel()).copy_(values);
   }
 
   int64_t resident_host_bytes() const override {

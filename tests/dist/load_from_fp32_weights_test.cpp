@@ -23,8 +23,10 @@ struct Case {
   int stage;
   std::string precision;  // "bf16" or "fp32" (libtorch 1.13 has no CPU fp16 LayerNorm)
   std::string offload;    // offload_optimizer.device: "none", "cpu" or "nvme"
+  bool bf16_masters = false;  // bf16.bf16_master_weights_and_grads
   std::string label() const {
-    return "stage " + std::to_string(stage) + " " + precision + " " + offload;
+    return "stage " + std::to_string(stage) + " " + precision + " " + offload +
+           (bf16_masters ? " bf16 masters" : "");
   }
 };
 
@@ -34,6 +36,7 @@ CheckpointJob job(const Case& c, const std::string& swap_dir) {
   j.model = gpt::GPTConfig{256, 9, 1, 2, 14};
   j.config = dstest::base_config(1, 1, c.stage);
   if (c.precision != "fp32") j.config[c.precision] = {{"enabled", true}};
+  if (c.bf16_masters) j.config["bf16"]["bf16_master_weights_and_grads"] = true;
   if (c.offload == "cpu") j.config["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   if (c.offload == "nvme")
     j.config["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"},
@@ -87,6 +90,22 @@ TEST(LoadFromFp32Weights, FalseTakesTheMastersFromTheSixteenBitWeightsAndKeepsTh
     expect_equal(loaded.exp_avg, saved.exp_avg, c.label() + " exp_avg");
     expect_equal(loaded.exp_avg_sq, saved.exp_avg_sq, c.label() + " exp_avg_sq");
     EXPECT_EQ(loaded.meta["optimizer"]["adam_step"], 3) << c.label();
+  }
+}
+
+// 16-bit masters (bf16_master_weights_and_grads) are the module's weights themselves: with the
+// key false the loaded engine holds the saved masters (not its own initial ones, which a load
+// that rounds its widened copies back at the end would restore) and the moments.
+TEST(LoadFromFp32Weights, FalseWithSixteenBitMastersLoadsTheSavedOnes) {
+  for (Case c : {Case{2, "bf16", "cpu", true}, Case{3, "bf16", "cpu", true},
+                 Case{2, "bf16", "nvme", true}}) {
+    for (bool from_fp32 : {false, true}) {
+      const std::string label = c.label() + (from_fp32 ? " true" : " false");
+      const auto [saved, loaded] = save_load_save(c, from_fp32);
+      expect_equal(loaded.fp32, saved.fp32, label + " master");
+      expect_equal(loaded.exp_avg, saved.exp_avg, label + " exp_avg");
+      expect_equal(loaded.exp_avg_sq, saved.exp_avg_sq, label + " exp_avg_sq");
+    }
   }
 }
 

@@ -893,9 +893,9 @@ TEST(OneGpuLion, StepEqualsTheHostPassAndStagesTrainAsStageZero) {
 // bit in the same home, the optimizer holds the bytes the estimator gives, and training goes on.
 // Optimizer bytes at world size 1 (P the partition, ~Ψ; c = min(2^22, ceil(P/4)) the CPU Adam's
 // chunk): fp32 masters 12P, plus under offload the fp32 gradient scratch 4c and at stage 2 the
-// bf16 upload ring 8c (zero/step_during_backward.cpp); bf16 masters 4P (bf16 moments) or 8P on
-// the GPU or beside stage 3's host partition, 10P / 6P as stage 2's host copy, plus the scratch
-// 4c under offload (no ring: the pinned bf16 masters go up as they are).
+// bf16 upload ring 8c (zero/step_during_backward.cpp); bf16 masters 4P (bf16 moments, on the
+// GPU), 8P beside stage 3's host partition (fp32 moments), 10P / 6P as stage 2's host copy, plus
+// the scratch 4c under offload (no ring: the pinned bf16 masters go up as they are).
 TEST(OneGpuLowPrecision, FirstStepAsFp32MastersEstimatedBytesAndTrains) {
   SKIP_WITHOUT_GPU();
   const dstest::Deterministic deterministic;

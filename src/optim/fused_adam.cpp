@@ -148,30 +148,32 @@ std::vector<AdamHyperRun> FusedAdam::segment_runs(int64_t step) {
   return runs;
 }
 
+namespace {
+bool is_16bit(at::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
+}  // namespace
+
 bool FusedAdam::reads_grads_of(const torch::Tensor& param, at::ScalarType grad) {
   if (grad == torch::kFloat) return true;
-  if (param.is_cpu()) return grad == torch::kBFloat16 || grad == torch::kHalf;
-  return param.is_cuda() && (grad == torch::kBFloat16 || grad == torch::kHalf) &&
-         device_adam_reads_16bit_grads();
+  if (!is_16bit(grad)) return false;
+  if (param.is_cpu()) return true;
+  // A 16-bit master on a device is stepped a chunk at a time on widened copies
+  // (device_adam_step_any_master), its 16-bit gradients widened with them where the kernel
+  // cannot read them as they are: no copy of the whole partition either way.
+  if (is_16bit(param.scalar_type())) return true;
+  return param.is_cuda() && device_adam_reads_16bit_grads();
 }
 
 namespace {
-bool is_16bit(at::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
 
 // The kernels read and write flat memory: fp32 parameters, or 16-bit masters (keep_moments_in),
 // and the gradients reads_grads_of allows.
 void check_contiguous(const torch::Tensor& p) {
   const auto g = p.grad().scalar_type();
-  // A 16-bit master on a device is stepped chunk by chunk on widened copies
-  // (device_adam_step_any_master), its 16-bit gradients with them where the kernel cannot read
-  // them as they are.
-  const bool chunked = !p.is_cpu() && is_16bit(p.scalar_type()) && is_16bit(g);
   TORCH_CHECK((p.scalar_type() == torch::kFloat || is_16bit(p.scalar_type())) &&
-                  p.is_contiguous() && (FusedAdam::reads_grads_of(p, g) || chunked) &&
-                  p.grad().is_contiguous(),
+                  p.is_contiguous() && FusedAdam::reads_grads_of(p, g) && p.grad().is_contiguous(),
               "FusedAdam needs contiguous fp32 (or 16-bit master) parameters and gradients it can "
-              "read (got ", p.scalar_type(), " parameters on ", p.device(), " with gradients of ",
-              g, ")");
+              "read (got ",
+              p.scalar_type(), " parameters on ", p.device(), " with gradients of ", g, ")");
 }
 
 // A CPU step over the gradients as they are: fp32, or 16-bit widened in cache.

@@ -101,7 +101,8 @@ class FusedAdam : public torch::optim::Optimizer, public AdamMoments {
   void set_half_copy(const torch::Tensor& param, torch::Tensor target);
   // Whether step() reads gradients of dtype `grad` for `param` as they are, without a widened
   // fp32 copy: fp32 always; bf16 and fp16 on the CPU (widened in cache); bf16 and fp16 on a GPU
-  // with this library's kernel (device_adam.h).
+  // with this library's kernel (device_adam.h), or for a 16-bit master there (widened a chunk
+  // at a time with it, device_adam_step_any_master).
   static bool reads_grads_of(const torch::Tensor& param, at::ScalarType grad);
   // The next step of `param` (a contiguous CPU tensor of this optimizer), to be run in
   // ranges: its state is created when missing and its step count advanced now, with the

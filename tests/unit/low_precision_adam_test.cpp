@@ -14,6 +14,7 @@
 #include "optim/cpu_adam_kernels.h"
 #include "optim/fused_adam.h"
 #include "util/torch_compat.h"
+#include "support/adam_hyper.h"
 
 namespace deepspeed::optim {
 namespace low_precision_adam_test {
@@ -143,13 +144,6 @@ TEST(AdamBuffersErrors, Fp16MomentsAreRefused) {
   EXPECT_THROW(adam_step_buffers(b, &g, AdamElem::F32, 1, hyper(1)), std::invalid_argument);
 }
 
-AdamHyper adam_hyper() {
-  AdamHyper h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  return h;
-}
-
 torch::optim::AdamWParamState& state_of(FusedAdam& adam, const at::Tensor& p) {
   return static_cast<torch::optim::AdamWParamState&>(
       *adam.state().at(compat::optimizer_state_key(p)));
@@ -163,7 +157,7 @@ TEST(FusedAdamLowPrecision, StepsA16BitMasterWholeOrInRanges) {
     torch::manual_seed(9);
     const at::Tensor start = (torch::randn({n}) * 0.1).to(at::kBFloat16);
     at::Tensor whole = start.clone(), ranged = start.clone();
-    FusedAdam a({whole}, adam_hyper()), b({ranged}, adam_hyper());
+    FusedAdam a({whole}, dstest::decaying_adam_hyper()), b({ranged}, dstest::decaying_adam_hyper());
     a.keep_moments_in(moments);
     b.keep_moments_in(moments);
     at::Tensor ref = start.clone(), ref_m = torch::zeros({n}, moments), ref_v = ref_m.clone();

@@ -24,6 +24,7 @@
 #include "zero/forward_waits.h"
 #include "zero/stage3/unit_internals.h"
 #include "zero/step_during_backward.h"
+#include "support/adam_hyper.h"
 
 namespace overlap_forward_test {
 
@@ -31,13 +32,6 @@ using deepspeed::device::HostFence;
 using deepspeed::zero::StepDuringBackward;
 
 namespace {
-
-deepspeed::AdamHyper hyper() {
-  deepspeed::AdamHyper h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  return h;
-}
 
 torch::optim::AdamWParamState& state_of(torch::optim::Optimizer& o, const at::Tensor& p) {
   return static_cast<torch::optim::AdamWParamState&>(
@@ -77,7 +71,8 @@ TEST(HandOver, TheRestRunsInTheGivenOrderAndSettleWaitsForItsRangeOnly) {
   at::Tensor master = start.clone(), reference = start.clone();
   at::Tensor partition = start.to(at::kBFloat16), reference16 = partition.clone();
   const at::Tensor start16 = partition.clone();
-  deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+  deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper()),
+      whole({reference}, dstest::decaying_adam_hyper());
   whole.set_half_copy(reference, reference16);
   StepDuringBackward::Options o;
   o.upload = true;  // through the ring, as from a GPU (the copies are the CPU's: synchronous)
@@ -126,7 +121,8 @@ TEST(HandOver, TheNextStepWaitsForCompleteAndAbandonCompletes) {
   const int64_t n = 300;
   torch::manual_seed(9);
   at::Tensor master = torch::randn({n}), reference = master.clone();
-  deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+  deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper()),
+      whole({reference}, dstest::decaying_adam_hyper());
   StepDuringBackward host(adam, master, torch::kCPU, StepDuringBackward::Options{});
   const at::Tensor grads = torch::randn({n});
   reference.mutable_grad() = grads.clone();
@@ -145,7 +141,7 @@ TEST(HandOver, TheNextStepWaitsForCompleteAndAbandonCompletes) {
 TEST(HandOver, AFailedRangeIsThrownBySettleNotWaitedForEver) {
   const int64_t n = 200;
   at::Tensor master = torch::randn({n});
-  deepspeed::optim::FusedAdam adam({master}, hyper());
+  deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper());
   StepDuringBackward host(adam, master, torch::kCPU, StepDuringBackward::Options{});
   const at::Tensor grads = torch::randn({n});
   auto never = std::make_shared<HostFence>();
@@ -222,7 +218,8 @@ Trained train(bool overlap_forward, bool scatter, at::ScalarType dtype, bool wit
   deepspeed::zero::StageContext ctx{deepspeed::comm::make_single_process_communicator(),
                                     torch::kCPU};
   auto adam = [](std::vector<at::Tensor> p) {
-    return std::make_shared<deepspeed::optim::FusedAdam>(std::move(p), hyper());
+    return std::make_shared<deepspeed::optim::FusedAdam>(std::move(p),
+                                                         dstest::decaying_adam_hyper());
   };
   Trained t;
   {

@@ -23,6 +23,7 @@
 #include "zero/flat_stage.h"
 #include "zero/stage_options.h"
 #include "zero/step_during_backward.h"
+#include "support/adam_hyper.h"
 
 namespace step_during_backward_test {
 
@@ -38,13 +39,6 @@ torch::optim::AdamWParamState& state_of(torch::optim::Optimizer& o, const at::Te
       *o.state().at(deepspeed::compat::optimizer_state_key(p)));
 }
 
-deepspeed::AdamHyper hyper() {
-  deepspeed::AdamHyper h;
-  h.lr = 1e-2;
-  h.weight_decay = 0.1;
-  return h;
-}
-
 }  // namespace
 
 TEST(AdamRangeStep, RangesGiveTheWholeStepBitForBit) {
@@ -53,7 +47,8 @@ TEST(AdamRangeStep, RangesGiveTheWholeStepBitForBit) {
     at::Tensor start = torch::randn({1037});
     at::Tensor whole = start.clone(), ranged = start.clone();
     at::Tensor whole16 = torch::empty({1037}, torch::kBFloat16), ranged16 = whole16.clone();
-    deepspeed::optim::FusedAdam a({whole}, hyper()), b({ranged}, hyper());
+    deepspeed::optim::FusedAdam a({whole}, dstest::decaying_adam_hyper()),
+        b({ranged}, dstest::decaying_adam_hyper());
     if (half) {
       a.set_half_copy(whole, whole16);
       b.set_half_copy(ranged, ranged16);
@@ -83,7 +78,7 @@ TEST(AdamRangeStep, RangesGiveTheWholeStepBitForBit) {
 TEST(AdamRangeStep, RangesAcrossGroupSegmentsStepEachWithItsGroup) {
   using Segment = deepspeed::optim::FusedAdam::Segment;
   const std::vector<Segment> segments{{0, 100, 0}, {100, 3, 1}, {103, 497, 0}, {600, 437, 2}};
-  std::vector<deepspeed::AdamHyper> groups(3, hyper());
+  std::vector<deepspeed::AdamHyper> groups(3, dstest::decaying_adam_hyper());
   groups[1].lr = 0.0;
   groups[1].weight_decay = 0.0;
   groups[2].lr = 3e-3;
@@ -187,7 +182,8 @@ struct Net {
 namespace {
 
 std::shared_ptr<torch::optim::Optimizer> adam(std::vector<at::Tensor> params) {
-  return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params), hyper());
+  return std::make_shared<deepspeed::optim::FusedAdam>(std::move(params),
+                                                       dstest::decaying_adam_hyper());
 }
 
 FlatStageOptions offload_options(bool scatter, at::ScalarType dtype, bool overlap_step,
@@ -468,7 +464,8 @@ TEST(StepDuringBackwardUpload, ChunksAndRingGiveTheWholeStep) {
       at::Tensor start = torch::randn({n});
       at::Tensor master = start.clone(), reference = start.clone();
       at::Tensor partition = start.to(dtype), reference16 = start.to(dtype);
-      deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+      deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper()),
+          whole({reference}, dstest::decaying_adam_hyper());
       if (dtype != at::kFloat) whole.set_half_copy(reference, reference16);
       StepDuringBackward::Options o;
       o.upload = true;
@@ -516,7 +513,7 @@ TEST(StepDuringBackwardUpload, FinishUpdatesWithTheWholeTeam) {
     const int64_t n = 400;
     at::Tensor master = torch::randn({n});
     at::Tensor partition = master.to(at::kBFloat16);
-    deepspeed::optim::FusedAdam adam({master}, hyper());
+    deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper());
     StepDuringBackward::Options o;
     o.upload = true;
     o.chunk = 50;
@@ -538,7 +535,7 @@ TEST(StepDuringBackwardErrors, AbandonDoesNotWaitForValuesThatWillNeverCome) {
   using deepspeed::zero::StepDuringBackward;
   at::Tensor master = torch::randn({100});
   const at::Tensor start = master.clone();
-  deepspeed::optim::FusedAdam adam({master}, hyper());
+  deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper());
   StepDuringBackward host(adam, master, torch::kCPU, StepDuringBackward::Options{});
   at::Tensor grads = torch::randn({100});
   auto there = std::make_shared<HostFence>(), never = std::make_shared<HostFence>();
@@ -604,7 +601,8 @@ TEST(StepDuringBackwardErrors, AFailedAllocationLeavesTheStepAsItWas) {
     at::Tensor start = torch::randn({n});
     at::Tensor master = start.clone(), reference = start.clone();
     at::Tensor partition = start.to(at::kBFloat16), reference16 = partition.clone();
-    deepspeed::optim::FusedAdam adam({master}, hyper()), whole({reference}, hyper());
+    deepspeed::optim::FusedAdam adam({master}, dstest::decaying_adam_hyper()),
+        whole({reference}, dstest::decaying_adam_hyper());
     adam.set_half_copy(master, partition);
     whole.set_half_copy(reference, reference16);
     at::Tensor grads = torch::randn({n}).to(at::kBFloat16);

@@ -124,6 +124,14 @@ struct MemoryEstimate {
 //     rest is in a file, read through a pool of buffers of the largest unit's slice (rounded to
 //     4096 bytes), one a unit in the file, at most param_buffer_count (none counted when
 //     largest_layer_params is not given). Whole units stay in memory: at most max_in_cpu.
+//   optimizer_moments: the optimizer's state arrays per element besides its master, fp32 (bf16
+//     with bf16_moments): Adam, AdamW and Lamb 2, Lion, Adagrad and SGD with momentum 1, SGD
+//     without momentum 0. 16-bit masters and the NVMe swap need Adam/AdamW (2). (The 1-bit
+//     optimizers, stage 0 only, count as Adam: their error-feedback buffers are left out.)
+//   widening_step under ZeRO-Offload on a GPU (offload_optimizer "cpu", the partition on the
+//     GPU) means an optimizer other than Adam/AdamW: without the CPU Adam reading gradients as
+//     they arrive, the gradient partition stays on the GPU and the step copies it into an fp32
+//     host buffer kept for the run (4 bytes an element, counted in optimizer_states).
 //   Offload below its stage is ignored, as initialize() ignores it (with a warning). Stage 3's
 //   gathered layer and hpZ's secondary partition are on the compute device; the widening step's
 //   copy in host memory where the optimizer is offloaded. Left out: page-locked staging buffers
@@ -149,11 +157,13 @@ struct ZeroMemoryOptions {
   int optimizer_buffer_count = 4;            // offload_optimizer.buffer_count
   int param_buffer_count = 5;                // offload_param.buffer_count
   int64_t param_max_in_cpu = 1000000000;     // offload_param.max_in_cpu
+  int optimizer_moments = 2;                 // the optimizer's arrays per element (below)
 };
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, const ZeroMemoryOptions& options);
 // The options of a parsed ds_config (load_config / parse_config), read as initialize() reads it:
 // stage, fp16/bf16, zero_hpz_partition_size, data_types.grad_accum_dtype resolved (above),
-// gradient_accumulation_steps, an optimizer other than Adam/AdamW as a widening step, the
+// gradient_accumulation_steps, an optimizer other than Adam/AdamW as a widening step, its
+// moments (optimizer_moments, SGD's from optimizer.params.momentum), the
 // low-precision keys of the enabled block, the offload devices and their NVMe sizes.
 // largest_layer_params is the model's: set it after. Throws ConfigError for world_size < 1.
 struct Config;

@@ -65,6 +65,23 @@ void check(int64_t psi, const ZeroMemoryOptions& o) {
     throw ConfigError("estimate_zero_memory: low-precision masters with fp32 moments need "
                       "zero_optimization.offload_optimizer.device \"cpu\" (or \"nvme\"), as "
                       "DeepSpeed's CPU Adam");
+  // The optimizer's per-element state beside its master (memory.h): initialize() builds only
+  // Adam/AdamW for what needs the CPU Adam (16-bit masters, the NVMe swap).
+  if (o.optimizer_moments < 0 || o.optimizer_moments > 2)
+    throw ConfigError("estimate_zero_memory: optimizer_moments " +
+                      std::to_string(o.optimizer_moments) +
+                      " must be 0, 1 or 2 (the optimizer's fp32 arrays per element besides its "
+                      "master: SGD without momentum 0, Lion/Adagrad/SGD with momentum 1, Adam 2)");
+  if (o.optimizer_moments != 2 && o.low_precision_masters)
+    throw ConfigError(
+        "estimate_zero_memory: low-precision masters need the Adam or AdamW "
+        "optimizer (optimizer_moments 2; got " +
+        std::to_string(o.optimizer_moments) + ")");
+  if (o.optimizer_moments != 2 && stage >= 1 && o.offload_optimizer == "nvme")
+    throw ConfigError(
+        "estimate_zero_memory: zero_optimization.offload_optimizer.device \"nvme\" "
+        "needs the Adam or AdamW optimizer (optimizer_moments 2; got " +
+        std::to_string(o.optimizer_moments) + ")");
   if (o.sub_group_size < 1 || o.optimizer_buffer_count < 1 || o.param_buffer_count < 1 ||
       o.param_max_in_cpu < 0)
     throw ConfigError("estimate_zero_memory: zero_optimization.sub_group_size and the offload "
@@ -142,7 +159,8 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
     e.gradients = grad_bytes * part(o.largest_layer_params, n);
   }
 
-  // Optimizer: Adam's two moments (fp32, or bf16 with bf16_moments) and the master, which is the
+  // Optimizer: its moments (Adam's two, fp32 or bf16 with bf16_moments; Lion's one...) and the
+  // master, which is the
   // partition itself (no bytes of its own) where the partition is of the master's dtype and in
   // memory beside the update (zero/shard_optimizer.cpp: aliased), else a copy: fp32 masters of a
   // 16-bit model; on a GPU the host copy of ZeRO-Offload, or the device copy of stage 3's
@@ -150,7 +168,7 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
   const int64_t master_bytes = o.low_precision_masters || !o.mixed_precision
                                    ? weight_bytes
                                    : 4;
-  const int64_t moment_bytes = o.bf16_moments ? 4 : 8;
+  const int64_t moment_bytes = o.optimizer_moments * (o.bf16_moments ? 2 : 4);
   // (ZeRO-Offload's host copy is made only of a partition on the GPU: stage 3's offloaded one is
   // already in host memory.)
   const bool master_is_partition = master_bytes == weight_bytes &&
@@ -169,6 +187,11 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
     e.optimizer_states =
         optim_partition * ((master_is_partition ? 0 : master_bytes) + moment_bytes);
   }
+  // ZeRO-Offload on a GPU with an optimizer other than Adam (widening_step): no CPU Adam reads
+  // the gradients as they arrive, so the gradient partition stays on the GPU and the step copies
+  // it down into an fp32 host buffer kept for the run (shard_optimizer.cpp: offloaded_step).
+  const bool host_grad_copy = o.gpu && opt_cpu && !param_off && o.widening_step;
+  if (host_grad_copy) e.optimizer_states += 4 * optim_partition;
   e.nvme_bytes = param_file + grad_file + optim_file;
 
   // Where they are: all in host memory on the CPU; on a GPU the offloaded parts.
@@ -185,6 +208,7 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
     int64_t host_gradients = 0;
     if (opt_cpu && stage >= 2) host_gradients = e.gradients;
     if (opt_cpu && stage1_scatters) host_gradients = part(grad_bytes * psi, n);
+    if (host_grad_copy) host_gradients = 0;  // on the GPU; their fp32 copy is in the optimizer's
     if (opt_nvme && stage == 3) host_gradients = e.gradients;
     e.host_bytes = (param_off ? e.parameters : 0) + host_gradients +
                    (optimizer_on_host ? e.optimizer_states : 0);
@@ -195,7 +219,7 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
   // 16-bit gradients and a step that widens them: its fp32 copy of the gradient partition
   // (shard_optimizer.cpp). Stage 0 steps one replicated partition, all Ψ. fp32 gradients (an fp32
   // model, or fp32 accumulation) are stepped in place; Adam/AdamW reads 16-bit ones (memory.h).
-  if (grad_bytes < 4 && o.widening_step)
+  if (grad_bytes < 4 && o.widening_step && !host_grad_copy)
     e.step_transient = stage >= 1 ? part(4 * psi, n) : 4 * psi;
   // Left out: the gradient norm's scratch (zero/tensor_facts.cpp's sum_of_squares: none for a
   // contiguous partition in host memory, else at most 4 MiB on the CPU; on a GPU the norm kernel

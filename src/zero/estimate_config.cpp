@@ -29,6 +29,20 @@ int grad_accum_bytes(const Config& c, int weight_bytes) {
   return bytes == weight_bytes ? 0 : bytes;
 }
 
+// The optimizer's state arrays per element besides its master (optim/optimizer_factory.cpp builds
+// them): libtorch's SGD keeps a momentum buffer only with momentum (its default 0), Lion its one
+// momentum, Adagrad its sum; Adam, AdamW, Lamb and the 1-bit family two moments.
+int optimizer_moments(const std::string& type, const nlohmann::json& params) {
+  if (type == "sgd") {
+    const auto momentum = params.find("momentum");
+    const bool has_momentum =
+        momentum != params.end() && momentum->is_number() && momentum->get<double>() != 0.0;
+    return has_momentum ? 1 : 0;
+  }
+  if (type == "lion" || type == "adagrad") return 1;
+  return 2;
+}
+
 }  // namespace
 
 ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu) {
@@ -49,6 +63,7 @@ ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu)
   if (c.optimizer) {
     const std::string type = ascii_lower(c.optimizer->type);
     o.widening_step = type != "adam" && type != "adamw";
+    o.optimizer_moments = optimizer_moments(type, c.optimizer->params);
   }
   o.low_precision_masters = (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) ||
                             (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads);

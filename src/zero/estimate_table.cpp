@@ -13,6 +13,15 @@ namespace {
 // two can be read side by side.
 double mb(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// The optimizer as the estimate counts it: Adam/AdamW reads 16-bit gradients as they are
+// (widening_step false); the others by the moments they keep.
+std::string optimizer_words(const ZeroMemoryOptions& o) {
+  if (o.optimizer_moments == 2 && !o.widening_step) return ", Adam";
+  if (o.optimizer_moments == 0) return ", an optimizer without moments";
+  return ", an optimizer with " + std::to_string(o.optimizer_moments) + " moment" +
+         (o.optimizer_moments == 1 ? "" : "s") + " an element";
+}
+
 std::string setup_line(int64_t psi, const ZeroMemoryOptions& o) {
   const bool fp32_accumulation = o.mixed_precision && o.grad_accum_bytes == 4;
   std::string s = "Estimated model-state memory per rank: " + std::to_string(psi) +
@@ -20,7 +29,7 @@ std::string setup_line(int64_t psi, const ZeroMemoryOptions& o) {
   s += !o.mixed_precision  ? "fp32"
        : fp32_accumulation ? "mixed precision with fp32 gradient accumulation"
                            : "mixed precision";
-  s += ", Adam";
+  s += optimizer_words(o);
   if (o.low_precision_masters)
     s += o.bf16_moments ? " (16-bit masters, bf16 moments)" : " (16-bit masters)";
   if (o.hpz_partition_size > 1) s += ", hpZ groups of " + std::to_string(o.hpz_partition_size);

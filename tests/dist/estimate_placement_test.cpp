@@ -2,13 +2,15 @@
 // what memory_report() measures after training over two ranks on this CPU build, where every
 // byte is host memory: DeepSpeed's low-precision masters (the 16-bit partition as master, or a
 // copy of it where the partition is partly in a file), the NVMe optimizer swap's ring of
-// sub-group buffers and its file, and stage 3's gradient and parameter files.
+// sub-group buffers and its file, stage 3's gradient and parameter files, and the moments of
+// optimizers other than Adam.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <ostream>
 #include <string>
 
+#include "deepspeed/config.h"
 #include "deepspeed/deepspeed.h"
 #include "deepspeed/memory.h"
 #include "support/files.h"
@@ -23,13 +25,22 @@ struct Placement {
   const char* param;      // offload_param.device (stage 3)
   bool bf16_masters = false, bf16_moments = false;
   int64_t max_in_cpu = 1000000000;  // offload_param.max_in_cpu
+  const char* type = "AdamW";       // optimizer.type
+  double momentum = 0;              // SGD's optimizer.params.momentum
 };
+
+Placement with_optimizer(Placement p, const char* type, double momentum = 0) {
+  p.type = type;
+  p.momentum = momentum;
+  return p;
+}
 
 std::string name_of(const Placement& p) {
   return "stage " + std::to_string(p.stage) + ", optimizer " + p.optimizer + ", parameters " +
          p.param + (p.bf16_masters ? ", bf16 masters" : "") +
          (p.bf16_moments ? ", bf16 moments" : "") +
-         (p.max_in_cpu < 1000000000 ? ", max_in_cpu " + std::to_string(p.max_in_cpu) : "");
+         (p.max_in_cpu < 1000000000 ? ", max_in_cpu " + std::to_string(p.max_in_cpu) : "") + ", " +
+         p.type + (p.momentum != 0 ? " with momentum" : "");
 }
 
 void PrintTo(const Placement& p, std::ostream* os) { *os << name_of(p); }
@@ -56,22 +67,11 @@ nlohmann::json config(const Placement& p, const std::string& dir) {
       z["offload_param"].update({{"nvme_path", dir}, {"max_in_cpu", p.max_in_cpu}});
   }
   c["aio"] = {{"block_size", 8192}, {"queue_depth", 4}};
+  if (std::string(p.type) != "AdamW") {  // base_config's is AdamW
+    c["optimizer"] = {{"type", p.type}, {"params", {{"lr", 1e-3}}}};
+    if (p.momentum != 0) c["optimizer"]["params"]["momentum"] = p.momentum;
+  }
   return c;
-}
-
-deepspeed::ZeroMemoryOptions options_of(const Placement& p) {
-  deepspeed::ZeroMemoryOptions o;
-  o.world_size = 2;
-  o.stage = p.stage;
-  o.mixed_precision = true;
-  o.low_precision_masters = p.bf16_masters;
-  o.bf16_moments = p.bf16_moments;
-  o.offload_optimizer = p.optimizer;
-  o.offload_param = p.param;
-  o.sub_group_size = kSubGroup;
-  o.optimizer_buffer_count = kOptimizerBuffers;
-  o.param_max_in_cpu = p.max_in_cpu;
-  return o;
 }
 
 // Within 2% and `slack` bytes (the measured partitions are cut per unit at stage 3, each file
@@ -96,7 +96,9 @@ TEST_P(EstimatedPlacement, MatchesTheMemoryReport) {
   s.config = config(p, dir.path());
   const auto r = dstest::train_gpt(s);
   const int64_t psi = dstest::count_parameters(s.model);
-  const auto e = deepspeed::estimate_zero_memory(psi, options_of(p));
+  // The estimate of the run's own config, read as initialize() reads it (zero_memory_options).
+  const auto e = deepspeed::estimate_zero_memory(
+      psi, deepspeed::zero_memory_options(deepspeed::parse_config(s.config, 2), 2));
   // Stage 3 cuts its partition per unit (the example GPT here: fewer than 16 units), each slice
   // of the parameter and gradient files on 4096 bytes.
   const int64_t slack = p.stage == 3 ? 2 * 16 * 4096 : 4096;
@@ -125,6 +127,10 @@ INSTANTIATE_TEST_SUITE_P(
         Placement{3, "nvme", "none", true, true}, Placement{3, "nvme", "cpu"},
         // ... and stage 3's parameters on "nvme" within max_in_cpu: all in memory, no file of
         // theirs (a partition beyond it, whole units in memory, is the unit test's).
-        Placement{3, "nvme", "nvme"}));
+        Placement{3, "nvme", "nvme"},
+        // Optimizers other than Adam keep their own moments: Lion's one, SGD's momentum buffer
+        // or none, Adagrad's sum; beside fp32 masters of the bf16 model (a widened step).
+        with_optimizer({2, "cpu", "none"}, "Lion"), with_optimizer({1, "none", "none"}, "SGD", 0.9),
+        with_optimizer({3, "cpu", "cpu"}, "SGD"), with_optimizer({2, "none", "none"}, "Adagrad")));
 
 }  // namespace estimate_placement_test

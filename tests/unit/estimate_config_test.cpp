@@ -103,6 +103,25 @@ TEST(ZeroMemoryOptions, ResolvesTheGradientWidthAndTheOptimizer) {
   json adam = base(2);
   adam["optimizer"]["type"] = "ADAM";
   EXPECT_FALSE(options_of(adam).widening_step);
+  // The optimizer's moments: SGD's momentum buffer only with momentum (libtorch's default 0).
+  EXPECT_EQ(options_of(adam).optimizer_moments, 2);
+  EXPECT_EQ(options_of(sgd).optimizer_moments, 0);
+  sgd["optimizer"]["params"]["momentum"] = 0.9;
+  EXPECT_EQ(options_of(sgd).optimizer_moments, 1);
+  json lion = base(2);
+  lion["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 1e-4}}}};
+  EXPECT_EQ(options_of(lion).optimizer_moments, 1);
+  EXPECT_TRUE(options_of(lion).widening_step);
+  json adagrad = base(2);
+  adagrad["optimizer"] = {{"type", "Adagrad"}, {"params", {{"lr", 1e-2}}}};
+  EXPECT_EQ(options_of(adagrad).optimizer_moments, 1);
+  json lamb = base(2);
+  lamb["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}}}};
+  EXPECT_EQ(options_of(lamb).optimizer_moments, 2);
+  // ... and so their estimate: an fp32 model at stage 2 over 4 ranks, the partition its own
+  // master, Lion's one moment.
+  EXPECT_EQ(deepspeed::estimate_zero_memory(4000000, options_of(lion)).optimizer_states,
+            4 * 1000000);
   // The estimate of a config follows its keys: bf16 masters and moments take 4 of 12 bytes.
   json lowp = base(2);
   lowp["bf16"] = {

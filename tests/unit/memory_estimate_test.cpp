@@ -479,14 +479,81 @@ TEST(EstimateZeroMemory, OffloadSplitsHostAndDeviceOnAGpu) {
   e = estimate_zero_memory(psi, cpu);
   EXPECT_EQ(e.peak_host(), e.peak());
   EXPECT_EQ(e.peak_device(), 0);
-  // A widening step runs where the update does: on the host under ZeRO-Offload.
+  // An optimizer other than Adam under ZeRO-Offload on a GPU (widening_step): no CPU Adam reads
+  // the gradients as they arrive, so their partition stays on the GPU and the step copies it into
+  // an fp32 host buffer kept for the run (shard_optimizer.cpp's offloaded_step), 4 bytes an
+  // element beside the master and the moments: persistent, not a transient.
   o = options(4, 2);
   o.gpu = true;
   o.widening_step = true;
+  o.optimizer_moments = 1;  // Lion
   o.offload_optimizer = "cpu";
-  EXPECT_EQ(estimate_zero_memory(psi, o).host_transient, 4 * psi / 4);
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.optimizer_states, (4 + 4 + 4) * psi / 4);
+  EXPECT_EQ(e.host_bytes, e.optimizer_states);  // the 16-bit gradient partition is on the GPU
+  EXPECT_EQ(e.step_transient, 0);
+  EXPECT_EQ(e.host_transient, 0);
+  EXPECT_EQ(e.peak_device(), 2 * psi + 2 * psi / 4);
+  // Without offload the step widens a transient copy on the GPU.
   o.offload_optimizer = "none";
-  EXPECT_EQ(estimate_zero_memory(psi, o).host_transient, 0);
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.step_transient, 4 * psi / 4);
+  EXPECT_EQ(e.host_transient, 0);
+  // Stage 3 with its partition offloaded: the gradients are in host memory already, and the
+  // widened copy is the step's, on the host.
+  o = options(4, 3);
+  o.gpu = true;
+  o.widening_step = true;
+  o.offload_optimizer = o.offload_param = "cpu";
+  e = estimate_zero_memory(psi, o);
+  EXPECT_EQ(e.optimizer_states, 12 * psi / 4);
+  EXPECT_EQ(e.host_transient, 4 * psi / 4);
+}
+
+// The optimizer's own state (optimizer_moments): Adam's two fp32 moments, one for Lion, Adagrad
+// and SGD with momentum, none for plain SGD; beside an fp32 master copy of a 16-bit model, or
+// the fp32 partition itself.
+TEST(EstimateZeroMemory, OptimizerStateFollowsTheOptimizersMoments) {
+  const int64_t psi = 1000000;
+  for (int moments : {0, 1, 2}) {
+    SCOPED_TRACE("moments " + std::to_string(moments));
+    auto o = options(4, 2);
+    o.optimizer_moments = moments;
+    EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, (4 + 4 * moments) * psi / 4);
+    o.mixed_precision = false;
+    EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, 4 * moments * psi / 4);
+    o = options(4, 0);
+    o.optimizer_moments = moments;
+    EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, (4 + 4 * moments) * psi);
+  }
+  // What needs the CPU Adam needs two moments; and no optimizer has more.
+  auto o = options(4, 2);
+  o.optimizer_moments = 3;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "optimizer_moments 3 must be 0, 1 or 2");
+  o = options(4, 2);
+  o.optimizer_moments = 1;
+  o.offload_optimizer = "nvme";
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "\"nvme\" needs the Adam or AdamW optimizer");
+  o.offload_optimizer = "cpu";
+  o.low_precision_masters = true;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "low-precision masters need the Adam or AdamW optimizer");
+  o = options(4, 0);  // stage 0 ignores the offload, as initialize() does
+  o.optimizer_moments = 1;
+  o.offload_optimizer = "nvme";
+  EXPECT_NO_THROW(estimate_zero_memory(10, o));
+  // The table names what it counted.
+  o = options(4, 2);
+  EXPECT_CONTAINS(deepspeed::format_zero_memory_estimates(psi, o), "mixed precision, Adam\n");
+  o.widening_step = true;
+  o.optimizer_moments = 1;
+  EXPECT_CONTAINS(deepspeed::format_zero_memory_estimates(psi, o),
+                  "mixed precision, an optimizer with 1 moment an element\n");
+  o.optimizer_moments = 0;
+  EXPECT_CONTAINS(deepspeed::format_zero_memory_estimates(psi, o),
+                  "mixed precision, an optimizer without moments\n");
 }
 
 // The NVMe swap by hand (offload/swapped_adam.cpp): 1000001 elements a rank in sub-groups of

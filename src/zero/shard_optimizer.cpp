@@ -257,11 +257,16 @@ class InMemoryShard : public ShardOptimizer {
     loaded_ = widened(state);
     return loaded_;
   }
+  // Checkpoints read and write the state where it is, one window of views: 16-bit masters and
+  // moments are widened a piece at a time as the writer appends them (runtime/checkpoint_save.cpp)
+  // and rounded into as the reader fills them (checkpoint/tag_reader.cpp), so a save or a load
+  // makes no fp32 copy of the whole partition (12 bytes an element with fp32 moments).
   std::unique_ptr<StateWindows> windows_for_save() override {
-    return whole_state_windows(state_for_save());
+    return whole_state_windows(
+        this->state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get()))));
   }
   std::unique_ptr<StateWindows> windows_for_load(bool create_moments) override {
-    return whole_state_windows(state_for_load(create_moments));
+    return whole_state_windows(this->state(create_moments));
   }
 
   void finish_load(int64_t adam_step, ParamPartition& params) override {
@@ -445,9 +450,9 @@ class InMemoryShard : public ShardOptimizer {
     fused_->keep_moments_in(options.bf16_moments ? at::kBFloat16 : at::kFloat);
   }
 
-  // In host memory wherever the state is: on a GPU the fp32 copies (12 bytes an element with
-  // fp32 moments) would otherwise be GPU memory that a run chose 16-bit masters to save, at
-  // every save and load; the checkpoint files are written and read from host memory anyway.
+  // state_for_save / state_for_load's fp32 copies of 16-bit state (checkpoints use the windows
+  // above, which copy nothing). In host memory wherever the state is: on a GPU they would be
+  // GPU memory that a run chose 16-bit masters to save.
   static std::array<at::Tensor, 3> widened(const std::array<at::Tensor, 3>& state) {
     std::array<at::Tensor, 3> out;
     for (size_t k = 0; k < state.size(); ++k)

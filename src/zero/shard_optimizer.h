@@ -91,8 +91,8 @@ class StateWindows {
   // (begin, numel) of each window, in partition order, tiling [0, partition numel).
   const std::vector<std::pair<int64_t, int64_t>>& ranges() const { return ranges_; }
   // [master, exp_avg, exp_avg_sq] of window k: 1-D views of its elements, fp32, or 16-bit where
-  // the state is (a swapped shard's low-precision masters: checkpoints widen them saving and
-  // round into them loading); moments undefined when the optimizer keeps none. Valid until the
+  // the state is (low-precision masters, bf16 moments: checkpoints widen them saving and round
+  // into them loading); moments undefined when the optimizer keeps none. Valid until the
   // next open() or finish(). For loading, what is written into them reaches the state when
   // another window opens or at finish().
   virtual std::array<at::Tensor, 3> open(size_t k) = 0;

@@ -112,7 +112,9 @@ struct MemoryEstimate {
 //     8 (fp32 model, or 16-bit masters aliased), 4 (+ bf16 moments), 10 / 6 (a 16-bit master
 //     copy).
 //   offload_optimizer "cpu": the same bytes in host memory, and the gradient partition there too
-//     (at stage 1 where it reduces into one: not when it accumulates wider than its weights).
+//     (at stage 1 where it reduces into one; when it accumulates wider than its weights it
+//     all-reduces a full buffer on the GPU, and the CPU Adam's host landing buffer for its
+//     partition's slice, of that width, is counted in optimizer_states).
 //     "nvme": the state in a file, 12 / 10 / 6 bytes an element (offload/swapped_adam.h:
 //     sub-groups of sub_group_size elements, arrays on 64 bytes, regions on 4096); in memory a
 //     ring of min(optimizer_buffer_count, sub-groups) whole sub-groups' regions, and on a GPU at

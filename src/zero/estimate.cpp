@@ -192,6 +192,12 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
   // it down into an fp32 host buffer kept for the run (shard_optimizer.cpp: offloaded_step).
   const bool host_grad_copy = o.gpu && opt_cpu && !param_off && o.widening_step;
   if (host_grad_copy) e.optimizer_states += 4 * optim_partition;
+  // Stage 1 all-reducing a full buffer on a GPU (it accumulates wider than its weights) under
+  // ZeRO-Offload's CPU Adam: each range of its partition's slice comes down into a host landing
+  // buffer of the buffer's width, kept for the run (zero/step_during_backward.cpp; the
+  // MemoryReport counts it with the optimizer's bytes).
+  if (o.gpu && opt_cpu && stage == 1 && !stage1_scatters && !o.widening_step)
+    e.optimizer_states += grad_bytes * optim_partition;
   e.nvme_bytes = param_file + grad_file + optim_file;
 
   // Where they are: all in host memory on the CPU; on a GPU the offloaded parts.

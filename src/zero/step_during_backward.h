@@ -25,8 +25,9 @@
 // With a client optimizer's parameter groups (FusedAdam::set_flat) a range is cut where the
 // groups' segments meet, each part updated with its group's constants (AdamRangeStep).
 // Host bytes per parameter on a GPU in 16-bit training: masters 4 + moments 8 + gradients 2 (the
-// ZeRO floor of 12 plus the gradients' place: the stage's host partition at stages 2 and 3, the
-// landing buffer here at stage 1); the scratch and the ring are a few chunks.
+// ZeRO floor of 12 plus the gradients' place: the stage's host partition, or the landing buffer
+// here at stage 1 when it all-reduces a full buffer on the GPU); the scratch and the ring are a
+// few chunks.
 // Why uploading early is safe: a range is final only after backward has run every node that
 // reads its parameters, and the worker waits for a fence recorded after those nodes' kernels.
 // With the partition in host memory (the CPU, or offload_param "cpu") the update writes the

@@ -247,7 +247,7 @@ class InMemoryShard : public ShardOptimizer {
   // Checkpoints hold fp32 masters and moments whatever their dtype here: 16-bit ones are saved
   // widened (exact) and loaded through fp32 copies that finish_load rounds into them.
   std::array<at::Tensor, 3> state_for_save() override {
-    auto state = this->state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get())));
+    auto state = state_to_save();
     return low_precision_ ? widened(state) : state;
   }
   std::array<at::Tensor, 3> state_for_load(bool create_moments) override {
@@ -262,8 +262,7 @@ class InMemoryShard : public ShardOptimizer {
   // and rounded into as the reader fills them (checkpoint/tag_reader.cpp), so a save or a load
   // makes no fp32 copy of the whole partition (12 bytes an element with fp32 moments).
   std::unique_ptr<StateWindows> windows_for_save() override {
-    return whole_state_windows(
-        this->state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get()))));
+    return whole_state_windows(state_to_save());
   }
   std::unique_ptr<StateWindows> windows_for_load(bool create_moments) override {
     return whole_state_windows(this->state(create_moments));
@@ -438,6 +437,12 @@ class InMemoryShard : public ShardOptimizer {
     if (view_moments_) return {master_, view_moments_->moment(create_moments), at::Tensor()};
     auto [exp_avg, exp_avg_sq] = moments_of(*optimizer_, master_, create_moments);
     return {master_, exp_avg, exp_avg_sq};
+  }
+
+  // What a save writes: the state, made where none exists yet if the optimizer's initial state
+  // is not zeros (saves_made_state: Adagrad's initial_accumulator_value).
+  std::array<at::Tensor, 3> state_to_save() {
+    return state(/*create_moments=*/saves_made_state(moment_family(optimizer_.get())));
   }
 
   // 16-bit masters: only FusedAdam updates them (DeepSpeed: its CPU Adam, or with bf16 moments

@@ -127,9 +127,16 @@ struct MemoryEstimate {
 //     4096 bytes), one a unit in the file, at most param_buffer_count (none counted when
 //     largest_layer_params is not given). Whole units stay in memory: at most max_in_cpu.
 //   optimizer_moments: the optimizer's state arrays per element besides its master, fp32 (bf16
-//     with bf16_moments): Adam, AdamW and Lamb 2, Lion, Adagrad and SGD with momentum 1, SGD
-//     without momentum 0. 16-bit masters and the NVMe swap need Adam/AdamW (2). (The 1-bit
-//     optimizers, stage 0 only, count as Adam: their error-feedback buffers are left out.)
+//     with bf16_moments): Adam, AdamW, Lamb and the 1-bit optimizers 2, Lion, Adagrad and SGD
+//     with momentum 1, SGD without momentum 0. 16-bit masters and the NVMe swap need
+//     Adam/AdamW (2).
+//   onebit_optimizer: "OneBitAdam", "ZeroOneAdam" or "OneBitLamb" (stage 0 only, 2 moments;
+//     "": none), whose state beside the moments is counted in optimizer_states, fp32, as it is
+//     once compressed steps begin (optim/compressed_allreduce.h): the error feedback, a worker
+//     error of every element and a server error of this rank's 1/N of them (the model padded
+//     to 8N elements; each tensor is, by fewer than 8N: left out), 4(N+1)/N bytes an element;
+//     0/1 Adam's local updates and parameters at the last sync (8 more, from its phase 2); 1-bit
+//     Lamb's fresh variance (4 more; its per-tensor ratios, 16 bytes a tensor, left out).
 //   widening_step under ZeRO-Offload on a GPU (offload_optimizer "cpu", the partition on the
 //     GPU) means an optimizer other than Adam/AdamW: without the CPU Adam reading gradients as
 //     they arrive, the gradient partition stays on the GPU and the step copies it into an fp32
@@ -159,13 +166,14 @@ struct ZeroMemoryOptions {
   int optimizer_buffer_count = 4;            // offload_optimizer.buffer_count
   int param_buffer_count = 5;                // offload_param.buffer_count
   int64_t param_max_in_cpu = 1000000000;     // offload_param.max_in_cpu
-  int optimizer_moments = 2;                 // the optimizer's arrays per element (below)
+  int optimizer_moments = 2;                 // the optimizer's arrays per element (above)
+  std::string onebit_optimizer;              // a 1-bit optimizer's type (above), or ""
 };
 MemoryEstimate estimate_zero_memory(int64_t num_parameters, const ZeroMemoryOptions& options);
 // The options of a parsed ds_config (load_config / parse_config), read as initialize() reads it:
 // stage, fp16/bf16, zero_hpz_partition_size, data_types.grad_accum_dtype resolved (above),
 // gradient_accumulation_steps, an optimizer other than Adam/AdamW as a widening step, its
-// moments (optimizer_moments, SGD's from optimizer.params.momentum), the
+// moments (optimizer_moments, SGD's from optimizer.params.momentum), a 1-bit type, the
 // low-precision keys of the enabled block, the offload devices and their NVMe sizes.
 // largest_layer_params is the model's: set it after. Throws ConfigError for world_size < 1.
 struct Config;
@@ -198,8 +206,8 @@ std::string format_zero_memory_estimates(int64_t num_parameters, int world_size,
                                          int64_t largest_layer_params = 0,
                                          int grad_accum_bytes = 0);
 // The same for the placement of `options` (its stage is each row's; the stage-0 row without the
-// low-precision keys, which need stage 1-3). On a GPU an "on host (MB)" column (of peak), with
-// NVMe offload an "NVMe (MB)" one.
+// low-precision keys, which need stage 1-3; a 1-bit optimizer's table has the stage-0 row
+// alone). On a GPU an "on host (MB)" column (of peak), with NVMe offload an "NVMe (MB)" one.
 std::string format_zero_memory_estimates(int64_t num_parameters, const ZeroMemoryOptions& options);
 
 // DeepSpeed's own estimators, formula for formula (deepspeed/runtime/zero/stage_1_and_2.py and

@@ -82,10 +82,38 @@ void check(int64_t psi, const ZeroMemoryOptions& o) {
         "estimate_zero_memory: zero_optimization.offload_optimizer.device \"nvme\" "
         "needs the Adam or AdamW optimizer (optimizer_moments 2; got " +
         std::to_string(o.optimizer_moments) + ")");
+  if (!o.onebit_optimizer.empty()) {
+    if (o.onebit_optimizer != "OneBitAdam" && o.onebit_optimizer != "ZeroOneAdam" &&
+        o.onebit_optimizer != "OneBitLamb")
+      throw ConfigError("estimate_zero_memory: onebit_optimizer \"" + o.onebit_optimizer +
+                        "\" is none of \"OneBitAdam\", \"ZeroOneAdam\", \"OneBitLamb\" (or "
+                        "\"\" for another optimizer)");
+    if (stage >= 1)
+      throw ConfigError("estimate_zero_memory: zero_optimization.stage = " + std::to_string(stage) +
+                        " with optimizer.type \"" + o.onebit_optimizer +
+                        "\": the 1-bit optimizers run at stage 0 only (as in DeepSpeed)");
+    if (o.optimizer_moments != 2)
+      throw ConfigError("estimate_zero_memory: " + o.onebit_optimizer +
+                        " keeps Adam's two moments (optimizer_moments 2; got " +
+                        std::to_string(o.optimizer_moments) + ")");
+  }
   if (o.sub_group_size < 1 || o.optimizer_buffer_count < 1 || o.param_buffer_count < 1 ||
       o.param_max_in_cpu < 0)
     throw ConfigError("estimate_zero_memory: zero_optimization.sub_group_size and the offload "
                       "buffer_count must be >= 1, offload_param.max_in_cpu >= 0");
+}
+
+// A 1-bit optimizer's state beside its moments, fp32, once its compressed steps have begun
+// (memory.h): the error feedback of the compressed all-reduce (optim/compressed_allreduce.h: a
+// worker error of the padded model, a server error of this rank's chunk of it), 0/1 Adam's
+// local updates and synchronised parameters, 1-bit Lamb's fresh variance.
+int64_t onebit_state_bytes(int64_t psi, int64_t n, const std::string& type) {
+  if (type.empty()) return 0;
+  const int64_t padded = round_up(psi, 8 * n);
+  int64_t bytes = 4 * (padded + padded / n);
+  if (type == "ZeroOneAdam") bytes += 8 * psi;
+  if (type == "OneBitLamb") bytes += 4 * psi;
+  return bytes;
 }
 
 // The NVMe optimizer swap (offload/swapped_adam.h): the partition cut into sub-groups, each a
@@ -187,6 +215,7 @@ MemoryEstimate estimate_zero_memory(int64_t psi, const ZeroMemoryOptions& o) {
     e.optimizer_states =
         optim_partition * ((master_is_partition ? 0 : master_bytes) + moment_bytes);
   }
+  e.optimizer_states += onebit_state_bytes(psi, n, o.onebit_optimizer);
   // ZeRO-Offload on a GPU with an optimizer other than Adam (widening_step): no CPU Adam reads
   // the gradients as they arrive, so the gradient partition stays on the GPU and the step copies
   // it down into an fp32 host buffer kept for the run (shard_optimizer.cpp: offloaded_step).

@@ -43,6 +43,14 @@ int optimizer_moments(const std::string& type, const nlohmann::json& params) {
   return 2;
 }
 
+// The 1-bit optimizers by their DeepSpeed spelling (memory.h); "" for the others.
+std::string onebit_optimizer(const std::string& type) {
+  if (type == "onebitadam") return "OneBitAdam";
+  if (type == "zerooneadam") return "ZeroOneAdam";
+  if (type == "onebitlamb") return "OneBitLamb";
+  return "";
+}
+
 }  // namespace
 
 ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu) {
@@ -64,6 +72,7 @@ ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu)
     const std::string type = ascii_lower(c.optimizer->type);
     o.widening_step = type != "adam" && type != "adamw";
     o.optimizer_moments = optimizer_moments(type, c.optimizer->params);
+    o.onebit_optimizer = onebit_optimizer(type);
   }
   o.low_precision_masters = (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) ||
                             (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads);

@@ -16,6 +16,8 @@ double mb(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 // The optimizer as the estimate counts it: Adam/AdamW reads 16-bit gradients as they are
 // (widening_step false); the others by the moments they keep.
 std::string optimizer_words(const ZeroMemoryOptions& o) {
+  if (!o.onebit_optimizer.empty())
+    return ", " + o.onebit_optimizer + " (its error feedback included; stage 0 only)";
   if (o.optimizer_moments == 2 && !o.widening_step) return ", Adam";
   if (o.optimizer_moments == 0) return ", an optimizer without moments";
   return ", an optimizer with " + std::to_string(o.optimizer_moments) + " moment" +
@@ -77,7 +79,9 @@ std::string format_zero_memory_estimates(int64_t psi, const ZeroMemoryOptions& o
   for (const auto& c : columns) out += std::string(" | ") + c.header;
   out += "\n";
   char cell[64];
-  for (int stage = 0; stage < 4; ++stage) {
+  // The 1-bit optimizers run at stage 0 only (config/optimizer_config.cpp refuses the others).
+  const int last_stage = options.onebit_optimizer.empty() ? 3 : 0;
+  for (int stage = 0; stage <= last_stage; ++stage) {
     ZeroMemoryOptions o = options;
     o.stage = stage;
     // The low-precision keys need stages 1-3 (initialize() refuses them at stage 0): that row

@@ -2,8 +2,8 @@
 // what memory_report() measures after training over two ranks on this CPU build, where every
 // byte is host memory: DeepSpeed's low-precision masters (the 16-bit partition as master, or a
 // copy of it where the partition is partly in a file), the NVMe optimizer swap's ring of
-// sub-group buffers and its file, stage 3's gradient and parameter files, and the moments of
-// optimizers other than Adam.
+// sub-group buffers and its file, stage 3's gradient and parameter files, the moments of
+// optimizers other than Adam and the 1-bit optimizers' error feedback.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -45,6 +45,11 @@ std::string name_of(const Placement& p) {
 
 void PrintTo(const Placement& p, std::ostream* os) { *os << name_of(p); }
 
+bool is_onebit(const Placement& p) {
+  const std::string type = p.type;
+  return type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb";
+}
+
 constexpr int64_t kSubGroup = 30000;
 constexpr int kOptimizerBuffers = 2;
 
@@ -70,6 +75,16 @@ nlohmann::json config(const Placement& p, const std::string& dir) {
   if (std::string(p.type) != "AdamW") {  // base_config's is AdamW
     c["optimizer"] = {{"type", p.type}, {"params", {{"lr", 1e-3}}}};
     if (p.momentum != 0) c["optimizer"]["params"]["momentum"] = p.momentum;
+  }
+  if (is_onebit(p)) {
+    // Compressed steps from the second (0/1 Adam's phase 2 with its local updates), so that the
+    // run holds all the state the estimate counts. 1-bit Lamb refuses bf16 (DeepSpeed asks for
+    // a dynamic loss scale) and this CPU libtorch has no fp16 LayerNorm: fp32.
+    auto& params = c["optimizer"]["params"];
+    params["eps"] = 1e-4;
+    params[std::string(p.type) == "ZeroOneAdam" ? "var_freeze_step" : "freeze_step"] =
+        std::string(p.type) == "ZeroOneAdam" ? 0 : 1;
+    if (std::string(p.type) == "OneBitLamb") c.erase("bf16");
   }
   return c;
 }
@@ -131,6 +146,11 @@ INSTANTIATE_TEST_SUITE_P(
         // Optimizers other than Adam keep their own moments: Lion's one, SGD's momentum buffer
         // or none, Adagrad's sum; beside fp32 masters of the bf16 model (a widened step).
         with_optimizer({2, "cpu", "none"}, "Lion"), with_optimizer({1, "none", "none"}, "SGD", 0.9),
-        with_optimizer({3, "cpu", "cpu"}, "SGD"), with_optimizer({2, "none", "none"}, "Adagrad")));
+        with_optimizer({3, "cpu", "cpu"}, "SGD"), with_optimizer({2, "none", "none"}, "Adagrad"),
+        // The 1-bit optimizers (stage 0): Adam's moments and their error feedback; 0/1 Adam's
+        // local updates and synchronised parameters; 1-bit Lamb's fresh variance (fp32).
+        with_optimizer({0, "none", "none"}, "OneBitAdam"),
+        with_optimizer({0, "none", "none"}, "ZeroOneAdam"),
+        with_optimizer({0, "none", "none"}, "OneBitLamb")));
 
 }  // namespace estimate_placement_test

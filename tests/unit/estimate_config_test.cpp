@@ -118,6 +118,17 @@ TEST(ZeroMemoryOptions, ResolvesTheGradientWidthAndTheOptimizer) {
   json lamb = base(2);
   lamb["optimizer"] = {{"type", "Lamb"}, {"params", {{"lr", 1e-3}}}};
   EXPECT_EQ(options_of(lamb).optimizer_moments, 2);
+  EXPECT_EQ(options_of(lamb).onebit_optimizer, "");
+  // The 1-bit optimizers by DeepSpeed's spelling, whatever the config's case (stage 0 only).
+  json onebit = base(2);
+  onebit["zero_optimization"]["stage"] = 0;
+  const std::pair<const char*, const char*> onebit_types[] = {
+      {"OneBitAdam", "OneBitAdam"}, {"zerooneadam", "ZeroOneAdam"}, {"ONEBITLAMB", "OneBitLamb"}};
+  for (const auto& [type, spelled] : onebit_types) {
+    onebit["optimizer"] = {{"type", type}, {"params", {{"lr", 1e-3}}}};
+    EXPECT_EQ(options_of(onebit).onebit_optimizer, spelled);
+    EXPECT_EQ(options_of(onebit).optimizer_moments, 2);
+  }
   // ... and so their estimate: an fp32 model at stage 2 over 4 ranks, the partition its own
   // master, Lion's one moment.
   EXPECT_EQ(deepspeed::estimate_zero_memory(4000000, options_of(lion)).optimizer_states,

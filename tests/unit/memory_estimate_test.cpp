@@ -558,6 +558,49 @@ TEST(EstimateZeroMemory, OptimizerStateFollowsTheOptimizersMoments) {
                   "mixed precision, an optimizer without moments\n");
 }
 
+// The 1-bit optimizers' state beside Adam's moments (optim/compressed_allreduce.h): the worker
+// error of the model padded to 8N elements and the server error of this rank's 1/N of it, fp32;
+// 0/1 Adam's local updates and synchronised parameters, 1-bit Lamb's fresh variance.
+TEST(EstimateZeroMemory, OneBitOptimizersCountTheirStateBesideTheMoments) {
+  const int64_t psi = 1000001;
+  const int64_t padded = 1000032;  // a multiple of 8 * 4
+  const int64_t errors = 4 * (padded + padded / 4);
+  auto o = options(4, 0);
+  o.widening_step = true;
+  const int64_t adam = estimate_zero_memory(psi, o).optimizer_states;
+  EXPECT_EQ(adam, 12 * psi);  // fp32 master and two moments, replicated at stage 0
+  o.onebit_optimizer = "OneBitAdam";
+  EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, adam + errors);
+  o.onebit_optimizer = "ZeroOneAdam";
+  EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, adam + errors + 8 * psi);
+  o.onebit_optimizer = "OneBitLamb";
+  EXPECT_EQ(estimate_zero_memory(psi, o).optimizer_states, adam + errors + 4 * psi);
+  EXPECT_EQ(estimate_zero_memory(psi, o).host_bytes, estimate_zero_memory(psi, o).model_states());
+  o.gpu = true;  // stage 0 on a GPU: all of it in the GPU's memory
+  EXPECT_EQ(estimate_zero_memory(psi, o).host_bytes, 0);
+  // One rank: no padding beyond 8, the server error as large as the worker's.
+  auto one = options(1, 0, /*mixed=*/false);
+  one.onebit_optimizer = "OneBitAdam";
+  EXPECT_EQ(estimate_zero_memory(16, one).optimizer_states, 8 * 16 + 4 * (16 + 16));
+  // The table has the stage-0 row alone and names the optimizer.
+  const std::string table = deepspeed::format_zero_memory_estimates(psi, o);
+  EXPECT_CONTAINS(table, "OneBitLamb (its error feedback included; stage 0 only)");
+  EXPECT_CONTAINS(table, "      0 | ");
+  EXPECT_EQ(table.find("      1 | "), std::string::npos) << table;
+  // What initialize() refuses is refused by name.
+  o.stage = 1;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "zero_optimization.stage = 1 with optimizer.type \"OneBitLamb\"");
+  o.stage = 0;
+  o.onebit_optimizer = "OneBitSgd";
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "onebit_optimizer \"OneBitSgd\" is none of");
+  o.onebit_optimizer = "OneBitAdam";
+  o.optimizer_moments = 1;
+  EXPECT_CONTAINS(dstest::message_of<deepspeed::ConfigError>([&] { estimate_zero_memory(10, o); }),
+                  "OneBitAdam keeps Adam's two moments");
+}
+
 // The NVMe swap by hand (offload/swapped_adam.cpp): 1000001 elements a rank in sub-groups of
 // 300000 (three, and one of 100001); each a region [master | exp_avg | exp_avg_sq], arrays on 64
 // bytes, the region on 4096.

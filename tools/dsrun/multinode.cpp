@@ -20,6 +20,7 @@
 #include <memory>
 #include <sstream>
 
+#include "capture.h"
 #include "job_signals.h"
 #include "output_pump.h"
 #include "spawn.h"
@@ -38,6 +39,9 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kTeardownSlack = std::chrono::seconds(5);
 // How long a host check over ssh may take in all (ssh's ConnectTimeout is 10 s).
 constexpr auto kPreflightLimit = std::chrono::seconds(20);
+// Host checks running at once (pdsh's default fan-out): a job on hundreds of nodes neither waits
+// for one ssh after another nor opens hundreds of connections from the launching host at once.
+constexpr size_t kPreflightFanout = 32;
 constexpr auto kDrainAfterExit = std::chrono::seconds(1);
 
 std::string self_path() {
@@ -52,69 +56,6 @@ std::string current_dir() {
   if (::getcwd(buf, sizeof buf) == nullptr)
     throw LaunchError(std::string("getcwd: ") + ::strerror(errno));
   return buf;
-}
-
-// Output of a finished child: its exit status (waitpid form) and what it wrote.
-struct Captured {
-  int status = 0;
-  bool timed_out = false;
-  std::string out, err;
-};
-
-// Runs argv to completion (at most `limit`), capturing stdout and stderr.
-Captured run_capture(const std::vector<std::string>& argv, Clock::duration limit) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-    throw LaunchError(std::string("pipe: ") + ::strerror(errno));
-  RankCommand cmd{resolve_program(argv[0]), argv, merge_environment(environ, {})};
-  pid_t pid = spawn_rank(cmd, out[1], err[1]);
-  ::close(out[1]);
-  ::close(err[1]);
-  Captured c;
-  int fds[2] = {out[0], err[0]};
-  std::string* bufs[2] = {&c.out, &c.err};
-  auto deadline = Clock::now() + limit;
-  for (int open = 2; open > 0;) {
-    pollfd p[2];
-    int n = 0;
-    int which[2];
-    for (int i = 0; i < 2; ++i)
-      if (fds[i] >= 0) {
-        p[n] = {fds[i], POLLIN, 0};
-        which[n++] = i;
-      }
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0) {
-      c.timed_out = true;
-      ::killpg(pid, SIGKILL);
-      break;
-    }
-    if (::poll(p, n, static_cast<int>(left.count())) < 0 && errno != EINTR) break;
-    for (int k = 0; k < n; ++k) {
-      if (!p[k].revents) continue;
-      char buf[4096];
-      ssize_t got = ::read(fds[which[k]], buf, sizeof buf);
-      if (got > 0) {
-        bufs[which[k]]->append(buf, got);
-      } else if (got == 0 || errno != EINTR) {
-        ::close(fds[which[k]]);
-        fds[which[k]] = -1;
-        --open;
-      }
-    }
-  }
-  for (int fd : fds)
-    if (fd >= 0) ::close(fd);
-  while (::waitpid(pid, &c.status, 0) < 0 && errno == EINTR) {
-  }
-  return c;
-}
-
-std::string last_line(const std::string& text) {
-  std::string t = text;
-  while (!t.empty() && (t.back() == '\n' || t.back() == '\r')) t.pop_back();
-  size_t nl = t.rfind('\n');
-  return nl == std::string::npos ? t : t.substr(nl + 1);
 }
 
 // This host's first non-loopback IPv4 address (what DeepSpeed takes from `hostname -I`).
@@ -137,9 +78,9 @@ std::string first_address() {
 // itself exits 0 or 2, ssh 255, the shell 127 for a missing dsrun).
 constexpr int kNoWorkingDir = 86;
 
-// Checks one host over ssh; returns what its preflight printed (the address line).
-std::string check_host(const MultiNodeOptions& o, const std::string& host, bool is_node0,
-                       const std::string& dsrun) {
+// The ssh command that checks one host (host_check_error() reads its result).
+std::vector<std::string> host_check_argv(const MultiNodeOptions& o, const std::string& host,
+                                         bool is_node0, const std::string& dsrun) {
   std::vector<std::string> remote = {dsrun, "--preflight"};
   if (is_node0) {
     if (!o.master_addr.empty()) {
@@ -174,29 +115,34 @@ std::string check_host(const MultiNodeOptions& o, const std::string& host, bool 
   const char* extra = std::getenv(o.backend == Backend::kPdsh ? "PDSH_SSH_ARGS_APPEND"
                                                               : "OMPI_MCA_plm_rsh_args");
   if (o.backend != Backend::kSsh && extra) launcher_args = split_words(extra);
-  Captured c = run_capture(ssh_argv(host, o.ssh_port, launcher_args, cmd), kPreflightLimit);
+  return ssh_argv(host, o.ssh_port, launcher_args, cmd);
+}
+
+// Why the check of `host` failed ("" when it passed); `cwd` is the directory it tried to enter and
+// `dsrun` the path it ran there.
+std::string host_check_error(const Captured& c, const std::string& host, const std::string& cwd,
+                             const std::string& dsrun) {
   if (c.timed_out)
-    throw LaunchError("host " + host + " did not answer over ssh within 20 s (pass --no_ssh_check "
-                      "to skip this check)");
+    return "host " + host +
+           " did not answer over ssh within 20 s (pass --no_ssh_check to skip "
+           "this check)";
   int rc = WIFEXITED(c.status) ? WEXITSTATUS(c.status) : 128 + WTERMSIG(c.status);
   if (rc == 255)
-    throw LaunchError("cannot reach host " + host + " over ssh: " + last_line(c.err) +
-                      " (dsrun needs passwordless ssh to every host; --no_ssh_check skips this "
-                      "check)");
+    return "cannot reach host " + host + " over ssh: " + last_line(c.err) +
+           " (dsrun needs passwordless ssh to every host; --no_ssh_check skips this check)";
   if (rc == kNoWorkingDir)
-    throw LaunchError("host " + host + ": cannot enter the working directory " + cwd +
-                      " (each node's ranks run in the directory dsrun was started from; it must "
-                      "exist on every host)");
+    return "host " + host + ": cannot enter the working directory " + cwd +
+           " (each node's ranks run in the directory dsrun was started from; it must exist on "
+           "every host)";
   if (rc == 127)
-    throw LaunchError("host " + host + ": dsrun is not at " + dsrun +
-                      " there (it must be installed at the same path on every host): " +
-                      last_line(c.err));
+    return "host " + host + ": dsrun is not at " + dsrun +
+           " there (it must be installed at the same path on every host): " + last_line(c.err);
   if (rc != 0) {
     std::string why = last_line(c.err);
     if (why.rfind("dsrun: ", 0) == 0) why = why.substr(7);
-    throw LaunchError("host " + host + ": " + why);
+    return "host " + host + ": " + why;
   }
-  return c.out;
+  return "";
 }
 
 bool is_file(const std::string& path) {
@@ -268,17 +214,42 @@ void prepare_hosts(MultiNodeOptions& o) {
     if (o.master_addr.empty()) o.master_addr = o.world[0].host;
     return;
   }
+  // Every host is checked at once (kPreflightFanout at a time); a failure is reported for the
+  // first failing host in the hostfile's order, whichever answered first, so the message does
+  // not depend on timing.
   const std::string dsrun = self_path();
+  const std::string cwd = current_dir();
+  std::vector<std::vector<std::string>> checks;
+  for (size_t i = 0; i < o.world.size(); ++i)
+    checks.push_back(host_check_argv(o, o.world[i].host, i == 0, dsrun));
+  std::vector<Captured> answers = run_all_captured(checks, kPreflightLimit, kPreflightFanout);
+  std::string first_error;
+  std::vector<std::string> also_failed;
   for (size_t i = 0; i < o.world.size(); ++i) {
-    std::string out = check_host(o, o.world[i].host, i == 0, dsrun);
-    if (i == 0 && o.master_addr.empty()) {
-      size_t at = out.find("addr=");
-      std::string addr = at == std::string::npos ? "" : last_line(out.substr(at + 5));
-      if (addr.empty())
-        throw LaunchError("host " + o.world[0].host +
-                          " has no non-loopback IPv4 address for the rendezvous; pass --master_addr");
-      o.master_addr = addr;
+    std::string why = host_check_error(answers[i], o.world[i].host, cwd, dsrun);
+    if (why.empty()) continue;
+    if (first_error.empty())
+      first_error = why;
+    else
+      also_failed.push_back(o.world[i].host);
+  }
+  if (!first_error.empty()) {
+    if (!also_failed.empty()) {
+      first_error += "; the check failed on " + std::to_string(also_failed.size()) + " more host" +
+                     (also_failed.size() == 1 ? "" : "s") + " too:";
+      for (size_t k = 0; k < also_failed.size() && k < 8; ++k) first_error += " " + also_failed[k];
+      if (also_failed.size() > 8) first_error += " ...";
     }
+    throw LaunchError(first_error);
+  }
+  if (o.master_addr.empty()) {  // node 0's check printed its address
+    const std::string& out = answers[0].out;
+    size_t at = out.find("addr=");
+    std::string addr = at == std::string::npos ? "" : last_line(out.substr(at + 5));
+    if (addr.empty())
+      throw LaunchError("host " + o.world[0].host +
+                        " has no non-loopback IPv4 address for the rendezvous; pass --master_addr");
+    o.master_addr = addr;
   }
 }
 

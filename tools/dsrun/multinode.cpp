@@ -123,9 +123,8 @@ std::vector<std::string> host_check_argv(const MultiNodeOptions& o, const std::s
 std::string host_check_error(const Captured& c, const std::string& host, const std::string& cwd,
                              const std::string& dsrun) {
   if (c.timed_out)
-    return "host " + host +
-           " did not answer over ssh within 20 s (pass --no_ssh_check to skip "
-           "this check)";
+    return "host " + host + " did not answer over ssh within 20 s " +
+           "(pass --no_ssh_check to skip this check)";
   int rc = WIFEXITED(c.status) ? WEXITSTATUS(c.status) : 128 + WTERMSIG(c.status);
   if (rc == 255)
     return "cannot reach host " + host + " over ssh: " + last_line(c.err) +

@@ -1,7 +1,6 @@
 #include "capture.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
@@ -29,27 +28,13 @@ struct Running {
 };
 
 Running start(const std::vector<std::string>& argv, size_t index, Clock::duration limit) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) throw LaunchError(std::string("pipe: ") + ::strerror(errno));
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    int e = errno;
-    ::close(out[0]);
-    ::close(out[1]);
-    throw LaunchError(std::string("pipe: ") + ::strerror(e));
-  }
+  const PipedChild child =
+      spawn_piped(RankCommand{resolve_program(argv.at(0)), argv, merge_environment(environ, {})});
   Running r;
   r.index = index;
-  try {
-    RankCommand cmd{resolve_program(argv.at(0)), argv, merge_environment(environ, {})};
-    r.pid = spawn_rank(cmd, out[1], err[1]);
-  } catch (...) {
-    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
-    throw;
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  r.fds[0] = out[0];
-  r.fds[1] = err[0];
+  r.pid = child.pid;
+  r.fds[0] = child.out_fd;
+  r.fds[1] = child.err_fd;
   r.deadline = Clock::now() + limit;
   return r;
 }

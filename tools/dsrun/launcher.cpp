@@ -190,27 +190,18 @@ RankCommand Supervisor::command_for(int local) const {
 
 void Supervisor::start_ranks() {
   for (auto& r : ranks_) {
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0) throw LaunchError(std::string("pipe: ") + ::strerror(errno));
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-      ::close(out[0]);
-      ::close(out[1]);
-      throw LaunchError(std::string("pipe: ") + ::strerror(errno));
-    }
-    std::string prefix = "[" + (opt_.node.host.empty() ? "" : opt_.node.host + " ") + "rank " +
-                         std::to_string(r.rank) + "] ";
-    r.out = std::make_unique<LinePump>(out[0], 1, prefix, r.log_fd);
-    r.err = std::make_unique<LinePump>(err[0], 2, prefix, r.log_fd);
+    PipedChild child;
     try {
-      r.pid = spawn_rank(command_for(r.local), out[1], err[1]);
+      child = spawn_piped(command_for(r.local));
     } catch (const LaunchError& e) {
       r.reaped = true;  // never started
-      ::close(out[1]);
-      ::close(err[1]);
       throw LaunchError("cannot start rank " + std::to_string(r.rank) + ": " + e.what());
     }
-    ::close(out[1]);
-    ::close(err[1]);
+    r.pid = child.pid;
+    std::string prefix = "[" + (opt_.node.host.empty() ? "" : opt_.node.host + " ") + "rank " +
+                         std::to_string(r.rank) + "] ";
+    r.out = std::make_unique<LinePump>(child.out_fd, 1, prefix, r.log_fd);
+    r.err = std::make_unique<LinePump>(child.err_fd, 2, prefix, r.log_fd);
   }
 }
 

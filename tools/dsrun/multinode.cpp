@@ -360,17 +360,19 @@ std::vector<std::pair<std::string, std::vector<std::string>>> Fanout::commands()
 
 void Fanout::start(const std::string& label, const std::vector<std::string>& argv,
                    const std::vector<std::string>& env) {
-  int in[2], out[2], err[2];
-  if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-    throw LaunchError(std::string("pipe: ") + ::strerror(errno));
+  // stdin piped: the agents stop when it closes (dsrun gone). A child that cannot start is not
+  // kept: the error names its program, and run() stops the ones started before it.
+  const PipedChild child =
+      spawn_piped(RankCommand{resolve_program(argv[0]), argv, env}, /*pipe_stdin=*/true);
   children_.emplace_back();
   Child& c = children_.back();
   c.label = label;
   c.via_ssh = opt_.backend == Backend::kSsh;
+  c.pid = child.pid;
   // The agents prefix their ranks' lines already; dsrun's own lines pass through as they are.
-  c.out = std::make_unique<LinePump>(out[0], 1, "", -1);
-  c.err = std::make_unique<LinePump>(err[0], 2, "", -1);
-  c.stdin_fd = in[1];
+  c.out = std::make_unique<LinePump>(child.out_fd, 1, "", -1);
+  c.err = std::make_unique<LinePump>(child.err_fd, 2, "", -1);
+  c.stdin_fd = child.in_fd;
   if (c.via_ssh) {
     // Found by index: children_ may grow (and move) after this.
     const size_t k = children_.size() - 1;
@@ -393,14 +395,6 @@ void Fanout::start(const std::string& label, const std::vector<std::string>& arg
       teardown();
     });
   }
-  try {
-    c.pid = spawn_rank(RankCommand{resolve_program(argv[0]), argv, env}, out[1], err[1], in[0]);
-  } catch (...) {
-    c.reaped = true;
-    for (int fd : {in[0], out[1], err[1]}) ::close(fd);
-    throw;
-  }
-  for (int fd : {in[0], out[1], err[1]}) ::close(fd);
 }
 
 JobOutcome Fanout::run() {

@@ -230,5 +230,34 @@ pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd, int in_fd) {
   return pid;
 }
 
+PipedChild spawn_piped(const RankCommand& cmd, bool pipe_stdin) {
+  // [0] read end, [1] write end; -1 until made.
+  int out[2] = {-1, -1}, err[2] = {-1, -1}, in[2] = {-1, -1};
+  auto close_all = [&] {
+    for (int* p : {out, err, in})
+      for (int k : {0, 1})
+        if (p[k] >= 0) ::close(p[k]);
+  };
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 ||
+      (pipe_stdin && ::pipe2(in, O_CLOEXEC) != 0)) {
+    const int e = errno;
+    close_all();
+    throw LaunchError(std::string("pipe: ") + ::strerror(e));
+  }
+  PipedChild child;
+  try {
+    child.pid = spawn_rank(cmd, out[1], err[1], in[0]);
+  } catch (...) {
+    close_all();
+    throw;
+  }
+  for (int fd : {out[1], err[1], in[0]})
+    if (fd >= 0) ::close(fd);
+  child.out_fd = out[0];
+  child.err_fd = err[0];
+  child.in_fd = in[1];
+  return child;
+}
+
 }  // namespace launcher
 }  // namespace deepspeed

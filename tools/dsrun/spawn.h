@@ -56,5 +56,21 @@ struct RankCommand {
 // in_fd being the pipe that tells a node agent the launcher is still there.)
 pid_t spawn_rank(const RankCommand& cmd, int out_fd, int err_fd, int in_fd = -1);
 
+// A child started by spawn_piped: its pid and the parent's ends of its pipes, which the caller
+// owns (in_fd is -1 unless stdin was piped).
+struct PipedChild {
+  pid_t pid = -1;
+  int out_fd = -1;  // read: the child's stdout
+  int err_fd = -1;  // read: the child's stderr
+  int in_fd = -1;   // write: the child's stdin
+};
+
+// spawn_rank with the child's stdout and stderr, and its stdin when `pipe_stdin`, on new pipes
+// (close-on-exec in dsrun). The child's ends are closed here once it has them; when a pipe or the
+// fork fails, every pipe made so far is closed and LaunchError thrown. The one way dsrun starts
+// a child it reads: ranks (launcher.cpp), host checks (capture.cpp), node launchers
+// (multinode.cpp).
+PipedChild spawn_piped(const RankCommand& cmd, bool pipe_stdin = false);
+
 }  // namespace launcher
 }  // namespace deepspeed

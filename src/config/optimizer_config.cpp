@@ -3,6 +3,7 @@
 
 #include "config/blocks.h"
 #include "deepspeed/errors.h"
+#include "optim/onebit_types.h"
 
 namespace deepspeed::config {
 namespace {
@@ -51,7 +52,7 @@ void check_optimizer_combination(const Config& cfg) {
   const std::string stage_key =
       "zero_optimization.stage = " + std::to_string(stage) + " with optimizer.type \"" +
       cfg.optimizer->type + "\"";
-  if (type == "onebitadam" || type == "zerooneadam" || type == "onebitlamb") {
+  if (optim::is_onebit_optimizer(type)) {
     if (stage >= 1)
       throw ConfigError(stage_key + ": the 1-bit optimizers compress the data-parallel momentum "
                         "exchange and are not compatible with ZeRO (as in DeepSpeed); use stage 0");

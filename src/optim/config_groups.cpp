@@ -6,6 +6,7 @@
 #include "deepspeed/errors.h"
 #include "deepspeed/optimizer.h"
 #include "optim/lion.h"
+#include "optim/onebit_types.h"
 #include "optim/optimizer_params.h"
 #include "zero/flat_groups.h"
 
@@ -36,7 +37,7 @@ std::vector<std::string> per_group_keys(const std::string& type) {
 }
 
 bool takes_one_group(const std::string& type) {
-  return type == "Lamb" || type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb";
+  return type == "Lamb" || is_onebit_optimizer(type);
 }
 
 // Reads `block` as the optimizer would be built from it: ConfigError for a bad value.

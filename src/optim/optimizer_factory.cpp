@@ -14,6 +14,7 @@
 #include "optim/lamb.h"
 #include "optim/lion.h"
 #include "optim/momentum_mask.h"
+#include "optim/onebit_types.h"
 #include "optim/param_reader.h"
 #include "optim/self_communicating.h"
 #include "util/ascii.h"
@@ -25,9 +26,11 @@ using optim::check_range;
 using optim::ParamReader;
 using optim::reject_unread;
 
-const std::vector<std::string> kSupported = {"Adam",       "AdamW",       "SGD",       "Adagrad",
-                                             "Lamb",       "Lion",        "OneBitAdam",
-                                             "ZeroOneAdam", "OneBitLamb"};
+const std::vector<std::string> kSupported = [] {
+  std::vector<std::string> names = {"Adam", "AdamW", "SGD", "Adagrad", "Lamb", "Lion"};
+  for (const char* name : optim::kOneBitOptimizerTypes) names.push_back(name);
+  return names;
+}();
 // DeepSpeed types this project does not build (yet); named so the error says so plainly.
 const std::vector<std::string> kNotImplemented = {"MuAdam", "MuAdamW", "MuSGD"};
 
@@ -189,7 +192,7 @@ std::shared_ptr<torch::optim::Optimizer> make_optimizer(
   if (type == "Lion")
     return std::make_shared<optim::Lion>(std::move(groups),
                                          optim::lion_options(optim::parse_lion_params(config)));
-  if (type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb")
+  if (optim::is_onebit_optimizer(type))
     throw ConfigError("optimizer.type \"" + type + "\": its momentum all-reduce is a collective of "
                       "the engine's data-parallel group, so only deepspeed::initialize() builds "
                       "it (make_optimizer cannot)");

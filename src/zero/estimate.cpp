@@ -3,6 +3,7 @@
 
 #include "deepspeed/errors.h"
 #include "deepspeed/memory.h"
+#include "optim/onebit_types.h"
 #include "zero/estimate_options.h"
 
 namespace deepspeed {
@@ -83,8 +84,7 @@ void check(int64_t psi, const ZeroMemoryOptions& o) {
         "needs the Adam or AdamW optimizer (optimizer_moments 2; got " +
         std::to_string(o.optimizer_moments) + ")");
   if (!o.onebit_optimizer.empty()) {
-    if (o.onebit_optimizer != "OneBitAdam" && o.onebit_optimizer != "ZeroOneAdam" &&
-        o.onebit_optimizer != "OneBitLamb")
+    if (optim::onebit_optimizer_type(o.onebit_optimizer) != o.onebit_optimizer)
       throw ConfigError("estimate_zero_memory: onebit_optimizer \"" + o.onebit_optimizer +
                         "\" is none of \"OneBitAdam\", \"ZeroOneAdam\", \"OneBitLamb\" (or "
                         "\"\" for another optimizer)");

@@ -4,6 +4,7 @@
 #include "deepspeed/config.h"
 #include "deepspeed/errors.h"
 #include "deepspeed/memory.h"
+#include "optim/onebit_types.h"
 #include "util/ascii.h"
 
 namespace deepspeed {
@@ -43,14 +44,6 @@ int optimizer_moments(const std::string& type, const nlohmann::json& params) {
   return 2;
 }
 
-// The 1-bit optimizers by their DeepSpeed spelling (memory.h); "" for the others.
-std::string onebit_optimizer(const std::string& type) {
-  if (type == "onebitadam") return "OneBitAdam";
-  if (type == "zerooneadam") return "ZeroOneAdam";
-  if (type == "onebitlamb") return "OneBitLamb";
-  return "";
-}
-
 }  // namespace
 
 ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu) {
@@ -72,7 +65,7 @@ ZeroMemoryOptions zero_memory_options(const Config& c, int world_size, bool gpu)
     const std::string type = ascii_lower(c.optimizer->type);
     o.widening_step = type != "adam" && type != "adamw";
     o.optimizer_moments = optimizer_moments(type, c.optimizer->params);
-    o.onebit_optimizer = onebit_optimizer(type);
+    o.onebit_optimizer = optim::onebit_optimizer_type(type);  // DeepSpeed's spelling (memory.h)
   }
   o.low_precision_masters = (c.fp16.enabled && c.fp16.fp16_master_weights_and_grads) ||
                             (c.bf16.enabled && c.bf16.bf16_master_weights_and_grads);

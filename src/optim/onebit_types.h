@@ -1,8 +1,8 @@
 // The 1-bit optimizer family as one list. What holds for all three (stage 0 only in the config
 // check, built by the engine and not by make_optimizer, one parameter group, the estimator's
-// error-feedback bytes) asks here, so a fourth member added to the list is known to every such
-// rule; code that builds or reads one particular type still names it. Header only and free of
-// libtorch: src/config includes it too.
+// spelling and its check of it) asks here, so a fourth member added to the list is known to every
+// such rule; code that builds, reads or counts one particular type (the estimator's per-type
+// bytes) still names it. Header only and free of libtorch: src/config includes it too.
 #pragma once
 #include <string>
 
